@@ -1,0 +1,22 @@
+"""A NumPy/SciPy linear-chain CRF: exact inference, L-BFGS/L1/SGD training, metrics, HMM baseline.
+
+This package is a library of its own: it imports NumPy, SciPy, pandas and the standard library.
+"""
+
+from .batch import SequenceBatch
+from .features import AttributeIndex, FeatureExtractor, crfsuite_chunking_extractor
+from .io import DataFormatError, read_conll, read_conllu
+from .model import CRF
+from .persist import ModelFileError
+
+__all__ = [
+    "CRF",
+    "AttributeIndex",
+    "DataFormatError",
+    "FeatureExtractor",
+    "ModelFileError",
+    "SequenceBatch",
+    "crfsuite_chunking_extractor",
+    "read_conll",
+    "read_conllu",
+]

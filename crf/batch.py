@@ -1,0 +1,74 @@
+"""The featurised corpus: a CSR attribute matrix plus sequence offsets."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+
+
+@dataclass
+class SequenceBatch:
+    """Many sequences stacked token by token.
+
+    ``X`` is a CSR matrix of shape (T, A): row t holds the attribute values of token t (1.0 for
+    binary attributes). ``offsets`` has shape (N + 1,): sequence i owns rows
+    ``offsets[i]:offsets[i + 1]``. Every sequence has at least one token.
+    """
+
+    X: sp.csr_matrix
+    offsets: np.ndarray
+
+    def __post_init__(self) -> None:
+        self.X = sp.csr_matrix(self.X, dtype=np.float64)
+        self.offsets = np.asarray(self.offsets, dtype=np.int64)
+        if self.offsets.ndim != 1 or self.offsets.size < 1 or self.offsets[0] != 0:
+            raise ValueError("offsets must be a 1-D array starting at 0")
+        if self.offsets[-1] != self.X.shape[0]:
+            raise ValueError(f"offsets end at {self.offsets[-1]} but X has {self.X.shape[0]} rows")
+        if np.any(np.diff(self.offsets) <= 0):
+            raise ValueError("every sequence needs at least one token")
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Tokens per sequence, shape (N,)."""
+        return np.diff(self.offsets)
+
+    @property
+    def n_sequences(self) -> int:
+        return self.offsets.size - 1
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.X.shape[0])
+
+    @property
+    def n_attributes(self) -> int:
+        return int(self.X.shape[1])
+
+    def __len__(self) -> int:
+        return self.n_sequences
+
+    def subset(self, indices: np.ndarray) -> "SequenceBatch":
+        """The sequences at ``indices`` (in that order) as a new batch."""
+        indices = np.asarray(indices, dtype=np.int64)
+        lengths = self.lengths[indices]
+        rows = token_rows(self.offsets, indices)
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        return SequenceBatch(self.X[rows], offsets)
+
+
+def token_rows(offsets: np.ndarray, indices: np.ndarray) -> np.ndarray:
+    """Token row numbers of the sequences ``indices``, concatenated in that order."""
+    starts = offsets[indices]
+    lengths = offsets[indices + 1] - starts
+    total = int(lengths.sum())
+    # position within each selected sequence, built without a Python loop
+    within = np.arange(total) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    return np.repeat(starts, lengths) + within
+
+
+def offsets_from_lengths(lengths) -> np.ndarray:
+    """Offsets (N + 1,) for sequences of the given lengths."""
+    return np.concatenate([[0], np.cumsum(np.asarray(lengths, dtype=np.int64))])

@@ -1,0 +1,483 @@
+"""Linear-chain recursions: forward, backward, log Z, marginals, Viterbi, constrained spans.
+
+Scores
+------
+For a sequence of length n with labels y, ``score(y) = start[y_0] + sum_t emissions[t, y_t]
++ sum_{t>0} transitions[y_{t-1}, y_t] + end[y_{n-1}]`` and ``p(y|x) = exp(score(y) - log Z)``.
+Arrays: ``emissions`` (T, L) for all tokens of all sequences in token order, ``transitions``
+(L, L) indexed [previous, current], ``start`` and ``end`` (L,).
+
+Layout
+------
+All sequences run at once. Sequences are sorted by length (longest first) and tokens stored
+time-major: the rows of step t are the t-th tokens of the sequences longer than t, and the first
+rows of step t continue the first rows of step t-1. A recursion is then a Python loop over time
+steps whose body works on contiguous blocks; there is no loop over sequences or tokens.
+
+Semirings
+---------
+One forward and one backward recursion serve every query through a semiring:
+``ScaledSemiring`` (sum-product in probability space with per-row rescaling: matrix products,
+fast), ``LogSemiring`` (sum-product in log space: exact for any weights; used for sequences where
+the scaled one underflows, and for constrained windows) and ``MaxSemiring`` (max-product: Viterbi).
+Each keeps messages normalised per row and returns the log of the normaliser, so the true log
+message is ``semiring.log(value) + cumulative log normaliser``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.special import logsumexp
+
+from .batch import token_rows
+
+# --- layout -------------------------------------------------------------------------------
+
+
+@dataclass
+class Layout:
+    """Packed time-major order for sequences of the given lengths.
+
+    ``order`` (N,): sequence indices by decreasing length (ties keep input order).
+    ``n_active`` (S,): sequences longer than t, for each step t < S = max length.
+    ``step_start`` (S + 1,): first packed row of each step.
+    ``token_of_row`` (T,): token row (in input order) stored at each packed row.
+    ``rank_of_row`` (T,): position in ``order`` of the sequence of each packed row.
+    """
+
+    lengths: np.ndarray
+    order: np.ndarray
+    n_active: np.ndarray
+    step_start: np.ndarray
+    token_of_row: np.ndarray
+    rank_of_row: np.ndarray
+
+    @classmethod
+    def from_lengths(cls, lengths) -> "Layout":
+        lengths = np.asarray(lengths, dtype=np.int64)
+        if lengths.ndim != 1 or lengths.size == 0 or np.any(lengths <= 0):
+            raise ValueError("lengths must be a non-empty 1-D array of positive integers")
+        order = np.argsort(-lengths, kind="stable")
+        steps = int(lengths.max())
+        at_most = np.cumsum(np.bincount(lengths, minlength=steps + 1))[:steps]
+        n_active = lengths.size - at_most  # number of sequences with length > t
+        step_start = np.concatenate([[0], np.cumsum(n_active)])
+        total = int(step_start[-1])
+        step_of_row = np.repeat(np.arange(steps), n_active)
+        rank_of_row = np.arange(total) - step_start[step_of_row]
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        token_of_row = offsets[order[rank_of_row]] + step_of_row
+        return cls(lengths, order, n_active, step_start, token_of_row, rank_of_row)
+
+    @property
+    def n_steps(self) -> int:
+        return int(self.n_active.size)
+
+    def rows(self, t: int, count: int | None = None) -> slice:
+        """Packed rows of step t (the first ``count`` of them)."""
+        start = int(self.step_start[t])
+        return slice(start, start + int(self.n_active[t] if count is None else count))
+
+    def first_rows(self) -> slice:
+        return self.rows(0)
+
+    def last_rows(self) -> np.ndarray:
+        """Packed row of the last token of each sequence, by rank (N,)."""
+        ranks = np.arange(self.lengths.size)
+        return self.step_start[self.lengths[self.order] - 1] + ranks
+
+    def edge_rows(self) -> tuple[np.ndarray, np.ndarray]:
+        """(previous rows, current rows) of every token that has a predecessor."""
+        current = np.arange(int(self.step_start[1]), int(self.step_start[-1]))
+        step = np.searchsorted(self.step_start, current, side="right") - 1
+        previous = current - self.step_start[step] + self.step_start[step - 1]
+        return previous, current
+
+
+# --- semirings ----------------------------------------------------------------------------
+
+
+class ScaledSemiring:
+    """Sum-product in probability space; messages rescaled to sum 1 per row."""
+
+    name = "scaled"
+
+    @staticmethod
+    def lift(scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(exp(scores - row max), row max) for a (n, L) array of log scores."""
+        top = scores.max(axis=1)
+        top = np.where(np.isfinite(top), top, 0.0)
+        return np.exp(scores - top[:, None]), top
+
+    @staticmethod
+    def lift_matrix(matrix: np.ndarray) -> np.ndarray:
+        return np.exp(matrix)
+
+    @staticmethod
+    def log(values: np.ndarray) -> np.ndarray:
+        with np.errstate(divide="ignore"):
+            return np.log(values)
+
+    @staticmethod
+    def mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return a * b
+
+    @staticmethod
+    def dot(messages: np.ndarray, matrix: np.ndarray):
+        return messages @ matrix, None
+
+    @staticmethod
+    def dot_t(messages: np.ndarray, matrix: np.ndarray) -> np.ndarray:
+        return messages @ matrix.T
+
+    @staticmethod
+    def normalize(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        total = values.sum(axis=1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return values / total[:, None], np.log(total)
+
+    @staticmethod
+    def edge_counts(previous: np.ndarray, matrix: np.ndarray, following: np.ndarray) -> np.ndarray:
+        """Sum over rows of p(y_prev=i, y=j) given alpha-side ``previous`` and beta-side
+        ``following`` messages (n, L) and the lifted transition matrix (L, L)."""
+        norm = np.einsum("ij,ij->i", previous @ matrix, following)
+        return matrix * ((previous / norm[:, None]).T @ following)
+
+    @staticmethod
+    def edge_probabilities(previous, matrix, following) -> np.ndarray:
+        joint = previous[:, :, None] * matrix[None] * following[:, None, :]
+        return joint / joint.sum(axis=(1, 2), keepdims=True)
+
+
+class LogSemiring:
+    """Sum-product in log space; messages shifted to log-sum-exp 0 per row."""
+
+    name = "log"
+
+    @staticmethod
+    def lift(scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return scores, np.zeros(scores.shape[0])
+
+    @staticmethod
+    def lift_matrix(matrix: np.ndarray) -> np.ndarray:
+        return matrix
+
+    @staticmethod
+    def log(values: np.ndarray) -> np.ndarray:
+        return values
+
+    @staticmethod
+    def mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return a + b
+
+    @staticmethod
+    def dot(messages: np.ndarray, matrix: np.ndarray):
+        return logsumexp(messages[:, :, None] + matrix[None], axis=1), None
+
+    @staticmethod
+    def dot_t(messages: np.ndarray, matrix: np.ndarray) -> np.ndarray:
+        return logsumexp(messages[:, None, :] + matrix[None], axis=2)
+
+    @staticmethod
+    def normalize(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        total = logsumexp(values, axis=1)
+        shift = np.where(np.isfinite(total), total, 0.0)
+        return values - shift[:, None], total
+
+    @classmethod
+    def edge_probabilities(cls, previous, matrix, following) -> np.ndarray:
+        joint = previous[:, :, None] + matrix[None] + following[:, None, :]
+        if joint.shape[0] == 0:
+            return joint
+        return np.exp(joint - logsumexp(joint, axis=(1, 2), keepdims=True))
+
+    @classmethod
+    def edge_counts(cls, previous, matrix, following) -> np.ndarray:
+        return cls.edge_probabilities(previous, matrix, following).sum(axis=0)
+
+
+class MaxSemiring(LogSemiring):
+    """Max-product in log space (Viterbi); ``dot`` also returns the arg max (back pointers)."""
+
+    name = "max"
+
+    @staticmethod
+    def dot(messages: np.ndarray, matrix: np.ndarray):
+        candidates = messages[:, :, None] + matrix[None]
+        best = candidates.argmax(axis=1)
+        return np.take_along_axis(candidates, best[:, None, :], axis=1)[:, 0, :], best
+
+    @staticmethod
+    def normalize(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        top = values.max(axis=1)
+        shift = np.where(np.isfinite(top), top, 0.0)
+        return values - shift[:, None], top
+
+
+# --- the recursions -----------------------------------------------------------------------
+
+
+def _lifted_scores(emissions, transitions, start, layout: Layout, semiring):
+    """Packed emissions with the incoming-transition offsets folded in, lifted.
+
+    Column j of the lifted transition matrix is shifted by its maximum ``column_top[j]``, which
+    is added to the emissions of every non-first token instead, so the transition matrix has a 1
+    (or 0 in log space) in every column and products underflow only in extreme cases. The first
+    token of each sequence takes ``start`` instead. Returns (lifted emissions (T, L), their log
+    offsets (T,), lifted transitions (L, L)).
+    """
+    column_top = transitions.max(axis=0)
+    packed = emissions[layout.token_of_row]
+    first = layout.first_rows()
+    packed[first] += start
+    packed[first.stop:] += column_top
+    lifted, offset = semiring.lift(packed)
+    return lifted, offset, semiring.lift_matrix(transitions - column_top)
+
+
+def _forward(lifted, offset, matrix, layout: Layout, semiring):
+    """Normalised forward messages (T, L), cumulative log normalisers (T,), back pointers.
+
+    The true log forward message of packed row r is ``semiring.log(alpha[r]) + log_scale[r]``.
+    """
+    alpha = np.empty_like(lifted)
+    log_scale = np.empty(lifted.shape[0])
+    pointers = []
+    rows = layout.rows(0)
+    alpha[rows], norm = semiring.normalize(lifted[rows])
+    log_scale[rows] = norm + offset[rows]
+    for t in range(1, layout.n_steps):
+        rows, previous = layout.rows(t), layout.rows(t - 1, layout.n_active[t])
+        incoming, pointer = semiring.dot(alpha[previous], matrix)
+        alpha[rows], norm = semiring.normalize(semiring.mul(incoming, lifted[rows]))
+        log_scale[rows] = log_scale[previous] + norm + offset[rows]
+        pointers.append(pointer)
+    return alpha, log_scale, pointers
+
+
+def _backward(lifted, offset, matrix, end_lifted, end_norm, layout: Layout, semiring):
+    """Normalised backward messages (T, L) and their cumulative log normalisers (T,).
+
+    beta[r] covers everything after the token of row r (its own emission excluded), end
+    transition included. The true log message is ``semiring.log(beta[r]) + log_scale[r]``.
+    """
+    beta = np.empty_like(lifted)
+    beta[:] = end_lifted
+    log_scale = np.full(lifted.shape[0], end_norm)
+    for t in range(layout.n_steps - 2, -1, -1):
+        following = layout.rows(t + 1)
+        rows = layout.rows(t, layout.n_active[t + 1])
+        outgoing = semiring.dot_t(semiring.mul(beta[following], lifted[following]), matrix)
+        beta[rows], norm = semiring.normalize(outgoing)
+        log_scale[rows] = log_scale[following] + offset[following] + norm
+    return beta, log_scale
+
+
+@dataclass
+class Posterior:
+    """Results of forward-backward, in input order.
+
+    ``log_z`` (N,), ``marginals`` (T, L) node marginals p(y_t | x), ``transition_counts`` (L, L)
+    expected transition counts summed over all edges, ``log_alpha`` and ``log_beta`` (T, L) true
+    log forward/backward messages (only when requested).
+    """
+
+    log_z: np.ndarray
+    marginals: np.ndarray
+    transition_counts: np.ndarray
+    log_alpha: np.ndarray | None = None
+    log_beta: np.ndarray | None = None
+
+
+def _forward_backward(emissions, transitions, start, end, layout: Layout, semiring, keep_messages: bool):
+    """Forward-backward in one semiring, packed order. Also returns per-sequence failure flags
+    (a normaliser that is zero or not finite) by rank."""
+    lifted, offset, matrix = _lifted_scores(emissions, transitions, start, layout, semiring)
+    alpha, alpha_scale = _forward(lifted, offset, matrix, layout, semiring)[:2]
+    end_lifted, end_offset = semiring.lift(end[None, :])
+    end_lifted, end_norm = semiring.normalize(end_lifted)
+    beta, beta_scale = _backward(lifted, offset, matrix, end_lifted[0], end_norm[0] + end_offset[0], layout, semiring)
+
+    last = layout.last_rows()
+    closing = semiring.normalize(semiring.mul(alpha[last], end_lifted))[1]
+    log_z = alpha_scale[last] + closing + end_norm[0] + end_offset[0]
+    failed = ~np.isfinite(log_z)
+    with np.errstate(invalid="ignore"):
+        node = semiring.normalize(semiring.mul(alpha, beta))[0]
+    marginals = np.exp(semiring.log(node)) if semiring is LogSemiring else node
+    previous, current = layout.edge_rows()
+    healthy = ~failed[layout.rank_of_row[current]]
+    following = semiring.mul(lifted[current[healthy]], beta[current[healthy]])
+    counts = semiring.edge_counts(alpha[previous[healthy]], matrix, following)
+    result = dict(log_z=log_z, marginals=marginals, transition_counts=counts, failed=failed)
+    if keep_messages:
+        with np.errstate(invalid="ignore"):
+            result["log_alpha"] = semiring.log(alpha) + alpha_scale[:, None]
+            result["log_beta"] = semiring.log(beta) + beta_scale[:, None]
+        result["messages"] = (alpha, beta, lifted, matrix)
+    return result
+
+
+def forward_backward(
+    emissions: np.ndarray,
+    transitions: np.ndarray,
+    start: np.ndarray,
+    end: np.ndarray,
+    lengths,
+    keep_messages: bool = False,
+    semiring=ScaledSemiring,
+) -> Posterior:
+    """log Z, node marginals and expected transition counts for every sequence.
+
+    Runs in ``semiring`` (scaled probabilities by default) and recomputes in log space any
+    sequence whose scaled normalisers underflow, so the result is finite for any finite scores.
+    """
+    emissions = np.asarray(emissions, dtype=np.float64)
+    layout = lengths if isinstance(lengths, Layout) else Layout.from_lengths(lengths)
+    packed = _forward_backward(emissions, transitions, start, end, layout, semiring, keep_messages)
+    log_z = np.empty(layout.lengths.size)
+    log_z[layout.order] = packed["log_z"]
+    marginals = np.empty_like(emissions)
+    marginals[layout.token_of_row] = packed["marginals"]
+    counts = packed["transition_counts"]
+    posterior = Posterior(log_z, marginals, counts)
+    if keep_messages:
+        posterior.log_alpha = np.empty_like(emissions)
+        posterior.log_alpha[layout.token_of_row] = packed["log_alpha"]
+        posterior.log_beta = np.empty_like(emissions)
+        posterior.log_beta[layout.token_of_row] = packed["log_beta"]
+    failed = layout.order[packed["failed"]]
+    if failed.size and semiring is not LogSemiring:
+        _redo_in_log_space(posterior, emissions, transitions, start, end, layout, np.sort(failed), keep_messages)
+    return posterior
+
+
+def _redo_in_log_space(posterior, emissions, transitions, start, end, layout, sequences, keep_messages):
+    offsets = np.concatenate([[0], np.cumsum(layout.lengths)])
+    rows = token_rows(offsets, sequences)
+    redo = forward_backward(emissions[rows], transitions, start, end, layout.lengths[sequences], keep_messages, LogSemiring)
+    posterior.log_z[sequences] = redo.log_z
+    posterior.marginals[rows] = redo.marginals
+    posterior.transition_counts = posterior.transition_counts + redo.transition_counts
+    if keep_messages:
+        posterior.log_alpha[rows] = redo.log_alpha
+        posterior.log_beta[rows] = redo.log_beta
+
+
+def log_partition(emissions, transitions, start, end, lengths) -> np.ndarray:
+    """log Z(x) for every sequence, shape (N,)."""
+    return forward_backward(emissions, transitions, start, end, lengths).log_z
+
+
+def edge_marginals(emissions, transitions, start, end, lengths) -> np.ndarray:
+    """p(y_{t-1}=i, y_t=j | x) for every token, shape (T, L, L); zeros for first tokens."""
+    emissions = np.asarray(emissions, dtype=np.float64)
+    layout = lengths if isinstance(lengths, Layout) else Layout.from_lengths(lengths)
+    L = emissions.shape[1]
+    out = np.zeros((emissions.shape[0], L, L))
+    previous, current = layout.edge_rows()
+    semiring = LogSemiring  # exact for any weights; this query is for inspection, not training
+    lifted, offset, matrix = _lifted_scores(emissions, transitions, start, layout, semiring)
+    alpha = _forward(lifted, offset, matrix, layout, semiring)[0]
+    end_lifted, end_norm = semiring.normalize(end[None, :])
+    beta = _backward(lifted, offset, matrix, end_lifted[0], end_norm[0], layout, semiring)[0]
+    following = semiring.mul(lifted[current], beta[current])
+    out[layout.token_of_row[current]] = semiring.edge_probabilities(alpha[previous], matrix, following)
+    return out
+
+
+def viterbi(emissions, transitions, start, end, lengths) -> tuple[np.ndarray, np.ndarray]:
+    """Best label sequence of every sequence: (labels (T,) in input order, scores (N,))."""
+    emissions = np.asarray(emissions, dtype=np.float64)
+    layout = lengths if isinstance(lengths, Layout) else Layout.from_lengths(lengths)
+    semiring = MaxSemiring
+    lifted, offset, matrix = _lifted_scores(emissions, transitions, start, layout, semiring)
+    alpha, log_scale, pointers = _forward(lifted, offset, matrix, layout, semiring)
+    last = layout.last_rows()
+    closing = alpha[last] + end
+    best_last = closing.argmax(axis=1)
+    scores_by_rank = log_scale[last] + closing[np.arange(last.size), best_last]
+
+    packed = np.empty(lifted.shape[0], dtype=np.int64)
+    ending = layout.lengths[layout.order] - 1  # last step of each rank
+    current = np.zeros(layout.lengths.size, dtype=np.int64)
+    for t in range(layout.n_steps - 1, -1, -1):
+        n = int(layout.n_active[t])
+        stops_here = ending[:n] == t
+        current[:n][stops_here] = best_last[:n][stops_here]
+        packed[layout.rows(t)] = current[:n]
+        if t > 0:
+            current[:n] = pointers[t - 1][np.arange(n), current[:n]]
+    labels = np.empty_like(packed)
+    labels[layout.token_of_row] = packed
+    scores = np.empty(layout.lengths.size)
+    scores[layout.order] = scores_by_rank
+    return labels, scores
+
+
+def sequence_scores(emissions, transitions, start, end, offsets, labels) -> np.ndarray:
+    """score(y) of the given labelling of every sequence, shape (N,)."""
+    offsets = np.asarray(offsets, dtype=np.int64)
+    labels = np.asarray(labels, dtype=np.int64)
+    n_tokens = labels.size
+    token_scores = emissions[np.arange(n_tokens), labels]
+    is_first = np.zeros(n_tokens, dtype=bool)
+    is_first[offsets[:-1]] = True
+    previous = np.roll(labels, 1)
+    token_scores = token_scores + np.where(is_first, start[labels], transitions[previous, labels])
+    totals = np.add.reduceat(token_scores, offsets[:-1])
+    return totals + end[labels[offsets[1:] - 1]]
+
+
+def constrained_log_probability(
+    log_alpha: np.ndarray,
+    log_beta: np.ndarray,
+    log_z: np.ndarray,
+    emissions: np.ndarray,
+    transitions: np.ndarray,
+    start: np.ndarray,
+    offsets: np.ndarray,
+    sequence: np.ndarray,
+    first: np.ndarray,
+    allowed: np.ndarray,
+    window_offsets: np.ndarray,
+) -> np.ndarray:
+    """log p(y_t in allowed_t for every t in a window | x), for many windows at once.
+
+    Constrained forward-backward (Culotta & McCallum 2004): the forward recursion is re-run only
+    inside each window with the emissions of disallowed labels masked out, started from the
+    unconstrained forward message of the token before the window (or ``start``) and closed with
+    the unconstrained backward message of the window's last token.
+
+    ``log_alpha``, ``log_beta`` (T, L) and ``log_z`` (N,) come from :func:`forward_backward`
+    with ``keep_messages=True``. Window k lies in sequence ``sequence[k]`` from its token
+    ``first[k]`` on; its allowed-label masks are ``allowed[window_offsets[k]:window_offsets[k+1]]``
+    (a (W, L) boolean array over all windows). Returns (K,) log probabilities.
+    """
+    sequence = np.asarray(sequence, dtype=np.int64)
+    first = np.asarray(first, dtype=np.int64)
+    widths = np.diff(window_offsets)
+    starts = offsets[sequence] + first
+    if np.any(first < 0) or np.any(starts + widths > offsets[sequence + 1]):
+        raise ValueError("a window runs outside its sequence")
+    window_tokens = np.repeat(starts, widths) + (np.arange(widths.sum()) - np.repeat(window_offsets[:-1], widths))
+    masked = np.where(allowed, emissions[window_tokens], -np.inf)
+    # the incoming message of each window, folded into its first token's emissions
+    incoming = np.tile(start, (sequence.size, 1))
+    inner = first > 0
+    incoming[inner] = logsumexp(log_alpha[starts[inner] - 1][:, :, None] + transitions[None], axis=1)
+    masked[window_offsets[:-1]] += incoming
+    layout = Layout.from_lengths(widths)
+    semiring = LogSemiring
+    # windows start from their own incoming message, so "start" is already in `masked`
+    lifted, offset, matrix = _lifted_scores(masked, transitions, np.zeros_like(start), layout, semiring)
+    alpha, log_scale = _forward(lifted, offset, matrix, layout, semiring)[:2]
+    last = layout.last_rows()
+    window_last_token = window_tokens[window_offsets[1:] - 1][layout.order]
+    closing = logsumexp(alpha[last] + log_beta[window_last_token], axis=1)
+    by_rank = log_scale[last] + closing - log_z[sequence[layout.order]]
+    out = np.empty(sequence.size)
+    out[layout.order] = by_rank
+    return out

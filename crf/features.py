@@ -1,0 +1,539 @@
+"""Feature extraction configured by data: views, CRF++-style templates, lexicons, numbers.
+
+Vocabulary
+----------
+A *view* is one string (or nothing) per token: a raw input column (``w``, ``pos``) or a token
+function of a column (``lower``, ``shape``, ``suffix`` with ``n``, ``is_title``, ...) or lexicon
+membership (``lexicon`` with a file of entries, matched as longest multi-token spans and marked
+``B-TYPE``/``I-TYPE``). A *template* such as ``w[-1]|w[0]`` conjoins views at relative offsets; its
+attribute for a token is the string ``w[-1]|w[0]=He|reckons`` (CRFsuite's naming). Cells outside
+the sentence either drop the attribute (``padding=False``, CRFsuite's chunking example) or take the
+value ``__BOS__`` / ``__EOS__`` (``padding=True``, CRF++). ``numeric`` columns become real-valued
+attributes named after the column, and ``bos_eos`` adds ``__BOS__`` on the first and ``__EOS__`` on
+the last token.
+
+How it stays fast: each view is computed once per distinct source value, never per token; each
+template's cells are integer codes combined into one int64 key per token; fitting is ``np.unique``
+over those keys and transforming is ``np.searchsorted``. No attribute string is built per token.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+import scipy.sparse as sp
+
+from .batch import SequenceBatch, offsets_from_lengths
+from .io import DataFormatError, Sentence, _decoded_lines
+
+BOS, EOS = "__BOS__", "__EOS__"
+
+
+# --- token functions: str -> str | None (None: no attribute for this token) -------------------
+
+def _shape(word: str) -> str:
+    out = []
+    for ch in word:
+        if ch.isupper():
+            out.append("X")
+        elif ch.islower():
+            out.append("x")
+        elif ch.isdigit():
+            out.append("d")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def _short_shape(word: str) -> str:
+    return re.sub(r"(.)\1+", r"\1", _shape(word))
+
+
+def _flag(value: bool) -> str | None:
+    return "1" if value else None
+
+
+TOKEN_FUNCTIONS: dict[str, Callable[[str, int], str | None]] = {
+    "identity": lambda w, n: w,
+    "lower": lambda w, n: w.lower(),
+    "shape": lambda w, n: _shape(w),
+    "short_shape": lambda w, n: _short_shape(w),
+    "prefix": lambda w, n: w[:n] if len(w) >= n else None,
+    "suffix": lambda w, n: w[-n:] if len(w) >= n else None,
+    "length": lambda w, n: str(min(len(w), n or 10**9)),
+    "is_title": lambda w, n: _flag(w.istitle()),
+    "is_upper": lambda w, n: _flag(w.isupper()),
+    "is_lower": lambda w, n: _flag(w.islower()),
+    "is_digit": lambda w, n: _flag(w.isdigit()),
+    "has_digit": lambda w, n: _flag(any(c.isdigit() for c in w)),
+    "has_upper": lambda w, n: _flag(any(c.isupper() for c in w)),
+    "has_hyphen": lambda w, n: _flag("-" in w),
+    "is_punct": lambda w, n: _flag(all(not c.isalnum() for c in w)),
+}
+
+
+@dataclass
+class ViewSpec:
+    """How to compute one view: ``fn`` applied to ``column`` (``n`` for affixes and lengths)."""
+
+    column: str
+    fn: str = "identity"
+    n: int = 0
+    path: str | None = None  # lexicon file, for fn == "lexicon"
+    lowercase: bool = False  # lexicon matching on lower-cased tokens
+
+
+@dataclass
+class _Template:
+    name: str
+    cells: list[tuple[str, int]]  # (view name, offset)
+
+
+_CELL = re.compile(r"^\s*([A-Za-z_][\w.]*)\[\s*(-?\d+)\s*\]\s*$")
+
+
+def parse_template(text: str) -> _Template:
+    """Parse ``view[offset]|view[offset]|...`` into its cells."""
+    cells = []
+    for part in text.split("|"):
+        match = _CELL.match(part)
+        if not match:
+            raise ValueError(f"bad template {text!r}: cell {part!r} is not of the form name[offset]")
+        cells.append((match.group(1), int(match.group(2))))
+    return _Template(text.strip(), cells)
+
+
+def read_lexicon(path: str | os.PathLike, lowercase: bool = False) -> dict[tuple[str, ...], str]:
+    """Read a lexicon file: one entry a line, tokens separated by spaces, optional TAB then type.
+
+    Returns a mapping from the entry's token tuple to its type (``""`` when untyped).
+    """
+    entries: dict[tuple[str, ...], str] = {}
+    for number, line in _decoded_lines(path):
+        if not line.strip() or line.startswith("#"):
+            continue
+        text, _, kind = line.partition("\t")
+        tokens = tuple(text.lower().split() if lowercase else text.split())
+        if not tokens:
+            raise DataFormatError(path, number, "lexicon entry has no tokens")
+        entries[tokens] = kind.strip()
+    if not entries:
+        raise DataFormatError(path, 1, "lexicon holds no entries")
+    return entries
+
+
+@dataclass
+class _Corpus:
+    """Token-level arrays of a corpus: one object array per input column, plus positions."""
+
+    columns: dict[str, np.ndarray]
+    lengths: np.ndarray  # (N,)
+    position: np.ndarray  # (T,) index of each token within its sentence
+    length: np.ndarray  # (T,) length of each token's sentence
+
+
+def _corpus(sentences: Sequence[Sentence], names: Sequence[str], needed: set[str]) -> _Corpus:
+    if len(sentences) == 0:
+        raise ValueError("no sentences given")
+    lengths = np.fromiter((len(s) for s in sentences), dtype=np.int64, count=len(sentences))
+    if np.any(lengths == 0):
+        raise ValueError(f"sentence {int(np.argmax(lengths == 0))} has no tokens")
+    columns = {}
+    for index, name in enumerate(names):
+        if name in needed:
+            columns[name] = np.array([row[index] for s in sentences for row in s], dtype=object)
+    offsets = offsets_from_lengths(lengths)
+    length = np.repeat(lengths, lengths)
+    position = np.arange(int(lengths.sum())) - np.repeat(offsets[:-1], lengths)
+    return _Corpus(columns, lengths, position, length)
+
+
+@dataclass
+class FeatureExtractor:
+    """Turn sentences (lists of token rows) into a :class:`SequenceBatch`.
+
+    Parameters
+    ----------
+    columns: names of the input columns by position (a label column may be named and unused).
+    templates: CRF++-style templates over views, e.g. ``["w[0]", "w[-1]|w[0]", "pos[0]"]``.
+    views: derived views, name -> ``{"column": "w", "fn": "suffix", "n": 3}``; every column name
+        is a view of itself.
+    numeric: columns whose float value becomes a real-valued attribute of that name.
+    bos_eos: add ``__BOS__`` to first and ``__EOS__`` to last tokens.
+    padding: cells outside the sentence read ``__BOS__``/``__EOS__`` (True) or drop the
+        attribute (False).
+    min_count: keep template attributes seen at least this many times in the fitting data.
+    """
+
+    columns: Sequence[str]
+    templates: Sequence[str] = ()
+    views: Mapping[str, Mapping] = field(default_factory=dict)
+    numeric: Sequence[str] = ()
+    bos_eos: bool = True
+    padding: bool = False
+    min_count: int = 1
+
+    def __post_init__(self) -> None:
+        self.columns = list(self.columns)
+        self._specs: dict[str, ViewSpec] = {name: ViewSpec(column=name) for name in self.columns}
+        for name, spec in dict(self.views).items():
+            spec = ViewSpec(**dict(spec))
+            if spec.column not in self.columns:
+                raise ValueError(f"view {name!r} reads unknown column {spec.column!r}")
+            if spec.fn != "lexicon" and spec.fn not in TOKEN_FUNCTIONS:
+                raise ValueError(f"view {name!r}: unknown function {spec.fn!r}; known: {sorted(TOKEN_FUNCTIONS)} and 'lexicon'")
+            if spec.fn == "lexicon" and not spec.path:
+                raise ValueError(f"view {name!r}: a lexicon view needs a 'path'")
+            self._specs[name] = spec
+        self._templates = [parse_template(t) for t in self.templates]
+        for template in self._templates:
+            for view, _ in template.cells:
+                if view not in self._specs:
+                    raise ValueError(f"template {template.name!r} uses unknown view {view!r}")
+        for name in self.numeric:
+            if name not in self.columns:
+                raise ValueError(f"numeric attribute {name!r} is not a column")
+        self._lexicons: dict[str, dict[tuple[str, ...], str]] = {}
+        self.fitted_ = False
+
+    # --- views ---------------------------------------------------------------------------
+
+    def _used_views(self) -> list[str]:
+        return sorted({view for t in self._templates for view, _ in t.cells})
+
+    def _lexicon(self, name: str) -> dict[tuple[str, ...], str]:
+        if name not in self._lexicons:
+            spec = self._specs[name]
+            self._lexicons[name] = read_lexicon(spec.path, spec.lowercase)
+        return self._lexicons[name]
+
+    def _view_values(self, name: str, corpus: _Corpus) -> tuple[np.ndarray, np.ndarray]:
+        """(codes (T,) into ``uniques``, uniques) for view ``name``; code -1 means no value."""
+        spec = self._specs[name]
+        source = corpus.columns[spec.column]
+        if spec.fn == "lexicon":
+            return pd.factorize(self._lexicon_marks(name, source, corpus), use_na_sentinel=True)
+        codes, uniques = pd.factorize(source)
+        if spec.fn == "identity":
+            return codes, np.asarray(uniques, dtype=object)
+        function = TOKEN_FUNCTIONS[spec.fn]
+        mapped = np.array([function(u, spec.n) for u in uniques], dtype=object)
+        view_codes, view_uniques = pd.factorize(mapped, use_na_sentinel=True)
+        return np.where(codes >= 0, view_codes[codes], -1), np.asarray(view_uniques, dtype=object)
+
+    def _lexicon_marks(self, name: str, source: np.ndarray, corpus: _Corpus) -> np.ndarray:
+        """Longest-match lexicon spans as ``B-TYPE``/``I-TYPE`` per token (None outside spans)."""
+        spec = self._specs[name]
+        entries = self._lexicon(name)
+        words = np.array([w.lower() for w in source], dtype=object) if spec.lowercase else source
+        marks = np.full(words.size, None, dtype=object)
+        covered = np.zeros(words.size, dtype=bool)
+        for size in sorted({len(k) for k in entries}, reverse=True):
+            # start positions whose span of `size` tokens stays inside the sentence
+            starts = np.flatnonzero(corpus.position + size <= corpus.length)
+            if starts.size == 0:
+                continue
+            windows = zip(*(words[starts + k] for k in range(size)))
+            kinds = [entries.get(window) for window in windows]
+            hit = np.array([kind is not None for kind in kinds], dtype=bool)
+            for start, kind in zip(starts[hit], np.asarray(kinds, dtype=object)[hit]):
+                span = slice(start, start + size)
+                if covered[span].any():
+                    continue  # a longer (or earlier) entry already owns part of this span
+                covered[span] = True
+                suffix = f"-{kind}" if kind else ""
+                marks[start] = "B" + suffix
+                marks[start + 1:start + size] = "I" + suffix
+        return marks
+
+    # --- templates -----------------------------------------------------------------------
+
+    def _template_keys(self, template: _Template, view_codes: dict[str, np.ndarray], corpus: _Corpus) -> np.ndarray:
+        """One int64 key per token for ``template``; -1 where the attribute is absent."""
+        keys = np.zeros(corpus.position.size, dtype=np.int64)
+        valid = np.ones(corpus.position.size, dtype=bool)
+        multiplier = 1
+        for view, offset in template.cells:
+            size = len(self.vocabulary_[view])
+            codes = view_codes[view]
+            target = corpus.position + offset
+            inside = (target >= 0) & (target < corpus.length)
+            cell = np.full(codes.size, -1, dtype=np.int64)
+            source_rows = np.flatnonzero(inside)
+            cell[source_rows] = codes[source_rows + offset]
+            if self.padding:
+                cell[target < 0] = size
+                cell[target >= corpus.length] = size + 1
+            valid &= cell >= 0
+            keys += np.maximum(cell, 0) * multiplier
+            multiplier *= size + 2
+            if multiplier >= 2**62:
+                raise ValueError(f"template {template.name!r} has too many value combinations for int64 keys")
+        keys[~valid] = -1
+        return keys
+
+    def _view_codes_fitted(self, corpus: _Corpus) -> dict[str, np.ndarray]:
+        """Codes of every used view against the fitted vocabularies (-1: unseen or absent)."""
+        out = {}
+        for name in self._used_views():
+            codes, uniques = self._view_values(name, corpus)
+            index = self._view_index[name]
+            if len(uniques) == 0:
+                out[name] = np.full(codes.size, -1, dtype=np.int64)
+                continue
+            lookup = index.get_indexer(pd.Index(uniques, dtype=object))
+            out[name] = np.where(codes >= 0, lookup[np.maximum(codes, 0)], -1).astype(np.int64)
+        return out
+
+    def fit(self, sentences: Sequence[Sentence]) -> "FeatureExtractor":
+        """Fit the view vocabularies and the attribute vocabulary on ``sentences``."""
+        corpus = self._read(sentences)
+        self.vocabulary_: dict[str, np.ndarray] = {}
+        self._view_index: dict[str, pd.Index] = {}
+        for name in self._used_views():
+            _, uniques = self._view_values(name, corpus)
+            self.vocabulary_[name] = np.asarray(uniques, dtype=str)
+            self._view_index[name] = pd.Index(uniques, dtype=object)
+        view_codes = self._view_codes_fitted(corpus)
+        self.template_keys_: list[np.ndarray] = []
+        for template in self._templates:
+            keys = self._template_keys(template, view_codes, corpus)
+            unique, counts = np.unique(keys[keys >= 0], return_counts=True)
+            self.template_keys_.append(unique[counts >= self.min_count])
+        self.fitted_ = True
+        self._names: np.ndarray | None = None
+        return self
+
+    @property
+    def n_attributes(self) -> int:
+        self._check_fitted()
+        return int(sum(k.size for k in self.template_keys_)) + len(self.numeric) + (2 if self.bos_eos else 0)
+
+    def _check_fitted(self) -> None:
+        if not self.fitted_:
+            raise RuntimeError("FeatureExtractor is not fitted; call fit() first")
+
+    def _read(self, sentences: Sequence[Sentence]) -> _Corpus:
+        needed = {self._specs[v].column for v in self._used_views()} | set(self.numeric)
+        width = len(self.columns)
+        for i, sentence in enumerate(sentences):
+            for j, row in enumerate(sentence):
+                if len(row) < width:
+                    raise ValueError(f"sentence {i}, token {j}: {len(row)} columns, the extractor expects {width} ({self.columns})")
+        return _corpus(sentences, self.columns, needed)
+
+    def transform(self, sentences: Sequence[Sentence]) -> SequenceBatch:
+        """Featurise ``sentences`` with the fitted vocabulary; unseen attributes are ignored."""
+        self._check_fitted()
+        corpus = self._read(sentences)
+        view_codes = self._view_codes_fitted(corpus)
+        n_tokens = corpus.position.size
+        rows, cols, vals = [], [], []
+        base = 0
+        for template, fitted in zip(self._templates, self.template_keys_):
+            keys = self._template_keys(template, view_codes, corpus)
+            slot = np.searchsorted(fitted, keys)
+            found = (keys >= 0) & (slot < fitted.size)
+            found[found] = fitted[slot[found]] == keys[found]
+            token = np.flatnonzero(found)
+            rows.append(token)
+            cols.append(base + slot[token])
+            vals.append(np.ones(token.size))
+            base += fitted.size
+        for name in self.numeric:
+            values = pd.to_numeric(pd.Series(corpus.columns[name]), errors="coerce").to_numpy(dtype=np.float64)
+            bad = np.flatnonzero(~np.isfinite(values))
+            if bad.size:
+                raise ValueError(f"numeric column {name!r}: token {int(bad[0])} has the non-numeric value {corpus.columns[name][bad[0]]!r}")
+            rows.append(np.arange(n_tokens))
+            cols.append(np.full(n_tokens, base))
+            vals.append(values)
+            base += 1
+        if self.bos_eos:
+            first = np.flatnonzero(corpus.position == 0)
+            last = np.flatnonzero(corpus.position == corpus.length - 1)
+            rows += [first, last]
+            cols += [np.full(first.size, base), np.full(last.size, base + 1)]
+            vals += [np.ones(first.size), np.ones(last.size)]
+        matrix = sp.csr_matrix(
+            (np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
+            shape=(n_tokens, self.n_attributes),
+        )
+        matrix.sort_indices()
+        return SequenceBatch(matrix, offsets_from_lengths(corpus.lengths))
+
+    def fit_transform(self, sentences: Sequence[Sentence]) -> SequenceBatch:
+        return self.fit(sentences).transform(sentences)
+
+    # --- names ---------------------------------------------------------------------------
+
+    def attribute_names(self) -> np.ndarray:
+        """Names of all attributes, shape (A,), in column order of the batch."""
+        self._check_fitted()
+        if self._names is None:
+            names: list[str] = []
+            for template, fitted in zip(self._templates, self.template_keys_):
+                parts = []
+                multiplier = 1
+                for view, _ in template.cells:
+                    vocab = self.vocabulary_[view]
+                    size = vocab.size
+                    code = (fitted // multiplier) % (size + 2)
+                    labels = np.concatenate([vocab.astype(object), np.array([BOS, EOS], dtype=object)])
+                    parts.append(labels[code])
+                    multiplier *= size + 2
+                prefix = template.name + "="
+                names.extend(prefix + "|".join(cells) for cells in zip(*parts))
+            names.extend(self.numeric)
+            if self.bos_eos:
+                names.extend([BOS, EOS])
+            self._names = np.array(names, dtype=object)
+        return self._names
+
+    def attribute_lists(self, batch: SequenceBatch) -> list[list[list[str]]]:
+        """The batch as nested lists of attribute strings (for python-crfsuite and the like)."""
+        names = self.attribute_names()
+        X = batch.X
+        per_token = [list(names[X.indices[X.indptr[i]:X.indptr[i + 1]]]) for i in range(X.shape[0])]
+        return [per_token[a:b] for a, b in zip(batch.offsets[:-1], batch.offsets[1:])]
+
+    # --- persistence ---------------------------------------------------------------------
+
+    def config(self) -> dict:
+        """The constructor arguments, JSON-ready."""
+        return {
+            "columns": list(self.columns),
+            "templates": [t.name for t in self._templates],
+            "views": {k: dict(v) for k, v in dict(self.views).items()},
+            "numeric": list(self.numeric),
+            "bos_eos": self.bos_eos,
+            "padding": self.padding,
+            "min_count": self.min_count,
+        }
+
+    def state_arrays(self) -> dict[str, np.ndarray]:
+        """The fitted state as plain arrays (strings as unicode arrays; no objects)."""
+        self._check_fitted()
+        arrays: dict[str, np.ndarray] = {}
+        for name, vocab in self.vocabulary_.items():
+            arrays[f"view/{name}"] = vocab.astype(str)
+        for i, keys in enumerate(self.template_keys_):
+            arrays[f"template/{i}"] = keys
+        for name in self._lexicons:
+            entries = self._lexicons[name]
+            arrays[f"lexicon/{name}/entries"] = np.array([" ".join(k) for k in entries], dtype=str)
+            arrays[f"lexicon/{name}/types"] = np.array(list(entries.values()), dtype=str)
+        return arrays
+
+    @classmethod
+    def from_state(cls, config: Mapping, arrays: Mapping[str, np.ndarray]) -> "FeatureExtractor":
+        """Rebuild a fitted extractor from :meth:`config` and :meth:`state_arrays`."""
+        extractor = cls(**config)
+        extractor.vocabulary_ = {}
+        extractor._view_index = {}
+        for name in extractor._used_views():
+            key = f"view/{name}"
+            if key not in arrays:
+                raise ValueError(f"saved feature state lacks the vocabulary of view {name!r}")
+            vocab = np.asarray(arrays[key]).astype(str)
+            extractor.vocabulary_[name] = vocab
+            extractor._view_index[name] = pd.Index(vocab.astype(object), dtype=object)
+            spec = extractor._specs[name]
+            if spec.fn == "lexicon":
+                entries = arrays[f"lexicon/{name}/entries"]
+                types = arrays[f"lexicon/{name}/types"]
+                extractor._lexicons[name] = {tuple(str(e).split()): str(t) for e, t in zip(entries, types)}
+        extractor.template_keys_ = []
+        for i in range(len(extractor._templates)):
+            keys = np.asarray(arrays[f"template/{i}"], dtype=np.int64)
+            if np.any(np.diff(keys) <= 0):
+                raise ValueError(f"saved feature state: template {i} keys are not strictly increasing")
+            extractor.template_keys_.append(keys)
+        extractor.fitted_ = True
+        extractor._names = None
+        return extractor
+
+
+CRFSUITE_CHUNKING_TEMPLATES = [
+    "w[-2]", "w[-1]", "w[0]", "w[1]", "w[2]", "w[-1]|w[0]", "w[0]|w[1]",
+    "pos[-2]", "pos[-1]", "pos[0]", "pos[1]", "pos[2]",
+    "pos[-2]|pos[-1]", "pos[-1]|pos[0]", "pos[0]|pos[1]", "pos[1]|pos[2]",
+    "pos[-2]|pos[-1]|pos[0]", "pos[-1]|pos[0]|pos[1]", "pos[0]|pos[1]|pos[2]",
+]
+
+
+def crfsuite_chunking_extractor() -> FeatureExtractor:
+    """The CRFsuite CoNLL-2000 chunking attribute set over columns ``w pos chunk``."""
+    return FeatureExtractor(columns=["w", "pos", "chunk"], templates=CRFSUITE_CHUNKING_TEMPLATES, bos_eos=True, padding=False)
+
+
+class AttributeIndex:
+    """Vocabulary for python-crfsuite-style token features (dicts or lists of strings).
+
+    A token is a dict or a list of attribute strings. In a dict, a string value ``v`` of key
+    ``k`` is the binary attribute ``k:v``, a number (or bool) is the value of attribute ``k``,
+    a nested dict ``{k: {j: v}}`` becomes ``k:j`` (recursively) and a list of strings ``{k: [a,
+    b]}`` becomes ``k:a`` and ``k:b``. A list token lists binary attributes. Tokens are Python
+    objects, so this path loops over tokens; :class:`FeatureExtractor` is the fast path.
+    """
+
+    def __init__(self) -> None:
+        self.index_: dict[str, int] = {}
+
+    @staticmethod
+    def _items(token, prefix: str = ""):
+        if isinstance(token, Mapping):
+            for key, value in token.items():
+                name = f"{prefix}{key}"
+                if isinstance(value, str):
+                    yield f"{name}:{value}", 1.0
+                elif isinstance(value, Mapping):
+                    yield from AttributeIndex._items(value, name + ":")
+                elif isinstance(value, (list, tuple, set, frozenset)):
+                    for item in value:
+                        yield f"{name}:{item}", 1.0
+                else:
+                    yield name, float(value)
+        elif isinstance(token, str):
+            raise TypeError(f"a token must be a dict or a list of attribute strings, not the string {token!r}")
+        else:
+            for name in token:
+                yield str(name), 1.0
+
+    def fit(self, sequences) -> "AttributeIndex":
+        index = self.index_
+        for sequence in sequences:
+            for token in sequence:
+                for name, _ in self._items(token):
+                    if name not in index:
+                        index[name] = len(index)
+        return self
+
+    def transform(self, sequences) -> SequenceBatch:
+        index = self.index_
+        rows: list[int] = []
+        cols: list[int] = []
+        vals: list[float] = []
+        lengths = []
+        row = 0
+        for sequence in sequences:
+            lengths.append(len(sequence))
+            for token in sequence:
+                for name, value in self._items(token):
+                    column = index.get(name)
+                    if column is not None and value != 0.0:
+                        rows.append(row)
+                        cols.append(column)
+                        vals.append(value)
+                row += 1
+        matrix = sp.csr_matrix((np.array(vals, dtype=np.float64), (np.array(rows, dtype=np.int64), np.array(cols, dtype=np.int64))), shape=(row, len(index)))
+        matrix.sum_duplicates()
+        return SequenceBatch(matrix, offsets_from_lengths(lengths))
+
+    def names(self) -> np.ndarray:
+        return np.array(list(self.index_), dtype=object)

@@ -1,0 +1,97 @@
+"""Save and load named arrays plus JSON metadata in one file, without pickle.
+
+The file is a NumPy ``.npz`` archive. Metadata is stored as UTF-8 JSON bytes, each array's
+SHA-256 is recorded in it and checked on load, and loading uses ``allow_pickle=False``, so a
+file can never run code and a truncated or edited file is rejected with a clear error. Writes go
+to a temporary file in the same folder that is renamed into place, so a crash never leaves a
+half-written model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+
+_META = "__meta__"
+
+
+class ModelFileError(ValueError):
+    """A model file that is missing, truncated, tampered with or of the wrong kind."""
+
+
+def _digest(array: np.ndarray) -> str:
+    array = np.ascontiguousarray(array)
+    h = hashlib.sha256()
+    h.update(str(array.dtype).encode())
+    h.update(str(array.shape).encode())
+    h.update(array.tobytes())
+    return h.hexdigest()
+
+
+def strings_to_arrays(strings) -> tuple[np.ndarray, np.ndarray]:
+    """Encode strings as (UTF-8 bytes (B,) uint8, offsets (n + 1,) int64)."""
+    encoded = [s.encode("utf-8") for s in strings]
+    offsets = np.concatenate([[0], np.cumsum([len(e) for e in encoded], dtype=np.int64)]).astype(np.int64)
+    return np.frombuffer(b"".join(encoded), dtype=np.uint8).copy(), offsets
+
+
+def arrays_to_strings(blob: np.ndarray, offsets: np.ndarray) -> list[str]:
+    data = blob.tobytes()
+    return [data[a:b].decode("utf-8") for a, b in zip(offsets[:-1], offsets[1:])]
+
+
+def save_arrays(path: str | os.PathLike, kind: str, meta: Mapping, arrays: Mapping[str, np.ndarray]) -> None:
+    """Write ``arrays`` and ``meta`` (JSON-ready) to ``path`` atomically."""
+    path = Path(path)
+    arrays = {name: np.asarray(a) for name, a in arrays.items()}
+    for name, a in arrays.items():
+        if a.dtype == object:
+            raise TypeError(f"array {name!r} holds Python objects; encode it first")
+    header = {"kind": kind, "format_version": 1, "meta": dict(meta), "sha256": {n: _digest(a) for n, a in arrays.items()}}
+    payload = dict(arrays)
+    payload[_META] = np.frombuffer(json.dumps(header).encode("utf-8"), dtype=np.uint8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(handle, "wb") as out:
+            np.savez(out, **payload)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise
+
+
+def load_arrays(path: str | os.PathLike, kind: str) -> tuple[dict, dict[str, np.ndarray]]:
+    """Read a file written by :func:`save_arrays`; check kind and checksums. Returns (meta, arrays)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ModelFileError(f"{path}: no such model file")
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            if _META not in archive.files:
+                raise ModelFileError(f"{path}: not a model file of this project (no metadata)")
+            header = json.loads(archive[_META].tobytes().decode("utf-8"))
+            arrays = {name: archive[name] for name in archive.files if name != _META}
+    except ModelFileError:
+        raise
+    except (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError, json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ModelFileError(f"{path}: unreadable or truncated model file ({type(err).__name__}: {err})") from None
+    if not isinstance(header, dict) or header.get("kind") != kind:
+        raise ModelFileError(f"{path}: holds a {header.get('kind') if isinstance(header, dict) else '?'!r}, expected a {kind!r}")
+    expected = header.get("sha256", {})
+    if set(expected) != set(arrays):
+        raise ModelFileError(f"{path}: arrays {sorted(set(arrays) ^ set(expected))} are missing or unexpected")
+    for name, array in arrays.items():
+        if _digest(array) != expected[name]:
+            raise ModelFileError(f"{path}: array {name!r} fails its checksum (file edited or corrupted)")
+    return header["meta"], arrays

@@ -1,0 +1,148 @@
+"""Chain recursions against brute-force enumeration of every label sequence."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy.special import logsumexp
+
+from crf import chain
+from conftest import enumerate_paths, random_chain
+
+CASES = [(seed, L, lengths) for seed, (L, lengths) in enumerate([
+    (2, [1]), (2, [3, 1, 2]), (3, [4, 2, 6, 1]), (4, [5, 5, 3]), (4, [6, 1, 4, 2]), (3, [6]),
+])]
+
+
+def _per_sequence(lengths):
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    return list(zip(offsets[:-1], offsets[1:]))
+
+
+@pytest.mark.parametrize("seed,n_labels,lengths", CASES)
+@pytest.mark.parametrize("semiring", [chain.ScaledSemiring, chain.LogSemiring])
+def test_log_z_and_marginals_match_enumeration(seed, n_labels, lengths, semiring):
+    emissions, transitions, start, end = random_chain(seed, n_labels, lengths, scale=1.5)
+    posterior = chain.forward_backward(emissions, transitions, start, end, lengths, semiring=semiring)
+    edges = chain.edge_marginals(emissions, transitions, start, end, lengths)
+    expected_counts = np.zeros((n_labels, n_labels))
+    for i, (a, b) in enumerate(_per_sequence(lengths)):
+        paths, scores = enumerate_paths(emissions[a:b], transitions, start, end)
+        log_z = logsumexp(scores)
+        assert posterior.log_z[i] == pytest.approx(log_z, abs=1e-10)
+        probs = np.exp(scores - log_z)
+        for t in range(b - a):
+            node = np.bincount(paths[:, t], weights=probs, minlength=n_labels)
+            np.testing.assert_allclose(posterior.marginals[a + t], node, atol=1e-10)
+            if t > 0:
+                pair = np.bincount(paths[:, t - 1] * n_labels + paths[:, t], weights=probs, minlength=n_labels**2)
+                np.testing.assert_allclose(edges[a + t], pair.reshape(n_labels, n_labels), atol=1e-10)
+                expected_counts += pair.reshape(n_labels, n_labels)
+        assert np.all(edges[a] == 0)
+    np.testing.assert_allclose(posterior.transition_counts, expected_counts, atol=1e-9)
+
+
+@pytest.mark.parametrize("seed,n_labels,lengths", CASES)
+def test_viterbi_matches_enumeration(seed, n_labels, lengths):
+    emissions, transitions, start, end = random_chain(seed + 100, n_labels, lengths, scale=2.0)
+    labels, scores = chain.viterbi(emissions, transitions, start, end, lengths)
+    for i, (a, b) in enumerate(_per_sequence(lengths)):
+        paths, all_scores = enumerate_paths(emissions[a:b], transitions, start, end)
+        best = int(np.argmax(all_scores))
+        np.testing.assert_array_equal(labels[a:b], paths[best])
+        assert scores[i] == pytest.approx(all_scores[best], abs=1e-10)
+
+
+@pytest.mark.parametrize("seed,n_labels,lengths", CASES)
+def test_sequence_scores_and_probabilities(seed, n_labels, lengths):
+    emissions, transitions, start, end = random_chain(seed + 200, n_labels, lengths)
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, n_labels, size=int(np.sum(lengths)))
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    scores = chain.sequence_scores(emissions, transitions, start, end, offsets, labels)
+    log_z = chain.log_partition(emissions, transitions, start, end, lengths)
+    for i, (a, b) in enumerate(_per_sequence(lengths)):
+        paths, all_scores = enumerate_paths(emissions[a:b], transitions, start, end)
+        match = np.flatnonzero((paths == labels[a:b]).all(axis=1))[0]
+        assert scores[i] == pytest.approx(all_scores[match], abs=1e-12)
+        assert np.exp(scores[i] - log_z[i]) == pytest.approx(np.exp(all_scores[match] - logsumexp(all_scores)), rel=1e-9)
+
+
+@pytest.mark.parametrize("seed,n_labels,lengths", CASES)
+def test_constrained_windows_match_enumeration(seed, n_labels, lengths):
+    emissions, transitions, start, end = random_chain(seed + 300, n_labels, lengths, scale=1.5)
+    posterior = chain.forward_backward(emissions, transitions, start, end, lengths, keep_messages=True)
+    rng = np.random.default_rng(seed)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    sequence, first, masks, expected = [], [], [], []
+    for i, n in enumerate(lengths):
+        for _ in range(4):
+            s = int(rng.integers(0, n))
+            width = int(rng.integers(1, n - s + 1))
+            allowed = rng.random((width, n_labels)) < 0.5
+            allowed[np.arange(width), rng.integers(0, n_labels, size=width)] = True
+            paths, scores = enumerate_paths(emissions[offsets[i]:offsets[i + 1]], transitions, start, end)
+            keep = allowed[np.arange(width), paths[:, s:s + width]].all(axis=1)
+            expected.append(np.exp(logsumexp(scores[keep]) - logsumexp(scores)))
+            sequence.append(i)
+            first.append(s)
+            masks.append(allowed)
+    window_offsets = np.concatenate([[0], np.cumsum([len(m) for m in masks])])
+    got = chain.constrained_log_probability(
+        posterior.log_alpha, posterior.log_beta, posterior.log_z, emissions, transitions, start,
+        offsets, np.array(sequence), np.array(first), np.concatenate(masks), window_offsets,
+    )
+    np.testing.assert_allclose(np.exp(got), expected, rtol=1e-9, atol=1e-12)
+
+
+def test_impossible_constraint_has_probability_zero():
+    emissions, transitions, start, end = random_chain(7, 3, [4])
+    posterior = chain.forward_backward(emissions, transitions, start, end, [4], keep_messages=True)
+    none_allowed = np.zeros((1, 3), dtype=bool)
+    got = chain.constrained_log_probability(
+        posterior.log_alpha, posterior.log_beta, posterior.log_z, emissions, transitions, start,
+        np.array([0, 4]), np.array([0]), np.array([2]), none_allowed, np.array([0, 1]),
+    )
+    assert got[0] == -np.inf
+
+
+def test_large_weights_stay_finite_and_exact():
+    """Weights of hundreds overflow a naive exp; the scaled recursion must fall back to log space."""
+    lengths = [6, 3, 5]
+    emissions, transitions, start, end = random_chain(11, 4, lengths, scale=400.0)
+    transitions[0, :] -= 2000.0  # a label that almost never leads anywhere
+    scaled = chain.forward_backward(emissions, transitions, start, end, lengths, keep_messages=True)
+    exact = chain.forward_backward(emissions, transitions, start, end, lengths, keep_messages=True, semiring=chain.LogSemiring)
+    assert np.all(np.isfinite(scaled.log_z)) and np.all(np.isfinite(scaled.marginals))
+    np.testing.assert_allclose(scaled.log_z, exact.log_z, rtol=1e-12)
+    np.testing.assert_allclose(scaled.marginals, exact.marginals, atol=1e-9)
+    np.testing.assert_allclose(scaled.transition_counts, exact.transition_counts, atol=1e-9)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    for i, (a, b) in enumerate(zip(offsets[:-1], offsets[1:])):
+        _, scores = enumerate_paths(emissions[a:b], transitions, start, end)
+        assert scaled.log_z[i] == pytest.approx(logsumexp(scores), rel=1e-12)
+    labels, scores = chain.viterbi(emissions, transitions, start, end, lengths)
+    assert np.all(np.isfinite(scores))
+
+
+def test_long_sequences_are_stable():
+    lengths = [3000, 1200, 1]
+    emissions, transitions, start, end = random_chain(3, 5, lengths, scale=3.0)
+    scaled = chain.forward_backward(emissions, transitions, start, end, lengths)
+    exact = chain.forward_backward(emissions, transitions, start, end, lengths, semiring=chain.LogSemiring)
+    assert np.all(np.isfinite(scaled.log_z))
+    np.testing.assert_allclose(scaled.log_z, exact.log_z, rtol=1e-10)
+    np.testing.assert_allclose(scaled.marginals, exact.marginals, atol=1e-8)
+    np.testing.assert_allclose(scaled.marginals.sum(axis=1), 1.0, atol=1e-10)
+    labels, scores = chain.viterbi(emissions, transitions, start, end, lengths)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    np.testing.assert_allclose(scores, chain.sequence_scores(emissions, transitions, start, end, offsets, labels), rtol=1e-12)
+
+
+def test_layout_round_trip():
+    layout = chain.Layout.from_lengths([2, 5, 1, 5, 3])
+    assert sorted(layout.token_of_row.tolist()) == list(range(16))
+    np.testing.assert_array_equal(layout.n_active, [5, 4, 3, 2, 2])
+    np.testing.assert_array_equal(layout.order, [1, 3, 4, 0, 2])
+    with pytest.raises(ValueError):
+        chain.Layout.from_lengths([3, 0])

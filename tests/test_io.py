@@ -1,0 +1,98 @@
+"""Readers: CoNLL and CoNLL-U, gzip, and a clear error for every malformed input."""
+
+from __future__ import annotations
+
+import gzip
+
+import pytest
+
+from crf.io import DataFormatError, read_conll, read_conllu
+
+
+def test_reads_conll_columns_and_skips_docstart(tmp_path):
+    path = tmp_path / "a.txt"
+    path.write_text("-DOCSTART- -X- O\n\nHe PRP B-NP\nreckons VBZ B-VP\n\n\nThe DT B-NP\n", encoding="utf-8")
+    sentences = read_conll(path)
+    assert sentences == [[("He", "PRP", "B-NP"), ("reckons", "VBZ", "B-VP")], [("The", "DT", "B-NP")]]
+
+
+def test_reads_gzip_and_tabs(tmp_path):
+    path = tmp_path / "a.txt.gz"
+    with gzip.open(path, "wt", encoding="utf-8") as out:
+        out.write("New York\tNNP\tB-LOC\nis\tVBZ\tO\n")
+    assert read_conll(path, separator="\t") == [[("New York", "NNP", "B-LOC"), ("is", "VBZ", "O")]]
+
+
+@pytest.mark.parametrize("content,line,problem", [
+    ("a B\nb C D\n", 2, "expected 2 columns, found 3"),
+    ("a B\n\nc\n", 3, "expected 2 columns, found 1"),
+    ("", 1, "file is empty"),
+    ("\n\n-DOCSTART- O\n", 1, "no token lines"),
+])
+def test_malformed_conll_names_file_line_and_problem(tmp_path, content, line, problem):
+    path = tmp_path / "bad.txt"
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(DataFormatError) as info:
+        read_conll(path)
+    assert info.value.line == line
+    assert problem in str(info.value)
+    assert str(path) in str(info.value) and f":{line}:" in str(info.value)
+
+
+def test_not_utf8_names_the_line(tmp_path):
+    path = tmp_path / "latin1.txt"
+    path.write_bytes("ok X\n\ncaf\u00e9 X\n".encode("latin-1"))
+    with pytest.raises(DataFormatError, match=r"latin1.txt:3: not valid UTF-8"):
+        read_conll(path)
+
+
+def test_truncated_gzip_is_reported(tmp_path):
+    path = tmp_path / "cut.txt.gz"
+    data = gzip.compress(("word X\n" * 2000).encode())
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(DataFormatError, match="cannot read file"):
+        read_conll(path)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        read_conll(tmp_path / "nope.txt")
+
+
+CONLLU = """# sent_id = 1
+# text = I can't go.
+1\tI\tI\tPRON\tPRP\t_\t3\tnsubj\t_\t_
+2-3\tcan't\t_\t_\t_\t_\t_\t_\t_\t_
+2\tca\tcan\tAUX\tMD\t_\t3\taux\t_\t_
+3\tn't\tnot\tPART\tRB\t_\t0\troot\t_\t_
+3.1\tgo\tgo\tVERB\tVB\t_\t_\t_\t_\t_
+4\t.\t.\tPUNCT\t.\t_\t3\tpunct\t_\t_
+
+"""
+
+
+def test_reads_conllu_word_lines_only(tmp_path):
+    path = tmp_path / "a.conllu"
+    path.write_text(CONLLU, encoding="utf-8")
+    (sentence,) = read_conllu(path)
+    assert [row[1] for row in sentence] == ["I", "ca", "n't", "."]
+    assert [row[3] for row in sentence] == ["PRON", "AUX", "PART", "PUNCT"]
+
+
+@pytest.mark.parametrize("line,problem", [
+    ("1\tI\tI\tPRON\tPRP\t_\t3\tnsubj\t_\n", "expected 10 tab-separated columns, found 9"),
+    ("x\tI\tI\tPRON\tPRP\t_\t3\tnsubj\t_\t_\n", "word ID 'x' is not an integer"),
+])
+def test_malformed_conllu(tmp_path, line, problem):
+    path = tmp_path / "bad.conllu"
+    path.write_text("# c\n" + line, encoding="utf-8")
+    with pytest.raises(DataFormatError) as info:
+        read_conllu(path)
+    assert info.value.line == 2 and problem in str(info.value)
+
+
+def test_empty_conllu(tmp_path):
+    path = tmp_path / "empty.conllu"
+    path.write_text("", encoding="utf-8")
+    with pytest.raises(DataFormatError, match="empty.conllu:1: file is empty"):
+        read_conllu(path)
