@@ -12,6 +12,8 @@ The gradient is observed minus expected feature counts: for the state weights
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -69,57 +71,97 @@ def _onehot(labels: np.ndarray, n_labels: int) -> sp.csr_matrix:
     return sp.csr_matrix((np.ones(n), (np.arange(n), labels)), shape=(n, n_labels))
 
 
+class RowBlocks:
+    """A CSR matrix split into row blocks so its two products can use several cores.
+
+    ``X @ W`` runs block by block in a thread pool (scipy's sparse kernels release the GIL) and
+    ``X.T @ P`` is the sum of the blocks' transposed products, each streaming its rows once.
+    """
+
+    def __init__(self, X: sp.csr_matrix, n_threads: int | None = None) -> None:
+        self.shape = X.shape
+        n_threads = n_threads or min(os.cpu_count() or 1, 4)
+        bounds = np.linspace(0, X.shape[0], n_threads + 1).astype(np.int64)
+        self.bounds = bounds
+        self.blocks = [X[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+        self.pool = ThreadPoolExecutor(n_threads) if n_threads > 1 else None
+
+    def _map(self, function, items):
+        return list(self.pool.map(function, items)) if self.pool else [function(i) for i in items]
+
+    def dot(self, W: np.ndarray) -> np.ndarray:
+        """X @ W, shape (rows, W.shape[1])."""
+        out = np.empty((self.shape[0], W.shape[1]))
+
+        def product(i):
+            out[self.bounds[i]:self.bounds[i + 1]] = self.blocks[i] @ W
+
+        self._map(product, range(len(self.blocks)))
+        return out
+
+    def transpose_dot(self, P: np.ndarray) -> np.ndarray:
+        """X.T @ P, shape (columns, P.shape[1])."""
+        parts = self._map(lambda i: np.asarray(self.blocks[i].T @ P[self.bounds[i]:self.bounds[i + 1]]), range(len(self.blocks)))
+        total = parts[0]
+        for part in parts[1:]:
+            total += part
+        return total
+
+
 class Objective:
     """NLL(theta) = sum_i [log Z(x_i) - score(y_i | x_i)] and its gradient for one batch.
 
     ``X`` (T, A) CSR, ``offsets`` (N + 1,), ``labels`` (T,) label indices in [0, L).
     Calling the object returns ``(loss, gradient)``; regularisation is added by the optimiser.
+    The token rows are stored once in the packed time-major order of :class:`chain.Layout`, so an
+    evaluation never permutes anything.
     """
 
-    def __init__(self, X: sp.csr_matrix, offsets: np.ndarray, labels: np.ndarray, params: ParameterLayout) -> None:
-        self.X = sp.csr_matrix(X, dtype=np.float64)
-        self.XT = self.X.T.tocsr()
-        self.offsets = np.asarray(offsets, dtype=np.int64)
-        self.labels = np.asarray(labels, dtype=np.int64)
+    def __init__(self, X: sp.csr_matrix, offsets: np.ndarray, labels: np.ndarray, params: ParameterLayout,
+                 n_threads: int | None = None) -> None:
+        offsets = np.asarray(offsets, dtype=np.int64)
+        labels = np.asarray(labels, dtype=np.int64)
         self.params = params
-        self.layout = chain.Layout.from_lengths(np.diff(self.offsets))
+        self.layout = chain.Layout.from_lengths(np.diff(offsets))
+        rows = self.layout.token_of_row
+        self.X = RowBlocks(sp.csr_matrix(X, dtype=np.float64)[rows], n_threads)
+        self.labels = labels[rows]
         L = params.n_labels
-        observed = (self.XT @ _onehot(self.labels, L)).toarray()
+        observed = self.X.transpose_dot(_onehot(self.labels, L).toarray())
         self.observed_state = observed.ravel() if params.feature_index is None else observed.ravel()[params.feature_index]
-        first, last = self.offsets[:-1], self.offsets[1:] - 1
-        is_first = np.zeros(self.labels.size, dtype=bool)
+        first, last = offsets[:-1], offsets[1:] - 1
+        is_first = np.zeros(labels.size, dtype=bool)
         is_first[first] = True
         edges = np.flatnonzero(~is_first)
-        pair = self.labels[edges - 1] * L + self.labels[edges]
+        pair = labels[edges - 1] * L + labels[edges]
         self.observed_transitions = np.bincount(pair, minlength=L * L).astype(np.float64)
-        self.observed_start = np.bincount(self.labels[first], minlength=L).astype(np.float64)
-        self.observed_end = np.bincount(self.labels[last], minlength=L).astype(np.float64)
+        self.observed_start = np.bincount(labels[first], minlength=L).astype(np.float64)
+        self.observed_end = np.bincount(labels[last], minlength=L).astype(np.float64)
         self._state_buffer = None if params.feature_index is None else np.zeros((params.n_attributes, L))
 
     @property
     def n_tokens(self) -> int:
         return int(self.labels.size)
 
-    def emissions(self, state: np.ndarray) -> np.ndarray:
-        """Emission scores (T, L) = X @ state."""
-        return np.asarray(self.X @ state)
-
     def __call__(self, theta: np.ndarray) -> tuple[float, np.ndarray]:
         state, transitions, start, end = self.params.split(theta, self._state_buffer)
-        emissions = self.emissions(state)
-        posterior = chain.forward_backward(emissions, transitions, start, end, self.layout)
-        gold = chain.sequence_scores(emissions, transitions, start, end, self.offsets, self.labels)
-        loss = float(np.sum(posterior.log_z - gold))
-        expected_state = np.asarray(self.XT @ posterior.marginals)
+        emissions = self.X.dot(state)  # packed order
+        posterior = chain.forward_backward(emissions, transitions, start, end, self.layout, packed=True)
+        # the gold score summed over the batch: emission part plus observed counts of the rest
+        gold = (emissions[np.arange(self.labels.size), self.labels].sum()
+                + transitions.ravel() @ self.observed_transitions + start @ self.observed_start + end @ self.observed_end)
+        loss = float(posterior.log_z.sum() - gold)
+        expected_state = self.X.transpose_dot(posterior.marginals)
         if self.params.feature_index is None:
             grad_state = expected_state.ravel() - self.observed_state
         else:
             grad_state = expected_state.ravel()[self.params.feature_index] - self.observed_state
         marginals = posterior.marginals
+        last = self.layout.last_rows()
         gradient = np.concatenate([
             grad_state,
             posterior.transition_counts.ravel() - self.observed_transitions,
-            marginals[self.offsets[:-1]].sum(axis=0) - self.observed_start,
-            marginals[self.offsets[1:] - 1].sum(axis=0) - self.observed_end,
+            marginals[self.layout.first_rows()].sum(axis=0) - self.observed_start,
+            marginals[last].sum(axis=0) - self.observed_end,
         ])
         return loss, gradient
