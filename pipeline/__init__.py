@@ -1,0 +1,1 @@
+"""Hydra-configured, MLflow-tracked experiment stages around the ``crf`` core."""

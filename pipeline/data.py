@@ -1,0 +1,181 @@
+"""Datasets: resolve files under a data root, download what is missing, verify, read, split.
+
+A dataset is described by a config (``conf/dataset/*.yaml``): its files (path under the data
+root, download URL, SHA-256 of the uncompressed text), format (``conll`` or ``conllu``), column
+names, the label column, the tagging scheme and how to carve a dev split when there is none.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import os
+import shutil
+import tempfile
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+
+from crf.io import Sentence, read_conll, read_conllu
+
+DATA_HOME_VARIABLE = "CRF_DATA_HOME"
+
+
+class MissingDataError(RuntimeError):
+    """Dataset files that are neither on disk nor downloadable."""
+
+
+class ChecksumError(RuntimeError):
+    """A dataset file whose content does not match its recorded SHA-256."""
+
+
+def default_data_root() -> Path:
+    """``$CRF_DATA_HOME`` when set, else ``./data``."""
+    return Path(os.environ.get(DATA_HOME_VARIABLE) or "data").absolute()
+
+
+def text_sha256(path: Path) -> str:
+    """SHA-256 of the file's text (decompressed when gzip)."""
+    with open(path, "rb") as probe:
+        is_gzip = probe.read(2) == b"\x1f\x8b"
+    digest = hashlib.sha256()
+    with (gzip.open if is_gzip else open)(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _download(url: str, target: Path, timeout: float) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
+    try:
+        with os.fdopen(handle, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as response:
+            shutil.copyfileobj(response, out)
+        os.replace(temporary, target)
+    finally:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+
+
+def resolve_files(dataset: Mapping, root: str | os.PathLike, download: bool = True, timeout: float = 30.0) -> dict[str, Path]:
+    """Paths of every file of ``dataset`` under ``root``, downloading and verifying missing ones.
+
+    Raises :class:`MissingDataError` naming every file that could not be had, and
+    :class:`ChecksumError` for a file whose content does not match.
+    """
+    root = Path(root).absolute()
+    paths: dict[str, Path] = {}
+    failures: list[str] = []
+    for split, spec in dataset["files"].items():
+        path = root / spec["path"]
+        if not path.is_file():
+            if not download or not spec.get("url"):
+                failures.append(f"{path} (no download configured)" if download else f"{path}")
+                continue
+            try:
+                _download(spec["url"], path, timeout)
+            except (urllib.error.URLError, OSError, TimeoutError) as err:
+                failures.append(f"{path} (download from {spec['url']} failed: {getattr(err, 'reason', err)})")
+                continue
+        expected = spec.get("sha256")
+        if expected:
+            actual = text_sha256(path)
+            if actual != expected:
+                raise ChecksumError(f"{path}: SHA-256 of its text is {actual}, expected {expected} (corrupt or a different version)")
+        paths[split] = path
+    if failures:
+        listing = "\n  ".join(failures)
+        raise MissingDataError(
+            f"dataset {dataset.get('name', '?')!r}: missing files under data root {root}:\n  {listing}\n"
+            f"Point the data root at a local copy: export {DATA_HOME_VARIABLE}=/path/to/data "
+            f"(or pass data.root=/path/to/data), with the files at the paths above relative to it."
+        )
+    return paths
+
+
+@dataclass
+class Dataset:
+    """Sentences per split (``train``, ``dev``, ``test``) and how to read labels from them."""
+
+    name: str
+    splits: dict[str, list[Sentence]]
+    columns: list[str]
+    label: str
+    scheme: str
+
+    @property
+    def label_index(self) -> int:
+        return self.columns.index(self.label)
+
+    def labels(self, split: str) -> list[list[str]]:
+        i = self.label_index
+        return [[row[i] for row in sentence] for sentence in self.splits[split]]
+
+    def column(self, split: str, name: str) -> list[list[str]]:
+        i = self.columns.index(name)
+        return [[row[i] for row in sentence] for sentence in self.splits[split]]
+
+
+def read_split(path: Path, dataset: Mapping) -> list[Sentence]:
+    if dataset["format"] == "conllu":
+        return read_conllu(path)
+    if dataset["format"] == "conll":
+        return read_conll(path, n_columns=len(dataset["columns"]), separator=dataset.get("separator"))
+    raise ValueError(f"dataset {dataset.get('name')!r}: unknown format {dataset['format']!r} (use conll or conllu)")
+
+
+def seeded_split(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(kept, held-out) sentence indices: a seeded random ``fraction`` is held out, both sorted."""
+    rng = np.random.default_rng(seed)
+    held = np.sort(rng.permutation(n)[: max(1, int(round(fraction * n)))])
+    kept = np.setdiff1d(np.arange(n), held)
+    return kept, held
+
+
+def load_dataset(dataset: Mapping, root: str | os.PathLike, download: bool = True) -> Dataset:
+    """Read every split of ``dataset``; carve ``dev`` from ``train`` when configured."""
+    paths = resolve_files(dataset, root, download)
+    splits = {split: read_split(path, dataset) for split, path in paths.items()}
+    columns = list(dataset["columns"])
+    if dataset["label"] not in columns:
+        raise ValueError(f"dataset {dataset['name']!r}: label column {dataset['label']!r} is not among {columns}")
+    if "dev" not in splits:
+        rule = dataset.get("dev_split")
+        if not rule:
+            raise ValueError(f"dataset {dataset['name']!r} has no dev file and no dev_split rule")
+        kept, held = seeded_split(len(splits["train"]), float(rule["fraction"]), int(rule["seed"]))
+        train = splits["train"]
+        splits["train"] = [train[i] for i in kept]
+        splits["dev"] = [train[i] for i in held]
+    return Dataset(dataset["name"], splits, columns, dataset["label"], dataset.get("scheme", "none"))
+
+
+def subset(sentences: list, fraction: float, seed: int) -> list:
+    """A seeded random ``fraction`` of the sentences (at least one), in their original order."""
+    if fraction >= 1.0:
+        return list(sentences)
+    kept = seeded_split(len(sentences), fraction, seed)[1]
+    return [sentences[i] for i in kept]
+
+
+def statistics(data: Dataset) -> dict:
+    """Sentences, tokens, label counts and out-of-vocabulary rate (word column ``w``) per split."""
+    train_words = {row[data.columns.index("w")] for s in data.splits["train"] for row in s} if "w" in data.columns else set()
+    out: dict = {}
+    for split, sentences in data.splits.items():
+        labels = [label for seq in data.labels(split) for label in seq]
+        values, counts = np.unique(np.array(labels, dtype=object).astype(str), return_counts=True)
+        entry = {
+            "sentences": len(sentences),
+            "tokens": len(labels),
+            "labels": {str(v): int(c) for v, c in zip(values, counts)},
+        }
+        if train_words:
+            words = [row[data.columns.index("w")] for s in sentences for row in s]
+            entry["oov_rate"] = float(np.mean([w not in train_words for w in words])) if words else 0.0
+        out[split] = entry
+    return out

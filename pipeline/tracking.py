@@ -1,0 +1,104 @@
+"""MLflow set-up shared by every entry point: where the store is, and what a run records.
+
+Store resolution: ``MLFLOW_TRACKING_URI`` when set wins; else ``tracking.uri`` from the config
+(``tracking=server`` points at a tracking server); else a SQLite store at an absolute path under
+the output folder, ``sqlite:///<outputs>/mlflow.db`` with artifacts beside it. An HTTP store is
+checked before any work starts, so an unreachable server fails at once.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Mapping
+
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+import mlflow  # noqa: E402
+from mlflow.tracking import MlflowClient  # noqa: E402
+
+
+class TrackingUnavailable(RuntimeError):
+    """The configured tracking server cannot be reached."""
+
+
+def output_root(cfg: Mapping) -> Path:
+    return Path(cfg["paths"]["output_dir"]).absolute()
+
+
+def tracking_uri(cfg: Mapping) -> str:
+    env = os.environ.get("MLFLOW_TRACKING_URI")
+    if env:
+        return env
+    configured = cfg["tracking"].get("uri")
+    if configured:
+        return str(configured)
+    return f"sqlite:///{output_root(cfg) / 'mlflow.db'}"
+
+
+def check_reachable(uri: str, timeout: float = 5.0) -> None:
+    """For an HTTP store, GET /health; raise TrackingUnavailable with a clear message if it fails."""
+    if not uri.startswith(("http://", "https://")):
+        return
+    try:
+        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout) as response:
+            if response.status != 200:
+                raise TrackingUnavailable(f"MLflow tracking server {uri} answered {response.status} on /health")
+    except (urllib.error.URLError, OSError) as err:
+        raise TrackingUnavailable(
+            f"MLflow tracking server {uri} is not reachable ({getattr(err, 'reason', err)}). Start it "
+            f"(see README: mlflow server ...), fix tracking.uri, or unset MLFLOW_TRACKING_URI to use the local store."
+        ) from None
+
+
+def setup(cfg: Mapping) -> str:
+    """Point MLflow at the configured store and experiment; return the tracking URI."""
+    uri = tracking_uri(cfg)
+    check_reachable(uri)
+    if uri.startswith("sqlite:///"):
+        Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+    mlflow.set_tracking_uri(uri)
+    name = cfg["tracking"]["experiment"]
+    client = MlflowClient(uri)
+    if client.get_experiment_by_name(name) is None:
+        location = None
+        if uri.startswith("sqlite:///"):
+            location = (output_root(cfg) / "mlartifacts").as_uri()
+        try:
+            client.create_experiment(name, artifact_location=location)
+        except mlflow.exceptions.MlflowException:
+            pass  # created meanwhile by a parallel job
+    mlflow.set_experiment(name)
+    return uri
+
+
+def flatten(config: Mapping, prefix: str = "") -> dict[str, str]:
+    """Nested config -> {"a.b.c": "value"} with string values (as MLflow stores params)."""
+    flat: dict[str, str] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flatten(value, name + "."))
+        else:
+            text = str(value)
+            flat[name] = text if len(text) <= 6000 else text[:5997] + "..."
+    return flat
+
+
+def git_commit() -> str:
+    """The project's current git commit (``unknown`` outside a checkout)."""
+    try:
+        root = Path(__file__).resolve().parents[1]
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def log_params(params: Mapping[str, Any]) -> None:
+    """Log params in batches (MLflow allows 100 per call)."""
+    items = list(params.items())
+    for i in range(0, len(items), 100):
+        mlflow.log_params(dict(items[i:i + 100]))
