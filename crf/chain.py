@@ -92,20 +92,33 @@ class Layout:
 
 
 class ScaledSemiring:
-    """Sum-product in probability space; messages rescaled to sum 1 per row."""
+    """Sum-product in probability space; messages rescaled to sum 1 per row.
+
+    Values below ``FLUSH`` times their row's (or column's) maximum are set to exactly zero. Their
+    share of any sum is below 1e-75, far under float64 precision, and it keeps every product of
+    up to four factors a normal float: subnormal floats make matrix products about a hundred
+    times slower, and trained weights produce them in large numbers.
+    """
 
     name = "scaled"
+    FLUSH = 1e-75
 
-    @staticmethod
-    def lift(scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    @classmethod
+    def _flush(cls, values: np.ndarray) -> np.ndarray:
+        values[values < cls.FLUSH] = 0.0
+        return values
+
+    @classmethod
+    def lift(cls, scores: np.ndarray, inplace: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """(exp(scores - row max), row max) for a (n, L) array of log scores."""
         top = scores.max(axis=1)
         top = np.where(np.isfinite(top), top, 0.0)
-        return np.exp(scores - top[:, None]), top
+        out = np.subtract(scores, top[:, None], out=scores if inplace else None)
+        return cls._flush(np.exp(out, out=out)), top
 
-    @staticmethod
-    def lift_matrix(matrix: np.ndarray) -> np.ndarray:
-        return np.exp(matrix)
+    @classmethod
+    def lift_matrix(cls, matrix: np.ndarray) -> np.ndarray:
+        return cls._flush(np.exp(matrix))
 
     @staticmethod
     def log(values: np.ndarray) -> np.ndarray:
@@ -113,8 +126,8 @@ class ScaledSemiring:
             return np.log(values)
 
     @staticmethod
-    def mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        return a * b
+    def mul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        return np.multiply(a, b, out=out)
 
     @staticmethod
     def dot(messages: np.ndarray, matrix: np.ndarray):
@@ -124,13 +137,16 @@ class ScaledSemiring:
     def dot_t(messages: np.ndarray, matrix: np.ndarray) -> np.ndarray:
         return messages @ matrix.T
 
-    @staticmethod
-    def normalize(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    @classmethod
+    def normalize(cls, values: np.ndarray, out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Rows divided by their sums (into ``out``, default in place) and the logs of the sums."""
+        out = values if out is None else out
         total = values @ np.ones(values.shape[1])  # row sums; a BLAS product is faster than sum()
         # a row that underflowed to zero stays zero (log normaliser -inf) instead of turning NaN
         safe = np.where(total > 0, total, 1.0)
+        np.divide(values, safe[:, None], out=out)
         with np.errstate(divide="ignore"):
-            return values / safe[:, None], np.log(total)
+            return cls._flush(out), np.log(total)
 
     @staticmethod
     def edge_counts(previous: np.ndarray, matrix: np.ndarray, following: np.ndarray) -> np.ndarray:
@@ -151,7 +167,7 @@ class LogSemiring:
     name = "log"
 
     @staticmethod
-    def lift(scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def lift(scores: np.ndarray, inplace: bool = False) -> tuple[np.ndarray, np.ndarray]:
         return scores, np.zeros(scores.shape[0])
 
     @staticmethod
@@ -163,8 +179,8 @@ class LogSemiring:
         return values
 
     @staticmethod
-    def mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        return a + b
+    def mul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        return np.add(a, b, out=out)
 
     @staticmethod
     def dot(messages: np.ndarray, matrix: np.ndarray):
@@ -175,10 +191,10 @@ class LogSemiring:
         return logsumexp(messages[:, None, :] + matrix[None], axis=2)
 
     @staticmethod
-    def normalize(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def normalize(values: np.ndarray, out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         total = logsumexp(values, axis=1)
         shift = np.where(np.isfinite(total), total, 0.0)
-        return values - shift[:, None], total
+        return np.subtract(values, shift[:, None], out=values if out is None else out), total
 
     @classmethod
     def edge_probabilities(cls, previous, matrix, following) -> np.ndarray:
@@ -206,30 +222,31 @@ class MaxSemiring(LogSemiring):
         return np.take_along_axis(candidates, best[:, :, None], axis=2)[:, :, 0], best
 
     @staticmethod
-    def normalize(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def normalize(values: np.ndarray, out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         top = values.max(axis=1)
         shift = np.where(np.isfinite(top), top, 0.0)
-        return values - shift[:, None], top
+        return np.subtract(values, shift[:, None], out=values if out is None else out), top
 
 
 # --- the recursions -----------------------------------------------------------------------
 
 
-def _lifted_scores(packed: np.ndarray, transitions, start, layout: Layout, semiring):
+def _lifted_scores(packed: np.ndarray, transitions, start, layout: Layout, semiring, overwrite: bool = False):
     """Packed emissions with the incoming-transition offsets folded in, lifted.
 
     Column j of the lifted transition matrix is shifted by its maximum ``column_top[j]``, which
     is added to the emissions of every non-first token instead, so the transition matrix has a 1
     (or 0 in log space) in every column and products underflow only in extreme cases. The first
-    token of each sequence takes ``start`` instead. ``packed`` (T, L) is in packed order and is
-    not modified. Returns (lifted emissions (T, L), their log offsets (T,), lifted transitions).
+    token of each sequence takes ``start`` instead. ``packed`` (T, L) is in packed order; it is
+    modified (and reused) only with ``overwrite``. Returns (lifted emissions (T, L), their log
+    offsets (T,), lifted transitions (L, L)).
     """
     column_top = transitions.max(axis=0)
     first = layout.first_rows()
-    shifted = np.empty_like(packed)
+    shifted = packed if overwrite else np.empty_like(packed)
     np.add(packed[first], start, out=shifted[first])
     np.add(packed[first.stop:], column_top, out=shifted[first.stop:])
-    lifted, offset = semiring.lift(shifted)
+    lifted, offset = semiring.lift(shifted, inplace=True)
     return lifted, offset, semiring.lift_matrix(transitions - column_top)
 
 
@@ -242,12 +259,12 @@ def _forward(lifted, offset, matrix, layout: Layout, semiring):
     log_scale = np.empty(lifted.shape[0])
     pointers = []
     rows = layout.rows(0)
-    alpha[rows], norm = semiring.normalize(lifted[rows])
+    norm = semiring.normalize(lifted[rows], out=alpha[rows])[1]
     log_scale[rows] = norm + offset[rows]
     for t in range(1, layout.n_steps):
         rows, previous = layout.rows(t), layout.rows(t - 1, layout.n_active[t])
         incoming, pointer = semiring.dot(alpha[previous], matrix)
-        alpha[rows], norm = semiring.normalize(semiring.mul(incoming, lifted[rows]))
+        norm = semiring.normalize(semiring.mul(incoming, lifted[rows]), out=alpha[rows])[1]
         log_scale[rows] = log_scale[previous] + norm + offset[rows]
         pointers.append(pointer)
     return alpha, log_scale, pointers
@@ -268,7 +285,7 @@ def _backward(lifted, offset, matrix, end_lifted, end_norm, layout: Layout, semi
         following = layout.rows(t)
         weighted[following] = semiring.mul(beta[following], lifted[following])
         rows = layout.rows(t - 1, layout.n_active[t])
-        beta[rows], norm = semiring.normalize(semiring.dot_t(weighted[following], matrix))
+        norm = semiring.normalize(semiring.dot_t(weighted[following], matrix), out=beta[rows])[1]
         log_scale[rows] = log_scale[following] + offset[following] + norm
     return beta, log_scale, weighted
 
@@ -308,13 +325,14 @@ class Posterior:
     log_beta: np.ndarray | None = None
 
 
-def _forward_backward_packed(packed, transitions, start, end, layout: Layout, semiring, keep_messages: bool) -> Posterior:
+def _forward_backward_packed(packed, transitions, start, end, layout: Layout, semiring, keep_messages: bool,
+                             overwrite: bool = False) -> Posterior:
     """Forward-backward in one semiring on packed emissions; results packed, ``log_z`` by rank.
     Sequences whose normalisers underflow get ``log_z = -inf`` or NaN marginals and contribute
     no transition counts; :func:`forward_backward` recomputes them in log space."""
-    lifted, offset, matrix = _lifted_scores(packed, transitions, start, layout, semiring)
+    lifted, offset, matrix = _lifted_scores(packed, transitions, start, layout, semiring, overwrite)
     alpha, alpha_scale = _forward(lifted, offset, matrix, layout, semiring)[:2]
-    end_lifted, end_offset = semiring.lift(end[None, :])
+    end_lifted, end_offset = semiring.lift(end[None, :].copy(), inplace=True)
     end_lifted, end_norm = semiring.normalize(end_lifted)
     end_log = end_norm[0] + end_offset[0]
     beta, beta_scale, weighted = _backward(lifted, offset, matrix, end_lifted[0], end_log, layout, semiring)
@@ -323,17 +341,19 @@ def _forward_backward_packed(packed, transitions, start, end, layout: Layout, se
     closing = semiring.normalize(semiring.mul(alpha[last], end_lifted))[1]
     log_z = alpha_scale[last] + closing + end_log
     failed = ~np.isfinite(log_z) | ~np.isfinite(beta_scale[layout.first_rows()])
-    with np.errstate(invalid="ignore"):
-        node = semiring.normalize(semiring.mul(alpha, beta))[0]
-    marginals = np.exp(node) if semiring is LogSemiring else node
     counts = _edges(alpha, weighted, matrix, layout, semiring, None, ~failed if failed.any() else None)
+    del weighted, lifted
     log_z[failed] = np.nan
-    posterior = Posterior(log_z, marginals, counts)
+    log_alpha = log_beta = None
     if keep_messages:
         with np.errstate(invalid="ignore"):
-            posterior.log_alpha = semiring.log(alpha) + alpha_scale[:, None]
-            posterior.log_beta = semiring.log(beta) + beta_scale[:, None]
-    return posterior
+            log_alpha = semiring.log(alpha) + alpha_scale[:, None]
+            log_beta = semiring.log(beta) + beta_scale[:, None]
+    # node marginals, computed into the forward buffer (no longer needed)
+    with np.errstate(invalid="ignore"):
+        node = semiring.normalize(semiring.mul(alpha, beta, out=alpha))[0]
+    marginals = np.exp(node, out=node) if semiring is LogSemiring else node
+    return Posterior(log_z, marginals, counts, log_alpha, log_beta)
 
 
 def _rows_of_ranks(layout: Layout, ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -359,14 +379,17 @@ def forward_backward(
     sequence whose scaled normalisers underflow, so the result is finite for any finite scores.
     With ``packed=True`` the emissions are already in the layout's packed order (see
     :class:`Layout`) and the per-token results stay in that order; ``log_z`` is always by
-    sequence in input order.
+    sequence in input order. ``emissions`` is never modified.
     """
     emissions = np.asarray(emissions, dtype=np.float64)
     layout = lengths if isinstance(lengths, Layout) else Layout.from_lengths(lengths)
     emissions_packed = emissions if packed else emissions[layout.token_of_row]
-    result = _forward_backward_packed(emissions_packed, transitions, start, end, layout, semiring, keep_messages)
+    # a gathered copy is ours to use as working memory; the caller's array is not
+    result = _forward_backward_packed(emissions_packed, transitions, start, end, layout, semiring, keep_messages, not packed)
     failed = np.flatnonzero(np.isnan(result.log_z))
     if failed.size and semiring is not LogSemiring:
+        if not packed:  # the working copy was consumed: gather the failed rows again
+            emissions_packed = emissions[layout.token_of_row]
         rows, failed_lengths = _rows_of_ranks(layout, failed)
         redo = forward_backward(emissions_packed[rows], transitions, start, end, failed_lengths, keep_messages, LogSemiring)
         result.log_z[failed] = redo.log_z
@@ -402,7 +425,7 @@ def edge_marginals(emissions, transitions, start, end, lengths) -> np.ndarray:
     semiring = LogSemiring  # exact for any weights; this query is for inspection, not training
     lifted, offset, matrix = _lifted_scores(emissions[layout.token_of_row], transitions, start, layout, semiring)
     alpha = _forward(lifted, offset, matrix, layout, semiring)[0]
-    end_lifted, end_norm = semiring.normalize(end[None, :])
+    end_lifted, end_norm = semiring.normalize(end[None, :].copy())
     weighted = _backward(lifted, offset, matrix, end_lifted[0], end_norm[0], layout, semiring)[2]
 
     def store(rows, block):

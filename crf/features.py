@@ -333,38 +333,40 @@ class FeatureExtractor:
         corpus = self._read(sentences)
         view_codes = self._view_codes_fitted(corpus)
         n_tokens = corpus.position.size
-        rows, cols, vals = [], [], []
+        # one column of attribute ids per source (template, numeric column, BOS/EOS), -1 where
+        # absent; every source owns its own id range, so each row's ids come out sorted
+        ids: list[np.ndarray] = []
+        values: list[np.ndarray | None] = []
         base = 0
         for template, fitted in zip(self._templates, self.template_keys_):
             keys = self._template_keys(template, view_codes, corpus)
             slot = np.searchsorted(fitted, keys)
             found = (keys >= 0) & (slot < fitted.size)
             found[found] = fitted[slot[found]] == keys[found]
-            token = np.flatnonzero(found)
-            rows.append(token)
-            cols.append(base + slot[token])
-            vals.append(np.ones(token.size))
+            ids.append(np.where(found, base + slot, -1))
+            values.append(None)
             base += fitted.size
         for name in self.numeric:
-            values = pd.to_numeric(pd.Series(corpus.columns[name]), errors="coerce").to_numpy(dtype=np.float64)
-            bad = np.flatnonzero(~np.isfinite(values))
+            parsed = pd.to_numeric(pd.Series(corpus.columns[name]), errors="coerce").to_numpy(dtype=np.float64)
+            bad = np.flatnonzero(~np.isfinite(parsed))
             if bad.size:
                 raise ValueError(f"numeric column {name!r}: token {int(bad[0])} has the non-numeric value {corpus.columns[name][bad[0]]!r}")
-            rows.append(np.arange(n_tokens))
-            cols.append(np.full(n_tokens, base))
-            vals.append(values)
+            ids.append(np.where(parsed != 0.0, base, -1))
+            values.append(parsed)
             base += 1
         if self.bos_eos:
-            first = np.flatnonzero(corpus.position == 0)
-            last = np.flatnonzero(corpus.position == corpus.length - 1)
-            rows += [first, last]
-            cols += [np.full(first.size, base), np.full(last.size, base + 1)]
-            vals += [np.ones(first.size), np.ones(last.size)]
-        matrix = sp.csr_matrix(
-            (np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
-            shape=(n_tokens, self.n_attributes),
-        )
-        matrix.sort_indices()
+            ids.append(np.where(corpus.position == 0, base, -1))
+            ids.append(np.where(corpus.position == corpus.length - 1, base + 1, -1))
+            values += [None, None]
+        table = np.stack(ids, axis=1) if ids else np.full((n_tokens, 0), -1)
+        present = table >= 0
+        indptr = np.concatenate([[0], np.cumsum(present.sum(axis=1))])
+        indices = table[present].astype(np.int32)
+        if any(v is not None for v in values):
+            data = np.stack([np.ones(n_tokens) if v is None else v for v in values], axis=1)[present]
+        else:
+            data = np.ones(indices.size)
+        matrix = sp.csr_matrix((data, indices, indptr), shape=(n_tokens, self.n_attributes))
         return SequenceBatch(matrix, offsets_from_lengths(corpus.lengths))
 
     def fit_transform(self, sentences: Sequence[Sentence]) -> SequenceBatch:

@@ -18,12 +18,13 @@ from . import chain, metrics, optimize
 from .batch import SequenceBatch
 from .features import AttributeIndex
 from .objective import Objective, ParameterLayout, observed_feature_index
+from .parallel import Workers, contiguous_parts, single_threaded_blas, thread_count
 from .persist import ModelFileError, arrays_to_strings, load_arrays, save_arrays, strings_to_arrays
 
 _KIND = "crf.CRF"
 _PARAMS = (
     "algorithm", "c1", "c2", "max_iterations", "num_memories", "epsilon", "period", "delta",
-    "all_possible_states", "learning_rate", "batch_size", "random_state", "dev_every", "verbose",
+    "all_possible_states", "learning_rate", "batch_size", "random_state", "dev_every", "n_threads", "verbose",
 )
 
 
@@ -35,7 +36,8 @@ class CRF:
     another rule stops); ``epsilon``, ``period``, ``delta``: stopping rules; ``num_memories``:
     L-BFGS history; ``all_possible_states``: every attribute with every label (True) or only the
     pairs seen in training (False, CRFsuite's default); ``learning_rate``, ``batch_size``,
-    ``random_state``: SGD; ``dev_every``: evaluate on ``X_dev`` every k iterations;
+    ``random_state``: SGD; ``n_threads``: threads for the sparse products (None: all cores);
+    ``dev_every``: evaluate on ``X_dev`` every k iterations;
     ``callback``: called with every :class:`~crf.optimize.IterationInfo`; ``verbose``: print
     progress.
     """
@@ -55,6 +57,7 @@ class CRF:
         batch_size: int = 32,
         random_state: int = 0,
         dev_every: int = 10,
+        n_threads: int | None = None,
         verbose: bool = False,
         callback: Callable[[optimize.IterationInfo], None] | None = None,
     ) -> None:
@@ -71,6 +74,7 @@ class CRF:
         self.batch_size = batch_size
         self.random_state = random_state
         self.dev_every = dev_every
+        self.n_threads = n_threads
         self.verbose = verbose
         self.callback = callback
 
@@ -124,18 +128,19 @@ class CRF:
         dev_batch = None if X_dev is None else self._batch(X_dev)
         callback = self._iteration_callback(params, dev_batch, y_dev)
         theta0 = np.zeros(params.size)
-        if self.algorithm == "lbfgs":
-            objective = Objective(batch.X, batch.offsets, codes, params)
-            result = optimize.lbfgs(objective, theta0, self.c1, self.c2, stopping, self.num_memories, callback)
-        elif self.algorithm == "l2sgd":
-            if self.c1:
-                raise ValueError("l2sgd supports L2 only; set c1=0 or use algorithm='lbfgs'")
-            if stopping.max_iterations is None:
-                stopping.max_iterations = 100
-            result = optimize.sgd(batch.X, batch.offsets, codes, params, theta0, self.c2, stopping,
-                                  self.learning_rate, self.batch_size, self.random_state, callback)
-        else:
+        if self.algorithm not in ("lbfgs", "l2sgd"):
             raise ValueError(f"unknown algorithm {self.algorithm!r}: use 'lbfgs' or 'l2sgd'")
+        if self.algorithm == "l2sgd" and self.c1:
+            raise ValueError("l2sgd supports L2 only; set c1=0 or use algorithm='lbfgs'")
+        with single_threaded_blas():
+            if self.algorithm == "lbfgs":
+                objective = Objective(batch.X, batch.offsets, codes, params, self.n_threads)
+                result = optimize.lbfgs(objective, theta0, self.c1, self.c2, stopping, self.num_memories, callback)
+            else:
+                if stopping.max_iterations is None:
+                    stopping.max_iterations = 100
+                result = optimize.sgd(batch.X, batch.offsets, codes, params, theta0, self.c2, stopping,
+                                      self.learning_rate, self.batch_size, self.random_state, callback)
         self._set_weights(params, result.theta)
         self.training_log_ = [
             {"iteration": i.iteration, "loss": i.loss, "gradient_norm": i.gradient_norm,
@@ -198,9 +203,22 @@ class CRF:
         return [list(classes[part]) for part in labels]
 
     def predict_codes(self, X) -> tuple[list[np.ndarray], np.ndarray]:
-        """Viterbi label indices per sequence and the path scores (N,)."""
-        emissions, batch = self.emissions(X)
-        labels, scores = chain.viterbi(emissions, *self._weights(), batch.lengths)
+        """Viterbi label indices per sequence and the path scores (N,).
+
+        Contiguous parts of the batch are tagged on separate threads."""
+        self._check_fitted()
+        batch = self._batch(X)
+        n_threads = thread_count(self.n_threads)
+
+        def tag(part: tuple[int, int]):
+            rows = slice(int(batch.offsets[part[0]]), int(batch.offsets[part[1]]))
+            emissions = np.asarray(batch.X[rows] @ self.state_weights_)
+            return chain.viterbi(emissions, *self._weights(), batch.lengths[part[0]:part[1]])
+
+        with single_threaded_blas():
+            parts = Workers(n_threads).map(tag, contiguous_parts(batch.offsets, n_threads))
+        labels = np.concatenate([p[0] for p in parts])
+        scores = np.concatenate([p[1] for p in parts])
         return self._split(labels, batch), scores
 
     def predict_single(self, xseq) -> list[str]:

@@ -12,14 +12,14 @@ The gradient is observed minus expected feature counts: for the state weights
 
 from __future__ import annotations
 
-import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse as sp
 
 from . import chain
+from .batch import token_rows
+from .parallel import Workers, thread_count
 
 
 @dataclass
@@ -53,6 +53,11 @@ class ParameterLayout:
         end = theta[n + L * L + L:]
         return state, transitions, start, end
 
+    def split_transitions(self, theta: np.ndarray):
+        """(None, transitions (L, L), start (L,), end (L,)) views of ``theta``: no state copy."""
+        L, n = self.n_labels, self.n_state
+        return None, theta[n:n + L * L].reshape(L, L), theta[n + L * L:n + L * L + L], theta[n + L * L + L:]
+
     def join(self, state: np.ndarray, transitions, start, end) -> np.ndarray:
         """Inverse of :meth:`split`: a flat ``theta`` (picks the feature entries in sparse mode)."""
         flat_state = state.ravel() if self.feature_index is None else state.ravel()[self.feature_index]
@@ -71,41 +76,98 @@ def _onehot(labels: np.ndarray, n_labels: int) -> sp.csr_matrix:
     return sp.csr_matrix((np.ones(n), (np.arange(n), labels)), shape=(n, n_labels))
 
 
-class RowBlocks:
-    """A CSR matrix split into row blocks so its two products can use several cores.
+class DenseStates:
+    """Dense state features (every attribute with every label) of one chunk: emissions
+    ``X @ W`` and expected counts ``X.T @ P`` (A * L values)."""
 
-    ``X @ W`` runs block by block in a thread pool (scipy's sparse kernels release the GIL) and
-    ``X.T @ P`` is the sum of the blocks' transposed products, each streaming its rows once.
+    def __init__(self, X: sp.csr_matrix, params: ParameterLayout) -> None:
+        self.X = X
+        self.shape = (params.n_attributes, params.n_labels)
+
+    def emissions(self, theta_state: np.ndarray) -> np.ndarray:
+        return np.asarray(self.X @ theta_state.reshape(self.shape))
+
+    def gradient(self, P: np.ndarray) -> np.ndarray:
+        return np.asarray(self.X.T @ P).ravel()
+
+
+class SparseStates:
+    """Sparse state features (CRFsuite's default: attribute/label pairs seen in training) of
+    one chunk.
+
+    For each label l, ``X_l`` holds the columns of X of the attributes paired with l, so the
+    emission column is ``X_l @ theta_l`` and the gradient ``X_l.T @ P[:, l]``: the work is the
+    number of (token, feature) incidences, not tokens x attributes x labels. Frequent attributes
+    pair with many labels, so there are several times nnz(X) incidences; when X is binary the
+    blocks share one read-only array of ones instead of storing values.
     """
 
-    def __init__(self, X: sp.csr_matrix, n_threads: int | None = None) -> None:
-        self.shape = X.shape
-        n_threads = n_threads or min(os.cpu_count() or 1, 4)
-        bounds = np.linspace(0, X.shape[0], n_threads + 1).astype(np.int64)
-        self.bounds = bounds
-        self.blocks = [X[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
-        self.pool = ThreadPoolExecutor(n_threads) if n_threads > 1 else None
+    def __init__(self, X: sp.csr_matrix, params: ParameterLayout) -> None:
+        L = params.n_labels
+        index = params.feature_index
+        self.n_tokens = X.shape[0]
+        self.n_labels = L
+        self.n_state = index.size
+        self.positions = [np.flatnonzero(index % L == label).astype(np.int32) for label in range(L)]
+        by_column = X.tocsc()
+        binary = bool(X.nnz) and bool(np.all(X.data == 1.0))
+        ones: dict[int, np.ndarray] = {}
+        self.blocks = []
+        for pos in self.positions:
+            block = by_column[:, index[pos] // L].tocsr()
+            if binary and block.nnz:
+                # scipy copies a data array that is a view of less than half its base, so views
+                # are taken from shared read-only arrays of ones in power-of-two sizes
+                size = 1 << int(block.nnz - 1).bit_length()
+                if size not in ones:
+                    ones[size] = np.ones(size)
+                    ones[size].setflags(write=False)
+                block = sp.csr_matrix((ones[size][:block.nnz], block.indices, block.indptr), shape=block.shape, copy=False)
+            self.blocks.append(block)
 
-    def _map(self, function, items):
-        return list(self.pool.map(function, items)) if self.pool else [function(i) for i in items]
-
-    def dot(self, W: np.ndarray) -> np.ndarray:
-        """X @ W, shape (rows, W.shape[1])."""
-        out = np.empty((self.shape[0], W.shape[1]))
-
-        def product(i):
-            out[self.bounds[i]:self.bounds[i + 1]] = self.blocks[i] @ W
-
-        self._map(product, range(len(self.blocks)))
+    def emissions(self, theta_state: np.ndarray) -> np.ndarray:
+        out = np.empty((self.n_tokens, self.n_labels))
+        for label, (block, pos) in enumerate(zip(self.blocks, self.positions)):
+            out[:, label] = block @ theta_state[pos]
         return out
 
-    def transpose_dot(self, P: np.ndarray) -> np.ndarray:
-        """X.T @ P, shape (columns, P.shape[1])."""
-        parts = self._map(lambda i: np.asarray(self.blocks[i].T @ P[self.bounds[i]:self.bounds[i + 1]]), range(len(self.blocks)))
-        total = parts[0]
-        for part in parts[1:]:
-            total += part
-        return total
+    def gradient(self, P: np.ndarray) -> np.ndarray:
+        out = np.empty(self.n_state)
+        for label, (block, pos) in enumerate(zip(self.blocks, self.positions)):
+            out[pos] = block.T @ P[:, label]
+        return out
+
+
+class _Chunk:
+    """Some of the sequences, stored in their own packed time-major order."""
+
+    def __init__(self, X: sp.csr_matrix, offsets: np.ndarray, labels: np.ndarray, params: ParameterLayout) -> None:
+        self.layout = chain.Layout.from_lengths(np.diff(offsets))
+        rows = self.layout.token_of_row
+        X = X[rows]
+        self.labels = labels[rows]
+        self.states = DenseStates(X, params) if params.feature_index is None else SparseStates(X, params)
+
+    def observed_state(self, n_labels: int) -> np.ndarray:
+        """Observed state feature counts of this chunk's gold labels."""
+        return self.states.gradient(np.eye(n_labels)[self.labels])
+
+    def evaluate(self, theta_state: np.ndarray, transitions, start, end) -> tuple[float, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(log Z summed, emission score of the gold labels summed, expected state counts,
+        expected transition counts, marginals summed at first and last tokens (2, L))."""
+        emissions = self.states.emissions(theta_state)
+        gold = float(emissions[np.arange(self.labels.size), self.labels].sum())
+        posterior = chain.forward_backward(emissions, transitions, start, end, self.layout, packed=True)
+        del emissions
+        marginals = posterior.marginals
+        ends = np.stack([marginals[self.layout.first_rows()].sum(axis=0), marginals[self.layout.last_rows()].sum(axis=0)])
+        return float(posterior.log_z.sum()), gold, self.states.gradient(marginals), posterior.transition_counts, ends
+
+
+def _chunks_of(lengths: np.ndarray, n_chunks: int) -> list[np.ndarray]:
+    """Sequence indices dealt round-robin by length into ``n_chunks`` similar groups (sorted)."""
+    order = np.argsort(-lengths, kind="stable")
+    return [np.sort(order[k::n_chunks]) for k in range(n_chunks) if order[k::n_chunks].size]
 
 
 class Objective:
@@ -113,22 +175,32 @@ class Objective:
 
     ``X`` (T, A) CSR, ``offsets`` (N + 1,), ``labels`` (T,) label indices in [0, L).
     Calling the object returns ``(loss, gradient)``; regularisation is added by the optimiser.
-    The token rows are stored once in the packed time-major order of :class:`chain.Layout`, so an
-    evaluation never permutes anything.
+
+    The sequences are dealt into chunks of about ``chunk_tokens`` tokens (a multiple of the
+    thread count), each stored once in its own packed time-major order; a thread pool evaluates
+    the chunks and the results are summed. Working memory of the recursions scales with the
+    chunk, not the corpus, and every stage (sparse products and recursions) uses all threads.
+    Call it inside :func:`crf.parallel.single_threaded_blas` when using several threads.
     """
 
     def __init__(self, X: sp.csr_matrix, offsets: np.ndarray, labels: np.ndarray, params: ParameterLayout,
-                 n_threads: int | None = None) -> None:
+                 n_threads: int | None = None, chunk_tokens: int = 60_000) -> None:
         offsets = np.asarray(offsets, dtype=np.int64)
         labels = np.asarray(labels, dtype=np.int64)
+        X = sp.csr_matrix(X, dtype=np.float64)
         self.params = params
-        self.layout = chain.Layout.from_lengths(np.diff(offsets))
-        rows = self.layout.token_of_row
-        self.X = RowBlocks(sp.csr_matrix(X, dtype=np.float64)[rows], n_threads)
-        self.labels = labels[rows]
+        self.n_threads = thread_count(n_threads)
+        lengths = np.diff(offsets)
+        rounds = max(1, int(np.ceil(labels.size / (chunk_tokens * self.n_threads))))
+        groups = _chunks_of(lengths, min(lengths.size, rounds * self.n_threads))
+        self.chunks = []
+        for sequences in groups:
+            rows = token_rows(offsets, sequences)
+            sub_offsets = np.concatenate([[0], np.cumsum(lengths[sequences])])
+            self.chunks.append(_Chunk(X[rows], sub_offsets, labels[rows], params))
+        self.workers = Workers(self.n_threads if len(self.chunks) > 1 else 1)
         L = params.n_labels
-        observed = self.X.transpose_dot(_onehot(self.labels, L).toarray())
-        self.observed_state = observed.ravel() if params.feature_index is None else observed.ravel()[params.feature_index]
+        self.observed_state = sum(chunk.observed_state(L) for chunk in self.chunks)
         first, last = offsets[:-1], offsets[1:] - 1
         is_first = np.zeros(labels.size, dtype=bool)
         is_first[first] = True
@@ -137,31 +209,20 @@ class Objective:
         self.observed_transitions = np.bincount(pair, minlength=L * L).astype(np.float64)
         self.observed_start = np.bincount(labels[first], minlength=L).astype(np.float64)
         self.observed_end = np.bincount(labels[last], minlength=L).astype(np.float64)
-        self._state_buffer = None if params.feature_index is None else np.zeros((params.n_attributes, L))
-
-    @property
-    def n_tokens(self) -> int:
-        return int(self.labels.size)
+        self.n_tokens = int(labels.size)
 
     def __call__(self, theta: np.ndarray) -> tuple[float, np.ndarray]:
-        state, transitions, start, end = self.params.split(theta, self._state_buffer)
-        emissions = self.X.dot(state)  # packed order
-        posterior = chain.forward_backward(emissions, transitions, start, end, self.layout, packed=True)
-        # the gold score summed over the batch: emission part plus observed counts of the rest
-        gold = (emissions[np.arange(self.labels.size), self.labels].sum()
-                + transitions.ravel() @ self.observed_transitions + start @ self.observed_start + end @ self.observed_end)
-        loss = float(posterior.log_z.sum() - gold)
-        expected_state = self.X.transpose_dot(posterior.marginals)
-        if self.params.feature_index is None:
-            grad_state = expected_state.ravel() - self.observed_state
-        else:
-            grad_state = expected_state.ravel()[self.params.feature_index] - self.observed_state
-        marginals = posterior.marginals
-        last = self.layout.last_rows()
+        n = self.params.n_state
+        _, transitions, start, end = self.params.split_transitions(theta)
+        parts = self.workers.map(lambda chunk: chunk.evaluate(theta[:n], transitions, start, end), self.chunks)
+        log_z = sum(p[0] for p in parts)
+        gold = (sum(p[1] for p in parts) + transitions.ravel() @ self.observed_transitions
+                + start @ self.observed_start + end @ self.observed_end)
+        ends = sum(p[4] for p in parts)
         gradient = np.concatenate([
-            grad_state,
-            posterior.transition_counts.ravel() - self.observed_transitions,
-            marginals[self.layout.first_rows()].sum(axis=0) - self.observed_start,
-            marginals[last].sum(axis=0) - self.observed_end,
+            sum(p[2] for p in parts) - self.observed_state,
+            sum(p[3] for p in parts).ravel() - self.observed_transitions,
+            ends[0] - self.observed_start,
+            ends[1] - self.observed_end,
         ])
-        return loss, gradient
+        return float(log_z - gold), gradient

@@ -27,7 +27,7 @@ def _peak_mib() -> float:
 
 
 def measure(spec: dict) -> dict:
-    data = load_dataset(spec["dataset"], spec["data_root"], download=False)
+    data = load_dataset(spec["dataset"], spec["data_root"], download=False, carve_dev=False)
     train = subset(data.splits["train"], float(spec.get("train_fraction", 1.0)), int(spec.get("seed", 0)))
     test = data.splits["test"]
     label = data.label_index

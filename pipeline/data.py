@@ -136,14 +136,15 @@ def seeded_split(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.nda
     return kept, held
 
 
-def load_dataset(dataset: Mapping, root: str | os.PathLike, download: bool = True) -> Dataset:
-    """Read every split of ``dataset``; carve ``dev`` from ``train`` when configured."""
+def load_dataset(dataset: Mapping, root: str | os.PathLike, download: bool = True, carve_dev: bool = True) -> Dataset:
+    """Read every split of ``dataset``; carve ``dev`` from ``train`` when configured (and
+    ``carve_dev``: the speed benchmark trains on the whole training file, as CRFsuite's does)."""
     paths = resolve_files(dataset, root, download)
     splits = {split: read_split(path, dataset) for split, path in paths.items()}
     columns = list(dataset["columns"])
     if dataset["label"] not in columns:
         raise ValueError(f"dataset {dataset['name']!r}: label column {dataset['label']!r} is not among {columns}")
-    if "dev" not in splits:
+    if "dev" not in splits and carve_dev:
         rule = dataset.get("dev_split")
         if not rule:
             raise ValueError(f"dataset {dataset['name']!r} has no dev file and no dev_split rule")

@@ -1,15 +1,30 @@
-"""Build a FeatureExtractor from a feature config and a dataset's column names."""
+"""Stage 2, featurize: fit the attribute vocabulary on train and build the sparse matrices.
+
+Input: the prepare stage's folder. Output folder: ``extractor.npz`` (the fitted vocabulary, see
+``FeatureExtractor.state_arrays``), ``X_{train,dev,test}.npz`` (CSR matrices),
+``offsets_{split}.npy`` and ``features.json`` (counts).
+"""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Mapping, Sequence
 
+import numpy as np
+import scipy.sparse as sp
+from omegaconf import OmegaConf
+
+from crf.batch import SequenceBatch
 from crf.features import FeatureExtractor
+from crf.persist import load_arrays, save_arrays
+
+EXTRACTOR_KIND = "crf.FeatureExtractor"
 
 
 def build_extractor(features: Mapping, columns: Sequence[str]) -> FeatureExtractor:
-    """``features`` is a ``conf/features/*.yaml`` mapping. Each lexicon becomes a view over the
-    word column ``w`` and templates at ``lexicon_offsets``."""
+    """A FeatureExtractor from a ``conf/features/*.yaml`` mapping. Each lexicon becomes a view
+    over the word column ``w`` with templates at ``lexicon_offsets``."""
     views = {name: dict(spec) for name, spec in dict(features.get("views") or {}).items()}
     templates = list(features.get("templates") or [])
     for name, spec in dict(features.get("lexicons") or {}).items():
@@ -25,3 +40,38 @@ def build_extractor(features: Mapping, columns: Sequence[str]) -> FeatureExtract
         padding=bool(features.get("padding", False)),
         min_count=int(features.get("min_count", 1)),
     )
+
+
+def config_slice(cfg) -> dict:
+    return {"features": OmegaConf.to_container(cfg.features, resolve=True), "columns": list(cfg.dataset.columns)}
+
+
+def save_extractor(path: Path, extractor: FeatureExtractor) -> None:
+    save_arrays(path, EXTRACTOR_KIND, {"config": extractor.config()}, extractor.state_arrays())
+
+
+def load_extractor(path: Path) -> FeatureExtractor:
+    meta, arrays = load_arrays(path, EXTRACTOR_KIND)
+    return FeatureExtractor.from_state(meta["config"], arrays)
+
+
+def load_batch(folder: Path, split: str) -> SequenceBatch:
+    return SequenceBatch(sp.load_npz(folder / f"X_{split}.npz"), np.load(folder / f"offsets_{split}.npy", allow_pickle=False))
+
+
+def run(cfg, inputs: Mapping[str, Path], out: Path) -> dict:
+    from pipeline.prepare import SPLITS, read_prepared
+
+    data = read_prepared(inputs["prepare"], OmegaConf.to_container(cfg.dataset, resolve=True))
+    extractor = build_extractor(OmegaConf.to_container(cfg.features, resolve=True), data.columns)
+    extractor.fit(data.splits["train"])
+    save_extractor(out / "extractor.npz", extractor)
+    metrics = {"attributes": extractor.n_attributes}
+    for split in SPLITS:
+        batch = extractor.transform(data.splits[split])
+        sp.save_npz(out / f"X_{split}.npz", batch.X, compressed=False)
+        np.save(out / f"offsets_{split}.npy", batch.offsets)
+        metrics[f"{split}_nonzeros"] = int(batch.X.nnz)
+        metrics[f"{split}_attributes_per_token"] = batch.X.nnz / max(batch.n_tokens, 1)
+    (out / "features.json").write_text(json.dumps(metrics, indent=1))
+    return metrics

@@ -1,0 +1,160 @@
+"""Regularisation sweeps: one MLflow parent run per Hydra multirun, and its summary.
+
+``SweepTracking`` is a Hydra callback. In the launching process, before any job starts, it
+creates the tracking database and the sweep's parent run, and exports the parent run id and a
+sweep id to the jobs (which run in joblib worker processes) through environment variables. When
+the jobs are done it gathers them with ``mlflow.search_runs`` into a table (CSV artifact), plots
+dev score and non-zero weights against the regularisation strength, picks the best setting on dev
+and reports its test score. Hydra skips ``on_multirun_end`` when a job fails, so the same summary
+also runs from an exit handler: one failing job does not lose the others' results.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pandas as pd
+from hydra.experimental.callback import Callback
+from mlflow.tracking import MlflowClient
+from omegaconf import DictConfig
+
+from pipeline import tracking
+from pipeline.report import markdown_table
+from pipeline.runner import SWEEP_ID_VARIABLE, SWEEP_PARENT_VARIABLE
+
+
+def strength(frame: pd.DataFrame) -> pd.Series:
+    """The swept regularisation strength of each run: the larger of c1 and c2."""
+    c1 = pd.to_numeric(frame.get("params.trainer.c1"), errors="coerce").fillna(0.0)
+    c2 = pd.to_numeric(frame.get("params.trainer.c2"), errors="coerce").fillna(0.0)
+    return np.maximum(c1, c2)
+
+
+def gather(sweep_id: str, experiment: str) -> pd.DataFrame:
+    """One row per pipeline job of the sweep, with its settings, scores and status."""
+    runs = mlflow.search_runs(experiment_names=[experiment],
+                              filter_string=f"tags.sweep_id = '{sweep_id}' and tags.stage = 'pipeline'")
+    if runs.empty:
+        return pd.DataFrame()
+    score = "metrics.dev_f1" if "metrics.dev_f1" in runs else "metrics.dev_accuracy"
+    test = "metrics.test_f1" if "metrics.test_f1" in runs else "metrics.test_accuracy"
+    table = pd.DataFrame({
+        "run_id": runs["run_id"],
+        "status": runs["status"],
+        "trainer": runs.get("tags.trainer"),
+        "c1": pd.to_numeric(runs.get("params.trainer.c1"), errors="coerce"),
+        "c2": pd.to_numeric(runs.get("params.trainer.c2"), errors="coerce"),
+        "strength": strength(runs),
+        "dev_score": runs.get(score),
+        "test_score": runs.get(test),
+        "nonzero_weights": runs.get("metrics.nonzero_weights"),
+        "iterations": runs.get("metrics.iterations"),
+        "train_seconds": runs.get("metrics.train_seconds"),
+    })
+    table.attrs["score"] = score.split(".", 1)[1]
+    return table.sort_values(["trainer", "strength"], ignore_index=True)
+
+
+def plot(table: pd.DataFrame, path: Path, score_name: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    finished = table[table.status == "FINISHED"]
+    for trainer, part in finished.groupby("trainer"):
+        left.plot(part["strength"], part["dev_score"], "o-", label=trainer)
+        right.plot(part["strength"], part["nonzero_weights"], "o-", label=trainer)
+    for ax, label in ((left, f"dev {score_name}"), (right, "non-zero weights")):
+        ax.set_xscale("log")
+        ax.set_xlabel("regularisation strength (c1 or c2)")
+        ax.set_ylabel(label)
+        ax.legend()
+    right.set_yscale("log")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def summarize(sweep_id: str, parent_run_id: str | None, experiment: str) -> pd.DataFrame:
+    """Build the sweep table and plot, log them to the parent run, print the best setting."""
+    table = gather(sweep_id, experiment)
+    if table.empty:
+        print(f"[sweep {sweep_id}] no finished jobs to summarise", flush=True)
+        return table
+    score_name = table.attrs.get("score", "dev_score")
+    finished = table[table.status == "FINISHED"].dropna(subset=["dev_score"])
+    client = MlflowClient()
+    with tempfile.TemporaryDirectory() as folder:
+        folder = Path(folder)
+        table.to_csv(folder / "sweep_summary.csv", index=False)
+        text = markdown_table(table.drop(columns=["run_id"]))
+        if not finished.empty:
+            best = finished.loc[finished["dev_score"].idxmax()]
+            text += (f"\n\nbest on dev: trainer={best['trainer']} c1={best['c1']:g} c2={best['c2']:g} "
+                     f"dev {score_name} {best['dev_score']:.2f}, test {best['test_score']:.2f}")
+            if parent_run_id:
+                client.log_metric(parent_run_id, "best_dev_score", float(best["dev_score"]))
+                client.log_metric(parent_run_id, "best_test_score", float(best["test_score"]))
+                client.set_tag(parent_run_id, "best_run_id", best["run_id"])
+            plot(table, folder / "sweep.png", score_name)
+        (folder / "sweep_summary.md").write_text(text + "\n")
+        if parent_run_id:
+            client.log_metric(parent_run_id, "jobs_finished", float(len(finished)))
+            client.log_metric(parent_run_id, "jobs_failed", float((table.status == "FAILED").sum()))
+            for name in ("sweep_summary.csv", "sweep_summary.md", "sweep.png"):
+                if (folder / name).exists():
+                    client.log_artifact(parent_run_id, str(folder / name))
+    print(f"[sweep {sweep_id}]\n{text}", flush=True)
+    return table
+
+
+class SweepTracking(Callback):
+    """Creates a sweep's parent run before the jobs and summarises the sweep after them."""
+
+    def __init__(self) -> None:
+        self.parent_run_id: str | None = None
+        self.sweep_id: str | None = None
+        self.experiment: str | None = None
+        self.summarize_at_end = True
+        self.closed = False
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        tracking.setup(config)  # creates the database once, before parallel jobs race for it
+        self.sweep_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+        self.experiment = config.tracking.experiment
+        self.summarize_at_end = bool(config.sweep.summarize)
+        client = MlflowClient()
+        experiment = client.get_experiment_by_name(self.experiment)
+        run = client.create_run(experiment.experiment_id, run_name=f"sweep-{self.sweep_id}",
+                                tags={"sweep_id": self.sweep_id, "stage": "sweep", "dataset": str(config.dataset.name),
+                                      "git_commit": tracking.git_commit()})
+        self.parent_run_id = run.info.run_id
+        os.environ[SWEEP_PARENT_VARIABLE] = self.parent_run_id
+        os.environ[SWEEP_ID_VARIABLE] = self.sweep_id
+        atexit.register(self._close, "FAILED")
+        print(f"[sweep {self.sweep_id}] parent run {self.parent_run_id}", flush=True)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        self._close("FINISHED")
+
+    def _close(self, status: str) -> None:
+        if self.closed or self.parent_run_id is None:
+            return
+        self.closed = True
+        try:
+            table = summarize(self.sweep_id, self.parent_run_id, self.experiment) if self.summarize_at_end else pd.DataFrame()
+            if status == "FINISHED" and not table.empty and (table.status == "FAILED").any():
+                status = "FAILED"
+        finally:
+            MlflowClient().set_terminated(self.parent_run_id, status)
+            os.environ.pop(SWEEP_PARENT_VARIABLE, None)
+            os.environ.pop(SWEEP_ID_VARIABLE, None)
