@@ -136,6 +136,7 @@ class CRF:
             if self.algorithm == "lbfgs":
                 objective = Objective(batch.X, batch.offsets, codes, params, self.n_threads)
                 result = optimize.lbfgs(objective, theta0, self.c1, self.c2, stopping, self.num_memories, callback)
+                del objective  # its feature blocks are the largest allocation: free them first
             else:
                 if stopping.max_iterations is None:
                     stopping.max_iterations = 100
@@ -155,7 +156,8 @@ class CRF:
 
     def _set_weights(self, params: ParameterLayout, theta: np.ndarray) -> None:
         state, transitions, start, end = params.split(theta)
-        self.state_weights_ = np.array(state)
+        # sparse layouts get a fresh (A, L) array from split; dense ones a view of theta
+        self.state_weights_ = state if params.feature_index is not None else state.copy()
         self.transitions_ = np.array(transitions)
         self.start_weights_ = np.array(start)
         self.end_weights_ = np.array(end)

@@ -15,7 +15,8 @@ from typing import Mapping
 from omegaconf import OmegaConf
 
 from crf.io import read_conll
-from pipeline.data import Dataset, load_dataset, statistics, subset
+from pipeline.cache import file_sha256
+from pipeline.data import Dataset, load_dataset, resolve_files, statistics, subset
 
 SPLITS = ("train", "dev", "test")
 
@@ -38,6 +39,13 @@ def config_slice(cfg) -> dict:
     """What this stage's output depends on (the data root is not: file checksums are)."""
     dataset = OmegaConf.to_container(cfg.dataset, resolve=True)
     return {"dataset": dataset, "train_fraction": cfg.data.train_fraction, "seed": cfg.seed}
+
+
+def input_hashes(cfg) -> dict[str, str]:
+    """SHA-256 of every dataset file (downloaded first if missing): an edited file is a new input."""
+    dataset = OmegaConf.to_container(cfg.dataset, resolve=True)
+    paths = resolve_files(dataset, cfg.data.root, download=cfg.data.download)
+    return {f"file:{split}": file_sha256(path) for split, path in paths.items()}
 
 
 def run(cfg, inputs: Mapping[str, Path], out: Path) -> dict:

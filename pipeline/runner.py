@@ -57,7 +57,10 @@ def run_stage(name: str, cfg: DictConfig, inputs: dict[str, StageOutput], cache:
     """Run (or reuse) one stage inside a nested MLflow run."""
     module = STAGES[name]
     config = module.config_slice(cfg)
-    key = cache.key(name, config, {k: v.hash for k, v in inputs.items()})
+    input_hashes = {k: v.hash for k, v in inputs.items()}
+    if hasattr(module, "input_hashes"):  # files from outside the pipeline (the dataset)
+        input_hashes.update(module.input_hashes(cfg))
+    key = cache.key(name, config, input_hashes)
     with mlflow.start_run(run_name=name, nested=True, tags={**tags, "stage": name, "cache_key": key}):
         tracking.log_params(tracking.flatten(config))
         found = None if cfg.force else cache.lookup(name, key)

@@ -1,0 +1,57 @@
+"""Helpers for pipeline tests: a tiny generated chunking corpus and composed configs."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import numpy as np
+from hydra import compose, initialize_config_dir
+
+import pipeline  # noqa: F401  (registers the config resolvers)
+
+CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+
+# a toy grammar: determiner/adjective/noun runs are NPs, verbs VPs, prepositions PPs
+_WORDS = {
+    "DT": ["the", "a", "this"], "JJ": ["big", "old", "red", "new"], "NN": ["dog", "cat", "house", "price", "man"],
+    "VB": ["runs", "sees", "buys", "likes"], "IN": ["in", "on", "of"], ".": ["."],
+}
+
+
+def _noun_phrase(rng):
+    tags = ["DT"] + ["JJ"] * int(rng.integers(0, 3)) + ["NN"]
+    return [(str(rng.choice(_WORDS[t])), t, ("B-NP" if i == 0 else "I-NP")) for i, t in enumerate(tags)]
+
+
+def make_sentence(rng) -> list[tuple[str, str, str]]:
+    rows = _noun_phrase(rng) + [(str(rng.choice(_WORDS["VB"])), "VB", "B-VP")] + _noun_phrase(rng)
+    if rng.random() < 0.5:
+        rows += [(str(rng.choice(_WORDS["IN"])), "IN", "B-PP")] + _noun_phrase(rng)
+    return rows + [(".", ".", "O")]
+
+
+def write_corpus(root: Path, n_train: int = 120, n_test: int = 40, seed: int = 0) -> Path:
+    """CoNLL-2000-shaped files at ``root/conll2000/{train,test}.txt.gz``; returns root."""
+    rng = np.random.default_rng(seed)
+    folder = root / "conll2000"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, n in (("train", n_train), ("test", n_test)):
+        with gzip.open(folder / f"{name}.txt.gz", "wt", encoding="utf-8") as out:
+            for _ in range(n):
+                out.write("\n".join(" ".join(row) for row in make_sentence(rng)) + "\n\n")
+    return root
+
+
+def tiny_overrides(data_root: Path, output_dir: Path) -> list[str]:
+    """Overrides that point the default pipeline at the tiny corpus and a temporary store."""
+    return [
+        f"data.root={data_root}", f"paths.output_dir={output_dir}", "data.download=false",
+        "dataset.files.train.sha256=null", "dataset.files.test.sha256=null",
+        "trainer.max_iterations=30", "train.dev_every=5",
+    ]
+
+
+def compose_config(overrides: list[str], name: str = "config"):
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+        return compose(config_name=name, overrides=overrides)

@@ -1,0 +1,173 @@
+"""The pipeline: config composition, stage caching, a tiny end-to-end run, data errors."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+import mlflow  # noqa: E402
+from mlflow.tracking import MlflowClient  # noqa: E402
+
+from pipeline.cache import StageCache  # noqa: E402
+from pipeline.data import MissingDataError, load_dataset  # noqa: E402
+from pipeline.runner import run_pipeline  # noqa: E402
+from pipeline.tracking import TrackingUnavailable, tracking_uri  # noqa: E402
+from pipeline_helpers import CONF_DIR, compose_config, tiny_overrides, write_corpus  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _no_ambient_tracking_uri(monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("CRF_SWEEP_PARENT_RUN_ID", raising=False)
+    monkeypatch.delenv("CRF_SWEEP_ID", raising=False)
+
+
+def _options(group: str) -> list[str]:
+    return sorted(p.stem for p in (Path(CONF_DIR) / group).glob("*.yaml"))
+
+
+@pytest.mark.parametrize("group", ["dataset", "features", "model", "trainer", "tracking"])
+def test_every_shipped_config_composes_and_resolves(group):
+    options = _options(group)
+    assert options
+    for option in options:
+        cfg = compose_config([f"{group}={option}"])
+        resolved = OmegaConf.to_container(cfg, resolve=True)
+        assert resolved[group]["name" if group != "tracking" else "experiment"]
+        if group == "trainer":
+            assert resolved["trainer"]["c1"] >= 0 and resolved["trainer"]["c2"] >= 0
+
+
+def test_experiments_and_benchmark_compose():
+    for experiment in _options("experiment"):
+        cfg = compose_config([f"+experiment={experiment}"])
+        OmegaConf.to_container(cfg, resolve=True)
+    sweep = compose_config(["+experiment=reg_sweep"])
+    assert sweep.trainer.threads == 1
+    elastic = compose_config(["trainer=elasticnet", "trainer.strength=0.5", "trainer.l2_ratio=0.2"])
+    assert elastic.trainer.c1 == 0.5 and elastic.trainer.c2 == pytest.approx(0.1)
+    bench = compose_config(["dataset=ud_english_ewt_xpos", "features=pos"], name="benchmark")
+    assert bench.dataset.label == "xpos" and bench.benchmark.repetitions >= 3
+
+
+def test_stage_cache_hits_misses_and_is_atomic(tmp_path):
+    cache = StageCache(tmp_path)
+    key = cache.key("train", {"c2": 1.0}, {"featurize": "abc"}, code="v1")
+    assert cache.key("train", {"c2": 1.0}, {"featurize": "abc"}, code="v1") == key
+    assert cache.key("train", {"c2": 1}, {"featurize": "abc"}, code="v1") != key  # 1 and 1.0 differ
+    assert cache.key("train", {"c2": 1.0}, {"featurize": "abd"}, code="v1") != key
+    assert cache.key("train", {"c2": 1.0}, {"featurize": "abc"}, code="v2") != key
+    assert cache.lookup("train", key) is None
+
+    def broken(folder: Path) -> None:
+        (folder / "half.txt").write_text("half")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        cache.build("train", key, broken)
+    assert cache.lookup("train", key) is None
+    assert not list((tmp_path / "train").iterdir())  # nothing half-written is left
+    path = cache.build("train", key, lambda folder: (folder / "model.txt").write_text("weights"))
+    assert cache.lookup("train", key) == path and (path / "model.txt").read_text() == "weights"
+    before = cache.output_hash(path)
+    cache.build("train", key, lambda folder: (folder / "model.txt").write_text("new weights"), replace=True)
+    assert cache.output_hash(path) != before
+
+
+def _stage_runs(client, experiment: str, parent_id: str) -> dict:
+    runs = client.search_runs([client.get_experiment_by_name(experiment).experiment_id],
+                              filter_string=f"tags.mlflow.parentRunId = '{parent_id}'")
+    return {r.data.tags["stage"]: r for r in runs}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny")
+    return write_corpus(root / "data"), root / "out"
+
+
+def test_tiny_pipeline_end_to_end_and_caching(tiny):
+    data_root, out = tiny
+    cfg = compose_config(tiny_overrides(data_root, out))
+    results = run_pipeline(cfg)
+    assert results["evaluate.test_f1"] > 80.0
+    uri = tracking_uri(cfg)
+    assert uri == f"sqlite:///{out.absolute() / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("crf")
+    (parent,) = client.search_runs([experiment.experiment_id], filter_string="tags.stage = 'pipeline'")
+    assert parent.data.tags["dataset"] == "conll2000" and parent.data.tags["trainer"] == "lbfgs"
+    assert parent.data.tags["git_commit"] and parent.data.params["trainer.c2"] == "1.0"
+    assert parent.data.metrics["test_f1"] == pytest.approx(results["evaluate.test_f1"])
+    stages = _stage_runs(client, "crf", parent.info.run_id)
+    assert set(stages) == {"prepare", "featurize", "train", "evaluate"}
+    assert all(run.data.tags["cache"] == "miss" for run in stages.values())
+    history = client.get_metric_history(stages["train"].info.run_id, "loss")
+    assert len(history) == int(stages["train"].data.metrics["iterations"]) and history[-1].step == len(history)
+    assert client.get_metric_history(stages["train"].info.run_id, "dev_f1")
+    artifacts = {a.path for stage in stages.values() for a in client.list_artifacts(stage.info.run_id, stage.data.tags["stage"])}
+    for name in ("prepare/stats.json", "prepare/train.conll.gz", "featurize/extractor.npz", "train/model.npz",
+                 "train/history.csv", "evaluate/confusion_test.png", "evaluate/calibration_test.png",
+                 "evaluate/predictions_test.tsv.gz", "evaluate/segments_test.csv.gz", "evaluate/test_per_type.csv"):
+        assert name in artifacts, name
+    assert "config.yaml" in {a.path for a in client.list_artifacts(parent.info.run_id)}
+
+    # the same config again: every stage comes from the cache, visibly
+    again = run_pipeline(cfg)
+    assert again["evaluate.test_f1"] == results["evaluate.test_f1"]
+    latest = client.search_runs([experiment.experiment_id], filter_string="tags.stage = 'pipeline'", order_by=["start_time DESC"])[0]
+    assert latest.data.tags["cache_hits"] == "prepare,featurize,train,evaluate"
+    assert {r.data.tags["cache"] for r in _stage_runs(client, "crf", latest.info.run_id).values()} == {"hit"}
+
+    # only the trainer changes: data and features are reused, training is redone
+    changed = compose_config(tiny_overrides(data_root, out) + ["trainer.strength=0.3"])
+    run_pipeline(changed)
+    latest = client.search_runs([experiment.experiment_id], filter_string="tags.stage = 'pipeline'", order_by=["start_time DESC"])[0]
+    assert latest.data.tags["cache_hits"] == "prepare,featurize"
+
+    # force recomputes everything
+    run_pipeline(compose_config(tiny_overrides(data_root, out) + ["force=true"]))
+    latest = client.search_runs([experiment.experiment_id], filter_string="tags.stage = 'pipeline'", order_by=["start_time DESC"])[0]
+    assert latest.data.tags["cache_hits"] == "none"
+
+
+def test_changed_input_file_misses_the_cache(tmp_path):
+    data_root = write_corpus(tmp_path / "data", n_train=40, n_test=10)
+    out = tmp_path / "out"
+    overrides = tiny_overrides(data_root, out) + ["stages=[featurize]"]
+    run_pipeline(compose_config(overrides))
+    write_corpus(tmp_path / "data", n_train=40, n_test=10, seed=1)  # same paths, new content
+    run_pipeline(compose_config(overrides))
+    client = MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
+    latest = client.search_runs([client.get_experiment_by_name("crf").experiment_id],
+                                filter_string="tags.stage = 'pipeline'", order_by=["start_time DESC"])[0]
+    assert latest.data.tags["cache_hits"] == "none"
+
+
+def test_missing_data_offline_names_files_and_remedy(tmp_path):
+    cfg = compose_config([f"data.root={tmp_path}", f"paths.output_dir={tmp_path / 'out'}",
+                          "dataset.files.train.url=http://127.0.0.1:9/train.txt.gz",
+                          "dataset.files.test.url=http://127.0.0.1:9/test.txt.gz"])
+    with pytest.raises(MissingDataError) as info:
+        load_dataset(OmegaConf.to_container(cfg.dataset, resolve=True), tmp_path, download=True, carve_dev=False)
+    message = str(info.value)
+    assert str(tmp_path / "conll2000" / "train.txt.gz") in message and str(tmp_path / "conll2000" / "test.txt.gz") in message
+    assert "CRF_DATA_HOME" in message and "download from http://127.0.0.1:9/train.txt.gz failed" in message
+
+
+def test_unreachable_server_fails_before_any_stage(tmp_path):
+    cfg = compose_config([f"paths.output_dir={tmp_path}", "tracking=server", "tracking.uri=http://127.0.0.1:9"])
+    with pytest.raises(TrackingUnavailable, match="not reachable"):
+        run_pipeline(cfg)
+    assert not (tmp_path / "cache").exists()
+
+
+def test_environment_tracking_uri_wins(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/elsewhere.db")
+    cfg = compose_config([f"paths.output_dir={tmp_path}"])
+    assert tracking_uri(cfg) == f"sqlite:///{tmp_path}/elsewhere.db"

@@ -1,0 +1,127 @@
+"""Against real processes: an MLflow tracking server over HTTP, and Hydra multirun sweeps."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+from mlflow.tracking import MlflowClient  # noqa: E402
+
+from pipeline.runner import run_pipeline  # noqa: E402
+from pipeline_helpers import compose_config, tiny_overrides, write_corpus  # noqa: E402
+
+PROJECT = Path(__file__).resolve().parents[1]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def mlflow_server(tmp_path):
+    """A real ``mlflow server`` on 127.0.0.1 with a SQLite backend; stopped after the test."""
+    port = _free_port()
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    command = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+               "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}", "--artifacts-destination", str(tmp_path / "artifacts")]
+    log = open(tmp_path / "server.log", "w")
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 90
+    try:
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            if process.poll() is not None or time.time() > deadline:
+                raise RuntimeError(f"mlflow server did not start:\n{(tmp_path / 'server.log').read_text()[-3000:]}")
+            time.sleep(0.5)
+        yield url
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+        log.close()
+
+
+def test_pipeline_against_a_live_tracking_server(tmp_path, mlflow_server, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    data_root = write_corpus(tmp_path / "data", n_train=60, n_test=20)
+    cfg = compose_config(tiny_overrides(data_root, tmp_path / "out") + ["tracking=server", f"tracking.uri={mlflow_server}"])
+    results = run_pipeline(cfg)
+    client = MlflowClient(mlflow_server)
+    experiment = client.get_experiment_by_name("crf")
+    runs = client.search_runs([experiment.experiment_id])
+    parent = [r for r in runs if r.data.tags.get("stage") == "pipeline"]
+    assert len(parent) == 1 and len(runs) == 5
+    assert parent[0].data.metrics["test_f1"] == pytest.approx(results["evaluate.test_f1"])
+    train = [r for r in runs if r.data.tags.get("stage") == "train"][0]
+    assert train.data.tags["mlflow.parentRunId"] == parent[0].info.run_id
+    assert len(client.get_metric_history(train.info.run_id, "loss")) == int(train.data.metrics["iterations"])
+    names = {a.path for a in client.list_artifacts(train.info.run_id, "train")}
+    assert "train/model.npz" in names
+    # the artifact went through the server into its artifact store
+    assert list((tmp_path / "artifacts").rglob("model.npz"))
+
+
+def _multirun(tmp_path: Path, data_root: Path, sweep: list[str]) -> subprocess.CompletedProcess:
+    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    command = [sys.executable, "-m", "pipeline", "-m", *sweep, *tiny_overrides(data_root, tmp_path / "out"),
+               "trainer.threads=1", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
+    return subprocess.run(command, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=600)
+
+
+def _sweep_runs(tmp_path: Path):
+    client = MlflowClient(f"sqlite:///{tmp_path / 'out' / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("crf")
+    (sweep,) = client.search_runs([experiment.experiment_id], filter_string="tags.stage = 'sweep'")
+    jobs = client.search_runs([experiment.experiment_id], filter_string="tags.stage = 'pipeline'")
+    return client, sweep, jobs
+
+
+def test_sweep_of_two_jobs_in_parallel(tmp_path):
+    data_root = write_corpus(tmp_path / "data", n_train=60, n_test=20)
+    done = _multirun(tmp_path, data_root, ["trainer.c2=0.1,3"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    client, sweep, jobs = _sweep_runs(tmp_path)
+    assert len(jobs) == 2 and {float(j.data.params["trainer.c2"]) for j in jobs} == {0.1, 3.0}
+    assert all(j.data.tags["sweep_id"] == sweep.data.tags["sweep_id"] for j in jobs)
+    assert all(j.data.tags["mlflow.parentRunId"] == sweep.info.run_id for j in jobs)
+    # the two jobs ran at the same time, in different processes (joblib)
+    first, second = sorted(jobs, key=lambda j: j.info.start_time)
+    assert second.info.start_time < first.info.end_time
+    assert sweep.info.status == "FINISHED"
+    assert sweep.data.metrics["jobs_finished"] == 2 and "best_test_score" in sweep.data.metrics
+    assert {"sweep_summary.csv", "sweep_summary.md", "sweep.png"} <= {a.path for a in client.list_artifacts(sweep.info.run_id)}
+    assert "best on dev" in done.stdout
+
+
+def test_a_failing_job_does_not_lose_the_others(tmp_path):
+    data_root = write_corpus(tmp_path / "data", n_train=60, n_test=20)
+    done = _multirun(tmp_path, data_root, ["trainer.algorithm=lbfgs,no_such_trainer"])
+    assert done.returncode != 0  # Hydra reports the failure ...
+    client, sweep, jobs = _sweep_runs(tmp_path)
+    statuses = sorted(j.info.status for j in jobs)
+    assert statuses == ["FAILED", "FINISHED"]  # ... but the good job's run and results survive
+    assert sweep.info.status == "FAILED"
+    assert sweep.data.metrics["jobs_finished"] == 1 and sweep.data.metrics["jobs_failed"] == 1
+    assert "sweep_summary.csv" in {a.path for a in client.list_artifacts(sweep.info.run_id)}
