@@ -10,7 +10,7 @@ from __future__ import annotations
 import gzip
 import os
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 Sentence = list[tuple[str, ...]]
 
@@ -49,6 +49,31 @@ def _decoded_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
         raise DataFormatError(path, 0, f"cannot read file: {err}") from None
 
 
+def _sentences(path: str | os.PathLike, parse: Callable[[int, str], tuple[str, ...] | None], what: str) -> list[Sentence]:
+    """Group a file's token lines into sentences: blank lines end sentences, ``parse(number,
+    line)`` turns a line into a token row (None: skip the line) or raises DataFormatError."""
+    sentences: list[Sentence] = []
+    current: Sentence = []
+    saw_any_line = False
+    for number, line in _decoded_lines(path):
+        saw_any_line = True
+        if not line.strip():
+            if current:
+                sentences.append(current)
+                current = []
+            continue
+        row = parse(number, line)
+        if row is not None:
+            current.append(row)
+    if current:
+        sentences.append(current)
+    if not saw_any_line:
+        raise DataFormatError(path, 1, "file is empty")
+    if not sentences:
+        raise DataFormatError(path, 1, f"file holds no {what} lines")
+    return sentences
+
+
 def read_conll(
     path: str | os.PathLike,
     n_columns: int | None = None,
@@ -61,34 +86,21 @@ def read_conll(
     skipped. Every token line must have ``n_columns`` columns (by default, as many as the first
     token line).
     """
-    sentences: list[Sentence] = []
-    current: Sentence = []
-    expected = n_columns
-    saw_any_line = False
-    for number, line in _decoded_lines(path):
-        saw_any_line = True
-        if not line.strip():
-            if current:
-                sentences.append(current)
-                current = []
-            continue
+    expected = [n_columns]
+
+    def parse(number: int, line: str) -> tuple[str, ...] | None:
         cells = tuple(line.split(separator)) if separator else tuple(line.split())
         if cells[0] == "-DOCSTART-":
-            continue
-        if expected is None:
-            expected = len(cells)
-        if len(cells) != expected:
-            raise DataFormatError(path, number, f"expected {expected} columns, found {len(cells)}: {line!r}")
+            return None
+        if expected[0] is None:
+            expected[0] = len(cells)
+        if len(cells) != expected[0]:
+            raise DataFormatError(path, number, f"expected {expected[0]} columns, found {len(cells)}: {line!r}")
         if any(cell == "" for cell in cells):
             raise DataFormatError(path, number, f"empty column in {line!r}")
-        current.append(cells)
-    if current:
-        sentences.append(current)
-    if not saw_any_line:
-        raise DataFormatError(path, 1, "file is empty")
-    if not sentences:
-        raise DataFormatError(path, 1, "file holds no token lines")
-    return sentences
+        return cells
+
+    return _sentences(path, parse, "token")
 
 
 CONLLU_COLUMNS = ("id", "form", "lemma", "upos", "xpos", "feats", "head", "deprel", "deps", "misc")
@@ -100,34 +112,21 @@ def read_conllu(path: str | os.PathLike) -> list[Sentence]:
     Comment lines (``#``), multiword-token lines (ID ``3-4``) and empty nodes (ID ``8.1``) are
     skipped. A word line must have exactly 10 tab-separated columns and an integer ID.
     """
-    sentences: list[Sentence] = []
-    current: Sentence = []
-    saw_any_line = False
-    for number, line in _decoded_lines(path):
-        saw_any_line = True
-        if not line.strip():
-            if current:
-                sentences.append(current)
-                current = []
-            continue
+
+    def parse(number: int, line: str) -> tuple[str, ...] | None:
         if line.startswith("#"):
-            continue
+            return None
         cells = tuple(line.split("\t"))
         if len(cells) != 10:
             raise DataFormatError(path, number, f"expected 10 tab-separated columns, found {len(cells)}")
         token_id = cells[0]
         if "-" in token_id or "." in token_id:
-            continue
+            return None
         if not token_id.isdigit():
             raise DataFormatError(path, number, f"word ID {token_id!r} is not an integer")
-        current.append(cells)
-    if current:
-        sentences.append(current)
-    if not saw_any_line:
-        raise DataFormatError(path, 1, "file is empty")
-    if not sentences:
-        raise DataFormatError(path, 1, "file holds no word lines")
-    return sentences
+        return cells
+
+    return _sentences(path, parse, "word")
 
 
 def column(sentences: list[Sentence], index: int) -> list[list[str]]:

@@ -18,12 +18,11 @@ import tempfile
 from pathlib import Path
 
 import hydra
-import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline import tracking
-from pipeline.report import markdown_table
+from pipeline.report import figure, markdown_table, save_figure
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 FIGURES = ["feature_seconds", "train_seconds", "iterations", "seconds_per_iteration", "iteration_seconds", "features",
@@ -102,14 +101,9 @@ def cost_growth(cfg: DictConfig, b: dict, tools: list[str]) -> pd.DataFrame:
 
 
 def plot(table: pd.DataFrame, growth: pd.DataFrame | None, path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     panels = 2 if growth is not None and not growth.empty else 1
-    fig, axes = plt.subplots(1, panels, figsize=(6 * panels, 4.2), squeeze=False)
-    ax = axes[0][0]
+    fig, axes = figure(6 * panels, 4.2, panels)
+    ax = axes[0]
     if "ratio" in table:
         shown = ["train_seconds", "seconds_per_iteration", "tag_tokens_per_second", "peak_memory_mib", "feature_seconds"]
         values = table.loc[shown, "ratio"].astype(float)
@@ -120,7 +114,7 @@ def plot(table: pd.DataFrame, growth: pd.DataFrame | None, path: Path, title: st
             ax.text(v, y, f" {v:.2f}", va="center")
     ax.set_title(title)
     if panels == 2:
-        ax = axes[0][1]
+        ax = axes[1]
         for tool, part in growth.groupby("tool"):
             fractions = part[part.case == "fraction"]
             ax.plot(fractions.train_tokens, fractions.iteration_seconds, marker="o", label=f"{tool} (data size)")
@@ -128,9 +122,7 @@ def plot(table: pd.DataFrame, growth: pd.DataFrame | None, path: Path, title: st
         ax.set_ylabel("seconds per iteration")
         ax.set_title("cost growth with data")
         ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 @hydra.main(version_base=None, config_path="../conf", config_name="benchmark")

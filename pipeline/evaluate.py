@@ -23,6 +23,7 @@ from omegaconf import OmegaConf
 from crf import CRF, metrics
 from pipeline.featurize import load_batch
 from pipeline.prepare import read_prepared
+from pipeline.report import figure, save_figure
 
 SPLITS = ("dev", "test")
 
@@ -47,12 +48,7 @@ def expected_calibration_error(table: pd.DataFrame) -> float:
 
 
 def plot_calibration(table: pd.DataFrame, path: Path, what: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5, 5))
+    fig, (ax,) = figure(5, 5)
     ax.plot([0, 1], [0, 1], "--", color="grey", lw=1, label="perfect calibration")
     ax.plot(table["confidence"], table["accuracy"], "o-", label=what)
     for _, row in table.iterrows():
@@ -63,30 +59,21 @@ def plot_calibration(table: pd.DataFrame, path: Path, what: str) -> None:
     ax.set_ylim(0, 1.02)
     ax.legend(loc="upper left")
     ax.set_title(f"calibration: {what}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def plot_confusion(confusion: pd.DataFrame, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     counts = confusion.to_numpy().astype(float)
     rates = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1)
     size = max(5.0, 0.28 * len(confusion))
-    fig, ax = plt.subplots(figsize=(size + 1, size))
+    fig, (ax,) = figure(size + 1, size)
     image = ax.imshow(rates, cmap="Blues", vmin=0, vmax=1)
     ax.set_xticks(range(len(confusion.columns)), confusion.columns, rotation=90, fontsize=7)
     ax.set_yticks(range(len(confusion.index)), confusion.index, fontsize=7)
     ax.set_xlabel("predicted")
     ax.set_ylabel("gold")
     fig.colorbar(image, ax=ax, fraction=0.046, label="row-normalised rate")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def run(cfg, inputs: Mapping[str, Path], out: Path) -> dict:

@@ -26,3 +26,23 @@ def markdown_table(frame: pd.DataFrame) -> str:
     rule = "|" + "|".join("---" for _ in frame.columns) + "|"
     body = ["| " + " | ".join(_cell(v) for v in row) + " |" for row in frame.itertuples(index=False)]
     return "\n".join([header, rule, *body])
+
+
+def figure(width: float, height: float, columns: int = 1):
+    """A matplotlib figure (headless backend) with ``columns`` axes side by side."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, columns, figsize=(width, height), squeeze=False)
+    return fig, list(axes[0])
+
+
+def save_figure(fig, path) -> None:
+    """Lay out, write as PNG and release the figure."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -26,7 +26,7 @@ from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 
 from pipeline import tracking
-from pipeline.report import markdown_table
+from pipeline.report import figure, markdown_table, save_figure
 from pipeline.runner import SWEEP_ID_VARIABLE, SWEEP_PARENT_VARIABLE
 
 
@@ -63,12 +63,7 @@ def gather(sweep_id: str, experiment: str) -> pd.DataFrame:
 
 
 def plot(table: pd.DataFrame, path: Path, score_name: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (left, right) = figure(11, 4, 2)
     finished = table[table.status == "FINISHED"]
     for trainer, part in finished.groupby("trainer"):
         left.plot(part["strength"], part["dev_score"], "o-", label=trainer)
@@ -79,9 +74,7 @@ def plot(table: pd.DataFrame, path: Path, score_name: str) -> None:
         ax.set_ylabel(label)
         ax.legend()
     right.set_yscale("log")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def summarize(sweep_id: str, parent_run_id: str | None, experiment: str) -> pd.DataFrame:

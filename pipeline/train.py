@@ -22,6 +22,7 @@ from crf import CRF, metrics
 from crf.optimize import IterationInfo
 from pipeline.featurize import load_batch, load_extractor
 from pipeline.prepare import read_prepared
+from pipeline.report import figure, save_figure
 
 MODEL_PARAMS = ("algorithm", "c1", "c2", "max_iterations", "num_memories", "epsilon", "period", "delta",
                 "all_possible_states", "learning_rate", "batch_size")
@@ -100,12 +101,7 @@ class Progress:
 
 
 def plot_learning_curve(history: pd.DataFrame, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.5, 4))
+    fig, (ax,) = figure(6.5, 4)
     ax.plot(history["iteration"], history["loss"], color="tab:blue")
     ax.set_xlabel("iteration")
     ax.set_ylabel("regularised loss", color="tab:blue")
@@ -117,9 +113,7 @@ def plot_learning_curve(history: pd.DataFrame, path: Path) -> None:
         points = history.dropna(subset=[column])
         other.plot(points["iteration"], points[column], "o-", color="tab:orange")
         other.set_ylabel(column, color="tab:orange")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def run(cfg, inputs: Mapping[str, Path], out: Path) -> dict:

@@ -10,7 +10,6 @@ from omegaconf import OmegaConf
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
-import mlflow  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 
 from pipeline.cache import StageCache  # noqa: E402
