@@ -76,45 +76,47 @@ def _onehot(labels: np.ndarray, n_labels: int) -> sp.csr_matrix:
     return sp.csr_matrix((np.ones(n), (np.arange(n), labels)), shape=(n, n_labels))
 
 
-class DenseStates:
-    """Dense state features (every attribute with every label) of one chunk: emissions
-    ``X @ W`` and expected counts ``X.T @ P`` (A * L values)."""
+class StateFeatures:
+    """State features of one chunk of tokens: emissions ``X @ W`` and expected counts, where W
+    (A, L) holds the state weights and is zero outside the model's features.
 
-    def __init__(self, X: sp.csr_matrix, params: ParameterLayout) -> None:
-        self.X = X
-        self.shape = (params.n_attributes, params.n_labels)
-
-    def emissions(self, theta_state: np.ndarray) -> np.ndarray:
-        return np.asarray(self.X @ theta_state.reshape(self.shape))
-
-    def gradient(self, P: np.ndarray) -> np.ndarray:
-        return np.asarray(self.X.T @ P).ravel()
-
-
-class SparseStates:
-    """Sparse state features (CRFsuite's default: attribute/label pairs seen in training) of
-    one chunk.
-
-    For each label l, ``X_l`` holds the columns of X of the attributes paired with l, so the
-    emission column is ``X_l @ theta_l`` and the gradient ``X_l.T @ P[:, l]``: the work is the
-    number of (token, feature) incidences, not tokens x attributes x labels. Frequent attributes
-    pair with many labels, so there are several times nnz(X) incidences; when X is binary the
-    blocks share one read-only array of ones instead of storing values.
+    Attributes that are features with many labels (at least ``SHARED_MIN_LABELS``; all of them
+    in the dense layout) go through one sparse-times-dense product over their columns of X. The
+    other attributes, each a feature with only a few labels, are grouped by label: block ``X_l``
+    holds the columns of the attributes paired with label l, so emission column l gains
+    ``X_l @ theta_l`` and the gradient ``X_l.T @ P[:, l]``. Work and memory then follow the
+    (token, feature) incidences where they are few, without storing the many incidences of
+    frequent attributes. Measured on CoNLL-2000 (30.6M incidences, 3.8M non-zeros in X): about
+    44 MB and 47M multiply-adds per product, against 117 MB and 31M with per-label blocks only
+    or 84M with a fully dense product.
     """
 
+    SHARED_MIN_LABELS = 8
+
     def __init__(self, X: sp.csr_matrix, params: ParameterLayout) -> None:
-        L = params.n_labels
-        index = params.feature_index
-        self.n_tokens = X.shape[0]
-        self.n_labels = L
-        self.n_state = index.size
-        self.positions = [np.flatnonzero(index % L == label).astype(np.int32) for label in range(L)]
+        A, L = params.n_attributes, params.n_labels
+        index = params.feature_index if params.feature_index is not None else np.arange(A * L)
+        self.identity = params.feature_index is None
+        self.n_tokens, self.n_labels, self.n_state = X.shape[0], L, index.size
+        attribute, label = index // L, index % L
+        shared = np.bincount(attribute, minlength=A) >= min(self.SHARED_MIN_LABELS, L)
+        columns = np.flatnonzero(shared)
+        local = np.full(A, -1, dtype=np.int64)
+        local[columns] = np.arange(columns.size)
+        in_shared = shared[attribute]
+        self.shared_positions = np.flatnonzero(in_shared)
+        self.shared_flat = local[attribute[in_shared]] * L + label[in_shared]
+        self.X_shared = X[:, columns] if not self.identity else X
+        self.W_shared = np.zeros((columns.size, L))
         by_column = X.tocsc()
         binary = bool(X.nnz) and bool(np.all(X.data == 1.0))
         ones: dict[int, np.ndarray] = {}
-        self.blocks = []
-        for pos in self.positions:
-            block = by_column[:, index[pos] // L].tocsr()
+        self.blocks = []  # (label, theta positions, block)
+        for target in range(L):
+            positions = np.flatnonzero(~in_shared & (label == target))
+            if positions.size == 0:
+                continue
+            block = by_column[:, attribute[positions]].tocsr()
             if binary and block.nnz:
                 # scipy copies a data array that is a view of less than half its base, so views
                 # are taken from shared read-only arrays of ones in power-of-two sizes
@@ -123,18 +125,29 @@ class SparseStates:
                     ones[size] = np.ones(size)
                     ones[size].setflags(write=False)
                 block = sp.csr_matrix((ones[size][:block.nnz], block.indices, block.indptr), shape=block.shape, copy=False)
-            self.blocks.append(block)
+            self.blocks.append((target, positions, block))
 
     def emissions(self, theta_state: np.ndarray) -> np.ndarray:
-        out = np.empty((self.n_tokens, self.n_labels))
-        for label, (block, pos) in enumerate(zip(self.blocks, self.positions)):
-            out[:, label] = block @ theta_state[pos]
+        """Emission scores (T, L) for the state weights ``theta_state``."""
+        if self.identity:
+            W = theta_state.reshape(self.W_shared.shape)
+        else:
+            W = self.W_shared
+            W.ravel()[self.shared_flat] = theta_state[self.shared_positions]
+        out = np.asarray(self.X_shared @ W) if W.shape[0] else np.zeros((self.n_tokens, self.n_labels))
+        for label, positions, block in self.blocks:
+            out[:, label] += block @ theta_state[positions]
         return out
 
     def gradient(self, P: np.ndarray) -> np.ndarray:
+        """Expected feature counts (n_state,) for marginals ``P`` (T, L)."""
+        shared = np.asarray(self.X_shared.T @ P).ravel() if self.W_shared.shape[0] else np.zeros(0)
+        if self.identity:
+            return shared
         out = np.empty(self.n_state)
-        for label, (block, pos) in enumerate(zip(self.blocks, self.positions)):
-            out[pos] = block.T @ P[:, label]
+        out[self.shared_positions] = shared[self.shared_flat]
+        for label, positions, block in self.blocks:
+            out[positions] = block.T @ P[:, label]
         return out
 
 
@@ -146,7 +159,7 @@ class _Chunk:
         rows = self.layout.token_of_row
         X = X[rows]
         self.labels = labels[rows]
-        self.states = DenseStates(X, params) if params.feature_index is None else SparseStates(X, params)
+        self.states = StateFeatures(X, params)
 
     def observed_state(self, n_labels: int) -> np.ndarray:
         """Observed state feature counts of this chunk's gold labels."""

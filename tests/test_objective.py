@@ -64,3 +64,22 @@ def test_sparse_layout_keeps_only_observed_pairs():
     state, *_ = params.split(theta)
     assert state[1, 0] == 0.0 and state[1, 1] == 2.0
     np.testing.assert_array_equal(params.join(*params.split(theta)), theta)
+
+
+def test_state_features_match_the_dense_product():
+    """Shared (frequent) attributes and per-label blocks together equal X @ W exactly."""
+    from crf.objective import StateFeatures
+
+    rng = np.random.default_rng(3)
+    X = sp.csr_matrix((rng.random((60, 30)) < 0.2) * 1.0)
+    labels = rng.integers(0, 10, size=60)
+    index = observed_feature_index(X, labels, 10)
+    params = ParameterLayout(30, 10, index)
+    states = StateFeatures(X, params)
+    assert states.shared_positions.size and states.blocks  # both paths are exercised
+    theta = rng.normal(size=index.size)
+    W = np.zeros(300)
+    W[index] = theta
+    np.testing.assert_allclose(states.emissions(theta), X @ W.reshape(30, 10), atol=1e-12)
+    P = rng.random((60, 10))
+    np.testing.assert_allclose(states.gradient(P), (X.T @ P).ravel()[index], atol=1e-12)
