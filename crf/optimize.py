@@ -206,7 +206,7 @@ def sgd(
         columns = np.unique(sub.indices)
         lengths = offsets[chosen + 1] - offsets[chosen]
         local = ParameterLayout(columns.size, L)
-        objective = Objective(sub[:, columns], np.concatenate([[0], np.cumsum(lengths)]), labels[rows], local)
+        objective = Objective(sub[:, columns], np.concatenate([[0], np.cumsum(lengths)]), labels[rows], local, n_threads=1)
         minibatches.append((objective, columns, None if mask is None else mask[columns], chosen.size))
 
     state, transitions, start, end = (np.array(a, dtype=np.float64) for a in params.split(theta0))

@@ -87,11 +87,12 @@ def run(cfg, inputs: Mapping[str, Path], out: Path) -> dict:
         batch = load_batch(inputs["featurize"], split)
         gold = data.labels(split)
         began = time.perf_counter()
-        predicted = model.predict(batch)
+        codes, _ = model.predict_codes(batch)
         results[f"{split}_tag_tokens_per_second"] = batch.n_tokens / (time.perf_counter() - began)
+        classes = np.array(model.classes_, dtype=object)
+        predicted = [list(classes[c]) for c in codes]
+        flat_pred = np.concatenate(codes)
         marginals, _ = model.marginals(batch)
-        index = {label: i for i, label in enumerate(model.classes_)}
-        flat_pred = np.array([index[p] for seq in predicted for p in seq])
         confidence = marginals[np.arange(flat_pred.size), flat_pred]
         words = data.column(split, "w") if "w" in data.columns else [[""] * len(g) for g in gold]
         sentence = np.repeat(np.arange(len(gold)), [len(g) for g in gold])
