@@ -271,37 +271,34 @@ def _forward(lifted, offset, matrix, layout: Layout, semiring):
 
 
 def _backward(lifted, offset, matrix, end_lifted, end_norm, layout: Layout, semiring):
-    """Normalised backward messages (T, L), their cumulative log normalisers (T,), and
-    ``weighted = lifted * beta`` for the rows of steps t > 0 (what edge posteriors need).
+    """Normalised backward messages (T, L) and their cumulative log normalisers (T,).
 
     beta[r] covers everything after the token of row r (its own emission excluded), end
     transition included. The true log message is ``semiring.log(beta[r]) + log_scale[r]``.
     """
     beta = np.empty_like(lifted)
     beta[:] = end_lifted
-    weighted = np.empty_like(lifted)
     log_scale = np.full(lifted.shape[0], end_norm)
     for t in range(layout.n_steps - 1, 0, -1):
         following = layout.rows(t)
-        weighted[following] = semiring.mul(beta[following], lifted[following])
         rows = layout.rows(t - 1, layout.n_active[t])
-        norm = semiring.normalize(semiring.dot_t(weighted[following], matrix), out=beta[rows])[1]
+        weighted = semiring.mul(beta[following], lifted[following])
+        norm = semiring.normalize(semiring.dot_t(weighted, matrix), out=beta[rows])[1]
         log_scale[rows] = log_scale[following] + offset[following] + norm
-    return beta, log_scale, weighted
+    return beta, log_scale
 
 
-def _edges(alpha, weighted, matrix, layout: Layout, semiring, per_edge, healthy=None):
+def _edges(alpha, beta, lifted, matrix, layout: Layout, semiring, per_edge, healthy=None):
     """Edge posteriors step by step on contiguous blocks: for every step t > 0, the previous
-    rows' alpha and the current rows' ``weighted`` (lifted emissions times beta).
-    ``per_edge(rows, block)`` receives the (n_t, L, L) edge marginals when given; otherwise the
-    summed (L, L) expected transition counts are returned. ``healthy`` (N,) by rank leaves
-    failed sequences out."""
+    rows' alpha and the current rows' lifted emissions times beta. ``per_edge(rows, block)``
+    receives the (n_t, L, L) edge marginals when given; otherwise the summed (L, L) expected
+    transition counts are returned. ``healthy`` (N,) by rank leaves failed sequences out."""
     counts = np.zeros(matrix.shape)
     for t in range(1, layout.n_steps):
         n = int(layout.n_active[t])
         keep = slice(None) if healthy is None else healthy[:n]
         previous = alpha[layout.rows(t - 1, n)][keep]
-        following = weighted[layout.rows(t)][keep]
+        following = semiring.mul(lifted[layout.rows(t)], beta[layout.rows(t)])[keep]
         if per_edge is not None:
             per_edge(layout.rows(t), semiring.edge_probabilities(previous, matrix, following))
         else:
@@ -335,14 +332,14 @@ def _forward_backward_packed(packed, transitions, start, end, layout: Layout, se
     end_lifted, end_offset = semiring.lift(end[None, :].copy(), inplace=True)
     end_lifted, end_norm = semiring.normalize(end_lifted)
     end_log = end_norm[0] + end_offset[0]
-    beta, beta_scale, weighted = _backward(lifted, offset, matrix, end_lifted[0], end_log, layout, semiring)
+    beta, beta_scale = _backward(lifted, offset, matrix, end_lifted[0], end_log, layout, semiring)
 
     last = layout.last_rows()
     closing = semiring.normalize(semiring.mul(alpha[last], end_lifted))[1]
     log_z = alpha_scale[last] + closing + end_log
     failed = ~np.isfinite(log_z) | ~np.isfinite(beta_scale[layout.first_rows()])
-    counts = _edges(alpha, weighted, matrix, layout, semiring, None, ~failed if failed.any() else None)
-    del weighted, lifted
+    counts = _edges(alpha, beta, lifted, matrix, layout, semiring, None, ~failed if failed.any() else None)
+    del lifted
     log_z[failed] = np.nan
     log_alpha = log_beta = None
     if keep_messages:
@@ -426,12 +423,12 @@ def edge_marginals(emissions, transitions, start, end, lengths) -> np.ndarray:
     lifted, offset, matrix = _lifted_scores(emissions[layout.token_of_row], transitions, start, layout, semiring)
     alpha = _forward(lifted, offset, matrix, layout, semiring)[0]
     end_lifted, end_norm = semiring.normalize(end[None, :].copy())
-    weighted = _backward(lifted, offset, matrix, end_lifted[0], end_norm[0], layout, semiring)[2]
+    beta = _backward(lifted, offset, matrix, end_lifted[0], end_norm[0], layout, semiring)[0]
 
     def store(rows, block):
         packed[rows] = block
 
-    _edges(alpha, weighted, matrix, layout, semiring, store)
+    _edges(alpha, beta, lifted, matrix, layout, semiring, store)
     out = np.empty_like(packed)
     out[layout.token_of_row] = packed
     return out

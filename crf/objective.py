@@ -197,7 +197,7 @@ class Objective:
     """
 
     def __init__(self, X: sp.csr_matrix, offsets: np.ndarray, labels: np.ndarray, params: ParameterLayout,
-                 n_threads: int | None = None, chunk_tokens: int = 60_000) -> None:
+                 n_threads: int | None = None, chunk_tokens: int = 40_000) -> None:
         offsets = np.asarray(offsets, dtype=np.int64)
         labels = np.asarray(labels, dtype=np.int64)
         X = sp.csr_matrix(X, dtype=np.float64)
