@@ -76,47 +76,61 @@ def _onehot(labels: np.ndarray, n_labels: int) -> sp.csr_matrix:
     return sp.csr_matrix((np.ones(n), (np.arange(n), labels)), shape=(n, n_labels))
 
 
-class StateFeatures:
-    """State features of one chunk of tokens: emissions ``X @ W`` and expected counts, where W
-    (A, L) holds the state weights and is zero outside the model's features.
+class FeaturePartition:
+    """How the state features split between the shared product and the per-label blocks.
 
     Attributes that are features with many labels (at least ``SHARED_MIN_LABELS``; all of them
     in the dense layout) go through one sparse-times-dense product over their columns of X. The
-    other attributes, each a feature with only a few labels, are grouped by label: block ``X_l``
-    holds the columns of the attributes paired with label l, so emission column l gains
-    ``X_l @ theta_l`` and the gradient ``X_l.T @ P[:, l]``. Work and memory then follow the
-    (token, feature) incidences where they are few, without storing the many incidences of
-    frequent attributes. Measured on CoNLL-2000 (30.6M incidences, 3.8M non-zeros in X): about
-    44 MB and 47M multiply-adds per product, against 117 MB and 31M with per-label blocks only
-    or 84M with a fully dense product.
+    other attributes, each a feature with only a few labels, are grouped by label. Computed once
+    per model and shared by every chunk of tokens.
     """
 
     SHARED_MIN_LABELS = 8
 
-    def __init__(self, X: sp.csr_matrix, params: ParameterLayout) -> None:
+    def __init__(self, params: ParameterLayout) -> None:
         A, L = params.n_attributes, params.n_labels
-        index = params.feature_index if params.feature_index is not None else np.arange(A * L)
         self.identity = params.feature_index is None
-        self.n_tokens, self.n_labels, self.n_state = X.shape[0], L, index.size
+        index = np.arange(A * L) if self.identity else params.feature_index
+        self.n_labels, self.n_state = L, index.size
         attribute, label = index // L, index % L
         shared = np.bincount(attribute, minlength=A) >= min(self.SHARED_MIN_LABELS, L)
-        columns = np.flatnonzero(shared)
+        self.shared_columns = np.flatnonzero(shared)
         local = np.full(A, -1, dtype=np.int64)
-        local[columns] = np.arange(columns.size)
+        local[self.shared_columns] = np.arange(self.shared_columns.size)
         in_shared = shared[attribute]
         self.shared_positions = np.flatnonzero(in_shared)
         self.shared_flat = local[attribute[in_shared]] * L + label[in_shared]
-        self.X_shared = X[:, columns] if not self.identity else X
-        self.W_shared = np.zeros((columns.size, L))
+        self.groups = []  # (label, theta positions, attribute columns) of the per-label blocks
+        for target in range(L):
+            positions = np.flatnonzero(~in_shared & (label == target))
+            if positions.size:
+                self.groups.append((target, positions, attribute[positions]))
+
+
+class StateFeatures:
+    """State features of one chunk of tokens: emissions ``X @ W`` and expected counts, where W
+    (A, L) holds the state weights and is zero outside the model's features.
+
+    The shared attributes (see :class:`FeaturePartition`) go through one product
+    ``X_shared @ W_shared``; block ``X_l`` holds the columns of the other attributes paired with
+    label l, so emission column l gains ``X_l @ theta_l`` and the gradient ``X_l.T @ P[:, l]``.
+    Work and memory then follow the (token, feature) incidences where they are few, without
+    storing the many incidences of frequent attributes. Measured on CoNLL-2000 (30.6M
+    incidences, 3.8M non-zeros in X): about 44 MB and 47M multiply-adds per product, against
+    117 MB and 31M with per-label blocks only, or 84M with a fully dense product.
+    """
+
+    def __init__(self, X: sp.csr_matrix, partition: FeaturePartition) -> None:
+        self.partition = partition
+        self.n_tokens = X.shape[0]
+        self.X_shared = X if partition.identity else X[:, partition.shared_columns]
+        self.W_shared = np.zeros((partition.shared_columns.size, partition.n_labels))
         by_column = X.tocsc()
         binary = bool(X.nnz) and bool(np.all(X.data == 1.0))
         ones: dict[int, np.ndarray] = {}
-        self.blocks = []  # (label, theta positions, block)
-        for target in range(L):
-            positions = np.flatnonzero(~in_shared & (label == target))
-            if positions.size == 0:
-                continue
-            block = by_column[:, attribute[positions]].tocsr()
+        self.blocks = []
+        for _, _, columns in partition.groups:
+            block = by_column[:, columns].tocsr()
             if binary and block.nnz:
                 # scipy copies a data array that is a view of less than half its base, so views
                 # are taken from shared read-only arrays of ones in power-of-two sizes
@@ -125,28 +139,30 @@ class StateFeatures:
                     ones[size] = np.ones(size)
                     ones[size].setflags(write=False)
                 block = sp.csr_matrix((ones[size][:block.nnz], block.indices, block.indptr), shape=block.shape, copy=False)
-            self.blocks.append((target, positions, block))
+            self.blocks.append(block)
 
     def emissions(self, theta_state: np.ndarray) -> np.ndarray:
         """Emission scores (T, L) for the state weights ``theta_state``."""
-        if self.identity:
+        part = self.partition
+        if part.identity:
             W = theta_state.reshape(self.W_shared.shape)
         else:
             W = self.W_shared
-            W.ravel()[self.shared_flat] = theta_state[self.shared_positions]
-        out = np.asarray(self.X_shared @ W) if W.shape[0] else np.zeros((self.n_tokens, self.n_labels))
-        for label, positions, block in self.blocks:
+            W.ravel()[part.shared_flat] = theta_state[part.shared_positions]
+        out = np.asarray(self.X_shared @ W) if W.shape[0] else np.zeros((self.n_tokens, part.n_labels))
+        for (label, positions, _), block in zip(part.groups, self.blocks):
             out[:, label] += block @ theta_state[positions]
         return out
 
     def gradient(self, P: np.ndarray) -> np.ndarray:
         """Expected feature counts (n_state,) for marginals ``P`` (T, L)."""
+        part = self.partition
         shared = np.asarray(self.X_shared.T @ P).ravel() if self.W_shared.shape[0] else np.zeros(0)
-        if self.identity:
+        if part.identity:
             return shared
-        out = np.empty(self.n_state)
-        out[self.shared_positions] = shared[self.shared_flat]
-        for label, positions, block in self.blocks:
+        out = np.empty(part.n_state)
+        out[part.shared_positions] = shared[part.shared_flat]
+        for (label, positions, _), block in zip(part.groups, self.blocks):
             out[positions] = block.T @ P[:, label]
         return out
 
@@ -154,12 +170,12 @@ class StateFeatures:
 class _Chunk:
     """Some of the sequences, stored in their own packed time-major order."""
 
-    def __init__(self, X: sp.csr_matrix, offsets: np.ndarray, labels: np.ndarray, params: ParameterLayout) -> None:
+    def __init__(self, X: sp.csr_matrix, offsets: np.ndarray, labels: np.ndarray, partition: FeaturePartition) -> None:
         self.layout = chain.Layout.from_lengths(np.diff(offsets))
         rows = self.layout.token_of_row
         X = X[rows]
         self.labels = labels[rows]
-        self.states = StateFeatures(X, params)
+        self.states = StateFeatures(X, partition)
 
     def observed_state(self, n_labels: int) -> np.ndarray:
         """Observed state feature counts of this chunk's gold labels."""
@@ -206,11 +222,12 @@ class Objective:
         lengths = np.diff(offsets)
         rounds = max(1, int(np.ceil(labels.size / (chunk_tokens * self.n_threads))))
         groups = _chunks_of(lengths, min(lengths.size, rounds * self.n_threads))
+        partition = FeaturePartition(params)
         self.chunks = []
         for sequences in groups:
             rows = token_rows(offsets, sequences)
             sub_offsets = np.concatenate([[0], np.cumsum(lengths[sequences])])
-            self.chunks.append(_Chunk(X[rows], sub_offsets, labels[rows], params))
+            self.chunks.append(_Chunk(X[rows], sub_offsets, labels[rows], partition))
         self.workers = Workers(self.n_threads if len(self.chunks) > 1 else 1)
         L = params.n_labels
         self.observed_state = sum(chunk.observed_state(L) for chunk in self.chunks)

@@ -68,15 +68,15 @@ def test_sparse_layout_keeps_only_observed_pairs():
 
 def test_state_features_match_the_dense_product():
     """Shared (frequent) attributes and per-label blocks together equal X @ W exactly."""
-    from crf.objective import StateFeatures
+    from crf.objective import FeaturePartition, StateFeatures
 
     rng = np.random.default_rng(3)
     X = sp.csr_matrix((rng.random((60, 30)) < 0.2) * 1.0)
     labels = rng.integers(0, 10, size=60)
     index = observed_feature_index(X, labels, 10)
     params = ParameterLayout(30, 10, index)
-    states = StateFeatures(X, params)
-    assert states.shared_positions.size and states.blocks  # both paths are exercised
+    states = StateFeatures(X, FeaturePartition(params))
+    assert states.partition.shared_positions.size and states.blocks  # both paths are exercised
     theta = rng.normal(size=index.size)
     W = np.zeros(300)
     W[index] = theta
