@@ -18,6 +18,7 @@ import mlflow
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline import evaluate, featurize, prepare, tracking, train
+from pipeline.tracking import SWEEP_ID_VARIABLE, SWEEP_PARENT_VARIABLE
 from pipeline.cache import StageCache
 
 STAGES = {"prepare": prepare, "featurize": featurize, "train": train, "evaluate": evaluate}
@@ -25,8 +26,6 @@ UPSTREAM = {"prepare": [], "featurize": ["prepare"], "train": ["prepare", "featu
             "evaluate": ["prepare", "featurize", "train"]}
 METRICS_FILE = "stage_metrics.json"
 ARTIFACT_SUFFIXES = (".json", ".csv", ".png", ".gz", ".npz", ".md")
-SWEEP_PARENT_VARIABLE = "CRF_SWEEP_PARENT_RUN_ID"
-SWEEP_ID_VARIABLE = "CRF_SWEEP_ID"
 
 
 @dataclass

@@ -27,7 +27,7 @@ from omegaconf import DictConfig
 
 from pipeline import tracking
 from pipeline.report import figure, markdown_table, save_figure
-from pipeline.runner import SWEEP_ID_VARIABLE, SWEEP_PARENT_VARIABLE
+from pipeline.tracking import SWEEP_ID_VARIABLE, SWEEP_PARENT_VARIABLE
 
 
 def strength(frame: pd.DataFrame) -> pd.Series:

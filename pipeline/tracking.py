@@ -21,6 +21,11 @@ import mlflow  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 
 
+# how a sweep's launching process tells its jobs (in other processes) where to attach their runs
+SWEEP_PARENT_VARIABLE = "CRF_SWEEP_PARENT_RUN_ID"
+SWEEP_ID_VARIABLE = "CRF_SWEEP_ID"
+
+
 class TrackingUnavailable(RuntimeError):
     """The configured tracking server cannot be reached."""
 

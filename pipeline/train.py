@@ -10,6 +10,7 @@ the active MLflow run as step metrics.
 from __future__ import annotations
 
 import math
+import os
 import time
 from pathlib import Path
 from typing import Mapping
@@ -22,6 +23,7 @@ from crf import CRF, metrics
 from crf.optimize import IterationInfo
 from pipeline.featurize import load_batch, load_extractor
 from pipeline.prepare import read_prepared
+from pipeline.tracking import SWEEP_ID_VARIABLE
 from pipeline.report import figure, save_figure
 
 MODEL_PARAMS = ("algorithm", "c1", "c2", "max_iterations", "num_memories", "epsilon", "period", "delta",
@@ -35,7 +37,10 @@ def config_slice(cfg) -> dict:
 
 def build_model(trainer: Mapping, seed: int, dev_every: int) -> CRF:
     params = {k: trainer[k] for k in MODEL_PARAMS if k in trainer and trainer[k] is not None}
-    return CRF(random_state=seed, dev_every=dev_every, n_threads=trainer.get("threads"), **params)
+    threads = trainer.get("threads")
+    if threads is None and os.environ.get(SWEEP_ID_VARIABLE):
+        threads = 1  # sweep jobs already run in parallel, one per core
+    return CRF(random_state=seed, dev_every=dev_every, n_threads=threads, **params)
 
 
 def remaining_seconds(history: list[dict], max_iterations: int | None, period: int, delta: float) -> float | None:
