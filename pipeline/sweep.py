@@ -58,7 +58,7 @@ def gather(sweep_id: str, experiment: str) -> pd.DataFrame:
         "iterations": runs.get("metrics.iterations"),
         "train_seconds": runs.get("metrics.train_seconds"),
     })
-    table.attrs["score"] = score.split(".", 1)[1]
+    table.attrs["score"] = score.split(".", 1)[1].removeprefix("dev_")  # "f1" or "accuracy"
     return table.sort_values(["trainer", "strength"], ignore_index=True)
 
 
