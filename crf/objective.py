@@ -40,13 +40,13 @@ class ParameterLayout:
     def size(self) -> int:
         return self.n_state + self.n_labels * self.n_labels + 2 * self.n_labels
 
-    def split(self, theta: np.ndarray, state_buffer: np.ndarray | None = None):
+    def split(self, theta: np.ndarray):
         """(state (A, L), transitions (L, L), start (L,), end (L,)) views/copies of ``theta``."""
         L, n = self.n_labels, self.n_state
         if self.feature_index is None:
             state = theta[:n].reshape(self.n_attributes, L)
         else:
-            state = np.zeros((self.n_attributes, L)) if state_buffer is None else state_buffer
+            state = np.zeros((self.n_attributes, L))
             state.ravel()[self.feature_index] = theta[:n]
         transitions = theta[n:n + L * L].reshape(L, L)
         start = theta[n + L * L:n + L * L + L]
