@@ -217,8 +217,8 @@ class CRF:
             emissions = np.asarray(batch.X[rows] @ self.state_weights_)
             return chain.viterbi(emissions, *self._weights(), batch.lengths[part[0]:part[1]])
 
-        with single_threaded_blas():
-            parts = Workers(n_threads).map(tag, contiguous_parts(batch.offsets, n_threads))
+        with single_threaded_blas(), Workers(n_threads) as workers:
+            parts = workers.map(tag, contiguous_parts(batch.offsets, n_threads))
         labels = np.concatenate([p[0] for p in parts])
         scores = np.concatenate([p[1] for p in parts])
         return self._split(labels, batch), scores

@@ -44,6 +44,17 @@ class Workers:
             return [function(item) for item in items]
         return list(self.pool.map(function, items))
 
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown()
+            self.pool = None
+
+    def __enter__(self) -> "Workers":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
 
 def contiguous_parts(offsets: np.ndarray, n_parts: int) -> list[tuple[int, int]]:
     """Split sequences ``0..N`` into at most ``n_parts`` contiguous ranges of similar token counts."""

@@ -26,17 +26,13 @@ from pipeline.prepare import read_prepared
 from pipeline.tracking import SWEEP_ID_VARIABLE
 from pipeline.report import figure, save_figure
 
-MODEL_PARAMS = ("algorithm", "c1", "c2", "max_iterations", "num_memories", "epsilon", "period", "delta",
-                "all_possible_states", "learning_rate", "batch_size")
-
-
 def config_slice(cfg) -> dict:
     return {"model": OmegaConf.to_container(cfg.model, resolve=True), "trainer": OmegaConf.to_container(cfg.trainer, resolve=True),
             "dev_every": cfg.train.dev_every, "seed": cfg.seed}
 
 
 def build_model(trainer: Mapping, seed: int, dev_every: int) -> CRF:
-    params = {k: trainer[k] for k in MODEL_PARAMS if k in trainer and trainer[k] is not None}
+    params = {k: trainer[k] for k in CRF().get_params() if k in trainer and trainer[k] is not None}
     threads = trainer.get("threads")
     if threads is None and os.environ.get(SWEEP_ID_VARIABLE):
         threads = 1  # sweep jobs already run in parallel, one per core
