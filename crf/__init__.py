@@ -5,6 +5,7 @@ This package is a library of its own: it imports NumPy, SciPy, pandas and the st
 
 from .batch import SequenceBatch
 from .features import AttributeIndex, FeatureExtractor, crfsuite_chunking_extractor
+from .hmm import HMMTagger
 from .io import DataFormatError, read_conll, read_conllu
 from .model import CRF
 from .persist import ModelFileError
@@ -14,6 +15,7 @@ __all__ = [
     "AttributeIndex",
     "DataFormatError",
     "FeatureExtractor",
+    "HMMTagger",
     "ModelFileError",
     "SequenceBatch",
     "crfsuite_chunking_extractor",

@@ -228,6 +228,136 @@ class MaxSemiring(LogSemiring):
         return np.subtract(values, shift[:, None], out=values if out is None else out), top
 
 
+# --- second-order chains ------------------------------------------------------------------
+
+
+class SecondOrderTransitions:
+    """Transition scores of a second-order chain, run by the same recursions as a first-order
+    chain whose states are label pairs.
+
+    State ``s = a * L + b`` stands for (y_{t-1} = a, y_t = b), where ``a = L`` means "before the
+    sequence": a sequence's first token is in a state (L, b), so there are S = (L + 1) * L states.
+    ``scores`` (L + 1, L, L): ``scores[a, b, c]`` is the score of label c after labels a, b. The
+    emissions (T, S), ``start`` and ``end`` (S,) given with these transitions are per state (see
+    :meth:`state_emissions`). The (S, S) pair-to-pair matrix is never built: each step contracts
+    the (n, L + 1, L) messages with ``scores``, O(n L^3) work instead of O(n S^2). Expected edge
+    counts come back as (L + 1, L, L) triple counts.
+    """
+
+    def __init__(self, scores: np.ndarray) -> None:
+        scores = np.asarray(scores, dtype=np.float64)
+        if scores.ndim != 3 or scores.shape[0] != scores.shape[1] + 1 or scores.shape[1] != scores.shape[2]:
+            raise ValueError(f"second-order scores must have shape (L + 1, L, L), got {scores.shape}")
+        self.scores = scores
+        self.n_labels = scores.shape[1]
+        self.n_states = (self.n_labels + 1) * self.n_labels
+
+    def state_emissions(self, emissions: np.ndarray) -> np.ndarray:
+        """Per-label emissions (T, L) as per-state emissions (T, S): state (a, b) emits as b."""
+        return np.tile(emissions, (1, self.n_labels + 1))
+
+    def labels_of_states(self, states: np.ndarray) -> np.ndarray:
+        return np.asarray(states) % self.n_labels
+
+    def lift(self, semiring) -> tuple[np.ndarray, "_LiftedSecondOrder"]:
+        """(column offsets (S,), lifted operator): as for a matrix, each target pair's best
+        incoming score moves into the emissions so the lifted scores peak at 1 (0 in log space)."""
+        L = self.n_labels
+        top = self.scores.max(axis=0)
+        top = np.where(np.isfinite(top), top, 0.0)
+        column_top = np.zeros(self.n_states)
+        column_top[: L * L] = top.ravel()
+        return column_top, _LiftedSecondOrder(semiring.lift_matrix(self.scores - top[None]), semiring)
+
+
+class _LiftedSecondOrder:
+    """Lifted second-order transitions bound to a semiring: the ``dot``, ``dot_t`` and
+    ``edge_counts`` of :class:`ScaledSemiring` and friends, for pair-state messages (n, S).
+    Sum-product in probability space uses batched matrix products over the middle label; log
+    and max-product work on (rows, L, L, L + 1) candidate blocks of bounded size."""
+
+    BLOCK_ELEMENTS = 1 << 21
+
+    def __init__(self, values: np.ndarray, semiring) -> None:
+        self.values = values  # (L + 1, L, L), [a, b, c]
+        self.semiring = semiring
+        self.n_labels = L = values.shape[1]
+        self.shape = values.shape
+        self.block = max(1, self.BLOCK_ELEMENTS // values.size)
+        self.by_middle = np.ascontiguousarray(values.transpose(1, 0, 2))  # [b, a, c]
+        self.by_middle_last = np.ascontiguousarray(values.transpose(1, 2, 0))  # [b, c, a]
+
+    def _pairs(self, messages: np.ndarray) -> np.ndarray:
+        return messages.reshape(messages.shape[0], self.n_labels + 1, self.n_labels)
+
+    def _padded(self, inner: np.ndarray, fill: float) -> np.ndarray:
+        """(n, L, L) values of the states (b, c) as (n, S); the before-start states get ``fill``."""
+        n, L = inner.shape[0], self.n_labels
+        out = np.full((n, (L + 1) * L), fill, dtype=inner.dtype)
+        out[:, : L * L] = inner.reshape(n, L * L)
+        return out
+
+    def _blocks(self, n: int):
+        for first in range(0, n, self.block):
+            yield slice(first, min(n, first + self.block))
+
+    def dot(self, messages: np.ndarray, _matrix=None):
+        """Messages into every state (b, c): combine over a of messages (a, b) and scores[a, b, c]."""
+        m = self._pairs(messages)
+        n = m.shape[0]
+        if self.semiring is ScaledSemiring:
+            inner = np.matmul(m.transpose(2, 0, 1), self.by_middle).transpose(1, 0, 2)
+            return self._padded(inner, 0.0), None
+        by_a = m.transpose(0, 2, 1)  # [n, b, a]
+        inner = np.empty((n, self.n_labels, self.n_labels))
+        best = np.zeros((n, self.n_labels, self.n_labels), dtype=np.int64) if self.semiring is MaxSemiring else None
+        with np.errstate(divide="ignore", invalid="ignore"):
+            for rows in self._blocks(n):
+                candidates = by_a[rows, :, None, :] + self.by_middle_last[None]  # [n, b, c, a]
+                if best is None:
+                    inner[rows] = logsumexp(candidates, axis=3)
+                else:
+                    best[rows] = candidates.argmax(axis=3)
+                    inner[rows] = np.take_along_axis(candidates, best[rows, :, :, None], axis=3)[:, :, :, 0]
+        pointers = None
+        if best is not None:  # back pointers as previous states (a, b)
+            L = self.n_labels
+            pointers = self._padded(best * L + np.arange(L)[None, :, None], 0)
+        return self._padded(inner, -np.inf), pointers
+
+    def dot_t(self, weighted: np.ndarray, _matrix=None) -> np.ndarray:
+        """Messages out of every state (a, b): combine over c of scores[a, b, c] and ``weighted``
+        (the following token's (b, c) states)."""
+        n, L = weighted.shape[0], self.n_labels
+        w = weighted[:, : L * L].reshape(n, L, L)  # [n, b, c]
+        if self.semiring is ScaledSemiring:
+            out = np.matmul(w.transpose(1, 0, 2), self.by_middle_last)  # [b, n, a]
+            return np.ascontiguousarray(out.transpose(1, 2, 0)).reshape(n, (L + 1) * L)
+        out = np.empty((n, L + 1, L))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            for rows in self._blocks(n):
+                out[rows] = logsumexp(self.values[None] + w[rows, None, :, :], axis=3)
+        return out.reshape(n, (L + 1) * L)
+
+    def edge_counts(self, previous: np.ndarray, _matrix, following: np.ndarray) -> np.ndarray:
+        """Expected counts (L + 1, L, L) of the label triples (a, b, c) over the rows' edges."""
+        p, L = self._pairs(previous), self.n_labels
+        f = following[:, : L * L].reshape(-1, L, L)  # [n, b, c]
+        if self.semiring is ScaledSemiring:
+            incoming = np.matmul(p.transpose(2, 0, 1), self.by_middle).transpose(1, 0, 2)  # [n, b, c]
+            norm = np.einsum("nbc,nbc->n", incoming, f)
+            weighted = p / norm[:, None, None]
+            summed = np.matmul(weighted.transpose(2, 1, 0), f.transpose(1, 0, 2))  # [b, a, c]
+            return self.values * summed.transpose(1, 0, 2)
+        counts = np.zeros(self.shape)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            for rows in self._blocks(p.shape[0]):
+                joint = p[rows, :, :, None] + self.values[None] + f[rows, None, :, :]
+                total = logsumexp(joint.reshape(joint.shape[0], -1), axis=1)
+                counts += np.exp(joint - total[:, None, None, None]).sum(axis=0)
+        return counts
+
+
 # --- the recursions -----------------------------------------------------------------------
 
 
@@ -241,13 +371,24 @@ def _lifted_scores(packed: np.ndarray, transitions, start, layout: Layout, semir
     modified (and reused) only with ``overwrite``. Returns (lifted emissions (T, L), their log
     offsets (T,), lifted transitions (L, L)).
     """
-    column_top = transitions.max(axis=0)
+    if isinstance(transitions, SecondOrderTransitions):
+        column_top, matrix = transitions.lift(semiring)
+    else:
+        column_top = transitions.max(axis=0)
+        column_top = np.where(np.isfinite(column_top), column_top, 0.0)  # a label nothing can reach
+        matrix = semiring.lift_matrix(transitions - column_top)
     first = layout.first_rows()
     shifted = packed if overwrite else np.empty_like(packed)
     np.add(packed[first], start, out=shifted[first])
     np.add(packed[first.stop:], column_top, out=shifted[first.stop:])
     lifted, offset = semiring.lift(shifted, inplace=True)
-    return lifted, offset, semiring.lift_matrix(transitions - column_top)
+    return lifted, offset, matrix
+
+
+def _ops(semiring, matrix):
+    """What applies the lifted transitions: the semiring itself for a matrix, or the structured
+    second-order operator (which knows its semiring)."""
+    return matrix if isinstance(matrix, _LiftedSecondOrder) else semiring
 
 
 def _forward(lifted, offset, matrix, layout: Layout, semiring):
@@ -258,12 +399,13 @@ def _forward(lifted, offset, matrix, layout: Layout, semiring):
     alpha = np.empty_like(lifted)
     log_scale = np.empty(lifted.shape[0])
     pointers = []
+    ops = _ops(semiring, matrix)
     rows = layout.rows(0)
     norm = semiring.normalize(lifted[rows], out=alpha[rows])[1]
     log_scale[rows] = norm + offset[rows]
     for t in range(1, layout.n_steps):
         rows, previous = layout.rows(t), layout.rows(t - 1, layout.n_active[t])
-        incoming, pointer = semiring.dot(alpha[previous], matrix)
+        incoming, pointer = ops.dot(alpha[previous], matrix)
         norm = semiring.normalize(semiring.mul(incoming, lifted[rows]), out=alpha[rows])[1]
         log_scale[rows] = log_scale[previous] + norm + offset[rows]
         pointers.append(pointer)
@@ -279,11 +421,12 @@ def _backward(lifted, offset, matrix, end_lifted, end_norm, layout: Layout, semi
     beta = np.empty_like(lifted)
     beta[:] = end_lifted
     log_scale = np.full(lifted.shape[0], end_norm)
+    ops = _ops(semiring, matrix)
     for t in range(layout.n_steps - 1, 0, -1):
         following = layout.rows(t)
         rows = layout.rows(t - 1, layout.n_active[t])
         weighted = semiring.mul(beta[following], lifted[following])
-        norm = semiring.normalize(semiring.dot_t(weighted, matrix), out=beta[rows])[1]
+        norm = semiring.normalize(ops.dot_t(weighted, matrix), out=beta[rows])[1]
         log_scale[rows] = log_scale[following] + offset[following] + norm
     return beta, log_scale
 
@@ -294,15 +437,16 @@ def _edges(alpha, beta, lifted, matrix, layout: Layout, semiring, per_edge, heal
     receives the (n_t, L, L) edge marginals when given; otherwise the summed (L, L) expected
     transition counts are returned. ``healthy`` (N,) by rank leaves failed sequences out."""
     counts = np.zeros(matrix.shape)
+    ops = _ops(semiring, matrix)
     for t in range(1, layout.n_steps):
         n = int(layout.n_active[t])
         keep = slice(None) if healthy is None else healthy[:n]
         previous = alpha[layout.rows(t - 1, n)][keep]
         following = semiring.mul(lifted[layout.rows(t)], beta[layout.rows(t)])[keep]
         if per_edge is not None:
-            per_edge(layout.rows(t), semiring.edge_probabilities(previous, matrix, following))
+            per_edge(layout.rows(t), ops.edge_probabilities(previous, matrix, following))
         else:
-            counts += semiring.edge_counts(previous, matrix, following)
+            counts += ops.edge_counts(previous, matrix, following)
     return counts
 
 

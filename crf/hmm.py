@@ -1,0 +1,595 @@
+"""The HMM baseline: a first- or second-order hidden Markov tagger decoded by the CRF's recursions.
+
+An HMM is a linear chain whose scores are log probabilities: ``start`` = log P(y_0 | <s>),
+``transitions`` = log P(y_t | y_{t-1}) (second order: log P(y_t | y_{t-2}, y_{t-1}), run over
+label pairs by :class:`crf.chain.SecondOrderTransitions`), ``end`` = log P(</s> | ...) and
+``emissions[t, y]`` = log P(x_t | y). With these scores :func:`crf.chain.viterbi` is HMM Viterbi
+and the log partition function of :func:`crf.chain.forward_backward` is log p(x): the CRF and the
+HMM share one recursion.
+
+Estimation is by counting, with either
+- add-k (Lidstone) smoothing of transitions and emissions: the MAP estimate under a symmetric
+  Dirichlet(k + 1) prior, which Baum-Welch (:meth:`HMMTagger.baum_welch`) re-estimates; or
+- the TnT recipe (Brants 2000): transitions by deleted interpolation of unigram, bigram and
+  trigram estimates, known words by relative frequency, and unknown words by a suffix model
+  learnt from rare words (separately for capitalised and other words).
+
+Transition tables have one axis per context label plus one for the next label, each of size
+L + 1: index L is the start symbol on a context axis and the end symbol on the last axis.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+import pandas as pd
+import scipy.sparse as sp
+
+from . import chain
+from .parallel import Workers, contiguous_parts, single_threaded_blas, thread_count
+from .persist import arrays_to_strings, load_arrays, save_arrays, strings_to_arrays, ModelFileError
+
+_KIND = "crf.HMMTagger"
+_TRANSITION_SMOOTHING = ("add-k", "interpolation")
+_EMISSION_SMOOTHING = ("add-k", "suffix")
+
+
+# --- counting -----------------------------------------------------------------------------
+
+
+def transition_indices(labels: np.ndarray, lengths: np.ndarray, n_labels: int, order: int) -> np.ndarray:
+    """Flat indices into an (L + 1,) * (order + 1) table of every n-gram of the padded label
+    sequences: one per token and one for the end symbol of each sequence. ``labels`` (T,) ints."""
+    L = n_labels
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    n_seq = lengths.size
+    # each sequence becomes [<s>] * order + labels + [</s>] in a padded flat array
+    padded_len = lengths + order + 1
+    starts = np.concatenate([[0], np.cumsum(padded_len)])[:-1]
+    padded = np.full(int(padded_len.sum()), L, dtype=np.int64)
+    token_pos = np.repeat(starts + order - offsets[:-1], lengths) + np.arange(labels.size)
+    padded[token_pos] = labels
+    # targets: every token and every end symbol
+    targets = np.concatenate([token_pos, starts + order + lengths]) if n_seq else token_pos
+    index = np.zeros(targets.size, dtype=np.int64)
+    for back in range(order, -1, -1):
+        index = index * (L + 1) + padded[targets - back]
+    return index
+
+
+def count_transitions(labels, lengths, n_labels: int, order: int, weights=None) -> np.ndarray:
+    """n-gram counts of the padded label sequences, shape (L + 1,) * (order + 1)."""
+    index = transition_indices(np.asarray(labels, dtype=np.int64), np.asarray(lengths, dtype=np.int64), n_labels, order)
+    size = (n_labels + 1) ** (order + 1)
+    return np.bincount(index, weights=weights, minlength=size).reshape((n_labels + 1,) * (order + 1)).astype(np.float64)
+
+
+def valid_contexts(n_labels: int, order: int) -> np.ndarray:
+    """Which contexts can occur, shape (L + 1,) * order: after a real label, never a start symbol."""
+    L = n_labels
+    if order == 1:
+        return np.ones(L + 1, dtype=bool)
+    valid = np.ones((L + 1, L + 1), dtype=bool)
+    valid[:L, L] = False
+    return valid
+
+
+# --- smoothing ----------------------------------------------------------------------------
+
+
+def add_k_log_probabilities(counts: np.ndarray, k: float, valid_rows: np.ndarray | None = None) -> np.ndarray:
+    """log((counts + k) / (row total + k * width)) along the last axis; invalid rows -inf."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        total = counts.sum(axis=-1, keepdims=True) + k * counts.shape[-1]
+        out = np.log(counts + k) - np.log(total)
+    if valid_rows is not None:
+        out[~valid_rows] = -np.inf
+    return out
+
+
+def interpolation_weights(counts: np.ndarray) -> np.ndarray:
+    """Deleted interpolation (Brants 2000): each n-gram seen f times votes f for the order whose
+    estimate, with that n-gram's own occurrence removed, is highest. Returns weights (order + 1,)
+    from unigram up, summing to one. ``counts`` is an n-gram table from :func:`count_transitions`."""
+    order = counts.ndim - 1
+    seen = np.argwhere(counts > 0)
+    f = counts[tuple(seen.T)]
+    ratios = []
+    for n in range(1, order + 2):  # unigram .. full order
+        ngram = counts.sum(axis=tuple(range(order + 1 - n))) if n <= order else counts
+        context = ngram.sum(axis=-1)
+        idx = tuple(seen[:, order + 1 - n:].T)
+        numerator = ngram[idx] - 1
+        denominator = (context[idx[:-1]] if n > 1 else np.full(f.size, ngram.sum())) - 1
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratios.append(np.where(denominator > 0, numerator / denominator, 0.0))
+    votes = np.argmax(np.stack(ratios, axis=1)[:, ::-1], axis=1)  # ties go to the higher order
+    weights = np.bincount(order - votes, weights=f, minlength=order + 1)
+    return weights / weights.sum()
+
+
+def interpolated_log_probabilities(counts: np.ndarray, weights: np.ndarray, valid_rows: np.ndarray) -> np.ndarray:
+    """log of sum_n weights[n] * P_ML(next | last n context labels), renormalised per context."""
+    order = counts.ndim - 1
+    mixed = np.zeros(counts.shape)
+    for n in range(1, order + 2):
+        ngram = counts.sum(axis=tuple(range(order + 1 - n))) if n <= order else counts
+        context = ngram.sum(axis=-1, keepdims=True)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            estimate = np.where(context > 0, ngram / np.where(context > 0, context, 1.0), 0.0)
+        mixed += weights[n - 1] * estimate.reshape((1,) * (order + 1 - n) + estimate.shape)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = np.log(mixed / mixed.sum(axis=-1, keepdims=True))
+    out[~valid_rows] = -np.inf
+    return out
+
+
+@dataclass
+class SuffixModel:
+    """P(label | suffix) for unknown words, learnt from rare words (TnT).
+
+    For a suffix s of length i, P(t | s) = (P_ML(t | s) + theta * P(t | s minus its first
+    letter)) / (1 + theta), recursively, where theta is the standard deviation of the tag
+    probabilities. Capitalised and other words have separate suffix sets; the empty suffix of
+    each is the tag distribution of its rare words, smoothed the same way towards P(t).
+    ``keys`` (U,) are ``"<case>|<suffix>"`` strings, ``log_probabilities`` (U, L).
+    """
+
+    keys: list[str]
+    log_probabilities: np.ndarray
+    max_suffix: int
+    theta: float
+    rows: dict = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.rows = {key: row for row, key in enumerate(self.keys)}
+
+    @staticmethod
+    def case(word: str) -> str:
+        return "C" if word[:1].isupper() else "l"
+
+    @classmethod
+    def fit(cls, words: Sequence[str], tag_counts: np.ndarray, rare: np.ndarray, label_probabilities: np.ndarray,
+            max_suffix: int) -> "SuffixModel":
+        """``words`` (V,) vocabulary, ``tag_counts`` (V, L) word-label counts, ``rare`` (V,)
+        which words teach the model, ``label_probabilities`` (L,) P(t) over all tokens."""
+        theta = float(np.std(label_probabilities, ddof=1)) if label_probabilities.size > 1 else 1.0
+        key_rows: dict[str, int] = {}
+        pairs_key, pairs_word = [], []
+        for w in np.flatnonzero(rare):
+            word = words[w]
+            case = cls.case(word)
+            for i in range(min(max_suffix, len(word)) + 1):
+                key = f"{case}|{word[len(word) - i:] if i else ''}"
+                pairs_key.append(key_rows.setdefault(key, len(key_rows)))
+                pairs_word.append(w)
+        for case in ("C", "l"):  # both empty suffixes exist even without rare words of a case
+            key_rows.setdefault(f"{case}|", len(key_rows))
+        keys = list(key_rows)
+        membership = sp.csr_matrix((np.ones(len(pairs_key)), (pairs_key, pairs_word)), shape=(len(keys), len(words)))
+        counts = np.asarray(membership @ tag_counts)
+        totals = counts.sum(axis=1, keepdims=True)
+        ml = np.divide(counts, totals, out=np.zeros_like(counts), where=totals > 0)
+        lengths = np.array([len(k) - 2 for k in keys])
+        parent = np.array([key_rows.get(k[:2] + k[3:], -1) if len(k) > 2 else -1 for k in keys])
+        probabilities = np.zeros_like(ml)
+        for length in range(0, max_suffix + 1):
+            rows = np.flatnonzero(lengths == length)
+            below = label_probabilities[None, :] if length == 0 else probabilities[parent[rows]]
+            probabilities[rows] = (ml[rows] + theta * below) / (1.0 + theta)
+        with np.errstate(divide="ignore"):
+            return cls(keys, np.log(probabilities), max_suffix, theta)
+
+    def lookup(self, words: Sequence[str]) -> np.ndarray:
+        """log P(t | longest known suffix) for each word, shape (n, L)."""
+        rows = np.empty(len(words), dtype=np.int64)
+        for n, word in enumerate(words):  # once per distinct unknown word
+            case = self.case(word)
+            for i in range(min(self.max_suffix, len(word)), -1, -1):
+                row = self.rows.get(f"{case}|{word[len(word) - i:] if i else ''}")
+                if row is not None:
+                    rows[n] = row
+                    break
+        return self.log_probabilities[rows]
+
+
+# --- the estimator ------------------------------------------------------------------------
+
+
+@dataclass
+class EMIteration:
+    """One Baum-Welch iteration: the log-likelihood of the unlabelled sentences under the model
+    the iteration started from, and the MAP objective it increases (likelihood of the unlabelled
+    sentences, weighted joint likelihood of the labelled ones, log Dirichlet prior)."""
+
+    iteration: int
+    log_likelihood: float
+    objective: float
+    seconds: float
+
+
+class HMMTagger:
+    """Hidden Markov model tagger of order 1 or 2, decoded with the CRF's chain recursions.
+
+    Parameters
+    ----------
+    order: 1 (bigram transitions) or 2 (trigram transitions, TnT).
+    transition_smoothing: ``"interpolation"`` (deleted interpolation) or ``"add-k"``.
+    emission_smoothing: ``"suffix"`` (relative frequency for known words, suffix model for
+        unknown ones) or ``"add-k"`` (every word, and one symbol for all unknown words).
+    k: the add-k constant (used where add-k smoothing is chosen).
+    rare_threshold: words seen at most this often teach the suffix model.
+    max_suffix: longest suffix the suffix model uses.
+    capitalization: TnT's capitalisation option: each label splits into a capitalised and an
+        uncapitalised hidden state (2L hidden labels), so transitions see capitalisation; needs
+        the suffix emission model. It costs 4x (first order) or 8x (second order) the decoding work.
+    chunk_elements: tokens x states per recursion call (bounds memory; about 8 bytes each).
+    n_threads: threads for tagging and Baum-Welch (None: the number of cores, at most 4).
+
+    Learned attributes: ``classes_`` (L,), ``vocabulary_`` (V,), ``log_transitions_``
+    ((L + 1,) * (order + 1), see the module docstring), ``log_emissions_`` (V + 1, L) with the
+    unknown-word row last, ``suffix_model_`` (or None), ``interpolation_weights_`` (or None),
+    ``transition_counts_`` and ``emission_counts_`` (V, L), ``em_history_``.
+    """
+
+    def __init__(self, order: int = 2, transition_smoothing: str = "interpolation", emission_smoothing: str = "suffix",
+                 k: float = 0.1, rare_threshold: int = 10, max_suffix: int = 10, capitalization: bool = False,
+                 chunk_elements: int = 4_000_000, n_threads: int | None = None) -> None:
+        self.order = order
+        self.capitalization = capitalization
+        self.transition_smoothing = transition_smoothing
+        self.emission_smoothing = emission_smoothing
+        self.k = k
+        self.rare_threshold = rare_threshold
+        self.max_suffix = max_suffix
+        self.chunk_elements = chunk_elements
+        self.n_threads = n_threads
+
+    def get_params(self) -> dict:
+        return {name: getattr(self, name) for name in ("order", "transition_smoothing", "emission_smoothing", "k",
+                                                       "rare_threshold", "max_suffix", "capitalization", "chunk_elements",
+                                                       "n_threads")}
+
+    def _check_params(self) -> None:
+        if self.order not in (1, 2):
+            raise ValueError(f"order must be 1 or 2, got {self.order!r}")
+        if self.transition_smoothing not in _TRANSITION_SMOOTHING:
+            raise ValueError(f"transition_smoothing must be one of {_TRANSITION_SMOOTHING}, got {self.transition_smoothing!r}")
+        if self.emission_smoothing not in _EMISSION_SMOOTHING:
+            raise ValueError(f"emission_smoothing must be one of {_EMISSION_SMOOTHING}, got {self.emission_smoothing!r}")
+        if self.capitalization and self.emission_smoothing != "suffix":
+            raise ValueError("capitalization=True needs emission_smoothing='suffix'")
+        if not self.k >= 0:
+            raise ValueError(f"k must be >= 0, got {self.k!r}")
+
+    # --- training ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _flatten(X, name: str = "X") -> tuple[list[str], np.ndarray]:
+        lengths = np.fromiter((len(x) for x in X), dtype=np.int64, count=len(X))
+        if lengths.size == 0 or np.any(lengths == 0):
+            raise ValueError(f"{name} must be a non-empty list of non-empty sequences")
+        return list(itertools.chain.from_iterable(X)), lengths
+
+    def fit(self, X: Sequence[Sequence[str]], y: Sequence[Sequence[str]]) -> "HMMTagger":
+        """Estimate by counting from observation sequences ``X`` and label sequences ``y``."""
+        self._check_params()
+        words, lengths = self._flatten(X)
+        labels, label_lengths = self._flatten(y, "y")
+        if not np.array_equal(lengths, label_lengths):
+            bad = int(np.flatnonzero(lengths != label_lengths)[0]) if lengths.size == label_lengths.size else None
+            raise ValueError("X and y differ in length" + (f" at sequence {bad}" if bad is not None else f" ({lengths.size} vs {label_lengths.size} sequences)"))
+        label_codes, classes = pd.factorize(pd.Series(labels, dtype=object), sort=True)
+        word_codes, vocabulary = pd.factorize(pd.Series(words, dtype=object))
+        self.classes_ = [str(c) for c in classes]
+        self.vocabulary_ = [str(w) for w in vocabulary]
+        V = len(self.vocabulary_)
+        if self.capitalization:
+            label_codes = label_codes + len(self.classes_) * self._capitalised(self.vocabulary_)[word_codes]
+        L = self.n_hidden_
+        self.transition_counts_ = count_transitions(label_codes, lengths, L, self.order)
+        self.emission_counts_ = np.bincount(word_codes * L + label_codes, minlength=V * L).reshape(V, L).astype(np.float64)
+        self.em_history_: list[EMIteration] = []
+        self._estimate()
+        return self
+
+    @property
+    def n_hidden_(self) -> int:
+        """Number of hidden labels: L, or 2L with ``capitalization`` (label + L if capitalised)."""
+        return len(self.classes_) * (2 if self.capitalization else 1)
+
+    @staticmethod
+    def _capitalised(words: Sequence[str]) -> np.ndarray:
+        return np.fromiter((w[:1].isupper() for w in words), dtype=bool, count=len(words)).astype(np.int64)
+
+    def _estimate(self) -> None:
+        """Probability tables from ``transition_counts_`` and ``emission_counts_``."""
+        L = self.n_hidden_
+        valid = valid_contexts(L, self.order)
+        counts = self.transition_counts_
+        if self.transition_smoothing == "add-k":
+            self.interpolation_weights_ = None
+            table = add_k_log_probabilities(counts, self.k, valid)
+        else:
+            self.interpolation_weights_ = interpolation_weights(counts)
+            table = interpolated_log_probabilities(counts, self.interpolation_weights_, valid)
+        self.log_transitions_ = table
+        emission_counts = self.emission_counts_
+        if self.emission_smoothing == "add-k":
+            self.suffix_model_ = None
+            with_unknown = np.vstack([emission_counts, np.zeros((1, L))])
+            self.log_emissions_ = add_k_log_probabilities(with_unknown.T, self.k).T
+            return
+        tag_totals = emission_counts.sum(axis=0)
+        label_probabilities = tag_totals / tag_totals.sum()
+        frequency = emission_counts.sum(axis=1)
+        rare = frequency <= self.rare_threshold
+        self.suffix_model_ = SuffixModel.fit(self.vocabulary_, emission_counts, rare, label_probabilities, self.max_suffix)
+        # Unknown words: P(w | t) = P(unknown | t) P(t | suffix(w)) / P(t | unknown), the word
+        # given "unknown" counted as one event. P(unknown) is the share of tokens whose word was
+        # seen once (Good-Turing), P(t | unknown) the label distribution of rare words (smoothed
+        # towards P(t) like the suffixes), and P(unknown | t) = P(t | unknown) P(unknown) / P(t).
+        theta = self.suffix_model_.theta
+        rare_totals = emission_counts[rare].sum(axis=0)
+        unknown_labels = (rare_totals / max(rare_totals.sum(), 1.0) + theta * label_probabilities) / (1.0 + theta)
+        hapax = float(emission_counts[frequency == 1].sum()) / max(tag_totals.sum(), 1.0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.where(label_probabilities > 0, unknown_labels / label_probabilities, 0.0)  # 0: never seen
+            unknown_given_label = np.clip(ratio * hapax, 1e-12, 0.5)
+            known = np.log(emission_counts / np.maximum(tag_totals, 1.0)) + np.log1p(-unknown_given_label)
+            unknown_row = np.where(ratio > 0, np.log(unknown_given_label) - np.log(unknown_labels), -np.inf)
+        self.log_emissions_ = np.vstack([known, unknown_row])
+
+    # --- scores for the chain ------------------------------------------------------------
+
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "log_transitions_"):
+            raise RuntimeError("this HMMTagger is not fitted yet; call fit(X, y) first")
+
+    def _chain_scores(self):
+        """(transitions, start, end) for :mod:`crf.chain`; second order as pair states."""
+        L, table = self.n_hidden_, self.log_transitions_
+        if self.order == 1:
+            return table[:L, :L], table[L, :L], table[:L, L]
+        transitions = chain.SecondOrderTransitions(table[:, :L, :L])
+        start = np.full((L + 1, L), -np.inf)
+        start[L] = table[L, L, :L]
+        return transitions, start.ravel(), table[:, :L, L].ravel()
+
+    def word_ids(self, words: Sequence[str]) -> np.ndarray:
+        """Vocabulary index of each word, -1 for unknown words, shape (n,)."""
+        return pd.Index(self.vocabulary_).get_indexer(pd.Series(words, dtype=object))
+
+    def emissions(self, words: Sequence[str]) -> np.ndarray:
+        """log P(word | label) for a flat list of words, shape (n, L)."""
+        self._check_fitted()
+        ids = self.word_ids(words)
+        out = self.log_emissions_[np.where(ids >= 0, ids, len(self.vocabulary_))]
+        unknown = np.flatnonzero(ids < 0)
+        if unknown.size and self.suffix_model_ is not None:
+            codes, types = pd.factorize(pd.Series([words[i] for i in unknown], dtype=object))
+            out[unknown] += self.suffix_model_.lookup(list(types))[codes]
+            if self.capitalization:  # an unknown word's case picks its half of the hidden labels
+                L = len(self.classes_)
+                capitalised = self._capitalised(list(types))[codes].astype(bool)
+                out[unknown[capitalised], :L] = -np.inf
+                out[unknown[~capitalised], L:] = -np.inf
+        return out
+
+    def _chunks(self, lengths: np.ndarray) -> list[tuple[int, int]]:
+        """Contiguous sequence ranges of at most ``chunk_elements`` tokens x states each (a longer
+        single sequence gets a range of its own)."""
+        L = self.n_hidden_
+        states = L if self.order == 1 else (L + 1) * L
+        budget = max(1, self.chunk_elements // states)
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        ranges, first = [], 0
+        while first < lengths.size:
+            last = max(first + 1, int(np.searchsorted(offsets, offsets[first] + budget, side="right")) - 1)
+            ranges.append((first, last))
+            first = last
+        return ranges
+
+    def _map_chunks(self, X, work: Callable[[np.ndarray, np.ndarray, tuple], object]) -> list:
+        """``work(emissions (T_c, S), lengths (N_c,), chain scores)`` on every chunk, in threads."""
+        self._check_fitted()
+        words, lengths = self._flatten(X)
+        scores = self._chain_scores()
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        ranges = self._chunks(lengths)
+
+        all_emissions = self.emissions(words)
+
+        def run(part):
+            first, last = part
+            emissions = all_emissions[offsets[first]:offsets[last]]
+            if self.order == 2:
+                emissions = scores[0].state_emissions(emissions)
+            return work(emissions, lengths[first:last], scores)
+
+        with single_threaded_blas(), Workers(thread_count(self.n_threads)) as workers:
+            return workers.map(run, ranges)
+
+    # --- queries -------------------------------------------------------------------------
+
+    def predict_codes(self, X: Sequence[Sequence[str]]) -> np.ndarray:
+        """Viterbi label indices of all tokens, flat (T,)."""
+        def decode(emissions, lengths, scores):
+            states, _ = chain.viterbi(emissions, *scores, lengths)
+            return states % self.n_hidden_ % len(self.classes_)
+
+        return np.concatenate(self._map_chunks(X, decode))
+
+    def predict(self, X: Sequence[Sequence[str]]) -> list[list[str]]:
+        """The most probable label sequence of each observation sequence."""
+        codes = self.predict_codes(X)
+        classes = np.array(self.classes_, dtype=object)
+        offsets = np.concatenate([[0], np.cumsum([len(x) for x in X])])
+        return [list(classes[codes[a:b]]) for a, b in zip(offsets[:-1], offsets[1:])]
+
+    def _posteriors(self, X) -> list[chain.Posterior]:
+        return self._map_chunks(X, lambda emissions, lengths, scores: chain.forward_backward(emissions, *scores, lengths))
+
+    def log_likelihood(self, X: Sequence[Sequence[str]], per_sequence: bool = False):
+        """log p(x) by the forward algorithm: the total (float) or per sequence (N,). Unknown
+        words count as one symbol (their suffix model reweighting is part of its probability)."""
+        values = np.concatenate([p.log_z for p in self._posteriors(X)])
+        return values if per_sequence else float(values.sum())
+
+    def marginals(self, X: Sequence[Sequence[str]]) -> np.ndarray:
+        """Posterior label probabilities p(y_t = l | x) of all tokens, shape (T, L)."""
+        L, H = len(self.classes_), self.n_hidden_
+        node = [p.marginals if self.order == 1 else p.marginals.reshape(-1, H + 1, H).sum(axis=1) for p in self._posteriors(X)]
+        return np.concatenate(node).reshape(-1, H // L, L).sum(axis=1)
+
+    def score(self, X: Sequence[Sequence[str]], y: Sequence[Sequence[str]]) -> float:
+        """Token accuracy of the predictions against ``y`` (a fraction)."""
+        predicted = self.predict_codes(X)
+        gold = list(itertools.chain.from_iterable(y))
+        if len(gold) != predicted.size:
+            raise ValueError("X and y differ in length")
+        classes = np.array(self.classes_, dtype=object)
+        return float(np.mean(classes[predicted] == np.array(gold, dtype=object)))
+
+    # --- Baum-Welch ----------------------------------------------------------------------
+
+    def _expected_counts(self, X) -> tuple[float, np.ndarray, np.ndarray]:
+        """E-step: (log p(X), expected transition counts, expected emission counts (V, L))."""
+        L, V = self.n_hidden_, len(self.vocabulary_)
+        words, lengths = self._flatten(X)
+        ids = self.word_ids(words)
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        ranges = self._chunks(lengths)
+        posteriors = self._posteriors(X)
+        transitions = np.zeros_like(self.transition_counts_)
+        emissions = np.zeros((V, L))
+        log_likelihood = 0.0
+        for (first, last), post in zip(ranges, posteriors):
+            log_likelihood += float(post.log_z.sum())
+            chunk_offsets = offsets[first:last + 1] - offsets[first]
+            states = post.marginals
+            node = states if self.order == 1 else states.reshape(-1, L + 1, L).sum(axis=1)
+            first_rows, last_rows = chunk_offsets[:-1], chunk_offsets[1:] - 1
+            if self.order == 1:
+                transitions[:L, :L] += post.transition_counts
+                transitions[L, :L] += node[first_rows].sum(axis=0)
+                transitions[:L, L] += node[last_rows].sum(axis=0)
+            else:
+                transitions[:, :L, :L] += post.transition_counts
+                transitions[L, L, :L] += node[first_rows].sum(axis=0)
+                transitions[:, :L, L] += states[last_rows].sum(axis=0).reshape(L + 1, L)
+            chunk_ids = ids[offsets[first]:offsets[last]]
+            if np.any(chunk_ids < 0):
+                raise ValueError("Baum-Welch needs every word in the vocabulary")  # baum_welch extends it first
+            membership = sp.csr_matrix((np.ones(chunk_ids.size), (chunk_ids, np.arange(chunk_ids.size))), shape=(V, chunk_ids.size))
+            emissions += membership @ node
+        return log_likelihood, transitions, emissions
+
+    def _log_prior_and_labelled(self, labelled_transitions, labelled_emissions) -> float:
+        """log Dirichlet(k + 1) prior of the current tables plus the labelled data's log joint."""
+        total = 0.0
+        valid = valid_contexts(self.n_hidden_, self.order)
+        tables = [(self.log_transitions_[valid], labelled_transitions[valid]),
+                  (self.log_emissions_[:-1], labelled_emissions)]
+        for log_p, counts in tables:
+            weight = counts + self.k
+            total += float(np.sum(np.where(weight > 0, weight * np.where(np.isfinite(log_p), log_p, 0.0), 0.0)))
+        # the unknown-word row's prior pseudo-counts
+        total += float(self.k * np.sum(self.log_emissions_[-1]))
+        return total
+
+    def baum_welch(self, X_unlabelled: Sequence[Sequence[str]], iterations: int = 20, tolerance: float = 1e-5,
+                   labelled_weight: float = 1.0, callback: Callable[[EMIteration], None] | None = None) -> "HMMTagger":
+        """Re-estimate the fitted model by EM on unlabelled observation sequences.
+
+        Starts from the supervised model (call :meth:`fit` first); its labelled counts stay in
+        the M-step with weight ``labelled_weight`` (1: semi-supervised; 0: unsupervised from the
+        supervised start). Words of ``X_unlabelled`` missing from the vocabulary are added to it
+        first (with zero labelled counts). Each M-step is the add-k estimate from labelled plus
+        expected counts, the MAP estimate under a Dirichlet(k + 1) prior, so the objective in
+        ``em_history_`` never decreases (with k = 0 and labelled_weight = 0 it is the plain
+        log-likelihood). Stops after ``iterations`` or when the objective improves by less than
+        ``tolerance`` relative. Only add-k models: the interpolated and suffix estimates have no
+        EM update with that guarantee.
+        """
+        self._check_fitted()
+        if self.transition_smoothing != "add-k" or self.emission_smoothing != "add-k":
+            raise ValueError("Baum-Welch re-estimates add-k models only (transition_smoothing='add-k', "
+                             "emission_smoothing='add-k'): deleted interpolation and the suffix model have "
+                             "no EM update that guarantees the likelihood never decreases")
+        words, _ = self._flatten(X_unlabelled, "X_unlabelled")
+        new_words = pd.Index(pd.unique(pd.Series(words, dtype=object))).difference(pd.Index(self.vocabulary_), sort=False)
+        if len(new_words):
+            self.vocabulary_ = self.vocabulary_ + [str(w) for w in new_words]
+            self.emission_counts_ = np.vstack([self.emission_counts_, np.zeros((len(new_words), self.n_hidden_))])
+            self._estimate()
+        labelled_transitions = labelled_weight * self.transition_counts_
+        labelled_emissions = labelled_weight * self.emission_counts_
+        supervised = (self.transition_counts_, self.emission_counts_)
+        previous = -np.inf
+        began = time.perf_counter()
+        for iteration in range(1, iterations + 1):
+            log_likelihood, expected_transitions, expected_emissions = self._expected_counts(X_unlabelled)
+            objective = log_likelihood + self._log_prior_and_labelled(labelled_transitions, labelled_emissions)
+            record = EMIteration(iteration, log_likelihood, objective, time.perf_counter() - began)
+            self.em_history_.append(record)
+            if callback is not None:
+                callback(record)
+            if np.isfinite(previous) and objective - previous <= tolerance * abs(previous):
+                break
+            previous = objective
+            self.transition_counts_ = labelled_transitions + expected_transitions
+            self.emission_counts_ = labelled_emissions + expected_emissions
+            self._estimate()
+        # keep the supervised counts as the model's labelled evidence for any later call
+        self.transition_counts_, self.emission_counts_ = supervised
+        return self
+
+    # --- persistence ---------------------------------------------------------------------
+
+    def save(self, path) -> None:
+        """Write the fitted tables to one ``.npz`` file (no pickle; checksummed; atomic)."""
+        self._check_fitted()
+        arrays = {"log_transitions": self.log_transitions_, "log_emissions": self.log_emissions_}
+        arrays["vocabulary_blob"], arrays["vocabulary_offsets"] = strings_to_arrays(self.vocabulary_)
+        if self.suffix_model_ is not None:
+            arrays["suffix_blob"], arrays["suffix_offsets"] = strings_to_arrays(self.suffix_model_.keys)
+            arrays["suffix_log_probabilities"] = self.suffix_model_.log_probabilities
+        meta = {"params": self.get_params(), "classes": list(self.classes_),
+                "suffix_theta": None if self.suffix_model_ is None else self.suffix_model_.theta,
+                "interpolation_weights": None if self.interpolation_weights_ is None else [float(w) for w in self.interpolation_weights_]}
+        save_arrays(path, _KIND, meta, arrays)
+
+    @classmethod
+    def load(cls, path) -> "HMMTagger":
+        """Read a model written by :meth:`save`; raises ModelFileError on a bad file."""
+        meta, arrays = load_arrays(path, _KIND)
+        try:
+            model = cls(**meta["params"])
+            model._check_params()
+            model.classes_ = [str(c) for c in meta["classes"]]
+            model.vocabulary_ = arrays_to_strings(arrays["vocabulary_blob"], arrays["vocabulary_offsets"])
+            L, V = model.n_hidden_, len(model.vocabulary_)
+            model.log_transitions_ = arrays["log_transitions"].astype(np.float64)
+            model.log_emissions_ = arrays["log_emissions"].astype(np.float64)
+            if model.log_transitions_.shape != (L + 1,) * (model.order + 1) or model.log_emissions_.shape != (V + 1, L):
+                raise ModelFileError(f"{path}: table shapes do not match {L} labels and {V} words")
+            weights = meta.get("interpolation_weights")
+            model.interpolation_weights_ = None if weights is None else np.array(weights, dtype=np.float64)
+            model.suffix_model_ = None
+            if model.emission_smoothing == "suffix":
+                keys = arrays_to_strings(arrays["suffix_blob"], arrays["suffix_offsets"])
+                log_probabilities = arrays["suffix_log_probabilities"].astype(np.float64)
+                if log_probabilities.shape != (len(keys), L):
+                    raise ModelFileError(f"{path}: suffix table shape does not match {L} labels")
+                model.suffix_model_ = SuffixModel(keys, log_probabilities, model.max_suffix, float(meta["suffix_theta"]))
+            model.em_history_ = []
+        except ModelFileError:
+            raise
+        except (KeyError, TypeError, ValueError, UnicodeDecodeError) as err:
+            raise ModelFileError(f"{path}: malformed HMM file ({type(err).__name__}: {err})") from None
+        return model
