@@ -82,10 +82,11 @@ def valid_contexts(n_labels: int, order: int) -> np.ndarray:
 
 
 def add_k_log_probabilities(counts: np.ndarray, k: float, valid_rows: np.ndarray | None = None) -> np.ndarray:
-    """log((counts + k) / (row total + k * width)) along the last axis; invalid rows -inf."""
+    """log((counts + k) / (row total + k * width)) along the last axis; invalid rows -inf. A row
+    with no counts at all (possible with k = 0) is uniform."""
     with np.errstate(divide="ignore", invalid="ignore"):
         total = counts.sum(axis=-1, keepdims=True) + k * counts.shape[-1]
-        out = np.log(counts + k) - np.log(total)
+        out = np.where(total > 0, np.log(counts + k) - np.log(total), -np.log(counts.shape[-1]))
     if valid_rows is not None:
         out[~valid_rows] = -np.inf
     return out
@@ -180,7 +181,8 @@ class SuffixModel:
         for length in range(0, max_suffix + 1):
             rows = np.flatnonzero(lengths == length)
             below = label_probabilities[None, :] if length == 0 else probabilities[parent[rows]]
-            probabilities[rows] = (ml[rows] + theta * below) / (1.0 + theta)
+            mixed = (ml[rows] + theta * below) / (1.0 + theta)
+            probabilities[rows] = np.where(totals[rows] > 0, mixed, below)  # no rare words: the level below
         with np.errstate(divide="ignore"):
             return cls(keys, np.log(probabilities), max_suffix, theta)
 
@@ -233,7 +235,9 @@ class HMMTagger:
     Learned attributes: ``classes_`` (L,), ``vocabulary_`` (V,), ``log_transitions_``
     ((L + 1,) * (order + 1), see the module docstring), ``log_emissions_`` (V + 1, L) with the
     unknown-word row last, ``suffix_model_`` (or None), ``interpolation_weights_`` (or None),
-    ``transition_counts_`` and ``emission_counts_`` (V, L), ``em_history_``.
+    ``unknown_given_label_`` (P(unknown word | label) of the suffix model, or None),
+    ``transition_counts_`` and ``emission_counts_`` (V, L), ``em_history_``. With
+    ``capitalization`` the label axis of these tables has the 2L hidden labels.
     """
 
     def __init__(self, order: int = 2, transition_smoothing: str = "interpolation", emission_smoothing: str = "suffix",
@@ -321,6 +325,7 @@ class HMMTagger:
         emission_counts = self.emission_counts_
         if self.emission_smoothing == "add-k":
             self.suffix_model_ = None
+            self.unknown_given_label_ = None
             with_unknown = np.vstack([emission_counts, np.zeros((1, L))])
             self.log_emissions_ = add_k_log_probabilities(with_unknown.T, self.k).T
             return
@@ -342,6 +347,7 @@ class HMMTagger:
             unknown_given_label = np.clip(ratio * hapax, 1e-12, 0.5)
             known = np.log(emission_counts / np.maximum(tag_totals, 1.0)) + np.log1p(-unknown_given_label)
             unknown_row = np.where(ratio > 0, np.log(unknown_given_label) - np.log(unknown_labels), -np.inf)
+        self.unknown_given_label_ = unknown_given_label
         self.log_emissions_ = np.vstack([known, unknown_row])
 
     # --- scores for the chain ------------------------------------------------------------
@@ -499,7 +505,8 @@ class HMMTagger:
             weight = counts + self.k
             total += float(np.sum(np.where(weight > 0, weight * np.where(np.isfinite(log_p), log_p, 0.0), 0.0)))
         # the unknown-word row's prior pseudo-counts
-        total += float(self.k * np.sum(self.log_emissions_[-1]))
+        if self.k > 0:
+            total += float(self.k * np.sum(self.log_emissions_[-1]))
         return total
 
     def baum_welch(self, X_unlabelled: Sequence[Sequence[str]], iterations: int = 20, tolerance: float = 1e-5,
@@ -559,6 +566,7 @@ class HMMTagger:
         if self.suffix_model_ is not None:
             arrays["suffix_blob"], arrays["suffix_offsets"] = strings_to_arrays(self.suffix_model_.keys)
             arrays["suffix_log_probabilities"] = self.suffix_model_.log_probabilities
+            arrays["unknown_given_label"] = self.unknown_given_label_
         meta = {"params": self.get_params(), "classes": list(self.classes_),
                 "suffix_theta": None if self.suffix_model_ is None else self.suffix_model_.theta,
                 "interpolation_weights": None if self.interpolation_weights_ is None else [float(w) for w in self.interpolation_weights_]}
@@ -580,8 +588,9 @@ class HMMTagger:
                 raise ModelFileError(f"{path}: table shapes do not match {L} labels and {V} words")
             weights = meta.get("interpolation_weights")
             model.interpolation_weights_ = None if weights is None else np.array(weights, dtype=np.float64)
-            model.suffix_model_ = None
+            model.suffix_model_ = model.unknown_given_label_ = None
             if model.emission_smoothing == "suffix":
+                model.unknown_given_label_ = arrays["unknown_given_label"].astype(np.float64)
                 keys = arrays_to_strings(arrays["suffix_blob"], arrays["suffix_offsets"])
                 log_probabilities = arrays["suffix_log_probabilities"].astype(np.float64)
                 if log_probabilities.shape != (len(keys), L):

@@ -1,0 +1,203 @@
+"""The HMM baseline: proper probabilities, decoding through the shared recursions against a
+direct brute-force HMM, Baum-Welch monotonicity, persistence, and accuracy against NLTK's TnT."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from scipy.special import logsumexp
+
+from crf import CRF, HMMTagger, ModelFileError, SequenceBatch
+from crf.hmm import valid_contexts
+
+SETTINGS = [
+    dict(order=1, transition_smoothing="add-k", emission_smoothing="add-k", k=0.3),
+    dict(order=2, transition_smoothing="add-k", emission_smoothing="add-k", k=0.3),
+    dict(order=1, transition_smoothing="interpolation", emission_smoothing="suffix"),
+    dict(order=2, transition_smoothing="interpolation", emission_smoothing="suffix"),
+    dict(order=2, transition_smoothing="interpolation", emission_smoothing="suffix", capitalization=True),
+]
+
+
+def sample_corpus(seed: int, n_sentences: int, n_labels: int = 3, n_words: int = 8, max_length: int = 7):
+    """Sentences drawn from a random first-order HMM over words w0.. (some capitalised)."""
+    rng = np.random.default_rng(seed)
+    start = rng.dirichlet(np.ones(n_labels))
+    transitions = rng.dirichlet(np.ones(n_labels) * 0.5, size=n_labels)
+    emissions = rng.dirichlet(np.ones(n_words) * 0.3, size=n_labels)
+    words = [f"w{i}" if i % 3 else f"W{i}" for i in range(n_words)]
+    X, y = [], []
+    for _ in range(n_sentences):
+        length = int(rng.integers(1, max_length + 1))
+        labels = [int(rng.choice(n_labels, p=start))]
+        for _ in range(length - 1):
+            labels.append(int(rng.choice(n_labels, p=transitions[labels[-1]])))
+        X.append([words[rng.choice(n_words, p=emissions[label])] for label in labels])
+        y.append([f"T{label}" for label in labels])
+    return X, y
+
+
+def direct_joint_log_probability(model: HMMTagger, words, labels) -> float:
+    """log p(x, y) read term by term from the model's tables, without the chain recursions."""
+    H = model.n_hidden_
+    table = model.log_transitions_
+    emissions = model.emissions(words)
+    context = [H] * model.order  # start symbols
+    total = 0.0
+    for position, label in enumerate(labels):
+        total += table[tuple(context + [label])] + emissions[position, label]
+        context = context[1:] + [label]
+    return total + table[tuple(context + [H])]
+
+
+@pytest.mark.parametrize("settings", SETTINGS)
+def test_probabilities_sum_to_one(settings):
+    X, y = sample_corpus(0, 60)
+    model = HMMTagger(**settings).fit(X, y)
+    H = model.n_hidden_
+    valid = valid_contexts(H, model.order)
+    seen = model.transition_counts_.sum(axis=-1) > 0
+    rows = np.exp(model.log_transitions_)[valid & seen]
+    np.testing.assert_allclose(rows.sum(axis=-1), 1.0, atol=1e-12)
+    assert np.all(rows[..., :H].sum(axis=-1) < 1.0)  # the end symbol has its share
+    emitted = model.emission_counts_.sum(axis=0) > 0
+    per_label = np.exp(model.log_emissions_[:-1]).sum(axis=0)
+    if settings["emission_smoothing"] == "add-k":
+        per_label = per_label + np.exp(model.log_emissions_[-1])  # the unknown-word symbol
+    else:  # known words share 1 - P(unknown | label)
+        per_label = per_label + model.unknown_given_label_
+        suffix = np.exp(model.suffix_model_.log_probabilities)
+        np.testing.assert_allclose(suffix.sum(axis=1), 1.0, atol=1e-12)
+    np.testing.assert_allclose(per_label[emitted], 1.0, atol=1e-12)
+
+
+@pytest.mark.parametrize("settings", SETTINGS)
+def test_viterbi_and_log_likelihood_match_a_direct_hmm(settings):
+    X, y = sample_corpus(1, 80)
+    model = HMMTagger(**settings).fit(X, y)
+    test_X = sample_corpus(2, 12, max_length=4)[0] + [["W0", "unseen", "w1"], ["Unseen"]]
+    predicted = model.predict(test_X)
+    per_sequence = model.log_likelihood(test_X, per_sequence=True)
+    L = len(model.classes_)
+    for words, path, log_p in zip(test_X, predicted, per_sequence):
+        # every hidden label sequence (capitalisation halves included), scored directly
+        paths = list(itertools.product(range(model.n_hidden_), repeat=len(words)))
+        scores = np.array([direct_joint_log_probability(model, words, list(p)) for p in paths])
+        assert log_p == pytest.approx(logsumexp(scores), abs=1e-9)
+        best = paths[int(np.argmax(scores))]
+        assert path == [model.classes_[h % L] for h in best]
+    assert model.log_likelihood(test_X) == pytest.approx(per_sequence.sum())
+    marginals = model.marginals(test_X)
+    np.testing.assert_allclose(marginals.sum(axis=1), 1.0, atol=1e-9)
+
+
+def test_first_order_hmm_as_crf_weights():
+    """An HMM is a CRF with one indicator attribute per word and log probabilities as weights."""
+    X, y = sample_corpus(3, 100)
+    model = HMMTagger(order=1, transition_smoothing="add-k", emission_smoothing="add-k", k=0.5).fit(X, y)
+    test_X = sample_corpus(4, 15)[0] + [["w1", "never-seen"]]
+    words = [w for s in test_X for w in s]
+    V = len(model.vocabulary_)
+    ids = model.word_ids(words)
+    ids[ids < 0] = V  # the unknown-word attribute
+    batch = SequenceBatch(sp.csr_matrix((np.ones(ids.size), (np.arange(ids.size), ids)), shape=(ids.size, V + 1)),
+                          np.concatenate([[0], np.cumsum([len(s) for s in test_X])]))
+    L = len(model.classes_)
+    crf = CRF()
+    crf.classes_ = list(model.classes_)
+    crf.n_attributes_ = V + 1
+    crf.feature_index_ = None
+    crf.attributes_ = None
+    crf.state_weights_ = model.log_emissions_.copy()
+    crf.transitions_ = model.log_transitions_[:L, :L].copy()
+    crf.start_weights_ = model.log_transitions_[L, :L].copy()
+    crf.end_weights_ = model.log_transitions_[:L, L].copy()
+    assert crf.predict(batch) == model.predict(test_X)
+    np.testing.assert_allclose(crf.log_partition(batch), model.log_likelihood(test_X, per_sequence=True), atol=1e-10)
+    for words_, log_p in zip(test_X, model.log_likelihood(test_X, per_sequence=True)):
+        paths = itertools.product(range(L), repeat=len(words_))
+        direct = logsumexp([direct_joint_log_probability(model, words_, list(p)) for p in paths])
+        assert log_p == pytest.approx(direct, abs=1e-9)
+
+
+@pytest.mark.parametrize("order", [1, 2])
+def test_baum_welch_never_decreases_the_likelihood(order):
+    X, y = sample_corpus(5, 40)
+    unlabelled = sample_corpus(6, 150)[0]
+    # k = 0 and no labelled counts in the M-step: the objective is the plain log-likelihood
+    model = HMMTagger(order=order, transition_smoothing="add-k", emission_smoothing="add-k", k=0.0).fit(X, y)
+    seen = []
+    model.baum_welch(unlabelled, iterations=15, tolerance=0.0, labelled_weight=0.0, callback=seen.append)
+    likelihood = np.array([h.log_likelihood for h in model.em_history_])
+    assert len(seen) == len(model.em_history_) >= 10
+    np.testing.assert_allclose([h.objective for h in model.em_history_], likelihood)
+    assert np.all(np.diff(likelihood) >= -1e-8 * np.abs(likelihood[1:]))
+    assert likelihood[-1] > likelihood[0] + 1.0  # EM does improve on the supervised start
+    assert model.log_likelihood(unlabelled) >= likelihood[-1] - 1e-8 * abs(likelihood[-1])
+    # semi-supervised MAP-EM: the objective (likelihood + labelled joint + prior) never decreases
+    model = HMMTagger(order=order, transition_smoothing="add-k", emission_smoothing="add-k", k=0.5).fit(X, y)
+    model.baum_welch(unlabelled, iterations=15, tolerance=0.0, labelled_weight=1.0)
+    objective = np.array([h.objective for h in model.em_history_])
+    assert np.all(np.diff(objective) >= -1e-8 * np.abs(objective[1:]))
+
+
+def test_baum_welch_refuses_models_without_a_monotone_update():
+    X, y = sample_corpus(7, 20)
+    with pytest.raises(ValueError, match="add-k models only"):
+        HMMTagger().fit(X, y).baum_welch(X)
+
+
+def test_save_load_round_trip_and_bad_files(tmp_path):
+    X, y = sample_corpus(8, 60)
+    test_X = sample_corpus(9, 20)[0] + [["Never", "seen", "words"]]
+    for settings in SETTINGS:
+        model = HMMTagger(**settings).fit(X, y)
+        path = tmp_path / "hmm.npz"
+        model.save(path)
+        loaded = HMMTagger.load(path)
+        assert loaded.predict(test_X) == model.predict(test_X)
+        np.testing.assert_allclose(loaded.log_likelihood(test_X, per_sequence=True), model.log_likelihood(test_X, per_sequence=True))
+        assert loaded.get_params() == model.get_params()
+    crf_path = tmp_path / "crf.npz"
+    CRF(max_iterations=2).fit([[{"w": 1.0}], [{"v": 1.0}]], [["A"], ["B"]]).save(crf_path)
+    with pytest.raises(ModelFileError, match="expected a 'crf.HMMTagger'"):
+        HMMTagger.load(crf_path)
+    data = bytearray(path.read_bytes())
+    path.write_bytes(bytes(data[: len(data) // 2]))
+    with pytest.raises(ModelFileError):
+        HMMTagger.load(path)
+
+
+def test_input_errors():
+    with pytest.raises(ValueError, match="order must be 1 or 2"):
+        HMMTagger(order=3).fit([["a"]], [["A"]])
+    with pytest.raises(ValueError, match="differ in length at sequence 1"):
+        HMMTagger().fit([["a"], ["b", "c"]], [["A"], ["B"]])
+    with pytest.raises(ValueError, match="non-empty"):
+        HMMTagger().fit([[]], [[]])
+    with pytest.raises(RuntimeError, match="not fitted"):
+        HMMTagger().predict([["a"]])
+    with pytest.raises(ValueError, match="capitalization=True needs"):
+        HMMTagger(capitalization=True, emission_smoothing="add-k").fit([["a"]], [["A"]])
+
+
+def test_tnt_on_ewt_upos_is_at_least_as_accurate_as_nltk(shared_data):
+    """The issue's bar: UD English EWT UPOS, same training data, both TnT variants of NLTK."""
+    nltk_tnt = pytest.importorskip("nltk.tag.tnt")
+    from crf.io import column, read_conllu
+
+    folder = shared_data / "ud_english_ewt"
+    train = read_conllu(folder / "en_ewt-ud-train.conllu")
+    test = read_conllu(folder / "en_ewt-ud-test.conllu")
+    X, y, X_test, y_test = column(train, 1), column(train, 3), column(test, 1), column(test, 3)
+    gold = np.array([t for s in y_test for t in s], dtype=object)
+    for capitalization in (False, True):
+        ours = HMMTagger(order=2, capitalization=capitalization).fit(X, y).score(X_test, y_test)
+        reference = nltk_tnt.TnT(C=capitalization)
+        reference.train([list(zip(w, t)) for w, t in zip(X, y)])
+        theirs = np.mean(np.array([t for s in reference.tagdata(X_test) for _, t in s], dtype=object) == gold)
+        assert ours >= theirs - 1e-12, (capitalization, ours, theirs)
+        assert ours > 0.92
