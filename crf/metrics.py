@@ -1,4 +1,5 @@
-"""Token accuracy, conlleval chunk precision/recall/F1, per-type tables, confusion matrices.
+"""Token accuracy, conlleval chunk precision/recall/F1, per-type tables, confusion matrices,
+and significance tests between two taggers (McNemar, paired bootstrap).
 
 Chunks follow conlleval's rules (a chunk starts and ends where conlleval's ``startOfChunk`` and
 ``endOfChunk`` say, from the tag before the first ``-`` and the type after it), extended for the
@@ -163,3 +164,70 @@ def confusion_matrix(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence
     keep = (gi >= 0) & (pi >= 0)
     counts = np.bincount(gi[keep] * len(labels) + pi[keep], minlength=len(labels) ** 2)
     return pd.DataFrame(counts.reshape(len(labels), len(labels)), index=pd.Index(labels, name="gold"), columns=pd.Index(labels, name="predicted"))
+
+
+# --- significance of a difference between two taggers ---------------------------------------
+
+
+def mcnemar(gold: Sequence[Sequence[str]], first: Sequence[Sequence[str]], second: Sequence[Sequence[str]]) -> dict:
+    """Exact McNemar test on tokens: of the tokens exactly one tagger gets right, is the split
+    between the two taggers 50:50? Returns counts and the two-sided exact binomial p-value."""
+    from scipy.stats import binomtest
+
+    g, _ = _flatten(gold)
+    a, _ = _flatten(first)
+    b, _ = _flatten(second)
+    only_first = int(np.sum((a == g) & (b != g)))
+    only_second = int(np.sum((a != g) & (b == g)))
+    discordant = only_first + only_second
+    p = 1.0 if discordant == 0 else float(binomtest(only_first, discordant, 0.5).pvalue)
+    return {"only_first_correct": only_first, "only_second_correct": only_second, "p_value": p}
+
+
+def sentence_counts(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[str]], chunked: bool) -> np.ndarray:
+    """Per sentence (N, 2) [correct tokens, tokens] or, chunked, (N, 5) with [correct chunks,
+    predicted chunks, gold chunks] appended: the sufficient statistics of accuracy and F1."""
+    g, offsets = _flatten(gold)
+    p, _ = _flatten(predicted)
+    n = offsets.size - 1
+    sentence = np.repeat(np.arange(n), np.diff(offsets))
+    columns = [np.bincount(sentence, weights=(g == p), minlength=n), np.diff(offsets).astype(float)]
+    if chunked:
+        truth = _chunks_flat(g, offsets)
+        guess = _chunks_flat(p, offsets)
+        both = guess.merge(truth, on=["sequence", "start", "end", "type"])
+        for frame in (both, guess, truth):
+            columns.append(np.bincount(frame["sequence"].to_numpy(dtype=np.int64), minlength=n).astype(float))
+    return np.stack(columns, axis=1)
+
+
+def _scores_from_counts(totals: np.ndarray) -> np.ndarray:
+    """Accuracy (and F1) in percent from summed sentence counts (..., 2 or 5)."""
+    accuracy = 100.0 * totals[..., 0] / np.maximum(totals[..., 1], 1)
+    if totals.shape[-1] == 2:
+        return accuracy[..., None]
+    correct, guessed, true = totals[..., 2], totals[..., 3], totals[..., 4]
+    f1 = 100.0 * 2 * correct / np.maximum(guessed + true, 1)
+    return np.stack([accuracy, f1], axis=-1)
+
+
+def paired_bootstrap(gold, first, second, chunked: bool, samples: int = 1000, seed: int = 0) -> pd.DataFrame:
+    """Paired bootstrap over sentences (Koehn 2004; Berg-Kirkpatrick et al. 2012): resample the
+    test sentences with replacement ``samples`` times, score both taggers on each resample and
+    count how often the observed difference changes sign. Returns one row per metric (accuracy,
+    and F1 when ``chunked``): both scores, the difference (second - first), a 95% interval of
+    the difference and the two-sided p-value."""
+    a = sentence_counts(gold, first, chunked)
+    b = sentence_counts(gold, second, chunked)
+    n = a.shape[0]
+    weights = np.random.default_rng(seed).multinomial(n, np.full(n, 1.0 / n), size=samples).astype(float)  # (B, N)
+    difference = _scores_from_counts(weights @ b) - _scores_from_counts(weights @ a)  # (B, metrics)
+    observed_a, observed_b = _scores_from_counts(a.sum(axis=0)), _scores_from_counts(b.sum(axis=0))
+    names = ["accuracy", "f1"][: observed_a.size]
+    rows = []
+    for k, name in enumerate(names):
+        d = difference[:, k]
+        p = min(1.0, 2.0 * min(np.mean(d <= 0), np.mean(d >= 0)))
+        rows.append({"metric": name, "first": observed_a[k], "second": observed_b[k], "difference": observed_b[k] - observed_a[k],
+                     "low_95": float(np.percentile(d, 2.5)), "high_95": float(np.percentile(d, 97.5)), "p_value": p})
+    return pd.DataFrame(rows)

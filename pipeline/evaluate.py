@@ -1,12 +1,14 @@
 """Stage 4, evaluate: scores on dev and test, tables, plots and predictions with confidence.
 
-Input: the prepare, featurize and train folders. Output folder: ``metrics.json``;
+Input: the prepare, featurize (CRF only) and train folders. Output folder: ``metrics.json``
+(scores, tagging speed, accuracy on words seen and not seen in training);
 ``{split}_per_label.csv`` (token-level P/R/F1 per label) and, for chunk/entity tasks,
 ``{split}_per_type.csv`` (conlleval per type); ``confusion_test.csv`` and ``confusion_test.png``;
 ``predictions_{split}.tsv.gz`` (sentence, token, word, gold, predicted, marginal probability of
-the predicted label); ``segments_{split}.csv.gz`` (each predicted chunk with its constrained
-forward-backward confidence and whether it is correct); ``calibration_test.png`` (confidence
-against observed correctness).
+the predicted label, whether the word was seen in training); ``segments_{split}.csv.gz`` (CRF:
+each predicted chunk with its constrained forward-backward confidence and whether it is
+correct); ``calibration_test.png`` (confidence against observed correctness: of chunks for the
+CRF on chunk tasks, else of tokens).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import numpy as np
 import pandas as pd
 from omegaconf import OmegaConf
 
-from crf import CRF, metrics
+from crf import CRF, HMMTagger, metrics
 from pipeline.featurize import load_batch
 from pipeline.prepare import read_prepared
 from pipeline.report import figure, save_figure
@@ -76,52 +78,104 @@ def plot_confusion(confusion: pd.DataFrame, path: Path) -> None:
     save_figure(fig, path)
 
 
+class Tagger:
+    """What evaluation needs from a fitted model, for the CRF or the HMM: flat label codes,
+    per-token confidence (the marginal probability of the predicted label) and the seconds
+    spent tagging from the raw tokens (the CRF's include extracting its attributes)."""
+
+    def __init__(self, cfg, inputs: Mapping[str, Path], data) -> None:
+        self.kind = str(cfg.model.name)
+        self.data = data
+        self.inputs = inputs
+        if self.kind == "hmm":
+            self.model = HMMTagger.load(inputs["train"] / "model.npz")
+            self.observation = str(cfg.model.observation)
+            self.feature_seconds = {}
+        else:
+            self.model = CRF.load(inputs["train"] / "model.npz")
+            self.feature_seconds = json.loads((inputs["featurize"] / "features.json").read_text())
+        self.classes = list(self.model.classes_)
+
+    def tag(self, split: str) -> tuple[np.ndarray, np.ndarray, float, float]:
+        """(codes (T,), confidence (T,), decoding seconds, seconds including feature extraction)."""
+        if self.kind == "hmm":
+            X = self.data.column(split, self.observation)
+            began = time.perf_counter()
+            codes = self.model.predict_codes(X)
+            seconds = time.perf_counter() - began
+            marginals = self.model.marginals(X)
+            return codes, marginals[np.arange(codes.size), codes], seconds, seconds
+        batch = load_batch(self.inputs["featurize"], split)
+        began = time.perf_counter()
+        codes = np.concatenate(self.model.predict_codes(batch)[0])
+        seconds = time.perf_counter() - began
+        marginals, _ = self.model.marginals(batch)
+        return codes, marginals[np.arange(codes.size), codes], seconds, seconds + float(self.feature_seconds.get(f"{split}_feature_seconds", 0.0))
+
+    def segments(self, split: str) -> pd.DataFrame | None:
+        """Predicted chunks with constrained forward-backward confidence (CRF only)."""
+        return None if self.kind == "hmm" else self.model.predict_segments(load_batch(self.inputs["featurize"], split))
+
+
+def known_words(data) -> pd.Index:
+    """Word forms of the training split: what 'known word' means for every model alike."""
+    return pd.Index(pd.unique(pd.Series([w for s in data.column("train", "w") for w in s], dtype=object)))
+
+
 def run(cfg, inputs: Mapping[str, Path], out: Path) -> dict:
     dataset = OmegaConf.to_container(cfg.dataset, resolve=True)
     data = read_prepared(inputs["prepare"], dataset)
-    model = CRF.load(inputs["train"] / "model.npz")
+    tagger = Tagger(cfg, inputs, data)
+    vocabulary = known_words(data) if "w" in data.columns else None
     bins = int(cfg.evaluate.calibration_bins)
     chunked = data.scheme != "none"
     results: dict = {}
     for split in SPLITS:
-        batch = load_batch(inputs["featurize"], split)
         gold = data.labels(split)
-        began = time.perf_counter()
-        codes, _ = model.predict_codes(batch)
-        results[f"{split}_tag_tokens_per_second"] = batch.n_tokens / (time.perf_counter() - began)
-        classes = np.array(model.classes_, dtype=object)
-        predicted = [list(classes[c]) for c in codes]
-        flat_pred = np.concatenate(codes)
-        marginals, _ = model.marginals(batch)
-        confidence = marginals[np.arange(flat_pred.size), flat_pred]
+        flat_pred, confidence, seconds, seconds_with_features = tagger.tag(split)
+        n_tokens = flat_pred.size
+        results[f"{split}_tag_tokens_per_second"] = n_tokens / seconds
+        results[f"{split}_tag_with_features_tokens_per_second"] = n_tokens / seconds_with_features
+        classes = np.array(tagger.classes, dtype=object)
+        offsets = np.concatenate([[0], np.cumsum([len(g) for g in gold])])
+        predicted = [list(classes[flat_pred[a:b]]) for a, b in zip(offsets[:-1], offsets[1:])]
         words = data.column(split, "w") if "w" in data.columns else [[""] * len(g) for g in gold]
+        flat_words = [w for seq in words for w in seq]
         sentence = np.repeat(np.arange(len(gold)), [len(g) for g in gold])
         position = np.concatenate([np.arange(len(g)) for g in gold])
         flat_gold = [label for seq in gold for label in seq]
-        predictions = pd.DataFrame({"sentence": sentence, "token": position, "word": [w for seq in words for w in seq],
+        predictions = pd.DataFrame({"sentence": sentence, "token": position, "word": flat_words,
                                     "gold": flat_gold, "predicted": [p for seq in predicted for p in seq], "marginal": confidence})
+        correct = predictions["gold"].to_numpy() == predictions["predicted"].to_numpy()
+        if vocabulary is not None:
+            predictions["known"] = vocabulary.get_indexer(pd.Series(flat_words, dtype=object)) >= 0
+            known = predictions["known"].to_numpy()
+            results[f"{split}_known_accuracy"] = 100.0 * float(correct[known].mean()) if known.any() else float("nan")
+            results[f"{split}_unknown_accuracy"] = 100.0 * float(correct[~known].mean()) if (~known).any() else float("nan")
+            results[f"{split}_unknown_rate"] = 100.0 * float((~known).mean())
         predictions.to_csv(out / f"predictions_{split}.tsv.gz", sep="\t", index=False)
 
         results[f"{split}_accuracy"] = metrics.token_accuracy(gold, predicted)
         metrics.label_scores(gold, predicted).to_csv(out / f"{split}_per_label.csv")
+        segments = tagger.segments(split) if chunked else None
         if chunked:
             scores = metrics.chunk_scores(gold, predicted)
             results.update({f"{split}_precision": scores.precision, f"{split}_recall": scores.recall, f"{split}_f1": scores.f1})
             scores.per_type.to_csv(out / f"{split}_per_type.csv")
-            segments = model.predict_segments(batch)
+        if segments is not None:
             truth = metrics.chunks(gold)
             merged = segments.merge(truth, on=["sequence", "start", "end", "type"], how="left", indicator=True)
             segments["correct"] = (merged["_merge"] == "both").to_numpy()
             segments.to_csv(out / f"segments_{split}.csv.gz", index=False)
-            calibrated, correct, what = segments["confidence"].to_numpy(), segments["correct"].to_numpy(), "predicted chunks"
+            calibrated, hit, what = segments["confidence"].to_numpy(), segments["correct"].to_numpy(), "predicted chunks"
         else:
-            calibrated, correct, what = confidence, predictions["gold"].to_numpy() == predictions["predicted"].to_numpy(), "predicted tokens"
-        table = calibration_table(calibrated, correct, bins)
+            calibrated, hit, what = confidence, correct, "predicted tokens"
+        table = calibration_table(calibrated, hit, bins)
         results[f"{split}_calibration_error"] = expected_calibration_error(table)
         if split == "test":
             table.to_csv(out / "calibration_test.csv", index=False)
             plot_calibration(table, out / "calibration_test.png", what)
-            confusion = metrics.confusion_matrix(gold, predicted, model.classes_)
+            confusion = metrics.confusion_matrix(gold, predicted, tagger.classes)
             confusion.to_csv(out / "confusion_test.csv")
             plot_confusion(confusion, out / "confusion_test.png")
     (out / "metrics.json").write_text(json.dumps(results, indent=1))

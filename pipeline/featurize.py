@@ -8,6 +8,7 @@ Input: the prepare stage's folder. Output folder: ``extractor.npz`` (the fitted 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -68,7 +69,9 @@ def run(cfg, inputs: Mapping[str, Path], out: Path) -> dict:
     save_extractor(out / "extractor.npz", extractor)
     metrics = {"attributes": extractor.n_attributes}
     for split in SPLITS:
+        began = time.perf_counter()
         batch = extractor.transform(data.splits[split])
+        metrics[f"{split}_feature_seconds"] = time.perf_counter() - began
         sp.save_npz(out / f"X_{split}.npz", batch.X, compressed=False)
         np.save(out / f"offsets_{split}.npy", batch.offsets)
         metrics[f"{split}_nonzeros"] = int(batch.X.nnz)

@@ -24,6 +24,15 @@ from pipeline.cache import StageCache
 STAGES = {"prepare": prepare, "featurize": featurize, "train": train, "evaluate": evaluate}
 UPSTREAM = {"prepare": [], "featurize": ["prepare"], "train": ["prepare", "featurize"],
             "evaluate": ["prepare", "featurize", "train"]}
+SUMMARY_STAGES = ("prepare.", "train.", "evaluate.")  # whose metrics the pipeline run repeats
+
+
+def upstream(stage: str, cfg: DictConfig) -> list[str]:
+    """The stages whose outputs ``stage`` reads: the HMM reads the prepared words, not features."""
+    stages = UPSTREAM[stage]
+    if cfg.model.name == "hmm" and stage in ("train", "evaluate"):
+        stages = [s for s in stages if s != "featurize"]
+    return stages
 METRICS_FILE = "stage_metrics.json"
 ARTIFACT_SUFFIXES = (".json", ".csv", ".png", ".gz", ".npz", ".md")
 
@@ -37,7 +46,8 @@ class StageOutput:
 
 
 def run_tags(cfg: DictConfig) -> dict[str, str]:
-    tags = {"dataset": str(cfg.dataset.name), "model": str(cfg.model.name), "trainer": str(cfg.trainer.name),
+    trainer = str(cfg.trainer.name) if cfg.model.name == "crf" else "counting"
+    tags = {"dataset": str(cfg.dataset.name), "model": str(cfg.model.name), "trainer": trainer,
             "features": str(cfg.features.name), "git_commit": tracking.git_commit()}
     sweep = os.environ.get(SWEEP_ID_VARIABLE)
     if sweep:
@@ -77,7 +87,7 @@ def run_stage(name: str, cfg: DictConfig, inputs: dict[str, StageOutput], cache:
         stage_metrics = json.loads((folder / METRICS_FILE).read_text())
         mlflow.set_tag("cache", "hit" if found is not None else "miss")
         mlflow.set_tag("cache_path", str(folder))
-        if found is not None and name == "train":
+        if found is not None and name == "train" and (folder / "history.csv").is_file():
             _relog_history(folder)
         mlflow.log_metrics({k: float(v) for k, v in stage_metrics.items() if isinstance(v, (int, float))})
         for path in _loggable(folder, cfg, name):
@@ -109,7 +119,7 @@ def run_pipeline(cfg: DictConfig) -> dict[str, Any]:
     cache = StageCache(cfg.paths.cache_dir)
     tags = run_tags(cfg)
     parent = os.environ.get(SWEEP_PARENT_VARIABLE)
-    run_name = f"{cfg.dataset.name}-{cfg.trainer.name}"
+    run_name = f"{cfg.dataset.name}-{tags['model']}-{tags['trainer']}"
     outputs: dict[str, StageOutput] = {}
     results: dict[str, Any] = {}
     with mlflow.start_run(run_name=run_name, tags={**tags, "stage": "pipeline"}, parent_run_id=parent or None):
@@ -120,16 +130,16 @@ def run_pipeline(cfg: DictConfig) -> dict[str, Any]:
             mlflow.log_artifact(str(path))
         needed = set(stages)
         for stage in stages:
-            needed.update(UPSTREAM[stage])
+            needed.update(upstream(stage, cfg))
         for stage in STAGES:  # upstream stages run (or come from the cache) first
             if stage not in needed:
                 continue
             inputs = {}
-            for upstream in UPSTREAM[stage]:
-                inputs[upstream] = outputs[upstream]
+            for name in upstream(stage, cfg):
+                inputs[name] = outputs[name]
             outputs[stage] = run_stage(stage, cfg, inputs, cache, tags)
             results.update({f"{stage}.{k}": v for k, v in outputs[stage].metrics.items()})
-        summary = {k.split(".", 1)[1]: v for k, v in results.items() if k.startswith(("evaluate.", "train."))}
+        summary = {k.split(".", 1)[1]: v for k, v in results.items() if k.startswith(SUMMARY_STAGES)}
         mlflow.log_metrics({k: float(v) for k, v in summary.items() if isinstance(v, (int, float))})
         mlflow.set_tag("cache_hits", ",".join(s for s, o in outputs.items() if o.cached) or "none")
     return results

@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 from hydra.experimental.callback import Callback
 from mlflow.tracking import MlflowClient
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from pipeline import tracking
 from pipeline.report import figure, markdown_table, save_figure
@@ -118,6 +118,7 @@ class SweepTracking(Callback):
         self.sweep_id: str | None = None
         self.experiment: str | None = None
         self.summarize_at_end = True
+        self.comparison = None
         self.closed = False
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
@@ -125,6 +126,7 @@ class SweepTracking(Callback):
         self.sweep_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
         self.experiment = config.tracking.experiment
         self.summarize_at_end = bool(config.sweep.summarize)
+        self.comparison = OmegaConf.select(config, "comparison")  # set by experiment=hmm_vs_crf
         client = MlflowClient()
         experiment = client.get_experiment_by_name(self.experiment)
         run = client.create_run(experiment.experiment_id, run_name=f"sweep-{self.sweep_id}",
@@ -144,7 +146,13 @@ class SweepTracking(Callback):
             return
         self.closed = True
         try:
-            table = summarize(self.sweep_id, self.parent_run_id, self.experiment) if self.summarize_at_end else pd.DataFrame()
+            table = pd.DataFrame()
+            if self.summarize_at_end and self.comparison is not None:
+                from pipeline import compare
+
+                table = compare.summarize(self.sweep_id, self.parent_run_id, self.experiment, self.comparison)
+            elif self.summarize_at_end:
+                table = summarize(self.sweep_id, self.parent_run_id, self.experiment)
             if status == "FINISHED" and not table.empty and (table.status == "FAILED").any():
                 status = "FAILED"
         finally:

@@ -1,10 +1,14 @@
-"""Stage 3, train: fit the CRF with the configured trainer, logging the learning curve.
+"""Stage 3, train: fit the configured model: the CRF with its trainer, or the HMM baseline.
 
-Input: the prepare and featurize folders. Output folder: ``model.npz`` (see ``CRF.save``),
+CRF input: the prepare and featurize folders. Output folder: ``model.npz`` (see ``CRF.save``),
 ``history.csv`` (one row per iteration: loss, gradient norm, active features, elapsed seconds,
 and dev accuracy/F1 every ``train.dev_every`` iterations) and ``learning_curve.png``.
 While training, each iteration goes to the console (with an estimate of the time left) and to
 the active MLflow run as step metrics.
+
+HMM input: the prepare folder only (the HMM reads the observation column ``model.observation``).
+Output folder: ``model.npz`` (see ``HMMTagger.save``) and ``hmm.json`` (sizes, interpolation
+weights).
 """
 
 from __future__ import annotations
@@ -19,14 +23,19 @@ import numpy as np
 import pandas as pd
 from omegaconf import OmegaConf
 
-from crf import CRF, metrics
+from crf import CRF, HMMTagger, metrics
 from crf.optimize import IterationInfo
 from pipeline.featurize import load_batch, load_extractor
 from pipeline.prepare import read_prepared
 from pipeline.tracking import SWEEP_ID_VARIABLE
 from pipeline.report import figure, save_figure
 
+HMM_PARAMS = ("order", "transition_smoothing", "emission_smoothing", "k", "rare_threshold", "max_suffix", "capitalization")
+
+
 def config_slice(cfg) -> dict:
+    if cfg.model.name == "hmm":
+        return {"model": OmegaConf.to_container(cfg.model, resolve=True)}
     return {"model": OmegaConf.to_container(cfg.model, resolve=True), "trainer": OmegaConf.to_container(cfg.trainer, resolve=True),
             "dev_every": cfg.train.dev_every, "seed": cfg.seed}
 
@@ -117,7 +126,35 @@ def plot_learning_curve(history: pd.DataFrame, path: Path) -> None:
     save_figure(fig, path)
 
 
+def build_hmm(model: Mapping) -> HMMTagger:
+    threads = 1 if os.environ.get(SWEEP_ID_VARIABLE) else None  # sweep jobs already run one per core
+    return HMMTagger(n_threads=threads, **{k: model[k] for k in HMM_PARAMS})
+
+
+def run_hmm(cfg, inputs: Mapping[str, Path], out: Path) -> dict:
+    import json
+
+    data = read_prepared(inputs["prepare"], OmegaConf.to_container(cfg.dataset, resolve=True))
+    spec = OmegaConf.to_container(cfg.model, resolve=True)
+    model = build_hmm(spec)
+    began = time.perf_counter()
+    model.fit(data.column("train", spec["observation"]), data.labels("train"))
+    seconds = time.perf_counter() - began
+    model.save(out / "model.npz")
+    info = {"train_seconds": seconds, "model_bytes": (out / "model.npz").stat().st_size, "labels": len(model.classes_),
+            "hidden_labels": model.n_hidden_, "vocabulary": len(model.vocabulary_),
+            "suffixes": 0 if model.suffix_model_ is None else len(model.suffix_model_.keys)}
+    weights = model.interpolation_weights_
+    if weights is not None:
+        info.update({f"lambda_{n + 1}": float(w) for n, w in enumerate(weights)})
+    (out / "hmm.json").write_text(json.dumps(info, indent=1))
+    print(f"[train] HMM order {model.order} on {spec['observation']!r}: {seconds:.2f}s, {info['vocabulary']:,} words", flush=True)
+    return info
+
+
 def run(cfg, inputs: Mapping[str, Path], out: Path) -> dict:
+    if cfg.model.name == "hmm":
+        return run_hmm(cfg, inputs, out)
     dataset = OmegaConf.to_container(cfg.dataset, resolve=True)
     data = read_prepared(inputs["prepare"], dataset)
     extractor = load_extractor(inputs["featurize"] / "extractor.npz")
@@ -136,5 +173,5 @@ def run(cfg, inputs: Mapping[str, Path], out: Path) -> dict:
     history.to_csv(out / "history.csv", index=False)
     plot_learning_curve(history, out / "learning_curve.png")
     print(f"[train] {model.n_iter_} iterations in {seconds:.1f}s, stopped by {model.stop_reason_}", flush=True)
-    return {"train_seconds": seconds, "iterations": model.n_iter_, "evaluations": model.n_evaluations_,
+    return {"train_seconds": seconds, "model_bytes": (out / "model.npz").stat().st_size, "iterations": model.n_iter_, "evaluations": model.n_evaluations_,
             "nonzero_weights": model.size_, "final_loss": float(history["loss"].iloc[-1]) if len(history) else float("nan")}
