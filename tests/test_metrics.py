@@ -51,3 +51,32 @@ def test_hand_counted_example():
 def test_misaligned_input_is_rejected():
     with pytest.raises(ValueError, match="sequence 0: 2 gold labels but 1 predicted"):
         metrics.chunk_scores([["O", "O"]], [["O"]])
+
+
+def test_mcnemar_counts_and_exact_p_value():
+    from scipy.stats import binom
+
+    gold = [["A", "B", "A", "B"], ["A", "A"]]
+    first = [["A", "A", "A", "B"], ["B", "A"]]   # wrong at 2 tokens
+    second = [["A", "B", "B", "B"], ["A", "A"]]  # wrong at 1 token
+    result = metrics.mcnemar(gold, first, second)
+    assert result["only_first_correct"] == 1 and result["only_second_correct"] == 2
+    # exact two-sided binomial with n = 3 discordant tokens: P(X <= 1) * 2 = 1.0
+    assert result["p_value"] == pytest.approx(min(1.0, 2 * binom.cdf(1, 3, 0.5)))
+    assert metrics.mcnemar(gold, first, first)["p_value"] == 1.0
+
+
+def test_paired_bootstrap():
+    rng = np.random.default_rng(0)
+    labels = ["B-NP", "I-NP", "O", "B-VP"]
+    gold = [list(rng.choice(labels, size=int(rng.integers(3, 12)))) for _ in range(200)]
+    noisy = [[t if rng.random() < 0.8 else str(rng.choice(labels)) for t in s] for s in gold]
+    better = [[t if rng.random() < 0.97 else str(rng.choice(labels)) for t in s] for s in gold]
+    table = metrics.paired_bootstrap(gold, noisy, better, chunked=True, samples=500, seed=1).set_index("metric")
+    # the observed scores are the ordinary ones
+    assert table.loc["accuracy", "first"] == pytest.approx(metrics.token_accuracy(gold, noisy))
+    assert table.loc["f1", "second"] == pytest.approx(metrics.chunk_scores(gold, better).f1)
+    assert table.loc["f1", "difference"] > 0 and table.loc["f1", "low_95"] > 0
+    assert table.loc["accuracy", "p_value"] < 0.01 and table.loc["f1", "p_value"] < 0.01
+    same = metrics.paired_bootstrap(gold, noisy, noisy, chunked=False, samples=200)
+    assert list(same["metric"]) == ["accuracy"] and same["p_value"].iloc[0] == 1.0 and same["difference"].iloc[0] == 0
