@@ -281,7 +281,7 @@ class _LiftedSecondOrder:
     def __init__(self, values: np.ndarray, semiring) -> None:
         self.values = values  # (L + 1, L, L), [a, b, c]
         self.semiring = semiring
-        self.n_labels = L = values.shape[1]
+        self.n_labels = values.shape[1]
         self.shape = values.shape
         self.block = max(1, self.BLOCK_ELEMENTS // values.size)
         self.by_middle = np.ascontiguousarray(values.transpose(1, 0, 2))  # [b, a, c]

@@ -30,7 +30,7 @@ import pandas as pd
 import scipy.sparse as sp
 
 from . import chain
-from .parallel import Workers, contiguous_parts, single_threaded_blas, thread_count
+from .parallel import Workers, single_threaded_blas, thread_count
 from .persist import arrays_to_strings, load_arrays, save_arrays, strings_to_arrays, ModelFileError
 
 _KIND = "crf.HMMTagger"

@@ -214,7 +214,7 @@ def _scores_from_counts(totals: np.ndarray) -> np.ndarray:
 def paired_bootstrap(gold, first, second, chunked: bool, samples: int = 1000, seed: int = 0) -> pd.DataFrame:
     """Paired bootstrap over sentences (Koehn 2004; Berg-Kirkpatrick et al. 2012): resample the
     test sentences with replacement ``samples`` times, score both taggers on each resample and
-    count how often the observed difference changes sign. Returns one row per metric (accuracy,
+    count how often the difference is on either side of zero. Returns one row per metric (accuracy,
     and F1 when ``chunked``): both scores, the difference (second - first), a 95% interval of
     the difference and the two-sided p-value."""
     a = sentence_counts(gold, first, chunked)
@@ -227,7 +227,9 @@ def paired_bootstrap(gold, first, second, chunked: bool, samples: int = 1000, se
     rows = []
     for k, name in enumerate(names):
         d = difference[:, k]
-        p = min(1.0, 2.0 * min(np.mean(d <= 0), np.mean(d >= 0)))
+        # two-sided, with the add-one estimate: no resample reversing the sign means p < 1/B, not 0
+        reversed_ = min(np.sum(d <= 0), np.sum(d >= 0))
+        p = min(1.0, 2.0 * (reversed_ + 1) / (samples + 1))
         rows.append({"metric": name, "first": observed_a[k], "second": observed_b[k], "difference": observed_b[k] - observed_a[k],
                      "low_95": float(np.percentile(d, 2.5)), "high_95": float(np.percentile(d, 97.5)), "p_value": p})
     return pd.DataFrame(rows)

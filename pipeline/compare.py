@@ -149,7 +149,7 @@ def summarize(sweep_id: str, parent_run_id: str | None, experiment: str, setting
              "CRF minus HMM:", "", markdown_table(bootstrap.rename(columns={"first": "hmm", "second": "crf"})), "",
              f"## Labels where the two differ most (top {top})", "", markdown_table(labels.head(top)), "",
              "## Learning curve (test scores against training size)", "",
-             markdown_table(finished.drop(columns=["run_id", "status"]).sort_values(["fraction", "model"]))]
+             markdown_table(finished.drop(columns=["run_id", "status"]).dropna(axis=1, how="all").sort_values(["fraction", "model"]))]
     text = "\n".join(lines) + "\n"
     client = MlflowClient()
     with tempfile.TemporaryDirectory() as folder:
