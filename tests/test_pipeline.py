@@ -52,6 +52,14 @@ def test_experiments_and_benchmark_compose():
     assert elastic.trainer.c1 == 0.5 and elastic.trainer.c2 == pytest.approx(0.1)
     bench = compose_config(["dataset=ud_english_ewt_xpos", "features=pos"], name="benchmark")
     assert bench.dataset.label == "xpos" and bench.benchmark.repetitions >= 3
+    hmm_bench = compose_config([], name="hmm_benchmark")
+    assert hmm_bench.dataset.label == "upos" and list(hmm_bench.hmm_benchmark.capitalization) == [False, True]
+    # the HMM observes what the dataset says: POS tags for CoNLL-2000, capitalised words for EWT
+    assert compose_config(["model=hmm"]).model.observation == "pos"
+    ewt = compose_config(["model=hmm", "dataset=ud_english_ewt_upos"])
+    assert ewt.model.observation == "w" and ewt.model.capitalization is True
+    versus = compose_config(["+experiment=hmm_vs_crf"])
+    assert versus.stages == ["train", "evaluate"] and versus.comparison.bootstrap_samples >= 1000
 
 
 def test_stage_cache_hits_misses_and_is_atomic(tmp_path):
