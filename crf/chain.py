@@ -297,6 +297,10 @@ class _LiftedSecondOrder:
         out[:, : L * L] = inner.reshape(n, L * L)
         return out
 
+    def _into_pairs(self, m: np.ndarray) -> np.ndarray:
+        """Probability-space sum over a of m[n, a, b] * values[a, b, c], shape (n, L, L) [n, b, c]."""
+        return np.matmul(m.transpose(2, 0, 1), self.by_middle).transpose(1, 0, 2)
+
     def _blocks(self, n: int):
         for first in range(0, n, self.block):
             yield slice(first, min(n, first + self.block))
@@ -306,8 +310,7 @@ class _LiftedSecondOrder:
         m = self._pairs(messages)
         n = m.shape[0]
         if self.semiring is ScaledSemiring:
-            inner = np.matmul(m.transpose(2, 0, 1), self.by_middle).transpose(1, 0, 2)
-            return self._padded(inner, 0.0), None
+            return self._padded(self._into_pairs(m), 0.0), None
         by_a = m.transpose(0, 2, 1)  # [n, b, a]
         inner = np.empty((n, self.n_labels, self.n_labels))
         best = np.zeros((n, self.n_labels, self.n_labels), dtype=np.int64) if self.semiring is MaxSemiring else None
@@ -344,8 +347,7 @@ class _LiftedSecondOrder:
         p, L = self._pairs(previous), self.n_labels
         f = following[:, : L * L].reshape(-1, L, L)  # [n, b, c]
         if self.semiring is ScaledSemiring:
-            incoming = np.matmul(p.transpose(2, 0, 1), self.by_middle).transpose(1, 0, 2)  # [n, b, c]
-            norm = np.einsum("nbc,nbc->n", incoming, f)
+            norm = np.einsum("nbc,nbc->n", self._into_pairs(p), f)
             weighted = p / norm[:, None, None]
             summed = np.matmul(weighted.transpose(2, 1, 0), f.transpose(1, 0, 2))  # [b, a, c]
             return self.values * summed.transpose(1, 0, 2)

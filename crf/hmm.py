@@ -46,7 +46,6 @@ def transition_indices(labels: np.ndarray, lengths: np.ndarray, n_labels: int, o
     sequences: one per token and one for the end symbol of each sequence. ``labels`` (T,) ints."""
     L = n_labels
     offsets = np.concatenate([[0], np.cumsum(lengths)])
-    n_seq = lengths.size
     # each sequence becomes [<s>] * order + labels + [</s>] in a padded flat array
     padded_len = lengths + order + 1
     starts = np.concatenate([[0], np.cumsum(padded_len)])[:-1]
@@ -54,7 +53,7 @@ def transition_indices(labels: np.ndarray, lengths: np.ndarray, n_labels: int, o
     token_pos = np.repeat(starts + order - offsets[:-1], lengths) + np.arange(labels.size)
     padded[token_pos] = labels
     # targets: every token and every end symbol
-    targets = np.concatenate([token_pos, starts + order + lengths]) if n_seq else token_pos
+    targets = np.concatenate([token_pos, starts + order + lengths])
     index = np.zeros(targets.size, dtype=np.int64)
     for back in range(order, -1, -1):
         index = index * (L + 1) + padded[targets - back]
@@ -400,8 +399,9 @@ class HMMTagger:
             first = last
         return ranges
 
-    def _map_chunks(self, X, work: Callable[[np.ndarray, np.ndarray, tuple], object]) -> list:
-        """``work(emissions (T_c, S), lengths (N_c,), chain scores)`` on every chunk, in threads."""
+    def _map_chunks(self, X, work: Callable[[np.ndarray, np.ndarray, tuple, slice], object]) -> list:
+        """``work(emissions (T_c, S), lengths (N_c,), chain scores, token slice)`` on every chunk,
+        in threads; the slice places the chunk's tokens among all tokens of ``X``."""
         self._check_fitted()
         words, lengths = self._flatten(X)
         scores = self._chain_scores()
@@ -415,7 +415,7 @@ class HMMTagger:
             emissions = all_emissions[offsets[first]:offsets[last]]
             if self.order == 2:
                 emissions = scores[0].state_emissions(emissions)
-            return work(emissions, lengths[first:last], scores)
+            return work(emissions, lengths[first:last], scores, slice(int(offsets[first]), int(offsets[last])))
 
         with single_threaded_blas(), Workers(thread_count(self.n_threads)) as workers:
             return workers.map(run, ranges)
@@ -424,7 +424,7 @@ class HMMTagger:
 
     def predict_codes(self, X: Sequence[Sequence[str]]) -> np.ndarray:
         """Viterbi label indices of all tokens, flat (T,)."""
-        def decode(emissions, lengths, scores):
+        def decode(emissions, lengths, scores, _tokens):
             states, _ = chain.viterbi(emissions, *scores, lengths)
             return states % self.n_hidden_ % len(self.classes_)
 
@@ -438,7 +438,12 @@ class HMMTagger:
         return [list(classes[codes[a:b]]) for a, b in zip(offsets[:-1], offsets[1:])]
 
     def _posteriors(self, X) -> list[chain.Posterior]:
-        return self._map_chunks(X, lambda emissions, lengths, scores: chain.forward_backward(emissions, *scores, lengths))
+        return self._map_chunks(X, lambda emissions, lengths, scores, _tokens: chain.forward_backward(emissions, *scores, lengths))
+
+    def _hidden_marginals(self, states: np.ndarray) -> np.ndarray:
+        """Per-state marginals (T, S) summed to the hidden labels (T, H)."""
+        H = self.n_hidden_
+        return states if self.order == 1 else states.reshape(-1, H + 1, H).sum(axis=1)
 
     def log_likelihood(self, X: Sequence[Sequence[str]], per_sequence: bool = False):
         """log p(x) by the forward algorithm: the total (float) or per sequence (N,). Unknown
@@ -449,7 +454,7 @@ class HMMTagger:
     def marginals(self, X: Sequence[Sequence[str]]) -> np.ndarray:
         """Posterior label probabilities p(y_t = l | x) of all tokens, shape (T, L)."""
         L, H = len(self.classes_), self.n_hidden_
-        node = [p.marginals if self.order == 1 else p.marginals.reshape(-1, H + 1, H).sum(axis=1) for p in self._posteriors(X)]
+        node = [self._hidden_marginals(p.marginals) for p in self._posteriors(X)]
         return np.concatenate(node).reshape(-1, H // L, L).sum(axis=1)
 
     def score(self, X: Sequence[Sequence[str]], y: Sequence[Sequence[str]]) -> float:
@@ -466,34 +471,30 @@ class HMMTagger:
     def _expected_counts(self, X) -> tuple[float, np.ndarray, np.ndarray]:
         """E-step: (log p(X), expected transition counts, expected emission counts (V, L))."""
         L, V = self.n_hidden_, len(self.vocabulary_)
-        words, lengths = self._flatten(X)
-        ids = self.word_ids(words)
-        offsets = np.concatenate([[0], np.cumsum(lengths)])
-        ranges = self._chunks(lengths)
-        posteriors = self._posteriors(X)
-        transitions = np.zeros_like(self.transition_counts_)
-        emissions = np.zeros((V, L))
-        log_likelihood = 0.0
-        for (first, last), post in zip(ranges, posteriors):
-            log_likelihood += float(post.log_z.sum())
-            chunk_offsets = offsets[first:last + 1] - offsets[first]
-            states = post.marginals
-            node = states if self.order == 1 else states.reshape(-1, L + 1, L).sum(axis=1)
-            first_rows, last_rows = chunk_offsets[:-1], chunk_offsets[1:] - 1
+        ids = self.word_ids(self._flatten(X)[0])
+        if np.any(ids < 0):
+            raise ValueError("Baum-Welch needs every word in the vocabulary")  # baum_welch extends it first
+
+        def count(emissions, lengths, scores, tokens):
+            post = chain.forward_backward(emissions, *scores, lengths)
+            node = self._hidden_marginals(post.marginals)
+            ends = np.cumsum(lengths)
+            first_rows, last_rows = ends - lengths, ends - 1
+            transitions = np.zeros_like(self.transition_counts_)
             if self.order == 1:
-                transitions[:L, :L] += post.transition_counts
-                transitions[L, :L] += node[first_rows].sum(axis=0)
-                transitions[:L, L] += node[last_rows].sum(axis=0)
+                transitions[:L, :L] = post.transition_counts
+                transitions[L, :L] = node[first_rows].sum(axis=0)
+                transitions[:L, L] = node[last_rows].sum(axis=0)
             else:
-                transitions[:, :L, :L] += post.transition_counts
-                transitions[L, L, :L] += node[first_rows].sum(axis=0)
-                transitions[:, :L, L] += states[last_rows].sum(axis=0).reshape(L + 1, L)
-            chunk_ids = ids[offsets[first]:offsets[last]]
-            if np.any(chunk_ids < 0):
-                raise ValueError("Baum-Welch needs every word in the vocabulary")  # baum_welch extends it first
+                transitions[:, :L, :L] = post.transition_counts
+                transitions[L, L, :L] = node[first_rows].sum(axis=0)
+                transitions[:, :L, L] = post.marginals[last_rows].sum(axis=0).reshape(L + 1, L)
+            chunk_ids = ids[tokens]
             membership = sp.csr_matrix((np.ones(chunk_ids.size), (chunk_ids, np.arange(chunk_ids.size))), shape=(V, chunk_ids.size))
-            emissions += membership @ node
-        return log_likelihood, transitions, emissions
+            return float(post.log_z.sum()), transitions, membership @ node
+
+        parts = self._map_chunks(X, count)
+        return sum(p[0] for p in parts), sum(p[1] for p in parts), sum(p[2] for p in parts)
 
     def _log_prior_and_labelled(self, labelled_transitions, labelled_emissions) -> float:
         """log Dirichlet(k + 1) prior of the current tables plus the labelled data's log joint."""

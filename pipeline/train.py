@@ -30,9 +30,6 @@ from pipeline.prepare import read_prepared
 from pipeline.tracking import SWEEP_ID_VARIABLE
 from pipeline.report import figure, save_figure
 
-HMM_PARAMS = ("order", "transition_smoothing", "emission_smoothing", "k", "rare_threshold", "max_suffix", "capitalization")
-
-
 def config_slice(cfg) -> dict:
     if cfg.model.name == "hmm":
         return {"model": OmegaConf.to_container(cfg.model, resolve=True)}
@@ -128,7 +125,8 @@ def plot_learning_curve(history: pd.DataFrame, path: Path) -> None:
 
 def build_hmm(model: Mapping) -> HMMTagger:
     threads = 1 if os.environ.get(SWEEP_ID_VARIABLE) else None  # sweep jobs already run one per core
-    return HMMTagger(n_threads=threads, **{k: model[k] for k in HMM_PARAMS})
+    params = {k: model[k] for k in HMMTagger().get_params() if k in model and model[k] is not None}
+    return HMMTagger(n_threads=threads, **params)
 
 
 def run_hmm(cfg, inputs: Mapping[str, Path], out: Path) -> dict:
