@@ -50,7 +50,7 @@ class SequenceBatch:
     def __len__(self) -> int:
         return self.n_sequences
 
-    def subset(self, indices: np.ndarray) -> "SequenceBatch":
+    def subset(self, indices: np.ndarray) -> SequenceBatch:
         """The sequences at ``indices`` (in that order) as a new batch."""
         indices = np.asarray(indices, dtype=np.int64)
         lengths = self.lengths[indices]

@@ -31,7 +31,6 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import logsumexp
 
-
 # --- layout -------------------------------------------------------------------------------
 
 
@@ -54,7 +53,7 @@ class Layout:
     rank_of_row: np.ndarray
 
     @classmethod
-    def from_lengths(cls, lengths) -> "Layout":
+    def from_lengths(cls, lengths) -> Layout:
         lengths = np.asarray(lengths, dtype=np.int64)
         if lengths.ndim != 1 or lengths.size == 0 or np.any(lengths <= 0):
             raise ValueError("lengths must be a non-empty 1-D array of positive integers")
@@ -259,7 +258,7 @@ class SecondOrderTransitions:
     def labels_of_states(self, states: np.ndarray) -> np.ndarray:
         return np.asarray(states) % self.n_labels
 
-    def lift(self, semiring) -> tuple[np.ndarray, "_LiftedSecondOrder"]:
+    def lift(self, semiring) -> tuple[np.ndarray, _LiftedSecondOrder]:
         """(column offsets (S,), lifted operator): as for a matrix, each target pair's best
         incoming score moves into the emissions so the lifted scores peak at 1 (0 in log space)."""
         L = self.n_labels
@@ -382,7 +381,7 @@ def _lifted_scores(packed: np.ndarray, transitions, start, layout: Layout, semir
     first = layout.first_rows()
     shifted = packed if overwrite else np.empty_like(packed)
     np.add(packed[first], start, out=shifted[first])
-    np.add(packed[first.stop:], column_top, out=shifted[first.stop:])
+    np.add(packed[first.stop :], column_top, out=shifted[first.stop :])
     lifted, offset = semiring.lift(shifted, inplace=True)
     return lifted, offset, matrix
 
@@ -468,8 +467,9 @@ class Posterior:
     log_beta: np.ndarray | None = None
 
 
-def _forward_backward_packed(packed, transitions, start, end, layout: Layout, semiring, keep_messages: bool,
-                             overwrite: bool = False) -> Posterior:
+def _forward_backward_packed(
+    packed, transitions, start, end, layout: Layout, semiring, keep_messages: bool, overwrite: bool = False
+) -> Posterior:
     """Forward-backward in one semiring on packed emissions; results packed, ``log_z`` by rank.
     Sequences whose normalisers underflow get ``log_z = -inf`` or NaN marginals and contribute
     no transition counts; :func:`forward_backward` recomputes them in log space."""

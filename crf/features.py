@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -35,6 +35,7 @@ BOS, EOS = "__BOS__", "__EOS__"
 
 
 # --- token functions: str -> str | None (None: no attribute for this token) -------------------
+
 
 def _shape(word: str) -> str:
     out = []
@@ -248,7 +249,7 @@ class FeatureExtractor:
                 covered[span] = True
                 suffix = f"-{kind}" if kind else ""
                 marks[start] = "B" + suffix
-                marks[start + 1:start + size] = "I" + suffix
+                marks[start + 1 : start + size] = "I" + suffix
         return marks
 
     # --- templates -----------------------------------------------------------------------
@@ -290,7 +291,7 @@ class FeatureExtractor:
             out[name] = np.where(codes >= 0, lookup[np.maximum(codes, 0)], -1).astype(np.int64)
         return out
 
-    def fit(self, sentences: Sequence[Sentence]) -> "FeatureExtractor":
+    def fit(self, sentences: Sequence[Sentence]) -> FeatureExtractor:
         """Fit the view vocabularies and the attribute vocabulary on ``sentences``."""
         corpus = self._read(sentences)
         self.vocabulary_: dict[str, np.ndarray] = {}
@@ -324,7 +325,9 @@ class FeatureExtractor:
         for i, sentence in enumerate(sentences):
             for j, row in enumerate(sentence):
                 if len(row) < width:
-                    raise ValueError(f"sentence {i}, token {j}: {len(row)} columns, the extractor expects {width} ({self.columns})")
+                    raise ValueError(
+                        f"sentence {i}, token {j}: {len(row)} columns, the extractor expects {width} ({self.columns})"
+                    )
         return _corpus(sentences, self.columns, needed)
 
     def transform(self, sentences: Sequence[Sentence]) -> SequenceBatch:
@@ -350,7 +353,9 @@ class FeatureExtractor:
             parsed = pd.to_numeric(pd.Series(corpus.columns[name]), errors="coerce").to_numpy(dtype=np.float64)
             bad = np.flatnonzero(~np.isfinite(parsed))
             if bad.size:
-                raise ValueError(f"numeric column {name!r}: token {int(bad[0])} has the non-numeric value {corpus.columns[name][bad[0]]!r}")
+                raise ValueError(
+                    f"numeric column {name!r}: token {int(bad[0])} has the non-numeric value {corpus.columns[name][bad[0]]!r}"
+                )
             ids.append(np.where(parsed != 0.0, base, -1))
             values.append(parsed)
             base += 1
@@ -401,7 +406,7 @@ class FeatureExtractor:
         """The batch as nested lists of attribute strings (for python-crfsuite and the like)."""
         names = self.attribute_names()
         X = batch.X
-        per_token = [list(names[X.indices[X.indptr[i]:X.indptr[i + 1]]]) for i in range(X.shape[0])]
+        per_token = [list(names[X.indices[X.indptr[i] : X.indptr[i + 1]]]) for i in range(X.shape[0])]
         return [per_token[a:b] for a, b in zip(batch.offsets[:-1], batch.offsets[1:])]
 
     # --- persistence ---------------------------------------------------------------------
@@ -433,7 +438,7 @@ class FeatureExtractor:
         return arrays
 
     @classmethod
-    def from_state(cls, config: Mapping, arrays: Mapping[str, np.ndarray]) -> "FeatureExtractor":
+    def from_state(cls, config: Mapping, arrays: Mapping[str, np.ndarray]) -> FeatureExtractor:
         """Rebuild a fitted extractor from :meth:`config` and :meth:`state_arrays`."""
         extractor = cls(**config)
         extractor.vocabulary_ = {}
@@ -462,10 +467,25 @@ class FeatureExtractor:
 
 
 CRFSUITE_CHUNKING_TEMPLATES = [
-    "w[-2]", "w[-1]", "w[0]", "w[1]", "w[2]", "w[-1]|w[0]", "w[0]|w[1]",
-    "pos[-2]", "pos[-1]", "pos[0]", "pos[1]", "pos[2]",
-    "pos[-2]|pos[-1]", "pos[-1]|pos[0]", "pos[0]|pos[1]", "pos[1]|pos[2]",
-    "pos[-2]|pos[-1]|pos[0]", "pos[-1]|pos[0]|pos[1]", "pos[0]|pos[1]|pos[2]",
+    "w[-2]",
+    "w[-1]",
+    "w[0]",
+    "w[1]",
+    "w[2]",
+    "w[-1]|w[0]",
+    "w[0]|w[1]",
+    "pos[-2]",
+    "pos[-1]",
+    "pos[0]",
+    "pos[1]",
+    "pos[2]",
+    "pos[-2]|pos[-1]",
+    "pos[-1]|pos[0]",
+    "pos[0]|pos[1]",
+    "pos[1]|pos[2]",
+    "pos[-2]|pos[-1]|pos[0]",
+    "pos[-1]|pos[0]|pos[1]",
+    "pos[0]|pos[1]|pos[2]",
 ]
 
 
@@ -507,7 +527,7 @@ class AttributeIndex:
             for name in token:
                 yield str(name), 1.0
 
-    def fit(self, sequences) -> "AttributeIndex":
+    def fit(self, sequences) -> AttributeIndex:
         index = self.index_
         for sequence in sequences:
             for token in sequence:
@@ -533,7 +553,10 @@ class AttributeIndex:
                         cols.append(column)
                         vals.append(value)
                 row += 1
-        matrix = sp.csr_matrix((np.array(vals, dtype=np.float64), (np.array(rows, dtype=np.int64), np.array(cols, dtype=np.int64))), shape=(row, len(index)))
+        matrix = sp.csr_matrix(
+            (np.array(vals, dtype=np.float64), (np.array(rows, dtype=np.int64), np.array(cols, dtype=np.int64))),
+            shape=(row, len(index)),
+        )
         matrix.sum_duplicates()
         return SequenceBatch(matrix, offsets_from_lengths(lengths))
 

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -31,7 +31,7 @@ import scipy.sparse as sp
 
 from . import chain
 from .parallel import Workers, single_threaded_blas, thread_count
-from .persist import arrays_to_strings, load_arrays, save_arrays, strings_to_arrays, ModelFileError
+from .persist import ModelFileError, arrays_to_strings, load_arrays, save_arrays, strings_to_arrays
 
 _KIND = "crf.HMMTagger"
 _TRANSITION_SMOOTHING = ("add-k", "interpolation")
@@ -102,7 +102,7 @@ def interpolation_weights(counts: np.ndarray) -> np.ndarray:
     for n in range(1, order + 2):  # unigram .. full order
         ngram = counts.sum(axis=tuple(range(order + 1 - n))) if n <= order else counts
         context = ngram.sum(axis=-1)
-        idx = tuple(seen[:, order + 1 - n:].T)
+        idx = tuple(seen[:, order + 1 - n :].T)
         numerator = ngram[idx] - 1
         denominator = (context[idx[:-1]] if n > 1 else np.full(f.size, ngram.sum())) - 1
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -153,8 +153,9 @@ class SuffixModel:
         return "C" if word[:1].isupper() else "l"
 
     @classmethod
-    def fit(cls, words: Sequence[str], tag_counts: np.ndarray, rare: np.ndarray, label_probabilities: np.ndarray,
-            max_suffix: int) -> "SuffixModel":
+    def fit(
+        cls, words: Sequence[str], tag_counts: np.ndarray, rare: np.ndarray, label_probabilities: np.ndarray, max_suffix: int
+    ) -> SuffixModel:
         """``words`` (V,) vocabulary, ``tag_counts`` (V, L) word-label counts, ``rare`` (V,)
         which words teach the model, ``label_probabilities`` (L,) P(t) over all tokens."""
         theta = float(np.std(label_probabilities, ddof=1)) if label_probabilities.size > 1 else 1.0
@@ -164,7 +165,7 @@ class SuffixModel:
             word = words[w]
             case = cls.case(word)
             for i in range(min(max_suffix, len(word)) + 1):
-                key = f"{case}|{word[len(word) - i:] if i else ''}"
+                key = f"{case}|{word[len(word) - i :] if i else ''}"
                 pairs_key.append(key_rows.setdefault(key, len(key_rows)))
                 pairs_word.append(w)
         for case in ("C", "l"):  # both empty suffixes exist even without rare words of a case
@@ -191,7 +192,7 @@ class SuffixModel:
         for n, word in enumerate(words):  # once per distinct unknown word
             case = self.case(word)
             for i in range(min(self.max_suffix, len(word)), -1, -1):
-                row = self.rows.get(f"{case}|{word[len(word) - i:] if i else ''}")
+                row = self.rows.get(f"{case}|{word[len(word) - i :] if i else ''}")
                 if row is not None:
                     rows[n] = row
                     break
@@ -239,9 +240,18 @@ class HMMTagger:
     ``capitalization`` the label axis of these tables has the 2L hidden labels.
     """
 
-    def __init__(self, order: int = 2, transition_smoothing: str = "interpolation", emission_smoothing: str = "suffix",
-                 k: float = 0.1, rare_threshold: int = 10, max_suffix: int = 10, capitalization: bool = False,
-                 chunk_elements: int = 4_000_000, n_threads: int | None = None) -> None:
+    def __init__(
+        self,
+        order: int = 2,
+        transition_smoothing: str = "interpolation",
+        emission_smoothing: str = "suffix",
+        k: float = 0.1,
+        rare_threshold: int = 10,
+        max_suffix: int = 10,
+        capitalization: bool = False,
+        chunk_elements: int = 4_000_000,
+        n_threads: int | None = None,
+    ) -> None:
         self.order = order
         self.capitalization = capitalization
         self.transition_smoothing = transition_smoothing
@@ -253,9 +263,20 @@ class HMMTagger:
         self.n_threads = n_threads
 
     def get_params(self) -> dict:
-        return {name: getattr(self, name) for name in ("order", "transition_smoothing", "emission_smoothing", "k",
-                                                       "rare_threshold", "max_suffix", "capitalization", "chunk_elements",
-                                                       "n_threads")}
+        return {
+            name: getattr(self, name)
+            for name in (
+                "order",
+                "transition_smoothing",
+                "emission_smoothing",
+                "k",
+                "rare_threshold",
+                "max_suffix",
+                "capitalization",
+                "chunk_elements",
+                "n_threads",
+            )
+        }
 
     def _check_params(self) -> None:
         if self.order not in (1, 2):
@@ -278,14 +299,17 @@ class HMMTagger:
             raise ValueError(f"{name} must be a non-empty list of non-empty sequences")
         return list(itertools.chain.from_iterable(X)), lengths
 
-    def fit(self, X: Sequence[Sequence[str]], y: Sequence[Sequence[str]]) -> "HMMTagger":
+    def fit(self, X: Sequence[Sequence[str]], y: Sequence[Sequence[str]]) -> HMMTagger:
         """Estimate by counting from observation sequences ``X`` and label sequences ``y``."""
         self._check_params()
         words, lengths = self._flatten(X)
         labels, label_lengths = self._flatten(y, "y")
         if not np.array_equal(lengths, label_lengths):
             bad = int(np.flatnonzero(lengths != label_lengths)[0]) if lengths.size == label_lengths.size else None
-            raise ValueError("X and y differ in length" + (f" at sequence {bad}" if bad is not None else f" ({lengths.size} vs {label_lengths.size} sequences)"))
+            raise ValueError(
+                "X and y differ in length"
+                + (f" at sequence {bad}" if bad is not None else f" ({lengths.size} vs {label_lengths.size} sequences)")
+            )
         label_codes, classes = pd.factorize(pd.Series(labels, dtype=object), sort=True)
         word_codes, vocabulary = pd.factorize(pd.Series(words, dtype=object))
         self.classes_ = [str(c) for c in classes]
@@ -412,7 +436,7 @@ class HMMTagger:
 
         def run(part):
             first, last = part
-            emissions = all_emissions[offsets[first]:offsets[last]]
+            emissions = all_emissions[offsets[first] : offsets[last]]
             if self.order == 2:
                 emissions = scores[0].state_emissions(emissions)
             return work(emissions, lengths[first:last], scores, slice(int(offsets[first]), int(offsets[last])))
@@ -424,6 +448,7 @@ class HMMTagger:
 
     def predict_codes(self, X: Sequence[Sequence[str]]) -> np.ndarray:
         """Viterbi label indices of all tokens, flat (T,)."""
+
         def decode(emissions, lengths, scores, _tokens):
             states, _ = chain.viterbi(emissions, *scores, lengths)
             return states % self.n_hidden_ % len(self.classes_)
@@ -438,7 +463,9 @@ class HMMTagger:
         return [list(classes[codes[a:b]]) for a, b in zip(offsets[:-1], offsets[1:])]
 
     def _posteriors(self, X) -> list[chain.Posterior]:
-        return self._map_chunks(X, lambda emissions, lengths, scores, _tokens: chain.forward_backward(emissions, *scores, lengths))
+        return self._map_chunks(
+            X, lambda emissions, lengths, scores, _tokens: chain.forward_backward(emissions, *scores, lengths)
+        )
 
     def _hidden_marginals(self, states: np.ndarray) -> np.ndarray:
         """Per-state marginals (T, S) summed to the hidden labels (T, H)."""
@@ -490,7 +517,9 @@ class HMMTagger:
                 transitions[L, L, :L] = node[first_rows].sum(axis=0)
                 transitions[:, :L, L] = post.marginals[last_rows].sum(axis=0).reshape(L + 1, L)
             chunk_ids = ids[tokens]
-            membership = sp.csr_matrix((np.ones(chunk_ids.size), (chunk_ids, np.arange(chunk_ids.size))), shape=(V, chunk_ids.size))
+            membership = sp.csr_matrix(
+                (np.ones(chunk_ids.size), (chunk_ids, np.arange(chunk_ids.size))), shape=(V, chunk_ids.size)
+            )
             return float(post.log_z.sum()), transitions, membership @ node
 
         parts = self._map_chunks(X, count)
@@ -500,8 +529,7 @@ class HMMTagger:
         """log Dirichlet(k + 1) prior of the current tables plus the labelled data's log joint."""
         total = 0.0
         valid = valid_contexts(self.n_hidden_, self.order)
-        tables = [(self.log_transitions_[valid], labelled_transitions[valid]),
-                  (self.log_emissions_[:-1], labelled_emissions)]
+        tables = [(self.log_transitions_[valid], labelled_transitions[valid]), (self.log_emissions_[:-1], labelled_emissions)]
         for log_p, counts in tables:
             weight = counts + self.k
             total += float(np.sum(np.where(weight > 0, weight * np.where(np.isfinite(log_p), log_p, 0.0), 0.0)))
@@ -510,8 +538,14 @@ class HMMTagger:
             total += float(self.k * np.sum(self.log_emissions_[-1]))
         return total
 
-    def baum_welch(self, X_unlabelled: Sequence[Sequence[str]], iterations: int = 20, tolerance: float = 1e-5,
-                   labelled_weight: float = 1.0, callback: Callable[[EMIteration], None] | None = None) -> "HMMTagger":
+    def baum_welch(
+        self,
+        X_unlabelled: Sequence[Sequence[str]],
+        iterations: int = 20,
+        tolerance: float = 1e-5,
+        labelled_weight: float = 1.0,
+        callback: Callable[[EMIteration], None] | None = None,
+    ) -> HMMTagger:
         """Re-estimate the fitted model by EM on unlabelled observation sequences.
 
         Starts from the supervised model (call :meth:`fit` first); its labelled counts stay in
@@ -526,9 +560,11 @@ class HMMTagger:
         """
         self._check_fitted()
         if self.transition_smoothing != "add-k" or self.emission_smoothing != "add-k":
-            raise ValueError("Baum-Welch re-estimates add-k models only (transition_smoothing='add-k', "
-                             "emission_smoothing='add-k'): deleted interpolation and the suffix model have "
-                             "no EM update that guarantees the likelihood never decreases")
+            raise ValueError(
+                "Baum-Welch re-estimates add-k models only (transition_smoothing='add-k', "
+                "emission_smoothing='add-k'): deleted interpolation and the suffix model have "
+                "no EM update that guarantees the likelihood never decreases"
+            )
         words, _ = self._flatten(X_unlabelled, "X_unlabelled")
         new_words = pd.Index(pd.unique(pd.Series(words, dtype=object))).difference(pd.Index(self.vocabulary_), sort=False)
         if len(new_words):
@@ -568,13 +604,18 @@ class HMMTagger:
             arrays["suffix_blob"], arrays["suffix_offsets"] = strings_to_arrays(self.suffix_model_.keys)
             arrays["suffix_log_probabilities"] = self.suffix_model_.log_probabilities
             arrays["unknown_given_label"] = self.unknown_given_label_
-        meta = {"params": self.get_params(), "classes": list(self.classes_),
-                "suffix_theta": None if self.suffix_model_ is None else self.suffix_model_.theta,
-                "interpolation_weights": None if self.interpolation_weights_ is None else [float(w) for w in self.interpolation_weights_]}
+        meta = {
+            "params": self.get_params(),
+            "classes": list(self.classes_),
+            "suffix_theta": None if self.suffix_model_ is None else self.suffix_model_.theta,
+            "interpolation_weights": None
+            if self.interpolation_weights_ is None
+            else [float(w) for w in self.interpolation_weights_],
+        }
         save_arrays(path, _KIND, meta, arrays)
 
     @classmethod
-    def load(cls, path) -> "HMMTagger":
+    def load(cls, path) -> HMMTagger:
         """Read a model written by :meth:`save`; raises ModelFileError on a bad file."""
         meta, arrays = load_arrays(path, _KIND)
         try:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import gzip
 import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 Sentence = list[tuple[str, ...]]
 
@@ -42,7 +42,7 @@ def _decoded_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
                     text = raw.decode("utf-8")
                 except UnicodeDecodeError as err:
                     raise DataFormatError(
-                        path, number, f"not valid UTF-8 (byte {err.start}: {raw[err.start:err.start + 1]!r})"
+                        path, number, f"not valid UTF-8 (byte {err.start}: {raw[err.start : err.start + 1]!r})"
                     ) from None
                 yield number, text.rstrip("\r\n")
     except (OSError, EOFError) as err:  # a truncated or corrupt gzip stream

@@ -9,8 +9,8 @@ conlleval; a chunk is correct when its start, end and type all match.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 import pandas as pd
@@ -76,12 +76,14 @@ def _chunks_flat(flat: np.ndarray, offsets: np.ndarray) -> pd.DataFrame:
     close_at = np.flatnonzero(closes)
     ends = close_at[np.searchsorted(close_at, starts, side="right")]
     sequence = np.searchsorted(offsets, starts, side="right") - 1
-    return pd.DataFrame({
-        "sequence": sequence,
-        "start": starts - offsets[sequence],
-        "end": ends - offsets[sequence],
-        "type": types[starts].astype(str),
-    })
+    return pd.DataFrame(
+        {
+            "sequence": sequence,
+            "start": starts - offsets[sequence],
+            "end": ends - offsets[sequence],
+            "type": types[starts].astype(str),
+        }
+    )
 
 
 @dataclass
@@ -120,9 +122,13 @@ def chunk_scores(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[str
     for t in types:
         gt, pt, ct = int(g.get(t, 0)), int(p.get(t, 0)), int(c.get(t, 0))
         rows.append((t, *_prf(ct, pt, gt), gt, pt, ct))
-    per_type = pd.DataFrame(rows, columns=["type", "precision", "recall", "f1", "support", "predicted", "correct"]).set_index("type")
+    per_type = pd.DataFrame(rows, columns=["type", "precision", "recall", "f1", "support", "predicted", "correct"]).set_index(
+        "type"
+    )
     precision, recall, f1 = _prf(len(correct), len(pred_chunks), len(gold_chunks))
-    return ChunkScores(precision, recall, f1, len(gold_chunks), len(pred_chunks), len(correct), token_accuracy(gold, predicted), per_type)
+    return ChunkScores(
+        precision, recall, f1, len(gold_chunks), len(pred_chunks), len(correct), token_accuracy(gold, predicted), per_type
+    )
 
 
 def _check_aligned(gold, predicted) -> None:
@@ -153,7 +159,9 @@ def label_scores(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[str
     return pd.DataFrame(rows, columns=["label", "precision", "recall", "f1", "support"]).set_index("label")
 
 
-def confusion_matrix(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[str]], labels: Sequence[str] | None = None) -> pd.DataFrame:
+def confusion_matrix(
+    gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[str]], labels: Sequence[str] | None = None
+) -> pd.DataFrame:
     """Counts of (gold label, predicted label) pairs; rows gold, columns predicted."""
     g, _ = _flatten(gold)
     p, _ = _flatten(predicted)
@@ -163,7 +171,9 @@ def confusion_matrix(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence
     pi = np.array([index.get(x, -1) for x in pd.unique(p)])[pd.factorize(p)[0]]
     keep = (gi >= 0) & (pi >= 0)
     counts = np.bincount(gi[keep] * len(labels) + pi[keep], minlength=len(labels) ** 2)
-    return pd.DataFrame(counts.reshape(len(labels), len(labels)), index=pd.Index(labels, name="gold"), columns=pd.Index(labels, name="predicted"))
+    return pd.DataFrame(
+        counts.reshape(len(labels), len(labels)), index=pd.Index(labels, name="gold"), columns=pd.Index(labels, name="predicted")
+    )
 
 
 # --- significance of a difference between two taggers ---------------------------------------
@@ -230,6 +240,15 @@ def paired_bootstrap(gold, first, second, chunked: bool, samples: int = 1000, se
         # two-sided, with the add-one estimate: no resample reversing the sign means p < 1/B, not 0
         reversed_ = min(np.sum(d <= 0), np.sum(d >= 0))
         p = min(1.0, 2.0 * (reversed_ + 1) / (samples + 1))
-        rows.append({"metric": name, "first": observed_a[k], "second": observed_b[k], "difference": observed_b[k] - observed_a[k],
-                     "low_95": float(np.percentile(d, 2.5)), "high_95": float(np.percentile(d, 97.5)), "p_value": p})
+        rows.append(
+            {
+                "metric": name,
+                "first": observed_a[k],
+                "second": observed_b[k],
+                "difference": observed_b[k] - observed_a[k],
+                "low_95": float(np.percentile(d, 2.5)),
+                "high_95": float(np.percentile(d, 97.5)),
+                "p_value": p,
+            }
+        )
     return pd.DataFrame(rows)

@@ -9,7 +9,7 @@ python-crfsuite) or a :class:`~crf.batch.SequenceBatch` from :class:`~crf.featur
 from __future__ import annotations
 
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -23,8 +23,21 @@ from .persist import ModelFileError, arrays_to_strings, load_arrays, save_arrays
 
 _KIND = "crf.CRF"
 _PARAMS = (
-    "algorithm", "c1", "c2", "max_iterations", "num_memories", "epsilon", "period", "delta",
-    "all_possible_states", "learning_rate", "batch_size", "random_state", "dev_every", "n_threads", "verbose",
+    "algorithm",
+    "c1",
+    "c2",
+    "max_iterations",
+    "num_memories",
+    "epsilon",
+    "period",
+    "delta",
+    "all_possible_states",
+    "learning_rate",
+    "batch_size",
+    "random_state",
+    "dev_every",
+    "n_threads",
+    "verbose",
 )
 
 
@@ -107,7 +120,7 @@ class CRF:
 
     # --- training ------------------------------------------------------------------------
 
-    def fit(self, X, y, X_dev=None, y_dev=None, attribute_names: Sequence[str] | None = None) -> "CRF":
+    def fit(self, X, y, X_dev=None, y_dev=None, attribute_names: Sequence[str] | None = None) -> CRF:
         """Train on ``X``, ``y``; with ``X_dev``/``y_dev``, report dev accuracy every
         ``dev_every`` iterations. ``attribute_names`` names the columns of a SequenceBatch."""
         began = time.perf_counter()
@@ -140,12 +153,28 @@ class CRF:
             else:
                 if stopping.max_iterations is None:
                     stopping.max_iterations = 100
-                result = optimize.sgd(batch.X, batch.offsets, codes, params, theta0, self.c2, stopping,
-                                      self.learning_rate, self.batch_size, self.random_state, callback)
+                result = optimize.sgd(
+                    batch.X,
+                    batch.offsets,
+                    codes,
+                    params,
+                    theta0,
+                    self.c2,
+                    stopping,
+                    self.learning_rate,
+                    self.batch_size,
+                    self.random_state,
+                    callback,
+                )
         self._set_weights(params, result.theta)
         self.training_log_ = [
-            {"iteration": i.iteration, "loss": i.loss, "gradient_norm": i.gradient_norm,
-             "active_features": i.active_features, "elapsed": i.elapsed}
+            {
+                "iteration": i.iteration,
+                "loss": i.loss,
+                "gradient_norm": i.gradient_norm,
+                "active_features": i.active_features,
+                "elapsed": i.elapsed,
+            }
             for i in result.history
         ]
         self.n_iter_ = result.iterations
@@ -173,8 +202,11 @@ class CRF:
                     info.dev_accuracy = metrics.token_accuracy(y_dev, info.dev_predictions)
             if self.verbose:
                 dev = f" dev_acc={info.dev_accuracy:.2f}" if hasattr(info, "dev_accuracy") else ""
-                print(f"iter {info.iteration:4d} loss={info.loss:.4f} |g|={info.gradient_norm:.4g} "
-                      f"active={info.active_features} {info.elapsed:.1f}s{dev}", flush=True)
+                print(
+                    f"iter {info.iteration:4d} loss={info.loss:.4f} |g|={info.gradient_norm:.4g} "
+                    f"active={info.active_features} {info.elapsed:.1f}s{dev}",
+                    flush=True,
+                )
             if self.callback is not None:
                 self.callback(info)
 
@@ -215,7 +247,7 @@ class CRF:
         def tag(part: tuple[int, int]):
             rows = slice(int(batch.offsets[part[0]]), int(batch.offsets[part[1]]))
             emissions = np.asarray(batch.X[rows] @ self.state_weights_)
-            return chain.viterbi(emissions, *self._weights(), batch.lengths[part[0]:part[1]])
+            return chain.viterbi(emissions, *self._weights(), batch.lengths[part[0] : part[1]])
 
         with single_threaded_blas(), Workers(n_threads) as workers:
             parts = workers.map(tag, contiguous_parts(batch.offsets, n_threads))
@@ -272,8 +304,17 @@ class CRF:
         window_offsets = np.concatenate([[0], np.cumsum(widths)])
         masks = np.concatenate([np.asarray(a, dtype=bool) for a in allowed])
         return chain.constrained_log_probability(
-            posterior.log_alpha, posterior.log_beta, posterior.log_z, emissions, self.transitions_,
-            self.start_weights_, batch.offsets, np.asarray(sequence), np.asarray(start), masks, window_offsets,
+            posterior.log_alpha,
+            posterior.log_beta,
+            posterior.log_z,
+            emissions,
+            self.transitions_,
+            self.start_weights_,
+            batch.offsets,
+            np.asarray(sequence),
+            np.asarray(start),
+            masks,
+            window_offsets,
         )
 
     def predict_segments(self, X) -> pd.DataFrame:
@@ -300,7 +341,7 @@ class CRF:
         seqs, firsts, allowed = [], [], []
         for seq, s, e in zip(found["sequence"].to_numpy(), found["start"].to_numpy(), found["end"].to_numpy()):
             offset = batch.offsets[seq]
-            inside = labels[offset + s:offset + e]
+            inside = labels[offset + s : offset + e]
             rows = [np.arange(len(classes))[None, :] == inside[:, None]]
             window_start = s
             if s > 0:  # the previous token must not belong to this chunk
@@ -348,11 +389,13 @@ class CRF:
         flat = self.state_weights_.ravel()
         order = np.argsort(flat)
         picks = np.concatenate([order[::-1][:n], order[:n]])
-        state = pd.DataFrame({
-            "attribute": [self._attribute_name(i // L) for i in picks],
-            "label": [self.classes_[i % L] for i in picks],
-            "weight": flat[picks],
-        })
+        state = pd.DataFrame(
+            {
+                "attribute": [self._attribute_name(i // L) for i in picks],
+                "label": [self.classes_[i % L] for i in picks],
+                "weight": flat[picks],
+            }
+        )
         transitions = pd.DataFrame(
             [(a, b, w) for (a, b), w in self.transition_features_.items()], columns=["from", "to", "weight"]
         ).sort_values("weight", ascending=False, ignore_index=True)
@@ -362,8 +405,12 @@ class CRF:
     def size_(self) -> int:
         """Number of non-zero weights."""
         self._check_fitted()
-        return int(np.count_nonzero(self.state_weights_) + np.count_nonzero(self.transitions_)
-                   + np.count_nonzero(self.start_weights_) + np.count_nonzero(self.end_weights_))
+        return int(
+            np.count_nonzero(self.state_weights_)
+            + np.count_nonzero(self.transitions_)
+            + np.count_nonzero(self.start_weights_)
+            + np.count_nonzero(self.end_weights_)
+        )
 
     # --- persistence ---------------------------------------------------------------------
 
@@ -392,7 +439,7 @@ class CRF:
         save_arrays(path, _KIND, meta, arrays)
 
     @classmethod
-    def load(cls, path) -> "CRF":
+    def load(cls, path) -> CRF:
         """Read a model written by :meth:`save`; raises ModelFileError on a bad file."""
         meta, arrays = load_arrays(path, _KIND)
         try:
@@ -407,7 +454,11 @@ class CRF:
             state = np.zeros((A, L))
             if meta["sparse"]:
                 index = arrays["feature_index"].astype(np.int64)
-                if index.ndim != 1 or index.size != arrays["state_values"].size or (index.size and (index.min() < 0 or index.max() >= A * L)):
+                if (
+                    index.ndim != 1
+                    or index.size != arrays["state_values"].size
+                    or (index.size and (index.min() < 0 or index.max() >= A * L))
+                ):
                     raise ModelFileError(f"{path}: feature index out of range")
                 state.ravel()[index] = arrays["state_values"]
                 model.feature_index_ = index
@@ -420,7 +471,9 @@ class CRF:
             model.transitions_ = transitions
             model.start_weights_ = arrays["start"].astype(np.float64)
             model.end_weights_ = arrays["end"].astype(np.float64)
-            model.attributes_ = arrays_to_strings(arrays["attribute_blob"], arrays["attribute_offsets"]) if "attribute_blob" in arrays else None
+            model.attributes_ = (
+                arrays_to_strings(arrays["attribute_blob"], arrays["attribute_offsets"]) if "attribute_blob" in arrays else None
+            )
             if model.attributes_ is not None and len(model.attributes_) != A:
                 raise ModelFileError(f"{path}: {len(model.attributes_)} attribute names for {A} attributes")
             if meta.get("dict_input"):

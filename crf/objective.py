@@ -48,15 +48,15 @@ class ParameterLayout:
         else:
             state = np.zeros((self.n_attributes, L))
             state.ravel()[self.feature_index] = theta[:n]
-        transitions = theta[n:n + L * L].reshape(L, L)
-        start = theta[n + L * L:n + L * L + L]
-        end = theta[n + L * L + L:]
+        transitions = theta[n : n + L * L].reshape(L, L)
+        start = theta[n + L * L : n + L * L + L]
+        end = theta[n + L * L + L :]
         return state, transitions, start, end
 
     def split_transitions(self, theta: np.ndarray):
         """(None, transitions (L, L), start (L,), end (L,)) views of ``theta``: no state copy."""
         L, n = self.n_labels, self.n_state
-        return None, theta[n:n + L * L].reshape(L, L), theta[n + L * L:n + L * L + L], theta[n + L * L + L:]
+        return None, theta[n : n + L * L].reshape(L, L), theta[n + L * L : n + L * L + L], theta[n + L * L + L :]
 
     def join(self, state: np.ndarray, transitions, start, end) -> np.ndarray:
         """Inverse of :meth:`split`: a flat ``theta`` (picks the feature entries in sparse mode)."""
@@ -138,7 +138,7 @@ class StateFeatures:
                 if size not in ones:
                     ones[size] = np.ones(size)
                     ones[size].setflags(write=False)
-                block = sp.csr_matrix((ones[size][:block.nnz], block.indices, block.indptr), shape=block.shape, copy=False)
+                block = sp.csr_matrix((ones[size][: block.nnz], block.indices, block.indptr), shape=block.shape, copy=False)
             self.blocks.append(block)
 
     def emissions(self, theta_state: np.ndarray) -> np.ndarray:
@@ -181,7 +181,9 @@ class _Chunk:
         """Observed state feature counts of this chunk's gold labels."""
         return self.states.gradient(np.eye(n_labels)[self.labels])
 
-    def evaluate(self, theta_state: np.ndarray, transitions, start, end) -> tuple[float, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def evaluate(
+        self, theta_state: np.ndarray, transitions, start, end
+    ) -> tuple[float, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(log Z summed, emission score of the gold labels summed, expected state counts,
         expected transition counts, marginals summed at first and last tokens (2, L))."""
         emissions = self.states.emissions(theta_state)
@@ -212,8 +214,15 @@ class Objective:
     Call it inside :func:`crf.parallel.single_threaded_blas` when using several threads.
     """
 
-    def __init__(self, X: sp.csr_matrix, offsets: np.ndarray, labels: np.ndarray, params: ParameterLayout,
-                 n_threads: int | None = None, chunk_tokens: int = 40_000) -> None:
+    def __init__(
+        self,
+        X: sp.csr_matrix,
+        offsets: np.ndarray,
+        labels: np.ndarray,
+        params: ParameterLayout,
+        n_threads: int | None = None,
+        chunk_tokens: int = 40_000,
+    ) -> None:
         offsets = np.asarray(offsets, dtype=np.int64)
         labels = np.asarray(labels, dtype=np.int64)
         X = sp.csr_matrix(X, dtype=np.float64)
@@ -246,13 +255,19 @@ class Objective:
         _, transitions, start, end = self.params.split_transitions(theta)
         parts = self.workers.map(lambda chunk: chunk.evaluate(theta[:n], transitions, start, end), self.chunks)
         log_z = sum(p[0] for p in parts)
-        gold = (sum(p[1] for p in parts) + transitions.ravel() @ self.observed_transitions
-                + start @ self.observed_start + end @ self.observed_end)
+        gold = (
+            sum(p[1] for p in parts)
+            + transitions.ravel() @ self.observed_transitions
+            + start @ self.observed_start
+            + end @ self.observed_end
+        )
         ends = sum(p[4] for p in parts)
-        gradient = np.concatenate([
-            sum(p[2] for p in parts) - self.observed_state,
-            sum(p[3] for p in parts).ravel() - self.observed_transitions,
-            ends[0] - self.observed_start,
-            ends[1] - self.observed_end,
-        ])
+        gradient = np.concatenate(
+            [
+                sum(p[2] for p in parts) - self.observed_state,
+                sum(p[3] for p in parts).ravel() - self.observed_transitions,
+                ends[0] - self.observed_start,
+                ends[1] - self.observed_end,
+            ]
+        )
         return float(log_z - gold), gradient

@@ -13,8 +13,8 @@ exactly zero; OWL-QN (CRFsuite's method) reaches the same optimum of the same co
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 import scipy.optimize
@@ -111,6 +111,7 @@ def lbfgs(
     smooth = _regularised(objective, c2)
     n = theta0.size
     if c1 > 0:
+
         def split_fun(z: np.ndarray) -> tuple[float, np.ndarray]:
             loss, grad = smooth(z[:n] - z[n:])
             return loss + c1 * float(z.sum()), np.concatenate([grad + c1, c1 - grad])
@@ -123,7 +124,11 @@ def lbfgs(
         def reported_gradient(z, g):  # OWL-QN's pseudo-gradient norm, in theta's coordinates
             theta = to_theta(z)
             smooth_g = g[:n] - c1
-            pseudo = np.where(theta > 0, smooth_g + c1, np.where(theta < 0, smooth_g - c1, np.sign(smooth_g) * np.maximum(np.abs(smooth_g) - c1, 0)))
+            pseudo = np.where(
+                theta > 0,
+                smooth_g + c1,
+                np.where(theta < 0, smooth_g - c1, np.sign(smooth_g) * np.maximum(np.abs(smooth_g) - c1, 0)),
+            )
             return pseudo
     else:
         fun = _Tracker(smooth)
@@ -160,7 +165,12 @@ def lbfgs(
             raise StopIteration
 
     result = scipy.optimize.minimize(
-        fun, x0, jac=True, method="L-BFGS-B", bounds=bounds, callback=on_iteration,
+        fun,
+        x0,
+        jac=True,
+        method="L-BFGS-B",
+        bounds=bounds,
+        callback=on_iteration,
         options={"maxcor": num_memories, "maxiter": 10**9, "maxfun": 10**9, "ftol": 0.0, "gtol": 0.0},
     )
     if state["reason"] == "converged" and not result.success:
@@ -200,7 +210,7 @@ def sgd(
         mask = mask.reshape(params.n_attributes, L)
     minibatches = []
     for begin in range(0, n_sequences, batch_size):
-        chosen = np.sort(order[begin:begin + batch_size])
+        chosen = np.sort(order[begin : begin + batch_size])
         rows = token_rows(offsets, chosen)
         sub = X[rows]
         columns = np.unique(sub.indices)
@@ -244,7 +254,9 @@ def sgd(
         weights = scale * state
         theta = params.join(weights, transitions, start, end)
         epoch_loss += c2 * float(theta @ theta)
-        info = IterationInfo(len(history) + 1, epoch_loss, float("nan"), int(np.count_nonzero(theta)), time.perf_counter() - began, theta)
+        info = IterationInfo(
+            len(history) + 1, epoch_loss, float("nan"), int(np.count_nonzero(theta)), time.perf_counter() - began, theta
+        )
         history.append(info)
         if callback is not None:
             callback(info)

@@ -8,9 +8,10 @@ BLAS threads and they fight over the cores (measured: 2x slower).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Callable, Iterable, Iterator, TypeVar
+from typing import TypeVar
 
 import numpy as np
 from threadpoolctl import threadpool_limits
@@ -49,7 +50,7 @@ class Workers:
             self.pool.shutdown()
             self.pool = None
 
-    def __enter__(self) -> "Workers":
+    def __enter__(self) -> Workers:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -14,8 +14,8 @@ import json
 import os
 import tempfile
 import zipfile
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 import numpy as np
 

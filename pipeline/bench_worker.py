@@ -35,8 +35,13 @@ def measure(spec: dict) -> dict:
     y_test = data.labels("test")
     tool = spec["tool"]
     dense = spec.get("feature_set", "sparse") == "dense"
-    result: dict = {"tool": tool, "train_sentences": len(train), "train_tokens": sum(map(len, train)),
-                    "test_tokens": sum(map(len, test)), "labels": len(set(l for s in y_train for l in s))}
+    result: dict = {
+        "tool": tool,
+        "train_sentences": len(train),
+        "train_tokens": sum(map(len, train)),
+        "test_tokens": sum(map(len, test)),
+        "labels": len(set(l for s in y_train for l in s)),
+    }
 
     began = time.perf_counter()
     extractor = build_extractor(spec["features"], data.columns)
@@ -49,8 +54,16 @@ def measure(spec: dict) -> dict:
     result["attributes"] = extractor.n_attributes
 
     if tool == "ours":
-        model = CRF(c1=spec["c1"], c2=spec["c2"], max_iterations=spec.get("max_iterations"), epsilon=spec["epsilon"],
-                    period=spec["period"], delta=spec["delta"], num_memories=spec["num_memories"], all_possible_states=dense)
+        model = CRF(
+            c1=spec["c1"],
+            c2=spec["c2"],
+            max_iterations=spec.get("max_iterations"),
+            epsilon=spec["epsilon"],
+            period=spec["period"],
+            delta=spec["delta"],
+            num_memories=spec["num_memories"],
+            all_possible_states=dense,
+        )
         began = time.perf_counter()
         model.fit(X_train, y_train)
         result["train_seconds"] = time.perf_counter() - began
@@ -70,9 +83,16 @@ def measure(spec: dict) -> dict:
         for xseq, yseq in zip(x_train, y_train):
             trainer.append(pycrfsuite.ItemSequence(xseq), yseq)
         result["load_seconds"] = time.perf_counter() - began
-        params = {"c1": spec["c1"], "c2": spec["c2"], "epsilon": spec["epsilon"], "period": spec["period"],
-                  "delta": spec["delta"], "num_memories": spec["num_memories"],
-                  "feature.possible_states": dense, "feature.possible_transitions": True}
+        params = {
+            "c1": spec["c1"],
+            "c2": spec["c2"],
+            "epsilon": spec["epsilon"],
+            "period": spec["period"],
+            "delta": spec["delta"],
+            "num_memories": spec["num_memories"],
+            "feature.possible_states": dense,
+            "feature.possible_transitions": True,
+        }
         if spec.get("max_iterations"):
             params["max_iterations"] = spec["max_iterations"]
         trainer.set_params(params)

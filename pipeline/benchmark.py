@@ -25,8 +25,18 @@ from pipeline import tracking
 from pipeline.report import figure, markdown_table, save_figure
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
-FIGURES = ["feature_seconds", "train_seconds", "iterations", "seconds_per_iteration", "iteration_seconds", "features",
-           "tag_tokens_per_second", "peak_memory_mib", "token_accuracy", "chunk_f1"]
+FIGURES = [
+    "feature_seconds",
+    "train_seconds",
+    "iterations",
+    "seconds_per_iteration",
+    "iteration_seconds",
+    "features",
+    "tag_tokens_per_second",
+    "peak_memory_mib",
+    "token_accuracy",
+    "chunk_f1",
+]
 
 
 def run_worker(spec: dict) -> dict:
@@ -34,8 +44,9 @@ def run_worker(spec: dict) -> dict:
     with tempfile.TemporaryDirectory() as folder:
         spec_path, out_path = Path(folder) / "spec.json", Path(folder) / "out.json"
         spec_path.write_text(json.dumps(spec))
-        done = subprocess.run([sys.executable, "-m", "pipeline.bench_worker", str(spec_path), str(out_path)],
-                              capture_output=True, text=True)
+        done = subprocess.run(
+            [sys.executable, "-m", "pipeline.bench_worker", str(spec_path), str(out_path)], capture_output=True, text=True
+        )
         if done.returncode != 0:
             raise RuntimeError(f"benchmark worker ({spec['tool']}) failed:\n{done.stderr[-4000:]}")
         return json.loads(out_path.read_text())
@@ -55,10 +66,17 @@ def _spec(cfg: DictConfig, b: dict, tool: str, dataset: dict | None = None, feat
         "dataset": dataset or OmegaConf.to_container(cfg.dataset, resolve=True),
         "features": features or OmegaConf.to_container(cfg.features, resolve=True),
         "data_root": str(Path(cfg.data.root).absolute()),
-        "train_fraction": b["train_fraction"], "seed": 0,
-        "c1": b["c1"], "c2": b["c2"], "max_iterations": b["max_iterations"], "epsilon": b["epsilon"],
-        "period": b["period"], "delta": b["delta"], "num_memories": b["num_memories"],
-        "feature_set": b["feature_set"], "tag_repeats": b["tag_repeats"],
+        "train_fraction": b["train_fraction"],
+        "seed": 0,
+        "c1": b["c1"],
+        "c2": b["c2"],
+        "max_iterations": b["max_iterations"],
+        "epsilon": b["epsilon"],
+        "period": b["period"],
+        "delta": b["delta"],
+        "num_memories": b["num_memories"],
+        "feature_set": b["feature_set"],
+        "tag_repeats": b["tag_repeats"],
     }
     spec.update(overrides)
     return spec
@@ -88,16 +106,42 @@ def cost_growth(cfg: DictConfig, b: dict, tools: list[str]) -> pd.DataFrame:
             order = tools if rep % 2 == 0 else tools[::-1]
             for tool in order:
                 fraction = value if kind == "fraction" else (b["train_fraction"] if b["quick"] else 1.0)
-                spec = _spec(cfg, b, tool, dataset, features, train_fraction=fraction, max_iterations=g["iterations"],
-                             delta=0.0, epsilon=0.0, tag_repeats=1)
+                spec = _spec(
+                    cfg,
+                    b,
+                    tool,
+                    dataset,
+                    features,
+                    train_fraction=fraction,
+                    max_iterations=g["iterations"],
+                    delta=0.0,
+                    epsilon=0.0,
+                    tag_repeats=1,
+                )
                 result = run_worker(spec)
-                rows.append({"case": kind, "value": str(value), "tool": tool, "repetition": rep,
-                             "train_tokens": result["train_tokens"], "labels": result["labels"],
-                             "iterations": result["iterations"], "iteration_seconds": result["iteration_seconds"]})
+                rows.append(
+                    {
+                        "case": kind,
+                        "value": str(value),
+                        "tool": tool,
+                        "repetition": rep,
+                        "train_tokens": result["train_tokens"],
+                        "labels": result["labels"],
+                        "iterations": result["iterations"],
+                        "iteration_seconds": result["iteration_seconds"],
+                    }
+                )
     raw = pd.DataFrame(rows)
-    return raw.groupby(["case", "value", "tool"], sort=False).agg(
-        train_tokens=("train_tokens", "first"), labels=("labels", "first"),
-        iteration_seconds=("iteration_seconds", "median"), runs=("repetition", "count")).reset_index()
+    return (
+        raw.groupby(["case", "value", "tool"], sort=False)
+        .agg(
+            train_tokens=("train_tokens", "first"),
+            labels=("labels", "first"),
+            iteration_seconds=("iteration_seconds", "median"),
+            runs=("repetition", "count"),
+        )
+        .reset_index()
+    )
 
 
 def plot(table: pd.DataFrame, growth: pd.DataFrame | None, path: Path, title: str) -> None:
@@ -107,7 +151,11 @@ def plot(table: pd.DataFrame, growth: pd.DataFrame | None, path: Path, title: st
     if "ratio" in table:
         shown = ["train_seconds", "seconds_per_iteration", "tag_tokens_per_second", "peak_memory_mib", "feature_seconds"]
         values = table.loc[shown, "ratio"].astype(float)
-        ax.barh(shown, values, color=["tab:blue" if (v <= 1) != (n == "tag_tokens_per_second") else "tab:red" for n, v in values.items()])
+        ax.barh(
+            shown,
+            values,
+            color=["tab:blue" if (v <= 1) != (n == "tag_tokens_per_second") else "tab:red" for n, v in values.items()],
+        )
         ax.axvline(1.0, color="black", lw=1)
         ax.set_xlabel("ours / CRFsuite (median of paired runs)")
         for y, v in enumerate(values):
@@ -139,24 +187,31 @@ def main(cfg: DictConfig) -> None:
         tracking.log_params(tracking.flatten(OmegaConf.to_container(cfg, resolve=True)))
         rows = []
         for rep in range(b["repetitions"]):
-            for tool in (tools if rep % 2 == 0 else tools[::-1]):
+            for tool in tools if rep % 2 == 0 else tools[::-1]:
                 result = run_worker(_spec(cfg, b, tool))
                 result["repetition"] = rep
                 rows.append(result)
-                print(f"[rep {rep}] {tool}: train {result['train_seconds']:.1f}s, {result['iterations']} it, "
-                      f"{result['seconds_per_iteration']:.3f} s/it, tag {result['tag_tokens_per_second']:,.0f} tok/s, "
-                      f"peak {result['peak_memory_mib']:.0f} MiB, acc {result['token_accuracy']:.2f}"
-                      + (f", F1 {result['chunk_f1']:.2f}" if result["chunk_f1"] is not None else ""), flush=True)
+                print(
+                    f"[rep {rep}] {tool}: train {result['train_seconds']:.1f}s, {result['iterations']} it, "
+                    f"{result['seconds_per_iteration']:.3f} s/it, tag {result['tag_tokens_per_second']:,.0f} tok/s, "
+                    f"peak {result['peak_memory_mib']:.0f} MiB, acc {result['token_accuracy']:.2f}"
+                    + (f", F1 {result['chunk_f1']:.2f}" if result["chunk_f1"] is not None else ""),
+                    flush=True,
+                )
         runs = pd.DataFrame(rows)
         table = side_by_side(runs, tools)
         growth = cost_growth(cfg, b, tools) if b["growth"]["fractions"] or b["growth"].get("label_sets") else None
 
         runs.to_csv(out / "runs.csv", index=False)
         table.to_csv(out / "results.csv")
-        text = f"## {cfg.dataset.name}: medians of {b['repetitions']} runs\n\n" + markdown_table(table.reset_index(names="figure"))
+        text = f"## {cfg.dataset.name}: medians of {b['repetitions']} runs\n\n" + markdown_table(
+            table.reset_index(names="figure")
+        )
         if growth is not None:
             growth.to_csv(out / "growth.csv", index=False)
-            text += "\n\n## cost growth (median seconds per iteration, from each tool's iteration log)\n\n" + markdown_table(growth)
+            text += "\n\n## cost growth (median seconds per iteration, from each tool's iteration log)\n\n" + markdown_table(
+                growth
+            )
         (out / "results.md").write_text(text + "\n")
         plot(table, growth, out / "benchmark.png", f"{cfg.dataset.name}: ours vs CRFsuite")
         metrics = {}

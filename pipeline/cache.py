@@ -15,9 +15,10 @@ import json
 import os
 import shutil
 import uuid
+from collections.abc import Callable, Mapping
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 MANIFEST = "manifest.json"
 CODE_PACKAGES = ("crf", "pipeline")

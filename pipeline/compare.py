@@ -31,22 +31,34 @@ from pipeline.report import figure, markdown_table, save_figure
 
 MODELS = ("hmm", "crf")
 COLUMNS = {  # table column -> MLflow metric of a pipeline run
-    "train_sentences": "train_sentences", "train_tokens": "train_tokens",
-    "accuracy": "test_accuracy", "f1": "test_f1",
-    "known_accuracy": "test_known_accuracy", "unknown_accuracy": "test_unknown_accuracy",
-    "unknown_rate": "test_unknown_rate", "train_seconds": "train_seconds",
-    "tag_tokens_per_second": "test_tag_with_features_tokens_per_second", "model_bytes": "model_bytes",
+    "train_sentences": "train_sentences",
+    "train_tokens": "train_tokens",
+    "accuracy": "test_accuracy",
+    "f1": "test_f1",
+    "known_accuracy": "test_known_accuracy",
+    "unknown_accuracy": "test_unknown_accuracy",
+    "unknown_rate": "test_unknown_rate",
+    "train_seconds": "train_seconds",
+    "tag_tokens_per_second": "test_tag_with_features_tokens_per_second",
+    "model_bytes": "model_bytes",
 }
 
 
 def gather(sweep_id: str, experiment: str) -> pd.DataFrame:
     """One row per pipeline job of the sweep: model, training fraction, status and scores."""
-    runs = mlflow.search_runs(experiment_names=[experiment],
-                              filter_string=f"tags.sweep_id = '{sweep_id}' and tags.stage = 'pipeline'")
+    runs = mlflow.search_runs(
+        experiment_names=[experiment], filter_string=f"tags.sweep_id = '{sweep_id}' and tags.stage = 'pipeline'"
+    )
     if runs.empty:
         return pd.DataFrame()
-    table = pd.DataFrame({"run_id": runs["run_id"], "status": runs["status"], "model": runs.get("tags.model"),
-                          "fraction": pd.to_numeric(runs.get("params.data.train_fraction"), errors="coerce")})
+    table = pd.DataFrame(
+        {
+            "run_id": runs["run_id"],
+            "status": runs["status"],
+            "model": runs.get("tags.model"),
+            "fraction": pd.to_numeric(runs.get("params.data.train_fraction"), errors="coerce"),
+        }
+    )
     for column, metric in COLUMNS.items():
         table[column] = runs.get(f"metrics.{metric}", pd.Series(np.nan, index=runs.index))
     return table.sort_values(["model", "fraction"], ignore_index=True)
@@ -54,14 +66,16 @@ def gather(sweep_id: str, experiment: str) -> pd.DataFrame:
 
 def test_predictions(run_id: str, experiment: str) -> pd.DataFrame:
     """The test predictions of a pipeline run, from its evaluate stage's artifacts."""
-    stages = mlflow.search_runs(experiment_names=[experiment],
-                                filter_string=f"tags.mlflow.parentRunId = '{run_id}' and tags.stage = 'evaluate'")
+    stages = mlflow.search_runs(
+        experiment_names=[experiment], filter_string=f"tags.mlflow.parentRunId = '{run_id}' and tags.stage = 'evaluate'"
+    )
     if stages.empty:
         raise RuntimeError(f"pipeline run {run_id} has no evaluate stage run")
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     with tempfile.TemporaryDirectory() as folder:
-        path = mlflow.artifacts.download_artifacts(run_id=stages["run_id"].iloc[0], artifact_path="evaluate/predictions_test.tsv.gz",
-                                                   dst_path=folder)
+        path = mlflow.artifacts.download_artifacts(
+            run_id=stages["run_id"].iloc[0], artifact_path="evaluate/predictions_test.tsv.gz", dst_path=folder
+        )
         return pd.read_csv(path, sep="\t", keep_default_na=False, na_values=[])
 
 
@@ -89,8 +103,15 @@ def per_label(hmm: pd.DataFrame, crf: pd.DataFrame, chunked: bool) -> pd.DataFra
         if kind == "chunk type" and not chunked:
             continue
         a, b = scorer(gold, sequences(hmm, "predicted")), scorer(gold, sequences(crf, "predicted"))
-        frame = pd.DataFrame({"kind": kind, "name": a.index.astype(str), "support": a["support"].to_numpy(),
-                              "hmm_f1": a["f1"].to_numpy(), "crf_f1": b["f1"].reindex(a.index).to_numpy()})
+        frame = pd.DataFrame(
+            {
+                "kind": kind,
+                "name": a.index.astype(str),
+                "support": a["support"].to_numpy(),
+                "hmm_f1": a["f1"].to_numpy(),
+                "crf_f1": b["f1"].reindex(a.index).to_numpy(),
+            }
+        )
         frames.append(frame)
     table = pd.concat(frames, ignore_index=True)
     table["difference"] = table["crf_f1"] - table["hmm_f1"]
@@ -117,7 +138,9 @@ def summarize(sweep_id: str, parent_run_id: str | None, experiment: str, setting
     table = gather(sweep_id, experiment)
     finished = table[table.status == "FINISHED"] if not table.empty else table
     if finished.empty or set(finished["model"]) != set(MODELS):
-        print(f"[compare {sweep_id}] need finished runs of both models; have {sorted(set(finished.get('model', [])))}", flush=True)
+        print(
+            f"[compare {sweep_id}] need finished runs of both models; have {sorted(set(finished.get('model', [])))}", flush=True
+        )
         return table
     chunked = finished["f1"].notna().all()
     largest = finished.groupby("model")["fraction"].max()
@@ -126,7 +149,9 @@ def summarize(sweep_id: str, parent_run_id: str | None, experiment: str, setting
         return table
     full = finished[finished["fraction"] == largest["hmm"]].drop_duplicates("model", keep="last").set_index("model")
     predictions = {model: test_predictions(full.loc[model, "run_id"], experiment) for model in MODELS}
-    test, bootstrap = significance(predictions["hmm"], predictions["crf"], chunked, int(settings.bootstrap_samples), int(settings.seed))
+    test, bootstrap = significance(
+        predictions["hmm"], predictions["crf"], chunked, int(settings.bootstrap_samples), int(settings.seed)
+    )
     labels = per_label(predictions["hmm"], predictions["crf"], chunked)
 
     side = full.loc[list(MODELS), list(COLUMNS)].reset_index()
@@ -134,22 +159,36 @@ def summarize(sweep_id: str, parent_run_id: str | None, experiment: str, setting
         side = side.drop(columns=["f1"])
     difference = {"model": "crf - hmm"}
     for column in side.columns[1:]:
-        difference[column] = side[column].iloc[1] - side[column].iloc[0] if column not in ("train_sentences", "train_tokens") else None
+        difference[column] = (
+            side[column].iloc[1] - side[column].iloc[0] if column not in ("train_sentences", "train_tokens") else None
+        )
     side = pd.concat([side, pd.DataFrame([difference])], ignore_index=True)
     side["p_mcnemar"] = [None, None, test["p_value"]]
     for _, row in bootstrap.iterrows():
         side[f"p_bootstrap_{row['metric']}"] = [None, None, row["p_value"]]
 
     top = int(settings.top_labels)
-    lines = [f"# HMM versus CRF on {full.loc['crf', 'train_sentences']:,.0f} training sentences", "",
-             markdown_table(side), "",
-             f"McNemar (tokens): {test['only_first_correct']:,} tokens right only by the HMM, "
-             f"{test['only_second_correct']:,} only by the CRF; exact p = {test['p_value']:.3g}.", "",
-             f"Paired bootstrap over test sentences ({int(settings.bootstrap_samples)} resamples, seed {int(settings.seed)}), "
-             "CRF minus HMM:", "", markdown_table(bootstrap.rename(columns={"first": "hmm", "second": "crf"})), "",
-             f"## Labels where the two differ most (top {top})", "", markdown_table(labels.head(top)), "",
-             "## Learning curve (test scores against training size)", "",
-             markdown_table(finished.drop(columns=["run_id", "status"]).dropna(axis=1, how="all").sort_values(["fraction", "model"]))]
+    lines = [
+        f"# HMM versus CRF on {full.loc['crf', 'train_sentences']:,.0f} training sentences",
+        "",
+        markdown_table(side),
+        "",
+        f"McNemar (tokens): {test['only_first_correct']:,} tokens right only by the HMM, "
+        f"{test['only_second_correct']:,} only by the CRF; exact p = {test['p_value']:.3g}.",
+        "",
+        f"Paired bootstrap over test sentences ({int(settings.bootstrap_samples)} resamples, seed {int(settings.seed)}), "
+        "CRF minus HMM:",
+        "",
+        markdown_table(bootstrap.rename(columns={"first": "hmm", "second": "crf"})),
+        "",
+        f"## Labels where the two differ most (top {top})",
+        "",
+        markdown_table(labels.head(top)),
+        "",
+        "## Learning curve (test scores against training size)",
+        "",
+        markdown_table(finished.drop(columns=["run_id", "status"]).dropna(axis=1, how="all").sort_values(["fraction", "model"])),
+    ]
     text = "\n".join(lines) + "\n"
     client = MlflowClient()
     with tempfile.TemporaryDirectory() as folder:
@@ -162,7 +201,15 @@ def summarize(sweep_id: str, parent_run_id: str | None, experiment: str, setting
         plot_learning_curve(finished, folder / "learning_curve.png", chunked)
         if parent_run_id:
             for model in MODELS:
-                for column in ("accuracy", "f1", "known_accuracy", "unknown_accuracy", "train_seconds", "tag_tokens_per_second", "model_bytes"):
+                for column in (
+                    "accuracy",
+                    "f1",
+                    "known_accuracy",
+                    "unknown_accuracy",
+                    "train_seconds",
+                    "tag_tokens_per_second",
+                    "model_bytes",
+                ):
                     value = full.loc[model, column]
                     if pd.notna(value):
                         client.log_metric(parent_run_id, f"{model}_{column}", float(value))

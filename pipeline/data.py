@@ -14,9 +14,9 @@ import shutil
 import tempfile
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
 import numpy as np
 
@@ -85,7 +85,9 @@ def resolve_files(dataset: Mapping, root: str | os.PathLike, download: bool = Tr
         if expected:
             actual = text_sha256(path)
             if actual != expected:
-                raise ChecksumError(f"{path}: SHA-256 of its text is {actual}, expected {expected} (corrupt or a different version)")
+                raise ChecksumError(
+                    f"{path}: SHA-256 of its text is {actual}, expected {expected} (corrupt or a different version)"
+                )
         paths[split] = path
     if failures:
         listing = "\n  ".join(failures)

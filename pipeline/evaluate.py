@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 import numpy as np
 import pandas as pd
@@ -54,7 +54,9 @@ def plot_calibration(table: pd.DataFrame, path: Path, what: str) -> None:
     ax.plot([0, 1], [0, 1], "--", color="grey", lw=1, label="perfect calibration")
     ax.plot(table["confidence"], table["accuracy"], "o-", label=what)
     for _, row in table.iterrows():
-        ax.annotate(f"{int(row['count'])}", (row["confidence"], row["accuracy"]), fontsize=7, xytext=(3, -9), textcoords="offset points")
+        ax.annotate(
+            f"{int(row['count'])}", (row["confidence"], row["accuracy"]), fontsize=7, xytext=(3, -9), textcoords="offset points"
+        )
     ax.set_xlabel("model confidence")
     ax.set_ylabel("observed fraction correct")
     ax.set_xlim(0, 1.02)
@@ -110,7 +112,12 @@ class Tagger:
         codes = np.concatenate(self.model.predict_codes(batch)[0])
         seconds = time.perf_counter() - began
         marginals, _ = self.model.marginals(batch)
-        return codes, marginals[np.arange(codes.size), codes], seconds, seconds + float(self.feature_seconds.get(f"{split}_feature_seconds", 0.0))
+        return (
+            codes,
+            marginals[np.arange(codes.size), codes],
+            seconds,
+            seconds + float(self.feature_seconds.get(f"{split}_feature_seconds", 0.0)),
+        )
 
     def segments(self, split: str) -> pd.DataFrame | None:
         """Predicted chunks with constrained forward-backward confidence (CRF only)."""
@@ -144,8 +151,16 @@ def run(cfg, inputs: Mapping[str, Path], out: Path) -> dict:
         sentence = np.repeat(np.arange(len(gold)), [len(g) for g in gold])
         position = np.concatenate([np.arange(len(g)) for g in gold])
         flat_gold = [label for seq in gold for label in seq]
-        predictions = pd.DataFrame({"sentence": sentence, "token": position, "word": flat_words,
-                                    "gold": flat_gold, "predicted": [p for seq in predicted for p in seq], "marginal": confidence})
+        predictions = pd.DataFrame(
+            {
+                "sentence": sentence,
+                "token": position,
+                "word": flat_words,
+                "gold": flat_gold,
+                "predicted": [p for seq in predicted for p in seq],
+                "marginal": confidence,
+            }
+        )
         correct = predictions["gold"].to_numpy() == predictions["predicted"].to_numpy()
         if vocabulary is not None:
             predictions["known"] = vocabulary.get_indexer(pd.Series(flat_words, dtype=object)) >= 0

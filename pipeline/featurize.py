@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import numpy as np
 import scipy.sparse as sp
@@ -30,7 +30,12 @@ def build_extractor(features: Mapping, columns: Sequence[str]) -> FeatureExtract
     templates = list(features.get("templates") or [])
     for name, spec in dict(features.get("lexicons") or {}).items():
         spec = dict(spec)
-        views[name] = {"column": spec.get("column", "w"), "fn": "lexicon", "path": spec["path"], "lowercase": bool(spec.get("lowercase", False))}
+        views[name] = {
+            "column": spec.get("column", "w"),
+            "fn": "lexicon",
+            "path": spec["path"],
+            "lowercase": bool(spec.get("lowercase", False)),
+        }
         templates += [f"{name}[{offset}]" for offset in features.get("lexicon_offsets", [0])]
     return FeatureExtractor(
         columns=list(columns),

@@ -65,32 +65,55 @@ def main(cfg: DictConfig) -> None:
             for tool in order:
                 train_seconds, tag_seconds, predicted = tools[tool](X, y, X_test, bool(capitalization))
                 correct = np.array(predicted, dtype=object) == gold
-                runs.append({"tool": tool, "capitalization": bool(capitalization), "repetition": repetition,
-                             "accuracy": 100 * correct.mean(), "known_accuracy": 100 * correct[known].mean(),
-                             "unknown_accuracy": 100 * correct[~known].mean(), "train_seconds": train_seconds,
-                             "tag_tokens_per_second": gold.size / tag_seconds})
+                runs.append(
+                    {
+                        "tool": tool,
+                        "capitalization": bool(capitalization),
+                        "repetition": repetition,
+                        "accuracy": 100 * correct.mean(),
+                        "known_accuracy": 100 * correct[known].mean(),
+                        "unknown_accuracy": 100 * correct[~known].mean(),
+                        "train_seconds": train_seconds,
+                        "tag_tokens_per_second": gold.size / tag_seconds,
+                    }
+                )
                 print(f"[hmm_benchmark] {runs[-1]}", flush=True)
     frame = pd.DataFrame(runs)
-    table = frame.groupby(["capitalization", "tool"], sort=False).median(numeric_only=True).drop(columns="repetition").reset_index()
+    table = (
+        frame.groupby(["capitalization", "tool"], sort=False).median(numeric_only=True).drop(columns="repetition").reset_index()
+    )
     ratios = []
     for capitalization, part in table.groupby("capitalization", sort=False):
         ours, theirs = part[part.tool == "ours"].iloc[0], part[part.tool == "nltk_tnt"].iloc[0]
-        ratios.append({"capitalization": capitalization, "tool": "ours / nltk_tnt",
-                       **{c: ours[c] / theirs[c] for c in ("train_seconds", "tag_tokens_per_second")},
-                       **{c: ours[c] - theirs[c] for c in ("accuracy", "known_accuracy", "unknown_accuracy")}})
+        ratios.append(
+            {
+                "capitalization": capitalization,
+                "tool": "ours / nltk_tnt",
+                **{c: ours[c] / theirs[c] for c in ("train_seconds", "tag_tokens_per_second")},
+                **{c: ours[c] - theirs[c] for c in ("accuracy", "known_accuracy", "unknown_accuracy")},
+            }
+        )
     table = pd.concat([table, pd.DataFrame(ratios)], ignore_index=True)
-    text = (f"HMM (TnT recipe) against NLTK TnT, {cfg.dataset.name}, {len(X):,} training sentences, "
-            f"{gold.size:,} test tokens ({100 * (~known).mean():.2f}% unknown), medians of {int(settings.repetitions)} "
-            "repetitions; last rows: accuracy differences (points) and time ratios\n\n" + markdown_table(table) + "\n")
+    text = (
+        f"HMM (TnT recipe) against NLTK TnT, {cfg.dataset.name}, {len(X):,} training sentences, "
+        f"{gold.size:,} test tokens ({100 * (~known).mean():.2f}% unknown), medians of {int(settings.repetitions)} "
+        "repetitions; last rows: accuracy differences (points) and time ratios\n\n" + markdown_table(table) + "\n"
+    )
     print(text, flush=True)
     tracking.setup(cfg)
-    with mlflow.start_run(run_name=f"hmm-benchmark-{cfg.dataset.name}",
-                          tags={"stage": "hmm_benchmark", "dataset": cfg.dataset.name, "git_commit": tracking.git_commit()}):
+    with mlflow.start_run(
+        run_name=f"hmm-benchmark-{cfg.dataset.name}",
+        tags={"stage": "hmm_benchmark", "dataset": cfg.dataset.name, "git_commit": tracking.git_commit()},
+    ):
         tracking.log_params(tracking.flatten(OmegaConf.to_container(cfg, resolve=True)))
         for row in table.itertuples():
             prefix = f"{row.tool.replace(' / ', '_over_')}_{'cap' if row.capitalization else 'nocap'}"
-            mlflow.log_metrics({f"{prefix}_{c}": float(getattr(row, c)) for c in ("accuracy", "known_accuracy", "unknown_accuracy",
-                                                                                 "train_seconds", "tag_tokens_per_second")})
+            mlflow.log_metrics(
+                {
+                    f"{prefix}_{c}": float(getattr(row, c))
+                    for c in ("accuracy", "known_accuracy", "unknown_accuracy", "train_seconds", "tag_tokens_per_second")
+                }
+            )
         with tempfile.TemporaryDirectory() as folder:
             folder = Path(folder)
             table.to_csv(folder / "hmm_benchmark.csv", index=False)

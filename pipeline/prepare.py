@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import gzip
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from omegaconf import OmegaConf
 

@@ -18,12 +18,16 @@ import mlflow
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline import evaluate, featurize, prepare, tracking, train
-from pipeline.tracking import SWEEP_ID_VARIABLE, SWEEP_PARENT_VARIABLE
 from pipeline.cache import StageCache
+from pipeline.tracking import SWEEP_ID_VARIABLE, SWEEP_PARENT_VARIABLE
 
 STAGES = {"prepare": prepare, "featurize": featurize, "train": train, "evaluate": evaluate}
-UPSTREAM = {"prepare": [], "featurize": ["prepare"], "train": ["prepare", "featurize"],
-            "evaluate": ["prepare", "featurize", "train"]}
+UPSTREAM = {
+    "prepare": [],
+    "featurize": ["prepare"],
+    "train": ["prepare", "featurize"],
+    "evaluate": ["prepare", "featurize", "train"],
+}
 SUMMARY_STAGES = ("prepare.", "train.", "evaluate.")  # whose metrics the pipeline run repeats
 
 
@@ -33,6 +37,8 @@ def upstream(stage: str, cfg: DictConfig) -> list[str]:
     if cfg.model.name == "hmm" and stage in ("train", "evaluate"):
         stages = [s for s in stages if s != "featurize"]
     return stages
+
+
 METRICS_FILE = "stage_metrics.json"
 ARTIFACT_SUFFIXES = (".json", ".csv", ".png", ".gz", ".npz", ".md")
 
@@ -47,8 +53,13 @@ class StageOutput:
 
 def run_tags(cfg: DictConfig) -> dict[str, str]:
     trainer = str(cfg.trainer.name) if cfg.model.name == "crf" else "counting"
-    tags = {"dataset": str(cfg.dataset.name), "model": str(cfg.model.name), "trainer": trainer,
-            "features": str(cfg.features.name), "git_commit": tracking.git_commit()}
+    tags = {
+        "dataset": str(cfg.dataset.name),
+        "model": str(cfg.model.name),
+        "trainer": trainer,
+        "features": str(cfg.features.name),
+        "git_commit": tracking.git_commit(),
+    }
     sweep = os.environ.get(SWEEP_ID_VARIABLE)
     if sweep:
         tags["sweep_id"] = sweep
@@ -102,11 +113,15 @@ def _relog_history(folder: Path) -> None:
 
     history = pd.read_csv(folder / "history.csv")
     run_id = mlflow.active_run().info.run_id
-    batch = [Metric(column, float(value), 0, int(row["iteration"])) for _, row in history.iterrows()
-             for column, value in row.items() if column not in ("iteration",) and pd.notna(value)]
+    batch = [
+        Metric(column, float(value), 0, int(row["iteration"]))
+        for _, row in history.iterrows()
+        for column, value in row.items()
+        if column not in ("iteration",) and pd.notna(value)
+    ]
     client = mlflow.tracking.MlflowClient()
     for i in range(0, len(batch), 1000):
-        client.log_batch(run_id, metrics=batch[i:i + 1000])
+        client.log_batch(run_id, metrics=batch[i : i + 1000])
 
 
 def run_pipeline(cfg: DictConfig) -> dict[str, Any]:

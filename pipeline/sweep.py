@@ -39,25 +39,28 @@ def strength(frame: pd.DataFrame) -> pd.Series:
 
 def gather(sweep_id: str, experiment: str) -> pd.DataFrame:
     """One row per pipeline job of the sweep, with its settings, scores and status."""
-    runs = mlflow.search_runs(experiment_names=[experiment],
-                              filter_string=f"tags.sweep_id = '{sweep_id}' and tags.stage = 'pipeline'")
+    runs = mlflow.search_runs(
+        experiment_names=[experiment], filter_string=f"tags.sweep_id = '{sweep_id}' and tags.stage = 'pipeline'"
+    )
     if runs.empty:
         return pd.DataFrame()
     score = "metrics.dev_f1" if "metrics.dev_f1" in runs else "metrics.dev_accuracy"
     test = "metrics.test_f1" if "metrics.test_f1" in runs else "metrics.test_accuracy"
-    table = pd.DataFrame({
-        "run_id": runs["run_id"],
-        "status": runs["status"],
-        "trainer": runs.get("tags.trainer"),
-        "c1": pd.to_numeric(runs.get("params.trainer.c1"), errors="coerce"),
-        "c2": pd.to_numeric(runs.get("params.trainer.c2"), errors="coerce"),
-        "strength": strength(runs),
-        "dev_score": runs.get(score),
-        "test_score": runs.get(test),
-        "nonzero_weights": runs.get("metrics.nonzero_weights"),
-        "iterations": runs.get("metrics.iterations"),
-        "train_seconds": runs.get("metrics.train_seconds"),
-    })
+    table = pd.DataFrame(
+        {
+            "run_id": runs["run_id"],
+            "status": runs["status"],
+            "trainer": runs.get("tags.trainer"),
+            "c1": pd.to_numeric(runs.get("params.trainer.c1"), errors="coerce"),
+            "c2": pd.to_numeric(runs.get("params.trainer.c2"), errors="coerce"),
+            "strength": strength(runs),
+            "dev_score": runs.get(score),
+            "test_score": runs.get(test),
+            "nonzero_weights": runs.get("metrics.nonzero_weights"),
+            "iterations": runs.get("metrics.iterations"),
+            "train_seconds": runs.get("metrics.train_seconds"),
+        }
+    )
     table.attrs["score"] = score.split(".", 1)[1].removeprefix("dev_")  # "f1" or "accuracy"
     return table.sort_values(["trainer", "strength"], ignore_index=True)
 
@@ -92,8 +95,10 @@ def summarize(sweep_id: str, parent_run_id: str | None, experiment: str) -> pd.D
         text = markdown_table(table.drop(columns=["run_id"]))
         if not finished.empty:
             best = finished.loc[finished["dev_score"].idxmax()]
-            text += (f"\n\nbest on dev: trainer={best['trainer']} c1={best['c1']:g} c2={best['c2']:g} "
-                     f"dev {score_name} {best['dev_score']:.2f}, test {best['test_score']:.2f}")
+            text += (
+                f"\n\nbest on dev: trainer={best['trainer']} c1={best['c1']:g} c2={best['c2']:g} "
+                f"dev {score_name} {best['dev_score']:.2f}, test {best['test_score']:.2f}"
+            )
             if parent_run_id:
                 client.log_metric(parent_run_id, "best_dev_score", float(best["dev_score"]))
                 client.log_metric(parent_run_id, "best_test_score", float(best["test_score"]))
@@ -129,9 +134,16 @@ class SweepTracking(Callback):
         self.comparison = OmegaConf.select(config, "comparison")  # set by experiment=hmm_vs_crf
         client = MlflowClient()
         experiment = client.get_experiment_by_name(self.experiment)
-        run = client.create_run(experiment.experiment_id, run_name=f"sweep-{self.sweep_id}",
-                                tags={"sweep_id": self.sweep_id, "stage": "sweep", "dataset": str(config.dataset.name),
-                                      "git_commit": tracking.git_commit()})
+        run = client.create_run(
+            experiment.experiment_id,
+            run_name=f"sweep-{self.sweep_id}",
+            tags={
+                "sweep_id": self.sweep_id,
+                "stage": "sweep",
+                "dataset": str(config.dataset.name),
+                "git_commit": tracking.git_commit(),
+            },
+        )
         self.parent_run_id = run.info.run_id
         os.environ[SWEEP_PARENT_VARIABLE] = self.parent_run_id
         os.environ[SWEEP_ID_VARIABLE] = self.sweep_id

@@ -12,14 +12,14 @@ import os
 import subprocess
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 import mlflow  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
-
 
 # how a sweep's launching process tells its jobs (in other processes) where to attach their runs
 SWEEP_PARENT_VARIABLE = "CRF_SWEEP_PARENT_RUN_ID"
@@ -64,7 +64,7 @@ def setup(cfg: Mapping) -> str:
     uri = tracking_uri(cfg)
     check_reachable(uri)
     if uri.startswith("sqlite:///"):
-        Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+        Path(uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
     mlflow.set_tracking_uri(uri)
     name = cfg["tracking"]["experiment"]
     client = MlflowClient(uri)
@@ -106,4 +106,4 @@ def log_params(params: Mapping[str, Any]) -> None:
     """Log params in batches (MLflow allows 100 per call)."""
     items = list(params.items())
     for i in range(0, len(items), 100):
-        mlflow.log_params(dict(items[i:i + 100]))
+        mlflow.log_params(dict(items[i : i + 100]))

@@ -16,8 +16,8 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 import numpy as np
 import pandas as pd
@@ -27,14 +27,19 @@ from crf import CRF, HMMTagger, metrics
 from crf.optimize import IterationInfo
 from pipeline.featurize import load_batch, load_extractor
 from pipeline.prepare import read_prepared
-from pipeline.tracking import SWEEP_ID_VARIABLE
 from pipeline.report import figure, save_figure
+from pipeline.tracking import SWEEP_ID_VARIABLE
+
 
 def config_slice(cfg) -> dict:
     if cfg.model.name == "hmm":
         return {"model": OmegaConf.to_container(cfg.model, resolve=True)}
-    return {"model": OmegaConf.to_container(cfg.model, resolve=True), "trainer": OmegaConf.to_container(cfg.trainer, resolve=True),
-            "dev_every": cfg.train.dev_every, "seed": cfg.seed}
+    return {
+        "model": OmegaConf.to_container(cfg.model, resolve=True),
+        "trainer": OmegaConf.to_container(cfg.trainer, resolve=True),
+        "dev_every": cfg.train.dev_every,
+        "seed": cfg.seed,
+    }
 
 
 def build_model(trainer: Mapping, seed: int, dev_every: int) -> CRF:
@@ -55,7 +60,7 @@ def remaining_seconds(history: list[dict], max_iterations: int | None, period: i
     if len(history) > period + 3 and delta > 0:
         losses = np.array([h["loss"] for h in history])
         improvement = (losses[:-period] - losses[period:]) / np.abs(losses[period:])
-        recent = improvement[-min(len(improvement), 20):]
+        recent = improvement[-min(len(improvement), 20) :]
         if np.all(recent > 0):
             slope, intercept = np.polyfit(np.arange(recent.size), np.log(recent), 1)
             if slope < 0:
@@ -78,8 +83,13 @@ class Progress:
         self.log_every = log_every
 
     def __call__(self, info: IterationInfo) -> None:
-        row = {"iteration": info.iteration, "loss": info.loss, "gradient_norm": info.gradient_norm,
-               "active_features": info.active_features, "elapsed": info.elapsed}
+        row = {
+            "iteration": info.iteration,
+            "loss": info.loss,
+            "gradient_norm": info.gradient_norm,
+            "active_features": info.active_features,
+            "elapsed": info.elapsed,
+        }
         if hasattr(info, "dev_predictions"):
             row["dev_accuracy"] = metrics.token_accuracy(self.gold_dev, info.dev_predictions)
             if self.scheme != "none":
@@ -91,8 +101,11 @@ class Progress:
         left = remaining_seconds(self.history, self.model.max_iterations, self.model.period, self.model.delta)
         eta = "?" if left is None else f"~{left:.0f}s"
         dev = "".join(f" {k}={row[k]:.2f}" for k in ("dev_accuracy", "dev_f1") if k in row)
-        print(f"[train] iter {info.iteration:4d}  loss {info.loss:14.4f}  |g| {info.gradient_norm:10.4g}  "
-              f"active {info.active_features:8d}  {info.elapsed:7.1f}s  left {eta}{dev}", flush=True)
+        print(
+            f"[train] iter {info.iteration:4d}  loss {info.loss:14.4f}  |g| {info.gradient_norm:10.4g}  "
+            f"active {info.active_features:8d}  {info.elapsed:7.1f}s  left {eta}{dev}",
+            flush=True,
+        )
 
     def flush(self) -> None:
         import mlflow
@@ -103,7 +116,7 @@ class Progress:
             now = int(time.time() * 1000)
             batch = [Metric(key, float(value), now, step) for step, values in self.pending for key, value in values.items()]
             for i in range(0, len(batch), 1000):
-                mlflow.tracking.MlflowClient().log_batch(mlflow.active_run().info.run_id, metrics=batch[i:i + 1000])
+                mlflow.tracking.MlflowClient().log_batch(mlflow.active_run().info.run_id, metrics=batch[i : i + 1000])
         self.pending = []
 
 
@@ -139,9 +152,14 @@ def run_hmm(cfg, inputs: Mapping[str, Path], out: Path) -> dict:
     model.fit(data.column("train", spec["observation"]), data.labels("train"))
     seconds = time.perf_counter() - began
     model.save(out / "model.npz")
-    info = {"train_seconds": seconds, "model_bytes": (out / "model.npz").stat().st_size, "labels": len(model.classes_),
-            "hidden_labels": model.n_hidden_, "vocabulary": len(model.vocabulary_),
-            "suffixes": 0 if model.suffix_model_ is None else len(model.suffix_model_.keys)}
+    info = {
+        "train_seconds": seconds,
+        "model_bytes": (out / "model.npz").stat().st_size,
+        "labels": len(model.classes_),
+        "hidden_labels": model.n_hidden_,
+        "vocabulary": len(model.vocabulary_),
+        "suffixes": 0 if model.suffix_model_ is None else len(model.suffix_model_.keys),
+    }
     weights = model.interpolation_weights_
     if weights is not None:
         info.update({f"lambda_{n + 1}": float(w) for n, w in enumerate(weights)})
@@ -171,5 +189,11 @@ def run(cfg, inputs: Mapping[str, Path], out: Path) -> dict:
     history.to_csv(out / "history.csv", index=False)
     plot_learning_curve(history, out / "learning_curve.png")
     print(f"[train] {model.n_iter_} iterations in {seconds:.1f}s, stopped by {model.stop_reason_}", flush=True)
-    return {"train_seconds": seconds, "model_bytes": (out / "model.npz").stat().st_size, "iterations": model.n_iter_, "evaluations": model.n_evaluations_,
-            "nonzero_weights": model.size_, "final_loss": float(history["loss"].iloc[-1]) if len(history) else float("nan")}
+    return {
+        "train_seconds": seconds,
+        "model_bytes": (out / "model.npz").stat().st_size,
+        "iterations": model.n_iter_,
+        "evaluations": model.n_evaluations_,
+        "nonzero_weights": model.size_,
+        "final_loss": float(history["loss"].iloc[-1]) if len(history) else float("nan"),
+    }

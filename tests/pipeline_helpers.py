@@ -14,8 +14,12 @@ CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 
 # a toy grammar: determiner/adjective/noun runs are NPs, verbs VPs, prepositions PPs
 _WORDS = {
-    "DT": ["the", "a", "this"], "JJ": ["big", "old", "red", "new"], "NN": ["dog", "cat", "house", "price", "man"],
-    "VB": ["runs", "sees", "buys", "likes"], "IN": ["in", "on", "of"], ".": ["."],
+    "DT": ["the", "a", "this"],
+    "JJ": ["big", "old", "red", "new"],
+    "NN": ["dog", "cat", "house", "price", "man"],
+    "VB": ["runs", "sees", "buys", "likes"],
+    "IN": ["in", "on", "of"],
+    ".": ["."],
 }
 
 
@@ -46,9 +50,13 @@ def write_corpus(root: Path, n_train: int = 120, n_test: int = 40, seed: int = 0
 def tiny_overrides(data_root: Path, output_dir: Path) -> list[str]:
     """Overrides that point the default pipeline at the tiny corpus and a temporary store."""
     return [
-        f"data.root={data_root}", f"paths.output_dir={output_dir}", "data.download=false",
-        "dataset.files.train.sha256=null", "dataset.files.test.sha256=null",
-        "trainer.max_iterations=30", "train.dev_every=5",
+        f"data.root={data_root}",
+        f"paths.output_dir={output_dir}",
+        "data.download=false",
+        "dataset.files.train.sha256=null",
+        "dataset.files.test.sha256=null",
+        "trainer.max_iterations=30",
+        "train.dev_every=5",
     ]
 
 

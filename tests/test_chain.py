@@ -4,14 +4,24 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import enumerate_paths, random_chain
 from scipy.special import logsumexp
 
 from crf import chain
-from conftest import enumerate_paths, random_chain
 
-CASES = [(seed, L, lengths) for seed, (L, lengths) in enumerate([
-    (2, [1]), (2, [3, 1, 2]), (3, [4, 2, 6, 1]), (4, [5, 5, 3]), (4, [6, 1, 4, 2]), (3, [6]),
-])]
+CASES = [
+    (seed, L, lengths)
+    for seed, (L, lengths) in enumerate(
+        [
+            (2, [1]),
+            (2, [3, 1, 2]),
+            (3, [4, 2, 6, 1]),
+            (4, [5, 5, 3]),
+            (4, [6, 1, 4, 2]),
+            (3, [6]),
+        ]
+    )
+]
 
 
 def _per_sequence(lengths):
@@ -81,16 +91,25 @@ def test_constrained_windows_match_enumeration(seed, n_labels, lengths):
             width = int(rng.integers(1, n - s + 1))
             allowed = rng.random((width, n_labels)) < 0.5
             allowed[np.arange(width), rng.integers(0, n_labels, size=width)] = True
-            paths, scores = enumerate_paths(emissions[offsets[i]:offsets[i + 1]], transitions, start, end)
-            keep = allowed[np.arange(width), paths[:, s:s + width]].all(axis=1)
+            paths, scores = enumerate_paths(emissions[offsets[i] : offsets[i + 1]], transitions, start, end)
+            keep = allowed[np.arange(width), paths[:, s : s + width]].all(axis=1)
             expected.append(np.exp(logsumexp(scores[keep]) - logsumexp(scores)))
             sequence.append(i)
             first.append(s)
             masks.append(allowed)
     window_offsets = np.concatenate([[0], np.cumsum([len(m) for m in masks])])
     got = chain.constrained_log_probability(
-        posterior.log_alpha, posterior.log_beta, posterior.log_z, emissions, transitions, start,
-        offsets, np.array(sequence), np.array(first), np.concatenate(masks), window_offsets,
+        posterior.log_alpha,
+        posterior.log_beta,
+        posterior.log_z,
+        emissions,
+        transitions,
+        start,
+        offsets,
+        np.array(sequence),
+        np.array(first),
+        np.concatenate(masks),
+        window_offsets,
     )
     np.testing.assert_allclose(np.exp(got), expected, rtol=1e-9, atol=1e-12)
 
@@ -100,8 +119,17 @@ def test_impossible_constraint_has_probability_zero():
     posterior = chain.forward_backward(emissions, transitions, start, end, [4], keep_messages=True)
     none_allowed = np.zeros((1, 3), dtype=bool)
     got = chain.constrained_log_probability(
-        posterior.log_alpha, posterior.log_beta, posterior.log_z, emissions, transitions, start,
-        np.array([0, 4]), np.array([0]), np.array([2]), none_allowed, np.array([0, 1]),
+        posterior.log_alpha,
+        posterior.log_beta,
+        posterior.log_z,
+        emissions,
+        transitions,
+        start,
+        np.array([0, 4]),
+        np.array([0]),
+        np.array([2]),
+        none_allowed,
+        np.array([0, 1]),
     )
     assert got[0] == -np.inf
 

@@ -24,7 +24,9 @@ def test_chunk_f1_reaches_93(chunker):
     model, X_test, gold = chunker
     predicted = model.predict(X_test)
     scores = metrics.chunk_scores(gold, predicted)
-    print(f"CoNLL-2000 test: F1 {scores.f1:.2f}, accuracy {scores.accuracy:.2f}, {model.n_iter_} iterations ({model.stop_reason_})")
+    print(
+        f"CoNLL-2000 test: F1 {scores.f1:.2f}, accuracy {scores.accuracy:.2f}, {model.n_iter_} iterations ({model.stop_reason_})"
+    )
     assert scores.f1 >= 93.0
     assert scores.accuracy >= 95.5
 

@@ -16,8 +16,10 @@ SENTENCES = [
 def _token_attributes(extractor, sentences):
     batch = extractor.transform(sentences)
     names = extractor.attribute_names()
-    return [[sorted(names[batch.X.indices[batch.X.indptr[r]:batch.X.indptr[r + 1]]]) for r in range(a, b)]
-            for a, b in zip(batch.offsets[:-1], batch.offsets[1:])]
+    return [
+        [sorted(names[batch.X.indices[batch.X.indptr[r] : batch.X.indptr[r + 1]]]) for r in range(a, b)]
+        for a, b in zip(batch.offsets[:-1], batch.offsets[1:])
+    ]
 
 
 def test_crfsuite_chunking_names_and_no_padding():
@@ -33,14 +35,18 @@ def test_crfsuite_chunking_names_and_no_padding():
 
 
 def test_padding_gives_bos_eos_values():
-    extractor = FeatureExtractor(columns=["w", "pos", "chunk"], templates=["w[-1]", "w[1]|pos[0]"], bos_eos=False, padding=True).fit(SENTENCES)
+    extractor = FeatureExtractor(
+        columns=["w", "pos", "chunk"], templates=["w[-1]", "w[1]|pos[0]"], bos_eos=False, padding=True
+    ).fit(SENTENCES)
     tokens = _token_attributes(extractor, SENTENCES)
     assert tokens[1][0] == ["w[-1]=__BOS__", "w[1]|pos[0]=York|NNP"]
     assert tokens[1][1] == ["w[-1]=New", "w[1]|pos[0]=__EOS__|NNP"]
 
 
 def test_unseen_attributes_are_ignored_and_min_count_prunes():
-    extractor = FeatureExtractor(columns=["w", "pos", "chunk"], templates=["w[0]", "pos[0]"], min_count=2, bos_eos=False).fit(SENTENCES)
+    extractor = FeatureExtractor(columns=["w", "pos", "chunk"], templates=["w[0]", "pos[0]"], min_count=2, bos_eos=False).fit(
+        SENTENCES
+    )
     assert list(extractor.attribute_names()) == ["pos[0]=NNP"]  # the only value seen twice
     batch = extractor.transform([[("Unknown", "NNP", "O"), ("He", "XX", "O")]])
     assert batch.X.toarray().tolist() == [[1.0], [0.0]]
@@ -51,10 +57,14 @@ def test_token_functions_and_views():
         columns=["w", "pos", "chunk"],
         templates=["low[0]", "shape[0]", "suf2[0]", "pre3[0]", "title[0]", "digit[0]", "hyphen[0]", "upper[0]"],
         views={
-            "low": {"column": "w", "fn": "lower"}, "shape": {"column": "w", "fn": "short_shape"},
-            "suf2": {"column": "w", "fn": "suffix", "n": 2}, "pre3": {"column": "w", "fn": "prefix", "n": 3},
-            "title": {"column": "w", "fn": "is_title"}, "digit": {"column": "w", "fn": "has_digit"},
-            "hyphen": {"column": "w", "fn": "has_hyphen"}, "upper": {"column": "w", "fn": "is_upper"},
+            "low": {"column": "w", "fn": "lower"},
+            "shape": {"column": "w", "fn": "short_shape"},
+            "suf2": {"column": "w", "fn": "suffix", "n": 2},
+            "pre3": {"column": "w", "fn": "prefix", "n": 3},
+            "title": {"column": "w", "fn": "is_title"},
+            "digit": {"column": "w", "fn": "has_digit"},
+            "hyphen": {"column": "w", "fn": "has_hyphen"},
+            "upper": {"column": "w", "fn": "is_upper"},
         },
         bos_eos=False,
     )
@@ -70,12 +80,23 @@ def test_lexicon_marks_longest_multi_token_match(tmp_path):
     lexicon = tmp_path / "places.txt"
     lexicon.write_text("new york\tLOC\nyork\tLOC\nnew york city\tLOC\nparis\n", encoding="utf-8")
     extractor = FeatureExtractor(
-        columns=["w"], templates=["gaz[0]"], views={"gaz": {"column": "w", "fn": "lexicon", "path": str(lexicon), "lowercase": True}}, bos_eos=False,
+        columns=["w"],
+        templates=["gaz[0]"],
+        views={"gaz": {"column": "w", "fn": "lexicon", "path": str(lexicon), "lowercase": True}},
+        bos_eos=False,
     )
     sentences = [[("In",), ("New",), ("York",), ("City",), ("and",), ("Paris",), ("York",)]]
     extractor.fit(sentences)
     tokens = _token_attributes(extractor, sentences)
-    assert [t[0] if t else None for t in tokens[0]] == [None, "gaz[0]=B-LOC", "gaz[0]=I-LOC", "gaz[0]=I-LOC", None, "gaz[0]=B", "gaz[0]=B-LOC"]
+    assert [t[0] if t else None for t in tokens[0]] == [
+        None,
+        "gaz[0]=B-LOC",
+        "gaz[0]=I-LOC",
+        "gaz[0]=I-LOC",
+        None,
+        "gaz[0]=B",
+        "gaz[0]=B-LOC",
+    ]
 
 
 def test_numeric_columns_are_real_valued():

@@ -103,8 +103,10 @@ def test_first_order_hmm_as_crf_weights():
     V = len(model.vocabulary_)
     ids = model.word_ids(words)
     ids[ids < 0] = V  # the unknown-word attribute
-    batch = SequenceBatch(sp.csr_matrix((np.ones(ids.size), (np.arange(ids.size), ids)), shape=(ids.size, V + 1)),
-                          np.concatenate([[0], np.cumsum([len(s) for s in test_X])]))
+    batch = SequenceBatch(
+        sp.csr_matrix((np.ones(ids.size), (np.arange(ids.size), ids)), shape=(ids.size, V + 1)),
+        np.concatenate([[0], np.cumsum([len(s) for s in test_X])]),
+    )
     L = len(model.classes_)
     crf = CRF()
     crf.classes_ = list(model.classes_)
@@ -159,7 +161,9 @@ def test_save_load_round_trip_and_bad_files(tmp_path):
         model.save(path)
         loaded = HMMTagger.load(path)
         assert loaded.predict(test_X) == model.predict(test_X)
-        np.testing.assert_allclose(loaded.log_likelihood(test_X, per_sequence=True), model.log_likelihood(test_X, per_sequence=True))
+        np.testing.assert_allclose(
+            loaded.log_likelihood(test_X, per_sequence=True), model.log_likelihood(test_X, per_sequence=True)
+        )
         assert loaded.get_params() == model.get_params()
     crf_path = tmp_path / "crf.npz"
     CRF(max_iterations=2).fit([[{"w": 1.0}], [{"v": 1.0}]], [["A"], ["B"]]).save(crf_path)

@@ -23,12 +23,15 @@ def test_reads_gzip_and_tabs(tmp_path):
     assert read_conll(path, separator="\t") == [[("New York", "NNP", "B-LOC"), ("is", "VBZ", "O")]]
 
 
-@pytest.mark.parametrize("content,line,problem", [
-    ("a B\nb C D\n", 2, "expected 2 columns, found 3"),
-    ("a B\n\nc\n", 3, "expected 2 columns, found 1"),
-    ("", 1, "file is empty"),
-    ("\n\n-DOCSTART- O\n", 1, "no token lines"),
-])
+@pytest.mark.parametrize(
+    "content,line,problem",
+    [
+        ("a B\nb C D\n", 2, "expected 2 columns, found 3"),
+        ("a B\n\nc\n", 3, "expected 2 columns, found 1"),
+        ("", 1, "file is empty"),
+        ("\n\n-DOCSTART- O\n", 1, "no token lines"),
+    ],
+)
 def test_malformed_conll_names_file_line_and_problem(tmp_path, content, line, problem):
     path = tmp_path / "bad.txt"
     path.write_text(content, encoding="utf-8")
@@ -79,10 +82,13 @@ def test_reads_conllu_word_lines_only(tmp_path):
     assert [row[3] for row in sentence] == ["PRON", "AUX", "PART", "PUNCT"]
 
 
-@pytest.mark.parametrize("line,problem", [
-    ("1\tI\tI\tPRON\tPRP\t_\t3\tnsubj\t_\n", "expected 10 tab-separated columns, found 9"),
-    ("x\tI\tI\tPRON\tPRP\t_\t3\tnsubj\t_\t_\n", "word ID 'x' is not an integer"),
-])
+@pytest.mark.parametrize(
+    "line,problem",
+    [
+        ("1\tI\tI\tPRON\tPRP\t_\t3\tnsubj\t_\n", "expected 10 tab-separated columns, found 9"),
+        ("x\tI\tI\tPRON\tPRP\t_\t3\tnsubj\t_\t_\n", "word ID 'x' is not an integer"),
+    ],
+)
 def test_malformed_conllu(tmp_path, line, problem):
     path = tmp_path / "bad.conllu"
     path.write_text("# c\n" + line, encoding="utf-8")

@@ -14,11 +14,14 @@ def _random_sequences(rng, labels, n=200):
     return [list(rng.choice(labels, size=int(rng.integers(1, 12)))) for _ in range(n)]
 
 
-@pytest.mark.parametrize("labels", [
-    ["O", "B-NP", "I-NP", "B-VP", "I-VP"],  # IOB2 (and ill-formed sequences of it)
-    ["O", "I-PER", "I-LOC", "B-LOC"],  # IOB1
-    ["O", "B-X", "I-X", "E-X", "S-X", "S-Y", "B-Y", "E-Y"],  # IOBES
-])
+@pytest.mark.parametrize(
+    "labels",
+    [
+        ["O", "B-NP", "I-NP", "B-VP", "I-VP"],  # IOB2 (and ill-formed sequences of it)
+        ["O", "I-PER", "I-LOC", "B-LOC"],  # IOB1
+        ["O", "B-X", "I-X", "E-X", "S-X", "S-Y", "B-Y", "E-Y"],  # IOBES
+    ],
+)
 @pytest.mark.parametrize("seed", [0, 1])
 def test_matches_seqeval_on_random_sequences(labels, seed):
     rng = np.random.default_rng(seed)
@@ -30,6 +33,7 @@ def test_matches_seqeval_on_random_sequences(labels, seed):
     assert ours.f1 / 100 == pytest.approx(seqeval.f1_score(gold, pred), abs=1e-12)
     assert ours.accuracy / 100 == pytest.approx(seqeval.accuracy_score(gold, pred), abs=1e-12)
     from seqeval.metrics.sequence_labeling import get_entities
+
     expected = sorted((t, s, e + 1) for t, s, e in get_entities([list(x) for x in gold]))
     found = metrics.chunks(gold)
     offsets = np.concatenate([[0], np.cumsum([len(s) + 1 for s in gold])])  # seqeval pads with 'O'
@@ -57,7 +61,7 @@ def test_mcnemar_counts_and_exact_p_value():
     from scipy.stats import binom
 
     gold = [["A", "B", "A", "B"], ["A", "A"]]
-    first = [["A", "A", "A", "B"], ["B", "A"]]   # wrong at 2 tokens
+    first = [["A", "A", "A", "B"], ["B", "A"]]  # wrong at 2 tokens
     second = [["A", "B", "B", "B"], ["A", "A"]]  # wrong at 1 token
     result = metrics.mcnemar(gold, first, second)
     assert result["only_first_correct"] == 1 and result["only_second_correct"] == 2

@@ -21,7 +21,7 @@ def _toy_corpus(seed: int, n: int = 150):
         length = int(rng.integers(1, 9))
         tokens = list(rng.choice(words, size=length))
         labels = []
-        for i, w in enumerate(tokens):
+        for _i, w in enumerate(tokens):
             k = int(w[1:])
             if k < 4:
                 labels.append("O")

@@ -11,12 +11,12 @@ from omegaconf import OmegaConf
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 from mlflow.tracking import MlflowClient  # noqa: E402
+from pipeline_helpers import CONF_DIR, compose_config, tiny_overrides, write_corpus  # noqa: E402
 
 from pipeline.cache import StageCache  # noqa: E402
 from pipeline.data import MissingDataError, load_dataset  # noqa: E402
 from pipeline.runner import run_pipeline  # noqa: E402
 from pipeline.tracking import TrackingUnavailable, tracking_uri  # noqa: E402
-from pipeline_helpers import CONF_DIR, compose_config, tiny_overrides, write_corpus  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -87,8 +87,9 @@ def test_stage_cache_hits_misses_and_is_atomic(tmp_path):
 
 
 def _stage_runs(client, experiment: str, parent_id: str) -> dict:
-    runs = client.search_runs([client.get_experiment_by_name(experiment).experiment_id],
-                              filter_string=f"tags.mlflow.parentRunId = '{parent_id}'")
+    runs = client.search_runs(
+        [client.get_experiment_by_name(experiment).experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent_id}'"
+    )
     return {r.data.tags["stage"]: r for r in runs}
 
 
@@ -118,28 +119,43 @@ def test_tiny_pipeline_end_to_end_and_caching(tiny):
     assert len(history) == int(stages["train"].data.metrics["iterations"]) and history[-1].step == len(history)
     assert client.get_metric_history(stages["train"].info.run_id, "dev_f1")
     artifacts = {a.path for stage in stages.values() for a in client.list_artifacts(stage.info.run_id, stage.data.tags["stage"])}
-    for name in ("prepare/stats.json", "prepare/train.conll.gz", "featurize/extractor.npz", "train/model.npz",
-                 "train/history.csv", "evaluate/confusion_test.png", "evaluate/calibration_test.png",
-                 "evaluate/predictions_test.tsv.gz", "evaluate/segments_test.csv.gz", "evaluate/test_per_type.csv"):
+    for name in (
+        "prepare/stats.json",
+        "prepare/train.conll.gz",
+        "featurize/extractor.npz",
+        "train/model.npz",
+        "train/history.csv",
+        "evaluate/confusion_test.png",
+        "evaluate/calibration_test.png",
+        "evaluate/predictions_test.tsv.gz",
+        "evaluate/segments_test.csv.gz",
+        "evaluate/test_per_type.csv",
+    ):
         assert name in artifacts, name
     assert "config.yaml" in {a.path for a in client.list_artifacts(parent.info.run_id)}
 
     # the same config again: every stage comes from the cache, visibly
     again = run_pipeline(cfg)
     assert again["evaluate.test_f1"] == results["evaluate.test_f1"]
-    latest = client.search_runs([experiment.experiment_id], filter_string="tags.stage = 'pipeline'", order_by=["start_time DESC"])[0]
+    latest = client.search_runs(
+        [experiment.experiment_id], filter_string="tags.stage = 'pipeline'", order_by=["start_time DESC"]
+    )[0]
     assert latest.data.tags["cache_hits"] == "prepare,featurize,train,evaluate"
     assert {r.data.tags["cache"] for r in _stage_runs(client, "crf", latest.info.run_id).values()} == {"hit"}
 
     # only the trainer changes: data and features are reused, training is redone
     changed = compose_config(tiny_overrides(data_root, out) + ["trainer.strength=0.3"])
     run_pipeline(changed)
-    latest = client.search_runs([experiment.experiment_id], filter_string="tags.stage = 'pipeline'", order_by=["start_time DESC"])[0]
+    latest = client.search_runs(
+        [experiment.experiment_id], filter_string="tags.stage = 'pipeline'", order_by=["start_time DESC"]
+    )[0]
     assert latest.data.tags["cache_hits"] == "prepare,featurize"
 
     # force recomputes everything
     run_pipeline(compose_config(tiny_overrides(data_root, out) + ["force=true"]))
-    latest = client.search_runs([experiment.experiment_id], filter_string="tags.stage = 'pipeline'", order_by=["start_time DESC"])[0]
+    latest = client.search_runs(
+        [experiment.experiment_id], filter_string="tags.stage = 'pipeline'", order_by=["start_time DESC"]
+    )[0]
     assert latest.data.tags["cache_hits"] == "none"
 
 
@@ -151,15 +167,23 @@ def test_changed_input_file_misses_the_cache(tmp_path):
     write_corpus(tmp_path / "data", n_train=40, n_test=10, seed=1)  # same paths, new content
     run_pipeline(compose_config(overrides))
     client = MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
-    latest = client.search_runs([client.get_experiment_by_name("crf").experiment_id],
-                                filter_string="tags.stage = 'pipeline'", order_by=["start_time DESC"])[0]
+    latest = client.search_runs(
+        [client.get_experiment_by_name("crf").experiment_id],
+        filter_string="tags.stage = 'pipeline'",
+        order_by=["start_time DESC"],
+    )[0]
     assert latest.data.tags["cache_hits"] == "none"
 
 
 def test_missing_data_offline_names_files_and_remedy(tmp_path):
-    cfg = compose_config([f"data.root={tmp_path}", f"paths.output_dir={tmp_path / 'out'}",
-                          "dataset.files.train.url=http://127.0.0.1:9/train.txt.gz",
-                          "dataset.files.test.url=http://127.0.0.1:9/test.txt.gz"])
+    cfg = compose_config(
+        [
+            f"data.root={tmp_path}",
+            f"paths.output_dir={tmp_path / 'out'}",
+            "dataset.files.train.url=http://127.0.0.1:9/train.txt.gz",
+            "dataset.files.test.url=http://127.0.0.1:9/test.txt.gz",
+        ]
+    )
     with pytest.raises(MissingDataError) as info:
         load_dataset(OmegaConf.to_container(cfg.dataset, resolve=True), tmp_path, download=True, carve_dev=False)
     message = str(info.value)

@@ -16,9 +16,9 @@ import pytest
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 from mlflow.tracking import MlflowClient  # noqa: E402
+from pipeline_helpers import compose_config, tiny_overrides, write_corpus  # noqa: E402
 
 from pipeline.runner import run_pipeline  # noqa: E402
-from pipeline_helpers import compose_config, tiny_overrides, write_corpus  # noqa: E402
 
 PROJECT = Path(__file__).resolve().parents[1]
 
@@ -35,8 +35,22 @@ def mlflow_server(tmp_path):
     port = _free_port()
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
     env.pop("MLFLOW_TRACKING_URI", None)
-    command = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-               "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}", "--artifacts-destination", str(tmp_path / "artifacts")]
+    command = [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "server",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+        "--backend-store-uri",
+        f"sqlite:///{tmp_path / 'server.db'}",
+        "--artifacts-destination",
+        str(tmp_path / "artifacts"),
+    ]
     log = open(tmp_path / "server.log", "w")
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
@@ -85,8 +99,17 @@ def test_pipeline_against_a_live_tracking_server(tmp_path, mlflow_server, monkey
 def _multirun(tmp_path: Path, data_root: Path, sweep: list[str]) -> subprocess.CompletedProcess:
     env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
     env.pop("MLFLOW_TRACKING_URI", None)
-    command = [sys.executable, "-m", "pipeline", "-m", *sweep, *tiny_overrides(data_root, tmp_path / "out"),
-               "trainer.threads=1", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
+    command = [
+        sys.executable,
+        "-m",
+        "pipeline",
+        "-m",
+        *sweep,
+        *tiny_overrides(data_root, tmp_path / "out"),
+        "trainer.threads=1",
+        "hydra/launcher=joblib",
+        "hydra.launcher.n_jobs=2",
+    ]
     return subprocess.run(command, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -135,19 +158,34 @@ def test_hmm_versus_crf_comparison_end_to_end(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     client, sweep, jobs = _sweep_runs(tmp_path)
     assert sorted((j.data.tags["model"], float(j.data.params["data.train_fraction"])) for j in jobs) == [
-        ("crf", 0.1), ("crf", 1.0), ("hmm", 0.1), ("hmm", 1.0)]
+        ("crf", 0.1),
+        ("crf", 1.0),
+        ("hmm", 0.1),
+        ("hmm", 1.0),
+    ]
     assert all(j.info.status == "FINISHED" for j in jobs)
     # identical splits: both models saw the same number of training tokens at each fraction
     tokens = {(j.data.tags["model"], j.data.params["data.train_fraction"]): j.data.metrics["train_tokens"] for j in jobs}
     assert tokens[("crf", "0.1")] == tokens[("hmm", "0.1")] < tokens[("crf", "1.0")] == tokens[("hmm", "1.0")]
     full = {j.data.tags["model"]: j for j in jobs if j.data.params["data.train_fraction"] == "1.0"}
-    assert "featurize" not in {r.data.tags.get("stage") for r in client.search_runs(
-        [sweep.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{full['hmm'].info.run_id}'")}
+    assert "featurize" not in {
+        r.data.tags.get("stage")
+        for r in client.search_runs(
+            [sweep.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{full['hmm'].info.run_id}'"
+        )
+    }
     metrics = sweep.data.metrics
     for model in ("hmm", "crf"):
         assert metrics[f"{model}_accuracy"] == pytest.approx(full[model].data.metrics["test_accuracy"])
         assert metrics[f"{model}_model_bytes"] > 0 and metrics[f"{model}_tag_tokens_per_second"] > 0
     assert 0.0 <= metrics["p_mcnemar"] <= 1.0 and 0.0 <= metrics["p_bootstrap_f1"] <= 1.0
     artifacts = {a.path for a in client.list_artifacts(sweep.info.run_id)}
-    assert {"comparison.csv", "comparison.md", "per_label_f1.csv", "learning_curve.csv", "learning_curve.png", "bootstrap.csv"} <= artifacts
+    assert {
+        "comparison.csv",
+        "comparison.md",
+        "per_label_f1.csv",
+        "learning_curve.csv",
+        "learning_curve.png",
+        "bootstrap.csv",
+    } <= artifacts
     assert "HMM versus CRF" in done.stdout and sweep.info.status == "FINISHED"
