@@ -7,6 +7,8 @@ import pytest
 from crf import CRF, crfsuite_chunking_extractor, metrics, read_conll
 from crf.io import column
 
+pytestmark = pytest.mark.slow  # trains on the full CoNLL-2000 training set
+
 
 @pytest.fixture(scope="module")
 def chunker(request):
