@@ -13,9 +13,8 @@ Estimation is by counting, with either
 - the TnT recipe (Brants 2000): transitions by deleted interpolation of unigram, bigram and
   trigram estimates, known words by relative frequency, and unknown words by a suffix model
   learnt from rare words (separately for capitalised and other words).
-
-Transition tables have one axis per context label plus one for the next label, each of size
-L + 1: index L is the start symbol on a context axis and the end symbol on the last axis.
+Counting and smoothing live in :mod:`crf.hmm_smoothing` (whose docstring describes the
+transition tables' layout); this module holds the estimator.
 """
 
 from __future__ import annotations
@@ -23,180 +22,33 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 import scipy.sparse as sp
 
 from . import chain
+from .hmm_smoothing import (
+    SuffixModel,
+    add_k_log_probabilities,
+    count_transitions,
+    dirichlet_log_objective,
+    expected_transition_table,
+    interpolated_log_probabilities,
+    interpolation_weights,
+    suffix_emissions,
+    valid_contexts,
+)
 from .parallel import Workers, single_threaded_blas, thread_count
 from .persist import ModelFileError, arrays_to_strings, load_arrays, save_arrays, strings_to_arrays
 
 _KIND = "crf.HMMTagger"
 _TRANSITION_SMOOTHING = ("add-k", "interpolation")
 _EMISSION_SMOOTHING = ("add-k", "suffix")
-
-
-# --- counting -----------------------------------------------------------------------------
-
-
-def transition_indices(labels: np.ndarray, lengths: np.ndarray, n_labels: int, order: int) -> np.ndarray:
-    """Flat indices into an (L + 1,) * (order + 1) table of every n-gram of the padded label
-    sequences: one per token and one for the end symbol of each sequence. ``labels`` (T,) ints."""
-    L = n_labels
-    offsets = np.concatenate([[0], np.cumsum(lengths)])
-    # each sequence becomes [<s>] * order + labels + [</s>] in a padded flat array
-    padded_len = lengths + order + 1
-    starts = np.concatenate([[0], np.cumsum(padded_len)])[:-1]
-    padded = np.full(int(padded_len.sum()), L, dtype=np.int64)
-    token_pos = np.repeat(starts + order - offsets[:-1], lengths) + np.arange(labels.size)
-    padded[token_pos] = labels
-    # targets: every token and every end symbol
-    targets = np.concatenate([token_pos, starts + order + lengths])
-    index = np.zeros(targets.size, dtype=np.int64)
-    for back in range(order, -1, -1):
-        index = index * (L + 1) + padded[targets - back]
-    return index
-
-
-def count_transitions(labels, lengths, n_labels: int, order: int, weights=None) -> np.ndarray:
-    """n-gram counts of the padded label sequences, shape (L + 1,) * (order + 1)."""
-    index = transition_indices(np.asarray(labels, dtype=np.int64), np.asarray(lengths, dtype=np.int64), n_labels, order)
-    size = (n_labels + 1) ** (order + 1)
-    return np.bincount(index, weights=weights, minlength=size).reshape((n_labels + 1,) * (order + 1)).astype(np.float64)
-
-
-def valid_contexts(n_labels: int, order: int) -> np.ndarray:
-    """Which contexts can occur, shape (L + 1,) * order: after a real label, never a start symbol."""
-    L = n_labels
-    if order == 1:
-        return np.ones(L + 1, dtype=bool)
-    valid = np.ones((L + 1, L + 1), dtype=bool)
-    valid[:L, L] = False
-    return valid
-
-
-# --- smoothing ----------------------------------------------------------------------------
-
-
-def add_k_log_probabilities(counts: np.ndarray, k: float, valid_rows: np.ndarray | None = None) -> np.ndarray:
-    """log((counts + k) / (row total + k * width)) along the last axis; invalid rows -inf. A row
-    with no counts at all (possible with k = 0) is uniform."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        total = counts.sum(axis=-1, keepdims=True) + k * counts.shape[-1]
-        out = np.where(total > 0, np.log(counts + k) - np.log(total), -np.log(counts.shape[-1]))
-    if valid_rows is not None:
-        out[~valid_rows] = -np.inf
-    return out
-
-
-def interpolation_weights(counts: np.ndarray) -> np.ndarray:
-    """Deleted interpolation (Brants 2000): each n-gram seen f times votes f for the order whose
-    estimate, with that n-gram's own occurrence removed, is highest. Returns weights (order + 1,)
-    from unigram up, summing to one. ``counts`` is an n-gram table from :func:`count_transitions`."""
-    order = counts.ndim - 1
-    seen = np.argwhere(counts > 0)
-    f = counts[tuple(seen.T)]
-    ratios = []
-    for n in range(1, order + 2):  # unigram .. full order
-        ngram = counts.sum(axis=tuple(range(order + 1 - n))) if n <= order else counts
-        context = ngram.sum(axis=-1)
-        idx = tuple(seen[:, order + 1 - n :].T)
-        numerator = ngram[idx] - 1
-        denominator = (context[idx[:-1]] if n > 1 else np.full(f.size, ngram.sum())) - 1
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ratios.append(np.where(denominator > 0, numerator / denominator, 0.0))
-    votes = np.argmax(np.stack(ratios, axis=1)[:, ::-1], axis=1)  # ties go to the higher order
-    weights = np.bincount(order - votes, weights=f, minlength=order + 1)
-    return weights / weights.sum()
-
-
-def interpolated_log_probabilities(counts: np.ndarray, weights: np.ndarray, valid_rows: np.ndarray) -> np.ndarray:
-    """log of sum_n weights[n] * P_ML(next | last n context labels), renormalised per context."""
-    order = counts.ndim - 1
-    mixed = np.zeros(counts.shape)
-    for n in range(1, order + 2):
-        ngram = counts.sum(axis=tuple(range(order + 1 - n))) if n <= order else counts
-        context = ngram.sum(axis=-1, keepdims=True)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            estimate = np.where(context > 0, ngram / np.where(context > 0, context, 1.0), 0.0)
-        mixed += weights[n - 1] * estimate.reshape((1,) * (order + 1 - n) + estimate.shape)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        out = np.log(mixed / mixed.sum(axis=-1, keepdims=True))
-    out[~valid_rows] = -np.inf
-    return out
-
-
-@dataclass
-class SuffixModel:
-    """P(label | suffix) for unknown words, learnt from rare words (TnT).
-
-    For a suffix s of length i, P(t | s) = (P_ML(t | s) + theta * P(t | s minus its first
-    letter)) / (1 + theta), recursively, where theta is the standard deviation of the tag
-    probabilities. Capitalised and other words have separate suffix sets; the empty suffix of
-    each is the tag distribution of its rare words, smoothed the same way towards P(t).
-    ``keys`` (U,) are ``"<case>|<suffix>"`` strings, ``log_probabilities`` (U, L).
-    """
-
-    keys: list[str]
-    log_probabilities: np.ndarray
-    max_suffix: int
-    theta: float
-    rows: dict = field(init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        self.rows = {key: row for row, key in enumerate(self.keys)}
-
-    @staticmethod
-    def case(word: str) -> str:
-        return "C" if word[:1].isupper() else "l"
-
-    @classmethod
-    def fit(
-        cls, words: Sequence[str], tag_counts: np.ndarray, rare: np.ndarray, label_probabilities: np.ndarray, max_suffix: int
-    ) -> SuffixModel:
-        """``words`` (V,) vocabulary, ``tag_counts`` (V, L) word-label counts, ``rare`` (V,)
-        which words teach the model, ``label_probabilities`` (L,) P(t) over all tokens."""
-        theta = float(np.std(label_probabilities, ddof=1)) if label_probabilities.size > 1 else 1.0
-        key_rows: dict[str, int] = {}
-        pairs_key, pairs_word = [], []
-        for w in np.flatnonzero(rare):
-            word = words[w]
-            case = cls.case(word)
-            for i in range(min(max_suffix, len(word)) + 1):
-                key = f"{case}|{word[len(word) - i :] if i else ''}"
-                pairs_key.append(key_rows.setdefault(key, len(key_rows)))
-                pairs_word.append(w)
-        for case in ("C", "l"):  # both empty suffixes exist even without rare words of a case
-            key_rows.setdefault(f"{case}|", len(key_rows))
-        keys = list(key_rows)
-        membership = sp.csr_matrix((np.ones(len(pairs_key)), (pairs_key, pairs_word)), shape=(len(keys), len(words)))
-        counts = np.asarray(membership @ tag_counts)
-        totals = counts.sum(axis=1, keepdims=True)
-        ml = np.divide(counts, totals, out=np.zeros_like(counts), where=totals > 0)
-        lengths = np.array([len(k) - 2 for k in keys])
-        parent = np.array([key_rows.get(k[:2] + k[3:], -1) if len(k) > 2 else -1 for k in keys])
-        probabilities = np.zeros_like(ml)
-        for length in range(0, max_suffix + 1):
-            rows = np.flatnonzero(lengths == length)
-            below = label_probabilities[None, :] if length == 0 else probabilities[parent[rows]]
-            mixed = (ml[rows] + theta * below) / (1.0 + theta)
-            probabilities[rows] = np.where(totals[rows] > 0, mixed, below)  # no rare words: the level below
-        with np.errstate(divide="ignore"):
-            return cls(keys, np.log(probabilities), max_suffix, theta)
-
-    def lookup(self, words: Sequence[str]) -> np.ndarray:
-        """log P(t | longest known suffix) for each word, shape (n, L)."""
-        rows = np.empty(len(words), dtype=np.int64)
-        for n, word in enumerate(words):  # once per distinct unknown word
-            case = self.case(word)
-            for i in range(min(self.max_suffix, len(word)), -1, -1):
-                row = self.rows.get(f"{case}|{word[len(word) - i :] if i else ''}")
-                if row is not None:
-                    rows[n] = row
-                    break
-        return self.log_probabilities[rows]
+_PARAMS = (
+    "order transition_smoothing emission_smoothing k rare_threshold max_suffix capitalization chunk_elements n_threads"
+).split()
 
 
 # --- the estimator ------------------------------------------------------------------------
@@ -233,7 +85,7 @@ class HMMTagger:
     n_threads: threads for tagging and Baum-Welch (None: the number of cores, at most 4).
 
     Learned attributes: ``classes_`` (L,), ``vocabulary_`` (V,), ``log_transitions_``
-    ((L + 1,) * (order + 1), see the module docstring), ``log_emissions_`` (V + 1, L) with the
+    ((L + 1,) * (order + 1), see :mod:`crf.hmm_smoothing`), ``log_emissions_`` (V + 1, L) with the
     unknown-word row last, ``suffix_model_`` (or None), ``interpolation_weights_`` (or None),
     ``unknown_given_label_`` (P(unknown word | label) of the suffix model, or None),
     ``transition_counts_`` and ``emission_counts_`` (V, L), ``em_history_``. With
@@ -263,20 +115,7 @@ class HMMTagger:
         self.n_threads = n_threads
 
     def get_params(self) -> dict:
-        return {
-            name: getattr(self, name)
-            for name in (
-                "order",
-                "transition_smoothing",
-                "emission_smoothing",
-                "k",
-                "rare_threshold",
-                "max_suffix",
-                "capitalization",
-                "chunk_elements",
-                "n_threads",
-            )
-        }
+        return {name: getattr(self, name) for name in _PARAMS}
 
     def _check_params(self) -> None:
         if self.order not in (1, 2):
@@ -352,26 +191,9 @@ class HMMTagger:
             with_unknown = np.vstack([emission_counts, np.zeros((1, L))])
             self.log_emissions_ = add_k_log_probabilities(with_unknown.T, self.k).T
             return
-        tag_totals = emission_counts.sum(axis=0)
-        label_probabilities = tag_totals / tag_totals.sum()
-        frequency = emission_counts.sum(axis=1)
-        rare = frequency <= self.rare_threshold
-        self.suffix_model_ = SuffixModel.fit(self.vocabulary_, emission_counts, rare, label_probabilities, self.max_suffix)
-        # Unknown words: P(w | t) = P(unknown | t) P(t | suffix(w)) / P(t | unknown), the word
-        # given "unknown" counted as one event. P(unknown) is the share of tokens whose word was
-        # seen once (Good-Turing), P(t | unknown) the label distribution of rare words (smoothed
-        # towards P(t) like the suffixes), and P(unknown | t) = P(t | unknown) P(unknown) / P(t).
-        theta = self.suffix_model_.theta
-        rare_totals = emission_counts[rare].sum(axis=0)
-        unknown_labels = (rare_totals / max(rare_totals.sum(), 1.0) + theta * label_probabilities) / (1.0 + theta)
-        hapax = float(emission_counts[frequency == 1].sum()) / max(tag_totals.sum(), 1.0)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ratio = np.where(label_probabilities > 0, unknown_labels / label_probabilities, 0.0)  # 0: never seen
-            unknown_given_label = np.clip(ratio * hapax, 1e-12, 0.5)
-            known = np.log(emission_counts / np.maximum(tag_totals, 1.0)) + np.log1p(-unknown_given_label)
-            unknown_row = np.where(ratio > 0, np.log(unknown_given_label) - np.log(unknown_labels), -np.inf)
-        self.unknown_given_label_ = unknown_given_label
-        self.log_emissions_ = np.vstack([known, unknown_row])
+        self.suffix_model_, self.unknown_given_label_, self.log_emissions_ = suffix_emissions(
+            self.vocabulary_, emission_counts, self.rare_threshold, self.max_suffix
+        )
 
     # --- scores for the chain ------------------------------------------------------------
 
@@ -497,7 +319,7 @@ class HMMTagger:
 
     def _expected_counts(self, X) -> tuple[float, np.ndarray, np.ndarray]:
         """E-step: (log p(X), expected transition counts, expected emission counts (V, L))."""
-        L, V = self.n_hidden_, len(self.vocabulary_)
+        V = len(self.vocabulary_)
         ids = self.word_ids(self._flatten(X)[0])
         if np.any(ids < 0):
             raise ValueError("Baum-Welch needs every word in the vocabulary")  # baum_welch extends it first
@@ -505,17 +327,7 @@ class HMMTagger:
         def count(emissions, lengths, scores, tokens):
             post = chain.forward_backward(emissions, *scores, lengths)
             node = self._hidden_marginals(post.marginals)
-            ends = np.cumsum(lengths)
-            first_rows, last_rows = ends - lengths, ends - 1
-            transitions = np.zeros_like(self.transition_counts_)
-            if self.order == 1:
-                transitions[:L, :L] = post.transition_counts
-                transitions[L, :L] = node[first_rows].sum(axis=0)
-                transitions[:L, L] = node[last_rows].sum(axis=0)
-            else:
-                transitions[:, :L, :L] = post.transition_counts
-                transitions[L, L, :L] = node[first_rows].sum(axis=0)
-                transitions[:, :L, L] = post.marginals[last_rows].sum(axis=0).reshape(L + 1, L)
+            transitions = expected_transition_table(post.transition_counts, post.marginals, node, lengths, self.order)
             chunk_ids = ids[tokens]
             membership = sp.csr_matrix(
                 (np.ones(chunk_ids.size), (chunk_ids, np.arange(chunk_ids.size))), shape=(V, chunk_ids.size)
@@ -524,19 +336,6 @@ class HMMTagger:
 
         parts = self._map_chunks(X, count)
         return sum(p[0] for p in parts), sum(p[1] for p in parts), sum(p[2] for p in parts)
-
-    def _log_prior_and_labelled(self, labelled_transitions, labelled_emissions) -> float:
-        """log Dirichlet(k + 1) prior of the current tables plus the labelled data's log joint."""
-        total = 0.0
-        valid = valid_contexts(self.n_hidden_, self.order)
-        tables = [(self.log_transitions_[valid], labelled_transitions[valid]), (self.log_emissions_[:-1], labelled_emissions)]
-        for log_p, counts in tables:
-            weight = counts + self.k
-            total += float(np.sum(np.where(weight > 0, weight * np.where(np.isfinite(log_p), log_p, 0.0), 0.0)))
-        # the unknown-word row's prior pseudo-counts
-        if self.k > 0:
-            total += float(self.k * np.sum(self.log_emissions_[-1]))
-        return total
 
     def baum_welch(
         self,
@@ -578,7 +377,9 @@ class HMMTagger:
         began = time.perf_counter()
         for iteration in range(1, iterations + 1):
             log_likelihood, expected_transitions, expected_emissions = self._expected_counts(X_unlabelled)
-            objective = log_likelihood + self._log_prior_and_labelled(labelled_transitions, labelled_emissions)
+            objective = log_likelihood + dirichlet_log_objective(
+                self.log_transitions_, self.log_emissions_, labelled_transitions, labelled_emissions, self.k, self.order
+            )
             record = EMIteration(iteration, log_likelihood, objective, time.perf_counter() - began)
             self.em_history_.append(record)
             if callback is not None:
