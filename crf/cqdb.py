@@ -1,0 +1,189 @@
+"""CQDB, CRFsuite's constant string <-> id database, and the lookup3 hash it uses.
+
+A CQDB chunk (all integers little-endian uint32) is laid out as:
+
+- a 24-byte header: ``b"CQDB"``, chunk size, flags, byte-order check ``0x62445371``, the number
+  of entries of the backward array and its offset;
+- 256 table references (offset, number of buckets), offsets relative to the chunk start, 0 for
+  an empty table;
+- the records: id (int32), key size (with its NUL), key bytes ending in NUL;
+- the hash tables: buckets of (hash, record offset); a key goes to table ``hash % 256``, home
+  bucket ``(hash >> 8) % n_buckets``, linear probing; a table has twice as many buckets as keys
+  and an empty bucket has offset 0;
+- the backward array: the record offset of id 0, 1, ...
+
+The hash is Bob Jenkins' lookup3 ``hashlittle`` of the key with its NUL byte, seed 0, here
+vectorised over many keys at once with NumPy uint32 arithmetic.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+MAGIC = b"CQDB"
+BYTEORDER = 0x62445371
+N_TABLES = 256
+HEADER_SIZE = 24
+DATA_OFFSET = HEADER_SIZE + 8 * N_TABLES
+
+
+class CQDBError(ValueError):
+    """A CQDB chunk that is truncated or inconsistent (the caller adds the file name)."""
+
+
+def _rot(x: np.ndarray, k: int) -> np.ndarray:
+    return (x << np.uint32(k)) | (x >> np.uint32(32 - k))
+
+
+def _mix(a, b, c):
+    a -= c
+    a ^= _rot(c, 4)
+    c += b
+    b -= a
+    b ^= _rot(a, 6)
+    a += c
+    c -= b
+    c ^= _rot(b, 8)
+    b += a
+    a -= c
+    a ^= _rot(c, 16)
+    c += b
+    b -= a
+    b ^= _rot(a, 19)
+    a += c
+    c -= b
+    c ^= _rot(b, 4)
+    b += a
+    return a, b, c
+
+
+def _final(a, b, c):
+    c ^= b
+    c -= _rot(b, 14)
+    a ^= c
+    a -= _rot(c, 11)
+    b ^= a
+    b -= _rot(a, 25)
+    c ^= b
+    c -= _rot(b, 16)
+    a ^= c
+    a -= _rot(c, 4)
+    b ^= a
+    b -= _rot(a, 14)
+    c ^= b
+    c -= _rot(b, 24)
+    return a, b, c
+
+
+def hashlittle(keys: list[bytes]) -> np.ndarray:
+    """lookup3 ``hashlittle(key, len(key), 0)`` of every key (N,) uint32; keys must be non-empty.
+
+    Keys are zero-padded to whole 12-byte blocks; a key of n bytes is mixed over its first
+    ``(n - 1) // 12`` blocks and its last block is added before the final mix, which is what
+    the byte-wise path of lookup3 computes."""
+    n = len(keys)
+    lengths = np.fromiter((len(k) for k in keys), dtype=np.int64, count=n)
+    if n == 0:
+        return np.zeros(0, dtype=np.uint32)
+    if lengths.min() < 1:
+        raise ValueError("lookup3 keys here are never empty (they end with NUL)")
+    blocks = (lengths + 11) // 12
+    width = int(blocks.max()) * 12
+    padded = np.zeros((n, width), dtype=np.uint8)
+    flat = np.frombuffer(b"".join(keys), dtype=np.uint8)
+    rows = np.repeat(np.arange(n), lengths)
+    cols = np.arange(flat.size) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    padded[rows, cols] = flat
+    words = padded.view("<u4").reshape(n, -1, 3).astype(np.uint32)  # (N, blocks, 3)
+    with np.errstate(over="ignore"):
+        a = np.uint32(0xDEADBEEF) + lengths.astype(np.uint32)
+        b, c = a.copy(), a.copy()
+        rounds = blocks - 1
+        for r in range(int(rounds.max())):
+            live = rounds > r
+            a2, b2, c2 = a[live] + words[live, r, 0], b[live] + words[live, r, 1], c[live] + words[live, r, 2]
+            a[live], b[live], c[live] = _mix(a2, b2, c2)
+        rows = np.arange(n)
+        a += words[rows, rounds, 0]
+        b += words[rows, rounds, 1]
+        c += words[rows, rounds, 2]
+        _, _, c = _final(a, b, c)
+    return c
+
+
+def _u32_at(buffer: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """Little-endian uint32 at each byte position (positions already bounds-checked)."""
+    gathered = buffer[positions[:, None] + np.arange(4)]
+    return np.ascontiguousarray(gathered).view("<u4").ravel().astype(np.int64)
+
+
+def read_cqdb(data: bytes, start: int, count: int) -> list[str]:
+    """The strings of ids 0 .. count - 1 of the CQDB chunk at ``data[start:]``, via its
+    backward array (what CRFsuite's id -> string look-up reads). Raises CQDBError."""
+    if start < 0 or start + DATA_OFFSET > len(data):
+        raise CQDBError(f"CQDB chunk at offset {start} runs past the end of the file")
+    if data[start : start + 4] != MAGIC:
+        raise CQDBError(f"no CQDB chunk at offset {start} (found {data[start : start + 4]!r})")
+    size, _, byteorder, bwd_size, bwd_offset = np.frombuffer(data, "<u4", 5, start + 4).astype(np.int64)
+    if byteorder != BYTEORDER:
+        raise CQDBError(f"CQDB chunk at offset {start}: bad byte-order mark {byteorder:#x}")
+    if size < DATA_OFFSET or start + size > len(data):
+        raise CQDBError(f"CQDB chunk at offset {start}: size {size} exceeds the file ({len(data) - start} bytes left)")
+    if count == 0:
+        return []
+    if bwd_size < count or bwd_offset < DATA_OFFSET or bwd_offset + 4 * count > size:
+        raise CQDBError(f"CQDB chunk at offset {start}: backward array ({bwd_size} at {bwd_offset}) cannot hold {count} ids")
+    chunk = np.frombuffer(data, np.uint8, int(size), start)
+    records = np.frombuffer(data, "<u4", count, start + int(bwd_offset)).astype(np.int64)
+    if records.min() < DATA_OFFSET or records.max() + 9 > size:
+        raise CQDBError(f"CQDB chunk at offset {start}: a record offset is out of range")
+    ids = _u32_at(chunk, records)
+    key_sizes = _u32_at(chunk, records + 4)
+    if np.any(ids != np.arange(count)):
+        bad = int(np.flatnonzero(ids != np.arange(count))[0])
+        raise CQDBError(f"CQDB chunk at offset {start}: the record of id {bad} holds id {ids[bad]}")
+    ends = records + 8 + key_sizes
+    if key_sizes.min() < 1 or ends.max() > size or np.any(chunk[ends - 1] != 0):
+        raise CQDBError(f"CQDB chunk at offset {start}: a key overruns its chunk or lacks its NUL terminator")
+    raw = chunk.tobytes()
+    try:
+        strings = [raw[a:b].decode("utf-8") for a, b in zip((records + 8).tolist(), (ends - 1).tolist())]
+    except UnicodeDecodeError as err:
+        raise CQDBError(f"CQDB chunk at offset {start}: a key is not UTF-8 ({err})") from None
+    if any("\0" in s for s in strings):
+        raise CQDBError(f"CQDB chunk at offset {start}: a key holds a NUL byte")
+    return strings
+
+
+def build_cqdb(strings: list[str]) -> bytes:
+    """A CQDB chunk mapping ``strings[i]`` <-> i, as CRFsuite's reader expects."""
+    keys = [s.encode("utf-8") + b"\0" for s in strings]
+    if any(b"\0" in k[:-1] for k in keys):
+        raise ValueError("CRFsuite strings cannot contain NUL characters")
+    n = len(keys)
+    key_sizes = np.fromiter((len(k) for k in keys), dtype=np.int64, count=n)
+    record_sizes = 8 + key_sizes
+    offsets = DATA_OFFSET + np.concatenate([[0], np.cumsum(record_sizes)[:-1]]).astype(np.int64)
+    records = bytearray()
+    for i, key in enumerate(keys):
+        records += np.array([i, len(key)], dtype="<u4").tobytes() + key
+    hashes = hashlittle(keys)
+    table_of = hashes % N_TABLES
+    counts = np.bincount(table_of, minlength=N_TABLES) if n else np.zeros(N_TABLES, dtype=np.int64)
+    n_buckets = 2 * counts
+    table_offsets = DATA_OFFSET + int(record_sizes.sum()) + 8 * np.concatenate([[0], np.cumsum(n_buckets)[:-1]])
+    buckets = np.zeros((int(n_buckets.sum()), 2), dtype="<u4")
+    first_bucket = np.concatenate([[0], np.cumsum(n_buckets)[:-1]])
+    for i, (h, t) in enumerate(zip(hashes.tolist(), table_of.tolist())):  # linear probing, in key order
+        size = int(n_buckets[t])
+        k = (h >> 8) % size
+        while buckets[first_bucket[t] + k, 1] != 0:
+            k = (k + 1) % size
+        buckets[first_bucket[t] + k] = (h, offsets[i])
+    refs = np.zeros((N_TABLES, 2), dtype="<u4")
+    refs[:, 0] = np.where(counts > 0, table_offsets, 0)
+    refs[:, 1] = n_buckets
+    backward_offset = DATA_OFFSET + len(records) + buckets.nbytes
+    size = backward_offset + 4 * n
+    header = np.array([size, 0, BYTEORDER, n, backward_offset if n else 0], dtype="<u4")
+    return b"".join([MAGIC, header.tobytes(), refs.tobytes(), bytes(records), buckets.tobytes(), offsets.astype("<u4").tobytes()])
