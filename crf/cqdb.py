@@ -152,7 +152,33 @@ def read_cqdb(data: bytes, start: int, count: int) -> list[str]:
         raise CQDBError(f"CQDB chunk at offset {start}: a key is not UTF-8 ({err})") from None
     if any("\0" in s for s in strings):
         raise CQDBError(f"CQDB chunk at offset {start}: a key holds a NUL byte")
+    keys = [raw[a:b] for a, b in zip((records + 8).tolist(), ends.tolist())]
+    _check_tables(data, start, int(size), keys, records)
     return strings
+
+
+def _check_tables(data: bytes, start: int, size: int, keys: list[bytes], records: np.ndarray) -> None:
+    """Every key must sit in the hash table CRFsuite's string -> id look-up searches, and the
+    tables must hold nothing else; otherwise CRFsuite would not find attributes we read."""
+    refs = np.frombuffer(data, "<u4", 2 * N_TABLES, start + HEADER_SIZE).reshape(N_TABLES, 2).astype(np.int64)
+    offsets, n_buckets = refs[:, 0], refs[:, 1]
+    used = offsets != 0
+    hashes = hashlittle(keys).astype(np.int64)
+    counts = np.bincount(hashes % N_TABLES, minlength=N_TABLES)
+    if np.any(np.where(used, n_buckets, 0) != 2 * counts):
+        raise CQDBError(f"CQDB chunk at offset {start}: hash table sizes do not match its keys")
+    if np.any(used & ((offsets < DATA_OFFSET) | (offsets + 8 * n_buckets > size))):
+        raise CQDBError(f"CQDB chunk at offset {start}: a hash table lies outside its chunk")
+    lengths = np.where(used, n_buckets, 0)
+    table = np.repeat(np.arange(N_TABLES), lengths)
+    positions = np.repeat(offsets, lengths) + 8 * (np.arange(table.size) - np.repeat(np.cumsum(lengths) - lengths, lengths))
+    chunk = np.frombuffer(data, np.uint8, size, start)
+    bucket_hash, bucket_record = _u32_at(chunk, positions), _u32_at(chunk, positions + 4)
+    filled = bucket_record != 0
+    found = np.sort((bucket_hash[filled].astype(np.uint64) << np.uint64(32)) | bucket_record[filled].astype(np.uint64))
+    expected = np.sort((hashes.astype(np.uint64) << np.uint64(32)) | records.astype(np.uint64))
+    if found.size != expected.size or np.any(found != expected) or np.any(bucket_hash[filled] % N_TABLES != table[filled]):
+        raise CQDBError(f"CQDB chunk at offset {start}: its hash tables do not list its keys (damaged)")
 
 
 def build_cqdb(strings: list[str]) -> bytes:
