@@ -19,17 +19,19 @@ over those keys and transforming is ``np.searchsorted``. No attribute string is 
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 
 import numpy as np
 import pandas as pd
 import scipy.sparse as sp
 
+from .attributes import AttributeIndex  # noqa: F401  (re-exported: python-crfsuite-style input)
 from .batch import SequenceBatch, offsets_from_lengths
-from .io import DataFormatError, Sentence, _decoded_lines
+from .io import Sentence
+from .lexicon import lexicon_marks, read_lexicon
 
 BOS, EOS = "__BOS__", "__EOS__"
 
@@ -107,25 +109,6 @@ def parse_template(text: str) -> _Template:
             raise ValueError(f"bad template {text!r}: cell {part!r} is not of the form name[offset]")
         cells.append((match.group(1), int(match.group(2))))
     return _Template(text.strip(), cells)
-
-
-def read_lexicon(path: str | os.PathLike, lowercase: bool = False) -> dict[tuple[str, ...], str]:
-    """Read a lexicon file: one entry a line, tokens separated by spaces, optional TAB then type.
-
-    Returns a mapping from the entry's token tuple to its type (``""`` when untyped).
-    """
-    entries: dict[tuple[str, ...], str] = {}
-    for number, line in _decoded_lines(path):
-        if not line.strip() or line.startswith("#"):
-            continue
-        text, _, kind = line.partition("\t")
-        tokens = tuple(text.lower().split() if lowercase else text.split())
-        if not tokens:
-            raise DataFormatError(path, number, "lexicon entry has no tokens")
-        entries[tokens] = kind.strip()
-    if not entries:
-        raise DataFormatError(path, 1, "lexicon holds no entries")
-    return entries
 
 
 @dataclass
@@ -218,7 +201,9 @@ class FeatureExtractor:
         spec = self._specs[name]
         source = corpus.columns[spec.column]
         if spec.fn == "lexicon":
-            return pd.factorize(self._lexicon_marks(name, source, corpus), use_na_sentinel=True)
+            words = np.array([w.lower() for w in source], dtype=object) if spec.lowercase else source
+            marks = lexicon_marks(words, corpus.position, corpus.length, self._lexicon(name))
+            return pd.factorize(marks, use_na_sentinel=True)
         codes, uniques = pd.factorize(source)
         if spec.fn == "identity":
             return codes, np.asarray(uniques, dtype=object)
@@ -226,31 +211,6 @@ class FeatureExtractor:
         mapped = np.array([function(u, spec.n) for u in uniques], dtype=object)
         view_codes, view_uniques = pd.factorize(mapped, use_na_sentinel=True)
         return np.where(codes >= 0, view_codes[codes], -1), np.asarray(view_uniques, dtype=object)
-
-    def _lexicon_marks(self, name: str, source: np.ndarray, corpus: _Corpus) -> np.ndarray:
-        """Longest-match lexicon spans as ``B-TYPE``/``I-TYPE`` per token (None outside spans)."""
-        spec = self._specs[name]
-        entries = self._lexicon(name)
-        words = np.array([w.lower() for w in source], dtype=object) if spec.lowercase else source
-        marks = np.full(words.size, None, dtype=object)
-        covered = np.zeros(words.size, dtype=bool)
-        for size in sorted({len(k) for k in entries}, reverse=True):
-            # start positions whose span of `size` tokens stays inside the sentence
-            starts = np.flatnonzero(corpus.position + size <= corpus.length)
-            if starts.size == 0:
-                continue
-            windows = zip(*(words[starts + k] for k in range(size)))
-            kinds = [entries.get(window) for window in windows]
-            hit = np.array([kind is not None for kind in kinds], dtype=bool)
-            for start, kind in zip(starts[hit], np.asarray(kinds, dtype=object)[hit]):
-                span = slice(start, start + size)
-                if covered[span].any():
-                    continue  # a longer (or earlier) entry already owns part of this span
-                covered[span] = True
-                suffix = f"-{kind}" if kind else ""
-                marks[start] = "B" + suffix
-                marks[start + 1 : start + size] = "I" + suffix
-        return marks
 
     # --- templates -----------------------------------------------------------------------
 
@@ -321,13 +281,16 @@ class FeatureExtractor:
 
     def _read(self, sentences: Sequence[Sentence]) -> _Corpus:
         needed = {self._specs[v].column for v in self._used_views()} | set(self.numeric)
-        width = len(self.columns)
-        for i, sentence in enumerate(sentences):
-            for j, row in enumerate(sentence):
-                if len(row) < width:
-                    raise ValueError(
-                        f"sentence {i}, token {j}: {len(row)} columns, the extractor expects {width} ({self.columns})"
-                    )
+        widths = np.fromiter(map(len, chain.from_iterable(sentences)), dtype=np.int64)
+        short = np.flatnonzero(widths < len(self.columns))
+        if short.size:
+            lengths = np.fromiter(map(len, sentences), dtype=np.int64, count=len(sentences))
+            offsets = offsets_from_lengths(lengths)
+            i = int(np.searchsorted(offsets, short[0], side="right")) - 1
+            raise ValueError(
+                f"sentence {i}, token {short[0] - offsets[i]}: {widths[short[0]]} columns, "
+                f"the extractor expects {len(self.columns)} ({self.columns})"
+            )
         return _corpus(sentences, self.columns, needed)
 
     def transform(self, sentences: Sequence[Sentence]) -> SequenceBatch:
@@ -336,41 +299,39 @@ class FeatureExtractor:
         corpus = self._read(sentences)
         view_codes = self._view_codes_fitted(corpus)
         n_tokens = corpus.position.size
-        # one column of attribute ids per source (template, numeric column, BOS/EOS), -1 where
-        # absent; every source owns its own id range, so each row's ids come out sorted
-        ids: list[np.ndarray] = []
-        values: list[np.ndarray | None] = []
+        # one int32 column of attribute ids per source (template, numeric column, BOS/EOS), -1
+        # where absent; every source owns its own id range, so each row's ids come out sorted
+        n_sources = len(self._templates) + len(self.numeric) + (2 if self.bos_eos else 0)
+        table = np.full((n_tokens, n_sources), -1, dtype=np.int32)
+        weights: dict[int, np.ndarray] = {}  # source -> (T,) values of a numeric column
         base = 0
-        for template, fitted in zip(self._templates, self.template_keys_):
+        for k, (template, fitted) in enumerate(zip(self._templates, self.template_keys_)):
             keys = self._template_keys(template, view_codes, corpus)
             slot = np.searchsorted(fitted, keys)
             found = (keys >= 0) & (slot < fitted.size)
             found[found] = fitted[slot[found]] == keys[found]
-            ids.append(np.where(found, base + slot, -1))
-            values.append(None)
+            table[found, k] = base + slot[found]
             base += fitted.size
-        for name in self.numeric:
+        for k, name in enumerate(self.numeric, start=len(self._templates)):
             parsed = pd.to_numeric(pd.Series(corpus.columns[name]), errors="coerce").to_numpy(dtype=np.float64)
             bad = np.flatnonzero(~np.isfinite(parsed))
             if bad.size:
                 raise ValueError(
                     f"numeric column {name!r}: token {int(bad[0])} has the non-numeric value {corpus.columns[name][bad[0]]!r}"
                 )
-            ids.append(np.where(parsed != 0.0, base, -1))
-            values.append(parsed)
+            table[parsed != 0.0, k] = base
+            weights[k] = parsed
             base += 1
         if self.bos_eos:
-            ids.append(np.where(corpus.position == 0, base, -1))
-            ids.append(np.where(corpus.position == corpus.length - 1, base + 1, -1))
-            values += [None, None]
-        table = np.stack(ids, axis=1) if ids else np.full((n_tokens, 0), -1)
+            table[corpus.position == 0, -2] = base
+            table[corpus.position == corpus.length - 1, -1] = base + 1
         present = table >= 0
         indptr = np.concatenate([[0], np.cumsum(present.sum(axis=1))])
-        indices = table[present].astype(np.int32)
-        if any(v is not None for v in values):
-            data = np.stack([np.ones(n_tokens) if v is None else v for v in values], axis=1)[present]
-        else:
-            data = np.ones(indices.size)
+        indices = table[present]
+        data = np.ones(indices.size)
+        for k, parsed in weights.items():  # entry of row t, source k sits after the row's earlier sources
+            rows = np.flatnonzero(present[:, k])
+            data[indptr[rows] + present[rows, :k].sum(axis=1)] = parsed[rows]
         matrix = sp.csr_matrix((data, indices, indptr), shape=(n_tokens, self.n_attributes))
         return SequenceBatch(matrix, offsets_from_lengths(corpus.lengths))
 
@@ -466,99 +427,16 @@ class FeatureExtractor:
         return extractor
 
 
-CRFSUITE_CHUNKING_TEMPLATES = [
-    "w[-2]",
-    "w[-1]",
-    "w[0]",
-    "w[1]",
-    "w[2]",
-    "w[-1]|w[0]",
-    "w[0]|w[1]",
-    "pos[-2]",
-    "pos[-1]",
-    "pos[0]",
-    "pos[1]",
-    "pos[2]",
-    "pos[-2]|pos[-1]",
-    "pos[-1]|pos[0]",
-    "pos[0]|pos[1]",
-    "pos[1]|pos[2]",
-    "pos[-2]|pos[-1]|pos[0]",
-    "pos[-1]|pos[0]|pos[1]",
-    "pos[0]|pos[1]|pos[2]",
-]
+# the attribute set of CRFsuite's CoNLL-2000 chunking example: words and POS tags in a window of 5
+CRFSUITE_CHUNKING_TEMPLATES = (
+    [f"w[{k}]" for k in range(-2, 3)]
+    + ["w[-1]|w[0]", "w[0]|w[1]"]
+    + [f"pos[{k}]" for k in range(-2, 3)]
+    + [f"pos[{k}]|pos[{k + 1}]" for k in range(-2, 2)]
+    + [f"pos[{k}]|pos[{k + 1}]|pos[{k + 2}]" for k in range(-2, 1)]
+)
 
 
 def crfsuite_chunking_extractor() -> FeatureExtractor:
     """The CRFsuite CoNLL-2000 chunking attribute set over columns ``w pos chunk``."""
     return FeatureExtractor(columns=["w", "pos", "chunk"], templates=CRFSUITE_CHUNKING_TEMPLATES, bos_eos=True, padding=False)
-
-
-class AttributeIndex:
-    """Vocabulary for python-crfsuite-style token features (dicts or lists of strings).
-
-    A token is a dict or a list of attribute strings. In a dict, a string value ``v`` of key
-    ``k`` is the binary attribute ``k:v``, a number (or bool) is the value of attribute ``k``,
-    a nested dict ``{k: {j: v}}`` becomes ``k:j`` (recursively) and a list of strings ``{k: [a,
-    b]}`` becomes ``k:a`` and ``k:b``. A list token lists binary attributes. Tokens are Python
-    objects, so this path loops over tokens; :class:`FeatureExtractor` is the fast path.
-    """
-
-    def __init__(self) -> None:
-        self.index_: dict[str, int] = {}
-
-    @staticmethod
-    def _items(token, prefix: str = ""):
-        if isinstance(token, Mapping):
-            for key, value in token.items():
-                name = f"{prefix}{key}"
-                if isinstance(value, str):
-                    yield f"{name}:{value}", 1.0
-                elif isinstance(value, Mapping):
-                    yield from AttributeIndex._items(value, name + ":")
-                elif isinstance(value, (list, tuple, set, frozenset)):
-                    for item in value:
-                        yield f"{name}:{item}", 1.0
-                else:
-                    yield name, float(value)
-        elif isinstance(token, str):
-            raise TypeError(f"a token must be a dict or a list of attribute strings, not the string {token!r}")
-        else:
-            for name in token:
-                yield str(name), 1.0
-
-    def fit(self, sequences) -> AttributeIndex:
-        index = self.index_
-        for sequence in sequences:
-            for token in sequence:
-                for name, _ in self._items(token):
-                    if name not in index:
-                        index[name] = len(index)
-        return self
-
-    def transform(self, sequences) -> SequenceBatch:
-        index = self.index_
-        rows: list[int] = []
-        cols: list[int] = []
-        vals: list[float] = []
-        lengths = []
-        row = 0
-        for sequence in sequences:
-            lengths.append(len(sequence))
-            for token in sequence:
-                for name, value in self._items(token):
-                    column = index.get(name)
-                    if column is not None and value != 0.0:
-                        rows.append(row)
-                        cols.append(column)
-                        vals.append(value)
-                row += 1
-        matrix = sp.csr_matrix(
-            (np.array(vals, dtype=np.float64), (np.array(rows, dtype=np.int64), np.array(cols, dtype=np.int64))),
-            shape=(row, len(index)),
-        )
-        matrix.sum_duplicates()
-        return SequenceBatch(matrix, offsets_from_lengths(lengths))
-
-    def names(self) -> np.ndarray:
-        return np.array(list(self.index_), dtype=object)

@@ -124,3 +124,24 @@ def test_bad_configuration_is_reported():
         FeatureExtractor(columns=["w"], templates=["w(0)"])
     with pytest.raises(ValueError, match="unknown function 'nope'"):
         FeatureExtractor(columns=["w"], views={"v": {"column": "w", "fn": "nope"}})
+
+
+def test_numeric_weights_sit_beside_template_and_bos_eos_attributes():
+    extractor = FeatureExtractor(columns=["w", "score"], templates=["w[0]", "w[-1]"], numeric=["score"], bos_eos=True)
+    batch = extractor.fit_transform([[("a", "0.5"), ("b", "0"), ("c", "-2")]])
+    names = list(extractor.attribute_names())
+    dense = batch.X.toarray()
+    expected = [
+        {"w[0]=a": 1, "score": 0.5, "__BOS__": 1},
+        {"w[0]=b": 1, "w[-1]=a": 1},
+        {"w[0]=c": 1, "w[-1]=b": 1, "score": -2.0, "__EOS__": 1},
+    ]
+    for row, want in zip(dense, expected):
+        assert {names[c]: row[c] for c in np.flatnonzero(row)} == want
+    assert batch.X.has_sorted_indices
+
+
+def test_short_token_rows_are_reported():
+    extractor = FeatureExtractor(columns=["w", "pos"], templates=["w[0]"]).fit(SENTENCES)
+    with pytest.raises(ValueError, match=r"sentence 1, token 1: 1 columns, the extractor expects 2"):
+        extractor.transform([[("a", "b")], [("c", "d"), ("e",)]])

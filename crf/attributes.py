@@ -1,0 +1,259 @@
+"""Attribute vocabulary for python-crfsuite-style input: tokens as dicts or lists of strings.
+
+Token rules (those of ``pycrfsuite.ItemSequence``, checked against python-crfsuite in the tests):
+
+- a list (or tuple) token lists binary attributes: ``["w=He", "pos=PRP"]``, each weight 1;
+- in a dict token, a ``str`` value ``v`` of key ``k`` is the attribute ``k:v`` with weight 1;
+  ``bytes`` are decoded as UTF-8 and read like ``str``;
+- a number (``int``, ``float``, ``bool``, NumPy scalars) is the weight of attribute ``k``
+  (``True`` is 1.0, ``False`` is 0.0: the attribute is in the vocabulary but adds nothing);
+- a nested dict ``{k: {j: v}}`` is ``k:j`` read with the same rules (``k:j:v`` for a string);
+- a list, tuple or set of strings ``{k: [a, b]}`` is ``k:a`` and ``k:b``, weight 1 each.
+
+A token that repeats an attribute adds the weights (as CRFsuite does). NaN and infinite weights
+are rejected with their position.
+
+How it stays fast: the tokens of a whole batch are flattened with C-level iteration
+(``itertools.chain``, ``map``) into one list of attribute names, one array of weights and one
+array of token rows; names are looked up in a ``dict`` by ``map(dict.get, ...)``; the matrix is
+assembled with NumPy. Only tokens or values of rare shapes (nested dicts, lists in dicts, bytes,
+NumPy scalars, non-dict mappings) go through a Python loop, and only those.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from itertools import chain, repeat
+from numbers import Real
+
+import numpy as np
+import scipy.sparse as sp
+
+from .batch import SequenceBatch, offsets_from_lengths
+
+# kinds of tokens and of dict values
+_LIST, _DICT, _STR, _OTHER = 0, 1, 2, 3
+_TOKEN_KIND = {list: _LIST, tuple: _LIST, dict: _DICT, str: _STR, bytes: _STR}
+_TEXT, _NUMBER, _RARE = 0, 1, 2
+_VALUE_KIND = {str: _TEXT, float: _NUMBER, int: _NUMBER, bool: _NUMBER}
+
+
+class _Entries:
+    """The flattened attributes of a batch: E entries, each one (token row, name, weight).
+
+    ``rows`` (E,) int64 in non-decreasing order, ``names`` a list of E strings, ``values`` (E,)
+    float64, ``offsets`` (N + 1,) token offsets of the N sequences.
+    """
+
+    def __init__(self, rows: np.ndarray, names: list[str], values: np.ndarray, offsets: np.ndarray) -> None:
+        self.rows, self.names, self.values, self.offsets = rows, names, values, offsets
+
+    def position(self, row: int) -> str:
+        """``sequence i, token j`` of token row ``row``."""
+        sequence = int(np.searchsorted(self.offsets, row, side="right")) - 1
+        return f"sequence {sequence}, token {row - int(self.offsets[sequence])}"
+
+
+def _where(offsets: np.ndarray, row: int) -> str:
+    return _Entries(np.empty(0, np.int64), [], np.empty(0), offsets).position(row)
+
+
+def _text(value, where: str) -> str:
+    """A name part given as ``str`` or UTF-8 ``bytes``."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise ValueError(f"{where}: attribute {value!r} is not valid UTF-8 ({error})") from None
+    raise TypeError(f"{where}: attribute names must be str or bytes, not {type(value).__name__} ({value!r})")
+
+
+def _expand(name: str, value, where: str) -> Iterable[tuple[str, float]]:
+    """(attribute, weight) pairs of the dict item ``name: value`` (python-crfsuite's rules)."""
+    if isinstance(value, (str, bytes)):
+        yield f"{name}:{_text(value, where)}", 1.0
+    elif isinstance(value, Real):
+        yield name, float(value)
+    elif isinstance(value, Mapping):
+        for key, inner in value.items():
+            yield from _expand(f"{name}:{_text(key, where)}", inner, where)
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        for item in value:
+            yield f"{name}:{_text(item, where)}", 1.0
+    else:
+        raise TypeError(
+            f"{where}: attribute {name!r} has a value of type {type(value).__name__}; "
+            "expected str, bytes, a number, a dict or a list of strings"
+        )
+
+
+def _token_items(token, where: str) -> Iterable[tuple[str, float]]:
+    """(attribute, weight) pairs of a token of any accepted shape (the slow, general path)."""
+    if isinstance(token, (str, bytes)):
+        raise TypeError(f"{where} is the string {token!r}: a token must be a dict or a list of attribute strings")
+    if isinstance(token, Mapping):
+        for key, value in token.items():
+            yield from _expand(_text(key, where), value, where)
+    elif isinstance(token, Iterable):
+        for name in token:
+            yield _text(name, where), 1.0
+    else:
+        raise TypeError(f"{where}: a token must be a dict or a list of attribute strings, not {type(token).__name__}")
+
+
+def _slow(tokens: Sequence, rows: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, list[str], np.ndarray]:
+    """Entries of tokens of rare shapes, one Python loop over them (and only them)."""
+    out_rows: list[int] = []
+    names: list[str] = []
+    values: list[float] = []
+    for token, row in zip(tokens, rows.tolist()):
+        for name, value in _token_items(token, _where(offsets, row)):
+            out_rows.append(row)
+            names.append(name)
+            values.append(value)
+    return np.asarray(out_rows, dtype=np.int64), names, np.asarray(values, dtype=np.float64)
+
+
+def _list_tokens(tokens: list, rows: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, list[str], np.ndarray]:
+    """Entries of list tokens: every element is a binary attribute."""
+    counts = np.fromiter(map(len, tokens), dtype=np.int64, count=len(tokens))
+    names = list(chain.from_iterable(tokens))
+    entry_rows = np.repeat(rows, counts)
+    if set(map(type, names)) - {str}:  # bytes or worse: fix up those entries only
+        names_array = np.fromiter(names, dtype=object, count=len(names))
+        odd = np.flatnonzero(~np.fromiter(map(isinstance, names, repeat(str)), dtype=bool, count=len(names)))
+        names_array[odd] = [_text(names[e], _where(offsets, int(entry_rows[e]))) for e in odd.tolist()]
+        names = names_array.tolist()
+    return entry_rows, names, np.ones(len(names))
+
+
+def _dict_tokens(tokens: list, rows: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, list[str], np.ndarray]:
+    """Entries of dict tokens: string values by name concatenation, numbers as weights, the rest
+    (bytes, nested dicts, lists, NumPy scalars, odd keys) through :func:`_expand`."""
+    counts = np.fromiter(map(len, tokens), dtype=np.int64, count=len(tokens))
+    size = int(counts.sum())
+    keys = np.fromiter(chain.from_iterable(tokens), dtype=object, count=size)
+    values = np.fromiter(chain.from_iterable(map(dict.values, tokens)), dtype=object, count=size)
+    entry_rows = np.repeat(rows, counts)
+    kind = np.fromiter(map(_VALUE_KIND.get, map(type, values), repeat(_RARE)), dtype=np.int8, count=size)
+    if set(map(type, keys)) - {str}:
+        kind[~np.fromiter(map(isinstance, keys, repeat(str)), dtype=bool, count=size)] = _RARE
+    text = np.flatnonzero(kind == _TEXT)
+    number = np.flatnonzero(kind == _NUMBER)
+    names = keys.copy()
+    names[text] = list(map(":".join, zip(keys[text], values[text])))
+    weights = np.ones(size)
+    weights[number] = values[number].tolist()
+    rare = np.flatnonzero(kind == _RARE)
+    if rare.size == 0:
+        return entry_rows, names.tolist(), weights
+    pairs = [
+        list(_expand(_text(k, where), v, where))
+        for k, v, where in zip(keys[rare], values[rare], (_where(offsets, int(r)) for r in entry_rows[rare]))
+    ]
+    common = kind != _RARE
+    all_rows = np.concatenate([entry_rows[common], np.repeat(entry_rows[rare], [len(p) for p in pairs])])
+    all_names = names[common].tolist() + [name for p in pairs for name, _ in p]
+    all_weights = np.concatenate([weights[common], np.array([w for p in pairs for _, w in p], dtype=np.float64)])
+    order = np.argsort(all_rows, kind="stable")
+    return all_rows[order], np.asarray(all_names, dtype=object)[order].tolist(), all_weights[order]
+
+
+def _entries(sequences: Sequence[Sequence]) -> _Entries:
+    """Flatten a batch of sequences of tokens into entries, checking shapes and weights."""
+    if isinstance(sequences, (str, bytes, Mapping)):
+        raise TypeError(f"X must be a list of sequences of tokens, not a {type(sequences).__name__}")
+    sequences = list(sequences)
+    bad = [i for i, kind in enumerate(map(_TOKEN_KIND.get, map(type, sequences))) if kind in (_DICT, _STR)]
+    if bad:
+        what = type(sequences[bad[0]]).__name__
+        raise TypeError(f"sequence {bad[0]} is a {what}, not a list of tokens: X must be a list of sequences of tokens")
+    lengths = np.fromiter(map(len, sequences), dtype=np.int64, count=len(sequences))
+    if np.any(lengths == 0):
+        raise ValueError(f"sequence {int(np.argmax(lengths == 0))} has no tokens")
+    offsets = offsets_from_lengths(lengths)
+    tokens = list(chain.from_iterable(sequences))
+    kind = np.fromiter(map(_TOKEN_KIND.get, map(type, tokens), repeat(_OTHER)), dtype=np.int8, count=len(tokens))
+    strings = np.flatnonzero(kind == _STR)
+    if strings.size:
+        row = int(strings[0])
+        raise TypeError(
+            f"{_where(offsets, row)} is the string {tokens[row]!r}: a token must be a dict or a list of attribute strings"
+        )
+    groups = []
+    for code, reader in ((_LIST, _list_tokens), (_DICT, _dict_tokens), (_OTHER, _slow)):
+        rows = np.flatnonzero(kind == code)
+        if rows.size == len(tokens):
+            groups.append(reader(tokens, rows, offsets))
+        elif rows.size:
+            groups.append(reader([tokens[r] for r in rows.tolist()], rows, offsets))
+    if len(groups) == 1:
+        rows, names, values = groups[0]
+    else:  # a batch mixing token shapes: put the entries back in token order
+        rows = np.concatenate([g[0] for g in groups]) if groups else np.empty(0, np.int64)
+        order = np.argsort(rows, kind="stable")
+        rows, values = rows[order], (np.concatenate([g[2] for g in groups]) if groups else np.empty(0))[order]
+        names = np.asarray(list(chain.from_iterable(g[1] for g in groups)), dtype=object)[order].tolist()
+    entries = _Entries(rows, names, values, offsets)
+    finite = np.isfinite(values)
+    if not finite.all():
+        e = int(np.argmin(finite))
+        raise ValueError(f"{entries.position(int(rows[e]))}: attribute {names[e]!r} has the non-finite weight {values[e]}")
+    return entries
+
+
+class AttributeIndex:
+    """Vocabulary of attribute names for python-crfsuite-style input (see the module docstring).
+
+    ``index_`` maps each attribute name to its column, numbered in order of first appearance
+    in the fitting data (as CRFsuite numbers attributes).
+    """
+
+    def __init__(self) -> None:
+        self.index_: dict[str, int] = {}
+
+    def fit(self, sequences: Sequence[Sequence], min_freq: float = 0) -> AttributeIndex:
+        """Learn the vocabulary of ``sequences`` (a list of sequences of tokens).
+
+        ``min_freq``: keep attributes with at least this many occurrences of non-zero weight;
+        0 keeps every attribute seen, including those only ever given weight 0 (``False``).
+        """
+        if len(sequences) == 0:
+            raise ValueError("no sequences to fit the attribute index on")
+        entries = _entries(sequences)
+        if min_freq <= 0:
+            names = dict.fromkeys(entries.names)
+        else:
+            nonzero = np.asarray(entries.names, dtype=object)[entries.values != 0.0]
+            counts = Counter(nonzero.tolist())
+            seen = np.fromiter(counts.keys(), dtype=object, count=len(counts))
+            frequency = np.fromiter(counts.values(), dtype=np.int64, count=len(counts))
+            names = seen[frequency >= min_freq].tolist()
+        self.index_ = dict(zip(names, range(len(names))))
+        return self
+
+    def transform(self, sequences: Sequence[Sequence]) -> SequenceBatch:
+        """The attribute matrix (T, A) of ``sequences``; attributes not in the vocabulary are ignored."""
+        n_attributes = len(self.index_)
+        if len(sequences) == 0:
+            return SequenceBatch(sp.csr_matrix((0, n_attributes)), np.zeros(1, dtype=np.int64))
+        entries = _entries(sequences)
+        columns = np.fromiter(map(self.index_.get, entries.names, repeat(-1)), dtype=np.int64, count=len(entries.names))
+        keep = (columns >= 0) & (entries.values != 0.0)
+        n_tokens = int(entries.offsets[-1])
+        indptr = np.concatenate([[0], np.cumsum(np.bincount(entries.rows[keep], minlength=n_tokens))])
+        matrix = sp.csr_matrix((entries.values[keep], columns[keep].astype(np.int32), indptr), shape=(n_tokens, n_attributes))
+        matrix.sum_duplicates()
+        return SequenceBatch(matrix, entries.offsets)
+
+    def fit_transform(self, sequences: Sequence[Sequence], min_freq: float = 0) -> SequenceBatch:
+        return self.fit(sequences, min_freq=min_freq).transform(sequences)
+
+    def names(self) -> np.ndarray:
+        """Attribute names in column order, shape (A,)."""
+        names = np.empty(len(self.index_), dtype=object)
+        names[np.fromiter(self.index_.values(), dtype=np.int64, count=len(self.index_))] = list(self.index_)
+        return names

@@ -1,0 +1,233 @@
+"""python-crfsuite-style input (dict or string-list tokens): value rules against python-crfsuite,
+against a direct loop implementation on random nested input, and the input errors."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+
+import numpy as np
+import pytest
+
+from crf.attributes import AttributeIndex
+from crf.batch import SequenceBatch
+
+pycrfsuite = pytest.importorskip("pycrfsuite")
+
+# one token of every value type python-crfsuite accepts
+TYPED = [
+    [
+        {"s": "x", "b": b"caf\xc3\xa9", "t": True, "f": False, "i": 3, "r": 0.25},
+        {"n": {"j": "v", "k": 2.0, "m": {"z": True}}, "l": ["a", b"b"], "set": {"p"}},
+        ["w=He", "pos=PRP", b"raw"],
+    ],
+    [{"s": "y", "i": -1, "e": "", "colon": "a:b", "np": np.float32(1.5), "ni": np.int64(2)}, ["w=x"]],
+]
+LABELS = [["A", "B", "A"], ["B", "A"]]
+
+
+def _rows(index: AttributeIndex, batch: SequenceBatch) -> list[dict[str, float]]:
+    """Each token's non-zero attributes as {name: weight}."""
+    names, X = index.names(), batch.X
+    return [
+        {names[c]: v for c, v in zip(X.indices[X.indptr[t] : X.indptr[t + 1]], X.data[X.indptr[t] : X.indptr[t + 1]]) if v != 0}
+        for t in range(X.shape[0])
+    ]
+
+
+def _crfsuite_model(tmp_path, X, y) -> pycrfsuite.Tagger:
+    trainer = pycrfsuite.Trainer(verbose=False)
+    for xseq, yseq in zip(X, y):
+        trainer.append(xseq, yseq)
+    trainer.set_params({"c2": 1e-3, "max_iterations": 20, "feature.possible_states": True})
+    trainer.train(str(tmp_path / "m.crfsuite"))
+    tagger = pycrfsuite.Tagger()
+    tagger.open(str(tmp_path / "m.crfsuite"))
+    return tagger
+
+
+def test_every_value_type_reads_as_python_crfsuite_reads_it(tmp_path):
+    index = AttributeIndex().fit(TYPED)
+    ours = _rows(index, index.transform(TYPED))
+    # the attributes and weights CRFsuite receives, token by token (weight-0 attributes dropped)
+    theirs = [{k: v for k, v in item.items() if v != 0} for xseq in TYPED for item in pycrfsuite.ItemSequence(xseq).items()]
+    assert ours == theirs
+    assert ours[0]["b:café"] == 1.0 and ours[0]["t"] == 1.0 and "f" not in ours[0] and ours[0]["i"] == 3.0
+    assert ours[1]["n:j:v"] == 1.0 and ours[1]["n:k"] == 2.0 and ours[1]["n:m:z"] == 1.0 and ours[1]["l:b"] == 1.0
+    # the trained model knows exactly the attributes with a non-zero weight somewhere
+    model = _crfsuite_model(tmp_path, TYPED, LABELS).info()
+    assert set(model.attributes) == set().union(*ours)
+    # False registers its attribute in the vocabulary (as in CRFsuite's dictionary) but weighs 0
+    assert "f" in index.index_ and "f" not in model.attributes
+
+
+def test_repeated_attributes_add_up_like_crfsuite(tmp_path):
+    repeated, weighted = [[["a", "a"], ["b"]]], [[{"a": 2.0}, {"b": 1.0}]]
+    a, b = AttributeIndex().fit(repeated), AttributeIndex().fit(weighted)
+    assert _rows(a, a.transform(repeated)) == _rows(b, b.transform(weighted)) == [{"a": 2.0}, {"b": 1.0}]
+    first = _crfsuite_model(tmp_path, repeated, [["A", "B"]]).info().state_features
+    second = _crfsuite_model(tmp_path, weighted, [["A", "B"]]).info().state_features
+    assert first == pytest.approx(second)
+
+
+# --- a direct loop implementation of the same rules, for random nested input --------------------
+
+
+def _reference_items(token, prefix=""):
+    if isinstance(token, Mapping):
+        for key, value in token.items():
+            name = prefix + (key.decode() if isinstance(key, bytes) else key)
+            if isinstance(value, bytes):
+                value = value.decode()
+            if isinstance(value, str):
+                yield f"{name}:{value}", 1.0
+            elif isinstance(value, Mapping):
+                yield from _reference_items(value, name + ":")
+            elif isinstance(value, (list, tuple, set)):
+                for item in value:
+                    yield f"{name}:{item.decode() if isinstance(item, bytes) else item}", 1.0
+            else:
+                yield name, float(value)
+    else:
+        for name in token:
+            yield (name.decode() if isinstance(name, bytes) else name), 1.0
+
+
+def _reference_rows(sequences, vocabulary) -> list[dict[str, float]]:
+    rows = []
+    for sequence in sequences:
+        for token in sequence:
+            row: dict[str, float] = {}
+            for name, value in _reference_items(token):
+                if name in vocabulary:
+                    row[name] = row.get(name, 0.0) + value
+            rows.append({k: v for k, v in row.items() if v != 0})
+    return rows
+
+
+def _random_value(rng: random.Random, depth: int):
+    word = rng.choice(["a", "b", "c:d", "é", ""])
+    makers = [
+        lambda: word,
+        lambda: word.encode(),
+        lambda: rng.random() < 0.5,
+        lambda: rng.randrange(-2, 3),
+        lambda: round(rng.uniform(-2, 2), 2),
+        lambda: np.float64(0.5),
+        lambda: [rng.choice(["p", "q", b"r"]) for _ in range(rng.randrange(3))],
+        lambda: (rng.choice("pq"),),
+        lambda: {rng.choice("jk"): _random_value(rng, depth + 1) for _ in range(rng.randrange(3))},
+    ]
+    return makers[rng.randrange(len(makers) if depth < 2 else len(makers) - 1)]()
+
+
+def _random_token(rng: random.Random):
+    if rng.random() < 0.3:
+        return [rng.choice(["u", "v", "w", b"x", "u:1"]) for _ in range(rng.randrange(4))]
+    return {rng.choice(["k", "m", "u", "w", b"y"]): _random_value(rng, 0) for _ in range(rng.randrange(5))}
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_random_nested_input_matches_the_loop_reference(seed):
+    rng = random.Random(seed)
+    train = [[_random_token(rng) for _ in range(rng.randrange(1, 5))] for _ in range(rng.randrange(1, 6))]
+    test = [[_random_token(rng) for _ in range(rng.randrange(1, 5))] for _ in range(rng.randrange(1, 6))]
+    index = AttributeIndex().fit(train)
+    vocabulary = {name for sequence in train for token in sequence for name, _ in _reference_items(token)}
+    assert set(index.index_) == vocabulary
+    assert sorted(index.index_.values()) == list(range(len(vocabulary)))
+    for data in (train, test):
+        batch = index.transform(data)
+        assert batch.n_attributes == len(vocabulary)
+        np.testing.assert_array_equal(batch.lengths, [len(s) for s in data])
+        assert _rows(index, batch) == _reference_rows(data, vocabulary)
+
+
+def test_common_shapes_number_attributes_in_order_of_appearance():
+    X = [[["b", "a"], ["c", "b"]], [["d"]]]
+    assert list(AttributeIndex().fit(X).names()) == ["b", "a", "c", "d"]
+    D = [[{"w": "x", "bias": 1.0, "up": False}, {"w": "y", "bias": 1.0}]]
+    assert list(AttributeIndex().fit(D).names()) == ["w:x", "bias", "up", "w:y"]
+
+
+# --- errors and edge cases -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -np.inf, np.float32("nan")])
+def test_non_finite_weights_name_their_position(bad):
+    X = [[{"a": 1.0}], [{"a": 1.0}, {"a": 1.0, "score": bad}]]
+    with pytest.raises(ValueError, match=r"sequence 1, token 1: attribute 'score' has the non-finite weight"):
+        AttributeIndex().fit(X)
+    index = AttributeIndex().fit(X[:1])
+    with pytest.raises(ValueError, match=r"sequence 1, token 1: attribute 'score'"):
+        index.transform(X)
+    with pytest.raises(ValueError, match=r"sequence 0, token 0: attribute 'n:j'"):
+        index.transform([[{"n": {"j": bad}}]])
+
+
+def test_strings_where_token_lists_are_expected_are_type_errors():
+    index = AttributeIndex().fit([[["a"]]])
+    with pytest.raises(TypeError, match="X must be a list of sequences of tokens, not a str"):
+        index.transform("abc")
+    with pytest.raises(TypeError, match="sequence 1 is a str, not a list of tokens"):
+        index.transform([[["a"]], "ab"])
+    with pytest.raises(TypeError, match="sequence 0 is a dict"):
+        index.transform([{"a": 1.0}, {"b": 1.0}])  # one sequence passed where a list of them belongs
+    with pytest.raises(TypeError, match=r"sequence 0, token 0 is the string 'a'"):
+        index.transform([["a", "b"]])  # one sequence of attribute strings instead of tokens
+
+
+def test_values_and_names_of_unsupported_types_are_reported():
+    with pytest.raises(TypeError, match=r"sequence 0, token 1: attribute 'x' has a value of type NoneType"):
+        AttributeIndex().fit([[{"x": 1}, {"x": None}]])
+    with pytest.raises(TypeError, match=r"sequence 0, token 0: attribute names must be str or bytes, not int"):
+        AttributeIndex().fit([[{1: "a"}]])
+    with pytest.raises(TypeError, match=r"sequence 0, token 0: attribute names must be str or bytes, not int"):
+        AttributeIndex().fit([[{"x": ["a", 1]}]])
+    with pytest.raises(TypeError, match=r"sequence 1, token 0: attribute names must be str or bytes, not int"):
+        AttributeIndex().fit([[["a"]], [["a", 2]]])
+    with pytest.raises(ValueError, match="not valid UTF-8"):
+        AttributeIndex().fit([[[b"\xff"]]])
+
+
+def test_empty_inputs():
+    index = AttributeIndex().fit([[["a"], ["b"]]])
+    batch = index.transform([])
+    assert batch.n_sequences == 0 and batch.n_attributes == 2 and batch.n_tokens == 0
+    with pytest.raises(ValueError, match="no sequences"):
+        AttributeIndex().fit([])
+    with pytest.raises(ValueError, match="sequence 1 has no tokens"):
+        index.transform([[["a"]], []])
+    # tokens without attributes are rows of zeros
+    empty = index.transform([[[], {}]])
+    assert empty.n_tokens == 2 and empty.X.nnz == 0
+
+
+def test_unknown_attributes_at_transform_are_ignored():
+    index = AttributeIndex().fit([[{"w": "a", "x": 1.0}]])
+    batch = index.transform([[{"w": "zzz", "x": 2.0, "new": 5.0}, ["w:a", "other"]]])
+    assert batch.X.shape == (2, 2)
+    assert _rows(index, batch) == [{"x": 2.0}, {"w:a": 1.0}]
+
+
+def test_min_freq_keeps_attributes_seen_often_enough():
+    X = [[["a", "b"], ["a", "c"]], [{"a": 1.0, "c": 0.5, "z": 0.0}, {"b": True}]]
+    assert list(AttributeIndex().fit(X).names()) == ["a", "b", "c", "z"]
+    assert list(AttributeIndex().fit(X, min_freq=1).names()) == ["a", "b", "c"]  # "z" only ever weighs 0
+    assert list(AttributeIndex().fit(X, min_freq=2).names()) == ["a", "b", "c"]
+    assert list(AttributeIndex().fit(X, min_freq=3).names()) == ["a"]
+    index = AttributeIndex().fit(X, min_freq=3)
+    assert _rows(index, index.transform(X)) == [{"a": 1.0}, {"a": 1.0}, {"a": 1.0}, {}]
+
+
+def test_index_can_be_set_from_saved_names():
+    index = AttributeIndex()
+    index.index_ = {"b": 1, "a": 0}  # as CRF.load rebuilds it from the saved attribute names
+    assert list(index.names()) == ["a", "b"]
+    assert _rows(index, index.transform([[["a", "b"]]])) == [{"a": 1.0, "b": 1.0}]
+
+
+def test_reexported_from_features():
+    from crf.features import AttributeIndex as Reexported
+
+    assert Reexported is AttributeIndex
