@@ -1,8 +1,10 @@
 """Save and load named arrays plus JSON metadata in one file, without pickle.
 
 The file is a NumPy ``.npz`` archive. Metadata is stored as UTF-8 JSON bytes, each array's
-SHA-256 is recorded in it and checked on load, and loading uses ``allow_pickle=False``, so a
-file can never run code and a truncated or edited file is rejected with a clear error. Writes go
+SHA-256 is recorded in it, and the header itself (kind, format version, metadata such as class
+names and parameters, and the array checksums) is covered by its own SHA-256, all checked on
+load. Loading uses ``allow_pickle=False``, so a file can never run code, and a truncated or
+edited file, or one of a format version this code does not read, is rejected with a clear error. Writes go
 to a temporary file in the same folder that is renamed into place, so a crash never leaves a
 half-written model.
 """
@@ -20,6 +22,9 @@ from pathlib import Path
 import numpy as np
 
 _META = "__meta__"
+FORMAT_VERSION = 2
+# version 1 (before header checksums) is still read; its header is not verified
+READABLE_VERSIONS = (1, 2)
 
 
 class ModelFileError(ValueError):
@@ -33,6 +38,12 @@ def _digest(array: np.ndarray) -> str:
     h.update(str(array.shape).encode())
     h.update(array.tobytes())
     return h.hexdigest()
+
+
+def _header_digest(header: Mapping) -> str:
+    """SHA-256 of the header's canonical JSON, without the digest field itself."""
+    body = {k: v for k, v in header.items() if k != "header_sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode("utf-8")).hexdigest()
 
 
 def strings_to_arrays(strings) -> tuple[np.ndarray, np.ndarray]:
@@ -54,7 +65,13 @@ def save_arrays(path: str | os.PathLike, kind: str, meta: Mapping, arrays: Mappi
     for name, a in arrays.items():
         if a.dtype == object:
             raise TypeError(f"array {name!r} holds Python objects; encode it first")
-    header = {"kind": kind, "format_version": 1, "meta": dict(meta), "sha256": {n: _digest(a) for n, a in arrays.items()}}
+    header = {
+        "kind": kind,
+        "format_version": FORMAT_VERSION,
+        "meta": dict(meta),
+        "sha256": {n: _digest(a) for n, a in arrays.items()},
+    }
+    header["header_sha256"] = _header_digest(header)
     payload = dict(arrays)
     payload[_META] = np.frombuffer(json.dumps(header).encode("utf-8"), dtype=np.uint8)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -86,8 +103,18 @@ def load_arrays(path: str | os.PathLike, kind: str) -> tuple[dict, dict[str, np.
         raise
     except (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError, json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ModelFileError(f"{path}: unreadable or truncated model file ({type(err).__name__}: {err})") from None
-    if not isinstance(header, dict) or header.get("kind") != kind:
-        raise ModelFileError(f"{path}: holds a {header.get('kind') if isinstance(header, dict) else '?'!r}, expected a {kind!r}")
+    if not isinstance(header, dict):
+        raise ModelFileError(f"{path}: the metadata is not a JSON object")
+    version = header.get("format_version")
+    if version not in READABLE_VERSIONS:
+        raise ModelFileError(
+            f"{path}: format version {version!r} is not one this code reads (it reads versions "
+            f"{', '.join(map(str, READABLE_VERSIONS))}; it writes {FORMAT_VERSION})"
+        )
+    if version >= 2 and header.get("header_sha256") != _header_digest(header):
+        raise ModelFileError(f"{path}: the header (kind, metadata or checksums) fails its checksum (file edited or corrupted)")
+    if header.get("kind") != kind:
+        raise ModelFileError(f"{path}: holds a {header.get('kind')!r}, expected a {kind!r}")
     expected = header.get("sha256", {})
     if set(expected) != set(arrays):
         raise ModelFileError(f"{path}: arrays {sorted(set(arrays) ^ set(expected))} are missing or unexpected")
