@@ -1,5 +1,6 @@
 """Token accuracy, conlleval chunk precision/recall/F1, per-type tables, confusion matrices,
-and significance tests between two taggers (McNemar, paired bootstrap).
+significance tests between two taggers (McNemar, paired bootstrap), and sklearn-crfsuite's flat
+metrics (``flat_f1_score`` and co., computed by sklearn.metrics on the labels of all tokens).
 
 Chunks follow conlleval's rules (a chunk starts and ends where conlleval's ``startOfChunk`` and
 ``endOfChunk`` say, from the tag before the first ``-`` and the type after it), extended for the
@@ -252,3 +253,70 @@ def paired_bootstrap(gold, first, second, chunked: bool, samples: int = 1000, se
             }
         )
     return pd.DataFrame(rows)
+
+
+# --- sklearn-crfsuite's flat metrics: sklearn.metrics on the labels of all tokens -------------
+
+
+def _flat_labels(gold, predicted) -> tuple[np.ndarray, np.ndarray]:
+    _check_aligned(gold, predicted)
+    return _flatten(gold)[0], _flatten(predicted)[0]
+
+
+def flat_accuracy_score(y_true, y_pred) -> float:
+    """Token accuracy (a fraction) over all sequences."""
+    from sklearn import metrics
+
+    return float(metrics.accuracy_score(*_flat_labels(y_true, y_pred)))
+
+
+def flat_precision_score(y_true, y_pred, **kwargs):
+    """``sklearn.metrics.precision_score`` of the token labels (keyword arguments passed on)."""
+    from sklearn import metrics
+
+    return metrics.precision_score(*_flat_labels(y_true, y_pred), **kwargs)
+
+
+def flat_recall_score(y_true, y_pred, **kwargs):
+    """``sklearn.metrics.recall_score`` of the token labels."""
+    from sklearn import metrics
+
+    return metrics.recall_score(*_flat_labels(y_true, y_pred), **kwargs)
+
+
+def flat_f1_score(y_true, y_pred, **kwargs):
+    """``sklearn.metrics.f1_score`` of the token labels (e.g. ``average="weighted", labels=...``)."""
+    from sklearn import metrics
+
+    return metrics.f1_score(*_flat_labels(y_true, y_pred), **kwargs)
+
+
+def flat_fbeta_score(y_true, y_pred, beta, **kwargs):
+    """``sklearn.metrics.fbeta_score`` of the token labels."""
+    from sklearn import metrics
+
+    return metrics.fbeta_score(*_flat_labels(y_true, y_pred), beta=beta, **kwargs)
+
+
+def flat_classification_report(y_true, y_pred, labels=None, **kwargs):
+    """``sklearn.metrics.classification_report`` of the token labels."""
+    from sklearn import metrics
+
+    return metrics.classification_report(*_flat_labels(y_true, y_pred), labels=labels, **kwargs)
+
+
+def sequence_accuracy_score(y_true, y_pred) -> float:
+    """Fraction of sequences whose every label is right (0 for no sequences)."""
+    _check_aligned(y_true, y_pred)
+    if not len(y_true):
+        return 0.0
+    return float(np.mean([list(g) == list(p) for g, p in zip(y_true, y_pred)]))
+
+
+def flat_scorer(metric=flat_f1_score, **kwargs):
+    """A scorer for sklearn's model selection (``cross_val_score``, ``GridSearchCV``,
+    ``RandomizedSearchCV``): ``make_scorer(metric, **kwargs)``, e.g.
+    ``flat_scorer(flat_f1_score, average="weighted", labels=labels)``."""
+    from sklearn.metrics import make_scorer
+
+    return make_scorer(metric, **kwargs)

@@ -1,98 +1,129 @@
 """The ``CRF`` estimator: fit, predict, marginals, segment confidence, save and load.
 
-Modelled on sklearn-crfsuite's ``CRF`` so that its users can switch by changing an import. ``X``
-is a list of sequences of token features (dicts or lists of attribute strings, as for
-python-crfsuite) or a :class:`~crf.batch.SequenceBatch` from :class:`~crf.features.FeatureExtractor`;
-``y`` is a list of label sequences.
+A scikit-learn estimator with sklearn-crfsuite's surface, so that its users can switch by
+changing an import. ``X`` is a list of sequences of token features (dicts or lists of attribute
+strings, as for python-crfsuite) or a :class:`~crf.batch.SequenceBatch` from
+:class:`~crf.features.FeatureExtractor`; ``y`` is a list of label sequences.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
+from sklearn.base import BaseEstimator
+from sklearn.exceptions import NotFittedError
 
-from . import chain, metrics, optimize
+from . import chain, metrics, model_file, online, optimize
+from . import params as hyper
 from .batch import SequenceBatch
 from .features import AttributeIndex
-from .objective import Objective, ParameterLayout, observed_feature_index
+from .objective import Objective, ParameterLayout
 from .parallel import Workers, contiguous_parts, single_threaded_blas, thread_count
-from .persist import ModelFileError, arrays_to_strings, load_arrays, save_arrays, strings_to_arrays
+from .segments import SegmentQueries
+from .tagger import CRFsuiteView, training_log
 
-_KIND = "crf.CRF"
-_PARAMS = (
-    "algorithm",
-    "c1",
-    "c2",
-    "max_iterations",
-    "num_memories",
-    "epsilon",
-    "period",
-    "delta",
-    "all_possible_states",
-    "learning_rate",
-    "batch_size",
-    "random_state",
-    "dev_every",
-    "n_threads",
-    "verbose",
-)
+log = logging.getLogger(__name__)
+
+_NONE_BEFORE_FIT = ("classes_", "attributes_", "training_log_")
 
 
-class CRF:
-    """Linear-chain conditional random field.
+class NotFittedCRFError(NotFittedError, RuntimeError):
+    """A query on a CRF that has not been fitted (sklearn's NotFittedError)."""
 
-    Parameters (CRFsuite's meanings): ``algorithm`` ``"lbfgs"`` (L-BFGS with L2 ``c2`` and, when
-    ``c1 > 0``, L1 with exact zeros) or ``"l2sgd"`` (SGD with L2); ``max_iterations`` (None: until
-    another rule stops); ``epsilon``, ``period``, ``delta``: stopping rules; ``num_memories``:
-    L-BFGS history; ``all_possible_states``: every attribute with every label (True) or only the
-    pairs seen in training (False, CRFsuite's default); ``learning_rate``, ``batch_size``,
-    ``random_state``: SGD; ``n_threads``: threads for the sparse products (None: all cores);
-    ``dev_every``: evaluate on ``X_dev`` every k iterations;
-    ``callback``: called with every :class:`~crf.optimize.IterationInfo`; ``verbose``: print
-    progress.
+
+class CRF(SegmentQueries, CRFsuiteView, BaseEstimator):
+    """Linear-chain conditional random field, a scikit-learn estimator with sklearn-crfsuite's
+    parameters, methods and fitted attributes (``None`` before ``fit``): ``classes_``,
+    ``attributes_``, ``num_attributes_``, ``state_features_``, ``transition_features_``,
+    ``size_``, ``training_log_``, ``tagger_``.
     """
 
     def __init__(
         self,
         algorithm: str = "lbfgs",
+        min_freq: float = 0.0,
+        all_possible_states: bool = False,
+        all_possible_transitions: bool = False,
         c1: float = 0.0,
         c2: float = 1.0,
         max_iterations: int | None = None,
         num_memories: int = 6,
-        epsilon: float = 1e-5,
+        epsilon: float | None = None,
         period: int = 10,
-        delta: float = 1e-5,
-        all_possible_states: bool = False,
-        learning_rate: float = 0.1,
-        batch_size: int = 32,
-        random_state: int = 0,
+        delta: float | None = None,
+        linesearch: str = "MoreThuente",
+        max_linesearch: int = 20,
+        calibration_eta: float = 0.1,
+        calibration_rate: float = 2.0,
+        calibration_samples: int = 1000,
+        calibration_candidates: int = 10,
+        calibration_max_trials: int = 20,
+        pa_type: int = 1,
+        c: float = 1.0,
+        error_sensitive: bool = True,
+        averaging: bool = True,
+        variance: float = 1.0,
+        gamma: float = 1.0,
+        verbose: bool = False,
+        model_filename: str | os.PathLike | None = None,
+        keep_tempfiles: bool = False,
+        trainer_cls=None,
+        boundary_transitions: bool | None = None,
+        learning_rate: float | None = None,
+        batch_size: int = 1,
+        random_state: int | None = 0,
         dev_every: int = 10,
         n_threads: int | None = None,
-        verbose: bool = False,
-        callback: Callable[[optimize.IterationInfo], None] | None = None,
+        callback=None,
     ) -> None:
-        self.algorithm = algorithm
-        self.c1 = c1
-        self.c2 = c2
-        self.max_iterations = max_iterations
-        self.num_memories = num_memories
-        self.epsilon = epsilon
-        self.period = period
-        self.delta = delta
-        self.all_possible_states = all_possible_states
-        self.learning_rate = learning_rate
-        self.batch_size = batch_size
-        self.random_state = random_state
-        self.dev_every = dev_every
-        self.n_threads = n_threads
-        self.verbose = verbose
-        self.callback = callback
+        arguments = dict(locals())
+        del arguments["self"]
+        for name, value in arguments.items():  # parameters only: everything else happens in fit
+            setattr(self, name, value)
 
-    def get_params(self) -> dict:
-        return {name: getattr(self, name) for name in _PARAMS}
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.two_d_array = False
+        tags.input_tags.dict = True
+        tags.target_tags.required = True
+        return tags
+
+    def __getstate__(self) -> dict:
+        state = super().__getstate__()
+        state.pop("_tagger", None)
+        return state
+
+    def __getattr__(self, name: str):
+        # only reached for attributes that are not set: fitted ones before fit (None for
+        # sklearn-crfsuite's), after loading a CRFsuite ``model_filename`` when there is one
+        if name.startswith("__") or not name.endswith("_"):
+            raise AttributeError(name)
+        if self._load_model_file():
+            return getattr(self, name)
+        if name in _NONE_BEFORE_FIT:
+            return None
+        raise AttributeError(name)
+
+    def _load_model_file(self) -> bool:
+        """Load ``model_filename`` (a CRFsuite model) into this unfitted estimator, if it exists."""
+        path = self.__dict__.get("model_filename")
+        if path is None or "state_weights_" in self.__dict__ or not os.path.isfile(path) or self.__dict__.get("_fitting"):
+            return False
+        loaded = model_file.read_crfsuite_model(path)
+        self.__dict__.update({k: v for k, v in vars(loaded).items() if k.endswith("_")})
+        return True
+
+    def _boundary(self) -> bool:
+        if self.boundary_transitions is None:
+            return self.model_filename is None  # CRFsuite's files have no start/end weights
+        if self.boundary_transitions and self.model_filename is not None:
+            raise ValueError("model_filename writes a CRFsuite model, which has no start/end weights: boundary_transitions=False")
+        return bool(self.boundary_transitions)
 
     # --- inputs --------------------------------------------------------------------------
 
@@ -115,73 +146,85 @@ class CRF:
                 raise ValueError(f"sequence {i}: {length} tokens in X but {len(labels)} labels in y")
         flat = np.array([label for labels in y for label in labels], dtype=object)
         index = {label: i for i, label in enumerate(self.classes_)}
-        codes = np.array([index.get(u, -1) for u in pd.unique(flat)])[pd.factorize(flat)[0]]
-        return codes
+        return np.array([index.get(u, -1) for u in pd.unique(flat)], dtype=np.int64)[pd.factorize(flat)[0]]
 
     # --- training ------------------------------------------------------------------------
 
     def fit(self, X, y, X_dev=None, y_dev=None, attribute_names: Sequence[str] | None = None) -> CRF:
         """Train on ``X``, ``y``; with ``X_dev``/``y_dev``, report dev accuracy every
-        ``dev_every`` iterations. ``attribute_names`` names the columns of a SequenceBatch."""
+        ``dev_every`` iterations. ``attribute_names`` names the columns of a SequenceBatch.
+        Hyperparameters and dev arguments are checked before any work."""
+        if (X_dev is None) != (y_dev is None):
+            raise ValueError("pass both X_dev and y_dev to evaluate on held-out data (or neither)")
+        settings = hyper.validate(self.get_params())
+        boundary = self._boundary()
+        if len(X) == 0 or len(y) == 0:
+            raise ValueError("fit needs at least one training sequence (X and y are empty)")
         began = time.perf_counter()
-        batch = self._batch(X, fitting=True)
-        if isinstance(X, SequenceBatch):
-            self.attribute_index_ = None
-            self.attributes_ = list(attribute_names) if attribute_names is not None else None
-        else:
-            self.attributes_ = list(self.attribute_index_.names())
-        flat = [label for labels in y for label in labels]
-        self.classes_ = list(pd.unique(np.array(flat, dtype=object)))
-        self.n_attributes_ = batch.n_attributes
-        codes = self._label_codes(y, batch)
-        L = len(self.classes_)
-        feature_index = None if self.all_possible_states else observed_feature_index(batch.X, codes, L)
-        params = ParameterLayout(batch.n_attributes, L, feature_index)
-        stopping = optimize.StoppingRule(self.max_iterations, self.epsilon, self.period, self.delta)
-        dev_batch = None if X_dev is None else self._batch(X_dev)
-        callback = self._iteration_callback(params, dev_batch, y_dev)
-        theta0 = np.zeros(params.size)
-        if self.algorithm not in ("lbfgs", "l2sgd"):
-            raise ValueError(f"unknown algorithm {self.algorithm!r}: use 'lbfgs' or 'l2sgd'")
-        if self.algorithm == "l2sgd" and self.c1:
-            raise ValueError("l2sgd supports L2 only; set c1=0 or use algorithm='lbfgs'")
-        with single_threaded_blas():
-            if self.algorithm == "lbfgs":
-                objective = Objective(batch.X, batch.offsets, codes, params, self.n_threads)
-                result = optimize.lbfgs(objective, theta0, self.c1, self.c2, stopping, self.num_memories, callback)
-                del objective  # its feature blocks are the largest allocation: free them first
+        for name in [k for k in vars(self) if k.endswith("_")] + ["_tagger"]:
+            self.__dict__.pop(name, None)
+        self._fitting = True
+        try:
+            batch = self._batch(X, fitting=True)
+            if isinstance(X, SequenceBatch):
+                self.attribute_index_ = None
+                self.attributes_ = list(attribute_names) if attribute_names is not None else None
             else:
-                if stopping.max_iterations is None:
-                    stopping.max_iterations = 100
-                result = optimize.sgd(
-                    batch.X,
-                    batch.offsets,
-                    codes,
-                    params,
-                    theta0,
-                    self.c2,
-                    stopping,
-                    self.learning_rate,
-                    self.batch_size,
-                    self.random_state,
-                    callback,
-                )
+                self.attributes_ = [str(a) for a in self.attribute_index_.names()]
+            self.classes_ = [str(c) for c in pd.unique(np.array([lab for labels in y for lab in labels], dtype=object))]
+            self.n_attributes_ = batch.n_attributes
+            codes = self._label_codes(y, batch)
+            dev_batch = None
+            if X_dev is not None:
+                dev_batch = self._batch(X_dev)
+                if len(y_dev) != dev_batch.n_sequences:
+                    raise ValueError(f"{dev_batch.n_sequences} sequences in X_dev but {len(y_dev)} in y_dev")
+            L = len(self.classes_)
+            index = None if self.all_possible_states else hyper.feature_index(batch.X, codes, L, self.min_freq)
+            params = ParameterLayout(batch.n_attributes, L, index)
+            trainable = np.ones(L * L + 2 * L, dtype=bool)
+            if not self.all_possible_transitions or not boundary:
+                trainable = hyper.transition_mask(batch.offsets, codes, L, self.min_freq, boundary)
+                trainable[: L * L] |= bool(self.all_possible_transitions)
+            result = self._train(settings, batch, codes, params, trainable, self._iteration_callback(params, dev_batch, y_dev))
+        finally:
+            del self._fitting
         self._set_weights(params, result.theta)
-        self.training_log_ = [
-            {
-                "iteration": i.iteration,
-                "loss": i.loss,
-                "gradient_norm": i.gradient_norm,
-                "active_features": i.active_features,
-                "elapsed": i.elapsed,
-            }
-            for i in result.history
-        ]
+        self.training_log_ = training_log(result.history)
         self.n_iter_ = result.iterations
         self.n_evaluations_ = result.evaluations
         self.stop_reason_ = result.stop_reason
         self.training_seconds_ = time.perf_counter() - began
+        if self.model_filename is not None:
+            model_file.write_crfsuite_model(self, self.model_filename)
         return self
+
+    def _train(self, settings, batch, codes, params, trainable, callback) -> optimize.TrainingResult:
+        stopping = optimize.StoppingRule(settings.max_iterations, settings.epsilon, settings.period, settings.delta)
+        theta0 = np.zeros(params.size)
+        frozen = params.n_state + np.flatnonzero(~trainable)
+        with single_threaded_blas():
+            if settings.algorithm == "lbfgs":
+                objective = Objective(batch.X, batch.offsets, codes, params, self.n_threads)
+                return optimize.lbfgs(
+                    objective, theta0, self.c1, self.c2, stopping, self.num_memories, callback, frozen, self.max_linesearch
+                )
+            if settings.algorithm == "l2sgd":
+                calibration = optimize.Calibration(
+                    self.calibration_eta,
+                    self.calibration_rate,
+                    self.calibration_samples,
+                    self.calibration_candidates,
+                    self.calibration_max_trials,
+                )
+                return optimize.sgd(
+                    batch.X, batch.offsets, codes, params, theta0, self.c2, stopping, self.learning_rate,
+                    self.batch_size, self.random_state, callback, frozen, calibration,
+                )  # fmt: skip
+            rule = online.update_rule(
+                settings.algorithm, self.pa_type, self.c, self.error_sensitive, self.averaging, self.variance, self.gamma
+            )
+            return online.train(batch.X, batch.offsets, codes, params, frozen, rule, stopping, self.random_state, callback)
 
     def _set_weights(self, params: ParameterLayout, theta: np.ndarray) -> None:
         state, transitions, start, end = params.split(theta)
@@ -194,19 +237,16 @@ class CRF:
 
     def _iteration_callback(self, params, dev_batch, y_dev):
         def report(info: optimize.IterationInfo) -> None:
-            if dev_batch is not None and self.dev_every and info.iteration % self.dev_every == 0:
-                theta = getattr(info, "theta", None)
-                if theta is not None:
-                    self._set_weights(params, theta)
-                    info.dev_predictions = self.predict(dev_batch)
-                    info.dev_accuracy = metrics.token_accuracy(y_dev, info.dev_predictions)
+            if dev_batch is not None and self.dev_every and info.iteration % self.dev_every == 0 and info.theta is not None:
+                self._set_weights(params, info.theta)
+                info.dev_predictions = self._predict_lists(dev_batch)
+                info.dev_accuracy = metrics.token_accuracy(y_dev, info.dev_predictions)
             if self.verbose:
                 dev = f" dev_acc={info.dev_accuracy:.2f}" if hasattr(info, "dev_accuracy") else ""
-                print(
-                    f"iter {info.iteration:4d} loss={info.loss:.4f} |g|={info.gradient_norm:.4g} "
-                    f"active={info.active_features} {info.elapsed:.1f}s{dev}",
-                    flush=True,
-                )
+                log.info(
+                    "iter %4d loss=%.4f |w|=%.4g |g|=%.4g active=%d %.1fs%s",
+                    info.iteration, info.loss, info.feature_norm, info.gradient_norm, info.active_features, info.elapsed, dev,
+                )  # fmt: skip
             if self.callback is not None:
                 self.callback(info)
 
@@ -215,8 +255,8 @@ class CRF:
     # --- inference -----------------------------------------------------------------------
 
     def _check_fitted(self) -> None:
-        if not hasattr(self, "state_weights_"):
-            raise RuntimeError("this CRF is not fitted yet; call fit() or CRF.load()")
+        if "state_weights_" not in self.__dict__ and not self._load_model_file():
+            raise NotFittedCRFError("this CRF is not fitted yet; call fit() or CRF.load()")
 
     def emissions(self, X) -> tuple[np.ndarray, SequenceBatch]:
         """Emission scores (T, L) and the batch they belong to."""
@@ -230,11 +270,27 @@ class CRF:
     def _split(self, flat, batch: SequenceBatch) -> list:
         return [flat[a:b] for a, b in zip(batch.offsets[:-1], batch.offsets[1:])]
 
-    def predict(self, X) -> list[list[str]]:
-        """Most likely label sequence (Viterbi) of every sequence."""
-        labels, _ = self.predict_codes(X)
+    def _by_sequence(self, X, query) -> list:
+        """``query(batch)`` (one list entry per sequence) over the non-empty sequences of ``X``,
+        with ``[]`` for empty ones (a SequenceBatch has none)."""
+        self._check_fitted()
+        if isinstance(X, SequenceBatch):
+            return query(X) if X.n_sequences else []
+        kept = [i for i, sequence in enumerate(X) if len(sequence)]
+        out: list = [[] for _ in range(len(X))]
+        if kept:
+            for i, value in zip(kept, query([X[i] for i in kept] if len(kept) < len(X) else X)):
+                out[i] = value
+        return out
+
+    def _predict_lists(self, X) -> list[list[str]]:
         classes = np.array(self.classes_, dtype=object)
-        return [list(classes[part]) for part in labels]
+        return self._by_sequence(X, lambda batch: [classes[part].tolist() for part in self.predict_codes(batch)[0]])
+
+    def predict(self, X) -> np.ndarray:
+        """Most likely label sequence (Viterbi) of every sequence, as sklearn-crfsuite returns it:
+        ``np.array(list of label lists, dtype=object)``."""
+        return np.array(self._predict_lists(X), dtype=object)
 
     def predict_codes(self, X) -> tuple[list[np.ndarray], np.ndarray]:
         """Viterbi label indices per sequence and the path scores (N,).
@@ -256,21 +312,28 @@ class CRF:
         return self._split(labels, batch), scores
 
     def predict_single(self, xseq) -> list[str]:
-        return self.predict([xseq])[0]
+        """Labels of one sequence (a list of str)."""
+        return self._predict_lists([xseq])[0]
 
     def marginals(self, X) -> tuple[np.ndarray, SequenceBatch]:
         """Node marginals p(y_t = l | x) as a (T, L) array (columns in ``classes_`` order)."""
         emissions, batch = self.emissions(X)
         return chain.forward_backward(emissions, *self._weights(), batch.lengths).marginals, batch
 
-    def predict_marginals(self, X) -> list[list[dict[str, float]]]:
-        """Per token, a dict label -> marginal probability (sklearn-crfsuite's format)."""
-        marginals, batch = self.marginals(X)
-        rows = [dict(zip(self.classes_, row)) for row in marginals.tolist()]
-        return self._split(rows, batch)
+    def _marginal_dicts(self, X) -> list[list[dict[str, float]]]:
+        def query(X):
+            marginals, batch = self.marginals(X)
+            return self._split([dict(zip(self.classes_, row)) for row in marginals.tolist()], batch)
+
+        return self._by_sequence(X, query)
+
+    def predict_marginals(self, X) -> np.ndarray:
+        """Per token, a dict label -> marginal probability, as sklearn-crfsuite returns it:
+        ``np.array(list of lists of dicts, dtype=object)``."""
+        return np.array(self._marginal_dicts(X), dtype=object)
 
     def predict_marginals_single(self, xseq) -> list[dict[str, float]]:
-        return self.predict_marginals([xseq])[0]
+        return self._marginal_dicts([xseq])[0]
 
     def log_partition(self, X) -> np.ndarray:
         """log Z(x) of every sequence (N,)."""
@@ -286,203 +349,21 @@ class CRF:
         gold = chain.sequence_scores(emissions, *self._weights(), batch.offsets, codes)
         return np.exp(gold - chain.log_partition(emissions, *self._weights(), batch.lengths))
 
-    def span_probability(self, X, sequence: Sequence[int], start: Sequence[int], allowed: Sequence[np.ndarray]) -> np.ndarray:
-        """Constrained forward-backward: p(y_t in allowed_t for the window of each query | x).
-
-        Query k covers tokens ``start[k] : start[k] + len(allowed[k])`` of sequence
-        ``sequence[k]``; ``allowed[k]`` is a (width, L) boolean mask over ``classes_``.
-        Returns (K,) probabilities.
-        """
-        emissions, batch = self.emissions(X)
-        posterior = chain.forward_backward(emissions, *self._weights(), batch.lengths, keep_messages=True)
-        return np.exp(self._constrained(posterior, emissions, batch, sequence, start, allowed))
-
-    def _constrained(self, posterior, emissions, batch, sequence, start, allowed) -> np.ndarray:
-        if len(sequence) == 0:
-            return np.zeros(0)
-        widths = np.array([len(a) for a in allowed], dtype=np.int64)
-        window_offsets = np.concatenate([[0], np.cumsum(widths)])
-        masks = np.concatenate([np.asarray(a, dtype=bool) for a in allowed])
-        return chain.constrained_log_probability(
-            posterior.log_alpha,
-            posterior.log_beta,
-            posterior.log_z,
-            emissions,
-            self.transitions_,
-            self.start_weights_,
-            batch.offsets,
-            np.asarray(sequence),
-            np.asarray(start),
-            masks,
-            window_offsets,
-        )
-
-    def predict_segments(self, X) -> pd.DataFrame:
-        """Predicted chunks/entities with their confidence.
-
-        One row per chunk of the Viterbi labelling (conlleval's chunk rules): ``sequence``,
-        ``start``, ``end`` (exclusive), ``type`` and ``confidence``: the probability under the model
-        that the chunk's tokens carry exactly their predicted labels, that the token before does
-        not extend the chunk and that the token after does not continue it (constrained
-        forward-backward over that window, Culotta & McCallum 2004).
-        """
-        emissions, batch = self.emissions(X)
-        labels, _ = chain.viterbi(emissions, *self._weights(), batch.lengths)
-        classes = np.array(self.classes_, dtype=object)
-        predicted = [list(classes[p]) for p in self._split(labels, batch)]
-        found = metrics.chunks(predicted)
-        if found.empty:
-            found["confidence"] = []
-            return found
-        posterior = chain.forward_backward(emissions, *self._weights(), batch.lengths, keep_messages=True)
-        tags, types = zip(*(metrics.split_label(c) for c in self.classes_))
-        tags, types = np.array(tags), np.array(types)
-        lengths = batch.lengths
-        seqs, firsts, allowed = [], [], []
-        for seq, s, e in zip(found["sequence"].to_numpy(), found["start"].to_numpy(), found["end"].to_numpy()):
-            offset = batch.offsets[seq]
-            inside = labels[offset + s : offset + e]
-            rows = [np.arange(len(classes))[None, :] == inside[:, None]]
-            window_start = s
-            if s > 0:  # the previous token must not belong to this chunk
-                first = inside[0]
-                rows.insert(0, metrics.chunk_start(tags, tags[first], types, types[first])[None, :])
-                window_start = s - 1
-            if e < lengths[seq]:  # the next token must not continue it
-                last = inside[-1]
-                rows.append(metrics.chunk_end(tags[last], tags, types[last], types)[None, :])
-            seqs.append(seq)
-            firsts.append(window_start)
-            allowed.append(np.concatenate(rows))
-        found["confidence"] = np.exp(self._constrained(posterior, emissions, batch, seqs, firsts, allowed))
-        return found
-
     def score(self, X, y) -> float:
-        """Token accuracy (fraction) of ``predict(X)`` against ``y``."""
-        return metrics.token_accuracy(y, self.predict(X)) / 100.0
-
-    # --- inspection ----------------------------------------------------------------------
-
-    def _attribute_name(self, index: int) -> str:
-        return self.attributes_[index] if self.attributes_ is not None else f"#{index}"
-
-    @property
-    def state_features_(self) -> dict[tuple[str, str], float]:
-        """{(attribute, label): weight} for every state feature of the model."""
-        self._check_fitted()
-        L = len(self.classes_)
-        flat = self.feature_index_ if self.feature_index_ is not None else np.flatnonzero(self.state_weights_.ravel())
-        weights = self.state_weights_.ravel()[flat]
-        return {(self._attribute_name(i // L), self.classes_[i % L]): float(w) for i, w in zip(flat.tolist(), weights.tolist())}
-
-    @property
-    def transition_features_(self) -> dict[tuple[str, str], float]:
-        """{(previous label, label): weight}."""
-        self._check_fitted()
-        return {(a, b): float(self.transitions_[i, j]) for i, a in enumerate(self.classes_) for j, b in enumerate(self.classes_)}
-
-    def top_features(self, n: int = 20) -> tuple[pd.DataFrame, pd.DataFrame]:
-        """The ``n`` most positive and most negative state features, and all transitions sorted
-        by weight: (state frame [attribute, label, weight], transition frame [from, to, weight])."""
-        self._check_fitted()
-        L = len(self.classes_)
-        flat = self.state_weights_.ravel()
-        order = np.argsort(flat)
-        picks = np.concatenate([order[::-1][:n], order[:n]])
-        state = pd.DataFrame(
-            {
-                "attribute": [self._attribute_name(i // L) for i in picks],
-                "label": [self.classes_[i % L] for i in picks],
-                "weight": flat[picks],
-            }
-        )
-        transitions = pd.DataFrame(
-            [(a, b, w) for (a, b), w in self.transition_features_.items()], columns=["from", "to", "weight"]
-        ).sort_values("weight", ascending=False, ignore_index=True)
-        return state, transitions
-
-    @property
-    def size_(self) -> int:
-        """Number of non-zero weights."""
-        self._check_fitted()
-        return int(
-            np.count_nonzero(self.state_weights_)
-            + np.count_nonzero(self.transitions_)
-            + np.count_nonzero(self.start_weights_)
-            + np.count_nonzero(self.end_weights_)
-        )
+        """Token accuracy (a fraction) of the predictions (sklearn-crfsuite's ``score``)."""
+        return metrics.flat_accuracy_score(y, self._predict_lists(X))
 
     # --- persistence ---------------------------------------------------------------------
 
     def save(self, path) -> None:
         """Write the fitted model to one ``.npz`` file (no pickle; checksummed; atomic)."""
         self._check_fitted()
-        arrays = {
-            "transitions": self.transitions_,
-            "start": self.start_weights_,
-            "end": self.end_weights_,
-        }
-        if self.feature_index_ is not None:
-            arrays["feature_index"] = self.feature_index_
-            arrays["state_values"] = self.state_weights_.ravel()[self.feature_index_]
-        else:
-            arrays["state_values"] = self.state_weights_
-        if self.attributes_ is not None:
-            arrays["attribute_blob"], arrays["attribute_offsets"] = strings_to_arrays(self.attributes_)
-        meta = {
-            "params": {k: v for k, v in self.get_params().items()},
-            "classes": list(self.classes_),
-            "n_attributes": int(self.n_attributes_),
-            "sparse": self.feature_index_ is not None,
-            "dict_input": getattr(self, "attribute_index_", None) is not None,
-        }
-        save_arrays(path, _KIND, meta, arrays)
+        model_file.save(self, path)
 
     @classmethod
     def load(cls, path) -> CRF:
         """Read a model written by :meth:`save`; raises ModelFileError on a bad file."""
-        meta, arrays = load_arrays(path, _KIND)
-        try:
-            model = cls(**{k: v for k, v in meta["params"].items() if k in _PARAMS})
-            classes = [str(c) for c in meta["classes"]]
-            A, L = int(meta["n_attributes"]), len(classes)
-            model.classes_ = classes
-            model.n_attributes_ = A
-            transitions = arrays["transitions"].astype(np.float64)
-            if transitions.shape != (L, L) or arrays["start"].shape != (L,) or arrays["end"].shape != (L,):
-                raise ModelFileError(f"{path}: weight shapes do not match {L} labels")
-            state = np.zeros((A, L))
-            if meta["sparse"]:
-                index = arrays["feature_index"].astype(np.int64)
-                if (
-                    index.ndim != 1
-                    or index.size != arrays["state_values"].size
-                    or (index.size and (index.min() < 0 or index.max() >= A * L))
-                ):
-                    raise ModelFileError(f"{path}: feature index out of range")
-                state.ravel()[index] = arrays["state_values"]
-                model.feature_index_ = index
-            else:
-                if arrays["state_values"].shape != (A, L):
-                    raise ModelFileError(f"{path}: state weights have shape {arrays['state_values'].shape}, expected {(A, L)}")
-                state[:] = arrays["state_values"]
-                model.feature_index_ = None
-            model.state_weights_ = state
-            model.transitions_ = transitions
-            model.start_weights_ = arrays["start"].astype(np.float64)
-            model.end_weights_ = arrays["end"].astype(np.float64)
-            model.attributes_ = (
-                arrays_to_strings(arrays["attribute_blob"], arrays["attribute_offsets"]) if "attribute_blob" in arrays else None
-            )
-            if model.attributes_ is not None and len(model.attributes_) != A:
-                raise ModelFileError(f"{path}: {len(model.attributes_)} attribute names for {A} attributes")
-            if meta.get("dict_input"):
-                if model.attributes_ is None:
-                    raise ModelFileError(f"{path}: a dict-input model without attribute names")
-                model.attribute_index_ = AttributeIndex()
-                model.attribute_index_.index_ = {name: i for i, name in enumerate(model.attributes_)}
-            else:
-                model.attribute_index_ = None
-        except KeyError as err:
-            raise ModelFileError(f"{path}: missing field {err}") from None
-        return model
+        return model_file.load(cls, path)
+
+
+CRF.__doc__ += hyper.DOC

@@ -1,4 +1,5 @@
-"""Trainers: L-BFGS (L2), bound-split L-BFGS-B for L1 / elastic net, and SGD with L2.
+"""Trainers: L-BFGS (L2), bound-split L-BFGS-B for L1 / elastic net, and SGD with L2 (CRFsuite's
+``l2sgd``, with its learning-rate calibration). The online algorithms are in :mod:`crf.online`.
 
 All minimise ``NLL(theta) + c1 * |theta|_1 + c2 * ||theta||^2`` (CRFsuite's c1, c2) and stop
 like CRFsuite: after ``max_iterations``, when the relative improvement of the loss over the last
@@ -33,6 +34,7 @@ class IterationInfo:
     active_features: int
     elapsed: float
     theta: np.ndarray | None = field(default=None, repr=False, compare=False)
+    feature_norm: float = float("nan")
 
 
 @dataclass
@@ -93,6 +95,18 @@ def _regularised(objective: Callable, c2: float) -> Callable[[np.ndarray], tuple
     return fun
 
 
+def _freeze(objective: Callable, frozen: np.ndarray | None) -> Callable[[np.ndarray], tuple[float, np.ndarray]]:
+    if frozen is None or not len(frozen):
+        return objective
+
+    def fun(theta: np.ndarray) -> tuple[float, np.ndarray]:
+        loss, grad = objective(theta)
+        grad[frozen] = 0.0
+        return loss, grad
+
+    return fun
+
+
 def lbfgs(
     objective: Callable[[np.ndarray], tuple[float, np.ndarray]],
     theta0: np.ndarray,
@@ -101,14 +115,18 @@ def lbfgs(
     stopping: StoppingRule | None = None,
     num_memories: int = 6,
     callback: Callable[[IterationInfo], None] | None = None,
+    frozen: np.ndarray | None = None,
+    max_linesearch: int = 20,
 ) -> TrainingResult:
     """Minimise the regularised objective with scipy's L-BFGS-B.
 
     With ``c1 > 0`` the variables are split (``theta = u - v``, both non-negative) so that L1
-    weights reach exact zeros.
+    weights reach exact zeros. The weights at positions ``frozen`` (not features of the model)
+    get a zero gradient, so they keep their starting value (0). ``max_linesearch``: line-search
+    trials per iteration.
     """
     stopping = stopping or StoppingRule()
-    smooth = _regularised(objective, c2)
+    smooth = _regularised(_freeze(objective, frozen), c2)
     n = theta0.size
     if c1 > 0:
 
@@ -155,10 +173,12 @@ def lbfgs(
             active_features=int(np.count_nonzero(theta)),
             elapsed=time.perf_counter() - began,
             theta=theta,
+            feature_norm=float(np.linalg.norm(theta)),
         )
         history.append(info)
         if callback is not None:
             callback(info)
+        info.theta = None  # seen by the callback; keeping every iteration's weights would cost memory
         reason = stopping.reason(history, float(np.linalg.norm(theta)))
         if reason:
             state["reason"] = reason
@@ -171,11 +191,134 @@ def lbfgs(
         method="L-BFGS-B",
         bounds=bounds,
         callback=on_iteration,
-        options={"maxcor": num_memories, "maxiter": 10**9, "maxfun": 10**9, "ftol": 0.0, "gtol": 0.0},
+        options={"maxcor": num_memories, "maxls": max_linesearch, "maxiter": 10**9, "maxfun": 10**9, "ftol": 0.0, "gtol": 0.0},
     )
     if state["reason"] == "converged" and not result.success:
         state["reason"] = f"line search: {result.message}"
     return TrainingResult(to_theta(result.x), len(history), fun.evaluations, state["reason"], history)
+
+
+@dataclass
+class Calibration:
+    """CRFsuite's search for SGD's initial learning rate: starting at ``eta``, multiply by ``rate``
+    while one epoch over ``samples`` sequences lowers the loss, then divide from ``eta / rate``,
+    until ``candidates`` rates have lowered it or ``max_trials`` were tried; keep the best."""
+
+    eta: float = 0.1
+    rate: float = 2.0
+    samples: int = 1000
+    candidates: int = 10
+    max_trials: int = 20
+
+
+class _Minibatch:
+    """Some sequences with their objective over the attributes (``columns``) they contain."""
+
+    def __init__(self, X, offsets: np.ndarray, labels: np.ndarray, params: ParameterLayout, chosen: np.ndarray, mask) -> None:
+        rows = token_rows(offsets, chosen)
+        sub = X[rows]
+        self.columns = np.unique(sub.indices)
+        lengths = offsets[chosen + 1] - offsets[chosen]
+        local = ParameterLayout(self.columns.size, params.n_labels)
+        self.objective = Objective(
+            sub[:, self.columns], np.concatenate([[0], np.cumsum(lengths)]), labels[rows], local, n_threads=1
+        )
+        self.mask = None if mask is None else mask[self.columns]  # (columns, L): which weights are features
+        self.size = chosen.size
+
+
+def _minibatches(X, offsets, labels, params: ParameterLayout, sequences: np.ndarray, batch_size: int) -> list[_Minibatch]:
+    mask = None
+    if params.feature_index is not None:
+        mask = np.zeros(params.n_attributes * params.n_labels, dtype=bool)
+        mask[params.feature_index] = True
+        mask = mask.reshape(params.n_attributes, params.n_labels)
+    return [
+        _Minibatch(X, offsets, labels, params, np.sort(sequences[b : b + batch_size]), mask)
+        for b in range(0, len(sequences), batch_size)
+    ]
+
+
+class _SGDWeights:
+    """Weights under SGD with L2 decay: state weights (A, L) stored as ``scale * state`` so that
+    the decay of all of them costs one multiplication; the rest (transitions, start, end) plain."""
+
+    def __init__(self, params: ParameterLayout, theta0: np.ndarray, trainable_tail: np.ndarray) -> None:
+        self.params = params
+        state, transitions, start, end = params.split(theta0)
+        self.state = np.array(state, dtype=np.float64)
+        self.tail = np.concatenate([np.ravel(transitions), start, end]).astype(np.float64)
+        self.trainable_tail = trainable_tail
+        self.scale = 1.0
+
+    def _local(self, batch: _Minibatch) -> np.ndarray:
+        return np.concatenate([(self.scale * self.state[batch.columns]).ravel(), self.tail])
+
+    def loss(self, batch: _Minibatch) -> float:
+        """The NLL of ``batch`` at the current weights."""
+        return batch.objective(self._local(batch))[0]
+
+    def step(self, batch: _Minibatch, eta: float, lam: float) -> float:
+        """One update on ``batch``: w <- (1 - eta lam) w - eta * mean gradient. Returns its NLL."""
+        L = self.params.n_labels
+        n = batch.columns.size * L
+        loss, grad = batch.objective(self._local(batch))
+        grad /= batch.size
+        grad_state = grad[:n].reshape(-1, L)
+        if batch.mask is not None:
+            grad_state *= batch.mask
+        shrink = 1.0 - eta * lam
+        self.scale *= shrink
+        self.state[batch.columns] -= (eta / self.scale) * grad_state
+        self.tail = shrink * self.tail - eta * grad[n:] * self.trainable_tail
+        if self.scale < 1e-9:
+            self.state *= self.scale
+            self.scale = 1.0
+        return loss
+
+    def theta(self) -> np.ndarray:
+        L = self.params.n_labels
+        tail = self.tail
+        return self.params.join(self.scale * self.state, tail[: L * L], tail[L * L : L * L + L], tail[L * L + L :])
+
+
+def _epoch(weights: _SGDWeights, batches: list[_Minibatch], order, t0: float, t: int, lam: float) -> tuple[float, int]:
+    """One pass over ``batches`` in ``order`` with eta = 1 / (lam (t0 + t)); (summed NLL, new t)."""
+    total = 0.0
+    for i in order:
+        total += weights.step(batches[i], 1.0 / (lam * (t0 + t)), lam)
+        t += 1
+    return total, t
+
+
+def calibrate(X, offsets, labels, params, theta0, trainable_tail, lam, batch_size, rng, calibration: Calibration) -> float:
+    """CRFsuite's learning-rate calibration (see :class:`Calibration`); returns the chosen eta."""
+    n_sequences = offsets.size - 1
+    sample = rng.permutation(n_sequences)[: min(n_sequences, calibration.samples)]
+    batches = _minibatches(X, offsets, labels, params, sample, batch_size)
+    initial = _SGDWeights(params, theta0, trainable_tail)
+    penalty = 0.5 * lam * sample.size  # times ||w||^2: the L2 term of the sample's share of the loss
+    initial_loss = sum(initial.loss(b) for b in batches) + penalty * float(theta0 @ theta0)
+    eta, best_eta, best_loss = calibration.eta, calibration.eta, np.inf
+    left, decreasing, trials = calibration.candidates, False, 1
+    while (left > 0 or not decreasing) and trials <= calibration.max_trials:
+        weights = _SGDWeights(params, theta0, trainable_tail)
+        loss, _ = _epoch(weights, batches, range(len(batches)), 1.0 / (lam * eta), 0, lam)
+        theta = weights.theta()
+        loss += penalty * float(theta @ theta)
+        improved = bool(np.isfinite(loss)) and loss < initial_loss
+        if improved:
+            left -= 1
+            if loss < best_loss:
+                best_loss, best_eta = loss, eta
+        if decreasing:
+            eta /= calibration.rate
+        elif improved and left > 0:
+            eta *= calibration.rate
+        else:
+            decreasing, left, eta = True, calibration.candidates, calibration.eta / calibration.rate
+        trials += 1
+    return best_eta
 
 
 def sgd(
@@ -186,82 +329,70 @@ def sgd(
     theta0: np.ndarray,
     c2: float = 1.0,
     stopping: StoppingRule | None = None,
-    learning_rate: float = 0.1,
-    batch_size: int = 32,
-    seed: int = 0,
+    learning_rate: float | None = None,
+    batch_size: int = 1,
+    seed: int | None = 0,
     callback: Callable[[IterationInfo], None] | None = None,
+    frozen: np.ndarray | None = None,
+    calibration: Calibration | None = None,
 ) -> TrainingResult:
-    """Minibatch SGD on ``(NLL + c2 * ||theta||^2) / N`` with the decaying step
-    ``eta_k = learning_rate / (1 + lambda * learning_rate * k)``, ``lambda = 2 * c2 / N``.
+    """CRFsuite's ``l2sgd``: SGD on ``NLL + c2 ||theta||^2`` with the step
+    ``eta_t = 1 / (lambda (t0 + t))``, ``lambda = 2 c2 / N``, ``t0 = 1 / (lambda eta0)``, one
+    update per minibatch of ``batch_size`` sequences (1: CRFsuite) on its mean gradient.
 
-    Each minibatch only touches the weight rows of the attributes it contains; the L2 shrinkage of
-    all other weights is applied lazily through one global scale factor. One iteration is one epoch;
-    its loss is the sum of the minibatch losses seen during the epoch plus the penalty.
+    ``eta0`` is ``learning_rate`` when given, else found by :func:`calibrate`. The minibatches
+    are visited in a new random order every epoch (one iteration). An epoch's loss is the sum of
+    the minibatch losses seen during it plus the penalty at its end; training stops after
+    ``max_iterations`` epochs or when the loss improved by less than ``delta`` over ``period``
+    epochs, and returns the weights of the epoch with the lowest loss (as CRFsuite does).
+    Weights at positions ``frozen`` (transition/start/end weights that are not features) stay 0.
     """
-    stopping = stopping or StoppingRule()
+    if c2 <= 0:
+        raise ValueError("l2sgd needs c2 > 0 (its step size is 1 / (lambda t) with lambda = 2 c2 / N)")
+    stopping = stopping or StoppingRule(max_iterations=1000, delta=1e-6)
     rng = np.random.default_rng(seed)
     n_sequences = offsets.size - 1
-    order = rng.permutation(n_sequences)
-    L = params.n_labels
-    mask = None
-    if params.feature_index is not None:
-        mask = np.zeros(params.n_attributes * L, dtype=bool)
-        mask[params.feature_index] = True
-        mask = mask.reshape(params.n_attributes, L)
-    minibatches = []
-    for begin in range(0, n_sequences, batch_size):
-        chosen = np.sort(order[begin : begin + batch_size])
-        rows = token_rows(offsets, chosen)
-        sub = X[rows]
-        columns = np.unique(sub.indices)
-        lengths = offsets[chosen + 1] - offsets[chosen]
-        local = ParameterLayout(columns.size, L)
-        objective = Objective(sub[:, columns], np.concatenate([[0], np.cumsum(lengths)]), labels[rows], local, n_threads=1)
-        minibatches.append((objective, columns, None if mask is None else mask[columns], chosen.size))
-
-    state, transitions, start, end = (np.array(a, dtype=np.float64) for a in params.split(theta0))
-    state = np.array(state)
-    scale = 1.0
-    decay = 2.0 * c2 / n_sequences
-    history: list[IterationInfo] = []
-    began = time.perf_counter()
-    step = 0
-    evaluations = 0
-    reason = "max_iterations"
-    while True:
-        epoch_loss = 0.0
-        for index in rng.permutation(len(minibatches)):
-            objective, columns, local_mask, size = minibatches[index]
-            eta = learning_rate / (1.0 + decay * learning_rate * step)
-            theta_local = np.concatenate([(scale * state[columns]).ravel(), transitions.ravel(), start, end])
-            loss, grad = objective(theta_local)
-            evaluations += 1
-            epoch_loss += loss
-            grad /= size
-            grad_state, grad_trans, grad_start, grad_end = objective.params.split(grad)
-            if local_mask is not None:
-                grad_state = grad_state * local_mask
-            shrink = 1.0 - eta * decay
-            scale *= shrink
-            state[columns] -= (eta / scale) * grad_state
-            transitions = shrink * transitions - eta * grad_trans
-            start = shrink * start - eta * grad_start
-            end = shrink * end - eta * grad_end
-            if scale < 1e-9:
-                state *= scale
-                scale = 1.0
-            step += 1
-        weights = scale * state
-        theta = params.join(weights, transitions, start, end)
-        epoch_loss += c2 * float(theta @ theta)
-        info = IterationInfo(
-            len(history) + 1, epoch_loss, float("nan"), int(np.count_nonzero(theta)), time.perf_counter() - began, theta
+    lam = 2.0 * c2 / n_sequences
+    trainable = np.ones(theta0.size, dtype=bool)
+    if frozen is not None:
+        trainable[frozen] = False
+    trainable_tail = trainable[params.n_state :]
+    if learning_rate is None:
+        learning_rate = calibrate(
+            X, offsets, labels, params, theta0, trainable_tail, lam, batch_size, rng, calibration or Calibration()
         )
-        history.append(info)
+    batches = _minibatches(X, offsets, labels, params, rng.permutation(n_sequences), batch_size)
+    weights = _SGDWeights(params, theta0, trainable_tail)
+    t0, t = 1.0 / (lam * learning_rate), 0
+    history: list[IterationInfo] = []
+    best_loss, best_theta = np.inf, theta0
+    began = time.perf_counter()
+    while True:
+        loss, t = _epoch(weights, batches, rng.permutation(len(batches)), t0, t, lam)
+        theta = weights.theta()
+        norm2 = float(theta @ theta)
+        loss += c2 * norm2
+        history.append(
+            IterationInfo(
+                len(history) + 1,
+                loss,
+                float("nan"),
+                int(np.count_nonzero(theta)),
+                time.perf_counter() - began,
+                theta,
+                np.sqrt(norm2),
+            )
+        )
+        if loss < best_loss:
+            best_loss, best_theta = loss, theta
         if callback is not None:
-            callback(info)
-        stop = stopping.reason(history, float(np.linalg.norm(theta)))
-        if stop and stop != "epsilon":  # no full gradient in SGD: the epsilon rule does not apply
-            reason = stop
+            callback(history[-1])
+        history[-1].theta = None  # seen by the callback; keeping every epoch's weights would cost memory
+        if not np.isfinite(loss):
+            raise FloatingPointError(
+                f"l2sgd: the loss overflowed at epoch {len(history)} (learning rate {learning_rate:g} too large)"
+            )
+        reason = stopping.reason(history, np.sqrt(norm2))  # no full gradient: the epsilon rule never fires
+        if reason:
             break
-    return TrainingResult(theta, len(history), evaluations, reason, history)
+    return TrainingResult(best_theta, len(history), t, reason, history)

@@ -50,7 +50,7 @@ def test_fit_predict_and_score(fitted):
     model, X, y = fitted
     assert model.score(X, y) > 0.95
     assert model.n_iter_ <= 80 and len(model.training_log_) == model.n_iter_
-    assert model.predict_single(X[0]) == model.predict([X[0]])[0]
+    assert model.predict_single(X[0]) == list(model.predict([X[0]])[0])
     assert set(model.classes_) == {"O", "I-A", "B-A", "B-B"}
 
 
@@ -64,7 +64,7 @@ def test_marginals_and_sequence_probabilities_are_distributions(fitted):
     every = [list(p) for p in itertools.product(model.classes_, repeat=3)]
     total = model.sequence_probability([x] * len(every), every).sum()
     assert total == pytest.approx(1.0)
-    best = model.predict([x])[0]
+    best = model.predict_single(x)
     probs = model.sequence_probability([x] * len(every), every)
     assert every[int(np.argmax(probs))] == best
 
@@ -76,7 +76,7 @@ def test_segment_confidence_matches_enumeration(fitted):
     assert len(segments) > 0
     every = [list(p) for p in itertools.product(model.classes_, repeat=5)]
     probs = model.sequence_probability([x] * len(every), every)
-    predicted = model.predict([x])[0]
+    predicted = model.predict_single(x)
     for _, seg in segments.iterrows():
         s, e = int(seg["start"]), int(seg["end"])
         expected = 0.0
@@ -93,7 +93,7 @@ def test_l1_gives_exact_zeros_and_fewer_features_as_c1_grows():
     active = []
     for c1 in [0.0, 0.5, 5.0]:
         model = CRF(c1=c1, c2=0.01, max_iterations=150, all_possible_states=True).fit(X, y)
-        active.append(model.size_)
+        active.append(model.n_active_features_)
         if c1 > 0:
             assert np.sum(model.state_weights_ == 0.0) > 0
     assert active[0] > active[1] > active[2]
@@ -136,7 +136,7 @@ def test_save_load_round_trip(fitted, tmp_path):
     path = tmp_path / "model.npz"
     model.save(path)
     loaded = CRF.load(path)
-    assert loaded.predict(X) == model.predict(X)
+    assert [list(p) for p in loaded.predict(X)] == [list(p) for p in model.predict(X)]
     np.testing.assert_array_equal(loaded.state_weights_, model.state_weights_)
     assert loaded.get_params() == {**model.get_params()}
     assert not list(tmp_path.glob(".*tmp"))  # no temporary file left behind
@@ -151,7 +151,7 @@ def test_batch_input_round_trip(tmp_path):
     model = CRF(max_iterations=30, all_possible_states=True).fit(batch, y)
     model.save(tmp_path / "m.npz")
     loaded = CRF.load(tmp_path / "m.npz")
-    assert loaded.predict(batch) == model.predict(batch)
+    assert [list(p) for p in loaded.predict(batch)] == [list(p) for p in model.predict(batch)]
     with pytest.raises(ValueError, match="pass a SequenceBatch"):
         loaded.predict(X)
 

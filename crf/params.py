@@ -1,0 +1,200 @@
+"""The hyperparameters of :class:`crf.CRF`: their documentation, defaults and validation.
+
+The names and meanings are CRFsuite's (as sklearn-crfsuite passes them on), so a model trained
+with the same numbers is the same model. Defaults that depend on the algorithm are ``None`` in
+the constructor and resolved here, as CRFsuite does: ``max_iterations`` (lbfgs: no limit, l2sgd:
+1000, ap/pa/arow: 100), ``epsilon`` (lbfgs: 1e-5, ap/pa/arow: 0) and ``delta`` (lbfgs: 1e-5,
+l2sgd: 1e-6).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import numbers
+from dataclasses import dataclass
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+ALGORITHMS = ("lbfgs", "l2sgd", "ap", "pa", "arow")
+LINESEARCHES = ("MoreThuente", "Backtracking", "StrongBacktracking")
+
+DOC = """
+    Parameters (CRFsuite's meanings; the algorithms each one applies to in brackets)
+    ----------
+    algorithm : ``"lbfgs"`` (L-BFGS; with ``c1 > 0`` L1/elastic net by bound-split L-BFGS-B, which
+        reaches the optimum OWL-QN reaches), ``"l2sgd"`` (SGD with L2 and CRFsuite's learning-rate
+        calibration), ``"ap"`` (averaged perceptron), ``"pa"`` (passive-aggressive), ``"arow"``
+        (adaptive regularisation of weights).
+    min_freq : state and transition features seen no more than ``min_freq`` times (summed
+        attribute values) in training are left out.
+    all_possible_states : every attribute with every label (True) or only the pairs seen in
+        training (False, CRFsuite's default).
+    all_possible_transitions : every label pair (True) or only the pairs seen in training (False).
+    c1, c2 : L1 [lbfgs] and L2 [lbfgs, l2sgd] coefficients: loss = NLL + c1 |w|_1 + c2 ||w||^2.
+    max_iterations : iterations (epochs for the online algorithms); None: the algorithm's default.
+    num_memories : L-BFGS history [lbfgs].
+    epsilon : [lbfgs] stop when ||g|| / max(1, ||w||) < epsilon; [ap, pa, arow] stop when the
+        epoch's loss divided by the number of sequences is below epsilon.
+    period, delta : [lbfgs, l2sgd] stop when the loss improved by less than ``delta`` (relative)
+        over the last ``period`` iterations.
+    linesearch : [lbfgs] only ``"MoreThuente"`` is available (scipy's L-BFGS-B line search is the
+        More-Thuente method); the backtracking variants raise ValueError.
+    max_linesearch : [lbfgs] maximum line-search trials per iteration.
+    calibration_eta, calibration_rate, calibration_samples, calibration_candidates,
+    calibration_max_trials : [l2sgd] the search for the initial learning rate (ignored when
+        ``learning_rate`` is given).
+    pa_type : [pa] 0 (no slack), 1 (PA-I) or 2 (PA-II).
+    c : [pa] aggressiveness of PA-I and PA-II.
+    error_sensitive : [pa] add the square root of the number of wrong labels to the cost.
+    averaging : [pa] return the average of the weights over all updates.
+    variance, gamma : [arow] initial variance of every weight; trade-off between loss and change.
+    verbose : log every iteration at INFO level (logger ``crf.model``).
+    model_filename : a CRFsuite model file: an existing file is loaded at construction (needs
+        :mod:`crf.crfsuite_format`); after ``fit`` the model is written there in CRFsuite's format.
+    keep_tempfiles : accepted for compatibility; this implementation writes no temporary files.
+    trainer_cls : python-crfsuite trainer class; not applicable here (anything but None raises).
+    boundary_transitions : learn start and end weights (L,) per label (True); False gives exactly
+        CRFsuite's first-order model, which has none. None (default): True, except with
+        ``model_filename`` (a CRFsuite file cannot hold them).
+    learning_rate : [l2sgd] fixed initial learning rate eta0 instead of the calibrated one.
+    batch_size : [l2sgd] sequences per update (1: CRFsuite's per-sequence SGD).
+    random_state : seed of the shuffling (l2sgd, ap, pa, arow).
+    dev_every : with ``X_dev``, evaluate every ``dev_every`` iterations.
+    n_threads : threads for the sparse products and tagging (None: all cores).
+    callback : called with every :class:`~crf.optimize.IterationInfo`.
+"""
+
+# parameters that only mean something for some algorithms: (algorithms, default)
+_SPECIFIC = {
+    "c1": (("lbfgs",), 0.0),
+    "num_memories": (("lbfgs",), 6),
+    "linesearch": (("lbfgs",), "MoreThuente"),
+    "max_linesearch": (("lbfgs",), 20),
+    "calibration_eta": (("l2sgd",), 0.1),
+    "calibration_rate": (("l2sgd",), 2.0),
+    "calibration_samples": (("l2sgd",), 1000),
+    "calibration_candidates": (("l2sgd",), 10),
+    "calibration_max_trials": (("l2sgd",), 20),
+    "learning_rate": (("l2sgd",), None),
+    "batch_size": (("l2sgd",), 1),
+    "pa_type": (("pa",), 1),
+    "c": (("pa",), 1.0),
+    "error_sensitive": (("pa",), True),
+    "averaging": (("pa",), True),
+    "variance": (("arow",), 1.0),
+    "gamma": (("arow",), 1.0),
+}
+_STOPPING = {"epsilon": ("lbfgs", "ap", "pa", "arow"), "period": ("lbfgs", "l2sgd"), "delta": ("lbfgs", "l2sgd")}
+_MAX_ITERATIONS = {"lbfgs": None, "l2sgd": 1000, "ap": 100, "pa": 100, "arow": 100}
+_EPSILON = {"lbfgs": 1e-5, "ap": 0.0, "pa": 0.0, "arow": 0.0, "l2sgd": 0.0}
+_DELTA = {"lbfgs": 1e-5, "l2sgd": 1e-6}
+
+
+@dataclass
+class Settings:
+    """The validated training settings, with the algorithm's defaults filled in."""
+
+    algorithm: str
+    max_iterations: int | None
+    epsilon: float
+    period: int
+    delta: float
+
+
+def _number(name: str, value, low: float = 0.0, strict: bool = False, integer: bool = False):
+    kind = numbers.Integral if integer else numbers.Real
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise ValueError(f"{name} must be {'an integer' if integer else 'a number'}, got {value!r}")
+    if not math.isfinite(value) or value < low or (strict and value == low):
+        raise ValueError(f"{name} must be a finite number {'>' if strict else '>='} {low}, got {value!r}")
+    return value
+
+
+def _flag(name: str, value) -> bool:
+    if isinstance(value, bool) or (isinstance(value, numbers.Integral) and value in (0, 1)):
+        return bool(value)
+    raise ValueError(f"{name} must be True or False, got {value!r}")
+
+
+def validate(p: dict) -> Settings:
+    """Check every hyperparameter of ``p`` (a ``get_params()`` dict); raise ValueError naming the
+    first bad one. Returns the resolved :class:`Settings`."""
+    algorithm = p["algorithm"]
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {algorithm!r}: use one of {', '.join(map(repr, ALGORITHMS))}")
+    for name in ("c1", "c2", "min_freq"):
+        _number(name, p[name])
+    for name in ("calibration_eta", "c", "variance", "gamma"):
+        _number(name, p[name], strict=True)
+    if p["learning_rate"] is not None:
+        _number("learning_rate", p["learning_rate"], strict=True)
+    _number("calibration_rate", p["calibration_rate"], low=1.0, strict=True)
+    for name in ("num_memories", "period", "max_linesearch", "batch_size", "calibration_samples"):
+        _number(name, p[name], low=1, integer=True)
+    for name in ("calibration_candidates", "calibration_max_trials"):
+        _number(name, p[name], low=1, integer=True)
+    _number("dev_every", p["dev_every"], integer=True)
+    for name in ("max_iterations", "n_threads"):
+        if p[name] is not None:
+            _number(name, p[name], low=1, integer=True)
+    for name in ("epsilon", "delta"):
+        if p[name] is not None:
+            _number(name, p[name])
+    for name in ("all_possible_states", "all_possible_transitions", "error_sensitive", "averaging"):
+        _flag(name, p[name])
+    if p["boundary_transitions"] is not None:
+        _flag("boundary_transitions", p["boundary_transitions"])
+    _flag("keep_tempfiles", p["keep_tempfiles"])
+    if p["pa_type"] not in (0, 1, 2) or isinstance(p["pa_type"], bool):
+        raise ValueError(f"pa_type must be 0, 1 or 2, got {p['pa_type']!r}")
+    if p["linesearch"] not in LINESEARCHES:
+        raise ValueError(f"unknown linesearch {p['linesearch']!r}: use one of {', '.join(LINESEARCHES)}")
+    if p["linesearch"] != "MoreThuente":
+        raise ValueError(f"linesearch={p['linesearch']!r} is not available: scipy's L-BFGS-B searches by More-Thuente only")
+    if p["trainer_cls"] is not None:
+        raise ValueError("trainer_cls selects a python-crfsuite trainer class and does not apply here; leave it None")
+    if p["callback"] is not None and not callable(p["callback"]):
+        raise ValueError(f"callback must be callable, got {p['callback']!r}")
+    seed = p["random_state"]
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
+        raise ValueError(f"random_state must be an integer or None, got {p['random_state']!r}")
+    if algorithm == "l2sgd" and p["c2"] <= 0:
+        raise ValueError("algorithm='l2sgd' needs c2 > 0 (its step size is 1 / (lambda t) with lambda = 2 c2 / N)")
+    for name, (algorithms, default) in _SPECIFIC.items():
+        if algorithm not in algorithms and p[name] != default:
+            raise ValueError(f"{name}={p[name]!r} does not apply to algorithm={algorithm!r} (only {', '.join(algorithms)})")
+    if algorithm != "lbfgs" and algorithm != "l2sgd" and p["c2"] != 1.0:
+        raise ValueError(f"c2={p['c2']!r} does not apply to algorithm={algorithm!r} (only lbfgs, l2sgd)")
+    for name, algorithms in _STOPPING.items():
+        if algorithm not in algorithms and p[name] is not None and name != "period":
+            log.warning("%s=%r is not used by algorithm=%r (only %s)", name, p[name], algorithm, ", ".join(algorithms))
+    return Settings(
+        algorithm=algorithm,
+        max_iterations=p["max_iterations"] if p["max_iterations"] is not None else _MAX_ITERATIONS[algorithm],
+        epsilon=p["epsilon"] if p["epsilon"] is not None else _EPSILON[algorithm],
+        period=p["period"],
+        delta=p["delta"] if p["delta"] is not None else _DELTA.get(algorithm, 0.0),
+    )
+
+
+def feature_index(X, labels: np.ndarray, n_labels: int, min_freq: float = 0.0) -> np.ndarray:
+    """Flat (A, L) indices (sorted) of the attribute/label pairs seen in ``X`` (T, A) with the
+    labels (T,), keeping those whose frequency (summed attribute values) is at least ``min_freq``."""
+    rows = np.repeat(np.arange(X.shape[0]), np.diff(X.indptr))
+    pairs, inverse = np.unique(X.indices.astype(np.int64) * n_labels + labels[rows], return_inverse=True)
+    if min_freq <= 0:
+        return pairs
+    return pairs[np.bincount(inverse, weights=X.data, minlength=pairs.size) >= min_freq]
+
+
+def transition_mask(offsets: np.ndarray, labels: np.ndarray, n_labels: int, min_freq: float, boundary: bool) -> np.ndarray:
+    """Which of the transition, start and end weights (L*L + 2L,) are features: the label pairs
+    seen at least ``max(min_freq, 1)`` times; start and end weights when ``boundary``."""
+    first = np.zeros(labels.size, dtype=bool)
+    first[offsets[:-1]] = True
+    edges = np.flatnonzero(~first)
+    counts = np.bincount(labels[edges - 1] * n_labels + labels[edges], minlength=n_labels * n_labels)
+    return np.concatenate([counts >= max(min_freq, 1), np.full(2 * n_labels, boundary)])
