@@ -22,7 +22,6 @@ NumPy scalars, non-dict mappings) go through a Python loop, and only those.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import chain, repeat
 from numbers import Real
@@ -218,21 +217,22 @@ class AttributeIndex:
     def fit(self, sequences: Sequence[Sequence], min_freq: float = 0) -> AttributeIndex:
         """Learn the vocabulary of ``sequences`` (a list of sequences of tokens).
 
-        ``min_freq``: keep attributes with at least this many occurrences of non-zero weight;
-        0 keeps every attribute seen, including those only ever given weight 0 (``False``).
+        ``min_freq``: keep attributes whose weights add up to at least this much in ``sequences``
+        (occurrences, for binary attributes); 0 keeps every attribute seen, even one only ever
+        weighing 0 (``False``). CRFsuite's ``feature.minfreq`` applies the same sum to each
+        (attribute, label) feature, so pruning attributes first never drops a feature it keeps.
         """
         if len(sequences) == 0:
             raise ValueError("no sequences to fit the attribute index on")
         entries = _entries(sequences)
-        if min_freq <= 0:
-            names = dict.fromkeys(entries.names)
-        else:
-            nonzero = np.asarray(entries.names, dtype=object)[entries.values != 0.0]
-            counts = Counter(nonzero.tolist())
-            seen = np.fromiter(counts.keys(), dtype=object, count=len(counts))
-            frequency = np.fromiter(counts.values(), dtype=np.int64, count=len(counts))
-            names = seen[frequency >= min_freq].tolist()
-        self.index_ = dict(zip(names, range(len(names))))
+        names = list(dict.fromkeys(entries.names))  # in order of first appearance
+        index = dict(zip(names, range(len(names))))
+        if min_freq > 0:
+            codes = np.fromiter(map(index.__getitem__, entries.names), dtype=np.int64, count=len(entries.names))
+            keep = np.bincount(codes, weights=entries.values, minlength=len(names)) >= min_freq
+            names = np.asarray(names, dtype=object)[keep].tolist()
+            index = dict(zip(names, range(len(names))))
+        self.index_ = index
         return self
 
     def transform(self, sequences: Sequence[Sequence]) -> SequenceBatch:

@@ -210,14 +210,29 @@ def test_unknown_attributes_at_transform_are_ignored():
     assert _rows(index, batch) == [{"x": 2.0}, {"w:a": 1.0}]
 
 
-def test_min_freq_keeps_attributes_seen_often_enough():
+def test_min_freq_keeps_attributes_whose_weights_add_up_to_it():
     X = [[["a", "b"], ["a", "c"]], [{"a": 1.0, "c": 0.5, "z": 0.0}, {"b": True}]]
     assert list(AttributeIndex().fit(X).names()) == ["a", "b", "c", "z"]
     assert list(AttributeIndex().fit(X, min_freq=1).names()) == ["a", "b", "c"]  # "z" only ever weighs 0
-    assert list(AttributeIndex().fit(X, min_freq=2).names()) == ["a", "b", "c"]
-    assert list(AttributeIndex().fit(X, min_freq=3).names()) == ["a"]
+    assert list(AttributeIndex().fit(X, min_freq=2).names()) == ["a", "b"]  # "c" adds up to 1.5
     index = AttributeIndex().fit(X, min_freq=3)
+    assert list(index.names()) == ["a"]
     assert _rows(index, index.transform(X)) == [{"a": 1.0}, {"a": 1.0}, {"a": 1.0}, {}]
+
+
+@pytest.mark.parametrize("min_freq", [1, 2, 3])
+def test_min_freq_never_drops_an_attribute_crfsuite_keeps(tmp_path, min_freq):
+    X = [[["a", "c"], ["a"], ["a", "b"], ["c"]], [{"h": 0.5}, {"h": 0.5}, {"h": 0.5}, {"c": 1}]]
+    y = [["A", "A", "B", "B"], ["A", "A", "A", "B"]]
+    trainer = pycrfsuite.Trainer(verbose=False)
+    for xseq, yseq in zip(X, y):
+        trainer.append(xseq, yseq)
+    trainer.set_params({"c2": 0.01, "max_iterations": 10, "feature.minfreq": min_freq})
+    trainer.train(str(tmp_path / "m"))
+    tagger = pycrfsuite.Tagger()
+    tagger.open(str(tmp_path / "m"))
+    kept_by_crfsuite = {attribute for attribute, _ in tagger.info().state_features}
+    assert kept_by_crfsuite <= set(AttributeIndex().fit(X, min_freq=min_freq).index_)
 
 
 def test_index_can_be_set_from_saved_names():
