@@ -189,27 +189,37 @@ def build_cqdb(strings: list[str]) -> bytes:
     n = len(keys)
     key_sizes = np.fromiter((len(k) for k in keys), dtype=np.int64, count=n)
     record_sizes = 8 + key_sizes
-    offsets = DATA_OFFSET + np.concatenate([[0], np.cumsum(record_sizes)[:-1]]).astype(np.int64)
-    records = bytearray()
-    for i, key in enumerate(keys):
-        records += np.array([i, len(key)], dtype="<u4").tobytes() + key
+    offsets = DATA_OFFSET + np.cumsum(record_sizes) - record_sizes  # (N,) record offsets in the chunk
+    records = np.zeros(int(record_sizes.sum()), dtype=np.uint8)
+    heads = np.stack([np.arange(n), key_sizes], axis=1).astype("<u4").view(np.uint8)  # (N, 8): id, key size
+    starts = offsets - DATA_OFFSET
+    records[(starts[:, None] + np.arange(8)).ravel()] = heads.ravel()
+    records[np.repeat(starts + 8 - np.cumsum(key_sizes) + key_sizes, key_sizes) + np.arange(int(key_sizes.sum()))] = (
+        np.frombuffer(b"".join(keys), np.uint8)
+    )
     hashes = hashlittle(keys)
     table_of = hashes % N_TABLES
-    counts = np.bincount(table_of, minlength=N_TABLES) if n else np.zeros(N_TABLES, dtype=np.int64)
+    counts = np.bincount(table_of, minlength=N_TABLES)
     n_buckets = 2 * counts
-    table_offsets = DATA_OFFSET + int(record_sizes.sum()) + 8 * np.concatenate([[0], np.cumsum(n_buckets)[:-1]])
-    buckets = np.zeros((int(n_buckets.sum()), 2), dtype="<u4")
     first_bucket = np.concatenate([[0], np.cumsum(n_buckets)[:-1]])
-    for i, (h, t) in enumerate(zip(hashes.tolist(), table_of.tolist())):  # linear probing, in key order
-        size = int(n_buckets[t])
+    table_offsets = DATA_OFFSET + records.size + 8 * first_bucket
+    # linear probing in key order; plain Python ints, the one loop over keys
+    slot_record = [0] * int(n_buckets.sum())
+    slot_hash = [0] * len(slot_record)
+    firsts, sizes = first_bucket.tolist(), n_buckets.tolist()
+    for h, t, record in zip(hashes.tolist(), table_of.tolist(), offsets.tolist()):
+        base, size = firsts[t], sizes[t]
         k = (h >> 8) % size
-        while buckets[first_bucket[t] + k, 1] != 0:
+        while slot_record[base + k]:
             k = (k + 1) % size
-        buckets[first_bucket[t] + k] = (h, offsets[i])
+        slot_record[base + k], slot_hash[base + k] = record, h
+    buckets = np.array([slot_hash, slot_record], dtype="<u4").T.copy()
     refs = np.zeros((N_TABLES, 2), dtype="<u4")
     refs[:, 0] = np.where(counts > 0, table_offsets, 0)
     refs[:, 1] = n_buckets
-    backward_offset = DATA_OFFSET + len(records) + buckets.nbytes
+    backward_offset = DATA_OFFSET + records.size + buckets.nbytes
     size = backward_offset + 4 * n
     header = np.array([size, 0, BYTEORDER, n, backward_offset if n else 0], dtype="<u4")
-    return b"".join([MAGIC, header.tobytes(), refs.tobytes(), bytes(records), buckets.tobytes(), offsets.astype("<u4").tobytes()])
+    return b"".join(
+        [MAGIC, header.tobytes(), refs.tobytes(), records.tobytes(), buckets.tobytes(), offsets.astype("<u4").tobytes()]
+    )

@@ -116,7 +116,7 @@ def test_read_matches_tagger_info(crfsuite_file):
 
 def _check_same_as_tagger(crf: CRF, tagger, X, y) -> None:
     """Tags, p(y | x) of the gold and predicted labellings, and every marginal agree."""
-    predicted = crf.predict(X)
+    predicted = list(crf.predict(X))
     marginals = crf.predict_marginals(X)
     p_gold = crf.sequence_probability(X, y)
     for i, xseq in enumerate(X):
@@ -164,6 +164,21 @@ def test_our_trained_model_written_for_crfsuite(tmp_path):
     write_crfsuite(path, crfsuite_from_crf(crf))
     X_test = [_dicts(w, p) for w, p, _ in test]
     _check_same_as_tagger(crf, _tagger(path), X_test, [y for _, _, y in test])
+
+
+def test_model_trained_without_boundary_weights_is_written_exactly(tmp_path):
+    train, test = _corpus(5, 60), _corpus(6, 25)
+    crf = CRF(c2=0.1, boundary_transitions=False).fit([_lists(w, p) for w, p, _ in train], [y for _, _, y in train])
+    path = tmp_path / "ours.crfsuite"
+    write_crfsuite(path, crfsuite_from_crf(crf))
+    X_test = [_lists(w, p) for w, p, _ in test]
+    _check_same_as_tagger(crf, _tagger(path), X_test, [y for _, _, y in test])
+
+
+def test_crf_model_filename_reads_a_crfsuite_file(crfsuite_file):
+    """sklearn-crfsuite's way: ``CRF(model_filename=...)`` on an existing file tags with it."""
+    path, X, y = crfsuite_file
+    _check_same_as_tagger(CRF(model_filename=str(path)), _tagger(path), X, y)
 
 
 def test_every_attribute_name_is_found_through_the_hash_tables(tmp_path):
@@ -265,3 +280,46 @@ def test_write_refuses_what_crfsuite_cannot_hold(tmp_path):
     with pytest.raises(ValueError, match="out of range"):
         write_crfsuite(tmp_path / "m", CRFsuiteModel(["A"], ["x"], state._replace(label=np.array([3])), np.zeros((1, 1))))
     assert not list(tmp_path.iterdir())
+
+
+# --- CoNLL-2000, both directions (slow) ------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def conll(request):
+    """CoNLL-2000 with the CRFsuite chunking attributes: (extractor, train batch, train labels,
+    test batch, test attribute lists, test labels)."""
+    from crf import crfsuite_chunking_extractor, read_conll
+    from crf.io import column
+
+    data = request.getfixturevalue("shared_data")
+    train = read_conll(data / "conll2000" / "train.txt.gz")
+    test = read_conll(data / "conll2000" / "test.txt.gz")
+    extractor = crfsuite_chunking_extractor().fit(train)
+    X_train, X_test = extractor.transform(train), extractor.transform(test)
+    return extractor, X_train, column(train, 2), X_test, extractor.attribute_lists(X_test), column(test, 2)
+
+
+@pytest.mark.slow
+def test_conll2000_crfsuite_model_tagged_by_our_crf(conll, tmp_path):
+    extractor, X_train, y_train, _, lists_test, y_test = conll
+    path = tmp_path / "conll.crfsuite"
+    _train_crfsuite(path, extractor.attribute_lists(X_train), y_train, c2=1.0, max_iterations=30)
+    crf = crf_from_crfsuite(read_crfsuite(path))
+    tagger = _tagger(path)
+    assert list(crf.predict(lists_test)) == [tagger.tag(xseq) for xseq in lists_test]
+    _check_same_as_tagger(crf, tagger, lists_test[:100], y_test[:100])
+
+
+@pytest.mark.slow
+def test_conll2000_our_model_tagged_by_crfsuite(conll, tmp_path):
+    """Our CRF trained with c2=1 without start/end weights (CRFsuite has none), written and
+    tagged by python-crfsuite: the same tags as our own predictions on the whole test set."""
+    extractor, X_train, y_train, X_test, lists_test, y_test = conll
+    crf = CRF(c2=1.0, max_iterations=30, boundary_transitions=False)
+    crf.fit(X_train, y_train, attribute_names=extractor.attribute_names())
+    path = tmp_path / "ours.crfsuite"
+    write_crfsuite(path, crfsuite_from_crf(crf))
+    tagger = _tagger(path)
+    assert list(crf.predict(X_test)) == [tagger.tag(xseq) for xseq in lists_test]
+    _check_same_as_tagger(crf_from_crfsuite(read_crfsuite(path)), tagger, lists_test[:100], y_test[:100])
