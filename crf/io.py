@@ -1,4 +1,4 @@
-"""Readers for CoNLL column files and CoNLL-U treebanks.
+"""Readers for CoNLL column files, CoNLL-U treebanks and XML field sequences (AnyStyle).
 
 A corpus is returned as a list of sentences; a sentence is a list of token rows and a token row
 is a tuple of column strings. Every format problem raises :class:`DataFormatError`, whose message
@@ -11,6 +11,7 @@ import gzip
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from xml.parsers import expat
 
 Sentence = list[tuple[str, ...]]
 
@@ -27,14 +28,28 @@ class DataFormatError(ValueError):
         super().__init__(f"{self.path}:{line}: {problem}")
 
 
-def _decoded_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
-    """Yield (1-based line number, line without its newline), reading gzip transparently."""
-    path = Path(path)
+def _opener(path: Path) -> Callable:
+    """``gzip.open`` for a gzip file, else ``open``; FileNotFoundError for a missing file."""
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file")
     with open(path, "rb") as probe:
-        is_gzip = probe.read(2) == _GZIP_MAGIC
-    opener = gzip.open if is_gzip else open
+        return gzip.open if probe.read(2) == _GZIP_MAGIC else open
+
+
+def _read_bytes(path: str | os.PathLike) -> bytes:
+    """The file's bytes, decompressed when gzip."""
+    opener = _opener(Path(path))
+    try:
+        with opener(path, "rb") as handle:
+            return handle.read()
+    except (OSError, EOFError) as err:  # a truncated or corrupt gzip stream
+        raise DataFormatError(path, 0, f"cannot read file: {err}") from None
+
+
+def _decoded_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
+    """Yield (1-based line number, line without its newline), reading gzip transparently."""
+    path = Path(path)
+    opener = _opener(path)
     try:
         with opener(path, "rb") as handle:
             for number, raw in enumerate(handle, start=1):
@@ -127,6 +142,84 @@ def read_conllu(path: str | os.PathLike) -> list[Sentence]:
         return cells
 
     return _sentences(path, parse, "word")
+
+
+def read_xml_sequences(path: str | os.PathLike, root: str = "dataset", sequence: str = "sequence") -> list[Sentence]:
+    """Read labelled field sequences (AnyStyle's parser data) as ``(word, label)`` token rows.
+
+    The document is ``<dataset>`` holding one ``<sequence>`` per item (a reference string); each
+    child of a sequence is one field, its tag the field name and its text the field's words.
+    The text is split on whitespace; the first token of a field is labelled ``B-<field>``, the
+    others ``I-<field>`` (IOB2). Plain or gzip. The XML is parsed with expat, with any document
+    type declaration refused, so no entity (internal or external) is ever declared or expanded.
+
+    Raises :class:`DataFormatError` (file, line, problem) for malformed XML, a DTD, an
+    unexpected element, text outside a field, an element nested in a field, an empty field, an
+    empty sequence or a document with no sequence.
+    """
+    data = _read_bytes(path)
+    parser = expat.ParserCreate(encoding=None)
+    sentences: list[Sentence] = []
+    current: Sentence = []
+    field_text: list[str] = []
+    depth = [0]  # 0: outside the root, 1: in the root, 2: in a sequence, 3: in a field
+
+    def line() -> int:
+        return parser.CurrentLineNumber
+
+    def fail(problem: str) -> None:
+        raise DataFormatError(path, line(), problem)
+
+    def start(name: str, attributes: dict) -> None:
+        level = depth[0]
+        if level == 0 and name != root:
+            fail(f"the document element is <{name}>, expected <{root}>")
+        if level == 1 and name != sequence:
+            fail(f"<{name}> inside <{root}>, expected <{sequence}>")
+        if level == 3:
+            fail(f"element <{name}> nested inside a field")
+        if level == 2:
+            field_text.clear()
+        depth[0] = level + 1
+
+    def end(name: str) -> None:
+        depth[0] -= 1
+        level = depth[0]
+        if level == 2:
+            words = "".join(field_text).split()
+            if not words:
+                fail(f"field <{name}> holds no tokens")
+            current.extend([(words[0], f"B-{name}")] + [(w, f"I-{name}") for w in words[1:]])
+        elif level == 1:
+            if not current:
+                fail(f"empty <{sequence}> (no fields)")
+            sentences.append(list(current))
+            current.clear()
+        elif level == 0 and not sentences:
+            fail(f"<{root}> holds no <{sequence}> elements")
+
+    def text(data: str) -> None:
+        if depth[0] == 3:
+            field_text.append(data)
+        elif data.strip():
+            where = f"inside <{sequence}> but outside any field" if depth[0] == 2 else f"outside any <{sequence}>"
+            fail(f"text {data.strip()[:40]!r} {where}")
+
+    def doctype(name: str, *_args) -> None:
+        fail(f"document type declaration <!DOCTYPE {name}> refused (no DTDs or entities)")
+
+    parser.StartElementHandler = start
+    parser.EndElementHandler = end
+    parser.CharacterDataHandler = text
+    parser.StartDoctypeDeclHandler = doctype
+    parser.EntityDeclHandler = lambda name, *_args: fail(f"entity declaration {name!r} refused")
+    try:
+        parser.Parse(data, True)
+    except expat.ExpatError as err:
+        raise DataFormatError(
+            path, err.lineno, f"malformed XML: {expat.ErrorString(err.code)} (column {err.offset + 1})"
+        ) from None
+    return sentences
 
 
 def column(sentences: list[Sentence], index: int) -> list[list[str]]:

@@ -1,4 +1,4 @@
-"""Readers: CoNLL and CoNLL-U, gzip, and a clear error for every malformed input."""
+"""Readers: CoNLL, CoNLL-U and XML field sequences, gzip, and a clear error for every malformed input."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import gzip
 
 import pytest
 
-from crf.io import DataFormatError, read_conll, read_conllu
+from crf.io import DataFormatError, read_conll, read_conllu, read_xml_sequences
 
 
 def test_reads_conll_columns_and_skips_docstart(tmp_path):
@@ -102,3 +102,114 @@ def test_empty_conllu(tmp_path):
     path.write_text("", encoding="utf-8")
     with pytest.raises(DataFormatError, match="empty.conllu:1: file is empty"):
         read_conllu(path)
+
+
+XML = """<?xml version="1.0" encoding="UTF-8"?>
+<dataset>
+  <sequence>
+    <author>Romero, C., &amp; Dweck,
+      C.</author>
+    <date>(2011).</date>
+    <title>Brainology.</title>
+  </sequence>
+  <sequence>
+    <citation-number>60.</citation-number>
+    <journal>J Endod,</journal>
+  </sequence>
+</dataset>
+"""
+
+XML_EXPECTED = [
+    [
+        ("Romero,", "B-author"),
+        ("C.,", "I-author"),
+        ("&", "I-author"),
+        ("Dweck,", "I-author"),
+        ("C.", "I-author"),
+        ("(2011).", "B-date"),
+        ("Brainology.", "B-title"),
+    ],
+    [("60.", "B-citation-number"), ("J", "B-journal"), ("Endod,", "I-journal")],
+]
+
+
+def test_reads_xml_sequences_as_iob2_fields(tmp_path):
+    path = tmp_path / "refs.xml"
+    path.write_text(XML, encoding="utf-8")
+    assert read_xml_sequences(path) == XML_EXPECTED
+
+
+def test_reads_gzip_xml_sequences(tmp_path):
+    path = tmp_path / "refs.xml.gz"
+    path.write_bytes(gzip.compress(XML.encode("utf-8")))
+    assert read_xml_sequences(path) == XML_EXPECTED
+
+
+def test_xml_field_labels_round_trip_through_chunks(tmp_path):
+    """Every field becomes exactly one conlleval chunk of its type, in document order."""
+    from crf.metrics import chunks
+
+    path = tmp_path / "refs.xml"
+    path.write_text(XML, encoding="utf-8")
+    found = chunks([[label for _, label in s] for s in read_xml_sequences(path)])
+    assert list(found["type"]) == ["author", "date", "title", "citation-number", "journal"]
+
+
+@pytest.mark.parametrize(
+    "content,line,problem",
+    [
+        ("<dataset>\n<sequence>\n<author>A</title>\n</sequence>\n</dataset>\n", 3, "malformed XML: mismatched tag"),
+        ("<dataset>\n<sequence>\n<author>A</author>\n", 4, "malformed XML: no element found"),
+        ("", 1, "malformed XML: no element found"),
+        (
+            "<dataset>\n<sequence>\nSmith <author>A</author>\n</sequence>\n</dataset>\n",
+            3,
+            "'Smith' inside <sequence> but outside",
+        ),
+        ("<dataset>\nstray\n<sequence><author>A</author></sequence>\n</dataset>\n", 2, "'stray' outside any <sequence>"),
+        ("<dataset>\n<sequence>\n<author>A <b>B</b></author>\n</sequence>\n</dataset>\n", 3, "element <b> nested inside a field"),
+        ("<dataset>\n<sequence>\n<note> </note>\n</sequence>\n</dataset>\n", 3, "field <note> holds no tokens"),
+        ("<dataset>\n<sequence>\n</sequence>\n</dataset>\n", 3, "empty <sequence>"),
+        ("<dataset>\n</dataset>\n", 2, "holds no <sequence> elements"),
+        ("<references/>\n", 1, "document element is <references>, expected <dataset>"),
+        ("<dataset>\n<item><author>A</author></item>\n</dataset>\n", 2, "<item> inside <dataset>, expected <sequence>"),
+    ],
+)
+def test_malformed_xml_sequences_name_file_line_and_problem(tmp_path, content, line, problem):
+    path = tmp_path / "bad.xml"
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(DataFormatError) as info:
+        read_xml_sequences(path)
+    assert info.value.line == line, str(info.value)
+    assert problem in str(info.value)
+    assert str(info.value).startswith(f"{path}:{line}:")
+
+
+@pytest.mark.parametrize(
+    "doctype",
+    [
+        # an external entity: must never be read
+        '<!DOCTYPE dataset [<!ENTITY secret SYSTEM "file:///etc/hostname">]>',
+        # an exponential internal entity ("billion laughs"): must never be expanded
+        '<!DOCTYPE dataset [<!ENTITY a "aaaaaaaaaa"><!ENTITY b "&a;&a;&a;&a;&a;&a;&a;&a;&a;&a;">]>',
+        # a bare document type declaration
+        "<!DOCTYPE dataset>",
+    ],
+)
+def test_xml_document_type_declarations_are_refused(tmp_path, doctype):
+    path = tmp_path / "dtd.xml"
+    path.write_text(f'<?xml version="1.0"?>\n{doctype}\n<dataset><sequence><author>&b;</author></sequence></dataset>\n')
+    with pytest.raises(DataFormatError, match=r"dtd.xml:2: document type declaration <!DOCTYPE dataset> refused"):
+        read_xml_sequences(path)
+
+
+def test_xml_undeclared_entity_is_an_error(tmp_path):
+    path = tmp_path / "ent.xml"
+    path.write_text("<dataset>\n<sequence><author>&secret;</author></sequence>\n</dataset>\n")
+    with pytest.raises(DataFormatError, match=r"ent.xml:2: malformed XML: undefined entity"):
+        read_xml_sequences(path)
+
+
+def test_missing_xml_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        read_xml_sequences(tmp_path / "nope.xml")
