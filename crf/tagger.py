@@ -74,6 +74,7 @@ class Tagger:
     def __init__(self, model: CRF) -> None:
         self.model = model
         self._emissions: np.ndarray | None = None  # (n, L) of the current sequence
+        self._marginals: np.ndarray | None = None  # (n, L), computed on the first marginal() query
 
     def labels(self) -> list[str]:
         return list(self.model.classes_)
@@ -81,6 +82,7 @@ class Tagger:
     def set(self, xseq) -> None:
         """Make ``xseq`` (a list of token features) the current sequence."""
         self._emissions = self.model.emissions([xseq])[0] if len(xseq) else np.zeros((0, len(self.model.classes_)))
+        self._marginals = None
 
     def _current(self) -> np.ndarray:
         if self._emissions is None:
@@ -116,8 +118,9 @@ class Tagger:
         emissions = self._current()
         if not 0 <= pos < len(emissions):
             raise IndexError(f"position {pos} outside a sequence of {len(emissions)} tokens")
-        marginals = chain.forward_backward(emissions, *self.model._weights(), [len(emissions)]).marginals
-        return float(marginals[pos, list(self.model.classes_).index(y)])
+        if self._marginals is None:
+            self._marginals = chain.forward_backward(emissions, *self.model._weights(), [len(emissions)]).marginals
+        return float(self._marginals[pos, list(self.model.classes_).index(y)])
 
     def info(self) -> ModelInfo:
         """The model's labels, attributes and non-zero weights, as python-crfsuite's dump."""
@@ -131,7 +134,7 @@ class Tagger:
         )
 
     def close(self) -> None:
-        self._emissions = None
+        self._emissions = self._marginals = None
 
 
 class CRFsuiteView:

@@ -84,3 +84,38 @@ def test_paired_bootstrap():
     assert table.loc["accuracy", "p_value"] < 0.01 and table.loc["f1", "p_value"] < 0.01
     same = metrics.paired_bootstrap(gold, noisy, noisy, chunked=False, samples=200)
     assert list(same["metric"]) == ["accuracy"] and same["p_value"].iloc[0] == 1.0 and same["difference"].iloc[0] == 0
+
+
+def test_flat_metrics_match_sklearn_crfsuite():
+    reference = pytest.importorskip("sklearn_crfsuite.metrics")
+    rng = np.random.default_rng(0)
+    labels = ["O", "B-NP", "I-NP", "B-VP"]
+    gold = _random_sequences(rng, labels, n=50)
+    predicted = [[label if rng.random() < 0.8 else str(rng.choice(labels)) for label in s] for s in gold]
+    predicted[3] = list(gold[3])
+    assert metrics.flat_accuracy_score(gold, predicted) == pytest.approx(reference.flat_accuracy_score(gold, predicted))
+    for name in ("flat_f1_score", "flat_precision_score", "flat_recall_score"):
+        for kwargs in ({"average": "weighted", "labels": labels[1:]}, {"average": "micro"}, {"average": None}):
+            ours, theirs = getattr(metrics, name)(gold, predicted, **kwargs), getattr(reference, name)(gold, predicted, **kwargs)
+            np.testing.assert_allclose(ours, theirs)
+    assert metrics.flat_fbeta_score(gold, predicted, 0.5, average="macro") == pytest.approx(
+        reference.flat_fbeta_score(gold, predicted, 0.5, average="macro")
+    )
+    report = metrics.flat_classification_report(gold, predicted, labels=labels[1:], digits=3)
+    assert report == reference.flat_classification_report(gold, predicted, labels=labels[1:], digits=3)
+    expected = np.mean([g == p for g, p in zip(gold, predicted)])
+    assert metrics.sequence_accuracy_score(gold, predicted) == pytest.approx(expected) and expected > 0
+    assert metrics.sequence_accuracy_score([], []) == 0.0
+    with pytest.raises(ValueError, match="sequence 0"):
+        metrics.flat_f1_score([["O", "O"]], [["O"]], average="micro")
+
+
+def test_scorers_for_model_selection():
+    from crf import CRF, scorers
+
+    X = [[{"w": w} for w in words] for words in (["a", "b"], ["b", "a", "a"], ["a"])]
+    y = [["A", "B"], ["B", "A", "A"], ["A"]]
+    model = CRF(max_iterations=20).fit(X, y)
+    assert scorers.flat_accuracy(model, X, y) == 1.0 and scorers.sequence_accuracy(model, X, y) == 1.0
+    f1 = metrics.flat_scorer(metrics.flat_f1_score, average="macro")
+    assert f1(model, X, y) == 1.0
