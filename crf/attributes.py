@@ -41,11 +41,11 @@ _VALUE_KIND = {str: _TEXT, float: _NUMBER, int: _NUMBER, bool: _NUMBER}
 class _Entries:
     """The flattened attributes of a batch: E entries, each one (token row, name, weight).
 
-    ``rows`` (E,) int64 in non-decreasing order, ``names`` a list of E strings, ``values`` (E,)
+    ``rows`` (E,) int64 in non-decreasing order, ``names`` E strings (list or object array), ``values`` (E,)
     float64, ``offsets`` (N + 1,) token offsets of the N sequences.
     """
 
-    def __init__(self, rows: np.ndarray, names: list[str], values: np.ndarray, offsets: np.ndarray) -> None:
+    def __init__(self, rows: np.ndarray, names: Sequence[str], values: np.ndarray, offsets: np.ndarray) -> None:
         self.rows, self.names, self.values, self.offsets = rows, names, values, offsets
 
     def position(self, row: int) -> str:
@@ -103,7 +103,16 @@ def _token_items(token, where: str) -> Iterable[tuple[str, float]]:
         raise TypeError(f"{where}: a token must be a dict or a list of attribute strings, not {type(token).__name__}")
 
 
-def _slow(tokens: Sequence, rows: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, list[str], np.ndarray]:
+def _all_str(items: Iterable) -> bool:
+    """Whether every item is a ``str`` (one C-level pass: ``str.join`` accepts nothing else)."""
+    try:
+        "".join(items)
+    except TypeError:
+        return False
+    return True
+
+
+def _slow(tokens: Sequence, rows: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, Sequence[str], np.ndarray]:
     """Entries of tokens of rare shapes, one Python loop over them (and only them)."""
     out_rows: list[int] = []
     names: list[str] = []
@@ -116,12 +125,12 @@ def _slow(tokens: Sequence, rows: np.ndarray, offsets: np.ndarray) -> tuple[np.n
     return np.asarray(out_rows, dtype=np.int64), names, np.asarray(values, dtype=np.float64)
 
 
-def _list_tokens(tokens: list, rows: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, list[str], np.ndarray]:
+def _list_tokens(tokens: list, rows: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, Sequence[str], np.ndarray]:
     """Entries of list tokens: every element is a binary attribute."""
     counts = np.fromiter(map(len, tokens), dtype=np.int64, count=len(tokens))
     names = list(chain.from_iterable(tokens))
     entry_rows = np.repeat(rows, counts)
-    if set(map(type, names)) - {str}:  # bytes or worse: fix up those entries only
+    if not _all_str(names):  # bytes or worse: fix up those entries only
         names_array = np.fromiter(names, dtype=object, count=len(names))
         odd = np.flatnonzero(~np.fromiter(map(isinstance, names, repeat(str)), dtype=bool, count=len(names)))
         names_array[odd] = [_text(names[e], _where(offsets, int(entry_rows[e]))) for e in odd.tolist()]
@@ -129,7 +138,7 @@ def _list_tokens(tokens: list, rows: np.ndarray, offsets: np.ndarray) -> tuple[n
     return entry_rows, names, np.ones(len(names))
 
 
-def _dict_tokens(tokens: list, rows: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, list[str], np.ndarray]:
+def _dict_tokens(tokens: list, rows: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, Sequence[str], np.ndarray]:
     """Entries of dict tokens: string values by name concatenation, numbers as weights, the rest
     (bytes, nested dicts, lists, NumPy scalars, odd keys) through :func:`_expand`."""
     counts = np.fromiter(map(len, tokens), dtype=np.int64, count=len(tokens))
@@ -138,17 +147,17 @@ def _dict_tokens(tokens: list, rows: np.ndarray, offsets: np.ndarray) -> tuple[n
     values = np.fromiter(chain.from_iterable(map(dict.values, tokens)), dtype=object, count=size)
     entry_rows = np.repeat(rows, counts)
     kind = np.fromiter(map(_VALUE_KIND.get, map(type, values), repeat(_RARE)), dtype=np.int8, count=size)
-    if set(map(type, keys)) - {str}:
+    if not _all_str(keys):
         kind[~np.fromiter(map(isinstance, keys, repeat(str)), dtype=bool, count=size)] = _RARE
     text = np.flatnonzero(kind == _TEXT)
     number = np.flatnonzero(kind == _NUMBER)
     names = keys.copy()
     names[text] = list(map(":".join, zip(keys[text], values[text])))
     weights = np.ones(size)
-    weights[number] = values[number].tolist()
+    weights[number] = values[number].astype(np.float64)
     rare = np.flatnonzero(kind == _RARE)
     if rare.size == 0:
-        return entry_rows, names.tolist(), weights
+        return entry_rows, names, weights
     pairs = [
         list(_expand(_text(k, where), v, where))
         for k, v, where in zip(keys[rare], values[rare], (_where(offsets, int(r)) for r in entry_rows[rare]))
