@@ -9,6 +9,7 @@ from .hmm import HMMTagger
 from .io import DataFormatError, read_conll, read_conllu
 from .model import CRF
 from .persist import ModelFileError
+from .tagger import Tagger
 
 __all__ = [
     "CRF",
@@ -18,6 +19,7 @@ __all__ = [
     "HMMTagger",
     "ModelFileError",
     "SequenceBatch",
+    "Tagger",
     "crfsuite_chunking_extractor",
     "read_conll",
     "read_conllu",
