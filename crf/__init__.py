@@ -4,6 +4,7 @@ This package is a library of its own: it imports NumPy, SciPy, pandas and the st
 """
 
 from .batch import SequenceBatch
+from .crfsuite_format import CRFsuiteFormatError, CRFsuiteModel, read_crfsuite, write_crfsuite
 from .features import AttributeIndex, FeatureExtractor, crfsuite_chunking_extractor
 from .hmm import HMMTagger
 from .io import DataFormatError, read_conll, read_conllu
@@ -13,6 +14,8 @@ from .tagger import Tagger
 
 __all__ = [
     "CRF",
+    "CRFsuiteFormatError",
+    "CRFsuiteModel",
     "AttributeIndex",
     "DataFormatError",
     "FeatureExtractor",
@@ -23,4 +26,6 @@ __all__ = [
     "crfsuite_chunking_extractor",
     "read_conll",
     "read_conllu",
+    "read_crfsuite",
+    "write_crfsuite",
 ]
