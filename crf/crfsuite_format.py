@@ -147,7 +147,7 @@ def read_crfsuite(path: str | os.PathLike) -> CRFsuiteModel:
         tables[name] = (owner, fids)
     transitions = np.zeros((L, L))
     owner, fids = tables["label"]
-    transitions[owner, dst[fids]] = features["weight"][fids]  # the last one wins, as in CRFsuite
+    transitions[owner, dst[fids]] = features["weight"][fids]  # CRFsuite writes each (previous, current) pair once
     owner, fids = tables["attribute"]
     state = StateFeatures(owner, dst[fids], features["weight"][fids].astype(np.float64))
     return CRFsuiteModel(labels, attributes, state, transitions)
