@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import struct
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -31,7 +30,7 @@ import numpy as np
 
 from .cqdb import CQDBError, build_cqdb, read_cqdb
 from .model import CRF
-from .persist import ModelFileError
+from .persist import ModelFileError, atomic_write
 
 try:  # AttributeIndex is moving from features.py to attributes.py
     from .attributes import AttributeIndex
@@ -225,22 +224,7 @@ def write_crfsuite(path: str | os.PathLike, model: CRFsuiteModel) -> None:
         HEADER_SIZE,
         *(offsets[k] for k in ("labels", "attrs", "labelrefs", "attrrefs")),
     )
-    _write_atomic(path, b"".join(parts))
-
-
-def _write_atomic(path: Path, payload: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(handle, "wb") as out:
-            out.write(payload)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise
+    atomic_write(path, lambda out: out.write(b"".join(parts)))
 
 
 def crf_from_crfsuite(model: CRFsuiteModel) -> CRF:

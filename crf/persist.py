@@ -16,8 +16,9 @@ import json
 import os
 import tempfile
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -74,11 +75,18 @@ def save_arrays(path: str | os.PathLike, kind: str, meta: Mapping, arrays: Mappi
     header["header_sha256"] = _header_digest(header)
     payload = dict(arrays)
     payload[_META] = np.frombuffer(json.dumps(header).encode("utf-8"), dtype=np.uint8)
+    atomic_write(path, lambda out: np.savez(out, **payload))
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> None:
+    """Call ``write(handle)`` on a temporary file beside ``path``, flush it to disk and rename it
+    into place: readers see the old file or the complete new one, never a partial write."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(handle, "wb") as out:
-            np.savez(out, **payload)
+            write(out)
             out.flush()
             os.fsync(out.fileno())
         os.replace(temporary, path)
