@@ -8,7 +8,8 @@ Token rules (those of ``pycrfsuite.ItemSequence``, checked against python-crfsui
 - a number (``int``, ``float``, ``bool``, NumPy scalars) is the weight of attribute ``k``
   (``True`` is 1.0, ``False`` is 0.0: the attribute is in the vocabulary but adds nothing);
 - a nested dict ``{k: {j: v}}`` is ``k:j`` read with the same rules (``k:j:v`` for a string);
-- a list, tuple or set of strings ``{k: [a, b]}`` is ``k:a`` and ``k:b``, weight 1 each.
+- a list, tuple or set of strings ``{k: [a, b]}`` is ``k:a`` and ``k:b``, weight 1 each
+  (python-crfsuite itself rejects tuples there).
 
 A token that repeats an attribute adds the weights (as CRFsuite does). NaN and infinite weights
 are rejected with their position.
@@ -41,24 +42,26 @@ _VALUE_KIND = {str: _TEXT, float: _NUMBER, int: _NUMBER, bool: _NUMBER}
 class _Entries:
     """The flattened attributes of a batch: E entries, each one (token row, name, weight).
 
-    ``rows`` (E,) int64 in non-decreasing order, ``names`` E strings (list or object array), ``values`` (E,)
-    float64, ``offsets`` (N + 1,) token offsets of the N sequences.
+    ``rows`` (E,) int64 in non-decreasing order, ``names`` E strings (list or object array),
+    ``values`` (E,) float64, ``offsets`` (N + 1,) token offsets of the N sequences.
     """
 
     def __init__(self, rows: np.ndarray, names: Sequence[str], values: np.ndarray, offsets: np.ndarray) -> None:
         self.rows, self.names, self.values, self.offsets = rows, names, values, offsets
 
-    def position(self, row: int) -> str:
-        """``sequence i, token j`` of token row ``row``."""
-        sequence = int(np.searchsorted(self.offsets, row, side="right")) - 1
-        return f"sequence {sequence}, token {row - int(self.offsets[sequence])}"
+
+class _At:
+    """The position ``sequence i, token j`` of a token row, formatted only when an error needs it."""
+
+    def __init__(self, offsets: np.ndarray, row: int) -> None:
+        self.offsets, self.row = offsets, row
+
+    def __str__(self) -> str:
+        sequence = int(np.searchsorted(self.offsets, self.row, side="right")) - 1
+        return f"sequence {sequence}, token {self.row - int(self.offsets[sequence])}"
 
 
-def _where(offsets: np.ndarray, row: int) -> str:
-    return _Entries(np.empty(0, np.int64), [], np.empty(0), offsets).position(row)
-
-
-def _text(value, where: str) -> str:
+def _text(value, where: _At) -> str:
     """A name part given as ``str`` or UTF-8 ``bytes``."""
     if isinstance(value, str):
         return value
@@ -70,7 +73,7 @@ def _text(value, where: str) -> str:
     raise TypeError(f"{where}: attribute names must be str or bytes, not {type(value).__name__} ({value!r})")
 
 
-def _expand(name: str, value, where: str) -> Iterable[tuple[str, float]]:
+def _expand(name: str, value, where: _At) -> Iterable[tuple[str, float]]:
     """(attribute, weight) pairs of the dict item ``name: value`` (python-crfsuite's rules)."""
     if isinstance(value, (str, bytes)):
         yield f"{name}:{_text(value, where)}", 1.0
@@ -89,7 +92,7 @@ def _expand(name: str, value, where: str) -> Iterable[tuple[str, float]]:
         )
 
 
-def _token_items(token, where: str) -> Iterable[tuple[str, float]]:
+def _token_items(token, where: _At) -> Iterable[tuple[str, float]]:
     """(attribute, weight) pairs of a token of any accepted shape (the slow, general path)."""
     if isinstance(token, (str, bytes)):
         raise TypeError(f"{where} is the string {token!r}: a token must be a dict or a list of attribute strings")
@@ -118,7 +121,7 @@ def _slow(tokens: Sequence, rows: np.ndarray, offsets: np.ndarray) -> tuple[np.n
     names: list[str] = []
     values: list[float] = []
     for token, row in zip(tokens, rows.tolist()):
-        for name, value in _token_items(token, _where(offsets, row)):
+        for name, value in _token_items(token, _At(offsets, row)):
             out_rows.append(row)
             names.append(name)
             values.append(value)
@@ -133,7 +136,7 @@ def _list_tokens(tokens: list, rows: np.ndarray, offsets: np.ndarray) -> tuple[n
     if not _all_str(names):  # bytes or worse: fix up those entries only
         names_array = np.fromiter(names, dtype=object, count=len(names))
         odd = np.flatnonzero(~np.fromiter(map(isinstance, names, repeat(str)), dtype=bool, count=len(names)))
-        names_array[odd] = [_text(names[e], _where(offsets, int(entry_rows[e]))) for e in odd.tolist()]
+        names_array[odd] = [_text(names[e], _At(offsets, int(entry_rows[e]))) for e in odd.tolist()]
         names = names_array.tolist()
     return entry_rows, names, np.ones(len(names))
 
@@ -160,7 +163,7 @@ def _dict_tokens(tokens: list, rows: np.ndarray, offsets: np.ndarray) -> tuple[n
         return entry_rows, names, weights
     pairs = [
         list(_expand(_text(k, where), v, where))
-        for k, v, where in zip(keys[rare], values[rare], (_where(offsets, int(r)) for r in entry_rows[rare]))
+        for k, v, where in zip(keys[rare], values[rare], (_At(offsets, int(r)) for r in entry_rows[rare]))
     ]
     common = kind != _RARE
     all_rows = np.concatenate([entry_rows[common], np.repeat(entry_rows[rare], [len(p) for p in pairs])])
@@ -189,27 +192,28 @@ def _entries(sequences: Sequence[Sequence]) -> _Entries:
     if strings.size:
         row = int(strings[0])
         raise TypeError(
-            f"{_where(offsets, row)} is the string {tokens[row]!r}: a token must be a dict or a list of attribute strings"
+            f"{_At(offsets, row)} is the string {tokens[row]!r}: a token must be a dict or a list of attribute strings"
         )
     groups = []
     for code, reader in ((_LIST, _list_tokens), (_DICT, _dict_tokens), (_OTHER, _slow)):
         rows = np.flatnonzero(kind == code)
-        if rows.size == len(tokens):
-            groups.append(reader(tokens, rows, offsets))
-        elif rows.size:
-            groups.append(reader([tokens[r] for r in rows.tolist()], rows, offsets))
+        if rows.size:
+            group = tokens if rows.size == len(tokens) else [tokens[r] for r in rows.tolist()]
+            groups.append(reader(group, rows, offsets))
     if len(groups) == 1:
         rows, names, values = groups[0]
+    elif not groups:
+        rows, names, values = np.empty(0, np.int64), [], np.empty(0)
     else:  # a batch mixing token shapes: put the entries back in token order
-        rows = np.concatenate([g[0] for g in groups]) if groups else np.empty(0, np.int64)
+        rows = np.concatenate([g[0] for g in groups])
         order = np.argsort(rows, kind="stable")
-        rows, values = rows[order], (np.concatenate([g[2] for g in groups]) if groups else np.empty(0))[order]
+        rows, values = rows[order], np.concatenate([g[2] for g in groups])[order]
         names = np.asarray(list(chain.from_iterable(g[1] for g in groups)), dtype=object)[order].tolist()
     entries = _Entries(rows, names, values, offsets)
     finite = np.isfinite(values)
     if not finite.all():
         e = int(np.argmin(finite))
-        raise ValueError(f"{entries.position(int(rows[e]))}: attribute {names[e]!r} has the non-finite weight {values[e]}")
+        raise ValueError(f"{_At(offsets, int(rows[e]))}: attribute {names[e]!r} has the non-finite weight {values[e]}")
     return entries
 
 
@@ -217,7 +221,8 @@ class AttributeIndex:
     """Vocabulary of attribute names for python-crfsuite-style input (see the module docstring).
 
     ``index_`` maps each attribute name to its column, numbered in order of first appearance
-    in the fitting data (as CRFsuite numbers attributes).
+    in the fitting data, as CRFsuite numbers attributes (within a token, values of rare shapes
+    come after the plain ones). ``X`` arguments are lists (or iterables) of sequences of tokens.
     """
 
     def __init__(self) -> None:
@@ -231,9 +236,9 @@ class AttributeIndex:
         weighing 0 (``False``). CRFsuite's ``feature.minfreq`` applies the same sum to each
         (attribute, label) feature, so pruning attributes first never drops a feature it keeps.
         """
-        if len(sequences) == 0:
-            raise ValueError("no sequences to fit the attribute index on")
         entries = _entries(sequences)
+        if entries.offsets.size == 1:
+            raise ValueError("no sequences to fit the attribute index on")
         names = list(dict.fromkeys(entries.names))  # in order of first appearance
         index = dict(zip(names, range(len(names))))
         if min_freq > 0:
@@ -247,8 +252,6 @@ class AttributeIndex:
     def transform(self, sequences: Sequence[Sequence]) -> SequenceBatch:
         """The attribute matrix (T, A) of ``sequences``; attributes not in the vocabulary are ignored."""
         n_attributes = len(self.index_)
-        if len(sequences) == 0:
-            return SequenceBatch(sp.csr_matrix((0, n_attributes)), np.zeros(1, dtype=np.int64))
         entries = _entries(sequences)
         columns = np.fromiter(map(self.index_.get, entries.names, repeat(-1)), dtype=np.int64, count=len(entries.names))
         keep = (columns >= 0) & (entries.values != 0.0)

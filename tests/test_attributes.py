@@ -246,3 +246,9 @@ def test_reexported_from_features():
     from crf.features import AttributeIndex as Reexported
 
     assert Reexported is AttributeIndex
+
+
+def test_iterables_of_sequences_are_accepted():
+    X = [[["a"], {"b": 1.0}], [("c",)]]
+    index = AttributeIndex().fit(iter(X))
+    assert _rows(index, index.transform(s for s in X)) == [{"a": 1.0}, {"b": 1.0}, {"c": 1.0}]
