@@ -3,7 +3,7 @@
 For each repetition the two tools run one after the other, in alternating order, each in a fresh
 process (``pipeline.bench_worker``) on identical data, attributes, c1/c2 and stopping rule. The
 medians of every figure and the ratios ours/CRFsuite (median of the per-repetition ratios) are
-printed and logged to MLflow with a results table (CSV, Markdown), the raw runs and a plot.
+logged to the console and to MLflow with a results table (CSV, Markdown), the raw runs and a plot.
 A second part measures cost growth: the median time of one iteration (each tool's own iteration
 log, set-up excluded) over a fixed number of iterations for
 25/50/100% of the training data, and for EWT UPOS (17 labels) versus XPOS (about 50 labels).
@@ -12,6 +12,7 @@ log, set-up excluded) over a fixed number of iterations for
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 import tempfile
@@ -23,6 +24,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipeline import tracking
 from pipeline.report import figure, markdown_table, save_figure
+
+log = logging.getLogger(__name__)
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 FIGURES = [
@@ -182,7 +185,7 @@ def main(cfg: DictConfig) -> None:
     tracking.setup(cfg)
     out = tracking.output_root(cfg) / "benchmark" / cfg.dataset.name
     out.mkdir(parents=True, exist_ok=True)
-    tags = {"stage": "benchmark", "dataset": cfg.dataset.name, "git_commit": tracking.git_commit(), "quick": str(b["quick"])}
+    tags = {"stage": "benchmark", "dataset": cfg.dataset.name, "quick": str(b["quick"]), **tracking.source_tags()}
     with mlflow.start_run(run_name=f"benchmark-{cfg.dataset.name}", tags=tags):
         tracking.log_params(tracking.flatten(OmegaConf.to_container(cfg, resolve=True)))
         rows = []
@@ -191,12 +194,17 @@ def main(cfg: DictConfig) -> None:
                 result = run_worker(_spec(cfg, b, tool))
                 result["repetition"] = rep
                 rows.append(result)
-                print(
-                    f"[rep {rep}] {tool}: train {result['train_seconds']:.1f}s, {result['iterations']} it, "
-                    f"{result['seconds_per_iteration']:.3f} s/it, tag {result['tag_tokens_per_second']:,.0f} tok/s, "
-                    f"peak {result['peak_memory_mib']:.0f} MiB, acc {result['token_accuracy']:.2f}"
-                    + (f", F1 {result['chunk_f1']:.2f}" if result["chunk_f1"] is not None else ""),
-                    flush=True,
+                log.info(
+                    "[rep %d] %s: train %.1fs, %d it, %.3f s/it, tag %s tok/s, peak %.0f MiB, acc %.2f%s",
+                    rep,
+                    tool,
+                    result["train_seconds"],
+                    result["iterations"],
+                    result["seconds_per_iteration"],
+                    f"{result['tag_tokens_per_second']:,.0f}",
+                    result["peak_memory_mib"],
+                    result["token_accuracy"],
+                    f", F1 {result['chunk_f1']:.2f}" if result["chunk_f1"] is not None else "",
                 )
         runs = pd.DataFrame(rows)
         table = side_by_side(runs, tools)
@@ -222,7 +230,7 @@ def main(cfg: DictConfig) -> None:
         mlflow.log_metrics(metrics)
         for name in ("runs.csv", "results.csv", "results.md", "benchmark.png") + (("growth.csv",) if growth is not None else ()):
             mlflow.log_artifact(str(out / name))
-        print(text)
+        log.info("\n%s", text)
 
 
 if __name__ == "__main__":

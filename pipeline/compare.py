@@ -17,6 +17,7 @@ logs to the sweep's parent run:
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 from pathlib import Path
@@ -28,6 +29,8 @@ from mlflow.tracking import MlflowClient
 
 from crf import metrics
 from pipeline.report import figure, markdown_table, save_figure
+
+log = logging.getLogger(__name__)
 
 MODELS = ("hmm", "crf")
 COLUMNS = {  # table column -> MLflow metric of a pipeline run
@@ -138,14 +141,12 @@ def summarize(sweep_id: str, parent_run_id: str | None, experiment: str, setting
     table = gather(sweep_id, experiment)
     finished = table[table.status == "FINISHED"] if not table.empty else table
     if finished.empty or set(finished["model"]) != set(MODELS):
-        print(
-            f"[compare {sweep_id}] need finished runs of both models; have {sorted(set(finished.get('model', [])))}", flush=True
-        )
+        log.warning("[compare %s] need finished runs of both models; have %s", sweep_id, sorted(set(finished.get("model", []))))
         return table
     chunked = finished["f1"].notna().all()
     largest = finished.groupby("model")["fraction"].max()
     if largest["hmm"] != largest["crf"]:
-        print(f"[compare {sweep_id}] the two models' largest training fractions differ: {dict(largest)}", flush=True)
+        log.warning("[compare %s] the two models' largest training fractions differ: %s", sweep_id, dict(largest))
         return table
     full = finished[finished["fraction"] == largest["hmm"]].drop_duplicates("model", keep="last").set_index("model")
     predictions = {model: test_predictions(full.loc[model, "run_id"], experiment) for model in MODELS}
@@ -218,5 +219,5 @@ def summarize(sweep_id: str, parent_run_id: str | None, experiment: str, setting
                 client.log_metric(parent_run_id, f"p_bootstrap_{row['metric']}", float(row["p_value"]))
             for path in sorted(folder.iterdir()):
                 client.log_artifact(parent_run_id, str(path))
-    print(f"[compare {sweep_id}]\n{text}", flush=True)
+    log.info("[compare %s]\n%s", sweep_id, text)
     return table

@@ -1,7 +1,7 @@
 """Datasets: resolve files under a data root, download what is missing, verify, read, split.
 
 A dataset is described by a config (``conf/dataset/*.yaml``): its files (path under the data
-root, download URL, SHA-256 of the uncompressed text), format (``conll`` or ``conllu``), column
+root, download URL, SHA-256 of the uncompressed text), format (a key of :data:`READERS`: ``conll``, ``conllu``), column
 names, the label column, the tagging scheme and how to carve a dev split when there is none.
 """
 
@@ -14,7 +14,7 @@ import shutil
 import tempfile
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -122,12 +122,19 @@ class Dataset:
         return [[row[i] for row in sentence] for sentence in self.splits[split]]
 
 
+# dataset ``format`` -> reader(path, dataset config) -> sentences; a new file format is one entry
+READERS: dict[str, Callable[[Path, Mapping], list[Sentence]]] = {
+    "conll": lambda path, dataset: read_conll(path, n_columns=len(dataset["columns"]), separator=dataset.get("separator")),
+    "conllu": lambda path, dataset: read_conllu(path),
+}
+
+
 def read_split(path: Path, dataset: Mapping) -> list[Sentence]:
-    if dataset["format"] == "conllu":
-        return read_conllu(path)
-    if dataset["format"] == "conll":
-        return read_conll(path, n_columns=len(dataset["columns"]), separator=dataset.get("separator"))
-    raise ValueError(f"dataset {dataset.get('name')!r}: unknown format {dataset['format']!r} (use conll or conllu)")
+    """The sentences of one file of ``dataset``, read by the reader of its ``format``."""
+    reader = READERS.get(dataset["format"])
+    if reader is None:
+        raise ValueError(f"dataset {dataset.get('name')!r}: unknown format {dataset['format']!r} (one of {sorted(READERS)})")
+    return reader(path, dataset)
 
 
 def seeded_split(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -1,6 +1,8 @@
 """Stage 4, evaluate: scores on dev and test, tables, plots and predictions with confidence.
 
-Input: the prepare, featurize (CRF only) and train folders. Output folder: ``metrics.json``
+Config slice: ``evaluate`` and the adapter's training slice (the tagger reads it). Input: the
+prepare and train folders and the adapter's other upstream stages (featurize for the CRF); the
+tagger comes from the model adapter. Output folder: ``metrics.json``
 (scores, tagging speed, accuracy on words seen and not seen in training);
 ``{split}_per_label.csv`` (token-level P/R/F1 per label) and, for chunk/entity tasks,
 ``{split}_per_type.csv`` (conlleval per type); ``confusion_test.csv`` and ``confusion_test.png``;
@@ -14,24 +16,23 @@ CRF on chunk tasks, else of tokens).
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Mapping
+import logging
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from omegaconf import OmegaConf
 
-from crf import CRF, HMMTagger, metrics
-from pipeline.featurize import load_batch
+from crf import metrics
+from pipeline.data import Dataset
+from pipeline.models import ModelAdapter, Tagger
 from pipeline.prepare import read_prepared
 from pipeline.report import figure, save_figure
+from pipeline.stage import Stage, StageContext
+
+log = logging.getLogger(__name__)
 
 SPLITS = ("dev", "test")
-
-
-def config_slice(cfg) -> dict:
-    return {"evaluate": OmegaConf.to_container(cfg.evaluate, resolve=True)}
 
 
 def calibration_table(confidence: np.ndarray, correct: np.ndarray, bins: int) -> pd.DataFrame:
@@ -80,61 +81,14 @@ def plot_confusion(confusion: pd.DataFrame, path: Path) -> None:
     save_figure(fig, path)
 
 
-class Tagger:
-    """What evaluation needs from a fitted model, for the CRF or the HMM: flat label codes,
-    per-token confidence (the marginal probability of the predicted label) and the seconds
-    spent tagging from the raw tokens (the CRF's include extracting its attributes)."""
-
-    def __init__(self, cfg, inputs: Mapping[str, Path], data) -> None:
-        self.kind = str(cfg.model.name)
-        self.data = data
-        self.inputs = inputs
-        if self.kind == "hmm":
-            self.model = HMMTagger.load(inputs["train"] / "model.npz")
-            self.observation = str(cfg.model.observation)
-            self.feature_seconds = {}
-        else:
-            self.model = CRF.load(inputs["train"] / "model.npz")
-            self.feature_seconds = json.loads((inputs["featurize"] / "features.json").read_text())
-        self.classes = list(self.model.classes_)
-
-    def tag(self, split: str) -> tuple[np.ndarray, np.ndarray, float, float]:
-        """(codes (T,), confidence (T,), decoding seconds, seconds including feature extraction)."""
-        if self.kind == "hmm":
-            X = self.data.column(split, self.observation)
-            began = time.perf_counter()
-            codes = self.model.predict_codes(X)
-            seconds = time.perf_counter() - began
-            marginals = self.model.marginals(X)
-            return codes, marginals[np.arange(codes.size), codes], seconds, seconds
-        batch = load_batch(self.inputs["featurize"], split)
-        began = time.perf_counter()
-        codes = np.concatenate(self.model.predict_codes(batch)[0])
-        seconds = time.perf_counter() - began
-        marginals, _ = self.model.marginals(batch)
-        return (
-            codes,
-            marginals[np.arange(codes.size), codes],
-            seconds,
-            seconds + float(self.feature_seconds.get(f"{split}_feature_seconds", 0.0)),
-        )
-
-    def segments(self, split: str) -> pd.DataFrame | None:
-        """Predicted chunks with constrained forward-backward confidence (CRF only)."""
-        return None if self.kind == "hmm" else self.model.predict_segments(load_batch(self.inputs["featurize"], split))
-
-
 def known_words(data) -> pd.Index:
     """Word forms of the training split: what 'known word' means for every model alike."""
     return pd.Index(pd.unique(pd.Series([w for s in data.column("train", "w") for w in s], dtype=object)))
 
 
-def run(cfg, inputs: Mapping[str, Path], out: Path) -> dict:
-    dataset = OmegaConf.to_container(cfg.dataset, resolve=True)
-    data = read_prepared(inputs["prepare"], dataset)
-    tagger = Tagger(cfg, inputs, data)
+def evaluate(tagger: Tagger, data: Dataset, bins: int, out: Path) -> dict:
+    """Score ``tagger`` on dev and test; write the tables, plots and predictions into ``out``."""
     vocabulary = known_words(data) if "w" in data.columns else None
-    bins = int(cfg.evaluate.calibration_bins)
     chunked = data.scheme != "none"
     results: dict = {}
     for split in SPLITS:
@@ -195,5 +149,25 @@ def run(cfg, inputs: Mapping[str, Path], out: Path) -> dict:
             plot_confusion(confusion, out / "confusion_test.png")
     (out / "metrics.json").write_text(json.dumps(results, indent=1))
     summary = ", ".join(f"{k} {v:.2f}" for k, v in results.items() if k.endswith(("_f1", "_accuracy")))
-    print(f"[evaluate] {summary}", flush=True)
+    log.info("%s", summary)
     return results
+
+
+class Evaluate(Stage):
+    name = "evaluate"
+    uses_adapter = True
+    logged = ("metrics.json", "*.csv", "*.png", "*.gz")
+
+    def upstream(self, adapter: ModelAdapter) -> tuple[str, ...]:
+        return (*adapter.upstream, "train")
+
+    def config_slice(self, cfg, adapter: ModelAdapter) -> dict:
+        return {"evaluate": OmegaConf.to_container(cfg.evaluate, resolve=True), "training": adapter.config_slice(cfg)}
+
+    def run(self, context: StageContext) -> dict:
+        data = read_prepared(context.inputs["prepare"])
+        tagger = context.adapter.tagger(context.config.training, context.inputs, data)
+        return evaluate(tagger, data, int(context.config.evaluate.calibration_bins), context.out)
+
+
+STAGE = Evaluate()

@@ -1,6 +1,6 @@
 """Stage 2, featurize: fit the attribute vocabulary on train and build the sparse matrices.
 
-Input: the prepare stage's folder. Output folder: ``extractor.npz`` (the fitted vocabulary, see
+Config slice: the features config. Input: the prepare stage's folder. Output folder: ``extractor.npz`` (the fitted vocabulary, see
 ``FeatureExtractor.state_arrays``), ``X_{train,dev,test}.npz`` (CSR matrices),
 ``offsets_{split}.npy`` and ``features.json`` (counts).
 """
@@ -19,6 +19,9 @@ from omegaconf import OmegaConf
 from crf.batch import SequenceBatch
 from crf.features import FeatureExtractor
 from crf.persist import load_arrays, save_arrays
+from pipeline.models import ModelAdapter
+from pipeline.prepare import SPLITS, read_prepared
+from pipeline.stage import Stage, StageContext
 
 EXTRACTOR_KIND = "crf.FeatureExtractor"
 
@@ -48,10 +51,6 @@ def build_extractor(features: Mapping, columns: Sequence[str]) -> FeatureExtract
     )
 
 
-def config_slice(cfg) -> dict:
-    return {"features": OmegaConf.to_container(cfg.features, resolve=True), "columns": list(cfg.dataset.columns)}
-
-
 def save_extractor(path: Path, extractor: FeatureExtractor) -> None:
     save_arrays(path, EXTRACTOR_KIND, {"config": extractor.config()}, extractor.state_arrays())
 
@@ -65,21 +64,43 @@ def load_batch(folder: Path, split: str) -> SequenceBatch:
     return SequenceBatch(sp.load_npz(folder / f"X_{split}.npz"), np.load(folder / f"offsets_{split}.npy", allow_pickle=False))
 
 
-def run(cfg, inputs: Mapping[str, Path], out: Path) -> dict:
-    from pipeline.prepare import SPLITS, read_prepared
+class Featurize(Stage):
+    """Fit the attribute vocabulary on the training split; build every split's CSR matrix."""
 
-    data = read_prepared(inputs["prepare"], OmegaConf.to_container(cfg.dataset, resolve=True))
-    extractor = build_extractor(OmegaConf.to_container(cfg.features, resolve=True), data.columns)
-    extractor.fit(data.splits["train"])
-    save_extractor(out / "extractor.npz", extractor)
-    metrics = {"attributes": extractor.n_attributes}
-    for split in SPLITS:
-        began = time.perf_counter()
-        batch = extractor.transform(data.splits[split])
-        metrics[f"{split}_feature_seconds"] = time.perf_counter() - began
-        sp.save_npz(out / f"X_{split}.npz", batch.X, compressed=False)
-        np.save(out / f"offsets_{split}.npy", batch.offsets)
-        metrics[f"{split}_nonzeros"] = int(batch.X.nnz)
-        metrics[f"{split}_attributes_per_token"] = batch.X.nnz / max(batch.n_tokens, 1)
-    (out / "features.json").write_text(json.dumps(metrics, indent=1))
-    return metrics
+    name = "featurize"
+    summarize = False
+
+    def upstream(self, adapter: ModelAdapter) -> tuple[str, ...]:
+        return ("prepare",)
+
+    def config_slice(self, cfg, adapter: ModelAdapter) -> dict:
+        return {"features": OmegaConf.to_container(cfg.features, resolve=True)}
+
+    def settings(self, cfg, adapter: ModelAdapter) -> dict:
+        return {"log_matrices": bool(cfg.featurize.log_matrices)}
+
+    def artifacts(self, settings, adapter: ModelAdapter) -> tuple[str, ...]:
+        """The vocabulary and counts; the matrices stay in the cache unless ``log_matrices``."""
+        matrices = ("X_*.npz", "offsets_*.npy") if settings.log_matrices else ()
+        return ("extractor.npz", "features.json", *matrices)
+
+    def run(self, context: StageContext) -> dict:
+        data = read_prepared(context.inputs["prepare"])
+        out = context.out
+        extractor = build_extractor(OmegaConf.to_container(context.config.features), data.columns)
+        extractor.fit(data.splits["train"])
+        save_extractor(out / "extractor.npz", extractor)
+        metrics = {"attributes": extractor.n_attributes}
+        for split in SPLITS:
+            began = time.perf_counter()
+            batch = extractor.transform(data.splits[split])
+            metrics[f"{split}_feature_seconds"] = time.perf_counter() - began
+            sp.save_npz(out / f"X_{split}.npz", batch.X, compressed=False)
+            np.save(out / f"offsets_{split}.npy", batch.offsets)
+            metrics[f"{split}_nonzeros"] = int(batch.X.nnz)
+            metrics[f"{split}_attributes_per_token"] = batch.X.nnz / max(batch.n_tokens, 1)
+        (out / "features.json").write_text(json.dumps(metrics, indent=1))
+        return metrics
+
+
+STAGE = Featurize()

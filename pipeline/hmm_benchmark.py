@@ -4,13 +4,14 @@
 Both taggers are trained on the dataset's training split and tag its test split, with and
 without TnT's capitalisation option, alternating which goes first in each repetition. Reported
 per tagger and option: accuracy on all, known and unknown words (percent), median training
-seconds and median tagging tokens per second, and the ratios ours/NLTK; printed and logged to
+seconds and median tagging tokens per second, and the ratios ours/NLTK; logged to the console and to
 MLflow (``hmm_benchmark.csv``, ``hmm_benchmark.md``). NLTK is a reference only (``pip install
 -e ".[dev]"``).
 """
 
 from __future__ import annotations
 
+import logging
 import tempfile
 import time
 from pathlib import Path
@@ -25,6 +26,8 @@ from crf import HMMTagger
 from pipeline import tracking
 from pipeline.data import load_dataset
 from pipeline.report import markdown_table
+
+log = logging.getLogger(__name__)
 
 
 def _ours(X, y, X_test, capitalization: bool):
@@ -77,7 +80,7 @@ def main(cfg: DictConfig) -> None:
                         "tag_tokens_per_second": gold.size / tag_seconds,
                     }
                 )
-                print(f"[hmm_benchmark] {runs[-1]}", flush=True)
+                log.info("%s", runs[-1])
     frame = pd.DataFrame(runs)
     table = (
         frame.groupby(["capitalization", "tool"], sort=False).median(numeric_only=True).drop(columns="repetition").reset_index()
@@ -99,11 +102,11 @@ def main(cfg: DictConfig) -> None:
         f"{gold.size:,} test tokens ({100 * (~known).mean():.2f}% unknown), medians of {int(settings.repetitions)} "
         "repetitions; last rows: accuracy differences (points) and time ratios\n\n" + markdown_table(table) + "\n"
     )
-    print(text, flush=True)
+    log.info("\n%s", text)
     tracking.setup(cfg)
     with mlflow.start_run(
         run_name=f"hmm-benchmark-{cfg.dataset.name}",
-        tags={"stage": "hmm_benchmark", "dataset": cfg.dataset.name, "git_commit": tracking.git_commit()},
+        tags={"stage": "hmm_benchmark", "dataset": cfg.dataset.name, **tracking.source_tags()},
     ):
         tracking.log_params(tracking.flatten(OmegaConf.to_container(cfg, resolve=True)))
         for row in table.itertuples():

@@ -1,15 +1,15 @@
 """Stage 1, prepare: read the dataset, carve the dev split, write splits and statistics.
 
-Input: the dataset config and data root. Output folder: ``train.conll.gz``, ``dev.conll.gz``,
-``test.conll.gz`` (tab-separated columns of the dataset, blank line between sentences) and
-``stats.json``.
+Config slice: the dataset, the training fraction and the seed; settings: the data root. Output
+folder: ``train.conll.gz``, ``dev.conll.gz``, ``test.conll.gz`` (tab-separated columns of the
+dataset, blank line between sentences), ``dataset.json`` (name, columns, label, scheme: how later
+stages read the splits) and ``stats.json``.
 """
 
 from __future__ import annotations
 
 import gzip
 import json
-from collections.abc import Mapping
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -17,8 +17,11 @@ from omegaconf import OmegaConf
 from crf.io import read_conll
 from pipeline.cache import file_sha256
 from pipeline.data import Dataset, load_dataset, resolve_files, statistics, subset
+from pipeline.models import ModelAdapter
+from pipeline.stage import Stage, StageContext
 
 SPLITS = ("train", "dev", "test")
+DATASET_FILE = "dataset.json"
 
 
 def write_split(path: Path, sentences) -> None:
@@ -28,39 +31,52 @@ def write_split(path: Path, sentences) -> None:
             out.write("\n\n")
 
 
-def read_prepared(folder: Path, dataset: Mapping) -> Dataset:
-    """The prepared splits of a finished prepare stage."""
-    columns = list(dataset["columns"])
+def read_prepared(folder: Path) -> Dataset:
+    """The prepared splits of a finished prepare stage (its ``dataset.json`` says how to read them)."""
+    spec = json.loads((folder / DATASET_FILE).read_text())
+    columns = list(spec["columns"])
     splits = {s: read_conll(folder / f"{s}.conll.gz", n_columns=len(columns), separator="\t") for s in SPLITS}
-    return Dataset(dataset["name"], splits, columns, dataset["label"], dataset.get("scheme", "none"))
+    return Dataset(spec["name"], splits, columns, spec["label"], spec.get("scheme", "none"))
 
 
-def config_slice(cfg) -> dict:
-    """What this stage's output depends on (the data root is not: file checksums are)."""
-    dataset = OmegaConf.to_container(cfg.dataset, resolve=True)
-    return {"dataset": dataset, "train_fraction": cfg.data.train_fraction, "seed": cfg.seed}
+class Prepare(Stage):
+    """Read the dataset, carve the dev split, take the training subset, write splits and statistics."""
+
+    name = "prepare"
+    logged = ("*.conll.gz", "stats.json", DATASET_FILE)
+
+    def config_slice(self, cfg, adapter: ModelAdapter) -> dict:
+        """What the output depends on (the data root is not: the files' checksums are)."""
+        dataset = OmegaConf.to_container(cfg.dataset, resolve=True)
+        return {"dataset": dataset, "train_fraction": cfg.data.train_fraction, "seed": cfg.seed}
+
+    def settings(self, cfg, adapter: ModelAdapter) -> dict:
+        return {"root": str(cfg.data.root), "download": bool(cfg.data.download)}
+
+    def external_inputs(self, config, settings) -> dict[str, str]:
+        """SHA-256 of every dataset file (downloaded first if missing): an edited file is a new input."""
+        paths = resolve_files(OmegaConf.to_container(config.dataset), settings.root, download=settings.download)
+        return {f"file:{split}": file_sha256(path) for split, path in paths.items()}
+
+    def run(self, context: StageContext) -> dict:
+        config, out = context.config, context.out
+        dataset = OmegaConf.to_container(config.dataset)
+        data = load_dataset(dataset, context.settings.root, download=context.settings.download)
+        data.splits["train"] = subset(data.splits["train"], float(config.train_fraction), int(config.seed))
+        for split in SPLITS:
+            write_split(out / f"{split}.conll.gz", data.splits[split])
+        spec = {"name": data.name, "columns": data.columns, "label": data.label, "scheme": data.scheme}
+        (out / DATASET_FILE).write_text(json.dumps(spec, indent=1))
+        stats = statistics(data)
+        (out / "stats.json").write_text(json.dumps(stats, indent=1))
+        metrics = {}
+        for split, entry in stats.items():
+            metrics[f"{split}_sentences"] = entry["sentences"]
+            metrics[f"{split}_tokens"] = entry["tokens"]
+            if "oov_rate" in entry:
+                metrics[f"{split}_oov_rate"] = entry["oov_rate"]
+        metrics["n_labels"] = len(stats["train"]["labels"])
+        return metrics
 
 
-def input_hashes(cfg) -> dict[str, str]:
-    """SHA-256 of every dataset file (downloaded first if missing): an edited file is a new input."""
-    dataset = OmegaConf.to_container(cfg.dataset, resolve=True)
-    paths = resolve_files(dataset, cfg.data.root, download=cfg.data.download)
-    return {f"file:{split}": file_sha256(path) for split, path in paths.items()}
-
-
-def run(cfg, inputs: Mapping[str, Path], out: Path) -> dict:
-    dataset = OmegaConf.to_container(cfg.dataset, resolve=True)
-    data = load_dataset(dataset, cfg.data.root, download=cfg.data.download)
-    data.splits["train"] = subset(data.splits["train"], float(cfg.data.train_fraction), int(cfg.seed))
-    for split in SPLITS:
-        write_split(out / f"{split}.conll.gz", data.splits[split])
-    stats = statistics(data)
-    (out / "stats.json").write_text(json.dumps(stats, indent=1))
-    metrics = {}
-    for split, entry in stats.items():
-        metrics[f"{split}_sentences"] = entry["sentences"]
-        metrics[f"{split}_tokens"] = entry["tokens"]
-        if "oov_rate" in entry:
-            metrics[f"{split}_oov_rate"] = entry["oov_rate"]
-    metrics["n_labels"] = len(stats["train"]["labels"])
-    return metrics
+STAGE = Prepare()

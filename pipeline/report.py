@@ -1,31 +1,25 @@
-"""Small report helpers: Markdown tables without extra dependencies."""
+"""Small report helpers: Markdown tables (pandas + tabulate) and matplotlib figures."""
 
 from __future__ import annotations
 
-import numbers
-
+import numpy as np
 import pandas as pd
 
 
-def _cell(value) -> str:
-    if value is None or (isinstance(value, float) and pd.isna(value)):
-        return ""
-    if isinstance(value, numbers.Integral):
-        return f"{value:,}"
-    if isinstance(value, numbers.Real):
-        v = float(value)
-        if v.is_integer() and abs(v) >= 1000:
-            return f"{v:,.0f}"
-        return f"{v:,.4g}" if abs(v) < 1000 else f"{v:,.0f}"
-    return str(value)
-
-
 def markdown_table(frame: pd.DataFrame) -> str:
-    """A GitHub-style Markdown table of ``frame`` (index not included)."""
-    header = "| " + " | ".join(str(c) for c in frame.columns) + " |"
-    rule = "|" + "|".join("---" for _ in frame.columns) + "|"
-    body = ["| " + " | ".join(_cell(v) for v in row) + " |" for row in frame.itertuples(index=False)]
-    return "\n".join([header, rule, *body])
+    """A GitHub-style Markdown table of ``frame`` (index not included) by ``DataFrame.to_markdown``:
+    missing values blank, booleans True/False, whole or large numbers with thousands separators
+    and no decimals, other numbers to 4 significant digits."""
+    formats = []
+    for name in frame.columns:
+        column = frame[name]
+        numbers = pd.to_numeric(column, errors="coerce") if column.dtype != bool else pd.Series(dtype=float)
+        numbers = numbers.dropna()
+        large = not numbers.empty and (numbers.abs().max() >= 1000 or (numbers == numbers.round()).all())
+        formats.append(",.0f" if large else ".4g")
+    cells = frame.astype(object).map(lambda v: str(v) if isinstance(v, (bool, np.bool_)) else v)  # not 1/0
+    cells = cells.astype(object).where(frame.notna(), None)
+    return cells.to_markdown(index=False, missingval="", floatfmt=formats, intfmt=",")
 
 
 def figure(width: float, height: float, columns: int = 1):

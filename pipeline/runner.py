@@ -1,46 +1,36 @@
 """Chain the stages under one MLflow parent run, reusing cached stage outputs.
 
 ``run_pipeline(cfg)`` is what ``python -m pipeline`` calls; tests call it with a config composed by
-``hydra.compose``. Each stage is a module with ``config_slice(cfg)`` (what its output depends on)
-and ``run(cfg, inputs, out) -> metrics``; inputs are the folders of earlier stages.
+``hydra.compose``. The runner knows stages only through their contract (``pipeline.stage``) and
+models only through their adapter (``pipeline.models``), chosen once from ``cfg.model.adapter``.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import mlflow
+import pandas as pd
+from mlflow.entities import Metric
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline import evaluate, featurize, prepare, tracking, train
-from pipeline.cache import StageCache
+from pipeline import tracking
+from pipeline.cache import StageCache, code_digest
+from pipeline.models import ModelAdapter, load_adapter
+from pipeline.stage import Stage, StageContext, frozen, load_stages
 from pipeline.tracking import SWEEP_ID_VARIABLE, SWEEP_PARENT_VARIABLE
 
-STAGES = {"prepare": prepare, "featurize": featurize, "train": train, "evaluate": evaluate}
-UPSTREAM = {
-    "prepare": [],
-    "featurize": ["prepare"],
-    "train": ["prepare", "featurize"],
-    "evaluate": ["prepare", "featurize", "train"],
-}
-SUMMARY_STAGES = ("prepare.", "train.", "evaluate.")  # whose metrics the pipeline run repeats
-
-
-def upstream(stage: str, cfg: DictConfig) -> list[str]:
-    """The stages whose outputs ``stage`` reads: the HMM reads the prepared words, not features."""
-    stages = UPSTREAM[stage]
-    if cfg.model.name == "hmm" and stage in ("train", "evaluate"):
-        stages = [s for s in stages if s != "featurize"]
-    return stages
-
+log = logging.getLogger(__name__)
 
 METRICS_FILE = "stage_metrics.json"
-ARTIFACT_SUFFIXES = (".json", ".csv", ".png", ".gz", ".npz", ".md")
+HEADLINE = ("dev_f1", "test_f1", "dev_accuracy", "test_accuracy")  # scores repeated at the end of a run
 
 
 @dataclass
@@ -51,14 +41,13 @@ class StageOutput:
     metrics: dict
 
 
-def run_tags(cfg: DictConfig) -> dict[str, str]:
-    trainer = str(cfg.trainer.name) if cfg.model.name == "crf" else "counting"
+def run_tags(cfg: DictConfig, adapter: ModelAdapter) -> dict[str, str]:
     tags = {
         "dataset": str(cfg.dataset.name),
         "model": str(cfg.model.name),
-        "trainer": trainer,
+        "trainer": adapter.trainer_tag(cfg),
         "features": str(cfg.features.name),
-        "git_commit": tracking.git_commit(),
+        **tracking.source_tags(),
     }
     sweep = os.environ.get(SWEEP_ID_VARIABLE)
     if sweep:
@@ -66,103 +55,132 @@ def run_tags(cfg: DictConfig) -> dict[str, str]:
     return tags
 
 
-def _loggable(folder: Path, cfg: DictConfig, stage: str) -> list[Path]:
-    files = [p for p in sorted(folder.iterdir()) if p.is_file() and p.name.endswith(ARTIFACT_SUFFIXES)]
-    if stage == "featurize" and not cfg.featurize.log_matrices:
-        files = [p for p in files if not p.name.startswith(("X_", "offsets_"))]
-    return files
+def plan(stages: dict[str, Stage], wanted: list[str], adapter: ModelAdapter) -> list[str]:
+    """The wanted stages and, transitively, the stages they read, in running order."""
+    for name in wanted:
+        if name not in stages:
+            raise ValueError(f"unknown stage {name!r}; stages: {list(stages)}")
+    needed, pending = set(), list(wanted)
+    while pending:
+        name = pending.pop()
+        if name not in needed:
+            needed.add(name)
+            pending.extend(stages[name].upstream(adapter))
+    return [name for name in stages if name in needed]
 
 
-def run_stage(name: str, cfg: DictConfig, inputs: dict[str, StageOutput], cache: StageCache, tags: dict) -> StageOutput:
+def stage_key(stage: Stage, cfg: DictConfig, adapter: ModelAdapter, input_hashes: dict[str, str], cache: StageCache) -> tuple:
+    """(config slice, settings, cache key) of ``stage`` under ``cfg``."""
+    config = frozen(stage.config_slice(cfg, adapter))
+    settings = frozen(stage.settings(cfg, adapter))
+    hashes = {**input_hashes, **stage.external_inputs(config, settings)}
+    key = cache.key(stage.name, OmegaConf.to_container(config), hashes, code_digest(stage.code_modules(adapter)))
+    return config, settings, key
+
+
+def _log_steps(batch: list[tuple[int, dict[str, float]]]) -> None:
+    """Step metrics of the active run (one ``log_batch``; MLflow splits it into allowed sizes)."""
+    run = mlflow.active_run()
+    if run is not None and batch:
+        now = int(time.time() * 1000)
+        metrics = [Metric(key, float(value), now, int(step)) for step, values in batch for key, value in values.items()]
+        mlflow.tracking.MlflowClient().log_batch(run.info.run_id, metrics=metrics)
+
+
+def _relog_steps(path: Path) -> None:
+    """A cached entry's per-iteration CSV (column ``iteration``) as step metrics again."""
+    history = pd.read_csv(path)
+    columns = [c for c in history.columns if c != "iteration"]
+    _log_steps(
+        [
+            (int(row["iteration"]), {c: float(row[c]) for c in columns if pd.notna(row[c])})
+            for row in history.to_dict(orient="records")
+        ]
+    )
+
+
+def run_stage(
+    stage: Stage, cfg: DictConfig, adapter: ModelAdapter, inputs: dict[str, StageOutput], cache: StageCache, tags: dict
+) -> StageOutput:
     """Run (or reuse) one stage inside a nested MLflow run."""
-    module = STAGES[name]
-    config = module.config_slice(cfg)
-    input_hashes = {k: v.hash for k, v in inputs.items()}
-    if hasattr(module, "input_hashes"):  # files from outside the pipeline (the dataset)
-        input_hashes.update(module.input_hashes(cfg))
-    key = cache.key(name, config, input_hashes)
+    name = stage.name
+    config, settings, key = stage_key(stage, cfg, adapter, {k: v.hash for k, v in inputs.items()}, cache)
     with mlflow.start_run(run_name=name, nested=True, tags={**tags, "stage": name, "cache_key": key}):
-        tracking.log_params(tracking.flatten(config))
+        params = tracking.flatten(OmegaConf.to_container(config))
+        params.update(tracking.flatten(OmegaConf.to_container(settings), "settings."))
+        tracking.log_params(params)
         found = None if cfg.force else cache.lookup(name, key)
         if found is not None:
-            print(f"[{name}] cache hit {key[:12]}: reusing {found}", flush=True)
+            log.info("[%s] cache hit %s: reusing %s", name, key[:12], found)
             folder = found
         else:
-            print(f"[{name}] {'forced' if cfg.force else 'cache miss'} {key[:12]}: computing", flush=True)
+            log.info("[%s] %s %s: computing", name, "forced" if cfg.force else "cache miss", key[:12])
 
             def produce(out: Path) -> None:
-                stage_metrics = module.run(cfg, {k: v.folder for k, v in inputs.items()}, out)
+                context = StageContext(config, settings, {k: v.folder for k, v in inputs.items()}, out, adapter, _log_steps)
+                stage_metrics = stage.run(context)
                 (out / METRICS_FILE).write_text(json.dumps(stage_metrics, indent=1))
 
             folder = cache.build(name, key, produce, replace=bool(cfg.force))
         stage_metrics = json.loads((folder / METRICS_FILE).read_text())
         mlflow.set_tag("cache", "hit" if found is not None else "miss")
         mlflow.set_tag("cache_path", str(folder))
-        if found is not None and name == "train" and (folder / "history.csv").is_file():
-            _relog_history(folder)
+        if found is not None and stage.step_metrics and (folder / stage.step_metrics).is_file():
+            _relog_steps(folder / stage.step_metrics)
         mlflow.log_metrics({k: float(v) for k, v in stage_metrics.items() if isinstance(v, (int, float))})
-        for path in _loggable(folder, cfg, name):
+        logged = sorted({p for pattern in stage.artifacts(settings, adapter) for p in folder.glob(pattern) if p.is_file()})
+        for path in logged:
             mlflow.log_artifact(str(path), artifact_path=name)
         return StageOutput(folder, cache.output_hash(folder), found is not None, stage_metrics)
 
 
-def _relog_history(folder: Path) -> None:
-    """A cached training run gets its learning curve as step metrics too."""
-    import pandas as pd
-    from mlflow.entities import Metric
-
-    history = pd.read_csv(folder / "history.csv")
-    run_id = mlflow.active_run().info.run_id
-    batch = [
-        Metric(column, float(value), 0, int(row["iteration"]))
-        for _, row in history.iterrows()
-        for column, value in row.items()
-        if column not in ("iteration",) and pd.notna(value)
-    ]
-    client = mlflow.tracking.MlflowClient()
-    for i in range(0, len(batch), 1000):
-        client.log_batch(run_id, metrics=batch[i : i + 1000])
-
-
 def run_pipeline(cfg: DictConfig) -> dict[str, Any]:
     """Run the configured stages; returns every stage's metrics, namespaced ``stage.metric``."""
-    stages = list(cfg.stages)
-    for stage in stages:
-        if stage not in STAGES:
-            raise ValueError(f"unknown stage {stage!r}; stages: {list(STAGES)}")
-    tracking.setup(cfg)
+    adapter = load_adapter(cfg.model)
+    stages = load_stages()
+    order = plan(stages, list(cfg.stages), adapter)
+    uri = tracking.setup(cfg)
     cache = StageCache(cfg.paths.cache_dir)
-    tags = run_tags(cfg)
+    tags = run_tags(cfg, adapter)
     parent = os.environ.get(SWEEP_PARENT_VARIABLE)
     run_name = f"{cfg.dataset.name}-{tags['model']}-{tags['trainer']}"
     outputs: dict[str, StageOutput] = {}
     results: dict[str, Any] = {}
-    with mlflow.start_run(run_name=run_name, tags={**tags, "stage": "pipeline"}, parent_run_id=parent or None):
+    with mlflow.start_run(run_name=run_name, tags={**tags, "stage": "pipeline"}, parent_run_id=parent or None) as run:
         tracking.log_params(tracking.flatten(OmegaConf.to_container(cfg, resolve=True)))
         with tempfile.TemporaryDirectory() as folder:
             path = Path(folder) / "config.yaml"
             path.write_text(OmegaConf.to_yaml(cfg, resolve=True))
             mlflow.log_artifact(str(path))
-        needed = set(stages)
-        for stage in stages:
-            needed.update(upstream(stage, cfg))
-        for stage in STAGES:  # upstream stages run (or come from the cache) first
-            if stage not in needed:
-                continue
-            inputs = {}
-            for name in upstream(stage, cfg):
-                inputs[name] = outputs[name]
-            outputs[stage] = run_stage(stage, cfg, inputs, cache, tags)
-            results.update({f"{stage}.{k}": v for k, v in outputs[stage].metrics.items()})
-        summary = {k.split(".", 1)[1]: v for k, v in results.items() if k.startswith(SUMMARY_STAGES)}
+        summary: dict[str, Any] = {}
+        for name in order:  # upstream stages run (or come from the cache) first
+            stage = stages[name]
+            inputs = {upstream: outputs[upstream] for upstream in stage.upstream(adapter)}
+            outputs[name] = run_stage(stage, cfg, adapter, inputs, cache, tags)
+            results.update({f"{name}.{k}": v for k, v in outputs[name].metrics.items()})
+            if stage.summarize:
+                summary.update(outputs[name].metrics)
         mlflow.log_metrics({k: float(v) for k, v in summary.items() if isinstance(v, (int, float))})
-        mlflow.set_tag("cache_hits", ",".join(s for s, o in outputs.items() if o.cached) or "none")
+        hits = [s for s, o in outputs.items() if o.cached]
+        mlflow.set_tag("cache_hits", ",".join(hits) or "none")
+        scores = ", ".join(f"{k} {summary[k]:.2f}" for k in HEADLINE if k in summary)
+        log.info(
+            "done: run %s%s (%d of %d stages from the cache)%s\n  open: %s\n  outputs: %s",
+            run.info.run_id,
+            f" in sweep run {parent}" if parent else "",
+            len(hits),
+            len(outputs),
+            f"; {scores}" if scores else "",
+            tracking.store_hint(uri, run.info.run_id, run.info.experiment_id),
+            "; ".join(f"{s} {o.folder}" for s, o in outputs.items()),
+        )
     return results
 
 
 def objective_value(results: dict[str, Any]) -> float | None:
-    """What a sweep optimises: dev F1 for chunk/entity tasks, else dev accuracy."""
-    for key in ("evaluate.dev_f1", "evaluate.dev_accuracy"):
-        if key in results:
-            return float(results[key])
+    """What a sweep optimises: dev F1 for chunk/entity tasks, else dev accuracy (of any stage)."""
+    for suffix in (".dev_f1", ".dev_accuracy"):
+        for key, value in results.items():
+            if key.endswith(suffix):
+                return float(value)
     return None

@@ -12,6 +12,7 @@ also runs from an exit handler: one failing job does not lose the others' result
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import tempfile
 import time
@@ -28,6 +29,8 @@ from omegaconf import DictConfig, OmegaConf
 from pipeline import tracking
 from pipeline.report import figure, markdown_table, save_figure
 from pipeline.tracking import SWEEP_ID_VARIABLE, SWEEP_PARENT_VARIABLE
+
+log = logging.getLogger(__name__)
 
 
 def strength(frame: pd.DataFrame) -> pd.Series:
@@ -81,10 +84,10 @@ def plot(table: pd.DataFrame, path: Path, score_name: str) -> None:
 
 
 def summarize(sweep_id: str, parent_run_id: str | None, experiment: str) -> pd.DataFrame:
-    """Build the sweep table and plot, log them to the parent run, print the best setting."""
+    """Build the sweep table and plot, log them to the parent run and the best setting to the console."""
     table = gather(sweep_id, experiment)
     if table.empty:
-        print(f"[sweep {sweep_id}] no finished jobs to summarise", flush=True)
+        log.info("[sweep %s] no finished jobs to summarise", sweep_id)
         return table
     score_name = table.attrs.get("score", "dev_score")
     finished = table[table.status == "FINISHED"].dropna(subset=["dev_score"])
@@ -111,7 +114,7 @@ def summarize(sweep_id: str, parent_run_id: str | None, experiment: str) -> pd.D
             for name in ("sweep_summary.csv", "sweep_summary.md", "sweep.png"):
                 if (folder / name).exists():
                     client.log_artifact(parent_run_id, str(folder / name))
-    print(f"[sweep {sweep_id}]\n{text}", flush=True)
+    log.info("[sweep %s]\n%s", sweep_id, text)
     return table
 
 
@@ -141,14 +144,14 @@ class SweepTracking(Callback):
                 "sweep_id": self.sweep_id,
                 "stage": "sweep",
                 "dataset": str(config.dataset.name),
-                "git_commit": tracking.git_commit(),
+                **tracking.source_tags(),
             },
         )
         self.parent_run_id = run.info.run_id
         os.environ[SWEEP_PARENT_VARIABLE] = self.parent_run_id
         os.environ[SWEEP_ID_VARIABLE] = self.sweep_id
         atexit.register(self._close, "FAILED")
-        print(f"[sweep {self.sweep_id}] parent run {self.parent_run_id}", flush=True)
+        log.info("[sweep %s] parent run %s", self.sweep_id, self.parent_run_id)
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         self._close("FINISHED")

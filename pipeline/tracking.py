@@ -21,9 +21,14 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 import mlflow  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 
+from pipeline.models import SWEEP_ID_VARIABLE  # noqa: E402
+
 # how a sweep's launching process tells its jobs (in other processes) where to attach their runs
 SWEEP_PARENT_VARIABLE = "CRF_SWEEP_PARENT_RUN_ID"
-SWEEP_ID_VARIABLE = "CRF_SWEEP_ID"
+__all__ = ["SWEEP_ID_VARIABLE", "SWEEP_PARENT_VARIABLE"]
+# MLflow's own tag for the source commit; its automatic value needs the entry script inside the
+# checkout (not so under pytest, nor for runs created with MlflowClient), so we set it ourselves
+GIT_COMMIT_TAG = "mlflow.source.git.commit"
 
 
 class TrackingUnavailable(RuntimeError):
@@ -102,8 +107,19 @@ def git_commit() -> str:
         return "unknown"
 
 
+def source_tags() -> dict[str, str]:
+    """MLflow's standard source-commit tag, when the project is a git checkout."""
+    commit = git_commit()
+    return {GIT_COMMIT_TAG: commit} if commit != "unknown" else {}
+
+
 def log_params(params: Mapping[str, Any]) -> None:
-    """Log params in batches (MLflow allows 100 per call)."""
-    items = list(params.items())
-    for i in range(0, len(items), 100):
-        mlflow.log_params(dict(items[i : i + 100]))
+    """Log params (``log_batch`` splits them into MLflow's per-call limits itself)."""
+    mlflow.log_params(dict(params))
+
+
+def store_hint(uri: str, run_id: str, experiment_id: str) -> str:
+    """How a user opens ``run_id``: the ``mlflow ui`` command for a local store, else its URL."""
+    if uri.startswith(("http://", "https://")):
+        return f"{uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+    return f"mlflow ui --backend-store-uri {uri}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -66,7 +67,9 @@ def test_stage_cache_hits_misses_and_is_atomic(tmp_path):
     cache = StageCache(tmp_path)
     key = cache.key("train", {"c2": 1.0}, {"featurize": "abc"}, code="v1")
     assert cache.key("train", {"c2": 1.0}, {"featurize": "abc"}, code="v1") == key
-    assert cache.key("train", {"c2": 1}, {"featurize": "abc"}, code="v1") != key  # 1 and 1.0 differ
+    assert cache.key("train", {"c2": 1}, {"featurize": "abc"}, code="v1") == key  # 1 and 1.0 are the same setting
+    assert cache.key("train", {"c2": "1"}, {"featurize": "abc"}, code="v1") != key  # a string is not a number
+    assert cache.key("train", {"c2": True}, {"featurize": "abc"}, code="v1") != key  # nor is a boolean
     assert cache.key("train", {"c2": 1.0}, {"featurize": "abd"}, code="v1") != key
     assert cache.key("train", {"c2": 1.0}, {"featurize": "abc"}, code="v2") != key
     assert cache.lookup("train", key) is None
@@ -99,7 +102,7 @@ def tiny(tmp_path_factory):
     return write_corpus(root / "data"), root / "out"
 
 
-def test_tiny_pipeline_end_to_end_and_caching(tiny):
+def test_tiny_pipeline_end_to_end_and_caching(tiny, caplog):
     data_root, out = tiny
     cfg = compose_config(tiny_overrides(data_root, out))
     results = run_pipeline(cfg)
@@ -110,7 +113,7 @@ def test_tiny_pipeline_end_to_end_and_caching(tiny):
     experiment = client.get_experiment_by_name("crf")
     (parent,) = client.search_runs([experiment.experiment_id], filter_string="tags.stage = 'pipeline'")
     assert parent.data.tags["dataset"] == "conll2000" and parent.data.tags["trainer"] == "lbfgs"
-    assert parent.data.tags["git_commit"] and parent.data.params["trainer.c2"] == "1.0"
+    assert parent.data.tags["mlflow.source.git.commit"] and parent.data.params["trainer.c2"] == "1.0"
     assert parent.data.metrics["test_f1"] == pytest.approx(results["evaluate.test_f1"])
     stages = _stage_runs(client, "crf", parent.info.run_id)
     assert set(stages) == {"prepare", "featurize", "train", "evaluate"}
@@ -134,14 +137,23 @@ def test_tiny_pipeline_end_to_end_and_caching(tiny):
         assert name in artifacts, name
     assert "config.yaml" in {a.path for a in client.list_artifacts(parent.info.run_id)}
 
-    # the same config again: every stage comes from the cache, visibly
-    again = run_pipeline(cfg)
+    # the same config again, with settings that cannot change results (threads, dev cadence, c2 written
+    # as an int): every stage comes from the cache, visibly, and the end of the run says where things are
+    caplog.set_level(logging.INFO, logger="pipeline")
+    same = ["trainer.threads=1", "train.dev_every=3", "trainer.c2=1"]
+    again = run_pipeline(compose_config(tiny_overrides(data_root, out) + same))
     assert again["evaluate.test_f1"] == results["evaluate.test_f1"]
     latest = client.search_runs(
         [experiment.experiment_id], filter_string="tags.stage = 'pipeline'", order_by=["start_time DESC"]
     )[0]
     assert latest.data.tags["cache_hits"] == "prepare,featurize,train,evaluate"
-    assert {r.data.tags["cache"] for r in _stage_runs(client, "crf", latest.info.run_id).values()} == {"hit"}
+    cached = _stage_runs(client, "crf", latest.info.run_id)
+    assert {r.data.tags["cache"] for r in cached.values()} == {"hit"}
+    # a cached training run still gets its learning curve as step metrics
+    assert len(client.get_metric_history(cached["train"].info.run_id, "loss")) == len(history)
+    done = [r.getMessage() for r in caplog.records if r.getMessage().startswith("done:")][-1]
+    assert latest.info.run_id in done and f"mlflow ui --backend-store-uri {uri}" in done and "test_f1" in done
+    assert str(Path(cached["train"].data.tags["cache_path"])) in done
 
     # only the trainer changes: data and features are reused, training is redone
     changed = compose_config(tiny_overrides(data_root, out) + ["trainer.strength=0.3"])

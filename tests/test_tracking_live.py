@@ -76,6 +76,7 @@ def mlflow_server(tmp_path):
         log.close()
 
 
+@pytest.mark.slow
 def test_pipeline_against_a_live_tracking_server(tmp_path, mlflow_server, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     data_root = write_corpus(tmp_path / "data", n_train=60, n_test=20)
@@ -121,6 +122,7 @@ def _sweep_runs(tmp_path: Path):
     return client, sweep, jobs
 
 
+@pytest.mark.slow
 def test_sweep_of_two_jobs_in_parallel(tmp_path):
     data_root = write_corpus(tmp_path / "data", n_train=60, n_test=20)
     done = _multirun(tmp_path, data_root, ["trainer.c2=0.1,3"])
@@ -138,6 +140,7 @@ def test_sweep_of_two_jobs_in_parallel(tmp_path):
     assert "best on dev" in done.stdout
 
 
+@pytest.mark.slow
 def test_a_failing_job_does_not_lose_the_others(tmp_path):
     data_root = write_corpus(tmp_path / "data", n_train=60, n_test=20)
     done = _multirun(tmp_path, data_root, ["trainer.algorithm=lbfgs,no_such_trainer"])
@@ -150,6 +153,7 @@ def test_a_failing_job_does_not_lose_the_others(tmp_path):
     assert "sweep_summary.csv" in {a.path for a in client.list_artifacts(sweep.info.run_id)}
 
 
+@pytest.mark.slow
 def test_hmm_versus_crf_comparison_end_to_end(tmp_path):
     """experiment=hmm_vs_crf on a small sample: both models on the same subsets, in parallel,
     and the comparison (table, significance, per-label F1, learning curve) on the parent run."""

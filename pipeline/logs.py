@@ -1,0 +1,65 @@
+"""Log records that say which job of a multirun wrote them.
+
+``JobContext`` is a logging filter (wired into ``conf/hydra/job_logging/pipeline.yaml``) that
+sets ``record.job``: empty in a single run; in a multirun job `` [#<hydra.job.num> <swept
+values>]``, where the swept values are the job's overrides whose keys the sweep varies (the
+sweeper's ``params`` and the command line's sweep overrides, read from the sweep's
+``multirun.yaml``). So the progress lines of parallel jobs can be told apart in one console.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def swept_keys(hydra_cfg) -> set[str]:
+    """Keys a multirun varies: the sweeper's params and the sweep overrides of its command line."""
+    keys = set((OmegaConf.select(hydra_cfg, "sweeper.params") or {}).keys())
+    multirun = Path(str(hydra_cfg.sweep.dir)) / "multirun.yaml"
+    if multirun.is_file():
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        task = OmegaConf.select(OmegaConf.load(multirun), "hydra.overrides.task") or []
+        parsed = OverridesParser.create().parse_overrides(list(task))
+        keys.update(o.key_or_group for o in parsed if o.is_sweep_override())
+    return keys
+
+
+def job_label() -> str:
+    """`` [#num swept=values]`` inside a Hydra multirun job, else an empty string."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized():
+        return ""
+    hydra_cfg = HydraConfig.get()
+    if hydra_cfg.mode != RunMode.MULTIRUN:
+        return ""
+    overrides = list(hydra_cfg.overrides.task)
+    keys = swept_keys(hydra_cfg)
+    shown = [o for o in overrides if _key(o) in keys] if keys else overrides
+    return f" [#{OmegaConf.select(hydra_cfg, 'job.num')} {','.join(shown)}]"
+
+
+class JobContext(logging.Filter):
+    """Adds ``record.job`` (see the module docstring); computed once per configured job."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.label: str | None = None
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.label is None:
+            try:
+                self.label = job_label()
+            except Exception:  # never lose a log line over its label
+                self.label = ""
+        record.job = self.label
+        return True

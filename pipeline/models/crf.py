@@ -1,0 +1,202 @@
+"""The linear-chain CRF (``crf.CRF``) as a pipeline model.
+
+Training reads the prepare and featurize folders and writes ``model.npz`` (see ``CRF.save``),
+``history.csv`` (one row per iteration: loss, gradient norm, active features, elapsed seconds,
+and dev accuracy/F1 every ``dev_every`` iterations) and ``learning_curve.png``. Each iteration
+is logged (with an estimate of the time left) and sent as step metrics to the tracking run.
+Config slice: ``model`` (``all_possible_states``), ``trainer`` (without ``threads``) and ``seed``;
+settings: ``threads`` and ``dev_every``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from omegaconf import OmegaConf
+
+from crf import CRF, metrics
+from crf.optimize import IterationInfo
+from pipeline.featurize import load_batch, load_extractor
+from pipeline.models import ModelAdapter, default_threads
+from pipeline.report import figure, save_figure
+
+log = logging.getLogger(__name__)
+
+RUNTIME_KEYS = ("threads",)  # trainer keys that cannot change the model: settings, not hashed
+
+
+def build_model(model: Mapping, trainer: Mapping, seed: int, dev_every: int, threads: int | None) -> CRF:
+    """A CRF from the ``model`` and ``trainer`` config sections (keys that are CRF parameters)."""
+    merged = {**dict(trainer), **dict(model)}
+    params = {k: merged[k] for k in CRF().get_params() if k in merged and merged[k] is not None}
+    return CRF(random_state=seed, dev_every=dev_every, n_threads=threads, **params)
+
+
+def remaining_seconds(history: list[dict], max_iterations: int | None, period: int, delta: float) -> float | None:
+    """Estimated seconds left: by the iteration cap when set, else by extrapolating the decay of
+    the relative improvement over ``period`` down to ``delta`` (CRFsuite's stopping rule)."""
+    if not history:
+        return None
+    per_iteration = history[-1]["elapsed"] / len(history)
+    left = None
+    if len(history) > period + 3 and delta > 0:
+        losses = np.array([h["loss"] for h in history])
+        improvement = (losses[:-period] - losses[period:]) / np.abs(losses[period:])
+        recent = improvement[-min(len(improvement), 20) :]
+        if np.all(recent > 0):
+            slope, intercept = np.polyfit(np.arange(recent.size), np.log(recent), 1)
+            if slope < 0:
+                left = max(0.0, (math.log(delta) - (intercept + slope * (recent.size - 1))) / slope)
+    if max_iterations:
+        cap = max_iterations - len(history)
+        left = cap if left is None else min(left, cap)
+    return None if left is None else left * per_iteration
+
+
+class Progress:
+    """Per-iteration log line and step metrics (handed to ``log_steps`` in batches)."""
+
+    def __init__(self, model: CRF, gold_dev, scheme: str, log_steps, log_every: int = 10) -> None:
+        self.model = model
+        self.gold_dev = gold_dev
+        self.scheme = scheme
+        self.log_steps = log_steps
+        self.history: list[dict] = []
+        self.pending: list[tuple[int, dict]] = []
+        self.log_every = log_every
+
+    def __call__(self, info: IterationInfo) -> None:
+        row = {
+            "iteration": info.iteration,
+            "loss": info.loss,
+            "gradient_norm": info.gradient_norm,
+            "active_features": info.active_features,
+            "elapsed": info.elapsed,
+        }
+        if hasattr(info, "dev_predictions"):
+            row["dev_accuracy"] = metrics.token_accuracy(self.gold_dev, info.dev_predictions)
+            if self.scheme != "none":
+                row["dev_f1"] = metrics.chunk_scores(self.gold_dev, info.dev_predictions).f1
+        self.history.append(row)
+        self.pending.append((info.iteration, {k: float(v) for k, v in row.items() if k != "iteration" and np.isfinite(v)}))
+        if len(self.pending) >= self.log_every:
+            self.flush()
+        left = remaining_seconds(self.history, self.model.max_iterations, self.model.period, self.model.delta)
+        eta = "?" if left is None else f"~{left:.0f}s"
+        dev = "".join(f" {k}={row[k]:.2f}" for k in ("dev_accuracy", "dev_f1") if k in row)
+        log.info(
+            "iter %4d  loss %14.4f  |g| %10.4g  active %8d  %7.1fs  left %s%s",
+            info.iteration,
+            info.loss,
+            info.gradient_norm,
+            info.active_features,
+            info.elapsed,
+            eta,
+            dev,
+        )
+
+    def flush(self) -> None:
+        if self.pending:
+            self.log_steps(self.pending)
+        self.pending = []
+
+
+def plot_learning_curve(history: pd.DataFrame, path: Path) -> None:
+    fig, (ax,) = figure(6.5, 4)
+    ax.plot(history["iteration"], history["loss"], color="tab:blue")
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("regularised loss", color="tab:blue")
+    ax.set_yscale("log")
+    dev_columns = [c for c in ("dev_f1", "dev_accuracy") if c in history]
+    if dev_columns:
+        other = ax.twinx()
+        column = dev_columns[0]
+        points = history.dropna(subset=[column])
+        other.plot(points["iteration"], points[column], "o-", color="tab:orange")
+        other.set_ylabel(column, color="tab:orange")
+    save_figure(fig, path)
+
+
+class CRFTagger:
+    """A saved CRF over the featurize stage's matrices (tagging time includes feature extraction)."""
+
+    def __init__(self, inputs: Mapping[str, Path]) -> None:
+        self.inputs = inputs
+        self.model = CRF.load(inputs["train"] / "model.npz")
+        self.feature_seconds = json.loads((inputs["featurize"] / "features.json").read_text())
+        self.classes = list(self.model.classes_)
+
+    def tag(self, split: str) -> tuple[np.ndarray, np.ndarray, float, float]:
+        batch = load_batch(self.inputs["featurize"], split)
+        began = time.perf_counter()
+        codes = np.concatenate(self.model.predict_codes(batch)[0])
+        seconds = time.perf_counter() - began
+        marginals, _ = self.model.marginals(batch)
+        extraction = float(self.feature_seconds.get(f"{split}_feature_seconds", 0.0))
+        return codes, marginals[np.arange(codes.size), codes], seconds, seconds + extraction
+
+    def segments(self, split: str) -> pd.DataFrame:
+        return self.model.predict_segments(load_batch(self.inputs["featurize"], split))
+
+
+class CRFAdapter(ModelAdapter):
+    name = "crf"
+    upstream = ("prepare", "featurize")
+    artifacts = ("model.npz", "history.csv", "learning_curve.png")
+
+    def config_slice(self, cfg) -> dict:
+        trainer = OmegaConf.to_container(cfg.trainer, resolve=True)
+        return {
+            "model": OmegaConf.to_container(cfg.model, resolve=True),
+            "trainer": {k: v for k, v in trainer.items() if k not in RUNTIME_KEYS},
+            "seed": cfg.seed,
+        }
+
+    def settings(self, cfg) -> dict:
+        return {"threads": default_threads(cfg.trainer.get("threads")), "dev_every": int(cfg.train.dev_every)}
+
+    def trainer_tag(self, cfg) -> str:
+        return str(cfg.trainer.name)
+
+    def fit(self, context, data) -> dict:
+        config, settings, inputs, out = context.config, context.settings, context.inputs, context.out
+        extractor = load_extractor(inputs["featurize"] / "extractor.npz")
+        X_train = load_batch(inputs["featurize"], "train")
+        X_dev = load_batch(inputs["featurize"], "dev")
+        model = build_model(
+            OmegaConf.to_container(config.model),
+            OmegaConf.to_container(config.trainer),
+            int(config.seed),
+            int(settings.dev_every),
+            settings.threads,
+        )
+        progress = Progress(model, data.labels("dev"), data.scheme, context.log_steps)
+        model.callback = progress
+        began = time.perf_counter()
+        model.fit(X_train, data.labels("train"), X_dev, data.labels("dev"), attribute_names=extractor.attribute_names())
+        seconds = time.perf_counter() - began
+        progress.flush()
+        model.callback = None
+        model.save(out / "model.npz")
+        history = pd.DataFrame(progress.history)
+        history.to_csv(out / "history.csv", index=False)
+        plot_learning_curve(history, out / "learning_curve.png")
+        log.info("%d iterations in %.1fs, stopped by %s", model.n_iter_, seconds, model.stop_reason_)
+        return {
+            "train_seconds": seconds,
+            "model_bytes": (out / "model.npz").stat().st_size,
+            "iterations": model.n_iter_,
+            "evaluations": model.n_evaluations_,
+            "nonzero_weights": model.size_,
+            "final_loss": float(history["loss"].iloc[-1]) if len(history) else float("nan"),
+        }
+
+    def tagger(self, config, inputs, data) -> CRFTagger:
+        return CRFTagger(inputs)
