@@ -158,6 +158,8 @@ class CRF(SegmentQueries, CRFsuiteView, BaseEstimator):
             raise ValueError("pass both X_dev and y_dev to evaluate on held-out data (or neither)")
         settings = hyper.validate(self.get_params())
         boundary = self._boundary()
+        if self.model_filename is not None and isinstance(X, SequenceBatch) and attribute_names is None:
+            raise ValueError("model_filename writes attribute names: pass attribute_names with a SequenceBatch")
         if len(X) == 0 or len(y) == 0:
             raise ValueError("fit needs at least one training sequence (X and y are empty)")
         began = time.perf_counter()
