@@ -138,6 +138,10 @@ def test_sweep_of_two_jobs_in_parallel(tmp_path):
     assert sweep.data.metrics["jobs_finished"] == 2 and "best_test_score" in sweep.data.metrics
     assert {"sweep_summary.csv", "sweep_summary.md", "sweep.png"} <= {a.path for a in client.list_artifacts(sweep.info.run_id)}
     assert "best on dev" in done.stdout
+    # each job's lines carry its number and swept value, on the console and in the job's own log file
+    assert "[#0 trainer.c2=0.1] iter" in done.stdout and "[#1 trainer.c2=3] done: run" in done.stdout
+    (job_log,) = (tmp_path / "out" / "hydra" / "multirun").glob("*/0/pipeline.log")
+    assert "[#0 trainer.c2=0.1] iter" in job_log.read_text() and "trainer.c2=3" not in job_log.read_text()
 
 
 @pytest.mark.slow
