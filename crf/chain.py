@@ -1,27 +1,23 @@
-"""Linear-chain recursions: forward, backward, log Z, marginals, Viterbi, constrained spans.
+"""Linear-chain recursions and the queries built on them: log Z, marginals, Viterbi, k-best,
+constrained decoding and constrained spans.
 
 Scores
 ------
 For a sequence of length n with labels y, ``score(y) = start[y_0] + sum_t emissions[t, y_t]
 + sum_{t>0} transitions[y_{t-1}, y_t] + end[y_{n-1}]`` and ``p(y|x) = exp(score(y) - log Z)``.
 Arrays: ``emissions`` (T, L) for all tokens of all sequences in token order, ``transitions``
-(L, L) indexed [previous, current], ``start`` and ``end`` (L,).
+(L, L) indexed [previous, current] (or an operator of :mod:`crf.transitions`, such as
+:class:`SecondOrderTransitions`, whose states then replace labels), ``start`` and ``end`` (L,).
 
-Layout
-------
-All sequences run at once. Sequences are sorted by length (longest first) and tokens stored
-time-major: the rows of step t are the t-th tokens of the sequences longer than t, and the first
-rows of step t continue the first rows of step t-1. A recursion is then a Python loop over time
-steps whose body works on contiguous blocks; there is no loop over sequences or tokens.
+One forward and one backward recursion (over the time-major :class:`Layout`) serve every query
+through a semiring of :mod:`crf.semirings` and a transition operator of :mod:`crf.transitions`;
+neither is inspected here. Messages are kept normalised per row with the log of the normaliser
+accumulated, so the true log message is ``semiring.to_log(value) + cumulative log normaliser``.
 
-Semirings
----------
-One forward and one backward recursion serve every query through a semiring:
-``ScaledSemiring`` (sum-product in probability space with per-row rescaling: matrix products,
-fast), ``LogSemiring`` (sum-product in log space: exact for any weights; used for sequences where
-the scaled one underflows, and for constrained windows) and ``MaxSemiring`` (max-product: Viterbi).
-Each keeps messages normalised per row and returns the log of the normaliser, so the true log
-message is ``semiring.log(value) + cumulative log normaliser``.
+Constraints: ``allowed`` (T, L) boolean masks (True = the label is allowed at that token) give
+the emissions of disallowed labels the semiring's zero (a log score of -inf), so decoding and
+marginals run over the allowed paths only. A token with no allowed label makes its sequence
+impossible: log Z = -inf, NaN marginals, Viterbi score -inf.
 """
 
 from __future__ import annotations
@@ -29,425 +25,137 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.special import logsumexp
 
-# --- layout -------------------------------------------------------------------------------
+from .layout import Layout
+from .semirings import KMaxSemiring, LogSemiring, MaxSemiring, ScaledSemiring
+from .transitions import FirstOrderTransitions, SecondOrderTransitions
 
-
-@dataclass
-class Layout:
-    """Packed time-major order for sequences of the given lengths.
-
-    ``order`` (N,): sequence indices by decreasing length (ties keep input order).
-    ``n_active`` (S,): sequences longer than t, for each step t < S = max length.
-    ``step_start`` (S + 1,): first packed row of each step.
-    ``token_of_row`` (T,): token row (in input order) stored at each packed row.
-    ``rank_of_row`` (T,): position in ``order`` of the sequence of each packed row.
-    """
-
-    lengths: np.ndarray
-    order: np.ndarray
-    n_active: np.ndarray
-    step_start: np.ndarray
-    token_of_row: np.ndarray
-    rank_of_row: np.ndarray
-
-    @classmethod
-    def from_lengths(cls, lengths) -> Layout:
-        lengths = np.asarray(lengths, dtype=np.int64)
-        if lengths.ndim != 1 or lengths.size == 0 or np.any(lengths <= 0):
-            raise ValueError("lengths must be a non-empty 1-D array of positive integers")
-        order = np.argsort(-lengths, kind="stable")
-        steps = int(lengths.max())
-        at_most = np.cumsum(np.bincount(lengths, minlength=steps + 1))[:steps]
-        n_active = lengths.size - at_most  # number of sequences with length > t
-        step_start = np.concatenate([[0], np.cumsum(n_active)])
-        total = int(step_start[-1])
-        step_of_row = np.repeat(np.arange(steps), n_active)
-        rank_of_row = np.arange(total) - step_start[step_of_row]
-        offsets = np.concatenate([[0], np.cumsum(lengths)])
-        token_of_row = offsets[order[rank_of_row]] + step_of_row
-        return cls(lengths, order, n_active, step_start, token_of_row, rank_of_row)
-
-    @property
-    def n_steps(self) -> int:
-        return int(self.n_active.size)
-
-    def rows(self, t: int, count: int | None = None) -> slice:
-        """Packed rows of step t (the first ``count`` of them)."""
-        start = int(self.step_start[t])
-        return slice(start, start + int(self.n_active[t] if count is None else count))
-
-    def first_rows(self) -> slice:
-        return self.rows(0)
-
-    def last_rows(self) -> np.ndarray:
-        """Packed row of the last token of each sequence, by rank (N,)."""
-        ranks = np.arange(self.lengths.size)
-        return self.step_start[self.lengths[self.order] - 1] + ranks
+__all__ = [
+    "KMaxSemiring",
+    "Layout",
+    "LogSemiring",
+    "MaxSemiring",
+    "Posterior",
+    "ScaledSemiring",
+    "SecondOrderTransitions",
+    "constrained_log_probability",
+    "edge_marginals",
+    "forward_backward",
+    "kbest_viterbi",
+    "log_partition",
+    "sequence_scores",
+    "viterbi",
+]
 
 
-# --- semirings ----------------------------------------------------------------------------
+def _operator(transitions):
+    """A transition operator: (L, L) score matrices are wrapped, operators pass through."""
+    return transitions if hasattr(transitions, "lift") else FirstOrderTransitions(transitions)
 
 
-class ScaledSemiring:
-    """Sum-product in probability space; messages rescaled to sum 1 per row.
-
-    Values below ``FLUSH`` times their row's (or column's) maximum are set to exactly zero. Their
-    share of any sum is below 1e-75, far under float64 precision, and it keeps every product of
-    up to four factors a normal float: subnormal floats make matrix products about a hundred
-    times slower, and trained weights produce them in large numbers.
-    """
-
-    name = "scaled"
-    FLUSH = 1e-75
-
-    @classmethod
-    def _flush(cls, values: np.ndarray) -> np.ndarray:
-        values[values < cls.FLUSH] = 0.0
-        return values
-
-    @classmethod
-    def lift(cls, scores: np.ndarray, inplace: bool = False) -> tuple[np.ndarray, np.ndarray]:
-        """(exp(scores - row max), row max) for a (n, L) array of log scores."""
-        top = scores.max(axis=1)
-        top = np.where(np.isfinite(top), top, 0.0)
-        out = np.subtract(scores, top[:, None], out=scores if inplace else None)
-        return cls._flush(np.exp(out, out=out)), top
-
-    @classmethod
-    def lift_matrix(cls, matrix: np.ndarray) -> np.ndarray:
-        return cls._flush(np.exp(matrix))
-
-    @staticmethod
-    def log(values: np.ndarray) -> np.ndarray:
-        with np.errstate(divide="ignore"):
-            return np.log(values)
-
-    @staticmethod
-    def mul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        return np.multiply(a, b, out=out)
-
-    @staticmethod
-    def dot(messages: np.ndarray, matrix: np.ndarray):
-        return messages @ matrix, None
-
-    @staticmethod
-    def dot_t(messages: np.ndarray, matrix: np.ndarray) -> np.ndarray:
-        return messages @ matrix.T
-
-    @classmethod
-    def normalize(cls, values: np.ndarray, out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Rows divided by their sums (into ``out``, default in place) and the logs of the sums."""
-        out = values if out is None else out
-        total = values @ np.ones(values.shape[1])  # row sums; a BLAS product is faster than sum()
-        # a row that underflowed to zero stays zero (log normaliser -inf) instead of turning NaN
-        safe = np.where(total > 0, total, 1.0)
-        np.divide(values, safe[:, None], out=out)
-        with np.errstate(divide="ignore"):
-            return cls._flush(out), np.log(total)
-
-    @staticmethod
-    def edge_counts(previous: np.ndarray, matrix: np.ndarray, following: np.ndarray) -> np.ndarray:
-        """Sum over rows of p(y_prev=i, y=j) given alpha-side ``previous`` and beta-side
-        ``following`` messages (n, L) and the lifted transition matrix (L, L)."""
-        norm = np.einsum("ij,ij->i", previous @ matrix, following)
-        return matrix * ((previous / norm[:, None]).T @ following)
-
-    @staticmethod
-    def edge_probabilities(previous, matrix, following) -> np.ndarray:
-        joint = previous[:, :, None] * matrix[None] * following[:, None, :]
-        return joint / joint.sum(axis=(1, 2), keepdims=True)
+def _layout(lengths) -> Layout:
+    return lengths if isinstance(lengths, Layout) else Layout.from_lengths(lengths)
 
 
-class LogSemiring:
-    """Sum-product in log space; messages shifted to log-sum-exp 0 per row."""
-
-    name = "log"
-
-    @staticmethod
-    def lift(scores: np.ndarray, inplace: bool = False) -> tuple[np.ndarray, np.ndarray]:
-        return scores, np.zeros(scores.shape[0])
-
-    @staticmethod
-    def lift_matrix(matrix: np.ndarray) -> np.ndarray:
-        return matrix
-
-    @staticmethod
-    def log(values: np.ndarray) -> np.ndarray:
-        return values
-
-    @staticmethod
-    def mul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        return np.add(a, b, out=out)
-
-    @staticmethod
-    def dot(messages: np.ndarray, matrix: np.ndarray):
-        return logsumexp(messages[:, :, None] + matrix[None], axis=1), None
-
-    @staticmethod
-    def dot_t(messages: np.ndarray, matrix: np.ndarray) -> np.ndarray:
-        return logsumexp(messages[:, None, :] + matrix[None], axis=2)
-
-    @staticmethod
-    def normalize(values: np.ndarray, out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        total = logsumexp(values, axis=1)
-        shift = np.where(np.isfinite(total), total, 0.0)
-        return np.subtract(values, shift[:, None], out=values if out is None else out), total
-
-    @classmethod
-    def edge_probabilities(cls, previous, matrix, following) -> np.ndarray:
-        joint = previous[:, :, None] + matrix[None] + following[:, None, :]
-        if joint.shape[0] == 0:
-            return joint
-        return np.exp(joint - logsumexp(joint, axis=(1, 2), keepdims=True))
-
-    @classmethod
-    def edge_counts(cls, previous, matrix, following) -> np.ndarray:
-        return cls.edge_probabilities(previous, matrix, following).sum(axis=0)
-
-
-class MaxSemiring(LogSemiring):
-    """Max-product in log space (Viterbi); ``dot`` also returns the arg max (back pointers)."""
-
-    name = "max"
-
-    @staticmethod
-    def dot(messages: np.ndarray, matrix: np.ndarray):
-        # candidates[n, j, i] = messages[n, i] + matrix[i, j]: reducing over the last, contiguous
-        # axis is about twice as fast as over the middle one
-        candidates = messages[:, None, :] + matrix.T[None]
-        best = candidates.argmax(axis=2)
-        return np.take_along_axis(candidates, best[:, :, None], axis=2)[:, :, 0], best
-
-    @staticmethod
-    def normalize(values: np.ndarray, out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        top = values.max(axis=1)
-        shift = np.where(np.isfinite(top), top, 0.0)
-        return np.subtract(values, shift[:, None], out=values if out is None else out), top
-
-
-# --- second-order chains ------------------------------------------------------------------
-
-
-class SecondOrderTransitions:
-    """Transition scores of a second-order chain, run by the same recursions as a first-order
-    chain whose states are label pairs.
-
-    State ``s = a * L + b`` stands for (y_{t-1} = a, y_t = b), where ``a = L`` means "before the
-    sequence": a sequence's first token is in a state (L, b), so there are S = (L + 1) * L states.
-    ``scores`` (L + 1, L, L): ``scores[a, b, c]`` is the score of label c after labels a, b. The
-    emissions (T, S), ``start`` and ``end`` (S,) given with these transitions are per state (see
-    :meth:`state_emissions`). The (S, S) pair-to-pair matrix is never built: each step contracts
-    the (n, L + 1, L) messages with ``scores``, O(n L^3) work instead of O(n S^2). Expected edge
-    counts come back as (L + 1, L, L) triple counts.
-    """
-
-    def __init__(self, scores: np.ndarray) -> None:
-        scores = np.asarray(scores, dtype=np.float64)
-        if scores.ndim != 3 or scores.shape[0] != scores.shape[1] + 1 or scores.shape[1] != scores.shape[2]:
-            raise ValueError(f"second-order scores must have shape (L + 1, L, L), got {scores.shape}")
-        self.scores = scores
-        self.n_labels = scores.shape[1]
-        self.n_states = (self.n_labels + 1) * self.n_labels
-
-    def state_emissions(self, emissions: np.ndarray) -> np.ndarray:
-        """Per-label emissions (T, L) as per-state emissions (T, S): state (a, b) emits as b."""
-        return np.tile(emissions, (1, self.n_labels + 1))
-
-    def labels_of_states(self, states: np.ndarray) -> np.ndarray:
-        return np.asarray(states) % self.n_labels
-
-    def lift(self, semiring) -> tuple[np.ndarray, _LiftedSecondOrder]:
-        """(column offsets (S,), lifted operator): as for a matrix, each target pair's best
-        incoming score moves into the emissions so the lifted scores peak at 1 (0 in log space)."""
-        L = self.n_labels
-        top = self.scores.max(axis=0)
-        top = np.where(np.isfinite(top), top, 0.0)
-        column_top = np.zeros(self.n_states)
-        column_top[: L * L] = top.ravel()
-        return column_top, _LiftedSecondOrder(semiring.lift_matrix(self.scores - top[None]), semiring)
-
-
-class _LiftedSecondOrder:
-    """Lifted second-order transitions bound to a semiring: the ``dot``, ``dot_t`` and
-    ``edge_counts`` of :class:`ScaledSemiring` and friends, for pair-state messages (n, S).
-    Sum-product in probability space uses batched matrix products over the middle label; log
-    and max-product work on (rows, L, L, L + 1) candidate blocks of bounded size."""
-
-    BLOCK_ELEMENTS = 1 << 21
-
-    def __init__(self, values: np.ndarray, semiring) -> None:
-        self.values = values  # (L + 1, L, L), [a, b, c]
-        self.semiring = semiring
-        self.n_labels = values.shape[1]
-        self.shape = values.shape
-        self.block = max(1, self.BLOCK_ELEMENTS // values.size)
-        self.by_middle = np.ascontiguousarray(values.transpose(1, 0, 2))  # [b, a, c]
-        self.by_middle_last = np.ascontiguousarray(values.transpose(1, 2, 0))  # [b, c, a]
-
-    def _pairs(self, messages: np.ndarray) -> np.ndarray:
-        return messages.reshape(messages.shape[0], self.n_labels + 1, self.n_labels)
-
-    def _padded(self, inner: np.ndarray, fill: float) -> np.ndarray:
-        """(n, L, L) values of the states (b, c) as (n, S); the before-start states get ``fill``."""
-        n, L = inner.shape[0], self.n_labels
-        out = np.full((n, (L + 1) * L), fill, dtype=inner.dtype)
-        out[:, : L * L] = inner.reshape(n, L * L)
-        return out
-
-    def _into_pairs(self, m: np.ndarray) -> np.ndarray:
-        """Probability-space sum over a of m[n, a, b] * values[a, b, c], shape (n, L, L) [n, b, c]."""
-        return np.matmul(m.transpose(2, 0, 1), self.by_middle).transpose(1, 0, 2)
-
-    def _blocks(self, n: int):
-        for first in range(0, n, self.block):
-            yield slice(first, min(n, first + self.block))
-
-    def dot(self, messages: np.ndarray, _matrix=None):
-        """Messages into every state (b, c): combine over a of messages (a, b) and scores[a, b, c]."""
-        m = self._pairs(messages)
-        n = m.shape[0]
-        if self.semiring is ScaledSemiring:
-            return self._padded(self._into_pairs(m), 0.0), None
-        by_a = m.transpose(0, 2, 1)  # [n, b, a]
-        inner = np.empty((n, self.n_labels, self.n_labels))
-        best = np.zeros((n, self.n_labels, self.n_labels), dtype=np.int64) if self.semiring is MaxSemiring else None
-        with np.errstate(divide="ignore", invalid="ignore"):
-            for rows in self._blocks(n):
-                candidates = by_a[rows, :, None, :] + self.by_middle_last[None]  # [n, b, c, a]
-                if best is None:
-                    inner[rows] = logsumexp(candidates, axis=3)
-                else:
-                    best[rows] = candidates.argmax(axis=3)
-                    inner[rows] = np.take_along_axis(candidates, best[rows, :, :, None], axis=3)[:, :, :, 0]
-        pointers = None
-        if best is not None:  # back pointers as previous states (a, b)
-            L = self.n_labels
-            pointers = self._padded(best * L + np.arange(L)[None, :, None], 0)
-        return self._padded(inner, -np.inf), pointers
-
-    def dot_t(self, weighted: np.ndarray, _matrix=None) -> np.ndarray:
-        """Messages out of every state (a, b): combine over c of scores[a, b, c] and ``weighted``
-        (the following token's (b, c) states)."""
-        n, L = weighted.shape[0], self.n_labels
-        w = weighted[:, : L * L].reshape(n, L, L)  # [n, b, c]
-        if self.semiring is ScaledSemiring:
-            out = np.matmul(w.transpose(1, 0, 2), self.by_middle_last)  # [b, n, a]
-            return np.ascontiguousarray(out.transpose(1, 2, 0)).reshape(n, (L + 1) * L)
-        out = np.empty((n, L + 1, L))
-        with np.errstate(divide="ignore", invalid="ignore"):
-            for rows in self._blocks(n):
-                out[rows] = logsumexp(self.values[None] + w[rows, None, :, :], axis=3)
-        return out.reshape(n, (L + 1) * L)
-
-    def edge_counts(self, previous: np.ndarray, _matrix, following: np.ndarray) -> np.ndarray:
-        """Expected counts (L + 1, L, L) of the label triples (a, b, c) over the rows' edges."""
-        p, L = self._pairs(previous), self.n_labels
-        f = following[:, : L * L].reshape(-1, L, L)  # [n, b, c]
-        if self.semiring is ScaledSemiring:
-            norm = np.einsum("nbc,nbc->n", self._into_pairs(p), f)
-            weighted = p / norm[:, None, None]
-            summed = np.matmul(weighted.transpose(2, 1, 0), f.transpose(1, 0, 2))  # [b, a, c]
-            return self.values * summed.transpose(1, 0, 2)
-        counts = np.zeros(self.shape)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            for rows in self._blocks(p.shape[0]):
-                joint = p[rows, :, :, None] + self.values[None] + f[rows, None, :, :]
-                total = logsumexp(joint.reshape(joint.shape[0], -1), axis=1)
-                counts += np.exp(joint - total[:, None, None, None]).sum(axis=0)
-        return counts
+def _masked(emissions: np.ndarray, allowed, operator) -> np.ndarray:
+    """Emissions with disallowed labels at log score -inf; ``allowed`` (T, L) per label or
+    (T, S) per state (a per-label mask of a pair-state chain is expanded to its states)."""
+    if allowed is None:
+        return emissions
+    allowed = np.asarray(allowed, dtype=bool)
+    if allowed.shape != emissions.shape:
+        allowed = operator.state_emissions(allowed)
+    if allowed.shape != emissions.shape:
+        raise ValueError(f"allowed must have shape {emissions.shape} (or per label), got {np.shape(allowed)}")
+    return np.where(allowed, emissions, -np.inf)
 
 
 # --- the recursions -----------------------------------------------------------------------
 
 
-def _lifted_scores(packed: np.ndarray, transitions, start, layout: Layout, semiring, overwrite: bool = False):
+def _lifted_scores(packed: np.ndarray, operator, start, layout: Layout, semiring, overwrite: bool = False):
     """Packed emissions with the incoming-transition offsets folded in, lifted.
 
-    Column j of the lifted transition matrix is shifted by its maximum ``column_top[j]``, which
-    is added to the emissions of every non-first token instead, so the transition matrix has a 1
-    (or 0 in log space) in every column and products underflow only in extreme cases. The first
-    token of each sequence takes ``start`` instead. ``packed`` (T, L) is in packed order; it is
-    modified (and reused) only with ``overwrite``. Returns (lifted emissions (T, L), their log
-    offsets (T,), lifted transitions (L, L)).
+    The operator takes each target state's best incoming score ``column_top`` out of its table
+    (so the lifted table peaks at the semiring's one and products underflow only in extreme
+    cases); it is added here to the emissions of every non-first token. The first token of each
+    sequence takes ``start`` instead. ``packed`` (T, S) is in packed order; it is modified (and
+    reused) only with ``overwrite``. Returns (lifted emissions (T, S), their log offsets (T,),
+    lifted operator).
     """
-    if isinstance(transitions, SecondOrderTransitions):
-        column_top, matrix = transitions.lift(semiring)
-    else:
-        column_top = transitions.max(axis=0)
-        column_top = np.where(np.isfinite(column_top), column_top, 0.0)  # a label nothing can reach
-        matrix = semiring.lift_matrix(transitions - column_top)
+    column_top, lifted_operator = operator.lift(semiring)
     first = layout.first_rows()
     shifted = packed if overwrite else np.empty_like(packed)
     np.add(packed[first], start, out=shifted[first])
     np.add(packed[first.stop :], column_top, out=shifted[first.stop :])
-    lifted, offset = semiring.lift(shifted, inplace=True)
-    return lifted, offset, matrix
+    lifted, offset = semiring.from_log(shifted, inplace=True)
+    return lifted, offset, lifted_operator
 
 
-def _ops(semiring, matrix):
-    """What applies the lifted transitions: the semiring itself for a matrix, or the structured
-    second-order operator (which knows its semiring)."""
-    return matrix if isinstance(matrix, _LiftedSecondOrder) else semiring
-
-
-def _forward(lifted, offset, matrix, layout: Layout, semiring):
-    """Normalised forward messages (T, L), cumulative log normalisers (T,), back pointers.
-
-    The true log forward message of packed row r is ``semiring.log(alpha[r]) + log_scale[r]``.
+def _forward(lifted, offset, operator, layout: Layout, semiring, pointers: bool = False):
+    """Normalised forward messages (T, S, *V), cumulative log normalisers (T,) and, with
+    ``pointers``, the back pointers of every step t > 0 ((n_t, S, *V) flat indices into the
+    previous step's (state, rank) pairs). True log message: ``to_log(alpha[r]) + log_scale[r]``.
     """
-    alpha = np.empty_like(lifted)
+    alpha = np.empty(lifted.shape + semiring.value_shape)
     log_scale = np.empty(lifted.shape[0])
-    pointers = []
-    ops = _ops(semiring, matrix)
+    back = []
     rows = layout.rows(0)
-    norm = semiring.normalize(lifted[rows], out=alpha[rows])[1]
-    log_scale[rows] = norm + offset[rows]
+    first = semiring.times(semiring.ones(lifted[rows].shape), lifted[rows])
+    log_scale[rows] = semiring.normalize(first, out=alpha[rows])[1] + offset[rows]
     for t in range(1, layout.n_steps):
         rows, previous = layout.rows(t), layout.rows(t - 1, layout.n_active[t])
-        incoming, pointer = ops.dot(alpha[previous], matrix)
-        norm = semiring.normalize(semiring.mul(incoming, lifted[rows]), out=alpha[rows])[1]
+        if pointers:
+            incoming, pointer = operator.forward_arg(alpha[previous])
+            back.append(pointer)
+        else:
+            incoming = operator.forward(alpha[previous])
+        norm = semiring.normalize(semiring.times(incoming, lifted[rows]), out=alpha[rows])[1]
         log_scale[rows] = log_scale[previous] + norm + offset[rows]
-        pointers.append(pointer)
-    return alpha, log_scale, pointers
+    return alpha, log_scale, back
 
 
-def _backward(lifted, offset, matrix, end_lifted, end_norm, layout: Layout, semiring):
-    """Normalised backward messages (T, L) and their cumulative log normalisers (T,).
+def _backward(lifted, offset, operator, end_lifted, end_log, layout: Layout, semiring):
+    """Normalised backward messages (T, S) and their cumulative log normalisers (T,).
 
     beta[r] covers everything after the token of row r (its own emission excluded), end
-    transition included. The true log message is ``semiring.log(beta[r]) + log_scale[r]``.
+    transition included. The true log message is ``to_log(beta[r]) + log_scale[r]``.
     """
     beta = np.empty_like(lifted)
     beta[:] = end_lifted
-    log_scale = np.full(lifted.shape[0], end_norm)
-    ops = _ops(semiring, matrix)
+    log_scale = np.full(lifted.shape[0], end_log)
     for t in range(layout.n_steps - 1, 0, -1):
         following = layout.rows(t)
         rows = layout.rows(t - 1, layout.n_active[t])
-        weighted = semiring.mul(beta[following], lifted[following])
-        norm = semiring.normalize(ops.dot_t(weighted, matrix), out=beta[rows])[1]
+        weighted = semiring.times(beta[following], lifted[following])
+        norm = semiring.normalize(operator.backward(weighted), out=beta[rows])[1]
         log_scale[rows] = log_scale[following] + offset[following] + norm
     return beta, log_scale
 
 
-def _edges(alpha, beta, lifted, matrix, layout: Layout, semiring, per_edge, healthy=None):
-    """Edge posteriors step by step on contiguous blocks: for every step t > 0, the previous
-    rows' alpha and the current rows' lifted emissions times beta. ``per_edge(rows, block)``
-    receives the (n_t, L, L) edge marginals when given; otherwise the summed (L, L) expected
-    transition counts are returned. ``healthy`` (N,) by rank leaves failed sequences out."""
-    counts = np.zeros(matrix.shape)
-    ops = _ops(semiring, matrix)
+def _edges(alpha, beta, lifted, operator, layout: Layout, semiring, per_edge=None, healthy=None) -> np.ndarray:
+    """Edge posteriors of every step t > 0, for any operator and sum-product semiring.
+
+    The previous rows' alpha and the current rows' lifted emissions times beta meet across the
+    operator's table. With ``per_edge(rows, block)`` each step's (n_t, *table shape) edge
+    marginals are handed over; otherwise the expected counts (table shape) summed over all
+    edges are returned: ``table * plus_n alpha[n] beta'[n] / Z_n``, one contraction per step.
+    ``healthy`` (N,) by rank leaves failed sequences out.
+    """
+    counts = np.zeros(operator.values.shape)
     for t in range(1, layout.n_steps):
         n = int(layout.n_active[t])
         keep = slice(None) if healthy is None else healthy[:n]
         previous = alpha[layout.rows(t - 1, n)][keep]
-        following = semiring.mul(lifted[layout.rows(t)], beta[layout.rows(t)])[keep]
+        following = semiring.times(lifted[layout.rows(t)], beta[layout.rows(t)])[keep]
         if per_edge is not None:
-            per_edge(layout.rows(t), ops.edge_probabilities(previous, matrix, following))
-        else:
-            counts += ops.edge_counts(previous, matrix, following)
+            joint = semiring.times(semiring.times(operator.source(previous), operator.values), operator.target(following))
+            flat = semiring.normalize(joint.reshape(joint.shape[0], -1))[0]
+            per_edge(layout.rows(t), semiring.to_prob(flat).reshape(joint.shape))
+            continue
+        log_norm = semiring.to_log(semiring.plus(semiring.times(operator.forward(previous), following), axis=1))
+        weighted = semiring.times(previous, semiring.weights(-log_norm)[:, None])
+        counts += semiring.to_prob(semiring.times(operator.values, operator.pair_sum(weighted, following)))
     return counts
 
 
@@ -456,8 +164,8 @@ class Posterior:
     """Results of forward-backward (in input order, or packed order when asked for).
 
     ``log_z`` (N,), ``marginals`` (T, L) node marginals p(y_t | x), ``transition_counts`` (L, L)
-    expected transition counts summed over all edges, ``log_alpha`` and ``log_beta`` (T, L) true
-    log forward/backward messages (only when requested).
+    expected transition counts summed over all edges (the operator's table shape), ``log_alpha``
+    and ``log_beta`` (T, L) true log forward/backward messages (only when requested).
     """
 
     log_z: np.ndarray
@@ -467,146 +175,171 @@ class Posterior:
     log_beta: np.ndarray | None = None
 
 
-def _forward_backward_packed(
-    packed, transitions, start, end, layout: Layout, semiring, keep_messages: bool, overwrite: bool = False
-) -> Posterior:
-    """Forward-backward in one semiring on packed emissions; results packed, ``log_z`` by rank.
-    Sequences whose normalisers underflow get ``log_z = -inf`` or NaN marginals and contribute
-    no transition counts; :func:`forward_backward` recomputes them in log space."""
-    lifted, offset, matrix = _lifted_scores(packed, transitions, start, layout, semiring, overwrite)
-    alpha, alpha_scale = _forward(lifted, offset, matrix, layout, semiring)[:2]
-    end_lifted, end_offset = semiring.lift(end[None, :].copy(), inplace=True)
+def _messages(packed, operator, start, end, layout: Layout, semiring, overwrite: bool = False):
+    """Lifted scores, forward and backward messages of packed emissions; and log Z by rank."""
+    lifted, offset, lifted_operator = _lifted_scores(packed, operator, start, layout, semiring, overwrite)
+    alpha, alpha_scale = _forward(lifted, offset, lifted_operator, layout, semiring)[:2]
+    end_lifted, end_offset = semiring.from_log(np.array(end, dtype=np.float64)[None, :], inplace=True)
     end_lifted, end_norm = semiring.normalize(end_lifted)
     end_log = end_norm[0] + end_offset[0]
-    beta, beta_scale = _backward(lifted, offset, matrix, end_lifted[0], end_log, layout, semiring)
+    beta, beta_scale = _backward(lifted, offset, lifted_operator, end_lifted[0], end_log, layout, semiring)
+    closing = semiring.normalize(semiring.times(alpha[layout.last_rows()], end_lifted))[1]
+    log_z = alpha_scale[layout.last_rows()] + closing + end_log
+    return lifted, lifted_operator, (alpha, alpha_scale), (beta, beta_scale), log_z
 
-    last = layout.last_rows()
-    closing = semiring.normalize(semiring.mul(alpha[last], end_lifted))[1]
-    log_z = alpha_scale[last] + closing + end_log
+
+def _forward_backward_packed(packed, operator, start, end, layout: Layout, semiring, keep_messages, overwrite=False):
+    """Forward-backward in one semiring on packed emissions; results packed, ``log_z`` by rank.
+    Sequences whose normalisers underflow get ``log_z`` NaN (and NaN marginals) and contribute
+    no transition counts; :func:`forward_backward` recomputes them in ``semiring.fallback``."""
+    lifted, lifted_operator, (alpha, alpha_scale), (beta, beta_scale), log_z = _messages(
+        packed, operator, start, end, layout, semiring, overwrite
+    )
     failed = ~np.isfinite(log_z) | ~np.isfinite(beta_scale[layout.first_rows()])
-    counts = _edges(alpha, beta, lifted, matrix, layout, semiring, None, ~failed if failed.any() else None)
+    counts = _edges(alpha, beta, lifted, lifted_operator, layout, semiring, None, ~failed if failed.any() else None)
     del lifted
     log_z[failed] = np.nan
     log_alpha = log_beta = None
     if keep_messages:
         with np.errstate(invalid="ignore"):
-            log_alpha = semiring.log(alpha) + alpha_scale[:, None]
-            log_beta = semiring.log(beta) + beta_scale[:, None]
+            log_alpha = semiring.to_log(alpha) + alpha_scale[:, None]
+            log_beta = semiring.to_log(beta) + beta_scale[:, None]
     # node marginals, computed into the forward buffer (no longer needed)
     with np.errstate(invalid="ignore"):
-        node = semiring.normalize(semiring.mul(alpha, beta, out=alpha))[0]
-    marginals = np.exp(node, out=node) if semiring is LogSemiring else node
-    return Posterior(log_z, marginals, counts, log_alpha, log_beta)
-
-
-def _rows_of_ranks(layout: Layout, ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Packed rows of the sequences at ``ranks``, each sequence's tokens in order; and lengths."""
-    lengths = layout.lengths[layout.order[ranks]]
-    steps = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    return layout.step_start[steps] + np.repeat(ranks, lengths), lengths
+        node = semiring.normalize(semiring.times(alpha, beta, out=alpha))[0]
+    return Posterior(log_z, semiring.to_prob(node), counts, log_alpha, log_beta)
 
 
 def forward_backward(
     emissions: np.ndarray,
-    transitions: np.ndarray,
+    transitions,
     start: np.ndarray,
     end: np.ndarray,
     lengths,
     keep_messages: bool = False,
     semiring=ScaledSemiring,
     packed: bool = False,
+    allowed: np.ndarray | None = None,
 ) -> Posterior:
     """log Z, node marginals and expected transition counts for every sequence.
 
-    Runs in ``semiring`` (scaled probabilities by default) and recomputes in log space any
-    sequence whose scaled normalisers underflow, so the result is finite for any finite scores.
-    With ``packed=True`` the emissions are already in the layout's packed order (see
-    :class:`Layout`) and the per-token results stay in that order; ``log_z`` is always by
-    sequence in input order. ``emissions`` is never modified.
+    Runs in ``semiring`` (scaled probabilities by default) and recomputes any sequence whose
+    normalisers underflow in ``semiring.fallback`` (log space), so the result is finite for any
+    finite scores. With ``packed=True`` the emissions (and ``allowed``) are already in the
+    layout's packed order (see :class:`Layout`) and the per-token results stay in that order;
+    ``log_z`` is always by sequence in input order. ``allowed`` (T, L) restricts every sum to
+    the allowed paths (see the module docstring). ``emissions`` is never modified.
     """
     emissions = np.asarray(emissions, dtype=np.float64)
-    layout = lengths if isinstance(lengths, Layout) else Layout.from_lengths(lengths)
-    emissions_packed = emissions if packed else emissions[layout.token_of_row]
-    # a gathered copy is ours to use as working memory; the caller's array is not
-    result = _forward_backward_packed(emissions_packed, transitions, start, end, layout, semiring, keep_messages, not packed)
+    layout, operator = _layout(lengths), _operator(transitions)
+
+    def gather() -> np.ndarray:
+        source = _masked(emissions, allowed, operator)
+        return source if packed else source[layout.token_of_row]
+
+    emissions_packed = gather()
+    own = emissions_packed is not emissions  # a gathered or masked copy is ours to use as working memory
+    result = _forward_backward_packed(emissions_packed, operator, start, end, layout, semiring, keep_messages, own)
     failed = np.flatnonzero(np.isnan(result.log_z))
-    if failed.size and semiring is not LogSemiring:
-        if not packed:  # the working copy was consumed: gather the failed rows again
-            emissions_packed = emissions[layout.token_of_row]
-        rows, failed_lengths = _rows_of_ranks(layout, failed)
-        redo = forward_backward(emissions_packed[rows], transitions, start, end, failed_lengths, keep_messages, LogSemiring)
+    if failed.size and semiring.fallback is not None:
+        if own:  # the working copy was consumed
+            emissions_packed = gather()
+        rows, failed_lengths = layout.rows_of_ranks(failed)
+        redo = forward_backward(emissions_packed[rows], operator, start, end, failed_lengths, keep_messages, semiring.fallback)
         result.log_z[failed] = redo.log_z
         result.marginals[rows] = redo.marginals
         result.transition_counts = result.transition_counts + redo.transition_counts
         if keep_messages:
             result.log_alpha[rows] = redo.log_alpha
             result.log_beta[rows] = redo.log_beta
-    log_z = np.empty_like(result.log_z)
-    log_z[layout.order] = result.log_z
-    result.log_z = log_z
+    result.log_z = layout.unrank(result.log_z)
     if not packed:
         for name in ("marginals", "log_alpha", "log_beta"):
             values = getattr(result, name)
             if values is not None:
-                unpacked = np.empty_like(values)
-                unpacked[layout.token_of_row] = values
-                setattr(result, name, unpacked)
+                setattr(result, name, layout.unpack(values))
     return result
 
 
-def log_partition(emissions, transitions, start, end, lengths) -> np.ndarray:
-    """log Z(x) for every sequence, shape (N,)."""
-    return forward_backward(emissions, transitions, start, end, lengths).log_z
+def log_partition(emissions, transitions, start, end, lengths, allowed=None) -> np.ndarray:
+    """log Z(x) for every sequence (over the allowed paths when ``allowed`` is given), shape (N,)."""
+    return forward_backward(emissions, transitions, start, end, lengths, allowed=allowed).log_z
 
 
 def edge_marginals(emissions, transitions, start, end, lengths) -> np.ndarray:
-    """p(y_{t-1}=i, y_t=j | x) for every token, shape (T, L, L); zeros for first tokens."""
+    """p(y_{t-1}=i, y_t=j | x) for every token, shape (T, L, L) (the operator's table shape
+    after T); zeros for first tokens. Computed in log space: exact for any weights."""
     emissions = np.asarray(emissions, dtype=np.float64)
-    layout = lengths if isinstance(lengths, Layout) else Layout.from_lengths(lengths)
-    L = emissions.shape[1]
-    packed = np.zeros((emissions.shape[0], L, L))
-    semiring = LogSemiring  # exact for any weights; this query is for inspection, not training
-    lifted, offset, matrix = _lifted_scores(emissions[layout.token_of_row], transitions, start, layout, semiring)
-    alpha = _forward(lifted, offset, matrix, layout, semiring)[0]
-    end_lifted, end_norm = semiring.normalize(end[None, :].copy())
-    beta = _backward(lifted, offset, matrix, end_lifted[0], end_norm[0], layout, semiring)[0]
+    layout, operator = _layout(lengths), _operator(transitions)
+    semiring = LogSemiring
+    lifted, lifted_operator, (alpha, _), (beta, _), _ = _messages(
+        emissions[layout.token_of_row], operator, start, end, layout, semiring
+    )
+    packed = np.zeros((emissions.shape[0],) + lifted_operator.values.shape)
 
     def store(rows, block):
         packed[rows] = block
 
-    _edges(alpha, beta, lifted, matrix, layout, semiring, store)
-    out = np.empty_like(packed)
-    out[layout.token_of_row] = packed
-    return out
+    _edges(alpha, beta, lifted, lifted_operator, layout, semiring, store)
+    return layout.unpack(packed)
 
 
-def viterbi(emissions, transitions, start, end, lengths) -> tuple[np.ndarray, np.ndarray]:
-    """Best label sequence of every sequence: (labels (T,) in input order, scores (N,))."""
+# --- best paths -----------------------------------------------------------------------------
+
+
+def _best_paths(emissions, transitions, start, end, lengths, allowed, semiring) -> tuple[np.ndarray, np.ndarray]:
+    """The paths a selective semiring keeps (its V numbers per value: 1 for max-product, k for
+    k-best): states (T, V) in input order and scores (N, V), best first, -inf if none."""
     emissions = np.asarray(emissions, dtype=np.float64)
-    layout = lengths if isinstance(lengths, Layout) else Layout.from_lengths(lengths)
-    semiring = MaxSemiring
-    lifted, offset, matrix = _lifted_scores(emissions[layout.token_of_row], transitions, start, layout, semiring)
-    alpha, log_scale, pointers = _forward(lifted, offset, matrix, layout, semiring)
+    layout, operator = _layout(lengths), _operator(transitions)
+    emissions = _masked(emissions, allowed, operator)
+    lifted, offset, lifted_operator = _lifted_scores(emissions[layout.token_of_row], operator, start, layout, semiring, True)
+    alpha, log_scale, pointers = _forward(lifted, offset, lifted_operator, layout, semiring, pointers=True)
     last = layout.last_rows()
-    closing = alpha[last] + end
-    best_last = closing.argmax(axis=1)
-    scores_by_rank = log_scale[last] + closing[np.arange(last.size), best_last]
+    end_lifted, end_offset = semiring.from_log(np.array(end, dtype=np.float64)[None, :], inplace=True)
+    closing = semiring.times(alpha[last], end_lifted)
+    top, best = semiring.argtop(closing.reshape(last.size, -1))  # (N, V) each; best = state * V + rank
+    scores_by_rank = log_scale[last][:, None] + semiring.to_log(top) + end_offset[0]
+    size = top.shape[1]
 
-    packed = np.empty(lifted.shape[0], dtype=np.int64)
+    states = np.empty((lifted.shape[0], size), dtype=np.int64)
     ending = layout.lengths[layout.order] - 1  # last step of each rank
-    current = np.zeros(layout.lengths.size, dtype=np.int64)
+    current = np.zeros((last.size, size), dtype=np.int64)  # flat (state, rank) index per path
     for t in range(layout.n_steps - 1, -1, -1):
         n = int(layout.n_active[t])
         stops_here = ending[:n] == t
-        current[:n][stops_here] = best_last[:n][stops_here]
-        packed[layout.rows(t)] = current[:n]
+        current[:n][stops_here] = best[:n][stops_here]
+        states[layout.rows(t)] = current[:n] // size
         if t > 0:
-            current[:n] = pointers[t - 1][np.arange(n), current[:n]]
-    labels = np.empty_like(packed)
-    labels[layout.token_of_row] = packed
-    scores = np.empty(layout.lengths.size)
-    scores[layout.order] = scores_by_rank
-    return labels, scores
+            current[:n] = pointers[t - 1].reshape(n, -1)[np.arange(n)[:, None], current[:n]]
+    return layout.unpack(states), layout.unrank(scores_by_rank)
+
+
+def viterbi(emissions, transitions, start, end, lengths, allowed=None) -> tuple[np.ndarray, np.ndarray]:
+    """Best label sequence of every sequence: (labels (T,) in input order, scores (N,)).
+
+    With ``allowed`` (T, L) the best among the allowed paths (score -inf if there is none)."""
+    states, scores = _best_paths(emissions, transitions, start, end, lengths, allowed, MaxSemiring)
+    return states[:, 0], scores[:, 0]
+
+
+def kbest_viterbi(emissions, transitions, start, end, lengths, k: int, allowed=None) -> tuple[np.ndarray, np.ndarray]:
+    """The ``k`` best label sequences of every sequence, best first (n-best decoding).
+
+    Returns (labels (k, T): ``labels[j]`` is every sequence's (j+1)-th best labelling in input
+    token order; scores (N, k)). A sequence with fewer than k paths (or allowed paths) gets
+    score -inf and labels -1 in the missing places. Works for any transition operator (for
+    :class:`SecondOrderTransitions` the labels are pair states, as with :func:`viterbi`); cost
+    O(k log k) times Viterbi's per step.
+    """
+    states, scores = _best_paths(emissions, transitions, start, end, lengths, allowed, KMaxSemiring(k))
+    layout = _layout(lengths)
+    sequence_of_token = np.repeat(np.arange(layout.lengths.size), layout.lengths)
+    states[~np.isfinite(scores[sequence_of_token])] = -1
+    return np.ascontiguousarray(states.T), scores
+
+
+# --- scores of given labellings and constrained spans ----------------------------------------
 
 
 def sequence_scores(emissions, transitions, start, end, offsets, labels) -> np.ndarray:
@@ -656,20 +389,21 @@ def constrained_log_probability(
         raise ValueError("a window runs outside its sequence")
     window_tokens = np.repeat(starts, widths) + (np.arange(widths.sum()) - np.repeat(window_offsets[:-1], widths))
     masked = np.where(allowed, emissions[window_tokens], -np.inf)
+    semiring, operator = LogSemiring, _operator(transitions)
+    column_top, lifted_operator = operator.lift(semiring)
     # the incoming message of each window, folded into its first token's emissions
     incoming = np.tile(start, (sequence.size, 1))
     inner = first > 0
-    incoming[inner] = logsumexp(log_alpha[starts[inner] - 1][:, :, None] + transitions[None], axis=1)
+    incoming[inner] = lifted_operator.forward(log_alpha[starts[inner] - 1]) + column_top
     masked[window_offsets[:-1]] += incoming
     layout = Layout.from_lengths(widths)
-    semiring = LogSemiring
     # windows start from their own incoming message, so "start" is already in `masked`
-    lifted, offset, matrix = _lifted_scores(masked[layout.token_of_row], transitions, np.zeros_like(start), layout, semiring)
-    alpha, log_scale = _forward(lifted, offset, matrix, layout, semiring)[:2]
+    lifted, offset, lifted_operator = _lifted_scores(
+        masked[layout.token_of_row], operator, np.zeros_like(start), layout, semiring
+    )
+    alpha, log_scale = _forward(lifted, offset, lifted_operator, layout, semiring)[:2]
     last = layout.last_rows()
     window_last_token = window_tokens[window_offsets[1:] - 1][layout.order]
-    closing = logsumexp(alpha[last] + log_beta[window_last_token], axis=1)
+    closing = semiring.plus(semiring.times(alpha[last], log_beta[window_last_token]), axis=1)
     by_rank = log_scale[last] + closing - log_z[sequence[layout.order]]
-    out = np.empty(sequence.size)
-    out[layout.order] = by_rank
-    return out
+    return layout.unrank(by_rank)

@@ -117,7 +117,8 @@ def test_first_order_hmm_as_crf_weights():
     crf.transitions_ = model.log_transitions_[:L, :L].copy()
     crf.start_weights_ = model.log_transitions_[L, :L].copy()
     crf.end_weights_ = model.log_transitions_[:L, L].copy()
-    assert crf.predict(batch) == model.predict(test_X)
+    # CRF.predict returns sklearn-crfsuite's object array of label lists
+    assert [list(labels) for labels in crf.predict(batch)] == model.predict(test_X)
     np.testing.assert_allclose(crf.log_partition(batch), model.log_likelihood(test_X, per_sequence=True), atol=1e-10)
     for words_, log_p in zip(test_X, model.log_likelihood(test_X, per_sequence=True)):
         paths = itertools.product(range(L), repeat=len(words_))

@@ -1,0 +1,271 @@
+"""Semirings for the chain recursions: algebra on message arrays, nothing about chains.
+
+A semiring here is a set of operations on NumPy arrays of *values*; each value is one element
+of the semiring and has the trailing shape ``value_shape`` (``()`` for a number, ``(k,)`` for a
+k-best list). The recursions in :mod:`crf.chain` and the operators in :mod:`crf.transitions`
+use only these operations and never ask which semiring they hold.
+
+Operations (``a``, ``b`` arrays of values; a *weight* is the image of one real log score):
+
+- ``from_log(scores)``: (n, m) log scores as weights, with a per-row log offset (n,) taken out.
+- ``weights(scores)``: log scores as weights, nothing taken out (transition matrices).
+- ``to_log(a)``, ``to_prob(a)``: back to log space, or to probabilities (sum-product only).
+- ``ones(shape)``: the multiplicative identity, an array of ``shape + value_shape``.
+- ``zero``: the additive identity as a weight (``0`` in probability space, ``-inf`` in log space).
+- ``times(a, b)``: elementwise product; ``b`` holds values or weights (broadcast).
+- ``plus(a, axis)``: sum (in the semiring) over an axis of the value array's leading axes.
+- ``matmul(a, b)``: ``out[..., i, j] = plus_m a[..., i, m] * b[..., m, j]`` with batch axes
+  ``...``; ``a`` holds values (its value axes trail), ``b`` weights.
+- ``normalize(a)``: each row (axis 0) divided by its sum, and the log of the sums (n,): keeps
+  messages in range; the true log value is ``to_log(a) + cumulative log normaliser``.
+
+Selective semirings (max-product, k-best) also give the arguments of their choices:
+
+- ``matmul_arg(a, b)``: ``matmul`` plus, for every output value, the flat index into
+  (m, *value_shape) of the term that produced each entry (back pointers).
+- ``argtop(a)``: for (n, M) flat values, the kept values (n, V) and their flat indices (n, V),
+  best first, with V = the number of numbers in one value (1, or k).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.special import logsumexp
+
+# elements of one temporary candidate array in the log-space and selective contractions (16 MB)
+_BLOCK_ELEMENTS = 1 << 21
+
+
+def _row_blocks(n: int, per_row: int):
+    """Slices of at most ``_BLOCK_ELEMENTS // per_row`` rows covering range(n)."""
+    step = max(1, _BLOCK_ELEMENTS // max(1, per_row))
+    for first in range(0, n, step):
+        yield slice(first, min(n, first + step))
+
+
+def _candidates(a: np.ndarray, b: np.ndarray, rows: slice) -> np.ndarray:
+    """``a[..., rows, i, m] + b[..., m, j]`` as (..., rows, j, m): the contracted axis last and
+    contiguous (reducing over it is about twice as fast as over a middle axis)."""
+    return a[..., rows, None, :] + np.swapaxes(b, -1, -2)[..., None, :, :]
+
+
+class LogSemiring:
+    """Sum-product in log space: exact for any finite scores, slower than the scaled one."""
+
+    value_shape: tuple[int, ...] = ()
+    zero = -np.inf
+    fallback = None  # nothing more exact to recompute with
+
+    @staticmethod
+    def from_log(scores: np.ndarray, inplace: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        return scores, np.zeros(scores.shape[0])
+
+    @staticmethod
+    def weights(scores: np.ndarray) -> np.ndarray:
+        return scores
+
+    @staticmethod
+    def to_log(values: np.ndarray) -> np.ndarray:
+        return values
+
+    @staticmethod
+    def to_prob(values: np.ndarray) -> np.ndarray:
+        return np.exp(values, out=values)
+
+    @classmethod
+    def ones(cls, shape: tuple[int, ...]) -> np.ndarray:
+        return np.zeros(shape + cls.value_shape)
+
+    @staticmethod
+    def times(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        return np.add(a, b, out=out)
+
+    @staticmethod
+    def plus(values: np.ndarray, axis: int) -> np.ndarray:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return logsumexp(values, axis=axis)
+
+    @staticmethod
+    def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        out = np.empty(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1]))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            for rows in _row_blocks(a.shape[-2], out[..., :1, :].size * a.shape[-1]):
+                out[..., rows, :] = logsumexp(_candidates(a, b, rows), axis=-1)
+        return out
+
+    @staticmethod
+    def normalize(values: np.ndarray, out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            total = logsumexp(values.reshape(values.shape[0], -1), axis=1)
+        shift = np.where(np.isfinite(total), total, 0.0)
+        shift = shift.reshape((-1,) + (1,) * (values.ndim - 1))
+        return np.subtract(values, shift, out=values if out is None else out), total
+
+
+class ScaledSemiring:
+    """Sum-product in probability space, messages rescaled to sum 1 per row: matrix products.
+
+    Values below ``FLUSH`` (after rescaling to a maximum or sum of 1) are set to exactly zero.
+    Their share of any sum is below 1e-75, far under float64 precision, and it keeps every
+    product of up to four factors a normal float: subnormal floats make matrix products about
+    a hundred times slower, and trained weights produce them in large numbers. Sequences whose
+    normalisers underflow anyway are recomputed in ``fallback`` (log space).
+    """
+
+    value_shape: tuple[int, ...] = ()
+    zero = 0.0
+    fallback = LogSemiring
+    FLUSH = 1e-75
+
+    @classmethod
+    def _flush(cls, values: np.ndarray) -> np.ndarray:
+        values[values < cls.FLUSH] = 0.0
+        return values
+
+    @classmethod
+    def from_log(cls, scores: np.ndarray, inplace: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """(exp(scores - row max), row max) for (n, m) log scores."""
+        top = scores.max(axis=1)
+        top = np.where(np.isfinite(top), top, 0.0)
+        out = np.subtract(scores, top[:, None], out=scores if inplace else None)
+        return cls._flush(np.exp(out, out=out)), top
+
+    @classmethod
+    def weights(cls, scores: np.ndarray) -> np.ndarray:
+        return cls._flush(np.exp(scores))
+
+    @staticmethod
+    def to_log(values: np.ndarray) -> np.ndarray:
+        with np.errstate(divide="ignore"):
+            return np.log(values)
+
+    @staticmethod
+    def to_prob(values: np.ndarray) -> np.ndarray:
+        return values
+
+    @classmethod
+    def ones(cls, shape: tuple[int, ...]) -> np.ndarray:
+        return np.ones(shape + cls.value_shape)
+
+    @staticmethod
+    def times(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        return np.multiply(a, b, out=out)
+
+    @staticmethod
+    def plus(values: np.ndarray, axis: int) -> np.ndarray:
+        summed = np.moveaxis(values, axis, -1)
+        return summed @ np.ones(summed.shape[-1])  # a BLAS product is faster than sum() over short rows
+
+    @staticmethod
+    def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return np.matmul(a, b)
+
+    @classmethod
+    def normalize(cls, values: np.ndarray, out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Rows of a (n, m) array divided by their sums (into ``out``, default in place), flushed;
+        and the logs of the sums (n,). A row that underflowed to zero stays zero (log -inf)."""
+        out = values if out is None else out
+        total = values @ np.ones(values.shape[1])  # row sums; a BLAS product is faster than sum()
+        safe = np.where(total > 0, total, 1.0)
+        np.divide(values, safe[:, None], out=out)
+        with np.errstate(divide="ignore"):
+            return cls._flush(out), np.log(total)
+
+
+class MaxSemiring(LogSemiring):
+    """Max-product in log space (Viterbi), with back pointers from ``matmul_arg``."""
+
+    @staticmethod
+    def plus(values: np.ndarray, axis: int) -> np.ndarray:
+        return values.max(axis=axis)
+
+    @classmethod
+    def matmul(cls, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return cls.matmul_arg(a, b)[0]
+
+    @staticmethod
+    def matmul_arg(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """A running maximum over the contracted axis m (a loop of m vectorised steps on
+        (..., n, p) blocks): several times faster than an arg max over a short last axis of an
+        (..., n, p, m) candidate array, and no such array is built. Ties keep the first term."""
+        terms = np.ascontiguousarray(np.moveaxis(a, -1, 0))[..., None]  # (m, ..., n, 1)
+        out = terms[0] + b[..., 0, None, :]
+        best = np.zeros(out.shape, dtype=np.int64)
+        candidate, better = np.empty_like(out), np.empty(out.shape, dtype=bool)
+        for i in range(1, a.shape[-1]):
+            np.add(terms[i], b[..., i, None, :], out=candidate)
+            np.greater(candidate, out, out=better)
+            np.copyto(out, candidate, where=better)
+            np.copyto(best, i, where=better)
+        return out, best
+
+    @staticmethod
+    def normalize(values: np.ndarray, out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        top = values.reshape(values.shape[0], -1).max(axis=1)
+        shift = np.where(np.isfinite(top), top, 0.0).reshape((-1,) + (1,) * (values.ndim - 1))
+        return np.subtract(values, shift, out=values if out is None else out), top
+
+    @staticmethod
+    def argtop(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        best = values.argmax(axis=1)[:, None]
+        return np.take_along_axis(values, best, axis=1), best
+
+
+class KMaxSemiring(MaxSemiring):
+    """k-best max-product in log space: a value is the k best scores (k,), best first (-inf
+    where fewer exist). ``plus`` merges lists (top k of the union); ``times`` by a weight adds
+    it to every entry. Back pointers index (term, rank) pairs of the contracted axis."""
+
+    def __init__(self, k: int) -> None:
+        if int(k) < 1:
+            raise ValueError(f"k must be a positive integer, got {k!r}")
+        self.k = int(k)
+        self.value_shape = (self.k,)
+
+    def ones(self, shape: tuple[int, ...]) -> np.ndarray:
+        out = np.full(shape + self.value_shape, -np.inf)
+        out[..., 0] = 0.0
+        return out
+
+    @staticmethod
+    def times(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """``a`` values (..., k), ``b`` weights broadcasting to ``a``'s leading axes."""
+        return np.add(a, np.asarray(b)[..., None], out=out)
+
+    def _top(self, candidates: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The k largest along the last axis, best first: (values, indices) (..., k)."""
+        k = self.k
+        if candidates.shape[-1] > k:
+            keep = np.argpartition(-candidates, k - 1, axis=-1)[..., :k]
+        else:
+            keep = np.broadcast_to(np.arange(candidates.shape[-1]), candidates.shape).copy()
+        order = np.argsort(-np.take_along_axis(candidates, keep, axis=-1), axis=-1, kind="stable")
+        index = np.take_along_axis(keep, order, axis=-1)
+        top = np.take_along_axis(candidates, index, axis=-1)
+        if top.shape[-1] < k:  # fewer candidates than k: pad with zeros of the semiring
+            pad = [(0, 0)] * (top.ndim - 1) + [(0, k - top.shape[-1])]
+            top, index = np.pad(top, pad, constant_values=-np.inf), np.pad(index, pad)
+        return top, index
+
+    def plus(self, values: np.ndarray, axis: int) -> np.ndarray:
+        merged = np.moveaxis(values, axis, -2)
+        return self._top(merged.reshape(merged.shape[:-2] + (-1,)))[0]
+
+    def matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return self.matmul_arg(a, b)[0]
+
+    def matmul_arg(self, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``a`` values (..., n, m, k), ``b`` weights (..., m, p): (..., n, p, k) values and flat
+        indices ``i * k + r`` of the (term i, rank r) behind each entry."""
+        k = self.k
+        shape = np.broadcast_shapes(a.shape[:-3], b.shape[:-2]) + (a.shape[-3], b.shape[-1], k)
+        out, best = np.empty(shape), np.empty(shape, dtype=np.int64)
+        for rows in _row_blocks(a.shape[-3], out[..., :1, :, :].size * a.shape[-2]):
+            # [..., rows, j, i, r] = a[..., rows, i, r] + b[..., i, j]
+            candidates = a[..., rows, None, :, :] + np.swapaxes(b, -1, -2)[..., None, :, :, None]
+            flat = candidates.reshape(candidates.shape[:-2] + (-1,))
+            out[..., rows, :, :], best[..., rows, :, :] = self._top(flat)
+        return out, best
+
+    def argtop(self, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return self._top(values)

@@ -1,0 +1,171 @@
+"""Transition operators: how messages move from one token's states to the next token's.
+
+The recursions of :mod:`crf.chain` see transitions only through this interface, whatever the
+order of the chain:
+
+- ``n_states`` (S), ``shape`` (the shape of the transition table), ``state_emissions(e)``
+  (per-label (T, L) arrays as per-state (T, S) arrays), ``labels_of_states(states)``;
+- ``lift(semiring)`` -> (``column_top`` (S,), a lifted operator bound to the semiring). Each
+  target state's best incoming score ``column_top`` is taken out of the table (so its lifted
+  entries peak at the semiring's one) and is added to the emissions by the caller instead.
+
+A lifted operator has ``values`` (the lifted table, ``shape``) and, for messages (n, S, *V)
+(V: the semiring's value shape):
+
+- ``forward(m)`` (n, S, *V): messages into every state, ``plus_i m[i] * table[i -> j]``;
+- ``forward_arg(m)``: the same and the flat index into (S, *V) of the previous (state, rank)
+  each entry came from (selective semirings only);
+- ``backward(w)`` (n, S): messages out of every state, ``plus_j table[i -> j] * w[j]``;
+- ``pair_sum(p, f)`` (``shape``): ``plus_n p[n, source] * f[n, target]`` for every table entry;
+- ``source(p)``, ``target(f)``: the messages as arrays broadcasting against ``values`` with a
+  leading row axis, so that ``source(p) * values * target(f)`` is the joint of every edge.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class FirstOrderTransitions:
+    """A first-order chain: ``scores`` (L, L) indexed [previous, current]; states are labels."""
+
+    def __init__(self, scores: np.ndarray) -> None:
+        scores = np.asarray(scores, dtype=np.float64)
+        if scores.ndim != 2 or scores.shape[0] != scores.shape[1]:
+            raise ValueError(f"transition scores must have shape (L, L), got {scores.shape}")
+        self.scores = scores
+        self.n_labels = self.n_states = scores.shape[0]
+        self.shape = scores.shape
+
+    @staticmethod
+    def state_emissions(emissions: np.ndarray) -> np.ndarray:
+        return emissions
+
+    @staticmethod
+    def labels_of_states(states: np.ndarray) -> np.ndarray:
+        return np.asarray(states)
+
+    def lift(self, semiring) -> tuple[np.ndarray, _LiftedFirstOrder]:
+        column_top = self.scores.max(axis=0)
+        column_top = np.where(np.isfinite(column_top), column_top, 0.0)  # a label nothing can reach
+        return column_top, _LiftedFirstOrder(semiring.weights(self.scores - column_top), semiring)
+
+
+class _LiftedFirstOrder:
+    def __init__(self, values: np.ndarray, semiring) -> None:
+        self.values = values  # (L, L) [i, j]
+        self.values_t = values.T
+        self.semiring = semiring
+
+    def forward(self, messages: np.ndarray) -> np.ndarray:
+        return self.semiring.matmul(messages, self.values)
+
+    def forward_arg(self, messages: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return self.semiring.matmul_arg(messages, self.values)
+
+    def backward(self, weighted: np.ndarray) -> np.ndarray:
+        return self.semiring.matmul(weighted, self.values_t)
+
+    def pair_sum(self, previous: np.ndarray, following: np.ndarray) -> np.ndarray:
+        return self.semiring.matmul(previous.T, following)
+
+    @staticmethod
+    def source(previous: np.ndarray) -> np.ndarray:
+        return previous[:, :, None]
+
+    @staticmethod
+    def target(following: np.ndarray) -> np.ndarray:
+        return following[:, None, :]
+
+
+class SecondOrderTransitions:
+    """Transition scores of a second-order chain, run by the same recursions as a first-order
+    chain whose states are label pairs.
+
+    State ``s = a * L + b`` stands for (y_{t-1} = a, y_t = b), where ``a = L`` means "before the
+    sequence": a sequence's first token is in a state (L, b), so there are S = (L + 1) * L states.
+    ``scores`` (L + 1, L, L): ``scores[a, b, c]`` is the score of label c after labels a, b. The
+    emissions (T, S), ``start`` and ``end`` (S,) given with these transitions are per state (see
+    :meth:`state_emissions`). The (S, S) pair-to-pair matrix is never built: each step contracts
+    the (n, L + 1, L) messages with ``scores`` (a batched product over the middle label b),
+    O(n L^3) work instead of O(n S^2). Expected edge counts come back as (L + 1, L, L) triples.
+    """
+
+    def __init__(self, scores: np.ndarray) -> None:
+        scores = np.asarray(scores, dtype=np.float64)
+        if scores.ndim != 3 or scores.shape[0] != scores.shape[1] + 1 or scores.shape[1] != scores.shape[2]:
+            raise ValueError(f"second-order scores must have shape (L + 1, L, L), got {scores.shape}")
+        self.scores = scores
+        self.n_labels = scores.shape[1]
+        self.n_states = (self.n_labels + 1) * self.n_labels
+        self.shape = scores.shape
+
+    def state_emissions(self, emissions: np.ndarray) -> np.ndarray:
+        """Per-label emissions (T, L) as per-state emissions (T, S): state (a, b) emits as b."""
+        return np.tile(emissions, (1, self.n_labels + 1))
+
+    def labels_of_states(self, states: np.ndarray) -> np.ndarray:
+        return np.asarray(states) % self.n_labels
+
+    def lift(self, semiring) -> tuple[np.ndarray, _LiftedSecondOrder]:
+        L = self.n_labels
+        top = self.scores.max(axis=0)
+        top = np.where(np.isfinite(top), top, 0.0)
+        column_top = np.zeros(self.n_states)
+        column_top[: L * L] = top.ravel()  # states (b, c); the before-start states have no incoming edge
+        return column_top, _LiftedSecondOrder(semiring.weights(self.scores - top[None]), semiring)
+
+
+class _LiftedSecondOrder:
+    def __init__(self, values: np.ndarray, semiring) -> None:
+        self.values = values  # (L + 1, L, L) [a, b, c]
+        self.semiring = semiring
+        self.n_labels = values.shape[1]
+        self.by_middle = np.ascontiguousarray(values.transpose(1, 0, 2))  # [b, a, c]
+        self.by_middle_last = np.ascontiguousarray(values.transpose(1, 2, 0))  # [b, c, a]
+
+    def _padded(self, inner: np.ndarray, fill) -> np.ndarray:
+        """(L, n, L, *V) [b, n, c] values of the states (b, c) as (n, S, *V); the before-start
+        states (which nothing enters) get ``fill``."""
+        L, n = self.n_labels, inner.shape[1]
+        out = np.full((n, (L + 1) * L) + inner.shape[3:], fill, dtype=inner.dtype)
+        out[:, : L * L] = np.moveaxis(inner, 0, 1).reshape((n, L * L) + inner.shape[3:])
+        return out
+
+    def _by_middle(self, messages: np.ndarray) -> np.ndarray:
+        """(n, S, *V) messages of states (a, b) as (L, n, L + 1, *V) [b, n, a]."""
+        n, L = messages.shape[0], self.n_labels
+        return np.moveaxis(messages.reshape((n, L + 1, L) + messages.shape[2:]), 2, 0)
+
+    def _inner(self, weighted: np.ndarray) -> np.ndarray:
+        """(n, S) messages of the states (b, c) (the before-start states dropped) as (n, L, L)."""
+        L = self.n_labels
+        return weighted[:, : L * L].reshape(weighted.shape[0], L, L)
+
+    def forward(self, messages: np.ndarray) -> np.ndarray:
+        return self._padded(self.semiring.matmul(self._by_middle(messages), self.by_middle), self.semiring.zero)
+
+    def forward_arg(self, messages: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        inner, best = self.semiring.matmul_arg(self._by_middle(messages), self.by_middle)
+        # best indexes (a, rank) pairs; as a flat index into the previous (state (a, b), rank)
+        L, size = self.n_labels, int(np.prod(messages.shape[2:], dtype=np.int64))
+        b = np.arange(L).reshape((L,) + (1,) * (best.ndim - 1))
+        previous = ((best // size) * L + b) * size + best % size
+        return self._padded(inner, self.semiring.zero), self._padded(previous, 0)
+
+    def backward(self, weighted: np.ndarray) -> np.ndarray:
+        n, L = weighted.shape[0], self.n_labels
+        out = self.semiring.matmul(self._inner(weighted).transpose(1, 0, 2), self.by_middle_last)  # [b, n, a]
+        return np.ascontiguousarray(out.transpose(1, 2, 0)).reshape(n, (L + 1) * L)
+
+    def pair_sum(self, previous: np.ndarray, following: np.ndarray) -> np.ndarray:
+        n, L = previous.shape[0], self.n_labels
+        p = previous.reshape(n, L + 1, L).transpose(2, 1, 0)  # [b, a, n]
+        summed = self.semiring.matmul(p, self._inner(following).transpose(1, 0, 2))  # [b, a, c]
+        return summed.transpose(1, 0, 2)
+
+    def source(self, previous: np.ndarray) -> np.ndarray:
+        return previous.reshape(previous.shape[0], self.n_labels + 1, self.n_labels)[:, :, :, None]
+
+    def target(self, following: np.ndarray) -> np.ndarray:
+        return self._inner(following)[:, None]
