@@ -190,15 +190,16 @@ def _messages(packed, operator, start, end, layout: Layout, semiring, overwrite:
 
 def _forward_backward_packed(packed, operator, start, end, layout: Layout, semiring, keep_messages, overwrite=False):
     """Forward-backward in one semiring on packed emissions; results packed, ``log_z`` by rank.
-    Sequences whose normalisers underflow get ``log_z`` NaN (and NaN marginals) and contribute
-    no transition counts; :func:`forward_backward` recomputes them in ``semiring.fallback``."""
+    Sequences whose normalisers underflow (or are impossible) contribute no transition counts;
+    with a ``semiring.fallback`` they get ``log_z`` NaN and :func:`forward_backward` recomputes them."""
     lifted, lifted_operator, (alpha, alpha_scale), (beta, beta_scale), log_z = _messages(
         packed, operator, start, end, layout, semiring, overwrite
     )
     failed = ~np.isfinite(log_z) | ~np.isfinite(beta_scale[layout.first_rows()])
     counts = _edges(alpha, beta, lifted, lifted_operator, layout, semiring, None, ~failed if failed.any() else None)
     del lifted
-    log_z[failed] = np.nan
+    if semiring.fallback is not None:  # to be recomputed; in the exact semiring -inf means impossible
+        log_z[failed] = np.nan
     log_alpha = log_beta = None
     if keep_messages:
         with np.errstate(invalid="ignore"):

@@ -39,3 +39,47 @@ def enumerate_paths(emissions, transitions, start, end):
     if n > 1:
         scores = scores + transitions[paths[:, :-1], paths[:, 1:]].sum(axis=1)
     return paths, scores
+
+
+def random_second_order(seed: int, n_labels: int, lengths, scale: float = 1.0):
+    """Per-label emissions (T, L), triple scores (L + 1, L, L), first-label and closing scores."""
+    rng = np.random.default_rng(seed)
+    L = n_labels
+    emissions = scale * rng.normal(size=(int(np.sum(lengths)), L))
+    triples = scale * rng.normal(size=(L + 1, L, L))
+    first = scale * rng.normal(size=L)  # score of y_0 (after two start symbols)
+    closing = scale * rng.normal(size=(L + 1, L))  # score of ending after (y_{n-2}, y_{n-1})
+    return emissions, triples, first, closing
+
+
+def second_order_states(triples, first, closing):
+    """Start and end per pair state (S,) for the pair-state chain."""
+    L = triples.shape[1]
+    start = np.full((L + 1, L), -np.inf)
+    start[L] = first
+    return start.ravel(), closing.ravel()
+
+
+def enumerate_second_order(emissions, triples, first, closing):
+    """(paths (K, n), scores (K,)) of one sequence under the second-order model."""
+    n, L = emissions.shape
+    paths = np.array(list(itertools.product(range(L), repeat=n)), dtype=np.int64)
+    scores = first[paths[:, 0]] + emissions[np.arange(n), paths].sum(axis=1)
+    for t in range(1, n):
+        before = paths[:, t - 2] if t >= 2 else np.full(len(paths), L)
+        scores = scores + triples[before, paths[:, t - 1], paths[:, t]]
+    before_last = paths[:, -2] if n >= 2 else np.full(len(paths), L)
+    return paths, scores + closing[before_last, paths[:, -1]]
+
+
+def random_allowed(rng, n_tokens: int, n_labels: int, p: float = 0.5):
+    """A random (T, L) boolean mask with at least one allowed label per token."""
+    allowed = rng.random((n_tokens, n_labels)) < p
+    allowed[np.arange(n_tokens), rng.integers(0, n_labels, size=n_tokens)] = True
+    return allowed
+
+
+def sequence_slices(lengths):
+    """(first, stop) token offsets of every sequence."""
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    return list(zip(offsets[:-1].tolist(), offsets[1:].tolist()))

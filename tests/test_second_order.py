@@ -2,46 +2,15 @@
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import pytest
+from conftest import enumerate_second_order, random_second_order
+from conftest import second_order_states as as_states
 from scipy.special import logsumexp
 
-from crf.chain import LogSemiring, ScaledSemiring, SecondOrderTransitions, forward_backward, viterbi
+from crf.chain import LogSemiring, ScaledSemiring, SecondOrderTransitions, edge_marginals, forward_backward, viterbi
 
 CASES = [(0, 2, [1, 4, 3]), (1, 3, [5, 2, 1, 4]), (2, 4, [3, 3]), (3, 3, [6])]
-
-
-def random_second_order(seed: int, n_labels: int, lengths, scale: float = 1.0):
-    """Per-label emissions (T, L), triple scores (L + 1, L, L), first-label and closing scores."""
-    rng = np.random.default_rng(seed)
-    L = n_labels
-    emissions = scale * rng.normal(size=(int(np.sum(lengths)), L))
-    triples = scale * rng.normal(size=(L + 1, L, L))
-    first = scale * rng.normal(size=L)  # score of y_0 (after two start symbols)
-    closing = scale * rng.normal(size=(L + 1, L))  # score of ending after (y_{n-2}, y_{n-1})
-    return emissions, triples, first, closing
-
-
-def as_states(triples, first, closing):
-    """Start and end per pair state (S,) for the pair-state chain."""
-    L = triples.shape[1]
-    start = np.full((L + 1, L), -np.inf)
-    start[L] = first
-    return start.ravel(), closing.ravel()
-
-
-def enumerate_second_order(emissions, triples, first, closing):
-    """(paths (K, n), scores (K,)) of one sequence under the second-order model."""
-    n, L = emissions.shape
-    paths = np.array(list(itertools.product(range(L), repeat=n)), dtype=np.int64)
-    scores = first[paths[:, 0]] + emissions[np.arange(n), paths].sum(axis=1)
-    for t in range(1, n):
-        before = paths[:, t - 2] if t >= 2 else np.full(len(paths), L)
-        scores = scores + triples[before, paths[:, t - 1], paths[:, t]]
-    before_last = paths[:, -2] if n >= 2 else np.full(len(paths), L)
-    return paths, scores + closing[before_last, paths[:, -1]]
 
 
 @pytest.mark.parametrize("semiring", [ScaledSemiring, LogSemiring])
@@ -98,3 +67,24 @@ def test_second_order_with_impossible_triples():
         assert np.all(np.isfinite(result.log_z))
         paths, scores = enumerate_second_order(emissions[:4], triples, first, closing)
         assert result.log_z[0] == pytest.approx(logsumexp(scores), abs=1e-9)
+
+
+@pytest.mark.parametrize("seed,n_labels,lengths", CASES)
+def test_second_order_edge_marginals(seed, n_labels, lengths):
+    """The generic per-edge marginals serve the pair-state operator: (T, L + 1, L, L) triples."""
+    emissions, triples, first, closing = random_second_order(seed + 40, n_labels, lengths)
+    transitions = SecondOrderTransitions(triples)
+    start, end = as_states(triples, first, closing)
+    edges = edge_marginals(transitions.state_emissions(emissions), transitions, start, end, lengths)
+    L = n_labels
+    assert edges.shape == (int(np.sum(lengths)), L + 1, L, L)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    for a, b in zip(offsets[:-1], offsets[1:]):
+        paths, scores = enumerate_second_order(emissions[a:b], triples, first, closing)
+        p = np.exp(scores - logsumexp(scores))
+        assert np.all(edges[a] == 0)
+        for t in range(1, b - a):
+            before = paths[:, t - 2] if t >= 2 else np.full(len(paths), L)
+            expected = np.zeros((L + 1, L, L))
+            np.add.at(expected, (before, paths[:, t - 1], paths[:, t]), p)
+            np.testing.assert_allclose(edges[a + t], expected, atol=1e-10)
