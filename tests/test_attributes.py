@@ -252,3 +252,16 @@ def test_iterables_of_sequences_are_accepted():
     X = [[["a"], {"b": 1.0}], [("c",)]]
     index = AttributeIndex().fit(iter(X))
     assert _rows(index, index.transform(s for s in X)) == [{"a": 1.0}, {"b": 1.0}, {"c": 1.0}]
+
+
+def test_feature_extractor_attribute_lists_round_trip():
+    from crf.features import crfsuite_chunking_extractor
+
+    sentences = [[("He", "PRP", "B-NP"), ("reckons", "VBZ", "B-VP"), ("the", "DT", "B-NP")], [("New", "NNP", "B-NP")]]
+    extractor = crfsuite_chunking_extractor().fit(sentences)
+    batch = extractor.transform(sentences)
+    index = AttributeIndex().fit(extractor.attribute_lists(batch))
+    ours = index.transform(extractor.attribute_lists(batch))
+    columns = [index.index_[name] for name in extractor.attribute_names() if name in index.index_]
+    assert len(columns) == index.names().size == extractor.attribute_names().size
+    assert (ours.X[:, columns] != batch.X).nnz == 0
