@@ -1,5 +1,5 @@
-"""Linear-chain recursions and the queries built on them: log Z, marginals, Viterbi, k-best,
-constrained decoding and constrained spans.
+"""Linear-chain recursions and the queries built on them: log Z, marginals, entropy, Viterbi,
+k-best, constrained decoding and constrained spans.
 
 Scores
 ------
@@ -40,6 +40,7 @@ __all__ = [
     "SecondOrderTransitions",
     "constrained_log_probability",
     "edge_marginals",
+    "entropy",
     "forward_backward",
     "kbest_viterbi",
     "log_partition",
@@ -283,6 +284,28 @@ def edge_marginals(emissions, transitions, start, end, lengths) -> np.ndarray:
 
     _edges(alpha, beta, lifted, lifted_operator, layout, semiring, store)
     return layout.unpack(packed)
+
+
+def entropy(emissions, transitions, start, end, lengths, allowed=None) -> np.ndarray:
+    """Entropy H(y | x) of every sequence's label distribution (over the allowed paths), (N,):
+    ``log Z - E[score(y)]``, the expectation from node and edge marginals. Exact (log space);
+    for inspection (active learning, confidence), it holds the (T, table shape) edge marginals."""
+    layout, operator = _layout(lengths), _operator(transitions)
+    emissions = _masked(np.asarray(emissions, dtype=np.float64), allowed, operator)
+    posterior = forward_backward(emissions, operator, start, end, layout, semiring=LogSemiring)
+    edges = edge_marginals(emissions, operator, start, end, layout)
+    offsets = np.concatenate([[0], np.cumsum(layout.lengths)])
+
+    def expected(probabilities: np.ndarray, scores: np.ndarray) -> np.ndarray:  # 0 * -inf counts 0
+        with np.errstate(invalid="ignore"):
+            products = probabilities * scores
+        return np.where(probabilities > 0, products, 0.0).reshape(probabilities.shape[0], -1).sum(axis=1)
+
+    per_token = expected(posterior.marginals, emissions) + expected(edges, np.broadcast_to(operator.scores, edges.shape))
+    boundary = expected(posterior.marginals[offsets[:-1]], np.asarray(start)[None]) + expected(
+        posterior.marginals[offsets[1:] - 1], np.asarray(end)[None]
+    )
+    return posterior.log_z - np.add.reduceat(per_token, offsets[:-1]) - boundary
 
 
 # --- best paths -----------------------------------------------------------------------------

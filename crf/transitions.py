@@ -3,7 +3,7 @@
 The recursions of :mod:`crf.chain` see transitions only through this interface, whatever the
 order of the chain:
 
-- ``n_states`` (S), ``shape`` (the shape of the transition table), ``state_emissions(e)``
+- ``scores`` (the table of log scores), ``n_states`` (S), ``shape`` (the table's shape), ``state_emissions(e)``
   (per-label (T, L) arrays as per-state (T, S) arrays), ``labels_of_states(states)``;
 - ``lift(semiring)`` -> (``column_top`` (S,), a lifted operator bound to the semiring). Each
   target state's best incoming score ``column_top`` is taken out of the table (so its lifted

@@ -143,3 +143,30 @@ def test_second_order_constraints_per_label(seed, n_labels, lengths):
         p = np.exp(path_scores - logsumexp(path_scores))
         for t in range(b - a):
             np.testing.assert_allclose(node[a + t], np.bincount(paths[:, t], p, n_labels), atol=1e-9)
+
+
+@pytest.mark.parametrize("constrained", [False, True])
+@pytest.mark.parametrize("seed,n_labels,lengths", CASES)
+def test_entropy(seed, n_labels, lengths, constrained):
+    emissions, transitions, start, end = random_chain(seed + 1200, n_labels, lengths, scale=1.5)
+    transitions[0, 1] = -np.inf  # impossible transitions contribute nothing, not NaN
+    allowed = random_allowed(np.random.default_rng(seed), emissions.shape[0], n_labels) if constrained else None
+    got = chain.entropy(emissions, transitions, start, end, lengths, allowed=allowed)
+    mask = np.ones(emissions.shape, dtype=bool) if allowed is None else allowed
+    for i, (a, b) in enumerate(sequence_slices(lengths)):
+        _, scores = allowed_paths(emissions, transitions, start, end, mask, a, b)
+        p = np.exp(scores - logsumexp(scores))
+        p = p[p > 0]
+        assert got[i] == pytest.approx(-np.sum(p * np.log(p)), abs=1e-9)
+
+
+def test_second_order_entropy():
+    lengths = [1, 4, 3]
+    emissions, triples, first, closing = random_second_order(5, 3, lengths)
+    transitions = chain.SecondOrderTransitions(triples)
+    start, end = second_order_states(triples, first, closing)
+    got = chain.entropy(transitions.state_emissions(emissions), transitions, start, end, lengths)
+    for i, (a, b) in enumerate(sequence_slices(lengths)):
+        _, scores = enumerate_second_order(emissions[a:b], triples, first, closing)
+        p = np.exp(scores - logsumexp(scores))
+        assert got[i] == pytest.approx(-np.sum(p * np.log(p)), abs=1e-9)
