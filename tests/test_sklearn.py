@@ -13,6 +13,7 @@ from sklearn.base import clone
 from sklearn.exceptions import NotFittedError
 from sklearn.metrics import make_scorer
 from sklearn.model_selection import GridSearchCV, RandomizedSearchCV, cross_val_score
+from sklearn.utils import get_tags
 from sklearn.utils.validation import check_is_fitted
 
 from crf import CRF, metrics
@@ -68,6 +69,8 @@ def test_params_round_trip_and_clone(fitted):
     assert twin.get_params() == params and twin.classes_ is None and twin.tagger_ is None
     assert CRF().set_params(algorithm="pa", c=0.5).get_params()["c"] == 0.5
     assert repr(CRF(c2=0.5)) == "CRF(c2=0.5)"  # sklearn's repr: only the non-default parameters
+    tags = get_tags(CRF())
+    assert not tags.input_tags.two_d_array and tags.input_tags.dict and tags.target_tags.required
 
 
 def test_fitted_attributes_are_none_before_fit_and_sklearn_sees_fitting(fitted):
