@@ -7,7 +7,7 @@ from .batch import SequenceBatch
 from .crfsuite_format import CRFsuiteFormatError, CRFsuiteModel, read_crfsuite, write_crfsuite
 from .features import AttributeIndex, FeatureExtractor, crfsuite_chunking_extractor
 from .hmm import HMMTagger
-from .io import DataFormatError, read_conll, read_conllu
+from .io import DataFormatError, read_conll, read_conllu, read_xml_sequences
 from .model import CRF
 from .persist import ModelFileError
 from .tagger import Tagger
@@ -26,6 +26,7 @@ __all__ = [
     "crfsuite_chunking_extractor",
     "read_conll",
     "read_conllu",
+    "read_xml_sequences",
     "read_crfsuite",
     "write_crfsuite",
 ]
