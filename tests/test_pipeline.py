@@ -6,6 +6,8 @@ import logging
 import os
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
@@ -15,7 +17,8 @@ from mlflow.tracking import MlflowClient  # noqa: E402
 from pipeline_helpers import CONF_DIR, compose_config, tiny_overrides, write_corpus  # noqa: E402
 
 from pipeline.cache import StageCache  # noqa: E402
-from pipeline.data import MissingDataError, load_dataset  # noqa: E402
+from pipeline.data import MissingDataError, load_dataset, read_split  # noqa: E402
+from pipeline.report import markdown_table  # noqa: E402
 from pipeline.runner import run_pipeline  # noqa: E402
 from pipeline.tracking import TrackingUnavailable, tracking_uri  # noqa: E402
 
@@ -214,3 +217,25 @@ def test_environment_tracking_uri_wins(tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/elsewhere.db")
     cfg = compose_config([f"paths.output_dir={tmp_path}"])
     assert tracking_uri(cfg) == f"sqlite:///{tmp_path}/elsewhere.db"
+
+
+def test_markdown_table_formats_cells():
+    frame = pd.DataFrame(
+        {
+            "flag": [True, False],
+            "tokens": [211727.0, np.nan],
+            "name": ["crf", None],
+            "p": [3.9e-46, 95.88],
+            "mixed": [True, 2.5],
+        }
+    )
+    lines = markdown_table(frame).splitlines()
+    assert [c.strip() for c in lines[0].strip("|").split("|")] == list(frame.columns)
+    first, second = ([c.strip() for c in line.strip("|").split("|")] for line in lines[2:])
+    assert first == ["True", "211,727", "crf", "3.9e-46", "True"]
+    assert second == ["False", "", "", "95.88", "2.5"]
+
+
+def test_unknown_dataset_format_names_the_known_ones(tmp_path):
+    with pytest.raises(ValueError, match=r"unknown format 'xml'.*conll.*conllu"):
+        read_split(tmp_path / "x.xml", {"name": "refs", "format": "xml", "columns": ["w"]})
