@@ -1,8 +1,9 @@
 """Datasets: resolve files under a data root, download what is missing, verify, read, split.
 
 A dataset is described by a config (``conf/dataset/*.yaml``): its files (path under the data
-root, download URL, SHA-256 of the uncompressed text), format (a key of :data:`READERS`: ``conll``, ``conllu``), column
-names, the label column, the tagging scheme and how to carve a dev split when there is none.
+root, download URL, SHA-256 of the uncompressed text), format (a key of :data:`READERS`:
+``conll``, ``conllu``, ``xml_sequences``), column names, the label column, the tagging scheme and
+how to carve a dev split when there is none.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from crf.io import Sentence, read_conll, read_conllu
+from crf.io import Sentence, read_conll, read_conllu, read_xml_sequences
 
 DATA_HOME_VARIABLE = "CRF_DATA_HOME"
 
@@ -126,6 +127,7 @@ class Dataset:
 READERS: dict[str, Callable[[Path, Mapping], list[Sentence]]] = {
     "conll": lambda path, dataset: read_conll(path, n_columns=len(dataset["columns"]), separator=dataset.get("separator")),
     "conllu": lambda path, dataset: read_conllu(path),
+    "xml_sequences": lambda path, dataset: read_xml_sequences(path),
 }
 
 
