@@ -256,15 +256,27 @@ class KMaxSemiring(MaxSemiring):
 
     def matmul_arg(self, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``a`` values (..., n, m, k), ``b`` weights (..., m, p): (..., n, p, k) values and flat
-        indices ``i * k + r`` of the (term i, rank r) behind each entry."""
-        k = self.k
+        indices ``i * k + r`` of the (term i, rank r) behind each entry.
+
+        Pruned: a term i whose best entry is not among the k best first entries (for that output)
+        cannot contribute, since k pairs (i', 0) beat all its pairs; so the k best terms are chosen
+        on first entries alone, and the top k taken over their k * k (term, rank) pairs."""
+        k, m = self.k, a.shape[-2]
+        kept = min(k, m)
         shape = np.broadcast_shapes(a.shape[:-3], b.shape[:-2]) + (a.shape[-3], b.shape[-1], k)
         out, best = np.empty(shape), np.empty(shape, dtype=np.int64)
-        for rows in _row_blocks(a.shape[-3], out[..., :1, :, :].size * a.shape[-2]):
-            # [..., rows, j, i, r] = a[..., rows, i, r] + b[..., i, j]
-            candidates = a[..., rows, None, :, :] + np.swapaxes(b, -1, -2)[..., None, :, :, None]
-            flat = candidates.reshape(candidates.shape[:-2] + (-1,))
-            out[..., rows, :, :], best[..., rows, :, :] = self._top(flat)
+        b_by_target = np.swapaxes(b, -1, -2)[..., None, :, :]  # (..., 1, p, m)
+        for rows in _row_blocks(a.shape[-3], out[..., :1, :, :].size * m):
+            heads = a[..., rows, None, :, 0] + b_by_target  # (..., rows, p, m)
+            terms = np.argpartition(-heads, kept - 1, axis=-1)[..., :kept] if m > kept else np.arange(m)
+            terms = np.broadcast_to(terms, heads.shape[:-1] + (kept,))
+            # [..., rows, j, q, r] = a[..., rows, terms[q], r] + b[..., terms[q], j]
+            chosen = np.take_along_axis(a[..., rows, None, :, :], terms[..., None], axis=-2)
+            weights = np.take_along_axis(np.broadcast_to(b_by_target, heads.shape), terms, axis=-1)
+            candidates = chosen + weights[..., None]
+            top, index = self._top(candidates.reshape(candidates.shape[:-2] + (-1,)))
+            term = np.take_along_axis(terms, index // k, axis=-1)
+            out[..., rows, :, :], best[..., rows, :, :] = top, term * k + index % k
         return out, best
 
     def argtop(self, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
