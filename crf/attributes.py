@@ -40,14 +40,15 @@ _VALUE_KIND = {str: _TEXT, float: _NUMBER, int: _NUMBER, bool: _NUMBER}
 
 
 class _Entries:
-    """The flattened attributes of a batch: E entries, each one (token row, name, weight).
+    """The flattened attributes of a batch of T tokens: E entries (name, weight) in token order.
 
-    ``rows`` (E,) int64 in non-decreasing order, ``names`` E strings (list or object array),
-    ``values`` (E,) float64, ``offsets`` (N + 1,) token offsets of the N sequences.
+    ``names`` E strings (list or object array), ``values`` (E,) float64, ``starts`` (T + 1,)
+    int64: token t owns entries ``starts[t]:starts[t + 1]``; ``offsets`` (N + 1,) token offsets
+    of the N sequences.
     """
 
-    def __init__(self, rows: np.ndarray, names: Sequence[str], values: np.ndarray, offsets: np.ndarray) -> None:
-        self.rows, self.names, self.values, self.offsets = rows, names, values, offsets
+    def __init__(self, names: Sequence[str], values: np.ndarray, starts: np.ndarray, offsets: np.ndarray) -> None:
+        self.names, self.values, self.starts, self.offsets = names, values, starts, offsets
 
 
 class _At:
@@ -106,10 +107,12 @@ def _token_items(token, where: _At) -> Iterable[tuple[str, float]]:
         raise TypeError(f"{where}: a token must be a dict or a list of attribute strings, not {type(token).__name__}")
 
 
-def _all_str(items: Iterable) -> bool:
-    """Whether every item is a ``str`` (one C-level pass: ``str.join`` accepts nothing else)."""
+def _all_str(items: Sequence) -> bool:
+    """Whether every item is a ``str``: ``str.join`` accepts nothing else (C-level passes over
+    chunks of 65,536 items, so the joined text stays small)."""
     try:
-        "".join(items)
+        for start in range(0, len(items), 1 << 16):
+            "".join(items[start : start + (1 << 16)])
     except TypeError:
         return False
     return True
@@ -209,12 +212,11 @@ def _entries(sequences: Sequence[Sequence]) -> _Entries:
         order = np.argsort(rows, kind="stable")
         rows, values = rows[order], np.concatenate([g[2] for g in groups])[order]
         names = np.asarray(list(chain.from_iterable(g[1] for g in groups)), dtype=object)[order].tolist()
-    entries = _Entries(rows, names, values, offsets)
     finite = np.isfinite(values)
     if not finite.all():
         e = int(np.argmin(finite))
         raise ValueError(f"{_At(offsets, int(rows[e]))}: attribute {names[e]!r} has the non-finite weight {values[e]}")
-    return entries
+    return _Entries(names, values, offsets_from_lengths(np.bincount(rows, minlength=len(tokens))), offsets)
 
 
 class AttributeIndex:
@@ -254,11 +256,15 @@ class AttributeIndex:
         """The attribute matrix (T, A) of ``sequences``; attributes not in the vocabulary are ignored."""
         n_attributes = len(self.index_)
         entries = _entries(sequences)
-        columns = np.fromiter(map(self.index_.get, entries.names, repeat(-1)), dtype=np.int64, count=len(entries.names))
+        columns = np.fromiter(map(self.index_.get, entries.names, repeat(-1)), dtype=np.int32, count=len(entries.names))
         keep = (columns >= 0) & (entries.values != 0.0)
+        if keep.all():  # every attribute known and non-zero (as when transforming the fitting data)
+            indptr, columns, values = entries.starts, columns, entries.values
+        else:
+            indptr = np.concatenate([[0], np.cumsum(keep)])[entries.starts]
+            columns, values = columns[keep], entries.values[keep]
         n_tokens = int(entries.offsets[-1])
-        indptr = np.concatenate([[0], np.cumsum(np.bincount(entries.rows[keep], minlength=n_tokens))])
-        matrix = sp.csr_matrix((entries.values[keep], columns[keep].astype(np.int32), indptr), shape=(n_tokens, n_attributes))
+        matrix = sp.csr_matrix((values, columns, indptr), shape=(n_tokens, n_attributes))
         matrix.sum_duplicates()
         return SequenceBatch(matrix, entries.offsets)
 
