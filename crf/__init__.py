@@ -4,6 +4,7 @@ This package is a library of its own: it imports NumPy, SciPy, pandas and the st
 """
 
 from .batch import SequenceBatch
+from .bundle import TaggerBundle, load_tagger
 from .crfsuite_format import CRFsuiteFormatError, CRFsuiteModel, read_crfsuite, write_crfsuite
 from .features import AttributeIndex, FeatureExtractor, crfsuite_chunking_extractor
 from .hmm import HMMTagger
@@ -23,7 +24,9 @@ __all__ = [
     "ModelFileError",
     "SequenceBatch",
     "Tagger",
+    "TaggerBundle",
     "crfsuite_chunking_extractor",
+    "load_tagger",
     "read_conll",
     "read_conllu",
     "read_xml_sequences",

@@ -396,8 +396,9 @@ class HMMTagger:
 
     # --- persistence ---------------------------------------------------------------------
 
-    def save(self, path) -> None:
-        """Write the fitted tables to one ``.npz`` file (no pickle; checksummed; atomic)."""
+    def to_arrays(self) -> tuple[dict, dict[str, np.ndarray]]:
+        """The fitted tables as (JSON-ready metadata, named arrays): what :meth:`save` writes,
+        for containers that hold an HMM among other things (:class:`crf.bundle.TaggerBundle`)."""
         self._check_fitted()
         arrays = {"log_transitions": self.log_transitions_, "log_emissions": self.log_emissions_}
         arrays["vocabulary_blob"], arrays["vocabulary_offsets"] = strings_to_arrays(self.vocabulary_)
@@ -413,12 +414,22 @@ class HMMTagger:
             if self.interpolation_weights_ is None
             else [float(w) for w in self.interpolation_weights_],
         }
+        return meta, arrays
+
+    def save(self, path) -> None:
+        """Write the fitted tables to one ``.npz`` file (no pickle; checksummed; atomic)."""
+        meta, arrays = self.to_arrays()
         save_arrays(path, _KIND, meta, arrays)
 
     @classmethod
     def load(cls, path) -> HMMTagger:
         """Read a model written by :meth:`save`; raises ModelFileError on a bad file."""
         meta, arrays = load_arrays(path, _KIND)
+        return cls.from_arrays(meta, arrays, path)
+
+    @classmethod
+    def from_arrays(cls, meta: dict, arrays: dict[str, np.ndarray], path="model") -> HMMTagger:
+        """The HMM of :meth:`to_arrays`' output; ``path`` names the source in ModelFileError messages."""
         try:
             model = cls(**meta["params"])
             model._check_params()

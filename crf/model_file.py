@@ -32,8 +32,9 @@ def _arrays(model: CRF) -> dict[str, np.ndarray]:
     return arrays
 
 
-def save(model: CRF, path) -> None:
-    """Write the fitted ``model`` to one ``.npz`` file."""
+def to_arrays(model: CRF) -> tuple[dict, dict[str, np.ndarray]]:
+    """The fitted ``model`` as (JSON-ready metadata, named arrays): what :func:`save` writes,
+    for containers that hold a CRF among other things (:class:`crf.bundle.TaggerBundle`)."""
     meta = {
         "params": {k: v for k, v in model.get_params().items() if isinstance(v, (str, int, float, bool, type(None)))},
         "classes": list(model.classes_),
@@ -41,7 +42,13 @@ def save(model: CRF, path) -> None:
         "sparse": model.feature_index_ is not None,
         "dict_input": getattr(model, "attribute_index_", None) is not None,
     }
-    save_arrays(path, KIND, meta, _arrays(model))
+    return meta, _arrays(model)
+
+
+def save(model: CRF, path) -> None:
+    """Write the fitted ``model`` to one ``.npz`` file."""
+    meta, arrays = to_arrays(model)
+    save_arrays(path, KIND, meta, arrays)
 
 
 def size_in_bytes(model: CRF) -> int:
@@ -55,6 +62,11 @@ def size_in_bytes(model: CRF) -> int:
 def load(cls: type[CRF], path) -> CRF:
     """Read a model written by :func:`save`; raises ModelFileError on a bad file."""
     meta, arrays = load_arrays(path, KIND)
+    return from_arrays(cls, meta, arrays, path)
+
+
+def from_arrays(cls: type[CRF], meta: dict, arrays: dict[str, np.ndarray], path="model") -> CRF:
+    """The CRF of :func:`to_arrays`' output; ``path`` names the source in ModelFileError messages."""
     try:
         known = cls().get_params()
         model = cls(**{k: v for k, v in meta["params"].items() if k in known})

@@ -1,0 +1,434 @@
+"""One self-contained tagger file per trained model: :class:`TaggerBundle`.
+
+A bundle holds everything needed to tag new text: the model's weights (a :class:`crf.CRF` with its
+fitted :class:`crf.FeatureExtractor`, or a :class:`crf.HMMTagger` with the column it observes),
+the label set, the tagging scheme (``iob1``, ``iob2``, ``iobes`` or ``none``), the input columns
+it reads and the dataset/feature/model config it came from. It is one ``.npz`` file written by
+:func:`crf.persist.save_arrays` (kind ``crf.TaggerBundle``: no pickle, checksummed, atomic); the
+model and extractor arrays are those of :func:`crf.model_file.to_arrays`,
+:meth:`crf.HMMTagger.to_arrays` and :meth:`crf.FeatureExtractor.state_arrays`, stored under the
+prefixes ``model/`` and ``features/``.
+
+Tagging runs one path for both kinds of model, on arrays: per-state emission scores (T, S) and a
+transition operator (a CRF: S = L labels; an HMM: its hidden states, label = state % L), Viterbi
+and forward-backward of :mod:`crf.chain` under optional allowed-label masks (``fixed`` labels),
+and chunk confidences by constrained forward-backward (:func:`crf.chain.constrained_log_probability`,
+the quantity :meth:`crf.CRF.predict_segments` reports), with every chunk's window masks built at
+once. Sentences are processed in contiguous groups of bounded size (tokens x states).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from . import chain, metrics, model_file
+from .features import FeatureExtractor
+from .hmm import HMMTagger
+from .model import CRF
+from .persist import ModelFileError, load_arrays, save_arrays
+
+log = logging.getLogger(__name__)
+
+KIND = "crf.TaggerBundle"
+SCHEMES = ("iob1", "iob2", "iobes", "none")
+CHUNK_ELEMENTS = 4_000_000  # tokens x states per recursion call (about 8 bytes each, a few arrays)
+
+
+def normalize_scheme(scheme: str | None) -> str:
+    """``scheme`` in lower case (``IOB2`` -> ``iob2``; None -> ``none``); ValueError if unknown."""
+    value = "none" if scheme is None else str(scheme).lower()
+    if value not in SCHEMES:
+        raise ValueError(f"unknown tagging scheme {scheme!r}; one of {SCHEMES}")
+    return value
+
+
+@dataclass
+class Tagged:
+    """Flat results over T tokens of N sentences: ``codes`` (T,) label indices, ``marginals``
+    (T,) probability of each predicted label, ``offsets`` (N + 1,), and ``segments`` (a frame
+    with sequence, start, end, type, confidence; None for scheme ``none``)."""
+
+    codes: np.ndarray
+    marginals: np.ndarray
+    offsets: np.ndarray
+    segments: pd.DataFrame | None
+
+
+def _groups(lengths: np.ndarray, n_states: int) -> list[tuple[int, int]]:
+    """Contiguous sentence ranges of at most ``CHUNK_ELEMENTS`` tokens x states (a longer single
+    sentence gets a range of its own)."""
+    budget = max(1, CHUNK_ELEMENTS // max(n_states, 1))
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    ranges, first = [], 0
+    while first < lengths.size:
+        last = max(first + 1, int(np.searchsorted(offsets, offsets[first] + budget, side="right")) - 1)
+        ranges.append((first, last))
+        first = last
+    return ranges
+
+
+def segment_windows(
+    codes: np.ndarray, offsets: np.ndarray, classes: Sequence[str]
+) -> tuple[pd.DataFrame, np.ndarray, np.ndarray, np.ndarray]:
+    """The chunks of a labelling and the window masks that define their confidence, all at once.
+
+    ``codes`` (T,) label indices, ``offsets`` (N + 1,). Returns (chunks: a frame with sequence,
+    start, end (exclusive), type; ``first`` (K,) the first token of each window within its
+    sequence; ``masks`` (W, L) allowed labels, window k in rows ``window_offsets[k]:
+    window_offsets[k + 1]``; ``window_offsets`` (K + 1,)). A window is the chunk's tokens with
+    exactly their labels, plus the token before (any label that does not extend the chunk) and
+    the token after (any label that does not continue it), as in :meth:`crf.CRF.predict_segments`.
+    """
+    L = len(classes)
+    found = metrics._chunks_flat(np.asarray(classes, dtype=object)[codes], offsets)
+    K = len(found)
+    if K == 0:
+        return found, np.zeros(0, np.int64), np.zeros((0, L), bool), np.zeros(1, np.int64)
+    tags, types = zip(*(metrics.split_label(c) for c in classes))
+    tags, types = np.array(tags), np.array(types)
+    row_tags, column_tags = np.broadcast_arrays(tags[:, None], tags[None, :])
+    row_types, column_types = np.broadcast_arrays(types[:, None], types[None, :])
+    # starts[first, prev]: a chunk starting with label `first` starts after label `prev`
+    starts = metrics.chunk_start(column_tags, row_tags, column_types, row_types)
+    # ends[last, next]: a chunk ending with label `last` ends before label `next`
+    ends = metrics.chunk_end(row_tags, column_tags, row_types, column_types)
+    sequence = found["sequence"].to_numpy(np.int64)
+    start = found["start"].to_numpy(np.int64)
+    end = found["end"].to_numpy(np.int64)
+    lengths = np.diff(offsets)
+    before = start > 0
+    after = end < lengths[sequence]
+    inside = end - start
+    widths = inside + before + after
+    window_offsets = np.concatenate([[0], np.cumsum(widths)])
+    masks = np.zeros((int(window_offsets[-1]), L), dtype=bool)
+    # inside rows: exactly the predicted label
+    chunk_of_row = np.repeat(np.arange(K), inside)
+    within = np.arange(int(inside.sum())) - np.repeat(np.concatenate([[0], np.cumsum(inside)[:-1]]), inside)
+    rows = window_offsets[chunk_of_row] + before[chunk_of_row] + within
+    tokens = offsets[sequence][chunk_of_row] + start[chunk_of_row] + within
+    masks[rows, codes[tokens]] = True
+    first_codes = codes[offsets[sequence] + start]
+    last_codes = codes[offsets[sequence] + end - 1]
+    masks[window_offsets[:-1][before]] = starts[first_codes[before]]
+    masks[window_offsets[1:][after] - 1] = ends[last_codes[after]]
+    return found, start - before, masks, window_offsets
+
+
+class TaggerBundle:
+    """A trained tagger with everything needed to use it (see the module docstring).
+
+    Attributes: ``kind`` (``"crf"`` or ``"hmm"``), ``labels`` (L,), ``scheme``, ``input_columns``
+    (the token columns it reads), ``source`` (the dataset/features/model config it came from;
+    ``source["dataset"]["label"]``, when present, names the column it predicts).
+    """
+
+    def __init__(
+        self,
+        kind: str,
+        model: CRF | HMMTagger,
+        *,
+        scheme: str,
+        input_columns: Sequence[str],
+        source: Mapping | None = None,
+        extractor: FeatureExtractor | None = None,
+        observation: str | None = None,
+    ) -> None:
+        if kind not in ("crf", "hmm"):
+            raise ValueError(f"kind must be 'crf' or 'hmm', got {kind!r}")
+        self.kind = kind
+        self.model = model
+        self.extractor = extractor
+        self.observation = observation
+        self.labels = [str(c) for c in model.classes_]
+        self.scheme = normalize_scheme(scheme)
+        self.input_columns = [str(c) for c in input_columns]
+        self.source = dict(source or {})
+        if kind == "crf":
+            if extractor is None:
+                raise ValueError("a CRF bundle needs the fitted FeatureExtractor")
+            needed = self._extractor_columns(extractor)
+            missing = [c for c in needed if c not in self.input_columns]
+            if missing:
+                raise ValueError(f"the features read columns {missing}, which input_columns {self.input_columns} lack")
+        elif observation not in self.input_columns:
+            raise ValueError(f"the HMM observes column {observation!r}, which input_columns {self.input_columns} lack")
+
+    # --- construction ---------------------------------------------------------------------
+
+    @staticmethod
+    def _extractor_columns(extractor: FeatureExtractor) -> list[str]:
+        """The columns the extractor's features read, in its column order."""
+        used = {extractor._specs[v].column for v in extractor._used_views()} | set(extractor.numeric)
+        return [c for c in extractor.columns if c in used]
+
+    @classmethod
+    def from_crf(cls, extractor: FeatureExtractor, model: CRF, *, scheme: str, input_columns=None, source=None) -> TaggerBundle:
+        """A bundle of a CRF fitted on ``extractor``'s batches. ``input_columns`` None: the
+        columns the features read."""
+        if input_columns is None:
+            input_columns = cls._extractor_columns(extractor)
+        if extractor.n_attributes != model.n_attributes_:
+            raise ValueError(f"the extractor has {extractor.n_attributes} attributes, the CRF {model.n_attributes_}")
+        return cls("crf", model, scheme=scheme, input_columns=input_columns, source=source, extractor=extractor)
+
+    @classmethod
+    def from_hmm(cls, model: HMMTagger, *, observation: str, scheme: str, input_columns=None, source=None) -> TaggerBundle:
+        """A bundle of an HMM over column ``observation``. ``input_columns`` None: ``[observation]``."""
+        if input_columns is None:
+            input_columns = [observation]
+        return cls("hmm", model, scheme=scheme, input_columns=input_columns, source=source, observation=observation)
+
+    # --- persistence ----------------------------------------------------------------------
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the bundle to one ``.npz`` file (no pickle; checksummed; atomic)."""
+        if self.kind == "crf":
+            model_meta, model_arrays = model_file.to_arrays(self.model)
+            feature_arrays = self.extractor.state_arrays()
+            extra = {"features": self.extractor.config()}
+        else:
+            model_meta, model_arrays = self.model.to_arrays()
+            feature_arrays = {}
+            extra = {"observation": self.observation}
+        meta = {
+            "bundle_kind": self.kind,
+            "labels": self.labels,
+            "scheme": self.scheme,
+            "input_columns": self.input_columns,
+            "source": self.source,
+            "model": model_meta,
+            **extra,
+        }
+        arrays = {f"model/{k}": v for k, v in model_arrays.items()}
+        arrays.update({f"features/{k}": v for k, v in feature_arrays.items()})
+        save_arrays(path, KIND, meta, arrays)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> TaggerBundle:
+        """Read a bundle written by :meth:`save`; raises ModelFileError on a bad file."""
+        meta, arrays = load_arrays(path, KIND)
+
+        def part(prefix: str) -> dict[str, np.ndarray]:
+            return {k[len(prefix) :]: v for k, v in arrays.items() if k.startswith(prefix)}
+
+        try:
+            kind = meta["bundle_kind"]
+            common = {"scheme": meta["scheme"], "input_columns": meta["input_columns"], "source": meta["source"]}
+            if kind == "crf":
+                extractor = FeatureExtractor.from_state(meta["features"], part("features/"))
+                model = model_file.from_arrays(CRF, meta["model"], part("model/"), path)
+                bundle = cls("crf", model, extractor=extractor, **common)
+            elif kind == "hmm":
+                model = HMMTagger.from_arrays(meta["model"], part("model/"), path)
+                bundle = cls("hmm", model, observation=meta["observation"], **common)
+            else:
+                raise ModelFileError(f"{path}: unknown bundle kind {kind!r}")
+        except ModelFileError:
+            raise
+        except (KeyError, TypeError, ValueError) as err:
+            raise ModelFileError(f"{path}: malformed tagger bundle ({type(err).__name__}: {err})") from None
+        if bundle.labels != [str(c) for c in meta["labels"]]:
+            raise ModelFileError(f"{path}: the label list does not match the model's classes")
+        return bundle
+
+    # --- scores ---------------------------------------------------------------------------
+
+    def _scores(self, columns: Mapping[str, np.ndarray], lengths: np.ndarray):
+        """(emissions (T, S), transitions (L, L) or operator, start (S,), end (S,)) of a group of
+        sentences given as flat token columns; state s carries label s % L."""
+        if self.kind == "crf":
+            extractor, model = self.extractor, self.model
+            blank = np.full(int(lengths.sum()), "", dtype=object)
+            rows = list(zip(*(columns.get(c, blank) for c in extractor.columns)))
+            bounds = np.concatenate([[0], np.cumsum(lengths)])
+            batch = extractor.transform([rows[a:b] for a, b in zip(bounds[:-1], bounds[1:])])
+            emissions = np.asarray(batch.X @ model.state_weights_)
+            return emissions, model.transitions_, model.start_weights_, model.end_weights_
+        model = self.model
+        transitions, start, end = model._chain_scores()
+        emissions = model.emissions(list(columns[self.observation]))
+        if model.order == 2:
+            emissions = transitions.state_emissions(emissions)
+        return emissions, transitions, start, end
+
+    def _n_states(self) -> int:
+        if self.kind == "crf":
+            return len(self.labels)
+        H = self.model.n_hidden_
+        return H if self.model.order == 1 else (H + 1) * H
+
+    # --- tagging on arrays ----------------------------------------------------------------
+
+    def tag_arrays(self, columns: Mapping[str, np.ndarray], lengths: np.ndarray, allowed: np.ndarray | None = None) -> Tagged:
+        """Tag sentences given as flat token columns (each (T,) strings) and ``lengths`` (N,);
+        ``allowed`` (T, L) optional boolean masks of the labels each token may take."""
+        lengths = np.asarray(lengths, dtype=np.int64)
+        missing = [c for c in self.input_columns if c not in columns]
+        if missing:
+            raise ValueError(f"the model needs input columns {self.input_columns}; missing {missing} (given {sorted(columns)})")
+        if lengths.size == 0:
+            raise ValueError("no sentences to tag")
+        if np.any(lengths <= 0):
+            raise ValueError(f"sentence {int(np.argmax(lengths <= 0))} has no tokens")
+        L, S = len(self.labels), self._n_states()
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        codes = np.empty(int(offsets[-1]), dtype=np.int64)
+        marginals = np.empty(int(offsets[-1]))
+        segments = []
+        chunked = self.scheme != "none"
+        for first, last in _groups(lengths, S):
+            tokens = slice(int(offsets[first]), int(offsets[last]))
+            part_lengths = lengths[first:last]
+            part_offsets = offsets[first : last + 1] - offsets[first]
+            emissions, transitions, start, end = self._scores(
+                {c: np.asarray(columns[c])[tokens] for c in self.input_columns}, part_lengths
+            )
+            mask = None if allowed is None else np.tile(allowed[tokens], (1, S // L))
+            states, _ = chain.viterbi(emissions, transitions, start, end, part_lengths, allowed=mask)
+            part_codes = states % L
+            posterior = chain.forward_backward(
+                emissions, transitions, start, end, part_lengths, keep_messages=chunked, allowed=mask
+            )
+            by_label = posterior.marginals.reshape(-1, S // L, L).sum(axis=1)
+            codes[tokens] = part_codes
+            marginals[tokens] = by_label[np.arange(part_codes.size), part_codes]
+            if chunked:
+                found, window_first, windows, window_offsets = segment_windows(part_codes, part_offsets, self.labels)
+                if len(found):
+                    masked = emissions if mask is None else np.where(mask, emissions, -np.inf)
+                    log_p = chain.constrained_log_probability(
+                        posterior.log_alpha, posterior.log_beta, posterior.log_z, masked, transitions, start,
+                        part_offsets, found["sequence"].to_numpy(np.int64), window_first,
+                        np.tile(windows, (1, S // L)), window_offsets,
+                    )  # fmt: skip
+                    found["confidence"] = np.exp(log_p)
+                else:
+                    found["confidence"] = np.zeros(0)
+                found["sequence"] = found["sequence"].to_numpy(np.int64) + first
+                segments.append(found)
+        frame = None
+        if chunked:
+            frame = pd.concat(segments, ignore_index=True)
+            frame = frame.astype({"sequence": np.int64, "start": np.int64, "end": np.int64, "confidence": np.float64})
+        return Tagged(codes, marginals, offsets, frame)
+
+    def _allowed(self, fixed, offsets: np.ndarray) -> np.ndarray | None:
+        """(T, L) masks from per-sentence {token index: label} dicts (None: no constraint)."""
+        if fixed is None:
+            return None
+        n = offsets.size - 1
+        if len(fixed) != n:
+            raise ValueError(f"fixed has {len(fixed)} entries for {n} sentences")
+        index = {label: i for i, label in enumerate(self.labels)}
+        rows, labels = [], []
+        for i, constraints in enumerate(fixed):
+            for position, label in dict(constraints or {}).items():
+                position = int(position)
+                if not 0 <= position < offsets[i + 1] - offsets[i]:
+                    raise ValueError(f"fixed: sentence {i} has no token {position} (it has {offsets[i + 1] - offsets[i]})")
+                if label not in index:
+                    raise ValueError(f"fixed: sentence {i}, token {position}: unknown label {label!r} (labels: {self.labels})")
+                rows.append(offsets[i] + position)
+                labels.append(index[label])
+        allowed = np.ones((int(offsets[-1]), len(self.labels)), dtype=bool)
+        if rows:
+            allowed[rows] = False
+            allowed[rows, labels] = True
+        return allowed
+
+    # --- the user's calls -----------------------------------------------------------------
+
+    def _columns_of(self, sentences) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        lengths = np.fromiter((len(s) for s in sentences), dtype=np.int64, count=len(sentences))
+        tokens = [token for sentence in sentences for token in sentence]
+        if not tokens or not isinstance(tokens[0], Mapping):
+            if len(self.input_columns) != 1:
+                raise ValueError(
+                    f"tokens given as plain strings, but the model needs input columns {self.input_columns}: "
+                    "give each token as a dict {column: value}"
+                )
+            return {self.input_columns[0]: np.array(tokens, dtype=object)}, lengths
+        columns = {}
+        for name in self.input_columns:
+            try:
+                columns[name] = np.array([token[name] for token in tokens], dtype=object)
+            except KeyError:
+                given = sorted({key for token in tokens for key in token})
+                missing = [c for c in self.input_columns if any(c not in token for token in tokens)]
+                raise ValueError(
+                    f"the model needs input columns {self.input_columns}; missing {missing} (given {given})"
+                ) from None
+        return columns, lengths
+
+    def tag(self, sentences: Sequence, fixed: Sequence[Mapping[int, str] | None] | None = None) -> list[dict]:
+        """Tag ``sentences`` (each a list of token dicts {column: value}, or of strings when the
+        model reads one column). ``fixed``: optional per-sentence {token index: label}: decode
+        and compute marginals under those labels. Returns per sentence ``{"labels": [...],
+        "marginals": [...], "segments": [{"start", "end", "type", "confidence"}, ...]}``
+        (``segments`` only for chunk schemes)."""
+        if len(sentences) == 0:
+            return []
+        columns, lengths = self._columns_of(sentences)
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        result = self.tag_arrays(columns, lengths, self._allowed(fixed, offsets))
+        classes = np.array(self.labels, dtype=object)
+        out = [
+            {"labels": classes[result.codes[a:b]].tolist(), "marginals": result.marginals[a:b].tolist()}
+            for a, b in zip(offsets[:-1], offsets[1:])
+        ]
+        if result.segments is not None:
+            for entry in out:
+                entry["segments"] = []
+            for row in result.segments.itertuples(index=False):
+                out[row.sequence]["segments"].append(
+                    {"start": int(row.start), "end": int(row.end), "type": str(row.type), "confidence": float(row.confidence)}
+                )
+        return out
+
+    def tag_frame(self, frame: pd.DataFrame, sentence: str = "sentence") -> pd.DataFrame:
+        """Tag a long-form frame: one row per token, a ``sentence`` id column (rows of a sentence
+        contiguous and in order) and the input columns. Returns a copy (same index and row order)
+        with ``label`` and ``marginal`` added, and ``segment_confidence`` (NaN outside
+        segments) for chunk schemes."""
+        missing = [c for c in [sentence, *self.input_columns] if c not in frame.columns]
+        if missing:
+            raise ValueError(
+                f"the model needs columns {[sentence, *self.input_columns]}; missing {missing} (given {list(frame.columns)})"
+            )
+        out = frame.copy()
+        if len(frame) == 0:
+            out["label"] = pd.Series(dtype=object)
+            out["marginal"] = pd.Series(dtype=np.float64)
+            if self.scheme != "none":
+                out["segment_confidence"] = pd.Series(dtype=np.float64)
+            return out
+        ids, uniques = pd.factorize(frame[sentence], use_na_sentinel=False)
+        change = np.flatnonzero(ids[1:] != ids[:-1]) + 1
+        if change.size + 1 != len(uniques):
+            raise ValueError(f"the rows of each {sentence!r} must be contiguous (a sentence id reappears after another one)")
+        offsets = np.concatenate([[0], change, [ids.size]])
+        columns = {c: frame[c].to_numpy(dtype=object) for c in self.input_columns}
+        result = self.tag_arrays(columns, np.diff(offsets))
+        out["label"] = np.array(self.labels, dtype=object)[result.codes]
+        out["marginal"] = result.marginals
+        if result.segments is not None:
+            confidence = np.full(ids.size, np.nan)
+            seg = result.segments
+            widths = (seg["end"] - seg["start"]).to_numpy()
+            first = offsets[seg["sequence"].to_numpy()] + seg["start"].to_numpy()
+            tokens = np.repeat(first, widths) + np.arange(int(widths.sum())) - np.repeat(np.cumsum(widths) - widths, widths)
+            confidence[tokens] = np.repeat(seg["confidence"].to_numpy(), widths)
+            out["segment_confidence"] = confidence
+        return out
+
+
+def load_tagger(path: str | os.PathLike) -> TaggerBundle:
+    """Read a :class:`TaggerBundle` file; raises :class:`crf.ModelFileError` on a bad file."""
+    return TaggerBundle.load(path)

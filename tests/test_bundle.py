@@ -1,0 +1,251 @@
+"""TaggerBundle: one file per trained model (CRF or HMM), tagging dict/string/frame input, fixed labels."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from crf import CRF, FeatureExtractor, HMMTagger, ModelFileError, TaggerBundle, chain, load_tagger
+from crf.persist import load_arrays, save_arrays
+from tests.pipeline_helpers import make_sentence
+
+COLUMNS = ["w", "pos", "chunk"]
+
+
+def _corpus(n: int, seed: int) -> list[list[tuple[str, str, str]]]:
+    rng = np.random.default_rng(seed)
+    return [make_sentence(rng) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def train():
+    return _corpus(60, 0)
+
+
+@pytest.fixture(scope="module")
+def test_sentences():
+    return _corpus(15, 1)
+
+
+@pytest.fixture(scope="module")
+def crf_bundle(train):
+    extractor = FeatureExtractor(columns=COLUMNS, templates=["w[0]", "pos[0]", "pos[-1]|pos[0]", "pos[1]"])
+    batch = extractor.fit_transform(train)
+    model = CRF(max_iterations=40, c2=0.1).fit(batch, [[row[2] for row in s] for s in train])
+    source = {"dataset": {"name": "toy", "columns": COLUMNS, "label": "chunk", "scheme": "IOB2"}}
+    return TaggerBundle.from_crf(extractor, model, scheme="IOB2", input_columns=["w", "pos"], source=source)
+
+
+@pytest.fixture(scope="module")
+def hmm_bundle(train):
+    model = HMMTagger(order=2).fit([[row[1] for row in s] for s in train], [[row[2] for row in s] for s in train])
+    return TaggerBundle.from_hmm(model, observation="pos", scheme="iob2", source={"dataset": {"label": "chunk"}})
+
+
+def _dicts(sentences):
+    return [[{"w": w, "pos": p} for w, p, _ in s] for s in sentences]
+
+
+def test_crf_round_trip_matches_the_model(crf_bundle, test_sentences, tmp_path):
+    path = tmp_path / "bundle.npz"
+    crf_bundle.save(path)
+    loaded = load_tagger(path)
+    assert (loaded.kind, loaded.labels, loaded.scheme, loaded.input_columns) == ("crf", crf_bundle.labels, "iob2", ["w", "pos"])
+    assert loaded.source == crf_bundle.source
+    out = loaded.tag(_dicts(test_sentences))
+    batch = crf_bundle.extractor.transform(test_sentences)
+    model = crf_bundle.model
+    assert [o["labels"] for o in out] == [list(p) for p in model.predict(batch)]
+    marginals, _ = model.marginals(batch)
+    codes = np.concatenate(model.predict_codes(batch)[0])
+    np.testing.assert_allclose(np.concatenate([o["marginals"] for o in out]), marginals[np.arange(codes.size), codes], atol=1e-10)
+    expected = model.predict_segments(batch)
+    got = pd.DataFrame([dict(sequence=i, **s) for i, o in enumerate(out) for s in o["segments"]])
+    np.testing.assert_array_equal(got[["sequence", "start", "end"]].to_numpy(), expected[["sequence", "start", "end"]].to_numpy())
+    assert list(got["type"]) == list(expected["type"])
+    np.testing.assert_allclose(got["confidence"], expected["confidence"], atol=1e-10)
+
+
+def test_hmm_round_trip_matches_the_model(hmm_bundle, test_sentences, tmp_path):
+    path = tmp_path / "hmm.npz"
+    hmm_bundle.save(path)
+    loaded = load_tagger(path)
+    assert loaded.kind == "hmm" and loaded.input_columns == ["pos"]
+    words = [[row[1] for row in s] for s in test_sentences]
+    out = loaded.tag(words)  # one input column: plain strings
+    assert [o["labels"] for o in out] == hmm_bundle.model.predict(words)
+    marginals = hmm_bundle.model.marginals(words)
+    codes = hmm_bundle.model.predict_codes(words)
+    np.testing.assert_allclose(np.concatenate([o["marginals"] for o in out]), marginals[np.arange(codes.size), codes], atol=1e-10)
+    assert out == loaded.tag([[{"pos": p} for p in s] for s in words])
+    assert all(0 < seg["confidence"] <= 1 + 1e-12 for o in out for seg in o["segments"])
+
+
+def test_hmm_segment_confidence_against_enumeration():
+    """A tiny first-order HMM: chunk confidence equals the summed probability of the labellings
+    that contain the chunk (same start, end and type) with its tokens' predicted labels."""
+    X = [["a", "b", "a"], ["b", "b"], ["a", "a", "b"]]
+    y = [["B-X", "I-X", "O"], ["B-X", "O"], ["O", "B-X", "I-X"]]
+    model = HMMTagger(order=1, transition_smoothing="add-k", emission_smoothing="add-k", k=0.5).fit(X, y)
+    bundle = TaggerBundle.from_hmm(model, observation="w", scheme="iob2")
+    words = ["a", "b", "b", "a"]
+    (out,) = bundle.tag([words])
+    transitions, start, end = model._chain_scores()
+    emissions = model.emissions(words)
+    L = len(model.classes_)
+    paths = np.array(list(itertools.product(range(L), repeat=len(words))))
+    scores = start[paths[:, 0]] + end[paths[:, -1]] + emissions[np.arange(len(words)), paths].sum(1)
+    scores += transitions[paths[:, :-1], paths[:, 1:]].sum(1)
+    probability = np.exp(scores - np.logaddexp.reduce(scores))
+    from crf.metrics import chunks
+
+    classes = np.array(model.classes_, dtype=object)
+    predicted = np.array([model.classes_.index(label) for label in out["labels"]])
+    assert out["segments"]
+    for segment in out["segments"]:
+        inside = slice(segment["start"], segment["end"])
+        contains = [
+            ((c["start"] == segment["start"]) & (c["end"] == segment["end"]) & (c["type"] == segment["type"])).any()
+            and np.array_equal(p[inside], predicted[inside])
+            for p, c in ((p, chunks([list(classes[p])])) for p in paths)
+        ]
+        assert segment["confidence"] == pytest.approx(probability[contains].sum(), abs=1e-10)
+
+
+def test_dict_and_frame_inputs_agree_and_frame_keeps_rows(crf_bundle, test_sentences):
+    out = crf_bundle.tag(_dicts(test_sentences))
+    rows = [(f"s{i}", w, p) for i, s in enumerate(test_sentences) for w, p, _ in s]
+    frame = pd.DataFrame(rows, columns=["sentence", "w", "pos"])
+    frame.index = np.arange(len(frame))[::-1] * 3 + 7  # an index that is not 0..n-1
+    frame["extra"] = 1.5
+    tagged = crf_bundle.tag_frame(frame)
+    assert tagged.index.equals(frame.index)
+    pd.testing.assert_frame_equal(tagged[frame.columns], frame)
+    assert list(tagged["label"]) == [label for o in out for label in o["labels"]]
+    np.testing.assert_allclose(tagged["marginal"], [m for o in out for m in o["marginals"]])
+    confidence = np.full(len(frame), np.nan)
+    offsets = np.concatenate([[0], np.cumsum([len(s) for s in test_sentences])])
+    for i, o in enumerate(out):
+        for seg in o["segments"]:
+            confidence[offsets[i] + seg["start"] : offsets[i] + seg["end"]] = seg["confidence"]
+    np.testing.assert_allclose(tagged["segment_confidence"], confidence)
+
+
+def test_frame_sentences_must_be_contiguous(crf_bundle):
+    frame = pd.DataFrame({"sentence": [1, 1, 2, 1], "w": ["the", "dog", "a", "cat"], "pos": ["DT", "NN", "DT", "NN"]})
+    with pytest.raises(ValueError, match="contiguous"):
+        crf_bundle.tag_frame(frame)
+
+
+def test_missing_column_names_needed_and_given(crf_bundle):
+    with pytest.raises(ValueError, match=r"missing \['pos'\].*given \['w'\]"):
+        crf_bundle.tag([[{"w": "the"}, {"w": "dog"}]])
+    with pytest.raises(ValueError, match=r"missing \['pos'\]"):
+        crf_bundle.tag_frame(pd.DataFrame({"sentence": [0], "w": ["dog"]}))
+    with pytest.raises(ValueError, match="plain strings"):
+        crf_bundle.tag([["the", "dog"]])
+
+
+def _brute_force(emissions, transitions, start, end, allowed):
+    """Best path and node marginals over the allowed paths of one sequence, by enumeration."""
+    T, L = emissions.shape
+    paths = np.array([p for p in itertools.product(range(L), repeat=T) if all(allowed[t, p[t]] for t in range(T))])
+    scores = start[paths[:, 0]] + end[paths[:, -1]] + emissions[np.arange(T), paths].sum(1)
+    scores += transitions[paths[:, :-1], paths[:, 1:]].sum(1)
+    probability = np.exp(scores - np.logaddexp.reduce(scores))
+    marginals = np.zeros((T, L))
+    for t in range(T):
+        np.add.at(marginals[t], paths[:, t], probability)
+    return paths[np.argmax(scores)], marginals
+
+
+def test_fixed_labels_agree_with_enumeration(crf_bundle):
+    sentence = [("the", "DT"), ("old", "JJ"), ("dog", "NN"), ("sees", "VB"), ("a", "DT")]
+    tokens = [{"w": w, "pos": p} for w, p in sentence]
+    model = crf_bundle.model
+    batch = crf_bundle.extractor.transform([[(w, p, "O") for w, p in sentence]])
+    emissions = np.asarray(batch.X @ model.state_weights_)
+    labels = crf_bundle.labels
+    for fixed in ({1: "B-NP"}, {0: "O", 3: "I-NP"}, {2: "B-VP", 4: "O"}):
+        allowed = np.ones((len(sentence), len(labels)), dtype=bool)
+        for t, label in fixed.items():
+            allowed[t] = False
+            allowed[t, labels.index(label)] = True
+        best, marginals = _brute_force(emissions, model.transitions_, model.start_weights_, model.end_weights_, allowed)
+        (out,) = crf_bundle.tag([tokens], fixed=[fixed])
+        assert out["labels"] == [labels[i] for i in best]
+        np.testing.assert_allclose(out["marginals"], marginals[np.arange(len(best)), best], atol=1e-10)
+        for t, label in fixed.items():
+            assert out["labels"][t] == label and out["marginals"][t] == pytest.approx(1.0)
+
+
+def test_fixing_a_token_to_its_label_changes_only_its_marginal(crf_bundle, hmm_bundle, test_sentences):
+    for bundle, sentences in ((crf_bundle, _dicts(test_sentences)), (hmm_bundle, [[r[1] for r in s] for s in test_sentences])):
+        free = bundle.tag(sentences)
+        fixed = [{2: o["labels"][2]} for o in free]
+        constrained = bundle.tag(sentences, fixed=fixed)
+        assert [o["labels"] for o in constrained] == [o["labels"] for o in free]
+        for a, b in zip(free, constrained):
+            assert b["marginals"][2] == pytest.approx(1.0)
+            # p(y_t | x, y_2) differs from p(y_t | x) in general; the decoded path does not
+            assert [s["type"] for s in a["segments"]] == [s["type"] for s in b["segments"]]
+
+
+def test_fixed_label_errors(crf_bundle):
+    tokens = [{"w": "the", "pos": "DT"}, {"w": "dog", "pos": "NN"}]
+    with pytest.raises(ValueError, match="unknown label 'B-XX'"):
+        crf_bundle.tag([tokens], fixed=[{0: "B-XX"}])
+    with pytest.raises(ValueError, match="no token 5"):
+        crf_bundle.tag([tokens], fixed=[{5: "O"}])
+
+
+def test_tampered_bundle_is_rejected(crf_bundle, tmp_path):
+    path = tmp_path / "bundle.npz"
+    crf_bundle.save(path)
+    meta, arrays = load_arrays(path, "crf.TaggerBundle")
+    # rewrite one weight behind the checksum's back: copy the archive with the array changed
+    import zipfile
+
+    tampered = tmp_path / "tampered.npz"
+    with zipfile.ZipFile(path) as source, zipfile.ZipFile(tampered, "w") as target:
+        for item in source.infolist():
+            data = source.read(item.filename)
+            if item.filename == "model/transitions.npy":
+                data = data[:-8] + np.float64(123.0).tobytes()
+            target.writestr(item, data)
+    with pytest.raises(ModelFileError, match="checksum"):
+        load_tagger(tampered)
+    other = tmp_path / "other.npz"
+    save_arrays(other, "crf.CRF", {}, {})
+    with pytest.raises(ModelFileError, match="expected a 'crf.TaggerBundle'"):
+        load_tagger(other)
+    with pytest.raises(ModelFileError, match="no such model file"):
+        load_tagger(tmp_path / "absent.npz")
+
+
+def test_scheme_none_has_no_segments(train):
+    model = HMMTagger(order=1).fit([[r[0] for r in s] for s in train], [[r[1] for r in s] for s in train])
+    bundle = TaggerBundle.from_hmm(model, observation="w", scheme="none")
+    words = ["the", "dog", "runs", "a", "cat", "."]
+    (out,) = bundle.tag([words])
+    assert out["labels"] == model.predict([words])[0] == ["DT", "NN", "VB", "DT", "NN", "."] and "segments" not in out
+    frame = bundle.tag_frame(pd.DataFrame({"sentence": [0] * 6, "w": words}))
+    assert "segment_confidence" not in frame and list(frame["label"]) == out["labels"]
+    with pytest.raises(ValueError, match="unknown tagging scheme"):
+        TaggerBundle.from_hmm(model, observation="w", scheme="bilou")
+
+
+def test_chain_viterbi_used_for_the_state_space(hmm_bundle):
+    """Second-order HMM: the bundle's fixed-label decoding equals chain.viterbi on state masks."""
+    words = ["DT", "NN", "VB", "DT", "JJ", "NN", "."]
+    model = hmm_bundle.model
+    (out,) = hmm_bundle.tag([words], fixed=[{4: "I-NP"}])
+    transitions, start, end = model._chain_scores()
+    emissions = transitions.state_emissions(model.emissions(words))
+    allowed = np.ones((len(words), len(model.classes_)), dtype=bool)
+    allowed[4] = np.array(model.classes_) == "I-NP"
+    states, _ = chain.viterbi(emissions, transitions, start, end, [len(words)], allowed=transitions.state_emissions(allowed))
+    assert out["labels"] == [model.classes_[s % len(model.classes_)] for s in states]
