@@ -9,8 +9,15 @@ runs: its own module and the modules of the project's packages (``crf``, ``pipel
 transitively (found by reading their import statements), so editing one stage's code leaves the
 other stages' entries valid. An entry is built in a temporary folder and renamed into place only
 when complete, so an interrupted run never leaves a half-written entry. Each entry holds
-``manifest.json`` listing its files and their SHA-256; the hash of that manifest is the output's
-hash for downstream keys.
+``manifest.json`` listing its files with their sizes and SHA-256; the hash of that manifest is the
+output's hash for downstream keys.
+
+A hit is verified before it is used: the entry must hold exactly the files of its manifest, with the
+recorded sizes and hashes. A bad entry (edited or truncated file, missing or extra file, no or
+unreadable manifest) is logged as a warning naming it and the problem, moved aside to
+``<stage>/.bad-<key>-<UTC time>`` for inspection and recomputed, never served. Temporary folders
+carry their owner (``.tmp-<key>-<pid>@<host>-<random>``); opening the cache removes those of
+processes of this host that no longer run.
 """
 
 from __future__ import annotations
@@ -19,17 +26,25 @@ import ast
 import hashlib
 import importlib.util
 import json
+import logging
 import math
 import os
+import re
 import shutil
+import socket
+import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
+from fnmatch import fnmatch
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 MANIFEST = "manifest.json"
 CODE_PACKAGES = ("crf", "pipeline")
+UNOWNED_GRACE = 24 * 3600.0  # seconds before a temporary folder without an owner counts as stale
+
+log = logging.getLogger(__name__)
 
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -142,11 +157,100 @@ def code_digest(modules: Iterable[str], root: str | os.PathLike = PROJECT_ROOT, 
     return _code_digest(*key) if cached else _code_digest.__wrapped__(*key)
 
 
-class StageCache:
-    """Stage outputs under ``root/<stage>/<key>/``."""
+class CacheEntryError(Exception):
+    """A cache entry that does not match its manifest (the message says what is wrong)."""
 
-    def __init__(self, root: str | os.PathLike) -> None:
+
+def _file_record(path: Path) -> dict[str, Any]:
+    return {"size": path.stat().st_size, "sha256": file_sha256(path)}
+
+
+def _entry_files(folder: Path) -> list[Path]:
+    """Every file under ``folder`` except the manifest, sorted (paths relative to ``folder``)."""
+    return sorted(p.relative_to(folder) for p in folder.rglob("*") if p.is_file() or p.is_symlink()) if folder.is_dir() else []
+
+
+def check_entry(folder: Path, stage: str | None = None, key: str | None = None) -> None:
+    """Raise :class:`CacheEntryError` unless ``folder`` holds exactly the files of its manifest with
+    the recorded sizes and SHA-256 (and, when given, the manifest names this ``stage`` and ``key``).
+    Sizes are compared first (one ``stat`` per file); every file is then hashed."""
+    manifest_path = folder / MANIFEST
+    if not manifest_path.is_file():
+        raise CacheEntryError(f"no {MANIFEST}")
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        recorded = manifest["files"]
+        if not isinstance(recorded, dict):
+            raise TypeError("'files' is not a mapping")
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as error:
+        raise CacheEntryError(f"unreadable {MANIFEST} ({error})") from None
+    for field, wanted in (("stage", stage), ("key", key)):
+        if wanted is not None and manifest.get(field) != wanted:
+            raise CacheEntryError(f"{MANIFEST} is for {field} {manifest.get(field)!r}, not {wanted!r}")
+    present = {str(p) for p in _entry_files(folder)} - {MANIFEST}
+    missing, extra = sorted(recorded.keys() - present), sorted(present - recorded.keys())
+    if missing:
+        raise CacheEntryError(f"missing file(s): {', '.join(missing)}")
+    if extra:
+        raise CacheEntryError(f"file(s) not in the manifest: {', '.join(extra)}")
+    records = {name: ({"sha256": r} if isinstance(r, str) else r) for name, r in recorded.items()}  # older manifests: hash only
+    for name, record in sorted(records.items()):
+        size = (folder / name).stat().st_size
+        if "size" in record and size != record["size"]:
+            raise CacheEntryError(f"{name}: {size} bytes, the manifest says {record['size']}")
+    for name, record in sorted(records.items()):
+        if file_sha256(folder / name) != record.get("sha256"):
+            raise CacheEntryError(f"{name}: content differs from its SHA-256 in the manifest")
+
+
+def _owner_tag() -> str:
+    """``<pid>@<host>``: who owns a temporary folder (hosts have no ``@``)."""
+    return f"{os.getpid()}@{socket.gethostname()}"
+
+
+_TEMPORARY = re.compile(r"^\.(?:tmp|old)-[0-9a-f]{1,16}-(?:(?P<pid>\d+)@(?P<host>.+)-)?[0-9a-f]{8}$")
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+def _stale(path: Path, now: float) -> bool:
+    """Whether ``path`` (a ``.tmp-*``/``.old-*`` name) belongs to a dead process: one of this host
+    whose PID no longer runs; a name without an owner (older versions) counts as dead after
+    :data:`UNOWNED_GRACE` seconds. Folders of other hosts are left alone."""
+    match = _TEMPORARY.match(path.name)
+    if match is None:
+        return False
+    if match["pid"] is None:
+        try:
+            return now - path.lstat().st_mtime > UNOWNED_GRACE
+        except FileNotFoundError:
+            return False
+    return match["host"] == socket.gethostname() and not _process_alive(int(match["pid"]))
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+class StageCache:
+    """Stage outputs under ``root/<stage>/<key>/``. Opening it (``clean=True``) removes the temporary
+    folders of dead processes (see :meth:`remove_stale`)."""
+
+    def __init__(self, root: str | os.PathLike, clean: bool = True) -> None:
         self.root = Path(root).absolute()
+        if clean:
+            self.remove_stale()
 
     def key(self, stage: str, config: Mapping, inputs: Mapping[str, str], code: str) -> str:
         """The entry key of ``stage`` for its config slice, input hashes and code digest."""
@@ -155,39 +259,94 @@ class StageCache:
     def path(self, stage: str, key: str) -> Path:
         return self.root / stage / key
 
+    def remove_stale(self) -> list[Path]:
+        """Remove ``<stage>/.tmp-*`` and ``.old-*`` folders (or files) left by dead processes of this
+        host (and unowned ones older than :data:`UNOWNED_GRACE`); returns what was removed."""
+        removed: list[Path] = []
+        if not self.root.is_dir():
+            return removed
+        now = time.time()
+        for folder in sorted(p for p in self.root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+            for path in sorted(folder.iterdir()):
+                if _stale(path, now):
+                    log.info("cache: removing %s, left by a process that no longer runs", path)
+                    _remove(path)
+                    removed.append(path)
+        return removed
+
     def lookup(self, stage: str, key: str) -> Path | None:
-        """The finished entry for ``key``, or None."""
+        """The finished entry for ``key`` after checking it against its manifest, or None. A bad entry
+        is logged, set aside (:meth:`set_aside`) and reported as a miss."""
         path = self.path(stage, key)
-        return path if (path / MANIFEST).is_file() else None
+        if not os.path.lexists(path):
+            return None
+        started = time.perf_counter()
+        try:
+            check_entry(path, stage, key)
+        except CacheEntryError as error:
+            self.set_aside(stage, key, str(error))
+            return None
+        except FileNotFoundError:  # replaced by a concurrent ``force`` run while being read: a miss
+            return None
+        log.debug("cache: %s/%s verified in %.3f s", stage, key[:12], time.perf_counter() - started)
+        return path
+
+    def set_aside(self, stage: str, key: str, problem: str) -> Path | None:
+        """Move a bad entry to ``<stage>/.bad-<key>-<UTC time>`` (kept for inspection) with a warning
+        naming it and ``problem``; returns the new place (None if it had gone already)."""
+        path = self.path(stage, key)
+        aside = path.parent / f".bad-{key}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{uuid.uuid4().hex[:6]}"
+        try:
+            os.rename(path, aside)
+        except FileNotFoundError:
+            aside = None
+        log.warning(
+            "cache: bad entry %s (%s): %s; it will be recomputed",
+            path,
+            problem,
+            f"moved aside to {aside}" if aside else "already gone",
+        )
+        return aside
 
     def build(self, stage: str, key: str, producer: Callable[[Path], None], replace: bool = False) -> Path:
         """Run ``producer(folder)`` in a temporary folder and publish it atomically; with
-        ``replace`` an existing entry for the key is swapped out (``force=true``)."""
+        ``replace`` an existing entry for the key is swapped out (``force=true``). A bad entry in
+        the way is set aside; a good one published meanwhile by a concurrent twin is kept (ours is
+        dropped)."""
         final = self.path(stage, key)
         final.parent.mkdir(parents=True, exist_ok=True)
-        temporary = final.parent / f".tmp-{key[:16]}-{uuid.uuid4().hex[:8]}"
+        temporary = final.parent / f".tmp-{key[:16]}-{_owner_tag()}-{uuid.uuid4().hex[:8]}"
         temporary.mkdir()
         try:
             producer(temporary)
-            files = sorted(p for p in temporary.rglob("*") if p.is_file())
-            manifest = {str(p.relative_to(temporary)): file_sha256(p) for p in files}
-            (temporary / MANIFEST).write_text(json.dumps({"stage": stage, "key": key, "files": manifest}, indent=1))
-            if replace and final.exists():
-                retired = final.parent / f".old-{key[:16]}-{uuid.uuid4().hex[:8]}"
+            files = {str(p): _file_record(temporary / p) for p in _entry_files(temporary)}
+            if MANIFEST in files:
+                raise ValueError(f"stage {stage!r} wrote a file named {MANIFEST}, which the cache reserves")
+            (temporary / MANIFEST).write_text(json.dumps({"stage": stage, "key": key, "files": files}, indent=1))
+            if replace and os.path.lexists(final):
+                retired = final.parent / f".old-{key[:16]}-{_owner_tag()}-{uuid.uuid4().hex[:8]}"
                 os.rename(final, retired)
-                shutil.rmtree(retired, ignore_errors=True)
-            try:
-                os.rename(temporary, final)
-            except OSError:
-                if not self.lookup(stage, key):  # not a concurrent twin: a real failure
-                    raise
-                shutil.rmtree(temporary, ignore_errors=True)
+                _remove(retired)
+            for attempt in range(2):
+                try:
+                    os.rename(temporary, final)
+                    break
+                except OSError:
+                    if self.lookup(stage, key) is not None:  # a concurrent twin published a good entry
+                        shutil.rmtree(temporary, ignore_errors=True)
+                        break
+                    if attempt or os.path.lexists(final):  # lookup could not set the entry in the way aside
+                        raise
         except BaseException:
             shutil.rmtree(temporary, ignore_errors=True)
             raise
         return final
 
     @staticmethod
-    def output_hash(path: Path) -> str:
-        """Hash of an entry's manifest: what downstream stages key on."""
-        return hashlib.sha256((path / MANIFEST).read_bytes()).hexdigest()
+    def output_hash(path: Path, volatile: Iterable[str] = ()) -> str:
+        """What downstream stages key on: a digest of the entry's manifest (stage, key, every file's
+        size and SHA-256) leaving out the files matching the glob patterns ``volatile`` (measured
+        times, logs: files that differ between identical runs and that no downstream stage reads)."""
+        manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+        files = {name: record for name, record in manifest["files"].items() if not any(fnmatch(name, p) for p in volatile)}
+        return digest({"stage": manifest.get("stage"), "key": manifest.get("key"), "files": files})

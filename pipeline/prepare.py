@@ -9,6 +9,7 @@ stages read the splits) and ``stats.json``.
 from __future__ import annotations
 
 import gzip
+import io
 import json
 from pathlib import Path
 
@@ -25,7 +26,14 @@ DATASET_FILE = "dataset.json"
 
 
 def write_split(path: Path, sentences) -> None:
-    with gzip.open(path, "wt", encoding="utf-8", compresslevel=5) as out:
+    """Tab-separated rows, a blank line after each sentence, gzip with a fixed header (no file name,
+    mtime 0): the same sentences give the same bytes, so downstream cache keys do not change with
+    the time or the output folder."""
+    with (
+        open(path, "wb") as raw,
+        gzip.GzipFile(filename="", mode="wb", compresslevel=5, fileobj=raw, mtime=0) as packed,
+        io.TextIOWrapper(packed, encoding="utf-8", newline="\n") as out,
+    ):
         for sentence in sentences:
             out.write("\n".join("\t".join(row) for row in sentence))
             out.write("\n\n")
