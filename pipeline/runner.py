@@ -23,6 +23,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipeline import tracking
 from pipeline.cache import StageCache, code_digest
+from pipeline.data import ChecksumError, MissingDataError, resolve_files
+from pipeline.logs import swept_keys
 from pipeline.models import ModelAdapter, load_adapter
 from pipeline.stage import Stage, StageContext, frozen, load_stages
 from pipeline.tracking import SWEEP_ID_VARIABLE, SWEEP_PARENT_VARIABLE
@@ -39,6 +41,8 @@ class StageOutput:
     hash: str
     cached: bool
     metrics: dict
+    model_uri: str | None = None  # the MLflow Model of the stage's declared bundle
+    external: dict | None = None  # hashes of the files it read from outside the pipeline (the dataset)
 
 
 def run_tags(cfg: DictConfig, adapter: ModelAdapter) -> dict[str, str]:
@@ -70,12 +74,14 @@ def plan(stages: dict[str, Stage], wanted: list[str], adapter: ModelAdapter) -> 
 
 
 def stage_key(stage: Stage, cfg: DictConfig, adapter: ModelAdapter, input_hashes: dict[str, str], cache: StageCache) -> tuple:
-    """(config slice, settings, cache key) of ``stage`` under ``cfg``."""
+    """(config slice, settings, cache key, hashes of external input files) of ``stage`` under ``cfg``."""
     config = frozen(stage.config_slice(cfg, adapter))
     settings = frozen(stage.settings(cfg, adapter))
-    hashes = {**input_hashes, **stage.external_inputs(config, settings)}
-    key = cache.key(stage.name, OmegaConf.to_container(config), hashes, code_digest(stage.code_modules(adapter)))
-    return config, settings, key
+    external = stage.external_inputs(config, settings)
+    key = cache.key(
+        stage.name, OmegaConf.to_container(config), {**input_hashes, **external}, code_digest(stage.code_modules(adapter))
+    )
+    return config, settings, key, external
 
 
 def _log_steps(batch: list[tuple[int, dict[str, float]]]) -> None:
@@ -104,7 +110,7 @@ def run_stage(
 ) -> StageOutput:
     """Run (or reuse) one stage inside a nested MLflow run."""
     name = stage.name
-    config, settings, key = stage_key(stage, cfg, adapter, {k: v.hash for k, v in inputs.items()}, cache)
+    config, settings, key, external = stage_key(stage, cfg, adapter, {k: v.hash for k, v in inputs.items()}, cache)
     with mlflow.start_run(run_name=name, nested=True, tags={**tags, "stage": name, "cache_key": key}):
         params = tracking.flatten(OmegaConf.to_container(config))
         params.update(tracking.flatten(OmegaConf.to_container(settings), "settings."))
@@ -128,10 +134,61 @@ def run_stage(
         if found is not None and stage.step_metrics and (folder / stage.step_metrics).is_file():
             _relog_steps(folder / stage.step_metrics)
         mlflow.log_metrics({k: float(v) for k, v in stage_metrics.items() if isinstance(v, (int, float))})
-        logged = sorted({p for pattern in stage.artifacts(settings, adapter) for p in folder.glob(pattern) if p.is_file()})
-        for path in logged:
-            mlflow.log_artifact(str(path), artifact_path=name)
-        return StageOutput(folder, cache.output_hash(folder), found is not None, stage_metrics)
+        source = tracking.cache_source_run(name, key) if found is not None else None
+        if source is not None:  # the run that computed this entry holds its files: point at it
+            mlflow.set_tag(tracking.CACHE_SOURCE_TAG, source.info.run_id)
+        else:
+            logged = sorted({p for pattern in stage.artifacts(settings, adapter) for p in folder.glob(pattern) if p.is_file()})
+            for path in logged:
+                mlflow.log_artifact(str(path), artifact_path=name)
+        model_uri = None
+        if stage.bundle and (folder / stage.bundle).is_file():
+            model_uri = source.data.tags.get(tracking.MODEL_URI_TAG) if source is not None else None
+            if model_uri is None:
+                folders = {k: v.folder for k, v in inputs.items()}
+                model_uri = tracking.log_tagger_model(
+                    folder / stage.bundle, lambda columns: stage.bundle_example(folders, columns)
+                )
+            mlflow.set_tag(tracking.MODEL_URI_TAG, model_uri)
+        return StageOutput(folder, cache.output_hash(folder), found is not None, stage_metrics, model_uri, external)
+
+
+def swept_overrides() -> list[str]:
+    """Inside a Hydra multirun job, its overrides of the swept keys, ``c2=0.1``-style (the key's last
+    part, as in ``hydra.job.override_dirname``); else an empty list."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return []
+    hydra_cfg = HydraConfig.get()
+    keys = swept_keys(hydra_cfg)
+    overrides = [o.lstrip("+~") for o in hydra_cfg.overrides.task if o.split("=", 1)[0].lstrip("+~") in keys]
+    return [o.split("=", 1)[0].rsplit(".", 1)[-1] + "=" + o.split("=", 1)[1] for o in overrides if "=" in o]
+
+
+def log_dataset(cfg: DictConfig, file_hashes: dict[str, str]) -> None:
+    """The dataset the stages read (their external input files) as the active run's input."""
+    if not file_hashes:
+        return
+    try:
+        files = resolve_files(OmegaConf.to_container(cfg.dataset, resolve=True), cfg.data.root, download=False)
+    except (MissingDataError, ChecksumError) as err:
+        log.warning("dataset not logged as the run's input: %s", err)
+        return
+    tracking.log_dataset(str(cfg.dataset.name), files, file_hashes)
+
+
+def register_single_run(cfg: DictConfig, model_uri: str, summary: dict[str, Any], run_id: str) -> None:
+    """With ``registry.register`` outside a sweep (a sweep registers its best job itself): the run's
+    model as a new version of ``registry.name``, dev/test scores as version tags, ``registry.alias`` moved."""
+    registry = OmegaConf.select(cfg, "registry")
+    if registry is None or not registry.register or os.environ.get(SWEEP_ID_VARIABLE):
+        return
+    scores = {k: f"{summary[k]:.4f}" for k in HEADLINE if k in summary}
+    version = tracking.register_model(model_uri, str(registry.name), registry.alias, {**scores, "run_id": run_id})
+    mlflow.set_tag("registered_model", f"models:/{registry.name}/{version.version}")
+    log.info("registered the model as %s version %s", registry.name, version.version)
 
 
 def run_pipeline(cfg: DictConfig) -> dict[str, Any]:
@@ -143,7 +200,7 @@ def run_pipeline(cfg: DictConfig) -> dict[str, Any]:
     cache = StageCache(cfg.paths.cache_dir)
     tags = run_tags(cfg, adapter)
     parent = os.environ.get(SWEEP_PARENT_VARIABLE)
-    run_name = f"{cfg.dataset.name}-{tags['model']}-{tags['trainer']}"
+    run_name = "-".join([str(cfg.dataset.name), tags["model"], tags["trainer"], *swept_overrides()])
     outputs: dict[str, StageOutput] = {}
     results: dict[str, Any] = {}
     with mlflow.start_run(run_name=run_name, tags={**tags, "stage": "pipeline"}, parent_run_id=parent or None) as run:
@@ -159,8 +216,13 @@ def run_pipeline(cfg: DictConfig) -> dict[str, Any]:
             outputs[name] = run_stage(stage, cfg, adapter, inputs, cache, tags)
             results.update({f"{name}.{k}": v for k, v in outputs[name].metrics.items()})
             if stage.summarize:
-                summary.update(outputs[name].metrics)
+                summary.update({stage.summary_prefix + k: v for k, v in outputs[name].metrics.items()})
         mlflow.log_metrics({k: float(v) for k, v in summary.items() if isinstance(v, (int, float))})
+        log_dataset(cfg, {k: v for o in outputs.values() for k, v in (o.external or {}).items()})
+        models = [o.model_uri for o in outputs.values() if o.model_uri]
+        if models:
+            mlflow.set_tag(tracking.MODEL_URI_TAG, models[-1])
+            register_single_run(cfg, models[-1], summary, run.info.run_id)
         hits = [s for s, o in outputs.items() if o.cached]
         mlflow.set_tag("cache_hits", ",".join(hits) or "none")
         scores = ", ".join(f"{k} {summary[k]:.2f}" for k in HEADLINE if k in summary)

@@ -12,7 +12,9 @@ A stage is an object with a ``name`` and:
 - ``artifacts(settings, adapter)``: glob patterns of its files logged to MLflow (the rest stay in
   the cache folder); ``step_metrics``: a CSV with an ``iteration`` column re-logged as step
   metrics when the entry comes from the cache; ``summarize``: whether the pipeline run repeats its
-  metrics;
+  metrics, under ``summary_prefix`` (``data.`` for data statistics); ``bundle``: the file of its
+  output that is a tagger bundle (``crf.load_tagger``), logged as an MLflow Model, with
+  ``bundle_example(inputs, columns)`` a few long-form input rows for it;
 - ``code_modules(adapter)``: the modules whose source (with the project modules they import) is
   hashed into its key;
 - ``run(context) -> metrics``.
@@ -66,7 +68,9 @@ class Stage:
     uses_adapter: bool = False  # True: the model adapter's module is part of this stage's code
     step_metrics: str | None = None
     summarize: bool = True
+    summary_prefix: str = ""  # the pipeline run repeats the stage's metrics under this prefix
     logged: tuple[str, ...] = ()
+    bundle: str | None = None  # a file of the output folder that is a tagger bundle: logged as an MLflow Model
 
     def upstream(self, adapter: ModelAdapter) -> tuple[str, ...]:
         return ()
@@ -82,6 +86,10 @@ class Stage:
 
     def artifacts(self, settings: DictConfig, adapter: ModelAdapter) -> tuple[str, ...]:
         return self.logged
+
+    def bundle_example(self, inputs: Mapping[str, Path], columns: list[str]) -> Any:
+        """A few input rows for the bundle's MLflow Model: a DataFrame (``sentence`` + ``columns``) or None."""
+        return None
 
     def code_modules(self, adapter: ModelAdapter) -> tuple[str, ...]:
         modules = (type(self).__module__,)

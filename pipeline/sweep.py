@@ -23,6 +23,7 @@ import mlflow
 import numpy as np
 import pandas as pd
 from hydra.experimental.callback import Callback
+from mlflow.entities import Param
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
@@ -62,6 +63,8 @@ def gather(sweep_id: str, experiment: str) -> pd.DataFrame:
             "nonzero_weights": runs.get("metrics.nonzero_weights"),
             "iterations": runs.get("metrics.iterations"),
             "train_seconds": runs.get("metrics.train_seconds"),
+            "model_uri": runs.get(f"tags.{tracking.MODEL_URI_TAG}"),
+            "registry_name": runs.get("params.registry.name"),
         }
     )
     table.attrs["score"] = score.split(".", 1)[1].removeprefix("dev_")  # "f1" or "accuracy"
@@ -83,8 +86,27 @@ def plot(table: pd.DataFrame, path: Path, score_name: str) -> None:
     save_figure(fig, path)
 
 
-def summarize(sweep_id: str, parent_run_id: str | None, experiment: str) -> pd.DataFrame:
-    """Build the sweep table and plot, log them to the parent run and the best setting to the console."""
+def register_best(best: pd.Series, score_name: str, sweep_id: str, alias: str | None) -> str | None:
+    """Register the best job's MLflow Model as a new version of its ``registry.name`` and move
+    ``alias`` to it, with its dev and test scores as version tags; ``models:/<name>@<alias>``."""
+    if not isinstance(best.get("model_uri"), str) or not isinstance(best.get("registry_name"), str):
+        log.warning("[sweep %s] best job %s logged no model (or registry name): nothing registered", sweep_id, best["run_id"])
+        return None
+    tags = {
+        f"dev_{score_name}": f"{best['dev_score']:.4f}",
+        f"test_{score_name}": f"{best['test_score']:.4f}",
+        "run_id": best["run_id"],
+        "sweep_id": sweep_id,
+    }
+    version = tracking.register_model(best["model_uri"], best["registry_name"], alias, tags)
+    where = f"models:/{best['registry_name']}@{alias}" if alias else f"models:/{best['registry_name']}/{version.version}"
+    log.info("[sweep %s] registered the best job as %s version %s: %s", sweep_id, best["registry_name"], version.version, where)
+    return where
+
+
+def summarize(sweep_id: str, parent_run_id: str | None, experiment: str, registry: DictConfig | None = None) -> pd.DataFrame:
+    """Build the sweep table and plot, log them to the parent run and the best setting to the console;
+    with ``registry.sweep``, register the best job's model (see :func:`register_best`)."""
     table = gather(sweep_id, experiment)
     if table.empty:
         log.info("[sweep %s] no finished jobs to summarise", sweep_id)
@@ -95,7 +117,7 @@ def summarize(sweep_id: str, parent_run_id: str | None, experiment: str) -> pd.D
     with tempfile.TemporaryDirectory() as folder:
         folder = Path(folder)
         table.to_csv(folder / "sweep_summary.csv", index=False)
-        text = markdown_table(table.drop(columns=["run_id"]))
+        text = markdown_table(table.drop(columns=["run_id", "model_uri", "registry_name"]))
         if not finished.empty:
             best = finished.loc[finished["dev_score"].idxmax()]
             text += (
@@ -106,6 +128,11 @@ def summarize(sweep_id: str, parent_run_id: str | None, experiment: str) -> pd.D
                 client.log_metric(parent_run_id, "best_dev_score", float(best["dev_score"]))
                 client.log_metric(parent_run_id, "best_test_score", float(best["test_score"]))
                 client.set_tag(parent_run_id, "best_run_id", best["run_id"])
+            if registry is not None and registry.sweep:
+                registered = register_best(best, score_name, sweep_id, registry.alias)
+                if registered and parent_run_id:
+                    client.set_tag(parent_run_id, "registered_model", registered)
+                    text += f"\nregistered: {registered}"
             plot(table, folder / "sweep.png", score_name)
         (folder / "sweep_summary.md").write_text(text + "\n")
         if parent_run_id:
@@ -118,6 +145,19 @@ def summarize(sweep_id: str, parent_run_id: str | None, experiment: str) -> pd.D
     return table
 
 
+def fixed_params(config: DictConfig) -> dict[str, str]:
+    """The sweep's settings that every job shares: the composed config (without ``hydra``), flat,
+    less the keys (and config groups) that the command line sweeps."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    overrides = OverridesParser.create().parse_overrides(list(OmegaConf.select(config, "hydra.overrides.task") or []))
+    swept = {o.key_or_group for o in overrides if o.is_sweep_override()}
+    swept |= set((OmegaConf.select(config, "hydra.sweeper.params") or {}).keys())
+    body = OmegaConf.masked_copy(config, [k for k in config if k != "hydra"])
+    flat = tracking.flatten(OmegaConf.to_container(body, resolve=True))
+    return {k: v for k, v in flat.items() if not any(k == key or k.startswith(key + ".") for key in swept)}
+
+
 class SweepTracking(Callback):
     """Creates a sweep's parent run before the jobs and summarises the sweep after them."""
 
@@ -127,6 +167,7 @@ class SweepTracking(Callback):
         self.experiment: str | None = None
         self.summarize_at_end = True
         self.comparison = None
+        self.registry = None
         self.closed = False
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
@@ -135,6 +176,7 @@ class SweepTracking(Callback):
         self.experiment = config.tracking.experiment
         self.summarize_at_end = bool(config.sweep.summarize)
         self.comparison = OmegaConf.select(config, "comparison")  # set by experiment=hmm_vs_crf
+        self.registry = OmegaConf.select(config, "registry")
         client = MlflowClient()
         experiment = client.get_experiment_by_name(self.experiment)
         run = client.create_run(
@@ -148,6 +190,9 @@ class SweepTracking(Callback):
             },
         )
         self.parent_run_id = run.info.run_id
+        params = [Param(k, v) for k, v in fixed_params(config).items()]
+        for start in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
+            client.log_batch(self.parent_run_id, params=params[start : start + 100])
         os.environ[SWEEP_PARENT_VARIABLE] = self.parent_run_id
         os.environ[SWEEP_ID_VARIABLE] = self.sweep_id
         atexit.register(self._close, "FAILED")
@@ -167,7 +212,7 @@ class SweepTracking(Callback):
 
                 table = compare.summarize(self.sweep_id, self.parent_run_id, self.experiment, self.comparison)
             elif self.summarize_at_end:
-                table = summarize(self.sweep_id, self.parent_run_id, self.experiment)
+                table = summarize(self.sweep_id, self.parent_run_id, self.experiment, self.registry)
             if status == "FINISHED" and not table.empty and (table.status == "FAILED").any():
                 status = "FAILED"
         finally:

@@ -8,18 +8,25 @@ checked before any work starts, so an unreachable server fails at once.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 import mlflow  # noqa: E402
+import pandas as pd  # noqa: E402
+from mlflow.data.dataset_source_registry import resolve_dataset_source  # noqa: E402
+from mlflow.data.meta_dataset import MetaDataset  # noqa: E402
+from mlflow.models import ModelSignature  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
+from mlflow.types import ColSpec, Schema  # noqa: E402
 
 from pipeline.models import SWEEP_ID_VARIABLE  # noqa: E402
 
@@ -123,3 +130,89 @@ def store_hint(uri: str, run_id: str, experiment_id: str) -> str:
     if uri.startswith(("http://", "https://")):
         return f"{uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
     return f"mlflow ui --backend-store-uri {uri}"
+
+
+# the models-from-code file of the tagger's MLflow Model, and the library it runs (shipped as code)
+MODEL_CODE = Path(__file__).resolve().with_name("mlflow_model.py")
+LIBRARY = Path(__file__).resolve().parents[1] / "crf"
+MODEL_NAME = "model"  # the logged model's name inside its run
+MODEL_URI_TAG = "model_uri"
+CACHE_SOURCE_TAG = "cache_source_run_id"
+DIGEST_CHARS = 36  # the longest dataset digest MLflow stores
+
+
+def tagger_signature(input_columns: Sequence[str], chunked: bool) -> ModelSignature:
+    """Inputs: ``sentence`` (long) and the input columns (strings); outputs: label, marginal and,
+    for chunk/entity schemes, segment_confidence."""
+    inputs = Schema([ColSpec("long", "sentence"), *(ColSpec("string", c) for c in input_columns)])
+    outputs = [ColSpec("string", "label"), ColSpec("double", "marginal")]
+    if chunked:
+        outputs.append(ColSpec("double", "segment_confidence"))
+    return ModelSignature(inputs=inputs, outputs=Schema(outputs))
+
+
+def requirements() -> list[str]:
+    """The pinned packages the served model imports (the ``crf`` package itself is shipped as code)."""
+    from importlib.metadata import version
+
+    return [f"{name}=={version(name)}" for name in ("mlflow", "numpy", "scipy", "pandas")]
+
+
+def log_tagger_model(bundle_path: Path, example: Callable[[list[str]], pd.DataFrame | None] = lambda columns: None) -> str:
+    """Log the tagger bundle at ``bundle_path`` as a pyfunc MLflow Model in the active run; its URI.
+
+    Models-from-code: ``pipeline/mlflow_model.py`` is the model, the bundle its artifact, the
+    ``crf`` package its code; nothing is pickled. ``example(input_columns)``: a few long-form
+    input rows (``sentence`` and the bundle's input columns), or None.
+    """
+    from crf.bundle import load_tagger
+
+    bundle = load_tagger(bundle_path)
+    info = mlflow.pyfunc.log_model(
+        name=MODEL_NAME,
+        python_model=str(MODEL_CODE),
+        artifacts={"bundle": str(bundle_path)},
+        code_paths=[str(LIBRARY)],
+        signature=tagger_signature(bundle.input_columns, bundle.scheme != "none"),
+        input_example=example(list(bundle.input_columns)),
+        pip_requirements=requirements(),
+    )
+    return info.model_uri
+
+
+def cache_source_run(stage: str, key: str) -> Any | None:
+    """The finished run of ``stage`` (in the active run's experiment) that computed the cache entry
+    ``key`` (its tag ``cache=miss``), or None."""
+    found = MlflowClient().search_runs(
+        [mlflow.active_run().info.experiment_id],
+        filter_string=f"tags.cache_key = '{key}' and tags.cache = 'miss' and tags.stage = '{stage}' "
+        "and attributes.status = 'FINISHED'",
+        order_by=["attributes.start_time DESC"],
+        max_results=1,
+    )
+    return found[0] if found else None
+
+
+def log_dataset(name: str, files: Mapping[str, Path], file_hashes: Mapping[str, str]) -> None:
+    """Record the dataset as the active run's input: ``name``; the SHA-256 of its files' hashes (the
+    file's own for a one-file dataset) as the input tag ``sha256`` and, cut to MLflow's 36
+    characters, as the digest; the source: the folder (or file) it was read from."""
+    digests = [file_hashes[k] for k in sorted(file_hashes)]
+    digest = digests[0] if len(digests) == 1 else hashlib.sha256("\n".join(digests).encode()).hexdigest()
+    paths = [Path(p).absolute() for p in files.values()]
+    where = paths[0] if len(paths) == 1 else Path(os.path.commonpath(paths))
+    with warnings.catch_warnings():  # MLflow registers its local-file source twice and says so
+        warnings.simplefilter("ignore", UserWarning)
+        source = resolve_dataset_source(where.as_uri())
+    dataset = MetaDataset(source, name=name, digest=digest[:DIGEST_CHARS])
+    mlflow.log_input(dataset, context="training", tags={"sha256": digest})
+
+
+def register_model(model_uri: str, name: str, alias: str | None, tags: Mapping[str, Any]) -> Any:
+    """Register ``model_uri`` as a new version of the registered model ``name`` (created if new),
+    with ``tags`` on the version, and move ``alias`` (e.g. ``champion``) to it; the ModelVersion."""
+    client = MlflowClient()
+    version = mlflow.register_model(model_uri, name, tags={k: str(v) for k, v in tags.items()})
+    if alias:
+        client.set_registered_model_alias(name, alias, version.version)
+    return version

@@ -4,10 +4,17 @@ Config slice: the adapter's (``adapter.config_slice``); settings: the adapter's 
 Inputs: the adapter's upstream stages (the prepare folder, and featurize for the CRF). Output
 folder: what the adapter writes (``model.npz`` and its logs); the adapter's ``artifacts`` are
 logged. ``history.csv``, when the adapter writes one, becomes step metrics again when the entry
-comes from the cache.
+comes from the cache. ``bundle.npz`` (the adapter's tagger bundle) is declared as the stage's model
+bundle: the runner logs it as an MLflow Model, with the first test sentences as input example.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
 
 from pipeline.models import ModelAdapter
 from pipeline.prepare import read_prepared
@@ -18,6 +25,7 @@ class Train(Stage):
     name = "train"
     uses_adapter = True
     step_metrics = "history.csv"
+    bundle = "bundle.npz"
 
     def upstream(self, adapter: ModelAdapter) -> tuple[str, ...]:
         return tuple(adapter.upstream)
@@ -30,6 +38,13 @@ class Train(Stage):
 
     def artifacts(self, settings, adapter: ModelAdapter) -> tuple[str, ...]:
         return tuple(adapter.artifacts)
+
+    def bundle_example(self, inputs: Mapping[str, Path], columns: list[str], n_sentences: int = 2) -> pd.DataFrame:
+        """The first ``n_sentences`` test sentences in long form: ``sentence`` id and ``columns``."""
+        data = read_prepared(inputs["prepare"])
+        values = {c: [v for sentence in data.column("test", c)[:n_sentences] for v in sentence] for c in columns}
+        lengths = [len(sentence) for sentence in data.splits["test"][:n_sentences]]
+        return pd.DataFrame({"sentence": np.repeat(np.arange(len(lengths)), lengths), **values})
 
     def run(self, context: StageContext) -> dict:
         return context.adapter.fit(context, read_prepared(context.inputs["prepare"]))

@@ -1,0 +1,139 @@
+"""The pipeline's tagger as an MLflow Model: logged by a pipeline run, loaded by URI, same answers
+as the bundle, the evaluate stage's test F1 reproduced; the run's dataset input and cache links."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+import mlflow  # noqa: E402
+from mlflow.exceptions import MlflowException  # noqa: E402
+from mlflow.tracking import MlflowClient  # noqa: E402
+from pipeline_helpers import compose_config, tiny_overrides, write_corpus  # noqa: E402
+
+from crf import metrics  # noqa: E402
+from crf.bundle import load_tagger  # noqa: E402
+from pipeline.mlflow_model import sentences_frame  # noqa: E402
+from pipeline.prepare import read_prepared  # noqa: E402
+from pipeline.runner import run_pipeline  # noqa: E402
+from pipeline.tracking import tracking_uri  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _no_ambient_tracking(monkeypatch):
+    for name in ("MLFLOW_TRACKING_URI", "CRF_SWEEP_PARENT_RUN_ID", "CRF_SWEEP_ID"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def _runs(client: MlflowClient, parent_id: str) -> dict:
+    experiment = client.get_run(parent_id).info.experiment_id
+    runs = client.search_runs([experiment], filter_string=f"tags.mlflow.parentRunId = '{parent_id}'")
+    return {r.data.tags["stage"]: r for r in runs}
+
+
+def _latest_pipeline(client: MlflowClient):
+    experiment = client.get_experiment_by_name("crf").experiment_id
+    return client.search_runs([experiment], filter_string="tags.stage = 'pipeline'", order_by=["start_time DESC"])[0]
+
+
+@pytest.fixture(scope="module")
+def logged(tmp_path_factory):
+    """A tiny pipeline run: (results, client, parent run, its stage runs, config)."""
+    root = tmp_path_factory.mktemp("model")
+    cfg = compose_config(tiny_overrides(write_corpus(root / "data"), root / "out"))
+    results = run_pipeline(cfg)
+    client = MlflowClient(tracking_uri(cfg))
+    mlflow.set_tracking_uri(tracking_uri(cfg))
+    parent = _latest_pipeline(client)
+    return results, client, parent, _runs(client, parent.info.run_id), cfg
+
+
+def _test_frame(stages) -> tuple[pd.DataFrame, list[list[str]]]:
+    """The prepared test split in long form (sentence, w, pos) and its gold labels."""
+    data = read_prepared(Path(stages["prepare"].data.tags["cache_path"]))
+    tokens = [[dict(zip(data.columns, row)) for row in sentence] for sentence in data.splits["test"]]
+    return sentences_frame(tokens, ["w", "pos"]), data.labels("test")
+
+
+def test_pipeline_logs_the_tagger_as_an_mlflow_model(logged):
+    results, client, parent, stages, cfg = logged
+    uri = parent.data.tags["model_uri"]
+    assert uri.startswith("models:/") and stages["train"].data.tags["model_uri"] == uri
+    model = mlflow.pyfunc.load_model(uri)
+    assert model.metadata.get_input_schema().input_names() == ["sentence", "w", "pos"]
+    assert model.metadata.get_output_schema().input_names() == ["label", "marginal", "segment_confidence"]
+    assert list(model.input_example.columns) == ["sentence", "w", "pos"] and model.input_example["sentence"].nunique() == 2
+    # the logged model belongs to the train stage's run, inside the pipeline run
+    logged_model = mlflow.get_logged_model(uri.removeprefix("models:/"))
+    assert logged_model.source_run_id == stages["train"].info.run_id
+
+    frame, gold = _test_frame(stages)
+    predicted = model.predict(frame)
+    bundle = load_tagger(os.path.join(stages["train"].data.tags["cache_path"], "bundle.npz"))
+    pd.testing.assert_frame_equal(predicted, bundle.tag_frame(frame))
+    offsets = np.concatenate([[0], np.cumsum([len(g) for g in gold])])
+    labels = predicted["label"].tolist()
+    f1 = metrics.chunk_scores(gold, [labels[a:b] for a, b in zip(offsets[:-1], offsets[1:])]).f1
+    assert f1 == results["evaluate.test_f1"] == parent.data.metrics["test_f1"]
+    assert predicted["marginal"].between(0, 1).all() and predicted["segment_confidence"].notna().any()
+
+
+def test_lists_of_token_dicts_and_records(logged):
+    _, _, parent, stages, _ = logged
+    model = mlflow.pyfunc.load_model(parent.data.tags["model_uri"])
+    sentences = [
+        [dict(w=w, pos=p) for w, p in [("the", "DT"), ("dog", "NN"), ("sees", "VB"), ("a", "DT"), ("cat", "NN"), (".", ".")]],
+        [{"w": "a", "pos": "DT"}, {"w": "man", "pos": "NN"}, {"w": "runs", "pos": "VB"}, {"w": ".", "pos": "."}],
+    ]
+    frame = sentences_frame(sentences, ["w", "pos"])
+    expected = model.predict(frame)
+    assert expected["label"].tolist()[:6] == ["B-NP", "I-NP", "B-VP", "B-NP", "I-NP", "O"]
+    # the python model takes sentences of token dicts; pyfunc takes token records with their sentence
+    pd.testing.assert_frame_equal(model.unwrap_python_model().predict(None, sentences), expected)
+    records = model.predict(frame.to_dict(orient="records"))
+    pd.testing.assert_frame_equal(records[expected.columns], expected, check_dtype=False)
+
+
+def test_bad_input_and_unknown_uri_give_clear_errors(logged):
+    _, _, parent, _, _ = logged
+    model = mlflow.pyfunc.load_model(parent.data.tags["model_uri"])
+    frame = pd.DataFrame({"sentence": [0, 0], "w": ["the", "dog"]})
+    with pytest.raises(MlflowException, match=r"missing inputs \['pos'\]"):
+        model.predict(frame)
+    with pytest.raises(ValueError, match=r"lack the column\(s\) \['pos'\]"):
+        model.unwrap_python_model().predict(None, [[{"w": "the"}]])
+    with pytest.raises(MlflowException, match="no-such-model"):
+        mlflow.pyfunc.load_model("models:/no-such-model@champion")
+    with pytest.raises(MlflowException, match="0123456789abcdef"):
+        mlflow.pyfunc.load_model("runs:/0123456789abcdef/model")
+
+
+def test_run_name_dataset_input_and_headline_metrics(logged):
+    _, client, parent, _, cfg = logged
+    assert parent.info.run_name == "conll2000-crf-lbfgs"
+    (dataset,) = client.get_run(parent.info.run_id).inputs.dataset_inputs
+    assert dataset.dataset.name == "conll2000" and len(dataset.dataset.digest) == 36
+    sha = {t.key: t.value for t in dataset.tags}["sha256"]
+    assert len(sha) == 64 and sha.startswith(dataset.dataset.digest)
+    assert "conll2000" in dataset.dataset.source
+    assert {"dev_f1", "test_f1"} <= set(parent.data.metrics)
+
+
+def test_cached_stage_runs_point_at_the_run_that_computed_them(logged):
+    results, client, first, first_stages, cfg = logged
+    again = run_pipeline(cfg)
+    assert again["evaluate.test_f1"] == results["evaluate.test_f1"]
+    latest = _latest_pipeline(client)
+    assert latest.info.run_id != first.info.run_id and latest.data.tags["cache_hits"] == "prepare,featurize,train,evaluate"
+    stages = _runs(client, latest.info.run_id)
+    for name, run in stages.items():
+        assert run.data.tags["cache_source_run_id"] == first_stages[name].info.run_id, name
+        assert not client.list_artifacts(run.info.run_id), name  # nothing uploaded twice
+    # the model is not logged again: the cached run links the first run's model
+    assert latest.data.tags["model_uri"] == stages["train"].data.tags["model_uri"] == first.data.tags["model_uri"]
