@@ -7,10 +7,10 @@ import itertools
 import numpy as np
 import pandas as pd
 import pytest
+from pipeline_helpers import make_sentence
 
 from crf import CRF, FeatureExtractor, HMMTagger, ModelFileError, TaggerBundle, chain, load_tagger
 from crf.persist import load_arrays, save_arrays
-from tests.pipeline_helpers import make_sentence
 
 COLUMNS = ["w", "pos", "chunk"]
 

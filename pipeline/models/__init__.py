@@ -10,7 +10,8 @@ runner and the stages do not change. An adapter declares:
 - ``artifacts``: which of the training stage's files are logged to MLflow;
 - ``trainer_tag(cfg)``: the ``trainer`` tag of the pipeline run;
 - ``fit(context, data) -> metrics``: train on the prepared data, write the model into
-  ``context.out``;
+  ``context.out``, and the self-contained tagger (:class:`crf.TaggerBundle`) as
+  :data:`BUNDLE_FILE` (logged: ``python -m pipeline.tag`` and the MLflow Model read it);
 - ``tagger(config, inputs, data) -> Tagger``: what evaluation uses.
 
 Adapters import no MLflow: step metrics go through ``context.log_steps``.
@@ -30,6 +31,8 @@ import pandas as pd
 if TYPE_CHECKING:
     from pipeline.data import Dataset
     from pipeline.stage import StageContext
+
+BUNDLE_FILE = "bundle.npz"
 
 # set by pipeline.sweep in a multirun's jobs: they already run in parallel, one per core
 SWEEP_ID_VARIABLE = "CRF_SWEEP_ID"
@@ -88,6 +91,13 @@ def load_adapter(model: Mapping[str, Any]) -> ModelAdapter:
     if not (isinstance(adapter, type) and issubclass(adapter, ModelAdapter)):
         raise ValueError(f"model {model.get('name')!r}: {path!r} is not a ModelAdapter subclass")
     return adapter()
+
+
+def bundle_source(data: Dataset, config: Mapping, **extra: Any) -> dict:
+    """What a bundle records of its origin: the prepared dataset's name, columns, label column
+    (the column the model predicts) and scheme, the stage's config slice, and ``extra``."""
+    dataset = {"name": data.name, "columns": list(data.columns), "label": data.label, "scheme": data.scheme}
+    return {"dataset": dataset, **{k: v for k, v in dict(config).items()}, **extra}
 
 
 def default_threads(threads: int | None) -> int | None:

@@ -1,6 +1,8 @@
 """The linear-chain CRF (``crf.CRF``) as a pipeline model.
 
 Training reads the prepare and featurize folders and writes ``model.npz`` (see ``CRF.save``),
+``bundle.npz`` (the model with its fitted features, labels, scheme and input columns: a
+:class:`crf.TaggerBundle`),
 ``history.csv`` (one row per iteration: loss, gradient norm, active features, elapsed seconds,
 and dev accuracy/F1 every ``dev_every`` iterations) and ``learning_curve.png``. Each iteration
 is logged (with an estimate of the time left) and sent as step metrics to the tracking run.
@@ -21,10 +23,10 @@ import numpy as np
 import pandas as pd
 from omegaconf import OmegaConf
 
-from crf import CRF, metrics
+from crf import CRF, TaggerBundle, metrics
 from crf.optimize import IterationInfo
 from pipeline.featurize import load_batch, load_extractor
-from pipeline.models import ModelAdapter, default_threads
+from pipeline.models import BUNDLE_FILE, ModelAdapter, bundle_source, default_threads
 from pipeline.report import figure, save_figure
 
 log = logging.getLogger(__name__)
@@ -149,7 +151,7 @@ class CRFTagger:
 class CRFAdapter(ModelAdapter):
     name = "crf"
     upstream = ("prepare", "featurize")
-    artifacts = ("model.npz", "history.csv", "learning_curve.png")
+    artifacts = ("model.npz", BUNDLE_FILE, "history.csv", "learning_curve.png")
 
     def config_slice(self, cfg) -> dict:
         trainer = OmegaConf.to_container(cfg.trainer, resolve=True)
@@ -185,6 +187,8 @@ class CRFAdapter(ModelAdapter):
         progress.flush()
         model.callback = None
         model.save(out / "model.npz")
+        source = bundle_source(data, OmegaConf.to_container(config), features=extractor.config())
+        TaggerBundle.from_crf(extractor, model, scheme=data.scheme, source=source).save(out / BUNDLE_FILE)
         history = pd.DataFrame(progress.history)
         history.to_csv(out / "history.csv", index=False)
         plot_learning_curve(history, out / "learning_curve.png")

@@ -1,7 +1,8 @@
 """The HMM baseline (``crf.HMMTagger``, trained by counting) as a pipeline model.
 
 Training reads the prepare folder only (the HMM observes the column ``model.observation``) and
-writes ``model.npz`` (see ``HMMTagger.save``) and ``hmm.json`` (sizes, interpolation weights).
+writes ``model.npz`` (see ``HMMTagger.save``), ``bundle.npz`` (the model with its labels, scheme
+and observed column: a :class:`crf.TaggerBundle`) and ``hmm.json`` (sizes, interpolation weights).
 Config slice: ``model``; settings: ``threads`` (one in a sweep job).
 """
 
@@ -16,8 +17,8 @@ from pathlib import Path
 import numpy as np
 from omegaconf import OmegaConf
 
-from crf import HMMTagger
-from pipeline.models import ModelAdapter, default_threads
+from crf import HMMTagger, TaggerBundle
+from pipeline.models import BUNDLE_FILE, ModelAdapter, bundle_source, default_threads
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ class HMMTaggerView:
 class HMMAdapter(ModelAdapter):
     name = "hmm"
     upstream = ("prepare",)
-    artifacts = ("model.npz", "hmm.json")
+    artifacts = ("model.npz", BUNDLE_FILE, "hmm.json")
 
     def config_slice(self, cfg) -> dict:
         return {"model": OmegaConf.to_container(cfg.model, resolve=True)}
@@ -71,6 +72,13 @@ class HMMAdapter(ModelAdapter):
         model.fit(data.column("train", spec["observation"]), data.labels("train"))
         seconds = time.perf_counter() - began
         model.save(out / "model.npz")
+        bundle = TaggerBundle.from_hmm(
+            model,
+            observation=spec["observation"],
+            scheme=data.scheme,
+            source=bundle_source(data, OmegaConf.to_container(context.config)),
+        )
+        bundle.save(out / BUNDLE_FILE)
         info = {
             "train_seconds": seconds,
             "model_bytes": (out / "model.npz").stat().st_size,

@@ -1,0 +1,257 @@
+"""Input and output formats of the tag command (``python -m pipeline.tag``).
+
+Inputs become a :class:`Corpus`: flat token columns (T,) plus sentence lengths (N,), and an
+optional gold label column. Readers (``format``; ``auto`` picks by extension, ``.gz`` ignored):
+
+- ``conll`` (``.conll``, ``.txt``, ``.tsv``, other): whitespace-separated columns, blank line
+  between sentences, read by :func:`crf.io.read_conll`. The columns are the ones the model needs,
+  in order; one more trailing column is taken as gold labels.
+- ``conllu`` (``.conllu``): :func:`crf.io.read_conllu`; FORM becomes ``w``, and UPOS or XPOS
+  (option ``conllu_pos``) ``pos``; every CoNLL-U column is also available under its own name
+  (``upos``, ``xpos``, ...), which gives gold labels when the model predicts one of them.
+- ``jsonl`` (``.jsonl``, ``.json``): one JSON object per line, ``{"tokens": [...]}``, tokens as
+  strings (one input column) or objects ``{column: value}``.
+- ``text`` (``.txt`` only when asked): one sentence per line, split by :func:`tokenize`.
+
+Writers (atomic: :func:`crf.persist.atomic_write`): ``conll`` (the input columns, the gold column
+when there is one, then each model's predicted column and, with ``marginals``, its marginal) and
+``jsonl`` (per sentence: ``tokens``, ``labels``, ``marginals``, ``segments`` with confidence, and
+``columns``: every predicted column by name).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from crf.io import CONLLU_COLUMNS, DataFormatError, _decoded_lines, read_conll, read_conllu
+from crf.persist import atomic_write
+
+FORMATS = ("conll", "conllu", "jsonl", "text")
+OUTPUT_FORMATS = ("conll", "jsonl")
+
+# Penn-Treebank-like tokenisation of raw text, tried left to right at each position:
+_TOKEN = re.compile(
+    r"""
+      \w+(?=n't\b)                      # do|n't, ca|n't, is|n't: the word before the clitic
+    | n't\b                             # the clitic itself
+    | '(?:s|re|ve|ll|d|m)\b             # 's 're 've 'll 'd 'm
+    | (?:[A-Za-z]\.){2,}                # abbreviations written with dots: U.S., e.g.
+    | \d+(?:[.,:/]\d+)*%?               # numbers: 3.14, 1,000, 10:30, 1/2, 5%
+    | \w+(?:-\w+|'(?!(?:s|re|ve|ll|d|m)\b)\w+)*  # words, hyphenated words, o'clock (not John|'s)
+    | \.\.\.|--|``|''                   # multi-character punctuation
+    | \S                                # any other character but space, alone
+    """,
+    re.VERBOSE | re.IGNORECASE,
+)
+
+
+def tokenize(line: str) -> list[str]:
+    """Tokens of one line of raw English text, Penn-Treebank-like: words, numbers (``3.14``,
+    ``1,000``), hyphenated words, abbreviations with dots (``U.S.``), clitics split off
+    (``do n't``, ``John 's``, ``we 're``), each punctuation character alone (``...`` and ``--``
+    whole). Quotes stay as written (PTB's ````''`` conversion is not done)."""
+    return _TOKEN.findall(line)
+
+
+@dataclass
+class Corpus:
+    """Sentences as flat token columns: ``columns`` {name: (T,) object array}, ``lengths`` (N,);
+    ``gold`` (T,) labels or None; ``token_columns``: the columns given per token (in order)."""
+
+    columns: dict[str, np.ndarray]
+    lengths: np.ndarray
+    gold: np.ndarray | None = None
+    token_columns: list[str] = field(default_factory=list)
+
+    @property
+    def offsets(self) -> np.ndarray:
+        return np.concatenate([[0], np.cumsum(self.lengths)])
+
+    def sentences(self, values: np.ndarray) -> list[list]:
+        """Flat per-token ``values`` (T,) cut into per-sentence lists."""
+        offsets = self.offsets
+        return [values[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:])]
+
+
+def detect_format(path: Path, choice: str, choices: Sequence[str] = FORMATS) -> str:
+    """``choice`` if not ``auto``, else the format of ``path``'s extension (``.gz`` ignored)."""
+    if choice != "auto":
+        if choice not in choices:
+            raise ValueError(f"unknown format {choice!r}; one of auto, {', '.join(choices)}")
+        return choice
+    suffixes = [s.lower() for s in Path(path).suffixes if s.lower() != ".gz"]
+    suffix = suffixes[-1] if suffixes else ""
+    by_suffix = {".conllu": "conllu", ".jsonl": "jsonl", ".json": "jsonl"}
+    found = by_suffix.get(suffix, "conll")
+    if found not in choices:
+        raise ValueError(f"{path}: cannot pick the format from the extension {suffix!r}; set it ({', '.join(choices)})")
+    return found
+
+
+def _flat(sentences: list[list[tuple[str, ...]]]) -> tuple[list[tuple[str, ...]], np.ndarray]:
+    lengths = np.fromiter((len(s) for s in sentences), dtype=np.int64, count=len(sentences))
+    return [row for sentence in sentences for row in sentence], lengths
+
+
+def read_input(path: str | Path, fmt: str, columns: Sequence[str], conllu_pos: str = "xpos", gold: str | None = None) -> Corpus:
+    """Read ``path`` in format ``fmt`` (see the module docstring) for a model chain needing the
+    token ``columns``; ``gold`` names the column of gold labels to pick up (CoNLL-U)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"input {path}: no such file")
+    columns = list(columns)
+    if fmt == "conll":
+        rows, lengths = _flat(read_conll(path))
+        width = len(rows[0])
+        if width not in (len(columns), len(columns) + 1):
+            raise DataFormatError(
+                path, 1, f"{width} columns, but the model needs the columns {columns} (and optionally a trailing gold column)"
+            )
+        values = list(zip(*rows))
+        data = {name: np.array(values[i], dtype=object) for i, name in enumerate(columns)}
+        truth = np.array(values[-1], dtype=object) if width == len(columns) + 1 else None
+        return Corpus(data, lengths, truth, columns)
+    if fmt == "conllu":
+        if conllu_pos not in ("upos", "xpos"):
+            raise ValueError(f"conllu_pos must be 'upos' or 'xpos', got {conllu_pos!r}")
+        rows, lengths = _flat(read_conllu(path))
+        values = list(zip(*rows))
+        data = {name: np.array(values[i], dtype=object) for i, name in enumerate(CONLLU_COLUMNS)}
+        data["w"] = data["form"]
+        data["pos"] = data[conllu_pos]
+        missing = [c for c in columns if c not in data]
+        if missing:
+            raise ValueError(f"{path}: CoNLL-U gives the columns {sorted(data)}, the model also needs {missing}")
+        return Corpus(data, lengths, data.get(gold) if gold else None, columns)
+    if fmt == "jsonl":
+        return _read_jsonl(path, columns)
+    if fmt == "text":
+        if columns != ["w"] and len(columns) != 1:
+            raise ValueError(f"{path}: plain text gives words only, but the model needs the columns {columns}")
+        sentences = [tokenize(line) for _, line in _decoded_lines(path)]
+        sentences = [s for s in sentences if s]
+        if not sentences:
+            raise DataFormatError(path, 1, "no text (the file is empty or blank)")
+        lengths = np.array([len(s) for s in sentences], dtype=np.int64)
+        return Corpus({columns[0]: np.array([t for s in sentences for t in s], dtype=object)}, lengths, None, columns)
+    raise ValueError(f"unknown input format {fmt!r}; one of {FORMATS}")
+
+
+def _read_jsonl(path: Path, columns: list[str]) -> Corpus:
+    tokens: list = []
+    lengths: list[int] = []
+    for number, line in _decoded_lines(path):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise DataFormatError(path, number, f"not valid JSON ({err.msg})") from None
+        sentence = record.get("tokens") if isinstance(record, dict) else None
+        if not isinstance(sentence, list) or not sentence:
+            raise DataFormatError(path, number, 'expected an object with a non-empty list "tokens"')
+        for token in sentence:
+            if isinstance(token, str):
+                if len(columns) != 1:
+                    raise DataFormatError(
+                        path, number, f"tokens given as strings, but the model needs the columns {columns}: give objects"
+                    )
+            elif isinstance(token, dict):
+                missing = [c for c in columns if c not in token]
+                if missing:
+                    raise DataFormatError(path, number, f"token {token} lacks the columns {missing} (the model needs {columns})")
+            else:
+                raise DataFormatError(path, number, f"a token must be a string or an object, got {token!r}")
+        tokens.extend(sentence)
+        lengths.append(len(sentence))
+    if not lengths:
+        raise DataFormatError(path, 1, "no sentences (the file is empty or blank)")
+    if isinstance(tokens[0], str) and len(columns) == 1:
+        data = {columns[0]: np.array([t if isinstance(t, str) else t[columns[0]] for t in tokens], dtype=object)}
+    else:
+        data = {c: np.array([str(t[c]) if isinstance(t, dict) else t for t in tokens], dtype=object) for c in columns}
+    return Corpus(data, np.array(lengths, dtype=np.int64), None, columns)
+
+
+@dataclass
+class Prediction:
+    """One model's output over the corpus: the column it fills, labels (T,), marginals (T,) and
+    segments (a frame: sequence, start, end, type, confidence; None for scheme ``none``)."""
+
+    column: str
+    labels: np.ndarray
+    marginals: np.ndarray
+    segments: pd.DataFrame | None
+
+
+def write_conll(path: str | Path, corpus: Corpus, predictions: Sequence[Prediction], marginals: bool) -> None:
+    """Tab-separated: the input columns, gold (if any), each prediction (and its marginal)."""
+    cells = [corpus.columns[c] for c in corpus.token_columns]
+    if corpus.gold is not None:
+        cells.append(corpus.gold)
+    for prediction in predictions:
+        cells.append(prediction.labels)
+        if marginals:
+            cells.append(np.char.mod("%.6f", prediction.marginals).astype(object))
+    lines = pd.DataFrame({i: c for i, c in enumerate(cells)}).astype(str).agg("\t".join, axis=1).to_numpy()
+    offsets = corpus.offsets
+    text = io.StringIO()
+    for a, b in zip(offsets[:-1], offsets[1:]):
+        text.write("\n".join(lines[a:b]))
+        text.write("\n\n")
+    data = text.getvalue().encode("utf-8")
+    atomic_write(path, lambda out: out.write(data))
+
+
+def write_jsonl(path: str | Path, corpus: Corpus, predictions: Sequence[Prediction]) -> None:
+    """One object per sentence: ``tokens`` (strings for one input column, else objects),
+    ``labels``/``marginals``/``segments`` of the last model, ``columns`` {column: labels} of all."""
+    offsets = corpus.offsets
+    if len(corpus.token_columns) == 1:
+        tokens = corpus.sentences(corpus.columns[corpus.token_columns[0]])
+    else:
+        frame = pd.DataFrame({c: corpus.columns[c] for c in corpus.token_columns})
+        records = frame.to_dict("records")
+        tokens = [records[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
+    last = predictions[-1]
+    labels = {p.column: corpus.sentences(p.labels) for p in predictions}
+    marginals = corpus.sentences(np.round(last.marginals, 6))
+    segments: list[list[dict]] = [[] for _ in tokens]
+    if last.segments is not None:
+        for row in last.segments.itertuples(index=False):
+            segments[row.sequence].append(
+                {
+                    "start": int(row.start),
+                    "end": int(row.end),
+                    "type": str(row.type),
+                    "confidence": round(float(row.confidence), 6),
+                }
+            )
+    text = io.StringIO()
+    for i, sentence in enumerate(tokens):
+        record = {"tokens": sentence, "labels": labels[last.column][i], "marginals": marginals[i]}
+        if last.segments is not None:
+            record["segments"] = segments[i]
+        if len(predictions) > 1:
+            record["columns"] = {column: values[i] for column, values in labels.items()}
+        text.write(json.dumps(record, ensure_ascii=False))
+        text.write("\n")
+    data = text.getvalue().encode("utf-8")
+    atomic_write(path, lambda out: out.write(data))
+
+
+def write_output(path: str | Path, fmt: str, corpus: Corpus, predictions: Sequence[Prediction], marginals: bool) -> None:
+    if fmt == "conll":
+        write_conll(path, corpus, predictions, marginals)
+    elif fmt == "jsonl":
+        write_jsonl(path, corpus, predictions)
+    else:
+        raise ValueError(f"unknown output format {fmt!r}; one of {OUTPUT_FORMATS}")
