@@ -2,13 +2,16 @@
 
 A corpus is returned as a list of sentences; a sentence is a list of token rows and a token row
 is a tuple of column strings. Every format problem raises :class:`DataFormatError`, whose message
-names the file, the 1-based line number and the problem.
+names the file, the 1-based line number and the problem (a truncated or corrupt gzip file: the
+line reached). A UTF-8 byte-order mark at the start of a file is ignored; a path that is a folder
+raises :class:`IsADirectoryError`, a missing one :class:`FileNotFoundError`.
 """
 
 from __future__ import annotations
 
 import gzip
 import os
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from xml.parsers import expat
@@ -16,6 +19,9 @@ from xml.parsers import expat
 Sentence = list[tuple[str, ...]]
 
 _GZIP_MAGIC = b"\x1f\x8b"
+_BOM = "\ufeff"
+_UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
+_STREAM_ERRORS = (OSError, EOFError, zlib.error)  # truncated or corrupt gzip streams, read failures
 
 
 class DataFormatError(ValueError):
@@ -29,39 +35,75 @@ class DataFormatError(ValueError):
 
 
 def _opener(path: Path) -> Callable:
-    """``gzip.open`` for a gzip file, else ``open``; FileNotFoundError for a missing file."""
+    """``gzip.open`` for a gzip file, else ``open``; IsADirectoryError for a folder,
+    FileNotFoundError for a missing file."""
+    if path.is_dir():
+        raise IsADirectoryError(f"{path}: is a directory, expected a data file")
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file")
     with open(path, "rb") as probe:
         return gzip.open if probe.read(2) == _GZIP_MAGIC else open
 
 
-def _read_bytes(path: str | os.PathLike) -> bytes:
-    """The file's bytes, decompressed when gzip."""
+def _unreadable(path: str | os.PathLike, line: int, error: BaseException, opener: Callable) -> DataFormatError:
+    """The error for a read that failed after ``line`` complete lines (reported at the next line)."""
+    what = "truncated or corrupt gzip stream, " if opener is gzip.open else ""
+    return DataFormatError(
+        path, line + 1, f"cannot read file: {what}{type(error).__name__}: {error} (after {line} complete lines)"
+    )
+
+
+def read_blocks(path: str | os.PathLike, size: int = 1 << 16) -> Iterator[bytes]:
+    """Yield the file's bytes (decompressed when gzip) in blocks of up to ``size`` bytes; a
+    truncated or corrupt gzip stream raises :class:`DataFormatError` naming the file and the line
+    reached (lines completed in the blocks already yielded)."""
     opener = _opener(Path(path))
+    lines = 0
     try:
         with opener(path, "rb") as handle:
-            return handle.read()
-    except (OSError, EOFError) as err:  # a truncated or corrupt gzip stream
-        raise DataFormatError(path, 0, f"cannot read file: {err}") from None
+            for block in iter(lambda: handle.read(size), b""):
+                lines += block.count(b"\n")
+                yield block
+    except _STREAM_ERRORS as err:
+        raise _unreadable(path, lines, err, opener) from None
+
+
+def _read_bytes(path: str | os.PathLike) -> bytes:
+    """The file's bytes, decompressed when gzip."""
+    return b"".join(read_blocks(path))
 
 
 def _decoded_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
     """Yield (1-based line number, line without its newline), reading gzip transparently."""
     path = Path(path)
     opener = _opener(path)
+    number = 0
     try:
         with opener(path, "rb") as handle:
             for number, raw in enumerate(handle, start=1):
                 try:
                     text = raw.decode("utf-8")
                 except UnicodeDecodeError as err:
+                    if number == 1 and raw.startswith(_UTF16_BOMS):
+                        raise DataFormatError(path, 1, "the file is UTF-16 (byte-order mark); convert it to UTF-8") from None
                     raise DataFormatError(
                         path, number, f"not valid UTF-8 (byte {err.start}: {raw[err.start : err.start + 1]!r})"
                     ) from None
+                if number == 1 and text.startswith(_BOM):
+                    text = text[1:]
                 yield number, text.rstrip("\r\n")
-    except (OSError, EOFError) as err:  # a truncated or corrupt gzip stream
-        raise DataFormatError(path, 0, f"cannot read file: {err}") from None
+    except _STREAM_ERRORS as err:
+        raise _unreadable(path, number, err, opener) from None
+
+
+def _cells(line: str, separator: str | None) -> tuple[str, ...]:
+    """The cells of a token line; trailing empty cells (a final tab or separator) are dropped."""
+    if separator is None:
+        return tuple(line.split())
+    cells = line.split(separator)
+    while cells and cells[-1] == "":
+        cells.pop()
+    return tuple(cells)
 
 
 def _sentences(path: str | os.PathLike, parse: Callable[[int, str], tuple[str, ...] | None], what: str) -> list[Sentence]:
@@ -99,12 +141,14 @@ def read_conll(
     ``separator=None`` splits on any run of whitespace; pass ``"\\t"`` for strictly tab-separated
     files whose cells may contain spaces. Blank lines end sentences and ``-DOCSTART-`` lines are
     skipped. Every token line must have ``n_columns`` columns (by default, as many as the first
-    token line).
+    token line); empty cells at the end of a line (a final separator) do not count.
     """
     expected = [n_columns]
 
     def parse(number: int, line: str) -> tuple[str, ...] | None:
-        cells = tuple(line.split(separator)) if separator else tuple(line.split())
+        cells = _cells(line, separator or None)
+        if not cells:
+            raise DataFormatError(path, number, f"no columns in {line!r}")
         if cells[0] == "-DOCSTART-":
             return None
         if expected[0] is None:
@@ -125,13 +169,14 @@ def read_conllu(path: str | os.PathLike) -> list[Sentence]:
     """Read the word lines of a CoNLL-U file as 10-column token rows.
 
     Comment lines (``#``), multiword-token lines (ID ``3-4``) and empty nodes (ID ``8.1``) are
-    skipped. A word line must have exactly 10 tab-separated columns and an integer ID.
+    skipped. A word line must have exactly 10 tab-separated columns (empty cells after the last
+    are ignored) and an integer ID.
     """
 
     def parse(number: int, line: str) -> tuple[str, ...] | None:
         if line.startswith("#"):
             return None
-        cells = tuple(line.split("\t"))
+        cells = _cells(line, "\t")
         if len(cells) != 10:
             raise DataFormatError(path, number, f"expected 10 tab-separated columns, found {len(cells)}")
         token_id = cells[0]

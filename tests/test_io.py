@@ -213,3 +213,114 @@ def test_xml_undeclared_entity_is_an_error(tmp_path):
 def test_missing_xml_file(tmp_path):
     with pytest.raises(FileNotFoundError, match="no such file"):
         read_xml_sequences(tmp_path / "nope.xml")
+
+
+# --- byte-order marks, folders, trailing separators, truncated gzip (all readers) -----------------
+
+from crf.io import read_blocks  # noqa: E402
+
+
+def _cut_gzip(text: str) -> bytes:
+    """A gzip stream of ``text`` cut in the middle (the text is varied so the stream is long)."""
+    data = gzip.compress(text.encode())
+    return data[: len(data) // 2]
+
+
+def _numbered_conll(n: int) -> str:
+    return "".join(f"w{i} X{i % 7}\n" + ("\n" if i % 10 == 9 else "") for i in range(n))
+
+
+def test_utf8_bom_is_not_part_of_the_first_token(tmp_path):
+    path = tmp_path / "bom.txt"
+    path.write_bytes(b"\xef\xbb\xbfThe DT B-NP\ndog NN I-NP\n")
+    assert read_conll(path) == [[("The", "DT", "B-NP"), ("dog", "NN", "I-NP")]]
+    packed = tmp_path / "bom.txt.gz"
+    packed.write_bytes(gzip.compress(path.read_bytes()))
+    assert read_conll(packed, separator=" ") == read_conll(path)
+    conllu = tmp_path / "bom.conllu"
+    conllu.write_bytes(b"\xef\xbb\xbf" + CONLLU_WORD + b"\n")
+    assert read_conllu(conllu)[0][0][:2] == ("1", "The")
+    no_declaration = tmp_path / "bom.xml"
+    no_declaration.write_bytes(b"\xef\xbb\xbf<dataset><sequence><title>A b</title></sequence></dataset>")
+    assert read_xml_sequences(no_declaration) == [[("A", "B-title"), ("b", "I-title")]]
+
+
+def test_a_bom_later_in_the_file_is_still_an_error(tmp_path):
+    path = tmp_path / "late.txt"
+    path.write_bytes("a X\n\ufeffb X Y\n".encode())
+    with pytest.raises(DataFormatError, match="late.txt:2: expected 2 columns"):
+        read_conll(path)
+
+
+def test_utf16_file_says_so(tmp_path):
+    path = tmp_path / "utf16.txt"
+    path.write_bytes("a X\n".encode("utf-16"))
+    with pytest.raises(DataFormatError, match="utf16.txt:1: the file is UTF-16"):
+        read_conll(path)
+
+
+@pytest.mark.parametrize("reader", [read_conll, read_conllu, read_xml_sequences])
+def test_a_directory_is_reported_as_a_directory(tmp_path, reader):
+    with pytest.raises(IsADirectoryError, match=f"{tmp_path}: is a directory"):
+        reader(tmp_path)
+
+
+def test_trailing_separators_are_not_columns(tmp_path):
+    path = tmp_path / "tabs.tsv"
+    path.write_text("New York\tNNP\tB-LOC\t\nis\tVBZ\tO\t\t\n", encoding="utf-8")
+    assert read_conll(path, n_columns=3, separator="\t") == [[("New York", "NNP", "B-LOC"), ("is", "VBZ", "O")]]
+    inner = tmp_path / "inner.tsv"
+    inner.write_text("a\t\tO\n", encoding="utf-8")  # an empty cell inside the row is still an error
+    with pytest.raises(DataFormatError, match="inner.tsv:1: empty column"):
+        read_conll(inner, n_columns=3, separator="\t")
+    conllu = tmp_path / "tab.conllu"
+    conllu.write_bytes(CONLLU_WORD + b"\t\n")
+    assert len(read_conllu(conllu)[0][0]) == 10
+    short = tmp_path / "short.conllu"
+    short.write_bytes(CONLLU_WORD.rsplit(b"\t", 1)[0] + b"\t\n")  # 9 columns and a final tab
+    with pytest.raises(DataFormatError, match="short.conllu:1: expected 10 tab-separated columns, found 9"):
+        read_conllu(short)
+
+
+def test_truncated_gzip_names_file_and_line_reached(tmp_path):
+    path = tmp_path / "cut.txt.gz"
+    path.write_bytes(_cut_gzip(_numbered_conll(20000)))
+    with pytest.raises(DataFormatError) as info:
+        read_conll(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}:{info.value.line}: cannot read file: truncated or corrupt gzip stream")
+    assert info.value.line > 100 and f"after {info.value.line - 1} complete lines" in message
+
+
+def test_corrupt_gzip_is_a_data_format_error(tmp_path):
+    data = bytearray(gzip.compress(_numbered_conll(20000).encode()))
+    data[-6] ^= 0xFF  # the CRC-32 of the trailer: every line decodes, the check at the end fails
+    path = tmp_path / "flipped.txt.gz"
+    path.write_bytes(bytes(data))
+    with pytest.raises(
+        DataFormatError, match="flipped.txt.gz:22001: cannot read file: truncated or corrupt gzip stream, BadGzip"
+    ):
+        read_conll(path)
+
+
+def test_truncated_gzip_xml_and_conllu(tmp_path):
+    xml = tmp_path / "cut.xml.gz"
+    xml.write_bytes(_cut_gzip("<dataset>\n" + "".join(f"<sequence><title>t{i} x</title></sequence>\n" for i in range(20000))))
+    with pytest.raises(DataFormatError, match=r"cut.xml.gz:[0-9]+: cannot read file: truncated or corrupt gzip stream"):
+        read_xml_sequences(xml)
+    conllu = tmp_path / "cut.conllu.gz"
+    conllu.write_bytes(_cut_gzip("".join(f"{i % 9 + 1}\tw{i}\t_\tX\t_\t_\t0\troot\t_\t_\n" for i in range(20000))))
+    with pytest.raises(DataFormatError, match=r"cut.conllu.gz:[0-9]+: cannot read file: truncated"):
+        read_conllu(conllu)
+
+
+def test_read_blocks_is_the_decompressed_text(tmp_path):
+    text = _numbered_conll(5000).encode()
+    path = tmp_path / "whole.txt.gz"
+    path.write_bytes(gzip.compress(text))
+    assert b"".join(read_blocks(path, size=1000)) == text
+    (tmp_path / "plain.txt").write_bytes(text)
+    assert b"".join(read_blocks(tmp_path / "plain.txt")) == text
+
+
+CONLLU_WORD = b"1\tThe\tthe\tDET\tDT\tDefinite=Def\t2\tdet\t_\t_"
