@@ -1,0 +1,148 @@
+"""Fault injection on inputs: bad data files of each kind read through the dataset loader, random
+bytes as a model file, non-finite feature values and empty input given to the estimators. Each
+must fail with a message that names the file (and line) or the sequence, token and attribute."""
+
+from __future__ import annotations
+
+import gzip
+import os
+
+import numpy as np
+import pytest
+from omegaconf import OmegaConf
+
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+from pipeline_helpers import compose_config, make_sentence, write_corpus  # noqa: E402
+
+from crf import CRF, HMMTagger  # noqa: E402
+from crf.io import DataFormatError  # noqa: E402
+from crf.persist import ModelFileError  # noqa: E402
+from pipeline.data import load_dataset  # noqa: E402
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    """(data root, the dataset config as a dict with no checksums, the training file)."""
+    root = write_corpus(tmp_path / "data", n_train=300, n_test=20)
+    dataset = OmegaConf.to_container(compose_config([]).dataset, resolve=True)
+    for spec in dataset["files"].values():
+        spec["sha256"] = None
+    return root, dataset, root / "conll2000" / "train.txt.gz"
+
+
+def _rows(n: int, separator: str = " ", end: str = "") -> str:
+    rng = np.random.default_rng(1)
+    return "".join("".join(separator.join(row) + end + "\n" for row in make_sentence(rng)) + "\n" for _ in range(n))
+
+
+def test_bom_is_stripped_from_the_first_token(corpus):
+    root, dataset, train = corpus
+    clean = load_dataset(dataset, root, download=False)
+    train.write_bytes(gzip.compress(b"\xef\xbb\xbf" + gzip.decompress(train.read_bytes())))
+    with_bom = load_dataset(dataset, root, download=False)
+    assert with_bom.splits == clean.splits and not with_bom.splits["train"][0][0][0].startswith("\ufeff")
+
+
+def test_trailing_tab_is_not_a_column(corpus):
+    root, dataset, train = corpus
+    dataset["separator"] = "\t"
+    train.write_bytes(gzip.compress(_rows(50, "\t", end="\t").encode()))
+    (root / "conll2000" / "test.txt.gz").write_bytes(gzip.compress(_rows(5, "\t").encode()))
+    data = load_dataset(dataset, root, download=False)
+    assert {len(row) for s in data.splits["train"] for row in s} == {3}
+
+
+def test_truncated_gzip_names_the_file_and_line(corpus):
+    root, dataset, train = corpus
+    data = gzip.compress(_rows(3000).encode())
+    train.write_bytes(data[: len(data) // 2])
+    with pytest.raises(DataFormatError, match=rf"{train}:[0-9]+: cannot read file: truncated or corrupt gzip stream"):
+        load_dataset(dataset, root, download=False)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=EOFError,
+    reason="pipeline/data.py text_sha256 reads gzip itself: it should use crf.io.read_blocks (DataFormatError naming the file)",
+)
+def test_truncated_gzip_with_a_checksum_names_the_file(corpus):
+    root, dataset, train = corpus
+    data = gzip.compress(_rows(3000).encode())
+    train.write_bytes(data[: len(data) // 2])
+    dataset["files"]["train"]["sha256"] = "0" * 64
+    with pytest.raises(DataFormatError, match=rf"{train}:[0-9]+: cannot read file: truncated"):
+        load_dataset(dataset, root, download=False)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="pipeline/data.py resolve_files counts a folder as a missing file: it should say the path is a directory",
+)
+def test_a_directory_instead_of_a_file_says_so(corpus):
+    root, dataset, train = corpus
+    train.unlink()
+    train.mkdir()
+    with pytest.raises(IsADirectoryError, match=f"{train}: is a directory"):
+        load_dataset(dataset, root, download=False)
+
+
+def test_random_bytes_and_empty_data_files(corpus):
+    root, dataset, train = corpus
+    train.write_bytes(np.random.default_rng(0).bytes(4096))
+    with pytest.raises(DataFormatError, match=rf"{train}:[0-9]+: not valid UTF-8"):
+        load_dataset(dataset, root, download=False)
+    train.write_bytes(gzip.compress(b""))
+    with pytest.raises(DataFormatError, match=rf"{train}:1: file is empty"):
+        load_dataset(dataset, root, download=False)
+    train.write_bytes(b"\n\n\n")
+    with pytest.raises(DataFormatError, match=rf"{train}:1: file holds no token lines"):
+        load_dataset(dataset, root, download=False)
+
+
+@pytest.mark.parametrize("model", [CRF, HMMTagger])
+@pytest.mark.parametrize(
+    "content",
+    [
+        pytest.param(b"PK\x03\x04" + bytes(200), id="zip-header"),
+        pytest.param(b"", id="empty"),
+        pytest.param(
+            np.random.default_rng(0).bytes(4096),
+            id="random",
+            marks=pytest.mark.xfail(
+                strict=True, reason="crf/persist.py load_arrays passes on NumPy's allow_pickle advice for a non-npz file"
+            ),
+        ),
+    ],
+)
+def test_a_file_that_is_not_a_model(tmp_path, model, content):
+    path = tmp_path / "model.npz"
+    path.write_bytes(content)
+    with pytest.raises(ModelFileError, match=str(path)) as caught:
+        model.load(path)
+    assert "pickle" not in str(caught.value)
+
+
+def test_a_truncated_model_file(tmp_path):
+    words = [["the", "dog"], ["a", "cat", "runs"]]
+    tags = [["DT", "NN"], ["DT", "NN", "VB"]]
+    path = tmp_path / "model.npz"
+    HMMTagger(order=1).fit(words, tags).save(path)
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(ModelFileError, match=str(path)):
+        HMMTagger.load(path)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_non_finite_feature_values_name_sequence_token_and_attribute(bad):
+    X = [[{"w": 1.0}, {"w": 1.0, "len": 2.0}], [{"w": 1.0}, {"len": bad}, {"w": 0.5}]]
+    y = [["A", "B"], ["A", "B", "A"]]
+    with pytest.raises(ValueError, match=rf"sequence 1, token 1: attribute 'len' has the non-finite weight {bad}"):
+        CRF(max_iterations=5).fit(X, y)
+
+
+def test_empty_training_input():
+    with pytest.raises(ValueError, match="at least one training sequence"):
+        CRF().fit([], [])
+    with pytest.raises(ValueError, match="non-empty"):
+        HMMTagger().fit([], [])
