@@ -31,6 +31,7 @@ from . import chain, metrics, model_file
 from .features import FeatureExtractor
 from .hmm import HMMTagger
 from .model import CRF
+from .parallel import single_threaded_blas
 from .persist import ModelFileError, load_arrays, save_arrays
 
 log = logging.getLogger(__name__)
@@ -73,52 +74,99 @@ def _groups(lengths: np.ndarray, n_states: int) -> list[tuple[int, int]]:
     return ranges
 
 
-def segment_windows(
-    codes: np.ndarray, offsets: np.ndarray, classes: Sequence[str]
-) -> tuple[pd.DataFrame, np.ndarray, np.ndarray, np.ndarray]:
-    """The chunks of a labelling and the window masks that define their confidence, all at once.
+def _log_sum_exp(values: np.ndarray) -> np.ndarray:
+    """log sum exp over the last axis of (K, L) log scores (rows of -inf give -inf)."""
+    top = values.max(axis=1)
+    shift = np.where(np.isfinite(top), top, 0.0)
+    with np.errstate(divide="ignore"):
+        return shift + np.log(np.exp(values - shift[:, None]).sum(axis=1))
 
-    ``codes`` (T,) label indices, ``offsets`` (N + 1,). Returns (chunks: a frame with sequence,
-    start, end (exclusive), type; ``first`` (K,) the first token of each window within its
-    sequence; ``masks`` (W, L) allowed labels, window k in rows ``window_offsets[k]:
-    window_offsets[k + 1]``; ``window_offsets`` (K + 1,)). A window is the chunk's tokens with
-    exactly their labels, plus the token before (any label that does not extend the chunk) and
-    the token after (any label that does not continue it), as in :meth:`crf.CRF.predict_segments`.
+
+@dataclass
+class ChunkWindows:
+    """The chunks of a labelling and what defines their confidence: a chunk's window is its
+    tokens with exactly their labels, plus the token before (any label that does not extend the
+    chunk: ``before_masks``) and the token after (any label that does not continue it:
+    ``after_masks``), as in :meth:`crf.CRF.predict_segments`.
+
+    ``chunks``: frame with sequence, start, end (exclusive), type (K rows); ``first``/``stop``
+    (K,) flat token indices of each chunk's first token and one past its last; ``before``/``after``
+    (K,) whether the window has a token before/after the chunk; ``before_masks``/``after_masks``
+    (K, L) allowed labels there (rows without such a token are unused).
     """
-    L = len(classes)
-    found = metrics._chunks_flat(np.asarray(classes, dtype=object)[codes], offsets)
-    K = len(found)
-    if K == 0:
-        return found, np.zeros(0, np.int64), np.zeros((0, L), bool), np.zeros(1, np.int64)
-    tags, types = zip(*(metrics.split_label(c) for c in classes))
-    tags, types = np.array(tags), np.array(types)
-    row_tags, column_tags = np.broadcast_arrays(tags[:, None], tags[None, :])
-    row_types, column_types = np.broadcast_arrays(types[:, None], types[None, :])
-    # starts[first, prev]: a chunk starting with label `first` starts after label `prev`
-    starts = metrics.chunk_start(column_tags, row_tags, column_types, row_types)
-    # ends[last, next]: a chunk ending with label `last` ends before label `next`
-    ends = metrics.chunk_end(row_tags, column_tags, row_types, column_types)
-    sequence = found["sequence"].to_numpy(np.int64)
-    start = found["start"].to_numpy(np.int64)
-    end = found["end"].to_numpy(np.int64)
-    lengths = np.diff(offsets)
-    before = start > 0
-    after = end < lengths[sequence]
-    inside = end - start
-    widths = inside + before + after
-    window_offsets = np.concatenate([[0], np.cumsum(widths)])
-    masks = np.zeros((int(window_offsets[-1]), L), dtype=bool)
-    # inside rows: exactly the predicted label
-    chunk_of_row = np.repeat(np.arange(K), inside)
-    within = np.arange(int(inside.sum())) - np.repeat(np.concatenate([[0], np.cumsum(inside)[:-1]]), inside)
-    rows = window_offsets[chunk_of_row] + before[chunk_of_row] + within
-    tokens = offsets[sequence][chunk_of_row] + start[chunk_of_row] + within
-    masks[rows, codes[tokens]] = True
-    first_codes = codes[offsets[sequence] + start]
-    last_codes = codes[offsets[sequence] + end - 1]
-    masks[window_offsets[:-1][before]] = starts[first_codes[before]]
-    masks[window_offsets[1:][after] - 1] = ends[last_codes[after]]
-    return found, start - before, masks, window_offsets
+
+    chunks: pd.DataFrame
+    first: np.ndarray
+    stop: np.ndarray
+    before: np.ndarray
+    after: np.ndarray
+    before_masks: np.ndarray
+    after_masks: np.ndarray
+
+    @classmethod
+    def of(cls, codes: np.ndarray, offsets: np.ndarray, classes: Sequence[str]) -> ChunkWindows:
+        """Chunks of ``codes`` (T,) over sentences at ``offsets`` (N + 1,), all at once."""
+        L = len(classes)
+        found = metrics._chunks_flat(np.asarray(classes, dtype=object)[codes], offsets)
+        tags, types = zip(*(metrics.split_label(c) for c in classes))
+        tags, types = np.array(tags), np.array(types)
+        row_tags, column_tags = np.broadcast_arrays(tags[:, None], tags[None, :])
+        row_types, column_types = np.broadcast_arrays(types[:, None], types[None, :])
+        # starts[first, prev]: a chunk starting with label `first` starts after label `prev`
+        starts = metrics.chunk_start(column_tags, row_tags, column_types, row_types)
+        # ends[last, next]: a chunk ending with label `last` ends before label `next`
+        ends = metrics.chunk_end(row_tags, column_tags, row_types, column_types)
+        sequence = found["sequence"].to_numpy(np.int64)
+        first = offsets[sequence] + found["start"].to_numpy(np.int64)
+        stop = offsets[sequence] + found["end"].to_numpy(np.int64)
+        before = first > offsets[sequence]
+        after = stop < offsets[sequence + 1]
+        return cls(found, first, stop, before, after, starts[codes[first]].reshape(-1, L), ends[codes[stop - 1]].reshape(-1, L))
+
+    def window_masks(self, codes: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The windows as :func:`crf.chain.constrained_log_probability` takes them: (first token
+        of each window within its sequence (K,), masks (W, L), window offsets (K + 1,))."""
+        K, L = self.first.size, self.before_masks.shape[1]
+        inside = self.stop - self.first
+        widths = inside + self.before + self.after
+        window_offsets = np.concatenate([[0], np.cumsum(widths)])
+        masks = np.zeros((int(window_offsets[-1]), L), dtype=bool)
+        chunk_of_row = np.repeat(np.arange(K), inside)
+        within = np.arange(int(inside.sum())) - np.repeat(np.cumsum(inside) - inside, inside)
+        tokens = self.first[chunk_of_row] + within
+        masks[window_offsets[chunk_of_row] + self.before[chunk_of_row] + within, codes[tokens]] = True
+        masks[window_offsets[:-1][self.before]] = self.before_masks[self.before]
+        masks[window_offsets[1:][self.after] - 1] = self.after_masks[self.after]
+        sequence = self.chunks["sequence"].to_numpy(np.int64)
+        return self.first - self.before - offsets[sequence], masks, window_offsets
+
+    def log_probability(self, codes, posterior: chain.Posterior, emissions, transitions, start) -> np.ndarray:
+        """log p(window k | x) (K,) for a first-order chain over labels ((L, L) ``transitions``), in closed
+        form: the chunk's labels are fixed, so the constrained forward recursion over its window
+        reduces to a sum of scores plus one log-sum-exp at each end. The same quantity as
+        :func:`crf.chain.constrained_log_probability` on :meth:`window_masks`, without a
+        recursion over the windows. ``posterior``: forward-backward with ``keep_messages``."""
+        first, stop = self.first, self.stop
+        inside = stop - first
+        chunk_of_token = np.repeat(np.arange(first.size), inside)
+        tokens = np.repeat(first, inside) + np.arange(int(inside.sum())) - np.repeat(np.cumsum(inside) - inside, inside)
+        labels = codes[tokens]
+        score = emissions[tokens, labels]
+        follows = tokens > np.repeat(first, inside)
+        score[follows] += transitions[codes[tokens[follows] - 1], labels[follows]]
+        total = np.bincount(chunk_of_token, weights=score, minlength=first.size)
+        log_alpha, log_beta = posterior.log_alpha, posterior.log_beta
+        head, tail = codes[first], codes[stop - 1]
+        opening = np.asarray(start, dtype=np.float64)[head].copy()
+        b = self.before
+        with np.errstate(invalid="ignore"):
+            entering = np.where(self.before_masks[b], log_alpha[first[b] - 1] + transitions[:, head[b]].T, -np.inf)
+            opening[b] = _log_sum_exp(entering)
+            closing = log_beta[stop - 1, tail]
+            a = self.after
+            leaving = transitions[tail[a]] + emissions[stop[a]] + log_beta[stop[a]]
+            closing[a] = _log_sum_exp(np.where(self.after_masks[a], leaving, -np.inf))
+        return opening + total + closing - posterior.log_z[self.chunks["sequence"].to_numpy(np.int64)]
 
 
 class TaggerBundle:
@@ -277,47 +325,55 @@ class TaggerBundle:
             raise ValueError("no sentences to tag")
         if np.any(lengths <= 0):
             raise ValueError(f"sentence {int(np.argmax(lengths <= 0))} has no tokens")
-        L, S = len(self.labels), self._n_states()
         offsets = np.concatenate([[0], np.cumsum(lengths)])
         codes = np.empty(int(offsets[-1]), dtype=np.int64)
         marginals = np.empty(int(offsets[-1]))
         segments = []
         chunked = self.scheme != "none"
-        for first, last in _groups(lengths, S):
-            tokens = slice(int(offsets[first]), int(offsets[last]))
-            part_lengths = lengths[first:last]
-            part_offsets = offsets[first : last + 1] - offsets[first]
-            emissions, transitions, start, end = self._scores(
-                {c: np.asarray(columns[c])[tokens] for c in self.input_columns}, part_lengths
-            )
-            mask = None if allowed is None else np.tile(allowed[tokens], (1, S // L))
-            states, _ = chain.viterbi(emissions, transitions, start, end, part_lengths, allowed=mask)
-            part_codes = states % L
-            posterior = chain.forward_backward(
-                emissions, transitions, start, end, part_lengths, keep_messages=chunked, allowed=mask
-            )
-            by_label = posterior.marginals.reshape(-1, S // L, L).sum(axis=1)
-            codes[tokens] = part_codes
-            marginals[tokens] = by_label[np.arange(part_codes.size), part_codes]
-            if chunked:
-                found, window_first, windows, window_offsets = segment_windows(part_codes, part_offsets, self.labels)
-                if len(found):
-                    masked = emissions if mask is None else np.where(mask, emissions, -np.inf)
-                    log_p = chain.constrained_log_probability(
-                        posterior.log_alpha, posterior.log_beta, posterior.log_z, masked, transitions, start,
-                        part_offsets, found["sequence"].to_numpy(np.int64), window_first,
-                        np.tile(windows, (1, S // L)), window_offsets,
-                    )  # fmt: skip
-                    found["confidence"] = np.exp(log_p)
-                else:
-                    found["confidence"] = np.zeros(0)
-                found["sequence"] = found["sequence"].to_numpy(np.int64) + first
-                segments.append(found)
+        with single_threaded_blas():  # tiny (n, L) @ (L, L) products: BLAS threads only cost
+            for first, last in _groups(lengths, self._n_states()):
+                self._tag_group(columns, lengths, offsets, allowed, first, last, codes, marginals, segments)
         frame = None
         if chunked:
             frame = pd.concat(segments, ignore_index=True)
             frame = frame.astype({"sequence": np.int64, "start": np.int64, "end": np.int64, "confidence": np.float64})
         return Tagged(codes, marginals, offsets, frame)
+
+    def _tag_group(self, columns, lengths, offsets, allowed, first, last, codes, marginals, segments) -> None:
+        """Tag sentences ``first:last`` into ``codes``/``marginals`` (T,), appending their chunks to ``segments``."""
+        L, S = len(self.labels), self._n_states()
+        chunked = self.scheme != "none"
+        tokens = slice(int(offsets[first]), int(offsets[last]))
+        part_lengths = lengths[first:last]
+        part_offsets = offsets[first : last + 1] - offsets[first]
+        emissions, transitions, start, end = self._scores(
+            {c: np.asarray(columns[c])[tokens] for c in self.input_columns}, part_lengths
+        )
+        mask = None if allowed is None else np.tile(allowed[tokens], (1, S // L))
+        states, _ = chain.viterbi(emissions, transitions, start, end, part_lengths, allowed=mask)
+        part_codes = states % L
+        posterior = chain.forward_backward(emissions, transitions, start, end, part_lengths, keep_messages=chunked, allowed=mask)
+        by_label = posterior.marginals.reshape(-1, S // L, L).sum(axis=1)
+        codes[tokens] = part_codes
+        marginals[tokens] = by_label[np.arange(part_codes.size), part_codes]
+        if chunked:
+            windows = ChunkWindows.of(part_codes, part_offsets, self.labels)
+            found = windows.chunks
+            masked = emissions if mask is None else np.where(mask, emissions, -np.inf)
+            if len(found) == 0:
+                log_p = np.zeros(0)
+            elif S == L and isinstance(transitions, np.ndarray):  # states are labels, first order: closed form
+                log_p = windows.log_probability(part_codes, posterior, masked, transitions, start)
+            else:
+                window_first, window_masks, window_offsets = windows.window_masks(part_codes, part_offsets)
+                log_p = chain.constrained_log_probability(
+                    posterior.log_alpha, posterior.log_beta, posterior.log_z, masked, transitions, start,
+                    part_offsets, found["sequence"].to_numpy(np.int64), window_first,
+                    np.tile(window_masks, (1, S // L)), window_offsets,
+                )  # fmt: skip
+            found["confidence"] = np.exp(log_p)
+            found["sequence"] = found["sequence"].to_numpy(np.int64) + first
+            segments.append(found)
 
     def _allowed(self, fixed, offsets: np.ndarray) -> np.ndarray | None:
         """(T, L) masks from per-sentence {token index: label} dicts (None: no constraint)."""
@@ -414,7 +470,9 @@ class TaggerBundle:
         if change.size + 1 != len(uniques):
             raise ValueError(f"the rows of each {sentence!r} must be contiguous (a sentence id reappears after another one)")
         offsets = np.concatenate([[0], change, [ids.size]])
-        columns = {c: frame[c].to_numpy(dtype=object) for c in self.input_columns}
+        columns = {
+            c: (frame[c] if frame[c].dtype == object else frame[c].astype(str)).to_numpy(dtype=object) for c in self.input_columns
+        }
         result = self.tag_arrays(columns, np.diff(offsets))
         out["label"] = np.array(self.labels, dtype=object)[result.codes]
         out["marginal"] = result.marginals

@@ -64,7 +64,8 @@ def resolve_model(reference: str, tracking_uri: str | None = None) -> Path:
         return _bundle_in(path, reference)
     if not _URI.match(reference) or reference.startswith("file:/"):
         raise TagError(
-            f"model {reference!r}: no such file or folder, and not an MLflow URI (runs:/<run id>/<path>, models:/<name>/<version>)"
+            f"model {reference!r}: no such file or folder, and not an MLflow URI "
+            "(runs:/<run id>/<path>, models:/<name>/<version>)"
         )
     import mlflow
     from mlflow.exceptions import MlflowException

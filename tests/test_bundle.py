@@ -84,21 +84,25 @@ def test_hmm_round_trip_matches_the_model(hmm_bundle, test_sentences, tmp_path):
     assert all(0 < seg["confidence"] <= 1 + 1e-12 for o in out for seg in o["segments"])
 
 
-def test_hmm_segment_confidence_against_enumeration():
-    """A tiny first-order HMM: chunk confidence equals the summed probability of the labellings
+@pytest.mark.parametrize("order", [1, 2])
+def test_hmm_segment_confidence_against_enumeration(order):
+    """A tiny HMM of order 1 and 2: chunk confidence equals the summed probability of the labellings
     that contain the chunk (same start, end and type) with its tokens' predicted labels."""
     X = [["a", "b", "a"], ["b", "b"], ["a", "a", "b"]]
     y = [["B-X", "I-X", "O"], ["B-X", "O"], ["O", "B-X", "I-X"]]
-    model = HMMTagger(order=1, transition_smoothing="add-k", emission_smoothing="add-k", k=0.5).fit(X, y)
+    model = HMMTagger(order=order, transition_smoothing="add-k", emission_smoothing="add-k", k=0.5).fit(X, y)
     bundle = TaggerBundle.from_hmm(model, observation="w", scheme="iob2")
     words = ["a", "b", "b", "a"]
     (out,) = bundle.tag([words])
-    transitions, start, end = model._chain_scores()
     emissions = model.emissions(words)
-    L = len(model.classes_)
+    L, table = len(model.classes_), model.log_transitions_
     paths = np.array(list(itertools.product(range(L), repeat=len(words))))
-    scores = start[paths[:, 0]] + end[paths[:, -1]] + emissions[np.arange(len(words)), paths].sum(1)
-    scores += transitions[paths[:, :-1], paths[:, 1:]].sum(1)
+    scores = emissions[np.arange(len(words)), paths].sum(1)
+    if order == 1:
+        scores += table[L, paths[:, 0]] + table[paths[:, -1], L] + table[paths[:, :-1], paths[:, 1:]].sum(1)
+    else:  # label L stands for the sentence boundary
+        padded = np.hstack([np.full((len(paths), 2), L), paths, np.full((len(paths), 1), L)])
+        scores += table[padded[:, :-2], padded[:, 1:-1], padded[:, 2:]].sum(1)
     probability = np.exp(scores - np.logaddexp.reduce(scores))
     from crf.metrics import chunks
 
@@ -249,3 +253,30 @@ def test_chain_viterbi_used_for_the_state_space(hmm_bundle):
     allowed[4] = np.array(model.classes_) == "I-NP"
     states, _ = chain.viterbi(emissions, transitions, start, end, [len(words)], allowed=transitions.state_emissions(allowed))
     assert out["labels"] == [model.classes_[s % len(model.classes_)] for s in states]
+
+
+def test_closed_form_chunk_confidence_equals_the_constrained_recursion(crf_bundle, test_sentences):
+    """First-order chains: ChunkWindows.log_probability (closed form) against
+    chain.constrained_log_probability over the same windows, free and under fixed labels."""
+    from crf.bundle import ChunkWindows
+
+    model = crf_bundle.model
+    batch = crf_bundle.extractor.transform(test_sentences)
+    emissions = np.asarray(batch.X @ model.state_weights_)
+    weights = (model.transitions_, model.start_weights_, model.end_weights_)
+    L = len(crf_bundle.labels)
+    for allowed in (None, np.random.default_rng(0).random((batch.n_tokens, L)) < 0.7):
+        if allowed is not None:
+            allowed[np.arange(batch.n_tokens), np.random.default_rng(1).integers(0, L, batch.n_tokens)] = True
+        codes, _ = chain.viterbi(emissions, *weights, batch.lengths, allowed=allowed)
+        posterior = chain.forward_backward(emissions, *weights, batch.lengths, keep_messages=True, allowed=allowed)
+        masked = emissions if allowed is None else np.where(allowed, emissions, -np.inf)
+        windows = ChunkWindows.of(codes, batch.offsets, crf_bundle.labels)
+        assert len(windows.chunks) > 10
+        closed = windows.log_probability(codes, posterior, masked, weights[0], weights[1])
+        first, masks, window_offsets = windows.window_masks(codes, batch.offsets)
+        recursion = chain.constrained_log_probability(
+            posterior.log_alpha, posterior.log_beta, posterior.log_z, masked, weights[0], weights[1], batch.offsets,
+            windows.chunks["sequence"].to_numpy(), first, masks, window_offsets,
+        )  # fmt: skip
+        np.testing.assert_allclose(closed, recursion, atol=1e-9)
