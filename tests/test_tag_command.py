@@ -83,6 +83,11 @@ def test_pipeline_bundles_record_where_they_came_from(trained):
     chunk = load_tagger(resolve_model(chunker, uri))
     assert chunk.kind == "crf" and chunk.input_columns == ["w", "pos"] and chunk.scheme == "iob2"
     assert chunk.source["dataset"]["label"] == "chunk" and "templates" in chunk.source["features"]
+    # the MLflow Model logged for the run holds the bundle as an artifact: found in its folder
+    run = MlflowClient(uri).get_run(chunker.split("/")[1])
+    model_uri = run.data.tags.get("model_uri")
+    assert model_uri, "the runner tags the train run with its MLflow Model's URI"
+    assert load_tagger(resolve_model(model_uri, uri)).labels == chunk.labels
 
 
 def test_chained_text_to_chunks_in_jsonl(trained, tmp_path):
