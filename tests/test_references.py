@@ -138,6 +138,9 @@ def test_core_trained_crf_on_gold(shared_data, monkeypatch):
     assert sequence_error <= EXPECTED["sequence_error"] + 0.5
 
 
-# the chosen regularisation (tuned on the seeded dev split of core.xml) and the gold.xml figures
-C1, C2 = 0.0, 0.3
-EXPECTED = {"f1": 98.0, "author_f1": 99.0, "token_error": 1.0, "sequence_error": 6.0}
+# the regularisation chosen on the seeded dev split of core.xml (dev field F1: c2 = 0.03: 91.46,
+# 0.1: 91.35, 0.3: 91.17, 1: 90.88; c1 = 0.05 with c2 = 0.1: 91.34) and the gold.xml figures measured
+# with it (209 of gold.xml's references also occur in core.xml; on the other 1,460: F1 98.58,
+# author F1 99.09, token error 0.71%, sequence error 5.0%)
+C1, C2 = 0.0, 0.03
+EXPECTED = {"f1": 98.76, "author_f1": 99.21, "token_error": 0.62, "sequence_error": 4.37}
