@@ -99,8 +99,13 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -
 def load_arrays(path: str | os.PathLike, kind: str) -> tuple[dict, dict[str, np.ndarray]]:
     """Read a file written by :func:`save_arrays`; check kind and checksums. Returns (meta, arrays)."""
     path = Path(path)
+    if path.is_dir():
+        raise ModelFileError(f"{path}: is a directory, not a model file")
     if not path.is_file():
         raise ModelFileError(f"{path}: no such model file")
+    with open(path, "rb") as probe:
+        if probe.read(4) != b"PK\x03\x04":  # a zip archive's first local header
+            raise ModelFileError(f"{path}: not a model file of this project (not an .npz archive)")
     try:
         with np.load(path, allow_pickle=False) as archive:
             if _META not in archive.files:

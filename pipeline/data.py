@@ -8,7 +8,6 @@ how to carve a dev split when there is none.
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import os
 import shutil
@@ -21,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from crf.io import Sentence, read_conll, read_conllu, read_xml_sequences
+from crf.io import Sentence, read_blocks, read_conll, read_conllu, read_xml_sequences
 
 DATA_HOME_VARIABLE = "CRF_DATA_HOME"
 
@@ -40,13 +39,11 @@ def default_data_root() -> Path:
 
 
 def text_sha256(path: Path) -> str:
-    """SHA-256 of the file's text (decompressed when gzip)."""
-    with open(path, "rb") as probe:
-        is_gzip = probe.read(2) == b"\x1f\x8b"
+    """SHA-256 of the file's text (decompressed when gzip); a truncated or corrupt gzip raises
+    :class:`crf.io.DataFormatError` naming the file."""
     digest = hashlib.sha256()
-    with (gzip.open if is_gzip else open)(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
+    for block in read_blocks(path, 1 << 20):
+        digest.update(block)
     return digest.hexdigest()
 
 
@@ -73,6 +70,8 @@ def resolve_files(dataset: Mapping, root: str | os.PathLike, download: bool = Tr
     failures: list[str] = []
     for split, spec in dataset["files"].items():
         path = root / spec["path"]
+        if path.is_dir():
+            raise IsADirectoryError(f"{path}: is a directory, expected the {split} file of dataset {dataset.get('name')!r}")
         if not path.is_file():
             if not download or not spec.get("url"):
                 failures.append(f"{path} (no download configured)" if download else f"{path}")

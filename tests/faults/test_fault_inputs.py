@@ -61,11 +61,6 @@ def test_truncated_gzip_names_the_file_and_line(corpus):
         load_dataset(dataset, root, download=False)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=EOFError,
-    reason="pipeline/data.py text_sha256 reads gzip itself: it should use crf.io.read_blocks (DataFormatError naming the file)",
-)
 def test_truncated_gzip_with_a_checksum_names_the_file(corpus):
     root, dataset, train = corpus
     data = gzip.compress(_rows(3000).encode())
@@ -75,10 +70,6 @@ def test_truncated_gzip_with_a_checksum_names_the_file(corpus):
         load_dataset(dataset, root, download=False)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="pipeline/data.py resolve_files counts a folder as a missing file: it should say the path is a directory",
-)
 def test_a_directory_instead_of_a_file_says_so(corpus):
     root, dataset, train = corpus
     train.unlink()
@@ -106,13 +97,7 @@ def test_random_bytes_and_empty_data_files(corpus):
     [
         pytest.param(b"PK\x03\x04" + bytes(200), id="zip-header"),
         pytest.param(b"", id="empty"),
-        pytest.param(
-            np.random.default_rng(0).bytes(4096),
-            id="random",
-            marks=pytest.mark.xfail(
-                strict=True, reason="crf/persist.py load_arrays passes on NumPy's allow_pickle advice for a non-npz file"
-            ),
-        ),
+        pytest.param(np.random.default_rng(0).bytes(4096), id="random"),
     ],
 )
 def test_a_file_that_is_not_a_model(tmp_path, model, content):
