@@ -195,6 +195,16 @@ class _Chunk:
         return float(posterior.log_z.sum()), gold, self.states.gradient(marginals), posterior.transition_counts, ends
 
 
+def chunk_count(n_cells: int, n_sequences: int, chunk_cells: int, multiple: int = 4) -> int:
+    """Chunks for ``n_cells`` (token, label) cells: ``ceil(n_cells / chunk_cells)``, rounded up to
+    ``multiple`` when above 1 (to balance the load of up to ``multiple`` threads), at most one per
+    sequence. Independent of the thread count."""
+    n = max(1, -(-int(n_cells) // max(1, int(chunk_cells))))
+    if n > 1:
+        n = -(-n // multiple) * multiple
+    return max(1, min(n, int(n_sequences)))
+
+
 def _chunks_of(lengths: np.ndarray, n_chunks: int) -> list[np.ndarray]:
     """Sequence indices dealt round-robin by length into ``n_chunks`` similar groups (sorted)."""
     order = np.argsort(-lengths, kind="stable")
@@ -207,12 +217,16 @@ class Objective:
     ``X`` (T, A) CSR, ``offsets`` (N + 1,), ``labels`` (T,) label indices in [0, L).
     Calling the object returns ``(loss, gradient)``; regularisation is added by the optimiser.
 
-    The sequences are dealt into chunks of about ``chunk_tokens`` tokens (a multiple of the
-    thread count), each stored once in its own packed time-major order; a thread pool evaluates
-    the chunks and the results are summed. Working memory of the recursions scales with the
-    chunk, not the corpus, and every stage (sparse products and recursions) uses all threads.
-    Call it inside :func:`crf.parallel.single_threaded_blas` when using several threads.
+    The sequences are dealt into chunks of about ``chunk_cells`` (token, label) cells (default
+    :attr:`CHUNK_CELLS`), each stored once in its own packed time-major order; a thread pool
+    evaluates the chunks and their results are summed in chunk order. The partition depends on
+    the data and ``chunk_cells`` only, never on the thread count, so any number of threads gives
+    bit-identical losses and gradients. Working memory of the recursions scales with the chunk,
+    not the corpus. Call it inside :func:`crf.parallel.single_threaded_blas`.
     """
+
+    #: (token, label) cells per chunk: about 6 MB per (T, L) array of one chunk
+    CHUNK_CELLS = 800_000
 
     def __init__(
         self,
@@ -221,7 +235,7 @@ class Objective:
         labels: np.ndarray,
         params: ParameterLayout,
         n_threads: int | None = None,
-        chunk_tokens: int = 40_000,
+        chunk_cells: int | None = None,
     ) -> None:
         offsets = np.asarray(offsets, dtype=np.int64)
         labels = np.asarray(labels, dtype=np.int64)
@@ -229,8 +243,7 @@ class Objective:
         self.params = params
         self.n_threads = thread_count(n_threads)
         lengths = np.diff(offsets)
-        rounds = max(1, int(np.ceil(labels.size / (chunk_tokens * self.n_threads))))
-        groups = _chunks_of(lengths, min(lengths.size, rounds * self.n_threads))
+        groups = _chunks_of(lengths, chunk_count(labels.size * params.n_labels, lengths.size, chunk_cells or self.CHUNK_CELLS))
         partition = FeaturePartition(params)
         self.chunks = []
         for sequences in groups:
@@ -254,20 +267,23 @@ class Objective:
         n = self.params.n_state
         _, transitions, start, end = self.params.split_transitions(theta)
         parts = self.workers.map(lambda chunk: chunk.evaluate(theta[:n], transitions, start, end), self.chunks)
-        log_z = sum(p[0] for p in parts)
-        gold = (
-            sum(p[1] for p in parts)
-            + transitions.ravel() @ self.observed_transitions
-            + start @ self.observed_start
-            + end @ self.observed_end
-        )
-        ends = sum(p[4] for p in parts)
+        # summed in chunk order (the pool returns results in order): the same sums for any thread count
+        log_z, gold, state, pairs, ends = (_sum_in_order([p[k] for p in parts]) for k in range(5))
+        gold += transitions.ravel() @ self.observed_transitions + start @ self.observed_start + end @ self.observed_end
         gradient = np.concatenate(
             [
-                sum(p[2] for p in parts) - self.observed_state,
-                sum(p[3] for p in parts).ravel() - self.observed_transitions,
+                state - self.observed_state,
+                pairs.ravel() - self.observed_transitions,
                 ends[0] - self.observed_start,
                 ends[1] - self.observed_end,
             ]
         )
         return float(log_z - gold), gradient
+
+
+def _sum_in_order(values: list):
+    """``values[0] + values[1] + ...`` left to right (a fixed order of floating-point additions)."""
+    total = values[0]
+    for value in values[1:]:
+        total = total + value
+    return total

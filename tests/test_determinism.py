@@ -1,0 +1,66 @@
+"""The same data, settings and seed give bit-identical results whatever the thread count."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from crf import CRF, SequenceBatch
+from crf.objective import Objective, ParameterLayout, chunk_count, observed_feature_index
+from crf.parallel import single_threaded_blas
+
+N_LABELS = 4
+
+
+def _corpus(seed: int = 0, n_sequences: int = 300, n_attributes: int = 60):
+    """A learnable generated corpus: each label favours some attributes. (batch, label lists)."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 15, size=n_sequences)
+    total = int(lengths.sum())
+    labels = rng.integers(0, N_LABELS, size=total)
+    rows, cols = [], []
+    for _ in range(4):  # four attributes per token, biased towards the label's own range
+        own = labels * (n_attributes // N_LABELS) + rng.integers(0, n_attributes // N_LABELS, size=total)
+        noise = rng.integers(0, n_attributes, size=total)
+        rows.append(np.arange(total))
+        cols.append(np.where(rng.random(total) < 0.6, own, noise))
+    X = sp.csr_matrix((np.ones(4 * total), (np.concatenate(rows), np.concatenate(cols))), shape=(total, n_attributes))
+    X.sum_duplicates()
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    names = np.array([f"L{i}" for i in range(N_LABELS)])
+    y = [list(names[labels[a:b]]) for a, b in zip(offsets[:-1], offsets[1:])]
+    return SequenceBatch(X, offsets), labels, y
+
+
+def test_chunk_count_does_not_depend_on_threads():
+    assert chunk_count(10, 5, 100) == 1
+    assert chunk_count(250, 50, 100) == 4  # 3 chunks, rounded up to a multiple of 4
+    assert chunk_count(900, 50, 100) == 12
+    assert chunk_count(900, 6, 100) == 6  # at most one chunk per sequence
+
+
+def test_objective_bit_identical_for_1_and_2_threads():
+    batch, labels, _ = _corpus()
+    params = ParameterLayout(batch.n_attributes, N_LABELS, observed_feature_index(batch.X, labels, N_LABELS))
+    theta = np.random.default_rng(1).normal(0, 0.5, params.size)
+    results = []
+    with single_threaded_blas():
+        for threads in (1, 2):
+            objective = Objective(batch.X, batch.offsets, labels, params, n_threads=threads, chunk_cells=500)
+            assert len(objective.chunks) > 4
+            results.append(objective(theta))
+    assert results[0][0] == results[1][0]
+    assert np.array_equal(results[0][1], results[1][1])
+
+
+@pytest.mark.parametrize("c1, c2", [(0.0, 1.0), (0.5, 0.01)])
+def test_fit_bit_identical_for_1_and_2_threads(monkeypatch, c1, c2):
+    batch, _, y = _corpus()
+    monkeypatch.setattr(Objective, "CHUNK_CELLS", 800)  # several chunks on a small corpus
+    fits = [CRF(c1=c1, c2=c2, max_iterations=60, n_threads=threads).fit(batch, y) for threads in (1, 2)]
+    one, two = fits
+    assert one.n_iter_ == two.n_iter_
+    assert np.array_equal(one.state_weights_, two.state_weights_)
+    assert np.array_equal(one.transitions_, two.transitions_)
+    assert np.array_equal(one.start_weights_, two.start_weights_) and np.array_equal(one.end_weights_, two.end_weights_)
