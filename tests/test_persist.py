@@ -79,6 +79,10 @@ def test_edited_array_and_wrong_kind_and_non_archive(tmp_path):
         load_arrays(path, "test.Other")
     junk = tmp_path / "junk.npz"
     junk.write_bytes(b"not a zip at all")
-    with pytest.raises(ModelFileError, match="unreadable or truncated"):
+    with pytest.raises(ModelFileError, match="not an .npz archive"):
         load_arrays(junk, KIND)
+    truncated = tmp_path / "truncated.npz"
+    truncated.write_bytes(path.read_bytes()[:100])
+    with pytest.raises(ModelFileError, match="unreadable or truncated"):
+        load_arrays(truncated, KIND)
     assert zipfile.is_zipfile(path)
