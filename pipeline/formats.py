@@ -44,7 +44,7 @@ _TOKEN = re.compile(
     | n't\b                             # the clitic itself
     | '(?:s|re|ve|ll|d|m)\b             # 's 're 've 'll 'd 'm
     | (?:[A-Za-z]\.){2,}                # abbreviations written with dots: U.S., e.g.
-    | \d+(?:[.,:/]\d+)*%?               # numbers: 3.14, 1,000, 10:30, 1/2, 5%
+    | \d+(?:[.,:/]\d+)*(?!\w)           # numbers: 3.14, 1,000, 10:30, 1/2 (then % alone; 3rd is a word)
     | \w+(?:-\w+|'(?!(?:s|re|ve|ll|d|m)\b)\w+)*  # words, hyphenated words, o'clock (not John|'s)
     | \.\.\.|--|``|''                   # multi-character punctuation
     | \S                                # any other character but space, alone
@@ -57,7 +57,7 @@ def tokenize(line: str) -> list[str]:
     """Tokens of one line of raw English text, Penn-Treebank-like: words, numbers (``3.14``,
     ``1,000``), hyphenated words, abbreviations with dots (``U.S.``), clitics split off
     (``do n't``, ``John 's``, ``we 're``), each punctuation character alone (``...`` and ``--``
-    whole). Quotes stay as written (PTB's ````''`` conversion is not done)."""
+    whole; ``5%`` is ``5 %``). Quotes stay as written (PTB's ````''`` conversion is not done)."""
     return _TOKEN.findall(line)
 
 
