@@ -404,7 +404,9 @@ class TaggerBundle:
     def _columns_of(self, sentences) -> tuple[dict[str, np.ndarray], np.ndarray]:
         lengths = np.fromiter((len(s) for s in sentences), dtype=np.int64, count=len(sentences))
         tokens = [token for sentence in sentences for token in sentence]
-        if not tokens or not isinstance(tokens[0], Mapping):
+        if not tokens:
+            return {c: np.zeros(0, dtype=object) for c in self.input_columns}, lengths
+        if not isinstance(tokens[0], Mapping):
             if len(self.input_columns) != 1:
                 raise ValueError(
                     f"tokens given as plain strings, but the model needs input columns {self.input_columns}: "
@@ -428,22 +430,25 @@ class TaggerBundle:
         model reads one column). ``fixed``: optional per-sentence {token index: label}: decode
         and compute marginals under those labels. Returns per sentence ``{"labels": [...],
         "marginals": [...], "segments": [{"start", "end", "type", "confidence"}, ...]}``
-        (``segments`` only for chunk schemes)."""
+        (``segments`` only for chunk schemes). An empty sentence gets empty lists."""
         if len(sentences) == 0:
             return []
         columns, lengths = self._columns_of(sentences)
         offsets = np.concatenate([[0], np.cumsum(lengths)])
-        result = self.tag_arrays(columns, lengths, self._allowed(fixed, offsets))
+        allowed = self._allowed(fixed, offsets)
+        chunked = self.scheme != "none"
+        out = [{"labels": [], "marginals": [], **({"segments": []} if chunked else {})} for _ in lengths]
+        kept = np.flatnonzero(lengths > 0)
+        if kept.size == 0:
+            return out
+        result = self.tag_arrays(columns, lengths[kept], allowed)
         classes = np.array(self.labels, dtype=object)
-        out = [
-            {"labels": classes[result.codes[a:b]].tolist(), "marginals": result.marginals[a:b].tolist()}
-            for a, b in zip(offsets[:-1], offsets[1:])
-        ]
+        for i, a, b in zip(kept, offsets[kept], offsets[kept + 1]):
+            out[i]["labels"] = classes[result.codes[a:b]].tolist()
+            out[i]["marginals"] = result.marginals[a:b].tolist()
         if result.segments is not None:
-            for entry in out:
-                entry["segments"] = []
             for row in result.segments.itertuples(index=False):
-                out[row.sequence]["segments"].append(
+                out[kept[row.sequence]]["segments"].append(
                     {"start": int(row.start), "end": int(row.end), "type": str(row.type), "confidence": float(row.confidence)}
                 )
         return out

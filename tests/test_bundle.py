@@ -153,6 +153,15 @@ def test_missing_column_names_needed_and_given(crf_bundle):
         crf_bundle.tag([["the", "dog"]])
 
 
+def test_empty_sentences_get_empty_results(crf_bundle, hmm_bundle):
+    tokens = [{"w": "the", "pos": "DT"}, {"w": "dog", "pos": "NN"}, {"w": ".", "pos": "."}]
+    both = crf_bundle.tag([[], tokens, []], fixed=[{}, {0: "B-NP"}, None])
+    assert both[0] == both[2] == {"labels": [], "marginals": [], "segments": []}
+    assert both[1] == crf_bundle.tag([tokens], fixed=[{0: "B-NP"}])[0]
+    assert crf_bundle.tag([[]]) == [{"labels": [], "marginals": [], "segments": []}] and crf_bundle.tag([]) == []
+    assert hmm_bundle.tag([[], ["DT", "NN"]])[0] == {"labels": [], "marginals": [], "segments": []}
+
+
 def _brute_force(emissions, transitions, start, end, allowed):
     """Best path and node marginals over the allowed paths of one sequence, by enumeration."""
     T, L = emissions.shape
