@@ -28,14 +28,10 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .attributes import AttributeIndex
 from .cqdb import CQDBError, build_cqdb, read_cqdb
 from .model import CRF
 from .persist import ModelFileError, atomic_write
-
-try:  # AttributeIndex is moving from features.py to attributes.py
-    from .attributes import AttributeIndex
-except ImportError:  # pragma: no cover - depends on the other change
-    from .features import AttributeIndex
 
 MAGIC, MODEL_TYPE, VERSION = b"lCRF", b"FOMC", 100
 HEADER_SIZE, CHUNK_SIZE, FEATURE_SIZE = 48, 12, 20
