@@ -1,18 +1,35 @@
 """One benchmark measurement in a fresh process: ``python -m pipeline.bench_worker SPEC OUT``.
 
-SPEC is a JSON file: tool (``ours`` or ``crfsuite``), dataset config, data root, features config,
-training fraction and seed, c1, c2, stopping rule, feature set (``sparse`` or ``dense``), tagging
-repeats. OUT receives the figures as JSON. Running each measurement in its own process makes the
+SPEC is a JSON file: tool (``ours`` or ``crfsuite``), input path (``batch``, ``strings`` or
+``dicts``), dataset config, data root, features config, training fraction, seed and repeat count,
+joint label columns, c1, c2, stopping rule, feature set (``sparse`` or ``dense``), tagging repeats.
+OUT receives the figures as JSON. Running each measurement in its own process makes the
 peak-memory figure that tool's alone.
+
+Input paths (what is timed as training and tagging):
+
+- ``batch``: this project's side gets the extractor's CSR batches (``CRF.fit(batch)``); CRFsuite
+  gets the same attributes as strings through ``Trainer.append`` (timed apart as ``load_seconds``).
+- ``strings``: every token a list of attribute strings (the feature config's attributes, as
+  ``FeatureExtractor.attribute_lists`` names them); ``CRF.fit(lists, y)`` (attribute index
+  included) against ``Trainer.append`` + ``train``, ``CRF.predict(lists)`` against
+  ``Tagger.tag`` over the same lists.
+- ``dicts``: every token a dict, the sklearn-crfsuite tutorial's ``word2features`` shape
+  (:func:`word2features`), timed like ``strings``.
+
+Times are wall seconds; ``*_cpu_seconds`` are CPU seconds of the process (all threads), the
+steadier figure on a shared machine.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import resource
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -21,22 +38,119 @@ from crf import CRF, metrics
 from pipeline.data import load_dataset, subset
 from pipeline.featurize import build_extractor
 
+INPUTS = ("batch", "strings", "dicts")
+CHUNK = 1000  # sentences converted to attribute lists at a time (bounds the temporary CSR batches)
+
 
 def _peak_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def _rss_mib() -> float:
+    """Current resident set size (MiB), from /proc (NaN where there is none)."""
+    status = Path("/proc/self/status")
+    if status.is_file():
+        for line in status.read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    return float("nan")
+
+
+class _Clock:
+    """Wall (``perf_counter``) and CPU (``process_time``, all threads) seconds since creation."""
+
+    def __init__(self) -> None:
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+
+    def read(self) -> tuple[float, float]:
+        return time.perf_counter() - self.wall, time.process_time() - self.cpu
+
+
+def word2features(sentence: Sequence[Sequence[str]], i: int, word: int = 0, pos: int | None = 1) -> dict:
+    """Features of token ``i`` of ``sentence`` (rows of columns) in the sklearn-crfsuite tutorial's
+    ``word2features`` shape: bias, the lower-cased word, its last 3 and 2 characters, is-upper,
+    is-title, is-digit, the POS tag and its first 2 characters; the same (no suffixes, no is-digit)
+    of the previous and next token under ``-1:`` and ``+1:``, or ``BOS``/``EOS`` at the ends.
+    ``word``/``pos`` are column positions; ``pos=None`` leaves the POS keys out (data without tags)."""
+    w = sentence[i][word]
+    features = {
+        "bias": 1.0,
+        "word.lower()": w.lower(),
+        "word[-3:]": w[-3:],
+        "word[-2:]": w[-2:],
+        "word.isupper()": w.isupper(),
+        "word.istitle()": w.istitle(),
+        "word.isdigit()": w.isdigit(),
+    }
+    if pos is not None:
+        features["postag"] = sentence[i][pos]
+        features["postag[:2]"] = sentence[i][pos][:2]
+    for offset, prefix, end in ((-1, "-1:", "BOS"), (1, "+1:", "EOS")):
+        j = i + offset
+        if not 0 <= j < len(sentence):
+            features[end] = True
+            continue
+        other = sentence[j][word]
+        features[prefix + "word.lower()"] = other.lower()
+        features[prefix + "word.istitle()"] = other.istitle()
+        features[prefix + "word.isupper()"] = other.isupper()
+        if pos is not None:
+            features[prefix + "postag"] = sentence[j][pos]
+            features[prefix + "postag[:2]"] = sentence[j][pos][:2]
+    return features
+
+
+def sentence_dicts(sentences: list, columns: Sequence[str], label: str) -> list[list[dict]]:
+    """Every sentence as a list of :func:`word2features` dicts. The word is column ``w``; the POS
+    tag is column ``pos`` (CoNLL-2000), else ``upos`` or ``xpos`` when it is not the label, else none."""
+    pos = next((columns.index(c) for c in ("pos", "upos", "xpos") if c in columns and c != label), None)
+    word = columns.index("w")
+    return [[word2features(s, i, word, pos) for i in range(len(s))] for s in sentences]
+
+
+def attribute_strings(extractor, sentences: list) -> list[list[list[str]]]:
+    """Every sentence as lists of attribute strings (plain ``str``), ``CHUNK`` sentences at a time."""
+    names = extractor.attribute_names().astype(object)
+    out: list[list[list[str]]] = []
+    for start in range(0, len(sentences), CHUNK):
+        batch = extractor.transform(sentences[start : start + CHUNK])
+        X = batch.X
+        tokens = [names[X.indices[X.indptr[t] : X.indptr[t + 1]]].tolist() for t in range(X.shape[0])]
+        out.extend(tokens[a:b] for a, b in zip(batch.offsets[:-1], batch.offsets[1:]))
+    return out
+
+
+def joint_labels(data, columns: Sequence[str]) -> None:
+    """Replace the label of every token, in place, by the given columns joined with ``|``
+    (``[xpos, upos]``: ``NN|NOUN``)."""
+    where = [data.columns.index(c) for c in columns]
+    label = data.label_index
+    for sentences in data.splits.values():
+        for s in sentences:
+            for t, row in enumerate(s):
+                row = list(row)
+                row[label] = "|".join(row[i] for i in where)
+                s[t] = tuple(row)
+
+
 def measure(spec: dict) -> dict:
     data = load_dataset(spec["dataset"], spec["data_root"], download=False, carve_dev=False)
+    if spec.get("joint_label"):
+        joint_labels(data, spec["joint_label"])
     train = subset(data.splits["train"], float(spec.get("train_fraction", 1.0)), int(spec.get("seed", 0)))
+    train = train * int(spec.get("train_repeat", 1))
     test = data.splits["test"]
     label = data.label_index
     y_train = [[row[label] for row in s] for s in train]
     y_test = data.labels("test")
     tool = spec["tool"]
+    path = spec.get("input", "batch")
+    if path not in INPUTS:
+        raise ValueError(f"unknown benchmark input {path!r}; one of {INPUTS}")
     dense = spec.get("feature_set", "sparse") == "dense"
     result: dict = {
         "tool": tool,
+        "input": path,
         "train_sentences": len(train),
         "train_tokens": sum(map(len, train)),
         "test_tokens": sum(map(len, test)),
@@ -44,14 +158,26 @@ def measure(spec: dict) -> dict:
     }
 
     began = time.perf_counter()
-    extractor = build_extractor(spec["features"], data.columns)
-    X_train = extractor.fit_transform(train)
-    X_test = extractor.transform(test)
-    if tool == "crfsuite":
-        x_train = extractor.attribute_lists(X_train)
-        x_test = extractor.attribute_lists(X_test)
+    if path == "dicts":
+        x_train, x_test = sentence_dicts(train, data.columns, data.label), sentence_dicts(test, data.columns, data.label)
+        result["attributes"] = None
+    else:
+        extractor = build_extractor(spec["features"], data.columns)
+        if path == "strings":
+            extractor.fit(train)
+            x_train, x_test = attribute_strings(extractor, train), attribute_strings(extractor, test)
+        else:
+            X_train = extractor.fit_transform(train)
+            X_test = extractor.transform(test)
+            if tool == "crfsuite":
+                x_train = extractor.attribute_lists(X_train)
+                x_test = extractor.attribute_lists(X_test)
+        result["attributes"] = extractor.n_attributes
+    if path != "batch":  # the model's input is the lists: the tool's work is timed from here
+        X_train, X_test = x_train, x_test
     result["feature_seconds"] = time.perf_counter() - began
-    result["attributes"] = extractor.n_attributes
+    gc.collect()
+    result["input_rss_mib"] = _rss_mib()
 
     if tool == "ours":
         model = CRF(
@@ -64,9 +190,10 @@ def measure(spec: dict) -> dict:
             num_memories=spec["num_memories"],
             all_possible_states=dense,
         )
-        began = time.perf_counter()
+        clock = _Clock()
         model.fit(X_train, y_train)
-        result["train_seconds"] = time.perf_counter() - began
+        result["train_seconds"], result["train_cpu_seconds"] = clock.read()
+        result["attributes"] = model.n_attributes_
         result["iterations"] = model.n_iter_
         result["evaluations"] = model.n_evaluations_
         L = len(model.classes_)
@@ -79,10 +206,10 @@ def measure(spec: dict) -> dict:
         import pycrfsuite
 
         trainer = pycrfsuite.Trainer(verbose=False)
-        began = time.perf_counter()
+        clock = _Clock()
         for xseq, yseq in zip(x_train, y_train):
-            trainer.append(pycrfsuite.ItemSequence(xseq), yseq)
-        result["load_seconds"] = time.perf_counter() - began
+            trainer.append(xseq, yseq)
+        result["load_seconds"], load_cpu = clock.read()
         params = {
             "c1": spec["c1"],
             "c2": spec["c2"],
@@ -97,17 +224,21 @@ def measure(spec: dict) -> dict:
             params["max_iterations"] = spec["max_iterations"]
         trainer.set_params(params)
         with tempfile.TemporaryDirectory() as folder:
-            path = str(Path(folder) / "model.crfsuite")
-            began = time.perf_counter()
-            trainer.train(path)
-            result["train_seconds"] = time.perf_counter() - began
+            model_path = str(Path(folder) / "model.crfsuite")
+            clock = _Clock()
+            trainer.train(model_path)
+            result["train_seconds"], result["train_cpu_seconds"] = clock.read()
             tagger = pycrfsuite.Tagger()
-            tagger.open(path)
+            tagger.open(model_path)
+        if path != "batch":  # append is part of training from lists
+            result["train_seconds"] += result["load_seconds"]
+            result["train_cpu_seconds"] += load_cpu
         result["iterations"] = len(trainer.logparser.iterations)
         result["evaluations"] = None
         result["features"] = trainer.logparser.featgen_num_features
         result["iteration_seconds"] = float(np.median([it["time"] for it in trainer.logparser.iterations]))
-        items = [pycrfsuite.ItemSequence(xseq) for xseq in x_test]
+        # batch: items prepared once (tagging alone); lists: Tagger.tag reads the lists, as a user's call does
+        items = [pycrfsuite.ItemSequence(xseq) for xseq in x_test] if path == "batch" else x_test
         tag = lambda: [tagger.tag(item) for item in items]  # noqa: E731
     else:
         raise ValueError(f"unknown tool {tool!r}")
@@ -115,14 +246,21 @@ def measure(spec: dict) -> dict:
 
     times = []
     for _ in range(int(spec.get("tag_repeats", 5))):
-        began = time.perf_counter()
+        clock = _Clock()
         predicted = tag()
-        times.append(time.perf_counter() - began)
-    result["tag_seconds"] = float(np.median(times))
+        times.append(clock.read())
+    result["tag_seconds"] = float(np.median([wall for wall, _ in times]))
+    result["tag_cpu_seconds"] = float(np.median([cpu for _, cpu in times]))
     result["tag_tokens_per_second"] = result["test_tokens"] / result["tag_seconds"]
+    result["tag_tokens_per_cpu_second"] = result["test_tokens"] / max(result["tag_cpu_seconds"], 1e-9)
     predicted = [list(p) for p in predicted]
     result["token_accuracy"] = metrics.token_accuracy(y_test, predicted)
-    result["chunk_f1"] = metrics.chunk_scores(y_test, predicted).f1 if data.scheme != "none" else None
+    if data.scheme != "none":
+        scores = metrics.chunk_scores(y_test, predicted)
+        result["chunk_f1"] = scores.f1
+        result["field_f1"] = {str(k): float(v) for k, v in scores.per_type["f1"].items()}
+    else:
+        result["chunk_f1"], result["field_f1"] = None, None
     result["peak_memory_mib"] = _peak_mib()
     return result
 

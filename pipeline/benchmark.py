@@ -4,9 +4,15 @@ For each repetition the two tools run one after the other, in alternating order,
 process (``pipeline.bench_worker``) on identical data, attributes, c1/c2 and stopping rule. The
 medians of every figure and the ratios ours/CRFsuite (median of the per-repetition ratios) are
 logged to the console and to MLflow with a results table (CSV, Markdown), the raw runs and a plot.
+``benchmark.input`` chooses what the tools are given (see ``pipeline.bench_worker``): ``batch``
+(this project's extractor output), ``strings`` (lists of attribute strings per token) or
+``dicts`` (the sklearn-crfsuite tutorial's feature dicts); for the last two, training includes
+building the attribute index (``Trainer.append`` on CRFsuite's side) and tagging reads the lists.
+
 A second part measures cost growth: the median time of one iteration (each tool's own iteration
-log, set-up excluded) over a fixed number of iterations for
-25/50/100% of the training data, and for EWT UPOS (17 labels) versus XPOS (about 50 labels).
+log, set-up excluded) over a fixed number of iterations, and the process's peak memory, for
+fractions of the training data, for the training data repeated 2 and 4 times, and for label sets
+of growing size (EWT UPOS 17, XPOS 50, the joint XPOS|UPOS tags over 100).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline import tracking
+from pipeline.bench_worker import INPUTS
 from pipeline.report import figure, markdown_table, save_figure
 
 log = logging.getLogger(__name__)
@@ -31,11 +38,14 @@ CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 FIGURES = [
     "feature_seconds",
     "train_seconds",
+    "train_cpu_seconds",
     "iterations",
     "seconds_per_iteration",
     "iteration_seconds",
     "features",
     "tag_tokens_per_second",
+    "tag_tokens_per_cpu_second",
+    "input_rss_mib",
     "peak_memory_mib",
     "token_accuracy",
     "chunk_f1",
@@ -57,9 +67,11 @@ def run_worker(spec: dict) -> dict:
 
 def _settings(cfg: DictConfig) -> dict:
     b = OmegaConf.to_container(cfg.benchmark, resolve=True)
+    if b["input"] not in INPUTS:
+        raise ValueError(f"benchmark.input={b['input']!r}: one of {', '.join(INPUTS)}")
     if b["quick"]:
         b.update(repetitions=1, train_fraction=0.1, max_iterations=10, tag_repeats=1)
-        b["growth"].update(iterations=5, repetitions=1, fractions=[0.5, 1.0])
+        b["growth"].update(iterations=5, repetitions=1, fractions=[0.05, 0.1], repeats=[2])
     return b
 
 
@@ -80,6 +92,7 @@ def _spec(cfg: DictConfig, b: dict, tool: str, dataset: dict | None = None, feat
         "num_memories": b["num_memories"],
         "feature_set": b["feature_set"],
         "tag_repeats": b["tag_repeats"],
+        "input": b["input"],
     }
     spec.update(overrides)
     return spec
@@ -95,43 +108,79 @@ def side_by_side(runs: pd.DataFrame, tools: list[str]) -> pd.DataFrame:
     return table
 
 
+def growth_cases(b: dict) -> list[dict]:
+    """The cost-growth points: ``case`` (fraction, repeat, labels), shown ``value`` and worker overrides."""
+    g = b["growth"]
+    whole = b["train_fraction"] if b["quick"] else 1.0
+    largest = max(g["fractions"], default=whole)  # what is repeated
+    cases = [{"case": "fraction", "value": str(f), "train_fraction": f} for f in g["fractions"]]
+    cases += [
+        {"case": "repeat", "value": f"{k}x{largest}", "train_fraction": largest, "train_repeat": int(k)}
+        for k in g.get("repeats") or []
+    ]
+    for entry in g.get("label_sets") or []:
+        entry = {"dataset": entry} if isinstance(entry, str) else dict(entry)
+        dataset = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "dataset" / f"{entry['dataset']}.yaml"), resolve=True)
+        features = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "features" / f"{g['label_features']}.yaml"), resolve=True)
+        cases.append(
+            {
+                "case": "labels",
+                "value": entry.get("name", entry["dataset"]),
+                "train_fraction": whole,
+                "dataset": dataset,
+                "features": features,
+                "joint_label": list(entry.get("joint_label") or []),
+            }
+        )
+    return cases
+
+
 def cost_growth(cfg: DictConfig, b: dict, tools: list[str]) -> pd.DataFrame:
-    """Seconds per iteration at a fixed iteration count, by data fraction and by label set."""
+    """Median seconds per iteration (fixed iteration count) and peak memory per growth point."""
     g = b["growth"]
     rows = []
-    cases = [("fraction", f, None, None) for f in g["fractions"]]
-    for name in g.get("label_sets") or []:
-        dataset = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "dataset" / f"{name}.yaml"), resolve=True)
-        features = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "features" / f"{g['label_features']}.yaml"), resolve=True)
-        cases.append(("labels", name, dataset, features))
+    cases = growth_cases(b)
     for rep in range(g["repetitions"]):
-        for kind, value, dataset, features in cases:
+        for case in cases:
             order = tools if rep % 2 == 0 else tools[::-1]
             for tool in order:
-                fraction = value if kind == "fraction" else (b["train_fraction"] if b["quick"] else 1.0)
+                overrides = {k: v for k, v in case.items() if k not in ("case", "value", "dataset", "features")}
                 spec = _spec(
                     cfg,
                     b,
                     tool,
-                    dataset,
-                    features,
-                    train_fraction=fraction,
+                    case.get("dataset"),
+                    case.get("features"),
                     max_iterations=g["iterations"],
                     delta=0.0,
                     epsilon=0.0,
                     tag_repeats=1,
+                    input="batch",
+                    **overrides,
                 )
                 result = run_worker(spec)
+                log.info(
+                    "[growth rep %d] %s %s %s: %d tokens, %d labels, %.3f s/it, peak %.0f MiB",
+                    rep,
+                    case["case"],
+                    case["value"],
+                    tool,
+                    result["train_tokens"],
+                    result["labels"],
+                    result["iteration_seconds"],
+                    result["peak_memory_mib"],
+                )
                 rows.append(
                     {
-                        "case": kind,
-                        "value": str(value),
+                        "case": case["case"],
+                        "value": case["value"],
                         "tool": tool,
                         "repetition": rep,
                         "train_tokens": result["train_tokens"],
                         "labels": result["labels"],
                         "iterations": result["iterations"],
                         "iteration_seconds": result["iteration_seconds"],
+                        "peak_memory_mib": result["peak_memory_mib"],
                     }
                 )
     raw = pd.DataFrame(rows)
@@ -141,10 +190,61 @@ def cost_growth(cfg: DictConfig, b: dict, tools: list[str]) -> pd.DataFrame:
             train_tokens=("train_tokens", "first"),
             labels=("labels", "first"),
             iteration_seconds=("iteration_seconds", "median"),
+            peak_memory_mib=("peak_memory_mib", "median"),
             runs=("repetition", "count"),
         )
         .reset_index()
     )
+
+
+def growth_wide(growth: pd.DataFrame, tools: list[str]) -> pd.DataFrame:
+    """One row per growth point, seconds per iteration and peak MiB of each tool side by side."""
+    wide = growth.pivot_table(
+        index=["case", "value", "train_tokens", "labels"],
+        columns="tool",
+        values=["iteration_seconds", "peak_memory_mib"],
+        sort=False,
+    )
+    wide.columns = [f"{tool} {'s/iteration' if figure == 'iteration_seconds' else 'peak MiB'}" for figure, tool in wide.columns]
+    order = [f"{t} s/iteration" for t in tools] + [f"{t} peak MiB" for t in tools]
+    return wide[[c for c in order if c in wide.columns]].reset_index()
+
+
+def figure_table(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` (figures by tool, ratio) as text cells, each figure at its own precision."""
+
+    def cell(figure: str, value) -> str:
+        if pd.isna(value):
+            return ""
+        value = float(value)
+        if figure in ("features", "iterations", "tag_tokens_per_second", "tag_tokens_per_cpu_second"):
+            return f"{value:,.0f}"
+        if figure.endswith("_mib"):
+            return f"{value:,.0f}"
+        if figure in ("token_accuracy", "chunk_f1"):
+            return f"{value:.2f}"
+        return f"{value:.3g}"
+
+    shown = pd.DataFrame(index=table.index)
+    for column in table.columns:
+        shown[column] = [
+            f"{float(v):.2f}" if column == "ratio" and pd.notna(v) else cell(f, v) if column != "ratio" else ""
+            for f, v in table[column].items()
+        ]
+    return shown.reset_index(names="figure")
+
+
+def field_table(runs: pd.DataFrame, tools: list[str]) -> pd.DataFrame | None:
+    """Median F1 per chunk type / field of each tool (None without chunk scores)."""
+    if "field_f1" not in runs or runs["field_f1"].isna().all():
+        return None
+    per_tool = {}
+    for tool in tools:
+        scores = pd.DataFrame([s for s in runs[runs.tool == tool]["field_f1"] if isinstance(s, dict)])
+        per_tool[tool] = scores.median()
+    table = pd.DataFrame(per_tool)
+    table.index.name = "field"
+    return table.reset_index()
 
 
 def plot(table: pd.DataFrame, growth: pd.DataFrame | None, path: Path, title: str) -> None:
@@ -167,7 +267,7 @@ def plot(table: pd.DataFrame, growth: pd.DataFrame | None, path: Path, title: st
     if panels == 2:
         ax = axes[1]
         for tool, part in growth.groupby("tool"):
-            fractions = part[part.case == "fraction"]
+            fractions = part[part.case.isin(["fraction", "repeat"])].sort_values("train_tokens")
             ax.plot(fractions.train_tokens, fractions.iteration_seconds, marker="o", label=f"{tool} (data size)")
         ax.set_xlabel("training tokens")
         ax.set_ylabel("seconds per iteration")
@@ -183,10 +283,16 @@ def main(cfg: DictConfig) -> None:
     b = _settings(cfg)
     tools = list(b["tools"])
     tracking.setup(cfg)
-    out = tracking.output_root(cfg) / "benchmark" / cfg.dataset.name
+    out = tracking.output_root(cfg) / "benchmark" / f"{cfg.dataset.name}-{b['input']}"
     out.mkdir(parents=True, exist_ok=True)
-    tags = {"stage": "benchmark", "dataset": cfg.dataset.name, "quick": str(b["quick"]), **tracking.source_tags()}
-    with mlflow.start_run(run_name=f"benchmark-{cfg.dataset.name}", tags=tags):
+    tags = {
+        "stage": "benchmark",
+        "dataset": cfg.dataset.name,
+        "input": b["input"],
+        "quick": str(b["quick"]),
+        **tracking.source_tags(),
+    }
+    with mlflow.start_run(run_name=f"benchmark-{cfg.dataset.name}-{b['input']}", tags=tags):
         tracking.log_params(tracking.flatten(OmegaConf.to_container(cfg, resolve=True)))
         rows = []
         for rep in range(b["repetitions"]):
@@ -208,17 +314,24 @@ def main(cfg: DictConfig) -> None:
                 )
         runs = pd.DataFrame(rows)
         table = side_by_side(runs, tools)
-        growth = cost_growth(cfg, b, tools) if b["growth"]["fractions"] or b["growth"].get("label_sets") else None
+        fields = field_table(runs, tools)
+        g = b["growth"]
+        wanted = b["growth_enabled"] and (g["fractions"] or g.get("repeats") or g.get("label_sets"))
+        growth = cost_growth(cfg, b, tools) if wanted else None
 
         runs.to_csv(out / "runs.csv", index=False)
         table.to_csv(out / "results.csv")
-        text = f"## {cfg.dataset.name}: medians of {b['repetitions']} runs\n\n" + markdown_table(
-            table.reset_index(names="figure")
+        text = f"## {cfg.dataset.name}, input {b['input']}: medians of {b['repetitions']} runs\n\n" + markdown_table(
+            figure_table(table)
         )
+        if fields is not None:
+            fields.to_csv(out / "fields.csv", index=False)
+            text += "\n\n## F1 per field (median)\n\n" + markdown_table(fields)
         if growth is not None:
             growth.to_csv(out / "growth.csv", index=False)
-            text += "\n\n## cost growth (median seconds per iteration, from each tool's iteration log)\n\n" + markdown_table(
-                growth
+            text += (
+                f"\n\n## cost growth: median seconds per iteration ({g['iterations']} iterations, each tool's iteration log)"
+                f" and peak MiB, medians of {g['repetitions']}\n\n" + markdown_table(growth_wide(growth, tools))
             )
         (out / "results.md").write_text(text + "\n")
         plot(table, growth, out / "benchmark.png", f"{cfg.dataset.name}: ours vs CRFsuite")
@@ -228,7 +341,8 @@ def main(cfg: DictConfig) -> None:
                 if pd.notna(value):
                     metrics[f"{tool}.{figure}"] = float(value)
         mlflow.log_metrics(metrics)
-        for name in ("runs.csv", "results.csv", "results.md", "benchmark.png") + (("growth.csv",) if growth is not None else ()):
+        extra = (("growth.csv",) if growth is not None else ()) + (("fields.csv",) if fields is not None else ())
+        for name in ("runs.csv", "results.csv", "results.md", "benchmark.png") + extra:
             mlflow.log_artifact(str(out / name))
         log.info("\n%s", text)
 

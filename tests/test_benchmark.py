@@ -1,0 +1,116 @@
+"""The speed benchmark (pipeline.benchmark, pipeline.bench_worker): smoke runs of each input path
+on the tiny generated corpus, the tutorial's feature dicts, and the joint EWT label set."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from hydra import compose, initialize_config_dir
+from mlflow.tracking import MlflowClient
+
+from pipeline import benchmark
+from pipeline.bench_worker import joint_labels, sentence_dicts, word2features
+from tests.pipeline_helpers import CONF_DIR, write_corpus
+
+TUTORIAL_KEYS = {
+    "bias",
+    "word.lower()",
+    "word[-3:]",
+    "word[-2:]",
+    "word.isupper()",
+    "word.istitle()",
+    "word.isdigit()",
+    "postag",
+    "postag[:2]",
+}
+NEIGHBOUR_KEYS = {"word.lower()", "word.istitle()", "word.isupper()", "postag", "postag[:2]"}
+
+
+@pytest.fixture(autouse=True)
+def _no_ambient_tracking_uri(monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench")
+    return write_corpus(root / "data"), root / "out"
+
+
+def _config(data_root: Path, out: Path, *overrides: str):
+    with initialize_config_dir(version_base=None, config_dir=CONF_DIR):
+        return compose(
+            config_name="benchmark",
+            overrides=[
+                f"data.root={data_root}",
+                f"paths.output_dir={out}",
+                "dataset.files.train.sha256=null",
+                "dataset.files.test.sha256=null",
+                "benchmark.quick=true",
+                *overrides,
+            ],
+        )
+
+
+def test_word2features_has_the_tutorial_keys():
+    sentence = [("He", "PRP", "B-NP"), ("reckons", "VBZ", "B-VP"), ("1990", "CD", "B-NP")]
+    first, middle, last = (word2features(sentence, i) for i in range(3))
+    assert set(middle) == TUTORIAL_KEYS | {f"-1:{k}" for k in NEIGHBOUR_KEYS} | {f"+1:{k}" for k in NEIGHBOUR_KEYS}
+    assert set(first) == TUTORIAL_KEYS | {"BOS"} | {f"+1:{k}" for k in NEIGHBOUR_KEYS}
+    assert set(last) == TUTORIAL_KEYS | {"EOS"} | {f"-1:{k}" for k in NEIGHBOUR_KEYS}
+    assert middle["word.lower()"] == "reckons" and middle["word[-3:]"] == "ons" and middle["word[-2:]"] == "ns"
+    assert middle["postag[:2]"] == "VB" and middle["-1:word.istitle()"] is True and middle["+1:postag"] == "CD"
+    assert last["word.isdigit()"] is True and first["bias"] == 1.0 and first["BOS"] is True
+    # without a POS column the POS keys are left out; the label column is never read as POS
+    (dicts,) = sentence_dicts([[("Smith,", "B-author")]], ["w", "field"], "field")
+    assert set(dicts[0]) == TUTORIAL_KEYS - {"postag", "postag[:2]"} | {"BOS", "EOS"}
+
+
+@pytest.mark.parametrize("path", ["batch", "strings", "dicts"])
+def test_quick_run_of_each_input_path_logs_results(tiny, path):
+    data_root, out = tiny
+    cfg = _config(data_root, out / path, f"benchmark.input={path}", "benchmark.growth_enabled=false")
+    benchmark.main(cfg)
+    folder = out / path / "benchmark" / f"conll2000-{path}"
+    runs = pd.read_csv(folder / "runs.csv")
+    assert sorted(runs.tool) == ["crfsuite", "ours"] and set(runs.input) == {path}
+    assert (runs.train_seconds > 0).all() and (runs.tag_tokens_per_second > 0).all() and (runs.peak_memory_mib > 0).all()
+    assert (runs.token_accuracy > 50).all()
+    table = pd.read_csv(folder / "results.csv", index_col=0)
+    assert table.loc["train_seconds", "ratio"] > 0
+    assert "F1 per field" in (folder / "results.md").read_text()
+    client = MlflowClient(f"sqlite:///{(out / path).absolute() / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("crf").experiment_id], "tags.stage = 'benchmark'")
+    assert run.data.tags["input"] == path and run.data.metrics["ours.train_seconds"] > 0
+    assert "crfsuite.tag_tokens_per_second" in run.data.metrics
+
+
+def test_quick_growth_repeats_the_training_data(tiny):
+    data_root, out = tiny
+    cfg = _config(data_root, out / "growth", "benchmark.tools=[ours]", "benchmark.growth.label_sets=[]")
+    benchmark.main(cfg)
+    growth = pd.read_csv(out / "growth" / "benchmark" / "conll2000-batch" / "growth.csv")
+    tokens = dict(zip(growth.value, growth.train_tokens))
+    assert set(growth.case) == {"fraction", "repeat"}
+    assert tokens["2x0.1"] == 2 * tokens["0.1"] and (growth.peak_memory_mib > 0).all()
+
+
+def test_unknown_input_path_is_refused(tiny):
+    data_root, out = tiny
+    with pytest.raises(ValueError, match="benchmark.input='csv'"):
+        benchmark._settings(_config(data_root, out, "benchmark.input=csv"))
+
+
+@pytest.mark.slow
+def test_joint_ewt_label_set_has_over_100_labels(shared_data):
+    from pipeline.data import load_dataset
+
+    cfg = _config(shared_data, Path("/tmp"))
+    (entry,) = [e for e in cfg.benchmark.growth.label_sets if not isinstance(e, str) and "joint_label" in e]
+    dataset = benchmark.OmegaConf.load(Path(CONF_DIR) / "dataset" / f"{entry.dataset}.yaml")
+    data = load_dataset(benchmark.OmegaConf.to_container(dataset), shared_data, download=False, carve_dev=False)
+    joint_labels(data, list(entry.joint_label))
+    labels = {label for sentence in data.labels("train") for label in sentence}
+    assert len(labels) > 100 and "NN|NOUN" in labels and all(label.count("|") == 1 for label in labels)
