@@ -316,7 +316,9 @@ class TaggerBundle:
 
     def tag_arrays(self, columns: Mapping[str, np.ndarray], lengths: np.ndarray, allowed: np.ndarray | None = None) -> Tagged:
         """Tag sentences given as flat token columns (each (T,) strings) and ``lengths`` (N,);
-        ``allowed`` (T, L) optional boolean masks of the labels each token may take."""
+        ``allowed`` (T, L) optional boolean masks of the labels each token may take. A sentence
+        the model gives probability 0 (an HMM whose training sentences all ended alike, or
+        contradictory masks) gets NaN or 0 marginals and NaN confidences."""
         lengths = np.asarray(lengths, dtype=np.int64)
         missing = [c for c in self.input_columns if c not in columns]
         if missing:
@@ -366,11 +368,12 @@ class TaggerBundle:
                 log_p = windows.log_probability(part_codes, posterior, masked, transitions, start)
             else:
                 window_first, window_masks, window_offsets = windows.window_masks(part_codes, part_offsets)
-                log_p = chain.constrained_log_probability(
-                    posterior.log_alpha, posterior.log_beta, posterior.log_z, masked, transitions, start,
-                    part_offsets, found["sequence"].to_numpy(np.int64), window_first,
-                    np.tile(window_masks, (1, S // L)), window_offsets,
-                )  # fmt: skip
+                with np.errstate(invalid="ignore"):  # a sentence of probability 0 gets NaN
+                    log_p = chain.constrained_log_probability(
+                        posterior.log_alpha, posterior.log_beta, posterior.log_z, masked, transitions, start,
+                        part_offsets, found["sequence"].to_numpy(np.int64), window_first,
+                        np.tile(window_masks, (1, S // L)), window_offsets,
+                    )  # fmt: skip
             found["confidence"] = np.exp(log_p)
             found["sequence"] = found["sequence"].to_numpy(np.int64) + first
             segments.append(found)

@@ -159,7 +159,7 @@ def test_empty_sentences_get_empty_results(crf_bundle, hmm_bundle):
     assert both[0] == both[2] == {"labels": [], "marginals": [], "segments": []}
     assert both[1] == crf_bundle.tag([tokens], fixed=[{0: "B-NP"}])[0]
     assert crf_bundle.tag([[]]) == [{"labels": [], "marginals": [], "segments": []}] and crf_bundle.tag([]) == []
-    assert hmm_bundle.tag([[], ["DT", "NN"]])[0] == {"labels": [], "marginals": [], "segments": []}
+    assert hmm_bundle.tag([[], ["DT", "NN", "."]])[0] == {"labels": [], "marginals": [], "segments": []}
 
 
 def _brute_force(emissions, transitions, start, end, allowed):
