@@ -12,9 +12,13 @@ prefixes ``model/`` and ``features/``.
 Tagging runs one path for both kinds of model, on arrays: per-state emission scores (T, S) and a
 transition operator (a CRF: S = L labels; an HMM: its hidden states, label = state % L), Viterbi
 and forward-backward of :mod:`crf.chain` under optional allowed-label masks (``fixed`` labels),
-and chunk confidences by constrained forward-backward (:func:`crf.chain.constrained_log_probability`,
-the quantity :meth:`crf.CRF.predict_segments` reports), with every chunk's window masks built at
-once. Sentences are processed in contiguous groups of bounded size (tokens x states).
+and chunk confidences: the quantity :meth:`crf.CRF.predict_segments` reports, by constrained
+forward-backward. For first-order chains over labels (the CRF, a first-order HMM without
+capitalisation states) it is computed in closed form for all chunks at once
+(:meth:`ChunkWindows.log_probability`: the chunk's labels are fixed, so only the two window ends
+need a log-sum-exp); otherwise by :func:`crf.chain.constrained_log_probability` on the windows'
+masks. Sentences are processed in contiguous groups of bounded size (tokens x states), with
+single-threaded BLAS (its threads only cost on (n, L) x (L, L) products).
 """
 
 from __future__ import annotations
