@@ -1,0 +1,31 @@
+"""Running a sweep's jobs beyond the launching process (Ray, SLURM through submitit).
+
+Environment variables set in the launching process reach joblib's worker processes but not the
+jobs of a Ray cluster or a SLURM allocation. :func:`pass_to_jobs` hands them over through Hydra
+itself: it appends ``++hydra.job.env_set.<NAME>=<value>`` to the multirun's Hydra overrides, which
+every launcher re-applies when it composes each job's config (``load_sweep_config``), and Hydra's
+``run_job`` sets ``hydra.job.env_set`` in the job's environment while the job runs, wherever it runs.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from omegaconf import DictConfig, read_write
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_VALUE = re.compile(r"^[A-Za-z0-9_.:/@-]*$")
+
+
+def pass_to_jobs(config: DictConfig, variables: Mapping[str, str]) -> None:
+    """Make every job of the multirun whose (master) ``config`` this is run with ``variables`` set in
+    its environment. Call it before the sweeper launches (a callback's ``on_multirun_start``)."""
+    overrides = []
+    for name, value in variables.items():
+        if not _NAME.match(name) or not _VALUE.match(str(value)):
+            raise ValueError(f"cannot pass {name}={value!r} to the jobs: names are identifiers, values [A-Za-z0-9_.:/@-]")
+        overrides.append(f"++hydra.job.env_set.{name}='{value}'")
+    with read_write(config.hydra.overrides):
+        kept = [o for o in config.hydra.overrides.hydra if not any(o.startswith(f"++hydra.job.env_set.{n}=") for n in variables)]
+        config.hydra.overrides.hydra = kept + overrides
