@@ -11,6 +11,21 @@ the predicted label, whether the word was seen in training); ``segments_{split}.
 each predicted chunk with its constrained forward-backward confidence and whether it is
 correct); ``calibration_test.png`` (confidence against observed correctness: of chunks for the
 CRF on chunk tasks, else of tokens).
+
+Chunk-scheme datasets also get (see :mod:`pipeline.fields`): ``{split}_f1_<type>`` per chunk type,
+``{split}_token_error`` and ``{split}_sequence_error`` (percent, on field types: AnyStyle's
+``check``), ``{split}_seen_sequences`` (sequences found verbatim in train, or train and dev for
+test) and the ``{split}_unseen_*`` figures on the others. Dataset settings (the dataset config's
+``evaluate`` block; ``evaluate.<key>`` on the command line wins):
+
+- ``confidence_field`` (e.g. ``author``): ``{split}_<field>_confidence_ap``, the average precision
+  of the predicted segments of that type ranked by constrained forward-backward confidence, and
+  ``{split}_<field>_calibration_error``; ``calibration_<field>_test.png``/``.csv``. A model whose
+  tagger gives no segments (the HMM) is segmented by its bundle (``train/bundle.npz``);
+- ``correction_propagation`` (default false; the anystyle dataset turns it on): for every wrong
+  sequence the first wrong token is fixed to its gold label and all those sequences are re-decoded
+  at once by the bundle under that constraint; ``{split}_correction_*`` metrics (errors removed
+  per fix, counts) and ``corrections_{split}.csv``.
 """
 
 from __future__ import annotations
@@ -23,9 +38,10 @@ import numpy as np
 import pandas as pd
 from omegaconf import OmegaConf
 
-from crf import metrics
+from crf import load_tagger, metrics
+from pipeline import fields
 from pipeline.data import Dataset
-from pipeline.models import ModelAdapter, Tagger
+from pipeline.models import BUNDLE_FILE, ModelAdapter, Tagger
 from pipeline.prepare import read_prepared
 from pipeline.report import figure, save_figure
 from pipeline.stage import Stage, StageContext
@@ -33,6 +49,8 @@ from pipeline.stage import Stage, StageContext
 log = logging.getLogger(__name__)
 
 SPLITS = ("dev", "test")
+# the dataset's evaluation settings (its config's `evaluate` block) and their defaults
+FIELD_SETTINGS = {"confidence_field": None, "correction_propagation": False}
 
 
 def calibration_table(confidence: np.ndarray, correct: np.ndarray, bins: int) -> pd.DataFrame:
@@ -86,10 +104,82 @@ def known_words(data) -> pd.Index:
     return pd.Index(pd.unique(pd.Series([w for s in data.column("train", "w") for w in s], dtype=object)))
 
 
-def evaluate(tagger: Tagger, data: Dataset, bins: int, out: Path) -> dict:
-    """Score ``tagger`` on dev and test; write the tables, plots and predictions into ``out``."""
+def bundle_tagging(bundle_path: Path, data: Dataset, split: str):
+    """(bundle, its input columns over the split's tokens (each (T,)), the :class:`crf.bundle.Tagged`
+    result of tagging the split with it)."""
+    bundle = load_tagger(bundle_path)
+    columns = {c: np.array([w for seq in data.column(split, c) for w in seq], dtype=object) for c in bundle.input_columns}
+    lengths = np.array([len(s) for s in data.splits[split]], dtype=np.int64)
+    return bundle, columns, bundle.tag_arrays(columns, lengths)
+
+
+def field_scores(
+    split: str,
+    data: Dataset,
+    gold: list[list[str]],
+    predicted: list[list[str]],
+    scores: metrics.ChunkScores,
+    segments: pd.DataFrame | None,
+    field: str | None,
+    bins: int,
+    out: Path,
+) -> dict:
+    """The chunk-scheme figures of :mod:`pipeline.fields` for one split (see the module docstring);
+    ``scores``: the split's :func:`crf.metrics.chunk_scores`; ``segments``: predicted chunks with
+    ``confidence`` and ``correct`` columns, or None."""
+    results: dict = {}
+    results.update(fields.per_type_metrics(split, scores.per_type))
+    flat_gold = np.array([label for seq in gold for label in seq], dtype=object)
+    flat_pred = np.array([label for seq in predicted for label in seq], dtype=object)
+    offsets = np.concatenate([[0], np.cumsum([len(g) for g in gold])]).astype(np.int64)
+    wrong = fields.wrong_tokens(flat_gold, flat_pred)
+    token_error, sequence_error, wrong_sequences = fields.field_errors(wrong, offsets)
+    results[f"{split}_token_error"], results[f"{split}_sequence_error"] = token_error, sequence_error
+    known = data.splits["train"] + (data.splits["dev"] if split == "test" else [])
+    seen = fields.seen_sequences(data.splits[split], known)
+    results[f"{split}_seen_sequences"] = float(seen.sum())
+    if seen.any() and not seen.all():
+        unseen = np.flatnonzero(~seen)
+        unseen_scores = metrics.chunk_scores([gold[i] for i in unseen], [predicted[i] for i in unseen])
+        results[f"{split}_unseen_f1"] = unseen_scores.f1
+        results[f"{split}_unseen_token_error"] = 100.0 * float(wrong[np.repeat(~seen, np.diff(offsets))].mean())
+        results[f"{split}_unseen_sequence_error"] = 100.0 * float(wrong_sequences[unseen].mean())
+        if field is not None and field in unseen_scores.per_type.index:
+            results[fields.metric_name(f"{split}_unseen_f1_{field}")] = float(unseen_scores.per_type.loc[field, "f1"])
+    if field is not None and segments is not None:
+        chosen = segments[segments["type"] == field]
+        results[fields.metric_name(f"{split}_{field}_confidence_ap")] = fields.confidence_average_precision(segments, field)
+        if len(chosen):
+            table = calibration_table(chosen["confidence"].to_numpy(), chosen["correct"].to_numpy(), bins)
+            results[fields.metric_name(f"{split}_{field}_calibration_error")] = expected_calibration_error(table)
+            if split == "test":
+                table.to_csv(out / f"calibration_{field}_test.csv", index=False)
+                plot_calibration(table, out / f"calibration_{field}_test.png", f"predicted {field} segments")
+    return results
+
+
+def evaluate(
+    tagger: Tagger,
+    data: Dataset,
+    bins: int,
+    out: Path,
+    settings: dict | None = None,
+    bundle_path: Path | None = None,
+) -> dict:
+    """Score ``tagger`` on dev and test; write the tables, plots and predictions into ``out``.
+
+    ``settings``: the dataset's evaluation settings (:data:`FIELD_SETTINGS`); ``bundle_path``: the
+    trained model's bundle, used for correction propagation and for segments the tagger does not give.
+    """
+    settings = {**FIELD_SETTINGS, **(settings or {})}
+    field = settings["confidence_field"]
     vocabulary = known_words(data) if "w" in data.columns else None
     chunked = data.scheme != "none"
+    needs_bundle = chunked and (field is not None or bool(settings["correction_propagation"]))
+    if needs_bundle and (bundle_path is None or not Path(bundle_path).is_file()):
+        raise FileNotFoundError(
+            f"evaluate: confidence_field/correction_propagation need the model's bundle, not found: {bundle_path}"
+        )
     results: dict = {}
     for split in SPLITS:
         gold = data.labels(split)
@@ -126,7 +216,22 @@ def evaluate(tagger: Tagger, data: Dataset, bins: int, out: Path) -> dict:
 
         results[f"{split}_accuracy"] = metrics.token_accuracy(gold, predicted)
         metrics.label_scores(gold, predicted).to_csv(out / f"{split}_per_label.csv")
-        segments = tagger.segments(split) if chunked else None
+        # with the bundle at hand its segments are the tagger's (the same constrained forward-backward)
+        segments = tagger.segments(split) if chunked and not needs_bundle else None
+        if needs_bundle:
+            bundle, columns, tagged = bundle_tagging(Path(bundle_path), data, split)
+            bundle_pred = np.array(bundle.labels, dtype=object)[tagged.codes]
+            differ = int(np.count_nonzero(bundle_pred != classes[flat_pred]))
+            if differ:
+                log.warning(
+                    "%s: the bundle's decoding differs from the tagger's on %d of %d tokens", split, differ, flat_pred.size
+                )
+            segments = tagged.segments
+            if settings["correction_propagation"]:
+                gold_array = np.array(flat_gold, dtype=object)
+                table = fields.correction_propagation(bundle, columns, offsets.astype(np.int64), gold_array, bundle_pred)
+                table.to_csv(out / f"corrections_{split}.csv", index=False)
+                results.update(fields.correction_summary(split, table))
         if chunked:
             scores = metrics.chunk_scores(gold, predicted)
             results.update({f"{split}_precision": scores.precision, f"{split}_recall": scores.recall, f"{split}_f1": scores.f1})
@@ -139,6 +244,8 @@ def evaluate(tagger: Tagger, data: Dataset, bins: int, out: Path) -> dict:
             calibrated, hit, what = segments["confidence"].to_numpy(), segments["correct"].to_numpy(), "predicted chunks"
         else:
             calibrated, hit, what = confidence, correct, "predicted tokens"
+        if chunked:
+            results.update(field_scores(split, data, gold, predicted, scores, segments, field, bins, out))
         table = calibration_table(calibrated, hit, bins)
         results[f"{split}_calibration_error"] = expected_calibration_error(table)
         if split == "test":
@@ -162,12 +269,25 @@ class Evaluate(Stage):
         return (*adapter.upstream, "train")
 
     def config_slice(self, cfg, adapter: ModelAdapter) -> dict:
-        return {"evaluate": OmegaConf.to_container(cfg.evaluate, resolve=True), "training": adapter.config_slice(cfg)}
+        evaluate_cfg = OmegaConf.to_container(cfg.evaluate, resolve=True)
+        dataset_cfg = OmegaConf.to_container(cfg.dataset, resolve=True).get("evaluate") or {}
+        unknown = sorted(set(dataset_cfg) - set(FIELD_SETTINGS))
+        if unknown:
+            raise ValueError(
+                f"dataset {cfg.dataset.name!r}: unknown evaluate settings {unknown}; known: {sorted(FIELD_SETTINGS)}"
+            )
+        chosen = {**FIELD_SETTINGS, **dataset_cfg, **{k: evaluate_cfg[k] for k in FIELD_SETTINGS if k in evaluate_cfg}}
+        return {
+            "evaluate": {**{k: v for k, v in evaluate_cfg.items() if k not in FIELD_SETTINGS}, "fields": chosen},
+            "training": adapter.config_slice(cfg),
+        }
 
     def run(self, context: StageContext) -> dict:
         data = read_prepared(context.inputs["prepare"])
         tagger = context.adapter.tagger(context.config.training, context.inputs, data)
-        return evaluate(tagger, data, int(context.config.evaluate.calibration_bins), context.out)
+        settings = OmegaConf.to_container(context.config.evaluate.fields)
+        bins = int(context.config.evaluate.calibration_bins)
+        return evaluate(tagger, data, bins, context.out, settings, context.inputs["train"] / BUNDLE_FILE)
 
 
 STAGE = Evaluate()

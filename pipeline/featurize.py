@@ -1,6 +1,9 @@
 """Stage 2, featurize: fit the attribute vocabulary on train and build the sparse matrices.
 
-Config slice: the features config. Input: the prepare stage's folder. Output folder: ``extractor.npz`` (the fitted vocabulary, see
+Config slice: the features config. Input: the prepare stage's folder; external inputs: the
+SHA-256 of every lexicon file (an edited lexicon is a new key). Relative lexicon paths resolve
+against the project root (:data:`PROJECT_ROOT`, the folder holding ``conf/``), not the current
+directory. Output folder: ``extractor.npz`` (the fitted vocabulary, see
 ``FeatureExtractor.state_arrays``), ``X_{train,dev,test}.npz`` (CSR matrices),
 ``offsets_{split}.npy`` and ``features.json`` (counts).
 """
@@ -19,24 +22,44 @@ from omegaconf import OmegaConf
 from crf.batch import SequenceBatch
 from crf.features import FeatureExtractor
 from crf.persist import load_arrays, save_arrays
+from pipeline.cache import file_sha256
 from pipeline.models import ModelAdapter
 from pipeline.prepare import SPLITS, read_prepared
 from pipeline.stage import Stage, StageContext
 
 EXTRACTOR_KIND = "crf.FeatureExtractor"
+PROJECT_ROOT = Path(__file__).resolve().parents[1]  # the folder holding conf/
+
+
+def lexicon_path(path: str) -> Path:
+    """A lexicon file's path: absolute as given, relative against :data:`PROJECT_ROOT`."""
+    given = Path(path).expanduser()
+    return given if given.is_absolute() else PROJECT_ROOT / given
+
+
+def lexicon_files(features: Mapping) -> dict[str, Path]:
+    """{lexicon name: resolved path} of the features config's ``lexicons`` block; FileNotFoundError
+    naming the lexicon and the path tried when a file is missing."""
+    files = {name: lexicon_path(str(dict(spec)["path"])) for name, spec in dict(features.get("lexicons") or {}).items()}
+    for name, path in files.items():
+        if not path.is_file():
+            raise FileNotFoundError(f"lexicon {name!r}: no file {path} (relative paths resolve against {PROJECT_ROOT})")
+    return files
 
 
 def build_extractor(features: Mapping, columns: Sequence[str]) -> FeatureExtractor:
     """A FeatureExtractor from a ``conf/features/*.yaml`` mapping. Each lexicon becomes a view
-    over the word column ``w`` with templates at ``lexicon_offsets``."""
+    over the word column ``w`` with templates at ``lexicon_offsets``; its path resolves by
+    :func:`lexicon_path`."""
     views = {name: dict(spec) for name, spec in dict(features.get("views") or {}).items()}
     templates = list(features.get("templates") or [])
+    paths = lexicon_files(features)
     for name, spec in dict(features.get("lexicons") or {}).items():
         spec = dict(spec)
         views[name] = {
             "column": spec.get("column", "w"),
             "fn": "lexicon",
-            "path": spec["path"],
+            "path": str(paths[name]),
             "lowercase": bool(spec.get("lowercase", False)),
         }
         templates += [f"{name}[{offset}]" for offset in features.get("lexicon_offsets", [0])]
@@ -78,6 +101,11 @@ class Featurize(Stage):
 
     def settings(self, cfg, adapter: ModelAdapter) -> dict:
         return {"log_matrices": bool(cfg.featurize.log_matrices)}
+
+    def external_inputs(self, config, settings) -> dict[str, str]:
+        """SHA-256 of every lexicon file: editing one invalidates the cached features."""
+        files = lexicon_files(OmegaConf.to_container(config.features, resolve=True))
+        return {f"lexicon:{name}": file_sha256(path) for name, path in files.items()}
 
     def artifacts(self, settings, adapter: ModelAdapter) -> tuple[str, ...]:
         """The vocabulary and counts; the matrices stay in the cache unless ``log_matrices``."""
