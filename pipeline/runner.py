@@ -43,6 +43,7 @@ class StageOutput:
     metrics: dict
     model_uri: str | None = None  # the MLflow Model of the stage's declared bundle
     external: dict | None = None  # hashes of the files it read from outside the pipeline (the dataset)
+    seconds: float = 0.0  # wall time of the stage run, cache lookup and MLflow logging included
 
 
 def run_tags(cfg: DictConfig, adapter: ModelAdapter) -> dict[str, str]:
@@ -110,6 +111,7 @@ def run_stage(
 ) -> StageOutput:
     """Run (or reuse) one stage inside a nested MLflow run."""
     name = stage.name
+    began = time.perf_counter()
     config, settings, key, external = stage_key(stage, cfg, adapter, {k: v.hash for k, v in inputs.items()}, cache)
     with mlflow.start_run(run_name=name, nested=True, tags={**tags, "stage": name, "cache_key": key}):
         params = tracking.flatten(OmegaConf.to_container(config))
@@ -150,7 +152,10 @@ def run_stage(
                     folder / stage.bundle, lambda columns: stage.bundle_example(folders, columns)
                 )
             mlflow.set_tag(tracking.MODEL_URI_TAG, model_uri)
-        return StageOutput(folder, cache.output_hash(folder), found is not None, stage_metrics, model_uri, external)
+        output = StageOutput(folder, cache.output_hash(folder), found is not None, stage_metrics, model_uri, external)
+        output.seconds = time.perf_counter() - began
+        mlflow.log_metric("seconds", output.seconds)
+        return output
 
 
 def swept_overrides() -> list[str]:
@@ -223,6 +228,10 @@ def run_pipeline(cfg: DictConfig) -> dict[str, Any]:
         if models:
             mlflow.set_tag(tracking.MODEL_URI_TAG, models[-1])
             register_single_run(cfg, models[-1], summary, run.info.run_id)
+        log.info(
+            "stage seconds:\n%s",
+            "\n".join(f"  {s:<10} {o.seconds:8.2f}{' (cache)' if o.cached else ''}" for s, o in outputs.items()),
+        )
         hits = [s for s, o in outputs.items() if o.cached]
         mlflow.set_tag("cache_hits", ",".join(hits) or "none")
         scores = ", ".join(f"{k} {summary[k]:.2f}" for k in HEADLINE if k in summary)
