@@ -9,9 +9,15 @@ every launcher re-applies when it composes each job's config (``load_sweep_confi
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import socket
+import sys
 from collections.abc import Mapping
+from pathlib import Path
 
+from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, read_write
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -29,3 +35,28 @@ def pass_to_jobs(config: DictConfig, variables: Mapping[str, str]) -> None:
     with read_write(config.hydra.overrides):
         kept = [o for o in config.hydra.overrides.hydra if not any(o.startswith(f"++hydra.job.env_set.{n}=") for n in variables)]
         config.hydra.overrides.hydra = kept + overrides
+
+
+def _placement() -> dict:
+    """Where this process runs: host, PID and, inside a Ray worker, the Ray node id."""
+    where = {"host": socket.gethostname(), "pid": os.getpid()}
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        where["ray_node_id"] = ray.get_runtime_context().get_node_id()
+    return where
+
+
+class JobPlacement(Callback):
+    """Records where a multirun ran: ``launcher.json`` in the sweep folder (the launching process)
+    and ``placement.json`` in each job's folder (host, PID, Ray node id). Add it with
+    ``+hydra.callbacks.placement._target_=pipeline.cluster.JobPlacement``."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        folder = Path(str(config.hydra.sweep.dir))
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "launcher.json").write_text(json.dumps(_placement()))
+
+    def on_job_start(self, config: DictConfig, **kwargs) -> None:
+        folder = Path(str(config.hydra.runtime.output_dir))
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "placement.json").write_text(json.dumps(_placement()))
