@@ -34,8 +34,8 @@ log = logging.getLogger(__name__)
 
 MODELS = ("hmm", "crf")
 COLUMNS = {  # table column -> MLflow metric of a pipeline run
-    "train_sentences": "train_sentences",
-    "train_tokens": "train_tokens",
+    "train_sentences": "data.train_sentences",
+    "train_tokens": "data.train_tokens",
     "accuracy": "test_accuracy",
     "f1": "test_f1",
     "known_accuracy": "test_known_accuracy",

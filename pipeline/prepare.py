@@ -51,6 +51,7 @@ class Prepare(Stage):
     """Read the dataset, carve the dev split, take the training subset, write splits and statistics."""
 
     name = "prepare"
+    summary_prefix = "data."  # the pipeline run shows the data statistics as data.train_tokens, ...
     logged = ("*.conll.gz", "stats.json", DATASET_FILE)
 
     def config_slice(self, cfg, adapter: ModelAdapter) -> dict:

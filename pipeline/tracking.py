@@ -77,7 +77,14 @@ def setup(cfg: Mapping) -> str:
     check_reachable(uri)
     if uri.startswith("sqlite:///"):
         Path(uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
+    before = os.environ.get("MLFLOW_TRACKING_URI")
     mlflow.set_tracking_uri(uri)
+    # MLflow also exports the URI as MLFLOW_TRACKING_URI, which would then win over the next config
+    # composed in this process (tests, notebooks): keep the variable as the user left it
+    if before is None:
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    else:
+        os.environ["MLFLOW_TRACKING_URI"] = before
     name = cfg["tracking"]["experiment"]
     client = MlflowClient(uri)
     if client.get_experiment_by_name(name) is None:

@@ -50,6 +50,7 @@ def logged(tmp_path_factory):
     results = run_pipeline(cfg)
     client = MlflowClient(tracking_uri(cfg))
     mlflow.set_tracking_uri(tracking_uri(cfg))
+    os.environ.pop("MLFLOW_TRACKING_URI", None)  # MLflow exports it; do not leak it to later tests
     parent = _latest_pipeline(client)
     return results, client, parent, _runs(client, parent.info.run_id), cfg
 

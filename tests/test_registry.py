@@ -41,6 +41,7 @@ def test_a_sweep_registers_its_best_job_as_champion(tmp_path):
 
     uri = f"sqlite:///{tmp_path / 'out' / 'mlflow.db'}"
     mlflow.set_tracking_uri(uri)
+    os.environ.pop("MLFLOW_TRACKING_URI", None)  # MLflow exports it; do not leak it to later tests
     client = MlflowClient(uri)
     experiment = client.get_experiment_by_name("crf").experiment_id
     (sweep,) = client.search_runs([experiment], filter_string="tags.stage = 'sweep'")
@@ -80,4 +81,5 @@ def test_a_single_run_registers_only_when_asked(tmp_path):
     )[0]
     assert version.tags["run_id"] == latest.info.run_id and float(version.tags["test_f1"]) > 50
     mlflow.set_tracking_uri(tracking_uri(cfg))
+    os.environ.pop("MLFLOW_TRACKING_URI", None)  # MLflow exports it; do not leak it to later tests
     assert len(mlflow.pyfunc.load_model("models:/tiny@champion").predict(EXAMPLE)) == 4

@@ -48,6 +48,7 @@ def test_served_model_answers_like_predict(tmp_path, monkeypatch):
     (parent,) = client.search_runs([client.get_experiment_by_name("crf").experiment_id], filter_string="tags.stage = 'pipeline'")
     model_uri = parent.data.tags["model_uri"]
     mlflow.set_tracking_uri(uri)
+    os.environ.pop("MLFLOW_TRACKING_URI", None)  # MLflow exports it; do not leak it to later tests
     frame = pd.DataFrame(
         {
             "sentence": [0, 0, 0, 0, 0, 0, 1, 1, 1, 1],

@@ -173,7 +173,7 @@ def test_hmm_versus_crf_comparison_end_to_end(tmp_path):
     ]
     assert all(j.info.status == "FINISHED" for j in jobs)
     # identical splits: both models saw the same number of training tokens at each fraction
-    tokens = {(j.data.tags["model"], j.data.params["data.train_fraction"]): j.data.metrics["train_tokens"] for j in jobs}
+    tokens = {(j.data.tags["model"], j.data.params["data.train_fraction"]): j.data.metrics["data.train_tokens"] for j in jobs}
     assert tokens[("crf", "0.1")] == tokens[("hmm", "0.1")] < tokens[("crf", "1.0")] == tokens[("hmm", "1.0")]
     full = {j.data.tags["model"]: j for j in jobs if j.data.params["data.train_fraction"] == "1.0"}
     assert "featurize" not in {
