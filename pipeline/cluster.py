@@ -20,8 +20,23 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, read_write
 
+from pipeline.tracking import SWEEP_ID_VARIABLE, SWEEP_PARENT_VARIABLE
+
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_VALUE = re.compile(r"^[A-Za-z0-9_.:/@-]*$")
+_UNSAFE = re.compile(r"['\\$\n]")  # what a quoted Hydra override value cannot hold as is
+
+
+def job_environment(config: DictConfig, parent_run_id: str, sweep_id: str) -> dict[str, str]:
+    """What every job of a multirun needs in its environment: the sweep's parent run and id, and the
+    output and data folders as absolute paths of the launching process (their relative defaults
+    would otherwise resolve against a Ray worker's or a SLURM job's working directory). A folder
+    given on the command line still wins over these (they are only the defaults' variables)."""
+    return {
+        SWEEP_PARENT_VARIABLE: parent_run_id,
+        SWEEP_ID_VARIABLE: sweep_id,
+        "CRF_OUTPUT_DIR": str(Path(str(config.paths.output_dir)).absolute()),
+        "CRF_DATA_HOME": str(Path(str(config.data.root)).absolute()),
+    }
 
 
 def pass_to_jobs(config: DictConfig, variables: Mapping[str, str]) -> None:
@@ -29,8 +44,10 @@ def pass_to_jobs(config: DictConfig, variables: Mapping[str, str]) -> None:
     its environment. Call it before the sweeper launches (a callback's ``on_multirun_start``)."""
     overrides = []
     for name, value in variables.items():
-        if not _NAME.match(name) or not _VALUE.match(str(value)):
-            raise ValueError(f"cannot pass {name}={value!r} to the jobs: names are identifiers, values [A-Za-z0-9_.:/@-]")
+        if not _NAME.match(name) or _UNSAFE.search(str(value)):
+            raise ValueError(
+                f"cannot pass {name}={value!r} to the jobs: names are identifiers, values without ', \\, $ or newlines"
+            )
         overrides.append(f"++hydra.job.env_set.{name}='{value}'")
     with read_write(config.hydra.overrides):
         kept = [o for o in config.hydra.overrides.hydra if not any(o.startswith(f"++hydra.job.env_set.{n}=") for n in variables)]

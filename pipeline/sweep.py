@@ -28,7 +28,7 @@ from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline import tracking
-from pipeline.cluster import pass_to_jobs
+from pipeline.cluster import job_environment, pass_to_jobs
 from pipeline.report import figure, markdown_table, save_figure
 from pipeline.tracking import SWEEP_ID_VARIABLE, SWEEP_PARENT_VARIABLE
 
@@ -196,7 +196,7 @@ class SweepTracking(Callback):
             client.log_batch(self.parent_run_id, params=params[start : start + 100])
         os.environ[SWEEP_PARENT_VARIABLE] = self.parent_run_id
         os.environ[SWEEP_ID_VARIABLE] = self.sweep_id
-        pass_to_jobs(config, {SWEEP_PARENT_VARIABLE: self.parent_run_id, SWEEP_ID_VARIABLE: self.sweep_id})  # Ray, SLURM jobs
+        pass_to_jobs(config, job_environment(config, self.parent_run_id, self.sweep_id))  # Ray, SLURM jobs too
         atexit.register(self._close, "FAILED")
         log.info("[sweep %s] parent run %s", self.sweep_id, self.parent_run_id)
 

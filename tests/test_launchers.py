@@ -27,7 +27,7 @@ from mlflow.tracking import MlflowClient  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 from pipeline_helpers import tiny_overrides, write_corpus  # noqa: E402
 
-from pipeline.cluster import pass_to_jobs  # noqa: E402
+from pipeline.cluster import job_environment, pass_to_jobs  # noqa: E402
 
 PROJECT = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
@@ -57,6 +57,17 @@ def test_pass_to_jobs_adds_env_set_overrides_that_compose():
     assert job.hydra.job.env_set == {"CRF_SWEEP_PARENT_RUN_ID": "aa9a38ee", "CRF_SWEEP_ID": "20261122-080000-000000"}
     with pytest.raises(ValueError, match="cannot pass"):
         pass_to_jobs(cfg, {"CRF_SWEEP_ID": "a b'"})
+
+
+def test_jobs_get_the_launching_process_folders_as_absolute_paths(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("CRF_OUTPUT_DIR", raising=False)
+    cfg = _compose_hydra(["data.root=my data"])
+    env = job_environment(cfg, "abc123", "20261122-1")
+    assert env["CRF_OUTPUT_DIR"] == str(tmp_path / "outputs") and env["CRF_DATA_HOME"] == str(tmp_path / "my data")
+    pass_to_jobs(cfg, env)
+    job = _compose_hydra(list(cfg.hydra.overrides.hydra))
+    assert job.hydra.job.env_set.CRF_DATA_HOME == str(tmp_path / "my data")
 
 
 @pytest.mark.skipif(
