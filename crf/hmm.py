@@ -40,6 +40,7 @@ from .hmm_smoothing import (
     suffix_emissions,
     valid_contexts,
 )
+from .lattice import lattice_edges, ngram_viterbi
 from .parallel import Workers, single_threaded_blas, thread_count
 from .persist import ModelFileError, arrays_to_strings, load_arrays, save_arrays, strings_to_arrays
 
@@ -231,35 +232,34 @@ class HMMTagger:
                 out[unknown[~capitalised], L:] = -np.inf
         return out
 
-    def _chunks(self, lengths: np.ndarray) -> list[tuple[int, int]]:
-        """Contiguous sequence ranges of at most ``chunk_elements`` tokens x states each (a longer
-        single sequence gets a range of its own)."""
-        L = self.n_hidden_
-        states = L if self.order == 1 else (L + 1) * L
-        budget = max(1, self.chunk_elements // states)
-        offsets = np.concatenate([[0], np.cumsum(lengths)])
-        ranges, first = [], 0
-        while first < lengths.size:
-            last = max(first + 1, int(np.searchsorted(offsets, offsets[first] + budget, side="right")) - 1)
-            ranges.append((first, last))
-            first = last
-        return ranges
-
-    def _map_chunks(self, X, work: Callable[[np.ndarray, np.ndarray, tuple, slice], object]) -> list:
+    def _map_chunks(self, X, work: Callable[[np.ndarray, np.ndarray, tuple, slice], object], per_label: bool = False) -> list:
         """``work(emissions (T_c, S), lengths (N_c,), chain scores, token slice)`` on every chunk,
-        in threads; the slice places the chunk's tokens among all tokens of ``X``."""
+        in threads; the slice places the chunk's tokens among all tokens of ``X``. Chunks are
+        contiguous sequence ranges of at most ``chunk_elements`` tokens x states each (a longer
+        sequence gets one of its own). With ``per_label`` the emissions stay per hidden label
+        (T_c, H) and a token counts 4 elements per edge into its finite-emission states (about
+        32 bytes of lattice per edge: fastest measured, the arrays stay in cache)."""
         self._check_fitted()
         words, lengths = self._flatten(X)
         scores = self._chain_scores()
         offsets = np.concatenate([[0], np.cumsum(lengths)])
-        ranges = self._chunks(lengths)
-
         all_emissions = self.emissions(words)
+        H = self.n_hidden_
+        if per_label:
+            costs = 4 * lattice_edges(all_emissions, lengths, self.order)
+        else:
+            costs = np.full(offsets[-1], H if self.order == 1 else (H + 1) * H)
+        ends = np.concatenate([[0], np.cumsum(costs)])[offsets]  # cost before each sequence
+        ranges, first = [], 0
+        while first < lengths.size:
+            last = max(first + 1, int(np.searchsorted(ends, ends[first] + self.chunk_elements, side="right")) - 1)
+            ranges.append((first, last))
+            first = last
 
         def run(part):
             first, last = part
             emissions = all_emissions[offsets[first] : offsets[last]]
-            if self.order == 2:
+            if self.order == 2 and not per_label:
                 emissions = scores[0].state_emissions(emissions)
             return work(emissions, lengths[first:last], scores, slice(int(offsets[first]), int(offsets[last])))
 
@@ -269,13 +269,13 @@ class HMMTagger:
     # --- queries -------------------------------------------------------------------------
 
     def predict_codes(self, X: Sequence[Sequence[str]]) -> np.ndarray:
-        """Viterbi label indices of all tokens, flat (T,)."""
+        """Viterbi label indices of all tokens, flat (T,): exact, over the states of finite
+        emission only (:func:`crf.lattice.ngram_viterbi`)."""
 
-        def decode(emissions, lengths, scores, _tokens):
-            states, _ = chain.viterbi(emissions, *scores, lengths)
-            return states % self.n_hidden_ % len(self.classes_)
+        def decode(emissions, lengths, _scores, _tokens):
+            return ngram_viterbi(emissions, self.log_transitions_, lengths) % len(self.classes_)
 
-        return np.concatenate(self._map_chunks(X, decode))
+        return np.concatenate(self._map_chunks(X, decode, per_label=True))
 
     def predict(self, X: Sequence[Sequence[str]]) -> list[list[str]]:
         """The most probable label sequence of each observation sequence."""

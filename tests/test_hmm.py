@@ -10,8 +10,9 @@ import pytest
 import scipy.sparse as sp
 from scipy.special import logsumexp
 
-from crf import CRF, HMMTagger, ModelFileError, SequenceBatch
+from crf import CRF, HMMTagger, ModelFileError, SequenceBatch, chain
 from crf.hmm import valid_contexts
+from crf.lattice import ngram_viterbi
 
 SETTINGS = [
     dict(order=1, transition_smoothing="add-k", emission_smoothing="add-k", k=0.3),
@@ -92,6 +93,30 @@ def test_viterbi_and_log_likelihood_match_a_direct_hmm(settings):
     assert model.log_likelihood(test_X) == pytest.approx(per_sequence.sum())
     marginals = model.marginals(test_X)
     np.testing.assert_allclose(marginals.sum(axis=1), 1.0, atol=1e-9)
+
+
+@pytest.mark.parametrize("order", [1, 2])
+def test_sparse_viterbi_matches_dense_viterbi(order):
+    """Decoding over the finite-emission states only gives the dense chain Viterbi's labels."""
+    rng = np.random.default_rng(order)
+    for _ in range(60):
+        H = int(rng.integers(1, 6))
+        lengths = rng.integers(1, 7, size=int(rng.integers(1, 6)))
+        emissions = rng.normal(size=(int(lengths.sum()), H))
+        emissions[rng.random(emissions.shape) < 0.5] = -np.inf
+        table = np.round(rng.normal(size=(H + 1,) * (order + 1)), 1)  # rounded: some exact ties
+        table[rng.random(table.shape) < 0.1] = -np.inf
+        if order == 1:
+            dense, scores = chain.viterbi(emissions, table[:H, :H], table[H, :H], table[:H, H], lengths)
+        else:
+            operator, start = chain.SecondOrderTransitions(table[:, :H, :H]), np.full((H + 1, H), -np.inf)
+            start[H] = table[H, H, :H]
+            states, scores = chain.viterbi(
+                operator.state_emissions(emissions), operator, start.ravel(), table[:, :H, H].ravel(), lengths
+            )
+            dense = states % H
+        possible = np.repeat(np.isfinite(scores), lengths)
+        np.testing.assert_array_equal(ngram_viterbi(emissions, table, lengths)[possible], dense[possible])
 
 
 def test_first_order_hmm_as_crf_weights():
