@@ -146,17 +146,29 @@ def summarize(sweep_id: str, parent_run_id: str | None, experiment: str, registr
     return table
 
 
-def fixed_params(config: DictConfig) -> dict[str, str]:
-    """The sweep's settings that every job shares: the composed config (without ``hydra``), flat,
-    less the keys (and config groups) that the command line sweeps."""
+def swept(config: DictConfig) -> list[str]:
+    """The keys (and config groups) a multirun varies: its sweep overrides and the sweeper's params."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     overrides = OverridesParser.create().parse_overrides(list(OmegaConf.select(config, "hydra.overrides.task") or []))
-    swept = {o.key_or_group for o in overrides if o.is_sweep_override()}
-    swept |= set((OmegaConf.select(config, "hydra.sweeper.params") or {}).keys())
+    keys = [o.key_or_group.lstrip("+~") for o in overrides if o.is_sweep_override()]
+    return keys + [k for k in (OmegaConf.select(config, "hydra.sweeper.params") or {}) if k not in keys]
+
+
+def sweep_run_name(config: DictConfig) -> str:
+    """``conll2000-crf-sweep-c2``: the dataset, the model unless swept, and the swept keys' last parts."""
+    keys = swept(config)
+    model = [] if "model" in keys else [str(config.model.name)]
+    return "-".join([str(config.dataset.name), *model, "sweep", ",".join(k.rsplit(".", 1)[-1] for k in keys)])
+
+
+def fixed_params(config: DictConfig) -> dict[str, str]:
+    """The sweep's settings that every job shares: the composed config (without ``hydra``), flat,
+    less the keys (and config groups) that the multirun varies."""
+    keys = swept(config)
     body = OmegaConf.masked_copy(config, [k for k in config if k != "hydra"])
     flat = tracking.flatten(OmegaConf.to_container(body, resolve=True))
-    return {k: v for k, v in flat.items() if not any(k == key or k.startswith(key + ".") for key in swept)}
+    return {k: v for k, v in flat.items() if not any(k == key or k.startswith(key + ".") for key in keys)}
 
 
 class SweepTracking(Callback):
@@ -182,7 +194,7 @@ class SweepTracking(Callback):
         experiment = client.get_experiment_by_name(self.experiment)
         run = client.create_run(
             experiment.experiment_id,
-            run_name=f"sweep-{self.sweep_id}",
+            run_name=sweep_run_name(config),
             tags={
                 "sweep_id": self.sweep_id,
                 "stage": "sweep",

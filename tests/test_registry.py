@@ -49,7 +49,8 @@ def test_a_sweep_registers_its_best_job_as_champion(tmp_path):
     assert sorted(j.info.run_name for j in jobs) == ["conll2000-crf-lbfgs-c2=0.01", "conll2000-crf-lbfgs-c2=300"]
     best, worst = sorted(jobs, key=lambda j: -j.data.metrics["dev_f1"])
     assert best.data.metrics["dev_f1"] > worst.data.metrics["dev_f1"]  # c2=300 over-smooths the tiny model
-    # the sweep's parent run shows what every job shared, not what was swept
+    # the sweep's parent run is named after what it varies and shows what every job shared
+    assert sweep.info.run_name == "conll2000-crf-sweep-c2"
     assert sweep.data.params["trainer.max_iterations"] == "30" and "trainer.c2" not in sweep.data.params
 
     version = client.get_model_version_by_alias("conll2000-crf", "champion")
