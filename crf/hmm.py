@@ -30,10 +30,11 @@ import scipy.sparse as sp
 
 from . import chain
 from .hmm_smoothing import (
-    SuffixModel,
     add_k_log_probabilities,
     count_transitions,
     dirichlet_log_objective,
+    emission_arrays,
+    emission_tables,
     expected_transition_table,
     interpolated_log_probabilities,
     interpolation_weights,
@@ -245,11 +246,8 @@ class HMMTagger:
         offsets = np.concatenate([[0], np.cumsum(lengths)])
         all_emissions = self.emissions(words)
         H = self.n_hidden_
-        if per_label:
-            costs = 4 * lattice_edges(all_emissions, lengths, self.order)
-        else:
-            costs = np.full(offsets[-1], H if self.order == 1 else (H + 1) * H)
-        ends = np.concatenate([[0], np.cumsum(costs)])[offsets]  # cost before each sequence
+        costs = 4 * lattice_edges(all_emissions, lengths, self.order) if per_label else H * (H + 1) ** (self.order - 1)
+        ends = np.concatenate([[0], np.cumsum(np.broadcast_to(costs, offsets[-1:]))])[offsets]  # cost before each sequence
         ranges, first = [], 0
         while first < lengths.size:
             last = max(first + 1, int(np.searchsorted(ends, ends[first] + self.chunk_elements, side="right")) - 1)
@@ -400,11 +398,9 @@ class HMMTagger:
         """The fitted tables as (JSON-ready metadata, named arrays): what :meth:`save` writes,
         for containers that hold an HMM among other things (:class:`crf.bundle.TaggerBundle`)."""
         self._check_fitted()
-        arrays = {"log_transitions": self.log_transitions_, "log_emissions": self.log_emissions_}
+        arrays = {"log_transitions": self.log_transitions_} | emission_arrays(self.log_emissions_, self.suffix_model_)
         arrays["vocabulary_blob"], arrays["vocabulary_offsets"] = strings_to_arrays(self.vocabulary_)
         if self.suffix_model_ is not None:
-            arrays["suffix_blob"], arrays["suffix_offsets"] = strings_to_arrays(self.suffix_model_.keys)
-            arrays["suffix_log_probabilities"] = self.suffix_model_.log_probabilities
             arrays["unknown_given_label"] = self.unknown_given_label_
         meta = {
             "params": self.get_params(),
@@ -437,22 +433,16 @@ class HMMTagger:
             model.vocabulary_ = arrays_to_strings(arrays["vocabulary_blob"], arrays["vocabulary_offsets"])
             L, V = model.n_hidden_, len(model.vocabulary_)
             model.log_transitions_ = arrays["log_transitions"].astype(np.float64)
-            model.log_emissions_ = arrays["log_emissions"].astype(np.float64)
+            model.log_emissions_, model.suffix_model_ = emission_tables(arrays, L, model.max_suffix, meta["suffix_theta"])
             if model.log_transitions_.shape != (L + 1,) * (model.order + 1) or model.log_emissions_.shape != (V + 1, L):
                 raise ModelFileError(f"{path}: table shapes do not match {L} labels and {V} words")
             weights = meta.get("interpolation_weights")
             model.interpolation_weights_ = None if weights is None else np.array(weights, dtype=np.float64)
-            model.suffix_model_ = model.unknown_given_label_ = None
-            if model.emission_smoothing == "suffix":
-                model.unknown_given_label_ = arrays["unknown_given_label"].astype(np.float64)
-                keys = arrays_to_strings(arrays["suffix_blob"], arrays["suffix_offsets"])
-                log_probabilities = arrays["suffix_log_probabilities"].astype(np.float64)
-                if log_probabilities.shape != (len(keys), L):
-                    raise ModelFileError(f"{path}: suffix table shape does not match {L} labels")
-                model.suffix_model_ = SuffixModel(keys, log_probabilities, model.max_suffix, float(meta["suffix_theta"]))
+            suffix = model.emission_smoothing == "suffix"
+            model.unknown_given_label_ = arrays["unknown_given_label"].astype(np.float64) if suffix else None
             model.em_history_ = []
         except ModelFileError:
             raise
-        except (KeyError, TypeError, ValueError, UnicodeDecodeError) as err:
+        except (KeyError, IndexError, TypeError, ValueError, UnicodeDecodeError) as err:
             raise ModelFileError(f"{path}: malformed HMM file ({type(err).__name__}: {err})") from None
         return model

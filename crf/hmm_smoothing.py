@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import scipy.sparse as sp
 
+from .persist import arrays_to_strings, strings_to_arrays
+
 # --- counting -----------------------------------------------------------------------------
 
 
@@ -112,13 +114,17 @@ class SuffixModel:
     letter)) / (1 + theta), recursively, where theta is the standard deviation of the tag
     probabilities. Capitalised and other words have separate suffix sets; the empty suffix of
     each is the tag distribution of its rare words, smoothed the same way towards P(t).
-    ``keys`` (U,) are ``"<case>|<suffix>"`` strings, ``log_probabilities`` (U, L).
+    ``keys`` (U,) are ``"<case>|<suffix>"`` strings, ``log_probabilities`` (U, L); ``counts``
+    (U, L) sparse suffix-label counts of the rare words and ``label_probabilities`` P(t) (L,)
+    determine them (:meth:`from_counts`).
     """
 
     keys: list[str]
     log_probabilities: np.ndarray
     max_suffix: int
     theta: float
+    counts: sp.csr_matrix | None = None
+    label_probabilities: np.ndarray | None = None
     rows: dict = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -148,7 +154,14 @@ class SuffixModel:
             key_rows.setdefault(f"{case}|", len(key_rows))
         keys = list(key_rows)
         membership = sp.csr_matrix((np.ones(len(pairs_key)), (pairs_key, pairs_word)), shape=(len(keys), len(words)))
-        counts = np.asarray(membership @ tag_counts)
+        return cls.from_counts(keys, np.asarray(membership @ tag_counts), label_probabilities, max_suffix, theta)
+
+    @classmethod
+    def from_counts(
+        cls, keys: list[str], counts: np.ndarray, label_probabilities: np.ndarray, max_suffix: int, theta: float
+    ) -> SuffixModel:
+        """The model of the rare words' suffix-label counts ``counts`` (U, L) (what model files store)."""
+        key_rows = {key: row for row, key in enumerate(keys)}
         totals = counts.sum(axis=1, keepdims=True)
         ml = np.divide(counts, totals, out=np.zeros_like(counts), where=totals > 0)
         lengths = np.array([len(k) - 2 for k in keys])
@@ -160,7 +173,7 @@ class SuffixModel:
             mixed = (ml[rows] + theta * below) / (1.0 + theta)
             probabilities[rows] = np.where(totals[rows] > 0, mixed, below)  # no rare words: the level below
         with np.errstate(divide="ignore"):
-            return cls(keys, np.log(probabilities), max_suffix, theta)
+            return cls(keys, np.log(probabilities), max_suffix, theta, sp.csr_matrix(counts), label_probabilities)
 
     def lookup(self, words: Sequence[str]) -> np.ndarray:
         """log P(t | longest known suffix) for each word, shape (n, L)."""
@@ -173,6 +186,62 @@ class SuffixModel:
                     rows[n] = row
                     break
         return self.log_probabilities[rows]
+
+
+def sparse_rows(table: np.ndarray, keep: np.ndarray, name: str) -> dict[str, np.ndarray]:
+    """The entries of ``table`` (n, L) where ``keep`` (n, L), row by row, as arrays for a model
+    file: ``<name>_values``, their columns and the number per row (smallest unsigned types)."""
+    rows, columns = np.nonzero(keep)
+    small = np.min_scalar_type(table.shape[1])
+    return {
+        f"{name}_values": table[rows, columns],
+        f"{name}_columns": columns.astype(small),
+        f"{name}_counts": np.bincount(rows, minlength=table.shape[0]).astype(small),
+    }
+
+
+def dense_rows(arrays: dict[str, np.ndarray], name: str, n_columns: int, fill: float) -> np.ndarray:
+    """The (n, ``n_columns``) table of :func:`sparse_rows`' arrays, ``fill`` elsewhere."""
+    counts = arrays[f"{name}_counts"].astype(np.int64)
+    out = np.full((counts.size, n_columns), fill)
+    out[np.repeat(np.arange(counts.size), counts), arrays[f"{name}_columns"].astype(np.int64)] = arrays[f"{name}_values"]
+    return out
+
+
+def emission_arrays(log_emissions: np.ndarray, suffix_model: SuffixModel | None) -> dict[str, np.ndarray]:
+    """An HMM's emission tables for a model file, sparse: the finite known-word entries of
+    ``log_emissions`` (V + 1, L), its unknown-word row and the suffix model's keys and sparse
+    counts (its probabilities are recomputed on loading, bit for bit)."""
+    known = log_emissions[:-1]
+    arrays = {"unknown_emissions": log_emissions[-1]} | sparse_rows(known, np.isfinite(known), "known_emissions")
+    if suffix_model is not None:
+        arrays["suffix_blob"], arrays["suffix_offsets"] = strings_to_arrays(suffix_model.keys)
+        counts = suffix_model.counts.toarray()
+        arrays |= sparse_rows(counts, counts != 0, "suffix_counts")
+        arrays["label_probabilities"] = suffix_model.label_probabilities
+    return arrays
+
+
+def emission_tables(arrays: dict, n_labels: int, max_suffix: int, theta) -> tuple[np.ndarray, SuffixModel | None]:
+    """(log emissions (V + 1, L), suffix model or None) from :func:`emission_arrays`' arrays, or
+    from the dense ``log_emissions`` and ``suffix_log_probabilities`` of files written before
+    2026-11-22."""
+    if "log_emissions" in arrays:
+        log_emissions = arrays["log_emissions"].astype(np.float64)
+    else:
+        known = dense_rows(arrays, "known_emissions", n_labels, -np.inf)
+        log_emissions = np.vstack([known, arrays["unknown_emissions"][None].astype(np.float64)])
+    if "suffix_blob" not in arrays:
+        return log_emissions, None
+    keys = arrays_to_strings(arrays["suffix_blob"], arrays["suffix_offsets"])
+    if "suffix_log_probabilities" in arrays:
+        suffix_model = SuffixModel(keys, arrays["suffix_log_probabilities"].astype(np.float64), max_suffix, float(theta))
+    else:
+        counts, probabilities = dense_rows(arrays, "suffix_counts", n_labels, 0.0), arrays["label_probabilities"]
+        suffix_model = SuffixModel.from_counts(keys, counts, probabilities.astype(np.float64), max_suffix, float(theta))
+    if suffix_model.log_probabilities.shape != (len(keys), n_labels):
+        raise ValueError(f"the suffix table's shape does not match {n_labels} labels")
+    return log_emissions, suffix_model
 
 
 def suffix_emissions(

@@ -191,6 +191,17 @@ def test_save_load_round_trip_and_bad_files(tmp_path):
             loaded.log_likelihood(test_X, per_sequence=True), model.log_likelihood(test_X, per_sequence=True)
         )
         assert loaded.get_params() == model.get_params()
+        np.testing.assert_array_equal(loaded.log_emissions_, model.log_emissions_)  # bit for bit
+        if model.suffix_model_ is not None:
+            np.testing.assert_array_equal(loaded.suffix_model_.log_probabilities, model.suffix_model_.log_probabilities)
+        meta, arrays = model.to_arrays()
+        assert "log_emissions" not in arrays and "suffix_log_probabilities" not in arrays  # stored sparse
+        # the dense tables of older files still load
+        dense = {k: v for k, v in arrays.items() if not k.startswith(("known_emissions", "suffix_counts"))}
+        dense["log_emissions"] = model.log_emissions_
+        if model.suffix_model_ is not None:
+            dense["suffix_log_probabilities"] = model.suffix_model_.log_probabilities
+        assert HMMTagger.from_arrays(meta, dense).predict(test_X) == model.predict(test_X)
     crf_path = tmp_path / "crf.npz"
     CRF(max_iterations=2).fit([[{"w": 1.0}], [{"v": 1.0}]], [["A"], ["B"]]).save(crf_path)
     with pytest.raises(ModelFileError, match="expected a 'crf.HMMTagger'"):
