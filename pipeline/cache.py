@@ -18,6 +18,12 @@ unreadable manifest) is logged as a warning naming it and the problem, moved asi
 ``<stage>/.bad-<key>-<UTC time>`` for inspection and recomputed, never served. Temporary folders
 carry their owner (``.tmp-<key>-<pid>@<host>-<random>``); opening the cache removes those of
 processes of this host that no longer run.
+
+A cache may have a ``remote`` (:class:`RemoteStore`, e.g. ``pipeline.remote_cache.TrackingStore``:
+the MLflow tracking store shared by several machines). A local miss then asks the remote for the
+entry; a fetched entry is verified against its manifest like a local one before it is published
+locally (a bad one is dropped and the stage recomputed), and every entry built here is published
+to the remote too. The local folder is then only a local copy.
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ from collections.abc import Callable, Iterable, Mapping
 from fnmatch import fnmatch
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 MANIFEST = "manifest.json"
 CODE_PACKAGES = ("crf", "pipeline")
@@ -243,12 +249,32 @@ def _remove(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
+class RemoteStore(Protocol):
+    """Where entries are shared between machines (see ``pipeline.remote_cache``)."""
+
+    def fetch(self, stage: str, key: str, into: Path) -> Path | None:
+        """Download the entry of ``stage``/``key`` under the empty folder ``into``; its folder, or None."""
+
+    def accepted(self, stage: str, key: str) -> None:
+        """The entry last fetched for ``stage``/``key`` passed verification and is in use."""
+
+    def publish(self, stage: str, key: str, folder: Path) -> None:
+        """Upload the verified local entry ``folder`` of ``stage``/``key``."""
+
+
 class StageCache:
     """Stage outputs under ``root/<stage>/<key>/``. Opening it (``clean=True``) removes the temporary
-    folders of dead processes (see :meth:`remove_stale`)."""
+    folders of dead processes (see :meth:`remove_stale`). With a ``remote``, a local miss is looked
+    up there and built entries are published there (see the module docstring); ``remote="auto"``: the
+    MLflow tracking store set at construction when it is shared (``pipeline.remote_cache``)."""
 
-    def __init__(self, root: str | os.PathLike, clean: bool = True) -> None:
+    def __init__(self, root: str | os.PathLike, clean: bool = True, remote: RemoteStore | str | None = "auto") -> None:
         self.root = Path(root).absolute()
+        if remote == "auto":  # the MLflow tracking store in use, when other machines share it
+            from pipeline.remote_cache import remote_for_current_store
+
+            remote = remote_for_current_store()
+        self.remote = remote
         if clean:
             self.remove_stale()
 
@@ -279,17 +305,52 @@ class StageCache:
         is logged, set aside (:meth:`set_aside`) and reported as a miss."""
         path = self.path(stage, key)
         if not os.path.lexists(path):
-            return None
+            return self._fetch(stage, key)
         started = time.perf_counter()
         try:
             check_entry(path, stage, key)
         except CacheEntryError as error:
             self.set_aside(stage, key, str(error))
-            return None
+            return self._fetch(stage, key)
         except FileNotFoundError:  # replaced by a concurrent ``force`` run while being read: a miss
             return None
         log.debug("cache: %s/%s verified in %.3f s", stage, key[:12], time.perf_counter() - started)
         return path
+
+    def _fetch(self, stage: str, key: str) -> Path | None:
+        """The entry from the remote, verified and published here; None when the remote has no good one."""
+        if self.remote is None:
+            return None
+        final = self.path(stage, key)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        temporary = final.parent / f".tmp-{key[:16]}-{_owner_tag()}-{uuid.uuid4().hex[:8]}"
+        temporary.mkdir()
+        try:
+            fetched = self.remote.fetch(stage, key, temporary)
+            if fetched is None:
+                return None
+            try:
+                check_entry(fetched, stage, key)
+            except (CacheEntryError, FileNotFoundError) as error:
+                log.warning(
+                    "cache: the remote entry %s/%s is bad (%s): not used, the stage is recomputed", stage, key[:12], error
+                )
+                return None
+            try:
+                os.rename(fetched, final)
+            except OSError:
+                if not os.path.lexists(final):
+                    raise
+                try:  # published meanwhile by a concurrent twin: theirs, if good
+                    check_entry(final, stage, key)
+                    return final
+                except (CacheEntryError, FileNotFoundError):
+                    return None
+            log.info("cache: %s/%s fetched from the remote", stage, key[:12])
+            self.remote.accepted(stage, key)
+            return final
+        finally:
+            shutil.rmtree(temporary, ignore_errors=True)
 
     def set_aside(self, stage: str, key: str, problem: str) -> Path | None:
         """Move a bad entry to ``<stage>/.bad-<key>-<UTC time>`` (kept for inspection) with a warning
@@ -340,6 +401,8 @@ class StageCache:
         except BaseException:
             shutil.rmtree(temporary, ignore_errors=True)
             raise
+        if self.remote is not None:
+            self.remote.publish(stage, key, final)
         return final
 
     @staticmethod
