@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 from omegaconf import OmegaConf
 
-from crf import CRF, TaggerBundle, metrics
+from crf import CRF, TaggerBundle, metrics, params
 from crf.optimize import IterationInfo
 from pipeline.featurize import load_batch, load_extractor
 from pipeline.models import BUNDLE_FILE, ModelAdapter, bundle_source, default_threads
@@ -70,6 +70,7 @@ class Progress:
         self.gold_dev = gold_dev
         self.scheme = scheme
         self.log_steps = log_steps
+        self.settings = params.validate(model.get_params())  # stopping rule with the algorithm's defaults
         self.history: list[dict] = []
         self.pending: list[tuple[int, dict]] = []
         self.log_every = log_every
@@ -90,7 +91,8 @@ class Progress:
         self.pending.append((info.iteration, {k: float(v) for k, v in row.items() if k != "iteration" and np.isfinite(v)}))
         if len(self.pending) >= self.log_every:
             self.flush()
-        left = remaining_seconds(self.history, self.model.max_iterations, self.model.period, self.model.delta)
+        settings = self.settings  # the stopping rule with the algorithm's defaults filled in
+        left = remaining_seconds(self.history, settings.max_iterations, settings.period, settings.delta)
         eta = "?" if left is None else f"~{left:.0f}s"
         dev = "".join(f" {k}={row[k]:.2f}" for k in ("dev_accuracy", "dev_f1") if k in row)
         log.info(
@@ -198,7 +200,7 @@ class CRFAdapter(ModelAdapter):
             "model_bytes": (out / "model.npz").stat().st_size,
             "iterations": model.n_iter_,
             "evaluations": model.n_evaluations_,
-            "nonzero_weights": model.size_,
+            "nonzero_weights": model.n_active_features_,
             "final_loss": float(history["loss"].iloc[-1]) if len(history) else float("nan"),
         }
 
