@@ -4,11 +4,100 @@ labels, and every predicted chunk with its confidence (Culotta & McCallum 2004).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+from scipy.special import logsumexp
 
 from . import chain, metrics
+
+
+@dataclass
+class ChunkWindows:
+    """The chunks of a labelling and what defines their confidence: a chunk's window is its
+    tokens with exactly their labels, plus the token before (any label that does not extend the
+    chunk: ``before_masks``) and the token after (any label that does not continue it:
+    ``after_masks``), as :meth:`crf.CRF.predict_segments` reports them.
+
+    ``chunks``: frame with sequence, start, end (exclusive), type (K rows); ``first``/``stop``
+    (K,) flat token indices of each chunk's first token and one past its last; ``before``/``after``
+    (K,) whether the window has a token before/after the chunk; ``before_masks``/``after_masks``
+    (K, L) allowed labels there (rows without such a token are unused).
+    """
+
+    chunks: pd.DataFrame
+    first: np.ndarray
+    stop: np.ndarray
+    before: np.ndarray
+    after: np.ndarray
+    before_masks: np.ndarray
+    after_masks: np.ndarray
+
+    @classmethod
+    def of(cls, codes: np.ndarray, offsets: np.ndarray, classes: Sequence[str]) -> ChunkWindows:
+        """Chunks of ``codes`` (T,) over sentences at ``offsets`` (N + 1,), all at once."""
+        L = len(classes)
+        found = metrics._chunks_flat(np.asarray(classes, dtype=object)[codes], offsets)
+        tags, types = zip(*(metrics.split_label(c) for c in classes))
+        tags, types = np.array(tags), np.array(types)
+        row_tags, column_tags = np.broadcast_arrays(tags[:, None], tags[None, :])
+        row_types, column_types = np.broadcast_arrays(types[:, None], types[None, :])
+        # starts[first, prev]: a chunk starting with label `first` starts after label `prev`
+        starts = metrics.chunk_start(column_tags, row_tags, column_types, row_types)
+        # ends[last, next]: a chunk ending with label `last` ends before label `next`
+        ends = metrics.chunk_end(row_tags, column_tags, row_types, column_types)
+        sequence = found["sequence"].to_numpy(np.int64)
+        first = offsets[sequence] + found["start"].to_numpy(np.int64)
+        stop = offsets[sequence] + found["end"].to_numpy(np.int64)
+        before = first > offsets[sequence]
+        after = stop < offsets[sequence + 1]
+        return cls(found, first, stop, before, after, starts[codes[first]].reshape(-1, L), ends[codes[stop - 1]].reshape(-1, L))
+
+    def window_masks(self, codes: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The windows as :func:`crf.chain.constrained_log_probability` takes them: (first token
+        of each window within its sequence (K,), masks (W, L), window offsets (K + 1,))."""
+        K, L = self.first.size, self.before_masks.shape[1]
+        inside = self.stop - self.first
+        widths = inside + self.before + self.after
+        window_offsets = np.concatenate([[0], np.cumsum(widths)])
+        masks = np.zeros((int(window_offsets[-1]), L), dtype=bool)
+        chunk_of_row = np.repeat(np.arange(K), inside)
+        within = np.arange(int(inside.sum())) - np.repeat(np.cumsum(inside) - inside, inside)
+        tokens = self.first[chunk_of_row] + within
+        masks[window_offsets[chunk_of_row] + self.before[chunk_of_row] + within, codes[tokens]] = True
+        masks[window_offsets[:-1][self.before]] = self.before_masks[self.before]
+        masks[window_offsets[1:][self.after] - 1] = self.after_masks[self.after]
+        sequence = self.chunks["sequence"].to_numpy(np.int64)
+        return self.first - self.before - offsets[sequence], masks, window_offsets
+
+    def log_probability(self, codes, posterior: chain.Posterior, emissions, transitions, start) -> np.ndarray:
+        """log p(window k | x) (K,) for a first-order chain over labels ((L, L) ``transitions``), in closed
+        form: the chunk's labels are fixed, so the constrained forward recursion over its window
+        reduces to a sum of scores plus one log-sum-exp at each end. The same quantity as
+        :func:`crf.chain.constrained_log_probability` on :meth:`window_masks`, without a
+        recursion over the windows. ``posterior``: forward-backward with ``keep_messages``."""
+        first, stop = self.first, self.stop
+        inside = stop - first
+        chunk_of_token = np.repeat(np.arange(first.size), inside)
+        tokens = np.repeat(first, inside) + np.arange(int(inside.sum())) - np.repeat(np.cumsum(inside) - inside, inside)
+        labels = codes[tokens]
+        score = emissions[tokens, labels]
+        follows = tokens > np.repeat(first, inside)
+        score[follows] += transitions[codes[tokens[follows] - 1], labels[follows]]
+        total = np.bincount(chunk_of_token, weights=score, minlength=first.size)
+        log_alpha, log_beta = posterior.log_alpha, posterior.log_beta
+        head, tail = codes[first], codes[stop - 1]
+        opening = np.asarray(start, dtype=np.float64)[head].copy()
+        b = self.before
+        with np.errstate(invalid="ignore", divide="ignore"):
+            entering = np.where(self.before_masks[b], log_alpha[first[b] - 1] + transitions[:, head[b]].T, -np.inf)
+            opening[b] = logsumexp(entering, axis=1)
+            closing = log_beta[stop - 1, tail]
+            a = self.after
+            leaving = transitions[tail[a]] + emissions[stop[a]] + log_beta[stop[a]]
+            closing[a] = logsumexp(np.where(self.after_masks[a], leaving, -np.inf), axis=1)
+        return opening + total + closing - posterior.log_z[self.chunks["sequence"].to_numpy(np.int64)]
 
 
 class SegmentQueries:
@@ -56,31 +145,13 @@ class SegmentQueries:
         """
         emissions, batch = self.emissions(X)
         labels, _ = chain.viterbi(emissions, *self._weights(), batch.lengths)
-        classes = np.array(self.classes_, dtype=object)
-        predicted = [list(classes[p]) for p in self._split(labels, batch)]
-        found = metrics.chunks(predicted)
+        windows = ChunkWindows.of(labels, batch.offsets, self.classes_)
+        found = windows.chunks.reset_index(drop=True)
         if found.empty:
             found["confidence"] = []
             return found
         posterior = chain.forward_backward(emissions, *self._weights(), batch.lengths, keep_messages=True)
-        tags, types = zip(*(metrics.split_label(c) for c in self.classes_))
-        tags, types = np.array(tags), np.array(types)
-        lengths = batch.lengths
-        seqs, firsts, allowed = [], [], []
-        for seq, s, e in zip(found["sequence"].to_numpy(), found["start"].to_numpy(), found["end"].to_numpy()):
-            offset = batch.offsets[seq]
-            inside = labels[offset + s : offset + e]
-            rows = [np.arange(len(classes))[None, :] == inside[:, None]]
-            window_start = s
-            if s > 0:  # the previous token must not belong to this chunk
-                first = inside[0]
-                rows.insert(0, metrics.chunk_start(tags, tags[first], types, types[first])[None, :])
-                window_start = s - 1
-            if e < lengths[seq]:  # the next token must not continue it
-                last = inside[-1]
-                rows.append(metrics.chunk_end(tags[last], tags, types[last], types)[None, :])
-            seqs.append(seq)
-            firsts.append(window_start)
-            allowed.append(np.concatenate(rows))
-        found["confidence"] = np.exp(self._constrained(posterior, emissions, batch, seqs, firsts, allowed))
+        found["confidence"] = np.exp(
+            windows.log_probability(labels, posterior, emissions, self.transitions_, self.start_weights_)
+        )
         return found
