@@ -260,7 +260,8 @@ def paired_bootstrap(gold, first, second, chunked: bool, samples: int = 1000, se
 
 def _flat_labels(gold, predicted) -> tuple[np.ndarray, np.ndarray]:
     _check_aligned(gold, predicted)
-    return _flatten(gold)[0], _flatten(predicted)[0]
+    # plain arrays of the labels' own type: scikit-learn cannot classify object arrays of integers
+    return np.asarray(_flatten(gold)[0].tolist()), np.asarray(_flatten(predicted)[0].tolist())
 
 
 def flat_accuracy_score(y_true, y_pred) -> float:

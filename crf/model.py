@@ -8,6 +8,7 @@ strings, as for python-crfsuite) or a :class:`~crf.batch.SequenceBatch` from
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import time
@@ -34,6 +35,36 @@ _NONE_BEFORE_FIT = ("classes_", "attributes_", "training_log_")
 
 class NotFittedCRFError(NotFittedError, RuntimeError):
     """A query on a CRF that has not been fitted (sklearn's NotFittedError)."""
+
+
+def _flat_labels(y) -> np.ndarray:
+    """All labels of ``y`` (a list of label sequences) in one object array (T,)."""
+    flat = np.empty(sum(map(len, y)), dtype=object)
+    flat[:] = list(itertools.chain.from_iterable(y))
+    return flat
+
+
+def _check_finite(batch: SequenceBatch) -> None:
+    """A non-finite attribute value would silently turn into a NaN model or NaN marginals."""
+    bad = np.flatnonzero(~np.isfinite(batch.X.data))
+    if bad.size:
+        row = int(np.searchsorted(batch.X.indptr, bad[0], side="right")) - 1
+        sequence = int(np.searchsorted(batch.offsets, row, side="right")) - 1
+        raise ValueError(
+            f"sequence {sequence}, token {row - int(batch.offsets[sequence])}: attribute column "
+            f"{int(batch.X.indices[bad[0]])} has the non-finite value {batch.X.data[bad[0]]} ({bad.size} such values)"
+        )
+
+
+def label_classes(flat: np.ndarray) -> list:
+    """The distinct labels in order of first appearance. Labels are strings or integers and keep
+    their type (NumPy scalars become Python ones), so a model saved and loaded predicts the same
+    values it was trained on; anything else raises TypeError."""
+    classes = [c.item() if isinstance(c, np.generic) else c for c in pd.unique(flat)]
+    for c in classes:
+        if not isinstance(c, (str, int)):
+            raise TypeError(f"labels must be strings or integers, got {c!r} ({type(c).__name__})")
+    return classes
 
 
 class CRF(SegmentQueries, CRFsuiteView, BaseEstimator):
@@ -131,6 +162,7 @@ class CRF(SegmentQueries, CRFsuiteView, BaseEstimator):
         if isinstance(X, SequenceBatch):
             if not fitting and X.n_attributes != self.n_attributes_:
                 raise ValueError(f"batch has {X.n_attributes} attributes, the model was fitted on {self.n_attributes_}")
+            _check_finite(X)
             return X
         if fitting:
             self.attribute_index_ = AttributeIndex().fit(X)
@@ -144,7 +176,7 @@ class CRF(SegmentQueries, CRFsuiteView, BaseEstimator):
         for i, (labels, length) in enumerate(zip(y, batch.lengths)):
             if len(labels) != length:
                 raise ValueError(f"sequence {i}: {length} tokens in X but {len(labels)} labels in y")
-        flat = np.array([label for labels in y for label in labels], dtype=object)
+        flat = _flat_labels(y)
         index = {label: i for i, label in enumerate(self.classes_)}
         return np.array([index.get(u, -1) for u in pd.unique(flat)], dtype=np.int64)[pd.factorize(flat)[0]]
 
@@ -173,7 +205,7 @@ class CRF(SegmentQueries, CRFsuiteView, BaseEstimator):
                 self.attributes_ = list(attribute_names) if attribute_names is not None else None
             else:
                 self.attributes_ = [str(a) for a in self.attribute_index_.names()]
-            self.classes_ = [str(c) for c in pd.unique(np.array([lab for labels in y for lab in labels], dtype=object))]
+            self.classes_ = label_classes(_flat_labels(y))
             self.n_attributes_ = batch.n_attributes
             codes = self._label_codes(y, batch)
             dev_batch = None

@@ -70,7 +70,9 @@ def from_arrays(cls: type[CRF], meta: dict, arrays: dict[str, np.ndarray], path=
     try:
         known = cls().get_params()
         model = cls(**{k: v for k, v in meta["params"].items() if k in known})
-        classes = [str(c) for c in meta["classes"]]
+        classes = list(meta["classes"])  # strings or integers, as trained (the header is checksummed)
+        if not all(isinstance(c, (str, int)) for c in classes):
+            raise ModelFileError(f"{path}: class labels must be strings or integers")
         A, L = int(meta["n_attributes"]), len(classes)
         model.classes_ = classes
         model.n_attributes_ = A

@@ -7,6 +7,7 @@ import zipfile
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 
 from crf import CRF, ModelFileError, SequenceBatch, metrics
 from crf.persist import load_arrays, save_arrays
@@ -200,3 +201,24 @@ def test_bad_training_input():
         CRF(algorithm="nope").fit(X, y)
     with pytest.raises(RuntimeError, match="not fitted"):
         CRF().predict(X)
+
+
+def test_integer_labels_keep_their_type_through_save_and_load(tmp_path):
+    X = [[{"a": 1.0}, {"b": 1.0}], [{"a": 1.0}]] * 5
+    y = [[1, 2], [1]] * 5
+    model = CRF(max_iterations=20).fit(X, y)
+    assert model.classes_ == [1, 2] and all(type(c) is int for c in model.classes_)
+    model.save(tmp_path / "m.npz")
+    loaded = CRF.load(tmp_path / "m.npz")
+    assert loaded.classes_ == [1, 2]
+    assert [list(p) for p in loaded.predict(X[:2])] == [[1, 2], [1]]
+    assert loaded.score(X, y) == model.score(X, y) == 1.0
+    with pytest.raises(TypeError, match="labels must be strings or integers, got 1.5"):
+        CRF().fit(X, [[1.5, 2], [1]] * 5)
+
+
+def test_non_finite_values_in_a_batch_are_refused_with_their_position():
+    X = sp.csr_matrix(np.array([[1.0, 1.0], [0.0, 1.0], [np.nan, 0.0]]))
+    batch = SequenceBatch(X, np.array([0, 2, 3]))
+    with pytest.raises(ValueError, match="sequence 1, token 0: attribute column 0 has the non-finite value nan"):
+        CRF().fit(batch, [["x", "y"], ["x"]])
