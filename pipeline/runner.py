@@ -28,10 +28,13 @@ from pipeline.logs import swept_keys
 from pipeline.models import ModelAdapter, load_adapter
 from pipeline.stage import Stage, StageContext, frozen, load_stages
 from pipeline.tracking import SWEEP_ID_VARIABLE, SWEEP_PARENT_VARIABLE
+from pipeline.validate import validate_settings
 
 log = logging.getLogger(__name__)
 
 METRICS_FILE = "stage_metrics.json"
+# files holding measured times: they differ between identical runs, so downstream keys leave them out
+VOLATILE = (METRICS_FILE, "features.json", "history.csv")
 HEADLINE = ("dev_f1", "test_f1", "dev_accuracy", "test_accuracy")  # scores repeated at the end of a run
 
 
@@ -152,7 +155,7 @@ def run_stage(
                     folder / stage.bundle, lambda columns: stage.bundle_example(folders, columns)
                 )
             mlflow.set_tag(tracking.MODEL_URI_TAG, model_uri)
-        output = StageOutput(folder, cache.output_hash(folder), found is not None, stage_metrics, model_uri, external)
+        output = StageOutput(folder, cache.output_hash(folder, VOLATILE), found is not None, stage_metrics, model_uri, external)
         output.seconds = time.perf_counter() - began
         mlflow.log_metric("seconds", output.seconds)
         return output
@@ -198,6 +201,7 @@ def register_single_run(cfg: DictConfig, model_uri: str, summary: dict[str, Any]
 
 def run_pipeline(cfg: DictConfig) -> dict[str, Any]:
     """Run the configured stages; returns every stage's metrics, namespaced ``stage.metric``."""
+    validate_settings(cfg)  # bad settings fail before any stage runs
     adapter = load_adapter(cfg.model)
     stages = load_stages()
     order = plan(stages, list(cfg.stages), adapter)
