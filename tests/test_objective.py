@@ -67,7 +67,7 @@ def test_sparse_layout_keeps_only_observed_pairs():
 
 
 def test_state_features_match_the_dense_product():
-    """Shared (frequent) attributes and per-label blocks together equal X @ W exactly."""
+    """Shared (frequent) attributes and the per-label incidences together equal X @ W exactly."""
     from crf.objective import FeaturePartition, StateFeatures
 
     rng = np.random.default_rng(3)
@@ -76,7 +76,7 @@ def test_state_features_match_the_dense_product():
     index = observed_feature_index(X, labels, 10)
     params = ParameterLayout(30, 10, index)
     states = StateFeatures(X, FeaturePartition(params))
-    assert states.partition.shared_positions.size and states.blocks  # both paths are exercised
+    assert states.partition.shared_positions.size and states.local.nnz  # both paths are exercised
     theta = rng.normal(size=index.size)
     W = np.zeros(300)
     W[index] = theta
