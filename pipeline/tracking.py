@@ -28,6 +28,7 @@ from mlflow.models import ModelSignature  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 from mlflow.types import ColSpec, Schema  # noqa: E402
 
+from pipeline import lifecycle  # noqa: E402
 from pipeline.models import SWEEP_ID_VARIABLE  # noqa: E402
 
 # how a sweep's launching process tells its jobs (in other processes) where to attach their runs
@@ -77,6 +78,7 @@ def setup(cfg: Mapping) -> str:
     check_reachable(uri)
     if uri.startswith("sqlite:///"):
         Path(uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
+    lifecycle.prepare_store(uri)  # a fresh SQLite store's schema, under a lock
     before = os.environ.get("MLFLOW_TRACKING_URI")
     mlflow.set_tracking_uri(uri)
     # MLflow also exports the URI as MLFLOW_TRACKING_URI, which would then win over the next config
@@ -96,6 +98,7 @@ def setup(cfg: Mapping) -> str:
         except mlflow.exceptions.MlflowException:
             pass  # created meanwhile by a parallel job
     mlflow.set_experiment(name)
+    lifecycle.mark_stranded(client)  # runs left RUNNING by processes that are gone
     return uri
 
 
@@ -122,9 +125,10 @@ def git_commit() -> str:
 
 
 def source_tags() -> dict[str, str]:
-    """MLflow's standard source-commit tag, when the project is a git checkout."""
+    """MLflow's standard source-commit tag, when the project is a git checkout, and the process that
+    runs it (``lifecycle.owner_tags``: how a later start recognises a run this process left RUNNING)."""
     commit = git_commit()
-    return {GIT_COMMIT_TAG: commit} if commit != "unknown" else {}
+    return {**({GIT_COMMIT_TAG: commit} if commit != "unknown" else {}), **lifecycle.owner_tags()}
 
 
 def log_params(params: Mapping[str, Any]) -> None:

@@ -1,0 +1,198 @@
+"""Tracking never loses or strands a run: the store's schema under a lock, signals, dead owners.
+
+- :func:`prepare_store`: a SQLite store's schema is created under an exclusive lock
+  (``fcntl.flock`` on ``<db>.lock`` beside the database), so runs started together on a fresh
+  store do not both try to create its tables;
+- :func:`owner_tags`: every run records its process (``crf.owner = <pid>@<host>``) and that
+  process's start time (``crf.process_start``, to tell a reused PID from the original process);
+- :func:`mark_stranded`: runs left RUNNING by a process that is gone (same host; PID not running,
+  or running with another start time) are ended FAILED with ``crf.end_reason = process <pid>@<host>
+  died``; called on every start of a pipeline (``tracking.setup``);
+- :func:`ending_runs_on_signal`: SIGTERM/SIGINT end this process's open runs as KILLED with
+  ``crf.end_reason = terminated by SIGTERM`` (or SIGINT), then the process exits with 128 + signal.
+
+SIGKILL cannot be caught: its runs stay RUNNING until the next start marks them.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import signal
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import mlflow
+from mlflow.entities import ViewType
+from mlflow.tracking import MlflowClient
+
+log = logging.getLogger(__name__)
+
+OWNER_TAG = "crf.owner"
+PROCESS_START_TAG = "crf.process_start"
+END_REASON_TAG = "crf.end_reason"
+UNKNOWN = "unknown"
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` URI, else None."""
+    return Path(uri[len("sqlite:///") :]) if uri.startswith("sqlite:///") else None
+
+
+@contextmanager
+def store_lock(database: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``<database>.lock`` (created beside the database)."""
+    lock = database.with_name(database.name + ".lock")
+    with open(lock, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def prepare_store(uri: str) -> None:
+    """For a SQLite store, create its schema (MLflow does on first use) under :func:`store_lock`;
+    other stores are left to their server or database."""
+    database = sqlite_path(uri)
+    if database is None:
+        return
+    with store_lock(database):
+        MlflowClient(uri).search_experiments(max_results=1)  # opening the store creates its tables
+
+
+def process_start(pid: int) -> str:
+    """When process ``pid`` started, in clock ticks after boot (``/proc/<pid>/stat``); ``unknown``
+    where that cannot be read (no such process, no /proc)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return UNKNOWN
+    return stat.rsplit(")", 1)[1].split()[19]  # field 22; the name in parentheses may hold spaces
+
+
+def owner_tags() -> dict[str, str]:
+    """The tags that tie a run to this process: ``crf.owner`` and ``crf.process_start``."""
+    return {OWNER_TAG: f"{os.getpid()}@{socket.gethostname()}", PROCESS_START_TAG: process_start(os.getpid())}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def owner_gone(tags: dict[str, str]) -> bool:
+    """Whether the process named by a run's owner tags is known to be gone: it ran on this host and
+    its PID no longer runs, or now belongs to a process started at another time."""
+    owner = tags.get(OWNER_TAG, "")
+    pid, _, host = owner.partition("@")
+    if not pid.isdigit() or host != socket.gethostname():
+        return False  # no owner recorded, or another host's process: cannot tell
+    if not _alive(int(pid)):
+        return True
+    recorded, current = tags.get(PROCESS_START_TAG, UNKNOWN), process_start(int(pid))
+    return UNKNOWN not in (recorded, current) and recorded != current
+
+
+def mark_stranded(client: MlflowClient) -> list[str]:
+    """End FAILED every RUNNING run (of any experiment) whose owner process is gone, tagging
+    ``crf.end_reason = process <pid>@<host> died``; the run IDs so ended."""
+    experiments = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ALL)]
+    if not experiments:
+        return []
+    host = socket.gethostname()
+    running = client.search_runs(
+        experiments,
+        filter_string=f"attributes.status = 'RUNNING' and tags.`{OWNER_TAG}` LIKE '%@{host}'",
+        run_view_type=ViewType.ALL,
+        max_results=10000,
+    )
+    ended = []
+    for run in running:
+        if owner_gone(run.data.tags):
+            reason = f"process {run.data.tags[OWNER_TAG]} died"
+            client.set_tag(run.info.run_id, END_REASON_TAG, reason)
+            client.set_terminated(run.info.run_id, "FAILED")
+            ended.append(run.info.run_id)
+            log.warning("run %s (%s) was left RUNNING: %s; marked FAILED", run.info.run_id, run.info.run_name, reason)
+    return ended
+
+
+def _own_running_runs(client: MlflowClient) -> list[str]:
+    """This process's RUNNING runs in the store (by their owner tags)."""
+    tags = owner_tags()
+    experiments = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ALL)]
+    if not experiments:
+        return []
+    runs = client.search_runs(
+        experiments,
+        filter_string=f"attributes.status = 'RUNNING' and tags.`{OWNER_TAG}` = '{tags[OWNER_TAG]}'",
+        run_view_type=ViewType.ALL,
+        max_results=10000,
+    )
+    return [r.info.run_id for r in runs if r.data.tags.get(PROCESS_START_TAG) == tags[PROCESS_START_TAG]]
+
+
+def _active_run_ids() -> list[str]:
+    """The fluent API's open runs of this thread, innermost last (MLflow keeps them in a private
+    stack; only the innermost one when that is not there)."""
+    stack = getattr(mlflow.tracking.fluent, "_active_run_stack", None)
+    runs = stack.get() if stack is not None and hasattr(stack, "get") else [mlflow.active_run()]
+    return [r.info.run_id for r in runs if r is not None]
+
+
+class Terminated(BaseException):
+    """Raised in the main thread when SIGTERM or SIGINT arrives, so that open ``with`` blocks
+    unwind (temporary cache folders go) before the runs are marked KILLED."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"terminated by {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+def _mark_killed(run_ids: list[str], reason: str) -> None:
+    """End ``run_ids`` and this process's other RUNNING runs as KILLED with ``reason``."""
+    try:
+        client = MlflowClient()
+        for run_id in dict.fromkeys(run_ids + _own_running_runs(client)):
+            client.set_tag(run_id, END_REASON_TAG, reason)
+            client.set_terminated(run_id, "KILLED")
+            log.warning("run %s ended KILLED: %s", run_id, reason)
+    except Exception as error:  # the store itself may be what failed; the next start marks them
+        log.error("could not mark the runs of this process KILLED (%s); the next run will mark them FAILED", error)
+
+
+@contextmanager
+def ending_runs_on_signal(signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)) -> Iterator[None]:
+    """Within the block, SIGTERM/SIGINT unwind the block (``Terminated``), then every open run of
+    this process (stage and parent) ends KILLED with ``crf.end_reason`` and the process exits with
+    ``128 + signum``. Outside the main thread (where handlers cannot be set) it does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    open_runs: list[str] = []
+
+    def handler(signum: int, frame: object) -> None:
+        for sig in signals:  # a second signal while cleaning up must not interrupt it
+            signal.signal(sig, signal.SIG_IGN)
+        open_runs.extend(_active_run_ids())
+        raise Terminated(signum)
+
+    previous = {sig: signal.signal(sig, handler) for sig in signals}
+    try:
+        yield
+    except Terminated as stop:
+        _mark_killed(open_runs, str(stop))
+        raise SystemExit(128 + stop.signum) from None
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
