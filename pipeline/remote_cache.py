@@ -54,13 +54,14 @@ class TrackingStore:
         return found[0] if found else None
 
     def fetch(self, stage: str, key: str, into: Path) -> Path | None:
-        source = self.find(stage, key)
-        if source is None:
-            return None
+        """A tracking store that cannot be searched or read is a miss (logged): the stage is computed."""
         try:
+            source = self.find(stage, key)
+            if source is None:
+                return None
             local = MlflowClient().download_artifacts(source.info.run_id, ARTIFACT_PATH, dst_path=str(into))
         except (MlflowException, OSError) as error:
-            log.warning("cache: could not download %s/%s from run %s: %s", stage, key[:12], source.info.run_id, error)
+            log.warning("cache: could not fetch %s/%s from the tracking store: %s", stage, key[:12], error)
             return None
         self._fetched[stage, key] = source.info.run_id
         log.info("cache: %s/%s downloaded from run %s", stage, key[:12], source.info.run_id)
@@ -74,7 +75,11 @@ class TrackingStore:
     def publish(self, stage: str, key: str, folder: Path) -> None:
         if mlflow.active_run() is None or not (folder / MANIFEST).is_file():
             return
-        mlflow.log_artifacts(str(folder), artifact_path=ARTIFACT_PATH)
+        try:
+            mlflow.log_artifacts(str(folder), artifact_path=ARTIFACT_PATH)
+        except (MlflowException, OSError) as error:  # the entry stays local; other machines will compute it
+            log.warning("cache: could not upload %s/%s to the tracking store: %s", stage, key[:12], error)
+            return
         mlflow.set_tag(UPLOAD_TAG, ARTIFACT_PATH)
 
 

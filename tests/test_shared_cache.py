@@ -83,6 +83,26 @@ def test_a_tampered_remote_entry_is_not_used(tmp_path, caplog):
     assert StageCache(tmp_path / "three", remote=None).lookup("featurize", "k" * 64) is None  # no remote: a plain miss
 
 
+def test_tracking_store_publishes_fetches_and_tags(tmp_path, monkeypatch):
+    import mlflow
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_experiment("remote")
+    store, key = remote_cache.TrackingStore(), "k" * 64
+    with mlflow.start_run(tags={"stage": "featurize", "cache_key": key}) as source:
+        StageCache(tmp_path / "one", remote=store).build("featurize", key, _produce)
+    with mlflow.start_run(tags={"stage": "featurize", "cache_key": key}) as copy:
+        found = StageCache(tmp_path / "two", remote=store).lookup("featurize", key)
+        assert found is not None and (found / "sub" / "labels.txt").read_text() == "B-NP\nI-NP\n"
+        assert StageCache(tmp_path / "three", remote=store).lookup("featurize", "m" * 64) is None
+    client = mlflow.tracking.MlflowClient()
+    assert client.get_run(source.info.run_id).data.tags[remote_cache.UPLOAD_TAG] == "cache"
+    assert client.get_run(copy.info.run_id).data.tags[remote_cache.FETCHED_TAG] == source.info.run_id
+    assert remote_cache.UPLOAD_TAG not in client.get_run(copy.info.run_id).data.tags
+
+
 def _content(path: Path):
     """A file's content less what differs between identical runs: measured times in JSON metrics
     (keys with ``seconds``/``_per_second``), gzip headers (evaluate writes the time into them)."""
