@@ -1,16 +1,65 @@
-"""``python -m pipeline``: the Hydra app that runs the configured stages (conf/config.yaml)."""
+"""``python -m pipeline``: the Hydra app that runs the configured stages (conf/config.yaml).
+
+SIGTERM/SIGINT end the open runs as KILLED (``pipeline.lifecycle``); an output folder or store that
+cannot be written (read-only, full disk, permissions) ends the run with one line naming the path.
+"""
 
 from __future__ import annotations
+
+import errno
+import logging
+import sys
 
 import hydra
 from omegaconf import DictConfig
 
+from pipeline.lifecycle import ending_runs_on_signal
 from pipeline.runner import objective_value, run_pipeline
+
+log = logging.getLogger("pipeline")
+
+# what SQLite (through SQLAlchemy and MLflow) says when its file or folder cannot be written
+_STORE_WRITE_ERRORS = (
+    "readonly database",
+    "disk i/o error",
+    "unable to open database file",
+    "database or disk is full",
+    "read-only file system",
+)
+
+
+def unwritable(error: BaseException) -> str | None:
+    """One line describing ``error`` when it (or an error it was raised from) means the output
+    folder or the store cannot be written; None for any other error."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and (
+            isinstance(error, PermissionError) or error.errno in (errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EACCES)
+        ):
+            where = f": {error.filename}" if error.filename else ""
+            return f"cannot write{where} ({error.strerror or error})"
+        text = str(error).lower()
+        if any(marker in text for marker in _STORE_WRITE_ERRORS):
+            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            return f"cannot write the tracking store ({first[:300]})"
+        error = error.__cause__ or error.__context__
+    return None
 
 
 @hydra.main(version_base=None, config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
-    return objective_value(run_pipeline(cfg))
+    with ending_runs_on_signal():
+        try:
+            return objective_value(run_pipeline(cfg))
+        except Exception as error:
+            problem = unwritable(error)
+            if problem is None:
+                raise
+            log.error(
+                "%s; output folder %s: make it writable or free space, or set paths.output_dir", problem, cfg.paths.output_dir
+            )
+            sys.exit(1)
 
 
 if __name__ == "__main__":

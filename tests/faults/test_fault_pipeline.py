@@ -129,3 +129,24 @@ def test_prepared_files_and_keys_do_not_depend_on_time_or_folder(data_root, tmp_
     second = tmp_path / "second"
     _run(data_root, second, "stages=[featurize]")  # another output folder
     assert snapshot(second) == before
+
+
+@pytest.mark.slow
+def test_train_and_evaluate_keys_do_not_depend_on_time_or_folder(data_root, tmp_path):
+    """Files holding measured times (features.json, history.csv, stage_metrics.json) differ between
+    identical runs; the keys of the stages downstream of them must not."""
+
+    def keys(out: Path) -> dict[str, str]:
+        return {stage: _entries(out, stage)[-1].name for stage in ("train", "evaluate")}
+
+    first = tmp_path / "first"
+    _run(data_root, first)
+    before = keys(first)
+    features = (_entries(first, "featurize")[0] / "features.json").read_bytes()
+    _run(data_root, first, "force=true")  # a forced rerun: every stage computed again, later
+    assert (_entries(first, "featurize")[0] / "features.json").read_bytes() != features  # its timings changed
+    assert keys(first) == before
+    assert all(len(_entries(first, s)) == 1 for s in STAGES)
+    second = tmp_path / "second"
+    _run(data_root, second)  # another output folder
+    assert keys(second) == before

@@ -1,0 +1,208 @@
+"""Fault injection on tracking, with real ``python -m pipeline`` processes on the tiny corpus: runs are
+never lost or left RUNNING (two first runs on a fresh SQLite store, SIGTERM and SIGKILL during
+training), and an output folder that cannot be written ends the run with one clear line."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+import mlflow  # noqa: E402
+import pandas as pd  # noqa: E402
+from pipeline_helpers import tiny_overrides, write_corpus  # noqa: E402
+
+from pipeline.lifecycle import END_REASON_TAG, OWNER_TAG, owner_gone, owner_tags, prepare_store  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+TIMEOUT = 240  # seconds for one pipeline process
+# training that lasts long enough to be killed: SGD epochs with a stopping rule that never fires
+ENDLESS = ["trainer=sgd", "trainer.max_iterations=1000000", "trainer.delta=0", "train.dev_every=0"]
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory) -> Path:
+    return write_corpus(tmp_path_factory.mktemp("tracking") / "data", n_train=40, n_test=10)
+
+
+def _command(data_root: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "pipeline",
+        *tiny_overrides(data_root, out),
+        f"hydra.run.dir={out.parent / ('hydra-' + out.name)}-{time.monotonic_ns()}",
+        *extra,
+    ]
+
+
+def _environment() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "CRF_SWEEP_PARENT_RUN_ID", "CRF_SWEEP_ID")}
+    env["MLFLOW_DISABLE_TELEMETRY"] = "true"
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    return env
+
+
+def _start(data_root: Path, out: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        _command(data_root, out, *extra),
+        cwd=ROOT,
+        env=_environment(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _run(data_root: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        _command(data_root, out, *extra), cwd=ROOT, env=_environment(), capture_output=True, text=True, timeout=TIMEOUT
+    )
+
+
+def _runs(out: Path) -> pd.DataFrame:
+    """Every run in the output folder's SQLite store (all experiments)."""
+    uri = f"sqlite:///{out / 'mlflow.db'}"
+    prepare_store(uri)  # under the store's lock: never read a schema that is being created
+    before, variable = mlflow.get_tracking_uri(), os.environ.get("MLFLOW_TRACKING_URI")
+    mlflow.set_tracking_uri(uri)
+    try:
+        return mlflow.search_runs(search_all_experiments=True)
+    finally:
+        mlflow.set_tracking_uri(before)
+        if variable is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+
+
+def _wait_for_training(process: subprocess.Popen, out: Path, timeout: float = TIMEOUT) -> None:
+    """Return once the train stage's run is RUNNING in the store (and has had a moment to start)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert process.poll() is None, process.communicate()[0]
+        if (out / "mlflow.db").exists():
+            runs = _runs(out)
+            if (
+                not runs.empty
+                and "tags.stage" in runs
+                and ((runs["tags.stage"] == "train") & (runs["status"] == "RUNNING")).any()
+            ):
+                time.sleep(1.0)
+                return
+        time.sleep(0.5)
+    process.kill()
+    raise AssertionError("the train stage did not start in time")
+
+
+def _by_stage(runs: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    return {stage: group for stage, group in runs.groupby("tags.stage")}
+
+
+def _temporary_folders(out: Path) -> list[Path]:
+    return [p for p in (out / "cache").glob("*/.*") if p.name.startswith((".tmp-", ".old-"))]
+
+
+def test_owner_tags_recognise_a_dead_process():
+    tags = owner_tags()
+    assert not owner_gone(tags)  # this process runs
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    assert owner_gone({OWNER_TAG: f"{child.pid}@{socket.gethostname()}"})
+    assert owner_gone({**tags, "crf.process_start": "1"})  # the PID now belongs to another process
+    assert not owner_gone({OWNER_TAG: f"{child.pid}@another-host"})  # another host's: cannot tell
+    assert not owner_gone({})
+
+
+@pytest.mark.slow
+def test_two_first_runs_on_a_fresh_store_are_both_recorded(data_root, tmp_path):
+    out = tmp_path / "out"
+    processes = [_start(data_root, out, "stages=[prepare]") for _ in range(2)]
+    outputs = [p.communicate(timeout=TIMEOUT)[0] for p in processes]
+    assert [p.returncode for p in processes] == [0, 0], outputs
+    assert not any("already exists" in text for text in outputs)
+    runs = _runs(out)
+    parents = runs[runs["tags.stage"] == "pipeline"]
+    assert len(parents) == 2 and set(runs["status"]) == {"FINISHED"}
+    assert len(runs[runs["tags.stage"] == "prepare"]) == 2
+
+
+@pytest.mark.slow
+def test_sigterm_during_training_ends_the_runs_killed_and_a_rerun_reuses_finished_stages(data_root, tmp_path):
+    out = tmp_path / "out"
+    process = _start(data_root, out, *ENDLESS)
+    _wait_for_training(process, out)
+    process.send_signal(signal.SIGTERM)
+    text = process.communicate(timeout=60)[0]
+    assert process.returncode == 128 + signal.SIGTERM, text
+    runs = _by_stage(_runs(out))
+    for stage in ("pipeline", "train"):
+        (status,) = runs[stage]["status"]
+        assert status == "KILLED", (stage, status)
+        assert runs[stage][f"tags.{END_REASON_TAG}"].iloc[0] == "terminated by SIGTERM"
+    assert set(runs["prepare"]["status"]) == set(runs["featurize"]["status"]) == {"FINISHED"}
+    assert not _temporary_folders(out)  # the interrupted build removed its temporary folder
+
+    rerun = _run(data_root, out, "trainer=sgd", "trainer.max_iterations=3")
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    runs = _runs(out)
+    latest = runs[runs["tags.stage"].isin(["prepare", "featurize"])].sort_values("start_time").tail(2)
+    assert set(latest["tags.cache"]) == {"hit"}
+    assert (runs[runs["tags.stage"] == "train"]["status"] == "FINISHED").sum() == 1
+
+
+@pytest.mark.slow
+def test_sigkill_during_training_is_marked_by_the_next_start(data_root, tmp_path):
+    out = tmp_path / "out"
+    process = _start(data_root, out, *ENDLESS)
+    _wait_for_training(process, out)
+    process.kill()
+    process.communicate(timeout=60)
+    stranded = _runs(out)
+    stranded = stranded[stranded["status"] == "RUNNING"]
+    assert set(stranded["tags.stage"]) == {"pipeline", "train"}
+    assert _temporary_folders(out)  # the killed build left its temporary folder
+
+    rerun = _run(data_root, out, "trainer=sgd", "trainer.max_iterations=3")
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    runs = _runs(out).set_index("run_id")
+    marked = runs.loc[stranded["run_id"]]
+    assert set(marked["status"]) == {"FAILED"}
+    assert set(marked[f"tags.{END_REASON_TAG}"]) == {f"process {process.pid}@{socket.gethostname()} died"}
+    assert "RUNNING" not in set(runs["status"])
+    assert not _temporary_folders(out)  # removed when the rerun opened the cache
+
+
+def _make_unwritable(folder: Path) -> list[str]:
+    """Make ``folder`` unwritable (also for root: the immutable attribute); the command undoing it."""
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        return ["chmod", "755", str(folder)]
+    chattr = shutil.which("chattr")
+    if chattr is None or subprocess.run([chattr, "+i", str(folder)], capture_output=True).returncode != 0:
+        pytest.skip("running as root without a working chattr: cannot make a folder unwritable")
+    return [chattr, "-i", str(folder)]
+
+
+@pytest.mark.slow
+def test_an_unwritable_output_folder_gives_one_clear_line(data_root, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    undo = _make_unwritable(out)
+    try:
+        result = _run(data_root, out, "stages=[prepare]")
+    finally:
+        subprocess.run(undo, check=True)
+    text = result.stdout + result.stderr
+    assert result.returncode == 1, text
+    assert "Traceback" not in text and "sqlalchemy" not in text.lower(), text
+    errors = [line for line in text.splitlines() if "cannot write" in line]
+    assert len(errors) == 1 and str(out) in errors[0], text
+    assert len(text.splitlines()) <= 5, text
