@@ -244,8 +244,9 @@ class Objective:
     not the corpus. Call it inside :func:`crf.parallel.single_threaded_blas`.
     """
 
-    #: (token, label) cells per chunk: about 6 MB per (T, L) array of one chunk
-    CHUNK_CELLS = 800_000
+    #: (token, label) cells per chunk: 24 MB per (T, L) array of a chunk; larger chunks measured
+    #: faster (fewer Python steps) with the same peak memory on CoNLL-2000 and EWT XPOS
+    CHUNK_CELLS = 3_000_000
 
     def __init__(
         self,
