@@ -11,6 +11,7 @@ import logging
 import sys
 
 import hydra
+import mlflow
 from omegaconf import DictConfig
 
 from pipeline.lifecycle import ending_runs_on_signal
@@ -39,16 +40,24 @@ def unwritable(error: BaseException) -> str | None:
         ):
             where = f": {error.filename}" if error.filename else ""
             return f"cannot write{where} ({error.strerror or error})"
-        text = str(error).lower()
-        if any(marker in text for marker in _STORE_WRITE_ERRORS):
-            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            return f"cannot write the tracking store ({first[:300]})"
+        lines = [line for line in str(error).splitlines() if any(m in line.lower() for m in _STORE_WRITE_ERRORS)]
+        if lines:
+            what = lines[0].split(") ", 1)[-1] if lines[0].startswith("(") else lines[0]  # "(sqlite3.OperationalError) ..."
+            return f"cannot write the tracking store {mlflow.get_tracking_uri()} ({what.strip()[:200]})"
         error = error.__cause__ or error.__context__
     return None
 
 
+class _ReportedOnce(logging.Filter):
+    """Drops MLflow's logged traceback of a store write error: ``main`` reports it in one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and record.exc_info[1] is not None and unwritable(record.exc_info[1]))
+
+
 @hydra.main(version_base=None, config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
+    logging.getLogger("mlflow.store.db.utils").addFilter(_ReportedOnce())
     with ending_runs_on_signal():
         try:
             return objective_value(run_pipeline(cfg))
