@@ -9,8 +9,9 @@ logged to the console and to MLflow with a results table (CSV, Markdown), the ra
 ``dicts`` (the sklearn-crfsuite tutorial's feature dicts); for the last two, training includes
 building the attribute index (``Trainer.append`` on CRFsuite's side) and tagging reads the lists.
 
-A second part measures cost growth: the median time of one iteration (each tool's own iteration
-log, set-up excluded) over a fixed number of iterations, and the process's peak memory, for
+A second part measures cost growth: the median CPU time of one iteration (CRFsuite's own
+iteration log, which times with ``clock()``; CPU clock stamps from a per-iteration callback on
+this project's side; set-up excluded) over a fixed number of iterations, and the process's peak memory, for
 fractions of the training data, for the training data repeated 2 and 4 times, and for label sets
 of growing size (EWT UPOS 17, XPOS 50, the joint XPOS|UPOS tags over 100).
 """
@@ -251,7 +252,7 @@ def plot(table: pd.DataFrame, growth: pd.DataFrame | None, path: Path, title: st
     panels = 2 if growth is not None and not growth.empty else 1
     fig, axes = figure(6 * panels, 4.2, panels)
     ax = axes[0]
-    if "ratio" in table:
+    if "ratio" in table and not table.empty:
         shown = ["train_seconds", "seconds_per_iteration", "tag_tokens_per_second", "peak_memory_mib", "feature_seconds"]
         values = table.loc[shown, "ratio"].astype(float)
         ax.barh(
@@ -312,39 +313,49 @@ def main(cfg: DictConfig) -> None:
                     result["token_accuracy"],
                     f", F1 {result['chunk_f1']:.2f}" if result["chunk_f1"] is not None else "",
                 )
-        runs = pd.DataFrame(rows)
-        table = side_by_side(runs, tools)
-        fields = field_table(runs, tools)
         g = b["growth"]
+        text, names = "", []
+        if rows:  # written before the growth part, so they survive its interruption
+            runs = pd.DataFrame(rows)
+            table = side_by_side(runs, tools)
+            fields = field_table(runs, tools)
+            runs.to_csv(out / "runs.csv", index=False)
+            table.to_csv(out / "results.csv")
+            names += ["runs.csv", "results.csv"]
+            text = f"## {cfg.dataset.name}, input {b['input']}: medians of {b['repetitions']} runs\n\n" + markdown_table(
+                figure_table(table)
+            )
+            if fields is not None:
+                fields.to_csv(out / "fields.csv", index=False)
+                names.append("fields.csv")
+                text += "\n\n## F1 per field (median)\n\n" + markdown_table(fields)
+            (out / "results.md").write_text(text + "\n")
+            metrics = {}
+            for tool in table.columns:
+                for figure, value in table[tool].items():
+                    if pd.notna(value):
+                        metrics[f"{tool}.{figure}"] = float(value)
+            mlflow.log_metrics(metrics)
+            log.info("\n%s", text)
+        else:
+            table = pd.DataFrame()
         wanted = b["growth_enabled"] and (g["fractions"] or g.get("repeats") or g.get("label_sets"))
         growth = cost_growth(cfg, b, tools) if wanted else None
-
-        runs.to_csv(out / "runs.csv", index=False)
-        table.to_csv(out / "results.csv")
-        text = f"## {cfg.dataset.name}, input {b['input']}: medians of {b['repetitions']} runs\n\n" + markdown_table(
-            figure_table(table)
-        )
-        if fields is not None:
-            fields.to_csv(out / "fields.csv", index=False)
-            text += "\n\n## F1 per field (median)\n\n" + markdown_table(fields)
         if growth is not None:
             growth.to_csv(out / "growth.csv", index=False)
-            text += (
-                f"\n\n## cost growth: median seconds per iteration ({g['iterations']} iterations, each tool's iteration log)"
+            names.append("growth.csv")
+            part = (
+                f"## cost growth: median CPU seconds per iteration ({g['iterations']} iterations)"
                 f" and peak MiB, medians of {g['repetitions']}\n\n" + markdown_table(growth_wide(growth, tools))
             )
+            log.info("\n%s", part)
+            text = f"{text}\n\n{part}" if text else part
         (out / "results.md").write_text(text + "\n")
+        names.append("results.md")
         plot(table, growth, out / "benchmark.png", f"{cfg.dataset.name}: ours vs CRFsuite")
-        metrics = {}
-        for tool in table.columns:
-            for figure, value in table[tool].items():
-                if pd.notna(value):
-                    metrics[f"{tool}.{figure}"] = float(value)
-        mlflow.log_metrics(metrics)
-        extra = (("growth.csv",) if growth is not None else ()) + (("fields.csv",) if fields is not None else ())
-        for name in ("runs.csv", "results.csv", "results.md", "benchmark.png") + extra:
+        names.append("benchmark.png")
+        for name in names:
             mlflow.log_artifact(str(out / name))
-        log.info("\n%s", text)
 
 
 if __name__ == "__main__":
