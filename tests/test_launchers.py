@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import secrets
 import shlex
 import shutil
 import subprocess
@@ -150,7 +151,10 @@ trap '{ray} stop --force >/dev/null 2>&1 || true; rm -rf "$temp"' EXIT
 {ray} start --address=127.0.0.1:6379 --node-ip-address=127.0.0.1 {common} >/dev/null
 {shlex.join(sweep)}
 """
-    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
+    # Ray 2.5x+ token authentication with a token of this test's own for the nodes and the driver (a
+    # token file left in ~/.ray by an earlier local ray.init() would otherwise be half picked up)
+    auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0", **auth}
     env.pop("MLFLOW_TRACKING_URI", None)
     # a PID namespace too: `ray stop` sees only this cluster's processes, and all die with the namespace
     command = ["unshare", "--net", "--pid", "--fork", "--mount-proc", "--kill-child", "bash", "-c", script]
