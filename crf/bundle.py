@@ -264,7 +264,9 @@ class TaggerBundle:
         mask = None if allowed is None else np.tile(allowed[tokens], (1, S // L))
         states, _ = chain.viterbi(emissions, transitions, start, end, part_lengths, allowed=mask)
         part_codes = states % L
-        posterior = chain.forward_backward(emissions, transitions, start, end, part_lengths, keep_messages=chunked, allowed=mask)
+        posterior = chain.forward_backward(
+            emissions, transitions, start, end, part_lengths, keep_messages=chunked, allowed=mask, counts=False
+        )
         by_label = posterior.marginals.reshape(-1, S // L, L).sum(axis=1)
         codes[tokens] = part_codes
         marginals[tokens] = by_label[np.arange(part_codes.size), part_codes]

@@ -165,7 +165,7 @@ class Posterior:
     """Results of forward-backward (in input order, or packed order when asked for).
 
     ``log_z`` (N,), ``marginals`` (T, L) node marginals p(y_t | x), ``transition_counts`` (L, L)
-    expected transition counts summed over all edges (the operator's table shape), ``log_alpha``
+    expected transition counts summed over all edges (None when not asked for) (the operator's table shape), ``log_alpha``
     and ``log_beta`` (T, L) true log forward/backward messages (only when requested).
     """
 
@@ -189,7 +189,7 @@ def _messages(packed, operator, start, end, layout: Layout, semiring, overwrite:
     return lifted, lifted_operator, (alpha, alpha_scale), (beta, beta_scale), log_z
 
 
-def _forward_backward_packed(packed, operator, start, end, layout: Layout, semiring, keep_messages, overwrite=False):
+def _forward_backward_packed(packed, operator, start, end, layout: Layout, semiring, keep_messages, overwrite=False, counts=True):
     """Forward-backward in one semiring on packed emissions; results packed, ``log_z`` by rank.
     Sequences whose normalisers underflow (or are impossible) contribute no transition counts;
     with a ``semiring.fallback`` they get ``log_z`` NaN and :func:`forward_backward` recomputes them."""
@@ -197,7 +197,10 @@ def _forward_backward_packed(packed, operator, start, end, layout: Layout, semir
         packed, operator, start, end, layout, semiring, overwrite
     )
     failed = ~np.isfinite(log_z) | ~np.isfinite(beta_scale[layout.first_rows()])
-    counts = _edges(alpha, beta, lifted, lifted_operator, layout, semiring, None, ~failed if failed.any() else None)
+    if counts:
+        counts = _edges(alpha, beta, lifted, lifted_operator, layout, semiring, None, ~failed if failed.any() else None)
+    else:
+        counts = None
     del lifted
     if semiring.fallback is not None:  # to be recomputed; in the exact semiring -inf means impossible
         log_z[failed] = np.nan
@@ -222,6 +225,7 @@ def forward_backward(
     semiring=ScaledSemiring,
     packed: bool = False,
     allowed: np.ndarray | None = None,
+    counts: bool = True,
 ) -> Posterior:
     """log Z, node marginals and expected transition counts for every sequence.
 
@@ -230,7 +234,9 @@ def forward_backward(
     finite scores. With ``packed=True`` the emissions (and ``allowed``) are already in the
     layout's packed order (see :class:`Layout`) and the per-token results stay in that order;
     ``log_z`` is always by sequence in input order. ``allowed`` (T, L) restricts every sum to
-    the allowed paths (see the module docstring). ``emissions`` is never modified.
+    the allowed paths (see the module docstring). ``emissions`` is never modified. With
+    ``counts=False`` the expected transition counts (a quarter of the work when only marginals
+    are wanted, as in tagging) are skipped and ``transition_counts`` is None.
     """
     emissions = np.asarray(emissions, dtype=np.float64)
     layout, operator = _layout(lengths), _operator(transitions)
@@ -241,16 +247,19 @@ def forward_backward(
 
     emissions_packed = gather()
     own = emissions_packed is not emissions  # a gathered or masked copy is ours to use as working memory
-    result = _forward_backward_packed(emissions_packed, operator, start, end, layout, semiring, keep_messages, own)
+    result = _forward_backward_packed(emissions_packed, operator, start, end, layout, semiring, keep_messages, own, counts)
     failed = np.flatnonzero(np.isnan(result.log_z))
     if failed.size and semiring.fallback is not None:
         if own:  # the working copy was consumed
             emissions_packed = gather()
         rows, failed_lengths = layout.rows_of_ranks(failed)
-        redo = forward_backward(emissions_packed[rows], operator, start, end, failed_lengths, keep_messages, semiring.fallback)
+        redo = forward_backward(
+            emissions_packed[rows], operator, start, end, failed_lengths, keep_messages, semiring.fallback, counts=counts
+        )
         result.log_z[failed] = redo.log_z
         result.marginals[rows] = redo.marginals
-        result.transition_counts = result.transition_counts + redo.transition_counts
+        if counts:
+            result.transition_counts = result.transition_counts + redo.transition_counts
         if keep_messages:
             result.log_alpha[rows] = redo.log_alpha
             result.log_beta[rows] = redo.log_beta

@@ -284,7 +284,7 @@ class HMMTagger:
 
     def _posteriors(self, X) -> list[chain.Posterior]:
         return self._map_chunks(
-            X, lambda emissions, lengths, scores, _tokens: chain.forward_backward(emissions, *scores, lengths)
+            X, lambda emissions, lengths, scores, _tokens: chain.forward_backward(emissions, *scores, lengths, counts=False)
         )
 
     def _hidden_marginals(self, states: np.ndarray) -> np.ndarray:

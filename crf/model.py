@@ -352,7 +352,7 @@ class CRF(SegmentQueries, CRFsuiteView, BaseEstimator):
     def marginals(self, X) -> tuple[np.ndarray, SequenceBatch]:
         """Node marginals p(y_t = l | x) as a (T, L) array (columns in ``classes_`` order)."""
         emissions, batch = self.emissions(X)
-        return chain.forward_backward(emissions, *self._weights(), batch.lengths).marginals, batch
+        return chain.forward_backward(emissions, *self._weights(), batch.lengths, counts=False).marginals, batch
 
     def _marginal_dicts(self, X) -> list[list[dict[str, float]]]:
         def query(X):

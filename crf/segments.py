@@ -111,7 +111,7 @@ class SegmentQueries:
         Returns (K,) probabilities.
         """
         emissions, batch = self.emissions(X)
-        posterior = chain.forward_backward(emissions, *self._weights(), batch.lengths, keep_messages=True)
+        posterior = chain.forward_backward(emissions, *self._weights(), batch.lengths, keep_messages=True, counts=False)
         return np.exp(self._constrained(posterior, emissions, batch, sequence, start, allowed))
 
     def _constrained(self, posterior, emissions, batch, sequence, start, allowed) -> np.ndarray:
@@ -150,7 +150,7 @@ class SegmentQueries:
         if found.empty:
             found["confidence"] = []
             return found
-        posterior = chain.forward_backward(emissions, *self._weights(), batch.lengths, keep_messages=True)
+        posterior = chain.forward_backward(emissions, *self._weights(), batch.lengths, keep_messages=True, counts=False)
         found["confidence"] = np.exp(
             windows.log_probability(labels, posterior, emissions, self.transitions_, self.start_weights_)
         )

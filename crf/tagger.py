@@ -119,7 +119,7 @@ class Tagger:
         if not 0 <= pos < len(emissions):
             raise IndexError(f"position {pos} outside a sequence of {len(emissions)} tokens")
         if self._marginals is None:
-            self._marginals = chain.forward_backward(emissions, *self.model._weights(), [len(emissions)]).marginals
+            self._marginals = chain.forward_backward(emissions, *self.model._weights(), [len(emissions)], counts=False).marginals
         return float(self._marginals[pos, list(self.model.classes_).index(y)])
 
     def info(self) -> ModelInfo:

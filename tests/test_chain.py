@@ -174,3 +174,13 @@ def test_layout_round_trip():
     np.testing.assert_array_equal(layout.order, [1, 3, 4, 0, 2])
     with pytest.raises(ValueError):
         chain.Layout.from_lengths([3, 0])
+
+
+def test_marginals_without_transition_counts_are_the_same():
+    emissions, transitions, start, end = random_chain(11, 4, [5, 1, 7])
+    full = chain.forward_backward(emissions, transitions, start, end, [5, 1, 7], keep_messages=True)
+    lean = chain.forward_backward(emissions, transitions, start, end, [5, 1, 7], keep_messages=True, counts=False)
+    assert lean.transition_counts is None and full.transition_counts.shape == (4, 4)
+    np.testing.assert_array_equal(lean.marginals, full.marginals)
+    np.testing.assert_array_equal(lean.log_z, full.log_z)
+    np.testing.assert_array_equal(lean.log_alpha, full.log_alpha)
