@@ -31,6 +31,7 @@ import scipy.sparse as sp
 from . import chain
 from .hmm_smoothing import (
     add_k_log_probabilities,
+    check_possible,
     count_transitions,
     dirichlet_log_objective,
     emission_arrays,
@@ -135,6 +136,8 @@ class HMMTagger:
 
     @staticmethod
     def _flatten(X, name: str = "X") -> tuple[list[str], np.ndarray]:
+        if isinstance(X, str) or any(isinstance(x, str) for x in X):
+            raise TypeError(f"{name} must be a list of token sequences (lists of strings), not strings: tokenise first")
         lengths = np.fromiter((len(x) for x in X), dtype=np.int64, count=len(X))
         if lengths.size == 0 or np.any(lengths == 0):
             raise ValueError(f"{name} must be a non-empty list of non-empty sequences")
@@ -233,7 +236,9 @@ class HMMTagger:
                 out[unknown[~capitalised], L:] = -np.inf
         return out
 
-    def _map_chunks(self, X, work: Callable[[np.ndarray, np.ndarray, tuple, slice], object], per_label: bool = False) -> list:
+    def _map_chunks(
+        self, X, work: Callable[[np.ndarray, np.ndarray, tuple, slice], object], per_label: bool = False, possible: bool = True
+    ) -> list:
         """``work(emissions (T_c, S), lengths (N_c,), chain scores, token slice)`` on every chunk,
         in threads; the slice places the chunk's tokens among all tokens of ``X``. Chunks are
         contiguous sequence ranges of at most ``chunk_elements`` tokens x states each (a longer
@@ -245,6 +250,8 @@ class HMMTagger:
         scores = self._chain_scores()
         offsets = np.concatenate([[0], np.cumsum(lengths)])
         all_emissions = self.emissions(words)
+        if possible:  # decoding and marginals need every token to have some label
+            check_possible(all_emissions, words, offsets)
         H = self.n_hidden_
         costs = 4 * lattice_edges(all_emissions, lengths, self.order) if per_label else H * (H + 1) ** (self.order - 1)
         ends = np.concatenate([[0], np.cumsum(np.broadcast_to(costs, offsets[-1:]))])[offsets]  # cost before each sequence
@@ -282,9 +289,11 @@ class HMMTagger:
         offsets = np.concatenate([[0], np.cumsum([len(x) for x in X])])
         return [list(classes[codes[a:b]]) for a, b in zip(offsets[:-1], offsets[1:])]
 
-    def _posteriors(self, X) -> list[chain.Posterior]:
+    def _posteriors(self, X, possible: bool = True) -> list[chain.Posterior]:
         return self._map_chunks(
-            X, lambda emissions, lengths, scores, _tokens: chain.forward_backward(emissions, *scores, lengths, counts=False)
+            X,
+            lambda emissions, lengths, scores, _tokens: chain.forward_backward(emissions, *scores, lengths, counts=False),
+            possible=possible,
         )
 
     def _hidden_marginals(self, states: np.ndarray) -> np.ndarray:
@@ -295,7 +304,7 @@ class HMMTagger:
     def log_likelihood(self, X: Sequence[Sequence[str]], per_sequence: bool = False):
         """log p(x) by the forward algorithm: the total (float) or per sequence (N,). Unknown
         words count as one symbol (their suffix model reweighting is part of its probability)."""
-        values = np.concatenate([p.log_z for p in self._posteriors(X)])
+        values = np.concatenate([p.log_z for p in self._posteriors(X, possible=False)])
         return values if per_sequence else float(values.sum())
 
     def marginals(self, X: Sequence[Sequence[str]]) -> np.ndarray:

@@ -315,3 +315,17 @@ def dirichlet_log_objective(
     if k > 0:
         total += float(k * np.sum(log_emissions[-1]))
     return total
+
+
+def check_possible(emissions: np.ndarray, words: Sequence[str], offsets: np.ndarray) -> None:
+    """Raise ValueError naming the first token whose word has probability 0 under every label
+    (an unseen word under add-k with k=0): no labelling of its sequence exists.
+    ``emissions`` (T, H) log probabilities of the flat ``words``; ``offsets`` (N + 1,)."""
+    impossible = np.flatnonzero(~np.isfinite(emissions).any(axis=1))
+    if impossible.size:
+        sequence = int(np.searchsorted(offsets, impossible[0], side="right")) - 1
+        raise ValueError(
+            f"sequence {sequence}, token {impossible[0] - offsets[sequence]}: the word {words[impossible[0]]!r} has "
+            f"probability 0 under every label ({impossible.size} such tokens; an unseen word with add-k k=0): "
+            "use k > 0 or emission_smoothing='suffix'"
+        )

@@ -242,3 +242,15 @@ def test_tnt_on_ewt_upos_is_at_least_as_accurate_as_nltk(shared_data):
         theirs = np.mean(np.array([t for s in reference.tagdata(X_test) for _, t in s], dtype=object) == gold)
         assert ours >= theirs - 1e-12, (capitalization, ours, theirs)
         assert ours > 0.92
+
+
+def test_strings_instead_of_token_lists_and_impossible_words_are_errors():
+    hmm = HMMTagger(order=1).fit([["the", "dog"]], [["D", "N"]])
+    for bad in (["the dog"], "the dog"):
+        with pytest.raises(TypeError, match="not strings: tokenise first"):
+            hmm.predict(bad)
+    mle = HMMTagger(order=1, transition_smoothing="add-k", emission_smoothing="add-k", k=0).fit([["the", "dog"]], [["D", "N"]])
+    with pytest.raises(ValueError, match="sequence 1, token 0: the word 'a' has probability 0 under every label"):
+        mle.predict([["the", "dog"], ["a", "dog"]])
+    assert mle.log_likelihood([["a", "dog"]]) == -np.inf  # p(x) = 0 is the right answer there
+    assert mle.predict([["the", "dog"]]) == [["D", "N"]]
