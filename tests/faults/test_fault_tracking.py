@@ -153,7 +153,9 @@ def test_sigterm_during_training_ends_the_runs_killed_and_a_rerun_reuses_finishe
     rerun = _run(data_root, out, "trainer=sgd", "trainer.max_iterations=3")
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
     runs = _runs(out)
-    latest = runs[runs["tags.stage"].isin(["prepare", "featurize"])].sort_values("start_time").tail(2)
+    finished = runs[runs["tags.stage"].isin(["prepare", "featurize"])].sort_values("start_time")
+    earlier, latest = finished.head(2), finished.tail(2)
+    assert list(latest["tags.cache_key"]) == list(earlier["tags.cache_key"]), "keys changed: was the code edited meanwhile?"
     assert set(latest["tags.cache"]) == {"hit"}
     assert (runs[runs["tags.stage"] == "train"]["status"] == "FINISHED").sum() == 1
 
