@@ -98,7 +98,9 @@ def correction_propagation(
 
     ``columns``: the flat input columns (each (T,)) the bundle reads, over sequences at ``offsets``
     (N + 1,); ``gold``/``predicted`` (T,) label strings (``predicted`` is the bundle's own
-    unconstrained decoding). A token is wrong when its field type is (:func:`wrong_tokens`). All
+    unconstrained decoding). A token is wrong when its field type is (:func:`wrong_tokens`); the
+    fixed token is the first wrong one whose gold label the model knows (a sequence whose wrong
+    tokens all have labels unseen in training is left out). All
     wrong sequences are decoded in one call under one (T', L) mask: the fixed token may take only
     its gold label, every other token any label.
 
@@ -108,7 +110,9 @@ def correction_propagation(
     """
     wrong = wrong_tokens(gold, predicted)
     lengths = np.diff(offsets)
-    _, _, wrong_sequences = field_errors(wrong, offsets)
+    # a token can be fixed only to a label the model knows (a training subset may lack some)
+    fixable = wrong & (pd.Index(bundle.labels).get_indexer(pd.Series(gold, dtype=object)) >= 0)
+    _, _, wrong_sequences = field_errors(fixable, offsets)
     chosen = np.flatnonzero(wrong_sequences)
     columns_out = ["sequence", "length", "fixed_token", "gold_label", "errors_before", "errors_after", "removed", "introduced"]
     if chosen.size == 0:
@@ -118,8 +122,8 @@ def correction_propagation(
     # flat token indices of the chosen sequences, in order
     tokens = np.repeat(offsets[chosen], sub_lengths) + np.arange(int(sub_offsets[-1])) - np.repeat(sub_offsets[:-1], sub_lengths)
     sub_wrong = wrong[tokens]
-    # the first wrong token of each chosen sequence (every chosen sequence has one)
-    positions = np.flatnonzero(sub_wrong)
+    # the first fixable wrong token of each chosen sequence (every chosen sequence has one)
+    positions = np.flatnonzero(fixable[tokens])
     _, firsts = np.unique(np.searchsorted(sub_offsets, positions, side="right") - 1, return_index=True)
     first = positions[firsts]
     index = {label: i for i, label in enumerate(bundle.labels)}

@@ -121,6 +121,14 @@ def test_correction_propagation_fixes_the_neighbour():
     assert summary["test_correction_errors_removed"] == table["removed"].sum()
     assert summary["test_correction_errors_removed_per_fix"] == pytest.approx(table["removed"].sum() / len(table))
     assert summary["test_correction_fixes"] == len(table)
+    # a gold label the model never saw cannot be fixed: the next wrong token is, or the sequence is left out
+    unseen_gold = gold.copy()
+    unseen_gold[0] = "B-c"
+    table = fields.correction_propagation(bundle, {"w": words}, offsets, unseen_gold, predicted)
+    assert table.set_index("sequence").loc[0, "fixed_token"] == 1
+    unseen_gold[1] = "I-c"
+    table = fields.correction_propagation(bundle, {"w": words}, offsets, unseen_gold, predicted)
+    assert 0 not in table["sequence"].tolist()
     # no wrong sequence: an empty table
     assert fields.correction_propagation(bundle, {"w": words}, offsets, predicted, predicted).empty
 
