@@ -57,6 +57,7 @@ class Prepare(Stage):
     def config_slice(self, cfg, adapter: ModelAdapter) -> dict:
         """What the output depends on (the data root is not: the files' checksums are)."""
         dataset = OmegaConf.to_container(cfg.dataset, resolve=True)
+        dataset.pop("evaluate", None)  # how the evaluate stage scores this dataset: its own key hashes it
         return {"dataset": dataset, "train_fraction": cfg.data.train_fraction, "seed": cfg.seed}
 
     def settings(self, cfg, adapter: ModelAdapter) -> dict:
