@@ -217,7 +217,8 @@ def _owner_tag() -> str:
 _TEMPORARY = re.compile(r"^\.(?:tmp|old)-[0-9a-f]{1,16}-(?:(?P<pid>\d+)@(?P<host>.+)-)?[0-9a-f]{8}$")
 
 
-def _process_alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether a process with this PID runs on this host (another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -239,7 +240,7 @@ def _stale(path: Path, now: float) -> bool:
             return now - path.lstat().st_mtime > UNOWNED_GRACE
         except FileNotFoundError:
             return False
-    return match["host"] == socket.gethostname() and not _process_alive(int(match["pid"]))
+    return match["host"] == socket.gethostname() and not process_alive(int(match["pid"]))
 
 
 def _remove(path: Path) -> None:

@@ -30,6 +30,8 @@ import mlflow
 from mlflow.entities import ViewType
 from mlflow.tracking import MlflowClient
 
+from pipeline.cache import process_alive
+
 log = logging.getLogger(__name__)
 
 OWNER_TAG = "crf.owner"
@@ -80,16 +82,6 @@ def owner_tags() -> dict[str, str]:
     return {OWNER_TAG: f"{os.getpid()}@{socket.gethostname()}", PROCESS_START_TAG: process_start(os.getpid())}
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's live process
-        return True
-    return True
-
-
 def owner_gone(tags: dict[str, str]) -> bool:
     """Whether the process named by a run's owner tags is known to be gone: it ran on this host and
     its PID no longer runs, or now belongs to a process started at another time."""
@@ -97,7 +89,7 @@ def owner_gone(tags: dict[str, str]) -> bool:
     pid, _, host = owner.partition("@")
     if not pid.isdigit() or host != socket.gethostname():
         return False  # no owner recorded, or another host's process: cannot tell
-    if not _alive(int(pid)):
+    if not process_alive(int(pid)):
         return True
     recorded, current = tags.get(PROCESS_START_TAG, UNKNOWN), process_start(int(pid))
     return UNKNOWN not in (recorded, current) and recorded != current
