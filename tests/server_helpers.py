@@ -21,30 +21,22 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def mlflow_server(
-    backend_store_uri: str, artifacts: Path, log_path: Path, workers: int = 1, timeout: float = 120
-) -> Iterator[str]:
-    """Start ``mlflow server`` (its own process session) with ``backend_store_uri`` and the proxied
-    artifact root ``artifacts``; yield its URL once ``/health`` answers; SIGTERM it at the end."""
-    port = free_port()
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
-    env.pop("MLFLOW_TRACKING_URI", None)
-    command = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers)]
-    command += ["--backend-store-uri", backend_store_uri, "--artifacts-destination", str(artifacts)]
+def background_server(command: list[str], url: str, probe: str, log_path: Path, env: dict, timeout: float = 120) -> Iterator[str]:
+    """Run ``command`` in its own process session, yield ``url`` once ``url + probe`` answers 200,
+    and stop the whole session (SIGTERM, then SIGKILL) at the end."""
     log = open(log_path, "w")
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
     deadline = time.time() + timeout
     try:
         while True:
             try:
-                with urllib.request.urlopen(url + "/health", timeout=2) as response:
+                with urllib.request.urlopen(url + probe, timeout=2) as response:
                     if response.status == 200:
                         break
             except OSError:
                 pass
             if process.poll() is not None or time.time() > deadline:
-                raise RuntimeError(f"mlflow server did not start:\n{log_path.read_text()[-3000:]}")
+                raise RuntimeError(f"{' '.join(command[2:5])} did not start:\n{log_path.read_text()[-3000:]}")
             time.sleep(0.5)
         yield url
     finally:
@@ -55,3 +47,18 @@ def mlflow_server(
             os.killpg(process.pid, signal.SIGKILL)
             process.wait(timeout=20)
         log.close()
+
+
+@contextlib.contextmanager
+def mlflow_server(
+    backend_store_uri: str, artifacts: Path, log_path: Path, workers: int = 1, timeout: float = 120
+) -> Iterator[str]:
+    """Start ``mlflow server`` with ``backend_store_uri`` and the proxied artifact root
+    ``artifacts``; yield its URL once ``/health`` answers; stop it at the end."""
+    port = free_port()
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    command = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers)]
+    command += ["--backend-store-uri", backend_store_uri, "--artifacts-destination", str(artifacts)]
+    with background_server(command, f"http://127.0.0.1:{port}", "/health", log_path, env, timeout) as url:
+        yield url

@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
-import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -18,17 +14,12 @@ import pytest
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 import mlflow  # noqa: E402
+import server_helpers  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 from pipeline_helpers import compose_config, tiny_overrides, write_corpus  # noqa: E402
 
 from pipeline.runner import run_pipeline  # noqa: E402
 from pipeline.tracking import tracking_uri  # noqa: E402
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _post(url: str, body: dict) -> dict:
@@ -58,33 +49,13 @@ def test_served_model_answers_like_predict(tmp_path, monkeypatch):
     )
     expected = mlflow.pyfunc.load_model(model_uri).predict(frame)
 
-    port = _free_port()
+    port = server_helpers.free_port()
     venv_bin = str(Path(sys.executable).parent)
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "MLFLOW_DISABLE_TELEMETRY": "true"}
     env["PATH"] = venv_bin + os.pathsep + env.get("PATH", "")
     command = [sys.executable, "-m", "mlflow", "models", "serve", "-m", model_uri, "--env-manager", "local"]
     command += ["--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
-    log_path = tmp_path / "serve.log"
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    try:
-        deadline = time.time() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=2) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            if process.poll() is not None or time.time() > deadline:
-                raise RuntimeError(f"mlflow models serve did not start:\n{log_path.read_text()[-3000:]}")
-            time.sleep(0.5)
-        answer = _post(f"http://127.0.0.1:{port}/invocations", {"dataframe_split": frame.to_dict(orient="split", index=False)})
-        served = pd.DataFrame(answer["predictions"])
-        pd.testing.assert_frame_equal(served[expected.columns], expected, check_dtype=False)
-    finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
+    with server_helpers.background_server(command, f"http://127.0.0.1:{port}", "/ping", tmp_path / "serve.log", env) as url:
+        answer = _post(f"{url}/invocations", {"dataframe_split": frame.to_dict(orient="split", index=False)})
+    served = pd.DataFrame(answer["predictions"])
+    pd.testing.assert_frame_equal(served[expected.columns], expected, check_dtype=False)
