@@ -6,6 +6,7 @@ import struct
 
 import numpy as np
 import pytest
+from pipeline_helpers import _WORDS as TOY_WORDS
 
 from crf import CRF
 from crf.cqdb import hashlittle
@@ -22,13 +23,7 @@ from crf.persist import ModelFileError
 
 pycrfsuite = pytest.importorskip("pycrfsuite")
 
-_WORDS = {
-    "DT": ["the", "a", "this"],
-    "JJ": ["big", "old", "red", "new"],
-    "NN": ["dog", "cat", "house", "price", "man"],
-    "VB": ["runs", "sees", "buys", "likes"],
-    "IN": ["in", "on", "of"],
-}
+_WORDS = {tag: words for tag, words in TOY_WORDS.items() if tag != "."}  # the toy grammar's words
 
 
 def _sentence(rng) -> tuple[list[str], list[str], list[str]]:
