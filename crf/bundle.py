@@ -57,13 +57,23 @@ def normalize_scheme(scheme: str | None) -> str:
 @dataclass
 class Tagged:
     """Flat results over T tokens of N sentences: ``codes`` (T,) label indices, ``marginals``
-    (T,) probability of each predicted label, ``offsets`` (N + 1,), and ``segments`` (a frame
-    with sequence, start, end, type, confidence; None for scheme ``none``)."""
+    (T,) probability of each predicted label (NaN when not computed), ``offsets`` (N + 1,),
+    ``segments`` (a frame with sequence, start, end, type, confidence; None for scheme ``none``
+    or a decode-only call) and ``scores`` (N,) the model's log score of each decoded path:
+    -inf when the sentence has no path of nonzero probability under the allowed labels (an HMM
+    whose emission of a word under a fixed label is 0, contradictory masks), and then its
+    ``codes`` are meaningless (they need not even respect the masks)."""
 
     codes: np.ndarray
     marginals: np.ndarray
     offsets: np.ndarray
     segments: pd.DataFrame | None
+    scores: np.ndarray | None = None
+
+    @property
+    def possible(self) -> np.ndarray:
+        """(N,) bool: the sentence has a decoded path of nonzero probability."""
+        return np.isfinite(self.scores)
 
 
 def _groups(lengths: np.ndarray, n_states: int) -> list[tuple[int, int]]:
@@ -224,11 +234,15 @@ class TaggerBundle:
 
     # --- tagging on arrays ----------------------------------------------------------------
 
-    def tag_arrays(self, columns: Mapping[str, np.ndarray], lengths: np.ndarray, allowed: np.ndarray | None = None) -> Tagged:
+    def tag_arrays(
+        self, columns: Mapping[str, np.ndarray], lengths: np.ndarray, allowed: np.ndarray | None = None, marginals: bool = True
+    ) -> Tagged:
         """Tag sentences given as flat token columns (each (T,) strings) and ``lengths`` (N,);
         ``allowed`` (T, L) optional boolean masks of the labels each token may take. A sentence
-        the model gives probability 0 (an HMM whose training sentences all ended alike, or
-        contradictory masks) gets NaN or 0 marginals and NaN confidences."""
+        the model gives probability 0 (an HMM whose training sentences all ended alike, an HMM
+        word never seen with a fixed label, contradictory masks) gets score -inf
+        (``Tagged.possible`` False), meaningless codes, NaN or 0 marginals and NaN confidences.
+        ``marginals=False``: Viterbi only (marginals NaN, no segments)."""
         lengths = np.asarray(lengths, dtype=np.int64)
         missing = [c for c in self.input_columns if c not in columns]
         if missing:
@@ -239,20 +253,29 @@ class TaggerBundle:
             raise ValueError(f"sentence {int(np.argmax(lengths <= 0))} has no tokens")
         offsets = np.concatenate([[0], np.cumsum(lengths)])
         codes = np.empty(int(offsets[-1]), dtype=np.int64)
-        marginals = np.empty(int(offsets[-1]))
+        token_marginals = np.full(int(offsets[-1]), np.nan)
+        scores = np.empty(lengths.size)
         segments = []
-        chunked = self.scheme != "none"
+        chunked = self.scheme != "none" and marginals
         with single_threaded_blas():  # tiny (n, L) @ (L, L) products: BLAS threads only cost
             for first, last in _groups(lengths, self._n_states()):
-                self._tag_group(columns, lengths, offsets, allowed, first, last, codes, marginals, segments)
+                self._tag_group(
+                    columns, lengths, offsets, allowed, first, last, codes, token_marginals, segments, scores, marginals
+                )
+        impossible = np.flatnonzero(~np.isfinite(scores))
+        if impossible.size:
+            log.debug(
+                "%d of %d sentences have no path of nonzero probability (first: %d)", impossible.size, scores.size, impossible[0]
+            )
         frame = None
         if chunked:
             frame = pd.concat(segments, ignore_index=True)
             frame = frame.astype({"sequence": np.int64, "start": np.int64, "end": np.int64, "confidence": np.float64})
-        return Tagged(codes, marginals, offsets, frame)
+        return Tagged(codes, token_marginals, offsets, frame, scores)
 
-    def _tag_group(self, columns, lengths, offsets, allowed, first, last, codes, marginals, segments) -> None:
-        """Tag sentences ``first:last`` into ``codes``/``marginals`` (T,), appending their chunks to ``segments``."""
+    def _tag_group(self, columns, lengths, offsets, allowed, first, last, codes, marginals, segments, scores, full=True) -> None:
+        """Tag sentences ``first:last`` into ``codes``/``marginals`` (T,) and ``scores`` (N,),
+        appending their chunks to ``segments``; ``full`` False: Viterbi only."""
         L, S = len(self.labels), self._n_states()
         chunked = self.scheme != "none"
         tokens = slice(int(offsets[first]), int(offsets[last]))
@@ -262,8 +285,11 @@ class TaggerBundle:
             {c: np.asarray(columns[c])[tokens] for c in self.input_columns}, part_lengths
         )
         mask = None if allowed is None else np.tile(allowed[tokens], (1, S // L))
-        states, _ = chain.viterbi(emissions, transitions, start, end, part_lengths, allowed=mask)
+        states, scores[first:last] = chain.viterbi(emissions, transitions, start, end, part_lengths, allowed=mask)
         part_codes = states % L
+        if not full:
+            codes[tokens] = part_codes
+            return
         posterior = chain.forward_backward(
             emissions, transitions, start, end, part_lengths, keep_messages=chunked, allowed=mask, counts=False
         )
@@ -343,7 +369,9 @@ class TaggerBundle:
     def tag(self, sentences: Sequence, fixed: Sequence[Mapping[int, str] | None] | None = None) -> list[dict]:
         """Tag ``sentences`` (each a list of token dicts {column: value}, or of strings when the
         model reads one column). ``fixed``: optional per-sentence {token index: label}: decode
-        and compute marginals under those labels. Returns per sentence ``{"labels": [...],
+        and compute marginals under those labels. A sentence with no labelling of nonzero
+        probability (an HMM word never seen with its fixed label, say) gets labels None (and NaN
+        marginals), with a warning. Returns per sentence ``{"labels": [...],
         "marginals": [...], "segments": [{"start", "end", "type", "confidence"}, ...]}``
         (``segments`` only for chunk schemes). An empty sentence gets empty lists."""
         if len(sentences) == 0:
@@ -357,9 +385,16 @@ class TaggerBundle:
         if kept.size == 0:
             return out
         result = self.tag_arrays(columns, lengths[kept], allowed)
+        impossible = np.flatnonzero(~result.possible)
+        if impossible.size:
+            log.warning(
+                "%d of %d sentences have no labelling of nonzero probability%s (first: sentence %d): their labels are None",
+                impossible.size, kept.size, " under the fixed labels" if fixed is not None else "", kept[impossible[0]],
+            )  # fmt: skip
         classes = np.array(self.labels, dtype=object)
-        for i, a, b in zip(kept, offsets[kept], offsets[kept + 1]):
-            out[i]["labels"] = classes[result.codes[a:b]].tolist()
+        for j, (i, a, b) in enumerate(zip(kept, offsets[kept], offsets[kept + 1])):
+            # no labelling of nonzero probability (under the fixed labels): none is reported
+            out[i]["labels"] = classes[result.codes[a:b]].tolist() if result.possible[j] else [None] * int(b - a)
             out[i]["marginals"] = result.marginals[a:b].tolist()
         if result.segments is not None:
             for row in result.segments.itertuples(index=False):

@@ -25,9 +25,9 @@ test) and the ``{split}_unseen_*`` figures on the others. Dataset settings (the 
 - ``correction_propagation`` (default false; the anystyle dataset turns it on): for every wrong
   sequence the first wrong token is fixed to its gold label and all those sequences are re-decoded
   at once by the bundle under that constraint; ``{split}_correction_*`` metrics (errors removed
-  per fix, counts) and ``corrections_{split}.csv``. The re-decode is the bundle's full tagging
-  (Viterbi, forward-backward and chunk confidences: the bundle has no decode-only call), so for a
-  second-order HMM, wrong on most references, it dominates the stage's time.
+  per fix, counts; a fix of probability 0 under the model, an HMM word never seen with its gold
+  label, is counted apart and changes nothing) and ``corrections_{split}.csv``. The re-decode is
+  one constrained Viterbi (the bundle's decode-only call).
 """
 
 from __future__ import annotations

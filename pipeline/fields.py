@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Mapping, Sequence
 
@@ -24,6 +25,8 @@ from sklearn.metrics import average_precision_score
 
 from crf import metrics
 from crf.bundle import TaggerBundle
+
+log = logging.getLogger(__name__)
 
 # MLflow metric names: alphanumerics, underscores, dashes, periods, spaces and slashes
 _UNSAFE = re.compile(r"[^0-9A-Za-z_\-. /]")
@@ -105,8 +108,12 @@ def correction_propagation(
     its gold label, every other token any label.
 
     Returns one row per wrong sequence: ``sequence``, ``length``, ``fixed_token``, ``gold_label``,
+    ``possible`` (the model gives some labelling with the fixed label nonzero probability),
     ``errors_before`` and ``errors_after`` (wrong tokens other than the fixed one),
     ``removed`` (of those wrong before, now right) and ``introduced`` (right before, now wrong).
+    A fix the model deems impossible (an HMM that never saw the word with its gold label: every
+    path through it has probability 0, and Viterbi's labels there are arbitrary) changes
+    nothing: ``errors_after`` = ``errors_before``, ``removed`` = ``introduced`` = 0.
     """
     wrong = wrong_tokens(gold, predicted)
     lengths = np.diff(offsets)
@@ -114,9 +121,20 @@ def correction_propagation(
     fixable = wrong & (pd.Index(bundle.labels).get_indexer(pd.Series(gold, dtype=object)) >= 0)
     _, _, wrong_sequences = field_errors(fixable, offsets)
     chosen = np.flatnonzero(wrong_sequences)
-    columns_out = ["sequence", "length", "fixed_token", "gold_label", "errors_before", "errors_after", "removed", "introduced"]
+    columns_out = [
+        "sequence",
+        "length",
+        "fixed_token",
+        "gold_label",
+        "possible",
+        "errors_before",
+        "errors_after",
+        "removed",
+        "introduced",
+    ]
     if chosen.size == 0:
-        return pd.DataFrame({c: pd.Series(dtype=object if c == "gold_label" else np.int64) for c in columns_out})
+        kinds = {"gold_label": object, "possible": bool}
+        return pd.DataFrame({c: pd.Series(dtype=kinds.get(c, np.int64)) for c in columns_out})
     sub_lengths = lengths[chosen]
     sub_offsets = np.concatenate([[0], np.cumsum(sub_lengths)])
     # flat token indices of the chosen sequences, in order
@@ -130,9 +148,18 @@ def correction_propagation(
     allowed = np.ones((tokens.size, len(bundle.labels)), dtype=bool)
     allowed[first] = False
     allowed[first, [index[label] for label in gold[tokens[first]]]] = True
-    tagged = bundle.tag_arrays({c: np.asarray(columns[c])[tokens] for c in bundle.input_columns}, sub_lengths, allowed)
+    tagged = bundle.tag_arrays(
+        {c: np.asarray(columns[c])[tokens] for c in bundle.input_columns}, sub_lengths, allowed, marginals=False
+    )
     after = np.array(bundle.labels, dtype=object)[tagged.codes]
-    wrong_after = wrong_tokens(gold[tokens], after)
+    possible = tagged.possible
+    impossible = np.repeat(~possible, sub_lengths)
+    if not possible.all():
+        log.info(
+            "correction propagation: %d of %d fixes have probability 0 under the model (left unchanged)",
+            int((~possible).sum()), possible.size,
+        )  # fmt: skip
+    wrong_after = np.where(impossible, sub_wrong, wrong_tokens(gold[tokens], after))
     others = np.ones(tokens.size, dtype=bool)
     others[first] = False
 
@@ -145,6 +172,7 @@ def correction_propagation(
             "length": sub_lengths,
             "fixed_token": first - sub_offsets[:-1],
             "gold_label": gold[tokens[first]],
+            "possible": possible,
             "errors_before": per_sequence(sub_wrong),
             "errors_after": per_sequence(wrong_after),
             "removed": per_sequence(sub_wrong & ~wrong_after),
@@ -155,15 +183,18 @@ def correction_propagation(
 
 def correction_summary(split: str, table: pd.DataFrame) -> dict[str, float]:
     """``{split}_correction_*`` metrics of a :func:`correction_propagation` table: corrections
-    made, other errors before/after, errors removed and introduced, and removed per fix."""
+    made (all rows) and of probability 0 under the model (``possible`` False: nothing changed),
+    other errors before/after, errors removed and introduced, and removed per possible fix."""
     fixes = len(table)
+    possible = int(table["possible"].sum()) if "possible" in table else fixes
     removed, introduced = int(table["removed"].sum()), int(table["introduced"].sum())
     return {
         f"{split}_correction_fixes": float(fixes),
+        f"{split}_correction_impossible_fixes": float(fixes - possible),
         f"{split}_correction_other_errors_before": float(table["errors_before"].sum()),
         f"{split}_correction_other_errors_after": float(table["errors_after"].sum()),
         f"{split}_correction_errors_removed": float(removed),
         f"{split}_correction_errors_introduced": float(introduced),
-        f"{split}_correction_errors_removed_per_fix": removed / fixes if fixes else float("nan"),
+        f"{split}_correction_errors_removed_per_fix": removed / possible if possible else float("nan"),
         f"{split}_correction_sequences_fully_fixed": float((table["errors_after"] == 0).sum()),
     }

@@ -289,3 +289,76 @@ def test_closed_form_chunk_confidence_equals_the_constrained_recursion(crf_bundl
             windows.chunks["sequence"].to_numpy(), first, masks, window_offsets,
         )  # fmt: skip
         np.testing.assert_allclose(closed, recursion, atol=1e-9)
+
+
+def _best_hidden_path(model: HMMTagger, words: list[str], fixed: dict[int, str]) -> tuple[list[str], float, float]:
+    """By enumeration over the HMM's hidden label sequences whose labels agree with ``fixed``:
+    (labels of the best, its joint log probability, the runner-up's); hidden label h carries
+    label h % L, and in the second-order table index H stands for the sentence boundary."""
+    H, L, table = model.n_hidden_, len(model.classes_), model.log_transitions_
+    n, emissions = len(words), model.emissions(words)
+    paths = np.array(list(itertools.product(range(H), repeat=n)))
+    for t, label in fixed.items():
+        paths = paths[paths[:, t] % L == model.classes_.index(label)]
+    scores = emissions[np.arange(n), paths].sum(1)
+    if model.order == 2:
+        padded = np.hstack([np.full((len(paths), 2), H), paths, np.full((len(paths), 1), H)])
+        scores += table[padded[:, :-2], padded[:, 1:-1], padded[:, 2:]].sum(1)
+    else:
+        scores += table[H, paths[:, 0]] + table[paths[:, -1], H] + table[paths[:, :-1], paths[:, 1:]].sum(1)
+    order = np.argsort(scores)[::-1]
+    runner_up = scores[order[1]] if len(order) > 1 else -np.inf
+    return [model.classes_[h % L] for h in paths[order[0]]], float(scores[order[0]]), float(runner_up)
+
+
+@pytest.mark.parametrize(
+    "order, settings",
+    [
+        (2, dict(transition_smoothing="add-k", emission_smoothing="add-k", k=0.5)),
+        (2, dict()),  # TnT: a known word has probability 0 under the labels it was never seen with
+        (2, dict(capitalization=True)),  # 2L hidden labels
+        (1, dict(capitalization=True)),
+    ],
+)
+def test_hmm_fixed_labels_agree_with_enumeration(order, settings):
+    """``tag(fixed=...)`` of an HMM bundle is the best hidden path whose labels agree with the
+    fixed ones; with none of nonzero probability (a TnT known word fixed to a label it was never
+    seen with) the labels are None, not an arbitrary labelling that may break the fixed labels.
+    Fixing a token to the label it has changes nothing."""
+    rng = np.random.default_rng(order)
+    labels, vocabulary = ["A", "B", "C"], ["x", "y", "z", "w", "Xa", "Yb", "going", "played"]
+    X, y = [], []
+    for _ in range(20):
+        n = int(rng.integers(2, 6))
+        X.append([str(w) for w in rng.choice(vocabulary, n)])
+        y.append([str(t) for t in rng.choice(labels, n)])
+    model = HMMTagger(order=order, **settings).fit(X, y)
+    bundle = TaggerBundle.from_hmm(model, observation="w", scheme="none")
+    impossible = 0
+    for _ in range(60):
+        n = int(rng.integers(1, 5))
+        words = [str(w) for w in rng.choice(vocabulary + ["Unseen", "unseen"], n)]
+        chosen = rng.choice(n, size=int(rng.integers(0, n + 1)), replace=False)
+        fixed = {int(t): str(rng.choice(labels)) for t in chosen}
+        best, score, runner_up = _best_hidden_path(model, words, fixed)
+        (out,) = bundle.tag([words], fixed=[fixed])
+        if not np.isfinite(score):
+            impossible += 1
+            assert out["labels"] == [None] * n
+            continue
+        if not np.isclose(score, runner_up):  # a tie may go either way
+            assert out["labels"] == best, (words, fixed)
+        assert all(out["labels"][t] == label for t, label in fixed.items())
+        (free,) = bundle.tag([words])
+        t = int(rng.integers(n))
+        (same,) = bundle.tag([words], fixed=[{t: free["labels"][t]}])
+        assert same["labels"] == free["labels"]
+        # the decode-only call decodes alike and scores the path as the enumeration does
+        allowed = bundle._allowed([fixed], np.array([0, n]))
+        quick = bundle.tag_arrays({"w": np.array(words, dtype=object)}, np.array([n]), allowed, marginals=False)
+        assert [bundle.labels[c] for c in quick.codes] == out["labels"]
+        assert quick.scores[0] == pytest.approx(score) and quick.segments is None and np.isnan(quick.marginals).all()
+    if settings.get("emission_smoothing") == "add-k":
+        assert impossible == 0
+    elif order == 2 and not settings:
+        assert impossible > 0  # the case is exercised

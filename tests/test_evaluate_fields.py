@@ -208,3 +208,32 @@ def test_pipeline_logs_field_metrics_on_generated_references(references, model, 
     assert (evaluate_folder / "calibration_author_test.png").is_file()
     corrections = pd.read_csv(evaluate_folder / "corrections_test.csv")
     assert len(corrections) == results["evaluate.test_correction_fixes"]
+
+
+def test_correction_propagation_counts_nothing_for_a_fix_of_probability_zero():
+    """A second-order TnT HMM gives a known word probability 0 under a label it was never seen
+    with: fixing it there leaves no labelling of nonzero probability, and Viterbi's labels are
+    then arbitrary (they were counted as introduced errors). Such a fix is marked impossible and
+    changes nothing; a possible one in the same call is counted as usual."""
+    words = [["a", "b"], ["b", "a"], ["a", "a"], ["b", "b"], ["c", "c"], ["c", "c"]]
+    tags = [["B-x", "B-y"], ["B-y", "B-x"], ["B-x", "I-x"], ["B-y", "I-y"], ["B-x", "I-x"], ["B-y", "I-y"]]
+    hmm = HMMTagger(order=2).fit(words, tags)  # TnT: "a" only ever B-x/I-x, "b" only B-y/I-y
+    bundle = TaggerBundle.from_hmm(hmm, observation="w", scheme="iob2")
+    flat = np.array(["a", "b", "c", "c"], dtype=object)
+    offsets = np.array([0, 2, 4])
+    tagged = bundle.tag_arrays({"w": flat}, np.diff(offsets))
+    predicted = np.array(bundle.labels, dtype=object)[tagged.codes]
+    assert predicted[:2].tolist() == ["B-x", "B-y"]
+    gold = np.array(["B-y", "B-y", "B-y", "I-y"], dtype=object)  # "a" as B-y: impossible for the model
+    if predicted[2] == "B-y":
+        gold[2:] = ["B-x", "I-x"]
+    table = fields.correction_propagation(bundle, {"w": flat}, offsets, gold, predicted).set_index("sequence")
+    assert table.loc[0, "fixed_token"] == 0 and not table.loc[0, "possible"]
+    assert table.loc[0, ["errors_before", "errors_after", "removed", "introduced"]].tolist() == [0, 0, 0, 0]
+    # the possible fix: "c c" fixed to its gold first label decodes to the gold chunk
+    assert table.loc[1, "possible"] and table.loc[1, "fixed_token"] == 0
+    assert table.loc[1, ["errors_before", "errors_after", "removed", "introduced"]].tolist() == [1, 0, 1, 0]
+    assert bundle.tag([["a", "b"]], fixed=[{0: "B-y"}])[0]["labels"] == [None, None]
+    summary = fields.correction_summary("test", table.reset_index())
+    assert summary["test_correction_fixes"] == 2 and summary["test_correction_impossible_fixes"] == 1
+    assert summary["test_correction_errors_removed_per_fix"] == 1.0
