@@ -83,3 +83,23 @@ def sequence_slices(lengths):
     """(first, stop) token offsets of every sequence."""
     offsets = np.concatenate([[0], np.cumsum(lengths)])
     return list(zip(offsets[:-1].tolist(), offsets[1:].tolist()))
+
+
+def word_class_corpus(seed: int, n: int, n_words: int, lengths: tuple[int, int], inside_below: int, a_below: int):
+    """A learnable tagging task over words ``w0..w{n_words-1}`` as feature dicts (word and previous
+    word): words below 4 are ``O``; after a chunk, words below ``inside_below`` continue it
+    (``I-A``); otherwise words below ``a_below`` start ``B-A`` and the rest ``B-B``. Sentence
+    lengths are drawn from ``range(*lengths)``. Returns (X, y)."""
+    rng = np.random.default_rng(seed)
+    X, y = [], []
+    for _ in range(n):
+        words = [f"w{k}" for k in rng.integers(0, n_words, size=int(rng.integers(*lengths)))]
+        labels = []
+        for w in words:
+            k = int(w[1:])
+            labels.append(
+                "O" if k < 4 else "I-A" if labels and labels[-1] != "O" and k < inside_below else "B-A" if k < a_below else "B-B"
+            )
+        X.append([{"w": w, "prev": words[i - 1] if i else "<s>"} for i, w in enumerate(words)])
+        y.append(labels)
+    return X, y

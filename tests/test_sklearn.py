@@ -8,6 +8,7 @@ import pickle
 
 import numpy as np
 import pytest
+from conftest import word_class_corpus
 from scipy.stats import loguniform
 from sklearn.base import clone
 from sklearn.exceptions import NotFittedError
@@ -42,17 +43,7 @@ def weather():
 
 def corpus(seed: int, n: int = 60):
     """Sentences whose labels follow from the words and the previous label."""
-    rng = np.random.default_rng(seed)
-    X, y = [], []
-    for _ in range(n):
-        words = [f"w{k}" for k in rng.integers(0, 10, size=int(rng.integers(2, 8)))]
-        labels = []
-        for w in words:
-            k = int(w[1:])
-            labels.append("O" if k < 4 else "I-A" if labels and labels[-1] != "O" and k < 7 else "B-A" if k < 9 else "B-B")
-        X.append([{"w": w, "prev": words[i - 1] if i else "<s>"} for i, w in enumerate(words)])
-        y.append(labels)
-    return X, y
+    return word_class_corpus(seed, n, n_words=10, lengths=(2, 8), inside_below=7, a_below=9)
 
 
 @pytest.fixture(scope="module")

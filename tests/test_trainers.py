@@ -9,6 +9,7 @@ import itertools
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from conftest import word_class_corpus
 
 from crf import CRF, metrics, online, optimize
 from crf.objective import ParameterLayout
@@ -195,17 +196,7 @@ def test_l2sgd_calibration_follows_crfsuite():
 
 
 def generated_corpus(seed: int, n: int = 120):
-    rng = np.random.default_rng(seed)
-    X, y = [], []
-    for _ in range(n):
-        words = [f"w{k}" for k in rng.integers(0, 12, size=int(rng.integers(1, 9)))]
-        labels = []
-        for w in words:
-            k = int(w[1:])
-            labels.append("O" if k < 4 else "I-A" if labels and labels[-1] != "O" and k < 8 else "B-A" if k < 10 else "B-B")
-        X.append([{"w": w, "prev": words[i - 1] if i else "<s>"} for i, w in enumerate(words)])
-        y.append(labels)
-    return X, y
+    return word_class_corpus(seed, n, n_words=12, lengths=(1, 9), inside_below=8, a_below=10)
 
 
 @pytest.mark.parametrize(
