@@ -2,17 +2,9 @@
 
 from __future__ import annotations
 
+import conftest as oracle  # brute-force enumeration and random chains
 import numpy as np
 import pytest
-from conftest import (
-    enumerate_paths,
-    enumerate_second_order,
-    random_allowed,
-    random_chain,
-    random_second_order,
-    second_order_states,
-    sequence_slices,
-)
 
 from crf import chain
 
@@ -38,7 +30,7 @@ def check_kbest(labels, scores, k, lengths, enumerate_one, label_of=lambda state
     """Every sequence's k best paths and scores equal the top k of its enumerated paths; places
     beyond the number of paths have score -inf and labels -1."""
     assert labels.shape == (k, int(np.sum(lengths))) and scores.shape == (len(lengths), k)
-    for i, (a, b) in enumerate(sequence_slices(lengths)):
+    for i, (a, b) in enumerate(oracle.sequence_slices(lengths)):
         paths, all_scores = enumerate_one(a, b)
         finite = np.isfinite(all_scores)
         paths, all_scores = paths[finite], all_scores[finite]
@@ -55,14 +47,14 @@ def check_kbest(labels, scores, k, lengths, enumerate_one, label_of=lambda state
 @pytest.mark.parametrize("k", [1, 3, 7, 100])
 @pytest.mark.parametrize("seed,n_labels,lengths", CASES)
 def test_kbest_matches_enumeration(seed, n_labels, lengths, k):
-    emissions, transitions, start, end = random_chain(seed + 500, n_labels, lengths, scale=2.0)
+    emissions, transitions, start, end = oracle.random_chain(seed + 500, n_labels, lengths, scale=2.0)
     labels, scores = chain.kbest_viterbi(emissions, transitions, start, end, lengths, k)
-    check_kbest(labels, scores, k, lengths, lambda a, b: enumerate_paths(emissions[a:b], transitions, start, end))
+    check_kbest(labels, scores, k, lengths, lambda a, b: oracle.enumerate_paths(emissions[a:b], transitions, start, end))
 
 
 @pytest.mark.parametrize("seed,n_labels,lengths", CASES)
 def test_one_best_is_viterbi(seed, n_labels, lengths):
-    emissions, transitions, start, end = random_chain(seed + 600, n_labels, lengths, scale=2.0)
+    emissions, transitions, start, end = oracle.random_chain(seed + 600, n_labels, lengths, scale=2.0)
     labels, scores = chain.kbest_viterbi(emissions, transitions, start, end, lengths, 1)
     best, best_scores = chain.viterbi(emissions, transitions, start, end, lengths)
     np.testing.assert_array_equal(labels[0], best)
@@ -72,14 +64,14 @@ def test_one_best_is_viterbi(seed, n_labels, lengths):
 @pytest.mark.parametrize("seed,n_labels,lengths", CASES[1:6])
 def test_kbest_with_impossible_transitions_and_constraints(seed, n_labels, lengths):
     """-inf transitions and disallowed labels remove paths: fewer than k may remain."""
-    emissions, transitions, start, end = random_chain(seed + 700, n_labels, lengths, scale=1.5)
+    emissions, transitions, start, end = oracle.random_chain(seed + 700, n_labels, lengths, scale=1.5)
     transitions[0, 1] = -np.inf
-    allowed = random_allowed(np.random.default_rng(seed), emissions.shape[0], n_labels)
+    allowed = oracle.random_allowed(np.random.default_rng(seed), emissions.shape[0], n_labels)
     k = 40
     labels, scores = chain.kbest_viterbi(emissions, transitions, start, end, lengths, k, allowed=allowed)
 
     def allowed_paths(a, b):
-        paths, path_scores = enumerate_paths(emissions[a:b], transitions, start, end)
+        paths, path_scores = oracle.enumerate_paths(emissions[a:b], transitions, start, end)
         keep = allowed[np.arange(a, b), paths].all(axis=1)
         return paths[keep], path_scores[keep]
 
@@ -89,9 +81,9 @@ def test_kbest_with_impossible_transitions_and_constraints(seed, n_labels, lengt
 @pytest.mark.parametrize("k", [1, 4, 50])
 @pytest.mark.parametrize("seed,n_labels,lengths", [(0, 2, [1, 4, 3]), (1, 3, [5, 2, 1, 4]), (2, 4, [3, 3]), (3, 3, [6])])
 def test_second_order_kbest(seed, n_labels, lengths, k):
-    emissions, triples, first, closing = random_second_order(seed + 800, n_labels, lengths, scale=2.0)
+    emissions, triples, first, closing = oracle.random_second_order(seed + 800, n_labels, lengths, scale=2.0)
     transitions = chain.SecondOrderTransitions(triples)
-    start, end = second_order_states(triples, first, closing)
+    start, end = oracle.second_order_states(triples, first, closing)
     states, scores = chain.kbest_viterbi(transitions.state_emissions(emissions), transitions, start, end, lengths, k)
 
     def label_of(path_states):
@@ -99,16 +91,16 @@ def test_second_order_kbest(seed, n_labels, lengths, k):
         return transitions.labels_of_states(path_states)
 
     check_kbest(
-        states, scores, k, lengths, lambda a, b: enumerate_second_order(emissions[a:b], triples, first, closing), label_of
+        states, scores, k, lengths, lambda a, b: oracle.enumerate_second_order(emissions[a:b], triples, first, closing), label_of
     )
     # every kept path's pair states are consistent: state t is (label t-1, label t)
-    for a, b in sequence_slices(lengths):
+    for a, b in oracle.sequence_slices(lengths):
         for j in range(min(k, n_labels ** (b - a))):
             path = transitions.labels_of_states(states[j, a:b])
             np.testing.assert_array_equal(states[j, a:b], np.concatenate([[n_labels], path[:-1]]) * n_labels + path)
 
 
 def test_bad_k():
-    emissions, transitions, start, end = random_chain(0, 2, [3])
+    emissions, transitions, start, end = oracle.random_chain(0, 2, [3])
     with pytest.raises(ValueError, match="k must be a positive integer"):
         chain.kbest_viterbi(emissions, transitions, start, end, [3], 0)
