@@ -18,7 +18,7 @@ from typing import Any
 
 import mlflow
 import pandas as pd
-from mlflow.entities import Metric
+from mlflow.entities import Metric, Param
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline import tracking
@@ -28,7 +28,7 @@ from pipeline.logs import swept_keys
 from pipeline.models import ModelAdapter, load_adapter
 from pipeline.stage import Stage, StageContext, frozen, load_stages
 from pipeline.tracking import SWEEP_ID_VARIABLE, SWEEP_PARENT_VARIABLE
-from pipeline.validate import validate_settings
+from pipeline.validate import SettingsError, validate_settings
 
 log = logging.getLogger(__name__)
 
@@ -199,9 +199,31 @@ def register_single_run(cfg: DictConfig, model_uri: str, summary: dict[str, Any]
     log.info("registered the model as %s version %s", registry.name, version.version)
 
 
+def _record_invalid_sweep_job(cfg: DictConfig, error: Exception) -> None:
+    """A sweep job whose settings are invalid is still recorded under the sweep, as a FAILED run
+    with the reason (a single run just stops, leaving nothing behind)."""
+    parent = os.environ.get(SWEEP_PARENT_VARIABLE)
+    if not parent:
+        return
+    tracking.setup(cfg)
+    adapter = load_adapter(cfg.model)
+    tags = {**run_tags(cfg, adapter), "stage": "pipeline", "mlflow.parentRunId": parent, "crf.end_reason": str(error)[:5000]}
+    client = mlflow.tracking.MlflowClient()
+    experiment = client.get_experiment_by_name(cfg.tracking.experiment)
+    name = "-".join([str(cfg.dataset.name), tags["model"], tags["trainer"], *swept_overrides()])
+    run = client.create_run(experiment.experiment_id, run_name=name, tags=tags)
+    params = tracking.flatten(OmegaConf.to_container(cfg, resolve=True))
+    client.log_batch(run.info.run_id, params=[Param(k, v) for k, v in params.items()])
+    client.set_terminated(run.info.run_id, "FAILED")
+
+
 def run_pipeline(cfg: DictConfig) -> dict[str, Any]:
     """Run the configured stages; returns every stage's metrics, namespaced ``stage.metric``."""
-    validate_settings(cfg)  # bad settings fail before any stage runs
+    try:
+        validate_settings(cfg)  # bad settings fail before any stage runs
+    except SettingsError as err:
+        _record_invalid_sweep_job(cfg, err)
+        raise
     adapter = load_adapter(cfg.model)
     stages = load_stages()
     order = plan(stages, list(cfg.stages), adapter)

@@ -23,7 +23,7 @@ from server_helpers import mlflow_server  # noqa: E402
 
 from pipeline import remote_cache  # noqa: E402
 from pipeline.cache import StageCache  # noqa: E402
-from pipeline.runner import run_pipeline  # noqa: E402
+from pipeline.runner import VOLATILE, run_pipeline  # noqa: E402
 
 
 def test_shared_stores_are_told_from_local_ones():
@@ -158,7 +158,8 @@ def test_a_second_machine_reuses_every_stage_through_the_tracking_server(tmp_pat
             files = json.loads((a / "manifest.json").read_text())["files"]
             assert files.keys() == json.loads((b / "manifest.json").read_text())["files"].keys()
             for name in files:
-                assert _content(a / name) == _content(b / name), f"{stage}/{name}"
+                if name not in VOLATILE:  # files holding measured times (left out of downstream keys too)
+                    assert _content(a / name) == _content(b / name), f"{stage}/{name}"
         assert {k: third[k] for k in ("evaluate.dev_f1", "evaluate.test_f1")} == {
             k: first[k] for k in ("evaluate.dev_f1", "evaluate.test_f1")
         }
