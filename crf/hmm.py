@@ -43,6 +43,7 @@ from .hmm_smoothing import (
     valid_contexts,
 )
 from .lattice import lattice_edges, ngram_viterbi
+from .model import label_classes
 from .parallel import Workers, single_threaded_blas, thread_count
 from .persist import ModelFileError, arrays_to_strings, load_arrays, save_arrays, strings_to_arrays
 
@@ -156,7 +157,7 @@ class HMMTagger:
             )
         label_codes, classes = pd.factorize(pd.Series(labels, dtype=object), sort=True)
         word_codes, vocabulary = pd.factorize(pd.Series(words, dtype=object))
-        self.classes_ = [str(c) for c in classes]
+        self.classes_ = label_classes(np.asarray(classes, dtype=object))  # strings or integers, as given
         self.vocabulary_ = [str(w) for w in vocabulary]
         V = len(self.vocabulary_)
         if self.capitalization:
@@ -438,7 +439,9 @@ class HMMTagger:
         try:
             model = cls(**meta["params"])
             model._check_params()
-            model.classes_ = [str(c) for c in meta["classes"]]
+            model.classes_ = list(meta["classes"])  # strings or integers, as trained (the header is checksummed)
+            if not all(isinstance(c, (str, int)) for c in model.classes_):
+                raise ModelFileError(f"{path}: class labels must be strings or integers")
             model.vocabulary_ = arrays_to_strings(arrays["vocabulary_blob"], arrays["vocabulary_offsets"])
             L, V = model.n_hidden_, len(model.vocabulary_)
             model.log_transitions_ = arrays["log_transitions"].astype(np.float64)

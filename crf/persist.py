@@ -24,8 +24,9 @@ import numpy as np
 
 _META = "__meta__"
 FORMAT_VERSION = 2
-# version 1 (before header checksums) is still read; its header is not verified
-READABLE_VERSIONS = (1, 2)
+# version 1 had no header checksum: its class names and parameters could be edited unnoticed, so
+# it is refused (re-save such a model with the code that wrote it, or retrain)
+READABLE_VERSIONS = (2,)
 
 
 class ModelFileError(ValueError):
@@ -124,7 +125,7 @@ def load_arrays(path: str | os.PathLike, kind: str) -> tuple[dict, dict[str, np.
             f"{path}: format version {version!r} is not one this code reads (it reads versions "
             f"{', '.join(map(str, READABLE_VERSIONS))}; it writes {FORMAT_VERSION})"
         )
-    if version >= 2 and header.get("header_sha256") != _header_digest(header):
+    if header.get("header_sha256") != _header_digest(header):
         raise ModelFileError(f"{path}: the header (kind, metadata or checksums) fails its checksum (file edited or corrupted)")
     if header.get("kind") != kind:
         raise ModelFileError(f"{path}: holds a {header.get('kind')!r}, expected a {kind!r}")

@@ -254,3 +254,11 @@ def test_strings_instead_of_token_lists_and_impossible_words_are_errors():
         mle.predict([["the", "dog"], ["a", "dog"]])
     assert mle.log_likelihood([["a", "dog"]]) == -np.inf  # p(x) = 0 is the right answer there
     assert mle.predict([["the", "dog"]]) == [["D", "N"]]
+
+
+def test_integer_labels_keep_their_type_and_score(tmp_path):
+    X, y = [["a", "b"], ["b", "a", "a"]] * 5, [[1, 2], [2, 1, 1]] * 5
+    hmm = HMMTagger(order=1, transition_smoothing="add-k", emission_smoothing="add-k", k=0.1).fit(X, y)
+    assert hmm.classes_ == [1, 2] and hmm.predict(X[:1]) == [[1, 2]] and hmm.score(X, y) == 1.0
+    hmm.save(tmp_path / "hmm.npz")
+    assert HMMTagger.load(tmp_path / "hmm.npz").predict(X[:1]) == [[1, 2]]

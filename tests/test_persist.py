@@ -86,3 +86,18 @@ def test_edited_array_and_wrong_kind_and_non_archive(tmp_path):
     with pytest.raises(ModelFileError, match="unreadable or truncated"):
         load_arrays(truncated, KIND)
     assert zipfile.is_zipfile(path)
+
+
+def test_a_version_1_header_without_its_checksum_is_refused(tmp_path):
+    """Claiming the old format must not skip the header check (edited class names would load)."""
+    path = tmp_path / "m.npz"
+    _write(path)
+
+    def downgrade(header):
+        header["format_version"] = 1
+        del header["header_sha256"]
+        header["meta"]["classes"].reverse()
+
+    _rewrite_header(path, downgrade)
+    with pytest.raises(ModelFileError, match="format version 1 is not one this code reads"):
+        load_arrays(path, KIND)
