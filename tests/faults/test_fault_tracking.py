@@ -84,7 +84,8 @@ def _runs(out: Path) -> pd.DataFrame:
 
 
 def _wait_for_training(process: subprocess.Popen, out: Path, timeout: float = TIMEOUT) -> None:
-    """Return once the train stage's run is RUNNING in the store (and has had a moment to start)."""
+    """Return once the train stage's run is RUNNING in the store and its cache entry is being
+    built (its temporary folder exists), then give it a moment."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         assert process.poll() is None, process.communicate()[0]
@@ -94,6 +95,7 @@ def _wait_for_training(process: subprocess.Popen, out: Path, timeout: float = TI
                 not runs.empty
                 and "tags.stage" in runs
                 and ((runs["tags.stage"] == "train") & (runs["status"] == "RUNNING")).any()
+                and _temporary_folders(out)
             ):
                 time.sleep(1.0)
                 return
