@@ -81,7 +81,11 @@ def confidence_average_precision(segments: pd.DataFrame, field: str) -> float:
     correct = chosen["correct"].to_numpy(dtype=bool)
     if correct.size == 0 or not correct.any():
         return float("nan")
-    return float(average_precision_score(correct, chosen["confidence"].to_numpy(dtype=np.float64)))
+    confidence = chosen["confidence"].to_numpy(dtype=np.float64)
+    if not np.isfinite(confidence).all():  # a sentence of probability 0 under the model has no confidences
+        bad = int((~np.isfinite(confidence)).sum())
+        raise ValueError(f"{bad} predicted {field!r} segments have no finite confidence (sentences of probability 0)")
+    return float(average_precision_score(correct, confidence))
 
 
 def seen_sequences(sequences: Sequence[Sequence[tuple]], known: Sequence[Sequence[tuple]]) -> np.ndarray:

@@ -237,3 +237,9 @@ def test_correction_propagation_counts_nothing_for_a_fix_of_probability_zero():
     summary = fields.correction_summary("test", table.reset_index())
     assert summary["test_correction_fixes"] == 2 and summary["test_correction_impossible_fixes"] == 1
     assert summary["test_correction_errors_removed_per_fix"] == 1.0
+
+
+def test_confidence_ap_refuses_segments_without_a_confidence():
+    segments = pd.DataFrame({"type": ["author", "author"], "confidence": [0.9, np.nan], "correct": [True, False]})
+    with pytest.raises(ValueError, match="1 predicted 'author' segments have no finite confidence"):
+        fields.confidence_average_precision(segments, "author")
