@@ -96,10 +96,10 @@ class Progress:
         eta = "?" if left is None else f"~{left:.0f}s"
         dev = "".join(f" {k}={row[k]:.2f}" for k in ("dev_accuracy", "dev_f1") if k in row)
         log.info(
-            "iter %4d  loss %14.4f  |g| %10.4g  active %8d  %7.1fs  left %s%s",
+            "iter %4d  loss %14.4f  |g| %10s  active %8d  %7.1fs  left %s%s",
             info.iteration,
             info.loss,
-            info.gradient_norm,
+            f"{info.gradient_norm:.4g}" if np.isfinite(info.gradient_norm) else "-",  # SGD computes none
             info.active_features,
             info.elapsed,
             eta,

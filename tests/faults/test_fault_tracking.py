@@ -25,8 +25,9 @@ from pipeline.lifecycle import END_REASON_TAG, OWNER_TAG, owner_gone, owner_tags
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 240  # seconds for one pipeline process
-# training that lasts long enough to be killed: SGD epochs with a stopping rule that never fires
-ENDLESS = ["trainer=sgd", "trainer.max_iterations=1000000", "trainer.delta=0", "train.dev_every=0"]
+# training that lasts long enough to be killed: SGD epochs whose stopping rule never fires (the
+# loss-improvement rule looks back `period` epochs; delta=0 alone still stops once SGD's loss wobbles up)
+ENDLESS = ["trainer=sgd", "trainer.max_iterations=1000000", "trainer.period=1000000", "train.dev_every=0"]
 
 
 @pytest.fixture(scope="module")
