@@ -4,6 +4,8 @@ as the bundle, the evaluate stage's test F1 reproduced; the run's dataset input 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -138,3 +140,24 @@ def test_cached_stage_runs_point_at_the_run_that_computed_them(logged):
         assert not client.list_artifacts(run.info.run_id), name  # nothing uploaded twice
     # the model is not logged again: the cached run links the first run's model
     assert latest.data.tags["model_uri"] == stages["train"].data.tags["model_uri"] == first.data.tags["model_uri"]
+
+
+def test_model_benchmark_measures_the_logged_model_and_reproduces_its_score(logged):
+    _, client, parent, _, cfg = logged
+    root = Path(__file__).resolve().parents[1]
+    overrides = tiny_overrides(Path(cfg.data.root), Path(cfg.paths.output_dir))
+    overrides = [o for o in overrides if not o.startswith(("trainer.", "train."))]  # the benchmark trains nothing
+    command = [sys.executable, "-m", "pipeline.model_benchmark", *overrides, "model_benchmark.repetitions=2"]
+    command.append(f"model_benchmark.model={parent.data.tags['model_uri']}")
+    command.append(f"hydra.run.dir={Path(cfg.paths.output_dir) / 'hydra-model-benchmark'}")
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    done = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    experiment = client.get_experiment_by_name("crf").experiment_id
+    (run,) = client.search_runs([experiment], filter_string="tags.stage = 'model_benchmark'")
+    assert run.data.metrics["pyfunc_score"] == parent.data.metrics["test_f1"]
+    assert run.data.metrics["pyfunc_tokens_per_second"] > 0
+    assert {a.path for a in client.list_artifacts(run.info.run_id)} == {"model_benchmark.csv", "model_benchmark.md"}
+
+    missing = subprocess.run(command[:-2], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert missing.returncode != 0 and "say which model to measure" in missing.stderr
