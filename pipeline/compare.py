@@ -28,6 +28,7 @@ import pandas as pd
 from mlflow.tracking import MlflowClient
 
 from crf import metrics
+from pipeline import tracking
 from pipeline.report import figure, markdown_table, save_figure
 
 log = logging.getLogger(__name__)
@@ -74,10 +75,14 @@ def test_predictions(run_id: str, experiment: str) -> pd.DataFrame:
     )
     if stages.empty:
         raise RuntimeError(f"pipeline run {run_id} has no evaluate stage run")
+    stage = stages.iloc[0]
+    # a stage run served from the cache holds no files of its own: they are on the run that computed them
+    source = stage.get(f"tags.{tracking.CACHE_SOURCE_TAG}")
+    holder = source if isinstance(source, str) and source else stage["run_id"]
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     with tempfile.TemporaryDirectory() as folder:
         path = mlflow.artifacts.download_artifacts(
-            run_id=stages["run_id"].iloc[0], artifact_path="evaluate/predictions_test.tsv.gz", dst_path=folder
+            run_id=holder, artifact_path="evaluate/predictions_test.tsv.gz", dst_path=folder
         )
         return pd.read_csv(path, sep="\t", keep_default_na=False, na_values=[])
 

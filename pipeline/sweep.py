@@ -29,6 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipeline import tracking
 from pipeline.cluster import job_environment, pass_to_jobs
+from pipeline.lifecycle import END_REASON_TAG
 from pipeline.report import figure, markdown_table, save_figure
 from pipeline.tracking import SWEEP_ID_VARIABLE, SWEEP_PARENT_VARIABLE
 
@@ -229,6 +230,11 @@ class SweepTracking(Callback):
                 table = summarize(self.sweep_id, self.parent_run_id, self.experiment, self.registry)
             if status == "FINISHED" and not table.empty and (table.status == "FAILED").any():
                 status = "FAILED"
+        except Exception as error:  # the jobs' runs stand, but the sweep's summary is missing: say so on the run
+            status = "FAILED"
+            log.error("[sweep %s] the sweep's summary failed: %s", self.sweep_id, error)
+            MlflowClient().set_tag(self.parent_run_id, END_REASON_TAG, f"summary failed: {type(error).__name__}: {error}"[:5000])
+            raise
         finally:
             MlflowClient().set_terminated(self.parent_run_id, status)
             os.environ.pop(SWEEP_PARENT_VARIABLE, None)

@@ -7,15 +7,19 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
+import mlflow  # noqa: E402
 import server_helpers  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 from pipeline_helpers import compose_config, tiny_overrides, write_corpus  # noqa: E402
 
+from pipeline import compare  # noqa: E402
 from pipeline.runner import run_pipeline  # noqa: E402
+from pipeline.tracking import CACHE_SOURCE_TAG  # noqa: E402
 
 PROJECT = Path(__file__).resolve().parents[1]
 
@@ -150,3 +154,49 @@ def test_hmm_versus_crf_comparison_end_to_end(tmp_path):
         "bootstrap.csv",
     } <= artifacts
     assert "HMM versus CRF" in done.stdout and sweep.info.status == "FINISHED"
+
+
+def test_comparison_reads_a_cached_evaluate_stage_from_the_run_that_computed_it(tmp_path, monkeypatch):
+    """A job whose evaluate stage came from the cache logs no files of its own; the comparison must
+    fetch its test predictions from the run named by its cache-source tag (it failed on AnyStyle)."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    mlflow.set_experiment("compare")
+    predictions = tmp_path / "predictions_test.tsv.gz"
+    pd.DataFrame({"sentence": [0, 0], "token": [0, 1], "gold": ["B-NP", "O"], "predicted": ["B-NP", "O"]}).to_csv(
+        predictions, sep="\t", index=False
+    )
+    with mlflow.start_run() as first:
+        with mlflow.start_run(nested=True, tags={"stage": "evaluate"}) as computed:
+            mlflow.log_artifact(str(predictions), artifact_path="evaluate")
+    with mlflow.start_run() as second:
+        with mlflow.start_run(nested=True, tags={"stage": "evaluate", CACHE_SOURCE_TAG: computed.info.run_id}):
+            pass
+    for run in (first, second):
+        frame = compare.test_predictions(run.info.run_id, "compare")
+        assert frame["predicted"].tolist() == ["B-NP", "O"]
+
+
+def test_a_sweep_whose_summary_fails_ends_failed_with_the_reason(tmp_path, monkeypatch):
+    """The jobs' runs stand, but a sweep parent run without its summary must not read FINISHED."""
+    from pipeline.lifecycle import END_REASON_TAG
+    from pipeline.sweep import SweepTracking
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = mlflow.set_experiment("sweeps")
+    client = MlflowClient()
+    parent = client.create_run(experiment.experiment_id, tags={"stage": "sweep"})
+
+    def broken_summary(*args):
+        raise RuntimeError("no predictions to compare")
+
+    monkeypatch.setattr(compare, "summarize", broken_summary)
+    callback = SweepTracking()
+    callback.parent_run_id, callback.sweep_id, callback.experiment = parent.info.run_id, "s1", "sweeps"
+    callback.comparison = {"bootstrap_samples": 10}
+    with pytest.raises(RuntimeError, match="no predictions"):
+        callback.on_multirun_end(config=None)
+    run = client.get_run(parent.info.run_id)
+    assert run.info.status == "FAILED"
+    assert run.data.tags[END_REASON_TAG] == "summary failed: RuntimeError: no predictions to compare"
