@@ -243,3 +243,32 @@ def test_confidence_ap_refuses_segments_without_a_confidence():
     segments = pd.DataFrame({"type": ["author", "author"], "confidence": [0.9, np.nan], "correct": [True, False]})
     with pytest.raises(ValueError, match="1 predicted 'author' segments have no finite confidence"):
         fields.confidence_average_precision(segments, "author")
+
+
+def test_decoding_check_accepts_ties_and_stops_on_a_worse_path(caplog):
+    """Where the tagger's labels differ from the bundle's, an equal-score path is a tie; a
+    lower-score path means a wrong decoder and must stop the evaluation."""
+    import logging
+
+    from crf import HMMTagger
+    from crf.bundle import TaggerBundle
+    from pipeline.evaluate import check_same_decoding
+
+    # "x" is seen once as A and once as B in the same context: the two one-token paths tie
+    words = [["x"], ["x"], ["y", "x"], ["y", "x"]]
+    tags = [["A"], ["B"], ["C", "A"], ["C", "B"]]
+    model = HMMTagger(order=1, transition_smoothing="add-k", emission_smoothing="add-k").fit(words, tags)
+    bundle = TaggerBundle.from_hmm(model, observation="w", scheme="none")
+    columns = {"w": np.array(["x", "y", "x"], dtype=object)}
+    tagged = bundle.tag_arrays(columns, np.array([1, 2]), marginals=False)
+    labels = np.array(bundle.labels, dtype=object)[tagged.codes]
+    check_same_decoding("test", bundle, columns, tagged, labels)  # the same labels: nothing to say
+    tied = labels.copy()
+    tied[0] = "B" if labels[0] == "A" else "A"
+    with caplog.at_level(logging.INFO, logger="pipeline.evaluate"):
+        check_same_decoding("test", bundle, columns, tagged, tied)
+    assert "same score" in caplog.text
+    worse = labels.copy()
+    worse[1] = "A"  # "y" was only ever C
+    with pytest.raises(RuntimeError, match="a decoder is wrong"):
+        check_same_decoding("test", bundle, columns, tagged, worse)
