@@ -1,5 +1,6 @@
 """How fast a logged tagger answers on the paths its users take:
-``python -m pipeline.model_benchmark model=<runs:/...|models:/...>`` (config ``conf/model_benchmark.yaml``).
+``python -m pipeline.model_benchmark model_benchmark.model=<runs:/...|models:/...>`` (config
+``conf/model_benchmark.yaml``).
 
 The dataset's test split is turned into the pyfunc model's long DataFrame (one row per token: a
 ``sentence`` id and the model's input columns) and tagged
@@ -14,7 +15,8 @@ seconds, tokens per wall second, tokens per CPU second of this process (for ``se
 server works in another process, so only wall time counts) and the score of the predictions
 against the gold labels (chunk F1 for chunk schemes, else token accuracy), next to the
 ``test_f1``/``test_accuracy`` the model's pipeline run logged when there is one: the two must be
-equal. Logged to the console and to MLflow (``model_benchmark.csv``, ``model_benchmark.md``).
+equal, and the benchmark fails (after logging its table) when they are not. Logged to the
+console and to MLflow (``model_benchmark.csv``, ``model_benchmark.md``, tag ``same_as_logged``).
 """
 
 from __future__ import annotations
@@ -46,6 +48,9 @@ from pipeline.mlflow_model import SENTENCE
 from pipeline.report import markdown_table
 
 log = logging.getLogger(__name__)
+
+# requests to the server on 127.0.0.1 never go through an HTTP proxy from the environment
+LOCAL = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def long_frame(columns: dict[str, list[list[str]]]) -> pd.DataFrame:
@@ -85,20 +90,27 @@ def served(model_uri: str, timeout: float) -> Iterator[str]:
             deadline = time.monotonic() + timeout
             while True:
                 with contextlib.suppress(OSError):
-                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=2) as response:
+                    with LOCAL.open(f"http://127.0.0.1:{port}/ping", timeout=2) as response:
                         if response.status == 200:
                             break
                 if process.poll() is not None or time.monotonic() > deadline:
                     output.seek(0)
-                    raise RuntimeError(f"mlflow models serve did not start within {timeout:.0f} s:\n{output.read()[-3000:]}")
+                    why = (
+                        f"exited with code {process.returncode}"
+                        if process.poll() is not None
+                        else f"did not answer in {timeout:.0f} s"
+                    )
+                    raise RuntimeError(f"mlflow models serve {why}:\n{output.read()[-3000:]}")
                 time.sleep(0.5)
             yield f"http://127.0.0.1:{port}/invocations"
         finally:
-            os.killpg(process.pid, signal.SIGTERM)
+            with contextlib.suppress(ProcessLookupError):  # the server may have exited already
+                os.killpg(process.pid, signal.SIGTERM)
             try:
                 process.wait(timeout=20)
             except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
 
 
@@ -106,7 +118,7 @@ def post_frame(url: str, frame: pd.DataFrame) -> pd.DataFrame:
     """``frame`` as a ``dataframe_split`` request to ``url``; the answer's predictions as a frame."""
     body = json.dumps({"dataframe_split": frame.to_dict(orient="split", index=False)}).encode()
     request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=600) as response:
+    with LOCAL.open(request, timeout=600) as response:
         return pd.DataFrame(json.loads(response.read())["predictions"])
 
 
@@ -205,6 +217,13 @@ def main(cfg: DictConfig) -> None:
             (folder / "model_benchmark.md").write_text(text)
             for path in folder.iterdir():
                 mlflow.log_artifact(str(path))
+        mismatched = [row["path"] for row in rows if row["same_as_logged"] is False]
+        mlflow.set_tag("same_as_logged", "unknown" if not np.isfinite(logged) else str(not mismatched).lower())
+    if mismatched:
+        raise RuntimeError(
+            f"the predictions through {', '.join(mismatched)} do not reproduce the score the model's run logged ({logged!r}): "
+            f"is dataset={cfg.dataset.name} the model's dataset?"
+        )
 
 
 if __name__ == "__main__":

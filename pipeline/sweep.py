@@ -233,7 +233,12 @@ class SweepTracking(Callback):
         except Exception as error:  # the jobs' runs stand, but the sweep's summary is missing: say so on the run
             status = "FAILED"
             log.error("[sweep %s] the sweep's summary failed: %s", self.sweep_id, error)
-            MlflowClient().set_tag(self.parent_run_id, END_REASON_TAG, f"summary failed: {type(error).__name__}: {error}"[:5000])
+            try:  # the store may be what failed: never let this hide the summary's own error
+                MlflowClient().set_tag(
+                    self.parent_run_id, END_REASON_TAG, f"summary failed: {type(error).__name__}: {error}"[:5000]
+                )
+            except Exception as tagging:
+                log.error("[sweep %s] could not tag the parent run: %s", self.sweep_id, tagging)
             raise
         finally:
             MlflowClient().set_terminated(self.parent_run_id, status)

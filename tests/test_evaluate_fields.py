@@ -245,7 +245,8 @@ def test_confidence_ap_refuses_segments_without_a_confidence():
         fields.confidence_average_precision(segments, "author")
 
 
-def test_decoding_check_accepts_ties_and_stops_on_a_worse_path(caplog):
+@pytest.mark.parametrize("order", [1, 2])
+def test_decoding_check_accepts_ties_and_stops_on_a_worse_path(caplog, order):
     """Where the tagger's labels differ from the bundle's, an equal-score path is a tie; a
     lower-score path means a wrong decoder and must stop the evaluation."""
     import logging
@@ -257,7 +258,7 @@ def test_decoding_check_accepts_ties_and_stops_on_a_worse_path(caplog):
     # "x" is seen once as A and once as B in the same context: the two one-token paths tie
     words = [["x"], ["x"], ["y", "x"], ["y", "x"]]
     tags = [["A"], ["B"], ["C", "A"], ["C", "B"]]
-    model = HMMTagger(order=1, transition_smoothing="add-k", emission_smoothing="add-k").fit(words, tags)
+    model = HMMTagger(order=order, transition_smoothing="add-k", emission_smoothing="add-k").fit(words, tags)
     bundle = TaggerBundle.from_hmm(model, observation="w", scheme="none")
     columns = {"w": np.array(["x", "y", "x"], dtype=object)}
     tagged = bundle.tag_arrays(columns, np.array([1, 2]), marginals=False)

@@ -3,6 +3,7 @@ as the bundle, the evaluate stage's test F1 reproduced; the run's dataset input 
 
 from __future__ import annotations
 
+import gzip
 import os
 import subprocess
 import sys
@@ -148,6 +149,7 @@ def test_model_benchmark_measures_the_logged_model_and_reproduces_its_score(logg
     overrides = tiny_overrides(Path(cfg.data.root), Path(cfg.paths.output_dir))
     overrides = [o for o in overrides if not o.startswith(("trainer.", "train."))]  # the benchmark trains nothing
     command = [sys.executable, "-m", "pipeline.model_benchmark", *overrides, "model_benchmark.repetitions=2"]
+    command.append("model_benchmark.served=true")
     command.append(f"model_benchmark.model={parent.data.tags['model_uri']}")
     command.append(f"hydra.run.dir={Path(cfg.paths.output_dir) / 'hydra-model-benchmark'}")
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
@@ -155,9 +157,20 @@ def test_model_benchmark_measures_the_logged_model_and_reproduces_its_score(logg
     assert done.returncode == 0, done.stdout + done.stderr
     experiment = client.get_experiment_by_name("crf").experiment_id
     (run,) = client.search_runs([experiment], filter_string="tags.stage = 'model_benchmark'")
-    assert run.data.metrics["pyfunc_score"] == parent.data.metrics["test_f1"]
+    assert run.data.metrics["pyfunc_score"] == run.data.metrics["served_score"] == parent.data.metrics["test_f1"]
+    assert run.data.tags["same_as_logged"] == "true"
     assert run.data.metrics["pyfunc_tokens_per_second"] > 0
     assert {a.path for a in client.list_artifacts(run.info.run_id)} == {"model_benchmark.csv", "model_benchmark.md"}
 
     missing = subprocess.run(command[:-2], cwd=root, env=env, capture_output=True, text=True, timeout=300)
     assert missing.returncode != 0 and "say which model to measure" in missing.stderr
+    # scored against other gold labels than the model's run saw: the benchmark must refuse the figures
+    test_file = Path(cfg.data.root) / cfg.dataset.files.test.path
+    relabelled = test_file.with_name("relabelled.txt.gz")
+    lines = gzip.open(test_file, "rt").read().splitlines()
+    text = "\n".join(" ".join(line.split()[:-1] + ["O"]) if line.strip() else "" for line in lines) + "\n"
+    with gzip.open(relabelled, "wt") as stream:
+        stream.write(text)
+    other = [*command[:-1], f"dataset.files.test.path={relabelled.relative_to(cfg.data.root)}", "model_benchmark.served=false"]
+    mismatched = subprocess.run(other, cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert mismatched.returncode != 0 and "do not reproduce the score" in mismatched.stderr
