@@ -143,6 +143,7 @@ def test_cached_stage_runs_point_at_the_run_that_computed_them(logged):
     assert latest.data.tags["model_uri"] == stages["train"].data.tags["model_uri"] == first.data.tags["model_uri"]
 
 
+@pytest.mark.slow  # starts `mlflow models serve`
 def test_model_benchmark_measures_the_logged_model_and_reproduces_its_score(logged):
     _, client, parent, _, cfg = logged
     root = Path(__file__).resolve().parents[1]
