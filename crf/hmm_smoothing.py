@@ -216,9 +216,12 @@ def emission_arrays(log_emissions: np.ndarray, suffix_model: SuffixModel | None)
     arrays = {"unknown_emissions": log_emissions[-1]} | sparse_rows(known, np.isfinite(known), "known_emissions")
     if suffix_model is not None:
         arrays["suffix_blob"], arrays["suffix_offsets"] = strings_to_arrays(suffix_model.keys)
-        counts = suffix_model.counts.toarray()
-        arrays |= sparse_rows(counts, counts != 0, "suffix_counts")
-        arrays["label_probabilities"] = suffix_model.label_probabilities
+        if suffix_model.counts is None:  # read from an older dense file: keep its probabilities as they are
+            arrays["suffix_log_probabilities"] = suffix_model.log_probabilities
+        else:
+            counts = suffix_model.counts.toarray()
+            arrays |= sparse_rows(counts, counts != 0, "suffix_counts")
+            arrays["label_probabilities"] = suffix_model.label_probabilities
     return arrays
 
 

@@ -171,7 +171,7 @@ class StateFeatures:
         W = part.shared_weights(theta_state) if shared_weights is None else shared_weights
         out = np.asarray(self.X_shared @ W) if W.shape[0] else np.zeros((self.n_tokens, part.n_labels))
         if part.n_local:
-            out.ravel()[:] += self.local @ theta_state[part.local_positions]
+            out += (self.local @ theta_state[part.local_positions]).reshape(out.shape)
         return out
 
     def gradient(self, P: np.ndarray) -> np.ndarray:

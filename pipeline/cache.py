@@ -301,18 +301,20 @@ class StageCache:
                     removed.append(path)
         return removed
 
-    def lookup(self, stage: str, key: str) -> Path | None:
+    def lookup(self, stage: str, key: str, remote: bool = True) -> Path | None:
         """The finished entry for ``key`` after checking it against its manifest, or None. A bad entry
-        is logged, set aside (:meth:`set_aside`) and reported as a miss."""
+        is logged, set aside (:meth:`set_aside`) and reported as a miss. ``remote``: on a local miss,
+        ask the remote store (if any)."""
+        fetch = self._fetch if remote else lambda stage, key: None
         path = self.path(stage, key)
         if not os.path.lexists(path):
-            return self._fetch(stage, key)
+            return fetch(stage, key)
         started = time.perf_counter()
         try:
             check_entry(path, stage, key)
         except CacheEntryError as error:
             self.set_aside(stage, key, str(error))
-            return self._fetch(stage, key)
+            return fetch(stage, key)
         except FileNotFoundError:  # replaced by a concurrent ``force`` run while being read: a miss
             return None
         log.debug("cache: %s/%s verified in %.3f s", stage, key[:12], time.perf_counter() - started)
@@ -394,7 +396,8 @@ class StageCache:
                     os.rename(temporary, final)
                     break
                 except OSError:
-                    if self.lookup(stage, key) is not None:  # a concurrent twin published a good entry
+                    # a concurrent twin published a good entry here (never fetch mid-build: ours is made)
+                    if self.lookup(stage, key, remote=False) is not None:
                         shutil.rmtree(temporary, ignore_errors=True)
                         break
                     if attempt or os.path.lexists(final):  # lookup could not set the entry in the way aside

@@ -69,7 +69,8 @@ def _score(gold: list[list[str]], labels: list[str], chunked: bool) -> float:
     return metrics.chunk_scores(gold, predicted).f1 if chunked else metrics.token_accuracy(gold, predicted)
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (the tests' servers use it too)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -79,7 +80,7 @@ def _free_port() -> int:
 def served(model_uri: str, timeout: float) -> Iterator[str]:
     """``mlflow models serve`` of ``model_uri`` on a free 127.0.0.1 port from this environment; its
     ``/invocations`` URL once ``/ping`` answers. The server's process group is stopped afterwards."""
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow.get_tracking_uri(), "MLFLOW_DISABLE_TELEMETRY": "true"}
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     command = [sys.executable, "-m", "mlflow", "models", "serve", "-m", model_uri, "--env-manager", "local"]

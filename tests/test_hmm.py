@@ -262,3 +262,18 @@ def test_integer_labels_keep_their_type_and_score(tmp_path):
     assert hmm.classes_ == [1, 2] and hmm.predict(X[:1]) == [[1, 2]] and hmm.score(X, y) == 1.0
     hmm.save(tmp_path / "hmm.npz")
     assert HMMTagger.load(tmp_path / "hmm.npz").predict(X[:1]) == [[1, 2]]
+
+
+def test_a_model_whose_suffix_table_has_no_counts_saves_and_loads(tmp_path):
+    """Models read from older dense files carry suffix probabilities without the counts behind them;
+    saving one again must keep those probabilities (it raised AttributeError)."""
+    import dataclasses
+
+    words = [["The", "dog", "barks"], ["A", "cat", "sleeps"], ["The", "cat", "barks"]]
+    tags = [["DT", "NN", "VB"], ["DT", "NN", "VB"], ["DT", "NN", "VB"]]
+    model = HMMTagger(order=2).fit(words, tags)
+    model.suffix_model_ = dataclasses.replace(model.suffix_model_, counts=None)
+    model.save(tmp_path / "dense.npz")
+    loaded = HMMTagger.load(tmp_path / "dense.npz")
+    np.testing.assert_array_equal(loaded.suffix_model_.log_probabilities, model.suffix_model_.log_probabilities)
+    assert loaded.predict([["The", "dog", "sleeps"]]) == model.predict([["The", "dog", "sleeps"]]) == [["DT", "NN", "VB"]]
