@@ -100,8 +100,11 @@ def interpolated_log_probabilities(counts: np.ndarray, weights: np.ndarray, vali
         with np.errstate(divide="ignore", invalid="ignore"):
             estimate = np.where(context > 0, ngram / np.where(context > 0, context, 1.0), 0.0)
         mixed += weights[n - 1] * estimate.reshape((1,) * (order + 1 - n) + estimate.shape)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        out = np.log(mixed / mixed.sum(axis=-1, keepdims=True))
+    total = mixed.sum(axis=-1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        # a context no order gives any mass (unseen, with zero weight on the orders that saw its
+        # suffix: tiny, deterministic data) has probability 0 for every next label, not 0/0 = NaN
+        out = np.where(total > 0, np.log(mixed / np.where(total > 0, total, 1.0)), -np.inf)
     out[~valid_rows] = -np.inf
     return out
 

@@ -277,3 +277,14 @@ def test_a_model_whose_suffix_table_has_no_counts_saves_and_loads(tmp_path):
     loaded = HMMTagger.load(tmp_path / "dense.npz")
     np.testing.assert_array_equal(loaded.suffix_model_.log_probabilities, model.suffix_model_.log_probabilities)
     assert loaded.predict([["The", "dog", "sleeps"]]) == model.predict([["The", "dog", "sleeps"]]) == [["DT", "NN", "VB"]]
+
+
+def test_interpolation_with_all_weight_on_trigrams_has_no_nan_and_decodes():
+    """Deterministic tiny data put every interpolation weight on the trigrams; unseen contexts then
+    have probability 0 for every label (they were 0/0 = NaN, which crashed the lattice decoder)."""
+    words = [["The", "dog", "barks"], ["A", "cat", "sleeps"], ["The", "cat", "barks"]]
+    tags = [["DT", "NN", "VB"]] * 3
+    model = HMMTagger(order=2).fit(words, tags)
+    assert model.interpolation_weights_[-1] == 1.0
+    assert not np.isnan(model.log_transitions_).any()
+    assert model.predict([["A", "wolf", "howls"]]) == [["DT", "NN", "VB"]]
