@@ -9,8 +9,10 @@ checked before any work starts, so an unreachable server fails at once.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import subprocess
+import time
 import urllib.error
 import urllib.request
 import warnings
@@ -30,6 +32,8 @@ from mlflow.types import ColSpec, Schema  # noqa: E402
 
 from pipeline import lifecycle  # noqa: E402
 from pipeline.models import SWEEP_ID_VARIABLE  # noqa: E402
+
+log = logging.getLogger(__name__)
 
 # how a sweep's launching process tells its jobs (in other processes) where to attach their runs
 SWEEP_PARENT_VARIABLE = "CRF_SWEEP_PARENT_RUN_ID"
@@ -150,6 +154,7 @@ MODEL_NAME = "model"  # the logged model's name inside its run
 MODEL_URI_TAG = "model_uri"
 CACHE_SOURCE_TAG = "cache_source_run_id"
 DIGEST_CHARS = 36  # the longest dataset digest MLflow stores
+LOG_INPUT_ATTEMPTS = 3
 
 
 def tagger_signature(input_columns: Sequence[str], chunked: bool) -> ModelSignature:
@@ -216,7 +221,18 @@ def log_dataset(name: str, files: Mapping[str, Path], file_hashes: Mapping[str, 
         warnings.simplefilter("ignore", UserWarning)
         source = resolve_dataset_source(where.as_uri())
     dataset = MetaDataset(source, name=name, digest=digest[:DIGEST_CHARS])
-    mlflow.log_input(dataset, context="training", tags={"sha256": digest})
+    # MLflow looks the dataset up and then inserts it: two sweep jobs logging the same dataset at
+    # the same moment both insert, and the store's unique key (experiment, name, digest) fails the
+    # second. Its transaction is rolled back, so logging again finds the first job's row.
+    for attempt in range(LOG_INPUT_ATTEMPTS):
+        try:
+            mlflow.log_input(dataset, context="training", tags={"sha256": digest})
+            return
+        except mlflow.exceptions.MlflowException as error:
+            if attempt == LOG_INPUT_ATTEMPTS - 1:
+                raise
+            log.info("logging the dataset input failed (%s); trying again", str(error).splitlines()[0][:200])
+            time.sleep(0.2 * (attempt + 1))
 
 
 def register_model(model_uri: str, name: str, alias: str | None, tags: Mapping[str, Any]) -> Any:

@@ -108,6 +108,14 @@ def _job_folders(out: Path) -> tuple[dict, list[dict]]:
     return launcher, jobs
 
 
+def _explain(out: Path, jobs: list) -> str:
+    """Each job run's status and end reason, and the tail of every job's log: what a failure needs."""
+    lines = [f"{j.info.run_name}: {j.info.status} {j.data.tags.get('crf.end_reason', '')}" for j in jobs]
+    for log in sorted((out / "hydra" / "multirun").glob("*/*/pipeline.log")):
+        lines += [f"--- {log.parent.name}/{log.name}", *log.read_text(errors="replace").splitlines()[-15:]]
+    return "\n".join(lines)
+
+
 def _check_sweep_runs(out: Path, n_jobs: int, finished: int | None = None) -> tuple:
     client = MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("crf")
@@ -117,7 +125,7 @@ def _check_sweep_runs(out: Path, n_jobs: int, finished: int | None = None) -> tu
     assert len(jobs) == n_jobs
     assert all(j.data.tags["mlflow.parentRunId"] == sweep.info.run_id for j in jobs)
     assert all(j.data.tags["sweep_id"] == sweep.data.tags["sweep_id"] for j in jobs)
-    assert sum(j.info.status == "FINISHED" for j in jobs) == finished
+    assert sum(j.info.status == "FINISHED" for j in jobs) == finished, _explain(out, jobs)
     assert sweep.data.metrics["jobs_finished"] == finished and "best_test_score" in sweep.data.metrics
     assert "sweep_summary.csv" in {a.path for a in client.list_artifacts(sweep.info.run_id)}
     return sweep, jobs
