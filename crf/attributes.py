@@ -23,8 +23,9 @@ NumPy scalars, non-dict mappings) go through a Python loop, and only those.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from itertools import chain, repeat
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import partial
+from itertools import chain, filterfalse, repeat
 from numbers import Real
 
 import numpy as np
@@ -52,14 +53,15 @@ class _Entries:
 
 
 class _At:
-    """The position ``sequence i, token j`` of a token row, formatted only when an error needs it."""
+    """The position ``sequence i, token j`` of a token row, formatted only when an error needs it.
+    ``offsets`` are those of a block of sequences whose first is sequence ``first`` of the input."""
 
-    def __init__(self, offsets: np.ndarray, row: int) -> None:
-        self.offsets, self.row = offsets, row
+    def __init__(self, offsets: np.ndarray, row: int, first: int = 0) -> None:
+        self.offsets, self.row, self.first = offsets, row, first
 
     def __str__(self) -> str:
         sequence = int(np.searchsorted(self.offsets, self.row, side="right")) - 1
-        return f"sequence {sequence}, token {self.row - int(self.offsets[sequence])}"
+        return f"sequence {self.first + sequence}, token {self.row - int(self.offsets[sequence])}"
 
 
 def _text(value, where: _At) -> str:
@@ -118,20 +120,20 @@ def _all_str(items: Sequence) -> bool:
     return True
 
 
-def _slow(tokens: Sequence, rows: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, Sequence[str], np.ndarray]:
+def _slow(tokens: Sequence, rows: np.ndarray, at: Callable[[int], _At]) -> tuple[np.ndarray, Sequence[str], np.ndarray]:
     """Entries of tokens of rare shapes, one Python loop over them (and only them)."""
     out_rows: list[int] = []
     names: list[str] = []
     values: list[float] = []
     for token, row in zip(tokens, rows.tolist()):
-        for name, value in _token_items(token, _At(offsets, row)):
+        for name, value in _token_items(token, at(row)):
             out_rows.append(row)
             names.append(name)
             values.append(value)
     return np.asarray(out_rows, dtype=np.int64), names, np.asarray(values, dtype=np.float64)
 
 
-def _list_tokens(tokens: list, rows: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, Sequence[str], np.ndarray]:
+def _list_tokens(tokens: list, rows: np.ndarray, at: Callable[[int], _At]) -> tuple[np.ndarray, Sequence[str], np.ndarray]:
     """Entries of list tokens: every element is a binary attribute."""
     counts = np.fromiter(map(len, tokens), dtype=np.int64, count=len(tokens))
     names = list(chain.from_iterable(tokens))
@@ -139,12 +141,12 @@ def _list_tokens(tokens: list, rows: np.ndarray, offsets: np.ndarray) -> tuple[n
     if not _all_str(names):  # bytes or worse: fix up those entries only
         names_array = np.fromiter(names, dtype=object, count=len(names))
         odd = np.flatnonzero(~np.fromiter(map(isinstance, names, repeat(str)), dtype=bool, count=len(names)))
-        names_array[odd] = [_text(names[e], _At(offsets, int(entry_rows[e]))) for e in odd.tolist()]
+        names_array[odd] = [_text(names[e], at(int(entry_rows[e]))) for e in odd.tolist()]
         names = names_array.tolist()
     return entry_rows, names, np.ones(len(names))
 
 
-def _dict_tokens(tokens: list, rows: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, Sequence[str], np.ndarray]:
+def _dict_tokens(tokens: list, rows: np.ndarray, at: Callable[[int], _At]) -> tuple[np.ndarray, Sequence[str], np.ndarray]:
     """Entries of dict tokens: string values by name concatenation, numbers as weights, the rest
     (bytes, nested dicts, lists, NumPy scalars, odd keys) through :func:`_expand`."""
     counts = np.fromiter(map(len, tokens), dtype=np.int64, count=len(tokens))
@@ -166,7 +168,7 @@ def _dict_tokens(tokens: list, rows: np.ndarray, offsets: np.ndarray) -> tuple[n
         return entry_rows, names, weights
     pairs = [
         list(_expand(_text(k, where), v, where))
-        for k, v, where in zip(keys[rare], values[rare], (_At(offsets, int(r)) for r in entry_rows[rare]))
+        for k, v, where in zip(keys[rare], values[rare], (at(int(r)) for r in entry_rows[rare]))
     ]
     common = kind != _RARE
     all_rows = np.concatenate([entry_rows[common], np.repeat(entry_rows[rare], [len(p) for p in pairs])])
@@ -176,8 +178,8 @@ def _dict_tokens(tokens: list, rows: np.ndarray, offsets: np.ndarray) -> tuple[n
     return all_rows[order], np.asarray(all_names, dtype=object)[order].tolist(), all_weights[order]
 
 
-def _entries(sequences: Sequence[Sequence]) -> _Entries:
-    """Flatten a batch of sequences of tokens into entries, checking shapes and weights."""
+def _sequence_list(sequences: Iterable[Sequence]) -> tuple[list, np.ndarray]:
+    """``X`` as a list of sequences and their lengths (N,), checking its shape."""
     if isinstance(sequences, (str, bytes, Mapping)):
         raise TypeError(f"X must be a list of sequences of tokens, not a {type(sequences).__name__}")
     sequences = list(sequences)
@@ -188,21 +190,38 @@ def _entries(sequences: Sequence[Sequence]) -> _Entries:
     lengths = np.fromiter(map(len, sequences), dtype=np.int64, count=len(sequences))
     if np.any(lengths == 0):
         raise ValueError(f"sequence {int(np.argmax(lengths == 0))} has no tokens")
+    return sequences, lengths
+
+
+def _blocks(lengths: np.ndarray, block_tokens: int) -> list[tuple[int, int]]:
+    """Consecutive ranges ``(first, stop)`` of sequences holding about ``block_tokens`` tokens each
+    (a longer sequence is a block of its own)."""
+    if lengths.size == 0:
+        return []
+    ends = np.cumsum(lengths)
+    marks = np.arange(1, int(ends[-1]) // block_tokens + 1) * block_tokens
+    stops = np.unique(np.append(np.searchsorted(ends, marks, side="left") + 1, lengths.size))
+    stops = stops[stops <= lengths.size].tolist()
+    return list(zip([0, *stops[:-1]], stops))
+
+
+def _entries(sequences: list, lengths: np.ndarray, first: int = 0) -> _Entries:
+    """Flatten sequences of tokens (sequences ``first``... of the input) into entries, checking the
+    tokens' shapes and weights."""
     offsets = offsets_from_lengths(lengths)
+    at = partial(_At, offsets, first=first)
     tokens = list(chain.from_iterable(sequences))
     kind = np.fromiter(map(_TOKEN_KIND.get, map(type, tokens), repeat(_OTHER)), dtype=np.int8, count=len(tokens))
     strings = np.flatnonzero(kind == _STR)
     if strings.size:
         row = int(strings[0])
-        raise TypeError(
-            f"{_At(offsets, row)} is the string {tokens[row]!r}: a token must be a dict or a list of attribute strings"
-        )
+        raise TypeError(f"{at(row)} is the string {tokens[row]!r}: a token must be a dict or a list of attribute strings")
     groups = []
     for code, reader in ((_LIST, _list_tokens), (_DICT, _dict_tokens), (_OTHER, _slow)):
         rows = np.flatnonzero(kind == code)
         if rows.size:
             group = tokens if rows.size == len(tokens) else [tokens[r] for r in rows.tolist()]
-            groups.append(reader(group, rows, offsets))
+            groups.append(reader(group, rows, at))
     if len(groups) == 1:
         rows, names, values = groups[0]
     elif not groups:
@@ -215,7 +234,7 @@ def _entries(sequences: Sequence[Sequence]) -> _Entries:
     finite = np.isfinite(values)
     if not finite.all():
         e = int(np.argmin(finite))
-        raise ValueError(f"{_At(offsets, int(rows[e]))}: attribute {names[e]!r} has the non-finite weight {values[e]}")
+        raise ValueError(f"{at(int(rows[e]))}: attribute {names[e]!r} has the non-finite weight {values[e]}")
     return _Entries(names, values, offsets_from_lengths(np.bincount(rows, minlength=len(tokens))), offsets)
 
 
@@ -225,12 +244,16 @@ class AttributeIndex:
     ``index_`` maps each attribute name to its column, numbered in order of first appearance
     in the fitting data, as CRFsuite numbers attributes (within a token, values of rare shapes
     come after the plain ones). ``X`` arguments are lists (or iterables) of sequences of tokens.
+    Input is read ``block_tokens`` tokens at a time, which bounds the memory of the temporary
+    per-attribute arrays (about 40 bytes for each attribute of each token in a block).
     """
+
+    block_tokens = 1 << 14
 
     def __init__(self) -> None:
         self.index_: dict[str, int] = {}
 
-    def fit(self, sequences: Sequence[Sequence], min_freq: float = 0) -> AttributeIndex:
+    def fit(self, sequences: Iterable[Sequence], min_freq: float = 0) -> AttributeIndex:
         """Learn the vocabulary of ``sequences`` (a list of sequences of tokens).
 
         ``min_freq``: keep attributes whose weights add up to at least this much in ``sequences``
@@ -239,37 +262,48 @@ class AttributeIndex:
         (attribute, label) feature, so with non-negative weights pruning attributes first never
         drops a feature it keeps.
         """
-        entries = _entries(sequences)
-        if entries.offsets.size == 1:
-            raise ValueError("no sequences to fit the attribute index on")
-        names = list(dict.fromkeys(entries.names))  # in order of first appearance
-        index = dict(zip(names, range(len(names))))
-        if min_freq > 0:
-            codes = np.fromiter(map(index.__getitem__, entries.names), dtype=np.int64, count=len(entries.names))
-            keep = np.bincount(codes, weights=entries.values, minlength=len(names)) >= min_freq
-            names = np.asarray(names, dtype=object)[keep].tolist()
-            index = dict(zip(names, range(len(names))))
-        self.index_ = index
+        self.fit_transform(sequences, min_freq)
         return self
 
-    def transform(self, sequences: Sequence[Sequence]) -> SequenceBatch:
+    def transform(self, sequences: Iterable[Sequence]) -> SequenceBatch:
         """The attribute matrix (T, A) of ``sequences``; attributes not in the vocabulary are ignored."""
-        n_attributes = len(self.index_)
-        entries = _entries(sequences)
-        columns = np.fromiter(map(self.index_.get, entries.names, repeat(-1)), dtype=np.int32, count=len(entries.names))
-        keep = (columns >= 0) & (entries.values != 0.0)
-        if keep.all():  # every attribute known and non-zero (as when transforming the fitting data)
-            indptr, columns, values = entries.starts, columns, entries.values
-        else:
-            indptr = np.concatenate([[0], np.cumsum(keep)])[entries.starts]
-            columns, values = columns[keep], entries.values[keep]
-        n_tokens = int(entries.offsets[-1])
-        matrix = sp.csr_matrix((values, columns, indptr), shape=(n_tokens, n_attributes))
-        matrix.sum_duplicates()
-        return SequenceBatch(matrix, entries.offsets)
+        return self._encode(sequences, self.index_, grow=False)
 
-    def fit_transform(self, sequences: Sequence[Sequence], min_freq: float = 0) -> SequenceBatch:
-        return self.fit(sequences, min_freq=min_freq).transform(sequences)
+    def fit_transform(self, sequences: Iterable[Sequence], min_freq: float = 0) -> SequenceBatch:
+        """:meth:`fit` and :meth:`transform` in one pass over ``sequences``."""
+        index: dict[str, int] = {}
+        batch = self._encode(sequences, index, grow=True)
+        if batch.n_sequences == 0:
+            raise ValueError("no sequences to fit the attribute index on")
+        if min_freq > 0:
+            totals = np.bincount(batch.X.indices, weights=batch.X.data, minlength=len(index))
+            keep = totals >= min_freq
+            names = np.asarray(list(index), dtype=object)[keep].tolist()  # the dict's order is column order
+            index = dict(zip(names, range(len(names))))
+            batch = SequenceBatch(batch.X[:, keep], batch.offsets)
+        self.index_ = index  # only once the whole input has been read
+        return batch
+
+    def _encode(self, sequences: Iterable[Sequence], index: dict[str, int], grow: bool) -> SequenceBatch:
+        """The attribute matrix of ``sequences`` under ``index``, block by block; with ``grow``,
+        names not in ``index`` are first added to it, numbered in order of first appearance."""
+        sequences, lengths = _sequence_list(sequences)
+        # per block: kept entries per token, their columns and weights (after an empty start)
+        counts, columns, values = [np.empty(0, np.int64)], [np.empty(0, np.int32)], [np.empty(0)]
+        for first, stop in _blocks(lengths, self.block_tokens):
+            entries = _entries(sequences[first:stop], lengths[first:stop], first)
+            if grow:
+                fresh = list(filterfalse(index.__contains__, dict.fromkeys(entries.names)))
+                index.update(zip(fresh, range(len(index), len(index) + len(fresh))))
+            codes = np.fromiter(map(index.get, entries.names, repeat(-1)), dtype=np.int32, count=len(entries.names))
+            keep = (codes >= 0) & (entries.values != 0.0)
+            counts.append(np.diff(np.concatenate([[0], np.cumsum(keep)])[entries.starts]))
+            columns.append(codes[keep])
+            values.append(entries.values[keep])
+        indptr = offsets_from_lengths(np.concatenate(counts))
+        matrix = sp.csr_matrix((np.concatenate(values), np.concatenate(columns), indptr), shape=(int(lengths.sum()), len(index)))
+        matrix.sum_duplicates()
+        return SequenceBatch(matrix, offsets_from_lengths(lengths))
 
     def names(self) -> np.ndarray:
         """Attribute names in column order, shape (A,)."""

@@ -165,8 +165,9 @@ class CRF(SegmentQueries, CRFsuiteView, BaseEstimator):
             _check_finite(X)
             return X
         if fitting:
-            self.attribute_index_ = AttributeIndex().fit(X)
-        elif getattr(self, "attribute_index_", None) is None:
+            self.attribute_index_ = AttributeIndex()
+            return self.attribute_index_.fit_transform(X)
+        if getattr(self, "attribute_index_", None) is None:
             raise ValueError("this model was fitted on a SequenceBatch: pass a SequenceBatch")
         return self.attribute_index_.transform(X)
 

@@ -150,6 +150,28 @@ def test_common_shapes_number_attributes_in_order_of_appearance():
     assert list(AttributeIndex().fit(D).names()) == ["w:x", "bias", "up", "w:y"]
 
 
+@pytest.mark.parametrize("block_tokens", [1, 2, 3, 7])
+def test_reading_in_blocks_gives_the_same_index_matrix_and_positions(monkeypatch, block_tokens):
+    rng = random.Random(block_tokens)
+    train = [[_random_token(rng) for _ in range(rng.randrange(1, 5))] for _ in range(12)]
+    whole = AttributeIndex()
+    whole_batch = whole.fit_transform(train, min_freq=1)
+    every = AttributeIndex().fit(train).index_
+    monkeypatch.setattr(AttributeIndex, "block_tokens", block_tokens)
+    blocks = AttributeIndex()
+    batch = blocks.fit_transform(train, min_freq=1)
+    assert blocks.index_ == whole.index_  # numbered in order of first appearance across blocks
+    assert (batch.X != whole_batch.X).nnz == 0 and np.array_equal(batch.offsets, whole_batch.offsets)
+    assert list(AttributeIndex().fit(train).index_.items()) == list(every.items())
+    late = [*train, [{"a": 1.0}, {"a": float("nan")}]]  # the bad token is in the last block
+    with pytest.raises(ValueError, match=r"sequence 12, token 1: attribute 'a'"):
+        blocks.transform(late)
+    before = dict(blocks.index_)
+    with pytest.raises(ValueError, match=r"sequence 12, token 1"):
+        blocks.fit(late)
+    assert blocks.index_ == before  # a failed fit leaves the fitted vocabulary as it was
+
+
 # --- errors and edge cases -------------------------------------------------------------------
 
 
