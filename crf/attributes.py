@@ -16,8 +16,8 @@ are rejected with their position.
 
 How it stays fast: the tokens of a whole batch are flattened with C-level iteration
 (``itertools.chain``, ``map``) into one list of attribute names, one array of weights and one
-array of token rows; names are looked up in a ``dict`` by ``map(dict.get, ...)``; the matrix is
-assembled with NumPy. Only tokens or values of rare shapes (nested dicts, lists in dicts, bytes,
+array of token rows; names are looked up in a C hash table (pandas') a block at a time; the
+matrix is assembled with NumPy. Only tokens or values of rare shapes (nested dicts, lists in dicts, bytes,
 NumPy scalars, non-dict mappings) go through a Python loop, and only those.
 """
 
@@ -25,11 +25,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
-from itertools import chain, filterfalse, repeat
+from itertools import chain, repeat
 from numbers import Real
 
 import numpy as np
 import scipy.sparse as sp
+from pandas._libs.hashtable import PyObjectHashTable  # pandas' C hash table of Python objects
 
 from .batch import SequenceBatch, offsets_from_lengths
 
@@ -246,12 +247,45 @@ class AttributeIndex:
     come after the plain ones). ``X`` arguments are lists (or iterables) of sequences of tokens.
     Input is read ``block_tokens`` tokens at a time, which bounds the memory of the temporary
     per-attribute arrays (about 40 bytes for each attribute of each token in a block).
+
+    Names are looked up in a pandas object hash table kept beside ``index_`` (built on first
+    use, rebuilt when ``index_`` is replaced; never pickled): one C call per block, about three
+    times faster than ``dict.get`` per name.
     """
 
     block_tokens = 1 << 14
 
     def __init__(self) -> None:
         self.index_: dict[str, int] = {}
+
+    @property
+    def index_(self) -> dict[str, int]:
+        return self._index
+
+    @index_.setter
+    def index_(self, index: dict[str, int]) -> None:
+        self._index, self._table = index, None
+
+    def __getstate__(self) -> dict:
+        return {"index_": self._index}
+
+    def __setstate__(self, state: dict) -> None:
+        self.index_ = state["index_"]
+
+    def _lookup_table(self) -> PyObjectHashTable:
+        """The hash table of ``index_``, built on first use."""
+        if self._table is None:
+            table = PyObjectHashTable(len(self._index))
+            columns = np.fromiter(self._index.values(), dtype=np.int64, count=len(self._index))
+            if np.array_equal(columns, np.arange(columns.size)):  # names in column order: one C call
+                names = np.empty(len(self._index), dtype=object)
+                names[:] = list(self._index)
+                table.map_locations(names)
+            else:  # an index_ set in another order
+                for name, column in self._index.items():
+                    table.set_item(name, column)
+            self._table = table
+        return self._table
 
     def fit(self, sequences: Iterable[Sequence], min_freq: float = 0) -> AttributeIndex:
         """Learn the vocabulary of ``sequences`` (a list of sequences of tokens).
@@ -267,41 +301,54 @@ class AttributeIndex:
 
     def transform(self, sequences: Iterable[Sequence]) -> SequenceBatch:
         """The attribute matrix (T, A) of ``sequences``; attributes not in the vocabulary are ignored."""
-        return self._encode(sequences, self.index_, grow=False)
+        return self._encode(sequences, self.index_, self._lookup_table(), grow=False)
 
     def fit_transform(self, sequences: Iterable[Sequence], min_freq: float = 0) -> SequenceBatch:
         """:meth:`fit` and :meth:`transform` in one pass over ``sequences``."""
         index: dict[str, int] = {}
-        batch = self._encode(sequences, index, grow=True)
+        table = PyObjectHashTable()
+        batch = self._encode(sequences, index, table, grow=True)
         if batch.n_sequences == 0:
             raise ValueError("no sequences to fit the attribute index on")
         if min_freq > 0:
             totals = np.bincount(batch.X.indices, weights=batch.X.data, minlength=len(index))
             keep = totals >= min_freq
             names = np.asarray(list(index), dtype=object)[keep].tolist()  # the dict's order is column order
-            index = dict(zip(names, range(len(names))))
+            index, table = dict(zip(names, range(len(names)))), None
             batch = SequenceBatch(batch.X[:, keep], batch.offsets)
         self.index_ = index  # only once the whole input has been read
+        self._table = table
         return batch
 
-    def _encode(self, sequences: Iterable[Sequence], index: dict[str, int], grow: bool) -> SequenceBatch:
-        """The attribute matrix of ``sequences`` under ``index``, block by block; with ``grow``,
-        names not in ``index`` are first added to it, numbered in order of first appearance."""
+    @staticmethod
+    def _encode(sequences: Iterable[Sequence], index: dict[str, int], table: PyObjectHashTable, grow: bool) -> SequenceBatch:
+        """The attribute matrix of ``sequences`` under ``index`` (``table`` maps the same names to
+        the same columns), block by block; with ``grow``, names not in ``index`` are first added to
+        both, numbered in order of first appearance."""
         sequences, lengths = _sequence_list(sequences)
         # per block: kept entries per token, their columns and weights (after an empty start)
-        counts, columns, values = [np.empty(0, np.int64)], [np.empty(0, np.int32)], [np.empty(0)]
-        for first, stop in _blocks(lengths, self.block_tokens):
+        counts, columns, values = [np.empty(0, np.int64)], [np.empty(0, np.int64)], [np.empty(0)]
+        for first, stop in _blocks(lengths, AttributeIndex.block_tokens):
             entries = _entries(sequences[first:stop], lengths[first:stop], first)
+            names = np.empty(len(entries.names), dtype=object)
+            names[:] = entries.names
+            codes = table.lookup(names)
             if grow:
-                fresh = list(filterfalse(index.__contains__, dict.fromkeys(entries.names)))
-                index.update(zip(fresh, range(len(index), len(index) + len(fresh))))
-            codes = np.fromiter(map(index.get, entries.names, repeat(-1)), dtype=np.int32, count=len(entries.names))
+                unseen = np.flatnonzero(codes < 0)
+                if unseen.size:
+                    fresh = list(dict.fromkeys(names[unseen].tolist()))  # in order of first appearance
+                    for column, name in enumerate(fresh, len(index)):  # new names only, not every entry
+                        table.set_item(name, column)
+                    index.update(zip(fresh, range(len(index), len(index) + len(fresh))))
+                    codes[unseen] = table.lookup(names[unseen])
             keep = (codes >= 0) & (entries.values != 0.0)
             counts.append(np.diff(np.concatenate([[0], np.cumsum(keep)])[entries.starts]))
             columns.append(codes[keep])
             values.append(entries.values[keep])
         indptr = offsets_from_lengths(np.concatenate(counts))
-        matrix = sp.csr_matrix((np.concatenate(values), np.concatenate(columns), indptr), shape=(int(lengths.sum()), len(index)))
+        matrix = sp.csr_matrix(
+            (np.concatenate(values), np.concatenate(columns).astype(np.int32), indptr), shape=(int(lengths.sum()), len(index))
+        )
         matrix.sum_duplicates()
         return SequenceBatch(matrix, offsets_from_lengths(lengths))
 

@@ -3,6 +3,7 @@ against a direct loop implementation on random nested input, and the input error
 
 from __future__ import annotations
 
+import pickle
 import random
 from collections.abc import Mapping
 
@@ -262,6 +263,10 @@ def test_index_can_be_set_from_saved_names():
     index.index_ = {"b": 1, "a": 0}  # as CRF.load rebuilds it from the saved attribute names
     assert list(index.names()) == ["a", "b"]
     assert _rows(index, index.transform([[["a", "b"]]])) == [{"a": 1.0, "b": 1.0}]
+    index.index_ = {"a": 1, "c": 0}  # replacing the vocabulary after use: lookups follow the new one
+    assert _rows(index, index.transform([[["a", "b", "c"]]])) == [{"a": 1.0, "c": 1.0}]
+    restored = pickle.loads(pickle.dumps(index))  # the lookup table is rebuilt, not pickled
+    assert restored.index_ == {"a": 1, "c": 0} and _rows(restored, restored.transform([[["c"]]])) == [{"c": 1.0}]
 
 
 def test_reexported_from_features():
