@@ -327,7 +327,7 @@ class AttributeIndex:
         both, numbered in order of first appearance."""
         sequences, lengths = _sequence_list(sequences)
         # per block: kept entries per token, their columns and weights (after an empty start)
-        counts, columns, values = [np.empty(0, np.int64)], [np.empty(0, np.int64)], [np.empty(0)]
+        counts, columns, values = [np.empty(0, np.int64)], [np.empty(0, np.int32)], [np.empty(0)]
         for first, stop in _blocks(lengths, AttributeIndex.block_tokens):
             entries = _entries(sequences[first:stop], lengths[first:stop], first)
             names = np.empty(len(entries.names), dtype=object)
@@ -343,12 +343,10 @@ class AttributeIndex:
                     codes[unseen] = table.lookup(names[unseen])
             keep = (codes >= 0) & (entries.values != 0.0)
             counts.append(np.diff(np.concatenate([[0], np.cumsum(keep)])[entries.starts]))
-            columns.append(codes[keep])
+            columns.append(codes[keep].astype(np.int32))
             values.append(entries.values[keep])
         indptr = offsets_from_lengths(np.concatenate(counts))
-        matrix = sp.csr_matrix(
-            (np.concatenate(values), np.concatenate(columns).astype(np.int32), indptr), shape=(int(lengths.sum()), len(index))
-        )
+        matrix = sp.csr_matrix((np.concatenate(values), np.concatenate(columns), indptr), shape=(int(lengths.sum()), len(index)))
         matrix.sum_duplicates()
         return SequenceBatch(matrix, offsets_from_lengths(lengths))
 

@@ -64,18 +64,6 @@ class ParameterLayout:
         return np.concatenate([flat_state, np.ravel(transitions), start, end])
 
 
-def observed_feature_index(X: sp.csr_matrix, labels: np.ndarray, n_labels: int) -> np.ndarray:
-    """Flat (A, L) indices of the attribute/label pairs that occur in the data (sorted)."""
-    onehot = _onehot(labels, n_labels)
-    counts = (X.T.tocsr() @ onehot).tocoo()
-    return np.unique(counts.row.astype(np.int64) * n_labels + counts.col)
-
-
-def _onehot(labels: np.ndarray, n_labels: int) -> sp.csr_matrix:
-    n = labels.size
-    return sp.csr_matrix((np.ones(n), (np.arange(n), labels)), shape=(n, n_labels))
-
-
 class FeaturePartition:
     """How the state features split between the shared product and the per-label blocks.
 

@@ -183,10 +183,10 @@ def validate(p: dict) -> Settings:
 def feature_index(X, labels: np.ndarray, n_labels: int, min_freq: float = 0.0) -> np.ndarray:
     """Flat (A, L) indices (sorted) of the attribute/label pairs seen in ``X`` (T, A) with the
     labels (T,), keeping those whose frequency (summed attribute values) is at least ``min_freq``."""
-    rows = np.repeat(np.arange(X.shape[0]), np.diff(X.indptr))
-    pairs, inverse = np.unique(X.indices.astype(np.int64) * n_labels + labels[rows], return_inverse=True)
+    keys = X.indices.astype(np.int64) * n_labels + np.repeat(labels, np.diff(X.indptr))
     if min_freq <= 0:
-        return pairs
+        return np.unique(keys)  # no inverse: half the temporary memory of the sort
+    pairs, inverse = np.unique(keys, return_inverse=True)
     return pairs[np.bincount(inverse, weights=X.data, minlength=pairs.size) >= min_freq]
 
 

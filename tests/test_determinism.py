@@ -7,8 +7,9 @@ import pytest
 import scipy.sparse as sp
 
 from crf import CRF, SequenceBatch
-from crf.objective import Objective, ParameterLayout, chunk_count, observed_feature_index
+from crf.objective import Objective, ParameterLayout, chunk_count
 from crf.parallel import single_threaded_blas
+from crf.params import feature_index
 
 N_LABELS = 4
 
@@ -42,7 +43,7 @@ def test_chunk_count_does_not_depend_on_threads():
 
 def test_objective_bit_identical_for_1_and_2_threads():
     batch, labels, _ = _corpus()
-    params = ParameterLayout(batch.n_attributes, N_LABELS, observed_feature_index(batch.X, labels, N_LABELS))
+    params = ParameterLayout(batch.n_attributes, N_LABELS, feature_index(batch.X, labels, N_LABELS))
     theta = np.random.default_rng(1).normal(0, 0.5, params.size)
     results = []
     with single_threaded_blas():

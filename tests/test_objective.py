@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from crf.objective import Objective, ParameterLayout, observed_feature_index
+from crf.objective import Objective, ParameterLayout
 from crf.optimize import _regularised
+from crf.params import feature_index
 
 
 def _random_problem(seed: int, n_labels: int = 3, n_attributes: int = 7):
@@ -36,7 +37,7 @@ def _finite_difference(fun, theta, step=1e-6):
 def test_gradient_matches_finite_differences(seed, sparse, c2):
     X, offsets, labels = _random_problem(seed)
     L = 3
-    index = observed_feature_index(X, labels, L) if sparse else None
+    index = feature_index(X, labels, L) if sparse else None
     params = ParameterLayout(X.shape[1], L, index)
     fun = _regularised(Objective(X, offsets, labels, params), c2)
     theta = np.random.default_rng(seed + 10).normal(size=params.size)
@@ -56,7 +57,7 @@ def test_loss_is_negative_log_likelihood():
 def test_sparse_layout_keeps_only_observed_pairs():
     X = sp.csr_matrix(np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]))
     labels = np.array([0, 1, 1])
-    index = observed_feature_index(X, labels, 2)
+    index = feature_index(X, labels, 2)
     # attribute 0 seen with labels 0 and 1, attribute 1 only with label 1
     np.testing.assert_array_equal(index, [0 * 2 + 0, 0 * 2 + 1, 1 * 2 + 1])
     params = ParameterLayout(2, 2, index)
@@ -73,7 +74,7 @@ def test_state_features_match_the_dense_product():
     rng = np.random.default_rng(3)
     X = sp.csr_matrix((rng.random((60, 30)) < 0.2) * 1.0)
     labels = rng.integers(0, 10, size=60)
-    index = observed_feature_index(X, labels, 10)
+    index = feature_index(X, labels, 10)
     params = ParameterLayout(30, 10, index)
     states = StateFeatures(X, FeaturePartition(params))
     assert states.partition.shared_positions.size and states.local.nnz  # both paths are exercised
