@@ -195,8 +195,11 @@ def _sequence_list(sequences: Iterable[Sequence]) -> tuple[list, np.ndarray]:
 
 
 def _blocks(lengths: np.ndarray, block_tokens: int) -> list[tuple[int, int]]:
-    """Consecutive ranges ``(first, stop)`` of sequences holding about ``block_tokens`` tokens each
-    (a longer sequence is a block of its own)."""
+    """Consecutive ranges ``(first, stop)`` of sequences holding about ``block_tokens`` tokens each: a
+    block ends with the sequence that reaches the next multiple of ``block_tokens`` tokens (so a long
+    sequence lengthens its block)."""
+    if block_tokens < 1:
+        raise ValueError(f"block_tokens must be at least 1, not {block_tokens}")
     if lengths.size == 0:
         return []
     ends = np.cumsum(lengths)
@@ -249,14 +252,18 @@ class AttributeIndex:
     per-attribute arrays (about 40 bytes for each attribute of each token in a block).
 
     Names are looked up in a pandas object hash table kept beside ``index_`` (built on first
-    use, rebuilt when ``index_`` is replaced; never pickled): one C call per block, about three
-    times faster than ``dict.get`` per name.
+    use; never pickled): one C call per block, about three times faster than ``dict.get`` per
+    name. The table is rebuilt when ``index_`` is replaced or changes size; to change the
+    vocabulary, assign a new dict (renumbering the same names in place is not seen).
     """
 
     block_tokens = 1 << 14
 
     def __init__(self) -> None:
         self.index_: dict[str, int] = {}
+        # (the dict, its size, its hash table): one tuple, read and replaced whole, so a thread
+        # never pairs a table with another dict than the one it was built from
+        self._lookup: tuple[dict, int, PyObjectHashTable] | None = None
 
     @property
     def index_(self) -> dict[str, int]:
@@ -264,28 +271,35 @@ class AttributeIndex:
 
     @index_.setter
     def index_(self, index: dict[str, int]) -> None:
-        self._index, self._table = index, None
+        self._index = index
 
     def __getstate__(self) -> dict:
-        return {"index_": self._index}
+        return {k: v for k, v in self.__dict__.items() if k != "_lookup"}
 
     def __setstate__(self, state: dict) -> None:
-        self.index_ = state["index_"]
+        state = dict(state)
+        if "index_" in state:  # pickled before index_ became a property
+            state["_index"] = state.pop("index_")
+        self.__dict__.update(state)
+        self._lookup = None
 
-    def _lookup_table(self) -> PyObjectHashTable:
-        """The hash table of ``index_``, built on first use."""
-        if self._table is None:
-            table = PyObjectHashTable(len(self._index))
-            columns = np.fromiter(self._index.values(), dtype=np.int64, count=len(self._index))
-            if np.array_equal(columns, np.arange(columns.size)):  # names in column order: one C call
-                names = np.empty(len(self._index), dtype=object)
-                names[:] = list(self._index)
-                table.map_locations(names)
-            else:  # an index_ set in another order
-                for name, column in self._index.items():
-                    table.set_item(name, column)
-            self._table = table
-        return self._table
+    def _table_for(self, index: dict[str, int]) -> PyObjectHashTable:
+        """The hash table of ``index`` (built on first use, and again if ``index_`` was replaced or
+        changed size)."""
+        cached = self._lookup
+        if cached is not None and cached[0] is index and cached[1] == len(index):
+            return cached[2]
+        table = PyObjectHashTable(len(index))
+        columns = np.fromiter(index.values(), dtype=np.int64, count=len(index))
+        if np.array_equal(columns, np.arange(columns.size)):  # names in column order: one C call
+            names = np.empty(len(index), dtype=object)
+            names[:] = list(index)
+            table.map_locations(names)
+        else:  # an index_ set in another order
+            for name, column in index.items():
+                table.set_item(name, column)
+        self._lookup = (index, len(index), table)
+        return table
 
     def fit(self, sequences: Iterable[Sequence], min_freq: float = 0) -> AttributeIndex:
         """Learn the vocabulary of ``sequences`` (a list of sequences of tokens).
@@ -301,7 +315,8 @@ class AttributeIndex:
 
     def transform(self, sequences: Iterable[Sequence]) -> SequenceBatch:
         """The attribute matrix (T, A) of ``sequences``; attributes not in the vocabulary are ignored."""
-        return self._encode(sequences, self.index_, self._lookup_table(), grow=False)
+        index = self._index  # read once: the table must be this dict's
+        return self._encode(sequences, index, self._table_for(index), grow=False)
 
     def fit_transform(self, sequences: Iterable[Sequence], min_freq: float = 0) -> SequenceBatch:
         """:meth:`fit` and :meth:`transform` in one pass over ``sequences``."""
@@ -316,19 +331,18 @@ class AttributeIndex:
             names = np.asarray(list(index), dtype=object)[keep].tolist()  # the dict's order is column order
             index, table = dict(zip(names, range(len(names)))), None
             batch = SequenceBatch(batch.X[:, keep], batch.offsets)
+        self._lookup = None if table is None else (index, len(index), table)
         self.index_ = index  # only once the whole input has been read
-        self._table = table
         return batch
 
-    @staticmethod
-    def _encode(sequences: Iterable[Sequence], index: dict[str, int], table: PyObjectHashTable, grow: bool) -> SequenceBatch:
+    def _encode(self, sequences: Iterable, index: dict[str, int], table: PyObjectHashTable, grow: bool) -> SequenceBatch:
         """The attribute matrix of ``sequences`` under ``index`` (``table`` maps the same names to
         the same columns), block by block; with ``grow``, names not in ``index`` are first added to
         both, numbered in order of first appearance."""
         sequences, lengths = _sequence_list(sequences)
         # per block: kept entries per token, their columns and weights (after an empty start)
         counts, columns, values = [np.empty(0, np.int64)], [np.empty(0, np.int32)], [np.empty(0)]
-        for first, stop in _blocks(lengths, AttributeIndex.block_tokens):
+        for first, stop in _blocks(lengths, self.block_tokens):
             entries = _entries(sequences[first:stop], lengths[first:stop], first)
             names = np.empty(len(entries.names), dtype=object)
             names[:] = entries.names

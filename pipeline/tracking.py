@@ -231,7 +231,7 @@ def log_dataset(name: str, files: Mapping[str, Path], file_hashes: Mapping[str, 
         except mlflow.exceptions.MlflowException as error:
             if attempt == LOG_INPUT_ATTEMPTS - 1:
                 raise
-            log.info("logging the dataset input failed (%s); trying again", str(error).splitlines()[0][:200])
+            log.info("logging the dataset input failed (%s); trying again", str(error)[:200])
             time.sleep(0.2 * (attempt + 1))
 
 

@@ -267,6 +267,11 @@ def test_index_can_be_set_from_saved_names():
     assert _rows(index, index.transform([[["a", "b", "c"]]])) == [{"a": 1.0, "c": 1.0}]
     restored = pickle.loads(pickle.dumps(index))  # the lookup table is rebuilt, not pickled
     assert restored.index_ == {"a": 1, "c": 0} and _rows(restored, restored.transform([[["c"]]])) == [{"c": 1.0}]
+    index.index_["z"] = 2  # grown in place: the table follows the new size
+    assert _rows(index, index.transform([[["z", "a"]]])) == [{"a": 1.0, "z": 1.0}]
+    older = AttributeIndex.__new__(AttributeIndex)  # state pickled before index_ was a property
+    older.__setstate__({"index_": {"q": 0}})
+    assert _rows(older, older.transform([[["q"]]])) == [{"q": 1.0}]
 
 
 def test_reexported_from_features():

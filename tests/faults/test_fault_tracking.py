@@ -136,8 +136,10 @@ mlflow.set_experiment("crf")
 with mlflow.start_run():
     tracking.log_dataset(f"warm-{os.getpid()}", {"train": data}, {"train": "cd" * 32})  # every lazy import done
     (data.parent / f"ready-{os.getpid()}").touch()
+    deadline = time.monotonic() + 120
     while len(ready := list(data.parent.glob("ready-*"))) < n:
-        pass
+        if time.monotonic() > deadline:
+            sys.exit("the other processes never got ready")
     start = max(p.stat().st_mtime for p in ready) + 0.3  # the same moment for every process
     while time.time() < start:
         pass
@@ -155,7 +157,11 @@ def test_jobs_logging_the_same_dataset_at_once_are_all_recorded(tmp_path):
     data.write_text("A a\n")
     command = [sys.executable, "-c", LOG_DATASET_TOGETHER, store, str(data), "3"]
     processes = [subprocess.Popen(command, cwd=ROOT, env=_environment(), stderr=subprocess.PIPE, text=True) for _ in range(3)]
-    errors = [p.communicate(timeout=TIMEOUT)[1] for p in processes]
+    try:
+        errors = [p.communicate(timeout=TIMEOUT)[1] for p in processes]
+    finally:
+        for p in processes:
+            p.kill()
     assert [p.returncode for p in processes] == [0, 0, 0], errors
     client = mlflow.MlflowClient(store)
     runs = client.search_runs([client.get_experiment_by_name("crf").experiment_id])
