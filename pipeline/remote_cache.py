@@ -18,6 +18,7 @@ import mlflow
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from pipeline import tracking
 from pipeline.cache import MANIFEST
 
 ARTIFACT_PATH = "cache"  # where a stage run holds its cache entry
@@ -41,17 +42,7 @@ class TrackingStore:
 
     def find(self, stage: str, key: str):
         """The latest FINISHED run of ``stage`` that uploaded the entry ``key``, or None."""
-        run = mlflow.active_run()
-        if run is None:
-            return None
-        found = MlflowClient().search_runs(
-            [run.info.experiment_id],
-            filter_string=f"tags.cache_key = '{key}' and tags.stage = '{stage}' and tags.{UPLOAD_TAG} = '{ARTIFACT_PATH}' "
-            "and attributes.status = 'FINISHED'",
-            order_by=["attributes.start_time DESC"],
-            max_results=1,
-        )
-        return found[0] if found else None
+        return tracking.latest_stage_run(stage, key, f"tags.{UPLOAD_TAG} = '{ARTIFACT_PATH}'")
 
     def fetch(self, stage: str, key: str, into: Path) -> Path | None:
         """A tracking store that cannot be searched or read is a miss (logged): the stage is computed."""

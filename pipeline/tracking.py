@@ -196,17 +196,24 @@ def log_tagger_model(bundle_path: Path, example: Callable[[list[str]], pd.DataFr
     return info.model_uri
 
 
-def cache_source_run(stage: str, key: str) -> Any | None:
-    """The finished run of ``stage`` (in the active run's experiment) that computed the cache entry
-    ``key`` (its tag ``cache=miss``), or None."""
+def latest_stage_run(stage: str, key: str, condition: str) -> Any | None:
+    """The latest FINISHED run of ``stage`` (in the active run's experiment) with the cache key
+    ``key`` that also matches ``condition`` (an MLflow filter), or None (also without an active run)."""
+    active = mlflow.active_run()
+    if active is None:
+        return None
     found = MlflowClient().search_runs(
-        [mlflow.active_run().info.experiment_id],
-        filter_string=f"tags.cache_key = '{key}' and tags.cache = 'miss' and tags.stage = '{stage}' "
-        "and attributes.status = 'FINISHED'",
+        [active.info.experiment_id],
+        filter_string=f"tags.cache_key = '{key}' and tags.stage = '{stage}' and {condition} and attributes.status = 'FINISHED'",
         order_by=["attributes.start_time DESC"],
         max_results=1,
     )
     return found[0] if found else None
+
+
+def cache_source_run(stage: str, key: str) -> Any | None:
+    """The finished run of ``stage`` that computed the cache entry ``key`` (its tag ``cache=miss``), or None."""
+    return latest_stage_run(stage, key, "tags.cache = 'miss'")
 
 
 def log_dataset(name: str, files: Mapping[str, Path], file_hashes: Mapping[str, str]) -> None:
