@@ -7,6 +7,8 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
+from .layout import positions_within
+
 
 @dataclass
 class SequenceBatch:
@@ -63,10 +65,7 @@ def token_rows(offsets: np.ndarray, indices: np.ndarray) -> np.ndarray:
     """Token row numbers of the sequences ``indices``, concatenated in that order."""
     starts = offsets[indices]
     lengths = offsets[indices + 1] - starts
-    total = int(lengths.sum())
-    # position within each selected sequence, built without a Python loop
-    within = np.arange(total) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    return np.repeat(starts, lengths) + within
+    return np.repeat(starts, lengths) + positions_within(lengths)
 
 
 def offsets_from_lengths(lengths) -> np.ndarray:

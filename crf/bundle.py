@@ -34,6 +34,7 @@ import pandas as pd
 from . import chain, model_file
 from .features import FeatureExtractor
 from .hmm import HMMTagger
+from .layout import positions_within
 from .model import CRF
 from .parallel import single_threaded_blas
 from .persist import ModelFileError, load_arrays, save_arrays
@@ -436,7 +437,7 @@ class TaggerBundle:
             seg = result.segments
             widths = (seg["end"] - seg["start"]).to_numpy()
             first = offsets[seg["sequence"].to_numpy()] + seg["start"].to_numpy()
-            tokens = np.repeat(first, widths) + np.arange(int(widths.sum())) - np.repeat(np.cumsum(widths) - widths, widths)
+            tokens = np.repeat(first, widths) + positions_within(widths)
             confidence[tokens] = np.repeat(seg["confidence"].to_numpy(), widths)
             out["segment_confidence"] = confidence
         return out

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .layout import positions_within
+
 MAGIC = b"CQDB"
 BYTEORDER = 0x62445371
 N_TABLES = 256
@@ -92,7 +94,7 @@ def hashlittle(keys: list[bytes]) -> np.ndarray:
     padded = np.zeros((n, width), dtype=np.uint8)
     flat = np.frombuffer(b"".join(keys), dtype=np.uint8)
     rows = np.repeat(np.arange(n), lengths)
-    cols = np.arange(flat.size) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    cols = positions_within(lengths)
     padded[rows, cols] = flat
     words = padded.view("<u4").reshape(n, -1, 3).astype(np.uint32)  # (N, blocks, 3)
     with np.errstate(over="ignore"):
@@ -171,7 +173,7 @@ def _check_tables(data: bytes, start: int, size: int, keys: list[bytes], records
         raise CQDBError(f"CQDB chunk at offset {start}: a hash table lies outside its chunk")
     lengths = np.where(used, n_buckets, 0)
     table = np.repeat(np.arange(N_TABLES), lengths)
-    positions = np.repeat(offsets, lengths) + 8 * (np.arange(table.size) - np.repeat(np.cumsum(lengths) - lengths, lengths))
+    positions = np.repeat(offsets, lengths) + 8 * positions_within(lengths)
     chunk = np.frombuffer(data, np.uint8, size, start)
     bucket_hash, bucket_record = _u32_at(chunk, positions), _u32_at(chunk, positions + 4)
     filled = bucket_record != 0

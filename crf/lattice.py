@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from .layout import Layout
+from .layout import Layout, positions_within
 
 
 def _ranges(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """For groups of ``counts`` (G,) items: the group of each item and its index in its group."""
     group = np.repeat(np.arange(counts.size), counts)
-    return group, np.arange(group.size) - np.repeat(np.cumsum(counts) - counts, counts)
+    return group, positions_within(counts)
 
 
 def _candidates(emissions: np.ndarray) -> np.ndarray:
@@ -36,7 +36,7 @@ def lattice_edges(emissions: np.ndarray, lengths, order: int) -> np.ndarray:
     """Edges into each token's states (T,) (``emissions`` (T, H) in input order): the product of
     the candidate counts of the token and the ``order`` tokens before it in its sequence."""
     count = _candidates(emissions).sum(axis=1)
-    position = np.arange(count.size) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    position = positions_within(lengths)
     edges = count.copy()
     for back in range(1, order + 1):
         edges[back:] *= np.where(position[back:] >= back, count[:-back], 1)

@@ -13,6 +13,13 @@ from dataclasses import dataclass
 import numpy as np
 
 
+def positions_within(counts) -> np.ndarray:
+    """For consecutive groups of ``counts`` (G,) items: each item's position in its group, shape
+    (sum(counts),); e.g. counts [2, 3] -> [0, 1, 0, 1, 2]."""
+    counts = np.asarray(counts, dtype=np.int64)
+    return np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+
+
 @dataclass
 class Layout:
     """Packed time-major order for sequences of the given lengths.
@@ -69,7 +76,7 @@ class Layout:
     def rows_of_ranks(self, ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Packed rows of the sequences at ``ranks``, each sequence's tokens in order; and lengths."""
         lengths = self.lengths[self.order[ranks]]
-        steps = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        steps = positions_within(lengths)
         return self.step_start[steps] + np.repeat(ranks, lengths), lengths
 
     def unpack(self, packed: np.ndarray) -> np.ndarray:

@@ -11,6 +11,7 @@ import pandas as pd
 from scipy.special import logsumexp
 
 from . import chain, metrics
+from .layout import positions_within
 
 
 @dataclass
@@ -63,7 +64,7 @@ class ChunkWindows:
         window_offsets = np.concatenate([[0], np.cumsum(widths)])
         masks = np.zeros((int(window_offsets[-1]), L), dtype=bool)
         chunk_of_row = np.repeat(np.arange(K), inside)
-        within = np.arange(int(inside.sum())) - np.repeat(np.cumsum(inside) - inside, inside)
+        within = positions_within(inside)
         tokens = self.first[chunk_of_row] + within
         masks[window_offsets[chunk_of_row] + self.before[chunk_of_row] + within, codes[tokens]] = True
         masks[window_offsets[:-1][self.before]] = self.before_masks[self.before]
@@ -80,7 +81,7 @@ class ChunkWindows:
         first, stop = self.first, self.stop
         inside = stop - first
         chunk_of_token = np.repeat(np.arange(first.size), inside)
-        tokens = np.repeat(first, inside) + np.arange(int(inside.sum())) - np.repeat(np.cumsum(inside) - inside, inside)
+        tokens = np.repeat(first, inside) + positions_within(inside)
         labels = codes[tokens]
         score = emissions[tokens, labels]
         follows = tokens > np.repeat(first, inside)
