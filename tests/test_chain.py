@@ -184,3 +184,13 @@ def test_marginals_without_transition_counts_are_the_same():
     np.testing.assert_array_equal(lean.marginals, full.marginals)
     np.testing.assert_array_equal(lean.log_z, full.log_z)
     np.testing.assert_array_equal(lean.log_alpha, full.log_alpha)
+
+
+def test_positions_within_groups_including_empty_ones():
+    from crf.layout import positions_within
+
+    assert positions_within([2, 0, 3, 1]).tolist() == [0, 1, 0, 1, 2, 0]
+    assert positions_within(np.array([], dtype=np.int32)).tolist() == []
+    counts = np.random.default_rng(0).integers(0, 5, size=40)
+    expected = [i for c in counts for i in range(c)]
+    assert positions_within(counts.astype(np.uint32)).tolist() == expected
