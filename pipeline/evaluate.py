@@ -41,6 +41,7 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from crf import load_tagger, metrics
+from crf.batch import token_rows
 from pipeline import fields
 from pipeline.data import Dataset
 from pipeline.models import BUNDLE_FILE, ModelAdapter, Tagger
@@ -127,7 +128,7 @@ def check_same_decoding(split: str, bundle, columns: dict, tagged, labels: np.nd
     offsets = tagged.offsets
     sentences = np.unique(np.searchsorted(offsets, np.flatnonzero(differ), side="right") - 1)
     lengths = np.diff(offsets)[sentences]
-    tokens = np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in sentences])
+    tokens = token_rows(offsets, sentences)
     index = {label: code for code, label in enumerate(bundle.labels)}
     forced = np.zeros((tokens.size, len(bundle.labels)), dtype=bool)
     forced[np.arange(tokens.size), [index[label] for label in labels[tokens]]] = True
