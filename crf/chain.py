@@ -93,27 +93,20 @@ def _lifted_scores(packed: np.ndarray, operator, start, layout: Layout, semiring
     return lifted, offset, lifted_operator
 
 
-def _forward(lifted, offset, operator, layout: Layout, semiring, pointers: bool = False):
-    """Normalised forward messages (T, S, *V), cumulative log normalisers (T,) and, with
-    ``pointers``, the back pointers of every step t > 0 ((n_t, S, *V) flat indices into the
-    previous step's (state, rank) pairs). True log message: ``to_log(alpha[r]) + log_scale[r]``.
-    """
+def _forward(lifted, offset, operator, layout: Layout, semiring):
+    """Normalised forward messages (T, S, *V) and cumulative log normalisers (T,). True log
+    message: ``to_log(alpha[r]) + log_scale[r]``."""
     alpha = np.empty(lifted.shape + semiring.value_shape)
     log_scale = np.empty(lifted.shape[0])
-    back = []
     rows = layout.rows(0)
     first = semiring.times(semiring.ones(lifted[rows].shape), lifted[rows])
     log_scale[rows] = semiring.normalize(first, out=alpha[rows])[1] + offset[rows]
     for t in range(1, layout.n_steps):
         rows, previous = layout.rows(t), layout.rows(t - 1, layout.n_active[t])
-        if pointers:
-            incoming, pointer = operator.forward_arg(alpha[previous])
-            back.append(pointer)
-        else:
-            incoming = operator.forward(alpha[previous])
+        incoming = operator.forward(alpha[previous])
         norm = semiring.normalize(semiring.times(incoming, lifted[rows]), out=alpha[rows])[1]
         log_scale[rows] = log_scale[previous] + norm + offset[rows]
-    return alpha, log_scale, back
+    return alpha, log_scale
 
 
 def _backward(lifted, offset, operator, end_lifted, end_log, layout: Layout, semiring):
@@ -179,7 +172,7 @@ class Posterior:
 def _messages(packed, operator, start, end, layout: Layout, semiring, overwrite: bool = False):
     """Lifted scores, forward and backward messages of packed emissions; and log Z by rank."""
     lifted, offset, lifted_operator = _lifted_scores(packed, operator, start, layout, semiring, overwrite)
-    alpha, alpha_scale = _forward(lifted, offset, lifted_operator, layout, semiring)[:2]
+    alpha, alpha_scale = _forward(lifted, offset, lifted_operator, layout, semiring)
     end_lifted, end_offset = semiring.from_log(np.array(end, dtype=np.float64)[None, :], inplace=True)
     end_lifted, end_norm = semiring.normalize(end_lifted)
     end_log = end_norm[0] + end_offset[0]
@@ -327,7 +320,7 @@ def _best_paths(emissions, transitions, start, end, lengths, allowed, semiring) 
     layout, operator = _layout(lengths), _operator(transitions)
     emissions = _masked(emissions, allowed, operator)
     lifted, offset, lifted_operator = _lifted_scores(emissions[layout.token_of_row], operator, start, layout, semiring, True)
-    alpha, log_scale, pointers = _forward(lifted, offset, lifted_operator, layout, semiring, pointers=True)
+    alpha, log_scale = _forward(lifted, offset, lifted_operator, layout, semiring)
     last = layout.last_rows()
     end_lifted, end_offset = semiring.from_log(np.array(end, dtype=np.float64)[None, :], inplace=True)
     closing = semiring.times(alpha[last], end_lifted)
@@ -343,8 +336,8 @@ def _best_paths(emissions, transitions, start, end, lengths, allowed, semiring) 
         stops_here = ending[:n] == t
         current[:n][stops_here] = best[:n][stops_here]
         states[layout.rows(t)] = current[:n] // size
-        if t > 0:
-            current[:n] = pointers[t - 1].reshape(n, -1)[np.arange(n)[:, None], current[:n]]
+        if t > 0:  # the previous entries these paths came from (back pointers of the chosen entries only)
+            current[:n] = lifted_operator.pointers(alpha[layout.rows(t - 1, n)], current[:n])
     return layout.unpack(states), layout.unrank(scores_by_rank)
 
 
@@ -434,7 +427,7 @@ def constrained_log_probability(
     lifted, offset, lifted_operator = _lifted_scores(
         masked[layout.token_of_row], operator, np.zeros_like(start), layout, semiring
     )
-    alpha, log_scale = _forward(lifted, offset, lifted_operator, layout, semiring)[:2]
+    alpha, log_scale = _forward(lifted, offset, lifted_operator, layout, semiring)
     last = layout.last_rows()
     window_last_token = window_tokens[window_offsets[1:] - 1][layout.order]
     closing = semiring.plus(semiring.times(alpha[last], log_beta[window_last_token]), axis=1)

@@ -13,8 +13,10 @@ A lifted operator has ``values`` (the lifted table, ``shape``) and, for messages
 (V: the semiring's value shape):
 
 - ``forward(m)`` (n, S, *V): messages into every state, ``plus_i m[i] * table[i -> j]``;
-- ``forward_arg(m)``: the same and the flat index into (S, *V) of the previous (state, rank)
-  each entry came from (selective semirings only);
+- ``pointers(m, chosen)`` (n, P): for entries ``chosen`` (n, P) of ``forward(m)`` (flat
+  indices into (S, *V)), the flat index into the previous step's (S, *V) of the entry each came
+  from (selective semirings only, through their ``argtop``: a back pointer is found for the
+  entries a best path goes through, not kept for every entry during the forward pass);
 - ``backward(w)`` (n, S): messages out of every state, ``plus_j table[i -> j] * w[j]``;
 - ``pair_sum(p, f)`` (``shape``): ``plus_n p[n, source] * f[n, target]`` for every table entry;
 - ``source(p)``, ``target(f)``: the messages as arrays broadcasting against ``values`` with a
@@ -24,6 +26,16 @@ A lifted operator has ``values`` (the lifted table, ``shape``) and, for messages
 from __future__ import annotations
 
 import numpy as np
+
+
+def _pick(semiring, candidates: np.ndarray, rank: np.ndarray) -> np.ndarray:
+    """For candidates (n, P, m, *V) (the terms behind entry p of every row) and the rank (n, P) of
+    each entry in its value, the flat index into (m, *V) of the term of that rank. These are
+    the sums the forward contraction maximised, so the term has the entry's value; among equal
+    terms max-product takes the first, as the textbook recursion does."""
+    n, P = candidates.shape[:2]
+    index = semiring.argtop(candidates.reshape(n * P, -1))[1].reshape(n, P, -1)
+    return np.take_along_axis(index, rank[..., None], axis=-1)[..., 0]
 
 
 class FirstOrderTransitions:
@@ -60,8 +72,12 @@ class _LiftedFirstOrder:
     def forward(self, messages: np.ndarray) -> np.ndarray:
         return self.semiring.matmul(messages, self.values)
 
-    def forward_arg(self, messages: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return self.semiring.matmul_arg(messages, self.values)
+    def pointers(self, messages: np.ndarray, chosen: np.ndarray) -> np.ndarray:
+        size = int(np.prod(messages.shape[2:], dtype=np.int64))
+        state, rank = np.divmod(chosen, size)
+        # [n, p, i, *V] = messages[n, i] * table[i -> state[n, p]]
+        candidates = self.semiring.times(messages[:, None], self.values_t[state])
+        return _pick(self.semiring, candidates, rank)
 
     def backward(self, weighted: np.ndarray) -> np.ndarray:
         return self.semiring.matmul(weighted, self.values_t)
@@ -145,13 +161,18 @@ class _LiftedSecondOrder:
     def forward(self, messages: np.ndarray) -> np.ndarray:
         return self._padded(self.semiring.matmul(self._by_middle(messages), self.by_middle), self.semiring.zero)
 
-    def forward_arg(self, messages: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        inner, best = self.semiring.matmul_arg(self._by_middle(messages), self.by_middle)
-        # best indexes (a, rank) pairs; as a flat index into the previous (state (a, b), rank)
-        L, size = self.n_labels, int(np.prod(messages.shape[2:], dtype=np.int64))
-        b = np.arange(L).reshape((L,) + (1,) * (best.ndim - 1))
-        previous = ((best // size) * L + b) * size + best % size
-        return self._padded(inner, self.semiring.zero), self._padded(previous, 0)
+    def pointers(self, messages: np.ndarray, chosen: np.ndarray) -> np.ndarray:
+        L = self.n_labels
+        size = int(np.prod(messages.shape[2:], dtype=np.int64))
+        state, rank = np.divmod(chosen, size)
+        inner = state < L * L  # a before-start state has no predecessor (only on impossible paths)
+        b, c = np.divmod(np.where(inner, state, 0), L)
+        # state (b, c) is entered from the states (a, b), a = 0..L: [n, p, a, *V]
+        sources = np.arange(L + 1) * L + b[..., None]
+        previous = np.take_along_axis(messages[:, None], sources.reshape(sources.shape + (1,) * (messages.ndim - 2)), axis=2)
+        candidates = self.semiring.times(previous, np.moveaxis(self.values[:, b, c], 0, -1))
+        a, r = np.divmod(_pick(self.semiring, candidates, rank), size)
+        return np.where(inner, (a * L + b) * size + r, 0)
 
     def backward(self, weighted: np.ndarray) -> np.ndarray:
         n, L = weighted.shape[0], self.n_labels

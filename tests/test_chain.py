@@ -63,6 +63,56 @@ def test_viterbi_matches_enumeration(seed, n_labels, lengths):
         assert scores[i] == pytest.approx(all_scores[best], abs=1e-10)
 
 
+def _reference_viterbi(emissions, transitions, start, end):
+    """One sequence's best path by the textbook recursion with stored back pointers (ties: the
+    first label), independent of crf.chain: (labels (n,), score)."""
+    score, back = start + emissions[0], []
+    for t in range(1, emissions.shape[0]):
+        candidates = score[:, None] + transitions
+        back.append(candidates.argmax(axis=0))
+        score = candidates.max(axis=0) + emissions[t]
+    path = [int(np.argmax(score + end))]
+    for pointers in reversed(back):
+        path.append(int(pointers[path[-1]]))
+    return np.array(path[::-1]), float(np.max(score + end))
+
+
+@pytest.mark.parametrize("integers", [False, True])
+def test_viterbi_with_many_labels_matches_the_textbook_recursion(integers):
+    """40 labels: the max-product step skips the terms that cannot win (peaked emissions, as in a
+    trained model), and back pointers are found after the forward pass. Integer scores make
+    exact ties, which must go to the first label as in the textbook recursion."""
+    rng = np.random.default_rng(7)
+    L, lengths = 40, [1, 2, 9, 30, 5, 17, 3]
+    emissions = 8.0 * rng.normal(size=(sum(lengths), L))
+    transitions, start, end = rng.normal(size=(L, L)), rng.normal(size=L), rng.normal(size=L)
+    if integers:
+        emissions, transitions, start, end = (np.round(x / 2) for x in (emissions, transitions, start, end))
+    labels, scores = chain.viterbi(emissions, transitions, start, end, lengths)
+    for i, (a, b) in enumerate(_per_sequence(lengths)):
+        path, score = _reference_viterbi(emissions[a:b], transitions, start, end)
+        np.testing.assert_array_equal(labels[a:b], path)
+        assert scores[i] == pytest.approx(score, abs=1e-9)
+
+
+def test_pruned_max_product_is_the_full_maximum_to_the_bit(monkeypatch):
+    """The pruned (n, m) x (m, p) max-product equals the running maximum over every term, also
+    with -inf entries, ties and rows where nothing is finite; and it really is the pruned path."""
+    rng = np.random.default_rng(3)
+    a = np.round(20.0 * rng.normal(size=(500, 36)))
+    b = np.round(rng.normal(size=(36, 36)))
+    b -= b.max(axis=0)  # lifted: every column peaks at 0
+    b[rng.random(b.shape) < 0.02] = -np.inf
+    b[:, 0] = 0.0
+    a[rng.random(a.shape) < 0.1] = -np.inf
+    a[7] = -np.inf
+    full = chain.MaxSemiring._running_max(a, b)
+    monkeypatch.setattr(chain.MaxSemiring, "_running_max", staticmethod(lambda *args: pytest.fail("not pruned")))
+    pruned = chain.MaxSemiring.matmul(a, b)
+    np.testing.assert_array_equal(pruned, full)
+    assert np.all(pruned[7] == -np.inf)
+
+
 @pytest.mark.parametrize("seed,n_labels,lengths", CASES)
 def test_sequence_scores_and_probabilities(seed, n_labels, lengths):
     emissions, transitions, start, end = random_chain(seed + 200, n_labels, lengths)
