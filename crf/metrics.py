@@ -115,10 +115,10 @@ def chunk_scores(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[str
     pred_chunks = chunks(predicted)
     key = ["sequence", "start", "end", "type"]
     correct = gold_chunks.merge(pred_chunks, on=key, how="inner")
-    types = sorted(set(gold_chunks["type"]) | set(pred_chunks["type"]))
     g = gold_chunks["type"].value_counts()
     p = pred_chunks["type"].value_counts()
     c = correct["type"].value_counts()
+    types = sorted(set(g.index) | set(p.index))  # from the counts: a set of the column iterates every chunk
     rows = []
     for t in types:
         gt, pt, ct = int(g.get(t, 0)), int(p.get(t, 0)), int(c.get(t, 0))

@@ -352,8 +352,16 @@ class CRF(SegmentQueries, CRFsuiteView, BaseEstimator):
 
     def marginals(self, X) -> tuple[np.ndarray, SequenceBatch]:
         """Node marginals p(y_t = l | x) as a (T, L) array (columns in ``classes_`` order)."""
+        posterior, _, batch = self.posterior(X)
+        return posterior.marginals, batch
+
+    def posterior(self, X, keep_messages: bool = False) -> tuple[chain.Posterior, np.ndarray, SequenceBatch]:
+        """Forward-backward over ``X``: the :class:`crf.chain.Posterior` (log Z (N,), marginals
+        (T, L) in ``classes_`` order and, with ``keep_messages``, the log messages that
+        :meth:`segments_of` reuses), the emissions (T, L) and the batch."""
         emissions, batch = self.emissions(X)
-        return chain.forward_backward(emissions, *self._weights(), batch.lengths, counts=False).marginals, batch
+        posterior = chain.forward_backward(emissions, *self._weights(), batch.lengths, keep_messages=keep_messages, counts=False)
+        return posterior, emissions, batch
 
     def _marginal_dicts(self, X) -> list[list[dict[str, float]]]:
         def query(X):

@@ -146,12 +146,20 @@ class SegmentQueries:
         """
         emissions, batch = self.emissions(X)
         labels, _ = chain.viterbi(emissions, *self._weights(), batch.lengths)
+        return self.segments_of(labels, emissions, batch)
+
+    def segments_of(self, labels: np.ndarray, emissions: np.ndarray, batch, posterior=None) -> pd.DataFrame:
+        """The chunks of the labelling ``labels`` (T,) (label indices, e.g. ``predict_codes``')
+        with their confidence, as :meth:`predict_segments` gives them; ``emissions`` (T, L) and
+        ``batch`` as :meth:`posterior` returns them, and its ``posterior`` (with messages) when the
+        caller has it, so that forward-backward is not run twice."""
         windows = ChunkWindows.of(labels, batch.offsets, self.classes_)
         found = windows.chunks.reset_index(drop=True)
         if found.empty:
             found["confidence"] = []
             return found
-        posterior = chain.forward_backward(emissions, *self._weights(), batch.lengths, keep_messages=True, counts=False)
+        if posterior is None or posterior.log_alpha is None:
+            posterior = chain.forward_backward(emissions, *self._weights(), batch.lengths, keep_messages=True, counts=False)
         found["confidence"] = np.exp(
             windows.log_probability(labels, posterior, emissions, self.transitions_, self.start_weights_)
         )

@@ -6,6 +6,7 @@ import itertools
 import zipfile
 
 import numpy as np
+import pandas as pd
 import pytest
 import scipy.sparse as sp
 
@@ -88,6 +89,20 @@ def test_segment_confidence_matches_enumeration(fitted):
             expected += p * bool(inside and before and after)
         assert seg["confidence"] == pytest.approx(expected, rel=1e-9, abs=1e-12)
 
+
+
+def test_segments_from_one_posterior_are_predict_segments(fitted):
+    """The pipeline's tagger runs forward-backward once per split and reuses it for the chunks'
+    confidence: the same frame as predict_segments, which runs its own."""
+    model, X, _ = fitted
+    codes = np.concatenate(model.predict_codes(X[:40])[0])
+    posterior, emissions, batch = model.posterior(X[:40], keep_messages=True)
+    reused = model.segments_of(codes, emissions, batch, posterior)
+    expected = model.predict_segments(X[:40])
+    assert len(expected) > 10
+    pd.testing.assert_frame_equal(reused, expected)
+    marginals, _ = model.marginals(X[:40])
+    np.testing.assert_array_equal(posterior.marginals, marginals)
 
 def test_l1_gives_exact_zeros_and_fewer_features_as_c1_grows():
     X, y = _toy_corpus(1)

@@ -84,7 +84,7 @@ class Progress:
             "elapsed": info.elapsed,
         }
         if hasattr(info, "dev_predictions"):
-            row["dev_accuracy"] = metrics.token_accuracy(self.gold_dev, info.dev_predictions)
+            row["dev_accuracy"] = info.dev_accuracy  # the model's, against the same gold labels
             if self.scheme != "none":
                 row["dev_f1"] = metrics.chunk_scores(self.gold_dev, info.dev_predictions).f1
         self.history.append(row)
@@ -129,24 +129,29 @@ def plot_learning_curve(history: pd.DataFrame, path: Path) -> None:
 
 
 class CRFTagger:
-    """A saved CRF over the featurize stage's matrices (tagging time includes feature extraction)."""
+    """A saved CRF over the featurize stage's matrices (tagging time includes feature extraction).
+    One forward-backward per split gives the token marginals and the chunks' confidence."""
 
     def __init__(self, inputs: Mapping[str, Path]) -> None:
         self.inputs = inputs
         self.model = CRF.load(inputs["train"] / "model.npz")
         self.feature_seconds = json.loads((inputs["featurize"] / "features.json").read_text())
         self.classes = list(self.model.classes_)
+        self._decoded: dict[str, tuple] = {}  # the last tagged split -> (codes, emissions, batch, posterior)
 
     def tag(self, split: str) -> tuple[np.ndarray, np.ndarray, float, float]:
         batch = load_batch(self.inputs["featurize"], split)
         began = time.perf_counter()
         codes = np.concatenate(self.model.predict_codes(batch)[0])
         seconds = time.perf_counter() - began
-        marginals, _ = self.model.marginals(batch)
+        posterior, emissions, batch = self.model.posterior(batch, keep_messages=True)
+        self._decoded = {split: (codes, emissions, batch, posterior)}  # for segments(split) next
         extraction = float(self.feature_seconds.get(f"{split}_feature_seconds", 0.0))
-        return codes, marginals[np.arange(codes.size), codes], seconds, seconds + extraction
+        return codes, posterior.marginals[np.arange(codes.size), codes], seconds, seconds + extraction
 
     def segments(self, split: str) -> pd.DataFrame:
+        if split in self._decoded:
+            return self.model.segments_of(*self._decoded.pop(split))
         return self.model.predict_segments(load_batch(self.inputs["featurize"], split))
 
 
