@@ -94,19 +94,21 @@ def _lifted_scores(packed: np.ndarray, operator, start, layout: Layout, semiring
 
 
 def _forward(lifted, offset, operator, layout: Layout, semiring):
-    """Normalised forward messages (T, S, *V) and cumulative log normalisers (T,). True log
-    message: ``to_log(alpha[r]) + log_scale[r]``."""
+    """Normalised forward messages (T, S, *V), cumulative log normalisers (T,) and each row's own
+    step normaliser (T,) (the log of what its message was divided by). True log message:
+    ``to_log(alpha[r]) + log_scale[r]``."""
     alpha = np.empty(lifted.shape + semiring.value_shape)
-    log_scale = np.empty(lifted.shape[0])
+    log_scale, step_log = np.empty(lifted.shape[0]), np.empty(lifted.shape[0])
     rows = layout.rows(0)
     first = semiring.times(semiring.ones(lifted[rows].shape), lifted[rows])
-    log_scale[rows] = semiring.normalize(first, out=alpha[rows])[1] + offset[rows]
+    step_log[rows] = semiring.normalize(first, out=alpha[rows])[1]
+    log_scale[rows] = step_log[rows] + offset[rows]
     for t in range(1, layout.n_steps):
         rows, previous = layout.rows(t), layout.rows(t - 1, layout.n_active[t])
         incoming = operator.forward(alpha[previous])
-        norm = semiring.normalize(semiring.times(incoming, lifted[rows]), out=alpha[rows])[1]
-        log_scale[rows] = log_scale[previous] + norm + offset[rows]
-    return alpha, log_scale
+        step_log[rows] = semiring.normalize(semiring.times(incoming, lifted[rows]), out=alpha[rows])[1]
+        log_scale[rows] = log_scale[previous] + step_log[rows] + offset[rows]
+    return alpha, log_scale, step_log
 
 
 def _backward(lifted, offset, operator, end_lifted, end_log, layout: Layout, semiring):
@@ -127,14 +129,15 @@ def _backward(lifted, offset, operator, end_lifted, end_log, layout: Layout, sem
     return beta, log_scale
 
 
-def _edges(alpha, beta, lifted, operator, layout: Layout, semiring, per_edge=None, healthy=None) -> np.ndarray:
+def _edges(alpha, beta, lifted, operator, layout: Layout, semiring, per_edge=None, healthy=None, step_log=None) -> np.ndarray:
     """Edge posteriors of every step t > 0, for any operator and sum-product semiring.
 
     The previous rows' alpha and the current rows' lifted emissions times beta meet across the
     operator's table. With ``per_edge(rows, block)`` each step's (n_t, *table shape) edge
     marginals are handed over; otherwise the expected counts (table shape) summed over all
     edges are returned: ``table * plus_n alpha[n] beta'[n] / Z_n``, one contraction per step.
-    ``healthy`` (N,) by rank leaves failed sequences out.
+    ``healthy`` (N,) by rank leaves failed sequences out. ``step_log``: the forward pass's step
+    normalisers (see :func:`_forward`), needed for the counts.
     """
     counts = np.zeros(operator.values.shape)
     for t in range(1, layout.n_steps):
@@ -147,7 +150,11 @@ def _edges(alpha, beta, lifted, operator, layout: Layout, semiring, per_edge=Non
             flat = semiring.normalize(joint.reshape(joint.shape[0], -1))[0]
             per_edge(layout.rows(t), semiring.to_prob(flat).reshape(joint.shape))
             continue
-        log_norm = semiring.to_log(semiring.plus(semiring.times(operator.forward(previous), following), axis=1))
+        # Z_n = plus_ij previous_i table_ij following_j: the forward step into these rows gave
+        # alpha[rows] times its normaliser, so Z_n is that normaliser times plus_j alpha beta
+        # (no second pass of the forward product)
+        rows = layout.rows(t)
+        log_norm = (semiring.to_log(semiring.plus(semiring.times(alpha[rows], beta[rows]), axis=1)) + step_log[rows])[keep]
         weighted = semiring.times(previous, semiring.weights(-log_norm)[:, None])
         counts += semiring.to_prob(semiring.times(operator.values, operator.pair_sum(weighted, following)))
     return counts
@@ -172,26 +179,27 @@ class Posterior:
 def _messages(packed, operator, start, end, layout: Layout, semiring, overwrite: bool = False):
     """Lifted scores, forward and backward messages of packed emissions; and log Z by rank."""
     lifted, offset, lifted_operator = _lifted_scores(packed, operator, start, layout, semiring, overwrite)
-    alpha, alpha_scale = _forward(lifted, offset, lifted_operator, layout, semiring)
+    alpha, alpha_scale, step_log = _forward(lifted, offset, lifted_operator, layout, semiring)
     end_lifted, end_offset = semiring.from_log(np.array(end, dtype=np.float64)[None, :], inplace=True)
     end_lifted, end_norm = semiring.normalize(end_lifted)
     end_log = end_norm[0] + end_offset[0]
     beta, beta_scale = _backward(lifted, offset, lifted_operator, end_lifted[0], end_log, layout, semiring)
     closing = semiring.normalize(semiring.times(alpha[layout.last_rows()], end_lifted))[1]
     log_z = alpha_scale[layout.last_rows()] + closing + end_log
-    return lifted, lifted_operator, (alpha, alpha_scale), (beta, beta_scale), log_z
+    return lifted, lifted_operator, (alpha, alpha_scale, step_log), (beta, beta_scale), log_z
 
 
 def _forward_backward_packed(packed, operator, start, end, layout: Layout, semiring, keep_messages, overwrite=False, counts=True):
     """Forward-backward in one semiring on packed emissions; results packed, ``log_z`` by rank.
     Sequences whose normalisers underflow (or are impossible) contribute no transition counts;
     with a ``semiring.fallback`` they get ``log_z`` NaN and :func:`forward_backward` recomputes them."""
-    lifted, lifted_operator, (alpha, alpha_scale), (beta, beta_scale), log_z = _messages(
+    lifted, lifted_operator, (alpha, alpha_scale, step_log), (beta, beta_scale), log_z = _messages(
         packed, operator, start, end, layout, semiring, overwrite
     )
     failed = ~np.isfinite(log_z) | ~np.isfinite(beta_scale[layout.first_rows()])
     if counts:
-        counts = _edges(alpha, beta, lifted, lifted_operator, layout, semiring, None, ~failed if failed.any() else None)
+        healthy = ~failed if failed.any() else None
+        counts = _edges(alpha, beta, lifted, lifted_operator, layout, semiring, None, healthy, step_log)
     else:
         counts = None
     del lifted
@@ -276,7 +284,7 @@ def edge_marginals(emissions, transitions, start, end, lengths) -> np.ndarray:
     emissions = np.asarray(emissions, dtype=np.float64)
     layout, operator = _layout(lengths), _operator(transitions)
     semiring = LogSemiring
-    lifted, lifted_operator, (alpha, _), (beta, _), _ = _messages(
+    lifted, lifted_operator, (alpha, _, _), (beta, _), _ = _messages(
         emissions[layout.token_of_row], operator, start, end, layout, semiring
     )
     packed = np.zeros((emissions.shape[0],) + lifted_operator.values.shape)
@@ -320,7 +328,7 @@ def _best_paths(emissions, transitions, start, end, lengths, allowed, semiring) 
     layout, operator = _layout(lengths), _operator(transitions)
     emissions = _masked(emissions, allowed, operator)
     lifted, offset, lifted_operator = _lifted_scores(emissions[layout.token_of_row], operator, start, layout, semiring, True)
-    alpha, log_scale = _forward(lifted, offset, lifted_operator, layout, semiring)
+    alpha, log_scale, _ = _forward(lifted, offset, lifted_operator, layout, semiring)
     last = layout.last_rows()
     end_lifted, end_offset = semiring.from_log(np.array(end, dtype=np.float64)[None, :], inplace=True)
     closing = semiring.times(alpha[last], end_lifted)
@@ -427,7 +435,7 @@ def constrained_log_probability(
     lifted, offset, lifted_operator = _lifted_scores(
         masked[layout.token_of_row], operator, np.zeros_like(start), layout, semiring
     )
-    alpha, log_scale = _forward(lifted, offset, lifted_operator, layout, semiring)
+    alpha, log_scale, _ = _forward(lifted, offset, lifted_operator, layout, semiring)
     last = layout.last_rows()
     window_last_token = window_tokens[window_offsets[1:] - 1][layout.order]
     closing = semiring.plus(semiring.times(alpha[last], log_beta[window_last_token]), axis=1)
