@@ -129,7 +129,14 @@ def _backward(lifted, offset, operator, end_lifted, end_log, layout: Layout, sem
     return beta, log_scale
 
 
-def _edges(alpha, beta, lifted, operator, layout: Layout, semiring, per_edge=None, healthy=None, step_log=None) -> np.ndarray:
+# log of the alpha-beta overlap below which an edge normaliser is taken from the full forward
+# product: at 1e-50, the values flushed below 1e-75 change it by at most L * 1e-25 of itself
+_LOG_SMALL_OVERLAP = np.log(1e-50)
+
+
+def _edges(
+    alpha, beta, lifted, operator, layout: Layout, semiring, per_edge=None, healthy=None, step_log=None, overlap=None
+) -> np.ndarray:
     """Edge posteriors of every step t > 0, for any operator and sum-product semiring.
 
     The previous rows' alpha and the current rows' lifted emissions times beta meet across the
@@ -137,7 +144,8 @@ def _edges(alpha, beta, lifted, operator, layout: Layout, semiring, per_edge=Non
     marginals are handed over; otherwise the expected counts (table shape) summed over all
     edges are returned: ``table * plus_n alpha[n] beta'[n] / Z_n``, one contraction per step.
     ``healthy`` (N,) by rank leaves failed sequences out. ``step_log``: the forward pass's step
-    normalisers (see :func:`_forward`), needed for the counts.
+    normalisers (see :func:`_forward`) and ``overlap`` (T,): ``to_log(dot(alpha, beta))`` per
+    row, both needed for the counts.
     """
     counts = np.zeros(operator.values.shape)
     for t in range(1, layout.n_steps):
@@ -152,9 +160,14 @@ def _edges(alpha, beta, lifted, operator, layout: Layout, semiring, per_edge=Non
             continue
         # Z_n = plus_ij previous_i table_ij following_j: the forward step into these rows gave
         # alpha[rows] times its normaliser, so Z_n is that normaliser times plus_j alpha beta
-        # (no second pass of the forward product)
+        # (no second pass of the forward product). A semiring that flushes tiny values loses up
+        # to L * FLUSH of that sum, so rows whose sum is small take the full product instead.
         rows = layout.rows(t)
-        log_norm = (semiring.to_log(semiring.plus(semiring.times(alpha[rows], beta[rows]), axis=1)) + step_log[rows])[keep]
+        log_norm = overlap[rows][keep] + step_log[rows][keep]
+        small = ~(overlap[rows][keep] > _LOG_SMALL_OVERLAP)
+        if small.any():
+            full = semiring.plus(semiring.times(operator.forward(previous[small]), following[small]), axis=1)
+            log_norm[small] = semiring.to_log(full)
         weighted = semiring.times(previous, semiring.weights(-log_norm)[:, None])
         counts += semiring.to_prob(semiring.times(operator.values, operator.pair_sum(weighted, following)))
     return counts
@@ -197,9 +210,17 @@ def _forward_backward_packed(packed, operator, start, end, layout: Layout, semir
         packed, operator, start, end, layout, semiring, overwrite
     )
     failed = ~np.isfinite(log_z) | ~np.isfinite(beta_scale[layout.first_rows()])
+    # every token's alpha * beta, times both scales, is Z in exact arithmetic; a token where it is
+    # not (values a flushing semiring set to zero mattered later) fails its sequence, which is
+    # then recomputed in the fallback semiring rather than returned wrong
+    with np.errstate(divide="ignore", invalid="ignore"):
+        overlap = semiring.to_log(semiring.dot(alpha, beta))
+        if semiring.fallback is not None:
+            agrees = np.isclose(overlap + alpha_scale + beta_scale, log_z[layout.rank_of_row], rtol=1e-9, atol=1e-6)
+            failed[layout.rank_of_row[~agrees]] = True
     if counts:
         healthy = ~failed if failed.any() else None
-        counts = _edges(alpha, beta, lifted, lifted_operator, layout, semiring, None, healthy, step_log)
+        counts = _edges(alpha, beta, lifted, lifted_operator, layout, semiring, None, healthy, step_log, overlap)
     else:
         counts = None
     del lifted

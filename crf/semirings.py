@@ -14,6 +14,7 @@ Operations (``a``, ``b`` arrays of values; a *weight* is the image of one real l
 - ``zero``: the additive identity as a weight (``0`` in probability space, ``-inf`` in log space).
 - ``times(a, b)``: elementwise product; ``b`` holds values or weights (broadcast).
 - ``plus(a, axis)``: sum (in the semiring) over an axis of the value array's leading axes.
+- ``dot(a, b)``: ``plus_j a[n, j] * b[n, j]`` for (n, m) values, row by row (n,).
 - ``matmul(a, b)``: ``out[..., i, j] = plus_m a[..., i, m] * b[..., m, j]`` with batch axes
   ``...``; ``a`` holds values (its value axes trail), ``b`` weights.
 - ``normalize(a)``: each row (axis 0) divided by its sum, and the log of the sums (n,): keeps
@@ -83,6 +84,10 @@ class LogSemiring:
     def plus(values: np.ndarray, axis: int) -> np.ndarray:
         with np.errstate(divide="ignore", invalid="ignore"):
             return logsumexp(values, axis=axis)
+
+    @classmethod
+    def dot(cls, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return cls.plus(cls.times(a, b), axis=1)
 
     @staticmethod
     def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -156,6 +161,10 @@ class ScaledSemiring:
         return summed @ np.ones(summed.shape[-1])  # a BLAS product is faster than sum() over short rows
 
     @staticmethod
+    def dot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return np.einsum("ij,ij->i", a, b)  # no (n, m) temporary
+
+    @staticmethod
     def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return np.matmul(a, b)
 
@@ -194,15 +203,23 @@ class MaxSemiring(LogSemiring):
         and term i can give at most ``a[n, i] + max_j b[i, j]``. Rounding is monotone, so a term
         below the floor in floating point is below the maximum too: the result is the same to
         the bit. In trained models a few terms of each row are left (EWT XPOS: 4 of 49)."""
-        if a.ndim == 2 and b.ndim == 2 and a.shape[0] and b.size >= cls.PRUNED_TABLE:
-            floor = (a + b.min(axis=1)).max(axis=1)
-            keep = a + b.max(axis=1) >= floor[:, None]
+        if not (a.ndim == 2 and b.ndim == 2 and b.size >= cls.PRUNED_TABLE):
+            return cls._running_max(a, b)
+        out = np.empty((a.shape[0], b.shape[1]))
+        bottom, top = b.min(axis=1), b.max(axis=1)
+        # row blocks keep the candidate array (at most PRUNED_SHARE of the block's n * m * p) small
+        for rows in _row_blocks(a.shape[0], int(cls.PRUNED_SHARE * b.size)):
+            block = a[rows]
+            floor = (block + bottom).max(axis=1)
+            keep = block + top >= floor[:, None]
             per_row = keep.sum(axis=1)
             if per_row.sum() <= cls.PRUNED_SHARE * keep.size and per_row.all():
-                rows, terms = np.nonzero(keep)  # row-major: grouped by row
-                candidates = a[rows, terms][:, None] + b[terms]
-                return np.maximum.reduceat(candidates, np.cumsum(per_row) - per_row, axis=0)
-        return cls._running_max(a, b)
+                index, terms = np.nonzero(keep)  # row-major: grouped by row
+                candidates = block[index, terms][:, None] + b[terms]
+                out[rows] = np.maximum.reduceat(candidates, np.cumsum(per_row) - per_row, axis=0)
+            else:
+                out[rows] = cls._running_max(block, b)
+        return out
 
     @staticmethod
     def _running_max(a: np.ndarray, b: np.ndarray) -> np.ndarray:

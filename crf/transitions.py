@@ -31,8 +31,9 @@ import numpy as np
 def _pick(semiring, candidates: np.ndarray, rank: np.ndarray) -> np.ndarray:
     """For candidates (n, P, m, *V) (the terms behind entry p of every row) and the rank (n, P) of
     each entry in its value, the flat index into (m, *V) of the term of that rank. These are
-    the sums the forward contraction maximised, so the term has the entry's value; among equal
-    terms max-product takes the first, as the textbook recursion does."""
+    the sums the forward contraction maximised, so the term has the entry's value. Among equal
+    terms max-product takes the first, as the textbook recursion does; k-best may order equal
+    terms differently from its forward contraction (another path of the same score)."""
     n, P = candidates.shape[:2]
     index = semiring.argtop(candidates.reshape(n * P, -1))[1].reshape(n, P, -1)
     return np.take_along_axis(index, rank[..., None], axis=-1)[..., 0]

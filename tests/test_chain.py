@@ -184,6 +184,23 @@ def test_impossible_constraint_has_probability_zero():
     assert got[0] == -np.inf
 
 
+@pytest.mark.parametrize("n_tokens", [4, 5])
+def test_results_where_flushed_values_matter_later_are_exact(n_tokens):
+    """Scores ~115 and ~1000 nats apart: the scaled recursion flushes to zero forward and backward
+    values that later carry the best paths (with 5 tokens the forward log Z alone would be -300
+    against the true -230; with 4 the flushed alpha and beta barely overlap). Such sequences must
+    be found and recomputed exactly, never returned wrong: log Z, marginals and counts equal the
+    log-space recursion's."""
+    emissions = np.array([[0.0, 0.0], [0.0, -115.0]] + [[-100.0, 0.0]] * (n_tokens - 2))
+    transitions = np.array([[0.0, -1000.0], [-1000.0, 0.0]])
+    start, end = np.array([0.0, -115.0]), np.zeros(2)
+    scaled = chain.forward_backward(emissions, transitions, start, end, [n_tokens])
+    exact = chain.forward_backward(emissions, transitions, start, end, [n_tokens], semiring=chain.LogSemiring)
+    np.testing.assert_allclose(scaled.log_z, exact.log_z, rtol=1e-12)
+    np.testing.assert_allclose(scaled.marginals, exact.marginals, atol=1e-12)
+    np.testing.assert_allclose(scaled.transition_counts, exact.transition_counts, rtol=1e-9, atol=1e-9)
+
+
 def test_large_weights_stay_finite_and_exact():
     """Weights of hundreds overflow a naive exp; the scaled recursion must fall back to log space."""
     lengths = [6, 3, 5]
