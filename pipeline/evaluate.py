@@ -43,6 +43,7 @@ from omegaconf import OmegaConf
 
 from crf import load_tagger, metrics
 from crf.batch import token_rows
+from crf.parallel import single_threaded_blas
 from pipeline import fields
 from pipeline.data import Dataset
 from pipeline.models import BUNDLE_FILE, ModelAdapter, Tagger
@@ -312,7 +313,10 @@ def evaluate(
     tagged = {}
     for split in SPLITS:
         tagged[split] = tagger.tag(split), tagger.segments(split) if chunked and not needs_bundle else None
-    with ThreadPoolExecutor(len(SPLITS)) as pool:
+    if vocabulary is not None:  # pandas builds an index's hash table on first use, without a lock
+        vocabulary.get_indexer(pd.Series([""], dtype=object))
+    # the BLAS thread limit is process-wide: set here for both threads (the bundle's calls nest in it)
+    with single_threaded_blas(), ThreadPoolExecutor(len(SPLITS)) as pool:
         parts = pool.map(
             lambda split: score_split(split, *tagged[split], tagger.classes, data, bins, out, settings, vocabulary, bundle_path),
             SPLITS,

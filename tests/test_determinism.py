@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from threadpoolctl import threadpool_info, threadpool_limits
 
 from crf import CRF, SequenceBatch
 from crf.objective import Objective, ParameterLayout, chunk_count
@@ -65,3 +66,23 @@ def test_fit_bit_identical_for_1_and_2_threads(monkeypatch, c1, c2):
     assert np.array_equal(one.state_weights_, two.state_weights_)
     assert np.array_equal(one.transitions_, two.transitions_)
     assert np.array_equal(one.start_weights_, two.start_weights_) and np.array_equal(one.end_weights_, two.end_weights_)
+
+
+def _blas_threads() -> list[int]:
+    return [pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"]
+
+
+def test_blas_limit_holds_until_the_last_block_leaves():
+    """Blocks of single_threaded_blas that overlap without nesting (as on two threads: dev and test
+    evaluated at once), the first to enter leaving first: the limit holds for the block still
+    running, and the original comes back when it leaves."""
+    with threadpool_limits(limits=2, user_api="blas"):
+        original = _blas_threads()
+        first, second = single_threaded_blas(), single_threaded_blas()
+        first.__enter__()
+        second.__enter__()
+        first.__exit__(None, None, None)
+        still = _blas_threads()
+        second.__exit__(None, None, None)
+        assert still == [1] * len(original)
+        assert _blas_threads() == original

@@ -90,7 +90,6 @@ def test_segment_confidence_matches_enumeration(fitted):
         assert seg["confidence"] == pytest.approx(expected, rel=1e-9, abs=1e-12)
 
 
-
 def test_segments_from_one_posterior_are_predict_segments(fitted):
     """The pipeline's tagger runs forward-backward once per split and reuses it for the chunks'
     confidence: the same frame as predict_segments, which runs its own."""
@@ -103,6 +102,7 @@ def test_segments_from_one_posterior_are_predict_segments(fitted):
     pd.testing.assert_frame_equal(reused, expected)
     marginals, _ = model.marginals(X[:40])
     np.testing.assert_array_equal(posterior.marginals, marginals)
+
 
 def test_l1_gives_exact_zeros_and_fewer_features_as_c1_grows():
     X, y = _toy_corpus(1)
