@@ -211,8 +211,9 @@ def _forward_backward_packed(packed, operator, start, end, layout: Layout, semir
     )
     failed = ~np.isfinite(log_z) | ~np.isfinite(beta_scale[layout.first_rows()])
     # every token's alpha * beta, times both scales, is Z in exact arithmetic; a token where it is
-    # not (values a flushing semiring set to zero mattered later) fails its sequence, which is
-    # then recomputed in the fallback semiring rather than returned wrong
+    # not (values a flushing semiring set to zero in one pass mattered later) fails its sequence,
+    # which is then recomputed in the fallback semiring. A flush both passes share (see
+    # ScaledSemiring) keeps the identity and is not caught here.
     with np.errstate(divide="ignore", invalid="ignore"):
         overlap = semiring.to_log(semiring.dot(alpha, beta))
         if semiring.fallback is not None:

@@ -8,7 +8,6 @@ BLAS threads and they fight over the cores (measured: 2x slower).
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -26,30 +25,14 @@ def thread_count(requested: int | None) -> int:
     return int(requested) if requested else min(os.cpu_count() or 1, 4)
 
 
-_blas_lock = threading.Lock()
-_blas_users = 0
-_blas_limits: threadpool_limits | None = None
-
-
 @contextmanager
 def single_threaded_blas() -> Iterator[None]:
-    """BLAS limited to one thread inside the block. The limit is process-wide, so threads entering
-    and leaving at different times share one limit: the first in sets it, the last out restores
-    the original (a limit per block would let a block that ends early restore the original under
-    one still running, and one that ends late restore the limit of one)."""
-    global _blas_users, _blas_limits
-    with _blas_lock:
-        if _blas_users == 0:
-            _blas_limits = threadpool_limits(limits=1, user_api="blas")
-        _blas_users += 1
-    try:
+    """BLAS limited to one thread inside the block. The limit is process-wide: enter the block in
+    the thread that starts the worker threads, around all of them. threadpoolctl lets only one
+    thread at a time set a process-wide limit (a block entered by another thread meanwhile does
+    nothing), and it gives that right up when the outermost block of that thread ends."""
+    with threadpool_limits(limits=1, user_api="blas"):
         yield
-    finally:
-        with _blas_lock:
-            _blas_users -= 1
-            if _blas_users == 0:
-                _blas_limits.restore_original_limits()
-                _blas_limits = None
 
 
 class Workers:

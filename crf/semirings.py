@@ -113,7 +113,12 @@ class ScaledSemiring:
     Their share of any sum is below 1e-75, far under float64 precision, and it keeps every
     product of up to four factors a normal float: subnormal floats make matrix products about
     a hundred times slower, and trained weights produce them in large numbers. Sequences whose
-    normalisers underflow anyway are recomputed in ``fallback`` (log space).
+    normalisers underflow anyway are recomputed in ``fallback`` (log space), and so are those
+    where a value flushed in the forward or the backward pass carried paths that matter later
+    (:mod:`crf.chain` checks that every token gives the same log Z). Not caught: a flush both
+    passes share, such as an emission more than 172 nats below its token's best label whose
+    label still lies on the best paths because transitions make up more than that; scores so far
+    apart are outside what a regularised model gives, and then the sum misses those paths.
     """
 
     value_shape: tuple[int, ...] = ()

@@ -188,9 +188,9 @@ def test_impossible_constraint_has_probability_zero():
 def test_results_where_flushed_values_matter_later_are_exact(n_tokens):
     """Scores ~115 and ~1000 nats apart: the scaled recursion flushes to zero forward and backward
     values that later carry the best paths (with 5 tokens the forward log Z alone would be -300
-    against the true -230; with 4 the flushed alpha and beta barely overlap). Such sequences must
-    be found and recomputed exactly, never returned wrong: log Z, marginals and counts equal the
-    log-space recursion's."""
+    against the true -230; with 4 the flushed alpha and beta barely overlap). Such sequences are
+    found (a flush in one pass breaks alpha . beta = Z at some token) and recomputed: log Z,
+    marginals and counts equal the log-space recursion's."""
     emissions = np.array([[0.0, 0.0], [0.0, -115.0]] + [[-100.0, 0.0]] * (n_tokens - 2))
     transitions = np.array([[0.0, -1000.0], [-1000.0, 0.0]])
     start, end = np.array([0.0, -115.0]), np.zeros(2)
