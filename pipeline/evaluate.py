@@ -199,6 +199,13 @@ def field_scores(
     return results
 
 
+def bundle_needed(data: Dataset, settings: dict) -> bool:
+    """Whether evaluation reads the trained bundle: chunk confidence of a field, or correction
+    propagation, on a chunk-scheme dataset."""
+    wanted = settings["confidence_field"] is not None or bool(settings["correction_propagation"])
+    return data.scheme != "none" and wanted
+
+
 def score_split(
     split: str,
     tag_result: tuple,
@@ -213,8 +220,7 @@ def score_split(
 ) -> dict:
     """Every figure and file of one split, from the tagger's ``tag(split)`` result and segments."""
     field = settings["confidence_field"]
-    chunked = data.scheme != "none"
-    needs_bundle = chunked and (field is not None or bool(settings["correction_propagation"]))
+    chunked, needs_bundle = data.scheme != "none", bundle_needed(data, settings)
     gold = data.labels(split)
     flat_pred, confidence, seconds, seconds_with_features = tag_result
     n_tokens = flat_pred.size
@@ -300,10 +306,8 @@ def evaluate(
     trained model's bundle, used for correction propagation and for segments the tagger does not give.
     """
     settings = {**FIELD_SETTINGS, **(settings or {})}
-    field = settings["confidence_field"]
     vocabulary = known_words(data) if "w" in data.columns else None
-    chunked = data.scheme != "none"
-    needs_bundle = chunked and (field is not None or bool(settings["correction_propagation"]))
+    chunked, needs_bundle = data.scheme != "none", bundle_needed(data, settings)
     if needs_bundle and (bundle_path is None or not Path(bundle_path).is_file()):
         raise FileNotFoundError(
             f"evaluate: confidence_field/correction_propagation need the model's bundle, not found: {bundle_path}"
