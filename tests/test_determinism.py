@@ -10,7 +10,7 @@ import scipy.sparse as sp
 from threadpoolctl import threadpool_info
 
 from crf import CRF, SequenceBatch
-from crf.objective import Objective, ParameterLayout, chunk_count
+from crf.objective import Objective, ParameterLayout, _chunks_of, chunk_count
 from crf.parallel import single_threaded_blas
 from crf.params import feature_index
 
@@ -42,6 +42,31 @@ def test_chunk_count_does_not_depend_on_threads():
     assert chunk_count(250, 50, 100) == 4  # 3 chunks, rounded up to a multiple of 4
     assert chunk_count(900, 50, 100) == 12
     assert chunk_count(900, 6, 100) == 6  # at most one chunk per sequence
+
+
+def test_chunks_cover_every_sequence_once_by_length_with_balanced_tokens():
+    lengths = np.random.default_rng(3).integers(1, 40, size=500)
+    groups = _chunks_of(lengths, 8)
+    assert len(groups) == 8
+    assert np.array_equal(np.sort(np.concatenate(groups)), np.arange(lengths.size))
+    tokens = [int(lengths[g].sum()) for g in groups]
+    assert max(tokens) - min(tokens) <= lengths.max()  # cut at the first sequence past each share
+    for longer, shorter in zip(groups, groups[1:]):  # runs of lengths, longest first
+        assert lengths[longer].min() >= lengths[shorter].max()
+    assert [g.size for g in _chunks_of(np.array([5, 1, 1]), 4)] == [1, 1, 1]  # never an empty chunk
+
+
+def test_chunked_objective_equals_one_chunk():
+    batch, labels, _ = _corpus()
+    params = ParameterLayout(batch.n_attributes, N_LABELS, feature_index(batch.X, labels, N_LABELS))
+    theta = np.random.default_rng(2).normal(0, 0.5, params.size)
+    with single_threaded_blas():
+        whole = Objective(batch.X, batch.offsets, labels, params, n_threads=1, chunk_cells=10**9)
+        chunked = Objective(batch.X, batch.offsets, labels, params, n_threads=2, chunk_cells=300)
+        assert len(whole.chunks) == 1 and len(chunked.chunks) > 8
+        (loss_whole, grad_whole), (loss_chunked, grad_chunked) = whole(theta), chunked(theta)
+    assert loss_chunked == pytest.approx(loss_whole, rel=1e-12)
+    np.testing.assert_allclose(grad_chunked, grad_whole, rtol=1e-10, atol=1e-10)
 
 
 def test_objective_bit_identical_for_1_and_2_threads():
