@@ -197,6 +197,9 @@ class MaxSemiring(LogSemiring):
     # used when at most this share of the (row, term) pairs is left
     PRUNED_TABLE = 32 * 32
     PRUNED_SHARE = 0.25
+    # candidate arrays (n * m * p sums) up to this size are formed in one step: a few rows (the
+    # long tail of a batch, one short sentence) then take one NumPy call instead of m or more
+    ONE_STEP_CELLS = 1 << 15
 
     @classmethod
     def matmul(cls, a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -208,6 +211,8 @@ class MaxSemiring(LogSemiring):
         and term i can give at most ``a[n, i] + max_j b[i, j]``. Rounding is monotone, so a term
         below the floor in floating point is below the maximum too: the result is the same to
         the bit. In trained models a few terms of each row are left (EWT XPOS: 4 of 49)."""
+        if a.size * b.shape[-1] <= cls.ONE_STEP_CELLS:
+            return (a[..., :, :, None] + b[..., None, :, :]).max(axis=-2)
         if not (a.ndim == 2 and b.ndim == 2 and b.size >= cls.PRUNED_TABLE):
             return cls._running_max(a, b)
         out = np.empty((a.shape[0], b.shape[1]))

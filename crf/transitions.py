@@ -25,6 +25,8 @@ A lifted operator has ``values`` (the lifted table, ``shape``) and, for messages
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 
@@ -35,6 +37,8 @@ def _pick(semiring, candidates: np.ndarray, rank: np.ndarray) -> np.ndarray:
     terms max-product takes the first, as the textbook recursion does; k-best may order equal
     terms differently from its forward contraction (another path of the same score)."""
     n, P = candidates.shape[:2]
+    if candidates.ndim == 3:  # one number per value (max-product): rank 0, the first arg max
+        return candidates.argmax(axis=-1)
     index = semiring.argtop(candidates.reshape(n * P, -1))[1].reshape(n, P, -1)
     return np.take_along_axis(index, rank[..., None], axis=-1)[..., 0]
 
@@ -74,7 +78,7 @@ class _LiftedFirstOrder:
         return self.semiring.matmul(messages, self.values)
 
     def pointers(self, messages: np.ndarray, chosen: np.ndarray) -> np.ndarray:
-        size = int(np.prod(messages.shape[2:], dtype=np.int64))
+        size = math.prod(messages.shape[2:])
         state, rank = np.divmod(chosen, size)
         # [n, p, i, *V] = messages[n, i] * table[i -> state[n, p]]
         candidates = self.semiring.times(messages[:, None], self.values_t[state])
@@ -164,7 +168,7 @@ class _LiftedSecondOrder:
 
     def pointers(self, messages: np.ndarray, chosen: np.ndarray) -> np.ndarray:
         L = self.n_labels
-        size = int(np.prod(messages.shape[2:], dtype=np.int64))
+        size = math.prod(messages.shape[2:])
         state, rank = np.divmod(chosen, size)
         inner = state < L * L  # a before-start state has no predecessor (only on impossible paths)
         b, c = np.divmod(np.where(inner, state, 0), L)

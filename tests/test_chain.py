@@ -113,6 +113,19 @@ def test_pruned_max_product_is_the_full_maximum_to_the_bit(monkeypatch):
     assert np.all(pruned[7] == -np.inf)
 
 
+@pytest.mark.parametrize("rows", [1, 3, 60])
+def test_max_product_of_a_few_rows_in_one_step_is_the_running_maximum(monkeypatch, rows):
+    """Few rows (a short sentence, the tail of a batch) take one broadcast maximum: the same bits
+    as the loop over terms, with -inf entries and ties."""
+    rng = np.random.default_rng(rows)
+    a, b = np.round(3.0 * rng.normal(size=(rows, 22))), np.round(rng.normal(size=(22, 22)))
+    a[rng.random(a.shape) < 0.1], b[rng.random(b.shape) < 0.05] = -np.inf, -np.inf
+    assert a.size * b.shape[1] <= chain.MaxSemiring.ONE_STEP_CELLS
+    full = chain.MaxSemiring._running_max(a, b)
+    monkeypatch.setattr(chain.MaxSemiring, "_running_max", staticmethod(lambda *args: pytest.fail("not one step")))
+    np.testing.assert_array_equal(chain.MaxSemiring.matmul(a, b), full)
+
+
 @pytest.mark.parametrize("seed,n_labels,lengths", CASES)
 def test_sequence_scores_and_probabilities(seed, n_labels, lengths):
     emissions, transitions, start, end = random_chain(seed + 200, n_labels, lengths)
