@@ -287,24 +287,20 @@ class Objective:
         n = self.params.n_state
         _, transitions, start, end = self.params.split_transitions(theta)
         shared = self.partition.shared_weights(theta[:n])
-        parts = self.workers.map(lambda chunk: chunk.evaluate(theta[:n], shared, transitions, start, end), self.chunks)
-        # summed in chunk order (the pool returns results in order): the same sums for any thread count
-        log_z, gold, state, pairs, ends = (_sum_in_order([p[k] for p in parts]) for k in range(5))
+        parts = self.workers.imap(lambda chunk: chunk.evaluate(theta[:n], shared, transitions, start, end), self.chunks)
+        # summed in chunk order (results come in order), so the sums are the same for any thread
+        # count; in place into the first chunk's fresh arrays, each chunk's dropped once added
+        log_z, gold, state, pairs, ends = next(parts)
+        for part in parts:
+            log_z, gold = log_z + part[0], gold + part[1]
+            state += part[2]
+            pairs += part[3]
+            ends += part[4]
         gold += transitions.ravel() @ self.observed_transitions + start @ self.observed_start + end @ self.observed_end
-        gradient = np.concatenate(
-            [
-                state - self.observed_state,
-                pairs.ravel() - self.observed_transitions,
-                ends[0] - self.observed_start,
-                ends[1] - self.observed_end,
-            ]
-        )
+        gradient = np.empty(self.params.size)
+        L = self.params.n_labels
+        np.subtract(state, self.observed_state, out=gradient[:n])
+        np.subtract(pairs.ravel(), self.observed_transitions, out=gradient[n : n + L * L])
+        np.subtract(ends[0], self.observed_start, out=gradient[n + L * L : n + L * L + L])
+        np.subtract(ends[1], self.observed_end, out=gradient[n + L * L + L :])
         return float(log_z - gold), gradient
-
-
-def _sum_in_order(values: list):
-    """``values[0] + values[1] + ...`` left to right (a fixed order of floating-point additions)."""
-    total = values[0]
-    for value in values[1:]:
-        total = total + value
-    return total

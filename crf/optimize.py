@@ -89,7 +89,7 @@ def _regularised(objective: Callable, c2: float) -> Callable[[np.ndarray], tuple
         loss, grad = objective(theta)
         if c2 > 0:
             loss += c2 * float(theta @ theta)
-            grad = grad + 2.0 * c2 * theta
+            grad += 2.0 * c2 * theta  # the objective's gradient is a fresh array
         return loss, grad
 
     return fun
@@ -119,6 +119,9 @@ def lbfgs(
     max_linesearch: int = 20,
 ) -> TrainingResult:
     """Minimise the regularised objective with scipy's L-BFGS-B.
+
+    ``objective(theta)`` returns (loss, gradient) with a new gradient array on every call: the
+    regularisation and the frozen positions are applied to it in place.
 
     With ``c1 > 0`` the variables are split (``theta = u - v``, both non-negative) so that L1
     weights reach exact zeros. The weights at positions ``frozen`` (not features of the model)

@@ -52,10 +52,15 @@ class Workers:
         self.pool = ThreadPoolExecutor(n_threads) if n_threads > 1 else None
 
     def map(self, function: Callable[[T], R], items: Iterable[T]) -> list[R]:
+        return list(self.imap(function, items))
+
+    def imap(self, function: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
+        """The results in order, each as soon as it and those before it are done (so a caller
+        folding them can drop each one before the last is computed)."""
         items = list(items)
         if self.pool is None or len(items) <= 1:
-            return [function(item) for item in items]
-        return list(self.pool.map(function, items))
+            return map(function, items)
+        return self.pool.map(function, items)
 
     def close(self) -> None:
         if self.pool is not None:
