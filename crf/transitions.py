@@ -37,7 +37,7 @@ def _pick(semiring, candidates: np.ndarray, rank: np.ndarray) -> np.ndarray:
     terms max-product takes the first, as the textbook recursion does; k-best may order equal
     terms differently from its forward contraction (another path of the same score)."""
     n, P = candidates.shape[:2]
-    if candidates.ndim == 3:  # one number per value (max-product): rank 0, the first arg max
+    if candidates.ndim == 3:  # one number per value (max-product): rank 0, and argtop is the first arg max
         return candidates.argmax(axis=-1)
     index = semiring.argtop(candidates.reshape(n * P, -1))[1].reshape(n, P, -1)
     return np.take_along_axis(index, rank[..., None], axis=-1)[..., 0]

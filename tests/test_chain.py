@@ -8,6 +8,7 @@ from conftest import enumerate_paths, random_chain
 from scipy.special import logsumexp
 
 from crf import chain
+from crf.transitions import _pick
 
 CASES = [
     (seed, L, lengths)
@@ -124,6 +125,16 @@ def test_max_product_of_a_few_rows_in_one_step_is_the_running_maximum(monkeypatc
     full = chain.MaxSemiring._running_max(a, b)
     monkeypatch.setattr(chain.MaxSemiring, "_running_max", staticmethod(lambda *args: pytest.fail("not one step")))
     np.testing.assert_array_equal(chain.MaxSemiring.matmul(a, b), full)
+
+
+def test_back_pointer_of_scalar_values_is_the_semirings_first_arg_max():
+    """The backtrack's shortcut for one number per value takes what ``MaxSemiring.argtop`` takes:
+    the first of equal terms, and the first term of a row that is all -inf."""
+    candidates = np.array([[[1.0, 3.0, 3.0], [-np.inf, -np.inf, -np.inf]], [[2.0, 2.0, -np.inf], [0.0, -1.0, 5.0]]])
+    expected = chain.MaxSemiring.argtop(candidates.reshape(4, 3))[1].reshape(2, 2)
+    picked = _pick(chain.MaxSemiring, candidates, np.zeros((2, 2), dtype=np.int64))
+    np.testing.assert_array_equal(picked, expected)
+    np.testing.assert_array_equal(picked, [[1, 0], [0, 2]])
 
 
 @pytest.mark.parametrize("seed,n_labels,lengths", CASES)
