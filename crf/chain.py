@@ -163,8 +163,9 @@ def _edges(
         # (no second pass of the forward product). A semiring that flushes tiny values loses up
         # to L * FLUSH of that sum, so rows whose sum is small take the full product instead.
         rows = layout.rows(t)
-        log_norm = overlap[rows][keep] + step_log[rows][keep]
-        small = ~(overlap[rows][keep] > _LOG_SMALL_OVERLAP)
+        row_overlap = overlap[rows][keep]
+        log_norm = row_overlap + step_log[rows][keep]
+        small = ~(row_overlap > _LOG_SMALL_OVERLAP)
         if small.any():
             full = semiring.plus(semiring.times(operator.forward(previous[small]), following[small]), axis=1)
             log_norm[small] = semiring.to_log(full)

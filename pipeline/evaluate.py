@@ -242,7 +242,7 @@ def score_split(
             "token": position,
             "word": flat_words,
             "gold": flat_gold,
-            "predicted": [p for seq in predicted for p in seq],
+            "predicted": classes[flat_pred],
             "marginal": confidence,
         }
     )
