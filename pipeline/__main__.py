@@ -14,7 +14,7 @@ import hydra
 import mlflow
 from omegaconf import DictConfig
 
-from pipeline.lifecycle import ending_runs_on_signal
+from pipeline.lifecycle import ending_runs_on_signal, error_chain
 from pipeline.runner import objective_value, run_pipeline
 
 log = logging.getLogger("pipeline")
@@ -32,19 +32,16 @@ _STORE_WRITE_ERRORS = (
 def unwritable(error: BaseException) -> str | None:
     """One line describing ``error`` when it (or an error it was raised from) means the output
     folder or the store cannot be written; None for any other error."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        if isinstance(error, OSError) and (
-            isinstance(error, PermissionError) or error.errno in (errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EACCES)
+    for link in error_chain(error):
+        if isinstance(link, OSError) and (
+            isinstance(link, PermissionError) or link.errno in (errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EACCES)
         ):
-            where = f": {error.filename}" if error.filename else ""
-            return f"cannot write{where} ({error.strerror or error})"
-        lines = [line for line in str(error).splitlines() if any(m in line.lower() for m in _STORE_WRITE_ERRORS)]
+            where = f": {link.filename}" if link.filename else ""
+            return f"cannot write{where} ({link.strerror or link})"
+        lines = [line for line in str(link).splitlines() if any(m in line.lower() for m in _STORE_WRITE_ERRORS)]
         if lines:
             what = lines[0].split(") ", 1)[-1] if lines[0].startswith("(") else lines[0]  # "(sqlite3.OperationalError) ..."
             return f"cannot write the tracking store {mlflow.get_tracking_uri()} ({what.strip()[:200]})"
-        error = error.__cause__ or error.__context__
     return None
 
 

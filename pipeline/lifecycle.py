@@ -17,6 +17,7 @@ SIGKILL cannot be caught: its runs stay RUNNING until the next start marks them.
 from __future__ import annotations
 
 import fcntl
+import gc
 import logging
 import os
 import signal
@@ -163,6 +164,25 @@ def _mark_killed(run_ids: list[str], reason: str) -> None:
         log.error("could not mark the runs of this process KILLED (%s); the next run will mark them FAILED", error)
 
 
+def error_chain(error: BaseException | None) -> Iterator[BaseException]:
+    """``error`` and the errors it was raised from or during, each once."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        yield error
+        error = error.__cause__ or error.__context__
+
+
+def _terminated_in(error: BaseException) -> Terminated | None:
+    """The :class:`Terminated` that ``error`` is, or that it was raised while handling."""
+    return next((e for e in error_chain(error) if isinstance(e, Terminated)), None)
+
+
+def _drop_frames(error: BaseException) -> None:
+    for link in error_chain(error):
+        link.__traceback__ = None
+
+
 @contextmanager
 def ending_runs_on_signal(signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)) -> Iterator[None]:
     """Within the block, SIGTERM/SIGINT unwind the block (``Terminated``), then every open run of
@@ -182,7 +202,16 @@ def ending_runs_on_signal(signals: tuple[int, ...] = (signal.SIGTERM, signal.SIG
     previous = {sig: signal.signal(sig, handler) for sig in signals}
     try:
         yield
-    except Terminated as stop:
+    except BaseException as error:
+        stop = _terminated_in(error)
+        if stop is None:
+            raise
+        # a signal that landed inside a store write can make the unwinding fail too (SQLite's
+        # lock is held until the interrupted session is collected): drop the interrupted frames
+        # before ending the runs, whatever error the unwinding ended with
+        _drop_frames(error)
+        del error
+        gc.collect()
         _mark_killed(open_runs, str(stop))
         raise SystemExit(128 + stop.signum) from None
     finally:

@@ -21,6 +21,7 @@ import mlflow  # noqa: E402
 import pandas as pd  # noqa: E402
 from pipeline_helpers import tiny_overrides, write_corpus  # noqa: E402
 
+from pipeline import lifecycle  # noqa: E402
 from pipeline.lifecycle import END_REASON_TAG, OWNER_TAG, owner_gone, owner_tags, prepare_store  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -260,3 +261,19 @@ def test_an_unwritable_output_folder_or_store_gives_one_clear_line(data_root, tm
     assert "Traceback" not in text and "sqlalchemy" not in text.lower(), text
     (line,) = text.strip().splitlines()
     assert "cannot write" in line and str(target) in line, text
+
+
+def test_an_error_while_unwinding_a_signal_still_ends_the_runs_killed(monkeypatch):
+    """A signal landing inside a store write can make the unwinding fail as well (CI once saw
+    "database is locked" from the stage run's end_run): the process still ends the runs KILLED
+    and exits 128 + signum instead of 1."""
+    marked = []
+    monkeypatch.setattr(lifecycle, "_mark_killed", lambda runs, reason: marked.append(reason))
+    with pytest.raises(SystemExit) as ended:
+        with lifecycle.ending_runs_on_signal():
+            try:
+                raise lifecycle.Terminated(signal.SIGTERM)
+            finally:
+                raise RuntimeError("database is locked")
+    assert ended.value.code == 128 + signal.SIGTERM
+    assert marked == ["terminated by SIGTERM"]
