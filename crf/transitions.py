@@ -25,9 +25,12 @@ A lifted operator has ``values`` (the lifted table, ``shape``) and, for messages
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
+
+from .semirings import MaxSemiring
 
 
 def _pick(semiring, candidates: np.ndarray, rank: np.ndarray) -> np.ndarray:
@@ -75,7 +78,13 @@ class _LiftedFirstOrder:
         self.semiring = semiring
 
     def forward(self, messages: np.ndarray) -> np.ndarray:
+        if self.semiring is MaxSemiring and MaxSemiring.prunes(messages, self.values):  # bounds worked out once
+            return MaxSemiring.pruned_matmul(messages, self.values, self._spread)
         return self.semiring.matmul(messages, self.values)
+
+    @functools.cached_property
+    def _spread(self) -> np.ndarray:
+        return MaxSemiring.spread(self.values)
 
     def pointers(self, messages: np.ndarray, chosen: np.ndarray) -> np.ndarray:
         size = math.prod(messages.shape[2:])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import numpy as np
 import pytest
 from conftest import enumerate_paths, random_chain
@@ -103,15 +105,41 @@ def test_pruned_max_product_is_the_full_maximum_to_the_bit(monkeypatch):
     a = np.round(20.0 * rng.normal(size=(500, 36)))
     b = np.round(rng.normal(size=(36, 36)))
     b -= b.max(axis=0)  # lifted: every column peaks at 0
-    b[rng.random(b.shape) < 0.02] = -np.inf
-    b[:, 0] = 0.0
+    b[:4][rng.random((4, 36)) < 0.3] = -np.inf  # a few terms that cannot reach some labels
+    b[5] = -np.inf  # and one that reaches none
     a[rng.random(a.shape) < 0.1] = -np.inf
     a[7] = -np.inf
+    a[8, 5] = a[8].max() + 1.0  # the best term of a row reaches nothing
     full = chain.MaxSemiring._running_max(a, b)
     monkeypatch.setattr(chain.MaxSemiring, "_running_max", staticmethod(lambda *args: pytest.fail("not pruned")))
     pruned = chain.MaxSemiring.matmul(a, b)
     np.testing.assert_array_equal(pruned, full)
     assert np.all(pruned[7] == -np.inf)
+    # the bound is tight enough to skip most terms, and every entry still comes from a kept one
+    spread = chain.MaxSemiring.spread(b)
+    best = a.argmax(axis=1)
+    kept = a + spread.T[best] >= a[np.arange(a.shape[0]), best][:, None]
+    assert kept.mean() < 0.2
+
+
+def test_max_product_falls_back_to_every_term_when_little_can_be_skipped():
+    """A table where most terms can beat the best one somewhere (many -inf entries, so spreads
+    are infinite) takes the running maximum: the same bits either way."""
+    rng = np.random.default_rng(4)
+    a = np.round(5.0 * rng.normal(size=(400, 40)))
+    b = np.round(rng.normal(size=(40, 40)))
+    b[rng.random(b.shape) < 0.05] = -np.inf
+    np.testing.assert_array_equal(chain.MaxSemiring.matmul(a, b), chain.MaxSemiring._running_max(a, b))
+
+
+def test_max_product_bounds_hold_for_the_exact_differences():
+    """``spread`` is an upper bound of every difference of two rows, never below it after
+    rounding: for entries of very different size the rounded difference can come out low."""
+    rng = np.random.default_rng(5)
+    b = rng.normal(size=(30, 30)) * 10.0 ** rng.integers(-8, 3, size=(30, 30))
+    spread = chain.MaxSemiring.spread(b)
+    exact = np.array([[max(Fraction(x) - Fraction(y) for x, y in zip(b[i], b[k])) for k in range(30)] for i in range(30)])
+    assert all(Fraction(spread[i, k]) >= exact[i, k] for i in range(30) for k in range(30))
 
 
 @pytest.mark.parametrize("rows", [1, 3, 60])
