@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import scipy.optimize
 
+from . import quasi_newton
 from .batch import token_rows
 from .objective import Objective, ParameterLayout
 
@@ -107,6 +108,33 @@ def _freeze(objective: Callable, frozen: np.ndarray | None) -> Callable[[np.ndar
     return fun
 
 
+class _Progress:
+    """The iteration log, the callback and CRFsuite's stopping rules, for either L-BFGS path."""
+
+    def __init__(self, stopping: StoppingRule, callback: Callable[[IterationInfo], None] | None) -> None:
+        self.stopping, self.callback = stopping, callback
+        self.history: list[IterationInfo] = []
+        self.began = time.perf_counter()
+
+    def record(self, loss: float, gradient_norm: float, theta: np.ndarray) -> str | None:
+        """Log one iteration; the reason to stop, or None."""
+        feature_norm = float(np.linalg.norm(theta))
+        info = IterationInfo(
+            iteration=len(self.history) + 1,
+            loss=float(loss),
+            gradient_norm=float(gradient_norm),
+            active_features=int(np.count_nonzero(theta)),
+            elapsed=time.perf_counter() - self.began,
+            theta=theta,
+            feature_norm=feature_norm,
+        )
+        self.history.append(info)
+        if self.callback is not None:
+            self.callback(info)
+        info.theta = None  # seen by the callback; keeping every iteration's weights would cost memory
+        return self.stopping.reason(self.history, feature_norm)
+
+
 def lbfgs(
     objective: Callable[[np.ndarray], tuple[float, np.ndarray]],
     theta0: np.ndarray,
@@ -118,49 +146,60 @@ def lbfgs(
     frozen: np.ndarray | None = None,
     max_linesearch: int = 20,
 ) -> TrainingResult:
-    """Minimise the regularised objective with scipy's L-BFGS-B.
+    """Minimise the regularised objective by L-BFGS (:mod:`crf.quasi_newton`), or with
+    ``c1 > 0`` by scipy's L-BFGS-B on split variables (``theta = u - v``, both non-negative),
+    so that L1 weights reach exact zeros.
 
     ``objective(theta)`` returns (loss, gradient) with a new gradient array on every call: the
-    regularisation and the frozen positions are applied to it in place.
-
-    With ``c1 > 0`` the variables are split (``theta = u - v``, both non-negative) so that L1
-    weights reach exact zeros. The weights at positions ``frozen`` (not features of the model)
-    get a zero gradient, so they keep their starting value (0). ``max_linesearch``: line-search
-    trials per iteration.
+    regularisation and the frozen positions are applied to it in place. The weights at
+    positions ``frozen`` (not features of the model) get a zero gradient, so they keep their
+    starting value (0). ``max_linesearch``: line-search trials per iteration.
     """
-    stopping = stopping or StoppingRule()
+    progress = _Progress(stopping or StoppingRule(), callback)
     smooth = _regularised(_freeze(objective, frozen), c2)
+    if c1 == 0:
+        return _smooth_lbfgs(smooth, theta0, progress, num_memories, max_linesearch)
+    return _split_lbfgs_b(smooth, theta0, c1, progress, num_memories, max_linesearch)
+
+
+def _smooth_lbfgs(smooth, theta0: np.ndarray, progress: _Progress, num_memories: int, max_linesearch: int) -> TrainingResult:
+    evaluations = 0
+
+    def counted(theta: np.ndarray) -> tuple[float, np.ndarray]:
+        nonlocal evaluations
+        evaluations += 1
+        return smooth(theta)
+
+    theta, reason = np.array(theta0, dtype=np.float64), "converged"
+    try:
+        for theta, loss, grad in quasi_newton.minimise(counted, theta0, num_memories, max_linesearch):
+            reason = progress.record(loss, float(np.linalg.norm(grad)), theta)
+            if reason:
+                break
+        else:
+            reason = "converged"
+    except quasi_newton.LineSearchError as error:
+        reason = f"line search: {error}"
+    return TrainingResult(theta, len(progress.history), evaluations, reason, progress.history)
+
+
+def _split_lbfgs_b(
+    smooth, theta0: np.ndarray, c1: float, progress: _Progress, num_memories: int, max_linesearch: int
+) -> TrainingResult:
     n = theta0.size
-    if c1 > 0:
 
-        def split_fun(z: np.ndarray) -> tuple[float, np.ndarray]:
-            loss, grad = smooth(z[:n] - z[n:])
-            return loss + c1 * float(z.sum()), np.concatenate([grad + c1, c1 - grad])
+    def split_fun(z: np.ndarray) -> tuple[float, np.ndarray]:
+        loss, grad = smooth(z[:n] - z[n:])
+        return loss + c1 * float(z.sum()), np.concatenate([grad + c1, c1 - grad])
 
-        fun = _Tracker(split_fun)
-        x0 = np.concatenate([np.maximum(theta0, 0), np.maximum(-theta0, 0)])
-        bounds = [(0.0, None)] * (2 * n)
-        to_theta = lambda z: z[:n] - z[n:]  # noqa: E731
+    fun = _Tracker(split_fun)
 
-        def reported_gradient(z, g):  # OWL-QN's pseudo-gradient norm, in theta's coordinates
-            theta = to_theta(z)
-            smooth_g = g[:n] - c1
-            pseudo = np.where(
-                theta > 0,
-                smooth_g + c1,
-                np.where(theta < 0, smooth_g - c1, np.sign(smooth_g) * np.maximum(np.abs(smooth_g) - c1, 0)),
-            )
-            return pseudo
-    else:
-        fun = _Tracker(smooth)
-        x0 = theta0.copy()
-        bounds = None
-        to_theta = lambda z: z  # noqa: E731
-        reported_gradient = lambda z, g: g  # noqa: E731
+    def pseudo_gradient(theta: np.ndarray, g: np.ndarray) -> np.ndarray:  # OWL-QN's, in theta's coordinates
+        smooth_g = g[:n] - c1
+        sparse = np.sign(smooth_g) * np.maximum(np.abs(smooth_g) - c1, 0)
+        return np.where(theta > 0, smooth_g + c1, np.where(theta < 0, smooth_g - c1, sparse))
 
-    history: list[IterationInfo] = []
     state = {"reason": "converged"}
-    began = time.perf_counter()
 
     def on_iteration(intermediate_result) -> None:
         z = intermediate_result.x
@@ -168,37 +207,24 @@ def lbfgs(
             grad = fun.last_g
         else:  # the accepted point is not the latest evaluation: evaluate it
             grad = fun.fun(z)[1]
-        theta = to_theta(z)
-        info = IterationInfo(
-            iteration=len(history) + 1,
-            loss=float(intermediate_result.fun),
-            gradient_norm=float(np.linalg.norm(reported_gradient(z, grad))),
-            active_features=int(np.count_nonzero(theta)),
-            elapsed=time.perf_counter() - began,
-            theta=theta,
-            feature_norm=float(np.linalg.norm(theta)),
-        )
-        history.append(info)
-        if callback is not None:
-            callback(info)
-        info.theta = None  # seen by the callback; keeping every iteration's weights would cost memory
-        reason = stopping.reason(history, float(np.linalg.norm(theta)))
+        theta = z[:n] - z[n:]
+        reason = progress.record(intermediate_result.fun, float(np.linalg.norm(pseudo_gradient(theta, grad))), theta)
         if reason:
             state["reason"] = reason
             raise StopIteration
 
     result = scipy.optimize.minimize(
         fun,
-        x0,
+        np.concatenate([np.maximum(theta0, 0), np.maximum(-theta0, 0)]),
         jac=True,
         method="L-BFGS-B",
-        bounds=bounds,
+        bounds=[(0.0, None)] * (2 * n),
         callback=on_iteration,
         options={"maxcor": num_memories, "maxls": max_linesearch, "maxiter": 10**9, "maxfun": 10**9, "ftol": 0.0, "gtol": 0.0},
     )
     if state["reason"] == "converged" and not result.success:
         state["reason"] = f"line search: {result.message}"
-    return TrainingResult(to_theta(result.x), len(history), fun.evaluations, state["reason"], history)
+    return TrainingResult(result.x[:n] - result.x[n:], len(progress.history), fun.evaluations, state["reason"], progress.history)
 
 
 @dataclass

@@ -40,8 +40,9 @@ DOC = """
         epoch's loss divided by the number of sequences is below epsilon.
     period, delta : [lbfgs, l2sgd] stop when the loss improved by less than ``delta`` (relative)
         over the last ``period`` iterations.
-    linesearch : [lbfgs] only ``"MoreThuente"`` is available (scipy's L-BFGS-B line search is the
-        More-Thuente method); the backtracking variants raise ValueError.
+    linesearch : [lbfgs] only ``"MoreThuente"`` is available (:mod:`crf.quasi_newton`'s, and with
+        c1 > 0 scipy's L-BFGS-B's, line search is the More-Thuente method); the backtracking
+        variants raise ValueError.
     max_linesearch : [lbfgs] maximum line-search trials per iteration.
     calibration_eta, calibration_rate, calibration_samples, calibration_candidates,
     calibration_max_trials : [l2sgd] the search for the initial learning rate (ignored when
@@ -153,7 +154,7 @@ def validate(p: dict) -> Settings:
     if p["linesearch"] not in LINESEARCHES:
         raise ValueError(f"unknown linesearch {p['linesearch']!r}: use one of {', '.join(LINESEARCHES)}")
     if p["linesearch"] != "MoreThuente":
-        raise ValueError(f"linesearch={p['linesearch']!r} is not available: scipy's L-BFGS-B searches by More-Thuente only")
+        raise ValueError(f"linesearch={p['linesearch']!r} is not available: the L-BFGS line search is More-Thuente only")
     if p["trainer_cls"] is not None:
         raise ValueError("trainer_cls selects a python-crfsuite trainer class and does not apply here; leave it None")
     if p["callback"] is not None and not callable(p["callback"]):

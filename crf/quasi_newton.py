@@ -1,0 +1,252 @@
+"""Limited-memory BFGS for smooth objectives, with the More-Thuente line search (CRFsuite's default).
+
+Written here rather than taken from scipy because the work per iteration decides training time
+once the objective is fast: scipy's L-BFGS-B solves a bounded problem (Cauchy point, subspace
+minimisation) and copies the variables and gradient between Python and Fortran on every call;
+with 7.4M weights that was 0.5 s of a 0.9 s iteration. Here an iteration is the two-loop recursion
+(2m dot products and 2m BLAS axpys over n) and a few vector updates, in place.
+
+The line search finds a step satisfying the strong Wolfe conditions
+``f(x + a d) <= f(x) + ftol a g.d`` and ``|g(x + a d).d| <= gtol |g.d|`` by safeguarded cubic and
+quadratic interpolation (Moré and Thuente, ACM TOMS 20(3), 1994), with CRFsuite's constants.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.linalg import blas
+
+Function = Callable[[np.ndarray], tuple[float, np.ndarray]]
+
+
+class LineSearchError(RuntimeError):
+    """No step met the Wolfe conditions within the allowed trials (or the interval collapsed)."""
+
+
+@dataclass(frozen=True)
+class WolfeConditions:
+    ftol: float = 1e-4  # sufficient decrease
+    gtol: float = 0.9  # curvature
+    xtol: float = 1e-16  # relative width of the interval of uncertainty at which to give up
+    min_step: float = 1e-20
+    max_step: float = 1e20
+
+
+class CurvaturePairs:
+    """The last ``m`` steps ``s = x' - x`` and gradient changes ``y = g' - g`` as rows of two
+    (m, n) arrays (the oldest row is overwritten), and the inverse-Hessian product they define."""
+
+    def __init__(self, m: int, n: int) -> None:
+        self.s, self.y = np.empty((m, n)), np.empty((m, n))
+        self.rho = np.zeros(m)  # 1 / (s . y) per row
+        self.rows: list[int] = []  # rows in use, oldest first
+
+    def push(self, x_new: np.ndarray, x: np.ndarray, g_new: np.ndarray, g: np.ndarray) -> bool:
+        """Store the pair of one accepted step; False (nothing stored) when ``s . y`` is not
+        positive, which would make the approximation indefinite."""
+        full = len(self.rows) == len(self.rho)
+        row = self.rows.pop(0) if full else len(self.rows)
+        s, y = self.s[row], self.y[row]
+        np.subtract(x_new, x, out=s)
+        np.subtract(g_new, g, out=y)
+        sy = float(s @ y)
+        if not sy > np.finfo(float).eps * float(y @ y):
+            if full:  # the oldest pair was overwritten: its row stays in use, empty
+                self.rho[row] = 0.0
+                self.rows.insert(0, row)
+            return False
+        self.rho[row] = 1.0 / sy
+        self.rows.append(row)
+        return True
+
+    def direction(self, g: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """``out = -H g`` (n,) by the two-loop recursion; with no pairs, ``-g``. ``H`` starts from
+        ``(s.y / y.y) I`` of the newest pair. ``out``: a C-contiguous float64 array (BLAS
+        updates it in place)."""
+        if not (out.flags.c_contiguous and out.dtype == np.float64):
+            raise ValueError("out must be a C-contiguous float64 array")
+        np.negative(g, out=out)
+        rows = [r for r in self.rows if self.rho[r] > 0]
+        alpha = dict.fromkeys(rows, 0.0)
+        for r in reversed(rows):
+            alpha[r] = self.rho[r] * float(self.s[r] @ out)
+            blas.daxpy(self.y[r], out, a=-alpha[r])
+        if rows:
+            last = rows[-1]
+            out *= 1.0 / (self.rho[last] * float(self.y[last] @ self.y[last]))  # s.y / y.y
+        for r in rows:
+            beta = self.rho[r] * float(self.y[r] @ out)
+            blas.daxpy(self.s[r], out, a=alpha[r] - beta)
+        return out
+
+
+def _cubic_step(u: float, fu: float, du: float, v: float, fv: float, dv: float, clip: bool = False) -> float:
+    """The minimiser of the cubic interpolating (u, fu, du) and (v, fv, dv), as ``u + r (v - u)``.
+    With ``clip`` a negative discriminant counts as 0 and the ratio r itself is returned (the
+    caller checks its sign)."""
+    theta = 3.0 * (fu - fv) / (v - u) + du + dv
+    scale = max(abs(theta), abs(du), abs(dv))
+    disc = (theta / scale) ** 2 - (du / scale) * (dv / scale)
+    gamma = scale * math.sqrt(max(disc, 0.0))
+    if v < u:
+        gamma = -gamma
+    p, q = (gamma - du) + theta, ((gamma - du) + gamma) + dv
+    ratio = p / q if q != 0 else -1.0
+    return ratio if clip else u + ratio * (v - u)
+
+
+def _next_trial(best: tuple, other: tuple, trial: tuple, bracketed: bool, low: float, high: float) -> tuple:
+    """One interval update of the More-Thuente search. ``best`` (the step with the lowest value
+    so far), ``other`` (the interval's other end) and ``trial`` are (step, value, slope); ``low``,
+    ``high`` bound the new step while no minimiser is bracketed. Returns (next step, bracketed,
+    best, other)."""
+    (bx, fx, dx), (sp, fp, dp) = best, trial
+    opposite = dp * math.copysign(1.0, dx) < 0
+    if fp > fx:  # higher value: a minimiser lies between best and trial
+        cubic = _cubic_step(bx, fx, dx, sp, fp, dp)
+        quadratic = bx + dx / ((fx - fp) / (sp - bx) + dx) / 2.0 * (sp - bx)
+        step = cubic if abs(cubic - bx) < abs(quadratic - bx) else cubic + (quadratic - cubic) / 2.0
+        bracketed = True
+    elif opposite:  # lower value, the slope changed sign: a minimiser lies between trial and best
+        cubic = _cubic_step(sp, fp, dp, bx, fx, dx)
+        secant = sp + dp / (dp - dx) * (bx - sp)
+        step = cubic if abs(cubic - sp) > abs(secant - sp) else secant
+        bracketed = True
+    elif abs(dp) < abs(dx):  # lower value, same sign, the slope shrinks in size
+        ratio = _cubic_step(sp, fp, dp, bx, fx, dx, clip=True)
+        if ratio < 0 and ratio != -1.0:
+            cubic = sp + ratio * (bx - sp)
+        else:
+            cubic = high if sp > bx else low
+        secant = sp + dp / (dp - dx) * (bx - sp)
+        if bracketed:
+            step = cubic if abs(cubic - sp) < abs(secant - sp) else secant
+            toward = sp + 0.66 * (other[0] - sp)
+            step = min(toward, step) if sp > bx else max(toward, step)
+        else:
+            step = cubic if abs(cubic - sp) > abs(secant - sp) else secant
+            step = min(high, max(low, step))
+    elif bracketed:  # lower value, same sign, the slope does not shrink: the minimiser is toward other
+        step = _cubic_step(sp, fp, dp, *other) if math.isfinite(other[1]) else sp + 0.5 * (other[0] - sp)
+    else:
+        step = high if sp > bx else low
+    if fp > fx:
+        other = trial
+    else:
+        if opposite:
+            other = best
+        best = trial
+    return step, bracketed, best, other
+
+
+def line_search(
+    fun: Function,
+    x: np.ndarray,
+    f0: float,
+    g0: np.ndarray,
+    d: np.ndarray,
+    step: float,
+    out: np.ndarray,
+    max_trials: int = 20,
+    wolfe: WolfeConditions = WolfeConditions(),
+) -> tuple[float, float, np.ndarray, int]:
+    """Find ``a`` with ``x + a d`` meeting the strong Wolfe conditions, trying ``step`` first.
+
+    The accepted point is written into ``out`` (n,). Returns (a, f(out), g(out), evaluations).
+    Raises :class:`LineSearchError` if ``d`` is not a descent direction, no step is found in
+    ``max_trials`` evaluations, or rounding leaves no room to progress."""
+    slope0 = float(g0 @ d)
+    if not slope0 < 0:
+        raise LineSearchError(f"not a descent direction (g.d = {slope0:g})")
+    decrease = wolfe.ftol * slope0  # the sufficient-decrease line: f0 + a * decrease
+    best = other = (0.0, f0, slope0)
+    bracketed, stage_one = False, True
+    width = wolfe.max_step - wolfe.min_step
+    previous_width = 2.0 * width
+    low, high = 0.0, step + 4.0 * step
+    for trial_number in range(1, max_trials + 1):
+        np.multiply(d, step, out=out)
+        out += x
+        value, grad = fun(out)
+        slope = float(grad @ d)
+        line = f0 + step * decrease
+        if not (math.isfinite(value) and math.isfinite(slope)):  # overflow: back off toward the best step
+            other, bracketed = (step, math.inf, math.inf), True
+            low, high = min(best[0], step), max(best[0], step)
+            step = best[0] + 0.5 * (step - best[0])
+            continue
+        if value <= line and abs(slope) <= wolfe.gtol * -slope0:
+            return step, value, grad, trial_number
+        problem = None
+        if bracketed and (step <= low or step >= high):
+            problem = "rounding errors prevent progress"
+        elif bracketed and high - low <= wolfe.xtol * high:
+            problem = "the interval of uncertainty is below xtol"
+        elif step == wolfe.max_step and value <= line and slope <= decrease:
+            problem = "the step is at its maximum"
+        elif step == wolfe.min_step and (value > line or slope >= decrease):
+            problem = "the step is at its minimum"
+        if problem is not None:
+            if value < f0:  # the best this search can do; like L-BFGS-B, take the decrease
+                return step, value, grad, trial_number
+            raise LineSearchError(problem)
+        if stage_one and value <= line and slope >= 0:
+            stage_one = False
+        trial = (step, value, slope)
+        if stage_one and line < value <= best[1]:
+            # interpolate psi(a) = f(a) - f0 - a * decrease instead: same minimisers, and a
+            # lower value of psi is a step that keeps sufficient decrease
+            def shift(p: tuple, sign: float) -> tuple:
+                return p[0], p[1] - sign * (f0 + p[0] * decrease), p[2] - sign * decrease
+
+            step, bracketed, best, other = _next_trial(shift(best, 1), shift(other, 1), shift(trial, 1), bracketed, low, high)
+            best, other = shift(best, -1), shift(other, -1)
+        else:
+            step, bracketed, best, other = _next_trial(best, other, trial, bracketed, low, high)
+        if bracketed:
+            if abs(other[0] - best[0]) >= 0.66 * previous_width:
+                step = best[0] + 0.5 * (other[0] - best[0])  # the interval shrinks too slowly: bisect
+            previous_width, width = width, abs(other[0] - best[0])
+            low, high = min(best[0], other[0]), max(best[0], other[0])
+        else:
+            low, high = step + 1.1 * (step - best[0]), step + 4.0 * (step - best[0])
+        step = min(max(step, wolfe.min_step), wolfe.max_step)
+        if bracketed and (step <= low or step >= high or high - low <= wolfe.xtol * high):
+            step = best[0]  # no further progress possible: try the best step so far
+    raise LineSearchError(f"no step met the Wolfe conditions in {max_trials} trials")
+
+
+def minimise(
+    fun: Function,
+    x0: np.ndarray,
+    num_memories: int = 6,
+    max_trials: int = 20,
+    wolfe: WolfeConditions = WolfeConditions(),
+) -> Iterator[tuple[np.ndarray, float, np.ndarray]]:
+    """L-BFGS from ``x0``: yields (x (n,), f(x), gradient (n,)) after every iteration until the
+    caller stops asking, or the gradient at ``x0`` is zero. The first step is ``1 / ||g||``
+    along ``-g`` (CRFsuite's), later ones start at 1. A failed line search raises
+    :class:`LineSearchError`; the last yielded point is then the best one.
+
+    ``fun(x)`` returns (value, a new gradient array). The yielded ``x`` is a buffer the next
+    iteration but one overwrites: copy it to keep it."""
+    x = np.array(x0, dtype=np.float64)
+    value, grad = fun(x)
+    if not np.any(grad):
+        return
+    pairs = CurvaturePairs(num_memories, x.size)
+    direction = np.negative(grad)
+    step = 1.0 / float(np.linalg.norm(direction))
+    trial = np.empty_like(x)
+    while True:
+        step, new_value, new_grad, _ = line_search(fun, x, value, grad, direction, step, trial, max_trials, wolfe)
+        pairs.push(trial, x, new_grad, grad)
+        x, trial = trial, x
+        value, grad = new_value, new_grad
+        yield x, value, grad
+        pairs.direction(grad, out=direction)
+        step = 1.0

@@ -1,0 +1,164 @@
+"""The L-BFGS optimiser and its More-Thuente line search: the Wolfe conditions on the functions
+of Moré and Thuente's paper, minimisers of quadratics and of Rosenbrock's function, the same CRF
+optimum as scipy's L-BFGS-B, and the failure modes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.optimize
+import scipy.sparse as sp
+
+from crf import optimize, quasi_newton
+from crf.objective import Objective, ParameterLayout
+
+
+def along_a_line(phi):
+    """A function of x (1,) whose restriction to d = (1,) from x = (0,) is phi (value, slope)."""
+
+    def fun(x: np.ndarray) -> tuple[float, np.ndarray]:
+        value, slope = phi(float(x[0]))
+        return value, np.array([slope])
+
+    return fun
+
+
+def phi_1(a: float, beta: float = 2.0) -> tuple[float, float]:  # minimiser at sqrt(2)
+    return -a / (a * a + beta), (a * a - beta) / (a * a + beta) ** 2
+
+
+def phi_2(a: float, beta: float = 0.004) -> tuple[float, float]:  # minimiser at 1.6
+    return (a + beta) ** 5 - 2.0 * (a + beta) ** 4, 5.0 * (a + beta) ** 4 - 8.0 * (a + beta) ** 3
+
+
+def phi_quartic(a: float) -> tuple[float, float]:  # convex, minimiser at 3, very flat near it
+    return (a - 3.0) ** 4 - a, 4.0 * (a - 3.0) ** 3 - 1.0
+
+
+@pytest.mark.parametrize("phi", [phi_1, phi_2, phi_quartic])
+@pytest.mark.parametrize("start", [1e-3, 1e-1, 10.0, 1e3])
+@pytest.mark.parametrize("ftol, gtol", [(1e-4, 0.9), (1e-3, 0.1), (0.1, 0.1)])
+def test_line_search_steps_meet_the_strong_wolfe_conditions(phi, start, ftol, gtol):
+    fun = along_a_line(phi)
+    f0, g0 = fun(np.zeros(1))
+    out = np.empty(1)
+    wolfe = quasi_newton.WolfeConditions(ftol=ftol, gtol=gtol)
+    step, value, grad, trials = quasi_newton.line_search(fun, np.zeros(1), f0, g0, np.ones(1), start, out, 30, wolfe)
+    assert out[0] == step and value == phi(step)[0] and grad[0] == phi(step)[1]
+    assert value <= f0 + ftol * step * g0[0]
+    assert abs(grad[0]) <= gtol * abs(g0[0])
+    assert 1 <= trials <= 30
+
+
+def test_a_step_that_overflows_is_backed_off():
+    def phi(a: float) -> tuple[float, float]:
+        return (np.inf, np.inf) if a > 5 else ((a - 1.0) ** 2, 2.0 * (a - 1.0))
+
+    fun = along_a_line(phi)
+    f0, g0 = fun(np.zeros(1))
+    step, value, _, _ = quasi_newton.line_search(fun, np.zeros(1), f0, g0, np.ones(1), 100.0, np.empty(1))
+    assert step <= 5 and value < f0
+
+
+def test_line_search_refuses_an_ascent_direction():
+    fun = along_a_line(phi_quartic)
+    f0, g0 = fun(np.zeros(1))
+    with pytest.raises(quasi_newton.LineSearchError, match="descent"):
+        quasi_newton.line_search(fun, np.zeros(1), f0, g0, -np.ones(1), 1.0, np.empty(1))
+
+
+def test_lbfgs_finds_the_minimiser_of_a_quadratic_and_of_rosenbrocks_function():
+    rng = np.random.default_rng(0)
+    M = rng.normal(size=(40, 40))
+    A, b = M @ M.T + 0.5 * np.eye(40), rng.normal(size=40)
+    solution = np.linalg.solve(A, b)
+
+    def quadratic(x: np.ndarray) -> tuple[float, np.ndarray]:  # minimum 0: no rounding floor near it
+        g = A @ (x - solution)
+        return 0.5 * float((x - solution) @ g), g
+
+    for x, _, g in quasi_newton.minimise(quadratic, np.zeros(40)):  # noqa: B007
+        if np.linalg.norm(g) < 1e-9:
+            break
+    np.testing.assert_allclose(x, solution, atol=1e-8)
+
+    iterations = 0
+    rosenbrock = lambda x: (scipy.optimize.rosen(x), scipy.optimize.rosen_der(x))  # noqa: E731
+    for x, _, g in quasi_newton.minimise(rosenbrock, np.full(8, -1.2)):  # noqa: B007
+        iterations += 1
+        if np.linalg.norm(g) < 1e-9:
+            break
+    np.testing.assert_allclose(x, np.ones(8), atol=1e-9)
+    assert iterations < 200
+
+
+def test_curvature_pairs_refuse_a_step_without_positive_curvature():
+    pairs = quasi_newton.CurvaturePairs(2, 3)
+    x, g = np.zeros(3), np.array([1.0, -2.0, 0.5])
+    assert pairs.push(np.array([1.0, 0, 0]), x, np.array([3.0, -2.0, 0.5]), g)  # s.y = 2
+    assert not pairs.push(np.array([0, 1.0, 0]), x, np.array([1.0, -3.0, 0.5]), g)  # s.y = -1
+    assert pairs.push(np.array([0, 0, 1.0]), x, np.array([1.0, -2.0, 1.5]), g)  # s.y = 1
+    assert not pairs.push(np.array([1.0, 0, 0]), x, g, g)  # y = 0: the oldest pair goes, nothing replaces it
+    direction = pairs.direction(g, np.empty(3))
+    # one pair (s = e3, y = e3) left: H scales by s.y / y.y = 1 and is the identity on e3
+    np.testing.assert_allclose(direction, -g)
+    assert float(direction @ g) < 0
+
+
+def test_two_loop_direction_is_the_bfgs_inverse_hessian_product():
+    """With m pairs the two-loop recursion applies the BFGS update of ``(s.y / y.y) I`` by each
+    pair in turn, oldest first: built here as dense matrices. Also after the memory wrapped."""
+    rng = np.random.default_rng(1)
+    n, m = 7, 3
+    M = rng.normal(size=(n, n))
+    A = M @ M.T + np.eye(n)
+    pairs = quasi_newton.CurvaturePairs(m, n)
+    kept = []
+    for _ in range(5):
+        x, s = rng.normal(size=n), rng.normal(size=n)
+        assert pairs.push(x + s, x, A @ (x + s), A @ x)
+        kept = (kept + [(s, A @ s)])[-m:]
+    s_new, y_new = kept[-1]
+    H = (s_new @ y_new) / (y_new @ y_new) * np.eye(n)
+    for s, y in kept:
+        rho = 1.0 / (s @ y)
+        V = np.eye(n) - rho * np.outer(y, s)
+        H = V.T @ H @ V + rho * np.outer(s, s)
+    g = rng.normal(size=n)
+    np.testing.assert_allclose(pairs.direction(g, np.empty(n)), -H @ g, rtol=1e-10)
+    with pytest.raises(ValueError, match="contiguous"):
+        pairs.direction(g, np.empty(2 * n)[::2])
+
+
+def test_a_zero_gradient_ends_at_once():
+    assert list(quasi_newton.minimise(lambda x: (float(x @ x), 2.0 * x), np.zeros(5))) == []
+
+
+def crf_problem(seed: int):
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 8, size=60)
+    T, n_attributes, n_labels = int(lengths.sum()), 30, 4
+    X = sp.random(T, n_attributes, density=0.15, random_state=seed, format="csr")
+    labels = np.argmax(X[:, :n_labels].toarray() + 0.2 * rng.random((T, n_labels)), axis=1)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    params = ParameterLayout(n_attributes, n_labels)
+    return Objective(X, offsets, labels, params, 1), params
+
+
+def test_training_reaches_the_optimum_scipys_lbfgs_b_reaches():
+    objective, params = crf_problem(4)
+    c2 = 0.3
+    stopping = optimize.StoppingRule(max_iterations=1000, epsilon=1e-7, period=0)
+    ours = optimize.lbfgs(objective, np.zeros(params.size), c2=c2, stopping=stopping)
+
+    def regularised(theta):
+        loss, grad = objective(theta)
+        return loss + c2 * theta @ theta, grad + 2 * c2 * theta
+
+    options = {"gtol": 1e-12, "ftol": 0, "maxiter": 10**4}
+    reference = scipy.optimize.minimize(regularised, np.zeros(params.size), jac=True, method="L-BFGS-B", options=options)
+    assert ours.stop_reason == "epsilon"
+    assert ours.history[-1].loss == pytest.approx(reference.fun, rel=1e-12)
+    np.testing.assert_allclose(ours.theta, reference.x, atol=1e-5)
+    assert all(b.loss <= a.loss for a, b in zip(ours.history, ours.history[1:]))
+    assert ours.evaluations <= 1.5 * ours.iterations + 2  # unit steps are taken almost always
