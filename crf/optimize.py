@@ -27,7 +27,8 @@ from .objective import Objective, ParameterLayout
 
 @dataclass
 class IterationInfo:
-    """One optimiser iteration (an epoch for SGD)."""
+    """One optimiser iteration (an epoch for SGD). ``theta`` is the optimiser's own buffer, valid
+    during the callback only (later iterations write over it): copy it to keep it."""
 
     iteration: int
     loss: float
@@ -156,7 +157,7 @@ def lbfgs(
     starting value (0). ``max_linesearch``: line-search trials per iteration.
     """
     progress = _Progress(stopping or StoppingRule(), callback)
-    smooth = _regularised(_freeze(objective, frozen), c2)
+    smooth = _freeze(_regularised(objective, c2), frozen)
     if c1 == 0:
         return _smooth_lbfgs(smooth, theta0, progress, num_memories, max_linesearch)
     return _split_lbfgs_b(smooth, theta0, c1, progress, num_memories, max_linesearch)

@@ -41,13 +41,16 @@ class CurvaturePairs:
     (m, n) arrays (the oldest row is overwritten), and the inverse-Hessian product they define."""
 
     def __init__(self, m: int, n: int) -> None:
+        if m < 1:
+            raise ValueError(f"the memory needs at least one pair, not {m}")
         self.s, self.y = np.empty((m, n)), np.empty((m, n))
         self.rho = np.zeros(m)  # 1 / (s . y) per row
         self.rows: list[int] = []  # rows in use, oldest first
 
     def push(self, x_new: np.ndarray, x: np.ndarray, g_new: np.ndarray, g: np.ndarray) -> bool:
-        """Store the pair of one accepted step; False (nothing stored) when ``s . y`` is not
-        positive, which would make the approximation indefinite."""
+        """Store the pair of one accepted step. When ``s . y`` is not positive (the approximation
+        would become indefinite) the pair is not stored and False is returned; if the memory was
+        full, the oldest pair is gone all the same (its row was written over)."""
         full = len(self.rows) == len(self.rho)
         row = self.rows.pop(0) if full else len(self.rows)
         s, y = self.s[row], self.y[row]
@@ -84,19 +87,20 @@ class CurvaturePairs:
         return out
 
 
-def _cubic_step(u: float, fu: float, du: float, v: float, fv: float, dv: float, clip: bool = False) -> float:
-    """The minimiser of the cubic interpolating (u, fu, du) and (v, fv, dv), as ``u + r (v - u)``.
-    With ``clip`` a negative discriminant counts as 0 and the ratio r itself is returned (the
-    caller checks its sign)."""
+def _cubic_ratio(u: float, fu: float, du: float, v: float, fv: float, dv: float) -> tuple[float, float]:
+    """(r, gamma) for the cubic interpolating (u, fu, du) and (v, fv, dv): its minimiser is
+    ``u + r (v - u)``; gamma = 0 when the cubic has no minimiser beyond u (a negative
+    discriminant, possible only from rounding where one is expected, counts as 0)."""
     theta = 3.0 * (fu - fv) / (v - u) + du + dv
     scale = max(abs(theta), abs(du), abs(dv))
-    disc = (theta / scale) ** 2 - (du / scale) * (dv / scale)
-    gamma = scale * math.sqrt(max(disc, 0.0))
+    gamma = scale * math.sqrt(max((theta / scale) ** 2 - (du / scale) * (dv / scale), 0.0))
     if v < u:
         gamma = -gamma
-    p, q = (gamma - du) + theta, ((gamma - du) + gamma) + dv
-    ratio = p / q if q != 0 else -1.0
-    return ratio if clip else u + ratio * (v - u)
+    return ((gamma - du) + theta) / (((gamma - du) + gamma) + dv), gamma
+
+
+def _cubic_step(u: float, fu: float, du: float, v: float, fv: float, dv: float) -> float:
+    return u + _cubic_ratio(u, fu, du, v, fv, dv)[0] * (v - u)
 
 
 def _next_trial(best: tuple, other: tuple, trial: tuple, bracketed: bool, low: float, high: float) -> tuple:
@@ -117,10 +121,10 @@ def _next_trial(best: tuple, other: tuple, trial: tuple, bracketed: bool, low: f
         step = cubic if abs(cubic - sp) > abs(secant - sp) else secant
         bracketed = True
     elif abs(dp) < abs(dx):  # lower value, same sign, the slope shrinks in size
-        ratio = _cubic_step(sp, fp, dp, bx, fx, dx, clip=True)
-        if ratio < 0 and ratio != -1.0:
+        ratio, gamma = _cubic_ratio(sp, fp, dp, bx, fx, dx)
+        if ratio < 0 and gamma != 0:
             cubic = sp + ratio * (bx - sp)
-        else:
+        else:  # the cubic does not turn beyond the trial: extrapolate
             cubic = high if sp > bx else low
         secant = sp + dp / (dp - dx) * (bx - sp)
         if bracketed:
@@ -157,8 +161,9 @@ def line_search(
     """Find ``a`` with ``x + a d`` meeting the strong Wolfe conditions, trying ``step`` first.
 
     The accepted point is written into ``out`` (n,). Returns (a, f(out), g(out), evaluations).
-    Raises :class:`LineSearchError` if ``d`` is not a descent direction, no step is found in
-    ``max_trials`` evaluations, or rounding leaves no room to progress."""
+    When no step is found in ``max_trials`` evaluations or rounding leaves no room to progress,
+    the lowest point tried is returned if it is below ``f0`` (L-BFGS-B does the same); otherwise,
+    and if ``d`` is not a descent direction, :class:`LineSearchError` is raised."""
     slope0 = float(g0 @ d)
     if not slope0 < 0:
         raise LineSearchError(f"not a descent direction (g.d = {slope0:g})")
@@ -168,6 +173,15 @@ def line_search(
     width = wolfe.max_step - wolfe.min_step
     previous_width = 2.0 * width
     low, high = 0.0, step + 4.0 * step
+    best_grad = None  # the gradient at best, once a trial is best
+
+    def give_up(problem: str, trials: int) -> tuple[float, float, np.ndarray, int]:
+        if best_grad is None or not best[1] < f0:
+            raise LineSearchError(problem)
+        np.multiply(d, best[0], out=out)  # the same operations as when it was tried: the same point
+        np.add(out, x, out=out)
+        return best[0], best[1], best_grad, trials
+
     for trial_number in range(1, max_trials + 1):
         np.multiply(d, step, out=out)
         out += x
@@ -191,22 +205,29 @@ def line_search(
         elif step == wolfe.min_step and (value > line or slope >= decrease):
             problem = "the step is at its minimum"
         if problem is not None:
-            if value < f0:  # the best this search can do; like L-BFGS-B, take the decrease
+            if value < f0 and value <= best[1]:  # the best this search can do; take the decrease
                 return step, value, grad, trial_number
-            raise LineSearchError(problem)
+            return give_up(problem, trial_number)
         if stage_one and value <= line and slope >= 0:
             stage_one = False
         trial = (step, value, slope)
-        if stage_one and line < value <= best[1]:
-            # interpolate psi(a) = f(a) - f0 - a * decrease instead: same minimisers, and a
-            # lower value of psi is a step that keeps sufficient decrease
-            def shift(p: tuple, sign: float) -> tuple:
-                return p[0], p[1] - sign * (f0 + p[0] * decrease), p[2] - sign * decrease
+        try:
+            if stage_one and line < value <= best[1]:
+                # interpolate psi(a) = f(a) - f0 - a * decrease instead: same minimisers, and a
+                # lower value of psi is a step that keeps sufficient decrease
+                def shift(p: tuple, sign: float) -> tuple:
+                    return p[0], p[1] - sign * (f0 + p[0] * decrease), p[2] - sign * decrease
 
-            step, bracketed, best, other = _next_trial(shift(best, 1), shift(other, 1), shift(trial, 1), bracketed, low, high)
-            best, other = shift(best, -1), shift(other, -1)
-        else:
-            step, bracketed, best, other = _next_trial(best, other, trial, bracketed, low, high)
+                step, bracketed, best, other = _next_trial(shift(best, 1), shift(other, 1), shift(trial, 1), bracketed, low, high)
+                best, other = shift(best, -1), shift(other, -1)
+            else:
+                step, bracketed, best, other = _next_trial(best, other, trial, bracketed, low, high)
+        except (ArithmeticError, ValueError) as error:  # a degenerate interpolation (equal points)
+            if value <= best[1]:
+                best, best_grad = trial, grad
+            return give_up(f"the interpolation broke down ({error})", trial_number)
+        if best[0] == trial[0]:
+            best_grad = grad
         if bracketed:
             if abs(other[0] - best[0]) >= 0.66 * previous_width:
                 step = best[0] + 0.5 * (other[0] - best[0])  # the interval shrinks too slowly: bisect
@@ -217,7 +238,7 @@ def line_search(
         step = min(max(step, wolfe.min_step), wolfe.max_step)
         if bracketed and (step <= low or step >= high or high - low <= wolfe.xtol * high):
             step = best[0]  # no further progress possible: try the best step so far
-    raise LineSearchError(f"no step met the Wolfe conditions in {max_trials} trials")
+    return give_up(f"no step met the Wolfe conditions in {max_trials} trials", max_trials)
 
 
 def minimise(
@@ -228,14 +249,17 @@ def minimise(
     wolfe: WolfeConditions = WolfeConditions(),
 ) -> Iterator[tuple[np.ndarray, float, np.ndarray]]:
     """L-BFGS from ``x0``: yields (x (n,), f(x), gradient (n,)) after every iteration until the
-    caller stops asking, or the gradient at ``x0`` is zero. The first step is ``1 / ||g||``
-    along ``-g`` (CRFsuite's), later ones start at 1. A failed line search raises
-    :class:`LineSearchError`; the last yielded point is then the best one.
+    caller stops asking, or the gradient is zero. The first step is ``1 / ||g||`` along ``-g``
+    (CRFsuite's), later ones start at 1. A line search that finds no lower point raises
+    :class:`LineSearchError`; the last yielded point is then the best one. A value or gradient
+    at ``x0`` that is not finite raises ValueError.
 
     ``fun(x)`` returns (value, a new gradient array). The yielded ``x`` is a buffer the next
     iteration but one overwrites: copy it to keep it."""
     x = np.array(x0, dtype=np.float64)
     value, grad = fun(x)
+    if not (math.isfinite(value) and np.isfinite(grad).all()):
+        raise ValueError(f"the objective is not finite at the starting point (value {value})")
     if not np.any(grad):
         return
     pairs = CurvaturePairs(num_memories, x.size)
@@ -248,5 +272,7 @@ def minimise(
         x, trial = trial, x
         value, grad = new_value, new_grad
         yield x, value, grad
+        if not np.any(grad):
+            return
         pairs.direction(grad, out=direction)
         step = 1.0

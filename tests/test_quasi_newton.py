@@ -60,6 +60,50 @@ def test_a_step_that_overflows_is_backed_off():
     assert step <= 5 and value < f0
 
 
+def test_line_search_extrapolates_where_the_cubic_does_not_turn():
+    """Where the slope shrinks but the interpolating cubic has no minimiser beyond the trial,
+    Moré-Thuente jumps to the far end of the allowed range (here 1 -> 5), as MINPACK's dcsrch does."""
+    steps = []
+
+    def phi(a: float) -> tuple[float, float]:
+        steps.append(a)
+        return phi_quartic(a)
+
+    fun = along_a_line(phi)
+    f0, g0 = fun(np.zeros(1))
+    steps.clear()
+    wolfe = quasi_newton.WolfeConditions(ftol=1e-3, gtol=0.1)
+    quasi_newton.line_search(fun, np.zeros(1), f0, g0, np.ones(1), 1.0, np.empty(1), 30, wolfe)
+    assert steps == [1.0, 5.0, 3.0625]
+
+
+def test_a_search_that_fails_returns_its_lowest_point_below_the_start():
+    """Beyond a = 0.3 the objective is NaN, and inside it no step meets the curvature condition
+    within the 4 trials allowed: the lowest point tried is returned, not an error."""
+
+    def phi(a: float) -> tuple[float, float]:
+        return (np.nan, np.nan) if a > 0.3 else (-a, -1.0)
+
+    fun = along_a_line(phi)
+    f0, g0 = fun(np.zeros(1))
+    out = np.empty(1)
+    step, value, grad, _ = quasi_newton.line_search(fun, np.zeros(1), f0, g0, np.ones(1), 1.0, out, 4)
+    assert 0 < step <= 0.3 and value == -step and out[0] == step and grad[0] == -1.0
+    with pytest.raises(quasi_newton.LineSearchError):  # nothing below the start: an error
+        quasi_newton.line_search(along_a_line(lambda a: (np.nan, np.nan)), np.zeros(1), f0, g0, np.ones(1), 1.0, out, 4)
+
+
+def test_an_exact_minimum_ends_the_iterations_and_a_bad_start_is_refused():
+    # f = (x - 1)^2 + x^2 reaches x = 0.5, where g = 0, exactly: the iterations end there
+    # (a further line search along a zero direction would fail)
+    points = list(quasi_newton.minimise(lambda x: (float((x - 1) @ (x - 1) + x @ x), 4 * x - 2), np.zeros(1)))
+    assert points[-1][0][0] == 0.5 and points[-1][2][0] == 0.0
+    with pytest.raises(ValueError, match="not finite"):
+        list(quasi_newton.minimise(lambda x: (np.nan, x), np.ones(2)))
+    with pytest.raises(ValueError, match="at least one pair"):
+        quasi_newton.CurvaturePairs(0, 3)
+
+
 def test_line_search_refuses_an_ascent_direction():
     fun = along_a_line(phi_quartic)
     f0, g0 = fun(np.zeros(1))
