@@ -193,8 +193,7 @@ class MaxSemiring(LogSemiring):
         return values.max(axis=axis)
 
     # pruning is used for tables of at least this many entries (below, the running maximum costs
-    # little more than finding the terms to skip; CoNLL-2000's 22 labels gain 5%) and blocks of at
-    # least as many rows as the table has: the bounds cost m * m * p once per table. A block
+    # little more than finding the terms to skip; CoNLL-2000's 22 labels gain 5%). A block
     # where more than this share of the (row, term) pairs is left beside each row's best term
     # takes the running maximum instead (pruning breaks even near 8%: CoNLL-2000 keeps 8%, EWT
     # XPOS 1%; partly trained models more)
@@ -226,7 +225,7 @@ class MaxSemiring(LogSemiring):
     def matmul(cls, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """``out[..., n, j] = max_i a[..., n, i] + b[..., i, j]``. No arg max is kept: the back
         pointers of the few entries a best path goes through are found afterwards (``argtop``)."""
-        if cls.prunes(a, b):
+        if cls.prunes(a, b) and a.shape[0] >= b.shape[0]:  # the m * m * p bounds are paid once over
             return cls.pruned_matmul(a, b, cls.spread(b))
         if a.size * b.shape[-1] <= cls.ONE_STEP_CELLS:
             return (a[..., :, :, None] + b[..., None, :, :]).max(axis=-2)
@@ -240,7 +239,6 @@ class MaxSemiring(LogSemiring):
             and b.ndim == 2
             and a.dtype == b.dtype == np.float64
             and b.size >= cls.PRUNED_TABLE
-            and a.shape[0] >= b.shape[0]
             and a.size * b.shape[1] > cls.ONE_STEP_CELLS
         )
 

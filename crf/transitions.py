@@ -25,7 +25,6 @@ A lifted operator has ``values`` (the lifted table, ``shape``) and, for messages
 
 from __future__ import annotations
 
-import functools
 import math
 
 import numpy as np
@@ -76,15 +75,23 @@ class _LiftedFirstOrder:
         self.values = values  # (L, L) [i, j]
         self.values_t = values.T
         self.semiring = semiring
+        self._bounds: tuple[np.ndarray | None] | None = None
 
     def forward(self, messages: np.ndarray) -> np.ndarray:
-        if self.semiring is MaxSemiring and MaxSemiring.prunes(messages, self.values):  # bounds worked out once
-            return MaxSemiring.pruned_matmul(messages, self.values, self._spread)
+        if self.semiring is MaxSemiring and MaxSemiring.prunes(messages, self.values):
+            spread = self._pruning_bounds(messages.shape[0])
+            if spread is not None:
+                return MaxSemiring.pruned_matmul(messages, self.values, spread)
         return self.semiring.matmul(messages, self.values)
 
-    @functools.cached_property
-    def _spread(self) -> np.ndarray:
-        return MaxSemiring.spread(self.values)
+    def _pruning_bounds(self, rows: int) -> np.ndarray | None:
+        """The table's max-product bounds (``MaxSemiring.spread``, m * m * p work), worked out on
+        the first step with at least m rows (a batch's first step has the most) and kept for the
+        later steps of this pass; None before (one sentence: not worth it) or for a table that
+        cannot be pruned."""
+        if self._bounds is None and rows >= self.values.shape[0]:
+            self._bounds = (MaxSemiring.spread(self.values),)
+        return None if self._bounds is None else self._bounds[0]
 
     def pointers(self, messages: np.ndarray, chosen: np.ndarray) -> np.ndarray:
         size = math.prod(messages.shape[2:])

@@ -168,6 +168,27 @@ def test_max_product_bounds_hold_for_the_exact_differences():
     assert all(Fraction(spread[i, k]) >= exact[i, k] for i in range(30) for k in range(30))
 
 
+def test_pruning_bounds_are_worked_out_once_per_batch_and_not_for_one_sentence(monkeypatch):
+    """The m * m * p bounds are paid for once in a Viterbi pass whose first step has at least m
+    rows, and never for one sentence (with 200 labels they would cost more than the pass)."""
+    rng = np.random.default_rng(8)
+    L = 200
+    transitions, start, end = rng.normal(size=(L, L)), rng.normal(size=L), rng.normal(size=L)
+    calls = []
+    spread = chain.MaxSemiring.spread
+    monkeypatch.setattr(chain.MaxSemiring, "spread", staticmethod(lambda b: calls.append(1) or spread(b)))
+    one = 5.0 * rng.normal(size=(12, L))
+    labels, _ = chain.viterbi(one, transitions, start, end, [12])
+    np.testing.assert_array_equal(labels, _reference_viterbi(one, transitions, start, end)[0])
+    assert calls == []
+    lengths = rng.integers(2, 6, size=L + 20)
+    batch = 5.0 * rng.normal(size=(int(lengths.sum()), L))
+    labels, _ = chain.viterbi(batch, transitions, start, end, lengths)
+    assert calls == [1]
+    for a, b in list(_per_sequence(lengths))[:20]:
+        np.testing.assert_array_equal(labels[a:b], _reference_viterbi(batch[a:b], transitions, start, end)[0])
+
+
 @pytest.mark.parametrize("rows", [1, 3, 60])
 def test_max_product_of_a_few_rows_in_one_step_is_the_running_maximum(monkeypatch, rows):
     """Few rows (a short sentence, the tail of a batch) take one broadcast maximum: the same bits
