@@ -154,7 +154,9 @@ def lbfgs(
     ``objective(theta)`` returns (loss, gradient) with a new gradient array on every call: the
     regularisation and the frozen positions are applied to it in place. The weights at
     positions ``frozen`` (not features of the model) get a zero gradient, so they keep their
-    starting value (0). ``max_linesearch``: line-search trials per iteration.
+    starting value, which must be 0 (under L1 the penalty's own gradient would move any other).
+    ``max_linesearch``: line-search trials per iteration. An objective that is not finite at
+    ``theta0`` raises ValueError (L2) or ends with a line-search stop reason (L1).
     """
     progress = _Progress(stopping or StoppingRule(), callback)
     smooth = _freeze(_regularised(objective, c2), frozen)

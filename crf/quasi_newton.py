@@ -162,8 +162,9 @@ def line_search(
 
     The accepted point is written into ``out`` (n,). Returns (a, f(out), g(out), evaluations).
     When no step is found in ``max_trials`` evaluations or rounding leaves no room to progress,
-    the lowest point tried is returned if it is below ``f0`` (L-BFGS-B does the same); otherwise,
-    and if ``d`` is not a descent direction, :class:`LineSearchError` is raised."""
+    the lowest point tried is returned if it is below ``f0`` (a decrease is not thrown away;
+    CRFsuite's and L-BFGS-B's searches go back to ``x`` instead); otherwise, and if ``d`` is not
+    a descent direction, :class:`LineSearchError` is raised."""
     slope0 = float(g0 @ d)
     if not slope0 < 0:
         raise LineSearchError(f"not a descent direction (g.d = {slope0:g})")
@@ -173,14 +174,14 @@ def line_search(
     width = wolfe.max_step - wolfe.min_step
     previous_width = 2.0 * width
     low, high = 0.0, step + 4.0 * step
-    best_grad = None  # the gradient at best, once a trial is best
+    best_value, best_grad = f0, None  # f and g at best as evaluated (best[1] is rounded by stage 1's shifts)
 
     def give_up(problem: str, trials: int) -> tuple[float, float, np.ndarray, int]:
-        if best_grad is None or not best[1] < f0:
+        if best_grad is None or not best_value < f0:
             raise LineSearchError(problem)
         np.multiply(d, best[0], out=out)  # the same operations as when it was tried: the same point
         np.add(out, x, out=out)
-        return best[0], best[1], best_grad, trials
+        return best[0], best_value, best_grad, trials
 
     for trial_number in range(1, max_trials + 1):
         np.multiply(d, step, out=out)
@@ -224,10 +225,10 @@ def line_search(
                 step, bracketed, best, other = _next_trial(best, other, trial, bracketed, low, high)
         except (ArithmeticError, ValueError) as error:  # a degenerate interpolation (equal points)
             if value <= best[1]:
-                best, best_grad = trial, grad
+                best, best_value, best_grad = trial, value, grad
             return give_up(f"the interpolation broke down ({error})", trial_number)
         if best[0] == trial[0]:
-            best_grad = grad
+            best_value, best_grad = value, grad
         if bracketed:
             if abs(other[0] - best[0]) >= 0.66 * previous_width:
                 step = best[0] + 0.5 * (other[0] - best[0])  # the interval shrinks too slowly: bisect

@@ -233,7 +233,10 @@ class MaxSemiring(LogSemiring):
 
     @classmethod
     def prunes(cls, a: np.ndarray, b: np.ndarray) -> bool:
-        """Whether :meth:`matmul` of these operands skips terms (:meth:`pruned_matmul`)."""
+        """Whether the operands are of a kind pruning applies to (:meth:`pruned_matmul`: 2-D float64,
+        a table of at least ``PRUNED_TABLE`` entries, more than ``ONE_STEP_CELLS`` sums).
+        :meth:`matmul` also asks for at least as many rows as the table has, since it works the
+        bounds out for each call."""
         return (
             a.ndim == 2
             and b.ndim == 2
@@ -271,11 +274,11 @@ class MaxSemiring(LogSemiring):
             others = a + spread.T[best] >= reference[:, None]
         others[every_row, best] = False
         others[~(reference > -np.inf)] = False  # nothing finite (or NaN): the best term's row is the answer
-        row, term = np.nonzero(others)  # row-major: grouped by row
-        if row.size > cls.PRUNED_SHARE * others.size:  # an untrained or flat table: little to skip
+        if np.count_nonzero(others) > cls.PRUNED_SHARE * others.size:  # an untrained or flat table: little to skip
             out[...] = cls._running_max(a, b)
             return
         np.add(reference[:, None], b[best], out=out)
+        row, term = np.nonzero(others)  # row-major: grouped by row
         if row.size:
             first = np.flatnonzero(np.r_[True, row[1:] != row[:-1]])
             top = np.maximum.reduceat(a[row, term][:, None] + b[term], first, axis=0)

@@ -104,6 +104,46 @@ def test_an_exact_minimum_ends_the_iterations_and_a_bad_start_is_refused():
         quasi_newton.CurvaturePairs(0, 3)
 
 
+def test_what_a_search_returns_is_what_was_evaluated_at_the_returned_point():
+    """Whether it succeeds or gives up after a few trials (through stage 1's shifted
+    interpolation, with the last trial not the best), a search returns f and g exactly as
+    evaluated at ``out = x + a d``, and below f0."""
+
+    def phi(a: float) -> tuple[float, float]:
+        return (a - 1.0) ** 2 + 0.3 * (a - 1.0) ** 4 - 1.0 / 3.0, 2.0 * (a - 1.0) + 1.2 * (a - 1.0) ** 3
+
+    fun = along_a_line(phi)
+    x = np.full(1, 0.1)
+    f0, g0 = fun(x)
+    returned = 0
+    for start in (0.05, 0.3, 2.5, 3.7, 7.0):
+        for trials in (2, 3, 4, 5):
+            for ftol in (1e-4, 0.3):
+                out = np.empty(1)
+                wolfe = quasi_newton.WolfeConditions(ftol=ftol, gtol=1e-12)  # hard to meet: searches give up
+                try:
+                    step, value, grad, _ = quasi_newton.line_search(fun, x, f0, g0, np.ones(1), start, out, trials, wolfe)
+                except quasi_newton.LineSearchError:
+                    continue
+                returned += 1
+                assert out[0] == x[0] + step
+                assert (value, grad[0]) == phi(out[0]) and value < f0
+    assert returned >= 20
+
+    # a point with sufficient decrease at 0.5, then one shifted (stage 1) update, then giving up:
+    # the value returned is f(0.5) as evaluated, not as shifted and shifted back
+    for f_half in np.linspace(0.01, 0.3, 60):
+
+        def kinked(a: float, f_half: float = float(f_half)) -> tuple[float, float]:
+            return (1.0, -1.8) if a == 0 else ((f_half, -1.7) if a == 0.5 else (f_half / 2, -1.7))
+
+        out = np.empty(1)
+        wolfe = quasi_newton.WolfeConditions(ftol=0.45, gtol=0.9)
+        fun = along_a_line(kinked)
+        step, value, _, _ = quasi_newton.line_search(fun, np.zeros(1), 1.0, np.array([-1.8]), np.ones(1), 0.5, out, 2, wolfe)
+        assert step == out[0] == 0.5 and value == f_half
+
+
 def test_line_search_refuses_an_ascent_direction():
     fun = along_a_line(phi_quartic)
     f0, g0 = fun(np.zeros(1))
@@ -176,6 +216,22 @@ def test_two_loop_direction_is_the_bfgs_inverse_hessian_product():
 
 def test_a_zero_gradient_ends_at_once():
     assert list(quasi_newton.minimise(lambda x: (float(x @ x), 2.0 * x), np.zeros(5))) == []
+
+
+def test_frozen_weights_keep_their_value_under_l2():
+    """The L2 term is added before the frozen positions are cleared: a frozen weight does not move."""
+    rng = np.random.default_rng(2)
+    target = rng.normal(size=6)
+
+    def objective(theta: np.ndarray) -> tuple[float, np.ndarray]:
+        return float((theta - target) @ (theta - target)), 2.0 * (theta - target)
+
+    theta0 = np.zeros(6)
+    theta0[[1, 4]] = 0.7
+    result = optimize.lbfgs(objective, theta0, c2=0.5, frozen=np.array([1, 4]), stopping=optimize.StoppingRule(max_iterations=50))
+    assert result.theta[1] == 0.7 and result.theta[4] == 0.7
+    free = [0, 2, 3, 5]
+    np.testing.assert_allclose(result.theta[free], target[free] / 1.5, atol=1e-6)  # argmin of |t - x|^2 + 0.5 x^2
 
 
 def crf_problem(seed: int):
