@@ -183,6 +183,9 @@ def line_search(
         np.add(out, x, out=out)
         return best[0], best_value, best_grad, trials
 
+    def shift(p: tuple, sign: float) -> tuple:  # (a, f, f') -> (a, psi, psi') and back (sign -1)
+        return p[0], p[1] - sign * (f0 + p[0] * decrease), p[2] - sign * decrease
+
     for trial_number in range(1, max_trials + 1):
         np.multiply(d, step, out=out)
         out += x
@@ -216,9 +219,6 @@ def line_search(
             if stage_one and line < value <= best[1]:
                 # interpolate psi(a) = f(a) - f0 - a * decrease instead: same minimisers, and a
                 # lower value of psi is a step that keeps sufficient decrease
-                def shift(p: tuple, sign: float) -> tuple:
-                    return p[0], p[1] - sign * (f0 + p[0] * decrease), p[2] - sign * decrease
-
                 step, bracketed, best, other = _next_trial(shift(best, 1), shift(other, 1), shift(trial, 1), bracketed, low, high)
                 best, other = shift(best, -1), shift(other, -1)
             else:

@@ -75,7 +75,8 @@ class _LiftedFirstOrder:
         self.values = values  # (L, L) [i, j]
         self.values_t = values.T
         self.semiring = semiring
-        self._bounds: tuple[np.ndarray | None] | None = None
+        self._bounds_done = False
+        self._bounds: np.ndarray | None = None  # None once done: a table that cannot be pruned
 
     def forward(self, messages: np.ndarray) -> np.ndarray:
         if self.semiring is MaxSemiring and MaxSemiring.prunes(messages, self.values):
@@ -89,9 +90,9 @@ class _LiftedFirstOrder:
         the first step with at least m rows (a batch's first step has the most) and kept for the
         later steps of this pass; None before (one sentence: not worth it) or for a table that
         cannot be pruned."""
-        if self._bounds is None and rows >= self.values.shape[0]:
-            self._bounds = (MaxSemiring.spread(self.values),)
-        return None if self._bounds is None else self._bounds[0]
+        if not self._bounds_done and rows >= self.values.shape[0]:
+            self._bounds, self._bounds_done = MaxSemiring.spread(self.values), True
+        return self._bounds
 
     def pointers(self, messages: np.ndarray, chosen: np.ndarray) -> np.ndarray:
         size = math.prod(messages.shape[2:])
