@@ -96,7 +96,11 @@ class FeaturePartition:
                 self.groups.append((target, positions, attribute[positions], first))
                 first += positions.size
         self.n_local = first
-        self.local_positions = np.concatenate([g[1] for g in self.groups]) if self.groups else np.zeros(0, dtype=np.int64)
+        empty = np.zeros(0, dtype=np.int64)
+        self.local_positions = np.concatenate([g[1] for g in self.groups]) if self.groups else empty
+        # attribute and label of every local column, in column order (n_local,)
+        self.local_attributes = np.concatenate([g[2] for g in self.groups]) if self.groups else empty
+        self.local_labels = np.concatenate([np.full(g[1].size, g[0]) for g in self.groups]) if self.groups else empty
 
     def shared_weights(self, theta_state: np.ndarray) -> np.ndarray:
         """The (A_shared, L) weights of the shared attributes: one matrix for all chunks, filled
@@ -131,17 +135,19 @@ class StateFeatures:
         self.n_tokens = X.shape[0]
         L = partition.n_labels
         self.X_shared = X if partition.identity else X[:, partition.shared_columns]
-        by_column = X.tocsc()
-        rows, columns, values = [], [], []
-        for label, _, attributes, first in partition.groups:
-            block = by_column[:, attributes].tocoo()
-            rows.append(block.row.astype(np.int64) * L + label)
-            columns.append(block.col + first)
-            values.append(block.data)
         shape = (self.n_tokens * L, partition.n_local)
         self.local = sp.csc_matrix(shape)
-        if rows:
-            self.local = sp.csc_matrix((np.concatenate(values), (np.concatenate(rows), np.concatenate(columns))), shape=shape)
+        if partition.n_local:
+            # column j of ``local`` is X's column attribute_j with every row t moved to t * L + label_j:
+            # one column gather of X by column, then the row numbers rewritten in place (row order
+            # within a column is kept, so the matrix is in canonical form without a sort)
+            block = X.tocsc()[:, partition.local_attributes]
+            block.sort_indices()
+            index_type = np.int32 if shape[0] <= np.iinfo(np.int32).max else np.int64
+            rows = block.indices.astype(index_type)
+            rows *= L
+            rows += np.repeat(partition.local_labels.astype(index_type), np.diff(block.indptr))
+            self.local = sp.csc_matrix((block.data, rows, block.indptr), shape=shape)
 
     def emissions(self, theta_state: np.ndarray, shared_weights: np.ndarray | None = None) -> np.ndarray:
         """Emission scores (T, L) for the state weights ``theta_state`` (and their shared part

@@ -92,6 +92,7 @@ _STOPPING = {"epsilon": ("lbfgs", "ap", "pa", "arow"), "period": ("lbfgs", "l2sg
 _MAX_ITERATIONS = {"lbfgs": None, "l2sgd": 1000, "ap": 100, "pa": 100, "arow": 100}
 _EPSILON = {"lbfgs": 1e-5, "ap": 0.0, "pa": 0.0, "arow": 0.0, "l2sgd": 0.0}
 _DELTA = {"lbfgs": 1e-5, "l2sgd": 1e-6}
+_BLOCK_TOKENS = 1 << 16  # tokens marked at a time by feature_index (bounds its temporary keys)
 
 
 @dataclass
@@ -184,6 +185,17 @@ def validate(p: dict) -> Settings:
 def feature_index(X, labels: np.ndarray, n_labels: int, min_freq: float = 0.0) -> np.ndarray:
     """Flat (A, L) indices (sorted) of the attribute/label pairs seen in ``X`` (T, A) with the
     labels (T,), keeping those whose frequency (summed attribute values) is at least ``min_freq``."""
+    n_cells = X.shape[1] * n_labels
+    if min_freq <= 0 and n_cells <= 8 * max(X.nnz, 1 << 20):
+        # a mark per (attribute, label) cell, no larger than the int64 keys a sort would need:
+        # the marked cells come out sorted, without sorting, a block of tokens at a time
+        seen = np.zeros(n_cells, dtype=bool)
+        for first in range(0, X.shape[0], _BLOCK_TOKENS):
+            stop = min(first + _BLOCK_TOKENS, X.shape[0])
+            begin, end = X.indptr[first], X.indptr[stop]
+            within = np.repeat(labels[first:stop], np.diff(X.indptr[first : stop + 1]))
+            seen[X.indices[begin:end].astype(np.int64) * n_labels + within] = True
+        return np.flatnonzero(seen)
     keys = X.indices.astype(np.int64) * n_labels + np.repeat(labels, np.diff(X.indptr))
     if min_freq <= 0:
         return np.unique(keys)  # no inverse: half the temporary memory of the sort

@@ -87,3 +87,37 @@ def test_state_features_match_the_dense_product():
     np.testing.assert_allclose(states.emissions(theta), X @ W.reshape(30, 10), atol=1e-12)
     P = rng.random((60, 10))
     np.testing.assert_allclose(states.gradient(P), (X.T @ P).ravel()[index], atol=1e-12)
+
+
+@pytest.mark.parametrize("n_attributes", [40, 2_000_000])  # marks per cell; the sort when marks would be larger
+def test_feature_index_marks_the_pairs_a_sort_finds(monkeypatch, n_attributes):
+    """The (attribute, label) pairs, marked a block of tokens at a time, are np.unique of the keys."""
+    import crf.params
+
+    monkeypatch.setattr(crf.params, "_BLOCK_TOKENS", 7)  # many blocks, the last one short
+    rng = np.random.default_rng(5)
+    columns = np.sort(rng.choice(n_attributes, size=(100, 4)), axis=1)  # repeats within a token are summed
+    X = sp.csr_matrix((np.ones(400), columns.ravel(), np.arange(0, 401, 4)), shape=(100, n_attributes))
+    X.sum_duplicates()
+    labels = rng.integers(0, 6, size=100)
+    keys = X.indices.astype(np.int64) * 6 + np.repeat(labels, np.diff(X.indptr))
+    index = feature_index(X, labels, 6)
+    assert index.dtype == np.int64
+    np.testing.assert_array_equal(index, np.unique(keys))
+
+
+def test_local_incidences_are_the_per_label_copies_of_columns():
+    """Column j of ``local`` holds row t * L + label_j for every token t with attribute_j, value kept."""
+    from crf.objective import FeaturePartition, StateFeatures
+
+    rng = np.random.default_rng(4)
+    X = sp.csr_matrix((rng.random((50, 25)) < 0.15) * rng.choice([1.0, 2.5], size=(50, 25)))
+    labels = rng.integers(0, 9, size=50)
+    part = FeaturePartition(ParameterLayout(25, 9, feature_index(X, labels, 9)))
+    local = StateFeatures(X, part).local
+    assert local.has_canonical_format and part.n_local > 0
+    expected = np.zeros((50 * 9, part.n_local))
+    dense = X.toarray()
+    for j, (attribute, label) in enumerate(zip(part.local_attributes, part.local_labels)):
+        expected[np.arange(50) * 9 + label, j] = dense[:, attribute]
+    np.testing.assert_array_equal(local.toarray(), expected)
