@@ -7,7 +7,9 @@ BLAS threads and they fight over the cores (measured: 2x slower).
 
 from __future__ import annotations
 
+import itertools
 import os
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -44,23 +46,67 @@ def single_threaded_blas() -> Iterator[None]:
 
 
 class Workers:
-    """A persistent pool of ``n_threads`` threads (none when 1) mapping functions in order.
-    Callers wrap the whole job in :func:`single_threaded_blas`: entering it costs milliseconds."""
+    """``n_threads`` threads mapping functions in order: the calling thread and a persistent pool
+    of ``n_threads - 1`` helpers (none when 1). Callers wrap the whole job in
+    :func:`single_threaded_blas`: entering it costs milliseconds.
+
+    The caller works too rather than waiting: besides sparing a thread, it keeps the large
+    temporary arrays of the work in one malloc arena fewer (glibc gives every thread that
+    allocates its own): 85 MiB of the 300 MiB that training CoNLL-2000 added to the process
+    with three arenas, against 535 MiB in all with one thread.
+    """
 
     def __init__(self, n_threads: int) -> None:
         self.n_threads = n_threads
-        self.pool = ThreadPoolExecutor(n_threads) if n_threads > 1 else None
+        self.pool = ThreadPoolExecutor(n_threads - 1) if n_threads > 1 else None
 
     def map(self, function: Callable[[T], R], items: Iterable[T]) -> list[R]:
         return list(self.imap(function, items))
 
     def imap(self, function: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
         """The results in order, each as soon as it and those before it are done (so a caller
-        folding them can drop each one before the last is computed)."""
+        folding them can drop each one before the last is computed). Items are taken in order
+        by whichever thread is free; an exception is raised where its item's result would be."""
         items = list(items)
         if self.pool is None or len(items) <= 1:
             return map(function, items)
-        return self.pool.map(function, items)
+        return self._shared(function, items)
+
+    def _shared(self, function: Callable[[T], R], items: list[T]) -> Iterator[R]:
+        claims = itertools.count()  # next() on it is atomic: each item is taken once
+        results: list = [None] * len(items)
+        done = [threading.Event() for _ in items]
+        abandoned = threading.Event()  # the caller stopped reading: take no more items
+
+        def work_one() -> bool:
+            i = next(claims)
+            if i >= len(items) or abandoned.is_set():
+                return False
+            try:
+                results[i] = (True, function(items[i]))
+            except BaseException as error:  # handed to the caller at item i
+                results[i] = (False, error)
+            done[i].set()
+            return True
+
+        def helper() -> None:
+            while work_one():
+                pass
+
+        for _ in range(min(self.n_threads - 1, len(items) - 1)):
+            self.pool.submit(helper)
+        try:
+            for i in range(len(items)):
+                while not done[i].is_set() and work_one():
+                    pass
+                done[i].wait()
+                ok, value = results[i]
+                results[i] = None  # the caller owns it now
+                if not ok:
+                    raise value
+                yield value
+        finally:
+            abandoned.set()
 
     def close(self) -> None:
         if self.pool is not None:
