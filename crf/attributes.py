@@ -44,13 +44,39 @@ _VALUE_KIND = {str: _TEXT, float: _NUMBER, int: _NUMBER, bool: _NUMBER}
 class _Entries:
     """The flattened attributes of a batch of T tokens: E entries (name, weight) in token order.
 
-    ``names`` E strings (list or object array), ``values`` (E,) float64, ``starts`` (T + 1,)
-    int64: token t owns entries ``starts[t]:starts[t + 1]``; ``offsets`` (N + 1,) token offsets
-    of the N sequences.
+    ``names`` (E,) object array, ``values`` (E,) float64, ``starts`` (T + 1,) int64: token t owns
+    entries ``starts[t]:starts[t + 1]``; ``offsets`` (N + 1,) token offsets of the N sequences,
+    the first being sequence ``first`` of the input. ``checked``: every name is known to be a
+    ``str``; otherwise (list tokens, read as they are) a name may be bytes or not a name at all,
+    and :meth:`lookup` checks those it does not find.
     """
 
-    def __init__(self, names: Sequence[str], values: np.ndarray, starts: np.ndarray, offsets: np.ndarray) -> None:
+    def __init__(
+        self, names: np.ndarray, values: np.ndarray, starts: np.ndarray, offsets: np.ndarray, first: int, checked: bool
+    ) -> None:
         self.names, self.values, self.starts, self.offsets = names, values, starts, offsets
+        self.first, self.checked = first, checked
+
+    def lookup(self, table: PyObjectHashTable) -> np.ndarray:
+        """Each name's code in ``table`` (E,), -1 where absent. Unchecked names that are not
+        found are checked then: bytes are decoded (in ``names``) and looked up again, anything
+        else that is not a ``str`` raises TypeError with its position."""
+        if self.checked:
+            return table.lookup(self.names)
+        try:
+            codes, unhashable = table.lookup(self.names), False
+        except TypeError:  # an unhashable name: the check below finds it and says where
+            codes, unhashable = np.full(self.names.size, -1, dtype=np.int64), True
+        absent = np.flatnonzero(codes < 0)
+        odd = absent[~np.fromiter(map(isinstance, self.names[absent], repeat(str)), dtype=bool, count=absent.size)]
+        if odd.size:
+            rows = np.searchsorted(self.starts, odd, side="right") - 1
+            self.names[odd] = [
+                _text(self.names[e], _At(self.offsets, r, self.first)) for e, r in zip(odd.tolist(), rows.tolist())
+            ]
+            codes[odd] = table.lookup(self.names[odd])
+        self.checked = True
+        return table.lookup(self.names) if unhashable else codes
 
 
 class _At:
@@ -134,20 +160,22 @@ def _slow(tokens: Sequence, rows: np.ndarray, at: Callable[[int], _At]) -> tuple
     return np.asarray(out_rows, dtype=np.int64), names, np.asarray(values, dtype=np.float64)
 
 
-def _list_tokens(tokens: list, rows: np.ndarray, at: Callable[[int], _At]) -> tuple[np.ndarray, Sequence[str], np.ndarray]:
-    """Entries of list tokens: every element is a binary attribute."""
+def _list_tokens(
+    tokens: list, rows: np.ndarray, at: Callable[[int], _At], check: bool = True
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Entries of list tokens: every element is a binary attribute. Without ``check`` the names
+    are left as they are, for :meth:`_Entries.lookup` to check those it does not find."""
     counts = np.fromiter(map(len, tokens), dtype=np.int64, count=len(tokens))
-    names = list(chain.from_iterable(tokens))
+    size = int(counts.sum())
+    names = np.fromiter(chain.from_iterable(tokens), dtype=object, count=size)
     entry_rows = np.repeat(rows, counts)
-    if not _all_str(names):  # bytes or worse: fix up those entries only
-        names_array = np.fromiter(names, dtype=object, count=len(names))
-        odd = np.flatnonzero(~np.fromiter(map(isinstance, names, repeat(str)), dtype=bool, count=len(names)))
-        names_array[odd] = [_text(names[e], at(int(entry_rows[e]))) for e in odd.tolist()]
-        names = names_array.tolist()
-    return entry_rows, names, np.ones(len(names))
+    if check and not _all_str(names):  # bytes or worse: fix up those entries only
+        odd = np.flatnonzero(~np.fromiter(map(isinstance, names, repeat(str)), dtype=bool, count=size))
+        names[odd] = [_text(names[e], at(int(entry_rows[e]))) for e in odd.tolist()]
+    return entry_rows, names, np.ones(size)
 
 
-def _dict_tokens(tokens: list, rows: np.ndarray, at: Callable[[int], _At]) -> tuple[np.ndarray, Sequence[str], np.ndarray]:
+def _dict_tokens(tokens: list, rows: np.ndarray, at: Callable[[int], _At]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Entries of dict tokens: string values by name concatenation, numbers as weights, the rest
     (bytes, nested dicts, lists, NumPy scalars, odd keys) through :func:`_expand`."""
     counts = np.fromiter(map(len, tokens), dtype=np.int64, count=len(tokens))
@@ -176,7 +204,7 @@ def _dict_tokens(tokens: list, rows: np.ndarray, at: Callable[[int], _At]) -> tu
     all_names = names[common].tolist() + [name for p in pairs for name, _ in p]
     all_weights = np.concatenate([weights[common], np.array([w for p in pairs for _, w in p], dtype=np.float64)])
     order = np.argsort(all_rows, kind="stable")
-    return all_rows[order], np.asarray(all_names, dtype=object)[order].tolist(), all_weights[order]
+    return all_rows[order], np.fromiter(all_names, dtype=object, count=len(all_names))[order], all_weights[order]
 
 
 def _sequence_list(sequences: Iterable[Sequence]) -> tuple[list, np.ndarray]:
@@ -221,11 +249,12 @@ def _entries(sequences: list, lengths: np.ndarray, first: int = 0) -> _Entries:
         row = int(strings[0])
         raise TypeError(f"{at(row)} is the string {tokens[row]!r}: a token must be a dict or a list of attribute strings")
     groups = []
+    only_lists = bool(np.all(kind == _LIST))  # then the names are checked only where not found
     for code, reader in ((_LIST, _list_tokens), (_DICT, _dict_tokens), (_OTHER, _slow)):
         rows = np.flatnonzero(kind == code)
         if rows.size:
             group = tokens if rows.size == len(tokens) else [tokens[r] for r in rows.tolist()]
-            groups.append(reader(group, rows, at))
+            groups.append(_list_tokens(group, rows, at, check=False) if only_lists else reader(group, rows, at))
     if len(groups) == 1:
         rows, names, values = groups[0]
     elif not groups:
@@ -234,12 +263,15 @@ def _entries(sequences: list, lengths: np.ndarray, first: int = 0) -> _Entries:
         rows = np.concatenate([g[0] for g in groups])
         order = np.argsort(rows, kind="stable")
         rows, values = rows[order], np.concatenate([g[2] for g in groups])[order]
-        names = np.asarray(list(chain.from_iterable(g[1] for g in groups)), dtype=object)[order].tolist()
+        names = np.fromiter(chain.from_iterable(g[1] for g in groups), dtype=object, count=rows.size)[order]
+    if not isinstance(names, np.ndarray):
+        names = np.fromiter(names, dtype=object, count=len(names))
     finite = np.isfinite(values)
     if not finite.all():
         e = int(np.argmin(finite))
         raise ValueError(f"{at(int(rows[e]))}: attribute {names[e]!r} has the non-finite weight {values[e]}")
-    return _Entries(names, values, offsets_from_lengths(np.bincount(rows, minlength=len(tokens))), offsets)
+    starts = offsets_from_lengths(np.bincount(rows, minlength=len(tokens)))
+    return _Entries(names, values, starts, offsets, first, checked=not only_lists)
 
 
 class AttributeIndex:
@@ -344,9 +376,8 @@ class AttributeIndex:
         counts, columns, values = [np.empty(0, np.int64)], [np.empty(0, np.int32)], [np.empty(0)]
         for first, stop in _blocks(lengths, self.block_tokens):
             entries = _entries(sequences[first:stop], lengths[first:stop], first)
-            names = np.empty(len(entries.names), dtype=object)
-            names[:] = entries.names
-            codes = table.lookup(names)
+            codes = entries.lookup(table)
+            names = entries.names
             if grow:
                 unseen = np.flatnonzero(codes < 0)
                 if unseen.size:

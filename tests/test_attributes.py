@@ -213,6 +213,20 @@ def test_values_and_names_of_unsupported_types_are_reported():
         AttributeIndex().fit([[[b"\xff"]]])
 
 
+def test_list_token_names_are_checked_where_the_lookup_misses(monkeypatch):
+    """List tokens' names go to the hash table unchecked; the ones it does not find are checked
+    then, in every block: bytes are read as UTF-8, anything else is reported with its place."""
+    monkeypatch.setattr(AttributeIndex, "block_tokens", 2)
+    index = AttributeIndex().fit([[["a", b"b"], ["c"]], [["a"], [b"d", "c"]], [["e"]]])
+    assert index.index_ == {"a": 0, "b": 1, "c": 2, "d": 3, "e": 4}
+    X = index.transform([[["zz", b"e"]], [["a"]], [["zz"], [b"b", "a", "e"]]]).X.toarray()
+    np.testing.assert_array_equal(X, [[0, 0, 0, 0, 1], [1, 0, 0, 0, 0], [0, 0, 0, 0, 0], [1, 1, 0, 0, 1]])
+    with pytest.raises(TypeError, match=r"sequence 2, token 1: attribute names must be str or bytes, not list"):
+        index.transform([[["a"]], [["a"], ["b"]], [["a"], ["c", ["a"]]]])  # unhashable, in the second block
+    with pytest.raises(TypeError, match=r"sequence 2, token 0: attribute names must be str or bytes, not float"):
+        AttributeIndex().fit([[["a"]], [["a"], ["b"]], [[1.5]]])
+
+
 def test_empty_inputs():
     index = AttributeIndex().fit([[["a"], ["b"]]])
     batch = index.transform([])
