@@ -30,7 +30,7 @@ from numbers import Real
 
 import numpy as np
 import scipy.sparse as sp
-from pandas._libs.hashtable import PyObjectHashTable  # pandas' C hash table of Python objects
+from pandas._libs.hashtable import Int64HashTable, PyObjectHashTable  # pandas' C hash tables
 
 from .batch import SequenceBatch, offsets_from_lengths
 
@@ -38,7 +38,9 @@ from .batch import SequenceBatch, offsets_from_lengths
 _LIST, _DICT, _STR, _OTHER = 0, 1, 2, 3
 _TOKEN_KIND = {list: _LIST, tuple: _LIST, dict: _DICT, str: _STR, bytes: _STR}
 _TEXT, _NUMBER, _RARE = 0, 1, 2
-_VALUE_KIND = {str: _TEXT, float: _NUMBER, int: _NUMBER, bool: _NUMBER}
+_VALUE_TYPES = PyObjectHashTable(8)  # exact types of the common dict values, looked up a batch at a time
+_VALUE_TYPES.map_locations(np.array([str, float, int, bool], dtype=object))
+_VALUE_KINDS = np.array([_TEXT, _NUMBER, _NUMBER, _NUMBER, _RARE], dtype=np.int8)  # by code; -1 (other) is the last
 
 
 class _Entries:
@@ -175,6 +177,18 @@ def _list_tokens(
     return entry_rows, names, np.ones(size)
 
 
+def _joined(key_names: np.ndarray, key_codes: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """``key:value`` names (E,) of entries with ``str`` values (E,) and keys ``key_names[key_codes]``.
+    Each distinct pair is joined once and its entries share the string, so its hash is computed
+    once too (the names of a batch repeat: CoNLL-2000's test set has 25,000 in 509,000 entries)."""
+    value_names, value_codes = PyObjectHashTable(1 << 12).factorize(values)
+    pairs = key_codes.astype(np.int64) * len(value_names) + value_codes
+    distinct, pair_codes = Int64HashTable(1 << 12).factorize(pairs)
+    key_of, value_of = np.divmod(distinct, len(value_names))
+    joined = np.fromiter(map(":".join, zip(key_names[key_of], value_names[value_of])), dtype=object, count=distinct.size)
+    return joined[pair_codes]
+
+
 def _dict_tokens(tokens: list, rows: np.ndarray, at: Callable[[int], _At]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Entries of dict tokens: string values by name concatenation, numbers as weights, the rest
     (bytes, nested dicts, lists, NumPy scalars, odd keys) through :func:`_expand`."""
@@ -183,13 +197,15 @@ def _dict_tokens(tokens: list, rows: np.ndarray, at: Callable[[int], _At]) -> tu
     keys = np.fromiter(chain.from_iterable(tokens), dtype=object, count=size)
     values = np.fromiter(chain.from_iterable(map(dict.values, tokens)), dtype=object, count=size)
     entry_rows = np.repeat(rows, counts)
-    kind = np.fromiter(map(_VALUE_KIND.get, map(type, values), repeat(_RARE)), dtype=np.int8, count=size)
-    if not _all_str(keys):
-        kind[~np.fromiter(map(isinstance, keys, repeat(str)), dtype=bool, count=size)] = _RARE
+    kind = _VALUE_KINDS[_VALUE_TYPES.lookup(np.fromiter(map(type, values), dtype=object, count=size))]
+    key_names, key_codes = PyObjectHashTable(64).factorize(keys)  # distinct keys; -1 for None and NaN
+    plain = np.append(np.fromiter(map(isinstance, key_names, repeat(str)), dtype=bool, count=len(key_names)), False)
+    kind[~plain[key_codes]] = _RARE  # (code -1 reads the appended False)
     text = np.flatnonzero(kind == _TEXT)
     number = np.flatnonzero(kind == _NUMBER)
     names = keys.copy()
-    names[text] = list(map(":".join, zip(keys[text], values[text])))
+    if text.size:
+        names[text] = _joined(key_names, key_codes[text], values[text])
     weights = np.ones(size)
     weights[number] = values[number].astype(np.float64)
     rare = np.flatnonzero(kind == _RARE)

@@ -213,6 +213,19 @@ def test_values_and_names_of_unsupported_types_are_reported():
         AttributeIndex().fit([[[b"\xff"]]])
 
 
+def test_dict_keys_that_are_not_strings_are_reported_or_read():
+    """Keys are sorted out once per distinct key: None and NaN (which hash tables often set apart)
+    are reported like any other non-name; bytes keys are read as UTF-8, with text and with numbers."""
+    with pytest.raises(TypeError, match=r"sequence 0, token 1: attribute names must be str or bytes, not NoneType"):
+        AttributeIndex().fit([[{"a": "x"}, {None: "v"}]])
+    with pytest.raises(TypeError, match=r"sequence 1, token 0: attribute names must be str or bytes, not float"):
+        AttributeIndex().fit([[{"a": "x"}], [{float("nan"): 1.0}]])
+    index = AttributeIndex()
+    X = index.fit_transform([[{"a": "x", b"k": "v", "n": 2.0}, {b"k": 1.5, "a": "x", "b": "x"}]]).X.toarray()
+    assert list(index.index_) == ["a:x", "n", "k:v", "b:x", "k"]  # a token's rare shapes come last
+    np.testing.assert_array_equal(X, [[1, 2, 1, 0, 0], [1, 0, 0, 1, 1.5]])
+
+
 def test_list_token_names_are_checked_where_the_lookup_misses(monkeypatch):
     """List tokens' names go to the hash table unchecked; the ones it does not find are checked
     then, in every block: bytes are read as UTF-8, anything else is reported with its place."""
