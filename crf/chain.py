@@ -22,6 +22,7 @@ impossible: log Z = -inf, NaN marginals, Viterbi score -inf.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -250,6 +251,7 @@ def forward_backward(
     packed: bool = False,
     allowed: np.ndarray | None = None,
     counts: bool = True,
+    emissions_again: Callable[[], np.ndarray] | None = None,
 ) -> Posterior:
     """log Z, node marginals and expected transition counts for every sequence.
 
@@ -261,7 +263,14 @@ def forward_backward(
     the allowed paths (see the module docstring). ``emissions`` is never modified. With
     ``counts=False`` the expected transition counts (a quarter of the work when only marginals
     are wanted, as in tagging) are skipped and ``transition_counts`` is None.
+
+    ``emissions_again``, a function returning the same packed emissions anew, lets the recursion
+    use ``emissions`` (packed, float64, no ``allowed``) as its working memory instead of a copy:
+    its values are then lost, and the function is called only if some sequences must be
+    recomputed in the fallback semiring.
     """
+    if emissions_again is not None and not (packed and allowed is None and np.asarray(emissions).dtype == np.float64):
+        raise ValueError("emissions_again needs packed float64 emissions and no allowed mask")
     emissions = np.asarray(emissions, dtype=np.float64)
     layout, operator = _layout(lengths), _operator(transitions)
 
@@ -270,12 +279,14 @@ def forward_backward(
         return source if packed else source[layout.token_of_row]
 
     emissions_packed = gather()
-    own = emissions_packed is not emissions  # a gathered or masked copy is ours to use as working memory
+    # a gathered or masked copy is ours to use as working memory, and so is the caller's array
+    # when it can be made again
+    own = emissions_packed is not emissions or emissions_again is not None
     result = _forward_backward_packed(emissions_packed, operator, start, end, layout, semiring, keep_messages, own, counts)
     failed = np.flatnonzero(np.isnan(result.log_z))
     if failed.size and semiring.fallback is not None:
         if own:  # the working copy was consumed
-            emissions_packed = gather()
+            emissions_packed = gather() if emissions_again is None else np.asarray(emissions_again(), dtype=np.float64)
         rows, failed_lengths = layout.rows_of_ranks(failed)
         redo = forward_backward(
             emissions_packed[rows], operator, start, end, failed_lengths, keep_messages, semiring.fallback, counts=counts

@@ -192,7 +192,17 @@ class _Chunk:
         expected transition counts, marginals summed at first and last tokens (2, L))."""
         emissions = self.states.emissions(theta_state, shared_weights)
         gold = float(emissions[np.arange(self.labels.size), self.labels].sum())
-        posterior = chain.forward_backward(emissions, transitions, start, end, self.layout, packed=True)
+        # the recursion works in the emissions' own array (one (T, L) array fewer per thread);
+        # sequences it must redo in log space take them anew
+        posterior = chain.forward_backward(
+            emissions,
+            transitions,
+            start,
+            end,
+            self.layout,
+            packed=True,
+            emissions_again=lambda: self.states.emissions(theta_state, shared_weights),
+        )
         del emissions
         marginals = posterior.marginals
         ends = np.stack([marginals[self.layout.first_rows()].sum(axis=0), marginals[self.layout.last_rows()].sum(axis=0)])

@@ -360,3 +360,36 @@ def test_positions_within_groups_including_empty_ones():
     counts = np.random.default_rng(0).integers(0, 5, size=40)
     expected = [i for c in counts for i in range(c)]
     assert positions_within(counts.astype(np.uint32)).tolist() == expected
+
+
+@pytest.mark.parametrize("flushed", [False, True])
+def test_emissions_used_as_working_memory_give_the_same_bits(flushed):
+    """With ``emissions_again`` the recursion overwrites the caller's packed emissions instead of
+    copying them, and asks for them anew only when sequences must be redone in log space."""
+    if flushed:  # the case of test_results_where_flushed_values_matter_later_are_exact, and a plain one
+        emissions = np.array([[0.0, 0.0], [0.0, -115.0], [-100.0, 0.0], [-100.0, 0.0], [0.5, 0.1], [0.0, 0.2]])
+        transitions, start, end = np.array([[0.0, -1000.0], [-1000.0, 0.0]]), np.array([0.0, -115.0]), np.zeros(2)
+        lengths = [5, 1]
+    else:
+        lengths = [6, 3, 5]
+        emissions, transitions, start, end = random_chain(4, 3, lengths)
+    layout = chain.Layout.from_lengths(np.array(lengths))
+    packed = emissions[layout.token_of_row]
+    copied = chain.forward_backward(packed, transitions, start, end, layout, packed=True)
+    calls = []
+
+    def again():
+        calls.append(1)
+        return emissions[layout.token_of_row]
+
+    working = packed.copy()
+    reused = chain.forward_backward(working, transitions, start, end, layout, packed=True, emissions_again=again)
+    assert len(calls) == int(flushed)
+    assert not np.array_equal(working, packed)  # the caller's array was the working memory
+    for name in ("log_z", "marginals", "transition_counts"):
+        np.testing.assert_array_equal(getattr(reused, name), getattr(copied, name))
+    if flushed:
+        exact = chain.forward_backward(emissions, transitions, start, end, lengths, semiring=chain.LogSemiring)
+        np.testing.assert_allclose(reused.log_z, exact.log_z, rtol=1e-12)
+    with pytest.raises(ValueError, match="emissions_again needs packed"):
+        chain.forward_backward(emissions, transitions, start, end, lengths, emissions_again=again)

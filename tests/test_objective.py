@@ -121,3 +121,34 @@ def test_local_incidences_are_the_per_label_copies_of_columns():
     for j, (attribute, label) in enumerate(zip(part.local_attributes, part.local_labels)):
         expected[np.arange(50) * 9 + label, j] = dense[:, attribute]
     np.testing.assert_array_equal(local.toarray(), expected)
+
+
+def test_sequences_redone_in_log_space_take_their_emissions_anew(monkeypatch):
+    """Weights in the hundreds make the scaled recursion give up on some sequences; the objective
+    then computes their emissions again (its working copy was consumed) and the loss and state
+    gradient equal a log-space computation."""
+    from crf import chain
+    from crf.objective import StateFeatures
+
+    X, offsets, labels = _random_problem(8, n_labels=4)
+    index = feature_index(X, labels, 4)
+    params = ParameterLayout(X.shape[1], 4, index)
+    theta = np.random.default_rng(8).normal(scale=300.0, size=params.size)
+    calls = []
+    original = StateFeatures.emissions
+    monkeypatch.setattr(StateFeatures, "emissions", lambda self, *a: calls.append(1) or original(self, *a))
+    loss, gradient = Objective(X, offsets, labels, params)(theta)
+    assert len(calls) == 2  # one chunk: its emissions, then again for the fallback
+    W = np.zeros(X.shape[1] * 4)
+    W[index] = theta[: index.size]
+    emissions = X @ W.reshape(-1, 4)
+    _, transitions, start, end = params.split(theta)
+    lengths = np.diff(offsets)
+    exact = chain.forward_backward(emissions, transitions, start, end, lengths, semiring=chain.LogSemiring)
+    first, last = offsets[:-1], offsets[1:] - 1
+    inner = np.setdiff1d(np.arange(labels.size), first)
+    gold = emissions[np.arange(labels.size), labels].sum() + transitions[labels[inner - 1], labels[inner]].sum()
+    gold += start[labels[first]].sum() + end[labels[last]].sum()
+    assert loss == pytest.approx(exact.log_z.sum() - gold, rel=1e-12)
+    expected = (X.T @ (exact.marginals - np.eye(4)[labels])).ravel()[index]
+    np.testing.assert_allclose(gradient[: index.size], expected, atol=1e-9)
