@@ -260,9 +260,10 @@ def forward_backward(
     finite scores. With ``packed=True`` the emissions (and ``allowed``) are already in the
     layout's packed order (see :class:`Layout`) and the per-token results stay in that order;
     ``log_z`` is always by sequence in input order. ``allowed`` (T, L) restricts every sum to
-    the allowed paths (see the module docstring). ``emissions`` is never modified. With
-    ``counts=False`` the expected transition counts (a quarter of the work when only marginals
-    are wanted, as in tagging) are skipped and ``transition_counts`` is None.
+    the allowed paths (see the module docstring). ``emissions`` is not modified (unless
+    ``emissions_again`` is given, below). With ``counts=False`` the expected transition counts
+    (a quarter of the work when only marginals are wanted, as in tagging) are skipped and
+    ``transition_counts`` is None.
 
     ``emissions_again``, a function returning the same packed emissions anew, lets the recursion
     use ``emissions`` (packed, float64, no ``allowed``) as its working memory instead of a copy:

@@ -139,10 +139,10 @@ class StateFeatures:
         self.local = sp.csc_matrix(shape)
         if partition.n_local:
             # column j of ``local`` is X's column attribute_j with every row t moved to t * L + label_j:
-            # one column gather of X by column, then the row numbers rewritten in place (row order
-            # within a column is kept, so the matrix is in canonical form without a sort)
+            # one column gather of X by column (duplicate entries summed, rows sorted), then the row
+            # numbers rewritten in place, which keeps their order: canonical form without a sort
             block = X.tocsc()[:, partition.local_attributes]
-            block.sort_indices()
+            block.sum_duplicates()
             index_type = np.int32 if shape[0] <= np.iinfo(np.int32).max else np.int64
             rows = block.indices.astype(index_type)
             rows *= L

@@ -64,9 +64,11 @@ class Workers:
         return list(self.imap(function, items))
 
     def imap(self, function: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
-        """The results in order, each as soon as it and those before it are done (so a caller
-        folding them can drop each one before the last is computed). Items are taken in order
-        by whichever thread is free; an exception is raised where its item's result would be."""
+        """The results in order, as an iterator that computes them when read: the reading
+        thread takes items in order beside the helpers, and hands over each result once it and
+        those before it are done (so a caller folding them can drop each one before the last is
+        computed). An exception is raised where its item's result would be; one that is not an
+        ``Exception`` (KeyboardInterrupt) is raised at once in the reading thread."""
         items = list(items)
         if self.pool is None or len(items) <= 1:
             return map(function, items)
@@ -78,26 +80,32 @@ class Workers:
         done = [threading.Event() for _ in items]
         abandoned = threading.Event()  # the caller stopped reading: take no more items
 
-        def work_one() -> bool:
+        def work_one(in_caller: bool) -> bool:
             i = next(claims)
             if i >= len(items) or abandoned.is_set():
                 return False
             try:
                 results[i] = (True, function(items[i]))
-            except BaseException as error:  # handed to the caller at item i
+            except Exception as error:  # handed to the caller at item i
+                results[i] = (False, error)
+            except BaseException as error:
+                if in_caller:
+                    raise
                 results[i] = (False, error)
             done[i].set()
             return True
 
         def helper() -> None:
-            while work_one():
+            while work_one(in_caller=False):
                 pass
 
-        for _ in range(min(self.n_threads - 1, len(items) - 1)):
-            self.pool.submit(helper)
+        pool = self.pool  # None once closed: then the reading thread takes every item
+        if pool is not None:
+            for _ in range(min(self.n_threads - 1, len(items) - 1)):
+                pool.submit(helper)
         try:
             for i in range(len(items)):
-                while not done[i].is_set() and work_one():
+                while not done[i].is_set() and work_one(in_caller=True):
                     pass
                 done[i].wait()
                 ok, value = results[i]
@@ -107,6 +115,7 @@ class Workers:
                 yield value
         finally:
             abandoned.set()
+            results[:] = [None] * len(items)  # a stored error's traceback would keep them alive
 
     def close(self) -> None:
         if self.pool is not None:

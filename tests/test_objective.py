@@ -116,6 +116,13 @@ def test_local_incidences_are_the_per_label_copies_of_columns():
     part = FeaturePartition(ParameterLayout(25, 9, feature_index(X, labels, 9)))
     local = StateFeatures(X, part).local
     assert local.has_canonical_format and part.n_local > 0
+    # the same attribute listed twice in a token (a SequenceBatch built by hand) counts once, summed
+    doubled = sp.csr_matrix((np.repeat(X.data / 2, 2), np.repeat(X.indices, 2), X.indptr * 2), shape=X.shape)
+    assert not doubled.has_canonical_format
+    again = StateFeatures(doubled, part).local
+    assert again.has_canonical_format
+    np.testing.assert_array_equal(again.indices, local.indices)
+    np.testing.assert_array_equal(again.data, local.data)
     expected = np.zeros((50 * 9, part.n_local))
     dense = X.toarray()
     for j, (attribute, label) in enumerate(zip(part.local_attributes, part.local_labels)):
