@@ -180,7 +180,7 @@ def _list_tokens(
 def _joined(key_names: np.ndarray, key_codes: np.ndarray, values: np.ndarray) -> np.ndarray:
     """``key:value`` names (E,) of entries with ``str`` values (E,) and keys ``key_names[key_codes]``.
     Each distinct pair is joined once and its entries share the string, so its hash is computed
-    once too (the names of a batch repeat: CoNLL-2000's test set has 25,000 in 509,000 entries)."""
+    once too (names repeat: CoNLL-2000's test set has 25,000 distinct ones in 509,000 entries)."""
     value_names, value_codes = PyObjectHashTable(1 << 12).factorize(values)
     pairs = key_codes.astype(np.int64) * len(value_names) + value_codes
     distinct, pair_codes = Int64HashTable(1 << 12).factorize(pairs)
