@@ -187,8 +187,8 @@ def feature_index(X, labels: np.ndarray, n_labels: int, min_freq: float = 0.0) -
     labels (T,), keeping those whose frequency (summed attribute values) is at least ``min_freq``."""
     n_cells = X.shape[1] * n_labels
     if min_freq <= 0 and n_cells <= 8 * max(X.nnz, 1 << 20):
-        # a mark per (attribute, label) cell, no larger than the int64 keys a sort would need:
-        # the marked cells come out sorted, without sorting, a block of tokens at a time
+        # a mark per (attribute, label) cell, no larger than the int64 keys a sort would need (or
+        # 8 MiB): the marked cells come out sorted, without sorting, a block of tokens at a time
         seen = np.zeros(n_cells, dtype=bool)
         for first in range(0, X.shape[0], _BLOCK_TOKENS):
             stop = min(first + _BLOCK_TOKENS, X.shape[0])
