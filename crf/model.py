@@ -23,6 +23,7 @@ from . import chain, metrics, model_file, online, optimize
 from . import params as hyper
 from .batch import SequenceBatch
 from .features import AttributeIndex
+from .heap import release_free_memory
 from .objective import Objective, ParameterLayout
 from .parallel import Workers, contiguous_parts, single_threaded_blas, thread_count
 from .segments import SegmentQueries
@@ -241,9 +242,13 @@ class CRF(SegmentQueries, CRFsuiteView, BaseEstimator):
         with single_threaded_blas():
             if settings.algorithm == "lbfgs":
                 objective = Objective(batch.X, batch.offsets, codes, params, self.n_threads)
-                return optimize.lbfgs(
+                release_free_memory()  # what building it freed, before the iterations add their working memory
+                result = optimize.lbfgs(
                     objective, theta0, self.c1, self.c2, stopping, self.num_memories, callback, frozen, self.max_linesearch
                 )
+                del objective
+                release_free_memory()  # the iterations' working memory, before the model's weights are made
+                return result
             if settings.algorithm == "l2sgd":
                 calibration = optimize.Calibration(
                     self.calibration_eta,
