@@ -112,21 +112,42 @@ def _forward(lifted, offset, operator, layout: Layout, semiring):
     return alpha, log_scale, step_log
 
 
-def _backward(lifted, offset, operator, end_lifted, end_log, layout: Layout, semiring):
+def _backward(lifted, offset, operator, end_lifted, end_log, layout: Layout, semiring, visit=None):
     """Normalised backward messages (T, S) and their cumulative log normalisers (T,).
 
     beta[r] covers everything after the token of row r (its own emission excluded), end
     transition included. The true log message is ``to_log(beta[r]) + log_scale[r]``.
+
+    With ``visit``, the messages are not kept (None is returned in their place) but handed over
+    step by step, from the last step to the first: ``visit(t, beta_t, log_scale_t, weighted_t)``
+    gets the (n_t, S) messages of step t's rows, their (n_t,) log normalisers and, for t > 0,
+    the messages times those rows' lifted emissions (None at t = 0). Two steps' messages are
+    held instead of (T, S).
     """
-    beta = np.empty_like(lifted)
-    beta[:] = end_lifted
     log_scale = np.full(lifted.shape[0], end_log)
+    if visit is None:
+        beta = np.empty_like(lifted)
+        beta[:] = end_lifted
+    else:
+        beta = None
+        steps = np.empty((2, int(layout.n_active[0])) + lifted.shape[1:])  # steps t and t - 1, by parity
+        steps[(layout.n_steps - 1) % 2][:] = end_lifted
     for t in range(layout.n_steps - 1, 0, -1):
-        following = layout.rows(t)
-        rows = layout.rows(t - 1, layout.n_active[t])
-        weighted = semiring.times(beta[following], lifted[following])
-        norm = semiring.normalize(operator.backward(weighted), out=beta[rows])[1]
+        following, n = layout.rows(t), int(layout.n_active[t])
+        rows = layout.rows(t - 1, n)
+        if beta is None:
+            current, before = steps[t % 2][:n], steps[(t - 1) % 2][: int(layout.n_active[t - 1])]
+            before[n:] = end_lifted  # the sequences that end at step t - 1
+            out = before[:n]
+        else:
+            current, out = beta[following], beta[rows]
+        weighted = semiring.times(current, lifted[following])
+        norm = semiring.normalize(operator.backward(weighted), out=out)[1]
         log_scale[rows] = log_scale[following] + offset[following] + norm
+        if visit is not None:
+            visit(t, current, log_scale[following], weighted)
+    if visit is not None:
+        visit(0, steps[0][: int(layout.n_active[0])], log_scale[layout.first_rows()], None)
     return beta, log_scale
 
 
@@ -159,20 +180,27 @@ def _edges(
             flat = semiring.normalize(joint.reshape(joint.shape[0], -1))[0]
             per_edge(layout.rows(t), semiring.to_prob(flat).reshape(joint.shape))
             continue
-        # Z_n = plus_ij previous_i table_ij following_j: the forward step into these rows gave
-        # alpha[rows] times its normaliser, so Z_n is that normaliser times plus_j alpha beta
-        # (no second pass of the forward product). A semiring that flushes tiny values loses up
-        # to L * FLUSH of that sum, so rows whose sum is small take the full product instead.
         rows = layout.rows(t)
-        row_overlap = overlap[rows][keep]
-        log_norm = row_overlap + step_log[rows][keep]
-        small = ~(row_overlap > _LOG_SMALL_OVERLAP)
-        if small.any():
-            full = semiring.plus(semiring.times(operator.forward(previous[small]), following[small]), axis=1)
-            log_norm[small] = semiring.to_log(full)
-        weighted = semiring.times(previous, semiring.weights(-log_norm)[:, None])
-        counts += semiring.to_prob(semiring.times(operator.values, operator.pair_sum(weighted, following)))
+        counts += _step_counts(previous, following, overlap[rows][keep], step_log[rows][keep], operator, semiring)
     return counts
+
+
+def _step_counts(previous, following, row_overlap, row_step_log, operator, semiring) -> np.ndarray:
+    """Expected transition counts (table shape) of one step's edges: ``previous`` (n, S) alpha of
+    the rows before, ``following`` (n, S) lifted emissions times beta of the step's rows, their
+    ``row_overlap`` (n,) ``to_log(dot(alpha, beta))`` and forward step normalisers (n,).
+
+    Z_n = plus_ij previous_i table_ij following_j: the forward step into these rows gave alpha
+    times its normaliser, so Z_n is that normaliser times plus_j alpha beta (no second pass of
+    the forward product). A semiring that flushes tiny values loses up to L * FLUSH of that sum,
+    so rows whose sum is small take the full product instead."""
+    log_norm = row_overlap + row_step_log
+    small = ~(row_overlap > _LOG_SMALL_OVERLAP)
+    if small.any():
+        full = semiring.plus(semiring.times(operator.forward(previous[small]), following[small]), axis=1)
+        log_norm[small] = semiring.to_log(full)
+    weighted = semiring.times(previous, semiring.weights(-log_norm)[:, None])
+    return semiring.to_prob(semiring.times(operator.values, operator.pair_sum(weighted, following)))
 
 
 @dataclass
@@ -191,53 +219,84 @@ class Posterior:
     log_beta: np.ndarray | None = None
 
 
+def _closing(end, semiring):
+    """The end scores lifted (1, S), and the log of what was taken out of them."""
+    end_lifted, end_offset = semiring.from_log(np.array(end, dtype=np.float64)[None, :], inplace=True)
+    end_lifted, end_norm = semiring.normalize(end_lifted)
+    return end_lifted, end_norm[0] + end_offset[0]
+
+
+def _log_z(alpha, alpha_scale, end_lifted, end_log, layout: Layout, semiring) -> np.ndarray:
+    """log Z by rank from the forward messages of the last rows."""
+    closing = semiring.normalize(semiring.times(alpha[layout.last_rows()], end_lifted))[1]
+    return alpha_scale[layout.last_rows()] + closing + end_log
+
+
 def _messages(packed, operator, start, end, layout: Layout, semiring, overwrite: bool = False):
     """Lifted scores, forward and backward messages of packed emissions; and log Z by rank."""
     lifted, offset, lifted_operator = _lifted_scores(packed, operator, start, layout, semiring, overwrite)
     alpha, alpha_scale, step_log = _forward(lifted, offset, lifted_operator, layout, semiring)
-    end_lifted, end_offset = semiring.from_log(np.array(end, dtype=np.float64)[None, :], inplace=True)
-    end_lifted, end_norm = semiring.normalize(end_lifted)
-    end_log = end_norm[0] + end_offset[0]
+    end_lifted, end_log = _closing(end, semiring)
     beta, beta_scale = _backward(lifted, offset, lifted_operator, end_lifted[0], end_log, layout, semiring)
-    closing = semiring.normalize(semiring.times(alpha[layout.last_rows()], end_lifted))[1]
-    log_z = alpha_scale[layout.last_rows()] + closing + end_log
+    log_z = _log_z(alpha, alpha_scale, end_lifted, end_log, layout, semiring)
     return lifted, lifted_operator, (alpha, alpha_scale, step_log), (beta, beta_scale), log_z
 
 
 def _forward_backward_packed(packed, operator, start, end, layout: Layout, semiring, keep_messages, overwrite=False, counts=True):
     """Forward-backward in one semiring on packed emissions; results packed, ``log_z`` by rank.
     Sequences whose normalisers underflow (or are impossible) contribute no transition counts;
-    with a ``semiring.fallback`` they get ``log_z`` NaN and :func:`forward_backward` recomputes them."""
-    lifted, lifted_operator, (alpha, alpha_scale, step_log), (beta, beta_scale), log_z = _messages(
-        packed, operator, start, end, layout, semiring, overwrite
-    )
+    with a ``semiring.fallback`` they get ``log_z`` NaN and :func:`forward_backward` recomputes them.
+
+    The backward pass hands each step's messages on as it goes (to the alpha-beta overlaps, the
+    edge counts, the kept log messages and the node marginals, which are written into the
+    forward buffer's rows once nothing needs them), so no (T, S) array of them is held."""
+    lifted, offset, lifted_operator = _lifted_scores(packed, operator, start, layout, semiring, overwrite)
+    alpha, alpha_scale, step_log = _forward(lifted, offset, lifted_operator, layout, semiring)
+    end_lifted, end_log = _closing(end, semiring)
+    log_z = _log_z(alpha, alpha_scale, end_lifted, end_log, layout, semiring)
+    overlap = np.empty(lifted.shape[0])  # to_log(dot(alpha, beta)) per row
+    total = np.zeros(lifted_operator.values.shape) if counts else None
+    log_alpha = np.empty_like(alpha) if keep_messages else None
+    log_beta = np.empty_like(alpha) if keep_messages else None
+
+    def visit(t: int, beta_t: np.ndarray, beta_scale_t: np.ndarray, weighted: np.ndarray | None) -> None:
+        nonlocal total
+        rows = layout.rows(t)
+        alpha_t = alpha[rows]
+        # a failed sequence (see below) may give NaN or inf anywhere here; its results are redone
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            if keep_messages:
+                log_alpha[rows] = semiring.to_log(alpha_t) + alpha_scale[rows, None]
+                log_beta[rows] = semiring.to_log(beta_t) + beta_scale_t[:, None]
+            # alpha_t * beta_t: the node marginals unnormalised, in the rows of alpha_t (the edges
+            # into step t + 1 have used them; those into step t use the rows before)
+            joint = semiring.times(alpha_t, beta_t, out=alpha_t)
+            overlap[rows] = semiring.to_log(semiring.plus(joint, axis=1))
+            if total is not None and t > 0:
+                previous = alpha[layout.rows(t - 1, beta_t.shape[0])]
+                total += _step_counts(previous, weighted, overlap[rows], step_log[rows], lifted_operator, semiring)
+
+    _, beta_scale = _backward(lifted, offset, lifted_operator, end_lifted[0], end_log, layout, semiring, visit)
+    with np.errstate(invalid="ignore"):
+        marginals = semiring.to_prob(semiring.normalize(alpha)[0])
     failed = ~np.isfinite(log_z) | ~np.isfinite(beta_scale[layout.first_rows()])
     # every token's alpha * beta, times both scales, is Z in exact arithmetic; a token where it is
     # not (values a flushing semiring set to zero in one pass mattered later) fails its sequence,
     # which is then recomputed in the fallback semiring. A flush both passes share (see
     # ScaledSemiring) keeps the identity and is not caught here.
-    with np.errstate(divide="ignore", invalid="ignore"):
-        overlap = semiring.to_log(semiring.dot(alpha, beta))
-        if semiring.fallback is not None:
+    if semiring.fallback is not None:
+        with np.errstate(invalid="ignore"):
             agrees = np.isclose(overlap + alpha_scale + beta_scale, log_z[layout.rank_of_row], rtol=1e-9, atol=1e-6)
-            failed[layout.rank_of_row[~agrees]] = True
-    if counts:
-        healthy = ~failed if failed.any() else None
-        counts = _edges(alpha, beta, lifted, lifted_operator, layout, semiring, None, healthy, step_log, overlap)
-    else:
-        counts = None
+        failed[layout.rank_of_row[~agrees]] = True
+    if total is not None and failed.any():
+        # the counts above took in the failed sequences: count the others again from kept messages
+        forward, _, _ = _forward(lifted, offset, lifted_operator, layout, semiring)
+        backward, _ = _backward(lifted, offset, lifted_operator, end_lifted[0], end_log, layout, semiring)
+        total = _edges(forward, backward, lifted, lifted_operator, layout, semiring, None, ~failed, step_log, overlap)
     del lifted
     if semiring.fallback is not None:  # to be recomputed; in the exact semiring -inf means impossible
         log_z[failed] = np.nan
-    log_alpha = log_beta = None
-    if keep_messages:
-        with np.errstate(invalid="ignore"):
-            log_alpha = semiring.to_log(alpha) + alpha_scale[:, None]
-            log_beta = semiring.to_log(beta) + beta_scale[:, None]
-    # node marginals, computed into the forward buffer (no longer needed)
-    with np.errstate(invalid="ignore"):
-        node = semiring.normalize(semiring.times(alpha, beta, out=alpha))[0]
-    return Posterior(log_z, semiring.to_prob(node), counts, log_alpha, log_beta)
+    return Posterior(log_z, marginals, total, log_alpha, log_beta)
 
 
 def forward_backward(

@@ -300,6 +300,37 @@ def test_results_where_flushed_values_matter_later_are_exact(n_tokens):
     np.testing.assert_allclose(scaled.transition_counts, exact.transition_counts, rtol=1e-9, atol=1e-9)
 
 
+def test_counts_of_the_healthy_sequences_beside_failed_ones_are_exact(monkeypatch):
+    """The backward pass counts the edges of every sequence as it goes; when some sequences fail
+    (here those of test_results_where_flushed_values_matter_later_are_exact) the others' counts
+    are taken again from kept messages and the failed ones are redone in log space. Everything
+    equals the log-space recursion, kept log messages included."""
+    rng = np.random.default_rng(5)
+    flushed = [[0.0, 0.0], [0.0, -115.0], [-100.0, 0.0], [-100.0, 0.0]]
+    emissions = np.array(
+        flushed + [[-100.0, 0.0]] + rng.normal(size=(4, 2)).tolist() + flushed + rng.normal(size=(6, 2)).tolist()
+    )
+    lengths = [5, 4, 4, 6]
+    transitions = np.array([[0.0, -1000.0], [-1000.0, 0.0]])
+    start, end = np.array([0.0, -115.0]), np.zeros(2)
+    recounts = []
+    edges = chain._edges
+
+    def spy(*args):
+        recounts.append(args[7])  # the healthy sequences, by rank
+        return edges(*args)
+
+    monkeypatch.setattr(chain, "_edges", spy)
+    scaled = chain.forward_backward(emissions, transitions, start, end, lengths, keep_messages=True)
+    assert len(recounts) == 1 and 0 < recounts[0].sum() < len(lengths)  # some failed, some did not
+    exact = chain.forward_backward(emissions, transitions, start, end, lengths, keep_messages=True, semiring=chain.LogSemiring)
+    np.testing.assert_allclose(scaled.log_z, exact.log_z, rtol=1e-12)
+    np.testing.assert_allclose(scaled.marginals, exact.marginals, atol=1e-12)
+    np.testing.assert_allclose(scaled.transition_counts, exact.transition_counts, rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(scaled.log_alpha, exact.log_alpha, rtol=1e-12)
+    np.testing.assert_allclose(scaled.log_beta, exact.log_beta, rtol=1e-12)
+
+
 def test_large_weights_stay_finite_and_exact():
     """Weights of hundreds overflow a naive exp; the scaled recursion must fall back to log space."""
     lengths = [6, 3, 5]
