@@ -88,19 +88,13 @@ class FeaturePartition:
         in_shared = shared[attribute]
         self.shared_positions = np.flatnonzero(in_shared)
         self.shared_flat = local[attribute[in_shared]] * L + label[in_shared]
-        self.groups = []  # (label, theta positions, attribute columns, first local column) per label
-        first = 0
-        for target in range(L):
-            positions = np.flatnonzero(~in_shared & (label == target))
-            if positions.size:
-                self.groups.append((target, positions, attribute[positions], first))
-                first += positions.size
-        self.n_local = first
-        empty = np.zeros(0, dtype=np.int64)
-        self.local_positions = np.concatenate([g[1] for g in self.groups]) if self.groups else empty
+        # the other features by label, then by position: their columns in the per-label incidence matrix
+        local = np.flatnonzero(~in_shared)
+        self.local_positions = local[np.argsort(label[local], kind="stable")]
+        self.n_local = self.local_positions.size
         # attribute and label of every local column, in column order (n_local,)
-        self.local_attributes = np.concatenate([g[2] for g in self.groups]) if self.groups else empty
-        self.local_labels = np.concatenate([np.full(g[1].size, g[0]) for g in self.groups]) if self.groups else empty
+        self.local_attributes = attribute[self.local_positions]
+        self.local_labels = label[self.local_positions]
 
     def shared_weights(self, theta_state: np.ndarray) -> np.ndarray:
         """The (A_shared, L) weights of the shared attributes: one matrix for all chunks, filled
