@@ -112,77 +112,36 @@ def _forward(lifted, offset, operator, layout: Layout, semiring):
     return alpha, log_scale, step_log
 
 
-def _backward(lifted, offset, operator, end_lifted, end_log, layout: Layout, semiring, visit=None):
-    """Normalised backward messages (T, S) and their cumulative log normalisers (T,).
+def _backward(lifted, offset, operator, end_lifted, end_log, layout: Layout, semiring, visit) -> np.ndarray:
+    """The backward pass: normalised backward messages, handed over step by step from the last
+    step to the first; returns their cumulative log normalisers (T,).
 
     beta[r] covers everything after the token of row r (its own emission excluded), end
-    transition included. The true log message is ``to_log(beta[r]) + log_scale[r]``.
-
-    With ``visit``, the messages are not kept (None is returned in their place) but handed over
-    step by step, from the last step to the first: ``visit(t, beta_t, log_scale_t, weighted_t)``
-    gets the (n_t, S) messages of step t's rows, their (n_t,) log normalisers and, for t > 0,
-    the messages times those rows' lifted emissions (None at t = 0). Two steps' messages are
-    held instead of (T, S).
+    transition included; its true log is ``to_log(beta[r]) + log_scale[r]``. ``visit(t, beta_t,
+    log_scale_t, weighted_t)`` gets the (n_t, S) messages of step t's rows, their (n_t,) log
+    normalisers and, for t > 0, the messages times those rows' lifted emissions (None at t = 0).
+    ``beta_t`` lies in a buffer the pass reuses two steps later: it is valid during the call
+    only. No (T, S) array of messages is held.
     """
     log_scale = np.full(lifted.shape[0], end_log)
-    if visit is None:
-        beta = np.empty_like(lifted)
-        beta[:] = end_lifted
-    else:
-        beta = None
-        steps = np.empty((2, int(layout.n_active[0])) + lifted.shape[1:])  # steps t and t - 1, by parity
-        steps[(layout.n_steps - 1) % 2][:] = end_lifted
+    steps = np.empty((2, int(layout.n_active[0])) + lifted.shape[1:])  # steps t and t - 1, by parity
+    steps[(layout.n_steps - 1) % 2][:] = end_lifted
     for t in range(layout.n_steps - 1, 0, -1):
         following, n = layout.rows(t), int(layout.n_active[t])
         rows = layout.rows(t - 1, n)
-        if beta is None:
-            current, before = steps[t % 2][:n], steps[(t - 1) % 2][: int(layout.n_active[t - 1])]
-            before[n:] = end_lifted  # the sequences that end at step t - 1
-            out = before[:n]
-        else:
-            current, out = beta[following], beta[rows]
+        current, before = steps[t % 2][:n], steps[(t - 1) % 2][: int(layout.n_active[t - 1])]
+        before[n:] = end_lifted  # the sequences that end at step t - 1
         weighted = semiring.times(current, lifted[following])
-        norm = semiring.normalize(operator.backward(weighted), out=out)[1]
+        norm = semiring.normalize(operator.backward(weighted), out=before[:n])[1]
         log_scale[rows] = log_scale[following] + offset[following] + norm
-        if visit is not None:
-            visit(t, current, log_scale[following], weighted)
-    if visit is not None:
-        visit(0, steps[0][: int(layout.n_active[0])], log_scale[layout.first_rows()], None)
-    return beta, log_scale
+        visit(t, current, log_scale[following], weighted)
+    visit(0, steps[0][: int(layout.n_active[0])], log_scale[layout.first_rows()], None)
+    return log_scale
 
 
 # log of the alpha-beta overlap below which an edge normaliser is taken from the full forward
 # product: at 1e-50, the values flushed below 1e-75 change it by at most L * 1e-25 of itself
 _LOG_SMALL_OVERLAP = np.log(1e-50)
-
-
-def _edges(
-    alpha, beta, lifted, operator, layout: Layout, semiring, per_edge=None, healthy=None, step_log=None, overlap=None
-) -> np.ndarray:
-    """Edge posteriors of every step t > 0, for any operator and sum-product semiring.
-
-    The previous rows' alpha and the current rows' lifted emissions times beta meet across the
-    operator's table. With ``per_edge(rows, block)`` each step's (n_t, *table shape) edge
-    marginals are handed over; otherwise the expected counts (table shape) summed over all
-    edges are returned: ``table * plus_n alpha[n] beta'[n] / Z_n``, one contraction per step.
-    ``healthy`` (N,) by rank leaves failed sequences out. ``step_log``: the forward pass's step
-    normalisers (see :func:`_forward`) and ``overlap`` (T,): ``to_log(dot(alpha, beta))`` per
-    row, both needed for the counts.
-    """
-    counts = np.zeros(operator.values.shape)
-    for t in range(1, layout.n_steps):
-        n = int(layout.n_active[t])
-        keep = slice(None) if healthy is None else healthy[:n]
-        previous = alpha[layout.rows(t - 1, n)][keep]
-        following = semiring.times(lifted[layout.rows(t)], beta[layout.rows(t)])[keep]
-        if per_edge is not None:
-            joint = semiring.times(semiring.times(operator.source(previous), operator.values), operator.target(following))
-            flat = semiring.normalize(joint.reshape(joint.shape[0], -1))[0]
-            per_edge(layout.rows(t), semiring.to_prob(flat).reshape(joint.shape))
-            continue
-        rows = layout.rows(t)
-        counts += _step_counts(previous, following, overlap[rows][keep], step_log[rows][keep], operator, semiring)
-    return counts
 
 
 def _step_counts(previous, following, row_overlap, row_step_log, operator, semiring) -> np.ndarray:
@@ -232,16 +191,6 @@ def _log_z(alpha, alpha_scale, end_lifted, end_log, layout: Layout, semiring) ->
     return alpha_scale[layout.last_rows()] + closing + end_log
 
 
-def _messages(packed, operator, start, end, layout: Layout, semiring, overwrite: bool = False):
-    """Lifted scores, forward and backward messages of packed emissions; and log Z by rank."""
-    lifted, offset, lifted_operator = _lifted_scores(packed, operator, start, layout, semiring, overwrite)
-    alpha, alpha_scale, step_log = _forward(lifted, offset, lifted_operator, layout, semiring)
-    end_lifted, end_log = _closing(end, semiring)
-    beta, beta_scale = _backward(lifted, offset, lifted_operator, end_lifted[0], end_log, layout, semiring)
-    log_z = _log_z(alpha, alpha_scale, end_lifted, end_log, layout, semiring)
-    return lifted, lifted_operator, (alpha, alpha_scale, step_log), (beta, beta_scale), log_z
-
-
 def _forward_backward_packed(packed, operator, start, end, layout: Layout, semiring, keep_messages, overwrite=False, counts=True):
     """Forward-backward in one semiring on packed emissions; results packed, ``log_z`` by rank.
     Sequences whose normalisers underflow (or are impossible) contribute no transition counts;
@@ -259,24 +208,29 @@ def _forward_backward_packed(packed, operator, start, end, layout: Layout, semir
     log_alpha = np.empty_like(alpha) if keep_messages else None
     log_beta = np.empty_like(alpha) if keep_messages else None
 
+    def edge_counts(forward: np.ndarray, t: int, weighted: np.ndarray, keep=slice(None)) -> np.ndarray:
+        """Counts of the edges into step t (of the rows ``keep`` of the n_t sequences there)."""
+        n, rows = weighted.shape[0], layout.rows(t)
+        previous = forward[layout.rows(t - 1, n)][keep]
+        return _step_counts(previous, weighted[keep], overlap[rows][keep], step_log[rows][keep], lifted_operator, semiring)
+
     def visit(t: int, beta_t: np.ndarray, beta_scale_t: np.ndarray, weighted: np.ndarray | None) -> None:
-        nonlocal total
         rows = layout.rows(t)
         alpha_t = alpha[rows]
-        # a failed sequence (see below) may give NaN or inf anywhere here; its results are redone
+        # messages are normalised: only a failed sequence (see below) gives NaN or inf here, and
+        # its results are redone
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             if keep_messages:
                 log_alpha[rows] = semiring.to_log(alpha_t) + alpha_scale[rows, None]
                 log_beta[rows] = semiring.to_log(beta_t) + beta_scale_t[:, None]
-            # alpha_t * beta_t: the node marginals unnormalised, in the rows of alpha_t (the edges
-            # into step t + 1 have used them; those into step t use the rows before)
+            # alpha_t * beta_t, the node marginals unnormalised, go into alpha_t's rows: the edges
+            # into step t + 1 have used them, those into step t use the rows before
             joint = semiring.times(alpha_t, beta_t, out=alpha_t)
             overlap[rows] = semiring.to_log(semiring.plus(joint, axis=1))
             if total is not None and t > 0:
-                previous = alpha[layout.rows(t - 1, beta_t.shape[0])]
-                total += _step_counts(previous, weighted, overlap[rows], step_log[rows], lifted_operator, semiring)
+                total[...] += edge_counts(alpha, t, weighted)
 
-    _, beta_scale = _backward(lifted, offset, lifted_operator, end_lifted[0], end_log, layout, semiring, visit)
+    beta_scale = _backward(lifted, offset, lifted_operator, end_lifted[0], end_log, layout, semiring, visit)
     with np.errstate(invalid="ignore"):
         marginals = semiring.to_prob(semiring.normalize(alpha)[0])
     failed = ~np.isfinite(log_z) | ~np.isfinite(beta_scale[layout.first_rows()])
@@ -289,10 +243,17 @@ def _forward_backward_packed(packed, operator, start, end, layout: Layout, semir
             agrees = np.isclose(overlap + alpha_scale + beta_scale, log_z[layout.rank_of_row], rtol=1e-9, atol=1e-6)
         failed[layout.rank_of_row[~agrees]] = True
     if total is not None and failed.any():
-        # the counts above took in the failed sequences: count the others again from kept messages
-        forward, _, _ = _forward(lifted, offset, lifted_operator, layout, semiring)
-        backward, _ = _backward(lifted, offset, lifted_operator, end_lifted[0], end_log, layout, semiring)
-        total = _edges(forward, backward, lifted, lifted_operator, layout, semiring, None, ~failed, step_log, overlap)
+        # the counts above took in the failed sequences: count the others again, with the forward
+        # messages recomputed (their buffer now holds the marginals) and a second backward pass
+        healthy, forward = ~failed, _forward(lifted, offset, lifted_operator, layout, semiring)[0]
+        total[...] = 0.0
+
+        def recount(t: int, beta_t: np.ndarray, beta_scale_t: np.ndarray, weighted: np.ndarray | None) -> None:
+            if t > 0:
+                total[...] += edge_counts(forward, t, weighted, healthy[: weighted.shape[0]])
+
+        _backward(lifted, offset, lifted_operator, end_lifted[0], end_log, layout, semiring, recount)
+        del forward
     del lifted
     if semiring.fallback is not None:  # to be recomputed; in the exact semiring -inf means impossible
         log_z[failed] = np.nan
@@ -369,7 +330,7 @@ def forward_backward(
 
 def log_partition(emissions, transitions, start, end, lengths, allowed=None) -> np.ndarray:
     """log Z(x) for every sequence (over the allowed paths when ``allowed`` is given), shape (N,)."""
-    return forward_backward(emissions, transitions, start, end, lengths, allowed=allowed).log_z
+    return forward_backward(emissions, transitions, start, end, lengths, allowed=allowed, counts=False).log_z
 
 
 def edge_marginals(emissions, transitions, start, end, lengths) -> np.ndarray:
@@ -378,15 +339,21 @@ def edge_marginals(emissions, transitions, start, end, lengths) -> np.ndarray:
     emissions = np.asarray(emissions, dtype=np.float64)
     layout, operator = _layout(lengths), _operator(transitions)
     semiring = LogSemiring
-    lifted, lifted_operator, (alpha, _, _), (beta, _), _ = _messages(
-        emissions[layout.token_of_row], operator, start, end, layout, semiring
-    )
+    lifted, offset, lifted_operator = _lifted_scores(emissions[layout.token_of_row], operator, start, layout, semiring, True)
+    alpha = _forward(lifted, offset, lifted_operator, layout, semiring)[0]
+    end_lifted, end_log = _closing(end, semiring)
     packed = np.zeros((emissions.shape[0],) + lifted_operator.values.shape)
 
-    def store(rows, block):
-        packed[rows] = block
+    def store(t: int, beta_t: np.ndarray, beta_scale_t: np.ndarray, weighted: np.ndarray | None) -> None:
+        if t > 0:  # alpha of the rows before, the table, and beta times the emissions of step t's rows
+            previous = alpha[layout.rows(t - 1, weighted.shape[0])]
+            joint = semiring.times(
+                semiring.times(lifted_operator.source(previous), lifted_operator.values), lifted_operator.target(weighted)
+            )
+            flat = semiring.normalize(joint.reshape(joint.shape[0], -1))[0]
+            packed[layout.rows(t)] = semiring.to_prob(flat).reshape(joint.shape)
 
-    _edges(alpha, beta, lifted, lifted_operator, layout, semiring, store)
+    _backward(lifted, offset, lifted_operator, end_lifted[0], end_log, layout, semiring, store)
     return layout.unpack(packed)
 
 

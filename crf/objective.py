@@ -83,11 +83,11 @@ class FeaturePartition:
         attribute, label = index // L, index % L
         shared = np.bincount(attribute, minlength=A) >= min(self.SHARED_MIN_LABELS, L)
         self.shared_columns = np.flatnonzero(shared)
-        local = np.full(A, -1, dtype=np.int64)
-        local[self.shared_columns] = np.arange(self.shared_columns.size)
+        shared_index = np.full(A, -1, dtype=np.int64)  # attribute -> its column in the shared product
+        shared_index[self.shared_columns] = np.arange(self.shared_columns.size)
         in_shared = shared[attribute]
         self.shared_positions = np.flatnonzero(in_shared)
-        self.shared_flat = local[attribute[in_shared]] * L + label[in_shared]
+        self.shared_flat = shared_index[attribute[in_shared]] * L + label[in_shared]
         # the other features by label, then by position: their columns in the per-label incidence matrix
         local = np.flatnonzero(~in_shared)
         self.local_positions = local[np.argsort(label[local], kind="stable")]
