@@ -214,23 +214,29 @@ def _forward_backward_packed(packed, operator, start, end, layout: Layout, semir
         previous = forward[layout.rows(t - 1, n)][keep]
         return _step_counts(previous, weighted[keep], overlap[rows][keep], step_log[rows][keep], lifted_operator, semiring)
 
+    if keep_messages:  # before the node marginals take alpha's place
+        with np.errstate(invalid="ignore"):
+            np.add(semiring.to_log(alpha), alpha_scale[:, None], out=log_alpha)
+
     def visit(t: int, beta_t: np.ndarray, beta_scale_t: np.ndarray, weighted: np.ndarray | None) -> None:
         rows = layout.rows(t)
         alpha_t = alpha[rows]
-        # messages are normalised: only a failed sequence (see below) gives NaN or inf here, and
-        # its results are redone
-        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            if keep_messages:
-                log_alpha[rows] = semiring.to_log(alpha_t) + alpha_scale[rows, None]
-                log_beta[rows] = semiring.to_log(beta_t) + beta_scale_t[:, None]
-            # alpha_t * beta_t, the node marginals unnormalised, go into alpha_t's rows: the edges
-            # into step t + 1 have used them, those into step t use the rows before
-            joint = semiring.times(alpha_t, beta_t, out=alpha_t)
+        if keep_messages:
+            log_beta[rows] = semiring.to_log(beta_t) + beta_scale_t[:, None]
+        # alpha_t * beta_t, the node marginals unnormalised, go into alpha_t's rows: the edges
+        # into step t + 1 have used them, those into step t use the rows before
+        joint = semiring.times(alpha_t, beta_t, out=alpha_t)
+        if total is not None:  # the edge counts need the overlaps step by step
             overlap[rows] = semiring.to_log(semiring.plus(joint, axis=1))
-            if total is not None and t > 0:
+            if t > 0:
                 total[...] += edge_counts(alpha, t, weighted)
 
-    beta_scale = _backward(lifted, offset, lifted_operator, end_lifted[0], end_log, layout, semiring, visit)
+    # messages are normalised: only a failed sequence (see below) gives NaN or inf in the pass,
+    # and its results are redone
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        beta_scale = _backward(lifted, offset, lifted_operator, end_lifted[0], end_log, layout, semiring, visit)
+        if total is None:  # alpha holds alpha * beta now: all rows' overlaps in one pass
+            overlap[:] = semiring.to_log(semiring.plus(alpha, axis=1))
     with np.errstate(invalid="ignore"):
         marginals = semiring.to_prob(semiring.normalize(alpha)[0])
     failed = ~np.isfinite(log_z) | ~np.isfinite(beta_scale[layout.first_rows()])
