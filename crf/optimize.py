@@ -1,14 +1,13 @@
-"""Trainers: L-BFGS (L2), bound-split L-BFGS-B for L1 / elastic net, and SGD with L2 (CRFsuite's
-``l2sgd``, with its learning-rate calibration). The online algorithms are in :mod:`crf.online`.
+"""Trainers: L-BFGS (L2), OWL-QN (L1 and elastic net) and SGD with L2 (CRFsuite's ``l2sgd``,
+with its learning-rate calibration). The online algorithms are in :mod:`crf.online`.
 
 All minimise ``NLL(theta) + c1 * |theta|_1 + c2 * ||theta||^2`` (CRFsuite's c1, c2) and stop
 like CRFsuite: after ``max_iterations``, when the relative improvement of the loss over the last
 ``period`` iterations falls below ``delta``, or when ``||g|| / max(1, ||theta||) < epsilon``.
 Each iteration is reported to ``callback(IterationInfo)``.
 
-L1 (c1 > 0) is handled by writing ``theta = u - v`` with ``u, v >= 0``, so the penalty
-``c1 * sum(u + v)`` is smooth and L-BFGS-B's projection onto the bounds gives weights that are
-exactly zero; OWL-QN (CRFsuite's method) reaches the same optimum of the same convex objective.
+L1 (c1 > 0) is trained orthant-wise, as CRFsuite does: the stopping rules then see the whole
+objective (L1 term included) and the norm of OWL-QN's pseudo-gradient.
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
-import scipy.optimize
 
 from . import quasi_newton
 from .batch import token_rows
@@ -68,22 +66,6 @@ class StoppingRule:
             if abs(latest.loss) > 0 and (before - latest.loss) / abs(latest.loss) < self.delta:
                 return "delta"
         return None
-
-
-class _Tracker:
-    """Counts evaluations and remembers the gradient at the latest point."""
-
-    def __init__(self, fun: Callable[[np.ndarray], tuple[float, np.ndarray]]) -> None:
-        self.fun = fun
-        self.evaluations = 0
-        self.last_x: np.ndarray | None = None
-        self.last_g: np.ndarray | None = None
-
-    def __call__(self, x: np.ndarray) -> tuple[float, np.ndarray]:
-        self.evaluations += 1
-        value, grad = self.fun(x)
-        self.last_x, self.last_g = x.copy(), grad
-        return value, grad
 
 
 def _regularised(objective: Callable, c2: float) -> Callable[[np.ndarray], tuple[float, np.ndarray]]:
@@ -147,36 +129,35 @@ def lbfgs(
     frozen: np.ndarray | None = None,
     max_linesearch: int = 20,
 ) -> TrainingResult:
-    """Minimise the regularised objective by L-BFGS (:mod:`crf.quasi_newton`), or with
-    ``c1 > 0`` by scipy's L-BFGS-B on split variables (``theta = u - v``, both non-negative),
-    so that L1 weights reach exact zeros.
+    """Minimise the regularised objective by L-BFGS, or with ``c1 > 0`` by OWL-QN (both in
+    :mod:`crf.quasi_newton`), which gives L1 weights that are exactly zero. The L2 term is part
+    of the smooth objective in both; the loss reported and tested by the stopping rules is the
+    whole objective, and the gradient norm is that of OWL-QN's pseudo-gradient under L1.
 
     ``objective(theta)`` returns (loss, gradient) with a new gradient array on every call: the
     regularisation and the frozen positions are applied to it in place. The weights at
-    positions ``frozen`` (not features of the model) get a zero gradient, so they keep their
-    starting value, which must be 0 (under L1 the penalty's own gradient would move any other).
+    positions ``frozen`` (not features of the model) keep their starting value.
     ``max_linesearch``: line-search trials per iteration. An objective that is not finite at
-    ``theta0`` raises ValueError (L2) or ends with a line-search stop reason (L1).
+    ``theta0`` raises ValueError.
     """
     progress = _Progress(stopping or StoppingRule(), callback)
-    smooth = _freeze(_regularised(objective, c2), frozen)
-    if c1 == 0:
-        return _smooth_lbfgs(smooth, theta0, progress, num_memories, max_linesearch)
-    return _split_lbfgs_b(smooth, theta0, c1, progress, num_memories, max_linesearch)
-
-
-def _smooth_lbfgs(smooth, theta0: np.ndarray, progress: _Progress, num_memories: int, max_linesearch: int) -> TrainingResult:
     evaluations = 0
+    smooth = _freeze(_regularised(objective, c2), frozen)
 
     def counted(theta: np.ndarray) -> tuple[float, np.ndarray]:
         nonlocal evaluations
         evaluations += 1
         return smooth(theta)
 
+    if c1 > 0:
+        fixed = frozen if frozen is not None and len(frozen) else None
+        iterations = quasi_newton.orthant_wise_minimise(counted, theta0, c1, num_memories, max_linesearch, fixed=fixed)
+    else:
+        iterations = quasi_newton.minimise(counted, theta0, num_memories, max_linesearch)
     theta, reason = np.array(theta0, dtype=np.float64), "converged"
     try:
-        for theta, loss, grad in quasi_newton.minimise(counted, theta0, num_memories, max_linesearch):
-            reason = progress.record(loss, float(np.linalg.norm(grad)), theta)
+        for theta, loss, stationarity in iterations:  # noqa: B007 (the last point is the result)
+            reason = progress.record(loss, float(np.linalg.norm(stationarity)), theta)
             if reason:
                 break
         else:
@@ -184,50 +165,6 @@ def _smooth_lbfgs(smooth, theta0: np.ndarray, progress: _Progress, num_memories:
     except quasi_newton.LineSearchError as error:
         reason = f"line search: {error}"
     return TrainingResult(theta, len(progress.history), evaluations, reason, progress.history)
-
-
-def _split_lbfgs_b(
-    smooth, theta0: np.ndarray, c1: float, progress: _Progress, num_memories: int, max_linesearch: int
-) -> TrainingResult:
-    n = theta0.size
-
-    def split_fun(z: np.ndarray) -> tuple[float, np.ndarray]:
-        loss, grad = smooth(z[:n] - z[n:])
-        return loss + c1 * float(z.sum()), np.concatenate([grad + c1, c1 - grad])
-
-    fun = _Tracker(split_fun)
-
-    def pseudo_gradient(theta: np.ndarray, g: np.ndarray) -> np.ndarray:  # OWL-QN's, in theta's coordinates
-        smooth_g = g[:n] - c1
-        sparse = np.sign(smooth_g) * np.maximum(np.abs(smooth_g) - c1, 0)
-        return np.where(theta > 0, smooth_g + c1, np.where(theta < 0, smooth_g - c1, sparse))
-
-    state = {"reason": "converged"}
-
-    def on_iteration(intermediate_result) -> None:
-        z = intermediate_result.x
-        if fun.last_x is not None and np.array_equal(fun.last_x, z):
-            grad = fun.last_g
-        else:  # the accepted point is not the latest evaluation: evaluate it
-            grad = fun.fun(z)[1]
-        theta = z[:n] - z[n:]
-        reason = progress.record(intermediate_result.fun, float(np.linalg.norm(pseudo_gradient(theta, grad))), theta)
-        if reason:
-            state["reason"] = reason
-            raise StopIteration
-
-    result = scipy.optimize.minimize(
-        fun,
-        np.concatenate([np.maximum(theta0, 0), np.maximum(-theta0, 0)]),
-        jac=True,
-        method="L-BFGS-B",
-        bounds=[(0.0, None)] * (2 * n),
-        callback=on_iteration,
-        options={"maxcor": num_memories, "maxls": max_linesearch, "maxiter": 10**9, "maxfun": 10**9, "ftol": 0.0, "gtol": 0.0},
-    )
-    if state["reason"] == "converged" and not result.success:
-        state["reason"] = f"line search: {result.message}"
-    return TrainingResult(result.x[:n] - result.x[n:], len(progress.history), fun.evaluations, state["reason"], progress.history)
 
 
 @dataclass

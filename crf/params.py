@@ -24,8 +24,7 @@ LINESEARCHES = ("MoreThuente", "Backtracking", "StrongBacktracking")
 DOC = """
     Parameters (CRFsuite's meanings; the algorithms each one applies to in brackets)
     ----------
-    algorithm : ``"lbfgs"`` (L-BFGS; with ``c1 > 0`` L1/elastic net by bound-split L-BFGS-B, which
-        reaches the optimum OWL-QN reaches), ``"l2sgd"`` (SGD with L2 and CRFsuite's learning-rate
+    algorithm : ``"lbfgs"`` (L-BFGS; with ``c1 > 0`` L1/elastic net by OWL-QN, as CRFsuite), ``"l2sgd"`` (SGD with L2 and CRFsuite's learning-rate
         calibration), ``"ap"`` (averaged perceptron), ``"pa"`` (passive-aggressive), ``"arow"``
         (adaptive regularisation of weights).
     min_freq : state and transition features seen no more than ``min_freq`` times (summed
@@ -40,9 +39,9 @@ DOC = """
         epoch's loss divided by the number of sequences is below epsilon.
     period, delta : [lbfgs, l2sgd] stop when the loss improved by less than ``delta`` (relative)
         over the last ``period`` iterations.
-    linesearch : [lbfgs] only ``"MoreThuente"`` is available (:mod:`crf.quasi_newton`'s, and with
-        c1 > 0 scipy's L-BFGS-B's, line search is the More-Thuente method); the backtracking
-        variants raise ValueError.
+    linesearch : [lbfgs] with ``c1 == 0`` only ``"MoreThuente"`` is available (the backtracking
+        variants raise ValueError); with ``c1 > 0`` OWL-QN always backtracks, whatever is given,
+        as CRFsuite does.
     max_linesearch : [lbfgs] maximum line-search trials per iteration.
     calibration_eta, calibration_rate, calibration_samples, calibration_candidates,
     calibration_max_trials : [l2sgd] the search for the initial learning rate (ignored when
@@ -154,7 +153,7 @@ def validate(p: dict) -> Settings:
         raise ValueError(f"pa_type must be 0, 1 or 2, got {p['pa_type']!r}")
     if p["linesearch"] not in LINESEARCHES:
         raise ValueError(f"unknown linesearch {p['linesearch']!r}: use one of {', '.join(LINESEARCHES)}")
-    if p["linesearch"] != "MoreThuente":
+    if p["linesearch"] != "MoreThuente" and not p["c1"] > 0:
         raise ValueError(f"linesearch={p['linesearch']!r} is not available: the L-BFGS line search is More-Thuente only")
     if p["trainer_cls"] is not None:
         raise ValueError("trainer_cls selects a python-crfsuite trainer class and does not apply here; leave it None")

@@ -1,4 +1,7 @@
-"""Limited-memory BFGS for smooth objectives, with the More-Thuente line search (CRFsuite's default).
+"""Limited-memory quasi-Newton minimisers: L-BFGS for smooth objectives, with the More-Thuente
+line search (CRFsuite's default), and OWL-QN for a smooth objective plus ``c1 * |x|_1`` (Andrew
+and Gao, ICML 2007; CRFsuite's L1 trainer), with the backtracking search CRFsuite uses for it.
+Both take their directions from one two-loop recursion (:class:`CurvaturePairs`).
 
 Written here rather than taken from scipy because the work per iteration decides training time
 once the objective is fast: scipy's L-BFGS-B solves a bounded problem (Cauchy point, subspace
@@ -276,4 +279,94 @@ def minimise(
         if not np.any(grad):
             return
         pairs.direction(grad, out=direction)
+        step = 1.0
+
+
+
+def pseudo_gradient(x: np.ndarray, g: np.ndarray, c1: float, out: np.ndarray) -> np.ndarray:
+    """OWL-QN's pseudo-gradient of ``f(x) + c1 |x|_1`` (n,) into ``out``, from the smooth part's
+    gradient ``g``: ``g + c1 sign(x)`` where ``x != 0``; at ``x == 0`` the one-sided derivative
+    that points downhill (``g + c1`` if ``g < -c1``, ``g - c1`` if ``g > c1``), else 0 (zero is
+    optimal along that coordinate)."""
+    np.copysign(c1, x, out=out)  # +-c1 by the sign of x (also at x == +-0: fixed below)
+    out += g
+    zero = x == 0
+    at_zero = g[zero]
+    out[zero] = np.where(at_zero < -c1, at_zero + c1, np.where(at_zero > c1, at_zero - c1, 0.0))
+    return out
+
+
+def orthant_wise_minimise(
+    fun: Function,
+    x0: np.ndarray,
+    c1: float,
+    num_memories: int = 6,
+    max_trials: int = 20,
+    ftol: float = 1e-4,
+    min_step: float = 1e-20,
+    fixed: np.ndarray | None = None,
+) -> Iterator[tuple[np.ndarray, float, np.ndarray]]:
+    """OWL-QN from ``x0`` on ``F(x) = f(x) + c1 |x|_1``: yields (x (n,), F(x), pseudo-gradient
+    (n,)) after every iteration until the caller stops asking or the pseudo-gradient is zero.
+
+    ``fun(x)`` returns (f(x), a new gradient array of f). Each iteration takes the direction
+    ``d = -H pg`` of the two-loop recursion (pairs of steps and changes of f's gradient) and
+    zeroes the components whose sign disagrees with ``-pg``; the line search tries ``x + a d``,
+    with every coordinate that would leave the orthant of the current point (at a zero, the
+    orthant of ``-pg``) set to zero, halving ``a`` (from 1; from ``1 / ||pg||`` at the start)
+    until ``F(x') <= F(x) + ftol pg.(x' - x)`` (CRFsuite's ``line_search_backtracking_owlqn``).
+    No trial in ``max_trials``, or a step below ``min_step``, raises :class:`LineSearchError`;
+    the last yielded point is then the best one. ``fixed``: positions whose pseudo-gradient is
+    taken as 0, so they keep their starting value. A value or gradient at ``x0`` that is not
+    finite raises ValueError.
+
+    The yielded ``x`` is a buffer the next iteration but one overwrites: copy it to keep it."""
+    if not (math.isfinite(c1) and c1 > 0):
+        raise ValueError(f"OWL-QN needs a finite c1 > 0, got {c1!r}")
+    x = np.array(x0, dtype=np.float64)
+    value, grad = fun(x)
+    total = value + c1 * float(np.abs(x).sum())
+    if not (math.isfinite(total) and np.isfinite(grad).all()):
+        raise ValueError(f"the objective is not finite at the starting point (value {value})")
+    pg = pseudo_gradient(x, grad, c1, np.empty_like(x))
+    if fixed is not None:
+        pg[fixed] = 0.0
+    if not np.any(pg):
+        return
+    pairs = CurvaturePairs(num_memories, x.size)
+    direction = np.negative(pg)
+    orthant = np.empty_like(x)
+    trial, moved = np.empty_like(x), np.empty_like(x)
+    step = 1.0 / float(np.linalg.norm(pg))
+    while True:
+        np.copyto(orthant, x)
+        np.copyto(orthant, -pg, where=x == 0)  # a zero coordinate may move only downhill
+        for _ in range(max_trials):
+            np.multiply(direction, step, out=trial)
+            trial += x
+            trial[np.signbit(trial) != np.signbit(orthant)] = 0.0  # left its orthant (or no orthant: pg = 0)
+            trial[orthant == 0] = 0.0
+            new_value, new_grad = fun(trial)
+            new_total = new_value + c1 * float(np.abs(trial).sum())
+            np.subtract(trial, x, out=moved)
+            if new_total <= total + ftol * float(pg @ moved):  # False for NaN: back off
+                break
+            step *= 0.5
+            if step < min_step:
+                raise LineSearchError(f"the step fell below {min_step:g} without sufficient decrease")
+        else:
+            raise LineSearchError(f"no step met the sufficient-decrease condition in {max_trials} trials")
+        pairs.push(trial, x, new_grad, grad)
+        x, trial = trial, x
+        value, grad, total = new_value, new_grad, new_total
+        pseudo_gradient(x, grad, c1, out=pg)
+        if fixed is not None:
+            pg[fixed] = 0.0
+        yield x, total, pg
+        if not np.any(pg):
+            return
+        pairs.direction(pg, out=direction)
+        direction[direction * pg >= 0] = 0.0  # keep only components that descend along -pg
+        if not np.any(direction):  # the quasi-Newton direction lies wholly in the wrong orthant
+            np.negative(pg, out=direction)
         step = 1.0

@@ -2,7 +2,9 @@
 
 SPEC is a JSON file: tool (``ours`` or ``crfsuite``), input path (``batch``, ``strings`` or
 ``dicts``), dataset config, data root, features config, training fraction, seed and repeat count,
-joint label columns, c1, c2, stopping rule, feature set (``sparse`` or ``dense``), tagging repeats.
+joint label columns, c1, c2, stopping rule, feature set (``sparse`` or ``dense``), whether every
+label pair is a transition feature, start/end weights on our side (CRFsuite has none), tagging
+repeats.
 OUT receives the figures as JSON. Running each measurement in its own process makes the
 peak-memory figure that tool's alone.
 
@@ -189,6 +191,8 @@ def measure(spec: dict) -> dict:
             delta=spec["delta"],
             num_memories=spec["num_memories"],
             all_possible_states=dense,
+            all_possible_transitions=bool(spec.get("all_possible_transitions", True)),
+            boundary_transitions=spec.get("boundary_transitions", False),
             callback=lambda info: stamps.append(time.process_time()),
         )
         stamps: list[float] = []  # CPU clock at the end of every iteration
@@ -206,6 +210,8 @@ def measure(spec: dict) -> dict:
         result["iteration_wall_seconds"] = float(np.median(np.diff(elapsed)))
         # CRFsuite's iteration log times with clock() (CPU of the process): compare like with like
         result["iteration_seconds"] = float(np.median(np.diff(stamps)))
+        result["loss"] = model.training_log_[-1]["loss"] if model.training_log_ else None
+        result["active_features"] = model.n_active_features_
         tag = lambda: model.predict(X_test)  # noqa: E731
     elif tool == "crfsuite":
         import pycrfsuite
@@ -223,7 +229,7 @@ def measure(spec: dict) -> dict:
             "delta": spec["delta"],
             "num_memories": spec["num_memories"],
             "feature.possible_states": dense,
-            "feature.possible_transitions": True,
+            "feature.possible_transitions": bool(spec.get("all_possible_transitions", True)),
         }
         if spec.get("max_iterations"):
             params["max_iterations"] = spec["max_iterations"]
@@ -243,6 +249,8 @@ def measure(spec: dict) -> dict:
         result["features"] = trainer.logparser.featgen_num_features
         result["iteration_seconds"] = float(np.median([it["time"] for it in trainer.logparser.iterations]))  # clock(): CPU
         result["iteration_wall_seconds"] = None
+        last = trainer.logparser.last_iteration
+        result["loss"], result["active_features"] = last.get("loss"), last.get("active_features")
         # batch: items prepared once (tagging alone); lists: Tagger.tag reads the lists, as a user's call does
         items = [pycrfsuite.ItemSequence(xseq) for xseq in x_test] if path == "batch" else x_test
         tag = lambda: [tagger.tag(item) for item in items]  # noqa: E731

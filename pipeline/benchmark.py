@@ -48,6 +48,8 @@ FIGURES = [
     "tag_tokens_per_cpu_second",
     "input_rss_mib",
     "peak_memory_mib",
+    "loss",
+    "active_features",
     "token_accuracy",
     "chunk_f1",
 ]
@@ -92,6 +94,8 @@ def _spec(cfg: DictConfig, b: dict, tool: str, dataset: dict | None = None, feat
         "delta": b["delta"],
         "num_memories": b["num_memories"],
         "feature_set": b["feature_set"],
+        "all_possible_transitions": b["all_possible_transitions"],
+        "boundary_transitions": b["boundary_transitions"],
         "tag_repeats": b["tag_repeats"],
         "input": b["input"],
     }
@@ -218,18 +222,24 @@ def figure_table(table: pd.DataFrame) -> pd.DataFrame:
         if pd.isna(value):
             return ""
         value = float(value)
-        if figure in ("features", "iterations", "tag_tokens_per_second", "tag_tokens_per_cpu_second"):
+        if figure in ("features", "iterations", "tag_tokens_per_second", "tag_tokens_per_cpu_second", "active_features"):
             return f"{value:,.0f}"
         if figure.endswith("_mib"):
             return f"{value:,.0f}"
         if figure in ("token_accuracy", "chunk_f1"):
             return f"{value:.2f}"
+        if figure == "loss":
+            return f"{value:,.1f}"
         return f"{value:.3g}"
 
     shown = pd.DataFrame(index=table.index)
     for column in table.columns:
         shown[column] = [
-            f"{float(v):.2f}" if column == "ratio" and pd.notna(v) else cell(f, v) if column != "ratio" else ""
+            (f"{float(v):.4f}" if f in ("loss", "active_features") else f"{float(v):.2f}")
+            if column == "ratio" and pd.notna(v)
+            else cell(f, v)
+            if column != "ratio"
+            else ""
             for f, v in table[column].items()
         ]
     return shown.reset_index(names="figure")

@@ -87,6 +87,22 @@ def test_quick_run_of_each_input_path_logs_results(tiny, path):
     assert "crfsuite.tag_tokens_per_second" in run.data.metrics
 
 
+def test_elastic_net_rows_give_the_loss_and_active_features_of_both_tools(tiny):
+    """The tutorial's settings (c1 = c2 = 0.1) on the same attributes: both tools run OWL-QN
+    from zero on the same model (CRFsuite's: every label pair, no start/end weights)."""
+    data_root, out = tiny
+    cfg = _config(data_root, out / "l1", "benchmark.c1=0.1", "benchmark.c2=0.1", "benchmark.growth_enabled=false")
+    benchmark.main(cfg)
+    folder = out / "l1" / "benchmark" / "conll2000-batch"
+    runs = pd.read_csv(folder / "runs.csv").set_index("tool")
+    assert (runs.iterations == 10).all() and (runs.active_features > 0).all()
+    assert runs.loss["ours"] == pytest.approx(runs.loss["crfsuite"], rel=0.02)
+    assert runs.features["ours"] == runs.features["crfsuite"]
+    table = pd.read_csv(folder / "results.csv", index_col=0)
+    assert table.loc["loss", "ratio"] == pytest.approx(1.0, abs=0.02)
+    assert "| loss" in (folder / "results.md").read_text()
+
+
 def test_quick_growth_repeats_the_training_data(tiny):
     data_root, out = tiny
     cfg = _config(data_root, out / "growth", "benchmark.tools=[ours]", "benchmark.growth.label_sets=[]")

@@ -262,3 +262,151 @@ def test_training_reaches_the_optimum_scipys_lbfgs_b_reaches():
     np.testing.assert_allclose(ours.theta, reference.x, atol=1e-5)
     assert all(b.loss <= a.loss for a, b in zip(ours.history, ours.history[1:]))
     assert ours.evaluations <= 1.5 * ours.iterations + 2  # unit steps are taken almost always
+
+
+# --- OWL-QN (L1 and elastic net) ------------------------------------------------------------
+
+
+def soft_threshold(z: np.ndarray, t: float) -> np.ndarray:
+    return np.sign(z) * np.maximum(np.abs(z) - t, 0.0)
+
+
+def proximal_gradient(smooth, c1: float, x0: np.ndarray, iterations: int) -> np.ndarray:
+    """An independent reference: accelerated proximal gradient (FISTA with backtracking on the
+    Lipschitz estimate and a restart whenever the objective goes up) on ``smooth + c1 |x|_1``,
+    until an iterate moves no weight by more than 1e-13 or rounding stops all progress."""
+    x, y, t, lipschitz = x0.copy(), x0.copy(), 1.0, 1.0
+    previous = np.inf
+    for _ in range(iterations):
+        fy, gy = smooth(y)
+        while True:
+            z = soft_threshold(y - gy / lipschitz, c1 / lipschitz)
+            fz = smooth(z)[0]
+            if fz <= fy + gy @ (z - y) + 0.5 * lipschitz * (z - y) @ (z - y):
+                break
+            lipschitz *= 2.0
+        total = fz + c1 * np.abs(z).sum()
+        if total > previous:
+            if t == 1.0:  # a plain proximal step from the last iterate went up: rounding's floor
+                return x
+            y, t = x.copy(), 1.0  # momentum overshot: restart from the last iterate
+            continue
+        previous = total
+        if np.max(np.abs(z - x)) < 1e-13:
+            return z
+        t_next = 0.5 * (1.0 + np.sqrt(1.0 + 4.0 * t * t))
+        y = z + (t - 1.0) / t_next * (z - x)
+        x, t = z, t_next
+    raise AssertionError(f"the reference did not converge in {iterations} iterations")
+
+
+def small_crf_problem(seed: int):
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 6, size=25)
+    T, n_attributes, n_labels = int(lengths.sum()), 8, 3
+    X = sp.random(T, n_attributes, density=0.3, random_state=seed, format="csr")
+    labels = np.argmax(X[:, :n_labels].toarray() + 0.3 * rng.random((T, n_labels)), axis=1)
+    params = ParameterLayout(n_attributes, n_labels)
+    return Objective(X, np.concatenate([[0], np.cumsum(lengths)]), labels, params, 1), params
+
+
+@pytest.mark.parametrize("seed, c1, c2", [(0, 0.4, 0.3), (1, 1.0, 0.5), (2, 0.2, 1.0)])
+def test_owlqn_reaches_the_proximal_gradient_optimum_with_the_same_zeros(seed, c1, c2):
+    objective, params = small_crf_problem(seed)
+
+    def smooth(theta):
+        loss, grad = objective(theta)
+        return loss + c2 * theta @ theta, grad + 2 * c2 * theta
+
+    stopping = optimize.StoppingRule(max_iterations=500, epsilon=1e-9, period=0)
+    ours = optimize.lbfgs(objective, np.zeros(params.size), c1=c1, c2=c2, stopping=stopping)
+    reference = proximal_gradient(smooth, c1, np.zeros(params.size), 3000)
+    assert 0 < np.count_nonzero(reference) < params.size  # the penalty zeroes some weights, not all
+    np.testing.assert_array_equal(ours.theta != 0, reference != 0)
+    np.testing.assert_allclose(ours.theta, reference, atol=1e-6)
+    total = smooth(reference)[0] + c1 * np.abs(reference).sum()
+    assert ours.history[-1].loss == pytest.approx(total, rel=1e-10)
+    # optimality: |g_i| <= c1 at zeros, g_i = -c1 sign(theta_i) elsewhere
+    g = smooth(ours.theta)[1]
+    active = ours.theta != 0
+    assert np.all(np.abs(g[~active]) <= c1 + 1e-7)
+    np.testing.assert_allclose(g[active], -c1 * np.sign(ours.theta[active]), atol=1e-6)
+
+
+def test_owlqn_steps_stay_in_their_orthant_and_never_raise_the_objective():
+    objective, params = small_crf_problem(3)
+    c1, c2 = 0.3, 0.05
+    x0 = np.random.default_rng(3).normal(scale=0.5, size=params.size)  # a warm start with mixed signs
+    previous, previous_pg, totals, zeros_seen = x0.copy(), None, [], 0
+
+    def smooth(theta):
+        loss, grad = objective(theta)
+        return loss + c2 * theta @ theta, grad + 2 * c2 * theta
+
+    value, grad = smooth(x0)
+    previous_pg = quasi_newton.pseudo_gradient(x0, grad, c1, np.empty(params.size))
+    totals.append(value + c1 * np.abs(x0).sum())
+    iterations = quasi_newton.orthant_wise_minimise(smooth, x0, c1)
+    with pytest.raises(quasi_newton.LineSearchError):  # run until rounding leaves no decrease to find
+        for k, (x, total, pg) in enumerate(iterations):
+            orthant = np.where(previous != 0, np.sign(previous), -np.sign(previous_pg))
+            assert np.all(x * orthant >= 0), f"iteration {k + 1} left its orthant"
+            assert np.all(x[orthant == 0] == 0)
+            assert total <= totals[-1]
+            assert total == pytest.approx(smooth(x)[0] + c1 * np.abs(x).sum(), rel=1e-14)
+            zeros_seen += int(np.sum((previous != 0) & (x == 0)))
+            totals.append(total)
+            previous, previous_pg = x.copy(), pg.copy()
+    assert len(totals) > 20 and zeros_seen > 0  # weights were set to zero by the projection on the way
+    assert totals[-1] < totals[0]
+
+
+def test_owlqn_keeps_frozen_weights_and_a_zero_pseudo_gradient_ends_at_once():
+    rng = np.random.default_rng(4)
+    target = rng.normal(size=8)
+
+    def objective(theta):
+        return float((theta - target) @ (theta - target)), 2.0 * (theta - target)
+
+    theta0 = np.zeros(8)
+    theta0[[2, 5]] = [0.7, -0.3]  # frozen at non-zero values: the penalty must not move them
+    frozen = np.array([2, 5, 6])  # and one frozen at zero
+    result = optimize.lbfgs(objective, theta0, c1=0.4, c2=0.0, frozen=frozen, stopping=optimize.StoppingRule(max_iterations=100))
+    assert result.theta[2] == 0.7 and result.theta[5] == -0.3 and result.theta[6] == 0.0
+    free = [0, 1, 3, 4, 7]  # argmin of (x - t)^2 + 0.4 |x| is the soft threshold of t at 0.2
+    np.testing.assert_allclose(result.theta[free], soft_threshold(target[free], 0.2), atol=1e-8)
+    # a start that is already optimal: no iteration, the start returned
+    assert list(quasi_newton.orthant_wise_minimise(lambda x: (float(x @ x), 2 * x), np.zeros(4), 1.0)) == []
+    with pytest.raises(ValueError, match="c1 > 0"):
+        next(quasi_newton.orthant_wise_minimise(objective, np.zeros(8), 0.0))
+    with pytest.raises(ValueError, match="not finite"):
+        next(quasi_newton.orthant_wise_minimise(lambda x: (np.nan, x), np.ones(2), 1.0))
+
+
+def test_owlqn_warm_started_at_its_optimum_stays_and_from_elsewhere_returns_to_it():
+    objective, params = small_crf_problem(5)
+    stopping = optimize.StoppingRule(max_iterations=500, epsilon=1e-8, period=0)
+    cold = optimize.lbfgs(objective, np.zeros(params.size), c1=0.5, c2=0.2, stopping=stopping)
+    again = optimize.lbfgs(objective, cold.theta, c1=0.5, c2=0.2, stopping=stopping)
+    assert again.iterations <= 3
+    np.testing.assert_allclose(again.theta, cold.theta, atol=1e-7)
+    elsewhere = cold.theta + np.random.default_rng(5).normal(scale=0.3, size=params.size)
+    back = optimize.lbfgs(objective, elsewhere, c1=0.5, c2=0.2, stopping=stopping)
+    np.testing.assert_array_equal(back.theta != 0, cold.theta != 0)
+    np.testing.assert_allclose(back.theta, cold.theta, atol=1e-6)
+    assert back.history[0].loss > cold.history[-1].loss
+
+
+def test_a_failing_owlqn_line_search_keeps_the_last_point():
+    """An objective that is NaN everywhere but at the start: no step gives a decrease, the
+    search gives up after its trials and the starting point is the result."""
+
+    def objective(theta):
+        if np.any(theta != 0):
+            return np.nan, np.full_like(theta, np.nan)
+        return 1.0, np.full_like(theta, -2.0)
+
+    result = optimize.lbfgs(objective, np.zeros(3), c1=0.5, c2=0.0, max_linesearch=5)
+    assert result.stop_reason.startswith("line search") and result.iterations == 0
+    np.testing.assert_array_equal(result.theta, np.zeros(3))
+    assert result.evaluations == 6

@@ -250,6 +250,7 @@ def conll(request):
     [
         ("lbfgs", {"max_iterations": 50}),
         ("lbfgs", {"max_iterations": 50, "c1": 0.5, "c2": 0.01}),
+        ("lbfgs", {"max_iterations": 100, "c1": 0.1, "c2": 0.1, "all_possible_transitions": True}),  # the tutorial's
         ("l2sgd", {"max_iterations": 20}),
         ("ap", {"max_iterations": 20}),
         ("pa", {"max_iterations": 20}),
@@ -265,10 +266,20 @@ def test_same_chunk_f1_as_python_crfsuite(conll, algorithm, params, tmp_path):
     trainer = pycrfsuite.Trainer(algorithm=algorithm, verbose=False)
     for x, y in zip(extractor.attribute_lists(X_train), y_train):
         trainer.append(x, y)
-    trainer.set_params(params)
+    crfsuite_params = {k: v for k, v in params.items() if k != "all_possible_transitions"}
+    crfsuite_params["feature.possible_transitions"] = params.get("all_possible_transitions", False)
+    trainer.set_params(crfsuite_params)
     trainer.train(str(tmp_path / "model.crfsuite"))
     tagger = pycrfsuite.Tagger()
     tagger.open(str(tmp_path / "model.crfsuite"))
     theirs_f1 = metrics.chunk_scores(y_test, [tagger.tag(x) for x in extractor.attribute_lists(X_test)]).f1
     print(f"{algorithm} {params}: chunk F1 ours {ours_f1:.2f}, CRFsuite {theirs_f1:.2f}")
     assert abs(ours_f1 - theirs_f1) <= 0.3
+    if params.get("c1"):
+        # the same method (OWL-QN, CRFsuite's backtracking) from the same start on the same model:
+        # the same path, up to rounding
+        theirs = trainer.logparser.last_iteration
+        assert ours.n_iter_ == len(trainer.logparser.iterations)
+        assert ours.training_log_[-1]["loss"] == pytest.approx(theirs["loss"], rel=1e-4)
+        assert ours.n_active_features_ == pytest.approx(theirs["active_features"], rel=0.005)
+        assert abs(ours_f1 - theirs_f1) <= 0.1
