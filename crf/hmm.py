@@ -43,7 +43,7 @@ from .hmm_smoothing import (
     valid_contexts,
 )
 from .lattice import lattice_edges, ngram_viterbi
-from .model import label_classes
+from .model import check_labels, label_classes
 from .parallel import Workers, single_threaded_blas, thread_count
 from .persist import ModelFileError, arrays_to_strings, load_arrays, save_arrays, strings_to_arrays
 
@@ -155,6 +155,7 @@ class HMMTagger:
                 "X and y differ in length"
                 + (f" at sequence {bad}" if bad is not None else f" ({lengths.size} vs {label_lengths.size} sequences)")
             )
+        check_labels(np.asarray(labels, dtype=object))  # before factorising, which would merge True with 1
         label_codes, classes = pd.factorize(pd.Series(labels, dtype=object), sort=True)
         word_codes, vocabulary = pd.factorize(pd.Series(words, dtype=object))
         self.classes_ = label_classes(np.asarray(classes, dtype=object))  # strings or integers, as given

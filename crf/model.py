@@ -12,6 +12,7 @@ import itertools
 import logging
 import os
 import time
+import warnings
 from collections.abc import Sequence
 
 import numpy as np
@@ -45,27 +46,61 @@ def _flat_labels(y) -> np.ndarray:
     return flat
 
 
-def _check_finite(batch: SequenceBatch) -> None:
+#: attribute values of at least this magnitude are reported: next to the usual 0/1 indicators they
+#: make the objective so badly scaled that quasi-Newton steps cannot move
+LARGE_VALUE = 1e6
+
+
+def _entry_position(batch: SequenceBatch, entry: int, names=None) -> str:
+    """``sequence i, token t: attribute <name or column>`` of the ``entry``-th stored value of X."""
+    row = int(np.searchsorted(batch.X.indptr, entry, side="right")) - 1
+    sequence = int(np.searchsorted(batch.offsets, row, side="right")) - 1
+    column = int(batch.X.indices[entry])
+    attribute = f"{names[column]!r}" if names is not None else f"column {column}"
+    return f"sequence {sequence}, token {row - int(batch.offsets[sequence])}: attribute {attribute}"
+
+
+def _check_finite(batch: SequenceBatch, names=None) -> None:
     """A non-finite attribute value would silently turn into a NaN model or NaN marginals."""
     bad = np.flatnonzero(~np.isfinite(batch.X.data))
     if bad.size:
-        row = int(np.searchsorted(batch.X.indptr, bad[0], side="right")) - 1
-        sequence = int(np.searchsorted(batch.offsets, row, side="right")) - 1
-        raise ValueError(
-            f"sequence {sequence}, token {row - int(batch.offsets[sequence])}: attribute column "
-            f"{int(batch.X.indices[bad[0]])} has the non-finite value {batch.X.data[bad[0]]} ({bad.size} such values)"
-        )
+        where = _entry_position(batch, int(bad[0]), names)
+        raise ValueError(f"{where} has the non-finite value {batch.X.data[bad[0]]} ({bad.size} such values)")
+
+
+def _largest_value(batch: SequenceBatch, names=None) -> tuple[float, str] | None:
+    """The attribute value of largest magnitude and where it is, or None for an empty matrix."""
+    if not batch.X.nnz:
+        return None
+    entry = int(np.argmax(np.abs(batch.X.data)))
+    return float(batch.X.data[entry]), _entry_position(batch, entry, names)
+
+
+def check_labels(flat: np.ndarray) -> None:
+    """Raise TypeError, naming the first offender and its position in ``flat`` (T,), unless every
+    label is a string or an integer. Booleans are refused: ``True == 1`` and ``False == 0``, so
+    they would silently merge with the integer labels 1 and 0."""
+    if pd.api.types.infer_dtype(flat, skipna=False) not in ("string", "integer"):
+        for position, label in enumerate(flat):  # the slow path only for mixed or unusual labels
+            boolean = isinstance(label, (bool, np.bool_))
+            if boolean or not isinstance(label, (str, int, np.integer, np.str_)):
+                raise TypeError(
+                    f"labels must be strings or integers, got {label!r} ({type(label).__name__}) at label {position}"
+                    + (" (a boolean equals the integer 1 or 0 and would merge with it)" if boolean else "")
+                )
 
 
 def label_classes(flat: np.ndarray) -> list:
-    """The distinct labels in order of first appearance. Labels are strings or integers and keep
-    their type (NumPy scalars become Python ones), so a model saved and loaded predicts the same
-    values it was trained on; anything else raises TypeError."""
-    classes = [c.item() if isinstance(c, np.generic) else c for c in pd.unique(flat)]
-    for c in classes:
-        if not isinstance(c, (str, int)):
-            raise TypeError(f"labels must be strings or integers, got {c!r} ({type(c).__name__})")
-    return classes
+    """The distinct labels of ``flat`` (T,) in order of first appearance, checked by
+    :func:`check_labels`. They keep their type (NumPy scalars become Python ones), so a model
+    saved and loaded predicts the same values it was trained on."""
+    check_labels(flat)
+    return [c.item() if isinstance(c, np.generic) else c for c in pd.unique(flat)]
+
+
+class TrainingError(RuntimeError):
+    """Training ended without moving from its starting point although the objective was not at
+    its minimum there: the data cannot be fitted as given (the message says why)."""
 
 
 class CRF(SegmentQueries, CRFsuiteView, BaseEstimator):
@@ -209,6 +244,14 @@ class CRF(SegmentQueries, CRFsuiteView, BaseEstimator):
                 self.attributes_ = [str(a) for a in self.attribute_index_.names()]
             self.classes_ = label_classes(_flat_labels(y))
             self.n_attributes_ = batch.n_attributes
+            largest = _largest_value(batch, self.attributes_)
+            if largest is not None and abs(largest[0]) >= LARGE_VALUE:
+                message = (
+                    f"{largest[1]} has the value {largest[0]:g}: attribute values this large leave the objective so badly "
+                    "scaled that training may not move; scale such attributes (for example to [0, 1] or by a logarithm)"
+                )
+                log.warning("%s", message)
+                warnings.warn(message, RuntimeWarning, stacklevel=2)
             codes = self._label_codes(y, batch)
             dev_batch = None
             if X_dev is not None:
@@ -225,6 +268,11 @@ class CRF(SegmentQueries, CRFsuiteView, BaseEstimator):
             result = self._train(settings, batch, codes, params, trainable, self._iteration_callback(params, dev_batch, y_dev))
         finally:
             del self._fitting
+        if result.iterations == 0 and result.stop_reason.startswith("line search"):
+            where = "" if largest is None else f"; the largest attribute value is {largest[0]:g} ({largest[1]})"
+            raise TrainingError(
+                f"training could not move from its starting weights ({result.stop_reason}): no step lowered the loss{where}"
+            )
         self._set_weights(params, result.theta)
         self.training_log_ = training_log(result.history)
         self.n_iter_ = result.iterations

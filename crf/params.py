@@ -24,7 +24,8 @@ LINESEARCHES = ("MoreThuente", "Backtracking", "StrongBacktracking")
 DOC = """
     Parameters (CRFsuite's meanings; the algorithms each one applies to in brackets)
     ----------
-    algorithm : ``"lbfgs"`` (L-BFGS; with ``c1 > 0`` L1/elastic net by OWL-QN, as CRFsuite), ``"l2sgd"`` (SGD with L2 and CRFsuite's learning-rate
+    algorithm : ``"lbfgs"`` (L-BFGS; with ``c1 > 0`` L1/elastic net by OWL-QN, as CRFsuite),
+        ``"l2sgd"`` (SGD with L2 and CRFsuite's learning-rate
         calibration), ``"ap"`` (averaged perceptron), ``"pa"`` (passive-aggressive), ``"arow"``
         (adaptive regularisation of weights).
     min_freq : state and transition features seen no more than ``min_freq`` times (summed

@@ -282,7 +282,6 @@ def minimise(
         step = 1.0
 
 
-
 def pseudo_gradient(x: np.ndarray, g: np.ndarray, c1: float, out: np.ndarray) -> np.ndarray:
     """OWL-QN's pseudo-gradient of ``f(x) + c1 |x|_1`` (n,) into ``out``, from the smooth part's
     gradient ``g``: ``g + c1 sign(x)`` where ``x != 0``; at ``x == 0`` the one-sided derivative

@@ -1,7 +1,8 @@
 """``python -m pipeline``: the Hydra app that runs the configured stages (conf/config.yaml).
 
 SIGTERM/SIGINT end the open runs as KILLED (``pipeline.lifecycle``); an output folder or store that
-cannot be written (read-only, full disk, permissions) ends the run with one line naming the path.
+cannot be written (read-only, full disk, permissions) ends the run with one line naming the path
+(exit code 1); a bad setting or data file with one line naming it and why (exit code 2).
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ import hydra
 import mlflow
 from omegaconf import DictConfig
 
+from crf.io import DataFormatError
 from pipeline.lifecycle import ending_runs_on_signal, error_chain
 from pipeline.runner import objective_value, run_pipeline
+from pipeline.validate import SettingsError
 
 log = logging.getLogger("pipeline")
 
@@ -45,6 +48,13 @@ def unwritable(error: BaseException) -> str | None:
     return None
 
 
+def _in_multirun() -> bool:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
 class _ReportedOnce(logging.Filter):
     """Drops MLflow's logged traceback of a store write error: ``main`` reports it in one line."""
 
@@ -58,6 +68,11 @@ def main(cfg: DictConfig) -> float | None:
     with ending_runs_on_signal():
         try:
             return objective_value(run_pipeline(cfg))
+        except (SettingsError, DataFormatError) as error:
+            if _in_multirun():
+                raise  # Hydra records the job as failed and the sweep goes on
+            log.error("%s", error)  # the one line says what and where: a traceback adds nothing
+            sys.exit(2)
         except Exception as error:
             problem = unwritable(error)
             if problem is None:

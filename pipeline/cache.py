@@ -179,7 +179,18 @@ def _entry_files(folder: Path) -> list[Path]:
 def check_entry(folder: Path, stage: str | None = None, key: str | None = None) -> None:
     """Raise :class:`CacheEntryError` unless ``folder`` holds exactly the files of its manifest with
     the recorded sizes and SHA-256 (and, when given, the manifest names this ``stage`` and ``key``).
-    Sizes are compared first (one ``stat`` per file); every file is then hashed."""
+    Sizes are compared first (one ``stat`` per file); every file is then hashed. A file that cannot
+    be read (a dangling link, no permission, a folder where a file was) makes the entry bad too."""
+    try:
+        _check_entry(folder, stage, key)
+    except OSError as error:
+        name = Path(error.filename) if error.filename else None
+        if name is not None and name.is_relative_to(folder):
+            name = name.relative_to(folder)
+        raise CacheEntryError(f"{name or 'a file'} cannot be read ({error.strerror or error})") from None
+
+
+def _check_entry(folder: Path, stage: str | None, key: str | None) -> None:
     manifest_path = folder / MANIFEST
     if not manifest_path.is_file():
         raise CacheEntryError(f"no {MANIFEST}")
@@ -313,10 +324,13 @@ class StageCache:
         try:
             check_entry(path, stage, key)
         except CacheEntryError as error:
-            self.set_aside(stage, key, str(error))
-            return fetch(stage, key)
-        except FileNotFoundError:  # replaced by a concurrent ``force`` run while being read: a miss
-            return None
+            if not os.path.lexists(path):  # removed by a concurrent ``force`` run while being read: a miss
+                return fetch(stage, key)
+            try:  # or replaced by one: the new entry is checked afresh
+                check_entry(path, stage, key)
+            except CacheEntryError:
+                self.set_aside(stage, key, str(error))
+                return fetch(stage, key)
         log.debug("cache: %s/%s verified in %.3f s", stage, key[:12], time.perf_counter() - started)
         return path
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import logging
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -21,6 +22,8 @@ from pipeline.data import Dataset, load_dataset, resolve_files, statistics, subs
 from pipeline.models import ModelAdapter
 from pipeline.stage import Stage, StageContext
 
+log = logging.getLogger(__name__)
+
 SPLITS = ("train", "dev", "test")
 DATASET_FILE = "dataset.json"
 
@@ -28,14 +31,25 @@ DATASET_FILE = "dataset.json"
 def write_split(path: Path, sentences) -> None:
     """Tab-separated rows, a blank line after each sentence, gzip with a fixed header (no file name,
     mtime 0): the same sentences give the same bytes, so downstream cache keys do not change with
-    the time or the output folder."""
+    the time or the output folder. A cell holding a tab or a line break would be read back as other
+    columns or rows: it raises ValueError naming the sentence and token (nothing is written)."""
+    texts = []
+    for number, sentence in enumerate(sentences):
+        text = "\n".join("\t".join(row) for row in sentence)
+        if text.count("\t") != sum(len(row) - 1 for row in sentence) or text.count("\n") != len(sentence) - 1 or "\r" in text:
+            position, cell = next((t, c) for t, row in enumerate(sentence) for c in row if any(b in c for b in "\t\n\r"))
+            raise ValueError(
+                f"{path.name}: sentence {number}, token {position}: the cell {cell!r} holds a tab or line break, "
+                "which the tab-separated split file cannot keep (fix the data or the dataset's separator)"
+            )
+        texts.append(text)
     with (
         open(path, "wb") as raw,
         gzip.GzipFile(filename="", mode="wb", compresslevel=5, fileobj=raw, mtime=0) as packed,
         io.TextIOWrapper(packed, encoding="utf-8", newline="\n") as out,
     ):
-        for sentence in sentences:
-            out.write("\n".join("\t".join(row) for row in sentence))
+        for text in texts:
+            out.write(text)
             out.write("\n\n")
 
 
@@ -86,6 +100,17 @@ class Prepare(Stage):
             if "oov_rate" in entry:
                 metrics[f"{split}_oov_rate"] = entry["oov_rate"]
         metrics["n_labels"] = len(stats["train"]["labels"])
+        if metrics["n_labels"] == 1:
+            log.warning("the training split has one label only (%s): a model can only ever predict it", *stats["train"]["labels"])
+        for split in ("dev", "test"):
+            unseen = sorted(set(stats[split]["labels"]) - set(stats["train"]["labels"]))
+            metrics[f"{split}_unseen_labels"] = len(unseen)
+            if unseen:
+                tokens = sum(stats[split]["labels"][label] for label in unseen)
+                log.warning(
+                    "%d label(s) of the %s split never occur in training (%s; %d tokens): no model trained here can predict them",
+                    len(unseen), split, ", ".join(unseen[:10]) + (", ..." if len(unseen) > 10 else ""), tokens,
+                )  # fmt: skip
         return metrics
 
 

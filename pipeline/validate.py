@@ -11,8 +11,9 @@ the HMM), so the rules live in one place, the library.
 
 from __future__ import annotations
 
+import difflib
 import numbers
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -23,6 +24,13 @@ from pipeline.models import load_adapter
 
 _ADD_K = "add-k"
 _CONFIG_NAMES = {"n_threads": "threads"}  # estimator parameter -> its key in the config, where they differ
+# keys of the model and trainer sections that are not estimator parameters: the adapter and the
+# config's own helpers (the swept strength, elastic net's ratio) and run-time settings
+_CONFIG_ONLY = {"name", "adapter", "strength", "l2_ratio", "threads"}
+# every key a dataset config may have (pipeline/data.py and the stages read them)
+DATASET_KEYS = {"name", "task", "format", "columns", "label", "scheme", "files", "dev_split", "separator", "hmm", "evaluate"}
+DATASET_REQUIRED = {"name", "format", "columns", "label", "files"}
+SCHEMES = ("IOB1", "IOB2", "IOBES", "none")
 
 
 class SettingsError(ValueError):
@@ -49,10 +57,25 @@ def _where(message: str, sections: Mapping[str, Mapping]) -> str:
     return f"bad setting: {message}"
 
 
+def _unknown_keys(section: str, values: Mapping, known: Iterable[str]) -> None:
+    """A SettingsError naming the first key of ``values`` that is not ``known`` (with the nearest
+    known key as a suggestion): a misspelt or invented key would otherwise be ignored quietly."""
+    known = sorted(set(known))
+    for key in values:
+        if key not in known:
+            near = difflib.get_close_matches(str(key), known, n=1)
+            hint = f"; did you mean {section}.{near[0]}?" if near else f"; known keys: {', '.join(known)}"
+            raise SettingsError(f"bad setting {section}.{key}: {section} has no such key{hint}")
+
+
 def _check_crf(cfg: DictConfig) -> None:
+    from crf import CRF
     from pipeline.models.crf import build_model
 
     model, trainer = _section(cfg, "model"), _section(cfg, "trainer")
+    parameters = set(CRF().get_params()) | _CONFIG_ONLY
+    _unknown_keys("trainer", trainer, parameters)
+    _unknown_keys("model", model, parameters)
     estimator = build_model(model, trainer, seed=0, dev_every=int(cfg.train.dev_every), threads=trainer.get("threads"))
     try:
         hyper.validate(estimator.get_params())
@@ -61,9 +84,11 @@ def _check_crf(cfg: DictConfig) -> None:
 
 
 def _check_hmm(cfg: DictConfig) -> None:
+    from crf import HMMTagger
     from pipeline.models.hmm import build_hmm
 
     model = _section(cfg, "model")
+    _unknown_keys("model", model, set(HMMTagger().get_params()) | {"name", "adapter", "observation"})
     k = model.get("k")
     if k is not None and (isinstance(k, bool) or not isinstance(k, numbers.Real)):
         raise SettingsError(f"bad setting model.k={k!r}: must be a number")
@@ -102,10 +127,75 @@ def _check_run(cfg: DictConfig) -> None:
         raise SettingsError(f"bad setting train.dev_every={dev_every!r}: must be an integer >= 0 (0: never)")
 
 
+def _check_dataset(cfg: DictConfig) -> None:
+    dataset = _section(cfg, "dataset")
+    _unknown_keys("dataset", dataset, DATASET_KEYS)
+    missing = sorted(DATASET_REQUIRED - set(dataset))
+    if missing:
+        needed = ", ".join(sorted(DATASET_REQUIRED))
+        raise SettingsError(f"bad setting dataset: {', '.join(missing)} missing (a dataset config needs {needed})")
+    scheme = dataset.get("scheme", "none")
+    if str(scheme).lower() not in {s.lower() for s in SCHEMES}:
+        raise SettingsError(
+            f"bad setting dataset.scheme={scheme!r}: one of {', '.join(SCHEMES)} (none: no chunks, token accuracy only)"
+        )
+    columns = dataset["columns"]
+    if not isinstance(columns, list) or not columns or not all(isinstance(c, str) and c for c in columns):
+        raise SettingsError(f"bad setting dataset.columns={columns!r}: a list of column names")
+    if len(set(columns)) != len(columns):
+        raise SettingsError(f"bad setting dataset.columns={columns!r}: a column name is repeated")
+    if dataset["label"] not in columns:
+        raise SettingsError(f"bad setting dataset.label={dataset['label']!r}: not one of the columns {columns}")
+
+
+def added_keys(overrides: Sequence[str]) -> list[str]:
+    """The keys that command-line overrides added with ``+``/``++`` inside an existing section
+    (``+trainer.c22=1``); group choices (``+experiment=x``) and Hydra's own keys are not."""
+    keys = []
+    for override in overrides:
+        if not override.startswith("+"):
+            continue
+        key = override.lstrip("+").split("=", 1)[0].strip()
+        if "." in key and not key.startswith("hydra.") and "/" not in key.split(".", 1)[0]:
+            keys.append(key)
+    return keys
+
+
+def _command_line(cfg: DictConfig) -> list[str]:
+    """The run's command-line overrides: from ``cfg.hydra`` when composed with it, else from the
+    running Hydra app (none outside one)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    task = OmegaConf.select(cfg, "hydra.overrides.task", default=None)
+    if task is None and HydraConfig.initialized():
+        task = HydraConfig.get().overrides.task
+    return list(task or [])
+
+
+# keys a section may lack in its config file and gain on the command line
+_OPTIONAL = {"dataset": DATASET_KEYS}
+
+
+def _check_added_keys(cfg: DictConfig) -> None:
+    for key in added_keys(_command_line(cfg)):
+        section, _, name = key.partition(".")
+        if name.split(".", 1)[0] in _OPTIONAL.get(section, ()):
+            continue
+        parent = OmegaConf.select(cfg, key.rsplit(".", 1)[0], default=None)
+        known = [k for k in (parent.keys() if isinstance(parent, DictConfig) else []) if k != name.rsplit(".", 1)[-1]]
+        near = difflib.get_close_matches(key.rsplit(".", 1)[-1], [str(k) for k in known], n=1)
+        hint = f"; did you mean {key.rsplit('.', 1)[0]}.{near[0]}?" if near else ""
+        raise SettingsError(
+            f"bad setting +{key}: {section} has no key {name!r} (a '+' adds a new key; only existing keys can be set){hint}"
+        )
+
+
 def validate_settings(cfg: DictConfig) -> None:
     """Raise :class:`SettingsError` (one line naming the setting) if a run or model setting of
     ``cfg`` cannot work; nothing is read, written or logged."""
+    _check_added_keys(cfg)
     _check_run(cfg)
+    _check_dataset(cfg)
     try:
         adapter = load_adapter(_section(cfg, "model"))
     except ValueError as error:

@@ -113,7 +113,13 @@ class Progress:
 
 
 def plot_learning_curve(history: pd.DataFrame, path: Path) -> None:
+    """Loss (and dev score) against iterations; an empty history (training stopped at its start,
+    e.g. one label only) gives an empty plot that says so."""
     fig, (ax,) = figure(6.5, 4)
+    if not len(history):
+        ax.text(0.5, 0.5, "no iterations: the starting weights were already optimal", ha="center", va="center")
+        save_figure(fig, path)
+        return
     ax.plot(history["iteration"], history["loss"], color="tab:blue")
     ax.set_xlabel("iteration")
     ax.set_ylabel("regularised loss", color="tab:blue")
@@ -190,13 +196,15 @@ class CRFAdapter(ModelAdapter):
         model.callback = progress
         began = time.perf_counter()
         model.fit(X_train, data.labels("train"), X_dev, data.labels("dev"), attribute_names=extractor.attribute_names())
+        if len(model.classes_) == 1:
+            log.warning("the training data has one label only (%r): the model predicts it everywhere", model.classes_[0])
         seconds = time.perf_counter() - began
         progress.flush()
         model.callback = None
         model.save(out / "model.npz")
         source = bundle_source(data, OmegaConf.to_container(config), features=extractor.config())
         TaggerBundle.from_crf(extractor, model, scheme=data.scheme, source=source).save(out / BUNDLE_FILE)
-        history = pd.DataFrame(progress.history)
+        history = pd.DataFrame(progress.history, columns=None if progress.history else ["iteration", "loss"])
         history.to_csv(out / "history.csv", index=False)
         plot_learning_curve(history, out / "learning_curve.png")
         log.info("%d iterations in %.1fs, stopped by %s", model.n_iter_, seconds, model.stop_reason_)
@@ -206,7 +214,7 @@ class CRFAdapter(ModelAdapter):
             "iterations": model.n_iter_,
             "evaluations": model.n_evaluations_,
             "nonzero_weights": model.n_active_features_,
-            "final_loss": float(history["loss"].iloc[-1]) if len(history) else float("nan"),
+            **({"final_loss": float(history["loss"].iloc[-1])} if len(history) else {}),
         }
 
     def tagger(self, config, inputs, data) -> CRFTagger:

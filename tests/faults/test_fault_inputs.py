@@ -131,3 +131,40 @@ def test_empty_training_input():
         CRF().fit([], [])
     with pytest.raises(ValueError, match="non-empty"):
         HMMTagger().fit([], [])
+
+
+@pytest.mark.parametrize(
+    "labels",
+    [[[True, 1]], [[1, True]], [[0, False, 1]], [[1, np.True_]], [["B", 1.5]]],
+)
+def test_labels_that_compare_equal_across_types_are_refused_not_merged(labels):
+    X = [[{"a": 1.0}] * len(labels[0])] * 5
+    y = labels * 5
+    with pytest.raises(TypeError, match="labels must be strings or integers") as caught:
+        CRF(max_iterations=5).fit(X, y)
+    if any(isinstance(v, (bool, np.bool_)) for v in labels[0]):
+        assert "would merge" in str(caught.value)
+    with pytest.raises(TypeError, match="labels must be strings or integers"):
+        HMMTagger().fit([["w"] * len(labels[0])] * 5, y)
+    # strings and integers that only look alike stay two classes
+    assert CRF(max_iterations=5).fit([[{"a": 1.0}, {"b": 1.0}]] * 5, [["1", 1]] * 5).classes_ == ["1", 1]
+
+
+def test_a_value_too_large_to_train_on_is_reported_with_its_position_not_turned_into_a_zero_model():
+    from crf.model import TrainingError
+
+    X = [[{"a": 1e30}, {"b": 1.0}], [{"b": 2.0}, {"a": 1.0}]] * 10
+    y = [["A", "B"], ["B", "A"]] * 10
+    for c1 in (0.0, 0.1):  # L-BFGS and OWL-QN
+        model = CRF(max_iterations=50, c1=c1)
+        with pytest.warns(RuntimeWarning, match="sequence 0, token 0: attribute 'a' has the value 1e\\+30"):
+            with pytest.raises(TrainingError, match="could not move from its starting weights.*1e\\+30 \\(sequence 0, token 0"):
+                model.fit(X, y)
+        assert model.training_log_ is None  # nothing fitted: no model that looks trained
+    # moderate values train as before, without a warning
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model = CRF(max_iterations=50).fit([[{"a": 1e3}, {"b": 1.0}], [{"b": 2.0}, {"a": 1.0}]] * 10, y)
+    assert model.n_iter_ > 0 and model.score([[{"a": 1e3}, {"b": 1.0}]], [["A", "B"]]) == 1.0

@@ -65,3 +65,96 @@ def test_the_pipeline_fails_before_prepare(tmp_path, bad):
     with pytest.raises(SettingsError, match="bad setting"):
         run_pipeline(compose_config(tiny_overrides(data_root, tmp_path / "out") + [bad]))
     assert not (tmp_path / "out" / "cache" / "prepare").exists()  # nothing was prepared
+
+
+def _compose_with_overrides(overrides: list[str]):
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+        return compose(config_name="config", overrides=overrides, return_hydra_config=True)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["+trainer.c22=1"], "bad setting +trainer.c22: trainer has no key 'c22'"),
+        (["+trainer.c22=1"], "did you mean trainer.c2?"),
+        (["+data.train_fractoin=0.5"], "did you mean data.train_fraction?"),
+        (["++evaluate.bins=3"], "bad setting +evaluate.bins"),
+        (["model=hmm", "+model.kk=1"], "did you mean model.k?"),
+        (["dataset.scheme=IOB3"], "bad setting dataset.scheme='IOB3': one of IOB1, IOB2, IOBES, none"),
+        (["dataset.label=chunks"], "bad setting dataset.label='chunks': not one of the columns"),
+        (["dataset.columns=[w,w,chunk]"], "a column name is repeated"),
+    ],
+)
+def test_an_added_or_misspelt_key_is_refused_like_a_bad_value(overrides, message):
+    with pytest.raises(SettingsError) as caught:
+        validate_settings(_compose_with_overrides(overrides))
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_unknown_keys_are_refused_without_the_command_line_too():
+    """A key added in a config file (or by a compose without Hydra's own config) is checked
+    against what the trainer, model and dataset sections can hold."""
+    for overrides, message in (
+        (["+trainer.c22=1"], "bad setting trainer.c22: trainer has no such key; did you mean trainer.c2?"),
+        (["+model.all_possible_state=true"], "did you mean model.all_possible_states?"),
+        (["+dataset.seperator=x"], "bad setting dataset.seperator: dataset has no such key; did you mean dataset.separator?"),
+    ):
+        with pytest.raises(SettingsError, match=message.replace("?", "\\?")):
+            validate_settings(compose_config(overrides))
+    # an optional dataset key may be added; experiments and Hydra's own keys are untouched
+    validate_settings(_compose_with_overrides(["+dataset.separator=' '"]))
+    validate_settings(_compose_with_overrides(["+experiment=anystyle", "+hydra.job.env_set.X=1"]))
+
+
+def _run_pipeline_command(tmp_path: Path, *overrides: str):
+    import subprocess
+    import sys
+
+    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline", f"paths.output_dir={tmp_path / 'out'}", *overrides],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=300,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("overrides", "line"),
+    [
+        (["trainer.c2=-1"], "bad setting trainer.c2=-1: c2 must be a finite number >= 0"),
+        (["+trainer.c22=1"], "bad setting +trainer.c22: trainer has no key 'c22'"),
+        (["dataset.scheme=BILOU"], "bad setting dataset.scheme='BILOU'"),
+    ],
+)
+def test_the_command_reports_a_bad_setting_in_one_line_without_a_traceback(tmp_path, overrides, line):
+    done = _run_pipeline_command(tmp_path, *overrides)
+    output = done.stdout + done.stderr
+    assert done.returncode == 2, output
+    assert "Traceback" not in output and line in output
+    assert [text for text in output.splitlines() if "ERROR" in text] == [next(t for t in output.splitlines() if line in t)]
+    assert not (tmp_path / "out" / "cache").exists()  # refused before any stage
+
+
+@pytest.mark.slow
+def test_the_command_reports_a_bad_data_line_in_one_line_without_a_traceback(tmp_path):
+    import gzip
+
+    root = write_corpus(tmp_path / "data", n_train=20, n_test=5)
+    train = root / "conll2000" / "train.txt.gz"
+    lines = gzip.decompress(train.read_bytes()).decode().split("\n")
+    lines[4] = "word POS"  # two columns where three belong
+    train.write_bytes(gzip.compress("\n".join(lines).encode()))
+    done = _run_pipeline_command(
+        tmp_path, f"data.root={root}", "data.download=false", "dataset.files.train.sha256=null", "dataset.files.test.sha256=null"
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 2, output
+    assert "Traceback" not in output
+    assert f"{train}:5: expected 3 columns, found 2: 'word POS'" in output
+    assert not list((tmp_path / "out" / "cache" / "prepare").glob("*"))  # no entry, no temporary folder
