@@ -25,9 +25,8 @@ DOC = """
     Parameters (CRFsuite's meanings; the algorithms each one applies to in brackets)
     ----------
     algorithm : ``"lbfgs"`` (L-BFGS; with ``c1 > 0`` L1/elastic net by OWL-QN, as CRFsuite),
-        ``"l2sgd"`` (SGD with L2 and CRFsuite's learning-rate
-        calibration), ``"ap"`` (averaged perceptron), ``"pa"`` (passive-aggressive), ``"arow"``
-        (adaptive regularisation of weights).
+        ``"l2sgd"`` (SGD with L2 and CRFsuite's learning-rate calibration), ``"ap"`` (averaged
+        perceptron), ``"pa"`` (passive-aggressive), ``"arow"`` (adaptive regularisation of weights).
     min_freq : state and transition features seen no more than ``min_freq`` times (summed
         attribute values) in training are left out.
     all_possible_states : every attribute with every label (True) or only the pairs seen in
