@@ -110,7 +110,7 @@ def _prf(correct, predicted, gold):
 
 def chunk_scores(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[str]]) -> ChunkScores:
     """conlleval's chunk P/R/F1 overall and per type, and token accuracy."""
-    _check_aligned(gold, predicted)
+    check_aligned(gold, predicted)
     gold_chunks = chunks(gold)
     pred_chunks = chunks(predicted)
     key = ["sequence", "start", "end", "type"]
@@ -132,17 +132,23 @@ def chunk_scores(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[str
     )
 
 
-def _check_aligned(gold, predicted) -> None:
+def check_aligned(gold, predicted, unknown: bool = False) -> None:
+    """ValueError unless ``gold`` and ``predicted`` have the same number of sequences and labels
+    per sequence, and (unless ``unknown``) no gold label is None: an unknown label cannot be
+    scored (leave such tokens out, as :meth:`crf.CRF.score` does)."""
     if len(gold) != len(predicted):
         raise ValueError(f"{len(gold)} gold sequences but {len(predicted)} predicted")
     for i, (g, p) in enumerate(zip(gold, predicted)):
         if len(g) != len(p):
             raise ValueError(f"sequence {i}: {len(g)} gold labels but {len(p)} predicted")
+        if not unknown and any(label is None for label in g):
+            position = next(t for t, label in enumerate(g) if label is None)
+            raise ValueError(f"sequence {i}, token {position}: the gold label is None (unknown); score known labels only")
 
 
 def token_accuracy(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[str]]) -> float:
     """Fraction of tokens whose predicted label equals the gold label, in percent."""
-    _check_aligned(gold, predicted)
+    check_aligned(gold, predicted)
     g, _ = _flatten(gold)
     p, _ = _flatten(predicted)
     return 100.0 * float(np.mean(g == p)) if g.size else 0.0
@@ -259,7 +265,7 @@ def paired_bootstrap(gold, first, second, chunked: bool, samples: int = 1000, se
 
 
 def _flat_labels(gold, predicted) -> tuple[np.ndarray, np.ndarray]:
-    _check_aligned(gold, predicted)
+    check_aligned(gold, predicted)
     # plain arrays of the labels' own type: scikit-learn cannot classify object arrays of integers
     return np.asarray(_flatten(gold)[0].tolist()), np.asarray(_flatten(predicted)[0].tolist())
 
@@ -308,7 +314,7 @@ def flat_classification_report(y_true, y_pred, labels=None, **kwargs):
 
 def sequence_accuracy_score(y_true, y_pred) -> float:
     """Fraction of sequences whose every label is right (0 for no sequences)."""
-    _check_aligned(y_true, y_pred)
+    check_aligned(y_true, y_pred)
     if not len(y_true):
         return 0.0
     return float(np.mean([list(g) == list(p) for g, p in zip(y_true, y_pred)]))

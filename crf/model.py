@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
+import scipy.sparse as sp
 from sklearn.base import BaseEstimator
 from sklearn.exceptions import NotFittedError
 
@@ -29,6 +30,8 @@ from .objective import Objective, ParameterLayout
 from .parallel import Workers, contiguous_parts, single_threaded_blas, thread_count
 from .segments import SegmentQueries
 from .tagger import CRFsuiteView, training_log
+from .uncertainty import UncertaintyQueries
+from .warm import PreviousFit
 
 log = logging.getLogger(__name__)
 
@@ -76,12 +79,15 @@ def _largest_value(batch: SequenceBatch, names=None) -> tuple[float, str] | None
     return float(batch.X.data[entry]), _entry_position(batch, entry, names)
 
 
-def check_labels(flat: np.ndarray) -> None:
+def check_labels(flat: np.ndarray, unknown: bool = False) -> None:
     """Raise TypeError, naming the first offender and its position in ``flat`` (T,), unless every
-    label is a string or an integer. Booleans are refused: ``True == 1`` and ``False == 0``, so
-    they would silently merge with the integer labels 1 and 0."""
+    label is a string or an integer (or, with ``unknown``, None: a label not known). Booleans are
+    refused: ``True == 1`` and ``False == 0``, so they would silently merge with the integer
+    labels 1 and 0."""
     if pd.api.types.infer_dtype(flat, skipna=False) not in ("string", "integer"):
         for position, label in enumerate(flat):  # the slow path only for mixed or unusual labels
+            if label is None and unknown:
+                continue
             boolean = isinstance(label, (bool, np.bool_))
             if boolean or not isinstance(label, (str, int, np.integer, np.str_)):
                 raise TypeError(
@@ -90,12 +96,13 @@ def check_labels(flat: np.ndarray) -> None:
                 )
 
 
-def label_classes(flat: np.ndarray) -> list:
+def label_classes(flat: np.ndarray, unknown: bool = False) -> list:
     """The distinct labels of ``flat`` (T,) in order of first appearance, checked by
-    :func:`check_labels`. They keep their type (NumPy scalars become Python ones), so a model
-    saved and loaded predicts the same values it was trained on."""
-    check_labels(flat)
-    return [c.item() if isinstance(c, np.generic) else c for c in pd.unique(flat)]
+    :func:`check_labels` (with ``unknown``, None marks a label that is not known and is no
+    class). They keep their type (NumPy scalars become Python ones), so a model saved and loaded
+    predicts the same values it was trained on."""
+    check_labels(flat, unknown)
+    return [c.item() if isinstance(c, np.generic) else c for c in pd.unique(flat) if c is not None]
 
 
 class TrainingError(RuntimeError):
@@ -103,7 +110,7 @@ class TrainingError(RuntimeError):
     its minimum there: the data cannot be fitted as given (the message says why)."""
 
 
-class CRF(SegmentQueries, CRFsuiteView, BaseEstimator):
+class CRF(SegmentQueries, UncertaintyQueries, CRFsuiteView, BaseEstimator):
     """Linear-chain conditional random field, a scikit-learn estimator with sklearn-crfsuite's
     parameters, methods and fitted attributes (``None`` before ``fit``): ``classes_``,
     ``attributes_``, ``num_attributes_``, ``state_features_``, ``transition_features_``,
@@ -147,6 +154,7 @@ class CRF(SegmentQueries, CRFsuiteView, BaseEstimator):
         dev_every: int = 10,
         n_threads: int | None = None,
         callback=None,
+        warm_start: bool = False,
     ) -> None:
         arguments = dict(locals())
         del arguments["self"]
@@ -215,14 +223,26 @@ class CRF(SegmentQueries, CRFsuiteView, BaseEstimator):
                 raise ValueError(f"sequence {i}: {length} tokens in X but {len(labels)} labels in y")
         flat = _flat_labels(y)
         index = {label: i for i, label in enumerate(self.classes_)}
-        return np.array([index.get(u, -1) for u in pd.unique(flat)], dtype=np.int64)[pd.factorize(flat)[0]]
+        codes, uniques = pd.factorize(flat)  # None (unknown) gets -1
+        mapping = np.array([index.get(u, -1) for u in uniques], dtype=np.int64)
+        out = np.full(codes.size, -1, dtype=np.int64)
+        known = codes >= 0
+        out[known] = mapping[codes[known]]
+        return out
 
     # --- training ------------------------------------------------------------------------
 
     def fit(self, X, y, X_dev=None, y_dev=None, attribute_names: Sequence[str] | None = None) -> CRF:
         """Train on ``X``, ``y``; with ``X_dev``/``y_dev``, report dev accuracy every
         ``dev_every`` iterations. ``attribute_names`` names the columns of a SequenceBatch.
-        Hyperparameters and dev arguments are checked before any work."""
+        Hyperparameters and dev arguments are checked before any work.
+
+        A label of None is unknown (``lbfgs`` and ``l2sgd``): training then maximises the
+        probability of the known labels with the unknown ones summed out, and a sequence with no
+        known label adds nothing. Only known labels make features. With ``warm_start=True`` a
+        fitted model's weights are the starting point: its attributes and labels keep their
+        columns, new ones are added after them with weights starting at zero (a SequenceBatch
+        must keep the old columns: the same extractor, or one that only appends)."""
         if (X_dev is None) != (y_dev is None):
             raise ValueError("pass both X_dev and y_dev to evaluate on held-out data (or neither)")
         settings = hyper.validate(self.get_params())
@@ -231,6 +251,16 @@ class CRF(SegmentQueries, CRFsuiteView, BaseEstimator):
             raise ValueError("model_filename writes attribute names: pass attribute_names with a SequenceBatch")
         if len(X) == 0 or len(y) == 0:
             raise ValueError("fit needs at least one training sequence (X and y are empty)")
+        flat_labels = _flat_labels(y)
+        check_labels(flat_labels, unknown=True)
+        partial = any(label is None for label in flat_labels)
+        if partial and settings.algorithm not in ("lbfgs", "l2sgd"):
+            raise ValueError(f"unknown labels (None) need algorithm='lbfgs' or 'l2sgd', not {settings.algorithm!r}")
+        if partial and all(label is None for label in flat_labels):
+            raise ValueError("fit needs at least one known label (every label of y is None)")
+        previous = PreviousFit.of(self) if self.warm_start and self._fitted() else None
+        if previous is not None and isinstance(X, SequenceBatch):
+            previous.check_batch(X, attribute_names)  # before the fitted model is cleared
         began = time.perf_counter()
         for name in [k for k in vars(self) if k.endswith("_")] + ["_tagger"]:
             self.__dict__.pop(name, None)
@@ -239,10 +269,14 @@ class CRF(SegmentQueries, CRFsuiteView, BaseEstimator):
             batch = self._batch(X, fitting=True)
             if isinstance(X, SequenceBatch):
                 self.attribute_index_ = None
-                self.attributes_ = list(attribute_names) if attribute_names is not None else None
+                names = attribute_names if attribute_names is not None else previous and previous.attribute_names
+                self.attributes_ = list(names) if names is not None else None
             else:
+                if previous is not None and previous.attribute_names is not None:
+                    batch = self._merge_attributes(previous, batch)
                 self.attributes_ = [str(a) for a in self.attribute_index_.names()]
-            self.classes_ = label_classes(_flat_labels(y))
+            classes = label_classes(flat_labels, unknown=True)
+            self.classes_ = classes if previous is None else previous.merged_classes(classes)
             self.n_attributes_ = batch.n_attributes
             largest = _largest_value(batch, self.attributes_)
             if largest is not None and abs(largest[0]) >= LARGE_VALUE:
@@ -260,12 +294,16 @@ class CRF(SegmentQueries, CRFsuiteView, BaseEstimator):
                     raise ValueError(f"{dev_batch.n_sequences} sequences in X_dev but {len(y_dev)} in y_dev")
             L = len(self.classes_)
             index = None if self.all_possible_states else hyper.feature_index(batch.X, codes, L, self.min_freq)
-            params = ParameterLayout(batch.n_attributes, L, index)
             trainable = np.ones(L * L + 2 * L, dtype=bool)
             if not self.all_possible_transitions or not boundary:
                 trainable = hyper.transition_mask(batch.offsets, codes, L, self.min_freq, boundary)
                 trainable[: L * L] |= bool(self.all_possible_transitions)
-            result = self._train(settings, batch, codes, params, trainable, self._iteration_callback(params, dev_batch, y_dev))
+            if previous is not None:
+                index, trainable = previous.feature_index(index, L), previous.trainable(trainable, L)
+            params = ParameterLayout(batch.n_attributes, L, index)
+            theta0 = previous.theta(params) if previous is not None else np.zeros(params.size)
+            callback = self._iteration_callback(params, dev_batch, y_dev)
+            result = self._train(settings, batch, codes, params, trainable, callback, theta0)
         finally:
             del self._fitting
         if result.iterations == 0 and result.stop_reason.startswith("line search"):
@@ -283,9 +321,19 @@ class CRF(SegmentQueries, CRFsuiteView, BaseEstimator):
             model_file.write_crfsuite_model(self, self.model_filename)
         return self
 
-    def _train(self, settings, batch, codes, params, trainable, callback) -> optimize.TrainingResult:
+    def _merge_attributes(self, previous: PreviousFit, batch: SequenceBatch) -> SequenceBatch:
+        """``batch`` (under the new data's own attribute index) moved into the columns of the old
+        attributes followed by the new ones; the index becomes that merged one."""
+        merged, columns = previous.merged_names(self.attribute_index_.names().tolist())
+        X = batch.X.copy()
+        X.indices = columns[X.indices].astype(X.indices.dtype)
+        X = sp.csr_matrix((X.data, X.indices, X.indptr), shape=(X.shape[0], len(merged)))
+        X.sort_indices()
+        self.attribute_index_.index_ = dict(zip(merged, range(len(merged))))
+        return SequenceBatch(X, batch.offsets)
+
+    def _train(self, settings, batch, codes, params, trainable, callback, theta0) -> optimize.TrainingResult:
         stopping = optimize.StoppingRule(settings.max_iterations, settings.epsilon, settings.period, settings.delta)
-        theta0 = np.zeros(params.size)
         frozen = params.n_state + np.flatnonzero(~trainable)
         with single_threaded_blas():
             if settings.algorithm == "lbfgs":
@@ -446,8 +494,16 @@ class CRF(SegmentQueries, CRFsuiteView, BaseEstimator):
         return np.exp(gold - chain.log_partition(emissions, *self._weights(), batch.lengths))
 
     def score(self, X, y) -> float:
-        """Token accuracy (a fraction) of the predictions (sklearn-crfsuite's ``score``)."""
-        return metrics.flat_accuracy_score(y, self._predict_lists(X))
+        """Token accuracy (a fraction) of the predictions (sklearn-crfsuite's ``score``); gold
+        labels that are None (unknown) are left out (NaN if every one is)."""
+        predicted = self._predict_lists(X)
+        gold = _flat_labels(y)
+        known = np.array([label is not None for label in gold], dtype=bool)
+        if known.all():
+            return metrics.flat_accuracy_score(y, predicted)
+        metrics.check_aligned(y, predicted, unknown=True)
+        flat = _flat_labels(predicted)
+        return float(np.mean(gold[known] == flat[known])) if known.any() else float("nan")
 
     # --- persistence ---------------------------------------------------------------------
 

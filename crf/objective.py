@@ -166,7 +166,7 @@ class StateFeatures:
 
 
 class _Chunk:
-    """Some of the sequences, stored in their own packed time-major order."""
+    """Some fully labelled sequences, stored in their own packed time-major order."""
 
     def __init__(self, X: sp.csr_matrix, offsets: np.ndarray, labels: np.ndarray, partition: FeaturePartition) -> None:
         self.layout = chain.Layout.from_lengths(np.diff(offsets))
@@ -201,6 +201,44 @@ class _Chunk:
         marginals = posterior.marginals
         ends = np.stack([marginals[self.layout.first_rows()].sum(axis=0), marginals[self.layout.last_rows()].sum(axis=0)])
         return float(posterior.log_z.sum()), gold, self.states.gradient(marginals), posterior.transition_counts, ends
+
+
+class _PartialChunk(_Chunk):
+    """Some partially labelled sequences (label -1: unknown). Each contributes
+    ``log Z(x) - log Z(x | known labels)``, the second term by forward-backward over the paths
+    that agree with the known labels, and expected counts minus expected counts under that
+    constraint (in place of the observed counts of a fully labelled sequence)."""
+
+    def __init__(self, X: sp.csr_matrix, offsets: np.ndarray, labels: np.ndarray, partition: FeaturePartition) -> None:
+        super().__init__(X, offsets, labels, partition)
+        L = partition.n_labels
+        self.allowed = np.ones((self.labels.size, L), dtype=bool)  # packed (T, L)
+        known = np.flatnonzero(self.labels >= 0)
+        self.allowed[known] = False
+        self.allowed[known, self.labels[known]] = True
+
+    def observed_state(self, n_labels: int) -> np.ndarray:
+        return np.zeros(self.states.partition.n_state)
+
+    def evaluate(self, theta_state, shared_weights, transitions, start, end):
+        emissions = self.states.emissions(theta_state, shared_weights)
+        clamped = chain.forward_backward(emissions, transitions, start, end, self.layout, packed=True, allowed=self.allowed)
+        free = chain.forward_backward(
+            emissions,
+            transitions,
+            start,
+            end,
+            self.layout,
+            packed=True,
+            emissions_again=lambda: self.states.emissions(theta_state, shared_weights),
+        )
+        del emissions
+        difference = free.marginals - clamped.marginals
+        first, last = self.layout.first_rows(), self.layout.last_rows()
+        ends = np.stack([difference[first].sum(axis=0), difference[last].sum(axis=0)])
+        log_z = float(free.log_z.sum() - clamped.log_z.sum())
+        counts = free.transition_counts - clamped.transition_counts
+        return log_z, 0.0, self.states.gradient(difference), counts, ends
 
 
 def _share_ones(matrices: list[sp.spmatrix]) -> None:
@@ -240,8 +278,12 @@ def _chunks_of(lengths: np.ndarray, n_chunks: int) -> list[np.ndarray]:
 class Objective:
     """NLL(theta) = sum_i [log Z(x_i) - score(y_i | x_i)] and its gradient for one batch.
 
-    ``X`` (T, A) CSR, ``offsets`` (N + 1,), ``labels`` (T,) label indices in [0, L).
-    Calling the object returns ``(loss, gradient)``; regularisation is added by the optimiser.
+    ``X`` (T, A) CSR, ``offsets`` (N + 1,), ``labels`` (T,) label indices in [0, L), or -1 for
+    a label that is not known: a sequence with unknown labels contributes
+    ``log Z(x_i) - log Z(x_i | its known labels)``, minus the log of the probability of its known
+    labels with the others summed out (see :class:`_PartialChunk`); one with no known label
+    contributes nothing and is left out. Calling the object returns ``(loss, gradient)``;
+    regularisation is added by the optimiser.
 
     The sequences are cut into chunks of about ``chunk_cells`` (token, label) cells (default
     :attr:`CHUNK_CELLS`) by length (see :func:`_chunks_of`), each stored once in its own packed time-major order; a thread pool
@@ -271,32 +313,50 @@ class Objective:
         self.params = params
         self.n_threads = thread_count(n_threads)
         lengths = np.diff(offsets)
-        groups = _chunks_of(lengths, chunk_count(labels.size * params.n_labels, lengths.size, chunk_cells or self.CHUNK_CELLS))
+        if labels.size and (labels.min() < -1 or labels.max() >= params.n_labels):
+            raise ValueError(f"labels must lie in [0, {params.n_labels}) or be -1 (unknown)")
+        known_before = np.concatenate([[0], np.cumsum(labels >= 0)])
+        known = known_before[offsets[1:]] - known_before[offsets[:-1]]  # known labels per sequence
+        full = np.flatnonzero((known == lengths) & (lengths > 0))
+        partial = np.flatnonzero((known > 0) & (known < lengths))
         self.partition = partition = FeaturePartition(params)
+        cells = chunk_cells or self.CHUNK_CELLS
         self.chunks = []
-        for sequences in groups:
-            rows = token_rows(offsets, sequences)
-            sub_offsets = np.concatenate([[0], np.cumsum(lengths[sequences])])
-            self.chunks.append(_Chunk(X[rows], sub_offsets, labels[rows], partition))
+        for kind, members in ((_Chunk, full), (_PartialChunk, partial)):
+            if not members.size:
+                continue
+            member_cells = int(lengths[members].sum()) * params.n_labels * (2 if kind is _PartialChunk else 1)
+            for group in _chunks_of(lengths[members], chunk_count(member_cells, members.size, cells)):
+                sequences = members[group]
+                rows = token_rows(offsets, sequences)
+                sub_offsets = np.concatenate([[0], np.cumsum(lengths[sequences])])
+                self.chunks.append(kind(X[rows], sub_offsets, labels[rows], partition))
         _share_ones([chunk.states.local for chunk in self.chunks])
         _share_ones([chunk.states.X_shared for chunk in self.chunks])
         self.workers = Workers(self.n_threads if len(self.chunks) > 1 else 1)
         L = params.n_labels
-        self.observed_state = sum(chunk.observed_state(L) for chunk in self.chunks)
-        first, last = offsets[:-1], offsets[1:] - 1
-        is_first = np.zeros(labels.size, dtype=bool)
+        self.observed_state = sum((chunk.observed_state(L) for chunk in self.chunks), np.zeros(partition.n_state))
+        # observed transition, start and end counts of the fully labelled sequences
+        rows = token_rows(offsets, full)
+        full_labels = labels[rows]
+        full_offsets = np.concatenate([[0], np.cumsum(lengths[full])])
+        first, last = full_offsets[:-1], full_offsets[1:] - 1
+        is_first = np.zeros(full_labels.size, dtype=bool)
         is_first[first] = True
         edges = np.flatnonzero(~is_first)
-        pair = labels[edges - 1] * L + labels[edges]
+        pair = full_labels[edges - 1] * L + full_labels[edges]
         self.observed_transitions = np.bincount(pair, minlength=L * L).astype(np.float64)
-        self.observed_start = np.bincount(labels[first], minlength=L).astype(np.float64)
-        self.observed_end = np.bincount(labels[last], minlength=L).astype(np.float64)
+        self.observed_start = np.bincount(full_labels[first], minlength=L).astype(np.float64)
+        self.observed_end = np.bincount(full_labels[last], minlength=L).astype(np.float64)
         self.n_tokens = int(labels.size)
+        self.n_sequences = int(full.size + partial.size)  # those that contribute
 
     def __call__(self, theta: np.ndarray) -> tuple[float, np.ndarray]:
         n = self.params.n_state
         _, transitions, start, end = self.params.split_transitions(theta)
         shared = self.partition.shared_weights(theta[:n])
+        if not self.chunks:  # no sequence with a known label: the likelihood is constant
+            return 0.0, np.zeros(self.params.size)
         parts = self.workers.imap(lambda chunk: chunk.evaluate(theta[:n], shared, transitions, start, end), self.chunks)
         # summed in chunk order (results come in order), so the sums are the same for any thread
         # count; in place into the first chunk's fresh arrays, each chunk's dropped once added

@@ -65,6 +65,8 @@ DOC = """
     dev_every : with ``X_dev``, evaluate every ``dev_every`` iterations.
     n_threads : threads for the sparse products and tagging (None: all cores).
     callback : called with every :class:`~crf.optimize.IterationInfo`.
+    warm_start : [lbfgs, l2sgd] start the next ``fit`` from this model's weights (scikit-learn's
+        meaning); attributes and labels the new data brings start at zero.
 """
 
 # parameters that only mean something for some algorithms: (algorithms, default)
@@ -79,6 +81,7 @@ _SPECIFIC = {
     "calibration_candidates": (("l2sgd",), 10),
     "calibration_max_trials": (("l2sgd",), 20),
     "learning_rate": (("l2sgd",), None),
+    "warm_start": (("lbfgs", "l2sgd"), False),
     "batch_size": (("l2sgd",), 1),
     "pa_type": (("pa",), 1),
     "c": (("pa",), 1.0),
@@ -144,7 +147,7 @@ def validate(p: dict) -> Settings:
     for name in ("epsilon", "delta"):
         if p[name] is not None:
             _number(name, p[name])
-    for name in ("all_possible_states", "all_possible_transitions", "error_sensitive", "averaging"):
+    for name in ("all_possible_states", "all_possible_transitions", "error_sensitive", "averaging", "warm_start"):
         _flag(name, p[name])
     if p["boundary_transitions"] is not None:
         _flag("boundary_transitions", p["boundary_transitions"])
@@ -183,7 +186,11 @@ def validate(p: dict) -> Settings:
 
 def feature_index(X, labels: np.ndarray, n_labels: int, min_freq: float = 0.0) -> np.ndarray:
     """Flat (A, L) indices (sorted) of the attribute/label pairs seen in ``X`` (T, A) with the
-    labels (T,), keeping those whose frequency (summed attribute values) is at least ``min_freq``."""
+    labels (T,), keeping those whose frequency (summed attribute values) is at least ``min_freq``.
+    Tokens whose label is unknown (-1) make no pairs."""
+    if labels.size and labels.min() < 0:
+        known = np.flatnonzero(labels >= 0)
+        return feature_index(X[known], labels[known], n_labels, min_freq)
     n_cells = X.shape[1] * n_labels
     if min_freq <= 0 and n_cells <= 8 * max(X.nnz, 1 << 20):
         # a mark per (attribute, label) cell, no larger than the int64 keys a sort would need (or
@@ -206,7 +213,8 @@ def transition_mask(offsets: np.ndarray, labels: np.ndarray, n_labels: int, min_
     """Which of the transition, start and end weights (L*L + 2L,) are features: the label pairs
     seen at least ``max(min_freq, 1)`` times; start and end weights when ``boundary``."""
     first = np.zeros(labels.size, dtype=bool)
-    first[offsets[:-1]] = True
+    first[offsets[:-1][offsets[:-1] < labels.size]] = True
     edges = np.flatnonzero(~first)
+    edges = edges[(labels[edges - 1] >= 0) & (labels[edges] >= 0)]  # pairs with an unknown label make no feature
     counts = np.bincount(labels[edges - 1] * n_labels + labels[edges], minlength=n_labels * n_labels)
     return np.concatenate([counts >= max(min_freq, 1), np.full(2 * n_labels, boundary)])

@@ -1,0 +1,122 @@
+"""Warm starts: the weights of a fitted CRF carried into the parameter layout of a new fit.
+
+A new fit may bring attributes and labels the old one never saw. Old attributes and labels keep
+their columns (old ones first, new ones after, in order of first appearance), so every old
+weight has a place in the new layout: state features that were features stay features (beside
+the pairs the new data brings), transition weights keep their label pairs, and every weight that
+is new starts at zero.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from .batch import SequenceBatch
+from .objective import ParameterLayout
+
+
+@dataclass
+class PreviousFit:
+    """What a warm start keeps of a fitted model."""
+
+    classes: list
+    attribute_names: list[str] | None  # (A_old,) in column order; None for unnamed batch columns
+    state: np.ndarray  # (A_old, L_old) dense state weights
+    feature_pairs: np.ndarray | None  # flat (A_old, L_old) indices of the state features; None: all
+    transitions: np.ndarray  # (L_old, L_old)
+    start: np.ndarray  # (L_old,)
+    end: np.ndarray  # (L_old,)
+
+    @classmethod
+    def of(cls, model) -> PreviousFit:
+        """The weights and vocabularies of the fitted ``model`` (a :class:`crf.CRF`)."""
+        names = model.attributes_
+        return cls(
+            classes=list(model.classes_),
+            attribute_names=None if names is None else [str(n) for n in names],
+            state=np.asarray(model.state_weights_, dtype=np.float64),
+            feature_pairs=None if model.feature_index_ is None else np.asarray(model.feature_index_),
+            transitions=np.asarray(model.transitions_, dtype=np.float64),
+            start=np.asarray(model.start_weights_, dtype=np.float64),
+            end=np.asarray(model.end_weights_, dtype=np.float64),
+        )
+
+    @property
+    def n_attributes(self) -> int:
+        return self.state.shape[0]
+
+    def merged_classes(self, new: Sequence) -> list:
+        """The old classes, then the labels of ``new`` (distinct, in order) that they lack."""
+        known = set(self.classes)
+        return self.classes + [label for label in new if label not in known]
+
+    def merged_names(self, new_names: Sequence[str]) -> tuple[list[str], np.ndarray]:
+        """(the old attribute names then the new ones they lack, the column of each of
+        ``new_names`` (A_new,) in that merged order)."""
+        old = pd.Index(self.attribute_names or [])
+        new = pd.Index(list(new_names))
+        fresh = new[~new.isin(old)]
+        merged = old.append(fresh)
+        return merged.tolist(), merged.get_indexer(new).astype(np.int64)
+
+    def check_batch(self, batch: SequenceBatch, attribute_names: Sequence[str] | None) -> None:
+        """A SequenceBatch must keep the old columns: the same attributes in the first A_old
+        columns (an extractor that only appends), checked by name when both fits named them."""
+        if batch.n_attributes < self.n_attributes:
+            raise ValueError(
+                f"warm_start: the batch has {batch.n_attributes} attribute columns, fewer than the {self.n_attributes} "
+                "of the fitted model; transform the new data with the same extractor"
+            )
+        if attribute_names is not None and self.attribute_names is not None:
+            head = [str(n) for n in list(attribute_names)[: self.n_attributes]]
+            if head != self.attribute_names:
+                where = next(i for i, (a, b) in enumerate(zip(head, self.attribute_names)) if a != b)
+                raise ValueError(
+                    f"warm_start: attribute column {where} is {head[where]!r} now but was {self.attribute_names[where]!r}; "
+                    "the new batch must keep the old columns (transform it with the same extractor)"
+                )
+
+    def feature_index(self, new_index: np.ndarray | None, n_labels: int) -> np.ndarray | None:
+        """The state features of the new layout: the pairs the new data brings and the old
+        features, sorted flat (A, L) indices; None (all pairs) stays None."""
+        if new_index is None:
+            return None
+        old = self.feature_pairs
+        if old is None:
+            attributes, labels = np.divmod(np.arange(self.state.size), self.state.shape[1])
+        else:
+            attributes, labels = np.divmod(old, self.state.shape[1])
+        return np.union1d(new_index, attributes * n_labels + labels)
+
+    def trainable(self, mask: np.ndarray, n_labels: int) -> np.ndarray:
+        """``mask`` (L*L + 2L,) of trainable transition, start and end weights, with the old
+        label pairs and boundaries that had weight kept trainable."""
+        mask = mask.copy()
+        L_old = len(self.classes)
+        pairs = mask[: n_labels * n_labels].reshape(n_labels, n_labels)
+        pairs[:L_old, :L_old] |= self.transitions != 0
+        mask[n_labels * n_labels : n_labels * n_labels + L_old] |= self.start != 0
+        mask[n_labels * n_labels + n_labels : n_labels * n_labels + n_labels + L_old] |= self.end != 0
+        return mask
+
+    def theta(self, params: ParameterLayout) -> np.ndarray:
+        """The starting weights (params.size,): the old weights in their places, zeros elsewhere."""
+        A_old, L_old = self.state.shape
+        L = params.n_labels
+        theta = np.zeros(params.size)
+        if params.feature_index is None:
+            state = theta[: params.n_state].reshape(params.n_attributes, L)
+            state[:A_old, :L_old] = self.state
+        else:
+            attributes, labels = np.divmod(params.feature_index, L)
+            old = (attributes < A_old) & (labels < L_old)
+            theta[: params.n_state][old] = self.state[attributes[old], labels[old]]
+        n = params.n_state
+        theta[n : n + L * L].reshape(L, L)[:L_old, :L_old] = self.transitions
+        theta[n + L * L : n + L * L + L_old] = self.start
+        theta[n + L * L + L : n + L * L + L + L_old] = self.end
+        return theta
