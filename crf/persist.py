@@ -6,7 +6,8 @@ names and parameters, and the array checksums) is covered by its own SHA-256, al
 load. Loading uses ``allow_pickle=False``, so a file can never run code, and a truncated or
 edited file, or one of a format version this code does not read, is rejected with a clear error. Writes go
 to a temporary file in the same folder that is renamed into place, so a crash never leaves a
-half-written model.
+half-written model; the file gets the permissions an ordinary write would give (see
+:func:`atomic_write`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
+import secrets
 import zipfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -81,12 +82,23 @@ def save_arrays(path: str | os.PathLike, kind: str, meta: Mapping, arrays: Mappi
 
 def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> None:
     """Call ``write(handle)`` on a temporary file beside ``path``, flush it to disk and rename it
-    into place: readers see the old file or the complete new one, never a partial write."""
+    into place: readers see the old file or the complete new one, never a partial write.
+
+    The file gets the permissions an ordinary ``open(path, "w")`` would give it: a new file
+    ``0o666`` less the umask (applied by the system when the temporary file is created, so default
+    ACLs apply too); a file that replaces an existing one keeps that file's permission bits
+    (``0o777`` of them: set-user/group-ID and sticky bits are not carried over). Unlike an
+    ordinary write, the replaced file's owner, group and hard links are not kept: the new file
+    belongs to the writer."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    handle, temporary = _create_temporary(path)
     try:
         with os.fdopen(handle, "wb") as out:
+            try:
+                os.fchmod(out.fileno(), os.stat(path).st_mode & 0o777)
+            except FileNotFoundError:
+                pass  # a new file: the mode it was created with
             write(out)
             out.flush()
             os.fsync(out.fileno())
@@ -95,6 +107,18 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -
         if os.path.exists(temporary):
             os.unlink(temporary)
         raise
+
+
+def _create_temporary(path: Path) -> tuple[int, str]:
+    """(descriptor, name) of a new hidden file beside ``path``, created exclusively with mode
+    ``0o666`` less the umask (``tempfile.mkstemp`` would create it ``0o600``)."""
+    for _ in range(100):
+        name = str(path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp")
+        try:
+            return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666), name
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{path.parent}: no free temporary file name for {path.name}")
 
 
 def load_arrays(path: str | os.PathLike, kind: str) -> tuple[dict, dict[str, np.ndarray]]:
