@@ -144,6 +144,303 @@ def _resave(path: Path, kind: str, edit: Callable[[dict, dict], None]) -> None:
     save_arrays(path, kind, meta, arrays)
 
 
+# --- archives that would inflate or allocate far beyond their size ------------------------
+
+
+@pytest.mark.parametrize("which", ["crf", "hmm", "crf_bundle", "hmm_bundle", "extractor"])
+def test_a_zip_bomb_member_is_refused_without_inflating_it(kinds, tmp_path, which):
+    kind = kinds[which]
+    path = tmp_path / "model.npz"
+    kind.save(path)
+    name = next(n[:-4] for n in zipfile.ZipFile(path).namelist() if n != "__meta__.npy")
+    _rewrite(path, {name: _bomb(name)})
+    assert path.stat().st_size < BOMB_BYTES // 500
+    _refused(kind.load, path, f"array {name!r} declares {BOMB_BYTES + 128:,} bytes compressed into", "without inflating it")
+
+
+def test_a_zip_bomb_metadata_member_is_refused(kinds, tmp_path):
+    path = tmp_path / "model.npz"
+    kinds["crf"].save(path)
+    _rewrite(path, {"__meta__": _bomb("__meta__")})
+    _refused(CRF.load, path, "'__meta__' declares", "without inflating it")
+
+
+@pytest.mark.parametrize("which", ["crf", "hmm", "crf_bundle", "extractor"])
+def test_an_npy_header_whose_shape_does_not_fit_its_member(kinds, tmp_path, which):
+    kind = kinds[which]
+    path = tmp_path / "model.npz"
+    kind.save(path)
+    name = next(n[:-4] for n in zipfile.ZipFile(path).namelist() if n != "__meta__.npy")
+    _rewrite(path, {name: _stored(name, _npy_header((1 << 40,)) + bytes(16))})
+    _refused(kind.load, path, f"array {name!r} declares shape (1099511627776,) of float64", "holds 16 bytes of data")
+
+
+def test_an_object_array_member_is_refused_before_reading(kinds, tmp_path):
+    path = tmp_path / "model.npz"
+    kinds["hmm"].save(path)
+    _rewrite(path, {"log_transitions": _stored("log_transitions", _npy_header((1,), "|O") + b"\x80\x04N.")})
+    _refused(HMMTagger.load, path, "'log_transitions' has dtype object")
+
+
+def test_repeated_member_names_are_refused(kinds, tmp_path):
+    path = tmp_path / "model.npz"
+    kinds["crf"].save(path)
+    with zipfile.ZipFile(path) as source:
+        info = source.getinfo("transitions.npy")
+        data = source.read(info)
+    with pytest.warns(UserWarning, match="Duplicate name"), zipfile.ZipFile(path, "a") as out:
+        out.writestr("transitions.npy", data)
+    _refused(CRF.load, path, "array 'transitions' appears twice")
+
+
+def test_deeply_nested_metadata_is_refused(kinds, tmp_path):
+    path = tmp_path / "model.npz"
+    kinds["crf"].save(path)
+    nested = np.frombuffer(b"[" * 200_000 + b"]" * 200_000, dtype=np.uint8)
+    with io.BytesIO() as buffer:
+        np.save(buffer, nested)
+        data = buffer.getvalue()
+    _rewrite(path, {"__meta__": _stored("__meta__", data)})
+    _refused(CRF.load, path, "unreadable or truncated model file")
+
+
+def test_declared_attribute_count_that_no_file_could_describe(fitted, tmp_path):
+    """A sparse CRF without attribute names declaring 10^12 attributes: the dense (A, L) table is
+    refused before it is allocated."""
+    path = tmp_path / "model.npz"
+    batch_crf = fitted["crf_bundle"].model
+    batch_crf.save(path)
+    _resave(path, "crf.CRF", lambda meta, arrays: meta.update(n_attributes=10**12))
+    _refused(CRF.load, path, "state weights of 1,000,000,000,000 attributes", "do not fit the file")
+
+
+def test_string_offsets_that_go_back_are_refused(kinds, tmp_path):
+    """Offsets 0, n, 0, n, ... would make every string the whole blob (quadratic memory)."""
+    path = tmp_path / "model.npz"
+    kinds["hmm"].save(path)
+
+    def edit(meta, arrays):
+        size = arrays["vocabulary_blob"].size
+        arrays["vocabulary_offsets"] = np.tile(np.array([0, size], dtype=np.int64), 20_000)
+
+    _resave(path, "crf.HMMTagger", edit)
+    _refused(HMMTagger.load, path, "malformed HMM file", "string offsets do not run from 0 to")
+
+
+def test_sparse_counts_that_do_not_add_up_are_refused(kinds, tmp_path):
+    path = tmp_path / "model.npz"
+    kinds["hmm"].save(path)
+
+    def edit(meta, arrays):
+        counts = arrays["known_emissions_counts"].astype(np.uint32)
+        counts[0] = 2**32 - 1  # np.repeat would make 4 billion entries
+        arrays["known_emissions_counts"] = counts
+
+    _resave(path, "crf.HMMTagger", edit)
+    _refused(HMMTagger.load, path, "known_emissions", "entries, expected")
+
+
+def test_archives_without_metadata_or_readable_zip_name_the_file(tmp_path):
+    path = tmp_path / "model.npz"
+    path.write_bytes(b"PK\x03\x04" + bytes(60))
+    _refused(CRF.load, path, "unreadable or truncated")
+    with zipfile.ZipFile(path, "w") as out:
+        out.writestr("weights.npy", _npy_header((0,)))
+    _refused(CRF.load, path, "no metadata")
+    with zipfile.ZipFile(path, "w") as out:
+        out.writestr("notes.txt", b"hello")
+    _refused(CRF.load, path, "member 'notes.txt' is not a .npy array")
+
+
+# --- valid checksums, invalid contents ---------------------------------------------------
+
+
+def _poison(name: str, value: float) -> Callable[[dict, dict], None]:
+    def edit(meta, arrays):
+        array = arrays[name].copy()
+        array.flat[0] = value
+        arrays[name] = array
+
+    return edit
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("name", ["transitions", "start", "state_values"])
+def test_non_finite_crf_weights(kinds, tmp_path, name, value):
+    path = tmp_path / "model.npz"
+    kinds["crf"].save(path)
+    _resave(path, "crf.CRF", _poison(name, value))
+    _refused(CRF.load, path, f"array {name!r} holds the non-finite value {value}")
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+@pytest.mark.parametrize("name", ["log_transitions", "unknown_emissions", "known_emissions_values"])
+def test_hmm_log_probabilities_that_are_nan_or_plus_infinity(kinds, tmp_path, name, value):
+    path = tmp_path / "model.npz"
+    kinds["hmm"].save(path)
+    _resave(path, "crf.HMMTagger", _poison(name, value))
+    _refused(HMMTagger.load, path, "non-finite value")
+
+
+def test_hmm_minus_infinity_stays_allowed(kinds, tmp_path):
+    path = tmp_path / "model.npz"
+    kinds["hmm"].save(path)
+    _resave(path, "crf.HMMTagger", _poison("log_transitions", -float("inf")))
+    assert HMMTagger.load(path).log_transitions_.flat[0] == -np.inf
+
+
+@pytest.mark.parametrize("bundle", ["crf_bundle", "hmm_bundle"])
+def test_non_finite_weights_in_a_bundle(kinds, tmp_path, bundle):
+    path = tmp_path / "bundle.npz"
+    kinds[bundle].save(path)
+    name = "model/transitions" if bundle == "crf_bundle" else "model/log_transitions"
+    _resave(path, "crf.TaggerBundle", _poison(name, float("nan")))
+    _refused(load_tagger, path, "transitions' holds the non-finite value nan")
+
+
+@pytest.mark.parametrize("which", ["crf", "hmm"])
+def test_duplicate_class_names(kinds, tmp_path, which):
+    kind = kinds[which]
+    path = tmp_path / "model.npz"
+    kind.save(path)
+
+    def edit(meta, arrays):
+        meta["classes"][1] = meta["classes"][0]
+
+    _resave(path, kind.kind, edit)
+    _refused(kind.load, path, "class label", "appears twice")
+
+
+@pytest.mark.parametrize("bundle", ["crf_bundle", "hmm_bundle"])
+def test_duplicate_labels_in_a_bundle(kinds, tmp_path, bundle):
+    path = tmp_path / "bundle.npz"
+    kinds[bundle].save(path)
+
+    def edit(meta, arrays):
+        meta["model"]["classes"][1] = meta["model"]["classes"][0]
+        meta["labels"][1] = meta["labels"][0]
+
+    _resave(path, "crf.TaggerBundle", edit)
+    _refused(load_tagger, path, "appears twice")
+
+
+def test_integer_and_string_class_that_print_alike(kinds, tmp_path):
+    path = tmp_path / "model.npz"
+    kinds["crf"].save(path)
+    _resave(path, "crf.CRF", lambda meta, arrays: meta.update(classes=[1, "1", *meta["classes"][2:]]))
+    _refused(CRF.load, path, "class label '1' appears twice")
+
+
+CRF_INCONSISTENCIES = {
+    "transitions-shape": (
+        lambda m, a: a.update(transitions=np.zeros((len(m["classes"]) + 1, len(m["classes"])))),
+        "'transitions' has shape",
+    ),
+    "start-shape": (lambda m, a: a.update(start=np.zeros(1)), "'start' has shape (1,)"),
+    "index-out-of-range": (lambda m, a: a["feature_index"].__setitem__(-1, 10**9), "feature index out of range"),
+    "index-unsorted": (lambda m, a: a.update(feature_index=a["feature_index"][::-1].copy()), "not strictly increasing"),
+    "values-length": (lambda m, a: a.update(state_values=a["state_values"][:-1]), "'state_values' has shape"),
+    "attribute-count": (lambda m, a: m.update(n_attributes=m["n_attributes"] + 1), "attribute names for"),
+    "weights-as-strings": (lambda m, a: a.update(start=a["start"].astype(str)), "'start' has dtype <U"),
+    "no-classes": (lambda m, a: m.update(classes=[]), "not a non-empty list"),
+    "n-threads": (lambda m, a: m["params"].update(n_threads=10**9), "n_threads 1000000000"),
+    "params-not-a-dict": (lambda m, a: m.update(params=[1, 2]), "parameters are not a JSON object"),
+}
+
+
+@pytest.mark.parametrize("case", list(CRF_INCONSISTENCIES))
+def test_inconsistent_crf_files(kinds, tmp_path, case):
+    edit, message = CRF_INCONSISTENCIES[case]
+    path = tmp_path / "model.npz"
+    kinds["crf"].save(path)
+    _resave(path, "crf.CRF", edit)
+    _refused(CRF.load, path, message)
+
+
+def _drop_suffix(meta: dict, arrays: dict) -> None:
+    """Rename the empty capitalised suffix "C|" (the suffix model's last resort) to "X|"."""
+    blob = arrays["suffix_blob"].tobytes()
+    offsets = arrays["suffix_offsets"]
+    keys = [blob[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
+    keys[keys.index(b"C|")] = b"X|"
+    arrays["suffix_blob"] = np.frombuffer(b"".join(keys), dtype=np.uint8).copy()
+
+
+HMM_INCONSISTENCIES = {
+    "duplicate-word": (
+        lambda m, a: a.update(vocabulary_blob=np.frombuffer(b"aa", np.uint8).copy(), vocabulary_offsets=np.array([0, 1, 2])),
+        "word 'a' appears twice",
+    ),
+    "transitions-shape": (lambda m, a: a.update(log_transitions=a["log_transitions"][:-1]), "'log_transitions' has shape"),
+    "emission-column": (lambda m, a: a["known_emissions_columns"].__setitem__(0, 200), "a column lies outside"),
+    "missing-empty-suffix": (_drop_suffix, "lacks the empty suffixes ['C|']"),
+    "bad-order": (lambda m, a: m["params"].update(order=3), "order must be 1 or 2"),
+    "negative-max-suffix": (lambda m, a: m["params"].update(max_suffix=-1), "max_suffix -1"),
+    "n-threads": (lambda m, a: m["params"].update(n_threads=-1), "n_threads -1"),
+    "theta": (lambda m, a: m.update(suffix_theta=float("nan")), "suffix_theta nan"),
+    "unknown-given-label": (lambda m, a: a.update(unknown_given_label=a["unknown_given_label"][:1]), "'unknown_given_label'"),
+}
+
+
+@pytest.mark.parametrize("case", list(HMM_INCONSISTENCIES))
+def test_inconsistent_hmm_files(kinds, tmp_path, case):
+    edit, message = HMM_INCONSISTENCIES[case]
+    path = tmp_path / "model.npz"
+    kinds["hmm"].save(path)
+    _resave(path, "crf.HMMTagger", edit)
+    _refused(HMMTagger.load, path, message)
+
+
+def _extractor_vocabulary(edit: Callable[[np.ndarray], np.ndarray]) -> Callable[[dict, dict], None]:
+    return lambda meta, arrays: arrays.update({"features/view/w": edit(arrays["features/view/w"])})
+
+
+BUNDLE_INCONSISTENCIES = {
+    "duplicate-vocabulary": (
+        _extractor_vocabulary(lambda v: np.concatenate([v[:1], v[:-1]])),
+        "view 'w': value",
+    ),
+    "vocabulary-as-numbers": (_extractor_vocabulary(lambda v: np.arange(v.size)), "'view/w' has dtype int64"),
+    "template-key-out-of-range": (
+        lambda m, a: a["features/template/0"].__setitem__(-1, 10**15),
+        "template 0 ('w[0]') keys are not strictly increasing within 0 ..",
+    ),
+    "attribute-count": (
+        lambda m, a: a.update({"features/template/0": a["features/template/0"][:-1]}),
+        "the features give",
+    ),
+    "input-columns-string": (lambda m, a: m.update(input_columns="w"), "input_columns 'w' is not"),
+    "input-columns-repeated": (lambda m, a: m.update(input_columns=["w", "pos", "w"]), "input column 'w' appears twice"),
+    "labels-differ": (lambda m, a: m["labels"].reverse(), "label list does not match"),
+    "unknown-config-key": (lambda m, a: m["features"].update(color="red"), "bad feature config"),
+}
+
+
+@pytest.mark.parametrize("case", list(BUNDLE_INCONSISTENCIES))
+def test_inconsistent_crf_bundles(kinds, tmp_path, case):
+    edit, message = BUNDLE_INCONSISTENCIES[case]
+    path = tmp_path / "bundle.npz"
+    kinds["crf_bundle"].save(path)
+    _resave(path, "crf.TaggerBundle", edit)
+    _refused(load_tagger, path, message)
+
+
+def test_inconsistent_extractor_file(kinds, tmp_path):
+    path = tmp_path / "extractor.npz"
+    kinds["extractor"].save(path)
+    _resave(path, EXTRACTOR_KIND, lambda meta, arrays: arrays["template/1"].__setitem__(0, -5))
+    with pytest.raises(ModelFileError, match="template 1 .* keys are not strictly increasing"):
+        load_extractor(path)
+
+
+def test_valid_files_still_load_after_a_round_trip_through_resave(kinds, tmp_path):
+    for name, kind in kinds.items():
+        path = tmp_path / f"{name}.npz"
+        kind.save(path)
+        _resave(path, kind.kind, lambda meta, arrays: None)
+        kind.load(path)
+
+
 # --- file permissions --------------------------------------------------------------------
 
 
