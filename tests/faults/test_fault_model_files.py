@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import os
+import struct
 import time
 import tracemalloc
 import zipfile
@@ -24,8 +25,14 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 from pipeline_helpers import make_sentence  # noqa: E402
 
 from crf import CRF, FeatureExtractor, HMMTagger, ModelFileError, TaggerBundle, load_tagger  # noqa: E402
+from crf.cqdb import MAX_KEY_BYTES, build_cqdb, hashlittle, read_cqdb  # noqa: E402
 from crf.crfsuite_format import (  # noqa: E402
+    _HEADER,
+    CHUNK_SIZE,
+    HEADER_SIZE,
+    CRFsuiteFormatError,
     crfsuite_from_crf,
+    read_crfsuite,
     write_crfsuite,
 )
 from crf.persist import atomic_write, load_arrays, save_arrays  # noqa: E402
@@ -439,6 +446,159 @@ def test_valid_files_still_load_after_a_round_trip_through_resave(kinds, tmp_pat
         kind.save(path)
         _resave(path, kind.kind, lambda meta, arrays: None)
         kind.load(path)
+
+
+# --- CRFsuite files ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def crfsuite_bytes(fitted, tmp_path_factory) -> bytes:
+    path = tmp_path_factory.mktemp("crfsuite") / "model.crfsuite"
+    write_crfsuite(path, crfsuite_from_crf(fitted["crf"]))
+    return path.read_bytes()
+
+
+def _offsets(data: bytes) -> dict[str, int]:
+    return dict(zip(("features", "labels", "attrs", "labelrefs", "attrrefs"), struct.unpack_from("<5I", data, 28)))
+
+
+def _crfsuite_refused(tmp_path: Path, data: bytes | bytearray, *patterns: str) -> None:
+    path = tmp_path / "hostile.crfsuite"
+    path.write_bytes(bytes(data))
+    error = _refused(read_crfsuite, path, *patterns)
+    assert isinstance(error, CRFsuiteFormatError)
+    with pytest.raises(CRFsuiteFormatError, match=str(path)):
+        getattr(CRF(model_filename=str(path)), "classes_")  # noqa: B009  (loaded on first use)
+    _refused(load_tagger, path, "not an .npz archive")
+
+
+def test_crfsuite_chunks_that_overlap(crfsuite_bytes, tmp_path):
+    data = bytearray(crfsuite_bytes)
+    offsets = _offsets(crfsuite_bytes)
+    size = struct.unpack_from("<I", data, offsets["labelrefs"] + 4)[0]
+    struct.pack_into("<I", data, offsets["labelrefs"] + 4, size + 8)  # runs into the AFRF chunk
+    _crfsuite_refused(tmp_path, data, "chunk at offset", "overlaps another chunk")
+
+
+def test_crfsuite_chunk_offset_pointing_into_another_chunk(crfsuite_bytes, tmp_path):
+    data = bytearray(crfsuite_bytes)
+    offsets = _offsets(crfsuite_bytes)
+    struct.pack_into("<I", data, 28 + 4 * 2, offsets["labels"])  # the attribute strings are the label strings
+    _crfsuite_refused(tmp_path, data, "overlaps another chunk")
+
+
+def test_crfsuite_reference_list_looping_into_its_offset_table(crfsuite_bytes, tmp_path):
+    data = bytearray(crfsuite_bytes)
+    start = _offsets(crfsuite_bytes)["attrrefs"]
+    struct.pack_into("<I", data, start + 12, start + 8)  # attribute 0's list is the chunk's own count field
+    _crfsuite_refused(tmp_path, data, "attribute reference list lies outside its chunk")
+
+
+def test_crfsuite_reference_lists_shared_by_many_owners(crfsuite_bytes, tmp_path):
+    """Every attribute pointing at one list: each list is in bounds, but together they would
+    repeat it once per owner (quadratic in the file's size)."""
+    data = bytearray(crfsuite_bytes)
+    start = _offsets(crfsuite_bytes)["attrrefs"]
+    count = struct.unpack_from("<I", data, start + 8)[0]
+    first = struct.unpack_from("<I", data, start + 12)[0]
+    struct.pack_into(f"<{count}I", data, start + 12, *([first] * count))
+    _crfsuite_refused(tmp_path, data, "overlaps another one (shared or looping references)")
+
+
+@pytest.mark.parametrize("field", ["features", "labels", "attrs", "labelrefs", "attrrefs"])
+def test_crfsuite_offset_beyond_the_end(crfsuite_bytes, tmp_path, field):
+    data = bytearray(crfsuite_bytes)
+    index = list(_offsets(crfsuite_bytes)).index(field)
+    struct.pack_into("<I", data, 28 + 4 * index, len(data) + 1000)
+    _crfsuite_refused(tmp_path, data, "at offset")
+
+
+def test_crfsuite_record_offset_beyond_the_end(crfsuite_bytes, tmp_path):
+    data = bytearray(crfsuite_bytes)
+    start = _offsets(crfsuite_bytes)["attrs"]
+    backward = struct.unpack_from("<I", data, start + 20)[0]
+    struct.pack_into("<I", data, start + backward, 2**31)
+    _crfsuite_refused(tmp_path, data, "record offset is out of range")
+
+
+@pytest.mark.parametrize("field", [("labels", 20), ("attributes", 24)])
+def test_crfsuite_counts_too_large_for_the_file(crfsuite_bytes, tmp_path, field):
+    data = bytearray(crfsuite_bytes)
+    struct.pack_into("<I", data, field[1], 2**31)
+    _crfsuite_refused(tmp_path, data, "do not fit the file")
+
+
+def test_crfsuite_counts_of_names_whose_table_no_file_could_describe(tmp_path):
+    """Labels and attributes are each backed by their strings, but their product is not: 10^4
+    labels x 10^4 attributes would be a 1.6 GB table from a file of under a megabyte."""
+    path = tmp_path / "big.crfsuite"
+    _write_crfsuite_without_features(path, [f"L{i}" for i in range(10_000)], [f"a{i}" for i in range(10_000)])
+    assert path.stat().st_size < 1 << 20
+    _refused(read_crfsuite, path, "the weights of 10,000 attributes x 10,000 labels", "do not fit the file")
+
+
+def _write_crfsuite_without_features(path: Path, labels: list[str], attributes: list[str]) -> None:
+    """A CRFsuite file with ``labels`` and ``attributes`` and no features at all."""
+
+    parts = [b"FEAT" + struct.pack("<II", CHUNK_SIZE, 0), build_cqdb(labels), build_cqdb(attributes)]
+    parts.append(b"\0" * (-sum(len(p) for p in parts) % 4))
+    for chunk_id, count in ((b"LFRF", len(labels)), (b"AFRF", len(attributes))):
+        begin = HEADER_SIZE + sum(len(p) for p in parts)
+        lists = begin + CHUNK_SIZE + 4 * count + 4 * np.arange(count)
+        body = np.concatenate([lists, np.zeros(count)]).astype("<u4").tobytes()
+        parts.append(chunk_id + struct.pack("<II", CHUNK_SIZE + len(body), count) + body)
+    offsets, position = [], HEADER_SIZE
+    for part in parts:
+        offsets.append(position)
+        position += len(part)
+    counts = (len(labels), len(attributes))
+    header = _HEADER.pack(b"lCRF", position, b"FOMC", 100, 0, *counts, *(offsets[i] for i in (0, 1, 2, 4, 5)))
+    path.write_bytes(header + b"".join(parts))
+
+
+def test_crfsuite_records_that_overlap(crfsuite_bytes, tmp_path):
+    """Key 0 stretched over record 1 (which ends in NUL, as a key must): the two keys would share bytes."""
+    data = bytearray(crfsuite_bytes)
+    start = _offsets(crfsuite_bytes)["attrs"]
+    backward = struct.unpack_from("<I", data, start + 20)[0]
+    first, second = struct.unpack_from("<2I", data, start + backward)
+    key_size = struct.unpack_from("<I", data, start + second + 4)[0]
+    struct.pack_into("<I", data, start + first + 4, second + 8 + key_size - first - 8)
+    _crfsuite_refused(tmp_path, data, "records, hash tables and backward array overlap")
+
+
+def test_crfsuite_duplicate_label_names(crfsuite_bytes, tmp_path):
+    data = bytearray(crfsuite_bytes)
+    offsets = _offsets(crfsuite_bytes)
+    labels = read_crfsuite_labels(crfsuite_bytes)
+    same = next(b for b in labels[1:] if len(b) == len(labels[0]))
+    replaced = build_cqdb([labels[0] if name == same else name for name in labels])
+    assert len(replaced) == offsets["attrs"] - offsets["labels"]
+    data[offsets["labels"] : offsets["attrs"]] = replaced
+    _crfsuite_refused(tmp_path, data, f"label {labels[0]!r} appears twice")
+
+
+def read_crfsuite_labels(data: bytes) -> list[str]:
+    return read_cqdb(data, _offsets(data)["labels"], struct.unpack_from("<I", data, 20)[0])
+
+
+def test_crfsuite_hash_of_one_long_key_takes_linear_memory():
+    """lookup3 over one 16 KB key and 20,000 short ones: no (keys x longest key) padding (which
+    would be 330 MB here)."""
+    keys = [b"x" * (16 << 10)] + [b"a%d\0" % i for i in range(20_000)]
+    tracemalloc.start()
+    try:
+        hashes = hashlittle(keys)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert hashes.size == len(keys) and hashes[1] == hashlittle([keys[1]])[0] and hashes[0] == hashlittle(keys[:1])[0]
+    assert peak < PEAK_BYTES
+
+
+def test_crfsuite_keys_longer_than_the_bound_are_not_written():
+    with pytest.raises(ValueError, match="more than 65,536 bytes"):
+        build_cqdb(["x" * (MAX_KEY_BYTES + 1)])
 
 
 # --- file permissions --------------------------------------------------------------------
