@@ -259,6 +259,44 @@ def test_archives_without_metadata_or_readable_zip_name_the_file(tmp_path):
     _refused(CRF.load, path, "member 'notes.txt' is not a .npy array")
 
 
+def _recompress(path: Path, method: int) -> None:
+    """Rewrite every member of the archive at ``path`` with compression ``method``."""
+    with zipfile.ZipFile(path) as source:
+        members = [(info.filename, source.read(info)) for info in source.infolist()]
+    with zipfile.ZipFile(path, "w", compression=method) as out:
+        for name, data in members:
+            out.writestr(name, data)
+
+
+@pytest.mark.parametrize("which", ["crf", "hmm_bundle"])
+def test_a_deflated_copy_of_a_valid_file_still_loads(kinds, tmp_path, which):
+    """np.savez_compressed's archives (ordinary ratios) are not bombs."""
+    kind = kinds[which]
+    plain, packed = tmp_path / "plain.npz", tmp_path / "packed.npz"
+    kind.save(plain)
+    kind.save(packed)
+    _recompress(packed, zipfile.ZIP_DEFLATED)
+    assert packed.stat().st_size < plain.stat().st_size
+    assert load_arrays(packed, kind.kind)[0] == load_arrays(plain, kind.kind)[0]
+    kind.load(packed)
+
+
+def test_other_compression_methods_are_refused(kinds, tmp_path):
+    path = tmp_path / "model.npz"
+    kinds["crf"].save(path)
+    _recompress(path, zipfile.ZIP_BZIP2)
+    _refused(CRF.load, path, "uses compression method 12 (only stored or deflated)")
+
+
+def test_metadata_that_is_not_a_byte_string(kinds, tmp_path):
+    path = tmp_path / "model.npz"
+    kinds["crf"].save(path)
+    with io.BytesIO() as buffer:
+        np.save(buffer, np.zeros(4))
+        _rewrite(path, {"__meta__": _stored("__meta__", buffer.getvalue())})
+    _refused(CRF.load, path, "the metadata is not a byte string")
+
+
 # --- valid checksums, invalid contents ---------------------------------------------------
 
 
