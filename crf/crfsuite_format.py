@@ -119,7 +119,9 @@ def _references(data: bytes, path, extent: tuple[int, int], count: int, what: st
 
 def read_crfsuite(path: str | os.PathLike) -> CRFsuiteModel:
     """Read a model file written by CRFsuite (``pycrfsuite.Trainer.train``); every size and offset
-    is checked, a damaged file raises :class:`CRFsuiteFormatError` naming the file and the problem."""
+    is checked against the file before it is used, chunks and reference lists must not overlap,
+    and the weight tables must fit what the file can describe (:func:`crf.persist.check_table_size`):
+    a damaged or forged file raises :class:`CRFsuiteFormatError` naming the file and the problem."""
     path = Path(path)
     if not path.is_file():
         raise CRFsuiteFormatError(f"{path}: no such model file")
