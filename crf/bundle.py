@@ -37,7 +37,7 @@ from .hmm import HMMTagger
 from .layout import positions_within
 from .model import CRF
 from .parallel import single_threaded_blas
-from .persist import ModelFileError, load_arrays, save_arrays
+from .persist import ModelFileError, check_unique, load_arrays, save_arrays
 from .segments import ChunkWindows
 
 log = logging.getLogger(__name__)
@@ -181,7 +181,12 @@ class TaggerBundle:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> TaggerBundle:
-        """Read a bundle written by :meth:`save`; raises ModelFileError on a bad file."""
+        """Read a bundle written by :meth:`save`; raises ModelFileError naming ``path`` on a bad
+        file: unreadable, tampered with, or checksummed but inconsistent (see
+        :func:`crf.model_file.from_arrays`, :meth:`crf.HMMTagger.from_arrays`,
+        :meth:`crf.FeatureExtractor.from_state`; labels must be distinct and match the model's
+        classes, input columns a list of distinct names, a CRF's extractor give as many
+        attributes as the CRF reads)."""
         meta, arrays = load_arrays(path, KIND)
 
         def part(prefix: str) -> dict[str, np.ndarray]:
@@ -189,22 +194,35 @@ class TaggerBundle:
 
         try:
             kind = meta["bundle_kind"]
-            common = {"scheme": meta["scheme"], "input_columns": meta["input_columns"], "source": meta["source"]}
+            columns = meta["input_columns"]
+            if not isinstance(columns, list) or not columns or not all(isinstance(c, str) for c in columns):
+                raise ModelFileError(f"{path}: input_columns {columns!r} is not a non-empty list of column names")
+            check_unique(path, "input column", columns)
+            if not isinstance(meta["source"], dict):
+                raise ModelFileError(f"{path}: the source config is not a JSON object")
+            common = {"scheme": meta["scheme"], "input_columns": columns, "source": meta["source"]}
             if kind == "crf":
-                extractor = FeatureExtractor.from_state(meta["features"], part("features/"))
+                extractor = FeatureExtractor.from_state(meta["features"], part("features/"), path)
                 model = model_file.from_arrays(CRF, meta["model"], part("model/"), path)
+                if extractor.n_attributes != model.n_attributes_:
+                    raise ModelFileError(
+                        f"{path}: the features give {extractor.n_attributes} attributes, the CRF reads {model.n_attributes_}"
+                    )
                 bundle = cls("crf", model, extractor=extractor, **common)
             elif kind == "hmm":
                 model = HMMTagger.from_arrays(meta["model"], part("model/"), path)
+                if not isinstance(meta["observation"], str):
+                    raise ModelFileError(f"{path}: the observed column {meta['observation']!r} is not a column name")
                 bundle = cls("hmm", model, observation=meta["observation"], **common)
             else:
                 raise ModelFileError(f"{path}: unknown bundle kind {kind!r}")
+            labels = meta["labels"]
+            if not isinstance(labels, list) or bundle.labels != [str(c) for c in labels]:
+                raise ModelFileError(f"{path}: the label list does not match the model's classes")
         except ModelFileError:
             raise
         except (KeyError, TypeError, ValueError) as err:
             raise ModelFileError(f"{path}: malformed tagger bundle ({type(err).__name__}: {err})") from None
-        if bundle.labels != [str(c) for c in meta["labels"]]:
-            raise ModelFileError(f"{path}: the label list does not match the model's classes")
         return bundle
 
     # --- scores ---------------------------------------------------------------------------

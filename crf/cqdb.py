@@ -27,6 +27,9 @@ BYTEORDER = 0x62445371
 N_TABLES = 256
 HEADER_SIZE = 24
 DATA_OFFSET = HEADER_SIZE + 8 * N_TABLES
+# longest key read or written: lookup3 mixes a key's 12-byte blocks one after the other, a
+# NumPy round each (about 0.3 ms), so a key's length bounds the time its hash takes
+MAX_KEY_BYTES = 64 << 10
 
 
 class CQDBError(ValueError):
@@ -80,9 +83,10 @@ def _final(a, b, c):
 def hashlittle(keys: list[bytes]) -> np.ndarray:
     """lookup3 ``hashlittle(key, len(key), 0)`` of every key (N,) uint32; keys must be non-empty.
 
-    Keys are zero-padded to whole 12-byte blocks; a key of n bytes is mixed over its first
-    ``(n - 1) // 12`` blocks and its last block is added before the final mix, which is what
-    the byte-wise path of lookup3 computes."""
+    Each key is zero-padded to whole 12-byte blocks (all keys' blocks in one array, so memory is
+    linear in their total length); a key of n bytes is mixed over its first ``(n - 1) // 12``
+    blocks and its last block is added before the final mix, which is what the byte-wise path of
+    lookup3 computes. Keys are processed longest first, so those still mixing are a prefix."""
     n = len(keys)
     lengths = np.fromiter((len(k) for k in keys), dtype=np.int64, count=n)
     if n == 0:
@@ -90,27 +94,35 @@ def hashlittle(keys: list[bytes]) -> np.ndarray:
     if lengths.min() < 1:
         raise ValueError("lookup3 keys here are never empty (they end with NUL)")
     blocks = (lengths + 11) // 12
-    width = int(blocks.max()) * 12
-    padded = np.zeros((n, width), dtype=np.uint8)
-    flat = np.frombuffer(b"".join(keys), dtype=np.uint8)
-    rows = np.repeat(np.arange(n), lengths)
-    cols = positions_within(lengths)
-    padded[rows, cols] = flat
-    words = padded.view("<u4").reshape(n, -1, 3).astype(np.uint32)  # (N, blocks, 3)
+    first = np.cumsum(blocks) - blocks  # (N,) index of each key's first block
+    padded = b"".join(key.ljust(12 * n_blocks, b"\0") for key, n_blocks in zip(keys, blocks.tolist()))
+    words = np.frombuffer(padded, dtype="<u4").reshape(-1, 3).astype(np.uint32)  # (total blocks, 3)
+    order = np.argsort(-blocks, kind="stable")
+    first, rounds = first[order], blocks[order] - 1
+    live = n - np.cumsum(np.bincount(rounds))  # live[r]: keys with more than r rounds, a prefix
     with np.errstate(over="ignore"):
-        a = np.uint32(0xDEADBEEF) + lengths.astype(np.uint32)
+        a = np.uint32(0xDEADBEEF) + lengths[order].astype(np.uint32)
         b, c = a.copy(), a.copy()
-        rounds = blocks - 1
-        for r in range(int(rounds.max())):
-            live = rounds > r
-            a2, b2, c2 = a[live] + words[live, r, 0], b[live] + words[live, r, 1], c[live] + words[live, r, 2]
-            a[live], b[live], c[live] = _mix(a2, b2, c2)
-        rows = np.arange(n)
-        a += words[rows, rounds, 0]
-        b += words[rows, rounds, 1]
-        c += words[rows, rounds, 2]
+        for r in range(int(rounds[0])):
+            k, block = live[r], first[: live[r]] + r
+            a[:k], b[:k], c[:k] = _mix(a[:k] + words[block, 0], b[:k] + words[block, 1], c[:k] + words[block, 2])
+        last = first + rounds
+        a += words[last, 0]
+        b += words[last, 1]
+        c += words[last, 2]
         _, _, c = _final(a, b, c)
-    return c
+    out = np.empty(n, dtype=np.uint32)
+    out[order] = c
+    return out
+
+
+def first_overlap(starts: np.ndarray, ends: np.ndarray) -> int:
+    """Index of a byte range ``[starts[i], ends[i])`` that overlaps another one, -1 if they are
+    disjoint (ranges that only touch do not overlap)."""
+    starts, ends = np.asarray(starts, dtype=np.int64), np.asarray(ends, dtype=np.int64)
+    order = np.argsort(starts, kind="stable")
+    clash = np.flatnonzero(ends[order][:-1] > starts[order][1:])
+    return -1 if clash.size == 0 else int(order[clash[0] + 1])
 
 
 def _u32_at(buffer: np.ndarray, positions: np.ndarray) -> np.ndarray:
@@ -121,7 +133,9 @@ def _u32_at(buffer: np.ndarray, positions: np.ndarray) -> np.ndarray:
 
 def read_cqdb(data: bytes, start: int, count: int) -> list[str]:
     """The strings of ids 0 .. count - 1 of the CQDB chunk at ``data[start:]``, via its
-    backward array (what CRFsuite's id -> string look-up reads). Raises CQDBError."""
+    backward array (what CRFsuite's id -> string look-up reads). Every offset is checked against
+    the chunk, and the records, hash tables and backward array must not overlap (so the keys
+    never add up to more than the chunk). Raises CQDBError."""
     if start < 0 or start + DATA_OFFSET > len(data):
         raise CQDBError(f"CQDB chunk at offset {start} runs past the end of the file")
     if data[start : start + 4] != MAGIC:
@@ -136,6 +150,11 @@ def read_cqdb(data: bytes, start: int, count: int) -> list[str]:
     if bwd_size < count or bwd_offset < DATA_OFFSET or bwd_offset + 4 * count > size:
         raise CQDBError(f"CQDB chunk at offset {start}: backward array ({bwd_size} at {bwd_offset}) cannot hold {count} ids")
     chunk = np.frombuffer(data, np.uint8, int(size), start)
+    refs = np.frombuffer(data, "<u4", 2 * N_TABLES, start + HEADER_SIZE).reshape(N_TABLES, 2).astype(np.int64)
+    used = (refs[:, 0] != 0) & (refs[:, 1] != 0)  # tables of no buckets take no bytes
+    table_starts, table_ends = refs[used, 0], refs[used, 0] + 8 * refs[used, 1]
+    if np.any(table_starts < DATA_OFFSET) or np.any(table_ends > size):
+        raise CQDBError(f"CQDB chunk at offset {start}: a hash table lies outside its chunk")
     records = np.frombuffer(data, "<u4", count, start + int(bwd_offset)).astype(np.int64)
     if records.min() < DATA_OFFSET or records.max() + 9 > size:
         raise CQDBError(f"CQDB chunk at offset {start}: a record offset is out of range")
@@ -147,6 +166,11 @@ def read_cqdb(data: bytes, start: int, count: int) -> list[str]:
     ends = records + 8 + key_sizes
     if key_sizes.min() < 1 or ends.max() > size or np.any(chunk[ends - 1] != 0):
         raise CQDBError(f"CQDB chunk at offset {start}: a key overruns its chunk or lacks its NUL terminator")
+    if key_sizes.max() > MAX_KEY_BYTES:
+        raise CQDBError(f"CQDB chunk at offset {start}: a key of {key_sizes.max():,} bytes (at most {MAX_KEY_BYTES:,})")
+    starts = np.concatenate([records, table_starts, [bwd_offset]])
+    if first_overlap(starts, np.concatenate([ends, table_ends, [bwd_offset + 4 * count]])) >= 0:
+        raise CQDBError(f"CQDB chunk at offset {start}: its records, hash tables and backward array overlap (damaged or forged)")
     raw = chunk.tobytes()
     try:
         strings = [raw[a:b].decode("utf-8") for a, b in zip((records + 8).tolist(), (ends - 1).tolist())]
@@ -155,26 +179,23 @@ def read_cqdb(data: bytes, start: int, count: int) -> list[str]:
     if any("\0" in s for s in strings):
         raise CQDBError(f"CQDB chunk at offset {start}: a key holds a NUL byte")
     keys = [raw[a:b] for a, b in zip((records + 8).tolist(), ends.tolist())]
-    _check_tables(data, start, int(size), keys, records)
+    _check_tables(chunk, start, refs, keys, records)
     return strings
 
 
-def _check_tables(data: bytes, start: int, size: int, keys: list[bytes], records: np.ndarray) -> None:
+def _check_tables(chunk: np.ndarray, start: int, refs: np.ndarray, keys: list[bytes], records: np.ndarray) -> None:
     """Every key must sit in the hash table CRFsuite's string -> id look-up searches, and the
-    tables must hold nothing else; otherwise CRFsuite would not find attributes we read."""
-    refs = np.frombuffer(data, "<u4", 2 * N_TABLES, start + HEADER_SIZE).reshape(N_TABLES, 2).astype(np.int64)
+    tables (``refs`` (256, 2) offsets and sizes, already checked to lie in the chunk) must hold
+    nothing else; otherwise CRFsuite would not find attributes we read."""
     offsets, n_buckets = refs[:, 0], refs[:, 1]
     used = offsets != 0
     hashes = hashlittle(keys).astype(np.int64)
     counts = np.bincount(hashes % N_TABLES, minlength=N_TABLES)
     if np.any(np.where(used, n_buckets, 0) != 2 * counts):
         raise CQDBError(f"CQDB chunk at offset {start}: hash table sizes do not match its keys")
-    if np.any(used & ((offsets < DATA_OFFSET) | (offsets + 8 * n_buckets > size))):
-        raise CQDBError(f"CQDB chunk at offset {start}: a hash table lies outside its chunk")
     lengths = np.where(used, n_buckets, 0)
     table = np.repeat(np.arange(N_TABLES), lengths)
     positions = np.repeat(offsets, lengths) + 8 * positions_within(lengths)
-    chunk = np.frombuffer(data, np.uint8, size, start)
     bucket_hash, bucket_record = _u32_at(chunk, positions), _u32_at(chunk, positions + 4)
     filled = bucket_record != 0
     found = np.sort((bucket_hash[filled].astype(np.uint64) << np.uint64(32)) | bucket_record[filled].astype(np.uint64))
@@ -188,6 +209,8 @@ def build_cqdb(strings: list[str]) -> bytes:
     keys = [s.encode("utf-8") + b"\0" for s in strings]
     if any(b"\0" in k[:-1] for k in keys):
         raise ValueError("CRFsuite strings cannot contain NUL characters")
+    if any(len(k) > MAX_KEY_BYTES for k in keys):
+        raise ValueError(f"a string of more than {MAX_KEY_BYTES:,} bytes: too long for a CRFsuite model file read here")
     n = len(keys)
     key_sizes = np.fromiter((len(k) for k in keys), dtype=np.int64, count=n)
     record_sizes = 8 + key_sizes

@@ -29,9 +29,10 @@ from typing import NamedTuple
 import numpy as np
 
 from .attributes import AttributeIndex
-from .cqdb import CQDBError, build_cqdb, read_cqdb
+from .cqdb import MAGIC as CQDB_MAGIC
+from .cqdb import CQDBError, build_cqdb, first_overlap, read_cqdb
 from .model import CRF
-from .persist import ModelFileError, atomic_write
+from .persist import ModelFileError, atomic_write, check_table_size, check_unique
 
 MAGIC, MODEL_TYPE, VERSION = b"lCRF", b"FOMC", 100
 HEADER_SIZE, CHUNK_SIZE, FEATURE_SIZE = 48, 12, 20
@@ -69,21 +70,46 @@ def _u32(data: bytes, offset: int, count: int = 1) -> np.ndarray:
     return np.frombuffer(data, "<u4", count, offset).astype(np.int64)
 
 
-def _references(data: bytes, path, offset: int, chunk_id: bytes, count: int, what: str) -> tuple[np.ndarray, np.ndarray]:
-    """Feature-id lists of the ``count`` owners of a reference chunk: (owner (R,), feature id (R,))."""
+def _chunk(data: bytes, path, offset: int, chunk_id: bytes, what: str) -> tuple[int, int]:
+    """The byte range [start, end) of the chunk ``chunk_id`` (the ``what``) at ``offset``: its
+    magic must be there and its declared size (the uint32 after the magic) must fit the file."""
+    if offset < HEADER_SIZE or offset + CHUNK_SIZE > len(data) or data[offset : offset + 4] != chunk_id:
+        raise CRFsuiteFormatError(f"{path}: no {chunk_id.decode()} chunk ({what}) at offset {offset}")
+    size = int(_u32(data, offset + 4)[0])
+    if size < CHUNK_SIZE or offset + size > len(data):
+        raise CRFsuiteFormatError(
+            f"{path}: the {what} chunk at offset {offset} declares {size} bytes, past the end of the file ({len(data)} bytes)"
+        )
+    return offset, offset + size
+
+
+def _references(data: bytes, path, extent: tuple[int, int], count: int, what: str) -> tuple[np.ndarray, np.ndarray]:
+    """Feature-id lists of the ``count`` owners of the reference chunk at ``extent`` (checked by
+    :func:`_chunk`): (owner (R,), feature id (R,)). The lists must lie in the chunk, after its
+    offset table, without overlapping, so they never hold more ids than the chunk has room for."""
+    offset, chunk_end = extent
     size = len(data)
-    if offset + CHUNK_SIZE > size or data[offset : offset + 4] != chunk_id:
-        raise CRFsuiteFormatError(f"{path}: no {chunk_id.decode()} chunk ({what} references) at offset {offset}")
-    chunk_size, num = _u32(data, offset + 4, 2)
-    if num < count or offset + CHUNK_SIZE + 4 * num > size or offset + chunk_size > size:
-        raise CRFsuiteFormatError(f"{path}: the {what} reference chunk ({num} entries, {chunk_size} bytes) is damaged")
+    num = int(_u32(data, offset + 8)[0])
+    table_end = offset + CHUNK_SIZE + 4 * num
+    if num < count or table_end > chunk_end:
+        raise CRFsuiteFormatError(f"{path}: the {what} reference chunk ({num} entries, {chunk_end - offset} bytes) is damaged")
     lists = _u32(data, offset + CHUNK_SIZE, count)
     if count and (lists.min() < 0 or lists.max() + 4 > size):
         raise CRFsuiteFormatError(f"{path}: a {what} reference list lies outside the file")
+    if count and (lists.min() < table_end or lists.max() + 4 > chunk_end):
+        raise CRFsuiteFormatError(f"{path}: a {what} reference list lies outside its chunk ({offset} .. {chunk_end})")
     buffer = np.frombuffer(data, np.uint8)
     lengths = np.ascontiguousarray(buffer[lists[:, None] + np.arange(4)]).view("<u4").ravel().astype(np.int64)
-    if count and np.any(lists + 4 + 4 * lengths > size):
+    ends = lists + 4 + 4 * lengths
+    if count and np.any(ends > size):
         raise CRFsuiteFormatError(f"{path}: a {what} reference list runs past the end of the file")
+    if count and np.any(ends > chunk_end):
+        raise CRFsuiteFormatError(f"{path}: a {what} reference list runs past the end of its chunk")
+    clash = first_overlap(lists, ends)
+    if clash >= 0:
+        raise CRFsuiteFormatError(
+            f"{path}: the reference list of {what} {clash} overlaps another one (shared or looping references)"
+        )
     owner = np.repeat(np.arange(count), lengths)
     first = np.cumsum(lengths) - lengths
     positions = np.repeat(lists + 4, lengths) + 4 * (np.arange(owner.size) - np.repeat(first, lengths))
@@ -93,7 +119,9 @@ def _references(data: bytes, path, offset: int, chunk_id: bytes, count: int, wha
 
 def read_crfsuite(path: str | os.PathLike) -> CRFsuiteModel:
     """Read a model file written by CRFsuite (``pycrfsuite.Trainer.train``); every size and offset
-    is checked, a damaged file raises :class:`CRFsuiteFormatError` naming the file and the problem."""
+    is checked against the file before it is used, chunks and reference lists must not overlap,
+    and the weight tables must fit what the file can describe (:func:`crf.persist.check_table_size`):
+    a damaged or forged file raises :class:`CRFsuiteFormatError` naming the file and the problem."""
     path = Path(path)
     if not path.is_file():
         raise CRFsuiteFormatError(f"{path}: no such model file")
@@ -111,11 +139,23 @@ def read_crfsuite(path: str | os.PathLike) -> CRFsuiteModel:
         raise CRFsuiteFormatError(f"{path}: header says {file_size} bytes but the file has {len(data)} (truncated or padded)")
     if version != VERSION:
         raise CRFsuiteFormatError(f"{path}: format version {version}, expected {VERSION}")
-    if off_features + CHUNK_SIZE > len(data) or data[off_features : off_features + 4] != b"FEAT":
-        raise CRFsuiteFormatError(f"{path}: no FEAT chunk at offset {off_features}")
+    chunks = {
+        "feature": _chunk(data, path, off_features, b"FEAT", "features"),
+        "label string": _chunk(data, path, off_labels, CQDB_MAGIC, "label strings"),
+        "attribute string": _chunk(data, path, off_attrs, CQDB_MAGIC, "attribute strings"),
+        "label reference": _chunk(data, path, off_labelrefs, b"LFRF", "label references"),
+        "attribute reference": _chunk(data, path, off_attrrefs, b"AFRF", "attribute references"),
+    }
+    names = list(chunks)
+    clash = first_overlap([a for a, _ in chunks.values()], [b for _, b in chunks.values()])
+    if clash >= 0:
+        raise CRFsuiteFormatError(f"{path}: the {names[clash]} chunk at offset {chunks[names[clash]][0]} overlaps another chunk")
     chunk_size, K = _u32(data, off_features + 4, 2).tolist()
-    if chunk_size != CHUNK_SIZE + FEATURE_SIZE * K or off_features + chunk_size > len(data):
+    if chunk_size != CHUNK_SIZE + FEATURE_SIZE * K:
         raise CRFsuiteFormatError(f"{path}: feature chunk of {K} features has size {chunk_size} (damaged or truncated)")
+    if L == 0:
+        raise CRFsuiteFormatError(f"{path}: the model has no labels")
+    check_table_size(path, f"the weights of {A:,} attributes x {L:,} labels", A * L + L * L, len(data), error=CRFsuiteFormatError)
     features = np.frombuffer(data, _FEATURE, K, off_features + CHUNK_SIZE)
     if not np.all(np.isfinite(features["weight"])):
         raise CRFsuiteFormatError(f"{path}: a feature weight is not finite")
@@ -124,15 +164,14 @@ def read_crfsuite(path: str | os.PathLike) -> CRFsuiteModel:
         attributes = read_cqdb(data, off_attrs, A)
     except CQDBError as err:
         raise CRFsuiteFormatError(f"{path}: {err}") from None
+    check_unique(path, "label", labels, CRFsuiteFormatError)
+    check_unique(path, "attribute", attributes, CRFsuiteFormatError)
     kind, src, dst = (features[name].astype(np.int64) for name in ("type", "src", "dst"))
     if K and dst.max() >= L:
         raise CRFsuiteFormatError(f"{path}: feature #{int(np.argmax(dst >= L))} points to label {dst.max()} of {L}")
     tables = {}
-    for name, offset, chunk_id, count, expected in (
-        ("label", off_labelrefs, b"LFRF", L, TRANSITION),
-        ("attribute", off_attrrefs, b"AFRF", A, STATE),
-    ):
-        owner, fids = _references(data, path, offset, chunk_id, count, name)
+    for name, count, expected in (("label", L, TRANSITION), ("attribute", A, STATE)):
+        owner, fids = _references(data, path, chunks[f"{name} reference"], count, name)
         if fids.size and fids.max() >= K:
             raise CRFsuiteFormatError(f"{path}: a {name} reference names feature {fids.max()} of {K}")
         wrong = (kind[fids] != expected) | (src[fids] != owner)

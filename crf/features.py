@@ -19,6 +19,7 @@ over those keys and transforming is ``np.searchsorted``. No attribute string is 
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from .attributes import AttributeIndex  # noqa: F401  (re-exported: python-crfsu
 from .batch import SequenceBatch, offsets_from_lengths
 from .io import Sentence
 from .lexicon import lexicon_marks, read_lexicon
+from .persist import ModelFileError, check_unique, checked_array
 
 BOS, EOS = "__BOS__", "__EOS__"
 
@@ -399,28 +401,42 @@ class FeatureExtractor:
         return arrays
 
     @classmethod
-    def from_state(cls, config: Mapping, arrays: Mapping[str, np.ndarray]) -> FeatureExtractor:
-        """Rebuild a fitted extractor from :meth:`config` and :meth:`state_arrays`."""
-        extractor = cls(**config)
+    def from_state(cls, config: Mapping, arrays: Mapping[str, np.ndarray], path=None) -> FeatureExtractor:
+        """Rebuild a fitted extractor from :meth:`config` and :meth:`state_arrays`. A state that
+        does not fit its config (a missing, non-string or repeated vocabulary entry, template
+        keys out of their range or not strictly increasing, lexicon entries without types)
+        raises :class:`crf.ModelFileError` naming ``path`` (the file it came from)."""
+        where = path if path is not None else "saved feature state"
+        if not isinstance(config, Mapping):
+            raise ModelFileError(f"{where}: the feature config is not a mapping")
+        try:
+            extractor = cls(**config)
+        except (TypeError, ValueError) as err:
+            raise ModelFileError(f"{where}: bad feature config ({type(err).__name__}: {err})") from None
         extractor.vocabulary_ = {}
         extractor._view_index = {}
         for name in extractor._used_views():
             key = f"view/{name}"
             if key not in arrays:
-                raise ValueError(f"saved feature state lacks the vocabulary of view {name!r}")
-            vocab = np.asarray(arrays[key]).astype(str)
+                raise ModelFileError(f"{where}: the saved feature state lacks the vocabulary of view {name!r}")
+            vocab = checked_array(where, arrays, key, "U", (None,))
+            check_unique(where, f"view {name!r}: value", vocab.tolist())
             extractor.vocabulary_[name] = vocab
             extractor._view_index[name] = pd.Index(vocab.astype(object), dtype=object)
-            spec = extractor._specs[name]
-            if spec.fn == "lexicon":
-                entries = arrays[f"lexicon/{name}/entries"]
-                types = arrays[f"lexicon/{name}/types"]
+            if extractor._specs[name].fn == "lexicon":
+                entries = checked_array(where, arrays, f"lexicon/{name}/entries", "U", (None,))
+                types = checked_array(where, arrays, f"lexicon/{name}/types", "U", entries.shape)
                 extractor._lexicons[name] = {tuple(str(e).split()): str(t) for e, t in zip(entries, types)}
         extractor.template_keys_ = []
-        for i in range(len(extractor._templates)):
-            keys = np.asarray(arrays[f"template/{i}"], dtype=np.int64)
-            if np.any(np.diff(keys) <= 0):
-                raise ValueError(f"saved feature state: template {i} keys are not strictly increasing")
+        for i, template in enumerate(extractor._templates):
+            keys = checked_array(where, arrays, f"template/{i}", "iu", (None,)).astype(np.int64)
+            space = math.prod(len(extractor.vocabulary_[view]) + 2 for view, _ in template.cells)
+            if space >= 2**62:
+                raise ModelFileError(f"{where}: template {template.name!r} has too many value combinations for int64 keys")
+            if np.any(np.diff(keys) <= 0) or (keys.size and (keys[0] < 0 or keys[-1] >= space)):
+                raise ModelFileError(
+                    f"{where}: template {i} ({template.name!r}) keys are not strictly increasing within 0 .. {space - 1}"
+                )
             extractor.template_keys_.append(keys)
         extractor.fitted_ = True
         extractor._names = None

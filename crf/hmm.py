@@ -45,7 +45,18 @@ from .hmm_smoothing import (
 from .lattice import lattice_edges, ngram_viterbi
 from .model import check_labels, label_classes
 from .parallel import Workers, single_threaded_blas, thread_count
-from .persist import ModelFileError, arrays_to_strings, load_arrays, save_arrays, strings_to_arrays
+from .persist import (
+    ModelFileError,
+    arrays_to_strings,
+    check_classes,
+    check_table_size,
+    check_thread_count,
+    check_unique,
+    checked_array,
+    load_arrays,
+    save_arrays,
+    strings_to_arrays,
+)
 
 _KIND = "crf.HMMTagger"
 _TRANSITION_SMOOTHING = ("add-k", "interpolation")
@@ -436,26 +447,70 @@ class HMMTagger:
 
     @classmethod
     def from_arrays(cls, meta: dict, arrays: dict[str, np.ndarray], path="model") -> HMMTagger:
-        """The HMM of :meth:`to_arrays`' output; ``path`` names the source in ModelFileError messages."""
+        """The HMM of :meth:`to_arrays`' output; ``path`` names the source in ModelFileError messages.
+
+        Sizes are checked against each other and against what the file holds before any dense
+        table is built; log probabilities must be finite or -inf, other numbers finite, class
+        labels, words and suffixes distinct."""
         try:
-            model = cls(**meta["params"])
-            model._check_params()
-            model.classes_ = list(meta["classes"])  # strings or integers, as trained (the header is checksummed)
-            if not all(isinstance(c, (str, int)) for c in model.classes_):
-                raise ModelFileError(f"{path}: class labels must be strings or integers")
-            model.vocabulary_ = arrays_to_strings(arrays["vocabulary_blob"], arrays["vocabulary_offsets"])
-            L, V = model.n_hidden_, len(model.vocabulary_)
-            model.log_transitions_ = arrays["log_transitions"].astype(np.float64)
-            model.log_emissions_, model.suffix_model_ = emission_tables(arrays, L, model.max_suffix, meta["suffix_theta"])
-            if model.log_transitions_.shape != (L + 1,) * (model.order + 1) or model.log_emissions_.shape != (V + 1, L):
-                raise ModelFileError(f"{path}: table shapes do not match {L} labels and {V} words")
-            weights = meta.get("interpolation_weights")
-            model.interpolation_weights_ = None if weights is None else np.array(weights, dtype=np.float64)
-            suffix = model.emission_smoothing == "suffix"
-            model.unknown_given_label_ = arrays["unknown_given_label"].astype(np.float64) if suffix else None
-            model.em_history_ = []
+            return cls._from_arrays(meta, arrays, path)
         except ModelFileError:
             raise
         except (KeyError, IndexError, TypeError, ValueError, UnicodeDecodeError) as err:
             raise ModelFileError(f"{path}: malformed HMM file ({type(err).__name__}: {err})") from None
+
+    @classmethod
+    def _from_arrays(cls, meta: dict, arrays: dict[str, np.ndarray], path) -> HMMTagger:
+        if not isinstance(meta["params"], dict):
+            raise ModelFileError(f"{path}: the parameters are not a JSON object")
+        model = cls(**meta["params"])
+        model._check_params()
+        if not isinstance(model.max_suffix, int) or isinstance(model.max_suffix, bool) or model.max_suffix < 0:
+            raise ModelFileError(f"{path}: parameter max_suffix {model.max_suffix!r} is not a suffix length")
+        chunk = model.chunk_elements
+        if not isinstance(chunk, (int, float)) or isinstance(chunk, bool) or not 0 < chunk < float("inf"):
+            raise ModelFileError(f"{path}: parameter chunk_elements {chunk!r} is not a positive number")
+        check_thread_count(path, model.n_threads)
+        model.classes_ = check_classes(path, meta["classes"])  # strings or integers, as trained (the header is checksummed)
+        model.vocabulary_ = arrays_to_strings(arrays["vocabulary_blob"], arrays["vocabulary_offsets"])
+        check_unique(path, "word", model.vocabulary_)
+        L, V = model.n_hidden_, len(model.vocabulary_)
+        n_suffixes = arrays["suffix_offsets"].size - 1 if "suffix_offsets" in arrays else 0
+        stored = sum(a.nbytes for a in arrays.values())
+        check_table_size(
+            path,
+            f"the emission tables of {V:,} words and {n_suffixes:,} suffixes x {L:,} labels",
+            (V + 1 + n_suffixes) * L,
+            stored,
+        )
+        shape = (L + 1,) * (model.order + 1)
+        model.log_transitions_ = checked_array(path, arrays, "log_transitions", "f", shape, finite=True, minus_inf=True)
+        model.log_transitions_ = model.log_transitions_.astype(np.float64)
+        theta = meta["suffix_theta"]
+        if model.emission_smoothing == "suffix" and not (isinstance(theta, (int, float)) and np.isfinite(theta) and theta >= 0):
+            raise ModelFileError(f"{path}: suffix_theta {theta!r} is not a finite number >= 0")
+        model.log_emissions_, model.suffix_model_ = emission_tables(arrays, V, L, model.max_suffix, theta)
+        tables = {"log emissions": model.log_emissions_}
+        if model.suffix_model_ is not None:
+            tables["suffix log probabilities"] = model.suffix_model_.log_probabilities
+            check_unique(path, "suffix", model.suffix_model_.keys)
+            missing = [key for key in ("C|", "l|") if key not in model.suffix_model_.rows]
+            if missing:
+                raise ModelFileError(f"{path}: the suffix model lacks the empty suffixes {missing}")
+        checked_array(path, tables, "log emissions", "f", (V + 1, L), finite=True, minus_inf=True)
+        if "suffix log probabilities" in tables:
+            checked_array(path, tables, "suffix log probabilities", "f", (n_suffixes, L), finite=True, minus_inf=True)
+        weights = meta.get("interpolation_weights")
+        if weights is not None and not (isinstance(weights, list) and all(isinstance(w, (int, float)) for w in weights)):
+            raise ModelFileError(f"{path}: interpolation_weights {weights!r} are not a list of numbers")
+        model.interpolation_weights_ = None if weights is None else np.array(weights, dtype=np.float64)
+        if model.interpolation_weights_ is not None and not np.all(np.isfinite(model.interpolation_weights_)):
+            raise ModelFileError(f"{path}: interpolation_weights {weights!r} are not finite")
+        suffix = model.emission_smoothing == "suffix"
+        model.unknown_given_label_ = (
+            checked_array(path, arrays, "unknown_given_label", "f", (L,), finite=True).astype(np.float64) if suffix else None
+        )
+        if model.suffix_model_ is None and suffix:
+            raise ModelFileError(f"{path}: a suffix-smoothed HMM without its suffix model")
+        model.em_history_ = []
         return model

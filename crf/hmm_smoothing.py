@@ -170,7 +170,7 @@ class SuffixModel:
         lengths = np.array([len(k) - 2 for k in keys])
         parent = np.array([key_rows.get(k[:2] + k[3:], -1) if len(k) > 2 else -1 for k in keys])
         probabilities = np.zeros_like(ml)
-        for length in range(0, max_suffix + 1):
+        for length in range(0, min(max_suffix, int(lengths.max(initial=0))) + 1):  # no longer keys exist
             rows = np.flatnonzero(lengths == length)
             below = label_probabilities[None, :] if length == 0 else probabilities[parent[rows]]
             mixed = (ml[rows] + theta * below) / (1.0 + theta)
@@ -203,11 +203,20 @@ def sparse_rows(table: np.ndarray, keep: np.ndarray, name: str) -> dict[str, np.
     }
 
 
-def dense_rows(arrays: dict[str, np.ndarray], name: str, n_columns: int, fill: float) -> np.ndarray:
-    """The (n, ``n_columns``) table of :func:`sparse_rows`' arrays, ``fill`` elsewhere."""
-    counts = arrays[f"{name}_counts"].astype(np.int64)
-    out = np.full((counts.size, n_columns), fill)
-    out[np.repeat(np.arange(counts.size), counts), arrays[f"{name}_columns"].astype(np.int64)] = arrays[f"{name}_values"]
+def dense_rows(arrays: dict[str, np.ndarray], name: str, n_rows: int, n_columns: int, fill: float) -> np.ndarray:
+    """The (``n_rows``, ``n_columns``) table of :func:`sparse_rows`' arrays, ``fill`` elsewhere;
+    ValueError when the arrays do not describe such a table."""
+    counts = arrays[f"{name}_counts"]
+    columns, values = arrays[f"{name}_columns"], arrays[f"{name}_values"]
+    if counts.dtype.kind not in "iu" or columns.dtype.kind not in "iu" or counts.ndim != 1 or columns.ndim != 1:
+        raise ValueError(f"{name}: counts and columns must be 1-d integer arrays")
+    counts, columns = counts.astype(np.int64), columns.astype(np.int64)
+    if counts.size != n_rows or values.shape != columns.shape or counts.sum() != columns.size:
+        raise ValueError(f"{name}: {counts.size} rows of {int(counts.sum())} entries, expected {n_rows} rows of {columns.size}")
+    if columns.size and (columns.min() < 0 or columns.max() >= n_columns):
+        raise ValueError(f"{name}: a column lies outside 0 .. {n_columns - 1}")
+    out = np.full((n_rows, n_columns), fill)
+    out[np.repeat(np.arange(n_rows), counts), columns] = values
     return out
 
 
@@ -228,14 +237,14 @@ def emission_arrays(log_emissions: np.ndarray, suffix_model: SuffixModel | None)
     return arrays
 
 
-def emission_tables(arrays: dict, n_labels: int, max_suffix: int, theta) -> tuple[np.ndarray, SuffixModel | None]:
+def emission_tables(arrays: dict, n_words: int, n_labels: int, max_suffix: int, theta) -> tuple[np.ndarray, SuffixModel | None]:
     """(log emissions (V + 1, L), suffix model or None) from :func:`emission_arrays`' arrays, or
     from the dense ``log_emissions`` and ``suffix_log_probabilities`` of files written before
-    2026-11-22."""
+    2026-11-22; ValueError when their sizes do not match ``n_words`` and ``n_labels``."""
     if "log_emissions" in arrays:
         log_emissions = arrays["log_emissions"].astype(np.float64)
     else:
-        known = dense_rows(arrays, "known_emissions", n_labels, -np.inf)
+        known = dense_rows(arrays, "known_emissions", n_words, n_labels, -np.inf)
         log_emissions = np.vstack([known, arrays["unknown_emissions"][None].astype(np.float64)])
     if "suffix_blob" not in arrays:
         return log_emissions, None
@@ -243,7 +252,10 @@ def emission_tables(arrays: dict, n_labels: int, max_suffix: int, theta) -> tupl
     if "suffix_log_probabilities" in arrays:
         suffix_model = SuffixModel(keys, arrays["suffix_log_probabilities"].astype(np.float64), max_suffix, float(theta))
     else:
-        counts, probabilities = dense_rows(arrays, "suffix_counts", n_labels, 0.0), arrays["label_probabilities"]
+        counts = dense_rows(arrays, "suffix_counts", len(keys), n_labels, 0.0)
+        probabilities = arrays["label_probabilities"]
+        if probabilities.shape != (n_labels,):
+            raise ValueError(f"label_probabilities has shape {probabilities.shape}, expected ({n_labels},)")
         suffix_model = SuffixModel.from_counts(keys, counts, probabilities.astype(np.float64), max_suffix, float(theta))
     if suffix_model.log_probabilities.shape != (len(keys), n_labels):
         raise ValueError(f"the suffix table's shape does not match {n_labels} labels")

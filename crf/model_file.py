@@ -12,7 +12,18 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .features import AttributeIndex
-from .persist import ModelFileError, arrays_to_strings, load_arrays, save_arrays, strings_to_arrays
+from .persist import (
+    ModelFileError,
+    arrays_to_strings,
+    check_classes,
+    check_table_size,
+    check_thread_count,
+    check_unique,
+    checked_array,
+    load_arrays,
+    save_arrays,
+    strings_to_arrays,
+)
 
 if TYPE_CHECKING:
     from .model import CRF
@@ -66,53 +77,66 @@ def load(cls: type[CRF], path) -> CRF:
 
 
 def from_arrays(cls: type[CRF], meta: dict, arrays: dict[str, np.ndarray], path="model") -> CRF:
-    """The CRF of :func:`to_arrays`' output; ``path`` names the source in ModelFileError messages."""
+    """The CRF of :func:`to_arrays`' output; ``path`` names the source in ModelFileError messages.
+
+    Every size is checked against the others and against what the file holds (the dense (A, L)
+    state table is built only when :func:`crf.persist.check_table_size` allows it), weights must
+    be finite, class labels distinct and the sparse feature index strictly increasing."""
     try:
-        known = cls().get_params()
-        model = cls(**{k: v for k, v in meta["params"].items() if k in known})
-        classes = list(meta["classes"])  # strings or integers, as trained (the header is checksummed)
-        if not all(isinstance(c, (str, int)) for c in classes):
-            raise ModelFileError(f"{path}: class labels must be strings or integers")
-        A, L = int(meta["n_attributes"]), len(classes)
-        model.classes_ = classes
-        model.n_attributes_ = A
-        transitions = arrays["transitions"].astype(np.float64)
-        if transitions.shape != (L, L) or arrays["start"].shape != (L,) or arrays["end"].shape != (L,):
-            raise ModelFileError(f"{path}: weight shapes do not match {L} labels")
-        state = np.zeros((A, L))
-        if meta["sparse"]:
-            index = arrays["feature_index"].astype(np.int64)
-            if (
-                index.ndim != 1
-                or index.size != arrays["state_values"].size
-                or (index.size and (index.min() < 0 or index.max() >= A * L))
-            ):
-                raise ModelFileError(f"{path}: feature index out of range")
-            state.ravel()[index] = arrays["state_values"]
-            model.feature_index_ = index
-        else:
-            if arrays["state_values"].shape != (A, L):
-                raise ModelFileError(f"{path}: state weights have shape {arrays['state_values'].shape}, expected {(A, L)}")
-            state[:] = arrays["state_values"]
-            model.feature_index_ = None
-        model.state_weights_ = state
-        model.transitions_ = transitions
-        model.start_weights_ = arrays["start"].astype(np.float64)
-        model.end_weights_ = arrays["end"].astype(np.float64)
-        model.attributes_ = (
-            arrays_to_strings(arrays["attribute_blob"], arrays["attribute_offsets"]) if "attribute_blob" in arrays else None
-        )
-        if model.attributes_ is not None and len(model.attributes_) != A:
-            raise ModelFileError(f"{path}: {len(model.attributes_)} attribute names for {A} attributes")
-        if meta.get("dict_input"):
-            if model.attributes_ is None:
-                raise ModelFileError(f"{path}: a dict-input model without attribute names")
-            model.attribute_index_ = AttributeIndex()
-            model.attribute_index_.index_ = {name: i for i, name in enumerate(model.attributes_)}
-        else:
-            model.attribute_index_ = None
+        return _from_arrays(cls, meta, arrays, path)
+    except ModelFileError:
+        raise
     except KeyError as err:
         raise ModelFileError(f"{path}: missing field {err}") from None
+    except (IndexError, TypeError, ValueError, UnicodeDecodeError) as err:
+        raise ModelFileError(f"{path}: malformed CRF model ({type(err).__name__}: {err})") from None
+
+
+def _from_arrays(cls: type[CRF], meta: dict, arrays: dict[str, np.ndarray], path) -> CRF:
+    known = cls().get_params()
+    if not isinstance(meta["params"], dict):
+        raise ModelFileError(f"{path}: the parameters are not a JSON object")
+    model = cls(**{k: v for k, v in meta["params"].items() if k in known})
+    check_thread_count(path, model.n_threads)
+    classes = check_classes(path, meta["classes"])  # strings or integers, as trained (the header is checksummed)
+    A, L = meta["n_attributes"], len(classes)
+    if not isinstance(A, int) or isinstance(A, bool) or A < 0:
+        raise ModelFileError(f"{path}: n_attributes {A!r} is not a count")
+    model.classes_ = classes
+    model.n_attributes_ = A
+    stored = sum(a.nbytes for a in arrays.values())
+    check_table_size(path, f"the state weights of {A:,} attributes x {L:,} labels", A * L + L * L, stored)
+    transitions = checked_array(path, arrays, "transitions", "f", (L, L), finite=True).astype(np.float64)
+    start = checked_array(path, arrays, "start", "f", (L,), finite=True).astype(np.float64)
+    end = checked_array(path, arrays, "end", "f", (L,), finite=True).astype(np.float64)
+    state = np.zeros((A, L))
+    if meta["sparse"]:
+        index = checked_array(path, arrays, "feature_index", "iu", (None,)).astype(np.int64)
+        values = checked_array(path, arrays, "state_values", "f", index.shape, finite=True)
+        if index.size and (index[0] < 0 or index[-1] >= A * L or np.any(np.diff(index) <= 0)):
+            raise ModelFileError(f"{path}: feature index out of range or not strictly increasing (0 .. {A * L - 1})")
+        state.ravel()[index] = values
+        model.feature_index_ = index
+    else:
+        state[:] = checked_array(path, arrays, "state_values", "f", (A, L), finite=True)
+        model.feature_index_ = None
+    model.state_weights_ = state
+    model.transitions_ = transitions
+    model.start_weights_ = start
+    model.end_weights_ = end
+    model.attributes_ = (
+        arrays_to_strings(arrays["attribute_blob"], arrays["attribute_offsets"]) if "attribute_blob" in arrays else None
+    )
+    if model.attributes_ is not None and len(model.attributes_) != A:
+        raise ModelFileError(f"{path}: {len(model.attributes_)} attribute names for {A} attributes")
+    if meta.get("dict_input"):
+        if model.attributes_ is None:
+            raise ModelFileError(f"{path}: a dict-input model without attribute names")
+        check_unique(path, "attribute name", model.attributes_)  # each name must map to one column
+        model.attribute_index_ = AttributeIndex()
+        model.attribute_index_.index_ = {name: i for i, name in enumerate(model.attributes_)}
+    else:
+        model.attribute_index_ = None
     return model
 
 

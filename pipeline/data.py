@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
@@ -21,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from crf.io import Sentence, read_blocks, read_conll, read_conllu, read_xml_sequences
+from crf.persist import atomic_write
 
 DATA_HOME_VARIABLE = "CRF_DATA_HOME"
 
@@ -48,15 +48,9 @@ def text_sha256(path: Path) -> str:
 
 
 def _download(url: str, target: Path, timeout: float) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
-    try:
-        with os.fdopen(handle, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as response:
-            shutil.copyfileobj(response, out)
-        os.replace(temporary, target)
-    finally:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
+    """Fetch ``url`` into ``target`` atomically, with the permissions an ordinary write gives."""
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        atomic_write(target, lambda out: shutil.copyfileobj(response, out))
 
 
 def resolve_files(dataset: Mapping, root: str | os.PathLike, download: bool = True, timeout: float = 30.0) -> dict[str, Path]:
