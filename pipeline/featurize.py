@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 
 from crf.batch import SequenceBatch
 from crf.features import FeatureExtractor
-from crf.persist import load_arrays, save_arrays
+from crf.persist import ModelFileError, load_arrays, save_arrays
 from pipeline.cache import file_sha256
 from pipeline.models import ModelAdapter
 from pipeline.prepare import SPLITS, read_prepared
@@ -79,8 +79,11 @@ def save_extractor(path: Path, extractor: FeatureExtractor) -> None:
 
 
 def load_extractor(path: Path) -> FeatureExtractor:
+    """The fitted extractor saved at ``path``; a bad file raises ModelFileError naming it."""
     meta, arrays = load_arrays(path, EXTRACTOR_KIND)
-    return FeatureExtractor.from_state(meta["config"], arrays)
+    if not isinstance(meta, dict) or "config" not in meta:
+        raise ModelFileError(f"{path}: no feature configuration in the file")
+    return FeatureExtractor.from_state(meta["config"], arrays, path)
 
 
 def load_batch(folder: Path, split: str) -> SequenceBatch:
