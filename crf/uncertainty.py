@@ -1,7 +1,7 @@
 """How sure a CRF is of each sequence: the figures active-learning query strategies rank by.
 
-All come from one forward-backward (log Z and the token marginals) and one k-best Viterbi pass
-over a batch: the probability of the best path (least confidence: 1 - p), the margin between the
+Each comes from one or two passes over a batch (see :meth:`UncertaintyQueries.uncertainty`):
+the probability of the best path (least confidence: 1 - p), the margin between the
 two best paths, the entropies of the token marginals (Settles and Craven's total token entropy
 is their sum), the entropy of the label distribution of the whole sequence, and the entropy of
 the N best paths renormalised among themselves (N-best sequence entropy). Entropies are in nats.
@@ -15,31 +15,31 @@ import numpy as np
 import pandas as pd
 
 from . import chain
+from .semirings import MaxSemiring
+
+FIGURES = ("best_probability", "margin", "token_entropy", "nbest_entropy")
 
 
 @dataclass
 class Uncertainty:
-    """Per-sequence figures (N,) and per-token marginal entropies (T,) of a batch."""
+    """Per-sequence figures (N,) and per-token marginal entropies (T,) of a batch; a figure that
+    was not asked for is None."""
 
-    best_probability: np.ndarray  # p(best path | x)
-    margin: np.ndarray  # p(best) - p(second best); p(best) when there is one path only
-    token_entropy: np.ndarray  # (T,) entropy of each token's marginal distribution
-    total_token_entropy: np.ndarray  # sum over the sequence's tokens
-    nbest_entropy: np.ndarray  # entropy of the N best paths' probabilities, renormalised
     offsets: np.ndarray  # (N + 1,) token offsets of the sequences
+    best_probability: np.ndarray | None = None  # p(best path | x)
+    margin: np.ndarray | None = None  # p(best) - p(second best); p(best) when there is one path only
+    token_entropy: np.ndarray | None = None  # (T,) entropy of each token's marginal distribution
+    total_token_entropy: np.ndarray | None = None  # sum over the sequence's tokens
+    nbest_entropy: np.ndarray | None = None  # entropy of the N best paths' probabilities, renormalised
 
     def frame(self) -> pd.DataFrame:
-        """One row per sequence: ``best_probability``, ``margin``, ``total_token_entropy``,
-        ``nbest_entropy`` and ``tokens``."""
-        return pd.DataFrame(
-            {
-                "best_probability": self.best_probability,
-                "margin": self.margin,
-                "total_token_entropy": self.total_token_entropy,
-                "nbest_entropy": self.nbest_entropy,
-                "tokens": np.diff(self.offsets),
-            }
-        )
+        """One row per sequence: the figures computed and ``tokens``."""
+        columns = {
+            name: getattr(self, name)
+            for name in ("best_probability", "margin", "total_token_entropy", "nbest_entropy")
+            if getattr(self, name) is not None
+        }
+        return pd.DataFrame({**columns, "tokens": np.diff(self.offsets)})
 
 
 def marginal_entropy(marginals: np.ndarray) -> np.ndarray:
@@ -63,41 +63,55 @@ def path_entropy(log_probabilities: np.ndarray) -> np.ndarray:
 class UncertaintyQueries:
     """Mixin of :class:`crf.CRF`: needs ``emissions`` and ``_weights``."""
 
-    def uncertainty(self, X, n_best: int = 5) -> Uncertainty:
-        """The :class:`Uncertainty` figures of every sequence of ``X`` (a SequenceBatch or lists
-        of token features without empty sequences), from one forward-backward and one
-        ``max(n_best, 2)``-best Viterbi pass."""
+    def uncertainty(self, X, n_best: int = 5, figures=FIGURES) -> Uncertainty:
+        """The :class:`Uncertainty` ``figures`` (names of its fields; ``token_entropy`` gives the
+        total too) of every sequence of ``X`` (a SequenceBatch or lists of token features, no
+        empty sequence). Each costs one pass over the batch, shared where they can be: log Z and
+        the token marginals by forward-backward; the best path and, from max-marginals, the
+        second best by max-product forward-backward (the second best path leaves the best one at
+        some token, so its score is the highest max-marginal of a label off the best path); the
+        N best paths by k-best Viterbi (the costliest: about ``n_best`` times Viterbi's work)."""
+        unknown = set(figures) - set(FIGURES)
+        if unknown:
+            raise ValueError(f"unknown uncertainty figures {sorted(unknown)}; one of {', '.join(FIGURES)}")
         if int(n_best) < 1:
             raise ValueError(f"n_best must be at least 1, got {n_best!r}")
         emissions, batch = self.emissions(X)
         if np.any(batch.lengths == 0):
             raise ValueError("uncertainty needs sequences of at least one token")
         weights = self._weights()
+        out = Uncertainty(offsets=batch.offsets)
         posterior = chain.forward_backward(emissions, *weights, batch.lengths, counts=False)
-        _, scores = chain.kbest_viterbi(emissions, *weights, batch.lengths, max(int(n_best), 2))
-        log_p = scores - posterior.log_z[:, None]  # (N, k) path log-probabilities, -inf where none
-        p = np.exp(log_p)
-        token = marginal_entropy(posterior.marginals)
-        return Uncertainty(
-            best_probability=p[:, 0],
-            margin=p[:, 0] - p[:, 1],
-            token_entropy=token,
-            total_token_entropy=np.add.reduceat(token, batch.offsets[:-1]) if token.size else np.zeros(0),
-            nbest_entropy=path_entropy(log_p[:, : int(n_best)]),
-            offsets=batch.offsets,
-        )
+        if "token_entropy" in figures:
+            out.token_entropy = marginal_entropy(posterior.marginals)
+            out.total_token_entropy = np.add.reduceat(out.token_entropy, batch.offsets[:-1])
+        if "best_probability" in figures or "margin" in figures:
+            best = chain.forward_backward(emissions, *weights, batch.lengths, counts=False, semiring=MaxSemiring)
+            out.best_probability = np.exp(best.log_z - posterior.log_z)
+            if "margin" in figures:
+                # per token, the largest max-marginal of a label off the best path, relative to it
+                if best.marginals.shape[1] > 1:
+                    second = np.partition(best.marginals, -2, axis=1)[:, -2]
+                    ratio = np.maximum.reduceat(second, batch.offsets[:-1])  # p(second best) / p(best)
+                else:  # one label: one path
+                    ratio = np.zeros(batch.n_sequences)
+                out.margin = out.best_probability * (1.0 - ratio)
+        if "nbest_entropy" in figures:
+            _, scores = chain.kbest_viterbi(emissions, *weights, batch.lengths, int(n_best))
+            out.nbest_entropy = path_entropy(scores - posterior.log_z[:, None])
+        return out
 
     def best_path_probability(self, X) -> np.ndarray:
         """p(best path | x) of every sequence (N,): 1 minus it is least confidence."""
-        return self.uncertainty(X, n_best=2).best_probability
+        return self.uncertainty(X, figures=("best_probability",)).best_probability
 
     def best_path_margin(self, X) -> np.ndarray:
         """p(best path | x) - p(second best path | x) of every sequence (N,)."""
-        return self.uncertainty(X, n_best=2).margin
+        return self.uncertainty(X, figures=("margin",)).margin
 
     def token_entropies(self, X) -> list[np.ndarray]:
         """The entropy of each token's marginal distribution, per sequence (a list of (n_i,))."""
-        figures = self.uncertainty(X, n_best=2)
+        figures = self.uncertainty(X, figures=("token_entropy",))
         return [figures.token_entropy[a:b] for a, b in zip(figures.offsets[:-1], figures.offsets[1:])]
 
     def sequence_entropy(self, X) -> np.ndarray:
@@ -108,4 +122,4 @@ class UncertaintyQueries:
     def nbest_entropy(self, X, n_best: int = 5) -> np.ndarray:
         """Entropy of the ``n_best`` best paths of every sequence (N,), their probabilities
         renormalised among themselves (Settles and Craven's N-best sequence entropy)."""
-        return self.uncertainty(X, n_best=n_best).nbest_entropy
+        return self.uncertainty(X, n_best=n_best, figures=("nbest_entropy",)).nbest_entropy

@@ -173,5 +173,8 @@ def test_uncertainty_figures_match_enumeration():
         assert model.sequence_entropy([probe[i]])[0] == pytest.approx(-(p * np.log(p)).sum(), abs=1e-9)
     frame = figures.frame()
     assert list(frame.columns) == ["best_probability", "margin", "total_token_entropy", "nbest_entropy", "tokens"]
+    assert list(model.uncertainty(probe, figures=("margin",)).frame().columns) == ["best_probability", "margin", "tokens"]
+    with pytest.raises(ValueError, match="unknown uncertainty figures"):
+        model.uncertainty(probe, figures=("entropy",))
     np.testing.assert_array_equal(model.best_path_probability(probe), figures.best_probability)
     assert [len(e) for e in model.token_entropies(probe)] == [len(s) for s in probe]

@@ -1,0 +1,282 @@
+"""Pool-based active learning with a CRF, simulated: the training split is the pool and its gold
+labels are the annotator.
+
+A run starts from a seeded set of fully labelled sentences and repeats rounds: fit the model
+(warm-started from the last round's weights), score it on dev and test, rank the sentences left
+in the pool by a query strategy, and have the annotator label the top ones until the round's
+budget of tokens is spent. Cost is counted in tokens asked of the annotator.
+
+Strategies (each ranks the pool by one figure of :class:`crf.uncertainty.Uncertainty`, most
+uncertain first): ``random``; ``least_confidence`` (1 - p(best path)); ``margin`` (the smallest
+difference between the two best paths first); ``token_entropy`` (the sum of the tokens' marginal
+entropies, Settles and Craven's total token entropy); ``nbest_entropy`` (the entropy of the N best
+paths). With ``partial`` set, only the tokens of a selected sentence whose predicted label has a
+marginal below ``threshold`` are asked (Tomanek and Hahn's semi-supervised selection); the others
+stay unknown (``partial=unknown``: the model is trained on the known labels with the others
+summed out) or take the model's label (``partial=model``: self-training).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from crf.uncertainty import Uncertainty
+
+STRATEGIES = ("random", "least_confidence", "margin", "token_entropy", "nbest_entropy")
+# the uncertainty figure each strategy ranks by (crf.uncertainty.FIGURES)
+FIGURE_OF = {
+    "least_confidence": "best_probability",
+    "margin": "margin",
+    "token_entropy": "token_entropy",
+    "nbest_entropy": "nbest_entropy",
+}
+PARTIAL_MODES = (None, "unknown", "model")
+
+
+def priority(strategy: str, figures: Uncertainty | None, n: int, rng: np.random.Generator) -> np.ndarray:
+    """A score per pool sentence (n,), higher = asked first."""
+    if strategy == "random":
+        return rng.random(n)
+    if figures is None:
+        raise ValueError(f"strategy {strategy!r} needs the model's uncertainty figures")
+    if strategy == "least_confidence":
+        return 1.0 - figures.best_probability
+    if strategy == "margin":
+        return -figures.margin
+    if strategy == "token_entropy":
+        return figures.total_token_entropy
+    if strategy == "nbest_entropy":
+        return figures.nbest_entropy
+    raise ValueError(f"unknown strategy {strategy!r}; one of {', '.join(STRATEGIES)}")
+
+
+def take_by_tokens(order: np.ndarray, costs: np.ndarray, budget: int) -> np.ndarray:
+    """The first entries of ``order`` (sentence positions, best first) whose ``costs`` (tokens
+    each would cost, by position) add up to ``budget``: every sentence while the sum stays below
+    it, and the one that reaches it. At least one when there is any."""
+    if not order.size:
+        return order
+    spent = np.cumsum(costs[order])
+    count = int(np.searchsorted(spent, budget, side="left")) + 1
+    return order[: min(count, order.size)]
+
+
+@dataclass
+class Annotation:
+    """The labels obtained so far: per training sentence a list of labels, None where nothing is
+    known (not selected, or a token not asked in partial mode); and what they cost."""
+
+    labels: list[list | None]  # None: the sentence is still in the pool
+    asked_tokens: int = 0
+    asked_sentences: int = 0
+    model_tokens: int = 0  # labels taken from the model (partial=model), not asked
+
+    @classmethod
+    def empty(cls, n_sentences: int) -> Annotation:
+        return cls([None] * n_sentences)
+
+    @property
+    def pool(self) -> np.ndarray:
+        return np.array([i for i, labels in enumerate(self.labels) if labels is None], dtype=np.int64)
+
+    @property
+    def chosen(self) -> np.ndarray:
+        return np.array([i for i, labels in enumerate(self.labels) if labels is not None], dtype=np.int64)
+
+    def ask(self, sentence: int, gold: list) -> None:
+        """The annotator labels every token of ``sentence``."""
+        self.labels[sentence] = list(gold)
+        self.asked_tokens += len(gold)
+        self.asked_sentences += 1
+
+    def ask_some(self, sentence: int, gold: list, asked: np.ndarray, guess: list | None) -> None:
+        """The annotator labels the tokens ``asked`` (bool (n,)); the others keep ``guess`` (the
+        model's labels) or stay unknown (``guess`` None)."""
+        self.labels[sentence] = [gold[t] if asked[t] else (guess[t] if guess is not None else None) for t in range(len(gold))]
+        self.asked_tokens += int(asked.sum())
+        self.model_tokens += 0 if guess is None else int((~asked).sum())
+        self.asked_sentences += 1
+
+
+@dataclass
+class Round:
+    """One round's figures: the step metrics of the run."""
+
+    round: int
+    labelled_tokens: int  # tokens the annotator was asked (the seed set included)
+    labelled_sentences: int
+    dev_score: float
+    test_score: float
+    refit_seconds: float
+    query_seconds: float
+    iterations: int
+    extra: dict = field(default_factory=dict)
+
+
+def area_under_curve(tokens: np.ndarray, scores: np.ndarray, budget: float | None = None) -> float:
+    """The mean score over the labelled-token axis: the trapezoid area under ``scores`` against
+    ``tokens`` from the first point to ``budget`` (default: the last point), divided by that
+    width. The curve is held at its last score beyond its last point."""
+    tokens, scores = np.asarray(tokens, dtype=np.float64), np.asarray(scores, dtype=np.float64)
+    if tokens.size == 0:
+        return float("nan")
+    order = np.argsort(tokens, kind="stable")
+    tokens, scores = tokens[order], scores[order]
+    end = float(tokens[-1] if budget is None else budget)
+    if end <= tokens[0]:
+        return float(scores[0])
+    inside = tokens < end
+    x = np.concatenate([tokens[inside], [end]])
+    y = np.concatenate([scores[inside], [np.interp(end, tokens, scores)]])
+    return float(np.trapezoid(y, x) / (end - x[0]))
+
+
+def tokens_to_reach(tokens: np.ndarray, scores: np.ndarray, target: float) -> float:
+    """The fewest labelled tokens at which the curve reaches ``target`` (NaN if it never does)."""
+    tokens, scores = np.asarray(tokens, dtype=np.float64), np.asarray(scores, dtype=np.float64)
+    order = np.argsort(tokens, kind="stable")
+    reached = np.flatnonzero(scores[order] >= target)
+    return float(tokens[order][reached[0]]) if reached.size else float("nan")
+
+
+@dataclass
+class Settings:
+    """How a simulation runs (the ``active_learning`` config section)."""
+
+    strategy: str = "least_confidence"
+    seed: int = 0
+    initial_fraction: float = 0.01  # of the training sentences, labelled before the first round
+    batch_tokens: int = 1000  # tokens asked per round
+    rounds: int = 20  # rounds after the initial fit (0: the initial fit only)
+    token_budget: int | None = None  # stop once this many tokens were asked (None: rounds decide)
+    partial: str | None = None  # None: whole sentences; unknown / model: see the module docstring
+    threshold: float = 0.99  # partial: tokens whose predicted label has a marginal below this are asked
+    n_best: int = 5  # paths in the N-best entropy
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"active_learning.strategy={self.strategy!r}: one of {', '.join(STRATEGIES)}")
+        if self.partial not in PARTIAL_MODES:
+            raise ValueError(f"active_learning.partial={self.partial!r}: one of null, unknown, model")
+        if not 0 < self.initial_fraction <= 1:
+            raise ValueError(f"active_learning.initial_fraction={self.initial_fraction!r}: a fraction in (0, 1]")
+        if self.batch_tokens < 1 or self.rounds < 0 or self.n_best < 1:
+            raise ValueError("active_learning: batch_tokens and n_best must be at least 1, rounds at least 0")
+        if self.token_budget is not None and self.token_budget < 1:
+            raise ValueError(f"active_learning.token_budget={self.token_budget!r}: at least 1, or null")
+        if not 0 < self.threshold <= 1:
+            raise ValueError(f"active_learning.threshold={self.threshold!r}: a probability in (0, 1]")
+
+    @property
+    def name(self) -> str:
+        """``least_confidence`` or ``least_confidence+partial-unknown``: the curve's name."""
+        return self.strategy + (f"+partial-{self.partial}" if self.partial else "")
+
+
+def initial_sentences(n_sentences: int, fraction: float, seed: int) -> np.ndarray:
+    """The seeded starting set: ``ceil(fraction * n)`` sentences (at least one), sorted."""
+    count = max(1, int(np.ceil(fraction * n_sentences)))
+    return np.sort(np.random.default_rng(seed).permutation(n_sentences)[:count])
+
+
+@dataclass
+class RunState:
+    """Where a simulation stands after a finished round: enough to go on after a kill."""
+
+    annotation: Annotation
+    rounds: list[Round]
+    model: object  # the fitted crf.CRF of the last round
+
+
+def _label_lists(annotation: Annotation, chosen: np.ndarray) -> list[list]:
+    return [annotation.labels[i] for i in chosen]
+
+
+def _query(model, pool_batch, pool: np.ndarray, settings: Settings, rng: np.random.Generator) -> np.ndarray:
+    """The pool's sentences ranked by the strategy (positions into ``pool``), most wanted first."""
+    figures = None
+    if settings.strategy != "random":
+        wanted = FIGURE_OF[settings.strategy]
+        figures = model.uncertainty(pool_batch.subset(pool), n_best=settings.n_best, figures=(wanted,))
+    return np.argsort(-priority(settings.strategy, figures, pool.size, rng), kind="stable")
+
+
+def _annotate(model, pool_batch, annotation: Annotation, gold: list[list], picked: np.ndarray, settings: Settings) -> None:
+    """The annotator labels the ``picked`` sentences (indices into the training split): all
+    their tokens, or in partial mode those the model is unsure of."""
+    if settings.partial is None:
+        for sentence in picked:
+            annotation.ask(int(sentence), gold[sentence])
+        return
+    part = pool_batch.subset(picked)
+    codes, _ = model.predict_codes(part)
+    marginals, _ = model.marginals(part)
+    classes = np.array(model.classes_, dtype=object)
+    for k, sentence in enumerate(picked):
+        rows = slice(int(part.offsets[k]), int(part.offsets[k + 1]))
+        predicted = codes[k]
+        confidence = marginals[rows][np.arange(predicted.size), predicted]
+        asked = confidence < settings.threshold
+        guess = classes[predicted].tolist() if settings.partial == "model" else None
+        annotation.ask_some(int(sentence), gold[sentence], asked, guess)
+
+
+def simulate(pool_batch, gold: list[list], make_model, evaluate, settings: Settings, state: RunState | None = None,
+             save_state=None, on_round=None) -> list[Round]:  # fmt: skip
+    """Run (or, from ``state``, go on with) one simulation; returns every round's figures.
+
+    ``pool_batch``: the training split's attribute batch (N sentences); ``gold``: its labels;
+    ``make_model()``: a fresh ``crf.CRF`` with ``warm_start=True``; ``evaluate(model)``: its
+    (dev score, test score); ``save_state(state)`` after every finished round; ``on_round(round)``
+    to report it. Random draws are seeded by ``settings.seed``, the strategy and the round, so a
+    resumed run makes the choices the uninterrupted one would have made."""
+    n = len(gold)
+    if state is None:
+        annotation = Annotation.empty(n)
+        for sentence in initial_sentences(n, settings.initial_fraction, settings.seed):
+            annotation.ask(int(sentence), gold[sentence])
+        state = RunState(annotation, [], make_model())
+    annotation, model = state.annotation, state.model
+    lengths = np.diff(pool_batch.offsets)
+    while True:
+        number = len(state.rounds)
+        query_seconds = 0.0
+        if number > 0:
+            spent = settings.token_budget is not None and annotation.asked_tokens >= settings.token_budget
+            pool = annotation.pool
+            if number > settings.rounds or spent or not pool.size:
+                break
+            began = time.perf_counter()
+            rng = np.random.default_rng([settings.seed, STRATEGIES.index(settings.strategy), number])
+            order = _query(model, pool_batch, pool, settings, rng)
+            budget = settings.batch_tokens
+            if settings.token_budget is not None:
+                budget = min(budget, settings.token_budget - annotation.asked_tokens)
+            picked = pool[take_by_tokens(order, lengths[pool], budget)]
+            _annotate(model, pool_batch, annotation, gold, picked, settings)
+            query_seconds = time.perf_counter() - began
+        chosen = annotation.chosen
+        began = time.perf_counter()
+        model.fit(pool_batch.subset(chosen), _label_lists(annotation, chosen))
+        refit = time.perf_counter() - began
+        dev_score, test_score = evaluate(model)
+        figures = Round(
+            round=number,
+            labelled_tokens=annotation.asked_tokens,
+            labelled_sentences=annotation.asked_sentences,
+            dev_score=dev_score,
+            test_score=test_score,
+            refit_seconds=refit,
+            query_seconds=query_seconds,
+            iterations=int(model.n_iter_),
+            extra={"model_tokens": annotation.model_tokens},
+        )
+        state.rounds.append(figures)
+        if on_round is not None:
+            on_round(figures)
+        if save_state is not None:
+            save_state(state)
+    return state.rounds
