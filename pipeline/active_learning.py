@@ -18,12 +18,23 @@ summed out) or take the model's label (``partial=model``: self-training).
 
 from __future__ import annotations
 
+import json
+import logging
+import shutil
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
+import pandas as pd
+from omegaconf import OmegaConf
 
 from crf.uncertainty import Uncertainty
+from pipeline.models import ModelAdapter, default_threads
+from pipeline.report import figure, save_figure
+from pipeline.stage import Stage, StageContext
+
+log = logging.getLogger(__name__)
 
 STRATEGIES = ("random", "least_confidence", "margin", "token_entropy", "nbest_entropy")
 # the uncertainty figure each strategy ranks by (crf.uncertainty.FIGURES)
@@ -155,6 +166,7 @@ class Settings:
     partial: str | None = None  # None: whole sentences; unknown / model: see the module docstring
     threshold: float = 0.99  # partial: tokens whose predicted label has a marginal below this are asked
     n_best: int = 5  # paths in the N-best entropy
+    arm: str = ""  # the experiment arm's name, for the logs (see ARMS)
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -172,8 +184,8 @@ class Settings:
 
     @property
     def name(self) -> str:
-        """``least_confidence`` or ``least_confidence+partial-unknown``: the curve's name."""
-        return self.strategy + (f"+partial-{self.partial}" if self.partial else "")
+        """The arm, or ``least_confidence, partial: unknown``: what the run does."""
+        return self.arm or self.strategy + (f", partial: {self.partial}" if self.partial else "")
 
 
 def initial_sentences(n_sentences: int, fraction: float, seed: int) -> np.ndarray:
@@ -204,24 +216,34 @@ def _query(model, pool_batch, pool: np.ndarray, settings: Settings, rng: np.rand
     return np.argsort(-priority(settings.strategy, figures, pool.size, rng), kind="stable")
 
 
-def _annotate(model, pool_batch, annotation: Annotation, gold: list[list], picked: np.ndarray, settings: Settings) -> None:
-    """The annotator labels the ``picked`` sentences (indices into the training split): all
-    their tokens, or in partial mode those the model is unsure of."""
+def _annotate(model, pool_batch, annotation: Annotation, gold: list[list], pool: np.ndarray, order: np.ndarray,
+              budget: int, settings: Settings) -> None:  # fmt: skip
+    """The annotator labels the pool's sentences in ``order`` (positions into ``pool``) until
+    ``budget`` tokens were asked: every token of each, or in partial mode the tokens whose
+    predicted label's marginal is below the threshold (the cost is those tokens only, so the
+    marginals are worked out a block of candidates at a time, as far as the budget goes)."""
+    lengths = np.diff(pool_batch.offsets)
     if settings.partial is None:
-        for sentence in picked:
+        for sentence in pool[take_by_tokens(order, lengths[pool], budget)]:
             annotation.ask(int(sentence), gold[sentence])
         return
-    part = pool_batch.subset(picked)
-    codes, _ = model.predict_codes(part)
-    marginals, _ = model.marginals(part)
     classes = np.array(model.classes_, dtype=object)
-    for k, sentence in enumerate(picked):
-        rows = slice(int(part.offsets[k]), int(part.offsets[k + 1]))
-        predicted = codes[k]
-        confidence = marginals[rows][np.arange(predicted.size), predicted]
-        asked = confidence < settings.threshold
-        guess = classes[predicted].tolist() if settings.partial == "model" else None
-        annotation.ask_some(int(sentence), gold[sentence], asked, guess)
+    spent, position = 0, 0
+    while spent < budget and position < order.size:
+        block = pool[order[position : position + 256]]
+        position += block.size
+        part = pool_batch.subset(block)
+        codes, _ = model.predict_codes(part)
+        marginals, _ = model.marginals(part)
+        for k, sentence in enumerate(block):
+            predicted = codes[k]
+            rows = slice(int(part.offsets[k]), int(part.offsets[k + 1]))
+            asked = marginals[rows][np.arange(predicted.size), predicted] < settings.threshold
+            guess = classes[predicted].tolist() if settings.partial == "model" else None
+            annotation.ask_some(int(sentence), gold[sentence], asked, guess)
+            spent += int(asked.sum())
+            if spent >= budget:
+                break
 
 
 def simulate(pool_batch, gold: list[list], make_model, evaluate, settings: Settings, state: RunState | None = None,
@@ -240,7 +262,6 @@ def simulate(pool_batch, gold: list[list], make_model, evaluate, settings: Setti
             annotation.ask(int(sentence), gold[sentence])
         state = RunState(annotation, [], make_model())
     annotation, model = state.annotation, state.model
-    lengths = np.diff(pool_batch.offsets)
     while True:
         number = len(state.rounds)
         query_seconds = 0.0
@@ -255,8 +276,7 @@ def simulate(pool_batch, gold: list[list], make_model, evaluate, settings: Setti
             budget = settings.batch_tokens
             if settings.token_budget is not None:
                 budget = min(budget, settings.token_budget - annotation.asked_tokens)
-            picked = pool[take_by_tokens(order, lengths[pool], budget)]
-            _annotate(model, pool_batch, annotation, gold, picked, settings)
+            _annotate(model, pool_batch, annotation, gold, pool, order, budget, settings)
             query_seconds = time.perf_counter() - began
         chosen = annotation.chosen
         began = time.perf_counter()
@@ -280,3 +300,211 @@ def simulate(pool_batch, gold: list[list], make_model, evaluate, settings: Setti
         if save_state is not None:
             save_state(state)
     return state.rounds
+
+
+# --- the pipeline stage ----------------------------------------------------------------------
+
+ARMS = {  # what an experiment arm runs: (strategy, partial mode); "full": every sentence, once
+    **{s: (s, None) for s in STRATEGIES},
+    "partial_unknown": ("least_confidence", "unknown"),  # sentences by least confidence, their unsure tokens asked
+    "partial_model": ("least_confidence", "model"),
+    "full": ("random", None),
+}
+CURVE_FILE = "curve.csv"
+
+
+def settings_of(section: dict) -> Settings:
+    """:class:`Settings` from the ``active_learning`` config section (its ``arm`` chooses the
+    strategy and partial mode; ``full`` labels the whole training split in one step)."""
+    section = dict(section)
+    arm = section.pop("arm")
+    if arm not in ARMS:
+        raise ValueError(f"active_learning.arm={arm!r}: one of {', '.join(ARMS)}")
+    strategy, partial = ARMS[arm]
+    if arm == "full":
+        section.update(initial_fraction=1.0, rounds=0, token_budget=None)
+    return Settings(strategy=strategy, partial=partial, arm=arm, **section)
+
+
+class _Checkpoint:
+    """A run's state after each finished round, in ``folder`` (outside the cache entry being
+    built, which a kill removes): the annotation (JSON), the rounds (CSV) and the model (.npz),
+    each written atomically, the round number last."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def save(self, state: RunState) -> None:
+        from crf.persist import atomic_write
+
+        self.folder.mkdir(parents=True, exist_ok=True)
+        state.model.save(self.folder / "model.npz")
+        annotation = {
+            "labels": state.annotation.labels,
+            "asked_tokens": state.annotation.asked_tokens,
+            "asked_sentences": state.annotation.asked_sentences,
+            "model_tokens": state.annotation.model_tokens,
+        }
+        atomic_write(self.folder / "annotation.json", lambda out: out.write(json.dumps(annotation).encode()))
+        frame = rounds_frame(state.rounds)
+        atomic_write(self.folder / CURVE_FILE, lambda out: out.write(frame.to_csv(index=False).encode()))
+        atomic_write(self.folder / "round", lambda out: out.write(str(len(state.rounds)).encode()))
+
+    def load(self, make_model) -> RunState | None:
+        """The saved state, or None when there is none (or it is incomplete)."""
+        from crf import CRF
+
+        try:
+            finished = int((self.folder / "round").read_text())
+            annotation = json.loads((self.folder / "annotation.json").read_text())
+            frame = pd.read_csv(self.folder / CURVE_FILE)
+        except (OSError, ValueError):
+            return None
+        if len(frame) != finished:
+            return None
+        model = make_model()
+        loaded = CRF.load(self.folder / "model.npz")
+        model.__dict__.update({k: v for k, v in vars(loaded).items() if k.endswith("_")})
+        rounds = [
+            Round(**{k: row[k] for k in Round.__dataclass_fields__ if k != "extra" and k in row}, extra={})
+            for row in frame.to_dict(orient="records")
+        ]
+        labels = annotation.pop("labels")
+        return RunState(Annotation(labels, **annotation), rounds, model)
+
+    def remove(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def rounds_frame(rounds: list[Round]) -> pd.DataFrame:
+    rows = []
+    for r in rounds:
+        row = {k: getattr(r, k) for k in Round.__dataclass_fields__ if k != "extra"}
+        rows.append({**row, **r.extra})
+    return pd.DataFrame(rows)
+
+
+class ActiveLearning(Stage):
+    """One simulated active-learning run (one arm, one seed) of the CRF on the featurized splits."""
+
+    name = "active_learning"
+    uses_adapter = True
+    step_metrics = CURVE_FILE
+    logged = (CURVE_FILE, "learning_curve.png")
+
+    def upstream(self, adapter: ModelAdapter) -> tuple[str, ...]:
+        return ("prepare", "featurize")
+
+    def config_slice(self, cfg, adapter: ModelAdapter) -> dict:
+        section = OmegaConf.to_container(cfg.active_learning, resolve=True)
+        if section.get("arm") == "full":  # one fit on every sentence: the seed and round settings do not matter
+            section = {"arm": "full"}
+        trainer = OmegaConf.to_container(cfg.trainer, resolve=True)
+        return {
+            "active_learning": section,
+            "model": OmegaConf.to_container(cfg.model, resolve=True),
+            "trainer": {k: v for k, v in trainer.items() if k != "threads"},
+        }
+
+    def settings(self, cfg, adapter: ModelAdapter) -> dict:
+        return {"threads": default_threads(cfg.trainer.get("threads")), "resume_dir": str(Path(cfg.paths.output_dir) / "resume")}
+
+    def run(self, context: StageContext) -> dict:
+        from crf import metrics
+        from pipeline.featurize import load_batch
+        from pipeline.models.crf import build_model
+        from pipeline.prepare import read_prepared
+
+        config = context.config
+        section = OmegaConf.to_container(config.active_learning)
+        settings = settings_of({**DEFAULTS, **section})
+        data = read_prepared(context.inputs["prepare"])
+        train, dev, test = (load_batch(context.inputs["featurize"], split) for split in ("train", "dev", "test"))
+        gold = {split: data.labels(split) for split in ("train", "dev", "test")}
+        chunked = data.scheme != "none"
+
+        def make_model():
+            model = build_model(OmegaConf.to_container(config.model), OmegaConf.to_container(config.trainer), 0, 0,
+                                context.settings.threads)  # fmt: skip
+            model.set_params(warm_start=True)
+            return model
+
+        def score(model, batch, split: str) -> float:
+            predicted = [list(p) for p in model.predict(batch)]
+            if chunked:
+                return metrics.chunk_scores(gold[split], predicted).f1
+            return metrics.token_accuracy(gold[split], predicted)
+
+        checkpoint = _Checkpoint(Path(context.settings.resume_dir) / self.name / context.key)
+        state = checkpoint.load(make_model)
+        if state is not None:
+            log.info("[active_learning] resuming %s after round %d", settings.name, len(state.rounds) - 1)
+
+        def report(figures: Round) -> None:
+            log.info(
+                "[active_learning] %s round %d: %d tokens (%d sentences), dev %.2f, test %.2f, refit %.1fs, query %.1fs",
+                settings.name, figures.round, figures.labelled_tokens, figures.labelled_sentences, figures.dev_score,
+                figures.test_score, figures.refit_seconds, figures.query_seconds,
+            )  # fmt: skip
+            step = {k: float(getattr(figures, k)) for k in ("labelled_tokens", "labelled_sentences", "dev_score", "test_score",
+                                                              "refit_seconds", "query_seconds")}  # fmt: skip
+            context.log_steps([(figures.round, step)])
+
+        rounds = simulate(
+            train,
+            gold["train"],
+            make_model,
+            lambda model: (score(model, dev, "dev"), score(model, test, "test")),
+            settings,
+            state,
+            checkpoint.save,
+            report,
+        )
+        frame = rounds_frame(rounds).rename(columns={"round": "iteration"})
+        frame.to_csv(context.out / CURVE_FILE, index=False)
+        plot_curves({settings.name: [frame]}, context.out / "learning_curve.png", "test_score", chunked)
+        checkpoint.remove()
+        last = rounds[-1]
+        return {
+            "labelled_tokens": last.labelled_tokens,
+            "labelled_sentences": last.labelled_sentences,
+            "dev_score": last.dev_score,
+            "test_score": last.test_score,
+            "rounds": len(rounds) - 1,
+            "aulc_test": area_under_curve(frame["labelled_tokens"], frame["test_score"]),
+            "refit_seconds": float(frame["refit_seconds"].sum()),
+            "query_seconds": float(frame["query_seconds"].sum()),
+        }
+
+
+DEFAULTS = {k: v.default for k, v in Settings.__dataclass_fields__.items() if k not in ("strategy", "partial", "arm")}
+
+
+def plot_curves(curves: dict[str, list[pd.DataFrame]], path: Path, score: str, chunked: bool) -> None:
+    """Score against labelled tokens per arm: the mean over its runs (seeds) on a common token
+    grid, with the range of the runs shaded."""
+    fig, (ax,) = figure(7, 4.5)
+    for name, frames in sorted(curves.items()):
+        grid, values = _on_grid(frames, score)
+        if grid.size == 1:
+            ax.axhline(values.mean(), color="black", ls="--", lw=1, label=name)
+            continue
+        ax.plot(grid, values.mean(axis=0), label=name)
+        if len(frames) > 1:
+            ax.fill_between(grid, values.min(axis=0), values.max(axis=0), alpha=0.2)
+    ax.set_xlabel("tokens labelled by the annotator")
+    ax.set_ylabel(f"test {'chunk F1' if chunked else 'accuracy'} (%)")
+    ax.legend(fontsize=8)
+    save_figure(fig, path)
+
+
+def _on_grid(frames: list[pd.DataFrame], score: str) -> tuple[np.ndarray, np.ndarray]:
+    """The runs' curves interpolated on the tokens every run reached: (grid (G,), values (R, G))."""
+    low = max(float(f["labelled_tokens"].min()) for f in frames)
+    high = min(float(f["labelled_tokens"].max()) for f in frames)
+    grid = np.linspace(low, high, 50) if high > low else np.array([low])
+    values = np.array([np.interp(grid, f["labelled_tokens"], f[score]) for f in frames])
+    return grid, values
+
+
+STAGE = ActiveLearning()

@@ -128,7 +128,7 @@ def run_stage(
             log.info("[%s] %s %s: computing", name, "forced" if cfg.force else "cache miss", key[:12])
 
             def produce(out: Path) -> None:
-                context = StageContext(config, settings, {k: v.folder for k, v in inputs.items()}, out, adapter, _log_steps)
+                context = StageContext(config, settings, {k: v.folder for k, v in inputs.items()}, out, adapter, _log_steps, key)
                 stage_metrics = stage.run(context)
                 (out / METRICS_FILE).write_text(json.dumps(stage_metrics, indent=1))
 

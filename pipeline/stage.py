@@ -36,7 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 from pipeline.models import ModelAdapter
 
 # the stages in the order they run; a stage's upstream stages come before it
-STAGE_MODULES = ("pipeline.prepare", "pipeline.featurize", "pipeline.train", "pipeline.evaluate")
+STAGE_MODULES = ("pipeline.prepare", "pipeline.featurize", "pipeline.train", "pipeline.evaluate", "pipeline.active_learning")
 
 StepLogger = Callable[[list[tuple[int, dict[str, float]]]], None]
 
@@ -59,6 +59,7 @@ class StageContext:
     out: Path  # the (temporary) folder to write the outputs into
     adapter: ModelAdapter
     log_steps: StepLogger = field(default=lambda batch: None)  # (step, {metric: value}) rows -> tracking
+    key: str = ""  # the cache key of the output being built (e.g. to name state kept across a kill)
 
 
 class Stage:

@@ -181,6 +181,7 @@ class SweepTracking(Callback):
         self.experiment: str | None = None
         self.summarize_at_end = True
         self.comparison = None
+        self.summary = "grid"
         self.registry = None
         self.closed = False
 
@@ -190,6 +191,7 @@ class SweepTracking(Callback):
         self.experiment = config.tracking.experiment
         self.summarize_at_end = bool(config.sweep.summarize)
         self.comparison = OmegaConf.select(config, "comparison")  # set by experiment=hmm_vs_crf
+        self.summary = str(OmegaConf.select(config, "sweep.summary", default="grid"))
         self.registry = OmegaConf.select(config, "registry")
         client = MlflowClient()
         experiment = client.get_experiment_by_name(self.experiment)
@@ -213,6 +215,18 @@ class SweepTracking(Callback):
         atexit.register(self._close, "FAILED")
         log.info("[sweep %s] parent run %s", self.sweep_id, self.parent_run_id)
 
+    def _summarize(self) -> pd.DataFrame:
+        """The summary the sweep asks for (``sweep.summary``)."""
+        if self.summary == "comparison":
+            from pipeline import compare
+
+            return compare.summarize(self.sweep_id, self.parent_run_id, self.experiment, self.comparison)
+        if self.summary == "active_learning":
+            from pipeline import learning_curves
+
+            return learning_curves.summarize(self.sweep_id, self.parent_run_id, self.experiment)
+        return summarize(self.sweep_id, self.parent_run_id, self.experiment, self.registry)
+
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         self._close("FINISHED")
 
@@ -222,12 +236,8 @@ class SweepTracking(Callback):
         self.closed = True
         try:
             table = pd.DataFrame()
-            if self.summarize_at_end and self.comparison is not None:
-                from pipeline import compare
-
-                table = compare.summarize(self.sweep_id, self.parent_run_id, self.experiment, self.comparison)
-            elif self.summarize_at_end:
-                table = summarize(self.sweep_id, self.parent_run_id, self.experiment, self.registry)
+            if self.summarize_at_end:
+                table = self._summarize()
             if status == "FINISHED" and not table.empty and (table.status == "FAILED").any():
                 status = "FAILED"
         except Exception as error:  # the jobs' runs stand, but the sweep's summary is missing: say so on the run
