@@ -100,9 +100,9 @@ def test_partial_annotation_asks_only_unsure_tokens(task):
     for mode in ("unknown", "model"):
         settings = al.settings_of({"arm": f"partial_{mode}", "seed": 1, "initial_fraction": 0.05, "batch_tokens": 40,
                                    "rounds": 2, "threshold": 0.9})  # fmt: skip
-        state_holder = {}
-        rounds = _run(task, settings, saved=lambda state: state_holder.update(state=state))
-        annotation = state_holder["state"].annotation
+        saved = []
+        rounds = _run(task, settings, saved=saved.append)
+        annotation = saved[-1].annotation
         chosen = annotation.chosen
         known = sum(sum(label is not None for label in annotation.labels[i]) for i in chosen)
         tokens = sum(len(gold[i]) for i in chosen)
