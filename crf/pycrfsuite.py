@@ -962,9 +962,13 @@ class Tagger:
     # class-level defaults: a subclass's __init__ need not call this class's
     _model: CRFsuiteModel | None = None
     _header: tuple | None = None
-    _columns: dict[str, int] = {}  # attribute -> row of _state
+    _columns: dict[str, int] = {}  # attribute -> its id in the model
     _label_ids: dict[str, int] = {}
-    _state: np.ndarray | None = None  # (A, L) state weights
+    # the state features by attribute, as CRFsuite's tagger reads them: attribute a's are
+    # _state_label[_state_first[a]:_state_first[a + 1]] with weights _state_weight[...]
+    _state_first: np.ndarray | None = None  # (A + 1,)
+    _state_label: np.ndarray | None = None  # (K,)
+    _state_weight: np.ndarray | None = None  # (K,)
     _incoming: np.ndarray | None = None  # (L, L) transition weights [next, previous]
     _emissions: np.ndarray | None = None  # (T, L) of the current sequence
     _marginals: np.ndarray | None = None  # (T, L), made by the first marginal() query
@@ -979,6 +983,9 @@ class Tagger:
                 raise ValueError(f"invalid model file {os.fspath(name)!r}: not a CRFsuite model (no {MAGIC!r} signature)")
             if len(head) <= HEADER_SIZE:
                 raise ValueError(f"model file {os.fspath(name)!r} does not have a complete header")
+            size, declared = os.fstat(file.fileno()).st_size, int.from_bytes(head[4:8], "little")
+            if size != declared:  # checked before reading it all
+                raise ValueError(f"model file {os.fspath(name)!r} has {size} bytes, its header says {declared}")
             data = head + file.read()
         self._load(data, name)
         return contextlib.closing(self)
@@ -1000,9 +1007,10 @@ class Tagger:
         model = parse_crfsuite(data, name)  # checks every size and offset: a damaged file raises ValueError
         L = len(model.labels)
         attribute, label, weight = model.state_features
-        state = np.zeros((len(model.attributes), L))
-        np.add.at(state, (attribute, label), weight)  # repeated references add up, as in CRFsuite's tagger
-        self._model, self._header, self._state = model, _HEADER.unpack_from(data), state
+        order = np.argsort(attribute, kind="stable")  # by attribute, each one's in file order
+        self._state_first = np.concatenate([[0], np.cumsum(np.bincount(attribute, minlength=len(model.attributes)))])
+        self._state_label, self._state_weight = label[order], weight[order]
+        self._model, self._header = model, _HEADER.unpack_from(data)
         self._incoming = np.ascontiguousarray(model.transitions.T)
         self._columns = dict(zip(model.attributes, range(len(model.attributes))))
         self._label_ids = dict(zip(model.labels, range(L)))
@@ -1011,7 +1019,8 @@ class Tagger:
 
     def close(self) -> None:
         """Unload the model."""
-        self._model = self._header = self._state = self._incoming = self._emissions = self._marginals = None
+        self._model = self._header = self._incoming = self._emissions = self._marginals = None
+        self._state_first = self._state_label = self._state_weight = None
         self._columns, self._label_ids = {}, {}
 
     def _opened(self) -> CRFsuiteModel:
@@ -1046,17 +1055,20 @@ class Tagger:
                     values.append(value)
             counts[t] = len(names)
         counts[1:] -= counts[:-1].copy()
-        columns = np.fromiter(map(self._columns.get, names, repeat(-1)), dtype=np.int64, count=len(names))
-        known = columns >= 0
-        rows = np.repeat(np.arange(len(items)), counts)[known]
-        emissions = np.zeros((len(items), len(model.labels)))
-        if rows.size:  # the rows are sorted: sum each token's run of rows of the state weights
-            firsts = np.flatnonzero(np.concatenate([[True], rows[1:] != rows[:-1]]))
-            scores = self._state[columns[known]]
-            weights = np.array(values)[known]
-            if not np.all(weights == 1.0):
-                scores *= weights[:, None]
-            emissions[rows[firsts]] = np.add.reduceat(scores, firsts, axis=0)
+        attributes = np.fromiter(map(self._columns.get, names, repeat(-1)), dtype=np.int64, count=len(names))
+        known = attributes >= 0
+        attributes = attributes[known]
+        # every state feature of every known attribute, in item order: value * weight added to
+        # its label's score, in the order CRFsuite's tagger adds them
+        first, last = self._state_first[attributes], self._state_first[attributes + 1]
+        n_features = last - first
+        before = np.cumsum(n_features) - n_features
+        features = np.arange(int(n_features.sum())) + np.repeat(first - before, n_features)
+        rows = np.repeat(np.repeat(np.arange(len(items)), counts)[known], n_features)
+        scores = self._state_weight[features] * np.repeat(np.array(values)[known], n_features)
+        L = len(model.labels)
+        cells = rows * L + self._state_label[features]
+        emissions = np.bincount(cells, weights=scores, minlength=len(items) * L).reshape(len(items), L)
         self._emissions, self._marginals = emissions, None
 
     def tag(self, xseq=None) -> list[str]:

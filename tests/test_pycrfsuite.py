@@ -484,7 +484,12 @@ def test_same_tags_probabilities_and_marginals_as_python_crfsuite(corpus, model,
     mine.open(path)
     theirs.open(path)
     assert mine.labels() == theirs.labels()
-    for x in X_test:
+    repeated_and_unknown = [
+        ["w=w1", "w=w1", "unknown"],
+        {"w": "w2", "size": 2.5, "prev": b"w1"},
+        {"size": -1, "ctx": {"set": ["s"]}},
+    ]
+    for x in [*X_test, repeated_and_unknown]:
         labels = theirs.tag(x)
         assert mine.tag(ours.ItemSequence(x)) == labels
         assert mine.probability(labels) == pytest.approx(theirs.probability(labels), rel=1e-9)
