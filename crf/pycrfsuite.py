@@ -2,10 +2,11 @@
 
 Code written against python-crfsuite runs with ``import crf.pycrfsuite as pycrfsuite``, on any
 machine with NumPy and SciPy. The module is a surface, not a second implementation: training is
-:meth:`crf.CRF.fit` (``boundary_transitions=False``, which is CRFsuite's model), items become
-attribute columns through :class:`crf.features.AttributeIndex`, and model files are CRFsuite's,
+:meth:`crf.CRF.fit` (``boundary_transitions=False``, which is CRFsuite's model; items become
+attribute columns through :class:`crf.features.AttributeIndex`), and model files are CRFsuite's,
 read and written by :mod:`crf.crfsuite_format` (a file trained here tags the same in
-python-crfsuite, and the other way round).
+python-crfsuite, and the other way round). The tagger scores one sequence at a time as CRFsuite's
+does, from the file's features.
 
 What matches python-crfsuite 0.9.12 (CRFsuite 0.12):
 
@@ -30,14 +31,17 @@ What matches python-crfsuite 0.9.12 (CRFsuite 0.12):
   unknown labels in ``probability``/``marginal`` and for ``info``/``dump`` on a closed tagger;
   TypeError for items of the wrong type.
 
-Where it differs (on purpose): parameter values are checked when set (CRFsuite parses them with
+Where it differs: parameter values are checked when set (CRFsuite parses them with
 ``atoi``/``atof`` and takes anything); an empty item sequence cannot be appended (CRFsuite would
 train on nothing from it); NaN or infinite attribute values are refused; a damaged model file
-raises ValueError where CRFsuite may crash. The log has CRFsuite's lines where this trainer knows
-the figures; it leaves out the line-search step, SGD's learning rate per epoch and its
-calibration trials. Labels seen only in the holdout group are not in the model (CRFsuite keeps
-them, without features), and only attributes with a non-zero weight are written (as CRFsuite
-writes them).
+raises ValueError where CRFsuite may crash; ``linesearch`` other than ``MoreThuente`` raises
+ValueError at ``train`` unless ``c1 > 0`` (the estimator's L-BFGS line search is More-Thuente's;
+OWL-QN backtracks, as in CRFsuite). The log has CRFsuite's lines where this trainer knows the
+figures: it leaves out the line-search step, SGD's learning rate per epoch and its calibration
+trials, and its number of features leaves out attributes that only ever have the value 0
+(CRFsuite makes features of them, which keep the weight 0). Labels seen only in the holdout
+group are not in the model (CRFsuite keeps them, without features); as in CRFsuite, only
+attributes with a non-zero weight are written.
 """
 
 from __future__ import annotations
@@ -795,7 +799,7 @@ class BaseTrainer:
         self._algorithm = algorithm
         self._values = dict(_DEFAULTS[algorithm])
 
-    def select(self, algorithm: str, type: str = "crf1d") -> None:  # noqa: A002 (python-crfsuite's name)
+    def select(self, algorithm: str, type: str = "crf1d") -> None:
         """Choose the training algorithm (``lbfgs``, ``l2sgd``, ``ap``/``averaged-perceptron``,
         ``pa``/``passive-aggressive``, ``arow``; ``type`` must be ``crf1d``). The parameters go
         back to the algorithm's defaults, as in CRFsuite."""
