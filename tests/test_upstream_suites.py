@@ -24,7 +24,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SDISTS = Path(os.environ.get("CRF_UPSTREAM_SDISTS", ROOT / ".ci" / "cache"))
-PYTHON_CRFSUITE = "python_crfsuite-0.9.12"
+PYTHON_CRFSUITE = "python_crfsuite-0.9.12"  # the archive's name (python-crfsuite==0.9.12 to pip)
 SKLEARN_CRFSUITE = "sklearn_crfsuite-0.5.0"
 
 # shim packages: {package: {file: source}}
@@ -44,10 +44,12 @@ def upstream_tests(name: str, destination: Path) -> Path:
     extracted into ``destination``; skips the test when the archive is absent."""
     archive = SDISTS / f"{name}.tar.gz"
     if not archive.is_file():
-        pytest.skip(f"{archive} not found: .ci/run downloads it (pip download --no-deps --no-binary :all: {name})")
+        requirement = name.replace("_", "-").replace("-0.", "==0.")
+        pytest.skip(f"{archive} not found: .ci/run downloads it (pip download --no-deps --no-binary :all: {requirement})")
     with tarfile.open(archive) as tar:
         members = [m for m in tar.getmembers() if m.name.startswith(f"{name}/tests/")]
-        tar.extractall(destination, members=members, filter="data")
+        safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}  # Python >= 3.10.12
+        tar.extractall(destination, members=members, **safe)
     return destination / name / "tests"
 
 
