@@ -204,8 +204,6 @@ class ItemSequence:
 
 # --- training parameters ----------------------------------------------------------------
 
-LINESEARCHES = ("MoreThuente", "Backtracking", "StrongBacktracking")
-
 
 @dataclass(frozen=True)
 class _Parameter:
@@ -327,8 +325,8 @@ def _parse(name: str, value):
     """The value of parameter ``name`` read from ``value``; ValueError when it is not allowed."""
     spec = _PARAMETERS[name]
     if spec.kind == "linesearch":
-        if value not in LINESEARCHES:
-            raise ValueError(f"parameter linesearch must be one of {', '.join(LINESEARCHES)}, got {value!r}")
+        if value not in hyper.LINESEARCHES:
+            raise ValueError(f"parameter linesearch must be one of {', '.join(hyper.LINESEARCHES)}, got {value!r}")
         return value
     number = _number(name, value)
     if spec.kind == "flag":
