@@ -125,7 +125,12 @@ def read_crfsuite(path: str | os.PathLike) -> CRFsuiteModel:
     path = Path(path)
     if not path.is_file():
         raise CRFsuiteFormatError(f"{path}: no such model file")
-    data = path.read_bytes()
+    return parse_crfsuite(path.read_bytes(), path)
+
+
+def parse_crfsuite(data: bytes, path: str | os.PathLike = "<memory>") -> CRFsuiteModel:
+    """The model in ``data``, the bytes of a CRFsuite model file (``path`` names it in errors);
+    checked as :func:`read_crfsuite` checks a file."""
     if len(data) < HEADER_SIZE:
         raise CRFsuiteFormatError(f"{path}: {len(data)} bytes, shorter than a CRFsuite header")
     if data[:4] != MAGIC:

@@ -35,6 +35,7 @@ class IterationInfo:
     elapsed: float
     theta: np.ndarray | None = field(default=None, repr=False, compare=False)
     feature_norm: float = float("nan")
+    evaluations: int = 0  # objective evaluations so far, the first one included (L-BFGS; 0 elsewhere)
 
 
 @dataclass
@@ -99,8 +100,8 @@ class _Progress:
         self.history: list[IterationInfo] = []
         self.began = time.perf_counter()
 
-    def record(self, loss: float, gradient_norm: float, theta: np.ndarray) -> str | None:
-        """Log one iteration; the reason to stop, or None."""
+    def record(self, loss: float, gradient_norm: float, theta: np.ndarray, evaluations: int = 0) -> str | None:
+        """Log one iteration (``evaluations``: of the objective so far); the reason to stop, or None."""
         feature_norm = float(np.linalg.norm(theta))
         info = IterationInfo(
             iteration=len(self.history) + 1,
@@ -110,6 +111,7 @@ class _Progress:
             elapsed=time.perf_counter() - self.began,
             theta=theta,
             feature_norm=feature_norm,
+            evaluations=evaluations,
         )
         self.history.append(info)
         if self.callback is not None:
@@ -157,7 +159,7 @@ def lbfgs(
     theta, reason = np.array(theta0, dtype=np.float64), "converged"
     try:
         for theta, loss, stationarity in iterations:  # noqa: B007 (the last point is the result)
-            reason = progress.record(loss, float(np.linalg.norm(stationarity)), theta)
+            reason = progress.record(loss, float(np.linalg.norm(stationarity)), theta, evaluations)
             if reason:
                 break
         else:
