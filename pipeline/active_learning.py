@@ -387,8 +387,7 @@ def rounds_frame(rounds: list[Round]) -> pd.DataFrame:
 class ActiveLearning(Stage):
     """One simulated active-learning run (one arm, one seed) of the CRF on the featurized splits."""
 
-    name = "active_learning"
-    uses_adapter = True
+    name = "active_learning"  # a CRF experiment whatever model.adapter says: its code is its own module's
     step_metrics = CURVE_FILE
     logged = (CURVE_FILE, "learning_curve.png")
 
