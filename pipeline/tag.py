@@ -33,6 +33,7 @@ read as a group choice: the command line's ``model=...`` is passed to Hydra as `
 from __future__ import annotations
 
 import logging
+import os
 import re
 import sys
 import tempfile
@@ -204,12 +205,16 @@ def score(bundle: TaggerBundle, corpus: Corpus, prediction: Prediction) -> dict[
     return scores
 
 
-def check_output(output_path: Path, input_path: Path) -> None:
-    """Before any work: ``output_path`` must be a file that can be written (atomically: a new file
-    in its folder renamed over it). Refused: a folder, a missing or read-only folder, a read-only
-    file, the input file itself."""
-    if output_path.is_dir():
-        raise TagError(f"output {output_path}: is a directory; name a file")
+def check_output(output: str | Path, input_path: Path) -> None:
+    """Before any work: ``output`` must name a regular file that can be written (atomically: a new
+    file in its folder renamed over it). Refused: a folder (or a name ending in ``/``), a device,
+    pipe or socket (``/dev/null`` would be replaced by a file), a missing or read-only folder, a
+    read-only file, the input file itself."""
+    output_path = Path(output)
+    if output_path.is_dir() or str(output).endswith(("/", os.sep)):
+        raise TagError(f"output {output}: is a directory; name a file")
+    if output_path.exists() and not output_path.is_file():
+        raise TagError(f"output {output_path}: not a regular file (a device, pipe or socket); name a file")
     folder = output_path.parent if str(output_path.parent) else Path(".")
     if not folder.is_dir():
         raise TagError(f"output {output_path}: the folder {folder} does not exist")
@@ -254,7 +259,7 @@ def run_tag(cfg: Mapping) -> dict:
         raise IsADirectoryError(f"input {input_path}: is a directory; name a file")
     if not input_path.is_file():
         raise FileNotFoundError(f"input {input_path}: no such file")
-    check_output(output_path, input_path)
+    check_output(str(cfg["output"]), input_path)
     aliases = dict(cfg.get("column_aliases") or {})
     tracking_uri, registry_uri = cfg.get("tracking_uri"), cfg.get("registry_uri")
     bundles = [load_tagger(resolve_model(r, tracking_uri, registry_uri)) for r in references]

@@ -365,6 +365,11 @@ def test_output_places_refused_before_the_model_is_even_loaded(run, tmp_path, mo
     with pytest.raises(TagError, match="the file is read-only"):
         run_tag(_settings(bundle, source, locked))
     assert locked.read_text() == "keep me\n"
+    with pytest.raises(TagError, match="not a regular file"):
+        run_tag(_settings(bundle, source, "/dev/null", output_format="jsonl"))  # atomic_write would replace the device
+    assert Path("/dev/null").is_char_device()
+    with pytest.raises(TagError, match="is a directory"):
+        run_tag(_settings(bundle, source, f"{tmp_path / 'new'}/"))
     with pytest.raises(TagError, match="is the input file"):
         run_tag(_settings(bundle, source, source, output_format="jsonl"))
     with pytest.raises(ValueError, match="unknown format 'xml'"):
