@@ -145,12 +145,12 @@ def as_frame(model_input: Any, columns: Sequence[str]) -> pd.DataFrame:
 
 
 def _is_integral(value: Any) -> bool:
-    """An integer, or a float with an integer value (1.0); not a boolean."""
+    """An integer that fits 64 bits, or a float with such an integer value (1.0); not a boolean."""
     if isinstance(value, (bool, np.bool_)):
         return False
-    if isinstance(value, (int, np.integer)):
-        return True
-    return isinstance(value, (float, np.floating)) and float(value).is_integer()
+    if isinstance(value, (float, np.floating)) and not float(value).is_integer():
+        return False
+    return isinstance(value, (int, np.integer, float, np.floating)) and -(2**63) <= int(value) < 2**63
 
 
 def check_frame(frame: pd.DataFrame, columns: Sequence[str]) -> None:
@@ -158,6 +158,9 @@ def check_frame(frame: pd.DataFrame, columns: Sequence[str]) -> None:
     missing column, a sentence id that is missing, not an integer or smaller than the one
     before (the rows of a sentence contiguous, sentences in order), a token that is not a
     non-empty string."""
+    repeated = sorted({str(c) for c in frame.columns[frame.columns.duplicated()]})
+    if repeated:
+        raise TaggerInputError(f"the column(s) {repeated} appear more than once")
     missing = [c for c in [SENTENCE, *columns] if c not in frame.columns]
     if missing:
         raise TaggerInputError(
@@ -195,9 +198,20 @@ def check_frame(frame: pd.DataFrame, columns: Sequence[str]) -> None:
 
 
 def _finite_or_none(values: pd.Series) -> pd.Series:
-    """A float column as objects, with None where the value is not a finite number."""
-    numbers = values.to_numpy(dtype=np.float64)
-    return pd.Series(np.where(np.isfinite(numbers), numbers.astype(object), None), index=values.index, dtype=object)
+    """``values`` with None where a value is a non-finite number (NaN, infinity): a float column
+    becomes objects; other columns keep their values and, when nothing changes, their dtype."""
+    if values.dtype.kind == "f":
+        numbers = values.to_numpy(dtype=np.float64)
+        return pd.Series(np.where(np.isfinite(numbers), numbers.astype(object), None), index=values.index, dtype=object)
+    if values.dtype != object:
+        return values
+    cells = values.to_numpy(dtype=object)
+    bad = np.fromiter((isinstance(v, (float, np.floating)) and not np.isfinite(v) for v in cells), dtype=bool, count=cells.size)
+    if not bad.any():
+        return values
+    cells = cells.copy()
+    cells[bad] = None
+    return pd.Series(cells, index=values.index, dtype=object)
 
 
 def tag(bundle: TaggerBundle, model_input: pd.DataFrame | Sequence[Sequence[dict]]) -> pd.DataFrame:
@@ -208,9 +222,8 @@ def tag(bundle: TaggerBundle, model_input: pd.DataFrame | Sequence[Sequence[dict
         out = bundle.tag_frame(frame, sentence=SENTENCE)
     except ValueError as err:  # anything the checks above did not foresee: still a one-line 400
         raise TaggerInputError(str(err).splitlines()[0] if str(err) else type(err).__name__) from None
-    for column in ("marginal", "segment_confidence"):
-        if column in out.columns:
-            out[column] = _finite_or_none(out[column])
+    for column in out.columns:  # the answer and any extra columns the request carried: strict JSON
+        out[column] = _finite_or_none(out[column])
     return out
 
 

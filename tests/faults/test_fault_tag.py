@@ -457,6 +457,9 @@ BAD_REQUESTS = {
     "text-id": (_split(["sentence", "w", "pos"], [["s1", "a", "DT"]]), "row 0: the 'sentence' id str 's1' is not an integer"),
     "fraction-id": (_split(["sentence", "w", "pos"], [[0.5, "a", "DT"]]), "id float 0.5 is not an integer"),
     "bool-id": (_split(["sentence", "w", "pos"], [[True, "a", "DT"]]), "is not an integer"),
+    "huge-id": (_rows([2**70, "a", "DT"]), "is not an integer"),
+    "huge-float-id": (_rows([1e30, "a", "DT"]), "is not an integer"),
+    "repeated-column": (_split(["sentence", "w", "w", "pos"], [[0, "a", "b", "DT"]]), r"\['w'\] appear more than once"),
     "records-missing": (json.dumps({"dataframe_records": [{"sentence": 0, "w": "a"}]}), r"missing column\(s\) \['pos'\]"),
     "sentences-missing": (json.dumps({"inputs": [[{"w": "a"}]]}), r"sentence 0, token 0: lacks the column\(s\) \['pos'\]"),
     # ragged: MLflow's own parser refuses it (BAD_REQUEST, one line) before the model sees it
@@ -476,6 +479,15 @@ def test_a_request_the_model_cannot_use_is_a_400_with_a_one_line_reason(model, n
     message = answer["message"]
     assert "\n" not in message and "Traceback" not in message and "Failed to predict data" not in message
     assert re.search(reason, message), message
+
+
+def test_extra_columns_are_echoed_in_strict_json(model):
+    """Columns the model does not read come back as sent, but a NaN among them is null, not NaN."""
+    columns = '"columns": ["sentence", "w", "pos", "score"]'
+    body = '{"dataframe_split": {' + columns + ', "data": [[0, "the", "DT", NaN], [0, "dog", "NN", 1.5]]}}'
+    status, text = _invoke(model, body)
+    assert status == 200, text
+    assert [r["score"] for r in strict_loads(text)["predictions"]] == [None, 1.5]
 
 
 def test_python_callers_get_the_same_reasons(model):
