@@ -179,13 +179,22 @@ def read_input(
     raise ValueError(f"unknown input format {fmt!r}; one of {FORMATS}")
 
 
+def _json_kind(value: object) -> str:
+    """A decoded JSON value as a message shows it: its JSON type and (shortened) text."""
+    if value is None:
+        return "null"
+    if isinstance(value, str):
+        return "an empty string" if not value else f"string {json.dumps(value)[:60]}"
+    kind = {bool: "boolean", int: "number", float: "number", list: "array", dict: "object"}.get(type(value), type(value).__name__)
+    return f"{kind} {json.dumps(value)[:60]}"
+
+
 def _jsonl_value(path: Path, number: int, position: int, column: str | None, value: object) -> str:
     """``value`` if it is a non-empty string, else DataFormatError naming line, token and column."""
     if isinstance(value, str) and value:
         return value
     where = f"token {position}" + (f", column {column!r}" if column else "")
-    what = "an empty string" if isinstance(value, str) else f"{type(value).__name__} {json.dumps(value)[:60]}"
-    raise DataFormatError(path, number, f"{where}: expected a non-empty string, got {what}")
+    raise DataFormatError(path, number, f"{where}: expected a non-empty string, got {_json_kind(value)}")
 
 
 def _read_jsonl(path: Path, columns: list[str]) -> Corpus:
@@ -219,7 +228,7 @@ def _read_jsonl(path: Path, columns: list[str]) -> Corpus:
                 values[columns[0]].append(_jsonl_value(path, number, position, None, token))
             else:
                 raise DataFormatError(
-                    path, number, f"token {position}: a token must be a string or an object, got {json.dumps(token)[:60]}"
+                    path, number, f"token {position}: a token must be a string or an object, got {_json_kind(token)}"
                 )
         lengths.append(len(sentence))
     if not lengths:

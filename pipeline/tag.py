@@ -70,7 +70,8 @@ def _bundle_in(folder: Path, reference: str) -> Path:
 
 def resolve_model(reference: str, tracking_uri: str | None = None, registry_uri: str | None = None) -> Path:
     """The local path of the bundle ``reference`` names (a file, a folder holding one, or an MLflow
-    URI resolved against ``tracking_uri`` and ``registry_uri``, default the tracking URI)."""
+    URI resolved against ``tracking_uri`` and ``registry_uri``, default the tracking URI; both None:
+    MLflow's own settings, which the tag command never leaves to chance)."""
     reference = str(reference)
     path = Path(reference).expanduser()
     if path.is_file():

@@ -385,8 +385,8 @@ def test_output_places_refused_before_the_model_is_even_loaded(run, tmp_path, mo
 
 @pytest.mark.parametrize(
     "value,shown",
-    [("null", "NoneType null"), ("true", "bool true"), ("3", "int 3"), ("1.5", "float 1.5"), ('["a"]', 'list \\["a"\\]'),
-     ('{"x": 1}', 'dict \\{"x": 1\\}'), ('""', "an empty string"), ("NaN", "float NaN")],
+    [("null", "null"), ("true", "boolean true"), ("3", "number 3"), ("1.5", "number 1.5"), ('["a"]', 'array \\["a"\\]'),
+     ('{"x": 1}', 'object \\{"x": 1\\}'), ('""', "an empty string"), ("NaN", "number NaN")],
     ids=["null", "bool", "int", "float", "list", "object", "empty", "nan"],
 )  # fmt: skip
 def test_a_jsonl_value_that_is_not_a_string_is_refused_with_its_position(run, tmp_path, value, shown, no_tagging):
@@ -408,7 +408,7 @@ def test_the_command_refuses_a_null_token_in_one_line(run, tmp_path):
     source = tmp_path / "in.jsonl"
     source.write_text('{"tokens": [{"w": null, "pos": "DT"}]}\n')
     line = _one_line_error(_cli([f"model={bundle}", f"input={source}", f"output={tmp_path / 'out.jsonl'}"], tmp_path))
-    assert f"{source}:1: token 1, column 'w': expected a non-empty string, got NoneType null" in line
+    assert f"{source}:1: token 1, column 'w': expected a non-empty string, got null" in line
     assert not (tmp_path / "out.jsonl").exists()
 
 
