@@ -106,9 +106,15 @@ def _cells(line: str, separator: str | None) -> tuple[str, ...]:
     return tuple(cells)
 
 
-def _sentences(path: str | os.PathLike, parse: Callable[[int, str], tuple[str, ...] | None], what: str) -> list[Sentence]:
-    """Group a file's token lines into sentences: blank lines end sentences, ``parse(number,
-    line)`` turns a line into a token row (None: skip the line) or raises DataFormatError."""
+def _sentences(
+    path: str | os.PathLike,
+    parse: Callable[[int, str], tuple[str, ...] | None],
+    what: str,
+    boundary: Callable[[], None] = lambda: None,
+) -> list[Sentence]:
+    """Group a file's token lines into sentences: blank lines end sentences (and call
+    ``boundary()``), ``parse(number, line)`` turns a line into a token row (None: skip the line)
+    or raises DataFormatError."""
     sentences: list[Sentence] = []
     current: Sentence = []
     saw_any_line = False
@@ -118,6 +124,7 @@ def _sentences(path: str | os.PathLike, parse: Callable[[int, str], tuple[str, .
             if current:
                 sentences.append(current)
                 current = []
+            boundary()
             continue
         row = parse(number, line)
         if row is not None:
@@ -131,25 +138,45 @@ def _sentences(path: str | os.PathLike, parse: Callable[[int, str], tuple[str, .
     return sentences
 
 
+DOCSTART = "-DOCSTART-"  # CoNLL-2003's document boundary line (``-DOCSTART- -X- -X- O``)
+
+
 def read_conll(
     path: str | os.PathLike,
     n_columns: int | None = None,
     separator: str | None = None,
+    comment_prefix: str | None = None,
+    document_marker: str | None = DOCSTART,
 ) -> list[Sentence]:
     """Read a CoNLL column file: one token per line, columns split by ``separator``.
 
     ``separator=None`` splits on any run of whitespace; pass ``"\\t"`` for strictly tab-separated
-    files whose cells may contain spaces. Blank lines end sentences and ``-DOCSTART-`` lines are
-    skipped. Every token line must have ``n_columns`` columns (by default, as many as the first
-    token line); empty cells at the end of a line (a final separator) do not count.
+    files whose cells may contain spaces. Blank lines end sentences. Every token line must have
+    ``n_columns`` columns (by default, as many as the first token line); empty cells at the end of
+    a line (a final separator) do not count.
+
+    Lines that look like directives are explicit choices, never guesses:
+
+    - ``document_marker`` (default ``-DOCSTART-``): a line whose first cell is exactly this is a
+      document boundary (CoNLL-2003) and skipped. ``None``: no line is special; a word spelled
+      ``-DOCSTART-`` is a token like any other.
+    - ``comment_prefix`` (default ``None``: no comments): a line starting with it *before the first
+      token line of a sentence* is a comment (sentence headers such as ``# sent_id = 1``, as some
+      NER corpora's TSV files have) and skipped. Inside a sentence such a line is a token line, so
+      a word ``#`` keeps its place. Without a prefix every non-blank line is a token line.
     """
+    if comment_prefix == "":
+        raise ValueError("comment_prefix must be None or a non-empty string")
     expected = [n_columns]
+    at_sentence_start = [True]
 
     def parse(number: int, line: str) -> tuple[str, ...] | None:
+        if comment_prefix is not None and at_sentence_start[0] and line.startswith(comment_prefix):
+            return None
         cells = _cells(line, separator or None)
         if not cells:
             raise DataFormatError(path, number, f"no columns in {line!r}")
-        if cells[0] == "-DOCSTART-":
+        if document_marker is not None and cells[0] == document_marker:
             return None
         if expected[0] is None:
             expected[0] = len(cells)
@@ -157,9 +184,13 @@ def read_conll(
             raise DataFormatError(path, number, f"expected {expected[0]} columns, found {len(cells)}: {line!r}")
         if any(cell == "" for cell in cells):
             raise DataFormatError(path, number, f"empty column in {line!r}")
+        at_sentence_start[0] = False
         return cells
 
-    return _sentences(path, parse, "token")
+    def boundary() -> None:
+        at_sentence_start[0] = True
+
+    return _sentences(path, parse, "token", boundary)
 
 
 CONLLU_COLUMNS = ("id", "form", "lemma", "upos", "xpos", "feats", "head", "deprel", "deps", "misc")

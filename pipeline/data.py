@@ -116,9 +116,25 @@ class Dataset:
         return [[row[i] for row in sentence] for sentence in self.splits[split]]
 
 
-# dataset ``format`` -> reader(path, dataset config) -> sentences; a new file format is one entry
+def read_conll_dataset(path: Path, dataset: Mapping) -> list[Sentence]:
+    """A ``conll`` dataset file: ``separator`` (None: any whitespace), and lines that look like
+    directives only where the dataset says so: ``comment_prefix`` (sentence-header comment lines,
+    e.g. ``#``; default none) and ``document_marker`` (e.g. CoNLL-2003's ``-DOCSTART-``; default
+    none). Unset, a word ``#`` or ``-DOCSTART-`` is a token like any other (see
+    :func:`crf.io.read_conll`)."""
+    return read_conll(
+        path,
+        n_columns=len(dataset["columns"]),
+        separator=dataset.get("separator"),
+        comment_prefix=dataset.get("comment_prefix"),
+        document_marker=dataset.get("document_marker"),
+    )
+
+
+# dataset ``format`` -> reader(path, dataset config) -> sentences; a new file format is one entry.
+# CoNLL-U defines its comments (``#`` lines before a sentence) and has no document marker.
 READERS: dict[str, Callable[[Path, Mapping], list[Sentence]]] = {
-    "conll": lambda path, dataset: read_conll(path, n_columns=len(dataset["columns"]), separator=dataset.get("separator")),
+    "conll": read_conll_dataset,
     "conllu": lambda path, dataset: read_conllu(path),
     "xml_sequences": lambda path, dataset: read_xml_sequences(path),
 }

@@ -32,7 +32,6 @@ test) and the ``{split}_unseen_*`` figures on the others. Dataset settings (the 
 
 from __future__ import annotations
 
-import json
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -50,6 +49,7 @@ from pipeline.models import BUNDLE_FILE, ModelAdapter, Tagger
 from pipeline.prepare import read_prepared
 from pipeline.report import figure, save_figure
 from pipeline.stage import Stage, StageContext
+from pipeline.strict_json import write_json
 
 log = logging.getLogger(__name__)
 
@@ -326,7 +326,7 @@ def evaluate(
             SPLITS,
         )
         results = {k: v for part in parts for k, v in part.items()}
-    (out / "metrics.json").write_text(json.dumps(results, indent=1))
+    write_json(out / "metrics.json", results)  # strict JSON: a score with no tokens to count is null
     summary = ", ".join(f"{k} {v:.2f}" for k, v in results.items() if k.endswith(("_f1", "_accuracy")))
     log.info("%s", summary)
     return results

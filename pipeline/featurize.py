@@ -10,7 +10,6 @@ directory. Output folder: ``extractor.npz`` (the fitted vocabulary, see
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -26,6 +25,7 @@ from pipeline.cache import file_sha256
 from pipeline.models import ModelAdapter
 from pipeline.prepare import SPLITS, read_prepared
 from pipeline.stage import Stage, StageContext
+from pipeline.strict_json import write_json
 
 EXTRACTOR_KIND = "crf.FeatureExtractor"
 PROJECT_ROOT = Path(__file__).resolve().parents[1]  # the folder holding conf/
@@ -130,7 +130,7 @@ class Featurize(Stage):
             np.save(out / f"offsets_{split}.npy", batch.offsets)
             metrics[f"{split}_nonzeros"] = int(batch.X.nnz)
             metrics[f"{split}_attributes_per_token"] = batch.X.nnz / max(batch.n_tokens, 1)
-        (out / "features.json").write_text(json.dumps(metrics, indent=1))
+        write_json(out / "features.json", metrics)
         return metrics
 
 

@@ -5,18 +5,33 @@ optional gold label column. Readers (``format``; ``auto`` picks by extension, ``
 
 - ``conll`` (``.conll``, ``.txt``, ``.tsv``, other): whitespace-separated columns, blank line
   between sentences, read by :func:`crf.io.read_conll`. The columns are the ones the model needs,
-  in order; one more trailing column is taken as gold labels.
+  in order; one more trailing column is taken as gold labels. Every non-blank line is a token
+  (a word ``#`` or ``-DOCSTART-`` too), as the pipeline reads a CoNLL dataset, unless the command
+  names a ``comment_prefix`` (sentence-header lines such as ``# sent_id = 1``) or a
+  ``document_marker`` (CoNLL-2003's ``-DOCSTART-`` lines).
 - ``conllu`` (``.conllu``): :func:`crf.io.read_conllu`; FORM becomes ``w``, and UPOS or XPOS
   (option ``conllu_pos``) ``pos``; every CoNLL-U column is also available under its own name
   (``upos``, ``xpos``, ...), which gives gold labels when the model predicts one of them.
 - ``jsonl`` (``.jsonl``, ``.json``): one JSON object per line, ``{"tokens": [...]}``, tokens as
-  strings (one input column) or objects ``{column: value}``.
+  strings (one input column) or objects ``{column: value}`` whose values are strings; anything
+  else (null, a number, a list, a boolean, an empty string) is refused naming line, token and column.
 - ``text`` (``.txt`` only when asked): one sentence per line, split by :func:`tokenize`.
 
 Writers (atomic: :func:`crf.persist.atomic_write`): ``conll`` (the input columns, the gold column
 when there is one, then each model's predicted column and, with ``marginals``, its marginal) and
 ``jsonl`` (per sentence: ``tokens``, ``labels``, ``marginals``, ``segments`` with confidence, and
 ``columns``: every predicted column by name).
+
+What a reader gets back is what was meant:
+
+- CoNLL output is read back by splitting on whitespace (as :func:`crf.io.read_conll` and the
+  input side of this command do), so a cell that is empty or holds any whitespace (a space, tab,
+  newline, ...) cannot be written faithfully: it is refused (:class:`OutputFormatError` naming
+  sentence, token and column), before any tagging (:func:`check_conll_cells`). There is no
+  escaping: write JSONL (``output_format=jsonl``), which holds any token.
+- JSONL output is strict JSON (:mod:`pipeline.strict_json`): a marginal or confidence that is
+  not a number (a sentence the model gives probability 0) is ``null``, never ``NaN``; the line
+  separators some readers split lines on (U+0085, U+2028, U+2029) are written escaped.
 """
 
 from __future__ import annotations
@@ -24,7 +39,7 @@ from __future__ import annotations
 import io
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,9 +48,17 @@ import pandas as pd
 
 from crf.io import CONLLU_COLUMNS, DataFormatError, _decoded_lines, read_conll, read_conllu
 from crf.persist import atomic_write
+from pipeline.strict_json import dumps
 
 FORMATS = ("conll", "conllu", "jsonl", "text")
 OUTPUT_FORMATS = ("conll", "jsonl")
+# characters json.dumps(ensure_ascii=False) leaves raw that str.splitlines() and some JSONL readers split on
+_LINE_SEPARATORS = {"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+
+
+class OutputFormatError(ValueError):
+    """A value the chosen output format cannot hold faithfully (the message names where and why)."""
+
 
 # Penn-Treebank-like tokenisation of raw text, tried left to right at each position:
 _TOKEN = re.compile(
@@ -101,15 +124,26 @@ def _flat(sentences: list[list[tuple[str, ...]]]) -> tuple[list[tuple[str, ...]]
     return [row for sentence in sentences for row in sentence], lengths
 
 
-def read_input(path: str | Path, fmt: str, columns: Sequence[str], conllu_pos: str = "xpos", gold: str | None = None) -> Corpus:
+def read_input(
+    path: str | Path,
+    fmt: str,
+    columns: Sequence[str],
+    conllu_pos: str = "xpos",
+    gold: str | None = None,
+    comment_prefix: str | None = None,
+    document_marker: str | None = None,
+) -> Corpus:
     """Read ``path`` in format ``fmt`` (see the module docstring) for a model chain needing the
-    token ``columns``; ``gold`` names the column of gold labels to pick up (CoNLL-U)."""
+    token ``columns``; ``gold`` names the column of gold labels to pick up (CoNLL-U);
+    ``comment_prefix`` and ``document_marker``: the CoNLL lines that are not tokens (default: none)."""
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"input {path}: is a directory, expected a file")
     if not path.is_file():
         raise FileNotFoundError(f"input {path}: no such file")
     columns = list(columns)
     if fmt == "conll":
-        rows, lengths = _flat(read_conll(path))
+        rows, lengths = _flat(read_conll(path, comment_prefix=comment_prefix or None, document_marker=document_marker or None))
         width = len(rows[0])
         if width not in (len(columns), len(columns) + 1):
             raise DataFormatError(
@@ -145,8 +179,27 @@ def read_input(path: str | Path, fmt: str, columns: Sequence[str], conllu_pos: s
     raise ValueError(f"unknown input format {fmt!r}; one of {FORMATS}")
 
 
+def _json_kind(value: object) -> str:
+    """A decoded JSON value as a message shows it: its JSON type and (shortened) text."""
+    if value is None:
+        return "null"
+    if isinstance(value, str):
+        return "an empty string" if not value else f"string {json.dumps(value)[:60]}"
+    kind = {bool: "boolean", int: "number", float: "number", list: "array", dict: "object"}.get(type(value), type(value).__name__)
+    return f"{kind} {json.dumps(value)[:60]}"
+
+
+def _jsonl_value(path: Path, number: int, position: int, column: str | None, value: object) -> str:
+    """``value`` if it is a non-empty string, else DataFormatError naming line, token and column."""
+    if isinstance(value, str) and value:
+        return value
+    where = f"token {position}" + (f", column {column!r}" if column else "")
+    raise DataFormatError(path, number, f"{where}: expected a non-empty string, got {_json_kind(value)}")
+
+
 def _read_jsonl(path: Path, columns: list[str]) -> Corpus:
-    tokens: list = []
+    """``{"tokens": [...]}`` per line; every value a non-empty string (checked with its position)."""
+    values: dict[str, list[str]] = {c: [] for c in columns}
     lengths: list[int] = []
     for number, line in _decoded_lines(path):
         if not line.strip():
@@ -158,26 +211,29 @@ def _read_jsonl(path: Path, columns: list[str]) -> Corpus:
         sentence = record.get("tokens") if isinstance(record, dict) else None
         if not isinstance(sentence, list) or not sentence:
             raise DataFormatError(path, number, 'expected an object with a non-empty list "tokens"')
-        for token in sentence:
-            if isinstance(token, str):
+        for position, token in enumerate(sentence, start=1):
+            if isinstance(token, dict):
+                missing = [c for c in columns if c not in token]
+                if missing:
+                    raise DataFormatError(
+                        path, number, f"token {position} {token} lacks the columns {missing} (the model needs {columns})"
+                    )
+                for c in columns:
+                    values[c].append(_jsonl_value(path, number, position, c, token[c]))
+            elif isinstance(token, str):
                 if len(columns) != 1:
                     raise DataFormatError(
                         path, number, f"tokens given as strings, but the model needs the columns {columns}: give objects"
                     )
-            elif isinstance(token, dict):
-                missing = [c for c in columns if c not in token]
-                if missing:
-                    raise DataFormatError(path, number, f"token {token} lacks the columns {missing} (the model needs {columns})")
+                values[columns[0]].append(_jsonl_value(path, number, position, None, token))
             else:
-                raise DataFormatError(path, number, f"a token must be a string or an object, got {token!r}")
-        tokens.extend(sentence)
+                raise DataFormatError(
+                    path, number, f"token {position}: a token must be a string or an object, got {_json_kind(token)}"
+                )
         lengths.append(len(sentence))
     if not lengths:
         raise DataFormatError(path, 1, "no sentences (the file is empty or blank)")
-    if isinstance(tokens[0], str) and len(columns) == 1:
-        data = {columns[0]: np.array([t if isinstance(t, str) else t[columns[0]] for t in tokens], dtype=object)}
-    else:
-        data = {c: np.array([str(t[c]) if isinstance(t, dict) else t for t in tokens], dtype=object) for c in columns}
+    data = {c: np.array(v, dtype=object) for c, v in values.items()}
     return Corpus(data, np.array(lengths, dtype=np.int64), None, columns)
 
 
@@ -192,23 +248,78 @@ class Prediction:
     segments: pd.DataFrame | None
 
 
+def conll_cell_problem(value: object) -> str | None:
+    """Why ``value`` cannot be one cell of a whitespace-separated CoNLL line, or None."""
+    text = str(value)
+    if text == "":
+        return "is empty"
+    if text.split() != [text]:
+        return "holds whitespace (a space, tab or line break), which a CoNLL reader splits on"
+    return None
+
+
+def _check_cells(cells: Sequence[tuple[str, np.ndarray]], offsets: np.ndarray) -> None:
+    """OutputFormatError for the first cell (in ``cells``: (column name, (T,) values)) that
+    :func:`conll_cell_problem` refuses, naming its sentence, token (1-based) and column."""
+    for name, values in cells:
+        text = pd.Series(values, dtype=object).astype(str)
+        bad = np.flatnonzero((text.str.len() == 0) | text.str.contains(r"\s", regex=True))  # \s: what str.split() splits on
+        if bad.size:
+            index = int(bad[0])
+            sentence = int(np.searchsorted(offsets, index, side="right"))
+            token = index - int(offsets[sentence - 1]) + 1
+            raise OutputFormatError(
+                f"CoNLL output: sentence {sentence}, token {token}, column {name!r}: {values[index]!r} "
+                f"{conll_cell_problem(values[index])}; write JSONL instead (output_format=jsonl)"
+            )
+
+
+def check_conll_cells(corpus: Corpus, label_sets: Mapping[str, Sequence[str]] | None = None) -> None:
+    """Refuse (:class:`OutputFormatError`, naming sentence, token and column, 1-based) a corpus
+    whose token or gold cells could not be written as CoNLL cells, and models whose labels
+    (``label_sets``: column -> the labels a model can predict) could not: checked before tagging."""
+    cells = [(c, corpus.columns[c]) for c in corpus.token_columns]
+    if corpus.gold is not None:
+        cells.append(("gold", corpus.gold))
+    _check_cells(cells, corpus.offsets)
+    for column, labels in (label_sets or {}).items():
+        for label in labels:
+            problem = conll_cell_problem(label)
+            if problem:
+                raise OutputFormatError(f"CoNLL output: the model's label {label!r} for {column!r} {problem}; write JSONL")
+
+
 def write_conll(path: str | Path, corpus: Corpus, predictions: Sequence[Prediction], marginals: bool) -> None:
-    """Tab-separated: the input columns, gold (if any), each prediction (and its marginal)."""
+    """Tab-separated: the input columns, gold (if any), each prediction (and its marginal). A cell
+    that could not be read back as written is refused (:func:`check_conll_cells`); nothing is written then."""
     cells = [corpus.columns[c] for c in corpus.token_columns]
+    names = list(corpus.token_columns)
     if corpus.gold is not None:
         cells.append(corpus.gold)
+        names.append("gold")
     for prediction in predictions:
         cells.append(prediction.labels)
+        names.append(prediction.column)
         if marginals:
             cells.append(np.char.mod("%.6f", prediction.marginals).astype(object))
-    lines = pd.DataFrame({i: c for i, c in enumerate(cells)}).astype(str).agg("\t".join, axis=1).to_numpy()
+            names.append(f"{prediction.column} marginal")
     offsets = corpus.offsets
+    _check_cells(list(zip(names, cells)), offsets)
+    lines = pd.DataFrame({i: c for i, c in enumerate(cells)}).astype(str).agg("\t".join, axis=1).to_numpy()
     text = io.StringIO()
     for a, b in zip(offsets[:-1], offsets[1:]):
         text.write("\n".join(lines[a:b]))
         text.write("\n\n")
     data = text.getvalue().encode("utf-8")
     atomic_write(path, lambda out: out.write(data))
+
+
+def jsonl_line(record: Mapping) -> str:
+    """One strict-JSON line: non-finite numbers as null, the Unicode line separators escaped."""
+    text = dumps(record, ensure_ascii=False)
+    for raw, escaped in _LINE_SEPARATORS.items():
+        text = text.replace(raw, escaped)
+    return text
 
 
 def write_jsonl(path: str | Path, corpus: Corpus, predictions: Sequence[Prediction]) -> None:
@@ -223,7 +334,7 @@ def write_jsonl(path: str | Path, corpus: Corpus, predictions: Sequence[Predicti
         tokens = [records[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
     last = predictions[-1]
     labels = {p.column: corpus.sentences(p.labels) for p in predictions}
-    marginals = corpus.sentences(np.round(last.marginals, 6))
+    marginals = corpus.sentences(np.round(last.marginals, 6))  # NaN (an impossible sentence) is written as null
     segments: list[list[dict]] = [[] for _ in tokens]
     if last.segments is not None:
         for row in last.segments.itertuples(index=False):
@@ -242,7 +353,7 @@ def write_jsonl(path: str | Path, corpus: Corpus, predictions: Sequence[Predicti
             record["segments"] = segments[i]
         if len(predictions) > 1:
             record["columns"] = {column: values[i] for column, values in labels.items()}
-        text.write(json.dumps(record, ensure_ascii=False))
+        text.write(jsonl_line(record))
         text.write("\n")
     data = text.getvalue().encode("utf-8")
     atomic_write(path, lambda out: out.write(data))

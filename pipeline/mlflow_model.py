@@ -5,39 +5,112 @@ nothing of ours is pickled) with the tagger bundle (``crf.bundle``, one checksum
 the artifact ``bundle`` and the ``crf`` package as code. ``mlflow.pyfunc.load_model(uri)`` and
 ``mlflow models serve`` then tag:
 
-- a long DataFrame: one row per token, a ``sentence`` id column (rows of a sentence contiguous and
-  in order) and the model's input columns (e.g. ``w``, ``pos``); the answer is the same rows with
-  ``label`` (str), ``marginal`` (probability of that label) and, for chunk/entity schemes,
-  ``segment_confidence`` (probability of the whole predicted chunk the token is in, NaN outside);
+- a long DataFrame: one row per token, a ``sentence`` id column (integers, never decreasing: the
+  rows of a sentence together and sentences in order) and the model's input columns (e.g. ``w``,
+  ``pos``); the answer is the same rows with ``label`` (str), ``marginal`` (probability of that
+  label) and, for chunk/entity schemes, ``segment_confidence`` (probability of the whole predicted
+  chunk the token is in, None outside);
 - a list of sentences, each a list of token dicts ``{column: value}``: the same long answer, with
   ``sentence`` the position of the sentence in the list.
 
-This file imports only MLflow, pandas and ``crf`` (a library without Hydra or MLflow), so the
+A request the model cannot use (no rows, a missing column, a sentence id that is missing, not an
+integer or decreasing, a token that is not a non-empty string: null, NaN, a number, a list...)
+raises :class:`TaggerInputError`: ``mlflow models serve`` answers HTTP 400 with a one-line
+``message`` naming the row, column and problem, and no stack trace. The answer is strict JSON: a
+marginal or confidence that is not a number (outside any chunk, or a sentence the model gives
+probability 0) is None (``null``), never NaN.
+
+The model has no MLflow input schema (its columns are in the MLmodel ``metadata``:
+``sentence_column``, ``input_columns``): MLflow's schema check would refuse bad requests before
+this code sees them, with a message that echoes the whole request over several lines, and would
+turn a list of sentences into an empty frame.
+
+This file imports only MLflow, numpy, pandas and ``crf`` (a library without Hydra or MLflow), so the
 served model needs nothing of the pipeline.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
 import mlflow
+import numpy as np
 import pandas as pd
+from mlflow.exceptions import MlflowException
+from mlflow.protos.databricks_pb2 import INTERNAL_ERROR, INVALID_PARAMETER_VALUE
 
 from crf.bundle import TaggerBundle, load_tagger
 
+log = logging.getLogger(__name__)
+
 SENTENCE = "sentence"  # the column that says which sentence a token row belongs to
+SHOWN = 60  # characters of a refused value quoted in a message
+
+
+class OneLineError(MlflowException):
+    """An MlflowException whose message stays one line: the reason given at construction.
+
+    MLflow's scoring server rewrites the message of an MlflowException raised by ``predict`` to
+    ``Failed to predict data '<the whole request>'. Error: ...``: several lines echoing the input.
+    Here the message is set once and later assignments are ignored; the answer's body is then
+    ``{"error_code": ..., "message": <reason>}`` with no stack trace."""
+
+    def __init__(self, reason: str, error_code: int) -> None:
+        super().__init__(" ".join(reason.split()), error_code=error_code)
+
+    @property
+    def message(self) -> str:
+        return self._reason
+
+    @message.setter
+    def message(self, value: str) -> None:
+        if not hasattr(self, "_reason"):  # MlflowException.__init__ sets it; later rewrites are ignored
+            self._reason = value
+
+
+class TaggerInputError(OneLineError, ValueError):
+    """A request the tagger cannot use: HTTP 400 (``INVALID_PARAMETER_VALUE``) from the scoring
+    server, the reason (row, column, problem) as its one-line message."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason, INVALID_PARAMETER_VALUE)
+
+
+class TaggingFailed(OneLineError):
+    """An unexpected failure inside the tagger: HTTP 500 with a one-line message (the traceback goes
+    to the server's log, not into the answer)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason, INTERNAL_ERROR)
+
+
+def _shown(value: Any) -> str:
+    """A refused value for a message: ``null`` for a missing one (JSON null arrives as None or NaN),
+    else its type and a short repr."""
+    if value is None or (isinstance(value, (float, np.floating)) and np.isnan(value)):
+        return "null (a missing value)"
+    text = repr(value)
+    return f"{type(value).__name__} " + (text if len(text) <= SHOWN else text[: SHOWN - 3] + "...")
 
 
 def sentences_frame(sentences: Sequence[Sequence[dict]], columns: Sequence[str]) -> pd.DataFrame:
     """Sentences of token dicts -> the long frame (``sentence`` = position in the list, then ``columns``)."""
+    if not sentences:
+        raise TaggerInputError("no sentences to tag (the list is empty)")
+    for number, sentence in enumerate(sentences):
+        if not sentence:
+            raise TaggerInputError(f"sentence {number} has no tokens")
+        for position, token in enumerate(sentence):
+            missing = [c for c in columns if c not in token]
+            if missing:
+                raise TaggerInputError(
+                    f"sentence {number}, token {position}: lacks the column(s) {missing}; this model reads {list(columns)}"
+                )
     lengths = [len(sentence) for sentence in sentences]
     tokens = [token for sentence in sentences for token in sentence]
-    frame = pd.DataFrame.from_records(tokens) if tokens else pd.DataFrame(columns=list(columns))
-    missing = [c for c in columns if c not in frame.columns]
-    if missing:
-        raise ValueError(f"the tokens lack the column(s) {missing}: this model reads {list(columns)}, got {list(frame.columns)}")
-    frame = frame[list(columns)]
+    frame = pd.DataFrame.from_records(tokens)[list(columns)]
     frame.insert(0, SENTENCE, pd.RangeIndex(len(lengths)).repeat(lengths))
     return frame
 
@@ -49,20 +122,109 @@ def is_sentence_list(model_input: Any) -> bool:
     )
 
 
+def as_frame(model_input: Any, columns: Sequence[str]) -> pd.DataFrame:
+    """The long frame of any accepted input: a DataFrame, a list of sentences of token dicts, a
+    list of token records (with ``sentence``) or a mapping of columns; else TaggerInputError."""
+    if isinstance(model_input, np.ndarray):
+        model_input = model_input.tolist()
+    if isinstance(model_input, pd.DataFrame):
+        return model_input
+    if isinstance(model_input, list) and model_input and all(isinstance(t, dict) for t in model_input):
+        return pd.DataFrame.from_records(model_input)
+    if is_sentence_list(model_input):
+        return sentences_frame(model_input, columns)
+    if isinstance(model_input, dict):
+        try:
+            return pd.DataFrame(model_input)
+        except (ValueError, TypeError) as err:
+            raise TaggerInputError(f"cannot read the columns as a table: {str(err).splitlines()[0]}") from None
+    raise TaggerInputError(
+        f"expected a table (columns {SENTENCE!r}, {', '.join(map(repr, columns))}) or a list of sentences of token "
+        f"objects, got {_shown(model_input)}"
+    )
+
+
+def _is_integral(value: Any) -> bool:
+    """An integer that fits 64 bits, or a float with such an integer value (1.0); not a boolean."""
+    if isinstance(value, (bool, np.bool_)):
+        return False
+    if isinstance(value, (float, np.floating)) and not float(value).is_integer():
+        return False
+    return isinstance(value, (int, np.integer, float, np.floating)) and -(2**63) <= int(value) < 2**63
+
+
+def check_frame(frame: pd.DataFrame, columns: Sequence[str]) -> None:
+    """Refuse (TaggerInputError, rows counted from 0) a frame the model cannot tag: no rows, a
+    missing column, a sentence id that is missing, not an integer or smaller than the one
+    before (the rows of a sentence contiguous, sentences in order), a token that is not a
+    non-empty string."""
+    repeated = sorted({str(c) for c in frame.columns[frame.columns.duplicated()]})
+    if repeated:
+        raise TaggerInputError(f"the column(s) {repeated} appear more than once")
+    missing = [c for c in [SENTENCE, *columns] if c not in frame.columns]
+    if missing:
+        raise TaggerInputError(
+            f"missing column(s) {missing}: this model reads {SENTENCE!r} (the sentence id of each token row) and "
+            f"{list(columns)}; got {[str(c) for c in frame.columns]}"
+        )
+    if len(frame) == 0:
+        raise TaggerInputError("the input has no rows (no tokens to tag)")
+    ids = frame[SENTENCE].to_numpy(dtype=object)
+    absent = pd.isna(frame[SENTENCE]).to_numpy()
+    if absent.any():
+        row = int(np.argmax(absent))
+        raise TaggerInputError(f"row {row}: the {SENTENCE!r} id is {_shown(ids[row])}")
+    integral = np.fromiter((_is_integral(v) for v in ids), dtype=bool, count=ids.size)
+    if not integral.all():
+        row = int(np.argmin(integral))
+        raise TaggerInputError(f"row {row}: the {SENTENCE!r} id {_shown(ids[row])} is not an integer")
+    values = np.array([int(v) for v in ids], dtype=np.int64)
+    decreasing = np.flatnonzero(values[1:] < values[:-1])
+    if decreasing.size:
+        row = int(decreasing[0]) + 1
+        raise TaggerInputError(
+            f"row {row}: {SENTENCE!r} {values[row]} after {values[row - 1]}: the ids must not decrease "
+            "(the rows of a sentence together, sentences in order)"
+        )
+    for column in columns:
+        cells = frame[column].to_numpy(dtype=object)
+        good = np.fromiter((isinstance(v, str) and v != "" for v in cells), dtype=bool, count=cells.size)
+        if not good.all():
+            row = int(np.argmin(good))
+            raise TaggerInputError(
+                f"row {row} (sentence {values[row]}), column {column!r}: a token must be a non-empty string, "
+                f"got {_shown(cells[row])}"
+            )
+
+
+def _finite_or_none(values: pd.Series) -> pd.Series:
+    """``values`` with None where a value is a non-finite number (NaN, infinity): a float column
+    becomes objects; other columns keep their values and, when nothing changes, their dtype."""
+    if values.dtype.kind == "f":
+        numbers = values.to_numpy(dtype=np.float64)
+        return pd.Series(np.where(np.isfinite(numbers), numbers.astype(object), None), index=values.index, dtype=object)
+    if values.dtype != object:
+        return values
+    cells = values.to_numpy(dtype=object)
+    bad = np.fromiter((isinstance(v, (float, np.floating)) and not np.isfinite(v) for v in cells), dtype=bool, count=cells.size)
+    if not bad.any():
+        return values
+    cells = cells.copy()
+    cells[bad] = None
+    return pd.Series(cells, index=values.index, dtype=object)
+
+
 def tag(bundle: TaggerBundle, model_input: pd.DataFrame | Sequence[Sequence[dict]]) -> pd.DataFrame:
     """The tagged long frame of ``model_input`` (see the module docstring)."""
-    if is_sentence_list(model_input):
-        model_input = sentences_frame(model_input, bundle.input_columns)
-    if not isinstance(model_input, pd.DataFrame):
-        raise TypeError(
-            f"expected a DataFrame (columns {SENTENCE!r}, {', '.join(map(repr, bundle.input_columns))}) or a list of "
-            f"sentences of token dicts, got {type(model_input).__name__}"
-        )
-    if SENTENCE not in model_input.columns:
-        raise ValueError(
-            f"the input has no {SENTENCE!r} column (the sentence id of each token row); columns: {list(model_input.columns)}"
-        )
-    return bundle.tag_frame(model_input, sentence=SENTENCE)
+    frame = as_frame(model_input, bundle.input_columns)
+    check_frame(frame, bundle.input_columns)
+    try:
+        out = bundle.tag_frame(frame, sentence=SENTENCE)
+    except ValueError as err:  # anything the checks above did not foresee: still a one-line 400
+        raise TaggerInputError(str(err).splitlines()[0] if str(err) else type(err).__name__) from None
+    for column in out.columns:  # the answer and any extra columns the request carried: strict JSON
+        out[column] = _finite_or_none(out[column])
+    return out
 
 
 class TaggerModel(mlflow.pyfunc.PythonModel):
@@ -72,7 +234,13 @@ class TaggerModel(mlflow.pyfunc.PythonModel):
         self.bundle = load_tagger(context.artifacts["bundle"])
 
     def predict(self, context, model_input, params=None) -> pd.DataFrame:
-        return tag(self.bundle, model_input)
+        try:
+            return tag(self.bundle, model_input)
+        except OneLineError:
+            raise
+        except Exception as err:  # MLflow's server would put the stack trace into the answer
+            log.exception("tagging failed")
+            raise TaggingFailed(f"tagging failed: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}") from None
 
 
 mlflow.models.set_model(TaggerModel())

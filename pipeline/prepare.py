@@ -12,6 +12,7 @@ import gzip
 import io
 import json
 import logging
+import re
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -21,6 +22,7 @@ from pipeline.cache import file_sha256
 from pipeline.data import Dataset, load_dataset, resolve_files, statistics, subset
 from pipeline.models import ModelAdapter
 from pipeline.stage import Stage, StageContext
+from pipeline.strict_json import write_json
 
 log = logging.getLogger(__name__)
 
@@ -28,28 +30,50 @@ SPLITS = ("train", "dev", "test")
 DATASET_FILE = "dataset.json"
 
 
+# in a sentence's tab-separated text: a carriage return, an empty cell, or a blank line
+_UNREADABLE = re.compile(r"\r|\t\t|\t(?:\n|$)|(?:^|\n)\t|(?:^|\n)[^\S\n]*(?:\n|$)")
+
+
+def _cell_problem(row: tuple[str, ...]) -> str | None:
+    """Why ``row`` cannot be one tab-separated line that reads back as itself, or None."""
+    for c, cell in enumerate(row):
+        if cell == "" or "\t" in cell or "\n" in cell or "\r" in cell:
+            return f"column {c + 1}: the cell {cell!r} is empty or holds a tab or line break"
+    if not "".join(row).strip():
+        return f"every cell is blank {row!r} (the line would read as a sentence break)"
+    return None
+
+
+def sentence_lines(path: Path, number: int, sentence) -> str:
+    """The sentence as tab-separated lines; a cell that would not read back as written (empty, or
+    holding a tab, line break or carriage return; a row all blank) is refused with a ValueError
+    naming the file, sentence and token (1-based). Checked on the joined text, cell by cell only
+    when that finds a problem."""
+    text = "\n".join("\t".join(row) for row in sentence)
+    if (
+        text.count("\n") != len(sentence) - 1
+        or text.count("\t") != sum(len(row) - 1 for row in sentence)
+        or _UNREADABLE.search(text)
+    ):
+        for t, row in enumerate(sentence):
+            problem = _cell_problem(row)
+            if problem:
+                raise ValueError(f"{path.name}: sentence {number}, token {t + 1}, {problem}")
+    return text
+
+
 def write_split(path: Path, sentences) -> None:
     """Tab-separated rows, a blank line after each sentence, gzip with a fixed header (no file name,
     mtime 0): the same sentences give the same bytes, so downstream cache keys do not change with
-    the time or the output folder. A cell holding a tab or a line break would be read back as other
-    columns or rows: it raises ValueError naming the sentence and token (nothing is written)."""
-    texts = []
-    for number, sentence in enumerate(sentences):
-        text = "\n".join("\t".join(row) for row in sentence)
-        if text.count("\t") != sum(len(row) - 1 for row in sentence) or text.count("\n") != len(sentence) - 1 or "\r" in text:
-            position, cell = next((t, c) for t, row in enumerate(sentence) for c in row if any(b in c for b in "\t\n\r"))
-            raise ValueError(
-                f"{path.name}: sentence {number}, token {position}: the cell {cell!r} holds a tab or line break, "
-                "which the tab-separated split file cannot keep (fix the data or the dataset's separator)"
-            )
-        texts.append(text)
+    the time or the output folder. Cells that could not be read back as written are refused
+    (see :func:`sentence_lines`)."""
     with (
         open(path, "wb") as raw,
         gzip.GzipFile(filename="", mode="wb", compresslevel=5, fileobj=raw, mtime=0) as packed,
         io.TextIOWrapper(packed, encoding="utf-8", newline="\n") as out,
     ):
-        for text in texts:
-            out.write(text)
+        for number, sentence in enumerate(sentences, start=1):
+            out.write(sentence_lines(path, number, sentence))
             out.write("\n\n")
 
 
@@ -57,7 +81,12 @@ def read_prepared(folder: Path) -> Dataset:
     """The prepared splits of a finished prepare stage (its ``dataset.json`` says how to read them)."""
     spec = json.loads((folder / DATASET_FILE).read_text())
     columns = list(spec["columns"])
-    splits = {s: read_conll(folder / f"{s}.conll.gz", n_columns=len(columns), separator="\t") for s in SPLITS}
+    # the prepared files are this stage's own format: every non-blank line is a token (a word
+    # `#` or `-DOCSTART-` included), whatever comments or markers the dataset's files had
+    splits = {
+        s: read_conll(folder / f"{s}.conll.gz", n_columns=len(columns), separator="\t", comment_prefix=None, document_marker=None)
+        for s in SPLITS
+    }
     return Dataset(spec["name"], splits, columns, spec["label"], spec.get("scheme", "none"))
 
 
@@ -90,9 +119,9 @@ class Prepare(Stage):
         for split in SPLITS:
             write_split(out / f"{split}.conll.gz", data.splits[split])
         spec = {"name": data.name, "columns": data.columns, "label": data.label, "scheme": data.scheme}
-        (out / DATASET_FILE).write_text(json.dumps(spec, indent=1))
+        write_json(out / DATASET_FILE, spec)
         stats = statistics(data)
-        (out / "stats.json").write_text(json.dumps(stats, indent=1))
+        write_json(out / "stats.json", stats)
         metrics = {}
         for split, entry in stats.items():
             metrics[f"{split}_sentences"] = entry["sentences"]

@@ -27,6 +27,7 @@ from pipeline.data import ChecksumError, MissingDataError, resolve_files
 from pipeline.logs import swept_keys
 from pipeline.models import ModelAdapter, load_adapter
 from pipeline.stage import Stage, StageContext, frozen, load_stages
+from pipeline.strict_json import write_json
 from pipeline.tracking import SWEEP_ID_VARIABLE, SWEEP_PARENT_VARIABLE
 from pipeline.validate import SettingsError, validate_settings
 
@@ -130,7 +131,7 @@ def run_stage(
             def produce(out: Path) -> None:
                 context = StageContext(config, settings, {k: v.folder for k, v in inputs.items()}, out, adapter, _log_steps, key)
                 stage_metrics = stage.run(context)
-                (out / METRICS_FILE).write_text(json.dumps(stage_metrics, indent=1))
+                write_json(out / METRICS_FILE, stage_metrics)  # strict JSON: NaN -> null
 
             folder = cache.build(name, key, produce, replace=bool(cfg.force))
         stage_metrics = json.loads((folder / METRICS_FILE).read_text())
@@ -260,9 +261,12 @@ def run_pipeline(cfg: DictConfig) -> dict[str, Any]:
         )
         hits = [s for s, o in outputs.items() if o.cached]
         mlflow.set_tag("cache_hits", ",".join(hits) or "none")
-        scores = ", ".join(f"{k} {summary[k]:.2f}" for k in HEADLINE if k in summary)
+        scores = ", ".join(f"{k} {summary[k]:.2f}" for k in HEADLINE if isinstance(summary.get(k), (int, float)))
+        # what loads elsewhere: the pipeline run's own id does not (its files are in its stage runs)
+        bundled = [(s, o.folder / stages[s].bundle) for s, o in outputs.items() if o.model_uri]
+        handoff = tracking.handoff_lines(mlflow.tracking.MlflowClient(uri), uri, run.info.run_id, *bundled[-1]) if bundled else []
         log.info(
-            "done: run %s%s (%d of %d stages from the cache)%s\n  open: %s\n  outputs: %s",
+            "done: run %s%s (%d of %d stages from the cache)%s\n  open: %s\n  outputs: %s%s",
             run.info.run_id,
             f" in sweep run {parent}" if parent else "",
             len(hits),
@@ -270,6 +274,7 @@ def run_pipeline(cfg: DictConfig) -> dict[str, Any]:
             f"; {scores}" if scores else "",
             tracking.store_hint(uri, run.info.run_id, run.info.experiment_id),
             "; ".join(f"{s} {o.folder}" for s, o in outputs.items()),
+            "".join(f"\n  {line}" for line in handoff),
         )
     return results
 

@@ -8,6 +8,7 @@ checked before any work starts, so an unreachable server fails at once.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -16,7 +17,7 @@ import time
 import urllib.error
 import urllib.request
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,58 @@ def tracking_uri(cfg: Mapping) -> str:
     if configured:
         return str(configured)
     return f"sqlite:///{output_root(cfg) / 'mlflow.db'}"
+
+
+def registry_uri(cfg: Mapping) -> str:
+    """The Model Registry's store: ``MLFLOW_REGISTRY_URI`` when set, else the tracking store (as the
+    pipeline registers models: MLflow's registry follows the tracking URI unless that variable is set)."""
+    return os.environ.get("MLFLOW_REGISTRY_URI") or tracking_uri(cfg)
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` URI (None for other stores)."""
+    return Path(uri[len("sqlite:///") :]) if uri.startswith("sqlite:///") else None
+
+
+def check_store_exists(uri: str) -> None:
+    """A SQLite store must already exist to be read: SQLAlchemy would otherwise create an empty
+    ``mlflow.db`` (a stray file, and a confusing "not found" afterwards). Raise FileNotFoundError
+    naming the file and how the pipeline chooses it; check an HTTP store with :func:`check_reachable`."""
+    path = sqlite_path(uri)
+    if path is not None and not path.is_file():
+        raise FileNotFoundError(
+            f"no MLflow store at {path} ({uri}). The pipeline writes its store under paths.output_dir "
+            "(default ./outputs of the folder it ran in): run this command there, or name the store with "
+            "paths.output_dir=<that folder>, tracking.uri=<its URI> or MLFLOW_TRACKING_URI"
+        )
+    check_reachable(uri)
+
+
+@contextlib.contextmanager
+def using_store(tracking: str, registry: str | None = None) -> Iterator[None]:
+    """Inside the block MLflow's fluent API reads ``tracking`` and the Model Registry ``registry``
+    (default: ``tracking``): ``models:/`` and ``runs:/`` URIs resolve there and nowhere else (left
+    unset, the registry falls back to ``sqlite:///mlflow.db`` in the current folder, creating it).
+    The previous URIs and the ``MLFLOW_TRACKING_URI``/``MLFLOW_REGISTRY_URI`` variables (which
+    MLflow's setters export) are restored afterwards."""
+    from mlflow.tracking._model_registry import utils as registry_utils
+    from mlflow.tracking._tracking_service import utils as tracking_utils
+
+    names = ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")
+    environment = {name: os.environ.get(name) for name in names}
+    before = (getattr(tracking_utils, "_tracking_uri", None), getattr(registry_utils, "_registry_uri", None))
+    mlflow.set_tracking_uri(tracking)
+    mlflow.set_registry_uri(registry or tracking)
+    try:
+        yield
+    finally:
+        mlflow.set_tracking_uri(before[0])
+        mlflow.set_registry_uri(before[1])
+        for name, value in environment.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def check_reachable(uri: str, timeout: float = 5.0) -> None:
@@ -147,6 +200,43 @@ def store_hint(uri: str, run_id: str, experiment_id: str) -> str:
     return f"mlflow ui --backend-store-uri {uri}"
 
 
+def files_run(client: MlflowClient, run: Any) -> Any:
+    """The run holding ``run``'s files: a stage run that reused a cached result logged none and
+    names the run that computed it (tag ``cache_source_run_id``); else ``run`` itself."""
+    source = run.data.tags.get(CACHE_SOURCE_TAG)
+    return client.get_run(source) if source else run
+
+
+def stage_run(client: MlflowClient, pipeline_run: Any, stage: str) -> Any | None:
+    """The ``stage`` run nested in a pipeline run (None when it has none)."""
+    found = client.search_runs(
+        [pipeline_run.info.experiment_id],
+        filter_string=f"tags.mlflow.parentRunId = '{pipeline_run.info.run_id}' and tags.stage = '{stage}'",
+        max_results=1,
+    )
+    return found[0] if found else None
+
+
+def handoff_lines(client: MlflowClient, uri: str, pipeline_run_id: str, stage: str, bundle: Path) -> list[str]:
+    """How to use a finished pipeline run's tagger elsewhere: its MLflow Model's URI (and the
+    registered version), ``runs:/<id>/<stage>`` of the run that holds the stage's files (the
+    pipeline run's own id does not load: its files are in its stage runs), the bundle's path and
+    a tag command to copy (naming the store, so it works from any folder)."""
+    run = client.get_run(pipeline_run_id)
+    model_uri = run.data.tags.get(MODEL_URI_TAG)
+    lines = []
+    if model_uri:
+        registered = run.data.tags.get("registered_model")
+        lines.append(f"model: {model_uri}" + (f" (registered as {registered})" if registered else ""))
+    child = stage_run(client, run, stage)
+    if child is not None:
+        lines.append(f"{stage} run: runs:/{files_run(client, child).info.run_id}/{stage}")
+    lines.append(f"bundle: {bundle}")
+    model = model_uri or str(bundle)
+    lines.append(f"tag: python -m pipeline.tag model={model} input=<file> output=<file> tracking.uri={uri}")
+    return lines
+
+
 # the models-from-code file of the tagger's MLflow Model, and the library it runs (shipped as code)
 MODEL_CODE = Path(__file__).resolve().with_name("mlflow_model.py")
 LIBRARY = Path(__file__).resolve().parents[1] / "crf"
@@ -158,13 +248,20 @@ LOG_INPUT_ATTEMPTS = 3
 
 
 def tagger_signature(input_columns: Sequence[str], chunked: bool) -> ModelSignature:
-    """Inputs: ``sentence`` (long) and the input columns (strings); outputs: label, marginal and,
-    for chunk/entity schemes, segment_confidence."""
-    inputs = Schema([ColSpec("long", "sentence"), *(ColSpec("string", c) for c in input_columns)])
+    """Outputs: label, marginal and, for chunk/entity schemes, segment_confidence (null outside a
+    chunk). No input schema: the model checks its input itself and answers a bad request with a
+    one-line reason (see ``pipeline/mlflow_model.py``); the input columns are in the model's
+    metadata (:func:`tagger_metadata`) and its input example."""
     outputs = [ColSpec("string", "label"), ColSpec("double", "marginal")]
     if chunked:
-        outputs.append(ColSpec("double", "segment_confidence"))
-    return ModelSignature(inputs=inputs, outputs=Schema(outputs))
+        outputs.append(ColSpec("double", "segment_confidence", required=False))
+    return ModelSignature(inputs=None, outputs=Schema(outputs))
+
+
+def tagger_metadata(input_columns: Sequence[str]) -> dict[str, Any]:
+    """What the logged model reads, recorded in its MLmodel file: the sentence id column and the
+    token columns (strings), one row per token."""
+    return {"sentence_column": "sentence", "input_columns": list(input_columns)}
 
 
 def requirements() -> list[str]:
@@ -190,6 +287,7 @@ def log_tagger_model(bundle_path: Path, example: Callable[[list[str]], pd.DataFr
         artifacts={"bundle": str(bundle_path)},
         code_paths=[str(LIBRARY)],
         signature=tagger_signature(bundle.input_columns, bundle.scheme != "none"),
+        metadata=tagger_metadata(bundle.input_columns),
         input_example=example(list(bundle.input_columns)),
         pip_requirements=requirements(),
     )

@@ -28,7 +28,10 @@ _CONFIG_NAMES = {"n_threads": "threads"}  # estimator parameter -> its key in th
 # config's own helpers (the swept strength, elastic net's ratio) and run-time settings
 _CONFIG_ONLY = {"name", "adapter", "strength", "l2_ratio", "threads"}
 # every key a dataset config may have (pipeline/data.py and the stages read them)
-DATASET_KEYS = {"name", "task", "format", "columns", "label", "scheme", "files", "dev_split", "separator", "hmm", "evaluate"}
+DATASET_KEYS = {
+    "name", "task", "format", "columns", "label", "scheme", "files", "dev_split", "separator", "comment_prefix",
+    "document_marker", "hmm", "evaluate",
+}  # fmt: skip
 DATASET_REQUIRED = {"name", "format", "columns", "label", "files"}
 SCHEMES = ("IOB1", "IOB2", "IOBES", "none")
 

@@ -324,3 +324,21 @@ def test_read_blocks_is_the_decompressed_text(tmp_path):
 
 
 CONLLU_WORD = b"1\tThe\tthe\tDET\tDT\tDefinite=Def\t2\tdet\t_\t_"
+
+
+def test_directive_lines_only_where_named(tmp_path):
+    """``-DOCSTART-`` and ``#`` lines: skipped only when named; a ``#`` inside a sentence stays a token."""
+    path = tmp_path / "a.txt"
+    path.write_text("# id 1\n# SYM O\n-DOCSTART- NNP B-NP\n\ndog NN B-NP\n# SYM O\n\n-DOCSTART- -X- O\n", encoding="utf-8")
+    everything = read_conll(path, comment_prefix=None, document_marker=None)
+    assert everything == [
+        [("#", "id", "1"), ("#", "SYM", "O"), ("-DOCSTART-", "NNP", "B-NP")],
+        [("dog", "NN", "B-NP"), ("#", "SYM", "O")],
+        [("-DOCSTART-", "-X-", "O")],
+    ]
+    named = read_conll(path, comment_prefix="#", document_marker="-DOCSTART-")
+    assert named == [[("dog", "NN", "B-NP"), ("#", "SYM", "O")]]  # the header lines and the document lines go
+    # the library's default still skips CoNLL-2003 document lines (and has no comments)
+    assert read_conll(path)[0] == [("#", "id", "1"), ("#", "SYM", "O")]
+    with pytest.raises(ValueError, match="comment_prefix"):
+        read_conll(path, comment_prefix="")

@@ -1,28 +1,36 @@
 """The tag command (``python -m pipeline.tag``): bundles from the pipeline, every input and output
-format, chaining a word->POS tagger into a POS->chunk chunker, and clear errors."""
+format, chaining a word->POS tagger into a POS->chunk chunker, and clear errors; its scores in
+percent against an independent count; ``models:/`` and ``runs:/`` URIs resolved in the pipeline's
+store (never a stray ``mlflow.db``), and the closing lines of a pipeline run naming what loads."""
 
 from __future__ import annotations
 
 import gzip
 import json
+import logging
 import os
+import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
+import mlflow  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 from pipeline_helpers import compose_config, make_sentence, tiny_overrides, write_corpus  # noqa: E402
+from seqeval.metrics import f1_score, precision_score, recall_score  # noqa: E402
 
 from crf import load_tagger  # noqa: E402
 from crf.io import DataFormatError, read_conll  # noqa: E402
 from pipeline.formats import tokenize  # noqa: E402
 from pipeline.runner import run_pipeline  # noqa: E402
-from pipeline.tag import TagError, _renamed, run_tag  # noqa: E402
+from pipeline.tag import TagError, _renamed, resolve_model, run_tag  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -241,3 +249,215 @@ def test_command_line(trained, tmp_path):
 
 def test_model_override_is_renamed_for_hydra():
     assert _renamed(["tag.py", "model=[a,b]", "input=x", "models=c"]) == ["tag.py", "models=[a,b]", "input=x", "models=c"]
+
+
+# ---- scores: percentages, checked against an independent count ----------------------------------------------------
+
+
+def _write_conll(path: Path, sentences) -> None:
+    path.write_text("\n\n".join("\n".join(" ".join(row) for row in s) for s in sentences) + "\n")
+
+
+def _cli(args: list[str], cwd: Path, **extra_env: str) -> subprocess.CompletedProcess:
+    """``python -m pipeline.tag`` in ``cwd`` with no MLflow variables from the test process."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_") or k == "MLFLOW_DISABLE_TELEMETRY"}
+    env.update(PYTHONPATH=str(ROOT), **extra_env)
+    hydra = f"hydra.run.dir={cwd / '.hydra-tag'}"
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline.tag", *args, hydra], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_scores_are_percentages_matching_an_independent_count(trained, tmp_path):
+    """Found: ``accuracy 10000.00`` (a percentage multiplied by 100 again). Every score is in percent
+    and equals a count made here from the written file (accuracy) and by seqeval (chunks)."""
+    _, chunker, uri, _ = trained
+    sentences = _toy(60, 21)
+    labels = ["B-NP", "I-NP", "B-VP", "B-PP", "O"]
+    corrupted = [[(w, p, labels[(labels.index(c) + 1) % 5] if (i * 7 + j) % 11 == 0 else c) for j, (w, p, c) in enumerate(s)]
+                 for i, s in enumerate(sentences)]  # fmt: skip
+    source, target = tmp_path / "gold.conll", tmp_path / "tagged.conll"
+    _write_conll(source, corrupted)
+    summary = run_tag(_settings(chunker, source, target, uri))
+    rows = [r for s in read_conll(target) for r in s]  # w pos gold predicted
+    gold = [[r[2] for r in s] for s in read_conll(target)]
+    predicted = [[r[3] for r in s] for s in read_conll(target)]
+    matches = sum(r[2] == r[3] for r in rows)
+    assert summary["tokens"] == len(rows) and 0 < matches < len(rows)
+    assert summary["accuracy"] == pytest.approx(100.0 * matches / len(rows), abs=1e-9)
+    assert summary["precision"] == pytest.approx(100.0 * precision_score(gold, predicted), abs=1e-9)
+    assert summary["recall"] == pytest.approx(100.0 * recall_score(gold, predicted), abs=1e-9)
+    assert summary["f1"] == pytest.approx(100.0 * f1_score(gold, predicted), abs=1e-9)
+    assert all(0.0 <= summary[k] <= 100.0 for k in ("accuracy", "precision", "recall", "f1"))
+    # the command prints the same percentages
+    done = _cli([f"model={resolve_model(chunker, uri)}", f"input={source}", f"output={tmp_path / 'cli.conll'}"], tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    printed = re.search(r"accuracy ([0-9.]+), precision ([0-9.]+), recall ([0-9.]+), f1 ([0-9.]+)", done.stdout + done.stderr)
+    assert printed, done.stdout + done.stderr
+    assert [float(v) for v in printed.groups()] == [round(summary[k], 2) for k in ("accuracy", "precision", "recall", "f1")]
+
+
+def test_pos_accuracy_is_a_percentage(trained, tmp_path):
+    pos_bundle = trained[0]
+    sentences = _toy(10, 4)
+    source = tmp_path / "pos.conll"
+    wrong = [[(w, p if j else "XX") for j, (w, p, _) in enumerate(s)] for s in sentences]  # every first tag wrong
+    _write_conll(source, wrong)
+    summary = run_tag(_settings(str(pos_bundle), source, tmp_path / "out.conll", None))
+    rows = [r for s in read_conll(tmp_path / "out.conll") for r in s]
+    assert summary["accuracy"] == pytest.approx(100.0 * sum(r[1] == r[2] for r in rows) / len(rows)) and summary["accuracy"] < 100
+
+
+# ---- models:/ and runs:/ URIs: the pipeline's store, no stray mlflow.db; the closing lines -------------------------
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def _closing(messages: list[str]) -> dict[str, str]:
+    """The handoff lines of a run's closing message: {"model": ..., "train run": ..., "bundle": ..., "tag": ...}."""
+    (done,) = [m for m in messages if m.startswith("done: run ")]
+    lines = dict(line.strip().split(": ", 1) for line in done.splitlines()[1:])
+    return lines
+
+
+@pytest.fixture(scope="module")
+def registered(tmp_path_factory):
+    """A project folder where ``python -m pipeline ... registry.register=true`` ran with the default
+    store (``./outputs/mlflow.db``), twice (the second time from the cache): (project folder, store
+    URI, closing lines of both runs, pipeline run ids)."""
+    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI", "CRF_SWEEP_PARENT_RUN_ID", "CRF_SWEEP_ID"):
+        os.environ.pop(name, None)
+    project = tmp_path_factory.mktemp("project")
+    corpus = write_corpus(project / "data", n_train=80, n_test=20)
+    overrides = tiny_overrides(corpus, project / "outputs") + ["stages=[train]", "registry.register=true"]
+    handler, runner_log = _Lines(), logging.getLogger("pipeline.runner")
+    level = runner_log.level
+    runner_log.addHandler(handler)
+    runner_log.setLevel(logging.INFO)
+    try:
+        closings = []
+        for _ in range(2):
+            handler.messages.clear()
+            run_pipeline(compose_config(overrides))
+            closings.append(_closing(handler.messages))
+    finally:
+        runner_log.removeHandler(handler)
+        runner_log.setLevel(level)
+    uri = f"sqlite:///{project / 'outputs' / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("crf").experiment_id
+    parents = client.search_runs([experiment], "tags.stage = 'pipeline'", order_by=["attributes.start_time ASC"])
+    return project, uri, closings, [r.info.run_id for r in parents]
+
+
+def _labels(bundle_path: Path) -> list[str]:
+    return load_tagger(bundle_path).labels
+
+
+def test_closing_lines_name_what_loads(registered, tmp_path, monkeypatch):
+    """Found: ``runs:/<the printed run id>/train`` failed. The closing lines now name the model's
+    URI, the run holding the train stage's files (the first run's, when the train stage came from
+    the cache), the bundle and a tag command that works from any folder."""
+    project, uri, (first, second), parents = registered
+    monkeypatch.chdir(tmp_path)
+    client = MlflowClient(uri)
+    for closing in (first, second):
+        assert {"open", "outputs", "model", "train run", "bundle", "tag"} <= set(closing), closing
+        assert closing["model"].startswith("models:/m-") and "(registered as models:/conll2000-crf/" in closing["model"]
+        train_run = closing["train run"]
+        assert re.fullmatch(r"runs:/[0-9a-f]{32}/train", train_run)
+        assert client.list_artifacts(train_run.split("/")[1], "train"), "the printed run holds the files"
+        bundle = Path(closing["bundle"])
+        assert bundle.is_file() and bundle.name == "bundle.npz"
+        model_uri = closing["model"].split()[0]
+        for reference in (model_uri, train_run):
+            assert _labels(resolve_model(reference, uri)) == _labels(bundle)
+        assert closing["tag"] == f"python -m pipeline.tag model={model_uri} input=<file> output=<file> tracking.uri={uri}"
+    assert second["train run"] == first["train run"]  # the cached run's files are the first run's
+    assert not (tmp_path / "mlflow.db").exists()
+    # the printed command, copied into another folder, tags
+    source = tmp_path / "in.conll"
+    _write_conll(source, _toy(3, 1))
+    command = shlex.split(second["tag"].replace("<file> output=<file>", f"{source} output={tmp_path / 'out.conll'}"))
+    done = _cli(command[3:], tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert len(read_conll(tmp_path / "out.conll")) == 3 and not (tmp_path / "mlflow.db").exists()
+
+
+def test_models_and_runs_uris_resolve_in_the_pipeline_store(registered, tmp_path, monkeypatch):
+    """Found: ``models:/conll2000-crf@champion`` failed ("Registered Model ... not found") and left
+    ``./mlflow.db``: MLflow's registry URI fell back to the current folder. Registry and runs now
+    resolve in the tag command's store; ``runs:/<pipeline run id>/train`` follows the run to its
+    train stage; MLflow's URIs and variables are as before afterwards."""
+    project, uri, (first, _), parents = registered
+    monkeypatch.chdir(tmp_path)
+    before = (mlflow.get_tracking_uri(), mlflow.get_registry_uri())
+    source = tmp_path / "in.conll"
+    _write_conll(source, _toy(4, 2))
+    expected = _labels(Path(first["bundle"]))
+    references = ["models:/conll2000-crf@champion", "models:/conll2000-crf/1", first["model"].split()[0], first["train run"]]
+    references += [f"runs:/{parent}/train" for parent in parents]  # the ids a run prints first: its pipeline run
+    for reference in references:
+        summary = run_tag(_settings(reference, source, tmp_path / "out.conll", uri))
+        assert summary["tokens"] == sum(map(len, _toy(4, 2))), reference
+        assert _labels(resolve_model(reference, uri)) == expected
+    assert not (tmp_path / "mlflow.db").exists() and not list(tmp_path.rglob("*.db"))
+    assert "MLFLOW_TRACKING_URI" not in os.environ and "MLFLOW_REGISTRY_URI" not in os.environ
+    assert (mlflow.get_tracking_uri(), mlflow.get_registry_uri()) == before
+    # a path the pipeline run does not have: the message names the run that does
+    with pytest.raises(TagError, match=rf"run {parents[0]} is a pipeline run, its train stage ran as run [0-9a-f]{{32}}"):
+        run_tag(_settings(f"runs:/{parents[0]}/nothing", source, tmp_path / "out.conll", uri))
+
+
+def test_command_resolves_a_registered_model_where_the_pipeline_ran(registered, tmp_path):
+    project, uri, _, _ = registered
+    source = tmp_path / "in.conll"
+    _write_conll(source, _toy(3, 3))
+    args = ["model=models:/conll2000-crf@champion", f"input={source}", f"output={tmp_path / 'out.conll'}"]
+    done = _cli(args, project)  # the folder `python -m pipeline` ran in: its default store ./outputs/mlflow.db
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert len(read_conll(tmp_path / "out.conll")) == 3 and not (project / "mlflow.db").exists()
+    # from a folder without a store: one line naming the store it looked for; no database created
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    failed = _cli([*args[:2], f"output={elsewhere / 'out.conll'}"], elsewhere)
+    assert failed.returncode == 2 and "Traceback" not in failed.stdout + failed.stderr
+    assert f"no MLflow store at {elsewhere / 'outputs' / 'mlflow.db'}" in failed.stdout
+    assert not list(elsewhere.rglob("*.db")) and not (elsewhere / "out.conll").exists()
+    # naming the store works from anywhere
+    named = _cli([*args[:2], f"output={elsewhere / 'out.conll'}", f"tracking.uri={uri}"], elsewhere)
+    assert named.returncode == 0, named.stdout + named.stderr
+    assert not list(elsewhere.rglob("*.db"))
+
+
+def test_readme_lines_for_a_plain_python_session(registered, tmp_path):
+    """What a plain Python session sets to load ``models:/conll2000-crf@champion`` (the README's lines)."""
+    _, uri, (first, _), _ = registered
+    code = f"""
+import mlflow, pandas as pd
+mlflow.set_tracking_uri("{uri}")
+mlflow.set_registry_uri("{uri}")
+model = mlflow.pyfunc.load_model("models:/conll2000-crf@champion")
+frame = pd.DataFrame({{"sentence": [0, 0, 0], "w": ["the", "dog", "runs"], "pos": ["DT", "NN", "VB"]}})
+print(model.predict(frame)["label"].tolist())
+"""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_") or k == "MLFLOW_DISABLE_TELEMETRY"}
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env={**env, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    frame = pd.DataFrame({"sentence": [0, 0, 0], "w": ["the", "dog", "runs"], "pos": ["DT", "NN", "VB"]})
+    assert done.stdout.strip() == str(load_tagger(first["bundle"]).tag_frame(frame)["label"].tolist())
+    assert not list(tmp_path.rglob("*.db"))

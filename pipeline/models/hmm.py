@@ -8,7 +8,6 @@ Config slice: ``model``; settings: ``threads`` (one in a sweep job).
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Mapping
@@ -19,6 +18,7 @@ from omegaconf import OmegaConf
 
 from crf import HMMTagger, TaggerBundle
 from pipeline.models import BUNDLE_FILE, ModelAdapter, bundle_source, default_threads
+from pipeline.strict_json import write_json
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ class HMMAdapter(ModelAdapter):
         weights = model.interpolation_weights_
         if weights is not None:
             info.update({f"lambda_{n + 1}": float(w) for n, w in enumerate(weights)})
-        (out / "hmm.json").write_text(json.dumps(info, indent=1))
+        write_json(out / "hmm.json", info)
         log.info("HMM order %d on %r: %.2fs, %s words", model.order, spec["observation"], seconds, f"{info['vocabulary']:,}")
         return info
 
