@@ -158,8 +158,6 @@ def parse_crfsuite(data: bytes, path: str | os.PathLike = "<memory>") -> CRFsuit
     chunk_size, K = _u32(data, off_features + 4, 2).tolist()
     if chunk_size != CHUNK_SIZE + FEATURE_SIZE * K:
         raise CRFsuiteFormatError(f"{path}: feature chunk of {K} features has size {chunk_size} (damaged or truncated)")
-    if L == 0:
-        raise CRFsuiteFormatError(f"{path}: the model has no labels")
     check_table_size(path, f"the weights of {A:,} attributes x {L:,} labels", A * L + L * L, len(data), error=CRFsuiteFormatError)
     features = np.frombuffer(data, _FEATURE, K, off_features + CHUNK_SIZE)
     if not np.all(np.isfinite(features["weight"])):
@@ -271,6 +269,8 @@ def crf_from_crfsuite(model: CRFsuiteModel) -> CRF:
     """A fitted :class:`~crf.CRF` that tags python-crfsuite-style inputs (lists of attribute
     strings or dicts) exactly as CRFsuite's tagger does; start and end weights are 0."""
     L, A = len(model.labels), len(model.attributes)
+    if L == 0:  # what CRFsuite writes when it had nothing to train on: a file, but no tagger
+        raise ValueError("the model has no labels (CRFsuite trained it on no data)")
     crf = CRF()
     crf.classes_ = list(model.labels)
     crf.n_attributes_ = A

@@ -142,9 +142,12 @@ def _from_arrays(cls: type[CRF], meta: dict, arrays: dict[str, np.ndarray], path
 
 def read_crfsuite_model(path) -> CRF:
     """A fitted CRF from a CRFsuite model file (python-crfsuite's, sklearn-crfsuite's)."""
-    from .crfsuite_format import crf_from_crfsuite, read_crfsuite
+    from .crfsuite_format import CRFsuiteFormatError, crf_from_crfsuite, read_crfsuite
 
-    return crf_from_crfsuite(read_crfsuite(path))
+    model = read_crfsuite(path)
+    if not model.labels:  # a file CRFsuite writes when it had nothing to train on
+        raise CRFsuiteFormatError(f"{path}: the model has no labels (CRFsuite trained it on no data)")
+    return crf_from_crfsuite(model)
 
 
 def write_crfsuite_model(model: CRF, path) -> None:

@@ -194,7 +194,7 @@ def test_a_sweep_whose_summary_fails_ends_failed_with_the_reason(tmp_path, monke
     monkeypatch.setattr(compare, "summarize", broken_summary)
     callback = SweepTracking()
     callback.parent_run_id, callback.sweep_id, callback.experiment = parent.info.run_id, "s1", "sweeps"
-    callback.comparison = {"bootstrap_samples": 10}
+    callback.comparison, callback.summary = {"bootstrap_samples": 10}, "comparison"
     with pytest.raises(RuntimeError, match="no predictions"):
         callback.on_multirun_end(config=None)
     run = client.get_run(parent.info.run_id)
