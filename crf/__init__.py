@@ -1,35 +1,51 @@
-"""A NumPy/SciPy linear-chain CRF: exact inference, L-BFGS/L1/SGD training, metrics, HMM baseline.
+"""A NumPy/SciPy linear-chain CRF: exact inference, L-BFGS/OWL-QN/SGD training, partial labels,
+active-learning queries, metrics, an HMM baseline, and CRFsuite's file format and Python APIs.
 
-This package is a library of its own: it imports NumPy, SciPy, pandas and the standard library.
+This package is a library of its own: it imports NumPy, SciPy, pandas, scikit-learn and the
+standard library. Its names are imported on first use, so importing one module (``crf.io``) does
+not import the others.
+
+Public modules: ``crf.model`` (:class:`CRF`), ``crf.hmm`` (:class:`HMMTagger`), ``crf.features``,
+``crf.attributes``, ``crf.batch``, ``crf.io``, ``crf.metrics``, ``crf.scorers``, ``crf.bundle``,
+``crf.crfsuite`` (model files), ``crf.pycrfsuite`` (python-crfsuite's API). Modules whose names
+start with ``_`` are the kernels behind them.
 """
 
-from .batch import SequenceBatch
-from .bundle import TaggerBundle, load_tagger
-from .crfsuite_format import CRFsuiteFormatError, CRFsuiteModel, read_crfsuite, write_crfsuite
-from .features import AttributeIndex, FeatureExtractor, crfsuite_chunking_extractor
-from .hmm import HMMTagger
-from .io import DataFormatError, read_conll, read_conllu, read_xml_sequences
-from .model import CRF
-from .persist import ModelFileError
-from .tagger import Tagger
+from importlib import import_module
 
-__all__ = [
-    "CRF",
-    "CRFsuiteFormatError",
-    "CRFsuiteModel",
-    "AttributeIndex",
-    "DataFormatError",
-    "FeatureExtractor",
-    "HMMTagger",
-    "ModelFileError",
-    "SequenceBatch",
-    "Tagger",
-    "TaggerBundle",
-    "crfsuite_chunking_extractor",
-    "load_tagger",
-    "read_conll",
-    "read_conllu",
-    "read_xml_sequences",
-    "read_crfsuite",
-    "write_crfsuite",
-]
+_EXPORTS = {
+    "AttributeIndex": "attributes",
+    "CRF": "model",
+    "CRFsuiteFormatError": "crfsuite",
+    "CRFsuiteModel": "crfsuite",
+    "DataFormatError": "io",
+    "FeatureExtractor": "features",
+    "HMMTagger": "hmm",
+    "ModelFileError": "_persist",
+    "SequenceBatch": "batch",
+    "TaggerBundle": "bundle",
+    "TrainingError": "model",
+    "Uncertainty": "_uncertainty",
+    "crfsuite_chunking_extractor": "features",
+    "load_tagger": "bundle",
+    "read_conll": "io",
+    "read_conllu": "io",
+    "read_crfsuite": "crfsuite",
+    "read_xml_sequences": "io",
+    "write_crfsuite": "crfsuite",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'crf' has no attribute {name!r}")
+    value = getattr(import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

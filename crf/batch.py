@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
-from .layout import positions_within
+from ._layout import positions_within
 
 
 @dataclass

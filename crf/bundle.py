@@ -4,19 +4,19 @@ A bundle holds everything needed to tag new text: the model's weights (a :class:
 fitted :class:`crf.FeatureExtractor`, or a :class:`crf.HMMTagger` with the column it observes),
 the label set, the tagging scheme (``iob1``, ``iob2``, ``iobes`` or ``none``), the input columns
 it reads and the dataset/feature/model config it came from. It is one ``.npz`` file written by
-:func:`crf.persist.save_arrays` (kind ``crf.TaggerBundle``: no pickle, checksummed, atomic); the
-model and extractor arrays are those of :func:`crf.model_file.to_arrays`,
+:func:`crf._persist.save_arrays` (kind ``crf.TaggerBundle``: no pickle, checksummed, atomic); the
+model and extractor arrays are those of :func:`crf._model_file.to_arrays`,
 :meth:`crf.HMMTagger.to_arrays` and :meth:`crf.FeatureExtractor.state_arrays`, stored under the
 prefixes ``model/`` and ``features/``.
 
 Tagging runs one path for both kinds of model, on arrays: per-state emission scores (T, S) and a
 transition operator (a CRF: S = L labels; an HMM: its hidden states, label = state % L), Viterbi
-and forward-backward of :mod:`crf.chain` under optional allowed-label masks (``fixed`` labels),
+and forward-backward of :mod:`crf._chain` under optional allowed-label masks (``fixed`` labels),
 and chunk confidences: the quantity :meth:`crf.CRF.predict_segments` reports, by constrained
 forward-backward. For first-order chains over labels (the CRF, a first-order HMM without
 capitalisation states) it is computed in closed form for all chunks at once
 (:meth:`ChunkWindows.log_probability`: the chunk's labels are fixed, so only the two window ends
-need a log-sum-exp); otherwise by :func:`crf.chain.constrained_log_probability` on the windows'
+need a log-sum-exp); otherwise by :func:`crf._chain.constrained_log_probability` on the windows'
 masks. Sentences are processed in contiguous groups of bounded size (tokens x states), with
 single-threaded BLAS (its threads only cost on (n, L) x (L, L) products).
 """
@@ -31,14 +31,15 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from . import chain, model_file
+from . import _chain as chain
+from . import _model_file as model_file
+from ._layout import positions_within
+from ._parallel import single_threaded_blas
+from ._persist import ModelFileError, check_unique, load_arrays, save_arrays
+from ._segments import ChunkWindows
 from .features import FeatureExtractor
 from .hmm import HMMTagger
-from .layout import positions_within
 from .model import CRF
-from .parallel import single_threaded_blas
-from .persist import ModelFileError, check_unique, load_arrays, save_arrays
-from .segments import ChunkWindows
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +184,7 @@ class TaggerBundle:
     def load(cls, path: str | os.PathLike) -> TaggerBundle:
         """Read a bundle written by :meth:`save`; raises ModelFileError naming ``path`` on a bad
         file: unreadable, tampered with, or checksummed but inconsistent (see
-        :func:`crf.model_file.from_arrays`, :meth:`crf.HMMTagger.from_arrays`,
+        :func:`crf._model_file.from_arrays`, :meth:`crf.HMMTagger.from_arrays`,
         :meth:`crf.FeatureExtractor.from_state`; labels must be distinct and match the model's
         classes, input columns a list of distinct names, a CRF's extractor give as many
         attributes as the CRF reads)."""

@@ -20,6 +20,7 @@ over those keys and transforming is ``np.searchsorted``. No attribute string is 
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,11 +30,10 @@ import numpy as np
 import pandas as pd
 import scipy.sparse as sp
 
+from ._persist import ModelFileError, check_unique, checked_array
 from .attributes import AttributeIndex  # noqa: F401  (re-exported: python-crfsuite-style input)
 from .batch import SequenceBatch, offsets_from_lengths
-from .io import Sentence
-from .lexicon import lexicon_marks, read_lexicon
-from .persist import ModelFileError, check_unique, checked_array
+from .io import DataFormatError, Sentence, _decoded_lines
 
 BOS, EOS = "__BOS__", "__EOS__"
 
@@ -456,3 +456,52 @@ CRFSUITE_CHUNKING_TEMPLATES = (
 def crfsuite_chunking_extractor() -> FeatureExtractor:
     """The CRFsuite CoNLL-2000 chunking attribute set over columns ``w pos chunk``."""
     return FeatureExtractor(columns=["w", "pos", "chunk"], templates=CRFSUITE_CHUNKING_TEMPLATES, bos_eos=True, padding=False)
+
+
+# --- lexicons: files of (multi-token) entries with optional types, matched as longest spans ---
+
+
+def read_lexicon(path: str | os.PathLike, lowercase: bool = False) -> dict[tuple[str, ...], str]:
+    """Read a lexicon file: one entry a line, tokens separated by spaces, optional TAB then type.
+
+    Returns a mapping from the entry's token tuple to its type (``""`` when untyped).
+    """
+    entries: dict[tuple[str, ...], str] = {}
+    for number, line in _decoded_lines(path):
+        if not line.strip() or line.startswith("#"):
+            continue
+        text, _, kind = line.partition("\t")
+        tokens = tuple(text.lower().split() if lowercase else text.split())
+        if not tokens:
+            raise DataFormatError(path, number, "lexicon entry has no tokens")
+        entries[tokens] = kind.strip()
+    if not entries:
+        raise DataFormatError(path, 1, "lexicon holds no entries")
+    return entries
+
+
+def lexicon_marks(words: np.ndarray, position: np.ndarray, length: np.ndarray, entries: dict[tuple[str, ...], str]) -> np.ndarray:
+    """Longest-match lexicon spans as ``B-TYPE``/``I-TYPE`` per token (None outside spans).
+
+    ``words`` (T,) object array of the corpus' tokens, ``position`` (T,) each token's index in its
+    sentence, ``length`` (T,) its sentence's length; ``entries`` as from :func:`read_lexicon`.
+    """
+    marks = np.full(words.size, None, dtype=object)
+    covered = np.zeros(words.size, dtype=bool)
+    for size in sorted({len(k) for k in entries}, reverse=True):
+        # start positions whose span of `size` tokens stays inside the sentence
+        starts = np.flatnonzero(position + size <= length)
+        if starts.size == 0:
+            continue
+        windows = zip(*(words[starts + k] for k in range(size)))
+        kinds = [entries.get(window) for window in windows]
+        hit = np.array([kind is not None for kind in kinds], dtype=bool)
+        for start, kind in zip(starts[hit], np.asarray(kinds, dtype=object)[hit]):
+            span = slice(start, start + size)
+            if covered[span].any():
+                continue  # a longer (or earlier) entry already owns part of this span
+            covered[span] = True
+            suffix = f"-{kind}" if kind else ""
+            marks[start] = "B" + suffix
+            marks[start + 1 : start + size] = "I" + suffix
+    return marks

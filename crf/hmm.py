@@ -2,9 +2,9 @@
 
 An HMM is a linear chain whose scores are log probabilities: ``start`` = log P(y_0 | <s>),
 ``transitions`` = log P(y_t | y_{t-1}) (second order: log P(y_t | y_{t-2}, y_{t-1}), run over
-label pairs by :class:`crf.chain.SecondOrderTransitions`), ``end`` = log P(</s> | ...) and
-``emissions[t, y]`` = log P(x_t | y). With these scores :func:`crf.chain.viterbi` is HMM Viterbi
-and the log partition function of :func:`crf.chain.forward_backward` is log p(x): the CRF and the
+label pairs by :class:`crf._chain.SecondOrderTransitions`), ``end`` = log P(</s> | ...) and
+``emissions[t, y]`` = log P(x_t | y). With these scores :func:`crf._chain.viterbi` is HMM Viterbi
+and the log partition function of :func:`crf._chain.forward_backward` is log p(x): the CRF and the
 HMM share one recursion.
 
 Estimation is by counting, with either
@@ -13,7 +13,7 @@ Estimation is by counting, with either
 - the TnT recipe (Brants 2000): transitions by deleted interpolation of unigram, bigram and
   trigram estimates, known words by relative frequency, and unknown words by a suffix model
   learnt from rare words (separately for capitalised and other words).
-Counting and smoothing live in :mod:`crf.hmm_smoothing` (whose docstring describes the
+Counting and smoothing live in :mod:`crf._hmm_smoothing` (whose docstring describes the
 transition tables' layout); this module holds the estimator.
 """
 
@@ -28,8 +28,8 @@ import numpy as np
 import pandas as pd
 import scipy.sparse as sp
 
-from . import chain
-from .hmm_smoothing import (
+from . import _chain as chain
+from ._hmm_smoothing import (
     add_k_log_probabilities,
     check_possible,
     count_transitions,
@@ -42,10 +42,9 @@ from .hmm_smoothing import (
     suffix_emissions,
     valid_contexts,
 )
-from .lattice import lattice_edges, ngram_viterbi
-from .model import check_labels, label_classes
-from .parallel import Workers, single_threaded_blas, thread_count
-from .persist import (
+from ._lattice import lattice_edges, ngram_viterbi
+from ._parallel import Workers, single_threaded_blas, thread_count
+from ._persist import (
     ModelFileError,
     arrays_to_strings,
     check_classes,
@@ -57,6 +56,7 @@ from .persist import (
     save_arrays,
     strings_to_arrays,
 )
+from .model import check_labels, label_classes
 
 _KIND = "crf.HMMTagger"
 _TRANSITION_SMOOTHING = ("add-k", "interpolation")
@@ -100,7 +100,7 @@ class HMMTagger:
     n_threads: threads for tagging and Baum-Welch (None: the number of cores, at most 4).
 
     Learned attributes: ``classes_`` (L,), ``vocabulary_`` (V,), ``log_transitions_``
-    ((L + 1,) * (order + 1), see :mod:`crf.hmm_smoothing`), ``log_emissions_`` (V + 1, L) with the
+    ((L + 1,) * (order + 1), see :mod:`crf._hmm_smoothing`), ``log_emissions_`` (V + 1, L) with the
     unknown-word row last, ``suffix_model_`` (or None), ``interpolation_weights_`` (or None),
     ``unknown_given_label_`` (P(unknown word | label) of the suffix model, or None),
     ``transition_counts_`` and ``emission_counts_`` (V, L), ``em_history_``. With
@@ -220,7 +220,7 @@ class HMMTagger:
             raise RuntimeError("this HMMTagger is not fitted yet; call fit(X, y) first")
 
     def _chain_scores(self):
-        """(transitions, start, end) for :mod:`crf.chain`; second order as pair states."""
+        """(transitions, start, end) for :mod:`crf._chain`; second order as pair states."""
         L, table = self.n_hidden_, self.log_transitions_
         if self.order == 1:
             return table[:L, :L], table[L, :L], table[:L, L]
@@ -288,7 +288,7 @@ class HMMTagger:
 
     def predict_codes(self, X: Sequence[Sequence[str]]) -> np.ndarray:
         """Viterbi label indices of all tokens, flat (T,): exact, over the states of finite
-        emission only (:func:`crf.lattice.ngram_viterbi`)."""
+        emission only (:func:`crf._lattice.ngram_viterbi`)."""
 
         def decode(emissions, lengths, _scores, _tokens):
             return ngram_viterbi(emissions, self.log_transitions_, lengths) % len(self.classes_)

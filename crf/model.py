@@ -21,17 +21,20 @@ import scipy.sparse as sp
 from sklearn.base import BaseEstimator
 from sklearn.exceptions import NotFittedError
 
-from . import chain, metrics, model_file, online, optimize
-from . import params as hyper
+from . import _chain as chain
+from . import _model_file as model_file
+from . import _online as online
+from . import _optimize as optimize
+from . import _params as hyper
+from . import metrics
+from ._crfsuite_view import CRFsuiteView, training_log
+from ._objective import Objective, ParameterLayout
+from ._parallel import Workers, contiguous_parts, release_free_memory, single_threaded_blas, thread_count
+from ._segments import SegmentQueries
+from ._uncertainty import UncertaintyQueries
+from ._warm import PreviousFit
 from .batch import SequenceBatch
 from .features import AttributeIndex
-from .heap import release_free_memory
-from .objective import Objective, ParameterLayout
-from .parallel import Workers, contiguous_parts, single_threaded_blas, thread_count
-from .segments import SegmentQueries
-from .tagger import CRFsuiteView, training_log
-from .uncertainty import UncertaintyQueries
-from .warm import PreviousFit
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +192,9 @@ class CRF(SegmentQueries, UncertaintyQueries, CRFsuiteView, BaseEstimator):
         path = self.__dict__.get("model_filename")
         if path is None or "state_weights_" in self.__dict__ or not os.path.isfile(path) or self.__dict__.get("_fitting"):
             return False
-        loaded = model_file.read_crfsuite_model(path)
+        from .crfsuite import read_crfsuite_model
+
+        loaded = read_crfsuite_model(path)
         self.__dict__.update({k: v for k, v in vars(loaded).items() if k.endswith("_")})
         return True
 
@@ -318,7 +323,9 @@ class CRF(SegmentQueries, UncertaintyQueries, CRFsuiteView, BaseEstimator):
         self.stop_reason_ = result.stop_reason
         self.training_seconds_ = time.perf_counter() - began
         if self.model_filename is not None:
-            model_file.write_crfsuite_model(self, self.model_filename)
+            from .crfsuite import write_crfsuite_model
+
+            write_crfsuite_model(self, self.model_filename)
         return self
 
     def _merge_attributes(self, previous: PreviousFit, batch: SequenceBatch) -> SequenceBatch:
@@ -457,7 +464,7 @@ class CRF(SegmentQueries, UncertaintyQueries, CRFsuiteView, BaseEstimator):
         return posterior.marginals, batch
 
     def posterior(self, X, keep_messages: bool = False) -> tuple[chain.Posterior, np.ndarray, SequenceBatch]:
-        """Forward-backward over ``X``: the :class:`crf.chain.Posterior` (log Z (N,), marginals
+        """Forward-backward over ``X``: the :class:`crf._chain.Posterior` (log Z (N,), marginals
         (T, L) in ``classes_`` order and, with ``keep_messages``, the log messages that
         :meth:`segments_of` reuses), the emissions (T, L) and the batch."""
         emissions, batch = self.emissions(X)

@@ -4,7 +4,7 @@ Code written against python-crfsuite runs with ``import crf.pycrfsuite as pycrfs
 machine with NumPy and SciPy. The module is a surface, not a second implementation: training is
 :meth:`crf.CRF.fit` (``boundary_transitions=False``, which is CRFsuite's model; items become
 attribute columns through :class:`crf.features.AttributeIndex`), and model files are CRFsuite's,
-read and written by :mod:`crf.crfsuite_format` (a file trained here tags the same in
+read and written by :mod:`crf.crfsuite` (a file trained here tags the same in
 python-crfsuite, and the other way round). The tagger scores one sequence at a time as CRFsuite's
 does, from the file's features.
 
@@ -63,10 +63,12 @@ from itertools import repeat
 
 import numpy as np
 
-from . import chain
-from . import params as hyper
+from . import _chain as chain
+from . import _params as hyper
+from ._crfsuite_view import ModelInfo
+from ._optimize import IterationInfo
 from .attributes import _token_items
-from .crfsuite_format import (
+from .crfsuite import (
     _HEADER,
     HEADER_SIZE,
     MAGIC,
@@ -77,8 +79,6 @@ from .crfsuite_format import (
     write_crfsuite,
 )
 from .model import CRF
-from .optimize import IterationInfo
-from .tagger import ModelInfo
 
 log = logging.getLogger(__name__)
 
@@ -932,7 +932,7 @@ def _item_pairs(item) -> Iterable[tuple[str, float]]:
 def _best_path(emissions: np.ndarray, incoming: np.ndarray) -> list[int]:
     """The Viterbi path of one sequence: emissions (T, L), ``incoming`` (L, L) the transition
     weights [next, previous]; ties go to the lowest label id, as in CRFsuite.
-    :func:`crf.chain.viterbi` computes the same for batches; this loop is the quicker one for a
+    :func:`crf._chain.viterbi` computes the same for batches; this loop is the quicker one for a
     single short sequence."""
     T, L = emissions.shape
     pointers = np.empty((T, L), dtype=np.intp)
@@ -1031,7 +1031,7 @@ class Tagger:
         return self._model
 
     def _weights(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Transitions and the (zero) start and end weights, as :mod:`crf.chain` takes them."""
+        """Transitions and the (zero) start and end weights, as :mod:`crf._chain` takes them."""
         L = len(self._model.labels)
         return self._model.transitions, np.zeros(L), np.zeros(L)
 

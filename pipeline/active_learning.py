@@ -6,7 +6,7 @@ A run starts from a seeded set of fully labelled sentences and repeats rounds: f
 in the pool by a query strategy, and have the annotator label the top ones until the round's
 budget of tokens is spent. Cost is counted in tokens asked of the annotator.
 
-Strategies (each ranks the pool by one figure of :class:`crf.uncertainty.Uncertainty`, most
+Strategies (each ranks the pool by one figure of :class:`crf._uncertainty.Uncertainty`, most
 uncertain first): ``random``; ``least_confidence`` (1 - p(best path)); ``margin`` (the smallest
 difference between the two best paths first); ``token_entropy`` (the sum of the tokens' marginal
 entropies, Settles and Craven's total token entropy); ``nbest_entropy`` (the entropy of the N best
@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 from omegaconf import OmegaConf
 
-from crf.uncertainty import Uncertainty
+from crf._uncertainty import Uncertainty
 from pipeline.models import ModelAdapter, default_threads
 from pipeline.report import figure, save_figure
 from pipeline.stage import Stage, StageContext
@@ -37,7 +37,7 @@ from pipeline.stage import Stage, StageContext
 log = logging.getLogger(__name__)
 
 STRATEGIES = ("random", "least_confidence", "margin", "token_entropy", "nbest_entropy")
-# the uncertainty figure each strategy ranks by (crf.uncertainty.FIGURES)
+# the uncertainty figure each strategy ranks by (crf._uncertainty.FIGURES)
 FIGURE_OF = {
     "least_confidence": "best_probability",
     "margin": "margin",
@@ -335,7 +335,7 @@ class _Checkpoint:
         self.folder = folder
 
     def save(self, state: RunState) -> None:
-        from crf.persist import atomic_write
+        from crf._persist import atomic_write
 
         self.folder.mkdir(parents=True, exist_ok=True)
         state.model.save(self.folder / "model.npz")

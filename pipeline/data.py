@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from crf._persist import atomic_write
 from crf.io import Sentence, read_blocks, read_conll, read_conllu, read_xml_sequences
-from crf.persist import atomic_write
 
 DATA_HOME_VARIABLE = "CRF_DATA_HOME"
 

@@ -41,8 +41,8 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from crf import load_tagger, metrics
+from crf._parallel import single_threaded_blas
 from crf.batch import token_rows
-from crf.parallel import single_threaded_blas
 from pipeline import fields
 from pipeline.data import Dataset
 from pipeline.models import BUNDLE_FILE, ModelAdapter, Tagger

@@ -18,9 +18,9 @@ import numpy as np
 import scipy.sparse as sp
 from omegaconf import OmegaConf
 
+from crf._persist import ModelFileError, load_arrays, save_arrays
 from crf.batch import SequenceBatch
 from crf.features import FeatureExtractor
-from crf.persist import ModelFileError, load_arrays, save_arrays
 from pipeline.cache import file_sha256
 from pipeline.models import ModelAdapter
 from pipeline.prepare import SPLITS, read_prepared

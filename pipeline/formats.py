@@ -17,7 +17,7 @@ optional gold label column. Readers (``format``; ``auto`` picks by extension, ``
   else (null, a number, a list, a boolean, an empty string) is refused naming line, token and column.
 - ``text`` (``.txt`` only when asked): one sentence per line, split by :func:`tokenize`.
 
-Writers (atomic: :func:`crf.persist.atomic_write`): ``conll`` (the input columns, the gold column
+Writers (atomic: :func:`crf._persist.atomic_write`): ``conll`` (the input columns, the gold column
 when there is one, then each model's predicted column and, with ``marginals``, its marginal) and
 ``jsonl`` (per sentence: ``tokens``, ``labels``, ``marginals``, ``segments`` with confidence, and
 ``columns``: every predicted column by name).
@@ -46,8 +46,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from crf._persist import atomic_write
 from crf.io import CONLLU_COLUMNS, DataFormatError, _decoded_lines, read_conll, read_conllu
-from crf.persist import atomic_write
 from pipeline.strict_json import dumps
 
 FORMATS = ("conll", "conllu", "jsonl", "text")

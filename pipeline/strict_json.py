@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from crf.persist import atomic_write
+from crf._persist import atomic_write
 
 
 def finite(value: Any) -> Any:

@@ -5,7 +5,7 @@ A wrong-typed or out-of-range setting (``trainer.c2=abc``, ``trainer.max_iterati
 minutes, with one line naming the setting. :func:`validate_settings` checks the run's own settings
 (seed, training fraction, dev cadence) and the model's: the estimator is built from the config
 exactly as its adapter builds it for training (``build_model``/``build_hmm``) and checked by the
-estimator's own parameter validation (``crf.params.validate`` for the CRF, ``_check_params`` for
+estimator's own parameter validation (``crf._params.validate`` for the CRF, ``_check_params`` for
 the HMM), so the rules live in one place, the library.
 """
 
@@ -19,7 +19,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from crf import params as hyper
+from crf import _params as hyper
 from pipeline.models import load_adapter
 
 _ADD_K = "add-k"

@@ -39,7 +39,7 @@ def test_area_under_the_curve_and_tokens_to_reach():
 
 
 def test_priorities_rank_the_most_uncertain_first():
-    from crf.uncertainty import Uncertainty
+    from crf._uncertainty import Uncertainty
 
     figures = Uncertainty(
         offsets=np.array([0, 2, 5, 6]),

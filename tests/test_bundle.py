@@ -9,8 +9,9 @@ import pandas as pd
 import pytest
 from pipeline_helpers import make_sentence
 
-from crf import CRF, FeatureExtractor, HMMTagger, ModelFileError, TaggerBundle, chain, load_tagger
-from crf.persist import load_arrays, save_arrays
+from crf import CRF, FeatureExtractor, HMMTagger, ModelFileError, TaggerBundle, load_tagger
+from crf import _chain as chain
+from crf._persist import load_arrays, save_arrays
 
 COLUMNS = ["w", "pos", "chunk"]
 

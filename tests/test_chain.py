@@ -9,8 +9,8 @@ import pytest
 from conftest import enumerate_paths, random_chain
 from scipy.special import logsumexp
 
-from crf import chain
-from crf.transitions import _pick
+from crf import _chain as chain
+from crf._transitions import _pick
 
 CASES = [
     (seed, L, lengths)
@@ -68,7 +68,7 @@ def test_viterbi_matches_enumeration(seed, n_labels, lengths):
 
 def _reference_viterbi(emissions, transitions, start, end):
     """One sequence's best path by the textbook recursion with stored back pointers (ties: the
-    first label), independent of crf.chain: (labels (n,), score)."""
+    first label), independent of crf._chain: (labels (n,), score)."""
     score, back = start + emissions[0], []
     for t in range(1, emissions.shape[0]):
         candidates = score[:, None] + transitions
@@ -389,7 +389,7 @@ def test_marginals_without_transition_counts_are_the_same():
 
 
 def test_positions_within_groups_including_empty_ones():
-    from crf.layout import positions_within
+    from crf._layout import positions_within
 
     assert positions_within([2, 0, 3, 1]).tolist() == [0, 1, 0, 1, 2, 0]
     assert positions_within(np.array([], dtype=np.int32)).tolist() == []

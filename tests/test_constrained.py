@@ -15,7 +15,7 @@ from conftest import (
 )
 from scipy.special import logsumexp
 
-from crf import chain
+from crf import _chain as chain
 
 CASES = [
     (seed, L, lengths)

@@ -9,17 +9,17 @@ import pytest
 from pipeline_helpers import _WORDS as TOY_WORDS
 
 from crf import CRF
-from crf.cqdb import hashlittle
-from crf.crfsuite_format import (
+from crf._persist import ModelFileError
+from crf.crfsuite import (
     CRFsuiteFormatError,
     CRFsuiteModel,
     StateFeatures,
     crf_from_crfsuite,
     crfsuite_from_crf,
+    hashlittle,
     read_crfsuite,
     write_crfsuite,
 )
-from crf.persist import ModelFileError
 
 pycrfsuite = pytest.importorskip("pycrfsuite")
 

@@ -10,9 +10,9 @@ import scipy.sparse as sp
 from threadpoolctl import threadpool_info
 
 from crf import CRF, SequenceBatch
-from crf.objective import Objective, ParameterLayout, _chunks_of, chunk_count
-from crf.parallel import single_threaded_blas
-from crf.params import feature_index
+from crf._objective import Objective, ParameterLayout, _chunks_of, chunk_count
+from crf._parallel import single_threaded_blas
+from crf._params import feature_index
 
 N_LABELS = 4
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from crf import heap
+from crf import _parallel as heap
 
 
 def _rss_mib() -> float:
@@ -35,7 +35,7 @@ _DEFAULT_GLIBC = (
 _FRAGMENT = """
 import sys
 import numpy as np
-from crf import heap
+from crf import _parallel as heap
 
 
 def rss():

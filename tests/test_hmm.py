@@ -10,9 +10,10 @@ import pytest
 import scipy.sparse as sp
 from scipy.special import logsumexp
 
-from crf import CRF, HMMTagger, ModelFileError, SequenceBatch, chain
+from crf import CRF, HMMTagger, ModelFileError, SequenceBatch
+from crf import _chain as chain
+from crf._lattice import ngram_viterbi
 from crf.hmm import valid_contexts
-from crf.lattice import ngram_viterbi
 
 SETTINGS = [
     dict(order=1, transition_smoothing="add-k", emission_smoothing="add-k", k=0.3),

@@ -6,7 +6,7 @@ import conftest as oracle  # brute-force enumeration and random chains
 import numpy as np
 import pytest
 
-from crf import chain
+from crf import _chain as chain
 
 # seeds x label counts 2..4 x sequence lengths 1..6 (several sequences of different lengths at once)
 CASES = [

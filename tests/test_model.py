@@ -11,7 +11,7 @@ import pytest
 import scipy.sparse as sp
 
 from crf import CRF, ModelFileError, SequenceBatch, metrics
-from crf.persist import load_arrays, save_arrays
+from crf._persist import load_arrays, save_arrays
 
 
 def _toy_corpus(seed: int, n: int = 150):

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from crf.objective import Objective, ParameterLayout
-from crf.optimize import _regularised
-from crf.params import feature_index
+from crf._objective import Objective, ParameterLayout
+from crf._optimize import _regularised
+from crf._params import feature_index
 
 
 def _random_problem(seed: int, n_labels: int = 3, n_attributes: int = 7):
@@ -72,7 +72,7 @@ def test_sparse_layout_keeps_only_observed_pairs():
 
 def test_state_features_match_the_dense_product():
     """Shared (frequent) attributes and the per-label incidences together equal X @ W exactly."""
-    from crf.objective import FeaturePartition, StateFeatures
+    from crf._objective import FeaturePartition, StateFeatures
 
     rng = np.random.default_rng(3)
     X = sp.csr_matrix((rng.random((60, 30)) < 0.2) * 1.0)
@@ -92,9 +92,9 @@ def test_state_features_match_the_dense_product():
 @pytest.mark.parametrize("n_attributes", [40, 2_000_000])  # marks per cell; the sort when marks would be larger
 def test_feature_index_marks_the_pairs_a_sort_finds(monkeypatch, n_attributes):
     """The (attribute, label) pairs, marked a block of tokens at a time, are np.unique of the keys."""
-    import crf.params
+    import crf._params
 
-    monkeypatch.setattr(crf.params, "_BLOCK_TOKENS", 7)  # many blocks, the last one short
+    monkeypatch.setattr(crf._params, "_BLOCK_TOKENS", 7)  # many blocks, the last one short
     rng = np.random.default_rng(5)
     columns = np.sort(rng.choice(n_attributes, size=(100, 4)), axis=1)  # repeats within a token are summed
     X = sp.csr_matrix((np.ones(400), columns.ravel(), np.arange(0, 401, 4)), shape=(100, n_attributes))
@@ -108,7 +108,7 @@ def test_feature_index_marks_the_pairs_a_sort_finds(monkeypatch, n_attributes):
 
 def test_local_incidences_are_the_per_label_copies_of_columns():
     """Column j of ``local`` holds row t * L + label_j for every token t with attribute_j, value kept."""
-    from crf.objective import FeaturePartition, StateFeatures
+    from crf._objective import FeaturePartition, StateFeatures
 
     rng = np.random.default_rng(4)
     X = sp.csr_matrix((rng.random((50, 25)) < 0.15) * rng.choice([1.0, 2.5], size=(50, 25)))
@@ -134,8 +134,8 @@ def test_sequences_redone_in_log_space_take_their_emissions_anew(monkeypatch):
     """Weights in the hundreds make the scaled recursion give up on some sequences; the objective
     then computes their emissions again (its working copy was consumed) and the loss and state
     gradient equal a log-space computation."""
-    from crf import chain
-    from crf.objective import StateFeatures
+    from crf import _chain as chain
+    from crf._objective import StateFeatures
 
     X, offsets, labels = _random_problem(8, n_labels=4)
     index = feature_index(X, labels, 4)

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from crf.parallel import Workers
+from crf._parallel import Workers
 
 
 @pytest.mark.parametrize("n_threads", [1, 2, 3])

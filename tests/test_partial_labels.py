@@ -12,7 +12,7 @@ from conftest import enumerate_paths, word_class_corpus
 from scipy.special import logsumexp
 
 from crf import CRF, SequenceBatch, metrics
-from crf.objective import Objective, ParameterLayout
+from crf._objective import Objective, ParameterLayout
 
 A, L = 6, 3
 

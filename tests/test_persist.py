@@ -8,7 +8,7 @@ import zipfile
 import numpy as np
 import pytest
 
-from crf.persist import FORMAT_VERSION, ModelFileError, load_arrays, save_arrays
+from crf._persist import FORMAT_VERSION, ModelFileError, load_arrays, save_arrays
 
 KIND = "test.Thing"
 

@@ -17,7 +17,8 @@ import pytest
 from conftest import word_class_corpus
 
 import crf.pycrfsuite as ours
-from crf import CRF, chain
+from crf import CRF
+from crf import _chain as chain
 
 ALGORITHMS = ["lbfgs", "l2sgd", "ap", "pa", "arow"]
 

@@ -9,8 +9,9 @@ import pytest
 import scipy.optimize
 import scipy.sparse as sp
 
-from crf import optimize, quasi_newton
-from crf.objective import Objective, ParameterLayout
+from crf import _optimize as optimize
+from crf import _quasi_newton as quasi_newton
+from crf._objective import Objective, ParameterLayout
 
 
 def along_a_line(phi):

@@ -8,7 +8,7 @@ from conftest import enumerate_second_order, random_second_order
 from conftest import second_order_states as as_states
 from scipy.special import logsumexp
 
-from crf.chain import LogSemiring, ScaledSemiring, SecondOrderTransitions, edge_marginals, forward_backward, viterbi
+from crf._chain import LogSemiring, ScaledSemiring, SecondOrderTransitions, edge_marginals, forward_backward, viterbi
 
 CASES = [(0, 2, [1, 4, 3]), (1, 3, [5, 2, 1, 4]), (2, 4, [3, 3]), (3, 3, [6])]
 

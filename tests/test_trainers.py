@@ -11,8 +11,10 @@ import pytest
 import scipy.sparse as sp
 from conftest import word_class_corpus
 
-from crf import CRF, metrics, online, optimize
-from crf.objective import ParameterLayout
+from crf import CRF, metrics
+from crf import _online as online
+from crf import _optimize as optimize
+from crf._objective import ParameterLayout
 
 L, A = 3, 5
 

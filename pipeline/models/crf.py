@@ -23,8 +23,9 @@ import numpy as np
 import pandas as pd
 from omegaconf import OmegaConf
 
-from crf import CRF, TaggerBundle, metrics, params
-from crf.optimize import IterationInfo
+from crf import CRF, TaggerBundle, metrics
+from crf import _params as params
+from crf._optimize import IterationInfo
 from pipeline.featurize import load_batch, load_extractor
 from pipeline.models import BUNDLE_FILE, ModelAdapter, bundle_source, default_threads
 from pipeline.report import figure, save_figure

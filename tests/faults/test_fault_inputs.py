@@ -16,8 +16,8 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 from pipeline_helpers import compose_config, make_sentence, write_corpus  # noqa: E402
 
 from crf import CRF, HMMTagger  # noqa: E402
+from crf._persist import ModelFileError  # noqa: E402
 from crf.io import DataFormatError  # noqa: E402
-from crf.persist import ModelFileError  # noqa: E402
 from pipeline.data import load_dataset  # noqa: E402
 
 

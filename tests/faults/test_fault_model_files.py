@@ -25,17 +25,20 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 from pipeline_helpers import make_sentence  # noqa: E402
 
 from crf import CRF, FeatureExtractor, HMMTagger, ModelFileError, TaggerBundle, load_tagger  # noqa: E402
-from crf.cqdb import MAX_KEY_BYTES, build_cqdb, hashlittle, read_cqdb  # noqa: E402
-from crf.crfsuite_format import (  # noqa: E402
+from crf._persist import atomic_write, load_arrays, save_arrays  # noqa: E402
+from crf.crfsuite import (  # noqa: E402  # noqa: E402
     _HEADER,
     CHUNK_SIZE,
     HEADER_SIZE,
+    MAX_KEY_BYTES,
     CRFsuiteFormatError,
+    build_cqdb,
     crfsuite_from_crf,
+    hashlittle,
+    read_cqdb,
     read_crfsuite,
     write_crfsuite,
 )
-from crf.persist import atomic_write, load_arrays, save_arrays  # noqa: E402
 from pipeline.data import _download  # noqa: E402
 from pipeline.featurize import EXTRACTOR_KIND, load_extractor, save_extractor  # noqa: E402
 from pipeline.formats import Prediction, read_input, write_output  # noqa: E402

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from . import chain
-from .semirings import MaxSemiring
+from . import _chain as chain
+from ._semirings import MaxSemiring
 
 FIGURES = ("best_probability", "margin", "token_entropy", "nbest_entropy")
 

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
-from . import chain
+from . import _chain as chain
+from ._parallel import Workers, thread_count
 from .batch import token_rows
-from .parallel import Workers, thread_count
 
 
 @dataclass
@@ -290,7 +290,7 @@ class Objective:
     evaluates the chunks and their results are summed in chunk order. The partition depends on
     the data and ``chunk_cells`` only, never on the thread count, so any number of threads gives
     bit-identical losses and gradients. Working memory of the recursions scales with the chunk,
-    not the corpus. Call it inside :func:`crf.parallel.single_threaded_blas`.
+    not the corpus. Call it inside :func:`crf._parallel.single_threaded_blas`.
     """
 
     #: (token, label) cells per chunk: 12 MB per (T, L) array of a chunk. With chunks cut by

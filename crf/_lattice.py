@@ -7,7 +7,7 @@ and a second-order chain's pair states to pairs of candidates, therefore loses n
 score: the decoding is exact, not a beam. The work per token is the number of edges between the
 candidate states of consecutive tokens, a few instead of L^2 (first order) or L^3 (second order).
 
-The lattice is stored flat, in the time-major packed order of :class:`crf.layout.Layout`, so the
+The lattice is stored flat, in the time-major packed order of :class:`crf._layout.Layout`, so the
 recursion is a Python loop over time steps of vectorised segment maxima (``np.maximum.reduceat``
 over each state's incoming edges), no loop over sequences or tokens.
 """
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .layout import Layout, positions_within
+from ._layout import Layout, positions_within
 
 
 def _ranges(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -48,9 +48,9 @@ def ngram_viterbi(emissions: np.ndarray, table: np.ndarray, lengths) -> np.ndarr
 
     ``emissions`` (T, H) log P(x_t | h) for all tokens in input order (-inf: impossible);
     ``table`` (H + 1,) * (order + 1) log transition probabilities, index H being the start symbol
-    on context axes and the end symbol on the last axis (:mod:`crf.hmm_smoothing`'s layout);
+    on context axes and the end symbol on the last axis (:mod:`crf._hmm_smoothing`'s layout);
     ``lengths`` (N,) sequence lengths. Returns hidden labels (T,) in input order. Ties go to the
-    lowest previous label, as in :func:`crf.chain.viterbi`. A token with no finite emission keeps
+    lowest previous label, as in :func:`crf._chain.viterbi`. A token with no finite emission keeps
     every label (its sequence scores -inf and gets an arbitrary labelling).
     """
     H, order = emissions.shape[1], table.ndim - 1

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from . import chain, model_file
+from . import _chain as chain
+from . import _model_file as model_file
 
 if TYPE_CHECKING:
     from .model import CRF
@@ -34,7 +35,7 @@ class TrainingLog(list):
 
 
 def training_log(history) -> TrainingLog:
-    """A :class:`TrainingLog` from a list of :class:`~crf.optimize.IterationInfo`."""
+    """A :class:`TrainingLog` from a list of :class:`~crf._optimize.IterationInfo`."""
     log, previous = TrainingLog(), 0.0
     for info in history:
         row = {
@@ -67,7 +68,7 @@ class ModelInfo:
     state_features: dict = field(default_factory=dict)
 
 
-class Tagger:
+class TaggerView:
     """python-crfsuite's ``Tagger`` methods over a fitted :class:`crf.CRF`: ``set`` a sequence of
     token features, then ``tag``, ``probability`` and ``marginal`` query it."""
 
@@ -148,12 +149,12 @@ class CRFsuiteView:
         return self.attributes_[index] if self.attributes_ is not None else f"#{index}"
 
     @property
-    def tagger_(self) -> Tagger | None:
-        """A python-crfsuite-style :class:`~crf.tagger.Tagger` over this model."""
+    def tagger_(self) -> TaggerView | None:
+        """A python-crfsuite-style :class:`~crf._crfsuite_view.TaggerView` over this model."""
         if not self._fitted():
             return None
         if self.__dict__.get("_tagger") is None:
-            self._tagger = Tagger(self)
+            self._tagger = TaggerView(self)
         return self._tagger
 
     @property

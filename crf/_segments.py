@@ -10,8 +10,9 @@ import numpy as np
 import pandas as pd
 from scipy.special import logsumexp
 
-from . import chain, metrics
-from .layout import positions_within
+from . import _chain as chain
+from . import metrics
+from ._layout import positions_within
 
 
 @dataclass
@@ -56,7 +57,7 @@ class ChunkWindows:
         return cls(found, first, stop, before, after, starts[codes[first]].reshape(-1, L), ends[codes[stop - 1]].reshape(-1, L))
 
     def window_masks(self, codes: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The windows as :func:`crf.chain.constrained_log_probability` takes them: (first token
+        """The windows as :func:`crf._chain.constrained_log_probability` takes them: (first token
         of each window within its sequence (K,), masks (W, L), window offsets (K + 1,))."""
         K, L = self.first.size, self.before_masks.shape[1]
         inside = self.stop - self.first
@@ -76,7 +77,7 @@ class ChunkWindows:
         """log p(window k | x) (K,) for a first-order chain over labels ((L, L) ``transitions``), in closed
         form: the chunk's labels are fixed, so the constrained forward recursion over its window
         reduces to a sum of scores plus one log-sum-exp at each end. The same quantity as
-        :func:`crf.chain.constrained_log_probability` on :meth:`window_masks`, without a
+        :func:`crf._chain.constrained_log_probability` on :meth:`window_masks`, without a
         recursion over the windows. ``posterior``: forward-backward with ``keep_messages``."""
         first, stop = self.first, self.stop
         inside = stop - first

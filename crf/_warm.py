@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from ._objective import ParameterLayout
 from .batch import SequenceBatch
-from .objective import ParameterLayout
 
 
 @dataclass

@@ -6,11 +6,11 @@ Scores
 For a sequence of length n with labels y, ``score(y) = start[y_0] + sum_t emissions[t, y_t]
 + sum_{t>0} transitions[y_{t-1}, y_t] + end[y_{n-1}]`` and ``p(y|x) = exp(score(y) - log Z)``.
 Arrays: ``emissions`` (T, L) for all tokens of all sequences in token order, ``transitions``
-(L, L) indexed [previous, current] (or an operator of :mod:`crf.transitions`, such as
+(L, L) indexed [previous, current] (or an operator of :mod:`crf._transitions`, such as
 :class:`SecondOrderTransitions`, whose states then replace labels), ``start`` and ``end`` (L,).
 
 One forward and one backward recursion (over the time-major :class:`Layout`) serve every query
-through a semiring of :mod:`crf.semirings` and a transition operator of :mod:`crf.transitions`;
+through a semiring of :mod:`crf._semirings` and a transition operator of :mod:`crf._transitions`;
 neither is inspected here. Messages are kept normalised per row with the log of the normaliser
 accumulated, so the true log message is ``semiring.to_log(value) + cumulative log normaliser``.
 
@@ -27,9 +27,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .layout import Layout
-from .semirings import KMaxSemiring, LogSemiring, MaxSemiring, ScaledSemiring
-from .transitions import FirstOrderTransitions, SecondOrderTransitions
+from ._layout import Layout
+from ._semirings import KMaxSemiring, LogSemiring, MaxSemiring, ScaledSemiring
+from ._transitions import FirstOrderTransitions, SecondOrderTransitions
 
 __all__ = [
     "KMaxSemiring",

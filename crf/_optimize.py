@@ -1,5 +1,5 @@
 """Trainers: L-BFGS (L2), OWL-QN (L1 and elastic net) and SGD with L2 (CRFsuite's ``l2sgd``,
-with its learning-rate calibration). The online algorithms are in :mod:`crf.online`.
+with its learning-rate calibration). The online algorithms are in :mod:`crf._online`.
 
 All minimise ``NLL(theta) + c1 * |theta|_1 + c2 * ||theta||^2`` (CRFsuite's c1, c2) and stop
 like CRFsuite: after ``max_iterations``, when the relative improvement of the loss over the last
@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import quasi_newton
+from . import _quasi_newton as quasi_newton
+from ._objective import Objective, ParameterLayout
 from .batch import token_rows
-from .objective import Objective, ParameterLayout
 
 
 @dataclass
@@ -132,7 +132,7 @@ def lbfgs(
     max_linesearch: int = 20,
 ) -> TrainingResult:
     """Minimise the regularised objective by L-BFGS, or with ``c1 > 0`` by OWL-QN (both in
-    :mod:`crf.quasi_newton`), which gives L1 weights that are exactly zero. The L2 term is part
+    :mod:`crf._quasi_newton`), which gives L1 weights that are exactly zero. The L2 term is part
     of the smooth objective in both; the loss reported and tested by the stopping rules is the
     whole objective, and the gradient norm is that of OWL-QN's pseudo-gradient under L1.
 

@@ -53,7 +53,7 @@ DOC = """
     variance, gamma : [arow] initial variance of every weight; trade-off between loss and change.
     verbose : log every iteration at INFO level (logger ``crf.model``).
     model_filename : a CRFsuite model file: an existing file is loaded at construction (needs
-        :mod:`crf.crfsuite_format`); after ``fit`` the model is written there in CRFsuite's format.
+        :mod:`crf.crfsuite`); after ``fit`` the model is written there in CRFsuite's format.
     keep_tempfiles : accepted for compatibility; this implementation writes no temporary files.
     trainer_cls : python-crfsuite trainer class; not applicable here (anything but None raises).
     boundary_transitions : learn start and end weights (L,) per label (True); False gives exactly
@@ -64,7 +64,7 @@ DOC = """
     random_state : seed of the shuffling (l2sgd, ap, pa, arow).
     dev_every : with ``X_dev``, evaluate every ``dev_every`` iterations.
     n_threads : threads for the sparse products and tagging (None: all cores).
-    callback : called with every :class:`~crf.optimize.IterationInfo`.
+    callback : called with every :class:`~crf._optimize.IterationInfo`.
     warm_start : [lbfgs, l2sgd] start the next ``fit`` from this model's weights (scikit-learn's
         meaning); attributes and labels the new data brings start at zero.
 """

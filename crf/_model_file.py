@@ -1,6 +1,6 @@
 """Model files of :class:`crf.CRF`: the project's own ``.npz`` format (no pickle, checksummed,
-atomic; :mod:`crf.persist`) and, for ``model_filename``, CRFsuite's format
-(:mod:`crf.crfsuite_format`).
+atomic; :mod:`crf._persist`) and, for ``model_filename``, CRFsuite's format
+(:mod:`crf.crfsuite`).
 """
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .features import AttributeIndex
-from .persist import (
+from ._persist import (
     ModelFileError,
     arrays_to_strings,
     check_classes,
@@ -24,6 +23,7 @@ from .persist import (
     save_arrays,
     strings_to_arrays,
 )
+from .features import AttributeIndex
 
 if TYPE_CHECKING:
     from .model import CRF
@@ -80,7 +80,7 @@ def from_arrays(cls: type[CRF], meta: dict, arrays: dict[str, np.ndarray], path=
     """The CRF of :func:`to_arrays`' output; ``path`` names the source in ModelFileError messages.
 
     Every size is checked against the others and against what the file holds (the dense (A, L)
-    state table is built only when :func:`crf.persist.check_table_size` allows it), weights must
+    state table is built only when :func:`crf._persist.check_table_size` allows it), weights must
     be finite, class labels distinct and the sparse feature index strictly increasing."""
     try:
         return _from_arrays(cls, meta, arrays, path)
@@ -138,20 +138,3 @@ def _from_arrays(cls: type[CRF], meta: dict, arrays: dict[str, np.ndarray], path
     else:
         model.attribute_index_ = None
     return model
-
-
-def read_crfsuite_model(path) -> CRF:
-    """A fitted CRF from a CRFsuite model file (python-crfsuite's, sklearn-crfsuite's)."""
-    from .crfsuite_format import CRFsuiteFormatError, crf_from_crfsuite, read_crfsuite
-
-    model = read_crfsuite(path)
-    if not model.labels:  # a file CRFsuite writes when it had nothing to train on
-        raise CRFsuiteFormatError(f"{path}: the model has no labels (CRFsuite trained it on no data)")
-    return crf_from_crfsuite(model)
-
-
-def write_crfsuite_model(model: CRF, path) -> None:
-    """Write ``model`` (no start/end weights) as a CRFsuite model file."""
-    from .crfsuite_format import crfsuite_from_crf, write_crfsuite
-
-    write_crfsuite(path, crfsuite_from_crf(model))

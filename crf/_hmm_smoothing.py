@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import scipy.sparse as sp
 
-from .persist import arrays_to_strings, strings_to_arrays
+from ._persist import arrays_to_strings, strings_to_arrays
 
 # --- counting -----------------------------------------------------------------------------
 

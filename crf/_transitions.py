@@ -1,6 +1,6 @@
 """Transition operators: how messages move from one token's states to the next token's.
 
-The recursions of :mod:`crf.chain` see transitions only through this interface, whatever the
+The recursions of :mod:`crf._chain` see transitions only through this interface, whatever the
 order of the chain:
 
 - ``scores`` (the table of log scores), ``n_states`` (S), ``shape`` (the table's shape), ``state_emissions(e)``
@@ -29,7 +29,7 @@ import math
 
 import numpy as np
 
-from .semirings import MaxSemiring
+from ._semirings import MaxSemiring
 
 
 def _pick(semiring, candidates: np.ndarray, rank: np.ndarray) -> np.ndarray:

@@ -2,7 +2,7 @@
 1 and 2) and adaptive regularisation of weights (``arow``).
 
 Every epoch visits the training sequences in a new random order. For each sequence the current
-weights label it by Viterbi (:func:`crf.chain.viterbi`); when some labels are wrong, the
+weights label it by Viterbi (:func:`crf._chain.viterbi`); when some labels are wrong, the
 difference of the feature vectors of the gold and the predicted labelling,
 ``delta = F(x, y) - F(x, y_hat)``, drives an update of the weights. ``delta`` is built with array
 operations: state features from the attribute entries of the wrong tokens only (the others
@@ -25,10 +25,10 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
-from . import chain
+from . import _chain as chain
+from ._objective import ParameterLayout
+from ._optimize import IterationInfo, StoppingRule, TrainingResult
 from .batch import token_rows
-from .objective import ParameterLayout
-from .optimize import IterationInfo, StoppingRule, TrainingResult
 
 
 @dataclass

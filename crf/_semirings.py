@@ -2,7 +2,7 @@
 
 A semiring here is a set of operations on NumPy arrays of *values*; each value is one element
 of the semiring and has the trailing shape ``value_shape`` (``()`` for a number, ``(k,)`` for a
-k-best list). The recursions in :mod:`crf.chain` and the operators in :mod:`crf.transitions`
+k-best list). The recursions in :mod:`crf._chain` and the operators in :mod:`crf._transitions`
 use only these operations and never ask which semiring they hold.
 
 Operations (``a``, ``b`` arrays of values; a *weight* is the image of one real log score):
@@ -24,7 +24,7 @@ Selective semirings (max-product, k-best) also pick the best of a list:
 
 - ``argtop(a)``: for (n, M) flat values, the kept values (n, V) and their flat indices (n, V),
   best first, with V = the number of numbers in one value (1, or k). Back pointers are found
-  with it after the forward pass, for the chosen entries only (see :mod:`crf.transitions`).
+  with it after the forward pass, for the chosen entries only (see :mod:`crf._transitions`).
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ class ScaledSemiring:
     a hundred times slower, and trained weights produce them in large numbers. Sequences whose
     normalisers underflow anyway are recomputed in ``fallback`` (log space), and so are those
     where a value flushed in the forward or the backward pass carried paths that matter later
-    (:mod:`crf.chain` checks that every token gives the same log Z). Not caught: a flush both
+    (:mod:`crf._chain` checks that every token gives the same log Z). Not caught: a flush both
     passes share, such as an emission more than 172 nats below its token's best label whose
     label still lies on the best paths because transitions make up more than that; scores so far
     apart are outside what a regularised model gives, and then the sum misses those paths.
