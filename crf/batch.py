@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 import scipy.sparse as sp
 
 from ._layout import positions_within
@@ -71,3 +72,29 @@ def token_rows(offsets: np.ndarray, indices: np.ndarray) -> np.ndarray:
 def offsets_from_lengths(lengths) -> np.ndarray:
     """Offsets (N + 1,) for sequences of the given lengths."""
     return np.concatenate([[0], np.cumsum(np.asarray(lengths, dtype=np.int64))])
+
+
+def check_labels(flat: np.ndarray, unknown: bool = False) -> None:
+    """Raise TypeError, naming the first offender and its position in ``flat`` (T,), unless every
+    label is a string or an integer (or, with ``unknown``, None: a label not known). Booleans are
+    refused: ``True == 1`` and ``False == 0``, so they would silently merge with the integer
+    labels 1 and 0."""
+    if pd.api.types.infer_dtype(flat, skipna=False) not in ("string", "integer"):
+        for position, label in enumerate(flat):  # the slow path only for mixed or unusual labels
+            if label is None and unknown:
+                continue
+            boolean = isinstance(label, (bool, np.bool_))
+            if boolean or not isinstance(label, (str, int, np.integer, np.str_)):
+                raise TypeError(
+                    f"labels must be strings or integers, got {label!r} ({type(label).__name__}) at label {position}"
+                    + (" (a boolean equals the integer 1 or 0 and would merge with it)" if boolean else "")
+                )
+
+
+def label_classes(flat: np.ndarray, unknown: bool = False) -> list:
+    """The distinct labels of ``flat`` (T,) in order of first appearance, checked by
+    :func:`check_labels` (with ``unknown``, None marks a label that is not known and is no
+    class). They keep their type (NumPy scalars become Python ones), so a model saved and loaded
+    predicts the same values it was trained on."""
+    check_labels(flat, unknown)
+    return [c.item() if isinstance(c, np.generic) else c for c in pd.unique(flat) if c is not None]

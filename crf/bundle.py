@@ -1,13 +1,13 @@
 """One self-contained tagger file per trained model: :class:`TaggerBundle`.
 
-A bundle holds everything needed to tag new text: the model's weights (a :class:`crf.CRF` with its
-fitted :class:`crf.FeatureExtractor`, or a :class:`crf.HMMTagger` with the column it observes),
-the label set, the tagging scheme (``iob1``, ``iob2``, ``iobes`` or ``none``), the input columns
-it reads and the dataset/feature/model config it came from. It is one ``.npz`` file written by
-:func:`crf._persist.save_arrays` (kind ``crf.TaggerBundle``: no pickle, checksummed, atomic); the
-model and extractor arrays are those of :func:`crf._model_file.to_arrays`,
-:meth:`crf.HMMTagger.to_arrays` and :meth:`crf.FeatureExtractor.state_arrays`, stored under the
-prefixes ``model/`` and ``features/``.
+A bundle holds everything needed to tag new text: the model's part (:class:`BundledModel`: a
+:class:`crf.CRF` with its fitted :class:`crf.FeatureExtractor`, an :class:`crf.HMMTagger` with
+the column it observes, or any kind registered with :func:`register_kind`), the label set, the
+tagging scheme (``iob1``, ``iob2``, ``iobes`` or ``none``), the input columns it reads and the
+dataset/feature/model config it came from. It is one ``.npz`` file written by
+:func:`crf._persist.save_arrays` (kind ``crf.TaggerBundle``: no pickle, checksummed, atomic),
+holding the part's metadata and arrays under keys of its own. This module knows no model kind:
+each kind's code lives with its estimator, and a bundle names its kind.
 
 Tagging runs one path for both kinds of model, on arrays: per-state emission scores (T, S) and a
 transition operator (a CRF: S = L labels; an HMM: its hidden states, label = state % L), Viterbi
@@ -23,23 +23,21 @@ single-threaded BLAS (its threads only cost on (n, L) x (L, L) products).
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import ClassVar, Protocol
 
 import numpy as np
 import pandas as pd
 
 from . import _chain as chain
-from . import _model_file as model_file
 from ._layout import positions_within
 from ._parallel import single_threaded_blas
 from ._persist import ModelFileError, check_unique, load_arrays, save_arrays
 from ._segments import ChunkWindows
-from .features import FeatureExtractor
-from .hmm import HMMTagger
-from .model import CRF
 
 log = logging.getLogger(__name__)
 
@@ -91,132 +89,114 @@ def _groups(lengths: np.ndarray, n_states: int) -> list[tuple[int, int]]:
     return ranges
 
 
+class BundledModel(Protocol):
+    """What a bundle needs of a model kind: its part of the bundle.
+
+    ``kind`` names it in the file; ``labels`` (L,); ``n_states`` (S) of its chain, state ``s``
+    carrying label ``s % L``; ``columns`` the token columns its scores read;
+    ``scores(columns, lengths)`` the chain's inputs for sentences given as flat token columns:
+    (emissions (T, S), transition scores (L, L) or an operator of :mod:`crf._transitions`, start
+    (S,), end (S,)); ``parts()`` the JSON metadata and arrays it is saved as (keys of its own),
+    and ``from_parts(meta, arrays, path)`` the part again, refusing with
+    :class:`crf.ModelFileError` naming ``path`` what does not fit."""
+
+    kind: ClassVar[str]
+    labels: list[str]
+    n_states: int
+    columns: list[str]
+
+    def scores(self, columns: Mapping[str, np.ndarray], lengths: np.ndarray) -> tuple: ...
+
+    def parts(self) -> tuple[dict, dict[str, np.ndarray]]: ...
+
+    @classmethod
+    def from_parts(cls, meta: dict, arrays: dict[str, np.ndarray], path) -> BundledModel: ...
+
+
+# the model kinds a bundle can hold: registered by the modules that define them
+# (:func:`register_kind`); the library's own are imported on first use
+_KINDS: dict[str, type] = {}
+_BUILT_IN = {"crf": "crf.model", "hmm": "crf.hmm"}
+
+
+def register_kind(part: type) -> type:
+    """Make bundles of kind ``part.kind`` loadable (use as a class decorator)."""
+    _KINDS[part.kind] = part
+    return part
+
+
+def kind_class(kind: str, path="bundle") -> type:
+    """The registered part class of ``kind``; ModelFileError naming ``path`` for an unknown one."""
+    if kind not in _KINDS and kind in _BUILT_IN:
+        importlib.import_module(_BUILT_IN[kind])
+    if kind not in _KINDS:
+        raise ModelFileError(
+            f"{path}: model kind {kind!r} is unknown here (import the module that registers it first: "
+            f"the tag command's adapters=[...]); known: {sorted(set(_KINDS) | set(_BUILT_IN))}"
+        )
+    return _KINDS[kind]
+
+
 class TaggerBundle:
     """A trained tagger with everything needed to use it (see the module docstring).
 
-    Attributes: ``kind`` (``"crf"`` or ``"hmm"``), ``labels`` (L,), ``scheme``, ``input_columns``
-    (the token columns it reads), ``source`` (the dataset/features/model config it came from;
+    ``part``: the model's :class:`BundledModel` (e.g. :class:`crf.model.BundledCRF`,
+    :class:`crf.hmm.BundledHMM`). Attributes: ``kind``, ``model`` (the part's estimator),
+    ``labels`` (L,), ``scheme``, ``input_columns`` (the token columns it reads: the part's, or a
+    superset given), ``source`` (the dataset/features/model config it came from;
     ``source["dataset"]["label"]``, when present, names the column it predicts).
     """
 
-    def __init__(
-        self,
-        kind: str,
-        model: CRF | HMMTagger,
-        *,
-        scheme: str,
-        input_columns: Sequence[str],
-        source: Mapping | None = None,
-        extractor: FeatureExtractor | None = None,
-        observation: str | None = None,
-    ) -> None:
-        if kind not in ("crf", "hmm"):
-            raise ValueError(f"kind must be 'crf' or 'hmm', got {kind!r}")
-        self.kind = kind
-        self.model = model
-        self.extractor = extractor
-        self.observation = observation
-        self.labels = [str(c) for c in model.classes_]
+    def __init__(self, part: BundledModel, *, scheme: str, input_columns: Sequence[str] | None = None,
+                 source: Mapping | None = None) -> None:  # fmt: skip
+        self.part = part
+        self.kind = part.kind
+        self.model = getattr(part, "model", None)
+        self.labels = [str(c) for c in part.labels]
         self.scheme = normalize_scheme(scheme)
-        self.input_columns = [str(c) for c in input_columns]
+        self.input_columns = [str(c) for c in (part.columns if input_columns is None else input_columns)]
         self.source = dict(source or {})
-        if kind == "crf":
-            if extractor is None:
-                raise ValueError("a CRF bundle needs the fitted FeatureExtractor")
-            needed = self._extractor_columns(extractor)
-            missing = [c for c in needed if c not in self.input_columns]
-            if missing:
-                raise ValueError(f"the features read columns {missing}, which input_columns {self.input_columns} lack")
-        elif observation not in self.input_columns:
-            raise ValueError(f"the HMM observes column {observation!r}, which input_columns {self.input_columns} lack")
-
-    # --- construction ---------------------------------------------------------------------
-
-    @staticmethod
-    def _extractor_columns(extractor: FeatureExtractor) -> list[str]:
-        """The columns the extractor's features read, in its column order."""
-        used = {extractor._specs[v].column for v in extractor._used_views()} | set(extractor.numeric)
-        return [c for c in extractor.columns if c in used]
-
-    @classmethod
-    def from_crf(cls, extractor: FeatureExtractor, model: CRF, *, scheme: str, input_columns=None, source=None) -> TaggerBundle:
-        """A bundle of a CRF fitted on ``extractor``'s batches. ``input_columns`` None: the
-        columns the features read."""
-        if input_columns is None:
-            input_columns = cls._extractor_columns(extractor)
-        if extractor.n_attributes != model.n_attributes_:
-            raise ValueError(f"the extractor has {extractor.n_attributes} attributes, the CRF {model.n_attributes_}")
-        return cls("crf", model, scheme=scheme, input_columns=input_columns, source=source, extractor=extractor)
-
-    @classmethod
-    def from_hmm(cls, model: HMMTagger, *, observation: str, scheme: str, input_columns=None, source=None) -> TaggerBundle:
-        """A bundle of an HMM over column ``observation``. ``input_columns`` None: ``[observation]``."""
-        if input_columns is None:
-            input_columns = [observation]
-        return cls("hmm", model, scheme=scheme, input_columns=input_columns, source=source, observation=observation)
+        missing = [c for c in part.columns if c not in self.input_columns]
+        if missing:
+            raise ValueError(f"the model reads columns {missing}, which input_columns {self.input_columns} lack")
 
     # --- persistence ----------------------------------------------------------------------
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the bundle to one ``.npz`` file (no pickle; checksummed; atomic)."""
-        if self.kind == "crf":
-            model_meta, model_arrays = model_file.to_arrays(self.model)
-            feature_arrays = self.extractor.state_arrays()
-            extra = {"features": self.extractor.config()}
-        else:
-            model_meta, model_arrays = self.model.to_arrays()
-            feature_arrays = {}
-            extra = {"observation": self.observation}
+        part_meta, arrays = self.part.parts()
         meta = {
             "bundle_kind": self.kind,
             "labels": self.labels,
             "scheme": self.scheme,
             "input_columns": self.input_columns,
             "source": self.source,
-            "model": model_meta,
-            **extra,
+            **part_meta,
         }
-        arrays = {f"model/{k}": v for k, v in model_arrays.items()}
-        arrays.update({f"features/{k}": v for k, v in feature_arrays.items()})
         save_arrays(path, KIND, meta, arrays)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> TaggerBundle:
         """Read a bundle written by :meth:`save`; raises ModelFileError naming ``path`` on a bad
-        file: unreadable, tampered with, or checksummed but inconsistent (see
-        :func:`crf._model_file.from_arrays`, :meth:`crf.HMMTagger.from_arrays`,
-        :meth:`crf.FeatureExtractor.from_state`; labels must be distinct and match the model's
-        classes, input columns a list of distinct names, a CRF's extractor give as many
-        attributes as the CRF reads)."""
+        file: unreadable, tampered with, of a kind not known here, or checksummed but inconsistent
+        (the part's own checks; labels must be distinct and match the model's classes, input
+        columns a list of distinct names)."""
         meta, arrays = load_arrays(path, KIND)
-
-        def part(prefix: str) -> dict[str, np.ndarray]:
-            return {k[len(prefix) :]: v for k, v in arrays.items() if k.startswith(prefix)}
-
         try:
-            kind = meta["bundle_kind"]
             columns = meta["input_columns"]
             if not isinstance(columns, list) or not columns or not all(isinstance(c, str) for c in columns):
                 raise ModelFileError(f"{path}: input_columns {columns!r} is not a non-empty list of column names")
             check_unique(path, "input column", columns)
             if not isinstance(meta["source"], dict):
                 raise ModelFileError(f"{path}: the source config is not a JSON object")
-            common = {"scheme": meta["scheme"], "input_columns": columns, "source": meta["source"]}
-            if kind == "crf":
-                extractor = FeatureExtractor.from_state(meta["features"], part("features/"), path)
-                model = model_file.from_arrays(CRF, meta["model"], part("model/"), path)
-                if extractor.n_attributes != model.n_attributes_:
-                    raise ModelFileError(
-                        f"{path}: the features give {extractor.n_attributes} attributes, the CRF reads {model.n_attributes_}"
-                    )
-                bundle = cls("crf", model, extractor=extractor, **common)
-            elif kind == "hmm":
-                model = HMMTagger.from_arrays(meta["model"], part("model/"), path)
-                if not isinstance(meta["observation"], str):
-                    raise ModelFileError(f"{path}: the observed column {meta['observation']!r} is not a column name")
-                bundle = cls("hmm", model, observation=meta["observation"], **common)
-            else:
-                raise ModelFileError(f"{path}: unknown bundle kind {kind!r}")
+            kind = meta["bundle_kind"]
+            if not isinstance(kind, str):
+                raise ModelFileError(f"{path}: the bundle kind {kind!r} is not a name")
+            part = kind_class(kind, path).from_parts(meta, arrays, path)
+            try:
+                bundle = cls(part, scheme=meta["scheme"], input_columns=columns, source=meta["source"])
+            except ValueError as err:
+                raise ModelFileError(f"{path}: {err}") from None
             labels = meta["labels"]
             if not isinstance(labels, list) or bundle.labels != [str(c) for c in labels]:
                 raise ModelFileError(f"{path}: the label list does not match the model's classes")
@@ -225,32 +205,6 @@ class TaggerBundle:
         except (KeyError, TypeError, ValueError) as err:
             raise ModelFileError(f"{path}: malformed tagger bundle ({type(err).__name__}: {err})") from None
         return bundle
-
-    # --- scores ---------------------------------------------------------------------------
-
-    def _scores(self, columns: Mapping[str, np.ndarray], lengths: np.ndarray):
-        """(emissions (T, S), transitions (L, L) or operator, start (S,), end (S,)) of a group of
-        sentences given as flat token columns; state s carries label s % L."""
-        if self.kind == "crf":
-            extractor, model = self.extractor, self.model
-            blank = np.full(int(lengths.sum()), "", dtype=object)
-            rows = list(zip(*(columns.get(c, blank) for c in extractor.columns)))
-            bounds = np.concatenate([[0], np.cumsum(lengths)])
-            batch = extractor.transform([rows[a:b] for a, b in zip(bounds[:-1], bounds[1:])])
-            emissions = np.asarray(batch.X @ model.state_weights_)
-            return emissions, model.transitions_, model.start_weights_, model.end_weights_
-        model = self.model
-        transitions, start, end = model._chain_scores()
-        emissions = model.emissions(list(columns[self.observation]))
-        if model.order == 2:
-            emissions = transitions.state_emissions(emissions)
-        return emissions, transitions, start, end
-
-    def _n_states(self) -> int:
-        if self.kind == "crf":
-            return len(self.labels)
-        H = self.model.n_hidden_
-        return H if self.model.order == 1 else (H + 1) * H
 
     # --- tagging on arrays ----------------------------------------------------------------
 
@@ -278,7 +232,7 @@ class TaggerBundle:
         segments = []
         chunked = self.scheme != "none" and marginals
         with single_threaded_blas():  # tiny (n, L) @ (L, L) products: BLAS threads only cost
-            for first, last in _groups(lengths, self._n_states()):
+            for first, last in _groups(lengths, self.part.n_states):
                 self._tag_group(
                     columns, lengths, offsets, allowed, first, last, codes, token_marginals, segments, scores, marginals
                 )
@@ -296,12 +250,12 @@ class TaggerBundle:
     def _tag_group(self, columns, lengths, offsets, allowed, first, last, codes, marginals, segments, scores, full=True) -> None:
         """Tag sentences ``first:last`` into ``codes``/``marginals`` (T,) and ``scores`` (N,),
         appending their chunks to ``segments``; ``full`` False: Viterbi only."""
-        L, S = len(self.labels), self._n_states()
+        L, S = len(self.labels), self.part.n_states
         chunked = self.scheme != "none"
         tokens = slice(int(offsets[first]), int(offsets[last]))
         part_lengths = lengths[first:last]
         part_offsets = offsets[first : last + 1] - offsets[first]
-        emissions, transitions, start, end = self._scores(
+        emissions, transitions, start, end = self.part.scores(
             {c: np.asarray(columns[c])[tokens] for c in self.input_columns}, part_lengths
         )
         mask = None if allowed is None else np.tile(allowed[tokens], (1, S // L))

@@ -29,8 +29,9 @@ from typing import NamedTuple
 import numpy as np
 
 from ._layout import positions_within
-from ._persist import ModelFileError, atomic_write, check_table_size, check_unique
+from ._persist import ModelFileError, check_table_size, check_unique
 from .attributes import AttributeIndex
+from .io import atomic_write
 from .model import CRF
 
 # --- CQDB: CQDB, CRFsuite's constant string <-> id database, and the lookup3 hash it uses.

@@ -374,6 +374,11 @@ class FeatureExtractor:
 
     # --- persistence ---------------------------------------------------------------------
 
+    def input_columns(self) -> list[str]:
+        """The columns its features read, in its column order (the others it may ignore)."""
+        used = {self._specs[v].column for v in self._used_views()} | set(self.numeric)
+        return [c for c in self.columns if c in used]
+
     def config(self) -> dict:
         """The constructor arguments, JSON-ready."""
         return {

@@ -56,7 +56,8 @@ from ._persist import (
     save_arrays,
     strings_to_arrays,
 )
-from .model import check_labels, label_classes
+from .batch import check_labels, label_classes
+from .bundle import register_kind
 
 _KIND = "crf.HMMTagger"
 _TRANSITION_SMOOTHING = ("add-k", "interpolation")
@@ -514,3 +515,35 @@ class HMMTagger:
             raise ModelFileError(f"{path}: a suffix-smoothed HMM without its suffix model")
         model.em_history_ = []
         return model
+
+
+@register_kind
+class BundledHMM:
+    """An HMM and the column it observes as the part of a :class:`crf.TaggerBundle`."""
+
+    kind = "hmm"
+
+    def __init__(self, model: HMMTagger, observation: str) -> None:
+        self.model, self.observation = model, str(observation)
+        self.labels = [str(c) for c in model.classes_]
+        H = model.n_hidden_
+        self.n_states = H if model.order == 1 else (H + 1) * H
+        self.columns = [self.observation]
+
+    def scores(self, columns, lengths):
+        transitions, start, end = self.model._chain_scores()
+        emissions = self.model.emissions(list(columns[self.observation]))
+        if self.model.order == 2:
+            emissions = transitions.state_emissions(emissions)
+        return emissions, transitions, start, end
+
+    def parts(self):
+        meta, arrays = self.model.to_arrays()
+        return {"model": meta, "observation": self.observation}, {f"model/{k}": v for k, v in arrays.items()}
+
+    @classmethod
+    def from_parts(cls, meta, arrays, path):
+        model = HMMTagger.from_arrays(meta["model"], {k[6:]: v for k, v in arrays.items() if k.startswith("model/")}, path)
+        if not isinstance(meta["observation"], str):
+            raise ModelFileError(f"{path}: the observed column {meta['observation']!r} is not a column name")
+        return cls(model, meta["observation"])

@@ -1,4 +1,5 @@
-"""Readers for CoNLL column files, CoNLL-U treebanks and XML field sequences (AnyStyle).
+"""Readers for CoNLL column files, CoNLL-U treebanks and XML field sequences (AnyStyle), and the
+atomic file write every writer of the project uses.
 
 A corpus is returned as a list of sentences; a sentence is a list of token rows and a token row
 is a tuple of column strings. Every format problem raises :class:`DataFormatError`, whose message
@@ -11,9 +12,11 @@ from __future__ import annotations
 
 import gzip
 import os
+import secrets
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import BinaryIO
 from xml.parsers import expat
 
 Sentence = list[tuple[str, ...]]
@@ -301,3 +304,47 @@ def read_xml_sequences(path: str | os.PathLike, root: str = "dataset", sequence:
 def column(sentences: list[Sentence], index: int) -> list[list[str]]:
     """Pick one column from every token: ``[[row[index] for row in s] for s in sentences]``."""
     return [[row[index] for row in sentence] for sentence in sentences]
+
+
+# --- writing ---
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> None:
+    """Call ``write(handle)`` on a temporary file beside ``path``, flush it to disk and rename it
+    into place: readers see the old file or the complete new one, never a partial write.
+
+    The file gets the permissions an ordinary ``open(path, "w")`` would give it: a new file
+    ``0o666`` less the umask (applied by the system when the temporary file is created, so default
+    ACLs apply too); a file that replaces an existing one keeps that file's permission bits
+    (``0o777`` of them: set-user/group-ID and sticky bits are not carried over). Unlike an
+    ordinary write, the replaced file's owner, group and hard links are not kept: the new file
+    belongs to the writer."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = _create_temporary(path)
+    try:
+        with os.fdopen(handle, "wb") as out:
+            try:
+                os.fchmod(out.fileno(), os.stat(path).st_mode & 0o777)
+            except FileNotFoundError:
+                pass  # a new file: the mode it was created with
+            write(out)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise
+
+
+def _create_temporary(path: Path) -> tuple[int, str]:
+    """(descriptor, name) of a new hidden file beside ``path``, created exclusively with mode
+    ``0o666`` less the umask (``tempfile.mkstemp`` would create it ``0o600``)."""
+    for _ in range(100):
+        name = str(path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp")
+        try:
+            return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666), name
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{path.parent}: no free temporary file name for {path.name}")

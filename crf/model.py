@@ -30,11 +30,13 @@ from . import metrics
 from ._crfsuite_view import CRFsuiteView, training_log
 from ._objective import Objective, ParameterLayout
 from ._parallel import Workers, contiguous_parts, release_free_memory, single_threaded_blas, thread_count
+from ._persist import ModelFileError
 from ._segments import SegmentQueries
 from ._uncertainty import UncertaintyQueries
 from ._warm import PreviousFit
-from .batch import SequenceBatch
-from .features import AttributeIndex
+from .batch import SequenceBatch, check_labels, label_classes
+from .bundle import register_kind
+from .features import AttributeIndex, FeatureExtractor
 
 log = logging.getLogger(__name__)
 
@@ -80,32 +82,6 @@ def _largest_value(batch: SequenceBatch, names=None) -> tuple[float, str] | None
         return None
     entry = int(np.argmax(np.abs(batch.X.data)))
     return float(batch.X.data[entry]), _entry_position(batch, entry, names)
-
-
-def check_labels(flat: np.ndarray, unknown: bool = False) -> None:
-    """Raise TypeError, naming the first offender and its position in ``flat`` (T,), unless every
-    label is a string or an integer (or, with ``unknown``, None: a label not known). Booleans are
-    refused: ``True == 1`` and ``False == 0``, so they would silently merge with the integer
-    labels 1 and 0."""
-    if pd.api.types.infer_dtype(flat, skipna=False) not in ("string", "integer"):
-        for position, label in enumerate(flat):  # the slow path only for mixed or unusual labels
-            if label is None and unknown:
-                continue
-            boolean = isinstance(label, (bool, np.bool_))
-            if boolean or not isinstance(label, (str, int, np.integer, np.str_)):
-                raise TypeError(
-                    f"labels must be strings or integers, got {label!r} ({type(label).__name__}) at label {position}"
-                    + (" (a boolean equals the integer 1 or 0 and would merge with it)" if boolean else "")
-                )
-
-
-def label_classes(flat: np.ndarray, unknown: bool = False) -> list:
-    """The distinct labels of ``flat`` (T,) in order of first appearance, checked by
-    :func:`check_labels` (with ``unknown``, None marks a label that is not known and is no
-    class). They keep their type (NumPy scalars become Python ones), so a model saved and loaded
-    predicts the same values it was trained on."""
-    check_labels(flat, unknown)
-    return [c.item() if isinstance(c, np.generic) else c for c in pd.unique(flat) if c is not None]
 
 
 class TrainingError(RuntimeError):
@@ -526,3 +502,48 @@ class CRF(SegmentQueries, UncertaintyQueries, CRFsuiteView, BaseEstimator):
 
 
 CRF.__doc__ += hyper.DOC
+
+
+@register_kind
+class BundledCRF:
+    """A CRF and its fitted feature extractor as the part of a :class:`crf.TaggerBundle`: the
+    emissions come from the extractor's attributes of the raw token columns."""
+
+    kind = "crf"
+
+    def __init__(self, extractor: FeatureExtractor, model: CRF) -> None:
+        if extractor.n_attributes != model.n_attributes_:
+            raise ValueError(f"the extractor has {extractor.n_attributes} attributes, the CRF {model.n_attributes_}")
+        self.extractor, self.model = extractor, model
+        self.labels = [str(c) for c in model.classes_]
+        self.n_states = len(self.labels)
+        self.columns = extractor.input_columns()
+
+    def scores(self, columns, lengths):
+        blank = np.full(int(lengths.sum()), "", dtype=object)
+        rows = list(zip(*(columns.get(c, blank) for c in self.extractor.columns)))
+        bounds = np.concatenate([[0], np.cumsum(lengths)])
+        batch = self.extractor.transform([rows[a:b] for a, b in zip(bounds[:-1], bounds[1:])])
+        model = self.model
+        return np.asarray(batch.X @ model.state_weights_), model.transitions_, model.start_weights_, model.end_weights_
+
+    def parts(self):
+        meta, arrays = model_file.to_arrays(self.model)
+        out = {f"model/{k}": v for k, v in arrays.items()}
+        out.update({f"features/{k}": v for k, v in self.extractor.state_arrays().items()})
+        return {"model": meta, "features": self.extractor.config()}, out
+
+    @classmethod
+    def from_parts(cls, meta, arrays, path):
+        extractor = FeatureExtractor.from_state(meta["features"], _prefixed(arrays, "features/"), path)
+        model = model_file.from_arrays(CRF, meta["model"], _prefixed(arrays, "model/"), path)
+        if extractor.n_attributes != model.n_attributes_:
+            raise ModelFileError(
+                f"{path}: the features give {extractor.n_attributes} attributes, the CRF reads {model.n_attributes_}"
+            )
+        return cls(extractor, model)
+
+
+def _prefixed(arrays: dict, prefix: str) -> dict:
+    """The entries of ``arrays`` under ``prefix``, without it."""
+    return {k[len(prefix) :]: v for k, v in arrays.items() if k.startswith(prefix)}

@@ -1,6 +1,6 @@
 """``python -m pipeline``: the Hydra app that runs the configured stages (conf/config.yaml).
 
-SIGTERM/SIGINT end the open runs as KILLED (``pipeline.lifecycle``); an output folder or store that
+SIGTERM/SIGINT end the open runs as KILLED (``pipeline.tracking.lifecycle``); an output folder or store that
 cannot be written (read-only, full disk, permissions) ends the run with one line naming the path
 (exit code 1); a bad setting or data file with one line naming it and why (exit code 2).
 """
@@ -16,9 +16,9 @@ import mlflow
 from omegaconf import DictConfig
 
 from crf.io import DataFormatError
-from pipeline.lifecycle import ending_runs_on_signal, error_chain
-from pipeline.runner import objective_value, run_pipeline
-from pipeline.validate import SettingsError
+from pipeline.engine.runner import objective_value, run_pipeline
+from pipeline.engine.validate import SettingsError
+from pipeline.tracking.lifecycle import ending_runs_on_signal, error_chain
 
 log = logging.getLogger("pipeline")
 

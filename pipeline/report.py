@@ -1,9 +1,28 @@
-"""Small report helpers: Markdown tables (pandas + tabulate) and matplotlib figures."""
+"""What the pipeline writes for people and programs to read: Markdown tables (pandas + tabulate),
+matplotlib figures, and strict JSON.
+
+Strict JSON for what other programs read: the stages' JSON files and the tag command's JSONL.
+
+Python's ``json`` writes ``NaN`` and ``Infinity`` for non-finite floats, which is not JSON: strict
+parsers (JavaScript's ``JSON.parse``, ``jq``, Go, Java) refuse the file. Every JSON file the
+pipeline writes goes through :func:`dumps`, which writes a non-finite number as ``null`` (a
+missing value: e.g. the accuracy on unknown words when a split has none) and then serialises with
+``allow_nan=False``, so no ``NaN`` literal can slip through. numpy scalars and arrays become plain
+numbers and lists.
+"""
 
 from __future__ import annotations
 
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
 import numpy as np
 import pandas as pd
+
+from crf.io import atomic_write
 
 
 def markdown_table(frame: pd.DataFrame) -> str:
@@ -40,3 +59,33 @@ def save_figure(fig, path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+# --- strict JSON ---
+
+
+def finite(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by None, recursively (mappings, lists,
+    tuples, numpy arrays and scalars); mapping keys become strings."""
+    if isinstance(value, Mapping):
+        return {str(k): finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return [finite(v) for v in value.tolist()]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def dumps(value: Any, **kwargs: Any) -> str:
+    """Strict JSON text of ``value`` (non-finite numbers as ``null``; see the module docstring)."""
+    return json.dumps(finite(value), allow_nan=False, **kwargs)
+
+
+def write_json(path: str | Path, value: Any, indent: int | None = 1) -> None:
+    """Write ``value`` as strict JSON to ``path``, atomically (a reader never sees half a file)."""
+    data = (dumps(value, indent=indent) + "\n").encode("utf-8")
+    atomic_write(path, lambda out: out.write(data))

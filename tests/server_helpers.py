@@ -12,7 +12,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from pipeline.model_benchmark import free_port
+from pipeline.apps.model_benchmark import free_port
 
 
 @contextlib.contextmanager

@@ -16,7 +16,7 @@ from conftest import word_class_corpus
 from pipeline_helpers import write_corpus
 
 from crf import CRF, AttributeIndex, metrics
-from pipeline import active_learning as al
+from pipeline.stages import active_learning as al
 
 
 def test_take_by_tokens_spends_the_budget_in_order():

@@ -1,14 +1,14 @@
-"""Model adapters: the CRF and the HMM behind one interface, and a third model added without
-touching the runner or the stages (a majority-label tagger defined here)."""
+"""Model adapters: the CRF and the HMM behind one interface, and a third model kind added as one
+module and one config file (tests/toy_kind.py, tests/conf/model/majority.yaml)."""
 
 from __future__ import annotations
 
 import json
 import os
-import time
-from collections import Counter
+import subprocess
+import sys
+from pathlib import Path
 
-import numpy as np
 import pytest
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
@@ -16,58 +16,16 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 from mlflow.tracking import MlflowClient  # noqa: E402
 from pipeline_helpers import compose_config, tiny_overrides, write_corpus  # noqa: E402
 
-from pipeline.models import ModelAdapter, load_adapter  # noqa: E402
+from pipeline.engine.runner import run_pipeline  # noqa: E402
+from pipeline.models import load_adapter  # noqa: E402
 from pipeline.models.crf import CRFAdapter  # noqa: E402
 from pipeline.models.hmm import HMMAdapter  # noqa: E402
-from pipeline.runner import run_pipeline  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
 def _no_ambient_tracking(monkeypatch):
     for name in ("MLFLOW_TRACKING_URI", "CRF_SWEEP_PARENT_RUN_ID", "CRF_SWEEP_ID"):
         monkeypatch.delenv(name, raising=False)
-
-
-class MajorityTagger:
-    """Every token gets the most frequent training label, with its training frequency as confidence."""
-
-    def __init__(self, label: str, frequency: float, data) -> None:
-        self.classes = [label]
-        self.frequency = frequency
-        self.data = data
-
-    def tag(self, split: str):
-        n = sum(len(s) for s in self.data.labels(split))
-        began = time.perf_counter()
-        codes = np.zeros(n, dtype=np.int64)
-        seconds = max(time.perf_counter() - began, 1e-9)
-        return codes, np.full(n, self.frequency), seconds, seconds
-
-    def segments(self, split: str):
-        return None
-
-
-class MajorityAdapter(ModelAdapter):
-    """A third model kind, known to the pipeline only through ``model.adapter``."""
-
-    name = "majority"
-    upstream = ("prepare",)
-    artifacts = ("majority.json",)
-
-    def config_slice(self, cfg) -> dict:
-        return {"model": {"name": str(cfg.model.name)}}
-
-    def fit(self, context, data) -> dict:
-        counts = Counter(label for sentence in data.labels("train") for label in sentence)
-        label, count = counts.most_common(1)[0]
-        total = sum(counts.values())
-        (context.out / "majority.json").write_text(json.dumps({"label": label, "frequency": count / total}))
-        context.log_steps([(1, {"loss": 1.0 - count / total})])
-        return {"train_seconds": 0.0, "labels": len(counts)}
-
-    def tagger(self, config, inputs, data) -> MajorityTagger:
-        spec = json.loads((inputs["train"] / "majority.json").read_text())
-        return MajorityTagger(spec["label"], spec["frequency"], data)
 
 
 @pytest.fixture(scope="module")
@@ -101,16 +59,18 @@ def test_both_adapters_run_through_the_same_stages(corpus, tmp_path, model):
     assert results["train.model_bytes"] > 0
 
 
-def test_a_third_model_needs_no_runner_change(corpus, tmp_path):
+TESTS = Path(__file__).resolve().parent
+
+
+def test_a_new_model_kind_is_one_module_and_one_config_file(corpus, tmp_path):
+    """A toy kind (tests/toy_kind.py and tests/conf/model/majority.yaml, from a config folder
+    outside conf/) runs through every stage, the tag command and the MLflow Model, with no change
+    to the runner, the stages, the bundle or the served model's code."""
     out = tmp_path / "out"
-    overrides = tiny_overrides(corpus, out) + [
-        "model.name=majority",
-        f"model.adapter={__name__}.MajorityAdapter",
-        "stages=[evaluate]",
-    ]
+    overrides = tiny_overrides(corpus, out) + [f"hydra.searchpath=[file://{TESTS / 'conf'}]", "model=majority"]
     results = run_pipeline(compose_config(overrides))
     assert "featurize.attributes" not in results  # the adapter's upstream: prepare only
-    # the toy corpus's most frequent chunk label is I-NP
+    # the toy corpus's most frequent chunk label is I-NP: the score is its share of the test tokens
     assert 20.0 < results["evaluate.test_accuracy"] < 60.0 and results["train.labels"] >= 4
     client = MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("crf")
@@ -119,7 +79,36 @@ def test_a_third_model_needs_no_runner_change(corpus, tmp_path):
     (train,) = client.search_runs(
         [experiment.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}' and tags.stage = 'train'"
     )
-    assert {a.path for a in client.list_artifacts(train.info.run_id, "train")} == {"train/majority.json"}
-    assert client.get_metric_history(train.info.run_id, "loss")
-    again = run_pipeline(compose_config(overrides))  # and its entries are cached like any other
-    assert again == results
+    assert {a.path for a in client.list_artifacts(train.info.run_id, "train")} == {"train/bundle.npz", "train/counts.json"}
+    assert client.get_metric_history(train.info.run_id, "majority_share")
+    assert run_pipeline(compose_config(overrides)) == results  # its entries are cached like any other
+
+    (bundle,) = (out / "cache" / "train").glob("*/bundle.npz")
+    sentences = tmp_path / "in.conll"
+    sentences.write_text("the\nold\ndog\n\nruns\n")
+    env = {**os.environ, "PYTHONPATH": str(TESTS), "MLFLOW_DISABLE_TELEMETRY": "true"}
+
+    def tag(*extra: str) -> subprocess.CompletedProcess:
+        output, hydra = tmp_path / "out.jsonl", tmp_path / "hydra"
+        command = [sys.executable, "-m", "pipeline.tag", f"model={bundle}", f"input={sentences}", f"output={output}",
+                   f"hydra.run.dir={hydra}", *extra]  # fmt: skip
+        return subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+
+    refused = tag()  # the kind's module not imported: a clear refusal
+    assert refused.returncode == 2 and "model kind 'majority' is unknown here" in refused.stdout + refused.stderr
+    done = tag("plugins=[toy_kind]")
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [line["labels"] for line in lines] == [["I-NP"] * 3, ["I-NP"]]
+
+    # the MLflow Model carries the kind's module: it loads in a process that never imported it
+    model_uri = parent.data.tags["model_uri"]
+    store = f"sqlite:///{out / 'mlflow.db'}"
+    script = (
+        f"import mlflow, pandas as pd; mlflow.set_tracking_uri({store!r}); m = mlflow.pyfunc.load_model({model_uri!r}); "
+        "print(m.predict(pd.DataFrame({'sentence': [0, 0], 'w': ['the', 'dog']}))['label'].tolist())"
+    )
+    loaded = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                            env={k: v for k, v in env.items() if k != "PYTHONPATH"})  # fmt: skip
+    assert loaded.returncode == 0, loaded.stderr[-2000:]
+    assert loaded.stdout.strip().splitlines()[-1] == "['I-NP', 'I-NP']"

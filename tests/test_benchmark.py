@@ -1,4 +1,4 @@
-"""The speed benchmark (pipeline.benchmark, pipeline.bench_worker): smoke runs of each input path
+"""The speed benchmark (pipeline.apps.benchmark, pipeline.apps.bench_worker): smoke runs of each input path
 on the tiny generated corpus, the tutorial's feature dicts, and the joint EWT label set."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from mlflow.tracking import MlflowClient
 
-from pipeline import benchmark
-from pipeline.bench_worker import joint_labels, sentence_dicts, word2features
+from pipeline.apps import benchmark
+from pipeline.apps.bench_worker import joint_labels, sentence_dicts, word2features
 from tests.pipeline_helpers import CONF_DIR, write_corpus
 
 TUTORIAL_KEYS = {
@@ -121,7 +121,7 @@ def test_unknown_input_path_is_refused(tiny):
 
 @pytest.mark.slow
 def test_joint_ewt_label_set_has_over_100_labels(shared_data):
-    from pipeline.data import load_dataset
+    from pipeline.stages.data import load_dataset
 
     cfg = _config(shared_data, Path("/tmp"))
     (entry,) = [e for e in cfg.benchmark.growth.label_sets if not isinstance(e, str) and "joint_label" in e]

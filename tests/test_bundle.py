@@ -12,6 +12,8 @@ from pipeline_helpers import make_sentence
 from crf import CRF, FeatureExtractor, HMMTagger, ModelFileError, TaggerBundle, load_tagger
 from crf import _chain as chain
 from crf._persist import load_arrays, save_arrays
+from crf.hmm import BundledHMM
+from crf.model import BundledCRF
 
 COLUMNS = ["w", "pos", "chunk"]
 
@@ -37,13 +39,13 @@ def crf_bundle(train):
     batch = extractor.fit_transform(train)
     model = CRF(max_iterations=40, c2=0.1).fit(batch, [[row[2] for row in s] for s in train])
     source = {"dataset": {"name": "toy", "columns": COLUMNS, "label": "chunk", "scheme": "IOB2"}}
-    return TaggerBundle.from_crf(extractor, model, scheme="IOB2", input_columns=["w", "pos"], source=source)
+    return TaggerBundle(BundledCRF(extractor, model), scheme="IOB2", input_columns=["w", "pos"], source=source)
 
 
 @pytest.fixture(scope="module")
 def hmm_bundle(train):
     model = HMMTagger(order=2).fit([[row[1] for row in s] for s in train], [[row[2] for row in s] for s in train])
-    return TaggerBundle.from_hmm(model, observation="pos", scheme="iob2", source={"dataset": {"label": "chunk"}})
+    return TaggerBundle(BundledHMM(model, "pos"), scheme="iob2", source={"dataset": {"label": "chunk"}})
 
 
 def _dicts(sentences):
@@ -57,7 +59,7 @@ def test_crf_round_trip_matches_the_model(crf_bundle, test_sentences, tmp_path):
     assert (loaded.kind, loaded.labels, loaded.scheme, loaded.input_columns) == ("crf", crf_bundle.labels, "iob2", ["w", "pos"])
     assert loaded.source == crf_bundle.source
     out = loaded.tag(_dicts(test_sentences))
-    batch = crf_bundle.extractor.transform(test_sentences)
+    batch = crf_bundle.part.extractor.transform(test_sentences)
     model = crf_bundle.model
     assert [o["labels"] for o in out] == [list(p) for p in model.predict(batch)]
     marginals, _ = model.marginals(batch)
@@ -92,7 +94,7 @@ def test_hmm_segment_confidence_against_enumeration(order):
     X = [["a", "b", "a"], ["b", "b"], ["a", "a", "b"]]
     y = [["B-X", "I-X", "O"], ["B-X", "O"], ["O", "B-X", "I-X"]]
     model = HMMTagger(order=order, transition_smoothing="add-k", emission_smoothing="add-k", k=0.5).fit(X, y)
-    bundle = TaggerBundle.from_hmm(model, observation="w", scheme="iob2")
+    bundle = TaggerBundle(BundledHMM(model, "w"), scheme="iob2")
     words = ["a", "b", "b", "a"]
     (out,) = bundle.tag([words])
     emissions = model.emissions(words)
@@ -180,7 +182,7 @@ def test_fixed_labels_agree_with_enumeration(crf_bundle):
     sentence = [("the", "DT"), ("old", "JJ"), ("dog", "NN"), ("sees", "VB"), ("a", "DT")]
     tokens = [{"w": w, "pos": p} for w, p in sentence]
     model = crf_bundle.model
-    batch = crf_bundle.extractor.transform([[(w, p, "O") for w, p in sentence]])
+    batch = crf_bundle.part.extractor.transform([[(w, p, "O") for w, p in sentence]])
     emissions = np.asarray(batch.X @ model.state_weights_)
     labels = crf_bundle.labels
     for fixed in ({1: "B-NP"}, {0: "O", 3: "I-NP"}, {2: "B-VP", 4: "O"}):
@@ -242,14 +244,14 @@ def test_tampered_bundle_is_rejected(crf_bundle, tmp_path):
 
 def test_scheme_none_has_no_segments(train):
     model = HMMTagger(order=1).fit([[r[0] for r in s] for s in train], [[r[1] for r in s] for s in train])
-    bundle = TaggerBundle.from_hmm(model, observation="w", scheme="none")
+    bundle = TaggerBundle(BundledHMM(model, "w"), scheme="none")
     words = ["the", "dog", "runs", "a", "cat", "."]
     (out,) = bundle.tag([words])
     assert out["labels"] == model.predict([words])[0] == ["DT", "NN", "VB", "DT", "NN", "."] and "segments" not in out
     frame = bundle.tag_frame(pd.DataFrame({"sentence": [0] * 6, "w": words}))
     assert "segment_confidence" not in frame and list(frame["label"]) == out["labels"]
     with pytest.raises(ValueError, match="unknown tagging scheme"):
-        TaggerBundle.from_hmm(model, observation="w", scheme="bilou")
+        TaggerBundle(BundledHMM(model, "w"), scheme="bilou")
 
 
 def test_chain_viterbi_used_for_the_state_space(hmm_bundle):
@@ -271,7 +273,7 @@ def test_closed_form_chunk_confidence_equals_the_constrained_recursion(crf_bundl
     from crf.bundle import ChunkWindows
 
     model = crf_bundle.model
-    batch = crf_bundle.extractor.transform(test_sentences)
+    batch = crf_bundle.part.extractor.transform(test_sentences)
     emissions = np.asarray(batch.X @ model.state_weights_)
     weights = (model.transitions_, model.start_weights_, model.end_weights_)
     L = len(crf_bundle.labels)
@@ -334,7 +336,7 @@ def test_hmm_fixed_labels_agree_with_enumeration(order, settings):
         X.append([str(w) for w in rng.choice(vocabulary, n)])
         y.append([str(t) for t in rng.choice(labels, n)])
     model = HMMTagger(order=order, **settings).fit(X, y)
-    bundle = TaggerBundle.from_hmm(model, observation="w", scheme="none")
+    bundle = TaggerBundle(BundledHMM(model, "w"), scheme="none")
     impossible = 0
     for _ in range(60):
         n = int(rng.integers(1, 5))

@@ -20,11 +20,12 @@ from sklearn.metrics import average_precision_score  # noqa: E402
 from test_references import write_references  # noqa: E402
 
 from crf import HMMTagger, TaggerBundle, metrics  # noqa: E402
-from pipeline import fields  # noqa: E402
-from pipeline.featurize import STAGE as FEATURIZE  # noqa: E402
-from pipeline.featurize import build_extractor  # noqa: E402
-from pipeline.runner import run_pipeline  # noqa: E402
-from pipeline.stage import frozen  # noqa: E402
+from crf.hmm import BundledHMM  # noqa: E402
+from pipeline.engine.runner import run_pipeline  # noqa: E402
+from pipeline.engine.stage import frozen  # noqa: E402
+from pipeline.stages import fields  # noqa: E402
+from pipeline.stages.featurize import STAGE as FEATURIZE  # noqa: E402
+from pipeline.stages.featurize import build_extractor  # noqa: E402
 from pipeline.tracking import tracking_uri  # noqa: E402
 
 GOLD = [
@@ -95,7 +96,7 @@ def _ambiguous_bundle() -> TaggerBundle:
     words = [["x", "x"]] * 6 + [["x", "x"]] * 2 + [["y"]] * 4
     tags = [["B-a", "I-a"]] * 6 + [["B-b", "I-b"]] * 2 + [["B-a"], ["B-b"], ["B-a"], ["B-b"]]
     hmm = HMMTagger(order=1, transition_smoothing="add-k", emission_smoothing="add-k", k=0.01).fit(words, tags)
-    return TaggerBundle.from_hmm(hmm, observation="w", scheme="iob2")
+    return TaggerBundle(BundledHMM(hmm, "w"), scheme="iob2")
 
 
 def test_correction_propagation_fixes_the_neighbour():
@@ -218,7 +219,7 @@ def test_correction_propagation_counts_nothing_for_a_fix_of_probability_zero():
     words = [["a", "b"], ["b", "a"], ["a", "a"], ["b", "b"], ["c", "c"], ["c", "c"]]
     tags = [["B-x", "B-y"], ["B-y", "B-x"], ["B-x", "I-x"], ["B-y", "I-y"], ["B-x", "I-x"], ["B-y", "I-y"]]
     hmm = HMMTagger(order=2).fit(words, tags)  # TnT: "a" only ever B-x/I-x, "b" only B-y/I-y
-    bundle = TaggerBundle.from_hmm(hmm, observation="w", scheme="iob2")
+    bundle = TaggerBundle(BundledHMM(hmm, "w"), scheme="iob2")
     flat = np.array(["a", "b", "c", "c"], dtype=object)
     offsets = np.array([0, 2, 4])
     tagged = bundle.tag_arrays({"w": flat}, np.diff(offsets))
@@ -243,33 +244,3 @@ def test_confidence_ap_refuses_segments_without_a_confidence():
     segments = pd.DataFrame({"type": ["author", "author"], "confidence": [0.9, np.nan], "correct": [True, False]})
     with pytest.raises(ValueError, match="1 predicted 'author' segments have no finite confidence"):
         fields.confidence_average_precision(segments, "author")
-
-
-@pytest.mark.parametrize("order", [1, 2])
-def test_decoding_check_accepts_ties_and_stops_on_a_worse_path(caplog, order):
-    """Where the tagger's labels differ from the bundle's, an equal-score path is a tie; a
-    lower-score path means a wrong decoder and must stop the evaluation."""
-    import logging
-
-    from crf import HMMTagger
-    from crf.bundle import TaggerBundle
-    from pipeline.evaluate import check_same_decoding
-
-    # "x" is seen once as A and once as B in the same context: the two one-token paths tie
-    words = [["x"], ["x"], ["y", "x"], ["y", "x"]]
-    tags = [["A"], ["B"], ["C", "A"], ["C", "B"]]
-    model = HMMTagger(order=order, transition_smoothing="add-k", emission_smoothing="add-k").fit(words, tags)
-    bundle = TaggerBundle.from_hmm(model, observation="w", scheme="none")
-    columns = {"w": np.array(["x", "y", "x"], dtype=object)}
-    tagged = bundle.tag_arrays(columns, np.array([1, 2]), marginals=False)
-    labels = np.array(bundle.labels, dtype=object)[tagged.codes]
-    check_same_decoding("test", bundle, columns, tagged, labels)  # the same labels: nothing to say
-    tied = labels.copy()
-    tied[0] = "B" if labels[0] == "A" else "A"
-    with caplog.at_level(logging.INFO, logger="pipeline.evaluate"):
-        check_same_decoding("test", bundle, columns, tagged, tied)
-    assert "same score" in caplog.text
-    worse = labels.copy()
-    worse[1] = "A"  # "y" was only ever C
-    with pytest.raises(RuntimeError, match="a decoder is wrong"):
-        check_same_decoding("test", bundle, columns, tagged, worse)

@@ -1,7 +1,7 @@
 """Sweeps through other Hydra launchers: Ray (a real two-node cluster on this machine) and submitit.
 
 The launcher presets of ``conf/hydra/launcher/`` compose; the sweep id and parent run reach every
-job through Hydra's ``hydra.job.env_set`` (``pipeline.cluster.pass_to_jobs``), not through the
+job through Hydra's ``hydra.job.env_set`` (``pipeline.sweeps.cluster.pass_to_jobs``), not through the
 launching process's environment. The Ray test starts a head and a worker node on 127.0.0.1 inside a
 network and PID namespace (``unshare``: only loopback, and every process of the cluster dies with
 the namespace), runs a multirun there with ``hydra/launcher=ray_cluster`` and checks that each job
@@ -28,11 +28,11 @@ from mlflow.tracking import MlflowClient  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 from pipeline_helpers import tiny_overrides, write_corpus  # noqa: E402
 
-from pipeline.cluster import job_environment, pass_to_jobs  # noqa: E402
+from pipeline.sweeps.cluster import job_environment, pass_to_jobs  # noqa: E402
 
 PROJECT = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
-PLACEMENT = "+hydra.callbacks.placement._target_=pipeline.cluster.JobPlacement"
+PLACEMENT = "+hydra.callbacks.placement._target_=pipeline.sweeps.cluster.JobPlacement"
 
 
 def _has(module: str) -> bool:

@@ -22,10 +22,10 @@ from pipeline_helpers import compose_config, tiny_overrides, write_corpus  # noq
 
 from crf import metrics  # noqa: E402
 from crf.bundle import load_tagger  # noqa: E402
-from pipeline.mlflow_model import sentences_frame  # noqa: E402
-from pipeline.prepare import read_prepared  # noqa: E402
-from pipeline.runner import run_pipeline  # noqa: E402
+from pipeline.engine.runner import run_pipeline  # noqa: E402
+from pipeline.stages.prepare import read_prepared  # noqa: E402
 from pipeline.tracking import tracking_uri  # noqa: E402
+from pipeline.tracking.mlflow_model import sentences_frame  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -50,7 +50,7 @@ def write_references(path: Path, n: int, seed: int) -> Path:
 
 
 def references_extractor():
-    from pipeline.featurize import build_extractor
+    from pipeline.stages.featurize import build_extractor
 
     features = OmegaConf.to_container(OmegaConf.load(FEATURES), resolve=True)
     columns = list(OmegaConf.load(DATASET).columns)

@@ -28,9 +28,9 @@ from seqeval.metrics import f1_score, precision_score, recall_score  # noqa: E40
 
 from crf import load_tagger  # noqa: E402
 from crf.io import DataFormatError, read_conll  # noqa: E402
-from pipeline.formats import tokenize  # noqa: E402
-from pipeline.runner import run_pipeline  # noqa: E402
-from pipeline.tag import TagError, _renamed, resolve_model, run_tag  # noqa: E402
+from pipeline.apps.formats import tokenize  # noqa: E402
+from pipeline.apps.tag import TagError, renamed, resolve_model, run_tag  # noqa: E402
+from pipeline.engine.runner import run_pipeline  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -86,7 +86,7 @@ def test_pipeline_bundles_record_where_they_came_from(trained):
     pos = load_tagger(pos_bundle)
     assert pos.input_columns == ["w"] and pos.scheme == "none" and pos.source["dataset"]["label"] == "pos"
     assert pos.source["model"]["observation"] == "w"
-    from pipeline.tag import resolve_model
+    from pipeline.apps.tag import resolve_model
 
     chunk = load_tagger(resolve_model(chunker, uri))
     assert chunk.kind == "crf" and chunk.input_columns == ["w", "pos"] and chunk.scheme == "iob2"
@@ -110,7 +110,7 @@ def test_chained_text_to_chunks_in_jsonl(trained, tmp_path):
     assert [r["tokens"] for r in records] == [[w for w, _, _ in s] for s in sentences]
     # the chain equals running the POS tagger, then the chunker on its tags
     pos = load_tagger(pos_bundle).tag([[w for w, _, _ in s] for s in sentences])
-    from pipeline.tag import resolve_model
+    from pipeline.apps.tag import resolve_model
 
     chunk = load_tagger(resolve_model(chunker, uri)).tag(
         [[{"w": w, "pos": p} for (w, _, _), p in zip(s, o["labels"])] for s, o in zip(sentences, pos)]
@@ -248,7 +248,7 @@ def test_command_line(trained, tmp_path):
 
 
 def test_model_override_is_renamed_for_hydra():
-    assert _renamed(["tag.py", "model=[a,b]", "input=x", "models=c"]) == ["tag.py", "models=[a,b]", "input=x", "models=c"]
+    assert renamed(["tag.py", "model=[a,b]", "input=x", "models=c"]) == ["tag.py", "models=[a,b]", "input=x", "models=c"]
 
 
 # ---- scores: percentages, checked against an independent count ----------------------------------------------------
@@ -337,7 +337,7 @@ def registered(tmp_path_factory):
     project = tmp_path_factory.mktemp("project")
     corpus = write_corpus(project / "data", n_train=80, n_test=20)
     overrides = tiny_overrides(corpus, project / "outputs") + ["stages=[train]", "registry.register=true"]
-    handler, runner_log = _Lines(), logging.getLogger("pipeline.runner")
+    handler, runner_log = _Lines(), logging.getLogger("pipeline.engine.runner")
     level = runner_log.level
     runner_log.addHandler(handler)
     runner_log.setLevel(logging.INFO)

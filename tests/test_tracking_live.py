@@ -17,8 +17,8 @@ import server_helpers  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 from pipeline_helpers import compose_config, tiny_overrides, write_corpus  # noqa: E402
 
-from pipeline import compare  # noqa: E402
-from pipeline.runner import run_pipeline  # noqa: E402
+from pipeline.engine.runner import run_pipeline  # noqa: E402
+from pipeline.sweeps import compare  # noqa: E402
 from pipeline.tracking import CACHE_SOURCE_TAG  # noqa: E402
 
 PROJECT = Path(__file__).resolve().parents[1]
@@ -179,8 +179,8 @@ def test_comparison_reads_a_cached_evaluate_stage_from_the_run_that_computed_it(
 
 def test_a_sweep_whose_summary_fails_ends_failed_with_the_reason(tmp_path, monkeypatch):
     """The jobs' runs stand, but a sweep parent run without its summary must not read FINISHED."""
-    from pipeline.lifecycle import END_REASON_TAG
-    from pipeline.sweep import SweepTracking
+    from pipeline.sweeps.grid import SweepTracking
+    from pipeline.tracking.lifecycle import END_REASON_TAG
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")

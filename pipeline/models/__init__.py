@@ -2,17 +2,21 @@
 
 The adapter is chosen once, from ``cfg.model.adapter`` (a dotted path ``module.Class`` in
 ``conf/model/<name>.yaml``). Adding a model kind is one new adapter module and one YAML file; the
-runner and the stages do not change. An adapter declares:
+runner and the stages do not change. An adapter (:class:`ModelAdapter`; :class:`BaseAdapter` gives
+the defaults) declares:
 
+- ``validate(cfg)``: refuse settings that cannot work, before any stage runs
+  (``pipeline.engine.validate.SettingsError``, one line naming the setting);
 - ``config_slice(cfg)``: what training depends on (hashed into the train and evaluate keys);
 - ``settings(cfg)``: run-time settings that cannot change the model (threads, dev cadence);
-- ``upstream``: the stages training and tagging read (``prepare``, and ``featurize`` for the CRF);
-- ``artifacts``: which of the training stage's files are logged to MLflow;
+- ``upstream``: the stages training reads (``prepare``, and ``featurize`` for the CRF);
+- ``artifacts``: which of the training stage's files are logged to MLflow; ``volatile``: which of
+  them differ between identical runs (measured times);
 - ``trainer_tag(cfg)``: the ``trainer`` tag of the pipeline run;
-- ``fit(context, data) -> metrics``: train on the prepared data, write the model into
-  ``context.out``, and the self-contained tagger (:class:`crf.TaggerBundle`) as
-  :data:`BUNDLE_FILE` (logged: ``python -m pipeline.tag`` and the MLflow Model read it);
-- ``tagger(config, inputs, data) -> Tagger``: what evaluation uses.
+- ``fit(context, data) -> metrics``: train on the prepared data and write, into ``context.out``,
+  the self-contained tagger as :data:`BUNDLE_FILE` (a :class:`crf.TaggerBundle` whose part is the
+  kind's :class:`crf.bundle.BundledModel`, registered with :func:`crf.bundle.register_kind`):
+  evaluation, ``python -m pipeline.tag`` and the MLflow Model all tag with it.
 
 Adapters import no MLflow: step metrics go through ``context.log_steps``.
 """
@@ -22,43 +26,47 @@ from __future__ import annotations
 import importlib
 import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-import numpy as np
-import pandas as pd
-
 if TYPE_CHECKING:
-    from pipeline.data import Dataset
-    from pipeline.stage import StageContext
+    from pipeline.engine.stage import StageContext
+    from pipeline.stages.data import Dataset
 
 BUNDLE_FILE = "bundle.npz"
 
-# set by pipeline.sweep in a multirun's jobs: they already run in parallel, one per core
+# set by pipeline.sweeps in a multirun's jobs: they already run in parallel, one per core
 SWEEP_ID_VARIABLE = "CRF_SWEEP_ID"
 
 
-class Tagger(Protocol):
-    """A fitted model as evaluation sees it."""
+class ModelAdapter(Protocol):
+    """The contract (see the module docstring)."""
 
-    classes: list[str]
+    name: str
+    upstream: tuple[str, ...]
+    artifacts: tuple[str, ...]
+    volatile: tuple[str, ...]
 
-    def tag(self, split: str) -> tuple[np.ndarray, np.ndarray, float, float]:
-        """(label codes (T,), confidence (T,): marginal probability of the predicted label,
-        decoding seconds, seconds including feature extraction) over the split's T tokens."""
-        ...
+    def validate(self, cfg: Mapping) -> None: ...
 
-    def segments(self, split: str) -> pd.DataFrame | None:
-        """Predicted chunks with a confidence (columns sequence, start, end, type, confidence), or None."""
-        ...
+    def config_slice(self, cfg: Mapping) -> dict: ...
+
+    def settings(self, cfg: Mapping) -> dict: ...
+
+    def trainer_tag(self, cfg: Mapping) -> str: ...
+
+    def fit(self, context: StageContext, data: Dataset) -> dict: ...
 
 
-class ModelAdapter:
-    """Base class of the adapters; see the module docstring for the contract."""
+class BaseAdapter:
+    """The defaults of the contract: reads the prepared data, logs its bundle, no settings."""
 
     name: str = ""
     upstream: tuple[str, ...] = ("prepare",)
-    artifacts: tuple[str, ...] = ("model.npz",)
+    artifacts: tuple[str, ...] = (BUNDLE_FILE,)
+    volatile: tuple[str, ...] = ()
+
+    def validate(self, cfg: Mapping) -> None:
+        return None
 
     def config_slice(self, cfg: Mapping) -> dict:
         raise NotImplementedError
@@ -70,9 +78,6 @@ class ModelAdapter:
         return self.name
 
     def fit(self, context: StageContext, data: Dataset) -> dict:
-        raise NotImplementedError
-
-    def tagger(self, config: Mapping, inputs: Mapping[str, Path], data: Dataset) -> Tagger:
         raise NotImplementedError
 
 
@@ -88,8 +93,8 @@ def load_adapter(model: Mapping[str, Any]) -> ModelAdapter:
         adapter = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as err:
         raise ValueError(f"model {model.get('name')!r}: cannot load adapter {path!r} ({err})") from None
-    if not (isinstance(adapter, type) and issubclass(adapter, ModelAdapter)):
-        raise ValueError(f"model {model.get('name')!r}: {path!r} is not a ModelAdapter subclass")
+    if not (isinstance(adapter, type) and issubclass(adapter, BaseAdapter)):
+        raise ValueError(f"model {model.get('name')!r}: {path!r} is not a model adapter (a BaseAdapter subclass)")
     return adapter()
 
 

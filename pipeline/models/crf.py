@@ -12,7 +12,6 @@ settings: ``threads`` and ``dev_every``.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
@@ -26,20 +25,36 @@ from omegaconf import OmegaConf
 from crf import CRF, TaggerBundle, metrics
 from crf import _params as params
 from crf._optimize import IterationInfo
-from pipeline.featurize import load_batch, load_extractor
-from pipeline.models import BUNDLE_FILE, ModelAdapter, bundle_source, default_threads
+from crf.model import BundledCRF
+from pipeline.engine.validate import SettingsError, section, unknown_keys, where
+from pipeline.models import BUNDLE_FILE, BaseAdapter, bundle_source, default_threads
 from pipeline.report import figure, save_figure
+from pipeline.stages.featurize import load_batch, load_extractor
 
 log = logging.getLogger(__name__)
 
 RUNTIME_KEYS = ("threads",)  # trainer keys that cannot change the model: settings, not hashed
 
 
-def build_model(model: Mapping, trainer: Mapping, seed: int, dev_every: int, threads: int | None) -> CRF:
-    """A CRF from the ``model`` and ``trainer`` config sections (keys that are CRF parameters)."""
+# keys of the model and trainer sections that are not CRF parameters: the adapter, the config's own
+# helpers (the swept strength, elastic net's ratio) and run-time settings
+CONFIG_ONLY = ("name", "adapter", "strength", "l2_ratio", "threads")
+
+
+def estimator_params(model: Mapping, trainer: Mapping) -> dict:
+    """The CRF parameters of the ``model`` and ``trainer`` sections (``model`` wins); ValueError
+    naming a key that is neither a parameter nor one of :data:`CONFIG_ONLY`."""
     merged = {**dict(trainer), **dict(model)}
-    params = {k: merged[k] for k in CRF().get_params() if k in merged and merged[k] is not None}
-    return CRF(random_state=seed, dev_every=dev_every, n_threads=threads, **params)
+    known = set(CRF().get_params())
+    unknown = sorted(k for k in merged if k not in known and k not in CONFIG_ONLY)
+    if unknown:
+        raise ValueError(f"{unknown[0]} is not a setting of the CRF (its parameters: {', '.join(sorted(known))})")
+    return {k: v for k, v in merged.items() if k in known and v is not None}
+
+
+def build_model(model: Mapping, trainer: Mapping, seed: int, dev_every: int, threads: int | None) -> CRF:
+    """A CRF from the ``model`` and ``trainer`` config sections (see :func:`estimator_params`)."""
+    return CRF(random_state=seed, dev_every=dev_every, n_threads=threads, **estimator_params(model, trainer))
 
 
 def remaining_seconds(history: list[dict], max_iterations: int | None, period: int, delta: float) -> float | None:
@@ -135,37 +150,24 @@ def plot_learning_curve(history: pd.DataFrame, path: Path) -> None:
     save_figure(fig, path)
 
 
-class CRFTagger:
-    """A saved CRF over the featurize stage's matrices (tagging time includes feature extraction).
-    One forward-backward per split gives the token marginals and the chunks' confidence."""
-
-    def __init__(self, inputs: Mapping[str, Path]) -> None:
-        self.inputs = inputs
-        self.model = CRF.load(inputs["train"] / "model.npz")
-        self.feature_seconds = json.loads((inputs["featurize"] / "features.json").read_text())
-        self.classes = list(self.model.classes_)
-        self._decoded: dict[str, tuple] = {}  # the last tagged split -> (codes, emissions, batch, posterior)
-
-    def tag(self, split: str) -> tuple[np.ndarray, np.ndarray, float, float]:
-        batch = load_batch(self.inputs["featurize"], split)
-        began = time.perf_counter()
-        codes = np.concatenate(self.model.predict_codes(batch)[0])
-        seconds = time.perf_counter() - began
-        posterior, emissions, batch = self.model.posterior(batch, keep_messages=True)
-        self._decoded = {split: (codes, emissions, batch, posterior)}  # for segments(split) next
-        extraction = float(self.feature_seconds.get(f"{split}_feature_seconds", 0.0))
-        return codes, posterior.marginals[np.arange(codes.size), codes], seconds, seconds + extraction
-
-    def segments(self, split: str) -> pd.DataFrame:
-        if split in self._decoded:
-            return self.model.segments_of(*self._decoded.pop(split))
-        return self.model.predict_segments(load_batch(self.inputs["featurize"], split))
-
-
-class CRFAdapter(ModelAdapter):
+class CRFAdapter(BaseAdapter):
     name = "crf"
     upstream = ("prepare", "featurize")
     artifacts = ("model.npz", BUNDLE_FILE, "history.csv", "learning_curve.png")
+    volatile = ("history.csv",)  # the iterations' times
+
+    def validate(self, cfg) -> None:
+        """Every CRF setting as the estimator checks it (``crf._params.validate``), and no key the
+        CRF does not have (a misspelt one would be ignored)."""
+        model, trainer = section(cfg, "model"), section(cfg, "trainer")
+        known = set(CRF().get_params()) | set(CONFIG_ONLY)
+        unknown_keys("trainer", trainer, known)
+        unknown_keys("model", model, known)
+        try:
+            estimator = build_model(model, trainer, seed=0, dev_every=int(cfg.train.dev_every), threads=trainer.get("threads"))
+            params.validate(estimator.get_params())
+        except ValueError as error:
+            raise SettingsError(where(str(error), {"trainer": trainer, "model": model})) from None
 
     def config_slice(self, cfg) -> dict:
         trainer = OmegaConf.to_container(cfg.trainer, resolve=True)
@@ -204,7 +206,7 @@ class CRFAdapter(ModelAdapter):
         model.callback = None
         model.save(out / "model.npz")
         source = bundle_source(data, OmegaConf.to_container(config), features=extractor.config())
-        TaggerBundle.from_crf(extractor, model, scheme=data.scheme, source=source).save(out / BUNDLE_FILE)
+        TaggerBundle(BundledCRF(extractor, model), scheme=data.scheme, source=source).save(out / BUNDLE_FILE)
         history = pd.DataFrame(progress.history, columns=None if progress.history else ["iteration", "loss"])
         history.to_csv(out / "history.csv", index=False)
         plot_learning_curve(history, out / "learning_curve.png")
@@ -217,6 +219,3 @@ class CRFAdapter(ModelAdapter):
             "nonzero_weights": model.n_active_features_,
             **({"final_loss": float(history["loss"].iloc[-1])} if len(history) else {}),
         }
-
-    def tagger(self, config, inputs, data) -> CRFTagger:
-        return CRFTagger(inputs)

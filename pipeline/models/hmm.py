@@ -9,18 +9,21 @@ Config slice: ``model``; settings: ``threads`` (one in a sweep job).
 from __future__ import annotations
 
 import logging
+import numbers
 import time
 from collections.abc import Mapping
-from pathlib import Path
 
-import numpy as np
 from omegaconf import OmegaConf
 
 from crf import HMMTagger, TaggerBundle
-from pipeline.models import BUNDLE_FILE, ModelAdapter, bundle_source, default_threads
-from pipeline.strict_json import write_json
+from crf.hmm import BundledHMM
+from pipeline.engine.validate import SettingsError, section, unknown_keys, where
+from pipeline.models import BUNDLE_FILE, BaseAdapter, bundle_source, default_threads
+from pipeline.report import write_json
 
 log = logging.getLogger(__name__)
+
+ADD_K = "add-k"
 
 
 def build_hmm(model: Mapping, threads: int | None) -> HMMTagger:
@@ -29,31 +32,32 @@ def build_hmm(model: Mapping, threads: int | None) -> HMMTagger:
     return HMMTagger(n_threads=threads, **params)
 
 
-class HMMTaggerView:
-    """A saved HMM over the prepared words (no feature extraction: both times are decoding)."""
-
-    def __init__(self, model: HMMTagger, observation: str, data) -> None:
-        self.model = model
-        self.observation = observation
-        self.data = data
-        self.classes = list(model.classes_)
-
-    def tag(self, split: str) -> tuple[np.ndarray, np.ndarray, float, float]:
-        X = self.data.column(split, self.observation)
-        began = time.perf_counter()
-        codes = self.model.predict_codes(X)
-        seconds = time.perf_counter() - began
-        marginals = self.model.marginals(X)
-        return codes, marginals[np.arange(codes.size), codes], seconds, seconds
-
-    def segments(self, split: str) -> None:
-        return None
-
-
-class HMMAdapter(ModelAdapter):
+class HMMAdapter(BaseAdapter):
     name = "hmm"
     upstream = ("prepare",)
     artifacts = ("model.npz", BUNDLE_FILE, "hmm.json")
+
+    def validate(self, cfg) -> None:
+        """The HMM's settings as the estimator checks them, its keys, and add-k's k."""
+        model = section(cfg, "model")
+        unknown_keys("model", model, set(HMMTagger().get_params()) | {"name", "adapter", "observation"})
+        k = model.get("k")
+        if k is not None and (isinstance(k, bool) or not isinstance(k, numbers.Real)):
+            raise SettingsError(f"bad setting model.k={k!r}: must be a number")
+        try:
+            build_hmm(model, threads=None)._check_params()
+        except (TypeError, ValueError) as error:  # TypeError: a string compared with a number
+            raise SettingsError(where(str(error), {"model": model})) from None
+        if ADD_K in (model.get("transition_smoothing"), model.get("emission_smoothing")) and not (
+            isinstance(k, numbers.Real) and not isinstance(k, bool) and k > 0
+        ):
+            raise SettingsError(
+                f"bad setting model.k={k!r}: add-k smoothing needs k > 0 (k = 0 gives unseen events probability 0)"
+            )
+        for name in ("rare_threshold", "max_suffix"):
+            value = model.get(name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0):
+                raise SettingsError(f"bad setting model.{name}={value!r}: must be an integer >= 0")
 
     def config_slice(self, cfg) -> dict:
         return {"model": OmegaConf.to_container(cfg.model, resolve=True)}
@@ -72,9 +76,8 @@ class HMMAdapter(ModelAdapter):
         model.fit(data.column("train", spec["observation"]), data.labels("train"))
         seconds = time.perf_counter() - began
         model.save(out / "model.npz")
-        bundle = TaggerBundle.from_hmm(
-            model,
-            observation=spec["observation"],
+        bundle = TaggerBundle(
+            BundledHMM(model, spec["observation"]),
             scheme=data.scheme,
             source=bundle_source(data, OmegaConf.to_container(context.config)),
         )
@@ -93,6 +96,3 @@ class HMMAdapter(ModelAdapter):
         write_json(out / "hmm.json", info)
         log.info("HMM order %d on %r: %.2fs, %s words", model.order, spec["observation"], seconds, f"{info['vocabulary']:,}")
         return info
-
-    def tagger(self, config, inputs: Mapping[str, Path], data) -> HMMTaggerView:
-        return HMMTaggerView(HMMTagger.load(inputs["train"] / "model.npz"), str(config.model.observation), data)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.cache import MANIFEST, UNOWNED_GRACE, CacheEntryError, StageCache, check_entry
+from pipeline.engine.cache import MANIFEST, UNOWNED_GRACE, CacheEntryError, StageCache, check_entry
 
 
 def _entry(cache: StageCache, stage: str = "train", text: str = "weights") -> tuple[str, Path]:
@@ -122,7 +122,7 @@ def test_a_bad_entry_is_reported_set_aside_and_rebuilt(tmp_path, caplog, tamper)
     problem = tamper(path)
     with pytest.raises(CacheEntryError, match=re.escape(problem)):
         check_entry(path, "train", key)
-    with caplog.at_level(logging.WARNING, logger="pipeline.cache"):
+    with caplog.at_level(logging.WARNING, logger="pipeline.engine.cache"):
         assert cache.lookup("train", key) is None  # never served
     (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert str(path) in warning and problem in warning and "moved aside to" in warning
@@ -135,7 +135,7 @@ def test_a_bad_entry_is_reported_set_aside_and_rebuilt(tmp_path, caplog, tamper)
 def test_a_file_that_cannot_be_read_makes_the_entry_bad(tmp_path, monkeypatch, caplog):
     """No read permission (simulated: the tests may run as root, whom permissions do not stop):
     the entry is set aside and rebuilt, not an error that fails every later run."""
-    import pipeline.cache as cache_module
+    import pipeline.engine.cache as cache_module
 
     cache = StageCache(tmp_path)
     key, path = _entry(cache)
@@ -149,7 +149,7 @@ def test_a_file_that_cannot_be_read_makes_the_entry_bad(tmp_path, monkeypatch, c
     monkeypatch.setattr(cache_module, "file_sha256", denied)
     with pytest.raises(CacheEntryError, match="model.bin cannot be read \\(Permission denied\\)"):
         check_entry(path, "train", key)
-    with caplog.at_level(logging.WARNING, logger="pipeline.cache"):
+    with caplog.at_level(logging.WARNING, logger="pipeline.engine.cache"):
         assert cache.lookup("train", key) is None
     assert "Permission denied" in caplog.text and len(list((tmp_path / "train").glob(".bad-*"))) == 1
     monkeypatch.setattr(cache_module, "file_sha256", real)

@@ -18,7 +18,7 @@ from pipeline_helpers import compose_config, make_sentence, write_corpus  # noqa
 from crf import CRF, HMMTagger  # noqa: E402
 from crf._persist import ModelFileError  # noqa: E402
 from crf.io import DataFormatError  # noqa: E402
-from pipeline.data import load_dataset  # noqa: E402
+from pipeline.stages.data import load_dataset  # noqa: E402
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 from pipeline_helpers import make_sentence  # noqa: E402
 
 from crf import CRF, FeatureExtractor, HMMTagger, ModelFileError, TaggerBundle, load_tagger  # noqa: E402
-from crf._persist import atomic_write, load_arrays, save_arrays  # noqa: E402
+from crf._persist import load_arrays, save_arrays  # noqa: E402
 from crf.crfsuite import (  # noqa: E402  # noqa: E402
     _HEADER,
     CHUNK_SIZE,
@@ -39,9 +39,12 @@ from crf.crfsuite import (  # noqa: E402  # noqa: E402
     read_crfsuite,
     write_crfsuite,
 )
-from pipeline.data import _download  # noqa: E402
-from pipeline.featurize import EXTRACTOR_KIND, load_extractor, save_extractor  # noqa: E402
-from pipeline.formats import Prediction, read_input, write_output  # noqa: E402
+from crf.hmm import BundledHMM
+from crf.io import atomic_write  # noqa: E402
+from crf.model import BundledCRF
+from pipeline.apps.formats import Prediction, read_input, write_output  # noqa: E402
+from pipeline.stages.data import _download  # noqa: E402
+from pipeline.stages.featurize import EXTRACTOR_KIND, load_extractor, save_extractor  # noqa: E402
 
 COLUMNS = ["w", "pos", "chunk"]
 BOMB_BYTES = 32 << 20  # what the bomb member inflates to (it is about 32 KB compressed)
@@ -72,8 +75,8 @@ def fitted():
         "extractor": extractor,
         "crf": dict_crf,
         "hmm": hmm,
-        "crf_bundle": TaggerBundle.from_crf(extractor, crf, scheme="iob2", input_columns=["w", "pos"]),
-        "hmm_bundle": TaggerBundle.from_hmm(hmm, observation="w", scheme="iob2"),
+        "crf_bundle": TaggerBundle(BundledCRF(extractor, crf), scheme="iob2", input_columns=["w", "pos"]),
+        "hmm_bundle": TaggerBundle(BundledHMM(hmm, "w"), scheme="iob2"),
     }
 
 

@@ -12,7 +12,7 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 from pipeline_helpers import CONF_DIR, compose_config, tiny_overrides, write_corpus  # noqa: E402
 
-from pipeline.validate import SettingsError, validate_settings  # noqa: E402
+from pipeline.engine.validate import SettingsError, validate_settings  # noqa: E402
 
 
 @pytest.mark.parametrize(
@@ -59,7 +59,7 @@ def test_every_shipped_model_and_trainer_passes(group):
 
 @pytest.mark.parametrize("bad", ["trainer.c2=abc", "trainer.max_iterations=-1"])
 def test_the_pipeline_fails_before_prepare(tmp_path, bad):
-    from pipeline.runner import run_pipeline
+    from pipeline.engine.runner import run_pipeline
 
     data_root = write_corpus(tmp_path / "data", n_train=10, n_test=5)
     with pytest.raises(SettingsError, match="bad setting"):

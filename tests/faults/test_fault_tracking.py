@@ -21,8 +21,8 @@ import mlflow  # noqa: E402
 import pandas as pd  # noqa: E402
 from pipeline_helpers import tiny_overrides, write_corpus  # noqa: E402
 
-from pipeline import lifecycle  # noqa: E402
-from pipeline.lifecycle import END_REASON_TAG, OWNER_TAG, owner_gone, owner_tags, prepare_store  # noqa: E402
+from pipeline.tracking import lifecycle  # noqa: E402
+from pipeline.tracking.lifecycle import END_REASON_TAG, OWNER_TAG, owner_gone, owner_tags, prepare_store  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 240  # seconds for one pipeline process

@@ -31,8 +31,8 @@ from mlflow.models import ModelSignature  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 from mlflow.types import ColSpec, Schema  # noqa: E402
 
-from pipeline import lifecycle  # noqa: E402
 from pipeline.models import SWEEP_ID_VARIABLE  # noqa: E402
+from pipeline.tracking import lifecycle  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +175,7 @@ def flatten(config: Mapping, prefix: str = "") -> dict[str, str]:
 def git_commit() -> str:
     """The project's current git commit (``unknown`` outside a checkout)."""
     try:
-        root = Path(__file__).resolve().parents[1]
+        root = Path(__file__).resolve().parents[2]
         return subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
@@ -239,7 +239,7 @@ def handoff_lines(client: MlflowClient, uri: str, pipeline_run_id: str, stage: s
 
 # the models-from-code file of the tagger's MLflow Model, and the library it runs (shipped as code)
 MODEL_CODE = Path(__file__).resolve().with_name("mlflow_model.py")
-LIBRARY = Path(__file__).resolve().parents[1] / "crf"
+LIBRARY = Path(__file__).resolve().parents[2] / "crf"
 MODEL_NAME = "model"  # the logged model's name inside its run
 MODEL_URI_TAG = "model_uri"
 CACHE_SOURCE_TAG = "cache_source_run_id"
@@ -274,18 +274,27 @@ def requirements() -> list[str]:
 def log_tagger_model(bundle_path: Path, example: Callable[[list[str]], pd.DataFrame | None] = lambda columns: None) -> str:
     """Log the tagger bundle at ``bundle_path`` as a pyfunc MLflow Model in the active run; its URI.
 
-    Models-from-code: ``pipeline/mlflow_model.py`` is the model, the bundle its artifact, the
-    ``crf`` package its code; nothing is pickled. ``example(input_columns)``: a few long-form
+    Models-from-code: ``pipeline/tracking/mlflow_model.py`` is the model, the bundle its artifact,
+    the ``crf`` package its code (and the module of a model kind defined elsewhere, imported when
+    the model loads); nothing is pickled. ``example(input_columns)``: a few long-form
     input rows (``sentence`` and the bundle's input columns), or None.
     """
+    import sys
+
     from crf.bundle import load_tagger
 
     bundle = load_tagger(bundle_path)
+    code, config = [str(LIBRARY)], {}
+    module = type(bundle.part).__module__
+    if module.split(".")[0] != "crf":  # a model kind defined outside the library: its module goes along
+        code.append(str(Path(sys.modules[module].__file__)))
+        config["kind_modules"] = [module.rsplit(".", 1)[-1]]  # imported by that name from the model's code
     info = mlflow.pyfunc.log_model(
         name=MODEL_NAME,
         python_model=str(MODEL_CODE),
         artifacts={"bundle": str(bundle_path)},
-        code_paths=[str(LIBRARY)],
+        code_paths=code,
+        model_config=config or None,
         signature=tagger_signature(bundle.input_columns, bundle.scheme != "none"),
         metadata=tagger_metadata(bundle.input_columns),
         input_example=example(list(bundle.input_columns)),

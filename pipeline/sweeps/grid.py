@@ -28,10 +28,10 @@ from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline import tracking
-from pipeline.cluster import job_environment, pass_to_jobs
-from pipeline.lifecycle import END_REASON_TAG
 from pipeline.report import figure, markdown_table, save_figure
+from pipeline.sweeps.cluster import job_environment, pass_to_jobs
 from pipeline.tracking import SWEEP_ID_VARIABLE, SWEEP_PARENT_VARIABLE
+from pipeline.tracking.lifecycle import END_REASON_TAG
 
 log = logging.getLogger(__name__)
 
@@ -218,11 +218,11 @@ class SweepTracking(Callback):
     def _summarize(self) -> pd.DataFrame:
         """The summary the sweep asks for (``sweep.summary``)."""
         if self.summary == "comparison":
-            from pipeline import compare
+            from pipeline.sweeps import compare
 
             return compare.summarize(self.sweep_id, self.parent_run_id, self.experiment, self.comparison)
         if self.summary == "active_learning":
-            from pipeline import learning_curves
+            from pipeline.sweeps import learning_curves
 
             return learning_curves.summarize(self.sweep_id, self.parent_run_id, self.experiment)
         return summarize(self.sweep_id, self.parent_run_id, self.experiment, self.registry)

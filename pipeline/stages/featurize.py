@@ -21,14 +21,14 @@ from omegaconf import OmegaConf
 from crf._persist import ModelFileError, load_arrays, save_arrays
 from crf.batch import SequenceBatch
 from crf.features import FeatureExtractor
-from pipeline.cache import file_sha256
+from pipeline.engine.cache import file_sha256
+from pipeline.engine.stage import BaseStage, StageContext
 from pipeline.models import ModelAdapter
-from pipeline.prepare import SPLITS, read_prepared
-from pipeline.stage import Stage, StageContext
-from pipeline.strict_json import write_json
+from pipeline.report import write_json
+from pipeline.stages.prepare import SPLITS, read_prepared
 
 EXTRACTOR_KIND = "crf.FeatureExtractor"
-PROJECT_ROOT = Path(__file__).resolve().parents[1]  # the folder holding conf/
+PROJECT_ROOT = Path(__file__).resolve().parents[2]  # the folder holding conf/
 
 
 def lexicon_path(path: str) -> Path:
@@ -90,11 +90,11 @@ def load_batch(folder: Path, split: str) -> SequenceBatch:
     return SequenceBatch(sp.load_npz(folder / f"X_{split}.npz"), np.load(folder / f"offsets_{split}.npy", allow_pickle=False))
 
 
-class Featurize(Stage):
+class Featurize(BaseStage):
     """Fit the attribute vocabulary on the training split; build every split's CSR matrix."""
 
     name = "featurize"
-    summarize = False
+    summary_prefix = None
 
     def upstream(self, adapter: ModelAdapter) -> tuple[str, ...]:
         return ("prepare",)
@@ -109,6 +109,9 @@ class Featurize(Stage):
         """SHA-256 of every lexicon file: editing one invalidates the cached features."""
         files = lexicon_files(OmegaConf.to_container(config.features, resolve=True))
         return {f"lexicon:{name}": file_sha256(path) for name, path in files.items()}
+
+    def volatile(self, adapter: ModelAdapter) -> tuple[str, ...]:
+        return ("features.json",)  # the feature-extraction times
 
     def artifacts(self, settings, adapter: ModelAdapter) -> tuple[str, ...]:
         """The vocabulary and counts; the matrices stay in the cache unless ``log_matrices``."""

@@ -31,6 +31,7 @@ served model needs nothing of the pipeline.
 
 from __future__ import annotations
 
+import importlib
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -231,6 +232,8 @@ class TaggerModel(mlflow.pyfunc.PythonModel):
     """The pyfunc model: loads the bundle artifact once, tags long frames or lists of sentences."""
 
     def load_context(self, context) -> None:
+        for module in (context.model_config or {}).get("kind_modules", []):  # kinds defined outside crf register here
+            importlib.import_module(module)
         self.bundle = load_tagger(context.artifacts["bundle"])
 
     def predict(self, context, model_input, params=None) -> pd.DataFrame:

@@ -19,7 +19,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from pipeline import tracking
-from pipeline.cache import MANIFEST
+from pipeline.engine.cache import MANIFEST
 
 ARTIFACT_PATH = "cache"  # where a stage run holds its cache entry
 UPLOAD_TAG = "cache_artifacts"
@@ -35,7 +35,7 @@ def is_shared(uri: str) -> bool:
 
 
 class TrackingStore:
-    """A :class:`pipeline.cache.RemoteStore` in the active MLflow run's experiment."""
+    """A :class:`pipeline.engine.cache.RemoteStore` in the active MLflow run's experiment."""
 
     def __init__(self) -> None:
         self._fetched: dict[tuple[str, str], str] = {}  # (stage, key) -> run id of the last download

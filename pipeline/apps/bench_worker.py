@@ -37,8 +37,8 @@ from pathlib import Path
 import numpy as np
 
 from crf import CRF, metrics
-from pipeline.data import load_dataset, subset
-from pipeline.featurize import build_extractor
+from pipeline.stages.data import load_dataset, subset
+from pipeline.stages.featurize import build_extractor
 
 INPUTS = ("batch", "strings", "dicts")
 CHUNK = 1000  # sentences converted to attribute lists at a time (bounds the temporary CSR batches)

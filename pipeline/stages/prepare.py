@@ -18,11 +18,11 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from crf.io import read_conll
-from pipeline.cache import file_sha256
-from pipeline.data import Dataset, load_dataset, resolve_files, statistics, subset
+from pipeline.engine.cache import file_sha256
+from pipeline.engine.stage import BaseStage, StageContext
 from pipeline.models import ModelAdapter
-from pipeline.stage import Stage, StageContext
-from pipeline.strict_json import write_json
+from pipeline.report import write_json
+from pipeline.stages.data import Dataset, load_dataset, resolve_files, statistics, subset
 
 log = logging.getLogger(__name__)
 
@@ -87,15 +87,14 @@ def read_prepared(folder: Path) -> Dataset:
         s: read_conll(folder / f"{s}.conll.gz", n_columns=len(columns), separator="\t", comment_prefix=None, document_marker=None)
         for s in SPLITS
     }
-    return Dataset(spec["name"], splits, columns, spec["label"], spec.get("scheme", "none"))
+    return Dataset(spec["name"], splits, columns, spec["label"], spec.get("scheme", "none"), spec.get("word_column"))
 
 
-class Prepare(Stage):
+class Prepare(BaseStage):
     """Read the dataset, carve the dev split, take the training subset, write splits and statistics."""
 
     name = "prepare"
     summary_prefix = "data."  # the pipeline run shows the data statistics as data.train_tokens, ...
-    logged = ("*.conll.gz", "stats.json", DATASET_FILE)
 
     def config_slice(self, cfg, adapter: ModelAdapter) -> dict:
         """What the output depends on (the data root is not: the files' checksums are)."""
@@ -105,6 +104,9 @@ class Prepare(Stage):
 
     def settings(self, cfg, adapter: ModelAdapter) -> dict:
         return {"root": str(cfg.data.root), "download": bool(cfg.data.download)}
+
+    def artifacts(self, settings, adapter: ModelAdapter) -> tuple[str, ...]:
+        return ("*.conll.gz", "stats.json", DATASET_FILE)
 
     def external_inputs(self, config, settings) -> dict[str, str]:
         """SHA-256 of every dataset file (downloaded first if missing): an edited file is a new input."""
@@ -118,7 +120,13 @@ class Prepare(Stage):
         data.splits["train"] = subset(data.splits["train"], float(config.train_fraction), int(config.seed))
         for split in SPLITS:
             write_split(out / f"{split}.conll.gz", data.splits[split])
-        spec = {"name": data.name, "columns": data.columns, "label": data.label, "scheme": data.scheme}
+        spec = {
+            "name": data.name,
+            "columns": data.columns,
+            "label": data.label,
+            "scheme": data.scheme,
+            "word_column": data.word_column,
+        }
         write_json(out / DATASET_FILE, spec)
         stats = statistics(data)
         write_json(out / "stats.json", stats)

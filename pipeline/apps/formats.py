@@ -17,7 +17,7 @@ optional gold label column. Readers (``format``; ``auto`` picks by extension, ``
   else (null, a number, a list, a boolean, an empty string) is refused naming line, token and column.
 - ``text`` (``.txt`` only when asked): one sentence per line, split by :func:`tokenize`.
 
-Writers (atomic: :func:`crf._persist.atomic_write`): ``conll`` (the input columns, the gold column
+Writers (atomic: :func:`crf.io.atomic_write`): ``conll`` (the input columns, the gold column
 when there is one, then each model's predicted column and, with ``marginals``, its marginal) and
 ``jsonl`` (per sentence: ``tokens``, ``labels``, ``marginals``, ``segments`` with confidence, and
 ``columns``: every predicted column by name).
@@ -29,7 +29,7 @@ What a reader gets back is what was meant:
   newline, ...) cannot be written faithfully: it is refused (:class:`OutputFormatError` naming
   sentence, token and column), before any tagging (:func:`check_conll_cells`). There is no
   escaping: write JSONL (``output_format=jsonl``), which holds any token.
-- JSONL output is strict JSON (:mod:`pipeline.strict_json`): a marginal or confidence that is
+- JSONL output is strict JSON (:func:`pipeline.report.dumps`): a marginal or confidence that is
   not a number (a sentence the model gives probability 0) is ``null``, never ``NaN``; the line
   separators some readers split lines on (U+0085, U+2028, U+2029) are written escaped.
 """
@@ -46,9 +46,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from crf._persist import atomic_write
-from crf.io import CONLLU_COLUMNS, DataFormatError, _decoded_lines, read_conll, read_conllu
-from pipeline.strict_json import dumps
+from crf.io import CONLLU_COLUMNS, DataFormatError, _decoded_lines, atomic_write, read_conll, read_conllu
+from pipeline.report import dumps
 
 FORMATS = ("conll", "conllu", "jsonl", "text")
 OUTPUT_FORMATS = ("conll", "jsonl")

@@ -23,8 +23,8 @@ import pandas as pd
 from mlflow.tracking import MlflowClient
 
 from pipeline import tracking
-from pipeline.active_learning import CURVE_FILE, area_under_curve, plot_curves, tokens_to_reach
 from pipeline.report import markdown_table
+from pipeline.stages.active_learning import CURVE_FILE, area_under_curve, plot_curves, tokens_to_reach
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ import mlflow
 from mlflow.entities import ViewType
 from mlflow.tracking import MlflowClient
 
-from pipeline.cache import process_alive
+from pipeline.engine.cache import process_alive
 
 log = logging.getLogger(__name__)
 

@@ -66,7 +66,7 @@ def _placement() -> dict:
 class JobPlacement(Callback):
     """Records where a multirun ran: ``launcher.json`` in the sweep folder (the launching process)
     and ``placement.json`` in each job's folder (host, PID, Ray node id). Add it with
-    ``+hydra.callbacks.placement._target_=pipeline.cluster.JobPlacement``."""
+    ``+hydra.callbacks.placement._target_=pipeline.sweeps.cluster.JobPlacement``."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         folder = Path(str(config.hydra.sweep.dir))

@@ -3,34 +3,30 @@
 A wrong-typed or out-of-range setting (``trainer.c2=abc``, ``trainer.max_iterations=-1``,
 ``model.k=0`` with add-k smoothing) should fail at once, before prepare and featurize spend
 minutes, with one line naming the setting. :func:`validate_settings` checks the run's own settings
-(seed, training fraction, dev cadence) and the model's: the estimator is built from the config
-exactly as its adapter builds it for training (``build_model``/``build_hmm``) and checked by the
-estimator's own parameter validation (``crf._params.validate`` for the CRF, ``_check_params`` for
-the HMM), so the rules live in one place, the library.
+(seed, training fraction, dev cadence), the dataset's keys, and asks the model adapter to check
+its own (``adapter.validate``: the estimator built from the config exactly as for training and
+checked by the estimator's own parameter validation, so the rules live in one place, the library).
+A key added on the command line under a section that has no such key (``+trainer.c22=1``) is
+refused like a misspelt one.
 """
 
 from __future__ import annotations
 
 import difflib
 import numbers
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from crf import _params as hyper
 from pipeline.models import load_adapter
 
-_ADD_K = "add-k"
 _CONFIG_NAMES = {"n_threads": "threads"}  # estimator parameter -> its key in the config, where they differ
-# keys of the model and trainer sections that are not estimator parameters: the adapter and the
-# config's own helpers (the swept strength, elastic net's ratio) and run-time settings
-_CONFIG_ONLY = {"name", "adapter", "strength", "l2_ratio", "threads"}
 # every key a dataset config may have (pipeline/data.py and the stages read them)
 DATASET_KEYS = {
     "name", "task", "format", "columns", "label", "scheme", "files", "dev_split", "separator", "comment_prefix",
-    "document_marker", "hmm", "evaluate",
+    "document_marker", "word_column", "hmm", "evaluate",
 }  # fmt: skip
 DATASET_REQUIRED = {"name", "format", "columns", "label", "files"}
 SCHEMES = ("IOB1", "IOB2", "IOBES", "none")
@@ -40,7 +36,7 @@ class SettingsError(ValueError):
     """A setting that cannot work; the message is one line naming it and its value."""
 
 
-def _section(cfg: DictConfig, name: str) -> Any:
+def section(cfg: DictConfig, name: str) -> Any:
     """The resolved ``cfg.<name>`` as plain containers; an interpolation that fails is a SettingsError."""
     try:
         node = OmegaConf.select(cfg, name, throw_on_missing=True)
@@ -50,17 +46,17 @@ def _section(cfg: DictConfig, name: str) -> Any:
         raise SettingsError(f"bad setting in {name}: {message}") from None
 
 
-def _where(message: str, sections: Mapping[str, Mapping]) -> str:
+def where(message: str, sections: Mapping[str, Mapping]) -> str:
     """``message`` prefixed with the config path of the parameter it starts with (``trainer.c2``)."""
     name = message.split(maxsplit=1)[0].partition("=")[0] if message else ""
     name = _CONFIG_NAMES.get(name, name)
-    for section, values in sections.items():
+    for part, values in sections.items():
         if name in values:
-            return f"bad setting {section}.{name}={values[name]!r}: {message}"
+            return f"bad setting {part}.{name}={values[name]!r}: {message}"
     return f"bad setting: {message}"
 
 
-def _unknown_keys(section: str, values: Mapping, known: Iterable[str]) -> None:
+def unknown_keys(section: str, values: Mapping, known: Iterable[str]) -> None:
     """A SettingsError naming the first key of ``values`` that is not ``known`` (with the nearest
     known key as a suggestion): a misspelt or invented key would otherwise be ignored quietly."""
     known = sorted(set(known))
@@ -71,68 +67,21 @@ def _unknown_keys(section: str, values: Mapping, known: Iterable[str]) -> None:
             raise SettingsError(f"bad setting {section}.{key}: {section} has no such key{hint}")
 
 
-def _check_crf(cfg: DictConfig) -> None:
-    from crf import CRF
-    from pipeline.models.crf import build_model
-
-    model, trainer = _section(cfg, "model"), _section(cfg, "trainer")
-    parameters = set(CRF().get_params()) | _CONFIG_ONLY
-    _unknown_keys("trainer", trainer, parameters)
-    _unknown_keys("model", model, parameters)
-    estimator = build_model(model, trainer, seed=0, dev_every=int(cfg.train.dev_every), threads=trainer.get("threads"))
-    try:
-        hyper.validate(estimator.get_params())
-    except ValueError as error:
-        raise SettingsError(_where(str(error), {"trainer": trainer, "model": model})) from None
-
-
-def _check_hmm(cfg: DictConfig) -> None:
-    from crf import HMMTagger
-    from pipeline.models.hmm import build_hmm
-
-    model = _section(cfg, "model")
-    _unknown_keys("model", model, set(HMMTagger().get_params()) | {"name", "adapter", "observation"})
-    k = model.get("k")
-    if k is not None and (isinstance(k, bool) or not isinstance(k, numbers.Real)):
-        raise SettingsError(f"bad setting model.k={k!r}: must be a number")
-    estimator = build_hmm(model, threads=None)
-    try:
-        estimator._check_params()
-    except (TypeError, ValueError) as error:  # TypeError: a string compared with a number
-        raise SettingsError(_where(str(error), {"model": model})) from None
-    if _ADD_K in (model.get("transition_smoothing"), model.get("emission_smoothing")) and not (
-        isinstance(k, numbers.Real) and not isinstance(k, bool) and k > 0
-    ):
-        raise SettingsError(f"bad setting model.k={k!r}: add-k smoothing needs k > 0 (k = 0 gives unseen events probability 0)")
-    for name, low in (("rare_threshold", 0), ("max_suffix", 0)):
-        value = model.get(name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low):
-            raise SettingsError(f"bad setting model.{name}={value!r}: must be an integer >= {low}")
-
-
-# model adapter (``model.adapter``) -> the check of its settings; an adapter with a ``validate(cfg)``
-# method is asked directly instead
-MODEL_CHECKS: dict[str, Callable[[DictConfig], None]] = {
-    "pipeline.models.crf.CRFAdapter": _check_crf,
-    "pipeline.models.hmm.HMMAdapter": _check_hmm,
-}
-
-
 def _check_run(cfg: DictConfig) -> None:
-    seed = _section(cfg, "seed")
+    seed = section(cfg, "seed")
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
         raise SettingsError(f"bad setting seed={seed!r}: must be an integer")
-    fraction = _section(cfg, "data.train_fraction")
+    fraction = section(cfg, "data.train_fraction")
     if isinstance(fraction, bool) or not isinstance(fraction, numbers.Real) or not 0 < fraction <= 1:
         raise SettingsError(f"bad setting data.train_fraction={fraction!r}: must be a number in (0, 1]")
-    dev_every = _section(cfg, "train.dev_every")
+    dev_every = section(cfg, "train.dev_every")
     if dev_every is not None and (isinstance(dev_every, bool) or not isinstance(dev_every, numbers.Integral) or dev_every < 0):
         raise SettingsError(f"bad setting train.dev_every={dev_every!r}: must be an integer >= 0 (0: never)")
 
 
 def _check_dataset(cfg: DictConfig) -> None:
-    dataset = _section(cfg, "dataset")
-    _unknown_keys("dataset", dataset, DATASET_KEYS)
+    dataset = section(cfg, "dataset")
+    unknown_keys("dataset", dataset, DATASET_KEYS)
     missing = sorted(DATASET_REQUIRED - set(dataset))
     if missing:
         needed = ", ".join(sorted(DATASET_REQUIRED))
@@ -200,13 +149,7 @@ def validate_settings(cfg: DictConfig) -> None:
     _check_run(cfg)
     _check_dataset(cfg)
     try:
-        adapter = load_adapter(_section(cfg, "model"))
+        adapter = load_adapter(section(cfg, "model"))
     except ValueError as error:
         raise SettingsError(f"bad setting model.adapter: {error}") from None
-    own = getattr(adapter, "validate", None)
-    if callable(own):
-        own(cfg)
-        return
-    check = MODEL_CHECKS.get(f"{type(adapter).__module__}.{type(adapter).__qualname__}")
-    if check is not None:
-        check(cfg)
+    adapter.validate(cfg)

@@ -16,16 +16,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pipeline.models import ModelAdapter
-from pipeline.prepare import read_prepared
-from pipeline.stage import Stage, StageContext
+from pipeline.engine.stage import BaseStage, LoggedModel, StageContext
+from pipeline.models import BUNDLE_FILE, ModelAdapter
+from pipeline.stages.prepare import read_prepared
 
 
-class Train(Stage):
+class Train(BaseStage):
     name = "train"
-    uses_adapter = True
     step_metrics = "history.csv"
-    bundle = "bundle.npz"
 
     def upstream(self, adapter: ModelAdapter) -> tuple[str, ...]:
         return tuple(adapter.upstream)
@@ -36,8 +34,19 @@ class Train(Stage):
     def settings(self, cfg, adapter: ModelAdapter) -> dict:
         return adapter.settings(cfg)
 
+    def code_modules(self, adapter: ModelAdapter) -> tuple[str, ...]:
+        return (type(self).__module__, type(adapter).__module__)
+
     def artifacts(self, settings, adapter: ModelAdapter) -> tuple[str, ...]:
         return tuple(adapter.artifacts)
+
+    def volatile(self, adapter: ModelAdapter) -> tuple[str, ...]:
+        return tuple(adapter.volatile)
+
+    def logged_model(self, inputs: Mapping[str, Path], folder: Path) -> LoggedModel | None:
+        """The adapter's bundle, with the first test sentences as the example."""
+        path = folder / BUNDLE_FILE
+        return LoggedModel(path, lambda columns: self.bundle_example(inputs, columns)) if path.is_file() else None
 
     def bundle_example(self, inputs: Mapping[str, Path], columns: list[str], n_sentences: int = 2) -> pd.DataFrame:
         """The first ``n_sentences`` test sentences in long form: ``sentence`` id and ``columns``."""

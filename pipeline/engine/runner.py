@@ -1,7 +1,7 @@
 """Chain the stages under one MLflow parent run, reusing cached stage outputs.
 
 ``run_pipeline(cfg)`` is what ``python -m pipeline`` calls; tests call it with a config composed by
-``hydra.compose``. The runner knows stages only through their contract (``pipeline.stage``) and
+``hydra.compose``. The runner knows stages only through their contract (``pipeline.engine.stage``) and
 models only through their adapter (``pipeline.models``), chosen once from ``cfg.model.adapter``.
 """
 
@@ -22,20 +22,18 @@ from mlflow.entities import Metric, Param
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline import tracking
-from pipeline.cache import StageCache, code_digest
-from pipeline.data import ChecksumError, MissingDataError, resolve_files
-from pipeline.logs import swept_keys
+from pipeline.engine.cache import StageCache, code_digest
+from pipeline.engine.logs import swept_keys
+from pipeline.engine.stage import Stage, StageContext, frozen, load_stages
+from pipeline.engine.validate import SettingsError, validate_settings
 from pipeline.models import ModelAdapter, load_adapter
-from pipeline.stage import Stage, StageContext, frozen, load_stages
-from pipeline.strict_json import write_json
+from pipeline.report import write_json
+from pipeline.stages.data import ChecksumError, MissingDataError, resolve_files
 from pipeline.tracking import SWEEP_ID_VARIABLE, SWEEP_PARENT_VARIABLE
-from pipeline.validate import SettingsError, validate_settings
 
 log = logging.getLogger(__name__)
 
-METRICS_FILE = "stage_metrics.json"
-# files holding measured times: they differ between identical runs, so downstream keys leave them out
-VOLATILE = (METRICS_FILE, "features.json", "history.csv")
+METRICS_FILE = "stage_metrics.json"  # every stage's metrics, with its measured times: volatile
 HEADLINE = ("dev_f1", "test_f1", "dev_accuracy", "test_accuracy")  # scores repeated at the end of a run
 
 
@@ -47,6 +45,7 @@ class StageOutput:
     metrics: dict
     model_uri: str | None = None  # the MLflow Model of the stage's declared bundle
     external: dict | None = None  # hashes of the files it read from outside the pipeline (the dataset)
+    bundle: Path | None = None  # its tagger bundle logged as an MLflow Model
     seconds: float = 0.0  # wall time of the stage run, cache lookup and MLflow logging included
 
 
@@ -148,15 +147,15 @@ def run_stage(
             for path in logged:
                 mlflow.log_artifact(str(path), artifact_path=name)
         model_uri = None
-        if stage.bundle and (folder / stage.bundle).is_file():
+        logged_model = stage.logged_model({k: v.folder for k, v in inputs.items()}, folder)
+        if logged_model is not None:
             model_uri = source.data.tags.get(tracking.MODEL_URI_TAG) if source is not None else None
             if model_uri is None:
-                folders = {k: v.folder for k, v in inputs.items()}
-                model_uri = tracking.log_tagger_model(
-                    folder / stage.bundle, lambda columns: stage.bundle_example(folders, columns)
-                )
+                model_uri = tracking.log_tagger_model(logged_model.bundle, logged_model.example)
             mlflow.set_tag(tracking.MODEL_URI_TAG, model_uri)
-        output = StageOutput(folder, cache.output_hash(folder, VOLATILE), found is not None, stage_metrics, model_uri, external)
+        volatile = (METRICS_FILE, *stage.volatile(adapter))
+        output = StageOutput(folder, cache.output_hash(folder, volatile), found is not None, stage_metrics, model_uri, external)
+        output.bundle = None if logged_model is None else logged_model.bundle
         output.seconds = time.perf_counter() - began
         mlflow.log_metric("seconds", output.seconds)
         return output
@@ -247,7 +246,7 @@ def run_pipeline(cfg: DictConfig) -> dict[str, Any]:
             inputs = {upstream: outputs[upstream] for upstream in stage.upstream(adapter)}
             outputs[name] = run_stage(stage, cfg, adapter, inputs, cache, tags)
             results.update({f"{name}.{k}": v for k, v in outputs[name].metrics.items()})
-            if stage.summarize:
+            if stage.summary_prefix is not None:
                 summary.update({stage.summary_prefix + k: v for k, v in outputs[name].metrics.items()})
         mlflow.log_metrics({k: float(v) for k, v in summary.items() if isinstance(v, (int, float))})
         log_dataset(cfg, {k: v for o in outputs.values() for k, v in (o.external or {}).items()})
@@ -263,7 +262,7 @@ def run_pipeline(cfg: DictConfig) -> dict[str, Any]:
         mlflow.set_tag("cache_hits", ",".join(hits) or "none")
         scores = ", ".join(f"{k} {summary[k]:.2f}" for k in HEADLINE if isinstance(summary.get(k), (int, float)))
         # what loads elsewhere: the pipeline run's own id does not (its files are in its stage runs)
-        bundled = [(s, o.folder / stages[s].bundle) for s, o in outputs.items() if o.model_uri]
+        bundled = [(s, o.bundle) for s, o in outputs.items() if o.model_uri and o.bundle is not None]
         handoff = tracking.handoff_lines(mlflow.tracking.MlflowClient(uri), uri, run.info.run_id, *bundled[-1]) if bundled else []
         log.info(
             "done: run %s%s (%d of %d stages from the cache)%s\n  open: %s\n  outputs: %s%s",

@@ -19,8 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from crf._persist import atomic_write
-from crf.io import Sentence, read_blocks, read_conll, read_conllu, read_xml_sequences
+from crf.io import Sentence, atomic_write, read_blocks, read_conll, read_conllu, read_xml_sequences
 
 DATA_HOME_VARIABLE = "CRF_DATA_HOME"
 
@@ -102,6 +101,7 @@ class Dataset:
     columns: list[str]
     label: str
     scheme: str
+    word_column: str | None = None  # the column of word forms (known/unknown words, vocabulary figures)
 
     @property
     def label_index(self) -> int:
@@ -172,7 +172,16 @@ def load_dataset(dataset: Mapping, root: str | os.PathLike, download: bool = Tru
         train = splits["train"]
         splits["train"] = [train[i] for i in kept]
         splits["dev"] = [train[i] for i in held]
-    return Dataset(dataset["name"], splits, columns, dataset["label"], dataset.get("scheme", "none"))
+    return Dataset(dataset["name"], splits, columns, dataset["label"], dataset.get("scheme", "none"), word_column(dataset))
+
+
+def word_column(dataset: Mapping) -> str | None:
+    """The dataset's column of word forms: its ``word_column`` key, else ``w`` when it has one
+    (None: no word column; figures about known words are left out)."""
+    name = dataset.get("word_column", "w" if "w" in dataset["columns"] else None)
+    if name is not None and name not in dataset["columns"]:
+        raise ValueError(f"dataset {dataset.get('name')!r}: word_column {name!r} is not one of the columns {dataset['columns']}")
+    return name
 
 
 def subset(sentences: list, fraction: float, seed: int) -> list:
@@ -184,8 +193,9 @@ def subset(sentences: list, fraction: float, seed: int) -> list:
 
 
 def statistics(data: Dataset) -> dict:
-    """Sentences, tokens, label counts and out-of-vocabulary rate (word column ``w``) per split."""
-    train_words = {row[data.columns.index("w")] for s in data.splits["train"] for row in s} if "w" in data.columns else set()
+    """Sentences, tokens, label counts and out-of-vocabulary rate (of the word column) per split."""
+    word = data.columns.index(data.word_column) if data.word_column is not None else None
+    train_words = {row[word] for s in data.splits["train"] for row in s} if word is not None else set()
     out: dict = {}
     for split, sentences in data.splits.items():
         labels = [label for seq in data.labels(split) for label in seq]
@@ -196,7 +206,7 @@ def statistics(data: Dataset) -> dict:
             "labels": {str(v): int(c) for v, c in zip(values, counts)},
         }
         if train_words:
-            words = [row[data.columns.index("w")] for s in sentences for row in s]
+            words = [row[word] for s in sentences for row in s]
             entry["oov_rate"] = float(np.mean([w not in train_words for w in words])) if words else 0.0
         out[split] = entry
     return out

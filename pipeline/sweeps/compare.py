@@ -43,7 +43,7 @@ COLUMNS = {  # table column -> MLflow metric of a pipeline run
     "unknown_accuracy": "test_unknown_accuracy",
     "unknown_rate": "test_unknown_rate",
     "train_seconds": "train_seconds",
-    "tag_tokens_per_second": "test_tag_with_features_tokens_per_second",
+    "tag_tokens_per_second": "test_tag_tokens_per_second",
     "model_bytes": "model_bytes",
 }
 

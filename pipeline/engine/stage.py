@@ -1,6 +1,6 @@
 """The stage contract: what a stage declares, and the only things it is given when it runs.
 
-A stage is an object with a ``name`` and:
+A stage (:class:`Stage`; :class:`BaseStage` gives the defaults) is an object with a ``name`` and:
 
 - ``config_slice(cfg, adapter)``: the part of the composed config its output depends on; it is
   hashed into the cache key, and at run time the stage sees *only* this slice (read-only: reading
@@ -9,14 +9,17 @@ A stage is an object with a ``name`` and:
   dev is scored, where the data files are); given to the stage, never hashed;
 - ``upstream(adapter)``: the stages whose output folders it reads;
 - ``external_inputs(config, settings)``: hashes of files from outside the pipeline (the dataset);
+- ``code_modules(adapter)``: the modules whose source (with the project modules they import, but
+  not the engine's or tracking's) is hashed into its key;
 - ``artifacts(settings, adapter)``: glob patterns of its files logged to MLflow (the rest stay in
-  the cache folder); ``step_metrics``: a CSV with an ``iteration`` column re-logged as step
-  metrics when the entry comes from the cache; ``summarize``: whether the pipeline run repeats its
-  metrics, under ``summary_prefix`` (``data.`` for data statistics); ``bundle``: the file of its
-  output that is a tagger bundle (``crf.load_tagger``), logged as an MLflow Model, with
-  ``bundle_example(inputs, columns)`` a few long-form input rows for it;
-- ``code_modules(adapter)``: the modules whose source (with the project modules they import) is
-  hashed into its key;
+  the cache folder);
+- ``volatile(adapter)``: glob patterns of its files that differ between identical runs (measured
+  times): left out of the hash that downstream keys use;
+- ``step_metrics``: a CSV with an ``iteration`` column re-logged as step metrics when the entry
+  comes from the cache; ``summary_prefix``: the pipeline run repeats the stage's metrics under
+  this prefix (None: it does not);
+- ``logged_model(inputs, folder)``: a tagger bundle in its output to log as an MLflow Model, with
+  a few input rows as its example (:class:`LoggedModel`), or None;
 - ``run(context) -> metrics``.
 
 The runner iterates over :data:`STAGE_MODULES` (each module holds a ``STAGE``) and knows no stage by
@@ -29,14 +32,20 @@ import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline.models import ModelAdapter
 
 # the stages in the order they run; a stage's upstream stages come before it
-STAGE_MODULES = ("pipeline.prepare", "pipeline.featurize", "pipeline.train", "pipeline.evaluate", "pipeline.active_learning")
+STAGE_MODULES = (
+    "pipeline.stages.prepare",
+    "pipeline.stages.featurize",
+    "pipeline.stages.train",
+    "pipeline.stages.evaluate",
+    "pipeline.stages.active_learning",
+)
 
 StepLogger = Callable[[list[tuple[int, dict[str, float]]]], None]
 
@@ -62,16 +71,49 @@ class StageContext:
     key: str = ""  # the cache key of the output being built (e.g. to name state kept across a kill)
 
 
-class Stage:
-    """Base class with the defaults of the contract (see the module docstring)."""
+@dataclass
+class LoggedModel:
+    """A tagger bundle of a stage's output, logged as an MLflow Model: its file, and a function
+    giving a few long-form input rows (a DataFrame of ``sentence`` and the columns asked) as its
+    example (or None)."""
+
+    bundle: Path
+    example: Callable[[list[str]], Any]
+
+
+class Stage(Protocol):
+    """The contract (see the module docstring)."""
+
+    name: str
+    step_metrics: str | None
+    summary_prefix: str | None
+
+    def upstream(self, adapter: ModelAdapter) -> tuple[str, ...]: ...
+
+    def config_slice(self, cfg: DictConfig, adapter: ModelAdapter) -> dict: ...
+
+    def settings(self, cfg: DictConfig, adapter: ModelAdapter) -> dict: ...
+
+    def external_inputs(self, config: DictConfig, settings: DictConfig) -> dict[str, str]: ...
+
+    def code_modules(self, adapter: ModelAdapter) -> tuple[str, ...]: ...
+
+    def artifacts(self, settings: DictConfig, adapter: ModelAdapter) -> tuple[str, ...]: ...
+
+    def volatile(self, adapter: ModelAdapter) -> tuple[str, ...]: ...
+
+    def logged_model(self, inputs: Mapping[str, Path], folder: Path) -> LoggedModel | None: ...
+
+    def run(self, context: StageContext) -> dict: ...
+
+
+class BaseStage:
+    """The defaults of the contract: no upstream, no settings, no external inputs, its own module as
+    its code, nothing logged but its metrics, nothing volatile, no model, summarised without prefix."""
 
     name: str = ""
-    uses_adapter: bool = False  # True: the model adapter's module is part of this stage's code
     step_metrics: str | None = None
-    summarize: bool = True
-    summary_prefix: str = ""  # the pipeline run repeats the stage's metrics under this prefix
-    logged: tuple[str, ...] = ()
-    bundle: str | None = None  # a file of the output folder that is a tagger bundle: logged as an MLflow Model
+    summary_prefix: str | None = ""
 
     def upstream(self, adapter: ModelAdapter) -> tuple[str, ...]:
         return ()
@@ -85,16 +127,17 @@ class Stage:
     def external_inputs(self, config: DictConfig, settings: DictConfig) -> dict[str, str]:
         return {}
 
-    def artifacts(self, settings: DictConfig, adapter: ModelAdapter) -> tuple[str, ...]:
-        return self.logged
-
-    def bundle_example(self, inputs: Mapping[str, Path], columns: list[str]) -> Any:
-        """A few input rows for the bundle's MLflow Model: a DataFrame (``sentence`` + ``columns``) or None."""
-        return None
-
     def code_modules(self, adapter: ModelAdapter) -> tuple[str, ...]:
-        modules = (type(self).__module__,)
-        return modules + (type(adapter).__module__,) if self.uses_adapter else modules
+        return (type(self).__module__,)
+
+    def artifacts(self, settings: DictConfig, adapter: ModelAdapter) -> tuple[str, ...]:
+        return ()
+
+    def volatile(self, adapter: ModelAdapter) -> tuple[str, ...]:
+        return ()
+
+    def logged_model(self, inputs: Mapping[str, Path], folder: Path) -> LoggedModel | None:
+        return None
 
     def run(self, context: StageContext) -> dict:
         raise NotImplementedError

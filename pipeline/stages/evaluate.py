@@ -1,18 +1,19 @@
 """Stage 4, evaluate: scores on dev and test, tables, plots and predictions with confidence.
 
-Config slice: ``evaluate`` and the adapter's training slice (the tagger reads it). Input: the
-prepare and train folders and the adapter's other upstream stages (featurize for the CRF); the
-tagger comes from the model adapter. Output folder: ``metrics.json``
+Config slice: ``evaluate``. Input: the prepare folder (the splits) and the train folder, whose
+tagger bundle (``bundle.npz``) is what is scored: the file the tag command, the MLflow Model and
+the server load, tagging the splits' raw token columns (feature extraction included in the
+speed figures). Output folder: ``metrics.json``
 (scores, tagging speed, accuracy on words seen and not seen in training);
 ``{split}_per_label.csv`` (token-level P/R/F1 per label) and, for chunk/entity tasks,
 ``{split}_per_type.csv`` (conlleval per type); ``confusion_test.csv`` and ``confusion_test.png``;
 ``predictions_{split}.tsv.gz`` (sentence, token, word, gold, predicted, marginal probability of
-the predicted label, whether the word was seen in training); ``segments_{split}.csv.gz`` (CRF:
-each predicted chunk with its constrained forward-backward confidence and whether it is
-correct); ``calibration_test.png`` (confidence against observed correctness: of chunks for the
-CRF on chunk tasks, else of tokens).
+the predicted label, whether the word was seen in training); ``segments_{split}.csv.gz`` (chunk
+tasks: each predicted chunk with its constrained forward-backward confidence and whether it is
+correct); ``calibration_test.png`` (confidence against observed correctness: of chunks on chunk
+tasks, else of tokens).
 
-Chunk-scheme datasets also get (see :mod:`pipeline.fields`): ``{split}_f1_<type>`` per chunk type,
+Chunk-scheme datasets also get (see :mod:`pipeline.stages.fields`): ``{split}_f1_<type>`` per chunk type,
 ``{split}_token_error`` and ``{split}_sequence_error`` (percent, on field types: AnyStyle's
 ``check``), ``{split}_seen_sequences`` (sequences found verbatim in train, or train and dev for
 test) and the ``{split}_unseen_*`` figures on the others. Dataset settings (the dataset config's
@@ -20,19 +21,21 @@ test) and the ``{split}_unseen_*`` figures on the others. Dataset settings (the 
 
 - ``confidence_field`` (e.g. ``author``): ``{split}_<field>_confidence_ap``, the average precision
   of the predicted segments of that type ranked by constrained forward-backward confidence, and
-  ``{split}_<field>_calibration_error``; ``calibration_<field>_test.png``/``.csv``. A model whose
-  tagger gives no segments (the HMM) is segmented by its bundle (``train/bundle.npz``);
+  ``{split}_<field>_calibration_error``; ``calibration_<field>_test.png``/``.csv``;
 - ``correction_propagation`` (default false; the anystyle dataset turns it on): for every wrong
   sequence the first wrong token is fixed to its gold label and all those sequences are re-decoded
   at once by the bundle under that constraint; ``{split}_correction_*`` metrics (errors removed
   per fix, counts; a fix of probability 0 under the model, an HMM word never seen with its gold
   label, is counted apart and changes nothing) and ``corrections_{split}.csv``. The re-decode is
   one constrained Viterbi (the bundle's decode-only call).
+
+The stage knows no model kind: the bundle holds it.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -40,22 +43,21 @@ import numpy as np
 import pandas as pd
 from omegaconf import OmegaConf
 
-from crf import load_tagger, metrics
+from crf import metrics
 from crf._parallel import single_threaded_blas
-from crf.batch import token_rows
-from pipeline import fields
-from pipeline.data import Dataset
-from pipeline.models import BUNDLE_FILE, ModelAdapter, Tagger
-from pipeline.prepare import read_prepared
-from pipeline.report import figure, save_figure
-from pipeline.stage import Stage, StageContext
-from pipeline.strict_json import write_json
+from crf.bundle import Tagged, TaggerBundle, load_tagger
+from pipeline.engine.stage import BaseStage, StageContext
+from pipeline.models import BUNDLE_FILE, ModelAdapter
+from pipeline.report import figure, save_figure, write_json
+from pipeline.stages import fields
+from pipeline.stages.data import Dataset
+from pipeline.stages.prepare import read_prepared
 
 log = logging.getLogger(__name__)
 
-SPLITS = ("dev", "test")
-# the .gz tables: zlib's default level (level 9, gzip's default, took 0.33 s against 0.20 s for the
-# CoNLL-2000 test predictions, 0.3% smaller) and no time stamp (the same run writes the same bytes)
+SCORED_SPLITS = ("dev", "test")
+# the .gz tables: zlib's default level (faster than gzip's 9 for nearly the same size) and no time
+# stamp (the same run writes the same bytes)
 GZIP = {"method": "gzip", "compresslevel": 6, "mtime": 0}
 # the dataset's evaluation settings (its config's `evaluate` block) and their defaults
 FIELD_SETTINGS = {"confidence_field": None, "correction_propagation": False}
@@ -107,51 +109,12 @@ def plot_confusion(confusion: pd.DataFrame, path: Path) -> None:
     save_figure(fig, path)
 
 
-def known_words(data) -> pd.Index:
-    """Word forms of the training split: what 'known word' means for every model alike."""
-    return pd.Index(pd.unique(pd.Series([w for s in data.column("train", "w") for w in s], dtype=object)))
-
-
-def bundle_tagging(bundle_path: Path, data: Dataset, split: str):
-    """(bundle, its input columns over the split's tokens (each (T,)), the :class:`crf.bundle.Tagged`
-    result of tagging the split with it)."""
-    bundle = load_tagger(bundle_path)
-    columns = {c: np.array([w for seq in data.column(split, c) for w in seq], dtype=object) for c in bundle.input_columns}
-    lengths = np.array([len(s) for s in data.splits[split]], dtype=np.int64)
-    return bundle, columns, bundle.tag_arrays(columns, lengths)
-
-
-def check_same_decoding(split: str, bundle, columns: dict, tagged, labels: np.ndarray) -> None:
-    """The bundle (which gives segments and correction propagation) and the tagger (which gives
-    the metrics) must decode the same best paths. Where their labels differ, the tagger's path is
-    scored under the bundle's model: an equal score is a tie between optimal paths broken
-    differently (logged); a lower one means a decoder is wrong, and no figure is written."""
-    bundle_labels = np.array(bundle.labels, dtype=object)[tagged.codes]
-    differ = bundle_labels != labels
-    if not differ.any():
-        return
-    offsets = tagged.offsets
-    sentences = np.unique(np.searchsorted(offsets, np.flatnonzero(differ), side="right") - 1)
-    lengths = np.diff(offsets)[sentences]
-    tokens = token_rows(offsets, sentences)
-    index = {label: code for code, label in enumerate(bundle.labels)}
-    forced = np.zeros((tokens.size, len(bundle.labels)), dtype=bool)
-    forced[np.arange(tokens.size), [index[label] for label in labels[tokens]]] = True
-    theirs = bundle.tag_arrays({c: v[tokens] for c, v in columns.items()}, lengths, allowed=forced, marginals=False).scores
-    ours = tagged.scores[sentences]
-    impossible = np.isneginf(ours) & np.isneginf(theirs)  # no path of nonzero probability: labels mean nothing
-    ties = np.isclose(theirs, ours, rtol=1e-9, atol=1e-9)
-    if not ties.all():
-        first = int(sentences[np.argmin(ties)])
-        raise RuntimeError(
-            f"{split}: the bundle's and the tagger's best paths differ in score on {int((~ties).sum())} sentence(s) "
-            f"(first: sentence {first}, {ours[np.argmin(ties)]!r} against {theirs[np.argmin(ties)]!r}): a decoder is wrong"
-        )
-    log.info(
-        "%s: the bundle's and the tagger's labels differ on %d of %d tokens, in %d sentence(s) where both paths have the "
-        "same score (ties between optimal paths, broken differently) and %d the model gives probability 0",
-        split, int(differ.sum()), differ.size, int((~impossible).sum()), int(impossible.sum()),
-    )  # fmt: skip
+def known_words(data: Dataset) -> pd.Index | None:
+    """Word forms of the training split: what 'known word' means for every model alike (None
+    without a word column)."""
+    if data.word_column is None:
+        return None
+    return pd.Index(pd.unique(pd.Series([w for s in data.column("train", data.word_column) for w in s], dtype=object)))
 
 
 def field_scores(
@@ -165,7 +128,7 @@ def field_scores(
     bins: int,
     out: Path,
 ) -> dict:
-    """The chunk-scheme figures of :mod:`pipeline.fields` for one split (see the module docstring);
+    """The chunk-scheme figures of :mod:`pipeline.stages.fields` for one split (see the module docstring);
     ``scores``: the split's :func:`crf.metrics.chunk_scores`; ``segments``: predicted chunks with
     ``confidence`` and ``correct`` columns, or None."""
     results: dict = {}
@@ -199,78 +162,76 @@ def field_scores(
     return results
 
 
-def bundle_needed(data: Dataset, settings: dict) -> bool:
-    """Whether evaluation reads the trained bundle: chunk confidence of a field, or correction
-    propagation, on a chunk-scheme dataset."""
-    wanted = settings["confidence_field"] is not None or bool(settings["correction_propagation"])
-    return data.scheme != "none" and wanted
+def tag_split(bundle: TaggerBundle, data: Dataset, split: str) -> tuple[dict[str, np.ndarray], Tagged, float]:
+    """The bundle's input columns over the split's tokens (each (T,)), its :class:`crf.bundle.Tagged`
+    result and the seconds tagging took (features, Viterbi, marginals and segments)."""
+    columns = {c: np.array([w for seq in data.column(split, c) for w in seq], dtype=object) for c in bundle.input_columns}
+    lengths = np.array([len(s) for s in data.splits[split]], dtype=np.int64)
+    began = time.perf_counter()
+    tagged = bundle.tag_arrays(columns, lengths)
+    return columns, tagged, time.perf_counter() - began
 
 
 def score_split(
     split: str,
-    tag_result: tuple,
-    segments: pd.DataFrame | None,
-    classes: list[str],
+    bundle: TaggerBundle,
+    tagging: tuple,
     data: Dataset,
     bins: int,
     out: Path,
     settings: dict,
     vocabulary: pd.Index | None,
-    bundle_path: Path | None,
 ) -> dict:
-    """Every figure and file of one split, from the tagger's ``tag(split)`` result and segments."""
+    """Every figure and file of one split, from :func:`tag_split`'s result."""
     field = settings["confidence_field"]
-    chunked, needs_bundle = data.scheme != "none", bundle_needed(data, settings)
+    chunked = data.scheme != "none"
+    columns, tagged, seconds = tagging
     gold = data.labels(split)
-    flat_pred, confidence, seconds, seconds_with_features = tag_result
-    n_tokens = flat_pred.size
-    results: dict = {
-        f"{split}_tag_tokens_per_second": n_tokens / seconds,
-        f"{split}_tag_with_features_tokens_per_second": n_tokens / seconds_with_features,
-    }
-    classes = np.array(classes, dtype=object)
+    n_tokens = tagged.codes.size
+    results: dict = {f"{split}_tag_tokens_per_second": n_tokens / seconds}
+    classes = np.array(bundle.labels, dtype=object)
     offsets = np.concatenate([[0], np.cumsum([len(g) for g in gold])])
-    predicted = [list(classes[flat_pred[a:b]]) for a, b in zip(offsets[:-1], offsets[1:])]
-    words = data.column(split, "w") if "w" in data.columns else [[""] * len(g) for g in gold]
+    flat_predicted = classes[tagged.codes]
+    predicted = [list(flat_predicted[a:b]) for a, b in zip(offsets[:-1], offsets[1:])]
+    words = data.column(split, data.word_column) if data.word_column else [[""] * len(g) for g in gold]
     flat_words = [w for seq in words for w in seq]
-    sentence = np.repeat(np.arange(len(gold)), [len(g) for g in gold])
-    position = np.concatenate([np.arange(len(g)) for g in gold])
     flat_gold = [label for seq in gold for label in seq]
     predictions = pd.DataFrame(
         {
-            "sentence": sentence,
-            "token": position,
+            "sentence": np.repeat(np.arange(len(gold)), [len(g) for g in gold]),
+            "token": np.concatenate([np.arange(len(g)) for g in gold]),
             "word": flat_words,
             "gold": flat_gold,
-            "predicted": classes[flat_pred],
-            "marginal": confidence,
+            "predicted": flat_predicted,
+            "marginal": tagged.marginals,
         }
     )
     correct = predictions["gold"].to_numpy() == predictions["predicted"].to_numpy()
     if vocabulary is not None:
         predictions["known"] = vocabulary.get_indexer(pd.Series(flat_words, dtype=object)) >= 0
         known = predictions["known"].to_numpy()
-        results[f"{split}_known_accuracy"] = 100.0 * float(correct[known].mean()) if known.any() else float("nan")
-        results[f"{split}_unknown_accuracy"] = 100.0 * float(correct[~known].mean()) if (~known).any() else float("nan")
         results[f"{split}_unknown_rate"] = 100.0 * float((~known).mean())
+        if known.any():  # a figure with no tokens to count is left out, not reported as a number
+            results[f"{split}_known_accuracy"] = 100.0 * float(correct[known].mean())
+        if (~known).any():
+            results[f"{split}_unknown_accuracy"] = 100.0 * float(correct[~known].mean())
     predictions.to_csv(out / f"predictions_{split}.tsv.gz", sep="\t", index=False, compression=GZIP)
 
     results[f"{split}_accuracy"] = metrics.token_accuracy(gold, predicted)
     metrics.label_scores(gold, predicted).to_csv(out / f"{split}_per_label.csv")
-    if needs_bundle:  # with the bundle at hand its segments are the tagger's (the same constrained forward-backward)
-        bundle, columns, tagged = bundle_tagging(Path(bundle_path), data, split)
-        bundle_pred = np.array(bundle.labels, dtype=object)[tagged.codes]
-        check_same_decoding(split, bundle, columns, tagged, classes[flat_pred])
-        segments = tagged.segments
-        if settings["correction_propagation"]:
-            gold_array = np.array(flat_gold, dtype=object)
-            table = fields.correction_propagation(bundle, columns, offsets.astype(np.int64), gold_array, bundle_pred)
-            table.to_csv(out / f"corrections_{split}.csv", index=False)
-            results.update(fields.correction_summary(split, table))
+    segments = tagged.segments
+    if chunked and settings["correction_propagation"]:
+        table = fields.correction_propagation(
+            bundle, columns, offsets.astype(np.int64), np.array(flat_gold, dtype=object), flat_predicted
+        )
+        table.to_csv(out / f"corrections_{split}.csv", index=False)
+        results.update(fields.correction_summary(split, table))
     if chunked:
         scores = metrics.chunk_scores(gold, predicted)
         results.update({f"{split}_precision": scores.precision, f"{split}_recall": scores.recall, f"{split}_f1": scores.f1})
         scores.per_type.to_csv(out / f"{split}_per_type.csv")
+        if scores.per_type.empty:
+            log.warning("%s: no chunks in the gold labels or the predictions: chunk F1 is 0 by conlleval's rule", split)
     if segments is not None:
         truth = metrics.chunks(gold)
         merged = segments.merge(truth, on=["sequence", "start", "end", "type"], how="left", indicator=True)
@@ -278,7 +239,7 @@ def score_split(
         segments.to_csv(out / f"segments_{split}.csv.gz", index=False, compression=GZIP)
         calibrated, hit, what = segments["confidence"].to_numpy(), segments["correct"].to_numpy(), "predicted chunks"
     else:
-        calibrated, hit, what = confidence, correct, "predicted tokens"
+        calibrated, hit, what = tagged.marginals, correct, "predicted tokens"
     if chunked:
         results.update(field_scores(split, data, gold, predicted, scores, segments, field, bins, out))
     table = calibration_table(calibrated, hit, bins)
@@ -292,53 +253,39 @@ def score_split(
     return results
 
 
-def evaluate(
-    tagger: Tagger,
-    data: Dataset,
-    bins: int,
-    out: Path,
-    settings: dict | None = None,
-    bundle_path: Path | None = None,
-) -> dict:
-    """Score ``tagger`` on dev and test; write the tables, plots and predictions into ``out``.
-
-    ``settings``: the dataset's evaluation settings (:data:`FIELD_SETTINGS`); ``bundle_path``: the
-    trained model's bundle, used for correction propagation and for segments the tagger does not give.
-    """
+def evaluate(bundle: TaggerBundle, data: Dataset, bins: int, out: Path, settings: dict | None = None) -> dict:
+    """Score ``bundle`` on dev and test; write the tables, plots and predictions into ``out``.
+    ``settings``: the dataset's evaluation settings (:data:`FIELD_SETTINGS`)."""
     settings = {**FIELD_SETTINGS, **(settings or {})}
-    vocabulary = known_words(data) if "w" in data.columns else None
-    chunked, needs_bundle = data.scheme != "none", bundle_needed(data, settings)
-    if needs_bundle and (bundle_path is None or not Path(bundle_path).is_file()):
-        raise FileNotFoundError(
-            f"evaluate: confidence_field/correction_propagation need the model's bundle, not found: {bundle_path}"
-        )
+    vocabulary = known_words(data)
     # tagging is timed one split at a time (the speed figures); the rest of the two splits' work
-    # (tables, compressed predictions, segments, plots) then runs on two threads
-    tagged = {}
-    for split in SPLITS:
-        tagged[split] = tagger.tag(split), tagger.segments(split) if chunked and not needs_bundle else None
+    # (tables, compressed predictions, plots) then runs on two threads
+    tagged = {split: tag_split(bundle, data, split) for split in SCORED_SPLITS}
     if vocabulary is not None:  # pandas builds an index's hash table on first use, without a lock
         vocabulary.get_indexer(pd.Series([""], dtype=object))
     # the BLAS thread limit is process-wide: set here for both threads (the bundle's calls nest in it)
-    with single_threaded_blas(), ThreadPoolExecutor(len(SPLITS)) as pool:
+    with single_threaded_blas(), ThreadPoolExecutor(len(SCORED_SPLITS)) as pool:
         parts = pool.map(
-            lambda split: score_split(split, *tagged[split], tagger.classes, data, bins, out, settings, vocabulary, bundle_path),
-            SPLITS,
+            lambda split: score_split(split, bundle, tagged[split], data, bins, out, settings, vocabulary), SCORED_SPLITS
         )
         results = {k: v for part in parts for k, v in part.items()}
-    write_json(out / "metrics.json", results)  # strict JSON: a score with no tokens to count is null
+    write_json(out / "metrics.json", results)
     summary = ", ".join(f"{k} {v:.2f}" for k, v in results.items() if k.endswith(("_f1", "_accuracy")))
     log.info("%s", summary)
     return results
 
 
-class Evaluate(Stage):
+class Evaluate(BaseStage):
     name = "evaluate"
-    uses_adapter = True
-    logged = ("metrics.json", "*.csv", "*.png", "*.gz")
 
     def upstream(self, adapter: ModelAdapter) -> tuple[str, ...]:
-        return (*adapter.upstream, "train")
+        return ("prepare", "train")
+
+    def code_modules(self, adapter: ModelAdapter) -> tuple[str, ...]:
+        return (type(self).__module__, type(adapter).__module__)  # the adapter's module brings its model kind's code
+
+    def artifacts(self, settings, adapter: ModelAdapter) -> tuple[str, ...]:
+        return ("metrics.json", "*.csv", "*.png", "*.gz")
 
     def config_slice(self, cfg, adapter: ModelAdapter) -> dict:
         evaluate_cfg = OmegaConf.to_container(cfg.evaluate, resolve=True)
@@ -349,17 +296,13 @@ class Evaluate(Stage):
                 f"dataset {cfg.dataset.name!r}: unknown evaluate settings {unknown}; known: {sorted(FIELD_SETTINGS)}"
             )
         chosen = {**FIELD_SETTINGS, **dataset_cfg, **{k: evaluate_cfg[k] for k in FIELD_SETTINGS if k in evaluate_cfg}}
-        return {
-            "evaluate": {**{k: v for k, v in evaluate_cfg.items() if k not in FIELD_SETTINGS}, "fields": chosen},
-            "training": adapter.config_slice(cfg),
-        }
+        return {"evaluate": {**{k: v for k, v in evaluate_cfg.items() if k not in FIELD_SETTINGS}, "fields": chosen}}
 
     def run(self, context: StageContext) -> dict:
         data = read_prepared(context.inputs["prepare"])
-        tagger = context.adapter.tagger(context.config.training, context.inputs, data)
+        bundle = load_tagger(context.inputs["train"] / BUNDLE_FILE)
         settings = OmegaConf.to_container(context.config.evaluate.fields)
-        bins = int(context.config.evaluate.calibration_bins)
-        return evaluate(tagger, data, bins, context.out, settings, context.inputs["train"] / BUNDLE_FILE)
+        return evaluate(bundle, data, int(context.config.evaluate.calibration_bins), context.out, settings)
 
 
 STAGE = Evaluate()

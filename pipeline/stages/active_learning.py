@@ -30,9 +30,9 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from crf._uncertainty import Uncertainty
+from pipeline.engine.stage import BaseStage, StageContext
 from pipeline.models import ModelAdapter, default_threads
 from pipeline.report import figure, save_figure
-from pipeline.stage import Stage, StageContext
 
 log = logging.getLogger(__name__)
 
@@ -335,7 +335,7 @@ class _Checkpoint:
         self.folder = folder
 
     def save(self, state: RunState) -> None:
-        from crf._persist import atomic_write
+        from crf.io import atomic_write
 
         self.folder.mkdir(parents=True, exist_ok=True)
         state.model.save(self.folder / "model.npz")
@@ -384,15 +384,20 @@ def rounds_frame(rounds: list[Round]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-class ActiveLearning(Stage):
+class ActiveLearning(BaseStage):
     """One simulated active-learning run (one arm, one seed) of the CRF on the featurized splits."""
 
     name = "active_learning"  # a CRF experiment whatever model.adapter says: its code is its own module's
     step_metrics = CURVE_FILE
-    logged = (CURVE_FILE, "learning_curve.png")
 
     def upstream(self, adapter: ModelAdapter) -> tuple[str, ...]:
         return ("prepare", "featurize")
+
+    def artifacts(self, settings, adapter: ModelAdapter) -> tuple[str, ...]:
+        return (CURVE_FILE, "learning_curve.png")
+
+    def volatile(self, adapter: ModelAdapter) -> tuple[str, ...]:
+        return (CURVE_FILE,)  # its refit and query seconds
 
     def config_slice(self, cfg, adapter: ModelAdapter) -> dict:
         section = OmegaConf.to_container(cfg.active_learning, resolve=True)
@@ -410,9 +415,9 @@ class ActiveLearning(Stage):
 
     def run(self, context: StageContext) -> dict:
         from crf import metrics
-        from pipeline.featurize import load_batch
         from pipeline.models.crf import build_model
-        from pipeline.prepare import read_prepared
+        from pipeline.stages.featurize import load_batch
+        from pipeline.stages.prepare import read_prepared
 
         config = context.config
         section = OmegaConf.to_container(config.active_learning)

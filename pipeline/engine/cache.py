@@ -19,7 +19,7 @@ unreadable manifest) is logged as a warning naming it and the problem, moved asi
 carry their owner (``.tmp-<key>-<pid>@<host>-<random>``); opening the cache removes those of
 processes of this host that no longer run.
 
-A cache may have a ``remote`` (:class:`RemoteStore`, e.g. ``pipeline.remote_cache.TrackingStore``:
+A cache may have a ``remote`` (:class:`RemoteStore`, e.g. ``pipeline.engine.remote_cache.TrackingStore``:
 the MLflow tracking store shared by several machines). A local miss then asks the remote for the
 entry; a fetched entry is verified against its manifest like a local one before it is published
 locally (a bad one is dropped and the stage recomputed), and every entry built here is published
@@ -48,12 +48,15 @@ from typing import Any, Protocol
 
 MANIFEST = "manifest.json"
 CODE_PACKAGES = ("crf", "pipeline")
+# code that runs stages, not code they run: the engine (contract, runner, caches) and tracking
+# (MLflow) hand a stage its inputs and take its outputs, and are left out of its key
+NOT_STAGE_CODE = ("pipeline.engine", "pipeline.tracking")
 UNOWNED_GRACE = 24 * 3600.0  # seconds before a temporary folder without an owner counts as stale
 
 log = logging.getLogger(__name__)
 
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
 def normalise(value: Any) -> Any:
@@ -108,7 +111,7 @@ def _imports(path: Path, name: str, root: Path) -> set[str]:
 def _parsed_imports(source: bytes, filename: str, name: str, package: str, root: str) -> frozenset[str]:
     root = Path(root)
     found: set[str] = set()
-    for node in ast.walk(ast.parse(source, filename=filename)):
+    for node in _runtime_nodes(ast.parse(source, filename=filename)):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -117,11 +120,39 @@ def _parsed_imports(source: bytes, filename: str, name: str, package: str, root:
                 continue
             found.add(module)
             found.update(f"{module}.{alias.name}" for alias in node.names)  # ``from pipeline import tracking``
+            exports = _lazy_exports(module, str(root))  # ``from crf import CRF``: the module that defines it
+            found.update(f"{module}.{exports[alias.name]}" for alias in node.names if alias.name in exports)
     closed = set()
     for module in found:
         parts = module.split(".")
         closed.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))  # parents run their __init__
-    return frozenset(m for m in closed if _module_file(m, root) is not None)
+    return frozenset(m for m in closed if _module_file(m, root) is not None and not m.startswith(NOT_STAGE_CODE))
+
+
+@lru_cache(maxsize=256)
+def _lazy_exports(package: str, root: str) -> dict[str, str]:
+    """{name: submodule} of a project package that imports its names on first use (a literal
+    ``_EXPORTS`` dict in its ``__init__``, as ``crf`` has); empty for any other module."""
+    path = _module_file(package, Path(root))
+    if path is None or path.name != "__init__.py":
+        return {}
+    for node in ast.parse(path.read_bytes(), filename=str(path)).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "_EXPORTS" for t in node.targets):
+            return {str(k): str(v) for k, v in ast.literal_eval(node.value).items()}
+    return {}
+
+
+def _runtime_nodes(tree: ast.AST):
+    """Every node of ``tree`` but those under ``if TYPE_CHECKING:`` (imports for annotations only)."""
+    pending = [tree]
+    while pending:
+        node = pending.pop()
+        yield node
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and isinstance(child.test, ast.Name) and child.test.id == "TYPE_CHECKING":
+                pending.extend(child.orelse)
+                continue
+            pending.append(child)
 
 
 def module_closure(modules: Iterable[str], root: str | os.PathLike = PROJECT_ROOT) -> dict[str, Path]:
@@ -262,7 +293,7 @@ def _remove(path: Path) -> None:
 
 
 class RemoteStore(Protocol):
-    """Where entries are shared between machines (see ``pipeline.remote_cache``)."""
+    """Where entries are shared between machines (see ``pipeline.engine.remote_cache``)."""
 
     def fetch(self, stage: str, key: str, into: Path) -> Path | None:
         """Download the entry of ``stage``/``key`` under the empty folder ``into``; its folder, or None."""
@@ -278,12 +309,12 @@ class StageCache:
     """Stage outputs under ``root/<stage>/<key>/``. Opening it (``clean=True``) removes the temporary
     folders of dead processes (see :meth:`remove_stale`). With a ``remote``, a local miss is looked
     up there and built entries are published there (see the module docstring); ``remote="auto"``: the
-    MLflow tracking store set at construction when it is shared (``pipeline.remote_cache``)."""
+    MLflow tracking store set at construction when it is shared (``pipeline.engine.remote_cache``)."""
 
     def __init__(self, root: str | os.PathLike, clean: bool = True, remote: RemoteStore | str | None = "auto") -> None:
         self.root = Path(root).absolute()
         if remote == "auto":  # the MLflow tracking store in use, when other machines share it
-            from pipeline.remote_cache import remote_for_current_store
+            from pipeline.engine.remote_cache import remote_for_current_store
 
             remote = remote_for_current_store()
         self.remote = remote

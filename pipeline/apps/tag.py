@@ -1,0 +1,314 @@
+"""``python -m pipeline.tag model=<bundle> input=<file> output=<file>``: tag new text with a trained model.
+
+The model is a :class:`crf.TaggerBundle` (``bundle.npz``, written by the train stage): a path to
+the file or to a folder holding one, or an MLflow URI (``runs:/<run id>/train``,
+``models:/<name>/<version>``, ``models:/<name>@champion``, ``models:/m-<id>``) whose artifacts hold
+it (downloaded with :func:`mlflow.artifacts.download_artifacts`; the folder is searched for
+``bundle.npz``). URIs resolve against the store the pipeline writes by default, chosen by the same
+``tracking`` config (``MLFLOW_TRACKING_URI``, else ``tracking.uri``, else
+``sqlite:///<paths.output_dir>/mlflow.db``), for runs and for the Model Registry alike
+(``MLFLOW_REGISTRY_URI`` only when set); a SQLite store that does not exist is an error, never a
+new empty ``mlflow.db``. ``runs:/<pipeline run id>/train`` (the id a pipeline run prints) follows
+the pipeline run to its train stage run (and a cached stage run to the run that computed it).
+
+Chaining: ``model=[<first>,<second>,...]`` runs the models in order; each model's predictions
+fill the column its training data labelled (``source.dataset.label`` of its bundle, e.g. ``xpos``
+for the EWT XPOS tagger) and, through ``column_aliases`` (default ``{xpos: pos}``: UD's XPOS are
+Penn Treebank tags, the tags of CoNLL-2000's ``pos`` column), the columns that name maps to.
+A later model reads those columns; the input file gives every other column a model needs.
+
+Formats are in :mod:`pipeline.apps.formats`. With gold labels in the input (a trailing CoNLL column,
+or the predicted column of a CoNLL-U file) the last model's token accuracy (and chunk precision,
+recall and F1 for chunk schemes) is logged and returned, all in percent (0-100, as conlleval
+prints them).
+
+Every problem with the settings, the output place, the model or the input is found before any
+tagging: the command then logs one line and exits with status 2, leaving no output file.
+
+The Hydra key ``model`` is also the name of the pipeline's model config group, which Hydra would
+read as a group choice: the command line's ``model=...`` is passed to Hydra as ``models=...``
+(either spelling works).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import re
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from crf import metrics
+from crf.bundle import TaggerBundle, load_tagger
+from pipeline.apps.formats import OUTPUT_FORMATS, Corpus, Prediction, check_conll_cells, detect_format, read_input, write_output
+from pipeline.models import BUNDLE_FILE
+
+log = logging.getLogger(__name__)
+
+_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:/")  # runs:/..., models:/..., s3://..., mlflow-artifacts:/...
+
+
+class TagError(ValueError):
+    """A bad model reference or input for the tag command (the message says which and why)."""
+
+
+def _bundle_in(folder: Path, reference: str) -> Path:
+    found = sorted(folder.rglob(BUNDLE_FILE))
+    if not found:
+        raise TagError(f"model {reference!r}: no {BUNDLE_FILE} in {folder} (train the model with this version of the pipeline)")
+    if len(found) > 1:
+        raise TagError(f"model {reference!r}: several {BUNDLE_FILE} files ({', '.join(map(str, found))}); name one")
+    return found[0]
+
+
+def resolve_model(reference: str, tracking_uri: str | None = None, registry_uri: str | None = None) -> Path:
+    """The local path of the bundle ``reference`` names (a file, a folder holding one, or an MLflow
+    URI resolved against ``tracking_uri`` and ``registry_uri``, default the tracking URI; both None:
+    MLflow's own settings, which the tag command never leaves to chance)."""
+    reference = str(reference)
+    path = Path(reference).expanduser()
+    if path.is_file():
+        return path
+    if path.is_dir():
+        return _bundle_in(path, reference)
+    if not _URI.match(reference) or reference.startswith("file:/"):
+        raise TagError(
+            f"model {reference!r}: no such file or folder, and not an MLflow URI "
+            "(runs:/<run id>/<path>, models:/<name>/<version>)"
+        )
+    if tracking_uri is None:
+        local = _download(reference)
+    else:
+        from pipeline import tracking
+
+        try:
+            for store in dict.fromkeys([tracking_uri, registry_uri or tracking_uri]):
+                tracking.check_store_exists(store)
+        except (FileNotFoundError, tracking.TrackingUnavailable) as err:
+            raise TagError(f"model {reference!r}: {err}") from None
+        with tracking.using_store(tracking_uri, registry_uri):
+            local = _download(reference)
+    return local if local.is_file() else _bundle_in(local, reference)
+
+
+def _download(reference: str) -> Path:
+    """Download ``reference`` from the current MLflow store; ``runs:/<id>/<path>`` that fails is
+    retried on the run that holds the files (see :func:`_files_run_uri`), else TagError."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return Path(mlflow.artifacts.download_artifacts(artifact_uri=reference))
+    except (MlflowException, OSError) as err:
+        failure = str(err).splitlines()[0] if str(err) else type(err).__name__
+    if reference.startswith("runs:/"):
+        other, hint = _files_run_uri(reference)
+        if other is not None:
+            log.info("%s: %s; using %s", reference, hint, other)
+            try:
+                return Path(mlflow.artifacts.download_artifacts(artifact_uri=other))
+            except (MlflowException, OSError):
+                pass
+        if hint:
+            failure += f"; {hint}"
+    raise TagError(f"model {reference!r}: cannot download its artifacts ({failure})")
+
+
+def _files_run_uri(reference: str) -> tuple[str | None, str]:
+    """For ``runs:/<id>/<path>``: (the same path in the run that holds the files, why) when the run
+    is a pipeline run (its files are in its stage runs: the ``<path>`` stage's, else the one that
+    logged the model) or a stage run that reused a cached result (its files are in the run that
+    computed it); (None, the URIs that do load) otherwise; (None, "") for an unknown run."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    from pipeline import tracking
+
+    run_id, _, artifact = reference[len("runs:/") :].partition("/")
+    client = MlflowClient()
+    try:
+        run = client.get_run(run_id)
+    except MlflowException:
+        return None, ""
+    tags = run.data.tags
+    stage = artifact.split("/", 1)[0] or "train"
+    target = None
+    if tags.get("stage") == "pipeline":
+        child = tracking.stage_run(client, run, stage) or tracking.stage_run(client, run, "train")
+        if child is not None:
+            target = tracking.files_run(client, child)
+            why = f"run {run_id} is a pipeline run, its {child.data.tags.get('stage')} stage ran as run {child.info.run_id}"
+            if target.info.run_id != child.info.run_id:
+                why += f" (reusing run {target.info.run_id})"
+    elif tags.get(tracking.CACHE_SOURCE_TAG):
+        target = tracking.files_run(client, run)
+        why = f"run {run_id} reused the cached result of run {target.info.run_id}"
+    if target is not None:
+        return f"runs:/{target.info.run_id}/{artifact}", why
+    loads = [tags[k] for k in (tracking.MODEL_URI_TAG, "registered_model") if tags.get(k)]
+    return None, (f"run {run_id} has no {artifact!r}; these load: {', '.join(loads)}" if loads else "")
+
+
+def output_column(bundle: TaggerBundle) -> str:
+    """The column a bundle predicts: its dataset's label column (``label`` when unknown)."""
+    return str(bundle.source.get("dataset", {}).get("label") or "label")
+
+
+def file_columns(bundles: Sequence[TaggerBundle], aliases: Mapping[str, str]) -> list[str]:
+    """The columns the input must give: every model's input columns that no earlier model fills."""
+    needed: list[str] = []
+    filled: set[str] = set()
+    for bundle in bundles:
+        needed += [c for c in bundle.input_columns if c not in filled and c not in needed]
+        column = output_column(bundle)
+        filled |= {column, *([aliases[column]] if column in aliases else [])}
+    return needed
+
+
+def tag_corpus(bundles: Sequence[TaggerBundle], corpus: Corpus, aliases: Mapping[str, str]) -> list[Prediction]:
+    """Run the chain on ``corpus``; each model's labels join ``corpus.columns`` for the next."""
+    predictions = []
+    for bundle in bundles:
+        began = time.perf_counter()
+        result = bundle.tag_arrays(corpus.columns, corpus.lengths)
+        labels = np.array(bundle.labels, dtype=object)[result.codes]
+        column = output_column(bundle)
+        for name in {column, aliases.get(column, column)}:
+            corpus.columns[name] = labels
+        predictions.append(Prediction(column, labels, result.marginals, result.segments))
+        seconds = time.perf_counter() - began
+        log.info(
+            "%s: %d tokens tagged into %r in %.2fs (%.0f tokens/s)",
+            bundle.kind,
+            labels.size,
+            column,
+            seconds,
+            labels.size / seconds,
+        )
+    return predictions
+
+
+def score(bundle: TaggerBundle, corpus: Corpus, prediction: Prediction) -> dict[str, float]:
+    """The last model against the gold column, all in percent (0-100): token ``accuracy`` and, for
+    chunk schemes, conlleval's chunk ``precision``, ``recall`` and ``f1``."""
+    gold, predicted = corpus.sentences(corpus.gold), corpus.sentences(prediction.labels)
+    scores = {"accuracy": metrics.token_accuracy(gold, predicted)}  # already a percentage
+    if bundle.scheme != "none":
+        chunks = metrics.chunk_scores(gold, predicted)
+        scores.update({"precision": chunks.precision, "recall": chunks.recall, "f1": chunks.f1})
+    return scores
+
+
+def check_output(output: str | Path, input_path: Path) -> None:
+    """Before any work: ``output`` must name a regular file that can be written (atomically: a new
+    file in its folder renamed over it). Refused: a folder (or a name ending in ``/``), a device,
+    pipe or socket (``/dev/null`` would be replaced by a file), a missing or read-only folder, a
+    read-only file, the input file itself."""
+    output_path = Path(output)
+    if output_path.is_dir() or str(output).endswith(("/", os.sep)):
+        raise TagError(f"output {output}: is a directory; name a file")
+    if output_path.exists() and not output_path.is_file():
+        raise TagError(f"output {output_path}: not a regular file (a device, pipe or socket); name a file")
+    folder = output_path.parent if str(output_path.parent) else Path(".")
+    if not folder.is_dir():
+        raise TagError(f"output {output_path}: the folder {folder} does not exist")
+    if output_path.exists() and input_path.exists() and output_path.resolve() == input_path.resolve():
+        raise TagError(f"output {output_path}: is the input file; name another file")
+    if output_path.exists() and not (output_path.stat().st_mode & 0o222):
+        raise TagError(f"output {output_path}: the file is read-only")
+    if not (folder.stat().st_mode & 0o222):
+        raise TagError(f"output {output_path}: the folder {folder} is read-only")
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=f".{output_path.name}.", suffix=".probe"):
+            pass
+    except OSError as err:
+        raise TagError(f"output {output_path}: cannot write in {folder} ({err.strerror or err})") from None
+
+
+def _marker(value: object) -> str | None:
+    """A ``comment_prefix``/``document_marker`` setting: None, or a non-empty string."""
+    return None if value is None or value == "" else str(value)
+
+
+def run_tag(cfg: Mapping) -> dict:
+    """The tag command without Hydra: ``cfg`` has ``models`` (a reference or a list), ``input``,
+    ``output``, ``format``, ``conllu_pos``, ``output_format``, ``marginals``, ``column_aliases`` and
+    optionally ``comment_prefix``, ``document_marker`` (CoNLL input), ``plugins`` (modules that
+    register model kinds defined outside ``crf``), ``tracking_uri`` and ``registry_uri``. Returns a
+    summary (sentences, tokens, and with gold labels the scores in percent). Settings, output
+    place, models and input are all checked before tagging."""
+    references = cfg.get("models")
+    if references is None or references == "???":
+        raise TagError("set model=<bundle path | runs:/... | models:/...> (or model=[<first>,<second>] to chain)")
+    if isinstance(references, (str, Path)):
+        references = [references]
+    references = [str(r) for r in references]
+    if not references:
+        raise TagError("model=[] names no model")
+    if not cfg.get("input") or not cfg.get("output") or "???" in (cfg.get("input"), cfg.get("output")):
+        raise TagError("set input=<file> and output=<file>")
+    input_path, output_path = Path(cfg["input"]), Path(cfg["output"])
+    fmt = detect_format(input_path, str(cfg.get("format", "auto")))
+    out_format = detect_format(output_path, str(cfg.get("output_format", "auto")), OUTPUT_FORMATS)
+    if input_path.is_dir():
+        raise IsADirectoryError(f"input {input_path}: is a directory; name a file")
+    if not input_path.is_file():
+        raise FileNotFoundError(f"input {input_path}: no such file")
+    check_output(str(cfg["output"]), input_path)
+    aliases = dict(cfg.get("column_aliases") or {})
+    tracking_uri, registry_uri = cfg.get("tracking_uri"), cfg.get("registry_uri")
+    for module in cfg.get("plugins") or []:  # modules that register model kinds defined outside crf
+        importlib.import_module(str(module))
+    bundles = [load_tagger(resolve_model(r, tracking_uri, registry_uri)) for r in references]
+    for reference, bundle in zip(references, bundles):
+        log.info("model %s: %s over %s -> %r (%d labels, scheme %s)", reference, bundle.kind, bundle.input_columns,
+                 output_column(bundle), len(bundle.labels), bundle.scheme)  # fmt: skip
+    needed = file_columns(bundles, aliases)
+    corpus = read_input(
+        input_path,
+        fmt,
+        needed,
+        str(cfg.get("conllu_pos", "xpos")),
+        gold=output_column(bundles[-1]),
+        comment_prefix=_marker(cfg.get("comment_prefix")),
+        document_marker=_marker(cfg.get("document_marker")),
+    )
+    log.info("read %d sentences, %d tokens (%s) from %s", corpus.lengths.size, int(corpus.lengths.sum()), fmt, input_path)
+    if out_format == "conll":
+        check_conll_cells(corpus, {output_column(b): b.labels for b in bundles})
+    predictions = tag_corpus(bundles, corpus, aliases)
+    write_output(output_path, out_format, corpus, predictions, bool(cfg.get("marginals", False)))
+    log.info("wrote %s (%s)", output_path, out_format)
+    summary = {"sentences": int(corpus.lengths.size), "tokens": int(corpus.lengths.sum())}
+    if corpus.gold is not None:
+        scores = score(bundles[-1], corpus, predictions[-1])
+        log.info("against the gold column (percent): %s", ", ".join(f"{k} {v:.2f}" for k, v in scores.items()))
+        summary.update(scores)
+    return summary
+
+
+def main(cfg: DictConfig) -> None:
+    from pipeline.tracking import registry_uri, tracking_uri
+
+    try:
+        settings = OmegaConf.to_container(cfg, resolve=True)
+        models = settings.get("models")
+        settings["models"] = list(models) if isinstance(models, (list, ListConfig)) else models
+        settings["tracking_uri"] = tracking_uri(cfg)
+        settings["registry_uri"] = registry_uri(cfg)
+        run_tag(settings)
+    except (ValueError, OSError) as err:  # TagError, DataFormatError, ModelFileError, OutputFormatError, ...
+        log.error("%s", " ".join(str(err).split()) or type(err).__name__)
+        sys.exit(2)
+
+
+def renamed(argv: list[str]) -> list[str]:
+    """``model=...`` becomes ``models=...`` (see the module docstring)."""
+    return [("models=" + a[len("model=") :]) if a.startswith("model=") else a for a in argv]

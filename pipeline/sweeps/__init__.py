@@ -1,0 +1,1 @@
+"""Multiruns: the sweep's parent run and its summaries (settings grid, HMM versus CRF, active learning), job placement."""
