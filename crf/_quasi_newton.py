@@ -5,8 +5,8 @@ Both take their directions from one two-loop recursion (:class:`CurvaturePairs`)
 
 Written here rather than taken from scipy because the work per iteration decides training time
 once the objective is fast: scipy's L-BFGS-B solves a bounded problem (Cauchy point, subspace
-minimisation) and copies the variables and gradient between Python and Fortran on every call;
-with 7.4M weights that was 0.5 s of a 0.9 s iteration. Here an iteration is the two-loop recursion
+minimisation) and copies the variables and gradient between Python and Fortran on every call,
+which with millions of weights is much of an iteration. Here an iteration is the two-loop recursion
 (2m dot products and 2m BLAS axpys over n) and a few vector updates, in place.
 
 The line search finds a step satisfying the strong Wolfe conditions

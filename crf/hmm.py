@@ -258,7 +258,7 @@ class HMMTagger:
         contiguous sequence ranges of at most ``chunk_elements`` tokens x states each (a longer
         sequence gets one of its own). With ``per_label`` the emissions stay per hidden label
         (T_c, H) and a token counts 4 elements per edge into its finite-emission states (about
-        32 bytes of lattice per edge: fastest measured, the arrays stay in cache)."""
+        32 bytes of lattice per edge, so that the arrays stay in cache)."""
         self._check_fitted()
         words, lengths = self._flatten(X)
         scores = self._chain_scores()

@@ -40,7 +40,8 @@ from .features import AttributeIndex, FeatureExtractor
 
 log = logging.getLogger(__name__)
 
-_NONE_BEFORE_FIT = ("classes_", "attributes_", "training_log_")
+# where the fitted attributes that read None before fit keep their values (see CRF.classes_)
+_FITTED_PRIVATE = ("_classes", "_attributes", "_training_log")
 
 
 class NotFittedCRFError(NotFittedError, RuntimeError):
@@ -152,16 +153,40 @@ class CRF(SegmentQueries, UncertaintyQueries, CRFsuiteView, BaseEstimator):
         state.pop("_tagger", None)
         return state
 
-    def __getattr__(self, name: str):
-        # only reached for attributes that are not set: fitted ones before fit (None for
-        # sklearn-crfsuite's), after loading a CRFsuite ``model_filename`` when there is one
-        if name.startswith("__") or not name.endswith("_"):
-            raise AttributeError(name)
-        if self._load_model_file():
-            return getattr(self, name)
-        if name in _NONE_BEFORE_FIT:
-            return None
-        raise AttributeError(name)
+    # sklearn-crfsuite's fitted attributes that read None before fit; each first loads
+    # ``model_filename`` when it names an existing CRFsuite file, as sklearn-crfsuite does
+    @property
+    def classes_(self) -> list | None:
+        """The labels, in the model's order (None before fit)."""
+        self._load_model_file()
+        return self.__dict__.get("_classes")
+
+    @classes_.setter
+    def classes_(self, value: list) -> None:
+        self.__dict__["_classes"] = value
+
+    @property
+    def attributes_(self) -> list[str] | None:
+        """The attribute names, in column order (None before fit, or when fitted on an unnamed batch)."""
+        self._load_model_file()
+        return self.__dict__.get("_attributes")
+
+    @attributes_.setter
+    def attributes_(self, value: list[str] | None) -> None:
+        self.__dict__["_attributes"] = value
+
+    @property
+    def training_log_(self):
+        """The iterations of the last fit (a :class:`crf._crfsuite_view.TrainingLog`; None before fit)."""
+        self._load_model_file()
+        return self.__dict__.get("_training_log")
+
+    @training_log_.setter
+    def training_log_(self, value) -> None:
+        self.__dict__["_training_log"] = value
+
+    def __sklearn_is_fitted__(self) -> bool:
+        return self._fitted()
 
     def _load_model_file(self) -> bool:
         """Load ``model_filename`` (a CRFsuite model) into this unfitted estimator, if it exists."""
@@ -170,9 +195,16 @@ class CRF(SegmentQueries, UncertaintyQueries, CRFsuiteView, BaseEstimator):
             return False
         from .crfsuite import read_crfsuite_model
 
-        loaded = read_crfsuite_model(path)
-        self.__dict__.update({k: v for k, v in vars(loaded).items() if k.endswith("_")})
+        self._take_fitted_state(read_crfsuite_model(path))
         return True
+
+    def _fitted_state(self) -> dict:
+        """The attributes ``fit`` sets (its learned state), by name in ``__dict__``."""
+        return {k: v for k, v in vars(self).items() if k.endswith("_") or k in _FITTED_PRIVATE}
+
+    def _take_fitted_state(self, other: CRF) -> None:
+        """Become fitted as ``other`` is (its weights, vocabularies and log), keeping own parameters."""
+        self.__dict__.update(other._fitted_state())
 
     def _boundary(self) -> bool:
         if self.boundary_transitions is None:
@@ -243,7 +275,7 @@ class CRF(SegmentQueries, UncertaintyQueries, CRFsuiteView, BaseEstimator):
         if previous is not None and isinstance(X, SequenceBatch):
             previous.check_batch(X, attribute_names)  # before the fitted model is cleared
         began = time.perf_counter()
-        for name in [k for k in vars(self) if k.endswith("_")] + ["_tagger"]:
+        for name in [*self._fitted_state(), "_tagger"]:
             self.__dict__.pop(name, None)
         self._fitting = True
         try:

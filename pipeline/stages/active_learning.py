@@ -364,7 +364,7 @@ class _Checkpoint:
             return None
         model = make_model()
         loaded = CRF.load(self.folder / "model.npz")
-        model.__dict__.update({k: v for k, v in vars(loaded).items() if k.endswith("_")})
+        model._take_fitted_state(loaded)
         rounds = [
             Round(**{k: row[k] for k in Round.__dataclass_fields__ if k != "extra" and k in row}, extra={})
             for row in frame.to_dict(orient="records")
