@@ -117,9 +117,9 @@ def test_a_new_model_kind_is_one_module_and_one_config_file(corpus, tmp_path):
 
 def test_a_new_dataset_is_one_config_file_in_a_folder_of_its_own(tmp_path):
     """A dataset and a feature set from a config folder outside conf/ (tests/conf/dataset/toy_ner.yaml:
-    tab-separated columns, a
-    "#" header line per sentence, the word column named "token"), read through every stage by both
-    models, with the known/unknown-word figures taken from its word column."""
+    tab-separated columns, a "#" header line per sentence, the word column named "token"; and
+    tests/conf/features/toy_tokens.yaml), read through every stage by both models, with the
+    known/unknown-word figures taken from its word column."""
     rng = np.random.default_rng(0)
     names, verbs = ["Ada", "Bob", "Cy"], ["runs", "sees", "likes"]
     folder = tmp_path / "data" / "toy_ner"
