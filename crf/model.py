@@ -274,6 +274,12 @@ class CRF(SegmentQueries, UncertaintyQueries, CRFsuiteView, BaseEstimator):
         previous = PreviousFit.of(self) if self.warm_start and self._fitted() else None
         if previous is not None and isinstance(X, SequenceBatch):
             previous.check_batch(X, attribute_names)  # before the fitted model is cleared
+        elif previous is not None and previous.attribute_names is None:
+            raise ValueError(
+                "warm_start: the fitted model's attributes have no names (it was fitted on a SequenceBatch without "
+                "attribute_names), so new feature dicts or lists cannot be matched to its weights; fit on batches "
+                "with the same columns"
+            )
         began = time.perf_counter()
         for name in [*self._fitted_state(), "_tagger"]:
             self.__dict__.pop(name, None)

@@ -148,6 +148,9 @@ def test_warm_start_on_a_batch_keeps_the_columns_and_a_cold_estimator_ignores_it
     narrow = SequenceBatch(batch.X[:, :3], batch.offsets)
     with pytest.raises(ValueError, match="fewer than"):
         model.fit(narrow, y)
+    unnamed = CRF(warm_start=True, max_iterations=20).fit(batch, y)
+    with pytest.raises(ValueError, match="attributes have no names"):
+        unnamed.fit(X, y)
     with pytest.raises(ValueError, match="warm_start=True does not apply to algorithm='ap'"):
         CRF(algorithm="ap", warm_start=True).fit(X, y)
 
