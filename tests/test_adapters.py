@@ -142,3 +142,30 @@ def test_a_new_dataset_is_one_config_file_in_a_folder_of_its_own(tmp_path):
         results = run_pipeline(compose_config(overrides))
         assert results["prepare.train_tokens"] == 3 * 64  # the "#" header lines are not tokens, the word "#" is
         assert results["evaluate.test_f1"] == 100.0 and "evaluate.test_known_accuracy" in results
+
+
+def test_a_new_stage_is_one_module_named_in_the_stage_list(corpus, tmp_path, monkeypatch):
+    """A stage from outside the pipeline (tests/toy_stage.py) runs after its upstream stage, is
+    cached and keyed like the others, and logs its metrics and artifact, once its module is named
+    in STAGE_MODULES (the one line a new stage adds there)."""
+    import pipeline.engine.stage as stage_contract
+
+    monkeypatch.setattr(stage_contract, "STAGE_MODULES", (*stage_contract.STAGE_MODULES, "toy_stage"))
+    out = tmp_path / "out"
+    overrides = tiny_overrides(corpus, out) + ["stages=[label_counts]"]
+    results = run_pipeline(compose_config(overrides))
+    assert set(results) >= {"prepare.train_tokens", "label_counts.train_labels", "label_counts.test_majority_share"}
+    assert not any(name.startswith(("featurize.", "train.", "evaluate.")) for name in results)  # only its upstream ran
+    assert results["label_counts.train_labels"] == 5  # B-NP I-NP B-VP B-PP O in the toy grammar
+    assert 30.0 < results["label_counts.train_majority_share"] < 60.0
+    assert run_pipeline(compose_config(overrides)) == results
+    client = MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("crf")
+    runs = client.search_runs([experiment.experiment_id], filter_string="tags.stage = 'label_counts'")
+    assert sorted(run.data.tags["cache"] for run in runs) == ["hit", "miss"]
+    miss, hit = sorted(runs, key=lambda run: run.data.tags["cache"] == "hit")
+    assert {a.path for a in client.list_artifacts(miss.info.run_id, "label_counts")} == {"label_counts/label_counts.json"}
+    assert hit.data.tags["cache_source_run_id"] == miss.info.run_id  # a hit points at the run holding the files
+    with pytest.raises(Exception, match="label_counts"):  # without the line, the stage is unknown
+        monkeypatch.undo()
+        run_pipeline(compose_config(overrides))
