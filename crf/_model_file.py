@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ._persist import (
+    MAX_ABS_WEIGHT,
     ModelFileError,
     arrays_to_strings,
     check_classes,
@@ -22,6 +23,7 @@ from ._persist import (
     load_arrays,
     save_arrays,
     strings_to_arrays,
+    weight_beyond_bound,
 )
 from .features import AttributeIndex
 
@@ -29,6 +31,7 @@ if TYPE_CHECKING:
     from .model import CRF
 
 KIND = "crf.CRF"
+WEIGHT_ARRAYS = ("transitions", "start", "end", "state_values")
 
 
 def _arrays(model: CRF) -> dict[str, np.ndarray]:
@@ -46,6 +49,9 @@ def _arrays(model: CRF) -> dict[str, np.ndarray]:
 def to_arrays(model: CRF) -> tuple[dict, dict[str, np.ndarray]]:
     """The fitted ``model`` as (JSON-ready metadata, named arrays): what :func:`save` writes,
     for containers that hold a CRF among other things (:class:`crf.bundle.TaggerBundle`)."""
+    for name, weights in _arrays(model).items():
+        if name in WEIGHT_ARRAYS and weights.size and float(np.max(np.abs(weights))) > MAX_ABS_WEIGHT:
+            raise ValueError(f"cannot save this model: {name} holds {weight_beyond_bound(weights)}")
     meta = {
         "params": {k: v for k, v in model.get_params().items() if isinstance(v, (str, int, float, bool, type(None)))},
         "classes": list(model.classes_),
@@ -57,7 +63,8 @@ def to_arrays(model: CRF) -> tuple[dict, dict[str, np.ndarray]]:
 
 
 def save(model: CRF, path) -> None:
-    """Write the fitted ``model`` to one ``.npz`` file."""
+    """Write the fitted ``model`` to one ``.npz`` file; a model no loader would accept (a weight
+    beyond :data:`crf._persist.MAX_ABS_WEIGHT`) is refused with a ValueError before writing."""
     meta, arrays = to_arrays(model)
     save_arrays(path, KIND, meta, arrays)
 
@@ -111,19 +118,19 @@ def _from_arrays(cls: type[CRF], meta: dict, arrays: dict[str, np.ndarray], path
     model.n_attributes_ = A
     stored = sum(a.nbytes for a in arrays.values())
     check_table_size(path, f"the state weights of {A:,} attributes x {L:,} labels", A * L + L * L, stored)
-    transitions = checked_array(path, arrays, "transitions", "f", (L, L), finite=True).astype(np.float64)
-    start = checked_array(path, arrays, "start", "f", (L,), finite=True).astype(np.float64)
-    end = checked_array(path, arrays, "end", "f", (L,), finite=True).astype(np.float64)
+    transitions = checked_array(path, arrays, "transitions", "f", (L, L), finite=True, bounded=True).astype(np.float64)
+    start = checked_array(path, arrays, "start", "f", (L,), finite=True, bounded=True).astype(np.float64)
+    end = checked_array(path, arrays, "end", "f", (L,), finite=True, bounded=True).astype(np.float64)
     state = np.zeros((A, L))
     if meta["sparse"]:
         index = checked_array(path, arrays, "feature_index", "iu", (None,)).astype(np.int64)
-        values = checked_array(path, arrays, "state_values", "f", index.shape, finite=True)
+        values = checked_array(path, arrays, "state_values", "f", index.shape, finite=True, bounded=True)
         if index.size and (index[0] < 0 or index[-1] >= A * L or np.any(np.diff(index) <= 0)):
             raise ModelFileError(f"{path}: feature index out of range or not strictly increasing (0 .. {A * L - 1})")
         state.ravel()[index] = values
         model.feature_index_ = index
     else:
-        state[:] = checked_array(path, arrays, "state_values", "f", (A, L), finite=True)
+        state[:] = checked_array(path, arrays, "state_values", "f", (A, L), finite=True, bounded=True)
         model.feature_index_ = None
     model.state_weights_ = state
     model.transitions_ = transitions

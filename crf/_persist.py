@@ -90,6 +90,12 @@ def arrays_to_strings(blob: np.ndarray, offsets: np.ndarray) -> list[str]:
     return [data[a:b].decode("utf-8") for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist())]
 
 
+# the largest weight magnitude a model file may hold: exp(1e6) is far beyond any score a trained
+# CRF produces, and sums of larger weights lose every digit of the differences decoding needs (or
+# overflow to infinity), so a file holding one is refused like a damaged one
+MAX_ABS_WEIGHT = 1e6
+
+
 def checked_array(
     path: str | os.PathLike,
     arrays: Mapping[str, np.ndarray],
@@ -98,11 +104,13 @@ def checked_array(
     shape: tuple[int | None, ...] | None = None,
     finite: bool = False,
     minus_inf: bool = False,
+    bounded: bool = False,
 ) -> np.ndarray:
     """``arrays[name]``, refused (ModelFileError naming ``path`` and the array) unless its dtype
     kind is one of ``kinds`` (``"f"`` floats, ``"iu"`` integers, ...), its shape matches
     ``shape`` (None entries match any size) and, with ``finite``, it holds no NaN or infinity
-    (``minus_inf``: -inf allowed, as in log probabilities)."""
+    (``minus_inf``: -inf allowed, as in log probabilities) and, with ``bounded``, no value beyond
+    :data:`MAX_ABS_WEIGHT` in magnitude."""
     if name not in arrays:
         raise ModelFileError(f"{path}: array {name!r} is missing")
     array = arrays[name]
@@ -119,7 +127,15 @@ def checked_array(
             value = array.ravel()[int(np.argmax(bad.ravel()))]
             rule = "log probabilities must be finite or -inf" if minus_inf else "weights must be finite numbers"
             raise ModelFileError(f"{path}: array {name!r} holds the non-finite value {value} ({rule})")
+    if bounded and array.size and float(np.max(np.abs(array))) > MAX_ABS_WEIGHT:
+        raise ModelFileError(f"{path}: array {name!r} holds {weight_beyond_bound(array)}")
     return array
+
+
+def weight_beyond_bound(weights: np.ndarray) -> str:
+    """What to say of ``weights`` whose largest magnitude exceeds :data:`MAX_ABS_WEIGHT`."""
+    value = weights.ravel()[int(np.argmax(np.abs(weights).ravel()))]
+    return f"the weight {value:g}, beyond +-{MAX_ABS_WEIGHT:g} (no trained CRF has one; scores that large lose all precision)"
 
 
 def check_unique(path: str | os.PathLike, what: str, values, error: type[ModelFileError] | None = None) -> None:

@@ -97,4 +97,11 @@ def label_classes(flat: np.ndarray, unknown: bool = False) -> list:
     class). They keep their type (NumPy scalars become Python ones), so a model saved and loaded
     predicts the same values it was trained on."""
     check_labels(flat, unknown)
-    return [c.item() if isinstance(c, np.generic) else c for c in pd.unique(flat) if c is not None]
+    classes = [c.item() if isinstance(c, np.generic) else c for c in pd.unique(flat) if c is not None]
+    named: dict[str, object] = {}
+    for c in classes:  # a model file names its classes: '1' and 1 would load as one class twice
+        if named.setdefault(str(c), c) is not c:
+            raise TypeError(
+                f"the labels {named[str(c)]!r} and {c!r} are different values with the same name; use one type for labels"
+            )
+    return classes

@@ -29,7 +29,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ._layout import positions_within
-from ._persist import ModelFileError, check_table_size, check_unique
+from ._persist import MAX_ABS_WEIGHT, ModelFileError, check_table_size, check_unique, weight_beyond_bound
 from .attributes import AttributeIndex
 from .io import atomic_write
 from .model import CRF
@@ -409,6 +409,8 @@ def parse_crfsuite(data: bytes, path: str | os.PathLike = "<memory>") -> CRFsuit
     features = np.frombuffer(data, _FEATURE, K, off_features + CHUNK_SIZE)
     if not np.all(np.isfinite(features["weight"])):
         raise CRFsuiteFormatError(f"{path}: a feature weight is not finite")
+    if K and float(np.max(np.abs(features["weight"]))) > MAX_ABS_WEIGHT:  # also keeps repeated features' sums finite
+        raise CRFsuiteFormatError(f"{path}: a feature holds {weight_beyond_bound(features['weight'])}")
     try:
         labels = read_cqdb(data, off_labels, L)
         attributes = read_cqdb(data, off_attrs, A)
@@ -473,6 +475,9 @@ def write_crfsuite(path: str | os.PathLike, model: CRFsuiteModel) -> None:
         raise ValueError("a state feature refers to an attribute or label out of range")
     if not (np.all(np.isfinite(weight)) and np.all(np.isfinite(transitions))):
         raise ValueError("weights must be finite")
+    for weights in (weight, transitions):
+        if weights.size and float(np.max(np.abs(weights))) > MAX_ABS_WEIGHT:
+            raise ValueError(f"a weight no reader would accept: {weight_beyond_bound(weights)}")
     keep = weight != 0
     order = np.lexsort((label[keep], attr[keep]))
     s_attr, s_label, s_weight = attr[keep][order], label[keep][order], weight[keep][order]

@@ -146,8 +146,10 @@ def test_labels_that_compare_equal_across_types_are_refused_not_merged(labels):
         assert "would merge" in str(caught.value)
     with pytest.raises(TypeError, match="labels must be strings or integers"):
         HMMTagger().fit([["w"] * len(labels[0])] * 5, y)
-    # strings and integers that only look alike stay two classes
-    assert CRF(max_iterations=5).fit([[{"a": 1.0}, {"b": 1.0}]] * 5, [["1", 1]] * 5).classes_ == ["1", 1]
+    # strings and integers that only look alike would be one name in every file and output: refused
+    with pytest.raises(TypeError, match="the labels '1' and 1 are different values with the same name"):
+        CRF(max_iterations=5).fit([[{"a": 1.0}, {"b": 1.0}]] * 5, [["1", 1]] * 5)
+    assert CRF(max_iterations=5).fit([[{"a": 1.0}, {"b": 1.0}]] * 5, [[2, 1]] * 5).classes_ == [2, 1]  # one type: fine
 
 
 def test_a_value_too_large_to_train_on_is_reported_with_its_position_not_turned_into_a_zero_model():

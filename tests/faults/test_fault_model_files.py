@@ -324,6 +324,55 @@ def test_non_finite_crf_weights(kinds, tmp_path, name, value):
     _refused(CRF.load, path, f"array {name!r} holds the non-finite value {value}")
 
 
+@pytest.mark.parametrize("name", ["transitions", "end", "state_values"])
+def test_crf_weights_too_large_to_decode_with(kinds, tmp_path, name):
+    """Finite weights whose sums overflow or lose every digit (1e308 + 1e308 is inf): refused at
+    load like a damaged file."""
+    path = tmp_path / "model.npz"
+    kinds["crf"].save(path)
+    _resave(path, "crf.CRF", _poison(name, -1e308))
+    _refused(CRF.load, path, f"array {name!r} holds the weight -1e+308, beyond")
+
+
+def test_crfsuite_weights_whose_sum_would_overflow(tmp_path):
+    """The same state feature twice, each 1e308 (finite): CRFsuite's tagger adds them up to
+    infinity. Refused at load, through the estimator and through crf.pycrfsuite's Tagger."""
+    from crf.crfsuite import CRFsuiteModel, StateFeatures
+    from crf.pycrfsuite import Tagger
+
+    marker = 0.123456789
+    model = CRFsuiteModel(
+        ["A", "B"],
+        ["a", "b"],
+        StateFeatures(np.array([0, 0, 1]), np.array([0, 1, 1]), np.array([marker, marker, 2.0])),
+        np.zeros((2, 2)),
+    )
+    path = tmp_path / "twice.crfsuite"
+    write_crfsuite(path, model)
+    data = path.read_bytes()
+    assert data.count(struct.pack("<d", marker)) == 2
+    path.write_bytes(data.replace(struct.pack("<d", marker), struct.pack("<d", 1e308)))
+    _refused(read_crfsuite, path, "a feature holds the weight 1e+308, beyond")
+    with pytest.raises(CRFsuiteFormatError, match="beyond"):
+        CRF(model_filename=str(path)).classes_  # noqa: B018  (the file is read on first use)
+    with pytest.raises(CRFsuiteFormatError, match="beyond"):
+        Tagger().open(str(path))
+
+
+def test_a_model_no_loader_would_accept_is_not_saved(fitted, tmp_path):
+    model, heavy = fitted["crf"], tmp_path / "heavy.npz"
+    saved = model.transitions_.copy()
+    try:
+        model.transitions_[0, 0] = 2e6
+        with pytest.raises(ValueError, match="cannot save this model: transitions holds the weight 2e\\+06"):
+            model.save(heavy)
+        with pytest.raises(ValueError, match="no reader would accept"):
+            write_crfsuite(tmp_path / "heavy.crfsuite", crfsuite_from_crf(model))
+    finally:
+        model.transitions_[:] = saved
+    assert not heavy.exists() and not (tmp_path / "heavy.crfsuite").exists()
+
+
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])
 @pytest.mark.parametrize("name", ["log_transitions", "unknown_emissions", "known_emissions_values"])
 def test_hmm_log_probabilities_that_are_nan_or_plus_infinity(kinds, tmp_path, name, value):
