@@ -136,6 +136,8 @@ def test_storage_defaults_beside_the_mlflow_store(tmp_path, monkeypatch):
     assert search.redacted("postgresql+psycopg://u:secret@db:5432/optuna") == "postgresql+psycopg://u:***@db:5432/optuna"
     with pytest.raises(SweeperSettingError, match="database URL"):
         search.storage_url("optuna.db", "outputs")
+    with pytest.raises(SweeperSettingError, match="in-memory"):
+        search.storage_url("sqlite:///:memory:", "outputs")
 
 
 def _study_with_a_trial(tmp_path: Path, pruner: dict, metric: str | None = None):

@@ -86,7 +86,7 @@ class OptunaSweeper(Sweeper):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise SweeperSettingError(f"hydra.sweeper.{name}={value!r}: a whole number, at least 1")
 
-    def _open_study(self):
+    def _open_study(self) -> tuple[Any, str]:
         """Check every setting, then create (or load, by name) the study; (study, storage URL)."""
         import optuna
 
@@ -176,7 +176,7 @@ class OptunaSweeper(Sweeper):
         self._report(study, url, sweep_dir, started)
         return returns
 
-    def _tell(self, study, trial, chosen: Mapping[str, Any], result: JobReturn, state) -> str:
+    def _tell(self, study: Any, trial: Any, chosen: Mapping[str, Any], result: JobReturn, state: Any) -> str:
         """Tell the study how ``trial``'s job ended; its state's name (COMPLETE, PRUNED or FAIL)."""
         from optuna.trial import TrialState
 
@@ -200,7 +200,7 @@ class OptunaSweeper(Sweeper):
         log.info("trial %d (%s): %s %.4f", trial.number, what, self.metric or "dev score", float(value))
         return "COMPLETE"
 
-    def _report(self, study, url: str, sweep_dir: Path, started: int) -> None:
+    def _report(self, study: Any, url: str, sweep_dir: Path, started: int) -> None:
         """The best trial and the count of each state, logged and written to ``optuna_results.yaml``."""
         from optuna.trial import TrialState
 

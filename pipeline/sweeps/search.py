@@ -235,9 +235,10 @@ def storage_url(storage: str | None, output_dir: str | Path) -> str:
     if not isinstance(url, str) or "://" not in url:
         raise SweeperSettingError(f"hydra.sweeper.storage={storage!r}: a database URL such as sqlite:////abs/path/optuna.db")
     if url.startswith("sqlite:///"):
-        path = Path(url[len("sqlite:///") :])
-        if str(path) not in ("", ":memory:"):
-            url = f"sqlite:///{path.absolute()}"
+        path = url[len("sqlite:///") :]
+        if path in ("", ":memory:"):
+            raise SweeperSettingError(f"hydra.sweeper.storage={storage!r}: the jobs cannot reach an in-memory study; name a file")
+        url = f"sqlite:///{Path(path).absolute()}"
     elif url.startswith("sqlite:"):
         raise SweeperSettingError(f"hydra.sweeper.storage={storage!r}: a SQLite study lives in a file (sqlite:///<path>)")
     return url
