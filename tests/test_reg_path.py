@@ -59,6 +59,7 @@ def test_path_of_three_points_warm_starts_and_summarises_like_a_grid(tmp_path):
     assert [by_strength[s].data.tags["path_point"] for s in (3.0, 1.0, 0.3)] == ["0", "1", "2"]
     assert by_strength[1.0].info.run_name == "conll2000-crf-lbfgs-strength=1"
     # each point: a normal run's stage runs, evaluation and artifacts, its MLflow Model
+    trains = {}
     for point in points:
         assert point.info.status == "FINISHED" and "dev_f1" in point.data.metrics and "model_uri" in point.data.tags
         stages = {
@@ -68,6 +69,10 @@ def test_path_of_three_points_warm_starts_and_summarises_like_a_grid(tmp_path):
         assert set(stages) == {"prepare", "featurize", "train", "evaluate"}
         assert "evaluate/metrics.json" in {a.path for a in client.list_artifacts(stages["evaluate"].info.run_id, "evaluate")}
         assert "train/model.npz" in {a.path for a in client.list_artifacts(stages["train"].info.run_id, "train")}
+        trains[float(point.data.params["trainer.strength"])] = stages["train"].data.tags
+    assert "warm_start_from" not in trains[3.0]  # the strongest point starts from zero, each next one from the last
+    assert trains[1.0]["warm_start_from"] == trains[3.0]["cache_path"]
+    assert trains[0.3]["warm_start_from"] == trains[1.0]["cache_path"]
     # the grid's summary on the path's run; the best point registered (a path on its own)
     assert path_run.data.metrics["jobs_finished"] == 3 and "best_dev_score" in path_run.data.metrics
     assert path_run.data.tags["registered_model"] == "models:/conll2000-crf@champion"

@@ -305,9 +305,11 @@ def pipeline_run(
             for name in job.order:  # upstream stages run (or come from the cache) first
                 stage = stages[name]
                 inputs = {upstream: outputs[upstream] for upstream in stage.upstream(adapter)}
+                stage_tags = tags
                 if name == "train" and warm_start is not None:
                     inputs[WARM_START_INPUT] = warm_start
-                outputs[name] = run_stage(stage, cfg, adapter, inputs, cache, tags, report_dev)
+                    stage_tags = {**tags, "warm_start_from": str(warm_start.folder)}
+                outputs[name] = run_stage(stage, cfg, adapter, inputs, cache, stage_tags, report_dev)
                 results.update({f"{name}.{k}": v for k, v in outputs[name].metrics.items()})
                 if stage.summary_prefix is not None:
                     summary.update({stage.summary_prefix + k: v for k, v in outputs[name].metrics.items()})
