@@ -116,12 +116,10 @@ class StateFeatures:
     ``local`` (T * L, n_local) whose row ``t * L + l`` holds token t's features with label l,
     so the emissions, seen flat (T * L,), gain ``local @ theta_local`` and the gradient is
     ``local.T @ P.ravel()``: two contiguous products instead of one strided one per label.
-    ``local`` is stored by column: most of its T * L rows are empty, and both products measured
-    1.4-1.6x faster than by row on CoNLL-2000 and EWT XPOS, with a third of the index memory.
-    Work and memory then follow the (token, feature) incidences where they are few, without
-    storing the many incidences of frequent attributes. Measured on CoNLL-2000 (30.6M
-    incidences, 3.8M non-zeros in X): about 44 MB and 47M multiply-adds per product, against
-    117 MB and 31M with per-label incidences only, or 84M with a fully dense product.
+    ``local`` is stored by column: most of its T * L rows are empty, and both products are then
+    faster than by row, with a third of the index memory. Work and memory follow the (token,
+    feature) incidences where they are few, without storing the many incidences of frequent
+    attributes (the shared product covers those).
     """
 
     def __init__(self, X: sp.csr_matrix, partition: FeaturePartition) -> None:
@@ -293,9 +291,8 @@ class Objective:
     not the corpus. Call it inside :func:`crf._parallel.single_threaded_blas`.
     """
 
-    #: (token, label) cells per chunk: 12 MB per (T, L) array of a chunk. With chunks cut by
-    #: length, 1.5M measured fastest on CoNLL-2000 (4 chunks) and EWT XPOS (8 chunks): larger
-    #: chunks run their long tails with few rows per step, smaller ones take more Python steps
+    #: (token, label) cells per chunk (8 bytes each per (T, L) array of a chunk): larger chunks
+    #: run their long tails with few rows per step, smaller ones take more Python steps
     CHUNK_CELLS = 1_500_000
 
     def __init__(

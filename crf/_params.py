@@ -70,31 +70,42 @@ DOC = """
 """
 
 # parameters that only mean something for some algorithms: (algorithms, default)
+# parameters that only mean something for some algorithms (their defaults are the constructor's:
+# crf.CRF's signature is the one source of defaults)
 _SPECIFIC = {
-    "c1": (("lbfgs",), 0.0),
-    "num_memories": (("lbfgs",), 6),
-    "linesearch": (("lbfgs",), "MoreThuente"),
-    "max_linesearch": (("lbfgs",), 20),
-    "calibration_eta": (("l2sgd",), 0.1),
-    "calibration_rate": (("l2sgd",), 2.0),
-    "calibration_samples": (("l2sgd",), 1000),
-    "calibration_candidates": (("l2sgd",), 10),
-    "calibration_max_trials": (("l2sgd",), 20),
-    "learning_rate": (("l2sgd",), None),
-    "warm_start": (("lbfgs", "l2sgd"), False),
-    "batch_size": (("l2sgd",), 1),
-    "pa_type": (("pa",), 1),
-    "c": (("pa",), 1.0),
-    "error_sensitive": (("pa",), True),
-    "averaging": (("pa",), True),
-    "variance": (("arow",), 1.0),
-    "gamma": (("arow",), 1.0),
+    "c1": ("lbfgs",),
+    "num_memories": ("lbfgs",),
+    "linesearch": ("lbfgs",),
+    "max_linesearch": ("lbfgs",),
+    "calibration_eta": ("l2sgd",),
+    "calibration_rate": ("l2sgd",),
+    "calibration_samples": ("l2sgd",),
+    "calibration_candidates": ("l2sgd",),
+    "calibration_max_trials": ("l2sgd",),
+    "learning_rate": ("l2sgd",),
+    "warm_start": ("lbfgs", "l2sgd"),
+    "batch_size": ("l2sgd",),
+    "pa_type": ("pa",),
+    "c": ("pa",),
+    "error_sensitive": ("pa",),
+    "averaging": ("pa",),
+    "variance": ("arow",),
+    "gamma": ("arow",),
 }
 _STOPPING = {"epsilon": ("lbfgs", "ap", "pa", "arow"), "period": ("lbfgs", "l2sgd"), "delta": ("lbfgs", "l2sgd")}
 _MAX_ITERATIONS = {"lbfgs": None, "l2sgd": 1000, "ap": 100, "pa": 100, "arow": 100}
 _EPSILON = {"lbfgs": 1e-5, "ap": 0.0, "pa": 0.0, "arow": 0.0, "l2sgd": 0.0}
 _DELTA = {"lbfgs": 1e-5, "l2sgd": 1e-6}
 _BLOCK_TOKENS = 1 << 16  # tokens marked at a time by feature_index (bounds its temporary keys)
+
+
+def constructor_defaults() -> dict:
+    """{parameter: default} of :class:`crf.CRF`'s constructor."""
+    import inspect
+
+    from .model import CRF
+
+    return {name: p.default for name, p in inspect.signature(CRF.__init__).parameters.items() if name != "self"}
 
 
 @dataclass
@@ -167,10 +178,11 @@ def validate(p: dict) -> Settings:
         raise ValueError(f"random_state must be an integer or None, got {p['random_state']!r}")
     if algorithm == "l2sgd" and p["c2"] <= 0:
         raise ValueError("algorithm='l2sgd' needs c2 > 0 (its step size is 1 / (lambda t) with lambda = 2 c2 / N)")
-    for name, (algorithms, default) in _SPECIFIC.items():
-        if algorithm not in algorithms and p[name] != default:
+    defaults = constructor_defaults()
+    for name, algorithms in _SPECIFIC.items():
+        if algorithm not in algorithms and p[name] != defaults[name]:
             raise ValueError(f"{name}={p[name]!r} does not apply to algorithm={algorithm!r} (only {', '.join(algorithms)})")
-    if algorithm != "lbfgs" and algorithm != "l2sgd" and p["c2"] != 1.0:
+    if algorithm != "lbfgs" and algorithm != "l2sgd" and p["c2"] != defaults["c2"]:
         raise ValueError(f"c2={p['c2']!r} does not apply to algorithm={algorithm!r} (only lbfgs, l2sgd)")
     for name, algorithms in _STOPPING.items():
         if algorithm not in algorithms and p[name] is not None and name != "period":

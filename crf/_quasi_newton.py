@@ -5,8 +5,8 @@ Both take their directions from one two-loop recursion (:class:`CurvaturePairs`)
 
 Written here rather than taken from scipy because the work per iteration decides training time
 once the objective is fast: scipy's L-BFGS-B solves a bounded problem (Cauchy point, subspace
-minimisation) and copies the variables and gradient between Python and Fortran on every call;
-with 7.4M weights that was 0.5 s of a 0.9 s iteration. Here an iteration is the two-loop recursion
+minimisation) and copies the variables and gradient between Python and Fortran on every call,
+which with millions of weights is much of an iteration. Here an iteration is the two-loop recursion
 (2m dot products and 2m BLAS axpys over n) and a few vector updates, in place.
 
 The line search finds a step satisfying the strong Wolfe conditions
@@ -318,6 +318,10 @@ def orthant_wise_minimise(
     the last yielded point is then the best one. ``fixed``: positions whose pseudo-gradient is
     taken as 0, so they keep their starting value. A value or gradient at ``x0`` that is not
     finite raises ValueError.
+
+    It follows liblbfgs's OWL-QN (CRFsuite's) step for step, but for three safeguards that a
+    convex smooth part never triggers: a pair with ``s.y <= 0`` is not stored, a direction the
+    orthant constraint empties falls back to ``-pg``, and a step below ``min_step`` is not tried.
 
     The yielded ``x`` is a buffer the next iteration but one overwrites: copy it to keep it."""
     if not (math.isfinite(c1) and c1 > 0):

@@ -1,36 +1,64 @@
 """Semirings for the chain recursions: algebra on message arrays, nothing about chains.
 
-A semiring here is a set of operations on NumPy arrays of *values*; each value is one element
-of the semiring and has the trailing shape ``value_shape`` (``()`` for a number, ``(k,)`` for a
-k-best list). The recursions in :mod:`crf._chain` and the operators in :mod:`crf._transitions`
-use only these operations and never ask which semiring they hold.
-
-Operations (``a``, ``b`` arrays of values; a *weight* is the image of one real log score):
-
-- ``from_log(scores)``: (n, m) log scores as weights, with a per-row log offset (n,) taken out.
-- ``weights(scores)``: log scores as weights, nothing taken out (transition matrices).
-- ``to_log(a)``, ``to_prob(a)``: back to log space, or to probabilities (sum-product only).
-- ``ones(shape)``: the multiplicative identity, an array of ``shape + value_shape``.
-- ``zero``: the additive identity as a weight (``0`` in probability space, ``-inf`` in log space).
-- ``times(a, b)``: elementwise product; ``b`` holds values or weights (broadcast).
-- ``plus(a, axis)``: sum (in the semiring) over an axis of the value array's leading axes.
-- ``dot(a, b)``: ``plus_j a[n, j] * b[n, j]`` for (n, m) values, row by row (n,).
-- ``matmul(a, b)``: ``out[..., i, j] = plus_m a[..., i, m] * b[..., m, j]`` with batch axes
-  ``...``; ``a`` holds values (its value axes trail), ``b`` weights.
-- ``normalize(a)``: each row (axis 0) divided by its sum, and the log of the sums (n,): keeps
-  messages in range; the true log value is ``to_log(a) + cumulative log normaliser``.
-
-Selective semirings (max-product, k-best) also pick the best of a list:
-
-- ``argtop(a)``: for (n, M) flat values, the kept values (n, V) and their flat indices (n, V),
-  best first, with V = the number of numbers in one value (1, or k). Back pointers are found
-  with it after the forward pass, for the chosen entries only (see :mod:`crf._transitions`).
+A semiring here (:class:`Semiring`) is a set of operations on NumPy arrays of *values*; each value
+is one element of the semiring and has the trailing shape ``value_shape`` (``()`` for a number,
+``(k,)`` for a k-best list). The recursions in :mod:`crf._chain` and the operators in
+:mod:`crf._transitions` use only these operations and never ask which semiring they hold.
+Selective semirings (max-product, k-best) also pick the best of a list (``argtop``): back
+pointers are found with it after the forward pass, for the chosen entries only.
 """
 
 from __future__ import annotations
 
+from typing import Any, Protocol
+
 import numpy as np
 from scipy.special import logsumexp
+
+
+class Semiring(Protocol):
+    """The operations the recursions use (``a``, ``b`` arrays of values; a *weight* is the image
+    of one real log score)."""
+
+    value_shape: tuple[int, ...]
+    zero: Any  # the additive identity as a weight (0 in probability space, -inf in log space)
+    fallback: Any  # the semiring a failed sequence is recomputed in (None: the results stand)
+
+    def from_log(self, scores: np.ndarray, inplace: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """(n, m) log scores as weights, with a per-row log offset (n,) taken out."""
+
+    def weights(self, scores: np.ndarray) -> np.ndarray:
+        """Log scores as weights, nothing taken out (transition tables)."""
+
+    def to_log(self, values: np.ndarray) -> np.ndarray:
+        """Back to log space."""
+
+    def to_prob(self, values: np.ndarray) -> np.ndarray:
+        """As probabilities (relative to the row's normaliser)."""
+
+    def ones(self, shape: tuple[int, ...]) -> np.ndarray:
+        """The multiplicative identity, an array of ``shape + value_shape``."""
+
+    def times(self, a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """Elementwise product; ``b`` holds values or weights (broadcast)."""
+
+    def plus(self, values: np.ndarray, axis: int) -> np.ndarray:
+        """Sum (in the semiring) over an axis of the value array's leading axes."""
+
+    def dot(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """``plus_j a[n, j] * b[n, j]`` for (n, m) values, row by row (n,)."""
+
+    def matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """``out[..., i, j] = plus_m a[..., i, m] * b[..., m, j]``; ``a`` values, ``b`` weights."""
+
+    def normalize(self, values: np.ndarray, out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Each row (axis 0) divided by its sum, and the log of the sums (n,): keeps messages in
+        range; the true log value is ``to_log(a) + cumulative log normaliser``."""
+
+    def argtop(self, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Selective semirings: for (n, M) flat values, the kept values (n, V) and their flat
+        indices (n, V), best first (V: 1, or k)."""
+
 
 # elements of one temporary candidate array in the log-space and selective contractions (16 MB)
 _BLOCK_ELEMENTS = 1 << 21
@@ -193,10 +221,9 @@ class MaxSemiring(LogSemiring):
         return values.max(axis=axis)
 
     # pruning is used for tables of at least this many entries (below, the running maximum costs
-    # little more than finding the terms to skip; CoNLL-2000's 22 labels gain 5%). A block
-    # where more than this share of the (row, term) pairs is left beside each row's best term
-    # takes the running maximum instead (pruning breaks even near 8%: CoNLL-2000 keeps 8%, EWT
-    # XPOS 1%; partly trained models more)
+    # little more than finding the terms to skip). A block where more than this share of the
+    # (row, term) pairs is left beside each row's best term takes the running maximum instead
+    # (there pruning no longer pays: untrained or flat tables)
     PRUNED_TABLE = 16 * 16
     PRUNED_SHARE = 0.1
     # candidate arrays (n * m * p sums) up to this size are formed in one step: a few rows (the
@@ -255,7 +282,7 @@ class MaxSemiring(LogSemiring):
         out once; None: no pruning). Then ``a[n, i] + b[i, j] < a[n, k] + b[k, j]`` holds exactly
         for every j, and rounding is monotone, so the result has the same values (only a zero's
         sign may differ, as the maximum of -0.0 and +0.0 depends on the order). In trained models
-        three rows in four keep only their best term (EWT XPOS, 49 labels: 1.5 terms a row)."""
+        most rows keep only their best term."""
         if spread is None:
             return cls._running_max(a, b)
         m, p = b.shape

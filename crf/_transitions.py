@@ -1,35 +1,66 @@
 """Transition operators: how messages move from one token's states to the next token's.
 
-The recursions of :mod:`crf._chain` see transitions only through this interface, whatever the
-order of the chain:
-
-- ``scores`` (the table of log scores), ``n_states`` (S), ``shape`` (the table's shape), ``state_emissions(e)``
-  (per-label (T, L) arrays as per-state (T, S) arrays), ``labels_of_states(states)``;
-- ``lift(semiring)`` -> (``column_top`` (S,), a lifted operator bound to the semiring). Each
-  target state's best incoming score ``column_top`` is taken out of the table (so its lifted
-  entries peak at the semiring's one) and is added to the emissions by the caller instead.
-
-A lifted operator has ``values`` (the lifted table, ``shape``) and, for messages (n, S, *V)
-(V: the semiring's value shape):
-
-- ``forward(m)`` (n, S, *V): messages into every state, ``plus_i m[i] * table[i -> j]``;
-- ``pointers(m, chosen)`` (n, P): for entries ``chosen`` (n, P) of ``forward(m)`` (flat
-  indices into (S, *V)), the flat index into the previous step's (S, *V) of the entry each came
-  from (selective semirings only, through their ``argtop``: a back pointer is found for the
-  entries a best path goes through, not kept for every entry during the forward pass);
-- ``backward(w)`` (n, S): messages out of every state, ``plus_j table[i -> j] * w[j]``;
-- ``pair_sum(p, f)`` (``shape``): ``plus_n p[n, source] * f[n, target]`` for every table entry;
-- ``source(p)``, ``target(f)``: the messages as arrays broadcasting against ``values`` with a
-  leading row axis, so that ``source(p) * values * target(f)`` is the joint of every edge.
+The recursions of :mod:`crf._chain` see transitions only through :class:`TransitionOperator`
+(and the :class:`LiftedOperator` it gives for a semiring), whatever the order of the chain: a
+first-order matrix over labels, or a second-order structured operator over label pairs. Each
+target state's best incoming score ``column_top`` is taken out of the table (so its lifted
+entries peak at the semiring's one) and is added to the emissions by the caller instead.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Protocol
 
 import numpy as np
 
-from ._semirings import MaxSemiring
+from ._semirings import MaxSemiring, Semiring
+
+
+class LiftedOperator(Protocol):
+    """Transition scores bound to a semiring. For messages (n, S, *V) (V: the semiring's value
+    shape); ``values``: the lifted table (``shape``)."""
+
+    values: np.ndarray
+
+    def forward(self, messages: np.ndarray) -> np.ndarray:
+        """(n, S, *V) messages into every state: ``plus_i m[i] * table[i -> j]``."""
+
+    def pointers(self, messages: np.ndarray, chosen: np.ndarray) -> np.ndarray:
+        """For entries ``chosen`` (n, P) of ``forward(messages)`` (flat indices into (S, *V)), the
+        flat index into the previous step's (S, *V) of the entry each came from (selective
+        semirings, through their ``argtop``)."""
+
+    def backward(self, weighted: np.ndarray) -> np.ndarray:
+        """(n, S) messages out of every state: ``plus_j table[i -> j] * w[j]``."""
+
+    def pair_sum(self, previous: np.ndarray, following: np.ndarray) -> np.ndarray:
+        """(``shape``) ``plus_n p[n, source] * f[n, target]`` for every table entry."""
+
+    def source(self, previous: np.ndarray) -> np.ndarray:
+        """Messages broadcasting against ``values`` with a leading row axis (edge sources)."""
+
+    def target(self, following: np.ndarray) -> np.ndarray:
+        """Messages broadcasting against ``values`` with a leading row axis (edge targets), so
+        that ``source(p) * values * target(f)`` is the joint of every edge."""
+
+
+class TransitionOperator(Protocol):
+    """What the recursions know of transitions: ``scores`` (the table of log scores, ``shape``),
+    ``n_states`` (S)."""
+
+    scores: np.ndarray
+    n_states: int
+    shape: tuple[int, ...]
+
+    def state_emissions(self, emissions: np.ndarray) -> np.ndarray:
+        """Per-label (T, L) arrays as per-state (T, S) arrays."""
+
+    def labels_of_states(self, states: np.ndarray) -> np.ndarray:
+        """The label each state carries."""
+
+    def lift(self, semiring: Semiring) -> tuple[np.ndarray, LiftedOperator]:
+        """(``column_top`` (S,), the operator bound to ``semiring``)."""
 
 
 def _pick(semiring, candidates: np.ndarray, rank: np.ndarray) -> np.ndarray:

@@ -180,7 +180,7 @@ def _list_tokens(
 def _joined(key_names: np.ndarray, key_codes: np.ndarray, values: np.ndarray) -> np.ndarray:
     """``key:value`` names (E,) of entries with ``str`` values (E,) and keys ``key_names[key_codes]``.
     Each distinct pair is joined once and its entries share the string, so its hash is computed
-    once too (names repeat: CoNLL-2000's test set has 25,000 distinct ones in 509,000 entries)."""
+    once too (names repeat: a corpus has far fewer distinct ones than entries)."""
     value_names, value_codes = PyObjectHashTable(1 << 12).factorize(values)
     pairs = key_codes.astype(np.int64) * len(value_names) + value_codes
     distinct, pair_codes = Int64HashTable(1 << 12).factorize(pairs)
@@ -300,7 +300,7 @@ class AttributeIndex:
     per-attribute arrays (about 40 bytes for each attribute of each token in a block).
 
     Names are looked up in a pandas object hash table kept beside ``index_`` (built on first
-    use; never pickled): one C call per block, about three times faster than ``dict.get`` per
+    use; never pickled): one C call per block, faster than ``dict.get`` per
     name. The table is rebuilt when ``index_`` is replaced or changes size; to change the
     vocabulary, assign a new dict (renumbering the same names in place is not seen).
     """

@@ -57,7 +57,7 @@ N_TABLES = 256
 CQDB_HEADER_SIZE = 24
 DATA_OFFSET = CQDB_HEADER_SIZE + 8 * N_TABLES
 # longest key read or written: lookup3 mixes a key's 12-byte blocks one after the other, a
-# NumPy round each (about 0.3 ms), so a key's length bounds the time its hash takes
+# NumPy round each, so a key's length bounds the time its hash takes
 MAX_KEY_BYTES = 64 << 10
 
 

@@ -57,7 +57,7 @@ from ._persist import (
     strings_to_arrays,
 )
 from .batch import check_labels, label_classes
-from .bundle import register_kind
+from .bundle import prefixed, register_kind
 
 _KIND = "crf.HMMTagger"
 _TRANSITION_SMOOTHING = ("add-k", "interpolation")
@@ -258,7 +258,7 @@ class HMMTagger:
         contiguous sequence ranges of at most ``chunk_elements`` tokens x states each (a longer
         sequence gets one of its own). With ``per_label`` the emissions stay per hidden label
         (T_c, H) and a token counts 4 elements per edge into its finite-emission states (about
-        32 bytes of lattice per edge: fastest measured, the arrays stay in cache)."""
+        32 bytes of lattice per edge, so that the arrays stay in cache)."""
         self._check_fitted()
         words, lengths = self._flatten(X)
         scores = self._chain_scores()
@@ -543,7 +543,7 @@ class BundledHMM:
 
     @classmethod
     def from_parts(cls, meta, arrays, path):
-        model = HMMTagger.from_arrays(meta["model"], {k[6:]: v for k, v in arrays.items() if k.startswith("model/")}, path)
+        model = HMMTagger.from_arrays(meta["model"], prefixed(arrays, "model/"), path)
         if not isinstance(meta["observation"], str):
             raise ModelFileError(f"{path}: the observed column {meta['observation']!r} is not a column name")
         return cls(model, meta["observation"])

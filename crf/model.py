@@ -35,12 +35,13 @@ from ._segments import SegmentQueries
 from ._uncertainty import UncertaintyQueries
 from ._warm import PreviousFit
 from .batch import SequenceBatch, check_labels, label_classes
-from .bundle import register_kind
+from .bundle import prefixed, register_kind
 from .features import AttributeIndex, FeatureExtractor
 
 log = logging.getLogger(__name__)
 
-_NONE_BEFORE_FIT = ("classes_", "attributes_", "training_log_")
+# where the fitted attributes that read None before fit keep their values (see CRF.classes_)
+_FITTED_PRIVATE = ("_classes", "_attributes", "_training_log")
 
 
 class NotFittedCRFError(NotFittedError, RuntimeError):
@@ -152,16 +153,40 @@ class CRF(SegmentQueries, UncertaintyQueries, CRFsuiteView, BaseEstimator):
         state.pop("_tagger", None)
         return state
 
-    def __getattr__(self, name: str):
-        # only reached for attributes that are not set: fitted ones before fit (None for
-        # sklearn-crfsuite's), after loading a CRFsuite ``model_filename`` when there is one
-        if name.startswith("__") or not name.endswith("_"):
-            raise AttributeError(name)
-        if self._load_model_file():
-            return getattr(self, name)
-        if name in _NONE_BEFORE_FIT:
-            return None
-        raise AttributeError(name)
+    # sklearn-crfsuite's fitted attributes that read None before fit; each first loads
+    # ``model_filename`` when it names an existing CRFsuite file, as sklearn-crfsuite does
+    @property
+    def classes_(self) -> list | None:
+        """The labels, in the model's order (None before fit)."""
+        self._load_model_file()
+        return self.__dict__.get("_classes")
+
+    @classes_.setter
+    def classes_(self, value: list) -> None:
+        self.__dict__["_classes"] = value
+
+    @property
+    def attributes_(self) -> list[str] | None:
+        """The attribute names, in column order (None before fit, or when fitted on an unnamed batch)."""
+        self._load_model_file()
+        return self.__dict__.get("_attributes")
+
+    @attributes_.setter
+    def attributes_(self, value: list[str] | None) -> None:
+        self.__dict__["_attributes"] = value
+
+    @property
+    def training_log_(self):
+        """The iterations of the last fit (a :class:`crf._crfsuite_view.TrainingLog`; None before fit)."""
+        self._load_model_file()
+        return self.__dict__.get("_training_log")
+
+    @training_log_.setter
+    def training_log_(self, value) -> None:
+        self.__dict__["_training_log"] = value
+
+    def __sklearn_is_fitted__(self) -> bool:
+        return self._fitted()
 
     def _load_model_file(self) -> bool:
         """Load ``model_filename`` (a CRFsuite model) into this unfitted estimator, if it exists."""
@@ -170,9 +195,16 @@ class CRF(SegmentQueries, UncertaintyQueries, CRFsuiteView, BaseEstimator):
             return False
         from .crfsuite import read_crfsuite_model
 
-        loaded = read_crfsuite_model(path)
-        self.__dict__.update({k: v for k, v in vars(loaded).items() if k.endswith("_")})
+        self._take_fitted_state(read_crfsuite_model(path))
         return True
+
+    def _fitted_state(self) -> dict:
+        """The attributes ``fit`` sets (its learned state), by name in ``__dict__``."""
+        return {k: v for k, v in vars(self).items() if k.endswith("_") or k in _FITTED_PRIVATE}
+
+    def _take_fitted_state(self, other: CRF) -> None:
+        """Become fitted as ``other`` is (its weights, vocabularies and log), keeping own parameters."""
+        self.__dict__.update(other._fitted_state())
 
     def _boundary(self) -> bool:
         if self.boundary_transitions is None:
@@ -242,8 +274,15 @@ class CRF(SegmentQueries, UncertaintyQueries, CRFsuiteView, BaseEstimator):
         previous = PreviousFit.of(self) if self.warm_start and self._fitted() else None
         if previous is not None and isinstance(X, SequenceBatch):
             previous.check_batch(X, attribute_names)  # before the fitted model is cleared
+        elif previous is not None and previous.attribute_names is None:
+            raise ValueError(
+                "warm_start: the fitted model's attributes have no names (it was fitted on a SequenceBatch without "
+                "attribute_names), so new feature dicts or lists cannot be matched to its weights; fit on batches "
+                "with the same columns"
+            )
         began = time.perf_counter()
-        for name in [k for k in vars(self) if k.endswith("_")] + ["_tagger"]:
+        before = self._fitted_state()  # put back if this fit fails: a failed fit leaves the model as it was
+        for name in [*before, "_tagger"]:
             self.__dict__.pop(name, None)
         self._fitting = True
         try:
@@ -285,13 +324,20 @@ class CRF(SegmentQueries, UncertaintyQueries, CRFsuiteView, BaseEstimator):
             theta0 = previous.theta(params) if previous is not None else np.zeros(params.size)
             callback = self._iteration_callback(params, dev_batch, y_dev)
             result = self._train(settings, batch, codes, params, trainable, callback, theta0)
+            # from zero weights no step lowering the loss means the data cannot be fitted as given; a
+            # warm start may simply begin at the optimum
+            if previous is None and result.iterations == 0 and result.stop_reason.startswith("line search"):
+                where = "" if largest is None else f"; the largest attribute value is {largest[0]:g} ({largest[1]})"
+                raise TrainingError(
+                    f"training could not move from its starting weights ({result.stop_reason}): no step lowered the loss{where}"
+                )
+        except BaseException:
+            for name in [*self._fitted_state(), "_tagger"]:
+                self.__dict__.pop(name, None)
+            self.__dict__.update(before)
+            raise
         finally:
             del self._fitting
-        if result.iterations == 0 and result.stop_reason.startswith("line search"):
-            where = "" if largest is None else f"; the largest attribute value is {largest[0]:g} ({largest[1]})"
-            raise TrainingError(
-                f"training could not move from its starting weights ({result.stop_reason}): no step lowered the loss{where}"
-            )
         self._set_weights(params, result.theta)
         self.training_log_ = training_log(result.history)
         self.n_iter_ = result.iterations
@@ -535,15 +581,10 @@ class BundledCRF:
 
     @classmethod
     def from_parts(cls, meta, arrays, path):
-        extractor = FeatureExtractor.from_state(meta["features"], _prefixed(arrays, "features/"), path)
-        model = model_file.from_arrays(CRF, meta["model"], _prefixed(arrays, "model/"), path)
+        extractor = FeatureExtractor.from_state(meta["features"], prefixed(arrays, "features/"), path)
+        model = model_file.from_arrays(CRF, meta["model"], prefixed(arrays, "model/"), path)
         if extractor.n_attributes != model.n_attributes_:
             raise ModelFileError(
                 f"{path}: the features give {extractor.n_attributes} attributes, the CRF reads {model.n_attributes_}"
             )
         return cls(extractor, model)
-
-
-def _prefixed(arrays: dict, prefix: str) -> dict:
-    """The entries of ``arrays`` under ``prefix``, without it."""
-    return {k[len(prefix) :]: v for k, v in arrays.items() if k.startswith(prefix)}

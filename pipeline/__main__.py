@@ -5,7 +5,8 @@ sweeper names in the job's environment; None for a pruned Optuna trial).
 
 SIGTERM/SIGINT end the open runs as KILLED (``pipeline.tracking.lifecycle``); an output folder or store that
 cannot be written (read-only, full disk, permissions) ends the run with one line naming the path
-(exit code 1); a bad setting or data file with one line naming it and why (exit code 2).
+(exit code 1); a bad setting or data file, or data a model cannot be trained on, with one line
+naming it and why (exit code 2).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import mlflow
 from omegaconf import DictConfig, OmegaConf
 
 from crf.io import DataFormatError
+from crf.model import TrainingError
 from pipeline.engine.runner import objective_value, run_pipeline
 from pipeline.engine.validate import SettingsError
 from pipeline.sweeps.pruning import METRIC_VARIABLE
@@ -76,7 +78,7 @@ def main(cfg: DictConfig) -> float | None:
             if OmegaConf.select(cfg, "path.strengths") is not None:  # +experiment=reg_path: one job, a warm-started path
                 from pipeline.sweeps.path import run_path as run
             return objective_value(run(cfg), os.environ.get(METRIC_VARIABLE) or None)
-        except (SettingsError, DataFormatError) as error:
+        except (SettingsError, DataFormatError, TrainingError) as error:
             if _in_multirun():
                 raise  # Hydra records the job as failed and the sweep goes on
             log.error("%s", error)  # the one line says what and where: a traceback adds nothing

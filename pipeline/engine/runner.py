@@ -12,6 +12,7 @@ import logging
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -242,17 +243,31 @@ def record_invalid_sweep_job(cfg: DictConfig, error: Exception) -> None:
     client.set_terminated(run.info.run_id, "FAILED")
 
 
+def checked_plan(
+    cfg: DictConfig, check: Callable[[ModelAdapter, list[str]], None] | None = None
+) -> tuple[ModelAdapter, dict[str, Stage], list[str]]:
+    """The job's model adapter, the stages and the order to run them in, once every setting has
+    been checked (the adapter's, the run's and those of the stages to run, then ``check(adapter,
+    order)`` for what a caller such as a regularisation path needs): bad settings fail before any
+    stage runs, as one-line :class:`SettingsError`, recorded under the sweep in a multirun."""
+    stages = load_stages()
+    try:
+        adapter = load_adapter(cfg.model)
+        order = plan(stages, list(cfg.stages), adapter)
+        validate_settings(cfg, [stages[name] for name in order])
+        if check is not None:
+            check(adapter, order)
+    except (SettingsError, ValueError) as err:
+        err = err if isinstance(err, SettingsError) else SettingsError(f"bad setting: {err}")
+        record_invalid_sweep_job(cfg, err)
+        raise err from None
+    return adapter, stages, order
+
+
 def run_pipeline(cfg: DictConfig) -> dict[str, Any]:
     """Run the configured stages; returns every stage's metrics, namespaced ``stage.metric``
     (in a pruned Optuna trial: ``pipeline.pruned_at_iteration`` and the last dev score only)."""
-    try:
-        validate_settings(cfg)  # bad settings fail before any stage runs
-    except SettingsError as err:
-        record_invalid_sweep_job(cfg, err)
-        raise
-    adapter = load_adapter(cfg.model)
-    stages = load_stages()
-    order = plan(stages, list(cfg.stages), adapter)
+    adapter, stages, order = checked_plan(cfg)
     uri = tracking.setup(cfg)
     tags = run_tags(cfg, adapter)
     run_name = "-".join([str(cfg.dataset.name), tags["model"], tags["trainer"], *swept_overrides()])

@@ -37,18 +37,9 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from pipeline import tracking
 from pipeline.engine.cache import StageCache
-from pipeline.engine.runner import (
-    PipelineJob,
-    objective_value,
-    pipeline_run,
-    plan,
-    record_invalid_sweep_job,
-    run_tags,
-    swept_overrides,
-)
-from pipeline.engine.stage import load_stages
-from pipeline.engine.validate import SettingsError, section, validate_settings
-from pipeline.models import load_adapter
+from pipeline.engine.runner import PipelineJob, checked_plan, objective_value, pipeline_run, run_tags, swept_overrides
+from pipeline.engine.validate import SettingsError, section
+from pipeline.models import ModelAdapter
 from pipeline.tracking import SWEEP_ID_VARIABLE, SWEEP_PARENT_VARIABLE
 from pipeline.tracking.lifecycle import END_REASON_TAG
 
@@ -92,19 +83,17 @@ def path_strengths(cfg: DictConfig) -> list[float]:
 def run_path(cfg: DictConfig) -> dict[str, Any]:
     """Fit the path (see the module docstring); the best point's results on dev (every stage's
     metrics, namespaced as :func:`pipeline.engine.runner.run_pipeline`'s) with ``path.best_strength``."""
-    try:
-        validate_settings(cfg)
-        strengths = path_strengths(cfg)
-        adapter = load_adapter(cfg.model)
+    strengths: list[float] = []
+
+    def check(adapter: ModelAdapter, order: list[str]) -> None:
+        """What a path needs beyond an ordinary run's settings."""
+        strengths.extend(path_strengths(cfg))
         if not adapter.warm_starts:
             raise SettingsError(f"bad setting model={cfg.model.name}: a regularisation path needs a model that warm-starts (crf)")
-        stages = load_stages()
-        order = plan(stages, list(cfg.stages), adapter)
         if "train" not in order:
             raise SettingsError(f"bad setting stages={list(cfg.stages)}: a regularisation path trains (add train or evaluate)")
-    except SettingsError as err:
-        record_invalid_sweep_job(cfg, err)
-        raise
+
+    adapter, stages, order = checked_plan(cfg, check)
     uri = tracking.setup(cfg)
     job = PipelineJob(adapter, stages, order, StageCache(cfg.paths.cache_dir), uri)
     client = MlflowClient(uri)
