@@ -98,11 +98,14 @@ def _sweeper_config(overrides: list[str]):
 
 
 @pytest.mark.parametrize("pruner", sorted(p.stem for p in (Path(CONF_DIR) / "hydra" / "sweeper" / "pruner").glob("*.yaml")))
-def test_every_shipped_pruner_and_sampler_builds(pruner):
+def test_every_shipped_pruner_builds(pruner):
     given = ["hydra.sweeper.pruner.lower=90"] if pruner == "threshold" else []  # a threshold has no default
-    sweeper = _sweeper_config([f"hydra/sweeper/pruner={pruner}", *given])
-    assert sweeper["pruner"]["kind"] == pruner
-    assert isinstance(search.build_pruner(sweeper["pruner"]), search.PRUNERS[pruner])
+    settings = _sweeper_config([f"hydra/sweeper/pruner={pruner}", *given])["pruner"]
+    assert settings["kind"] == pruner
+    assert isinstance(search.build_pruner(settings), search.PRUNERS[pruner])
+
+
+def test_every_shipped_sampler_builds_and_the_default_space_is_the_grids():
     for sampler in ("tpe", "random"):
         settings = _sweeper_config([f"hydra/sweeper/sampler={sampler}"])["sampler"]
         assert isinstance(search.build_sampler(settings, seed=0), search.SAMPLERS[sampler])
@@ -110,6 +113,7 @@ def test_every_shipped_pruner_and_sampler_builds(pruner):
     default = _sweeper_config([])
     space = search.parse_space(default["params"], [])
     assert set(space.distributions) == {"trainer", "trainer.strength"} and default["pruner"]["kind"] == "median"
+    assert default["n_trials"] == 20 and default["direction"] == "maximize" and default["metric"] is None
 
 
 def test_sweeper_settings_fail_in_one_line():
