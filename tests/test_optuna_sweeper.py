@@ -20,7 +20,7 @@ from mlflow.tracking import MlflowClient  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution  # noqa: E402
 from optuna.trial import TrialState  # noqa: E402
-from pipeline_helpers import CONF_DIR, tiny_overrides, write_corpus  # noqa: E402
+from pipeline_helpers import CONF_DIR, seed_store, tiny_overrides, write_corpus  # noqa: E402
 
 from pipeline.engine.runner import objective_value  # noqa: E402
 from pipeline.sweeps import pruning, search  # noqa: E402
@@ -219,6 +219,7 @@ def test_optuna_sweep_end_to_end_with_a_pruned_trial(tmp_path):
     sampled; a threshold pruner at dev F1 90 prunes the hopeless one at its first report."""
     data_root = write_corpus(tmp_path / "data", n_train=60, n_test=20)
     out = tmp_path / "out"
+    seed_store(out)
     sweep = [
         "hydra/sweeper=optuna",
         "hydra.sweeper.n_trials=3",

@@ -12,7 +12,7 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 from mlflow.tracking import MlflowClient  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
-from pipeline_helpers import compose_config, tiny_overrides, write_corpus  # noqa: E402
+from pipeline_helpers import compose_config, seed_store, tiny_overrides, write_corpus  # noqa: E402
 
 from pipeline.engine.runner import run_pipeline  # noqa: E402
 from pipeline.engine.validate import SettingsError  # noqa: E402
@@ -58,6 +58,7 @@ def _cold_iterations(cfg, tags: dict[str, dict[str, str]]) -> int:
 def test_path_of_three_points_warm_starts_and_summarises_like_a_grid(tmp_path):
     data_root = write_corpus(tmp_path / "data")
     out = tmp_path / "out"
+    seed_store(out)
     common = tiny_overrides(data_root, out) + ["trainer.max_iterations=200"]  # no point stops at the cap
     results = run_path(compose_config(common + ["+experiment=reg_path", "path.strengths=[3,1,0.3]"]))
     assert results["path.best_strength"] in (3.0, 1.0, 0.3) and results["evaluate.dev_f1"] > 80
