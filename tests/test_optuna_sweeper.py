@@ -267,11 +267,13 @@ def test_optuna_sweep_end_to_end_with_a_pruned_trial(tmp_path):
 
     # the grid's summary: pruned jobs counted apart (not failures), the best among finished ones, registered
     assert parent.info.status == "FINISHED"
+    assert parent.data.tags["optuna.study"] == "tiny" and parent.data.tags["optuna.storage"] == f"sqlite:///{out / 'optuna.db'}"
     counts = [parent.data.metrics[f"jobs_{state}"] for state in ("finished", "pruned", "failed")]
     assert counts == [2, 1, 0]
     assert parent.data.tags["best_run_id"] in {by_trial[0].info.run_id, by_trial[2].info.run_id}
     assert parent.data.tags["registered_model"] == "models:/conll2000-crf@champion"
-    assert {"sweep_summary.csv", "sweep_summary.md", "sweep.png"} <= {a.path for a in client.list_artifacts(parent.info.run_id)}
+    logged = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert {"sweep_summary.csv", "sweep_summary.md", "sweep.png", "optuna_results.yaml"} <= logged
     summary = pd.read_csv(client.download_artifacts(parent.info.run_id, "sweep_summary.csv", str(tmp_path)))
     assert sorted(summary["state"]) == ["FINISHED", "FINISHED", "PRUNED"]
     assert math.isnan(summary.loc[summary.state == "PRUNED", "dev_score"].iloc[0])

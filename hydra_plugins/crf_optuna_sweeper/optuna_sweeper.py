@@ -37,6 +37,7 @@ from omegaconf import DictConfig, OmegaConf
 log = logging.getLogger(__name__)
 
 RESULTS_FILE = "optuna_results.yaml"
+STORAGE_TAG = "optuna.storage"  # on the sweep's parent run, with the study's name (pipeline.sweeps.pruning.STUDY_TAG)
 
 
 def _plain(value: Any) -> Any:
@@ -135,6 +136,7 @@ class OptunaSweeper(Sweeper):
         if self.metric:
             variables[search.METRIC_VARIABLE] = str(self.metric)
         pass_to_jobs(self.config, variables)  # wherever the jobs run (Ray, SLURM too)
+        self._record_on_parent_run(study.study_name, url)
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
@@ -231,3 +233,28 @@ class OptunaSweeper(Sweeper):
         else:
             log.warning("no trial completed (%s)", ", ".join(f"{n} {k}" for k, n in counts.items()))
         OmegaConf.save(OmegaConf.create(results), sweep_dir / RESULTS_FILE)
+        self._record_on_parent_run(study.study_name, url, sweep_dir / RESULTS_FILE)
+
+    def _record_on_parent_run(self, study_name: str, url: str, results: Path | None = None) -> None:
+        """Tag the sweep's MLflow parent run (made by the project's sweep callback, which leaves its id
+        in this process's environment) with the study's name and storage, and log ``results`` to it;
+        without a parent run (the callback removed from the config) nothing is recorded."""
+        import os
+
+        from mlflow.tracking import MlflowClient
+
+        from pipeline.sweeps import search
+        from pipeline.sweeps.pruning import STUDY_TAG
+        from pipeline.tracking import SWEEP_PARENT_VARIABLE
+
+        parent = os.environ.get(SWEEP_PARENT_VARIABLE)
+        if not parent:
+            return
+        try:
+            client = MlflowClient()
+            client.set_tag(parent, STUDY_TAG, study_name)
+            client.set_tag(parent, STORAGE_TAG, search.redacted(url))
+            if results is not None:
+                client.log_artifact(parent, str(results))
+        except Exception as error:  # the sweep's results stand without the record
+            log.warning("could not record the study on the sweep's parent run %s: %s", parent, error)
