@@ -132,6 +132,19 @@ def test_sweeper_settings_fail_in_one_line():
         search.check_objective("dev_f1", "maximize", {"kind": "none"}, 10)
 
 
+def test_a_bad_sweeper_setting_ends_the_sweep_in_one_line(caplog):
+    from hydra_plugins.crf_optuna_sweeper.optuna_sweeper import OptunaSweeper
+
+    sweeper = OptunaSweeper(params={"trainer.c2": "tag(log, interval(0, 1))"})
+    sweeper.config, sweeper.launcher = OmegaConf.create({}), object()  # as after setup; nothing is launched
+    with pytest.raises(SystemExit) as ended:
+        sweeper.sweep([])
+    assert ended.value.code == 2
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == [
+        "trainer.c2: a log-scale interval needs a positive low end, not 0"
+    ]
+
+
 def test_storage_defaults_beside_the_mlflow_store(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert search.storage_url(None, "outputs") == f"sqlite:///{tmp_path / 'outputs' / 'optuna.db'}"

@@ -16,13 +16,15 @@ Settings (``conf/hydra/sweeper/optuna.yaml``): ``params`` (the search space, Hyd
 see :mod:`pipeline.sweeps.search`), ``n_trials``, ``n_jobs`` (trials per batch), ``direction``,
 ``metric`` (null: the dev score), ``seed``, ``storage``, ``study_name``, ``sampler`` and ``pruner``
 (``kind`` and the Optuna class's arguments), ``enqueue`` (settings to try first, e.g. a known good one).
-Everything is checked before the first job starts.
+Everything is checked before the first job starts: a setting that cannot work ends the sweep with
+one line naming it (exit code 2), as a bad setting ends a run.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -126,9 +128,13 @@ class OptunaSweeper(Sweeper):
         from pipeline.sweeps.cluster import pass_to_jobs
 
         assert self.config is not None and self.launcher is not None
-        space = search.parse_space(self.params, arguments)
-        enqueued = search.check_enqueued(self.enqueue, space)
-        study, url = self._open_study()
+        try:
+            space = search.parse_space(self.params, arguments)
+            enqueued = search.check_enqueued(self.enqueue, space)
+            study, url = self._open_study()
+        except search.SweeperSettingError as error:  # one line naming the setting, as for a run's settings
+            log.error("%s", error)
+            sys.exit(2)
         started = len(study.get_trials(deepcopy=False))  # a resumed study's earlier trials are not this sweep's
         for params in enqueued:  # asked before anything is sampled
             study.enqueue_trial(params, skip_if_exists=True)
