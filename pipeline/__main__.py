@@ -1,4 +1,7 @@
-"""``python -m pipeline``: the Hydra app that runs the configured stages (conf/config.yaml).
+"""``python -m pipeline``: the Hydra app that runs the configured stages (conf/config.yaml), or with
+``path.strengths`` set (``+experiment=reg_path``) a warm-started regularisation path in one job.
+It returns the objective a sweeper optimises (``objective_value``: the dev score, or the metric a
+sweeper names in the job's environment; None for a pruned Optuna trial).
 
 SIGTERM/SIGINT end the open runs as KILLED (``pipeline.tracking.lifecycle``); an output folder or store that
 cannot be written (read-only, full disk, permissions) ends the run with one line naming the path
@@ -10,16 +13,18 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import sys
 
 import hydra
 import mlflow
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from crf.io import DataFormatError
 from crf.model import TrainingError
 from pipeline.engine.runner import objective_value, run_pipeline
 from pipeline.engine.validate import SettingsError
+from pipeline.sweeps.pruning import METRIC_VARIABLE
 from pipeline.tracking.lifecycle import ending_runs_on_signal, error_chain
 
 log = logging.getLogger("pipeline")
@@ -69,7 +74,10 @@ def main(cfg: DictConfig) -> float | None:
     logging.getLogger("mlflow.store.db.utils").addFilter(_ReportedOnce())
     with ending_runs_on_signal():
         try:
-            return objective_value(run_pipeline(cfg))
+            run = run_pipeline
+            if OmegaConf.select(cfg, "path.strengths") is not None:  # +experiment=reg_path: one job, a warm-started path
+                from pipeline.sweeps.path import run_path as run
+            return objective_value(run(cfg), os.environ.get(METRIC_VARIABLE) or None)
         except (SettingsError, DataFormatError, TrainingError) as error:
             if _in_multirun():
                 raise  # Hydra records the job as failed and the sweep goes on

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import gzip
+import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +14,7 @@ from hydra import compose, initialize_config_dir
 import pipeline  # noqa: F401  (registers the config resolvers)
 
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+_EMPTY_STORE: list[Path] = []  # an MLflow SQLite store with its schema and no runs, made once per process
 
 # a toy grammar: determiner/adjective/noun runs are NPs, verbs VPs, prepositions PPs
 _WORDS = {
@@ -63,3 +67,18 @@ def tiny_overrides(data_root: Path, output_dir: Path) -> list[str]:
 def compose_config(overrides: list[str], name: str = "config"):
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
         return compose(config_name=name, overrides=overrides)
+
+
+def seed_store(output_dir: Path) -> Path:
+    """Put an empty MLflow store at ``output_dir/mlflow.db``, where the local tracking config looks
+    (``tracking=local``); returns its path. Its schema is made once per test process and copied:
+    creating MLflow's tables takes seconds, a copy none. For tests that do not test store creation."""
+    if not _EMPTY_STORE:
+        from pipeline.tracking.lifecycle import prepare_store
+
+        folder = Path(tempfile.mkdtemp(prefix="empty-mlflow-store-"))
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        prepare_store(f"sqlite:///{folder / 'mlflow.db'}")
+        _EMPTY_STORE.append(folder / "mlflow.db")
+    output_dir.mkdir(parents=True, exist_ok=True)
+    return Path(shutil.copyfile(_EMPTY_STORE[0], output_dir / "mlflow.db"))

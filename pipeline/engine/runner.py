@@ -12,6 +12,7 @@ import logging
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,12 +25,14 @@ from omegaconf import DictConfig, OmegaConf
 from pipeline import tracking
 from pipeline.engine.cache import StageCache, code_digest
 from pipeline.engine.logs import swept_keys
-from pipeline.engine.stage import Stage, StageContext, frozen, load_stages
+from pipeline.engine.stage import DevReporter, Stage, StageContext, frozen, load_stages
 from pipeline.engine.validate import SettingsError, validate_settings
-from pipeline.models import ModelAdapter, load_adapter
+from pipeline.models import WARM_START_INPUT, ModelAdapter, load_adapter
 from pipeline.report import write_json
 from pipeline.stages.data import ChecksumError, MissingDataError, resolve_files
+from pipeline.sweeps import pruning
 from pipeline.tracking import SWEEP_ID_VARIABLE, SWEEP_PARENT_VARIABLE
+from pipeline.tracking.lifecycle import END_REASON_TAG
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +63,7 @@ def run_tags(cfg: DictConfig, adapter: ModelAdapter) -> dict[str, str]:
     sweep = os.environ.get(SWEEP_ID_VARIABLE)
     if sweep:
         tags["sweep_id"] = sweep
+    tags.update(pruning.trial_tags())  # the Optuna trial this job is, if any
     return tags
 
 
@@ -109,10 +113,27 @@ def _relog_steps(path: Path) -> None:
     )
 
 
+def end_pruned(pruned: pruning.TrialPruned) -> None:
+    """End the active run as a pruned trial's: KILLED (stopped on purpose; its scores are not
+    those of its settings, so it is neither FINISHED nor FAILED), tagged ``crf.trial_state=PRUNED``
+    with the reason, the iteration and the last dev score."""
+    mlflow.set_tags({pruning.TRIAL_STATE_TAG: "PRUNED", END_REASON_TAG: str(pruned)})
+    mlflow.log_metrics({"pruned_at_iteration": float(pruned.iteration), f"pruned_{pruned.metric}": pruned.value})
+    mlflow.end_run("KILLED")
+
+
 def run_stage(
-    stage: Stage, cfg: DictConfig, adapter: ModelAdapter, inputs: dict[str, StageOutput], cache: StageCache, tags: dict
+    stage: Stage,
+    cfg: DictConfig,
+    adapter: ModelAdapter,
+    inputs: dict[str, StageOutput],
+    cache: StageCache,
+    tags: dict,
+    report_dev: DevReporter | None = None,
 ) -> StageOutput:
-    """Run (or reuse) one stage inside a nested MLflow run."""
+    """Run (or reuse) one stage inside a nested MLflow run. ``inputs``: the upstream stages' outputs
+    (and, for a path's train stage, :data:`~pipeline.models.WARM_START_INPUT`); their hashes are part
+    of the key. A trial pruned during the stage ends its run (:func:`end_pruned`) and propagates."""
     name = stage.name
     began = time.perf_counter()
     config, settings, key, external = stage_key(stage, cfg, adapter, {k: v.hash for k, v in inputs.items()}, cache)
@@ -128,11 +149,16 @@ def run_stage(
             log.info("[%s] %s %s: computing", name, "forced" if cfg.force else "cache miss", key[:12])
 
             def produce(out: Path) -> None:
-                context = StageContext(config, settings, {k: v.folder for k, v in inputs.items()}, out, adapter, _log_steps, key)
+                folders = {k: v.folder for k, v in inputs.items()}
+                context = StageContext(config, settings, folders, out, adapter, _log_steps, key, report_dev)
                 stage_metrics = stage.run(context)
                 write_json(out / METRICS_FILE, stage_metrics)  # strict JSON: NaN -> null
 
-            folder = cache.build(name, key, produce, replace=bool(cfg.force))
+            try:
+                folder = cache.build(name, key, produce, replace=bool(cfg.force))
+            except pruning.TrialPruned as pruned:  # nothing was cached: the entry is not the settings' result
+                end_pruned(pruned)
+                raise
         stage_metrics = json.loads((folder / METRICS_FILE).read_text())
         mlflow.set_tag("cache", "hit" if found is not None else "miss")
         mlflow.set_tag("cache_path", str(folder))
@@ -199,7 +225,7 @@ def register_single_run(cfg: DictConfig, model_uri: str, summary: dict[str, Any]
     log.info("registered the model as %s version %s", registry.name, version.version)
 
 
-def _record_invalid_sweep_job(cfg: DictConfig, error: Exception) -> None:
+def record_invalid_sweep_job(cfg: DictConfig, error: Exception) -> None:
     """A sweep job whose settings are invalid is still recorded under the sweep, as a FAILED run
     with the reason (a single run just stops, leaving nothing behind)."""
     parent = os.environ.get(SWEEP_PARENT_VARIABLE)
@@ -217,22 +243,70 @@ def _record_invalid_sweep_job(cfg: DictConfig, error: Exception) -> None:
     client.set_terminated(run.info.run_id, "FAILED")
 
 
-def run_pipeline(cfg: DictConfig) -> dict[str, Any]:
-    """Run the configured stages; returns every stage's metrics, namespaced ``stage.metric``."""
+def checked_plan(
+    cfg: DictConfig, check: Callable[[ModelAdapter, list[str]], None] | None = None
+) -> tuple[ModelAdapter, dict[str, Stage], list[str]]:
+    """The job's model adapter, the stages and the order to run them in, once every setting has
+    been checked (the adapter's, the run's and those of the stages to run, then ``check(adapter,
+    order)`` for what a caller such as a regularisation path needs): bad settings fail before any
+    stage runs, as one-line :class:`SettingsError`, recorded under the sweep in a multirun."""
     stages = load_stages()
     try:
         adapter = load_adapter(cfg.model)
         order = plan(stages, list(cfg.stages), adapter)
-        validate_settings(cfg, [stages[name] for name in order])  # bad settings fail before any stage runs
+        validate_settings(cfg, [stages[name] for name in order])
+        if check is not None:
+            check(adapter, order)
     except (SettingsError, ValueError) as err:
         err = err if isinstance(err, SettingsError) else SettingsError(f"bad setting: {err}")
-        _record_invalid_sweep_job(cfg, err)
+        record_invalid_sweep_job(cfg, err)
         raise err from None
+    return adapter, stages, order
+
+
+def run_pipeline(cfg: DictConfig) -> dict[str, Any]:
+    """Run the configured stages; returns every stage's metrics, namespaced ``stage.metric``
+    (in a pruned Optuna trial: ``pipeline.pruned_at_iteration`` and the last dev score only)."""
+    adapter, stages, order = checked_plan(cfg)
     uri = tracking.setup(cfg)
-    cache = StageCache(cfg.paths.cache_dir)
     tags = run_tags(cfg, adapter)
-    parent = os.environ.get(SWEEP_PARENT_VARIABLE)
     run_name = "-".join([str(cfg.dataset.name), tags["model"], tags["trainer"], *swept_overrides()])
+    job = PipelineJob(adapter, stages, order, StageCache(cfg.paths.cache_dir), uri)
+    results, _ = pipeline_run(
+        cfg, job, run_name, tags, parent=os.environ.get(SWEEP_PARENT_VARIABLE), report_dev=pruning.reporter_from_environment()
+    )
+    return results
+
+
+@dataclass
+class PipelineJob:
+    """What the pipeline runs of one job share: the model adapter, the stages and their order, the
+    cache and the tracking store (a regularisation path runs several pipelines in one job)."""
+
+    adapter: ModelAdapter
+    stages: dict[str, Stage]
+    order: list[str]
+    cache: StageCache
+    uri: str
+
+
+def pipeline_run(
+    cfg: DictConfig,
+    job: PipelineJob,
+    run_name: str,
+    tags: dict[str, str],
+    parent: str | None = None,
+    warm_start: StageOutput | None = None,
+    report_dev: DevReporter | None = None,
+    register: bool = True,
+) -> tuple[dict[str, Any], dict[str, StageOutput]]:
+    """One pipeline run (an MLflow run tagged ``stage=pipeline``, under ``parent`` when given) of
+    ``job``'s stages under ``cfg``: (every stage's metrics namespaced ``stage.metric``, each stage's
+    output). ``warm_start``: an earlier train output the train stage starts from (a regularisation
+    path's previous point); ``report_dev``: the Optuna trial's reporter; ``register``: honour
+    ``registry.register``. A pruned trial ends the run KILLED (:func:`end_pruned`) and returns
+    ``pipeline.pruned_at_iteration`` and the last dev score instead of the stages' metrics."""
+    adapter, stages, cache, uri = job.adapter, job.stages, job.cache, job.uri
     outputs: dict[str, StageOutput] = {}
     results: dict[str, Any] = {}
     with mlflow.start_run(run_name=run_name, tags={**tags, "stage": "pipeline"}, parent_run_id=parent or None) as run:
@@ -242,19 +316,29 @@ def run_pipeline(cfg: DictConfig) -> dict[str, Any]:
             path.write_text(OmegaConf.to_yaml(cfg, resolve=True))
             mlflow.log_artifact(str(path))
         summary: dict[str, Any] = {}
-        for name in order:  # upstream stages run (or come from the cache) first
-            stage = stages[name]
-            inputs = {upstream: outputs[upstream] for upstream in stage.upstream(adapter)}
-            outputs[name] = run_stage(stage, cfg, adapter, inputs, cache, tags)
-            results.update({f"{name}.{k}": v for k, v in outputs[name].metrics.items()})
-            if stage.summary_prefix is not None:
-                summary.update({stage.summary_prefix + k: v for k, v in outputs[name].metrics.items()})
+        try:
+            for name in job.order:  # upstream stages run (or come from the cache) first
+                stage = stages[name]
+                inputs = {upstream: outputs[upstream] for upstream in stage.upstream(adapter)}
+                stage_tags = tags
+                if name == "train" and warm_start is not None:
+                    inputs[WARM_START_INPUT] = warm_start
+                    stage_tags = {**tags, "warm_start_from": str(warm_start.folder)}
+                outputs[name] = run_stage(stage, cfg, adapter, inputs, cache, stage_tags, report_dev)
+                results.update({f"{name}.{k}": v for k, v in outputs[name].metrics.items()})
+                if stage.summary_prefix is not None:
+                    summary.update({stage.summary_prefix + k: v for k, v in outputs[name].metrics.items()})
+        except pruning.TrialPruned as pruned:
+            end_pruned(pruned)
+            log.info("done: run %s%s pruned: %s", run.info.run_id, f" in sweep run {parent}" if parent else "", pruned)
+            return {"pipeline.pruned_at_iteration": pruned.iteration, f"pipeline.pruned_{pruned.metric}": pruned.value}, outputs
         mlflow.log_metrics({k: float(v) for k, v in summary.items() if isinstance(v, (int, float))})
         log_dataset(cfg, {k: v for o in outputs.values() for k, v in (o.external or {}).items()})
         models = [o.model_uri for o in outputs.values() if o.model_uri]
         if models:
             mlflow.set_tag(tracking.MODEL_URI_TAG, models[-1])
-            register_single_run(cfg, models[-1], summary, run.info.run_id)
+            if register:
+                register_single_run(cfg, models[-1], summary, run.info.run_id)
         log.info(
             "stage seconds:\n%s",
             "\n".join(f"  {s:<10} {o.seconds:8.2f}{' (cache)' if o.cached else ''}" for s, o in outputs.items()),
@@ -276,11 +360,20 @@ def run_pipeline(cfg: DictConfig) -> dict[str, Any]:
             "; ".join(f"{s} {o.folder}" for s, o in outputs.items()),
             "".join(f"\n  {line}" for line in handoff),
         )
-    return results
+    return results, outputs
 
 
-def objective_value(results: dict[str, Any]) -> float | None:
-    """What a sweep optimises: dev F1 for chunk/entity tasks, else dev accuracy (of any stage)."""
+def objective_value(results: dict[str, Any], metric: str | None = None) -> float | None:
+    """What a sweep optimises: ``metric`` (a stage's metric, ``evaluate.dev_f1``; a sweeper names it
+    in the job's environment, :data:`pipeline.sweeps.pruning.METRIC_VARIABLE`) when given, else dev
+    F1 for chunk/entity tasks, else dev accuracy (of any stage). None for a pruned trial (it has
+    no result). ValueError naming the job's metrics when ``metric`` is not one of them."""
+    if "pipeline.pruned_at_iteration" in results:
+        return None
+    if metric:
+        if metric not in results:
+            raise ValueError(f"the sweep's metric {metric!r} is not one of this job's metrics: {', '.join(sorted(results))}")
+        return float(results[metric])
     for suffix in (".dev_f1", ".dev_accuracy"):
         for key, value in results.items():
             if key.endswith(suffix):

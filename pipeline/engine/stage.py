@@ -50,6 +50,9 @@ STAGE_MODULES = (
 )
 
 StepLogger = Callable[[list[tuple[int, dict[str, float]]]], None]
+# dev scores during training, (iteration, {"dev_f1": ..., "dev_accuracy": ...}): in an Optuna trial's
+# job the trial's reporter, which may stop the training by raising (pipeline.sweeps.pruning)
+DevReporter = Callable[[int, Mapping[str, float]], None]
 
 
 def frozen(mapping: Mapping[str, Any]) -> DictConfig:
@@ -71,6 +74,7 @@ class StageContext:
     adapter: ModelAdapter
     log_steps: StepLogger = field(default=lambda batch: None)  # (step, {metric: value}) rows -> tracking
     key: str = ""  # the cache key of the output being built (e.g. to name state kept across a kill)
+    report_dev: DevReporter | None = None  # None: nobody listens (outside an Optuna trial)
 
 
 @dataclass

@@ -18,7 +18,11 @@ the defaults) declares:
 - ``fit(context, data) -> metrics``: train on the prepared data and write, into ``context.out``,
   the self-contained tagger as :data:`BUNDLE_FILE` (a :class:`crf.TaggerBundle` whose part is the
   kind's :class:`crf.bundle.BundledModel`, registered with :func:`crf.bundle.register_kind`):
-  evaluation, ``python -m pipeline.tag`` and the MLflow Model all tag with it.
+  evaluation, ``python -m pipeline.tag`` and the MLflow Model all tag with it;
+- ``warm_starts``: whether ``fit`` can start from an earlier fit's output. A regularisation path
+  (``pipeline.sweeps.path``) gives the train stage the previous point's train folder as the input
+  :data:`WARM_START_INPUT` (its hash joins the cache key); ``fit`` starts from the weights there;
+- ``context.report_dev``, when set, is called with the dev scores during training (Optuna pruning).
 
 Adapters import no MLflow: step metrics go through ``context.log_steps``.
 """
@@ -35,6 +39,7 @@ if TYPE_CHECKING:
     from pipeline.stages.data import Dataset
 
 BUNDLE_FILE = "bundle.npz"
+WARM_START_INPUT = "warm_start"  # the train stage's optional input: an earlier train output to start from
 
 # set by pipeline.sweeps in a multirun's jobs: they already run in parallel, one per core
 SWEEP_ID_VARIABLE = "CRF_SWEEP_ID"
@@ -47,6 +52,7 @@ class ModelAdapter(Protocol):
     upstream: tuple[str, ...]
     artifacts: tuple[str, ...]
     volatile: tuple[str, ...]
+    warm_starts: bool
 
     def validate(self, cfg: Mapping) -> None: ...
 
@@ -68,6 +74,7 @@ class BaseAdapter:
     upstream: tuple[str, ...] = ("prepare",)
     artifacts: tuple[str, ...] = (BUNDLE_FILE,)
     volatile: tuple[str, ...] = ()
+    warm_starts: bool = False
 
     def validate(self, cfg: Mapping) -> None:
         return None

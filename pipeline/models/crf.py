@@ -27,7 +27,7 @@ from crf import _params as params
 from crf._optimize import IterationInfo
 from crf.model import BundledCRF
 from pipeline.engine.validate import SettingsError, section, unknown_keys, where
-from pipeline.models import BUNDLE_FILE, BaseAdapter, bundle_source, default_threads
+from pipeline.models import BUNDLE_FILE, WARM_START_INPUT, BaseAdapter, bundle_source, default_threads
 from pipeline.report import figure, save_figure
 from pipeline.stages.featurize import load_batch, load_extractor
 
@@ -79,10 +79,13 @@ def remaining_seconds(history: list[dict], max_iterations: int | None, period: i
 
 
 class Progress:
-    """Per-iteration log line and step metrics (handed to ``log_steps`` in batches)."""
+    """Per-iteration log line and step metrics (handed to ``log_steps`` in batches); the dev scores,
+    every ``dev_every`` iterations, also to ``report_dev`` (an Optuna trial's reporter, which may
+    stop the training by raising: the step metrics so far are logged before it is asked)."""
 
-    def __init__(self, model: CRF, gold_dev, scheme: str, log_steps, log_every: int = 10) -> None:
+    def __init__(self, model: CRF, gold_dev, scheme: str, log_steps, log_every: int = 10, report_dev=None) -> None:
         self.model = model
+        self.report_dev = report_dev
         self.gold_dev = gold_dev
         self.scheme = scheme
         self.log_steps = log_steps
@@ -121,6 +124,10 @@ class Progress:
             eta,
             dev,
         )
+        scores = {k: row[k] for k in ("dev_accuracy", "dev_f1") if k in row}
+        if self.report_dev is not None and scores:
+            self.flush()
+            self.report_dev(info.iteration, scores)
 
     def flush(self) -> None:
         if self.pending:
@@ -150,8 +157,18 @@ def plot_learning_curve(history: pd.DataFrame, path: Path) -> None:
     save_figure(fig, path)
 
 
+def warm_started(path: Path, model: CRF) -> CRF:
+    """The fitted CRF saved at ``path`` with ``model``'s parameters and ``warm_start=True``: its
+    next ``fit`` starts from the saved weights (same features: the same featurize output)."""
+    fitted = CRF.load(path)
+    fitted.set_params(**{**model.get_params(), "warm_start": True})
+    log.info("warm start from %s", path)
+    return fitted
+
+
 class CRFAdapter(BaseAdapter):
     name = "crf"
+    warm_starts = True
     upstream = ("prepare", "featurize")
     artifacts = ("model.npz", BUNDLE_FILE, "history.csv", "learning_curve.png")
     volatile = ("history.csv",)  # the iterations' times
@@ -197,7 +214,10 @@ class CRFAdapter(BaseAdapter):
             int(settings.dev_every),
             settings.threads,
         )
-        progress = Progress(model, data.labels("dev"), data.scheme, context.log_steps)
+        start = context.inputs.get(WARM_START_INPUT)
+        if start is not None:  # a regularisation path's previous point: its weights are the starting point
+            model = warm_started(start / "model.npz", model)
+        progress = Progress(model, data.labels("dev"), data.scheme, context.log_steps, report_dev=context.report_dev)
         model.callback = progress
         began = time.perf_counter()
         model.fit(X_train, data.labels("train"), X_dev, data.labels("dev"), attribute_names=extractor.attribute_names())

@@ -30,6 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 from pipeline import tracking
 from pipeline.report import figure, markdown_table, save_figure
 from pipeline.sweeps.cluster import job_environment, pass_to_jobs
+from pipeline.sweeps.pruning import TRIAL_STATE_TAG
 from pipeline.tracking import SWEEP_ID_VARIABLE, SWEEP_PARENT_VARIABLE
 from pipeline.tracking.lifecycle import END_REASON_TAG
 
@@ -43,10 +44,17 @@ def strength(frame: pd.DataFrame) -> pd.Series:
     return np.maximum(c1, c2)
 
 
-def gather(sweep_id: str, experiment: str) -> pd.DataFrame:
-    """One row per pipeline job of the sweep, with its settings, scores and status."""
+def _numbers(runs: pd.DataFrame, column: str) -> pd.Series:
+    """``runs[column]`` as numbers (NaN where absent, and everywhere when no run has it)."""
+    return pd.to_numeric(runs[column], errors="coerce") if column in runs else pd.Series(np.nan, index=runs.index)
+
+
+def gather(sweep_id: str, experiment: str, tag: str = "sweep_id") -> pd.DataFrame:
+    """One row per pipeline run whose ``tag`` is ``sweep_id`` (the jobs of a sweep; the points of a
+    regularisation path with ``tag="path_id"``), with its settings, scores and status; ``state``
+    is the status but PRUNED for a pruned Optuna trial (its run is KILLED)."""
     runs = mlflow.search_runs(
-        experiment_names=[experiment], filter_string=f"tags.sweep_id = '{sweep_id}' and tags.stage = 'pipeline'"
+        experiment_names=[experiment], filter_string=f"tags.`{tag}` = '{sweep_id}' and tags.stage = 'pipeline'"
     )
     if runs.empty:
         return pd.DataFrame()
@@ -56,6 +64,7 @@ def gather(sweep_id: str, experiment: str) -> pd.DataFrame:
         {
             "run_id": runs["run_id"],
             "status": runs["status"],
+            "state": runs.get(f"tags.{TRIAL_STATE_TAG}", pd.Series(index=runs.index, dtype=object)).fillna(runs["status"]),
             "trainer": runs.get("tags.trainer"),
             "c1": pd.to_numeric(runs.get("params.trainer.c1"), errors="coerce"),
             "c2": pd.to_numeric(runs.get("params.trainer.c2"), errors="coerce"),
@@ -63,7 +72,7 @@ def gather(sweep_id: str, experiment: str) -> pd.DataFrame:
             "dev_score": runs.get(score),
             "test_score": runs.get(test),
             "nonzero_weights": runs.get("metrics.nonzero_weights"),
-            "iterations": runs.get("metrics.iterations"),
+            "iterations": _numbers(runs, "metrics.iterations").fillna(_numbers(runs, "metrics.pruned_at_iteration")),
             "train_seconds": runs.get("metrics.train_seconds"),
             "model_uri": runs.get(f"tags.{tracking.MODEL_URI_TAG}"),
             "registry_name": runs.get("params.registry.name"),
@@ -106,10 +115,13 @@ def register_best(best: pd.Series, score_name: str, sweep_id: str, alias: str | 
     return where
 
 
-def summarize(sweep_id: str, parent_run_id: str | None, experiment: str, registry: DictConfig | None = None) -> pd.DataFrame:
+def summarize(
+    sweep_id: str, parent_run_id: str | None, experiment: str, registry: DictConfig | None = None, tag: str = "sweep_id"
+) -> pd.DataFrame:
     """Build the sweep table and plot, log them to the parent run and the best setting to the console;
-    with ``registry.sweep``, register the best job's model (see :func:`register_best`)."""
-    table = gather(sweep_id, experiment)
+    with ``registry.sweep``, register the best job's model (see :func:`register_best`). The best is
+    chosen among finished jobs only (not failed, nor pruned trials). ``tag``: see :func:`gather`."""
+    table = gather(sweep_id, experiment, tag)
     if table.empty:
         log.info("[sweep %s] no finished jobs to summarise", sweep_id)
         return table
@@ -140,6 +152,7 @@ def summarize(sweep_id: str, parent_run_id: str | None, experiment: str, registr
         if parent_run_id:
             client.log_metric(parent_run_id, "jobs_finished", float(len(finished)))
             client.log_metric(parent_run_id, "jobs_failed", float((table.status == "FAILED").sum()))
+            client.log_metric(parent_run_id, "jobs_pruned", float((table.state == "PRUNED").sum()))
             for name in ("sweep_summary.csv", "sweep_summary.md", "sweep.png"):
                 if (folder / name).exists():
                     client.log_artifact(parent_run_id, str(folder / name))

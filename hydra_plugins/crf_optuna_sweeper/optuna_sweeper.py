@@ -1,0 +1,266 @@
+"""``hydra/sweeper=optuna``: model-based search (Optuna's ask/tell) with pruning, as a Hydra sweeper.
+
+The sweep is a sequence of batches. For each batch the sweeper asks the study for ``n_jobs``
+trials (TPE by default, seeded; with the constant liar, so trials asked together differ), turns
+their values into each job's overrides and hands the batch to whatever launcher is configured
+(joblib, Ray, SLURM): the launchers' own contract, so every launcher works. When the batch is done
+it tells the study each job's result: the value the job returned (its dev score by default), FAIL
+for a job that raised or returned none; a job whose pruner stopped it has already told the study
+itself (PRUNED) from wherever it ran. The study lives in a SQL database (by default
+``<paths.output_dir>/optuna.db``, beside the MLflow store; ``hydra.sweeper.storage=<URL>`` for a
+shared one), so jobs on other machines report to it and a study can be resumed by name
+(``hydra.sweeper.study_name=<name>``). The sweep's MLflow parent run, its summary and the
+registered champion come from the project's sweep callback as for a grid.
+
+Settings (``conf/hydra/sweeper/optuna.yaml``): ``params`` (the search space, Hydra's sweep grammar,
+see :mod:`pipeline.sweeps.search`), ``n_trials``, ``n_jobs`` (trials per batch), ``direction``,
+``metric`` (null: the dev score), ``seed``, ``storage``, ``study_name``, ``sampler`` and ``pruner``
+(``kind`` and the Optuna class's arguments), ``enqueue`` (settings to try first, e.g. a known good one).
+Everything is checked before the first job starts: a setting that cannot work ends the sweep with
+one line naming it (exit code 2), as a bad setting ends a run.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from hydra.core.plugins import Plugins
+from hydra.core.utils import JobReturn, JobStatus
+from hydra.plugins.sweeper import Sweeper
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, OmegaConf
+
+log = logging.getLogger(__name__)
+
+RESULTS_FILE = "optuna_results.yaml"
+STORAGE_TAG = "optuna.storage"  # on the sweep's parent run, with the study's name (pipeline.sweeps.pruning.STUDY_TAG)
+
+
+def _plain(value: Any) -> Any:
+    """A config node as plain containers (resolved); anything else as it is."""
+    return OmegaConf.to_container(value, resolve=True) if isinstance(value, DictConfig) else value
+
+
+class OptunaSweeper(Sweeper):
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        params: Mapping[str, str] | None = None,
+        n_trials: int = 20,
+        n_jobs: int = 2,
+        direction: str = "maximize",
+        metric: str | None = None,
+        seed: int | None = 0,
+        storage: str | None = None,
+        study_name: str | None = None,
+        sampler: Mapping[str, Any] | None = None,
+        pruner: Mapping[str, Any] | None = None,
+        enqueue: Sequence[Mapping[str, Any]] | None = None,
+    ) -> None:
+        super().__init__()
+        self.params = _plain(params) or {}
+        self.n_trials, self.n_jobs = n_trials, n_jobs
+        self.direction, self.metric, self.seed = direction, metric, seed
+        self.storage, self.study_name = storage, study_name
+        self.sampler, self.pruner = _plain(sampler) or {}, _plain(pruner) or {}
+        self.enqueue = _plain(enqueue) or []
+        self.hydra_context: HydraContext | None = None
+        self.config: DictConfig | None = None
+        self.launcher = None
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        self.hydra_context, self.config = hydra_context, config
+        self.launcher = Plugins.instance().instantiate_launcher(
+            hydra_context=hydra_context, task_function=task_function, config=config
+        )
+
+    def _check_counts(self) -> None:
+        from pipeline.sweeps.search import SweeperSettingError
+
+        for name in ("n_trials", "n_jobs"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise SweeperSettingError(f"hydra.sweeper.{name}={value!r}: a whole number, at least 1")
+
+    def _open_study(self) -> tuple[Any, str]:
+        """Check every setting, then create (or load, by name) the study; (study, storage URL)."""
+        import optuna
+
+        from pipeline.sweeps import search
+
+        self._check_counts()
+        assert self.config is not None
+        search.check_objective(self.metric, self.direction, self.pruner, OmegaConf.select(self.config, "train.dev_every"))
+        sampler = search.build_sampler(self.sampler, self.seed)
+        pruner = search.build_pruner(self.pruner)
+        url = search.storage_url(self.storage, OmegaConf.select(self.config, "paths.output_dir", default="outputs"))
+        name = self.study_name or f"{self.config.hydra.job.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        optuna.logging.disable_default_handler()  # Optuna's messages go through Hydra's logging
+        optuna.logging.enable_propagation()
+        study = optuna.create_study(
+            storage=search.open_storage(url),
+            study_name=str(name),
+            sampler=sampler,
+            pruner=pruner,
+            direction=self.direction,
+            load_if_exists=True,
+        )
+        if study.direction.name.lower() != self.direction:
+            raise search.SweeperSettingError(
+                f"study {name!r} in {search.redacted(url)} was created to {study.direction.name.lower()}, "
+                f"not {self.direction}: choose another hydra.sweeper.study_name"
+            )
+        study.set_user_attr("metric", self.metric)  # what the jobs report and return
+        study.set_user_attr("pruner", dict(self.pruner))  # the jobs build the same pruner
+        return study, url
+
+    def sweep(self, arguments: list[str]) -> list[Sequence[JobReturn]]:
+        from optuna.trial import TrialState
+
+        from pipeline.sweeps import search
+        from pipeline.sweeps.cluster import pass_to_jobs
+
+        assert self.config is not None and self.launcher is not None
+        try:
+            space = search.parse_space(self.params, arguments)
+            enqueued = search.check_enqueued(self.enqueue, space)
+            study, url = self._open_study()
+        except search.SweeperSettingError as error:  # one line naming the setting, as for a run's settings
+            log.error("%s", error)
+            sys.exit(2)
+        started = len(study.get_trials(deepcopy=False))  # a resumed study's earlier trials are not this sweep's
+        for params in enqueued:  # asked before anything is sampled
+            study.enqueue_trial(params, skip_if_exists=True)
+        variables = {search.STORAGE_VARIABLE: url, search.STUDY_VARIABLE: study.study_name}
+        if self.metric:
+            variables[search.METRIC_VARIABLE] = str(self.metric)
+        pass_to_jobs(self.config, variables)  # wherever the jobs run (Ray, SLURM too)
+        self._record_on_parent_run(study.study_name, url)
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
+        log.info(
+            "study %s in %s: %d trials, %d per batch; searching %s%s",
+            study.study_name,
+            search.redacted(url),
+            self.n_trials,
+            self.n_jobs,
+            ", ".join(f"{k} ~ {d}" for k, d in space.distributions.items()),
+            f"; fixed {' '.join(space.fixed)}" if space.fixed else "",
+        )
+        returns: list[Sequence[JobReturn]] = []
+        outcomes: list[str] = []
+        while len(outcomes) < self.n_trials:
+            size = min(self.n_jobs, self.n_trials - len(outcomes))
+            trials = [study.ask(space.distributions) for _ in range(size)]
+            values = [{key: trial.params[key] for key in space.distributions} for trial in trials]
+            batch = [
+                [*space.fixed, *search.trial_overrides(chosen), f"++hydra.job.env_set.{search.TRIAL_VARIABLE}='{trial.number}'"]
+                for trial, chosen in zip(trials, values)
+            ]
+            try:
+                self.validate_batch_is_legal(batch)
+                results = self.launcher.launch(batch, initial_job_idx=len(outcomes))
+            except BaseException:  # the launcher failed (or was interrupted): these trials will not report
+                for trial in trials:
+                    study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+                raise
+            returns.append(results)
+            states = {t.number: t.state for t in study.get_trials(deepcopy=False)}
+            for trial, chosen, result in zip(trials, values, results):
+                outcomes.append(self._tell(study, trial, chosen, result, states[trial.number]))
+            if all(outcome == "FAIL" for outcome in outcomes):
+                raise RuntimeError(
+                    f"every trial so far failed ({len(outcomes)}): see the jobs' logs under {sweep_dir}; "
+                    "a setting that no job can run is the usual cause"
+                )
+        self._report(study, url, sweep_dir, started)
+        return returns
+
+    def _tell(self, study: Any, trial: Any, chosen: Mapping[str, Any], result: JobReturn, state: Any) -> str:
+        """Tell the study how ``trial``'s job ended; its state's name (COMPLETE, PRUNED or FAIL)."""
+        from optuna.trial import TrialState
+
+        what = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in chosen.items())
+        if state.is_finished():  # the job pruned it (and told the study itself)
+            log.info("trial %d (%s): %s", trial.number, what, state.name)
+            return state.name
+        value, reason = None, None
+        if result.status == JobStatus.COMPLETED:
+            value = result.return_value
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+                reason = f"the job returned {value!r}, not a number"
+        else:
+            reason = f"{type(result._return_value).__name__}: {result._return_value}"
+        if reason is not None:
+            trial.set_user_attr("error", reason[:1000])
+            study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+            log.warning("trial %d (%s): FAIL (%s)", trial.number, what, reason.splitlines()[0][:300])
+            return "FAIL"
+        study.tell(trial, float(value), skip_if_finished=True)
+        log.info("trial %d (%s): %s %.4f", trial.number, what, self.metric or "dev score", float(value))
+        return "COMPLETE"
+
+    def _report(self, study: Any, url: str, sweep_dir: Path, started: int) -> None:
+        """The best trial and the count of each state, logged and written to ``optuna_results.yaml``."""
+        from optuna.trial import TrialState
+
+        from pipeline.sweeps import search
+
+        trials = study.get_trials(deepcopy=False)[started:]
+        states = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+        counts = {s.name.lower(): sum(t.state == s for t in trials) for s in states}
+        results: dict[str, Any] = {
+            "study": study.study_name,
+            "storage": search.redacted(url),
+            "direction": self.direction,
+            "metric": self.metric or "dev score (dev_f1, else dev_accuracy)",
+            "trials": counts,
+        }
+        if study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            best = study.best_trial
+            results["best"] = {"trial": best.number, "value": best.value, "params": dict(best.params),
+                               "overrides": search.trial_overrides(best.params)}  # fmt: skip
+            log.info(
+                "best trial %d: %s %.4f with %s (%s)",
+                best.number,
+                self.metric or "dev score",
+                best.value,
+                " ".join(search.trial_overrides(best.params)),
+                ", ".join(f"{n} {k}" for k, n in counts.items()),
+            )
+        else:
+            log.warning("no trial completed (%s)", ", ".join(f"{n} {k}" for k, n in counts.items()))
+        OmegaConf.save(OmegaConf.create(results), sweep_dir / RESULTS_FILE)
+        self._record_on_parent_run(study.study_name, url, sweep_dir / RESULTS_FILE)
+
+    def _record_on_parent_run(self, study_name: str, url: str, results: Path | None = None) -> None:
+        """Tag the sweep's MLflow parent run (made by the project's sweep callback, which leaves its id
+        in this process's environment) with the study's name and storage, and log ``results`` to it;
+        without a parent run (the callback removed from the config) nothing is recorded."""
+        import os
+
+        from mlflow.tracking import MlflowClient
+
+        from pipeline.sweeps import search
+        from pipeline.sweeps.pruning import STUDY_TAG
+        from pipeline.tracking import SWEEP_PARENT_VARIABLE
+
+        parent = os.environ.get(SWEEP_PARENT_VARIABLE)
+        if not parent:
+            return
+        try:
+            client = MlflowClient()
+            client.set_tag(parent, STUDY_TAG, study_name)
+            client.set_tag(parent, STORAGE_TAG, search.redacted(url))
+            if results is not None:
+                client.log_artifact(parent, str(results))
+        except Exception as error:  # the sweep's results stand without the record
+            log.warning("could not record the study on the sweep's parent run %s: %s", parent, error)

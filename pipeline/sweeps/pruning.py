@@ -1,0 +1,114 @@
+"""The job side of an Optuna sweep: dev scores reported to the trial during training, and pruning.
+
+The sweeper (``hydra_plugins/crf_optuna_sweeper``, in the launching process) asks the study for a
+trial and launches a job with the trial's values as overrides. The job, a separate process on
+any machine, learns which trial it is from its environment (:data:`STORAGE_VARIABLE`,
+:data:`STUDY_VARIABLE`, :data:`TRIAL_VARIABLE`: set through ``hydra.job.env_set``, so they reach Ray and
+SLURM jobs too) and opens the same study in the shared storage, with the pruner the sweeper stored
+in the study (its user attribute ``pruner``). Every ``train.dev_every`` iterations the training
+loop hands its dev scores to :class:`TrialReporter`, which reports the one the study optimises as
+the trial's intermediate value at that iteration and asks the pruner; when the pruner says stop,
+the reporter marks the trial PRUNED in the study and raises :class:`TrialPruned`, which ends the
+training and the job's runs (KILLED, tagged ``crf.trial_state=PRUNED``; see the runner).
+
+This module imports Optuna only when a job is a trial.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+# how the launching process tells a job which trial it is
+STORAGE_VARIABLE = "CRF_OPTUNA_STORAGE"
+STUDY_VARIABLE = "CRF_OPTUNA_STUDY"
+TRIAL_VARIABLE = "CRF_OPTUNA_TRIAL"
+# what a job returns to a sweeper (pipeline.engine.runner.objective_value); unset: the dev score
+METRIC_VARIABLE = "CRF_SWEEP_METRIC"
+DEV_SCORES = ("dev_f1", "dev_accuracy")  # what the training loop reports during training
+
+TRIAL_STATE_TAG = "crf.trial_state"  # PRUNED on a pruned trial's runs
+TRIAL_TAG = "optuna.trial"  # the trial number, on every run of a trial's job
+STUDY_TAG = "optuna.study"
+
+
+class TrialPruned(Exception):
+    """The study's pruner stopped this trial's training (not a failure)."""
+
+    def __init__(self, trial: int, iteration: int, metric: str, value: float) -> None:
+        super().__init__(f"trial {trial} pruned by the study's pruner at iteration {iteration} ({metric} {value:.2f})")
+        self.trial, self.iteration, self.metric, self.value = trial, iteration, metric, value
+
+
+def trial_environment() -> dict[str, str] | None:
+    """{storage, study, trial} when this process runs an Optuna trial's job, else None."""
+    values = {name: os.environ.get(variable) for name, variable in
+              (("storage", STORAGE_VARIABLE), ("study", STUDY_VARIABLE), ("trial", TRIAL_VARIABLE))}  # fmt: skip
+    if not values["trial"]:
+        return None
+    missing = [name for name, value in values.items() if not value]
+    if missing:
+        raise RuntimeError(f"an Optuna trial's job needs {', '.join(missing)} in its environment (set by the sweeper)")
+    return values  # type: ignore[return-value]
+
+
+def reported_score(metric: str | None, scores: Mapping[str, float]) -> tuple[str, float] | None:
+    """The dev score of ``scores`` that stands for the study's ``metric`` (null: F1 when there is
+    one, else accuracy, as :func:`pipeline.engine.runner.objective_value`); None if absent."""
+    wanted = metric.rsplit(".", 1)[1] if metric else None
+    for name in (wanted,) if wanted else ("dev_f1", "dev_accuracy"):
+        if name in scores:
+            return name, float(scores[name])
+    return None
+
+
+class TrialReporter:
+    """Reports one job's dev scores to its Optuna trial and prunes it when the pruner says so."""
+
+    def __init__(self, storage: str, study_name: str, number: int) -> None:
+        import optuna
+
+        from pipeline.sweeps.search import build_pruner, open_storage
+
+        optuna.logging.disable_default_handler()  # optuna's messages go through the job's log
+        optuna.logging.enable_propagation()
+        store = open_storage(storage)
+        study_id = store.get_study_id_from_name(study_name)
+        attributes = store.get_study_user_attrs(study_id)
+        self.metric: str | None = attributes.get("metric")
+        self.number = number
+        self.study = optuna.load_study(study_name=study_name, storage=store, pruner=build_pruner(attributes.get("pruner")))
+        # the trial the sweeper asked for, by its number; Trial(study, id) is how a process other
+        # than the one that asked for a trial reports to it (as optuna-integration's callbacks do)
+        self.trial = optuna.trial.Trial(self.study, store.get_trial_id_from_study_id_trial_number(study_id, number))
+
+    def __call__(self, iteration: int, scores: Mapping[str, float]) -> None:
+        found = reported_score(self.metric, scores)
+        if found is None:
+            return
+        name, value = found
+        self.trial.report(value, step=int(iteration))
+        if self.trial.should_prune():
+            import optuna
+
+            self.study.tell(self.trial, state=optuna.trial.TrialState.PRUNED)
+            log.info("trial %d: pruned at iteration %d (%s %.2f)", self.number, iteration, name, value)
+            raise TrialPruned(self.number, int(iteration), name, value)
+
+
+def reporter_from_environment() -> TrialReporter | None:
+    """The reporter of this job's trial (see the module docstring), or None outside an Optuna sweep."""
+    found = trial_environment()
+    if found is None:
+        return None
+    return TrialReporter(found["storage"], found["study"], int(found["trial"]))
+
+
+def trial_tags() -> dict[str, Any]:
+    """The trial's number and study as run tags (empty outside an Optuna sweep)."""
+    found = trial_environment()
+    return {} if found is None else {TRIAL_TAG: found["trial"], STUDY_TAG: found["study"]}

@@ -1,0 +1,259 @@
+"""The Optuna sweeper's settings: its search space, sampler, pruner and study storage.
+
+The search space is written in Hydra's own sweep grammar, one entry per config key (the sweeper's
+``params`` and the command line's sweep overrides, the command line winning):
+
+- ``choice(lbfgs, l1, elasticnet)`` or ``lbfgs,l1,elasticnet``: a categorical (config groups too);
+- ``interval(0.1, 0.9)``: a float drawn uniformly from [low, high]; ``tag(log, interval(0.001, 10))``
+  on a log scale; ``tag(int, interval(1, 100))`` an integer (``tag(int, log, ...)`` both);
+- ``range(10, 100, 10)``: integers start, start + step, ... below stop (Python's ``range``); a
+  float range is a categorical of its values;
+- a plain value (``trainer.threads: 1``): the same for every trial.
+
+Each trial's values become ordinary Hydra overrides of its job (``trainer=l1 trainer.strength=0.0371``).
+This module is used by ``hydra_plugins/crf_optuna_sweeper`` in the launching process; the job side
+(intermediate dev scores and pruning) is :mod:`pipeline.sweeps.pruning`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, Override, RangeSweep
+from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
+
+from pipeline.sweeps.pruning import DEV_SCORES, METRIC_VARIABLE, STORAGE_VARIABLE, STUDY_VARIABLE, TRIAL_VARIABLE
+
+__all__ = ["METRIC_VARIABLE", "STORAGE_VARIABLE", "STUDY_VARIABLE", "TRIAL_VARIABLE"]
+
+SAMPLERS = {"tpe": optuna.samplers.TPESampler, "random": optuna.samplers.RandomSampler}
+PRUNERS = {
+    "none": optuna.pruners.NopPruner,
+    "median": optuna.pruners.MedianPruner,
+    "percentile": optuna.pruners.PercentilePruner,
+    "hyperband": optuna.pruners.HyperbandPruner,
+    "successive_halving": optuna.pruners.SuccessiveHalvingPruner,
+    "threshold": optuna.pruners.ThresholdPruner,
+}
+TAGS = {"log", "int"}
+_PLAIN = re.compile(r"^[A-Za-z0-9_.\-/:]+$")  # a string value that needs no quotes in an override
+
+
+class SweeperSettingError(ValueError):
+    """A setting of the Optuna sweeper that cannot work; the message is one line naming it."""
+
+
+@dataclass
+class SearchSpace:
+    """What a sweep varies (Optuna distributions by override key) and what every trial shares
+    (overrides as written)."""
+
+    distributions: dict[str, BaseDistribution] = field(default_factory=dict)
+    fixed: list[str] = field(default_factory=list)
+
+
+def _distribution(override: Override) -> BaseDistribution:
+    """The Optuna distribution of one sweep override (see the module docstring)."""
+    key, sweep = override.get_key_element(), override.value()
+    tags = set(getattr(sweep, "tags", set()))
+    if tags - TAGS:
+        raise SweeperSettingError(f"{key}: unknown tag(s) {sorted(tags - TAGS)}; known: log, int (on interval)")
+    if isinstance(sweep, IntervalSweep):
+        low, high = float(sweep.start), float(sweep.end)
+        if not low < high:
+            raise SweeperSettingError(f"{key}: interval({low:g}, {high:g}) is empty: the low end must be below the high end")
+        if "log" in tags and low <= 0:
+            raise SweeperSettingError(f"{key}: a log-scale interval needs a positive low end, not {low:g}")
+        if "int" in tags:
+            if low != int(low) or high != int(high):
+                raise SweeperSettingError(f"{key}: tag(int, interval({low:g}, {high:g})) needs whole-number ends")
+            return IntDistribution(int(low), int(high), log="log" in tags)
+        return FloatDistribution(low, high, log="log" in tags)
+    if tags:
+        raise SweeperSettingError(f"{key}: tag({', '.join(sorted(tags))}, ...) applies to interval() only")
+    if isinstance(sweep, RangeSweep):
+        if sweep.shuffle:
+            raise SweeperSettingError(f"{key}: shuffle() means nothing to a sampler; give the range itself")
+        values = list(sweep.range())
+        if not values:
+            raise SweeperSettingError(f"{key}: range({sweep.start}, {sweep.stop}, {sweep.step}) has no values")
+        if all(isinstance(v, int) for v in values) and sweep.step > 0:
+            return IntDistribution(values[0], values[-1], step=int(sweep.step))
+        return CategoricalDistribution(values)
+    if isinstance(sweep, ChoiceSweep):
+        if sweep.shuffle:
+            raise SweeperSettingError(f"{key}: shuffle() means nothing to a sampler; give the choice itself")
+        values = list(sweep.list)
+        bad = [v for v in values if not (v is None or isinstance(v, (bool, int, float, str)))]
+        if bad:
+            raise SweeperSettingError(f"{key}: choice values must be numbers, strings, booleans or null, not {bad[0]!r}")
+        if len(set(map(repr, values))) != len(values):
+            raise SweeperSettingError(f"{key}: a choice value is repeated in {values}")
+        return CategoricalDistribution(values)
+    raise SweeperSettingError(f"{key}: {type(sweep).__name__} is not a search space (choice, range or interval)")
+
+
+def parse_space(params: Mapping[str, Any] | None, arguments: Sequence[str]) -> SearchSpace:
+    """The search space of the sweeper's ``params`` ({key: grammar string}) and the multirun's
+    command-line ``arguments`` (its task overrides); a key on the command line replaces the same key
+    of ``params``. SweeperSettingError (one line) for what is not a search space."""
+    lines = [f"{key}={value}" for key, value in (params or {}).items()] + list(arguments)
+    try:
+        overrides = OverridesParser.create().parse_overrides(lines)
+    except Exception as error:  # Hydra's grammar errors are multi-line: keep their first line
+        raise SweeperSettingError(f"bad search space: {str(error).strip().splitlines()[0]}") from None
+    chosen: dict[str, Override] = {}
+    for override in overrides:  # the last word on a key wins (params first, then the command line)
+        chosen.pop(override.get_key_element(), None)
+        chosen[override.get_key_element()] = override
+    space = SearchSpace()
+    for key, override in chosen.items():
+        if override.is_sweep_override():
+            space.distributions[key] = _distribution(override)
+        else:
+            space.fixed.append(f"{key}={override.get_value_element_as_str()}")
+    if not space.distributions:
+        raise SweeperSettingError(
+            "nothing to search: give hydra.sweeper.params (e.g. {trainer.c2: 'tag(log, interval(0.001, 10))'}) "
+            "or a sweep override such as 'trainer.c2=tag(log, interval(0.001, 10))'"
+        )
+    return space
+
+
+def check_enqueued(trials: Sequence[Mapping[str, Any]] | None, space: SearchSpace) -> list[dict[str, Any]]:
+    """``hydra.sweeper.enqueue``: settings to try first (each {key: value} of the search space; keys
+    left out are sampled), checked against the space; SweeperSettingError (one line) otherwise."""
+    checked = []
+    for number, trial in enumerate(trials or []):
+        if not isinstance(trial, Mapping) or not trial:
+            raise SweeperSettingError(f"hydra.sweeper.enqueue[{number}]={trial!r}: a mapping of search-space keys to values")
+        for key, value in trial.items():
+            distribution = space.distributions.get(key)
+            if distribution is None:
+                raise SweeperSettingError(
+                    f"hydra.sweeper.enqueue[{number}]: {key} is not searched (the space: {', '.join(space.distributions)})"
+                )
+            if isinstance(distribution, CategoricalDistribution):
+                inside = value in distribution.choices
+            else:
+                number_given = isinstance(value, (int, float)) and not isinstance(value, bool)
+                inside = number_given and distribution.low <= value <= distribution.high
+            if not inside:
+                raise SweeperSettingError(
+                    f"hydra.sweeper.enqueue[{number}]: {key}={value!r} is outside its search space {distribution}"
+                )
+        checked.append(dict(trial))
+    return checked
+
+
+def format_value(value: Any) -> str:
+    """``value`` as the value of a Hydra override: numbers exactly (``repr``), booleans and null
+    as Hydra writes them, strings quoted unless they are plain words."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise SweeperSettingError(f"cannot pass {value!r} as an override")
+        return repr(value)
+    if isinstance(value, int):
+        return str(value)
+    text = str(value)
+    if _PLAIN.match(text):
+        return text
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def trial_overrides(params: Mapping[str, Any]) -> list[str]:
+    """A trial's sampled values as the overrides of its job (in the search space's key order)."""
+    return [f"{key}={format_value(value)}" for key, value in params.items()]
+
+
+def _build(kind_of: str, table: Mapping[str, type], settings: Mapping[str, Any] | None, default: str, **extra: Any) -> Any:
+    settings = dict(settings or {})
+    kind = str(settings.pop("kind", default))
+    if kind not in table:
+        raise SweeperSettingError(f"hydra.sweeper.{kind_of}.kind={kind!r}: one of {', '.join(table)}")
+    try:
+        return table[kind](**settings, **extra)
+    except (TypeError, ValueError) as error:
+        message = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise SweeperSettingError(f"hydra.sweeper.{kind_of} ({kind}): {message}") from None
+
+
+def build_sampler(settings: Mapping[str, Any] | None, seed: int | None) -> optuna.samplers.BaseSampler:
+    """The sampler of ``hydra.sweeper.sampler`` (``kind``: tpe or random; the other keys are the
+    sampler's arguments), seeded with ``seed``."""
+    return _build("sampler", SAMPLERS, settings, "tpe", seed=seed)
+
+
+def build_pruner(settings: Mapping[str, Any] | None) -> optuna.pruners.BasePruner:
+    """The pruner of ``hydra.sweeper.pruner`` (``kind``: one of :data:`PRUNERS`; the other keys are
+    the pruner's arguments; steps are training iterations)."""
+    return _build("pruner", PRUNERS, settings, "none")
+
+
+def prunes(settings: Mapping[str, Any] | None) -> bool:
+    """Whether ``hydra.sweeper.pruner`` prunes at all (kind other than none)."""
+    return str(dict(settings or {}).get("kind", "none")) != "none"
+
+
+def check_objective(metric: str | None, direction: str, pruner: Mapping[str, Any] | None, dev_every: int | None) -> None:
+    """The objective and pruning settings agree: a known direction; the dev score (``metric``
+    null, or ``<stage>.dev_f1``/``<stage>.dev_accuracy``) is maximised; pruning compares the dev
+    score during training, so it needs that metric and dev scores (``train.dev_every`` > 0)."""
+    if direction not in ("maximize", "minimize"):
+        raise SweeperSettingError(f"hydra.sweeper.direction={direction!r}: maximize or minimize")
+    if metric is not None and (not isinstance(metric, str) or "." not in metric):
+        raise SweeperSettingError(f"hydra.sweeper.metric={metric!r}: a job's metric as <stage>.<name>, e.g. evaluate.dev_f1")
+    dev_score = metric is None or metric.rsplit(".", 1)[1] in DEV_SCORES
+    if dev_score and direction != "maximize":
+        raise SweeperSettingError(f"hydra.sweeper.direction={direction}: the dev score ({metric or 'default'}) is maximised")
+    if prunes(pruner):
+        if not dev_score:
+            raise SweeperSettingError(
+                f"hydra.sweeper.pruner compares the dev score during training, but the metric is {metric}: "
+                "set hydra.sweeper.pruner.kind=none or optimise the dev score"
+            )
+        if not dev_every:
+            raise SweeperSettingError("pruning needs dev scores during training: set train.dev_every > 0 (e.g. 10)")
+
+
+def storage_url(storage: str | None, output_dir: str | Path) -> str:
+    """The study's storage: ``storage`` when given (a SQLAlchemy URL: ``sqlite:///...``,
+    ``postgresql+psycopg://...``), else ``sqlite:///<output_dir>/optuna.db`` beside the MLflow
+    store; a relative SQLite path is made absolute (the jobs may run in other folders)."""
+    url = storage or f"sqlite:///{Path(output_dir).absolute() / 'optuna.db'}"
+    if not isinstance(url, str) or "://" not in url:
+        raise SweeperSettingError(f"hydra.sweeper.storage={storage!r}: a database URL such as sqlite:////abs/path/optuna.db")
+    if url.startswith("sqlite:///"):
+        path = url[len("sqlite:///") :]
+        if path in ("", ":memory:"):
+            raise SweeperSettingError(f"hydra.sweeper.storage={storage!r}: the jobs cannot reach an in-memory study; name a file")
+        url = f"sqlite:///{Path(path).absolute()}"
+    elif url.startswith("sqlite:"):
+        raise SweeperSettingError(f"hydra.sweeper.storage={storage!r}: a SQLite study lives in a file (sqlite:///<path>)")
+    return url
+
+
+def open_storage(url: str) -> optuna.storages.RDBStorage:
+    """Optuna's SQL storage at ``url``; a SQLite file (and its folder) is created if new, and waits
+    up to a minute for a lock (the sweeper and its jobs write to it at the same time)."""
+    engine: dict[str, Any] = {}
+    if url.startswith("sqlite:///"):
+        Path(url[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
+        engine = {"connect_args": {"timeout": 60}}
+    return optuna.storages.RDBStorage(url, engine_kwargs=engine)
+
+
+def redacted(url: str) -> str:
+    """``url`` without its password (for logs and results files)."""
+    return re.sub(r"(://[^:/@]+):[^@/]*@", r"\1:***@", url)

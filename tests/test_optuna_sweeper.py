@@ -1,0 +1,293 @@
+"""hydra/sweeper=optuna: the search space in Hydra's grammar, the sweeper's settings, the job-side
+pruning callback and a real multirun on the tiny corpus with one trial pruned."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+import optuna  # noqa: E402
+from hydra import compose, initialize_config_dir  # noqa: E402
+from mlflow.tracking import MlflowClient  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution  # noqa: E402
+from optuna.trial import TrialState  # noqa: E402
+from pipeline_helpers import CONF_DIR, seed_store, tiny_overrides, write_corpus  # noqa: E402
+
+from pipeline.engine.runner import objective_value  # noqa: E402
+from pipeline.sweeps import pruning, search  # noqa: E402
+from pipeline.sweeps.search import SweeperSettingError  # noqa: E402
+
+PROJECT = Path(__file__).resolve().parents[1]
+
+
+def test_search_space_in_hydras_sweep_grammar():
+    params = {
+        "trainer": "choice(lbfgs, l1, elasticnet)",
+        "trainer.strength": "tag(log, interval(0.01, 10))",
+        "trainer.period": "range(5, 25, 5)",
+        "trainer.num_memories": "tag(int, interval(3, 9))",
+        "trainer.threads": "1",
+    }
+    space = search.parse_space(params, ["trainer.l2_ratio=interval(0.1, 0.9)", "trainer.strength=0.1,0.3", "seed=3"])
+    distributions = space.distributions
+    assert distributions["trainer"] == CategoricalDistribution(["lbfgs", "l1", "elasticnet"])
+    assert distributions["trainer.strength"] == CategoricalDistribution([0.1, 0.3])  # the command line replaced it
+    assert distributions["trainer.period"] == IntDistribution(5, 20, step=5)  # Python's range: stop excluded
+    assert distributions["trainer.num_memories"] == IntDistribution(3, 9)
+    assert distributions["trainer.l2_ratio"] == FloatDistribution(0.1, 0.9)
+    assert space.fixed == ["trainer.threads=1", "seed=3"]
+    logged = search.parse_space({"trainer.c2": "tag(log, interval(0.001, 10))"}, []).distributions["trainer.c2"]
+    assert logged == FloatDistribution(0.001, 10.0, log=True)
+    assert search.parse_space({}, ["x=range(0.25, 1, 0.25)"]).distributions["x"] == CategoricalDistribution([0.25, 0.5, 0.75])
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"trainer.c2": "tag(log, interval(0, 10))"}, "log-scale interval needs a positive low end"),
+        ({"trainer.c2": "interval(3, 1)"}, "is empty"),
+        ({"trainer.c2": "tag(loga, interval(1, 3))"}, "unknown tag"),
+        ({"trainer.c2": "tag(log, choice(1, 3))"}, "applies to interval"),
+        ({"trainer.c2": "shuffle(1, 3)"}, "means nothing to a sampler"),
+        ({"trainer.c2": "1"}, "nothing to search"),
+        ({"trainer.c2": "choice(1, 1)"}, "repeated"),
+        ({"trainer.c2": "interval(1,"}, "bad search space"),
+        ({"trainer.c2": "tag(int, interval(0.5, 3))"}, "whole-number ends"),
+    ],
+)
+def test_search_space_errors_are_one_line(params, message):
+    with pytest.raises(SweeperSettingError, match=message) as info:
+        search.parse_space(params, [])
+    assert "\n" not in str(info.value)
+
+
+def test_trial_values_become_overrides_hydra_reads_back():
+    values = {"trainer": "l1", "trainer.strength": 0.1 + 0.2, "flag": True, "x": None, "n": 3, "name": "two words", "q": "it's"}
+    overrides = search.trial_overrides(values)
+    assert overrides[:5] == ["trainer=l1", "trainer.strength=0.30000000000000004", "flag=true", "x=null", "n=3"]
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    assert [o.value() for o in parsed] == list(values.values())  # exactly the sampled values
+
+
+def test_enqueued_settings_are_checked_against_the_space():
+    space = search.parse_space({"trainer": "choice(lbfgs, l1)", "trainer.strength": "tag(log, interval(0.01, 10))"}, [])
+    assert search.check_enqueued([{"trainer": "l1", "trainer.strength": 1}], space) == [{"trainer": "l1", "trainer.strength": 1}]
+    with pytest.raises(SweeperSettingError, match="trainer.c2 is not searched"):
+        search.check_enqueued([{"trainer.c2": 1.0}], space)
+    with pytest.raises(SweeperSettingError, match="outside its search space"):
+        search.check_enqueued([{"trainer.strength": 30}], space)
+    with pytest.raises(SweeperSettingError, match="outside its search space"):
+        search.check_enqueued([{"trainer": "sgd"}], space)
+
+
+def _sweeper_config(overrides: list[str]):
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+        cfg = compose(config_name="config", overrides=["hydra/sweeper=optuna", *overrides], return_hydra_config=True)
+    return OmegaConf.to_container(cfg.hydra.sweeper, resolve=True)
+
+
+@pytest.mark.parametrize("pruner", sorted(p.stem for p in (Path(CONF_DIR) / "hydra" / "sweeper" / "pruner").glob("*.yaml")))
+def test_every_shipped_pruner_builds(pruner):
+    given = ["hydra.sweeper.pruner.lower=90"] if pruner == "threshold" else []  # a threshold has no default
+    settings = _sweeper_config([f"hydra/sweeper/pruner={pruner}", *given])["pruner"]
+    assert settings["kind"] == pruner
+    assert isinstance(search.build_pruner(settings), search.PRUNERS[pruner])
+
+
+def test_every_shipped_sampler_builds_and_the_default_space_is_the_grids():
+    for sampler in ("tpe", "random"):
+        settings = _sweeper_config([f"hydra/sweeper/sampler={sampler}"])["sampler"]
+        assert isinstance(search.build_sampler(settings, seed=0), search.SAMPLERS[sampler])
+    # the default space parses and is the reg_sweep grid's, continuous
+    default = _sweeper_config([])
+    space = search.parse_space(default["params"], [])
+    assert set(space.distributions) == {"trainer", "trainer.strength"} and default["pruner"]["kind"] == "median"
+    assert default["n_trials"] == 20 and default["direction"] == "maximize" and default["metric"] is None
+
+
+def test_sweeper_settings_fail_in_one_line():
+    with pytest.raises(SweeperSettingError, match=r"pruner.kind='medium': one of none, median"):
+        search.build_pruner({"kind": "medium"})
+    with pytest.raises(SweeperSettingError, match=r"hydra.sweeper.pruner \(median\)"):
+        search.build_pruner({"kind": "median", "n_warmup_step": 3})
+    with pytest.raises(SweeperSettingError, match="compares the dev score"):
+        search.check_objective("train.nonzero_weights", "minimize", {"kind": "median"}, 10)
+    search.check_objective("train.nonzero_weights", "minimize", {"kind": "none"}, 10)
+    with pytest.raises(SweeperSettingError, match="train.dev_every > 0"):
+        search.check_objective(None, "maximize", {"kind": "median"}, 0)
+    with pytest.raises(SweeperSettingError, match="is maximised"):
+        search.check_objective("evaluate.dev_f1", "minimize", {"kind": "none"}, 10)
+    with pytest.raises(SweeperSettingError, match="<stage>.<name>"):
+        search.check_objective("dev_f1", "maximize", {"kind": "none"}, 10)
+
+
+def test_a_bad_sweeper_setting_ends_the_sweep_in_one_line(caplog):
+    from hydra_plugins.crf_optuna_sweeper.optuna_sweeper import OptunaSweeper
+
+    sweeper = OptunaSweeper(params={"trainer.c2": "tag(log, interval(0, 1))"})
+    sweeper.config, sweeper.launcher = OmegaConf.create({}), object()  # as after setup; nothing is launched
+    with pytest.raises(SystemExit) as ended:
+        sweeper.sweep([])
+    assert ended.value.code == 2
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == [
+        "trainer.c2: a log-scale interval needs a positive low end, not 0"
+    ]
+
+
+def test_storage_defaults_beside_the_mlflow_store(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert search.storage_url(None, "outputs") == f"sqlite:///{tmp_path / 'outputs' / 'optuna.db'}"
+    assert search.storage_url("sqlite:///studies/a.db", "outputs") == f"sqlite:///{tmp_path / 'studies' / 'a.db'}"
+    assert search.storage_url("postgresql+psycopg://u:secret@db:5432/optuna", "x").endswith("@db:5432/optuna")
+    assert search.redacted("postgresql+psycopg://u:secret@db:5432/optuna") == "postgresql+psycopg://u:***@db:5432/optuna"
+    with pytest.raises(SweeperSettingError, match="database URL"):
+        search.storage_url("optuna.db", "outputs")
+    with pytest.raises(SweeperSettingError, match="in-memory"):
+        search.storage_url("sqlite:///:memory:", "outputs")
+
+
+def _study_with_a_trial(tmp_path: Path, pruner: dict, metric: str | None = None):
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    study = optuna.create_study(storage=search.open_storage(url), study_name="s", direction="maximize")
+    study.set_user_attr("pruner", pruner)
+    study.set_user_attr("metric", metric)
+    trial = study.ask({"trainer.c2": FloatDistribution(0.01, 1, log=True)})
+    return url, study, trial
+
+
+def test_the_pruning_callback_reports_and_prunes_through_the_shared_study(tmp_path, monkeypatch):
+    url, study, trial = _study_with_a_trial(tmp_path, {"kind": "threshold", "lower": 90.0, "n_warmup_steps": 20})
+    assert pruning.reporter_from_environment() is None  # not a trial's job
+    monkeypatch.setenv(pruning.STORAGE_VARIABLE, url)
+    monkeypatch.setenv(pruning.STUDY_VARIABLE, "s")
+    monkeypatch.setenv(pruning.TRIAL_VARIABLE, str(trial.number))
+    report = pruning.reporter_from_environment()  # what a job (another process) builds from its environment
+    assert pruning.trial_tags() == {"optuna.trial": "0", "optuna.study": "s"}
+    report(10, {"dev_accuracy": 70.0, "dev_f1": 60.0})  # below the threshold, but still warming up
+    report(20, {"dev_accuracy": 95.0, "dev_f1": 91.0})
+    with pytest.raises(pruning.TrialPruned, match="trial 0 pruned .* at iteration 30 \\(dev_f1 85.00\\)") as info:
+        report(30, {"dev_accuracy": 96.0, "dev_f1": 85.0})
+    assert (info.value.iteration, info.value.metric, info.value.value) == (30, "dev_f1", 85.0)
+    (stored,) = optuna.load_study(study_name="s", storage=url).get_trials()
+    assert stored.state == TrialState.PRUNED and stored.intermediate_values == {10: 60.0, 20: 91.0, 30: 85.0}
+
+
+def test_the_pruning_callback_reports_the_studys_metric(tmp_path, monkeypatch):
+    url, study, trial = _study_with_a_trial(tmp_path, {"kind": "none"}, metric="evaluate.dev_accuracy")
+    report = pruning.TrialReporter(url, "s", trial.number)
+    report(10, {"dev_accuracy": 70.0, "dev_f1": 60.0})
+    report(20, {"dev_f1": 61.0})  # no accuracy: nothing to report
+    assert study.get_trials()[0].intermediate_values == {10: 70.0}
+    assert pruning.reported_score(None, {"dev_accuracy": 1.0}) == ("dev_accuracy", 1.0)
+
+
+def test_progress_hands_dev_scores_to_the_reporter_and_a_prune_stops_training():
+    from conftest import word_class_corpus
+
+    from crf import CRF
+    from pipeline.models.crf import Progress
+
+    X, y = word_class_corpus(0, 60, 12, (3, 8), inside_below=7, a_below=9)
+    logged, seen = [], []
+
+    def report(iteration, scores):
+        seen.append((iteration, dict(scores), len(logged)))
+        if iteration >= 6:
+            raise pruning.TrialPruned(0, iteration, "dev_f1", scores["dev_f1"])
+
+    model = CRF(dev_every=3, max_iterations=50, c2=0.1)
+    model.callback = Progress(model, y[40:], "IOB2", lambda batch: logged.extend(batch), report_dev=report)
+    with pytest.raises(pruning.TrialPruned):
+        model.fit(X[:40], y[:40], X[40:], y[40:])
+    assert [iteration for iteration, _, _ in seen] == [3, 6]
+    assert set(seen[0][1]) == {"dev_accuracy", "dev_f1"}
+    assert seen[-1][2] == 6  # every iteration's step metrics were logged before the pruner was asked
+
+
+def test_objective_value_names_the_metric_and_has_none_for_a_pruned_trial():
+    results = {"train.iterations": 40, "evaluate.dev_f1": 91.0, "evaluate.dev_accuracy": 95.0}
+    assert objective_value(results) == 91.0
+    assert objective_value(results, "evaluate.dev_accuracy") == 95.0
+    assert objective_value(results, "train.iterations") == 40.0
+    with pytest.raises(ValueError, match="not one of this job's metrics"):
+        objective_value(results, "evaluate.dev_f2")
+    assert objective_value({"pipeline.pruned_at_iteration": 20, "pipeline.pruned_dev_f1": 80.0}) is None
+
+
+@pytest.mark.slow
+def test_optuna_sweep_end_to_end_with_a_pruned_trial(tmp_path):
+    """A real multirun (joblib, two jobs at a time) of three trials on the tiny corpus: a good
+    setting and a hopeless one enqueued first (L1 so strong that dev F1 stays at 80), then one
+    sampled; a threshold pruner at dev F1 90 prunes the hopeless one at its first report."""
+    data_root = write_corpus(tmp_path / "data", n_train=60, n_test=20)
+    out = tmp_path / "out"
+    seed_store(out)
+    sweep = [
+        "hydra/sweeper=optuna",
+        "hydra.sweeper.n_trials=3",
+        "hydra.sweeper.study_name=tiny",
+        "hydra.sweeper.enqueue=[{trainer:lbfgs,trainer.strength:0.01},{trainer:l1,trainer.strength:30}]",
+        "trainer.strength=tag(log, interval(0.01, 100))",  # replaces the default space's range
+        "hydra/sweeper/pruner=threshold",
+        "hydra.sweeper.pruner.lower=90",
+    ]
+    command = [sys.executable, "-m", "pipeline", "-m", *sweep, *tiny_overrides(data_root, out)]
+    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    done = subprocess.run(command, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
+
+    # the study: in the default storage beside the MLflow store, one trial pruned by its job
+    study = optuna.load_study(study_name="tiny", storage=f"sqlite:///{out / 'optuna.db'}")
+    trials = study.get_trials()
+    assert [t.state for t in trials] == [TrialState.COMPLETE, TrialState.PRUNED, TrialState.COMPLETE]
+    assert trials[1].params == {"trainer": "l1", "trainer.strength": 30.0} and trials[1].intermediate_values == {5: 80.0}
+    assert trials[0].intermediate_values and trials[0].value == 100.0
+    assert study.user_attrs["pruner"]["kind"] == "threshold"
+    (results_file,) = (out / "hydra" / "multirun").glob("*/optuna_results.yaml")
+    results = OmegaConf.load(results_file)
+    assert dict(results.trials) == {"complete": 2, "pruned": 1, "fail": 0} and results.best.trial in (0, 2)
+
+    # MLflow: the sweep's parent run, the trials as its children, the pruned one KILLED and tagged
+    client = MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("crf")
+    (parent,) = client.search_runs([experiment.experiment_id], filter_string="tags.stage = 'sweep'")
+    jobs = client.search_runs([experiment.experiment_id], filter_string="tags.stage = 'pipeline'")
+    assert len(jobs) == 3 and all(j.data.tags["mlflow.parentRunId"] == parent.info.run_id for j in jobs)
+    by_trial = {int(j.data.tags["optuna.trial"]): j for j in jobs}
+    assert {j.data.tags["optuna.study"] for j in jobs} == {"tiny"}
+    pruned = by_trial[1]
+    assert pruned.info.status == "KILLED" and pruned.data.tags["crf.trial_state"] == "PRUNED"
+    assert "pruned by the study's pruner at iteration 5" in pruned.data.tags["crf.end_reason"]
+    assert pruned.data.metrics["pruned_at_iteration"] == 5 and pruned.data.metrics["pruned_dev_f1"] == 80.0
+    stage_runs = client.search_runs([experiment.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{pruned.info.run_id}'")
+    train = next(r for r in stage_runs if r.data.tags["stage"] == "train")
+    assert train.info.status == "KILLED" and train.data.tags["crf.trial_state"] == "PRUNED"
+    assert "evaluate" not in {r.data.tags["stage"] for r in stage_runs}
+    assert all(by_trial[n].info.status == "FINISHED" and "crf.trial_state" not in by_trial[n].data.tags for n in (0, 2))
+    assert not list((out / "cache" / "train").glob(f"{train.data.tags['cache_key']}*"))  # a pruned fit is not cached
+
+    # the grid's summary: pruned jobs counted apart (not failures), the best among finished ones, registered
+    assert parent.info.status == "FINISHED"
+    assert parent.data.tags["optuna.study"] == "tiny" and parent.data.tags["optuna.storage"] == f"sqlite:///{out / 'optuna.db'}"
+    counts = [parent.data.metrics[f"jobs_{state}"] for state in ("finished", "pruned", "failed")]
+    assert counts == [2, 1, 0]
+    assert parent.data.tags["best_run_id"] in {by_trial[0].info.run_id, by_trial[2].info.run_id}
+    assert parent.data.tags["registered_model"] == "models:/conll2000-crf@champion"
+    logged = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert {"sweep_summary.csv", "sweep_summary.md", "sweep.png", "optuna_results.yaml"} <= logged
+    summary = pd.read_csv(client.download_artifacts(parent.info.run_id, "sweep_summary.csv", str(tmp_path)))
+    assert sorted(summary["state"]) == ["FINISHED", "FINISHED", "PRUNED"]
+    assert math.isnan(summary.loc[summary.state == "PRUNED", "dev_score"].iloc[0])
+    assert "trial 1 (trainer=l1 trainer.strength=30): PRUNED" in done.stdout + done.stderr
