@@ -444,15 +444,17 @@ def kbest_viterbi(emissions, transitions, start, end, lengths, k: int, allowed=N
 
 
 def sequence_scores(emissions, transitions, start, end, offsets, labels) -> np.ndarray:
-    """score(y) of the given labelling of every sequence, shape (N,)."""
+    """score(y) of the given labelling of every sequence, shape (N,). ``labels`` (T,) are states
+    of the operator (labels for a first-order chain; see its ``edge_scores``)."""
     offsets = np.asarray(offsets, dtype=np.int64)
     labels = np.asarray(labels, dtype=np.int64)
     n_tokens = labels.size
     token_scores = emissions[np.arange(n_tokens), labels]
     is_first = np.zeros(n_tokens, dtype=bool)
     is_first[offsets[:-1]] = True
-    previous = np.roll(labels, 1)
-    token_scores = token_scores + np.where(is_first, start[labels], transitions[previous, labels])
+    previous = np.where(is_first, labels, np.roll(labels, 1))  # a first token's own state: any edge will do
+    edges = _operator(transitions).edge_scores(previous, labels)
+    token_scores = token_scores + np.where(is_first, np.asarray(start)[labels], edges)
     totals = np.add.reduceat(token_scores, offsets[:-1])
     return totals + end[labels[offsets[1:] - 1]]
 
@@ -477,10 +479,11 @@ def constrained_log_probability(
     unconstrained forward message of the token before the window (or ``start``) and closed with
     the unconstrained backward message of the window's last token.
 
-    ``log_alpha``, ``log_beta`` (T, L) and ``log_z`` (N,) come from :func:`forward_backward`
+    ``log_alpha``, ``log_beta`` (T, S) and ``log_z`` (N,) come from :func:`forward_backward`
     with ``keep_messages=True``. Window k lies in sequence ``sequence[k]`` from its token
     ``first[k]`` on; its allowed-label masks are ``allowed[window_offsets[k]:window_offsets[k+1]]``
-    (a (W, L) boolean array over all windows). Returns (K,) log probabilities.
+    (a (W, L) boolean array over all windows, or (W, S) per state; a per-label mask of a
+    pair-state chain allows every state of the label). Returns (K,) log probabilities.
     """
     sequence = np.asarray(sequence, dtype=np.int64)
     first = np.asarray(first, dtype=np.int64)
@@ -489,8 +492,11 @@ def constrained_log_probability(
     if np.any(first < 0) or np.any(starts + widths > offsets[sequence + 1]):
         raise ValueError("a window runs outside its sequence")
     window_tokens = np.repeat(starts, widths) + (np.arange(widths.sum()) - np.repeat(window_offsets[:-1], widths))
-    masked = np.where(allowed, emissions[window_tokens], -np.inf)
     semiring, operator = LogSemiring, _operator(transitions)
+    allowed = np.asarray(allowed, dtype=bool)
+    if allowed.shape[1:] != emissions.shape[1:]:  # per label: every state of the label
+        allowed = operator.state_emissions(allowed)
+    masked = np.where(allowed, emissions[window_tokens], -np.inf)
     column_top, lifted_operator = operator.lift(semiring)
     # the incoming message of each window, folded into its first token's emissions
     incoming = np.tile(start, (sequence.size, 1))

@@ -82,7 +82,8 @@ class TaggerView:
 
     def set(self, xseq) -> None:
         """Make ``xseq`` (a list of token features) the current sequence."""
-        self._emissions = self.model.emissions([xseq])[0] if len(xseq) else np.zeros((0, len(self.model.classes_)))
+        S = self.model._structure().n_states
+        self._emissions = self.model.chain_emissions([xseq])[0] if len(xseq) else np.zeros((0, S))
         self._marginals = None
 
     def _current(self) -> np.ndarray:
@@ -97,8 +98,8 @@ class TaggerView:
         emissions = self._current()
         if not len(emissions):
             return []
-        codes, _ = chain.viterbi(emissions, *self.model._weights(), [len(emissions)])
-        return [self.model.classes_[c] for c in codes]
+        states, _ = chain.viterbi(emissions, *self.model._weights(), [len(emissions)])
+        return [self.model.classes_[c] for c in self.model._structure().labels_of_states(states)]
 
     def probability(self, yseq) -> float:
         """p(yseq | current sequence)."""
@@ -110,8 +111,9 @@ class TaggerView:
         if unknown:
             raise ValueError(f"unknown labels {unknown[:5]}")
         codes = np.array([index[label] for label in yseq], dtype=np.int64)
-        weights = self.model._weights()
-        gold = chain.sequence_scores(emissions, *weights, np.array([0, len(codes)]), codes)
+        weights, offsets = self.model._weights(), np.array([0, len(codes)])
+        states = self.model._structure().states_of_labels(codes, offsets)
+        gold = chain.sequence_scores(emissions, *weights, offsets, states)
         return float(np.exp(gold - chain.log_partition(emissions, *weights, [len(codes)]))[0])
 
     def marginal(self, y: str, pos: int) -> float:
@@ -120,7 +122,8 @@ class TaggerView:
         if not 0 <= pos < len(emissions):
             raise IndexError(f"position {pos} outside a sequence of {len(emissions)} tokens")
         if self._marginals is None:
-            self._marginals = chain.forward_backward(emissions, *self.model._weights(), [len(emissions)], counts=False).marginals
+            marginals = chain.forward_backward(emissions, *self.model._weights(), [len(emissions)], counts=False).marginals
+            self._marginals = self.model._structure().label_marginals(marginals)
         return float(self._marginals[pos, list(self.model.classes_).index(y)])
 
     def info(self) -> ModelInfo:
@@ -211,5 +214,4 @@ class CRFsuiteView:
     def n_active_features_(self) -> int:
         """Number of non-zero weights (CRFsuite's active features)."""
         self._check_fitted()
-        weights = (self.state_weights_, self.transitions_, self.start_weights_, self.end_weights_)
-        return int(sum(np.count_nonzero(w) for w in weights))
+        return int(np.count_nonzero(self.state_weights_) + np.count_nonzero(self._tail()))

@@ -112,7 +112,7 @@ class SegmentQueries:
         ``sequence[k]``; ``allowed[k]`` is a (width, L) boolean mask over ``classes_``.
         Returns (K,) probabilities.
         """
-        emissions, batch = self.emissions(X)
+        emissions, batch = self.chain_emissions(X)
         posterior = chain.forward_backward(emissions, *self._weights(), batch.lengths, keep_messages=True, counts=False)
         return np.exp(self._constrained(posterior, emissions, batch, sequence, start, allowed))
 
@@ -122,13 +122,14 @@ class SegmentQueries:
         widths = np.array([len(a) for a in allowed], dtype=np.int64)
         window_offsets = np.concatenate([[0], np.cumsum(widths)])
         masks = np.concatenate([np.asarray(a, dtype=bool) for a in allowed])
+        transitions, start, _ = self._weights()
         return chain.constrained_log_probability(
             posterior.log_alpha,
             posterior.log_beta,
             posterior.log_z,
             emissions,
-            self.transitions_,
-            self.start_weights_,
+            transitions,
+            start,
             batch.offsets,
             np.asarray(sequence),
             np.asarray(start),
@@ -145,15 +146,17 @@ class SegmentQueries:
         not extend the chunk and that the token after does not continue it (constrained
         forward-backward over that window, Culotta & McCallum 2004).
         """
-        emissions, batch = self.emissions(X)
-        labels, _ = chain.viterbi(emissions, *self._weights(), batch.lengths)
-        return self.segments_of(labels, emissions, batch)
+        emissions, batch = self.chain_emissions(X)
+        states, _ = chain.viterbi(emissions, *self._weights(), batch.lengths)
+        return self.segments_of(self._structure().labels_of_states(states), emissions, batch)
 
     def segments_of(self, labels: np.ndarray, emissions: np.ndarray, batch, posterior=None) -> pd.DataFrame:
         """The chunks of the labelling ``labels`` (T,) (label indices, e.g. ``predict_codes``')
         with their confidence, as :meth:`predict_segments` gives them; ``emissions`` (T, L) and
-        ``batch`` as :meth:`posterior` returns them, and its ``posterior`` (with messages) when the
-        caller has it, so that forward-backward is not run twice."""
+        ``batch`` as :meth:`posterior` returns them (the chain's per-state emissions), and its
+        ``posterior`` (with messages) when the caller has it, so that forward-backward is not run
+        twice. A first-order chain (states are labels) takes the closed form of
+        :meth:`ChunkWindows.log_probability`, any other constrained forward-backward."""
         windows = ChunkWindows.of(labels, batch.offsets, self.classes_)
         found = windows.chunks.reset_index(drop=True)
         if found.empty:
@@ -161,7 +164,16 @@ class SegmentQueries:
             return found
         if posterior is None or posterior.log_alpha is None:
             posterior = chain.forward_backward(emissions, *self._weights(), batch.lengths, keep_messages=True, counts=False)
-        found["confidence"] = np.exp(
-            windows.log_probability(labels, posterior, emissions, self.transitions_, self.start_weights_)
-        )
+        transitions, start, _ = self._weights()
+        if emissions.shape[1] == len(self.classes_):
+            log_p = windows.log_probability(labels, posterior, emissions, transitions, start)
+        else:
+            first, masks, window_offsets = windows.window_masks(labels, batch.offsets)
+            sequence = found["sequence"].to_numpy(np.int64)
+            with np.errstate(invalid="ignore"):
+                log_p = chain.constrained_log_probability(
+                    posterior.log_alpha, posterior.log_beta, posterior.log_z, emissions, transitions, start,
+                    batch.offsets, sequence, first, masks, window_offsets,
+                )  # fmt: skip
+        found["confidence"] = np.exp(log_p)
         return found

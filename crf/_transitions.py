@@ -59,6 +59,9 @@ class TransitionOperator(Protocol):
     def labels_of_states(self, states: np.ndarray) -> np.ndarray:
         """The label each state carries."""
 
+    def edge_scores(self, previous: np.ndarray, states: np.ndarray) -> np.ndarray:
+        """The log score of every edge ``previous[i] -> states[i]`` (states, same shape)."""
+
     def lift(self, semiring: Semiring) -> tuple[np.ndarray, LiftedOperator]:
         """(``column_top`` (S,), the operator bound to ``semiring``)."""
 
@@ -94,6 +97,9 @@ class FirstOrderTransitions:
     @staticmethod
     def labels_of_states(states: np.ndarray) -> np.ndarray:
         return np.asarray(states)
+
+    def edge_scores(self, previous: np.ndarray, states: np.ndarray) -> np.ndarray:
+        return self.scores[previous, states]
 
     def lift(self, semiring) -> tuple[np.ndarray, _LiftedFirstOrder]:
         column_top = self.scores.max(axis=0)
@@ -175,6 +181,13 @@ class SecondOrderTransitions:
 
     def labels_of_states(self, states: np.ndarray) -> np.ndarray:
         return np.asarray(states) % self.n_labels
+
+    def edge_scores(self, previous: np.ndarray, states: np.ndarray) -> np.ndarray:
+        """Score of (a, b) -> (b', c): ``scores[a, b, c]`` when b' = b, else -inf (no such edge)."""
+        a, b = np.divmod(np.asarray(previous), self.n_labels)
+        middle, c = np.divmod(np.asarray(states), self.n_labels)
+        inner = (middle == b) & (middle < self.n_labels)
+        return np.where(inner, self.scores[np.where(inner, a, 0), b, c], -np.inf)
 
     def lift(self, semiring) -> tuple[np.ndarray, _LiftedSecondOrder]:
         L = self.n_labels
