@@ -13,8 +13,9 @@ import math
 from typing import Protocol
 
 import numpy as np
+import scipy.sparse as sp
 
-from ._semirings import MaxSemiring, Semiring
+from ._semirings import MaxSemiring, ScaledSemiring, Semiring
 
 
 class LiftedOperator(Protocol):
@@ -198,7 +199,29 @@ class SecondOrderTransitions:
         return column_top, _LiftedSecondOrder(semiring.weights(self.scores - top[None]), semiring)
 
 
+#: below this fraction of states with a nonzero message, the second-order contractions go by the
+#: active entries (a pruned lattice: per-token candidate labels as -inf emissions) instead of O(L^3)
+SPARSE_BELOW = 0.25
+
+
+def _groups(keys: np.ndarray, n_groups: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For sorted ``keys`` (m,) in [0, n_groups): (the keys that occur (G,), each entry's group
+    (m,), each entry's place within its group (m,))."""
+    counts = np.bincount(keys, minlength=n_groups)
+    present = np.flatnonzero(counts)
+    sizes = counts[present]
+    within = np.arange(keys.size) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+    return present, np.repeat(np.arange(present.size), sizes), within
+
+
 class _LiftedSecondOrder:
+    """The second-order operator bound to a semiring. Dense contractions are batched products
+    over the middle label (O(n L^3)); when few states carry a message (a pruned lattice) and the
+    semiring's values are single numbers, forward and backward gather the active entries
+    instead, grouped by (row, middle label) and reduced by the semiring's ``plus`` (O(active x
+    L)), and the expected counts of the scaled semiring are one sparse product. Both give the
+    same sums (up to rounding): only entries at the semiring's zero are skipped."""
+
     def __init__(self, values: np.ndarray, semiring) -> None:
         self.values = values  # (L + 1, L, L) [a, b, c]
         self.semiring = semiring
@@ -224,8 +247,28 @@ class _LiftedSecondOrder:
         L = self.n_labels
         return weighted[:, : L * L].reshape(weighted.shape[0], L, L)
 
+    def _sparse(self, messages: np.ndarray) -> bool:
+        """Whether to contract by the active entries: single-number values, few nonzero."""
+        if messages.ndim != 2 or not messages.size or getattr(self.semiring, "value_shape", ()) != ():
+            return False
+        return np.count_nonzero(messages != self.semiring.zero) < SPARSE_BELOW * messages.size
+
     def forward(self, messages: np.ndarray) -> np.ndarray:
+        if self._sparse(messages):
+            return self._sparse_forward(messages)
         return self._padded(self.semiring.matmul(self._by_middle(messages), self.by_middle), self.semiring.zero)
+
+    def _sparse_forward(self, messages: np.ndarray) -> np.ndarray:
+        """``forward`` by the active states (a, b) of every row: into (b, c) for all c."""
+        semiring, L, n = self.semiring, self.n_labels, messages.shape[0]
+        by_middle = messages.reshape(n, L + 1, L).transpose(0, 2, 1)  # [n, b, a]: nonzero comes sorted by (n, b)
+        rows, b, a = np.nonzero(by_middle != semiring.zero)
+        present, group, within = _groups(rows * L + b, n * L)
+        candidates = np.full((present.size, int(within.max()) + 1, L), semiring.zero)
+        candidates[group, within] = semiring.times(by_middle[rows, b, a][:, None], self.values[a, b])
+        out = np.full((n, L + 1, L), semiring.zero)
+        out[present // L, present % L] = semiring.plus(candidates, axis=1)  # states (b, c)
+        return out.reshape(n, (L + 1) * L)
 
     def pointers(self, messages: np.ndarray, chosen: np.ndarray) -> np.ndarray:
         L = self.n_labels
@@ -242,11 +285,33 @@ class _LiftedSecondOrder:
 
     def backward(self, weighted: np.ndarray) -> np.ndarray:
         n, L = weighted.shape[0], self.n_labels
+        if self._sparse(weighted):
+            return self._sparse_backward(weighted)
         out = self.semiring.matmul(self._inner(weighted).transpose(1, 0, 2), self.by_middle_last)  # [b, n, a]
         return np.ascontiguousarray(out.transpose(1, 2, 0)).reshape(n, (L + 1) * L)
 
+    def _sparse_backward(self, weighted: np.ndarray) -> np.ndarray:
+        """``backward`` by the active states (b, c) of every row: out of (a, b) for all a."""
+        semiring, L, n = self.semiring, self.n_labels, weighted.shape[0]
+        inner = self._inner(weighted)  # [n, b, c]
+        rows, b, c = np.nonzero(inner != semiring.zero)
+        present, group, within = _groups(rows * L + b, n * L)
+        candidates = np.full((present.size, int(within.max()) + 1, L + 1), semiring.zero)
+        candidates[group, within] = semiring.times(inner[rows, b, c][:, None], self.by_middle_last[b, c])
+        out = np.full((n, L + 1, L), semiring.zero)
+        out[present // L, :, present % L] = semiring.plus(candidates, axis=1)  # states (a, b)
+        return out.reshape(n, (L + 1) * L)
+
     def pair_sum(self, previous: np.ndarray, following: np.ndarray) -> np.ndarray:
         n, L = previous.shape[0], self.n_labels
+        if self.semiring is ScaledSemiring and self._sparse(previous):
+            # [a, (b, c)] = sum over rows (n, b) of previous[n, (a, b)] following[n, (b, c)], as one
+            # product of sparse matrices: rows (n, b) by columns a, and rows (n, b) by columns (b, c)
+            by_middle = sp.csr_matrix(previous.reshape(n, L + 1, L).transpose(0, 2, 1).reshape(n * L, L + 1))
+            inner = self._inner(following).reshape(n * L, L)
+            rows, c = np.nonzero(inner)
+            spread = sp.csr_matrix((inner[rows, c], (rows, (rows % L) * L + c)), shape=(n * L, L * L))
+            return (by_middle.T @ spread).toarray().reshape(L + 1, L, L)
         p = previous.reshape(n, L + 1, L).transpose(2, 1, 0)  # [b, a, n]
         summed = self.semiring.matmul(p, self._inner(following).transpose(1, 0, 2))  # [b, a, c]
         return summed.transpose(1, 0, 2)

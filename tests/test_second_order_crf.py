@@ -362,3 +362,28 @@ def test_bundle_of_a_second_order_model_tags_like_the_model(data, tmp_path, prun
         offset += len(sentence)
     confidences = np.concatenate([[c["confidence"] for c in r["segments"]] for r in tagged])
     np.testing.assert_allclose(confidences, segments["confidence"].to_numpy(), atol=1e-9)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_sparse_contractions_of_a_pruned_lattice_equal_the_dense_ones(seed, monkeypatch):
+    """With candidate labels (the rest at -inf) the operator contracts by the active states; the
+    results (log Z, marginals, counts, Viterbi, in every semiring used) equal the dense products."""
+    from crf import _transitions
+
+    rng = np.random.default_rng(seed)
+    L, lengths = 6, [5, 3, 7, 1, 2]
+    structure, tail, _ = _random_tail(seed, L)
+    operator, start, end = structure.scores(tail)
+    emissions = rng.normal(size=(sum(lengths), L))
+    allowed = rng.random(emissions.shape) < 0.3
+    allowed[np.arange(len(emissions)), rng.integers(0, L, len(emissions))] = True
+    states = structure.state_emissions(np.where(allowed, emissions, -np.inf))
+    results = {}
+    for name, below in (("dense", 0.0), ("sparse", 1.1)):
+        monkeypatch.setattr(_transitions, "SPARSE_BELOW", below)
+        scaled = chain.forward_backward(states, operator, start, end, lengths)
+        logged = chain.forward_backward(states, operator, start, end, lengths, semiring=chain.LogSemiring)
+        best = chain.viterbi(states, operator, start, end, lengths)
+        results[name] = (scaled.log_z, scaled.marginals, scaled.transition_counts, logged.log_z, logged.transition_counts, *best)
+    for dense, sparse in zip(results["dense"], results["sparse"]):
+        np.testing.assert_allclose(sparse, dense, atol=1e-12)
