@@ -89,7 +89,8 @@ def _lifted_scores(packed: np.ndarray, operator, start, layout: Layout, semiring
     first = layout.first_rows()
     shifted = packed if overwrite else np.empty_like(packed)
     np.add(packed[first], start, out=shifted[first])
-    np.add(packed[first.stop :], column_top, out=shifted[first.stop :])
+    # (S,) for every row, or (T, S) per row for an operator that carries per-token data
+    np.add(packed[first.stop :], np.broadcast_to(column_top, packed.shape)[first.stop :], out=shifted[first.stop :])
     lifted, offset = semiring.from_log(shifted, inplace=True)
     return lifted, offset, lifted_operator
 
@@ -106,7 +107,7 @@ def _forward(lifted, offset, operator, layout: Layout, semiring):
     log_scale[rows] = step_log[rows] + offset[rows]
     for t in range(1, layout.n_steps):
         rows, previous = layout.rows(t), layout.rows(t - 1, layout.n_active[t])
-        incoming = operator.forward(alpha[previous])
+        incoming = operator.at(rows).forward(alpha[previous])
         step_log[rows] = semiring.normalize(semiring.times(incoming, lifted[rows]), out=alpha[rows])[1]
         log_scale[rows] = log_scale[previous] + step_log[rows] + offset[rows]
     return alpha, log_scale, step_log
@@ -132,7 +133,7 @@ def _backward(lifted, offset, operator, end_lifted, end_log, layout: Layout, sem
         current, before = steps[t % 2][:n], steps[(t - 1) % 2][: int(layout.n_active[t - 1])]
         before[n:] = end_lifted  # the sequences that end at step t - 1
         weighted = semiring.times(current, lifted[following])
-        norm = semiring.normalize(operator.backward(weighted), out=before[:n])[1]
+        norm = semiring.normalize(operator.at(following).backward(weighted), out=before[:n])[1]
         log_scale[rows] = log_scale[following] + offset[following] + norm
         visit(t, current, log_scale[following], weighted)
     visit(0, steps[0][: int(layout.n_active[0])], log_scale[layout.first_rows()], None)
@@ -156,10 +157,10 @@ def _step_counts(previous, following, row_overlap, row_step_log, operator, semir
     log_norm = row_overlap + row_step_log
     small = ~(row_overlap > _LOG_SMALL_OVERLAP)
     if small.any():
-        full = semiring.plus(semiring.times(operator.forward(previous[small]), following[small]), axis=1)
+        full = semiring.plus(semiring.times(operator.forward(previous)[small], following[small]), axis=1)
         log_norm[small] = semiring.to_log(full)
     weighted = semiring.times(previous, semiring.weights(-log_norm)[:, None])
-    return semiring.to_prob(semiring.times(operator.values, operator.pair_sum(weighted, following)))
+    return operator.counts(weighted, following)
 
 
 @dataclass
@@ -204,7 +205,7 @@ def _forward_backward_packed(packed, operator, start, end, layout: Layout, semir
     end_lifted, end_log = _closing(end, semiring)
     log_z = _log_z(alpha, alpha_scale, end_lifted, end_log, layout, semiring)
     overlap = np.empty(lifted.shape[0])  # to_log(dot(alpha, beta)) per row
-    total = np.zeros(lifted_operator.values.shape) if counts else None
+    total = np.zeros(lifted_operator.count_shape) if counts else None
     log_alpha = np.empty_like(alpha) if keep_messages else None
     log_beta = np.empty_like(alpha) if keep_messages else None
 
@@ -212,7 +213,8 @@ def _forward_backward_packed(packed, operator, start, end, layout: Layout, semir
         """Counts of the edges into step t (of the rows ``keep`` of the n_t sequences there)."""
         n, rows = weighted.shape[0], layout.rows(t)
         previous = forward[layout.rows(t - 1, n)][keep]
-        return _step_counts(previous, weighted[keep], overlap[rows][keep], step_log[rows][keep], lifted_operator, semiring)
+        step = lifted_operator.at(np.arange(rows.start, rows.stop)[keep])
+        return _step_counts(previous, weighted[keep], overlap[rows][keep], step_log[rows][keep], step, semiring)
 
     if keep_messages:  # before the node marginals take alpha's place
         with np.errstate(invalid="ignore"):
@@ -305,6 +307,9 @@ def forward_backward(
         source = _masked(emissions, allowed, operator)
         return source if packed else source[layout.token_of_row]
 
+    if not packed:  # an operator with per-token data takes it in the emissions' packed order
+        operator = operator.take(layout.token_of_row)
+
     emissions_packed = gather()
     # a gathered or masked copy is ours to use as working memory, and so is the caller's array
     # when it can be made again
@@ -316,7 +321,14 @@ def forward_backward(
             emissions_packed = gather() if emissions_again is None else np.asarray(emissions_again(), dtype=np.float64)
         rows, failed_lengths = layout.rows_of_ranks(failed)
         redo = forward_backward(
-            emissions_packed[rows], operator, start, end, failed_lengths, keep_messages, semiring.fallback, counts=counts
+            emissions_packed[rows],
+            operator.take(rows),
+            start,
+            end,
+            failed_lengths,
+            keep_messages,
+            semiring.fallback,
+            counts=counts,
         )
         result.log_z[failed] = redo.log_z
         result.marginals[rows] = redo.marginals
@@ -345,17 +357,17 @@ def edge_marginals(emissions, transitions, start, end, lengths) -> np.ndarray:
     emissions = np.asarray(emissions, dtype=np.float64)
     layout, operator = _layout(lengths), _operator(transitions)
     semiring = LogSemiring
+    operator = operator.take(layout.token_of_row)
     lifted, offset, lifted_operator = _lifted_scores(emissions[layout.token_of_row], operator, start, layout, semiring, True)
     alpha = _forward(lifted, offset, lifted_operator, layout, semiring)[0]
     end_lifted, end_log = _closing(end, semiring)
-    packed = np.zeros((emissions.shape[0],) + lifted_operator.values.shape)
+    packed = np.zeros((emissions.shape[0],) + lifted_operator.edge_shape)
 
     def store(t: int, beta_t: np.ndarray, beta_scale_t: np.ndarray, weighted: np.ndarray | None) -> None:
         if t > 0:  # alpha of the rows before, the table, and beta times the emissions of step t's rows
             previous = alpha[layout.rows(t - 1, weighted.shape[0])]
-            joint = semiring.times(
-                semiring.times(lifted_operator.source(previous), lifted_operator.values), lifted_operator.target(weighted)
-            )
+            step = lifted_operator.at(layout.rows(t))
+            joint = semiring.times(semiring.times(step.source(previous), step.values), step.target(weighted))
             flat = semiring.normalize(joint.reshape(joint.shape[0], -1))[0]
             packed[layout.rows(t)] = semiring.to_prob(flat).reshape(joint.shape)
 
@@ -394,6 +406,7 @@ def _best_paths(emissions, transitions, start, end, lengths, allowed, semiring) 
     emissions = np.asarray(emissions, dtype=np.float64)
     layout, operator = _layout(lengths), _operator(transitions)
     emissions = _masked(emissions, allowed, operator)
+    operator = operator.take(layout.token_of_row)
     lifted, offset, lifted_operator = _lifted_scores(emissions[layout.token_of_row], operator, start, layout, semiring, True)
     alpha, log_scale, _ = _forward(lifted, offset, lifted_operator, layout, semiring)
     last = layout.last_rows()
@@ -412,7 +425,7 @@ def _best_paths(emissions, transitions, start, end, lengths, allowed, semiring) 
         current[:n][stops_here] = best[:n][stops_here]
         states[layout.rows(t)] = current[:n] // size
         if t > 0:  # the previous entries these paths came from (back pointers of the chosen entries only)
-            current[:n] = lifted_operator.pointers(alpha[layout.rows(t - 1, n)], current[:n])
+            current[:n] = lifted_operator.at(layout.rows(t, n)).pointers(alpha[layout.rows(t - 1, n)], current[:n])
     return layout.unpack(states), layout.unrank(scores_by_rank)
 
 

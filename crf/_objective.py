@@ -182,7 +182,9 @@ class _Chunk:
 
     ``candidates`` (T, L) bool (input order), when given, restrict every sum to the paths through
     the candidate labels of each token (pruning; the gold labels must be among them): the chunk
-    then contributes ``log Z_pruned(x) - score(y)``, where Z_pruned <= Z sums those paths only."""
+    then contributes ``log Z_pruned(x) - score(y)``, where Z_pruned <= Z sums those paths only.
+    The chain runs over the structure's :meth:`~crf._order.FirstOrderChain.lattice` for them (a
+    second-order one over each token's candidates only)."""
 
     def __init__(
         self,
@@ -198,42 +200,41 @@ class _Chunk:
         X = X[rows]
         self.labels = labels[rows]
         self.states = StateFeatures(X, partition)
-        self.structure = structure
-        self.candidates = None if candidates is None else np.asarray(candidates, dtype=bool)[rows]
+        self.lattice = structure.lattice(self.layout, None if candidates is None else np.asarray(candidates, dtype=bool)[rows])
 
     def observed_state(self, n_labels: int) -> np.ndarray:
         """Observed state feature counts of this chunk's gold labels."""
         return self.states.gradient(np.eye(n_labels)[self.labels])
 
-    def chain_emissions(self, theta_state: np.ndarray, shared_weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(per-label emissions (T, L), per-state emissions (T, S) with the labels that are not
-        candidates at -inf), packed."""
+    def chain_emissions(
+        self, theta_state: np.ndarray, shared_weights: np.ndarray, tail: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(per-label emissions (T, L), the lattice's per-state emissions (T, S)), packed."""
         emissions = self.states.emissions(theta_state, shared_weights)
-        masked = emissions if self.candidates is None else np.where(self.candidates, emissions, -np.inf)
-        return emissions, self.structure.state_emissions(masked)
+        return emissions, self.lattice.emissions(emissions, tail)
 
     def evaluate(
-        self, theta_state: np.ndarray, shared_weights: np.ndarray, scores: tuple
+        self, theta_state: np.ndarray, shared_weights: np.ndarray, tail: np.ndarray
     ) -> tuple[float, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(log Z summed, emission score of the gold labels summed, expected state counts,
-        expected transition counts (the operator's table shape), state marginals summed at first
-        and last tokens (2, S)); ``scores``: (transitions or operator, start (S,), end (S,))."""
-        emissions, states = self.chain_emissions(theta_state, shared_weights)
+        expected transition counts (the operator's count shape), state marginals summed at first
+        and last tokens (2, S) in the structure's states); ``tail``: the label n-gram weights."""
+        emissions, states = self.chain_emissions(theta_state, shared_weights, tail)
         gold = float(emissions[np.arange(self.labels.size), self.labels].sum())
         del emissions
         # the recursion works in the emissions' own array (one (T, S) array fewer per thread);
         # sequences it must redo in log space take them anew
         posterior = chain.forward_backward(
             states,
-            *scores,
+            *self.lattice.scores(tail),
             self.layout,
             packed=True,
-            emissions_again=lambda: self.chain_emissions(theta_state, shared_weights)[1],
+            emissions_again=lambda: self.chain_emissions(theta_state, shared_weights, tail)[1],
         )
         del states
         marginals = posterior.marginals
-        ends = np.stack([marginals[self.layout.first_rows()].sum(axis=0), marginals[self.layout.last_rows()].sum(axis=0)])
-        node = self.structure.label_marginals(marginals)
+        ends = self.lattice.boundary_sums(marginals)
+        node = self.lattice.label_marginals(marginals)
         return float(posterior.log_z.sum()), gold, self.states.gradient(node), posterior.transition_counts, ends
 
 
@@ -246,31 +247,32 @@ class _PartialChunk(_Chunk):
     def __init__(self, X, offsets, labels, partition, structure, candidates=None) -> None:
         super().__init__(X, offsets, labels, partition, structure, candidates)
         L = partition.n_labels
-        self.allowed = np.ones((self.labels.size, L), dtype=bool)  # packed (T, L)
+        allowed = np.ones((self.labels.size, L), dtype=bool)  # packed (T, L)
         known = np.flatnonzero(self.labels >= 0)
-        self.allowed[known] = False
-        self.allowed[known, self.labels[known]] = True
+        allowed[known] = False
+        allowed[known, self.labels[known]] = True
+        self.allowed = self.lattice.state_mask(allowed)  # (T, S)
 
     def observed_state(self, n_labels: int) -> np.ndarray:
         return np.zeros(self.states.partition.n_state)
 
-    def evaluate(self, theta_state, shared_weights, scores):
-        _, states = self.chain_emissions(theta_state, shared_weights)
+    def evaluate(self, theta_state, shared_weights, tail):
+        _, states = self.chain_emissions(theta_state, shared_weights, tail)
+        scores = self.lattice.scores(tail)
         clamped = chain.forward_backward(states, *scores, self.layout, packed=True, allowed=self.allowed)
         free = chain.forward_backward(
             states,
             *scores,
             self.layout,
             packed=True,
-            emissions_again=lambda: self.chain_emissions(theta_state, shared_weights)[1],
+            emissions_again=lambda: self.chain_emissions(theta_state, shared_weights, tail)[1],
         )
         del states
         difference = free.marginals - clamped.marginals
-        first, last = self.layout.first_rows(), self.layout.last_rows()
-        ends = np.stack([difference[first].sum(axis=0), difference[last].sum(axis=0)])
+        ends = self.lattice.boundary_sums(difference)
         log_z = float(free.log_z.sum() - clamped.log_z.sum())
         counts = free.transition_counts - clamped.transition_counts
-        return log_z, 0.0, self.states.gradient(self.structure.label_marginals(difference)), counts, ends
+        return log_z, 0.0, self.states.gradient(self.lattice.label_marginals(difference)), counts, ends
 
 
 def _share_ones(matrices: list[sp.spmatrix]) -> None:
@@ -359,22 +361,39 @@ class Objective:
             known = np.flatnonzero(labels >= 0)
             if not candidates[known, labels[known]].all():
                 raise ValueError("candidates must include every known gold label")
-        self.partition = partition = FeaturePartition(params)
+        self.partition = FeaturePartition(params)
         cells = chunk_cells or self.CHUNK_CELLS
         self.chunks = []
-        for kind, members in ((_Chunk, full), (_PartialChunk, partial)):
-            if not members.size:
-                continue
-            member_cells = int(lengths[members].sum()) * structure.n_states * (2 if kind is _PartialChunk else 1)
-            for group in _chunks_of(lengths[members], chunk_count(member_cells, members.size, cells)):
-                sequences = members[group]
-                rows = token_rows(offsets, sequences)
-                sub_offsets = np.concatenate([[0], np.cumsum(lengths[sequences])])
-                sub_candidates = None if candidates is None else candidates[rows]
-                self.chunks.append(kind(X[rows], sub_offsets, labels[rows], partition, structure, sub_candidates))
+        # with candidates, sequences go into chunks by their largest candidate count (the slots of
+        # their pruned lattice: a chunk pads every token to its widest one), then by length
+        slots = np.zeros(lengths.size, dtype=np.int64)
+        if candidates is not None and labels.size:
+            counts = candidates.sum(axis=1)
+            nonempty = lengths > 0
+            slots[nonempty] = np.maximum.reduceat(counts, offsets[:-1][nonempty])
+        for kind, everyone in ((_Chunk, full), (_PartialChunk, partial)):
+            for width in np.unique(slots[everyone]):
+                members = everyone[slots[everyone] == width]
+                per_token = structure.cells_per_token(None if candidates is None else int(width))
+                member_cells = int(lengths[members].sum()) * per_token * (2 if kind is _PartialChunk else 1)
+                self._add_chunks(kind, members, member_cells, cells, X, offsets, lengths, labels, structure, candidates)
         _share_ones([chunk.states.local for chunk in self.chunks])
         _share_ones([chunk.states.X_shared for chunk in self.chunks])
         self.workers = Workers(self.n_threads if len(self.chunks) > 1 else 1)
+        self._observed(offsets, lengths, labels, full, partial)
+
+    def _add_chunks(self, kind, members, member_cells, cells, X, offsets, lengths, labels, structure, candidates) -> None:
+        """The sequences ``members`` as chunks of about ``cells`` working values each."""
+        for group in _chunks_of(lengths[members], chunk_count(member_cells, members.size, cells)):
+            sequences = members[group]
+            rows = token_rows(offsets, sequences)
+            sub_offsets = np.concatenate([[0], np.cumsum(lengths[sequences])])
+            sub_candidates = None if candidates is None else candidates[rows]
+            self.chunks.append(kind(X[rows], sub_offsets, labels[rows], self.partition, structure, sub_candidates))
+
+    def _observed(self, offsets, lengths, labels, full, partial) -> None:
+        """Observed state and tail counts of the labels, and the sizes."""
+        params, partition, structure = self.params, self.partition, self.params.chain
         L = params.n_labels
         self.observed_state = sum((chunk.observed_state(L) for chunk in self.chunks), np.zeros(partition.n_state))
         # observed tail counts (transitions, start, end, ...) of the fully labelled sequences
@@ -386,11 +405,10 @@ class Objective:
 
     def __call__(self, theta: np.ndarray) -> tuple[float, np.ndarray]:
         n = self.params.n_state
-        scores = self.params.chain_scores(theta)
         shared = self.partition.shared_weights(theta[:n])
         if not self.chunks:  # no sequence with a known label: the likelihood is constant
             return 0.0, np.zeros(self.params.size)
-        parts = self.workers.imap(lambda chunk: chunk.evaluate(theta[:n], shared, scores), self.chunks)
+        parts = self.workers.imap(lambda chunk: chunk.evaluate(theta[:n], shared, theta[n:]), self.chunks)
         # summed in chunk order (results come in order), so the sums are the same for any thread
         # count; in place into the first chunk's fresh arrays, each chunk's dropped once added
         log_z, gold, state, pairs, ends = next(parts)

@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._transitions import SecondOrderTransitions
+from ._layout import Layout
+from ._transitions import PrunedSecondOrderTransitions, SecondOrderTransitions
 
 
 def _boundaries(offsets: np.ndarray, n_tokens: int) -> tuple[np.ndarray, np.ndarray]:
@@ -127,6 +128,16 @@ class FirstOrderChain:
             ]
         )
 
+    def cells_per_token(self, slots: int | None = None) -> int:
+        """Working values per token of the chain over :meth:`lattice` (chunk sizes follow it),
+        for tokens of at most ``slots`` candidate labels (None: unpruned)."""
+        return self.n_states
+
+    def lattice(self, layout: Layout, candidates: np.ndarray | None = None) -> Lattice:
+        """The states a chunk of sequences (packed by ``layout``) runs over: all of this order's,
+        the labels outside ``candidates`` (T, L) (packed, or None) at -inf."""
+        return Lattice(self, layout, candidates)
+
     def path_scores(self, tail: np.ndarray, offsets: np.ndarray, labels: np.ndarray) -> np.ndarray:
         """The tail's part of score(y) of every labelling (N,): counts per sequence dotted with
         the tail, without building per-sequence count vectors."""
@@ -161,6 +172,16 @@ class SecondOrderChain(FirstOrderChain):
 
     def state_emissions(self, emissions: np.ndarray) -> np.ndarray:
         return np.tile(emissions, (1, self.n_labels + 1))
+
+    def cells_per_token(self, slots: int | None = None) -> int:
+        if slots is None:
+            return self.n_states
+        K = max(1, slots)
+        return (K + 1) * K * K  # the per-token tables of the pruned lattice
+
+    def lattice(self, layout: Layout, candidates: np.ndarray | None = None) -> Lattice:
+        """All label pairs, or with ``candidates`` (T, L) a :class:`PrunedLattice` over them."""
+        return Lattice(self, layout, None) if candidates is None else PrunedLattice(self, layout, candidates)
 
     def label_marginals(self, marginals: np.ndarray) -> np.ndarray:
         return marginals.reshape(marginals.shape[0], self.n_labels + 1, self.n_labels).sum(axis=1)
@@ -200,6 +221,109 @@ class SecondOrderChain(FirstOrderChain):
             np.bincount(before[closers] * L + labels[closers], minlength=(L + 1) * L),
         ]
         return np.concatenate(tail).astype(np.float64)
+
+
+class Lattice:
+    """The chain a chunk of packed sequences runs over, and how its results become the tail's:
+    the structure's own states, with the labels outside ``candidates`` (T, L) at -inf."""
+
+    def __init__(self, structure: FirstOrderChain, layout: Layout, candidates: np.ndarray | None) -> None:
+        self.structure, self.layout, self.candidates = structure, layout, candidates
+
+    def emissions(self, emissions: np.ndarray, tail: np.ndarray) -> np.ndarray:
+        """Per-state emissions (T, S) of the per-label ones (T, L) (packed)."""
+        masked = emissions if self.candidates is None else np.where(self.candidates, emissions, -np.inf)
+        return self.structure.state_emissions(masked)
+
+    def state_mask(self, allowed: np.ndarray) -> np.ndarray:
+        """Per-label masks (T, L) as per-state masks (T, S)."""
+        return self.structure.state_emissions(allowed)
+
+    def scores(self, tail: np.ndarray) -> tuple:
+        return self.structure.scores(tail)
+
+    def label_marginals(self, marginals: np.ndarray) -> np.ndarray:
+        return self.structure.label_marginals(marginals)
+
+    def boundary_sums(self, marginals: np.ndarray) -> np.ndarray:
+        """The state marginals (T, S) summed over the first and over the last tokens, in the
+        structure's states (2, S_structure): what :meth:`FirstOrderChain.tail_counts` takes."""
+        return np.stack([marginals[self.layout.first_rows()].sum(axis=0), marginals[self.layout.last_rows()].sum(axis=0)])
+
+
+class PrunedLattice(Lattice):
+    """A second-order chain over each token's candidate labels only (see
+    :class:`crf._transitions.PrunedSecondOrderTransitions`): K slots per token (K: the most
+    candidates a token of the chunk has), O(K^3) per token. The start and end weights of every
+    (previous, current) pair are folded into the emissions of first and last tokens; results come
+    back in the labels' terms."""
+
+    def __init__(self, structure: SecondOrderChain, layout: Layout, candidates: np.ndarray) -> None:
+        super().__init__(structure, layout, candidates)
+        L, T = structure.n_labels, candidates.shape[0]
+        self.n_slots = K = max(1, int(candidates.sum(axis=1).max()))
+        order = np.argsort(~candidates, axis=1, kind="stable")[:, :K]  # candidate labels first, in label order
+        labels = np.where(np.take_along_axis(candidates, order, axis=1), order, -1)
+        step = np.repeat(np.arange(layout.n_steps), layout.n_active)
+        previous = np.arange(T) - layout.step_start[step] + layout.step_start[np.maximum(step - 1, 0)]  # row of the token before
+        first = step == 0
+        before = np.where(first[:, None], -1, labels[previous])
+        before2 = np.full((T, K + 1), -1, dtype=np.int64)
+        second = step == 1
+        before2[second, K] = L
+        later = step >= 2
+        before2[later, :K] = before[previous[later]]
+        self.labels, self.before, self.before2 = labels, before, before2
+        # the labels before each slot of the previous token, "before the sequence" (L) last: the pair (a, b) a last token closes
+        self.closing = np.concatenate([before, np.where(first, L, -1)[:, None]], axis=1)  # (T, K + 1)
+        self.first = first
+        self.last = layout.last_rows()
+        self.flat = PrunedSecondOrderTransitions.edge_index(labels, before, before2, L)
+
+    def emissions(self, emissions: np.ndarray, tail: np.ndarray) -> np.ndarray:
+        blocks, K = self.structure.split(tail), self.n_slots
+        valid = self.labels >= 0
+        slots = np.where(valid, np.take_along_axis(emissions, np.maximum(self.labels, 0), axis=1), -np.inf)  # (T, K)
+        slots[self.first] += np.where(valid[self.first], blocks["start"][np.maximum(self.labels[self.first], 0)], 0.0)
+        states = np.tile(slots, (1, K + 1))  # state (i, j) emits as slot j
+        a, b = self.closing[self.last][:, :, None], self.labels[self.last][:, None, :]  # (N, K + 1, 1), (N, 1, K)
+        closing = blocks["end"][np.maximum(b, 0)] + blocks["pair_end"][np.maximum(a, 0), np.maximum(b, 0)]
+        states[self.last] += np.where((a >= 0) & (b >= 0), closing, -np.inf).reshape(self.last.size, (K + 1) * K)
+        return states
+
+    def state_mask(self, allowed: np.ndarray) -> np.ndarray:
+        slots = (self.labels >= 0) & np.take_along_axis(allowed, np.maximum(self.labels, 0), axis=1)
+        return np.tile(slots, (1, self.n_slots + 1))
+
+    def scores(self, tail: np.ndarray) -> tuple:
+        blocks, K = self.structure.split(tail), self.n_slots
+        operator = PrunedSecondOrderTransitions(
+            blocks["transitions"][None] + blocks["trigrams"], self.labels, self.before, self.before2, self.flat
+        )
+        start = np.full((K + 1, K), -np.inf)
+        start[K] = 0.0  # the start weights are in the first tokens' emissions
+        return operator, start.ravel(), np.zeros((K + 1) * K)
+
+    def label_marginals(self, marginals: np.ndarray) -> np.ndarray:
+        K = self.n_slots
+        slots = marginals.reshape(-1, K + 1, K).sum(axis=1)
+        rows, j = np.nonzero(self.labels >= 0)
+        out = np.zeros((marginals.shape[0], self.structure.n_labels))
+        out[rows, self.labels[rows, j]] = slots[rows, j]
+        return out
+
+    def boundary_sums(self, marginals: np.ndarray) -> np.ndarray:
+        K, L = self.n_slots, self.structure.n_labels
+        S = (L + 1) * L
+        first = self.layout.first_rows()
+        opening = marginals[first].reshape(-1, K + 1, K)[:, K]  # states (before the sequence, j)
+        b = self.labels[first]
+        start = np.bincount((L * L + b)[b >= 0], weights=opening[b >= 0], minlength=S)
+        closing = marginals[self.last].reshape(-1, K + 1, K)
+        a, b = np.broadcast_arrays(self.closing[self.last][:, :, None], self.labels[self.last][:, None, :])
+        valid = (a >= 0) & (b >= 0)
+        end = np.bincount((a * L + b)[valid], weights=closing[valid], minlength=S)
+        return np.stack([start, end])
 
 
 def chain_structure(order: int, n_labels: int) -> FirstOrderChain:

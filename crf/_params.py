@@ -71,12 +71,13 @@ DOC = """
         the chain runs over label pairs, exact, O(L^3) per token; see :mod:`crf._order`). An
         order-2 model cannot be written as a CRFsuite file (``model_filename``).
     pruning_threshold : [order 2] None: exact second order. A number p in (0, 1): first train a
-        first-order model with the same settings (kept as ``pruner_``), keep at each token the
-        labels whose first-order marginal is at least p (and the most probable one; in training
-        the gold label too), and train and tag the second-order model over those candidates only
-        (MarMoT's pruning). The likelihood is then over the pruned lattice (an approximation:
-        ``pruned_mass_`` reports the first-order marginal mass pruned away in training), and
-        every query (marginals, probabilities, k-best) is over the candidates.
+        first-order model with the same settings (kept as ``pruner_``); at each token keep the
+        labels whose first-order marginal is at least p, at most ``crf.model.MAX_CANDIDATES`` of
+        them (the most probable; always the most probable one; in training the gold label too);
+        train and tag the second-order model over those candidates only (MarMoT's pruning), at
+        O(K^3) per token for K candidates. The likelihood is then over the pruned lattice (an
+        approximation: ``pruned_mass_`` reports the first-order marginal mass pruned away in
+        training), and every query (marginals, probabilities, k-best) is over the candidates.
 """
 
 # parameters that only mean something for some algorithms: (algorithms, default)

@@ -20,9 +20,22 @@ from ._semirings import MaxSemiring, ScaledSemiring, Semiring
 
 class LiftedOperator(Protocol):
     """Transition scores bound to a semiring. For messages (n, S, *V) (V: the semiring's value
-    shape); ``values``: the lifted table (``shape``)."""
+    shape); ``values``: the lifted table (``shape``), ``count_shape``: the shape of the expected
+    counts (:meth:`counts`), ``edge_shape``: the shape of one row's edge marginals. The recursions
+    apply it to the edges into the packed rows ``rows`` of one step through ``at(rows)``: a
+    stationary operator is the same for every step (``at`` returns it); one with per-token data
+    (:class:`PrunedSecondOrderTransitions`) gives the operator of those rows."""
 
     values: np.ndarray
+    count_shape: tuple[int, ...]
+    edge_shape: tuple[int, ...]
+
+    def at(self, rows) -> LiftedOperator:
+        """The operator of the edges into the packed rows ``rows`` (a slice or indices)."""
+
+    def counts(self, previous: np.ndarray, following: np.ndarray) -> np.ndarray:
+        """Expected counts (``count_shape``, probabilities) of the edges between the (n, S)
+        normalised ``previous`` messages and the ``following`` ones (see ``pair_sum``)."""
 
     def forward(self, messages: np.ndarray) -> np.ndarray:
         """(n, S, *V) messages into every state: ``plus_i m[i] * table[i -> j]``."""
@@ -63,6 +76,10 @@ class TransitionOperator(Protocol):
     def edge_scores(self, previous: np.ndarray, states: np.ndarray) -> np.ndarray:
         """The log score of every edge ``previous[i] -> states[i]`` (states, same shape)."""
 
+    def take(self, index: np.ndarray) -> TransitionOperator:
+        """The operator of the tokens ``index`` (as emissions are gathered): itself, unless it
+        carries per-token data."""
+
     def lift(self, semiring: Semiring) -> tuple[np.ndarray, LiftedOperator]:
         """(``column_top`` (S,), the operator bound to ``semiring``)."""
 
@@ -102,13 +119,37 @@ class FirstOrderTransitions:
     def edge_scores(self, previous: np.ndarray, states: np.ndarray) -> np.ndarray:
         return self.scores[previous, states]
 
+    def take(self, index: np.ndarray) -> FirstOrderTransitions:
+        return self
+
     def lift(self, semiring) -> tuple[np.ndarray, _LiftedFirstOrder]:
         column_top = self.scores.max(axis=0)
         column_top = np.where(np.isfinite(column_top), column_top, 0.0)  # a label nothing can reach
         return column_top, _LiftedFirstOrder(semiring.weights(self.scores - column_top), semiring)
 
 
-class _LiftedFirstOrder:
+class _Stationary:
+    """What every stationary lifted operator shares: the same table for every step."""
+
+    values: np.ndarray
+    semiring: object
+
+    @property
+    def count_shape(self) -> tuple[int, ...]:
+        return self.values.shape
+
+    @property
+    def edge_shape(self) -> tuple[int, ...]:
+        return self.values.shape
+
+    def at(self, rows):
+        return self
+
+    def counts(self, previous: np.ndarray, following: np.ndarray) -> np.ndarray:
+        return self.semiring.to_prob(self.semiring.times(self.values, self.pair_sum(previous, following)))
+
+
+class _LiftedFirstOrder(_Stationary):
     def __init__(self, values: np.ndarray, semiring) -> None:
         self.values = values  # (L, L) [i, j]
         self.values_t = values.T
@@ -190,6 +231,9 @@ class SecondOrderTransitions:
         inner = (middle == b) & (middle < self.n_labels)
         return np.where(inner, self.scores[np.where(inner, a, 0), b, c], -np.inf)
 
+    def take(self, index: np.ndarray) -> SecondOrderTransitions:
+        return self
+
     def lift(self, semiring) -> tuple[np.ndarray, _LiftedSecondOrder]:
         L = self.n_labels
         top = self.scores.max(axis=0)
@@ -214,7 +258,7 @@ def _groups(keys: np.ndarray, n_groups: int) -> tuple[np.ndarray, np.ndarray, np
     return present, np.repeat(np.arange(present.size), sizes), within
 
 
-class _LiftedSecondOrder:
+class _LiftedSecondOrder(_Stationary):
     """The second-order operator bound to a semiring. Dense contractions are batched products
     over the middle label (O(n L^3)); when few states carry a message (a pruned lattice) and the
     semiring's values are single numbers, forward and backward gather the active entries
@@ -321,3 +365,136 @@ class _LiftedSecondOrder:
 
     def target(self, following: np.ndarray) -> np.ndarray:
         return self._inner(following)[:, None]
+
+
+class PrunedSecondOrderTransitions:
+    """A second-order chain over each token's candidate labels (a pruned lattice), run by the same
+    recursions: the states of a token are pairs of *slots* (slot i of the previous token, slot j of
+    this one), S = (K + 1) * K of them, slot K of the previous token meaning "before the sequence".
+
+    Per token (in the order of the emissions; :meth:`take` gathers it as emissions are gathered):
+    ``labels`` (T, K) the label in each slot (-1: an empty slot), ``before`` (T, K) the previous
+    token's (all -1 at a first token) and ``before2`` (T, K + 1) the labels that can precede the
+    previous token's slots: the slots of the token two back then -1 (from the third token on),
+    -1 ... -1 then L (the second token: its previous state is (before the sequence, y_0)), all -1
+    (a first token). ``scores`` (L + 1, L, L) as :class:`SecondOrderTransitions`'. The table of the
+    edges into a token, (K + 1, K, K) gathered from ``scores``, differs from token to token, so the
+    operator is bound to the rows of one step by ``at``; expected counts come back as (L + 1, L, L)
+    triples of labels. Work per token is O(K^3) instead of O(L^3)."""
+
+    def __init__(
+        self, scores: np.ndarray, labels: np.ndarray, before: np.ndarray, before2: np.ndarray, flat: np.ndarray | None = None
+    ) -> None:
+        self.scores = np.asarray(scores, dtype=np.float64)
+        self.labels, self.before, self.before2 = labels, before, before2
+        self.n_labels = L = self.scores.shape[1]
+        self.n_slots = K = labels.shape[1]
+        if before.shape != labels.shape or before2.shape != (labels.shape[0], K + 1):
+            raise ValueError(f"slot labels of shapes {labels.shape}, {before.shape}, {before2.shape} do not agree")
+        self.n_states = (K + 1) * K
+        self.shape = self.scores.shape
+        self.flat = self.edge_index(labels, before, before2, L) if flat is None else flat
+
+    @staticmethod
+    def edge_index(labels: np.ndarray, before: np.ndarray, before2: np.ndarray, n_labels: int) -> np.ndarray:
+        """The flat (L + 1, L, L) index of every edge (T, K + 1, K, K) into every token, and
+        (L + 1) * L * L (one past the table) where a slot is empty: a function of the lattice
+        alone, computed once for all the weights it is scored with."""
+        L = n_labels
+        a, b, c = before2[:, :, None, None], before[:, None, :, None], labels[:, None, None, :]
+        index_type = np.int32 if (L + 1) * L * L < np.iinfo(np.int32).max else np.int64
+        flat = ((a * L + b) * L + c).astype(index_type)
+        flat[(a < 0) | (b < 0) | (c < 0)] = (L + 1) * L * L
+        return flat
+
+    def take(self, index: np.ndarray) -> PrunedSecondOrderTransitions:
+        return PrunedSecondOrderTransitions(
+            self.scores, self.labels[index], self.before[index], self.before2[index], self.flat[index]
+        )
+
+    def state_emissions(self, emissions: np.ndarray) -> np.ndarray:
+        """Per-slot (T, K) values as per-state (T, S): state (i, j) emits as slot j."""
+        return np.tile(emissions, (1, self.n_slots + 1))
+
+    def labels_of_states(self, states: np.ndarray) -> np.ndarray:
+        """The slot each state carries (its label: ``labels[t, slot]``)."""
+        return np.asarray(states) % self.n_slots
+
+    def edge_scores(self, previous: np.ndarray, states: np.ndarray) -> np.ndarray:
+        raise NotImplementedError("edge scores of a pruned lattice: score the labels with the unpruned operator")
+
+    def tables(self) -> np.ndarray:
+        """Log scores (T, K + 1, K, K) of the edges into every token, -inf where a slot is empty."""
+        return np.append(self.scores.ravel(), -np.inf)[self.flat]
+
+    def lift(self, semiring) -> tuple[np.ndarray, _LiftedPruned]:
+        K = self.n_slots
+        table, flat = self.tables(), self.flat
+        top = table.max(axis=1)  # (T, K, K): the best incoming score of each state (j, k)
+        top = np.where(np.isfinite(top), top, 0.0)
+        column_top = np.zeros((table.shape[0], self.n_states))
+        column_top[:, : K * K] = top.reshape(table.shape[0], K * K)
+        table -= top[:, None]
+        return column_top, _LiftedPruned(semiring.weights(table), flat, semiring, self.shape)
+
+
+class _LiftedPruned:
+    """:class:`PrunedSecondOrderTransitions` bound to a semiring: ``values`` (rows, K + 1, K, K)
+    [row, i, j, k], the lifted tables of the rows it holds (``at`` picks a step's)."""
+
+    def __init__(self, values: np.ndarray, flat: np.ndarray, semiring, count_shape: tuple[int, ...]) -> None:
+        self.values, self.flat, self.semiring = values, flat, semiring
+        self.count_shape = count_shape
+        self.edge_shape = values.shape[1:]
+        self.n_slots = values.shape[2]
+
+    def at(self, rows) -> _LiftedPruned:
+        return _LiftedPruned(self.values[rows], self.flat[rows], self.semiring, self.count_shape)
+
+    def _padded(self, inner: np.ndarray) -> np.ndarray:
+        """(n, K, K, *V) values of the states (j, k) as (n, S, *V); the before-start states get zero."""
+        n, K = inner.shape[0], self.n_slots
+        out = np.full((n, (K + 1) * K) + inner.shape[3:], self.semiring.zero, dtype=inner.dtype)
+        out[:, : K * K] = inner.reshape((n, K * K) + inner.shape[3:])
+        return out
+
+    def _by_source(self, messages: np.ndarray) -> np.ndarray:
+        n, K = messages.shape[0], self.n_slots
+        return messages.reshape((n, K + 1, K) + messages.shape[2:])
+
+    def forward(self, messages: np.ndarray) -> np.ndarray:
+        candidates = self.semiring.times(self._by_source(messages)[:, :, :, None], self.values)  # [n, i, j, k, *V]
+        return self._padded(self.semiring.plus(candidates, axis=1))
+
+    def backward(self, weighted: np.ndarray) -> np.ndarray:
+        n, K = weighted.shape[0], self.n_slots
+        inner = weighted[:, : K * K].reshape(n, 1, K, K)
+        return self.semiring.plus(self.semiring.times(self.values, inner), axis=3).reshape(n, (K + 1) * K)
+
+    def pointers(self, messages: np.ndarray, chosen: np.ndarray) -> np.ndarray:
+        K, n = self.n_slots, messages.shape[0]
+        size = math.prod(messages.shape[2:])
+        state, rank = np.divmod(chosen, size)
+        inner = state < K * K
+        j, k = np.divmod(np.where(inner, state, 0), K)
+        sources = np.arange(K + 1) * K + j[..., None]  # [n, p, i]: the states (i, j) entering (j, k)
+        previous = np.take_along_axis(messages[:, None], sources.reshape(sources.shape + (1,) * (messages.ndim - 2)), axis=2)
+        weights = self.values[np.arange(n)[:, None], :, j, k]  # [n, p, i]
+        a, r = np.divmod(_pick(self.semiring, self.semiring.times(previous, weights), rank), size)
+        return np.where(inner, (a * K + j) * size + r, 0)
+
+    def counts(self, previous: np.ndarray, following: np.ndarray) -> np.ndarray:
+        n, K = previous.shape[0], self.n_slots
+        joint = self.semiring.times(
+            self.semiring.times(self._by_source(previous)[:, :, :, None], self.values), following[:, : K * K].reshape(n, 1, K, K)
+        )
+        size = math.prod(self.count_shape)  # empty slots count into one place past the table, dropped
+        counts = np.bincount(self.flat.ravel(), weights=self.semiring.to_prob(joint).ravel(), minlength=size + 1)
+        return counts[:size].reshape(self.count_shape)
+
+    def source(self, previous: np.ndarray) -> np.ndarray:
+        return self._by_source(previous)[:, :, :, None]
+
+    def target(self, following: np.ndarray) -> np.ndarray:
+        n, K = following.shape[0], self.n_slots
+        return following[:, : K * K].reshape(n, 1, K, K)

@@ -44,6 +44,10 @@ log = logging.getLogger(__name__)
 # where the fitted attributes that read None before fit keep their values (see CRF.classes_)
 _FITTED_PRIVATE = ("_classes", "_attributes", "_training_log")
 
+#: the most candidate labels marginal pruning keeps at a token (crf.CRF's pruning_threshold): the
+#: pruned second-order lattice costs O(K^3) per token for K candidates
+MAX_CANDIDATES = 6
+
 # the fitted attribute of each block of the tail of label n-gram weights (see crf._order)
 TAIL_ATTRIBUTES = {
     "transitions": "transitions_",
@@ -482,13 +486,17 @@ class CRF(SegmentQueries, UncertaintyQueries, CRFsuiteView, BaseEstimator):
 
     def candidates(self, X, lengths: np.ndarray, threshold: float) -> np.ndarray:
         """The labels kept at each token by marginal pruning (T, L) bool: those whose marginal
-        under this model is at least ``threshold``, and the most probable one. ``X`` (T, A)."""
+        under this model is at least ``threshold``, at most :data:`MAX_CANDIDATES` of them (the
+        most probable), and always the most probable one. ``X`` (T, A)."""
         self._check_fitted()
         emissions = self._to_states(np.asarray(X @ self.state_weights_), X, lengths)
         marginals = chain.forward_backward(emissions, *self._weights(), lengths, counts=False).marginals
         marginals = self._structure().label_marginals(marginals)
         keep = marginals >= threshold
         keep[np.arange(marginals.shape[0]), marginals.argmax(axis=1)] = True
+        if marginals.shape[1] > MAX_CANDIDATES:
+            below = np.partition(marginals, -MAX_CANDIDATES, axis=1)[:, -MAX_CANDIDATES]  # the cap's smallest marginal
+            keep &= marginals >= below[:, None]
         return keep
 
     def pruned_mass(self, X, lengths: np.ndarray, keep: np.ndarray) -> float:

@@ -125,17 +125,20 @@ def _finite_difference(fun, theta, step=1e-6):
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-@pytest.mark.parametrize("case", ["dense", "sparse", "partial", "pruned"])
+@pytest.mark.parametrize("case", ["dense", "sparse", "partial", "pruned", "partial pruned"])
 def test_objective_matches_enumeration_and_finite_differences(seed, case):
+    """Pruned: the chain runs over each token's candidate labels (the compact pair-of-slots lattice)."""
     L = 3
-    X, offsets, labels = _problem(seed, L, partial=case == "partial")
+    X, offsets, labels = _problem(seed, L, partial="partial" in case)
     index = feature_index(X, labels, L) if case == "sparse" else None
     params = ParameterLayout(X.shape[1], L, index, order=2)
     candidates = None
-    if case == "pruned":
+    if "pruned" in case:
         rng = np.random.default_rng(seed + 3)
-        candidates = rng.random((labels.size, L)) < 0.6
-        candidates[np.arange(labels.size), labels] = True
+        candidates = rng.random((labels.size, L)) < 0.5
+        known = labels >= 0
+        candidates[np.flatnonzero(known), labels[known]] = True
+        candidates[np.arange(labels.size), rng.integers(0, L, labels.size)] = True
     objective = Objective(X, offsets, labels, params, candidates=candidates, chunk_cells=30)
     assert len(objective.chunks) > 1  # the sums over chunks are part of what is checked
     theta = np.random.default_rng(seed + 10).normal(size=params.size)
