@@ -50,9 +50,12 @@ __all__ = [
 ]
 
 
-def _operator(transitions):
+def operator_of(transitions):
     """A transition operator: (L, L) score matrices are wrapped, operators pass through."""
     return transitions if hasattr(transitions, "lift") else FirstOrderTransitions(transitions)
+
+
+_operator = operator_of
 
 
 def _layout(lengths) -> Layout:
@@ -66,7 +69,7 @@ def _masked(emissions: np.ndarray, allowed, operator) -> np.ndarray:
         return emissions
     allowed = np.asarray(allowed, dtype=bool)
     if allowed.shape != emissions.shape:
-        allowed = operator.state_emissions(allowed)
+        allowed = operator.label_mask(allowed)
     if allowed.shape != emissions.shape:
         raise ValueError(f"allowed must have shape {emissions.shape} (or per label), got {np.shape(allowed)}")
     return np.where(allowed, emissions, -np.inf)
@@ -177,6 +180,7 @@ class Posterior:
     transition_counts: np.ndarray
     log_alpha: np.ndarray | None = None
     log_beta: np.ndarray | None = None
+    scores: tuple | None = None  # the chain's (transitions, start, end), where a caller keeps them
 
 
 def _closing(end, semiring):
@@ -390,7 +394,7 @@ def entropy(emissions, transitions, start, end, lengths, allowed=None) -> np.nda
             products = probabilities * scores
         return np.where(probabilities > 0, products, 0.0).reshape(probabilities.shape[0], -1).sum(axis=1)
 
-    per_token = expected(posterior.marginals, emissions) + expected(edges, np.broadcast_to(operator.scores, edges.shape))
+    per_token = expected(posterior.marginals, emissions) + expected(edges, np.broadcast_to(operator.edge_table(), edges.shape))
     boundary = expected(posterior.marginals[offsets[:-1]], np.asarray(start)[None]) + expected(
         posterior.marginals[offsets[1:] - 1], np.asarray(end)[None]
     )
@@ -508,18 +512,20 @@ def constrained_log_probability(
     semiring, operator = LogSemiring, _operator(transitions)
     allowed = np.asarray(allowed, dtype=bool)
     if allowed.shape[1:] != emissions.shape[1:]:  # per label: every state of the label
-        allowed = operator.state_emissions(allowed)
+        allowed = operator.label_mask(allowed, window_tokens)
     masked = np.where(allowed, emissions[window_tokens], -np.inf)
     column_top, lifted_operator = operator.lift(semiring)
     # the incoming message of each window, folded into its first token's emissions
     incoming = np.tile(start, (sequence.size, 1))
     inner = first > 0
-    incoming[inner] = lifted_operator.forward(log_alpha[starts[inner] - 1]) + column_top
+    entering = starts[inner]
+    column_top = np.broadcast_to(column_top, emissions.shape)[entering]
+    incoming[inner] = lifted_operator.at(entering).forward(log_alpha[entering - 1]) + column_top
     masked[window_offsets[:-1]] += incoming
     layout = Layout.from_lengths(widths)
     # windows start from their own incoming message, so "start" is already in `masked`
     lifted, offset, lifted_operator = _lifted_scores(
-        masked[layout.token_of_row], operator, np.zeros_like(start), layout, semiring
+        masked[layout.token_of_row], operator.take(window_tokens[layout.token_of_row]), np.zeros_like(start), layout, semiring
     )
     alpha, log_scale, _ = _forward(lifted, offset, lifted_operator, layout, semiring)
     last = layout.last_rows()

@@ -74,7 +74,8 @@ class TaggerView:
 
     def __init__(self, model: CRF) -> None:
         self.model = model
-        self._emissions: np.ndarray | None = None  # (n, L) of the current sequence
+        self._emissions: np.ndarray | None = None  # (n, S) per-state emissions of the current sequence
+        self._scores: tuple | None = None  # the chain's (transitions, start, end) for them
         self._marginals: np.ndarray | None = None  # (n, L), computed on the first marginal() query
 
     def labels(self) -> list[str]:
@@ -82,8 +83,10 @@ class TaggerView:
 
     def set(self, xseq) -> None:
         """Make ``xseq`` (a list of token features) the current sequence."""
-        S = self.model._structure().n_states
-        self._emissions = self.model.chain_emissions([xseq])[0] if len(xseq) else np.zeros((0, S))
+        if len(xseq):
+            self._emissions, self._scores, _ = self.model.chain_inputs([xseq])
+        else:
+            self._emissions, self._scores = np.zeros((0, self.model._structure().n_states)), self.model._weights()
         self._marginals = None
 
     def _current(self) -> np.ndarray:
@@ -98,8 +101,8 @@ class TaggerView:
         emissions = self._current()
         if not len(emissions):
             return []
-        states, _ = chain.viterbi(emissions, *self.model._weights(), [len(emissions)])
-        return [self.model.classes_[c] for c in self.model._structure().labels_of_states(states)]
+        states, _ = chain.viterbi(emissions, *self._scores, [len(emissions)])
+        return [self.model.classes_[c] for c in chain.operator_of(self._scores[0]).labels_at(states)]
 
     def probability(self, yseq) -> float:
         """p(yseq | current sequence)."""
@@ -111,10 +114,10 @@ class TaggerView:
         if unknown:
             raise ValueError(f"unknown labels {unknown[:5]}")
         codes = np.array([index[label] for label in yseq], dtype=np.int64)
-        weights, offsets = self.model._weights(), np.array([0, len(codes)])
-        states = self.model._structure().states_of_labels(codes, offsets)
-        gold = chain.sequence_scores(emissions, *weights, offsets, states)
-        return float(np.exp(gold - chain.log_partition(emissions, *weights, [len(codes)]))[0])
+        from .model import path_scores
+
+        gold = path_scores(emissions, self._scores, np.array([0, len(codes)]), codes)
+        return float(np.exp(gold - chain.log_partition(emissions, *self._scores, [len(codes)]))[0])
 
     def marginal(self, y: str, pos: int) -> float:
         """p(label at ``pos`` = ``y`` | current sequence)."""
@@ -122,8 +125,8 @@ class TaggerView:
         if not 0 <= pos < len(emissions):
             raise IndexError(f"position {pos} outside a sequence of {len(emissions)} tokens")
         if self._marginals is None:
-            marginals = chain.forward_backward(emissions, *self.model._weights(), [len(emissions)], counts=False).marginals
-            self._marginals = self.model._structure().label_marginals(marginals)
+            marginals = chain.forward_backward(emissions, *self._scores, [len(emissions)], counts=False).marginals
+            self._marginals = self.model._label_marginals(marginals, self._scores[0])
         return float(self._marginals[pos, list(self.model.classes_).index(y)])
 
     def info(self) -> ModelInfo:

@@ -138,6 +138,10 @@ class FirstOrderChain:
         the labels outside ``candidates`` (T, L) (packed, or None) at -inf."""
         return Lattice(self, layout, candidates)
 
+    def lattice_in_order(self, offsets: np.ndarray, candidates: np.ndarray | None = None) -> Lattice:
+        """The states sequences at ``offsets`` (tokens in input order) run over, for tagging."""
+        return Lattice(self, None, candidates)
+
     def path_scores(self, tail: np.ndarray, offsets: np.ndarray, labels: np.ndarray) -> np.ndarray:
         """The tail's part of score(y) of every labelling (N,): counts per sequence dotted with
         the tail, without building per-sequence count vectors."""
@@ -181,7 +185,10 @@ class SecondOrderChain(FirstOrderChain):
 
     def lattice(self, layout: Layout, candidates: np.ndarray | None = None) -> Lattice:
         """All label pairs, or with ``candidates`` (T, L) a :class:`PrunedLattice` over them."""
-        return Lattice(self, layout, None) if candidates is None else PrunedLattice(self, layout, candidates)
+        return Lattice(self, layout, None) if candidates is None else PrunedLattice.packed(self, layout, candidates)
+
+    def lattice_in_order(self, offsets: np.ndarray, candidates: np.ndarray | None = None) -> Lattice:
+        return Lattice(self, None, None) if candidates is None else PrunedLattice.in_order(self, offsets, candidates)
 
     def label_marginals(self, marginals: np.ndarray) -> np.ndarray:
         return marginals.reshape(marginals.shape[0], self.n_labels + 1, self.n_labels).sum(axis=1)
@@ -254,31 +261,45 @@ class Lattice:
 class PrunedLattice(Lattice):
     """A second-order chain over each token's candidate labels only (see
     :class:`crf._transitions.PrunedSecondOrderTransitions`): K slots per token (K: the most
-    candidates a token of the chunk has), O(K^3) per token. The start and end weights of every
-    (previous, current) pair are folded into the emissions of first and last tokens; results come
-    back in the labels' terms."""
+    candidates a token has), O(K^3) per token. The start and end weights of every (previous,
+    current) pair are folded into the emissions of first and last tokens. Tokens in packed order
+    (:meth:`packed`, the objective's chunks) or in input order (:meth:`in_order`, tagging)."""
 
-    def __init__(self, structure: SecondOrderChain, layout: Layout, candidates: np.ndarray) -> None:
-        super().__init__(structure, layout, candidates)
+    def __init__(self, structure: SecondOrderChain, candidates: np.ndarray, previous: np.ndarray, last: np.ndarray) -> None:
+        """``candidates`` (T, L); ``previous`` (T,) the token before each (-1: it opens its
+        sequence); ``last`` the last token of every sequence."""
+        super().__init__(structure, None, candidates)
         L, T = structure.n_labels, candidates.shape[0]
-        self.n_slots = K = max(1, int(candidates.sum(axis=1).max()))
+        self.n_slots = K = max(1, int(candidates.sum(axis=1).max())) if T else 1
         order = np.argsort(~candidates, axis=1, kind="stable")[:, :K]  # candidate labels first, in label order
         labels = np.where(np.take_along_axis(candidates, order, axis=1), order, -1)
-        step = np.repeat(np.arange(layout.n_steps), layout.n_active)
-        previous = np.arange(T) - layout.step_start[step] + layout.step_start[np.maximum(step - 1, 0)]  # row of the token before
-        first = step == 0
-        before = np.where(first[:, None], -1, labels[previous])
+        first = previous < 0
+        before = np.where(first[:, None], -1, labels[np.maximum(previous, 0)])
         before2 = np.full((T, K + 1), -1, dtype=np.int64)
-        second = step == 1
+        second = ~first & first[np.maximum(previous, 0)]
         before2[second, K] = L
-        later = step >= 2
+        later = ~first & ~second
         before2[later, :K] = before[previous[later]]
         self.labels, self.before, self.before2 = labels, before, before2
         # the labels before each slot of the previous token, "before the sequence" (L) last: the pair (a, b) a last token closes
         self.closing = np.concatenate([before, np.where(first, L, -1)[:, None]], axis=1)  # (T, K + 1)
-        self.first = first
-        self.last = layout.last_rows()
+        self.first, self.last = first, np.asarray(last, dtype=np.int64)
         self.flat = PrunedSecondOrderTransitions.edge_index(labels, before, before2, L)
+
+    @classmethod
+    def packed(cls, structure: SecondOrderChain, layout: Layout, candidates: np.ndarray) -> PrunedLattice:
+        """Over tokens in ``layout``'s packed order (``candidates`` packed too)."""
+        step = np.repeat(np.arange(layout.n_steps), layout.n_active)
+        previous = np.arange(step.size) - layout.step_start[step] + layout.step_start[np.maximum(step - 1, 0)]
+        return cls(structure, candidates, np.where(step > 0, previous, -1), layout.last_rows())
+
+    @classmethod
+    def in_order(cls, structure: SecondOrderChain, offsets: np.ndarray, candidates: np.ndarray) -> PrunedLattice:
+        """Over tokens in input order, sequences at ``offsets`` (N + 1,) (none empty)."""
+        offsets = np.asarray(offsets, dtype=np.int64)
+        previous = np.arange(candidates.shape[0]) - 1
+        previous[offsets[:-1][offsets[:-1] < candidates.shape[0]]] = -1
+        return cls(structure, candidates, previous, offsets[1:] - 1)
 
     def emissions(self, emissions: np.ndarray, tail: np.ndarray) -> np.ndarray:
         blocks, K = self.structure.split(tail), self.n_slots
@@ -315,7 +336,7 @@ class PrunedLattice(Lattice):
     def boundary_sums(self, marginals: np.ndarray) -> np.ndarray:
         K, L = self.n_slots, self.structure.n_labels
         S = (L + 1) * L
-        first = self.layout.first_rows()
+        first = np.flatnonzero(self.first)
         opening = marginals[first].reshape(-1, K + 1, K)[:, K]  # states (before the sequence, j)
         b = self.labels[first]
         start = np.bincount((L * L + b)[b >= 0], weights=opening[b >= 0], minlength=S)

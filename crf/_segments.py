@@ -103,7 +103,7 @@ class ChunkWindows:
 
 
 class SegmentQueries:
-    """Mixin of :class:`crf.CRF`: needs ``emissions``, ``_weights``, ``_split`` and ``classes_``."""
+    """Mixin of :class:`crf.CRF`: needs ``chain_inputs``, ``_chain_of``, ``state_weights_`` and ``classes_``."""
 
     def span_probability(self, X, sequence: Sequence[int], start: Sequence[int], allowed: Sequence[np.ndarray]) -> np.ndarray:
         """Constrained forward-backward: p(y_t in allowed_t for the window of each query | x).
@@ -112,24 +112,23 @@ class SegmentQueries:
         ``sequence[k]``; ``allowed[k]`` is a (width, L) boolean mask over ``classes_``.
         Returns (K,) probabilities.
         """
-        emissions, batch = self.chain_emissions(X)
-        posterior = chain.forward_backward(emissions, *self._weights(), batch.lengths, keep_messages=True, counts=False)
-        return np.exp(self._constrained(posterior, emissions, batch, sequence, start, allowed))
+        emissions, scores, batch = self.chain_inputs(X)
+        posterior = chain.forward_backward(emissions, *scores, batch.lengths, keep_messages=True, counts=False)
+        return np.exp(self._constrained(posterior, emissions, scores, batch, sequence, start, allowed))
 
-    def _constrained(self, posterior, emissions, batch, sequence, start, allowed) -> np.ndarray:
+    def _constrained(self, posterior, emissions, scores, batch, sequence, start, allowed) -> np.ndarray:
         if len(sequence) == 0:
             return np.zeros(0)
         widths = np.array([len(a) for a in allowed], dtype=np.int64)
         window_offsets = np.concatenate([[0], np.cumsum(widths)])
         masks = np.concatenate([np.asarray(a, dtype=bool) for a in allowed])
-        transitions, start, _ = self._weights()
         return chain.constrained_log_probability(
             posterior.log_alpha,
             posterior.log_beta,
             posterior.log_z,
             emissions,
-            transitions,
-            start,
+            scores[0],
+            scores[1],
             batch.offsets,
             np.asarray(sequence),
             np.asarray(start),
@@ -146,9 +145,12 @@ class SegmentQueries:
         not extend the chunk and that the token after does not continue it (constrained
         forward-backward over that window, Culotta & McCallum 2004).
         """
-        emissions, batch = self.chain_emissions(X)
-        states, _ = chain.viterbi(emissions, *self._weights(), batch.lengths)
-        return self.segments_of(self._structure().labels_of_states(states), emissions, batch)
+        emissions, scores, batch = self.chain_inputs(X)
+        states, _ = chain.viterbi(emissions, *scores, batch.lengths)
+        labels = chain.operator_of(scores[0]).labels_at(states)
+        posterior = chain.forward_backward(emissions, *scores, batch.lengths, keep_messages=True, counts=False)
+        posterior.scores = scores
+        return self.segments_of(labels, emissions, batch, posterior)
 
     def segments_of(self, labels: np.ndarray, emissions: np.ndarray, batch, posterior=None) -> pd.DataFrame:
         """The chunks of the labelling ``labels`` (T,) (label indices, e.g. ``predict_codes``')
@@ -162,9 +164,12 @@ class SegmentQueries:
         if found.empty:
             found["confidence"] = []
             return found
-        if posterior is None or posterior.log_alpha is None:
-            posterior = chain.forward_backward(emissions, *self._weights(), batch.lengths, keep_messages=True, counts=False)
-        transitions, start, _ = self._weights()
+        if posterior is None or posterior.log_alpha is None or posterior.scores is None:
+            # the chain's scores for these emissions (a pruned model's depend on the batch)
+            _, scores = self._chain_of(np.asarray(batch.X @ self.state_weights_), batch.X, batch.lengths)
+            posterior = chain.forward_backward(emissions, *scores, batch.lengths, keep_messages=True, counts=False)
+            posterior.scores = scores
+        transitions, start, _ = posterior.scores
         if emissions.shape[1] == len(self.classes_):
             log_p = windows.log_probability(labels, posterior, emissions, transitions, start)
         else:

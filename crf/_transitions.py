@@ -80,6 +80,20 @@ class TransitionOperator(Protocol):
         """The operator of the tokens ``index`` (as emissions are gathered): itself, unless it
         carries per-token data."""
 
+    def labels_at(self, states: np.ndarray, tokens: np.ndarray | None = None) -> np.ndarray:
+        """The label of each token's state (T,) (the tokens ``tokens`` of the operator's, or all);
+        -1 stays -1 (no path)."""
+
+    def label_marginals(self, marginals: np.ndarray, n_labels: int, reduce=np.add) -> np.ndarray:
+        """Per-state values (T, S) combined (``reduce``: sums, or np.maximum for max-marginals)
+        per label (T, n_labels): a state carries the label of :meth:`labels_at`, modulo n_labels."""
+
+    def label_mask(self, allowed: np.ndarray, tokens: np.ndarray | None = None) -> np.ndarray:
+        """Per-label masks (T, n_labels) as per-state masks (T, S): a state is allowed where its label is."""
+
+    def edge_table(self) -> np.ndarray:
+        """The log scores of the edges, broadcasting against edge marginals (T, ``edge_shape``)."""
+
     def lift(self, semiring: Semiring) -> tuple[np.ndarray, LiftedOperator]:
         """(``column_top`` (S,), the operator bound to ``semiring``)."""
 
@@ -97,7 +111,32 @@ def _pick(semiring, candidates: np.ndarray, rank: np.ndarray) -> np.ndarray:
     return np.take_along_axis(index, rank[..., None], axis=-1)[..., 0]
 
 
-class FirstOrderTransitions:
+class _StationaryOperator:
+    """What the operators without per-token data share: state s carries label ``s % n_labels``
+    (an operator over L' hidden labels, L' a multiple of L, maps them to ``s % L``)."""
+
+    scores: np.ndarray
+    n_states: int
+
+    def take(self, index: np.ndarray):
+        return self
+
+    def labels_at(self, states: np.ndarray, tokens: np.ndarray | None = None) -> np.ndarray:
+        states = np.asarray(states)
+        return np.where(states >= 0, self.labels_of_states(np.maximum(states, 0)), -1)
+
+    def label_marginals(self, marginals: np.ndarray, n_labels: int, reduce=np.add) -> np.ndarray:
+        return reduce.reduce(marginals.reshape(marginals.shape[0], -1, n_labels), axis=1)
+
+    def label_mask(self, allowed: np.ndarray, tokens: np.ndarray | None = None) -> np.ndarray:
+        allowed = np.asarray(allowed, dtype=bool)
+        return np.tile(allowed, (1, self.n_states // allowed.shape[1]))
+
+    def edge_table(self) -> np.ndarray:
+        return self.scores
+
+
+class FirstOrderTransitions(_StationaryOperator):
     """A first-order chain: ``scores`` (L, L) indexed [previous, current]; states are labels."""
 
     def __init__(self, scores: np.ndarray) -> None:
@@ -119,8 +158,10 @@ class FirstOrderTransitions:
     def edge_scores(self, previous: np.ndarray, states: np.ndarray) -> np.ndarray:
         return self.scores[previous, states]
 
-    def take(self, index: np.ndarray) -> FirstOrderTransitions:
-        return self
+    @staticmethod
+    def states_of_labels(labels: np.ndarray, first: np.ndarray) -> np.ndarray:
+        """The state path (T,) of the labelling ``labels`` (T,) (``first``: the token opens its sequence)."""
+        return np.asarray(labels)
 
     def lift(self, semiring) -> tuple[np.ndarray, _LiftedFirstOrder]:
         column_top = self.scores.max(axis=0)
@@ -195,7 +236,7 @@ class _LiftedFirstOrder(_Stationary):
         return following[:, None, :]
 
 
-class SecondOrderTransitions:
+class SecondOrderTransitions(_StationaryOperator):
     """Transition scores of a second-order chain, run by the same recursions as a first-order
     chain whose states are label pairs.
 
@@ -224,15 +265,16 @@ class SecondOrderTransitions:
     def labels_of_states(self, states: np.ndarray) -> np.ndarray:
         return np.asarray(states) % self.n_labels
 
+    def states_of_labels(self, labels: np.ndarray, first: np.ndarray) -> np.ndarray:
+        labels = np.asarray(labels)
+        return np.where(first, self.n_labels, np.roll(labels, 1)) * self.n_labels + labels
+
     def edge_scores(self, previous: np.ndarray, states: np.ndarray) -> np.ndarray:
         """Score of (a, b) -> (b', c): ``scores[a, b, c]`` when b' = b, else -inf (no such edge)."""
         a, b = np.divmod(np.asarray(previous), self.n_labels)
         middle, c = np.divmod(np.asarray(states), self.n_labels)
         inner = (middle == b) & (middle < self.n_labels)
         return np.where(inner, self.scores[np.where(inner, a, 0), b, c], -np.inf)
-
-    def take(self, index: np.ndarray) -> SecondOrderTransitions:
-        return self
 
     def lift(self, semiring) -> tuple[np.ndarray, _LiftedSecondOrder]:
         L = self.n_labels
@@ -295,7 +337,8 @@ class _LiftedSecondOrder(_Stationary):
         """Whether to contract by the active entries: single-number values, few nonzero."""
         if messages.ndim != 2 or not messages.size or getattr(self.semiring, "value_shape", ()) != ():
             return False
-        return np.count_nonzero(messages != self.semiring.zero) < SPARSE_BELOW * messages.size
+        # none active (no path reaches these rows, e.g. under fixed labels): the dense product
+        return 0 < np.count_nonzero(messages != self.semiring.zero) < SPARSE_BELOW * messages.size
 
     def forward(self, messages: np.ndarray) -> np.ndarray:
         if self._sparse(messages):
@@ -421,7 +464,48 @@ class PrunedSecondOrderTransitions:
         return np.asarray(states) % self.n_slots
 
     def edge_scores(self, previous: np.ndarray, states: np.ndarray) -> np.ndarray:
-        raise NotImplementedError("edge scores of a pruned lattice: score the labels with the unpruned operator")
+        """Score of (i, j) -> (j', k) into every token (previous, states (T,), one per token)."""
+        K = self.n_slots
+        i, j = np.divmod(np.asarray(previous), K)
+        middle, k = np.divmod(np.asarray(states), K)
+        inner = (middle == j) & (middle < K) & (np.asarray(previous) >= 0) & (np.asarray(states) >= 0)
+        tokens = np.arange(self.labels.shape[0])
+        table = np.append(self.scores.ravel(), -np.inf)
+        i, j, k = (np.where(inner, v, 0) for v in (i, j, k))
+        return np.where(inner, table[self.flat[tokens, i, j, k]], -np.inf)
+
+    def _tokens(self, tokens) -> np.ndarray:
+        return np.arange(self.labels.shape[0]) if tokens is None else np.asarray(tokens)
+
+    def labels_at(self, states: np.ndarray, tokens: np.ndarray | None = None) -> np.ndarray:
+        states = np.asarray(states)
+        labels = self.labels[self._tokens(tokens), np.maximum(states, 0) % self.n_slots]
+        return np.where(states >= 0, labels, -1)
+
+    def label_marginals(self, marginals: np.ndarray, n_labels: int, reduce=np.add) -> np.ndarray:
+        K = self.n_slots
+        slots = reduce.reduce(marginals.reshape(marginals.shape[0], K + 1, K), axis=1)
+        rows, j = np.nonzero(self.labels >= 0)
+        out = np.zeros((marginals.shape[0], n_labels))
+        out[rows, self.labels[rows, j] % n_labels] = slots[rows, j]
+        return out
+
+    def label_mask(self, allowed: np.ndarray, tokens: np.ndarray | None = None) -> np.ndarray:
+        labels = self.labels[self._tokens(tokens)]
+        slots = (labels >= 0) & np.take_along_axis(np.asarray(allowed, dtype=bool), np.maximum(labels, 0), axis=1)
+        return np.tile(slots, (1, self.n_slots + 1))
+
+    def states_of_labels(self, labels: np.ndarray, first: np.ndarray) -> np.ndarray:
+        """The state path (T,) of the labelling ``labels`` (T,) (``first`` (T,): the token opens
+        its sequence); -1 at a token whose label, or its predecessor's, is not a candidate."""
+        K = self.n_slots
+        found = self.labels == np.asarray(labels)[:, None]
+        slot = np.where(found.any(axis=1), found.argmax(axis=1), -1)
+        previous = np.where(first, K, np.roll(slot, 1))
+        return np.where((slot >= 0) & (previous >= 0), previous * K + slot, -1)
+
+    def edge_table(self) -> np.ndarray:
+        return self.tables()
 
     def tables(self) -> np.ndarray:
         """Log scores (T, K + 1, K, K) of the edges into every token, -inf where a slot is empty."""

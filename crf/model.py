@@ -458,19 +458,25 @@ class CRF(SegmentQueries, UncertaintyQueries, CRFsuiteView, BaseEstimator):
         batch = self._batch(X)
         return np.asarray(batch.X @ self.state_weights_), batch
 
-    def chain_emissions(self, X) -> tuple[np.ndarray, SequenceBatch]:
-        """The emission scores the chain runs on, per state (T, S) (labels for order 1, label
-        pairs for order 2: see :mod:`crf._order`; pruned labels at -inf), and the batch."""
+    def chain_inputs(self, X) -> tuple[np.ndarray, tuple, SequenceBatch]:
+        """What the chain runs on: per-state emissions (T, S) (labels for order 1, label pairs
+        for order 2, pairs of candidate slots for a pruned model: see :mod:`crf._order`), the
+        scores (transitions or transition operator, start (S,), end (S,)) and the batch. The
+        operator maps states back to labels (``labels_at``, ``label_marginals``)."""
         emissions, batch = self.emissions(X)
-        return self._to_states(emissions, batch.X, batch.lengths), batch
+        states, scores = self._chain_of(emissions, batch.X, batch.lengths)
+        return states, scores, batch
 
-    def _to_states(self, emissions: np.ndarray, X, lengths: np.ndarray) -> np.ndarray:
-        """Per-label emissions (T, L) of the rows ``X`` (T, A) as the chain's per-state emissions
-        (T, S), the labels the pruner drops (if there is one) at -inf."""
+    def _chain_of(self, emissions: np.ndarray, X, lengths: np.ndarray) -> tuple[np.ndarray, tuple]:
+        """(per-state emissions (T, S), (transitions, start, end)) of the rows ``X`` (T, A) with
+        per-label ``emissions`` (T, L), sequences of ``lengths``; a pruned model's lattice is
+        over the candidates its pruner keeps."""
+        candidates = None
         if self.__dict__.get("pruner_") is not None:
-            keep = self.pruner_.candidates(X, lengths, self.pruning_threshold)
-            emissions = np.where(keep, emissions, -np.inf)
-        return self._structure().state_emissions(emissions)
+            candidates = self.pruner_.candidates(X, lengths, self.pruning_threshold)
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        lattice, tail = self._structure().lattice_in_order(offsets, candidates), self._tail()
+        return lattice.emissions(emissions, tail), lattice.scores(tail)
 
     def _structure(self) -> FirstOrderChain:
         """The tail structure of this model's order (:mod:`crf._order`)."""
@@ -481,17 +487,19 @@ class CRF(SegmentQueries, UncertaintyQueries, CRFsuiteView, BaseEstimator):
         return np.concatenate([np.ravel(getattr(self, TAIL_ATTRIBUTES[name])) for name in self._structure().blocks])
 
     def _weights(self):
-        """(transitions or transition operator, start (S,), end (S,)) for :mod:`crf._chain`."""
+        """(transitions or transition operator, start (S,), end (S,)) of the unpruned chain."""
         return self._structure().scores(self._tail())
+
+    def _label_marginals(self, marginals: np.ndarray, transitions, reduce=np.add) -> np.ndarray:
+        """Per-state marginals (T, S) as per-label ones (T, L) (max-marginals with np.maximum)."""
+        return chain.operator_of(transitions).label_marginals(marginals, len(self.classes_), reduce)
 
     def candidates(self, X, lengths: np.ndarray, threshold: float) -> np.ndarray:
         """The labels kept at each token by marginal pruning (T, L) bool: those whose marginal
         under this model is at least ``threshold``, at most :data:`MAX_CANDIDATES` of them (the
         most probable), and always the most probable one. ``X`` (T, A)."""
         self._check_fitted()
-        emissions = self._to_states(np.asarray(X @ self.state_weights_), X, lengths)
-        marginals = chain.forward_backward(emissions, *self._weights(), lengths, counts=False).marginals
-        marginals = self._structure().label_marginals(marginals)
+        marginals = self._marginals_of(X, lengths)
         keep = marginals >= threshold
         keep[np.arange(marginals.shape[0]), marginals.argmax(axis=1)] = True
         if marginals.shape[1] > MAX_CANDIDATES:
@@ -499,13 +507,17 @@ class CRF(SegmentQueries, UncertaintyQueries, CRFsuiteView, BaseEstimator):
             keep &= marginals >= below[:, None]
         return keep
 
+    def _marginals_of(self, X, lengths: np.ndarray) -> np.ndarray:
+        """Token marginals (T, L) of the rows ``X`` (T, A)."""
+        states, scores = self._chain_of(np.asarray(X @ self.state_weights_), X, lengths)
+        marginals = chain.forward_backward(states, *scores, lengths, counts=False).marginals
+        return self._label_marginals(marginals, scores[0])
+
     def pruned_mass(self, X, lengths: np.ndarray, keep: np.ndarray) -> float:
         """The marginal probability this model gives the labels ``keep`` (T, L) drops, summed over
         tokens: a bound (by the union bound) on the probability, under this model, of the paths
         that leave the pruned lattice, summed over sequences."""
-        emissions = self._to_states(np.asarray(X @ self.state_weights_), X, lengths)
-        marginals = chain.forward_backward(emissions, *self._weights(), lengths, counts=False).marginals
-        return float(np.where(keep, 0.0, self._structure().label_marginals(marginals)).sum())
+        return float(np.where(keep, 0.0, self._marginals_of(X, lengths)).sum())
 
     def _split(self, flat, batch: SequenceBatch) -> list:
         return [flat[a:b] for a, b in zip(batch.offsets[:-1], batch.offsets[1:])]
@@ -539,14 +551,13 @@ class CRF(SegmentQueries, UncertaintyQueries, CRFsuiteView, BaseEstimator):
         self._check_fitted()
         batch = self._batch(X)
         n_threads = thread_count(self.n_threads)
-        structure = self._structure()
 
         def tag(part: tuple[int, int]):
             rows = slice(int(batch.offsets[part[0]]), int(batch.offsets[part[1]]))
             lengths = batch.lengths[part[0] : part[1]]
-            emissions = self._to_states(np.asarray(batch.X[rows] @ self.state_weights_), batch.X[rows], lengths)
-            states, scores = chain.viterbi(emissions, *self._weights(), lengths)
-            return structure.labels_of_states(states), scores
+            emissions, weights = self._chain_of(np.asarray(batch.X[rows] @ self.state_weights_), batch.X[rows], lengths)
+            states, scores = chain.viterbi(emissions, *weights, lengths)
+            return chain.operator_of(weights[0]).labels_at(states), scores
 
         with single_threaded_blas(), Workers(n_threads) as workers:
             parts = workers.map(tag, contiguous_parts(batch.offsets, n_threads))
@@ -567,10 +578,12 @@ class CRF(SegmentQueries, UncertaintyQueries, CRFsuiteView, BaseEstimator):
         """Forward-backward over ``X``: the :class:`crf._chain.Posterior` (log Z (N,), marginals
         (T, L) in ``classes_`` order and, with ``keep_messages``, the per-state log messages that
         :meth:`segments_of` reuses), the chain's per-state emissions (T, S) (see
-        :meth:`chain_emissions`; the per-label ones for order 1) and the batch."""
-        emissions, batch = self.chain_emissions(X)
-        posterior = chain.forward_backward(emissions, *self._weights(), batch.lengths, keep_messages=keep_messages, counts=False)
-        posterior.marginals = self._structure().label_marginals(posterior.marginals)
+        :meth:`chain_inputs`; the per-label ones for order 1) and the batch. The chain's scores
+        are kept on the posterior (``scores``) for :meth:`segments_of`."""
+        emissions, scores, batch = self.chain_inputs(X)
+        posterior = chain.forward_backward(emissions, *scores, batch.lengths, keep_messages=keep_messages, counts=False)
+        posterior.marginals = self._label_marginals(posterior.marginals, scores[0])
+        posterior.scores = scores
         return posterior, emissions, batch
 
     def _marginal_dicts(self, X) -> list[list[dict[str, float]]]:
@@ -590,18 +603,18 @@ class CRF(SegmentQueries, UncertaintyQueries, CRFsuiteView, BaseEstimator):
 
     def log_partition(self, X) -> np.ndarray:
         """log Z(x) of every sequence (N,)."""
-        emissions, batch = self.chain_emissions(X)
-        return chain.log_partition(emissions, *self._weights(), batch.lengths)
+        emissions, scores, batch = self.chain_inputs(X)
+        return chain.log_partition(emissions, *scores, batch.lengths)
 
     def sequence_probability(self, X, y) -> np.ndarray:
-        """p(y | x) for every given labelling (N,)."""
-        emissions, batch = self.chain_emissions(X)
+        """p(y | x) for every given labelling (N,) (0 for a labelling a pruned model's lattice leaves out)."""
+        emissions, scores, batch = self.chain_inputs(X)
         codes = self._label_codes(y, batch)
         if np.any(codes < 0):
             raise ValueError("y contains labels the model does not know")
-        states = self._structure().states_of_labels(codes, batch.offsets)
-        gold = chain.sequence_scores(emissions, *self._weights(), batch.offsets, states)
-        return np.exp(gold - chain.log_partition(emissions, *self._weights(), batch.lengths))
+        return np.exp(
+            path_scores(emissions, scores, batch.offsets, codes) - chain.log_partition(emissions, *scores, batch.lengths)
+        )
 
     def score(self, X, y) -> float:
         """Token accuracy (a fraction) of the predictions (sklearn-crfsuite's ``score``); gold
@@ -631,6 +644,18 @@ class CRF(SegmentQueries, UncertaintyQueries, CRFsuiteView, BaseEstimator):
 CRF.__doc__ += hyper.DOC
 
 
+def path_scores(emissions: np.ndarray, scores: tuple, offsets: np.ndarray, codes: np.ndarray) -> np.ndarray:
+    """score(y) (N,) of the labelling ``codes`` (T,) of sequences at ``offsets`` under the
+    chain's per-state ``emissions`` and ``scores``; -inf where the chain has no state for it."""
+    first = np.zeros(codes.size, dtype=bool)
+    first[offsets[:-1][offsets[:-1] < codes.size]] = True
+    states = chain.operator_of(scores[0]).states_of_labels(codes, first)
+    missing = np.add.reduceat((states < 0).astype(np.int64), offsets[:-1]) > 0 if codes.size else np.zeros(0, dtype=bool)
+    with np.errstate(invalid="ignore"):
+        out = chain.sequence_scores(emissions, *scores, offsets, np.maximum(states, 0))
+    return np.where(missing, -np.inf, out)
+
+
 @register_kind
 class BundledCRF:
     """A CRF and its fitted feature extractor as the part of a :class:`crf.TaggerBundle`: the
@@ -643,7 +668,9 @@ class BundledCRF:
             raise ValueError(f"the extractor has {extractor.n_attributes} attributes, the CRF {model.n_attributes_}")
         self.extractor, self.model = extractor, model
         self.labels = [str(c) for c in model.classes_]
-        self.n_states = model._structure().n_states
+        # the most states a token can have (a pruned model's depend on its candidates)
+        slots = min(MAX_CANDIDATES, len(self.labels)) if model.__dict__.get("pruner_") is not None else None
+        self.n_states = model._structure().n_states if slots is None else (slots + 1) * slots
         self.columns = extractor.input_columns()
 
     def scores(self, columns, lengths):
@@ -652,8 +679,8 @@ class BundledCRF:
         bounds = np.concatenate([[0], np.cumsum(lengths)])
         batch = self.extractor.transform([rows[a:b] for a, b in zip(bounds[:-1], bounds[1:])])
         model = self.model
-        emissions = model._to_states(np.asarray(batch.X @ model.state_weights_), batch.X, lengths)
-        return (emissions, *model._weights())
+        emissions, scores = model._chain_of(np.asarray(batch.X @ model.state_weights_), batch.X, lengths)
+        return (emissions, *scores)
 
     def parts(self):
         meta, arrays = model_file.to_arrays(self.model)

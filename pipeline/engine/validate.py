@@ -23,10 +23,10 @@ from omegaconf.errors import OmegaConfBaseException
 from pipeline.models import load_adapter
 
 _CONFIG_NAMES = {"n_threads": "threads"}  # estimator parameter -> its key in the config, where they differ
-# every key a dataset config may have (pipeline/data.py and the stages read them)
+# every key a dataset config may have (pipeline/data.py and the stages read them; hmm and crf: model defaults)
 DATASET_KEYS = {
     "name", "task", "format", "columns", "label", "scheme", "files", "dev_split", "separator", "comment_prefix",
-    "document_marker", "word_column", "hmm", "evaluate",
+    "document_marker", "word_column", "hmm", "crf", "evaluate",
 }  # fmt: skip
 DATASET_REQUIRED = {"name", "format", "columns", "label", "files"}
 SCHEMES = ("IOB1", "IOB2", "IOBES", "none")
