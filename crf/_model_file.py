@@ -89,6 +89,10 @@ def load(cls: type[CRF], path) -> CRF:
     return from_arrays(cls, meta, arrays, path)
 
 
+# parameters a model file may not set: a path a later fit would write to, callables, classes
+NOT_FROM_FILES = ("model_filename", "callback", "trainer_cls", "keep_tempfiles")
+
+
 def from_arrays(cls: type[CRF], meta: dict, arrays: dict[str, np.ndarray], path="model") -> CRF:
     """The CRF of :func:`to_arrays`' output; ``path`` names the source in ModelFileError messages.
 
@@ -109,7 +113,8 @@ def _from_arrays(cls: type[CRF], meta: dict, arrays: dict[str, np.ndarray], path
     known = cls().get_params()
     if not isinstance(meta["params"], dict):
         raise ModelFileError(f"{path}: the parameters are not a JSON object")
-    model = cls(**{k: v for k, v in meta["params"].items() if k in known})
+    # a file sets hyperparameters only: never where a later fit writes, nor code to call
+    model = cls(**{k: v for k, v in meta["params"].items() if k in known and k not in NOT_FROM_FILES})
     check_thread_count(path, model.n_threads)
     if isinstance(model.order, bool) or model.order not in (1, 2):
         raise ModelFileError(f"{path}: order {model.order!r} is not 1 or 2")

@@ -319,6 +319,10 @@ def orthant_wise_minimise(
     taken as 0, so they keep their starting value. A value or gradient at ``x0`` that is not
     finite raises ValueError.
 
+    It follows liblbfgs's OWL-QN (CRFsuite's) step for step, but for three safeguards that a
+    convex smooth part never triggers: a pair with ``s.y <= 0`` is not stored, a direction the
+    orthant constraint empties falls back to ``-pg``, and a step below ``min_step`` is not tried.
+
     The yielded ``x`` is a buffer the next iteration but one overwrites: copy it to keep it."""
     if not (math.isfinite(c1) and c1 > 0):
         raise ValueError(f"OWL-QN needs a finite c1 > 0, got {c1!r}")

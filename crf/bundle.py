@@ -121,6 +121,11 @@ _KINDS: dict[str, type] = {}
 _BUILT_IN = {"crf": "crf.model", "hmm": "crf.hmm"}
 
 
+def prefixed(arrays: Mapping[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
+    """The entries of ``arrays`` under ``prefix``, without it (a part's arrays in a bundle)."""
+    return {k[len(prefix) :]: v for k, v in arrays.items() if k.startswith(prefix)}
+
+
 def register_kind(part: type) -> type:
     """Make bundles of kind ``part.kind`` loadable (use as a class decorator)."""
     _KINDS[part.kind] = part
@@ -134,7 +139,7 @@ def kind_class(kind: str, path="bundle") -> type:
     if kind not in _KINDS:
         raise ModelFileError(
             f"{path}: model kind {kind!r} is unknown here (import the module that registers it first: "
-            f"the tag command's adapters=[...]); known: {sorted(set(_KINDS) | set(_BUILT_IN))}"
+            f"the tag command's plugins=[...]); known: {sorted(set(_KINDS) | set(_BUILT_IN))}"
         )
     return _KINDS[kind]
 

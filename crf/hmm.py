@@ -57,7 +57,7 @@ from ._persist import (
     strings_to_arrays,
 )
 from .batch import check_labels, label_classes
-from .bundle import register_kind
+from .bundle import prefixed, register_kind
 
 _KIND = "crf.HMMTagger"
 _TRANSITION_SMOOTHING = ("add-k", "interpolation")
@@ -543,7 +543,7 @@ class BundledHMM:
 
     @classmethod
     def from_parts(cls, meta, arrays, path):
-        model = HMMTagger.from_arrays(meta["model"], {k[6:]: v for k, v in arrays.items() if k.startswith("model/")}, path)
+        model = HMMTagger.from_arrays(meta["model"], prefixed(arrays, "model/"), path)
         if not isinstance(meta["observation"], str):
             raise ModelFileError(f"{path}: the observed column {meta['observation']!r} is not a column name")
         return cls(model, meta["observation"])

@@ -36,7 +36,7 @@ from ._segments import SegmentQueries
 from ._uncertainty import UncertaintyQueries
 from ._warm import PreviousFit
 from .batch import SequenceBatch, check_labels, label_classes
-from .bundle import register_kind
+from .bundle import prefixed, register_kind
 from .features import AttributeIndex, FeatureExtractor
 
 log = logging.getLogger(__name__)
@@ -290,8 +290,15 @@ class CRF(SegmentQueries, UncertaintyQueries, CRFsuiteView, BaseEstimator):
         previous = PreviousFit.of(self) if self.warm_start and self._fitted() else None
         if previous is not None and isinstance(X, SequenceBatch):
             previous.check_batch(X, attribute_names)  # before the fitted model is cleared
+        elif previous is not None and previous.attribute_names is None:
+            raise ValueError(
+                "warm_start: the fitted model's attributes have no names (it was fitted on a SequenceBatch without "
+                "attribute_names), so new feature dicts or lists cannot be matched to its weights; fit on batches "
+                "with the same columns"
+            )
         began = time.perf_counter()
-        for name in [*self._fitted_state(), "_tagger"]:
+        before = self._fitted_state()  # put back if this fit fails: a failed fit leaves the model as it was
+        for name in [*before, "_tagger"]:
             self.__dict__.pop(name, None)
         self._fitting = True
         try:
@@ -345,13 +352,20 @@ class CRF(SegmentQueries, UncertaintyQueries, CRFsuiteView, BaseEstimator):
             theta0 = start_from.theta(params) if start_from is not None else np.zeros(params.size)
             callback = self._iteration_callback(params, dev_batch, y_dev)
             result = self._train(settings, batch, codes, params, trainable, callback, theta0, candidates)
+            # from zero weights no step lowering the loss means the data cannot be fitted as given; a
+            # warm start (or the pruner's first-order optimum) may simply begin at the optimum
+            if start_from is None and result.iterations == 0 and result.stop_reason.startswith("line search"):
+                where = "" if largest is None else f"; the largest attribute value is {largest[0]:g} ({largest[1]})"
+                raise TrainingError(
+                    f"training could not move from its starting weights ({result.stop_reason}): no step lowered the loss{where}"
+                )
+        except BaseException:
+            for name in [*self._fitted_state(), "_tagger"]:
+                self.__dict__.pop(name, None)
+            self.__dict__.update(before)
+            raise
         finally:
             del self._fitting
-        if result.iterations == 0 and result.stop_reason.startswith("line search"):
-            where = "" if largest is None else f"; the largest attribute value is {largest[0]:g} ({largest[1]})"
-            raise TrainingError(
-                f"training could not move from its starting weights ({result.stop_reason}): no step lowered the loss{where}"
-            )
         self._set_weights(params, result.theta)
         self.training_log_ = training_log(result.history)
         self.n_iter_ = result.iterations
@@ -690,15 +704,10 @@ class BundledCRF:
 
     @classmethod
     def from_parts(cls, meta, arrays, path):
-        extractor = FeatureExtractor.from_state(meta["features"], _prefixed(arrays, "features/"), path)
-        model = model_file.from_arrays(CRF, meta["model"], _prefixed(arrays, "model/"), path)
+        extractor = FeatureExtractor.from_state(meta["features"], prefixed(arrays, "features/"), path)
+        model = model_file.from_arrays(CRF, meta["model"], prefixed(arrays, "model/"), path)
         if extractor.n_attributes != model.n_attributes_:
             raise ModelFileError(
                 f"{path}: the features give {extractor.n_attributes} attributes, the CRF reads {model.n_attributes_}"
             )
         return cls(extractor, model)
-
-
-def _prefixed(arrays: dict, prefix: str) -> dict:
-    """The entries of ``arrays`` under ``prefix``, without it."""
-    return {k[len(prefix) :]: v for k, v in arrays.items() if k.startswith(prefix)}

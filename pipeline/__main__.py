@@ -2,7 +2,8 @@
 
 SIGTERM/SIGINT end the open runs as KILLED (``pipeline.tracking.lifecycle``); an output folder or store that
 cannot be written (read-only, full disk, permissions) ends the run with one line naming the path
-(exit code 1); a bad setting or data file with one line naming it and why (exit code 2).
+(exit code 1); a bad setting or data file, or data a model cannot be trained on, with one line
+naming it and why (exit code 2).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import mlflow
 from omegaconf import DictConfig
 
 from crf.io import DataFormatError
+from crf.model import TrainingError
 from pipeline.engine.runner import objective_value, run_pipeline
 from pipeline.engine.validate import SettingsError
 from pipeline.tracking.lifecycle import ending_runs_on_signal, error_chain
@@ -68,7 +70,7 @@ def main(cfg: DictConfig) -> float | None:
     with ending_runs_on_signal():
         try:
             return objective_value(run_pipeline(cfg))
-        except (SettingsError, DataFormatError) as error:
+        except (SettingsError, DataFormatError, TrainingError) as error:
             if _in_multirun():
                 raise  # Hydra records the job as failed and the sweep goes on
             log.error("%s", error)  # the one line says what and where: a traceback adds nothing

@@ -163,3 +163,30 @@ def test_the_experiment_runs_as_a_multirun_and_summarises_the_arms(tmp_path):
     assert steps and all(s.step >= 0 for s in steps)
     table = pd.read_csv(Path(client.download_artifacts(parent.info.run_id, "active_learning.csv", str(tmp_path))))
     assert set(table["arm"]) == {"random", "least_confidence", "partial_unknown"} and (table["runs"] == 2).all()
+
+
+def test_a_kill_while_a_round_is_saved_resumes_from_the_round_before(task, tmp_path, monkeypatch):
+    """Round 2's checkpoint is torn (the kill comes after its annotation and before its curve):
+    the resumed run starts from round 1's whole state and ends as the uninterrupted one."""
+    settings = al.settings_of({"arm": "margin", "seed": 4, "initial_fraction": 0.02, "batch_tokens": 50, "rounds": 4})
+    whole = _run(task, settings)
+    checkpoint = al._Checkpoint(tmp_path / "resume")
+    real = al.rounds_frame
+
+    def torn(rounds):
+        if len(rounds) == 3:  # round 2: its folder holds the model and the annotation so far
+            raise KeyboardInterrupt
+        return real(rounds)
+
+    monkeypatch.setattr(al, "rounds_frame", torn)
+    with pytest.raises(KeyboardInterrupt):
+        _run(task, settings, saved=checkpoint.save)
+    monkeypatch.setattr(al, "rounds_frame", real)
+
+    def make_model():
+        return CRF(warm_start=True, c2=0.5, all_possible_transitions=True)
+
+    state = checkpoint.load(make_model)
+    assert state is not None and len(state.rounds) == 2 and state.rounds[-1].labelled_tokens == whole[1].labelled_tokens
+    resumed = _run(task, settings, state=state, saved=checkpoint.save)
+    assert [r.labelled_tokens for r in resumed] == [r.labelled_tokens for r in whole]

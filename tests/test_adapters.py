@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
@@ -112,3 +113,32 @@ def test_a_new_model_kind_is_one_module_and_one_config_file(corpus, tmp_path):
                             env={k: v for k, v in env.items() if k != "PYTHONPATH"})  # fmt: skip
     assert loaded.returncode == 0, loaded.stderr[-2000:]
     assert loaded.stdout.strip().splitlines()[-1] == "['I-NP', 'I-NP']"
+
+
+def test_a_new_dataset_is_one_config_file_in_a_folder_of_its_own(tmp_path):
+    """A dataset and a feature set from a config folder outside conf/ (tests/conf/dataset/toy_ner.yaml:
+    tab-separated columns, a "#" header line per sentence, the word column named "token"; and
+    tests/conf/features/toy_tokens.yaml), read through every stage by both models, with the
+    known/unknown-word figures taken from its word column."""
+    rng = np.random.default_rng(0)
+    names, verbs = ["Ada", "Bob", "Cy"], ["runs", "sees", "likes"]
+    folder = tmp_path / "data" / "toy_ner"
+    folder.mkdir(parents=True)
+    for split, n in (("train", 80), ("test", 20)):
+        lines = []
+        for k in range(n):
+            person = str(rng.choice(names))
+            lines += [f"# sentence {k}", f"{person}\tNNP\tB-PER", f"{rng.choice(verbs)}\tVBZ\tO", "#\tSYM\tO", ""]
+        (folder / f"{split}.tsv").write_text("\n".join(lines))
+    for model in ("crf", "hmm"):
+        overrides = tiny_overrides(tmp_path / "data", tmp_path / "out") + [
+            f"hydra.searchpath=[file://{TESTS / 'conf'}]",
+            "dataset=toy_ner",
+            "features=toy_tokens",
+            "dataset.files.train.sha256=null",
+            "dataset.files.test.sha256=null",
+            f"model={model}",
+        ]
+        results = run_pipeline(compose_config(overrides))
+        assert results["prepare.train_tokens"] == 3 * 64  # the "#" header lines are not tokens, the word "#" is
+        assert results["evaluate.test_f1"] == 100.0 and "evaluate.test_known_accuracy" in results

@@ -1,4 +1,4 @@
-"""Field-extraction figures of the evaluate stage (pipeline/fields.py): token and sequence error,
+"""Field-extraction figures of the evaluate stage (pipeline/stages/fields.py): token and sequence error,
 per-type F1, confidence average precision, correction propagation; and a pipeline run on
 generated reference strings that logs them."""
 

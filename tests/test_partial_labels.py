@@ -148,6 +148,18 @@ def test_warm_start_on_a_batch_keeps_the_columns_and_a_cold_estimator_ignores_it
     narrow = SequenceBatch(batch.X[:, :3], batch.offsets)
     with pytest.raises(ValueError, match="fewer than"):
         model.fit(narrow, y)
+    # a failed fit leaves the fitted model as it was; a warm start at the optimum is no failure
+    classes = list(model.classes_)
+    with pytest.raises(ValueError, match="sequences in X_dev"):
+        model.fit(batch, y, X_dev=batch, y_dev=y[:3], attribute_names=names)
+    assert model.classes_ == classes and model.score(batch, y) > 0.95
+    converged = CRF(warm_start=True, c1=0.5, c2=0.0, epsilon=1e-9, delta=0.0).fit(batch, y)
+    weights = converged.state_weights_.copy()
+    converged.fit(batch, y)  # begins where it ended: a line search with nothing to gain
+    assert converged.n_iter_ <= 1 and np.allclose(converged.state_weights_, weights)
+    unnamed = CRF(warm_start=True, max_iterations=20).fit(batch, y)
+    with pytest.raises(ValueError, match="attributes have no names"):
+        unnamed.fit(X, y)
     with pytest.raises(ValueError, match="warm_start=True does not apply to algorithm='ap'"):
         CRF(algorithm="ap", warm_start=True).fit(X, y)
 

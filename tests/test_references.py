@@ -60,7 +60,7 @@ def references_extractor():
 def test_dataset_config_has_the_keys_of_the_others():
     anystyle = OmegaConf.to_container(OmegaConf.load(DATASET))
     conll = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "dataset" / "conll2000.yaml"))
-    # plus its evaluation settings (pipeline/evaluate.py); less the CoNLL reader's directive settings
+    # plus its evaluation settings (pipeline/stages/evaluate.py); less the CoNLL reader's directive settings
     assert set(anystyle) == set(conll) - {"comment_prefix", "document_marker"} | {"evaluate"}
     assert anystyle["evaluate"] == {"confidence_field": "author", "correction_propagation": True}
     assert anystyle["format"] == "xml_sequences" and anystyle["label"] in anystyle["columns"]

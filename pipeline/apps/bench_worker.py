@@ -1,10 +1,11 @@
 """One benchmark measurement in a fresh process: ``python -m pipeline.bench_worker SPEC OUT``.
 
-SPEC is a JSON file: tool (``ours`` or ``crfsuite``), input path (``batch``, ``strings`` or
-``dicts``), dataset config, data root, features config, training fraction, seed and repeat count,
-joint label columns, c1, c2, stopping rule, feature set (``sparse`` or ``dense``), whether every
-label pair is a transition feature, start/end weights on our side (CRFsuite has none), tagging
-repeats.
+SPEC is a JSON file: tool (``ours``: ``crf.CRF``; ``crfsuite``: CRFsuite through python-crfsuite;
+``ours_pycrfsuite``: this project through python-crfsuite's API, ``crf.pycrfsuite``), input path
+(``batch``, ``strings`` or ``dicts``), dataset config, data root, features config, training
+fraction, seed and repeat count, joint label columns, c1, c2, stopping rule, feature set
+(``sparse`` or ``dense``), whether every label pair is a transition feature, start/end weights on
+our side (CRFsuite has none), tagging repeats.
 OUT receives the figures as JSON. Running each measurement in its own process makes the
 peak-memory figure that tool's alone.
 
@@ -26,6 +27,7 @@ steadier figure on a shared machine.
 from __future__ import annotations
 
 import gc
+import importlib
 import json
 import resource
 import sys
@@ -213,8 +215,9 @@ def measure(spec: dict) -> dict:
         result["loss"] = model.training_log_[-1]["loss"] if model.training_log_ else None
         result["active_features"] = model.n_active_features_
         tag = lambda: model.predict(X_test)  # noqa: E731
-    elif tool == "crfsuite":
-        import pycrfsuite
+    elif tool in ("crfsuite", "ours_pycrfsuite"):
+        # CRFsuite through python-crfsuite, or this project through the same API (crf.pycrfsuite)
+        pycrfsuite = importlib.import_module("pycrfsuite" if tool == "crfsuite" else "crf.pycrfsuite")
 
         trainer = pycrfsuite.Trainer(verbose=False)
         clock = _Clock()

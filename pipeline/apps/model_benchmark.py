@@ -6,7 +6,7 @@ The dataset's test split is turned into the pyfunc model's long DataFrame (one r
 ``sentence`` id and the model's input columns) and tagged
 
 - ``pyfunc``: ``mlflow.pyfunc.load_model(model).predict(frame)``, the model's own input checks
-  (``pipeline/mlflow_model.py``; models logged before them also MLflow's input-schema check) and
+  (``pipeline/tracking/mlflow_model.py``; models logged before them also MLflow's input-schema check) and
   our DataFrame handling included;
 - ``served`` (``served=true``): the same frame posted as ``dataframe_split`` JSON to
   ``mlflow models serve --env-manager local`` on 127.0.0.1, JSON encoding and decoding included.

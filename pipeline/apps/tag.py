@@ -237,6 +237,20 @@ def _marker(value: object) -> str | None:
     return None if value is None or value == "" else str(value)
 
 
+def import_plugins(plugins) -> None:
+    """Import the modules ``plugins`` names (a list of module names): those that register model
+    kinds defined outside ``crf``. A bad entry is a TagError naming it."""
+    if isinstance(plugins, str) or not isinstance(plugins, Sequence):
+        raise TagError(f"plugins={plugins!r}: a list of module names, e.g. plugins=[my_kind]")
+    for module in plugins:
+        if not isinstance(module, str) or not module:
+            raise TagError(f"plugins: {module!r} is not a module name")
+        try:
+            importlib.import_module(module)
+        except ImportError as error:
+            raise TagError(f"plugins: cannot import {module!r} ({error})") from None
+
+
 def run_tag(cfg: Mapping) -> dict:
     """The tag command without Hydra: ``cfg`` has ``models`` (a reference or a list), ``input``,
     ``output``, ``format``, ``conllu_pos``, ``output_format``, ``marginals``, ``column_aliases`` and
@@ -264,8 +278,7 @@ def run_tag(cfg: Mapping) -> dict:
     check_output(str(cfg["output"]), input_path)
     aliases = dict(cfg.get("column_aliases") or {})
     tracking_uri, registry_uri = cfg.get("tracking_uri"), cfg.get("registry_uri")
-    for module in cfg.get("plugins") or []:  # modules that register model kinds defined outside crf
-        importlib.import_module(str(module))
+    import_plugins(cfg.get("plugins") or [])
     bundles = [load_tagger(resolve_model(r, tracking_uri, registry_uri)) for r in references]
     for reference, bundle in zip(references, bundles):
         log.info("model %s: %s over %s -> %r (%d labels, scheme %s)", reference, bundle.kind, bundle.input_columns,

@@ -149,7 +149,13 @@ def _runtime_nodes(tree: ast.AST):
         node = pending.pop()
         yield node
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and isinstance(child.test, ast.Name) and child.test.id == "TYPE_CHECKING":
+            test = child.test if isinstance(child, ast.If) else None
+            if (
+                isinstance(test, ast.Name)
+                and test.id == "TYPE_CHECKING"
+                or isinstance(test, ast.Attribute)
+                and test.attr == "TYPE_CHECKING"
+            ):
                 pending.extend(child.orelse)
                 continue
             pending.append(child)

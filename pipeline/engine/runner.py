@@ -219,14 +219,15 @@ def _record_invalid_sweep_job(cfg: DictConfig, error: Exception) -> None:
 
 def run_pipeline(cfg: DictConfig) -> dict[str, Any]:
     """Run the configured stages; returns every stage's metrics, namespaced ``stage.metric``."""
-    try:
-        validate_settings(cfg)  # bad settings fail before any stage runs
-    except SettingsError as err:
-        _record_invalid_sweep_job(cfg, err)
-        raise
-    adapter = load_adapter(cfg.model)
     stages = load_stages()
-    order = plan(stages, list(cfg.stages), adapter)
+    try:
+        adapter = load_adapter(cfg.model)
+        order = plan(stages, list(cfg.stages), adapter)
+        validate_settings(cfg, [stages[name] for name in order])  # bad settings fail before any stage runs
+    except (SettingsError, ValueError) as err:
+        err = err if isinstance(err, SettingsError) else SettingsError(f"bad setting: {err}")
+        _record_invalid_sweep_job(cfg, err)
+        raise err from None
     uri = tracking.setup(cfg)
     cache = StageCache(cfg.paths.cache_dir)
     tags = run_tags(cfg, adapter)

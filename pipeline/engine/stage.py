@@ -20,6 +20,8 @@ A stage (:class:`Stage`; :class:`BaseStage` gives the defaults) is an object wit
   this prefix (None: it does not);
 - ``logged_model(inputs, folder)``: a tagger bundle in its output to log as an MLflow Model, with
   a few input rows as its example (:class:`LoggedModel`), or None;
+- ``validate(cfg)``: refuse its settings when they cannot work, before any stage runs
+  (``pipeline.engine.validate.SettingsError``, one line naming the setting);
 - ``run(context) -> metrics``.
 
 The runner iterates over :data:`STAGE_MODULES` (each module holds a ``STAGE``) and knows no stage by
@@ -104,6 +106,8 @@ class Stage(Protocol):
 
     def logged_model(self, inputs: Mapping[str, Path], folder: Path) -> LoggedModel | None: ...
 
+    def validate(self, cfg: DictConfig) -> None: ...
+
     def run(self, context: StageContext) -> dict: ...
 
 
@@ -137,6 +141,9 @@ class BaseStage:
         return ()
 
     def logged_model(self, inputs: Mapping[str, Path], folder: Path) -> LoggedModel | None:
+        return None
+
+    def validate(self, cfg: DictConfig) -> None:
         return None
 
     def run(self, context: StageContext) -> dict:

@@ -20,16 +20,17 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from crf.bundle import normalize_scheme
 from pipeline.models import load_adapter
 
 _CONFIG_NAMES = {"n_threads": "threads"}  # estimator parameter -> its key in the config, where they differ
-# every key a dataset config may have (pipeline/data.py and the stages read them; hmm and crf: model defaults)
+# every key a dataset config may have (pipeline/stages/data.py and the stages read them; hmm and crf: model defaults)
 DATASET_KEYS = {
     "name", "task", "format", "columns", "label", "scheme", "files", "dev_split", "separator", "comment_prefix",
     "document_marker", "word_column", "hmm", "crf", "evaluate",
 }  # fmt: skip
 DATASET_REQUIRED = {"name", "format", "columns", "label", "files"}
-SCHEMES = ("IOB1", "IOB2", "IOBES", "none")
+SWEEP_SUMMARIES = ("grid", "comparison", "active_learning")
 
 
 class SettingsError(ValueError):
@@ -75,8 +76,11 @@ def _check_run(cfg: DictConfig) -> None:
     if isinstance(fraction, bool) or not isinstance(fraction, numbers.Real) or not 0 < fraction <= 1:
         raise SettingsError(f"bad setting data.train_fraction={fraction!r}: must be a number in (0, 1]")
     dev_every = section(cfg, "train.dev_every")
-    if dev_every is not None and (isinstance(dev_every, bool) or not isinstance(dev_every, numbers.Integral) or dev_every < 0):
+    if isinstance(dev_every, bool) or not isinstance(dev_every, numbers.Integral) or dev_every < 0:
         raise SettingsError(f"bad setting train.dev_every={dev_every!r}: must be an integer >= 0 (0: never)")
+    summary = section(cfg, "sweep.summary")
+    if summary not in SWEEP_SUMMARIES:
+        raise SettingsError(f"bad setting sweep.summary={summary!r}: one of {', '.join(SWEEP_SUMMARIES)}")
 
 
 def _check_dataset(cfg: DictConfig) -> None:
@@ -87,10 +91,12 @@ def _check_dataset(cfg: DictConfig) -> None:
         needed = ", ".join(sorted(DATASET_REQUIRED))
         raise SettingsError(f"bad setting dataset: {', '.join(missing)} missing (a dataset config needs {needed})")
     scheme = dataset.get("scheme", "none")
-    if str(scheme).lower() not in {s.lower() for s in SCHEMES}:
+    try:
+        normalize_scheme(scheme)
+    except ValueError:
         raise SettingsError(
-            f"bad setting dataset.scheme={scheme!r}: one of {', '.join(SCHEMES)} (none: no chunks, token accuracy only)"
-        )
+            f"bad setting dataset.scheme={scheme!r}: one of IOB1, IOB2, IOBES, none (none: no chunks, token accuracy only)"
+        ) from None
     columns = dataset["columns"]
     if not isinstance(columns, list) or not columns or not all(isinstance(c, str) and c for c in columns):
         raise SettingsError(f"bad setting dataset.columns={columns!r}: a list of column names")
@@ -128,10 +134,11 @@ def _command_line(cfg: DictConfig) -> list[str]:
 _OPTIONAL = {"dataset": DATASET_KEYS}
 
 
-def _check_added_keys(cfg: DictConfig) -> None:
+def _check_added_keys(cfg: DictConfig, adapter) -> None:
     for key in added_keys(_command_line(cfg)):
         section, _, name = key.partition(".")
-        if name.split(".", 1)[0] in _OPTIONAL.get(section, ()):
+        optional = set(_OPTIONAL.get(section, ())) | set(adapter.known_keys(section))
+        if name.split(".", 1)[0] in optional:
             continue
         parent = OmegaConf.select(cfg, key.rsplit(".", 1)[0], default=None)
         known = [k for k in (parent.keys() if isinstance(parent, DictConfig) else []) if k != name.rsplit(".", 1)[-1]]
@@ -142,14 +149,17 @@ def _check_added_keys(cfg: DictConfig) -> None:
         )
 
 
-def validate_settings(cfg: DictConfig) -> None:
+def validate_settings(cfg: DictConfig, stages=()) -> None:
     """Raise :class:`SettingsError` (one line naming the setting) if a run or model setting of
-    ``cfg`` cannot work; nothing is read, written or logged."""
-    _check_added_keys(cfg)
-    _check_run(cfg)
-    _check_dataset(cfg)
+    ``cfg``, or a setting of one of ``stages`` (the stages the run will run), cannot work; nothing
+    is read, written or logged."""
     try:
         adapter = load_adapter(section(cfg, "model"))
     except ValueError as error:
         raise SettingsError(f"bad setting model.adapter: {error}") from None
+    _check_added_keys(cfg, adapter)
+    _check_run(cfg)
+    _check_dataset(cfg)
     adapter.validate(cfg)
+    for stage in stages:
+        stage.validate(cfg)

@@ -6,8 +6,10 @@ runner and the stages do not change. An adapter (:class:`ModelAdapter`; :class:`
 the defaults) declares:
 
 - ``validate(cfg)``: refuse settings that cannot work, before any stage runs
-  (``pipeline.engine.validate.SettingsError``, one line naming the setting);
-- ``config_slice(cfg)``: what training depends on (hashed into the train and evaluate keys);
+  (``pipeline.engine.validate.SettingsError``, one line naming the setting); ``known_keys(section)``:
+  the keys it reads from a config section (``model``, ``trainer``), which the command line may
+  add with ``+`` though the section's file does not list them;
+- ``config_slice(cfg)``: what training depends on (hashed into the train stage's key);
 - ``settings(cfg)``: run-time settings that cannot change the model (threads, dev cadence);
 - ``upstream``: the stages training reads (``prepare``, and ``featurize`` for the CRF);
 - ``artifacts``: which of the training stage's files are logged to MLflow; ``volatile``: which of
@@ -48,6 +50,8 @@ class ModelAdapter(Protocol):
 
     def validate(self, cfg: Mapping) -> None: ...
 
+    def known_keys(self, section: str) -> frozenset[str]: ...
+
     def config_slice(self, cfg: Mapping) -> dict: ...
 
     def settings(self, cfg: Mapping) -> dict: ...
@@ -67,6 +71,9 @@ class BaseAdapter:
 
     def validate(self, cfg: Mapping) -> None:
         return None
+
+    def known_keys(self, section: str) -> frozenset[str]:
+        return frozenset()
 
     def config_slice(self, cfg: Mapping) -> dict:
         raise NotImplementedError

@@ -169,13 +169,15 @@ class CRFAdapter(BaseAdapter):
     artifacts = ("model.npz", BUNDLE_FILE, "history.csv", "learning_curve.png")
     volatile = ("history.csv",)  # the iterations' times
 
+    def known_keys(self, section: str) -> frozenset[str]:
+        return frozenset(CRF().get_params()) | frozenset(CONFIG_ONLY) if section in ("model", "trainer") else frozenset()
+
     def validate(self, cfg) -> None:
         """Every CRF setting as the estimator checks it (``crf._params.validate``), and no key the
         CRF does not have (a misspelt one would be ignored)."""
         model, trainer = section(cfg, "model"), section(cfg, "trainer")
-        known = set(CRF().get_params()) | set(CONFIG_ONLY)
-        unknown_keys("trainer", trainer, known)
-        unknown_keys("model", model, known)
+        unknown_keys("trainer", trainer, self.known_keys("trainer"))
+        unknown_keys("model", model, self.known_keys("model"))
         try:
             estimator = build_model(model, trainer, seed=0, dev_every=int(cfg.train.dev_every), threads=trainer.get("threads"))
             params.validate(estimator.get_params())

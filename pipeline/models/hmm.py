@@ -37,10 +37,13 @@ class HMMAdapter(BaseAdapter):
     upstream = ("prepare",)
     artifacts = ("model.npz", BUNDLE_FILE, "hmm.json")
 
+    def known_keys(self, section: str) -> frozenset[str]:
+        return frozenset(HMMTagger().get_params()) | {"name", "adapter", "observation"} if section == "model" else frozenset()
+
     def validate(self, cfg) -> None:
         """The HMM's settings as the estimator checks them, its keys, and add-k's k."""
         model = section(cfg, "model")
-        unknown_keys("model", model, set(HMMTagger().get_params()) | {"name", "adapter", "observation"})
+        unknown_keys("model", model, self.known_keys("model"))
         k = model.get("k")
         if k is not None and (isinstance(k, bool) or not isinstance(k, numbers.Real)):
             raise SettingsError(f"bad setting model.k={k!r}: must be a number")

@@ -109,7 +109,7 @@ class Annotation:
         self.labels[sentence] = [gold[t] if asked[t] else (guess[t] if guess is not None else None) for t in range(len(gold))]
         self.asked_tokens += int(asked.sum())
         self.model_tokens += 0 if guess is None else int((~asked).sum())
-        self.asked_sentences += 1
+        self.asked_sentences += int(asked.any())  # a sentence the annotator was shown
 
 
 @dataclass
@@ -169,6 +169,14 @@ class Settings:
     arm: str = ""  # the experiment arm's name, for the logs (see ARMS)
 
     def __post_init__(self) -> None:
+        for name in ("seed", "batch_tokens", "rounds", "n_best"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"active_learning.{name}={value!r}: an integer")
+        for name in ("initial_fraction", "threshold"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"active_learning.{name}={value!r}: a number")
         if self.strategy not in STRATEGIES:
             raise ValueError(f"active_learning.strategy={self.strategy!r}: one of {', '.join(STRATEGIES)}")
         if self.partial not in PARTIAL_MODES:
@@ -328,8 +336,12 @@ def settings_of(section: dict) -> Settings:
 
 class _Checkpoint:
     """A run's state after each finished round, in ``folder`` (outside the cache entry being
-    built, which a kill removes): the annotation (JSON), the rounds (CSV) and the model (.npz),
-    each written atomically, the round number last."""
+    built, which a kill removes). Round k's state (the model, the annotation, the rounds so far)
+    is written whole into ``round-<k>/``, and only then does the file ``current`` name it
+    (written atomically): a kill during a save leaves the previous round's state current, never a
+    mix of two rounds. Older round folders are removed after the switch."""
+
+    CURRENT = "current"
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
@@ -337,36 +349,43 @@ class _Checkpoint:
     def save(self, state: RunState) -> None:
         from crf.io import atomic_write
 
-        self.folder.mkdir(parents=True, exist_ok=True)
-        state.model.save(self.folder / "model.npz")
+        name = f"round-{len(state.rounds) - 1}"
+        target = self.folder / name
+        shutil.rmtree(target, ignore_errors=True)  # a torn save of this round by a killed run
+        target.mkdir(parents=True)
+        state.model.save(target / "model.npz")
         annotation = {
             "labels": state.annotation.labels,
             "asked_tokens": state.annotation.asked_tokens,
             "asked_sentences": state.annotation.asked_sentences,
             "model_tokens": state.annotation.model_tokens,
         }
-        atomic_write(self.folder / "annotation.json", lambda out: out.write(json.dumps(annotation).encode()))
+        atomic_write(target / "annotation.json", lambda out: out.write(json.dumps(annotation).encode()))
         frame = rounds_frame(state.rounds)
-        atomic_write(self.folder / CURVE_FILE, lambda out: out.write(frame.to_csv(index=False).encode()))
-        atomic_write(self.folder / "round", lambda out: out.write(str(len(state.rounds)).encode()))
+        atomic_write(target / CURVE_FILE, lambda out: out.write(frame.to_csv(index=False).encode()))
+        atomic_write(self.folder / self.CURRENT, lambda out: out.write(name.encode()))
+        for old in self.folder.glob("round-*"):
+            if old.name != name:
+                shutil.rmtree(old, ignore_errors=True)
 
     def load(self, make_model) -> RunState | None:
-        """The saved state, or None when there is none (or it is incomplete)."""
+        """The state of the last round saved whole, or None when there is none."""
         from crf import CRF
 
         try:
-            finished = int((self.folder / "round").read_text())
-            annotation = json.loads((self.folder / "annotation.json").read_text())
-            frame = pd.read_csv(self.folder / CURVE_FILE)
+            source = self.folder / (self.folder / self.CURRENT).read_text().strip()
+            annotation = json.loads((source / "annotation.json").read_text())
+            frame = pd.read_csv(source / CURVE_FILE)
+            loaded = CRF.load(source / "model.npz")
         except (OSError, ValueError):
             return None
-        if len(frame) != finished:
-            return None
+        if frame.empty or int(frame["labelled_tokens"].iloc[-1]) != int(annotation["asked_tokens"]):
+            return None  # not one round's state (written by another version): start afresh
         model = make_model()
-        loaded = CRF.load(self.folder / "model.npz")
         model._take_fitted_state(loaded)
+        fields = [k for k in Round.__dataclass_fields__ if k != "extra"]
         rounds = [
-            Round(**{k: row[k] for k in Round.__dataclass_fields__ if k != "extra" and k in row}, extra={})
+            Round(**{k: row[k] for k in fields}, extra={k: v for k, v in row.items() if k not in fields})
             for row in frame.to_dict(orient="records")
         ]
         labels = annotation.pop("labels")
@@ -395,6 +414,17 @@ class ActiveLearning(BaseStage):
 
     def artifacts(self, settings, adapter: ModelAdapter) -> tuple[str, ...]:
         return (CURVE_FILE, "learning_curve.png")
+
+    def validate(self, cfg) -> None:
+        """The ``active_learning`` section as :class:`Settings` checks it."""
+        from pipeline.engine.validate import SettingsError, section, unknown_keys
+
+        values = section(cfg, "active_learning")
+        unknown_keys("active_learning", values, set(DEFAULTS) | {"arm"})
+        try:
+            settings_of({**DEFAULTS, **values})
+        except (TypeError, ValueError) as error:
+            raise SettingsError(f"bad setting {str(error).splitlines()[0]}") from None
 
     def volatile(self, adapter: ModelAdapter) -> tuple[str, ...]:
         return (CURVE_FILE,)  # its refit and query seconds
@@ -440,7 +470,8 @@ class ActiveLearning(BaseStage):
             return metrics.token_accuracy(gold[split], predicted)
 
         checkpoint = _Checkpoint(Path(context.settings.resume_dir) / self.name / context.key)
-        state = checkpoint.load(make_model)
+        single_fit = settings.rounds == 0  # nothing to resume (and the full arm's seeds share one key)
+        state = None if single_fit else checkpoint.load(make_model)
         if state is not None:
             log.info("[active_learning] resuming %s after round %d", settings.name, len(state.rounds) - 1)
 
@@ -461,13 +492,14 @@ class ActiveLearning(BaseStage):
             lambda model: (score(model, dev, "dev"), score(model, test, "test")),
             settings,
             state,
-            checkpoint.save,
+            None if single_fit else checkpoint.save,
             report,
         )
         frame = rounds_frame(rounds).rename(columns={"round": "iteration"})
         frame.to_csv(context.out / CURVE_FILE, index=False)
         plot_curves({settings.name: [frame]}, context.out / "learning_curve.png", "test_score", chunked)
-        checkpoint.remove()
+        if not single_fit:
+            checkpoint.remove()
         last = rounds[-1]
         return {
             "labelled_tokens": last.labelled_tokens,

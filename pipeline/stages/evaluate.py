@@ -287,6 +287,26 @@ class Evaluate(BaseStage):
     def artifacts(self, settings, adapter: ModelAdapter) -> tuple[str, ...]:
         return ("metrics.json", "*.csv", "*.png", "*.gz")
 
+    def validate(self, cfg) -> None:
+        """The calibration bins and the dataset's evaluation settings."""
+        from pipeline.engine.validate import SettingsError
+
+        bins = cfg.evaluate.calibration_bins
+        if isinstance(bins, bool) or not isinstance(bins, int) or bins < 1:
+            raise SettingsError(f"bad setting evaluate.calibration_bins={bins!r}: an integer >= 1")
+        try:
+            fields = self.config_slice(cfg, None)["evaluate"]["fields"]
+        except ValueError as error:
+            raise SettingsError(f"bad setting dataset.evaluate: {error}") from None
+        if fields["confidence_field"] is not None and not isinstance(fields["confidence_field"], str):
+            raise SettingsError(
+                f"bad setting evaluate.confidence_field={fields['confidence_field']!r}: a field (chunk type) name"
+            )
+        if not isinstance(fields["correction_propagation"], bool):
+            raise SettingsError(
+                f"bad setting evaluate.correction_propagation={fields['correction_propagation']!r}: true or false"
+            )
+
     def config_slice(self, cfg, adapter: ModelAdapter) -> dict:
         evaluate_cfg = OmegaConf.to_container(cfg.evaluate, resolve=True)
         dataset_cfg = OmegaConf.to_container(cfg.dataset, resolve=True).get("evaluate") or {}

@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import scipy.sparse as sp
@@ -23,9 +24,11 @@ from crf.batch import SequenceBatch
 from crf.features import FeatureExtractor
 from pipeline.engine.cache import file_sha256
 from pipeline.engine.stage import BaseStage, StageContext
-from pipeline.models import ModelAdapter
 from pipeline.report import write_json
 from pipeline.stages.prepare import SPLITS, read_prepared
+
+if TYPE_CHECKING:  # annotations only: the adapter's module is not this stage's code
+    from pipeline.models import ModelAdapter
 
 EXTRACTOR_KIND = "crf.FeatureExtractor"
 PROJECT_ROOT = Path(__file__).resolve().parents[2]  # the folder holding conf/

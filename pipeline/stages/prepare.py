@@ -14,15 +14,18 @@ import json
 import logging
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from omegaconf import OmegaConf
 
 from crf.io import read_conll
 from pipeline.engine.cache import file_sha256
 from pipeline.engine.stage import BaseStage, StageContext
-from pipeline.models import ModelAdapter
 from pipeline.report import write_json
 from pipeline.stages.data import Dataset, load_dataset, resolve_files, statistics, subset
+
+if TYPE_CHECKING:  # annotations only: the adapter's module is not this stage's code
+    from pipeline.models import ModelAdapter
 
 log = logging.getLogger(__name__)
 

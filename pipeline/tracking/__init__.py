@@ -250,7 +250,7 @@ LOG_INPUT_ATTEMPTS = 3
 def tagger_signature(input_columns: Sequence[str], chunked: bool) -> ModelSignature:
     """Outputs: label, marginal and, for chunk/entity schemes, segment_confidence (null outside a
     chunk). No input schema: the model checks its input itself and answers a bad request with a
-    one-line reason (see ``pipeline/mlflow_model.py``); the input columns are in the model's
+    one-line reason (see ``pipeline/tracking/mlflow_model.py``); the input columns are in the model's
     metadata (:func:`tagger_metadata`) and its input example."""
     outputs = [ColSpec("string", "label"), ColSpec("double", "marginal")]
     if chunked:
@@ -286,7 +286,9 @@ def log_tagger_model(bundle_path: Path, example: Callable[[list[str]], pd.DataFr
     bundle = load_tagger(bundle_path)
     code, config = [str(LIBRARY)], {}
     module = type(bundle.part).__module__
-    if module.split(".")[0] != "crf":  # a model kind defined outside the library: its module goes along
+    # a model kind defined outside the library: its module goes along, imported by its file's name
+    # (so a kind's module must import as a top-level module, as tests/toy_kind.py does)
+    if module.split(".")[0] != "crf":
         code.append(str(Path(sys.modules[module].__file__)))
         config["kind_modules"] = [module.rsplit(".", 1)[-1]]  # imported by that name from the model's code
     info = mlflow.pyfunc.log_model(

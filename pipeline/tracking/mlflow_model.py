@@ -233,7 +233,10 @@ class TaggerModel(mlflow.pyfunc.PythonModel):
 
     def load_context(self, context) -> None:
         for module in (context.model_config or {}).get("kind_modules", []):  # kinds defined outside crf register here
-            importlib.import_module(module)
+            try:
+                importlib.import_module(module)
+            except ImportError as error:
+                raise MlflowException(f"the model's kind module {module!r} cannot be imported ({error})") from None
         self.bundle = load_tagger(context.artifacts["bundle"])
 
     def predict(self, context, model_input, params=None) -> pd.DataFrame:

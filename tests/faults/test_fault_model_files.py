@@ -737,3 +737,18 @@ def test_a_download_gets_the_mode_of_an_ordinary_write(tmp_path, umask):
     _download(source.as_uri(), target, timeout=5)
     assert target.read_bytes() == b"data\n" and _mode(target) == 0o644
     assert sorted(p.name for p in target.parent.iterdir()) == ["train.txt"]
+
+
+def test_a_model_file_cannot_choose_where_a_later_fit_writes_or_what_it_calls(fitted, tmp_path):
+    """The header's checksum is no signature: a file anyone wrote may name a CRFsuite path or a
+    callback among its parameters. Loading keeps the hyperparameters and drops those."""
+    path = tmp_path / "crf.npz"
+    fitted["crf"].save(path)
+    target = tmp_path / "chosen_by_the_file.crfsuite"
+
+    def plant(meta: dict, arrays: dict) -> None:
+        meta["params"].update(model_filename=str(target), keep_tempfiles=True, c2=0.25)
+
+    _resave(path, "crf.CRF", plant)
+    loaded = CRF.load(path)
+    assert loaded.model_filename is None and loaded.keep_tempfiles is False and loaded.c2 == 0.25

@@ -85,11 +85,20 @@ def _compose_with_overrides(overrides: list[str]):
         (["dataset.scheme=IOB3"], "bad setting dataset.scheme='IOB3': one of IOB1, IOB2, IOBES, none"),
         (["dataset.label=chunks"], "bad setting dataset.label='chunks': not one of the columns"),
         (["dataset.columns=[w,w,chunk]"], "a column name is repeated"),
+        (["train.dev_every=null"], "bad setting train.dev_every=None"),
+        (["sweep.summary=grids"], "bad setting sweep.summary='grids'"),
+        (["stages=[active_learning]", "active_learning.arm=bogus"], "active_learning.arm='bogus'"),
+        (["stages=[active_learning]", "active_learning.batch_tokens=abc"], "active_learning.batch_tokens='abc'"),
+        (["stages=[active_learning]", "+active_learning.rnds=3"], "did you mean active_learning.rounds?"),
+        (["evaluate.calibration_bins=0"], "bad setting evaluate.calibration_bins=0"),
+        (["stages=[nothing]"], "unknown stage 'nothing'"),
     ],
 )
-def test_an_added_or_misspelt_key_is_refused_like_a_bad_value(overrides, message):
+def test_an_added_or_misspelt_key_is_refused_like_a_bad_value(overrides, message, tmp_path):
+    from pipeline.engine.runner import run_pipeline
+
     with pytest.raises(SettingsError) as caught:
-        validate_settings(_compose_with_overrides(overrides))
+        run_pipeline(_compose_with_overrides(overrides + [f"paths.output_dir={tmp_path}"]))
     assert message in str(caught.value) and "\n" not in str(caught.value)
 
 
@@ -103,8 +112,10 @@ def test_unknown_keys_are_refused_without_the_command_line_too():
     ):
         with pytest.raises(SettingsError, match=message.replace("?", "\\?")):
             validate_settings(compose_config(overrides))
-    # an optional dataset key may be added; experiments and Hydra's own keys are untouched
+    # an optional dataset key may be added, and any parameter the model's estimator has; experiments
+    # and Hydra's own keys are untouched
     validate_settings(_compose_with_overrides(["+dataset.separator=' '"]))
+    validate_settings(_compose_with_overrides(["+trainer.max_linesearch=40", "+model.min_freq=1"]))
     validate_settings(_compose_with_overrides(["+experiment=anystyle", "+hydra.job.env_set.X=1"]))
 
 

@@ -534,3 +534,16 @@ def test_no_stray_files_in_the_working_folder(run, tmp_path, monkeypatch):
     with pytest.raises(TagError, match="no MLflow store at"):
         run_tag(_settings(model_uri, source, tmp_path / "out.jsonl", tracking_uri=f"sqlite:///{tmp_path / 'none' / 'mlflow.db'}"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "out.jsonl"]
+
+
+@pytest.mark.parametrize(
+    ("plugins", "message"),
+    [("os.path", "a list of module names"), (["no_such_module_here"], "cannot import 'no_such_module_here'"), ([3], "3 is not")],
+)
+def test_bad_plugins_are_one_line_before_anything_is_read(tmp_path, plugins, message):
+    (tmp_path / "in.conll").write_text("He\n")
+    settings = {"models": str(tmp_path / "nothing.npz"), "input": str(tmp_path / "in.conll"),
+                "output": str(tmp_path / "out.conll"), "plugins": plugins}  # fmt: skip
+    with pytest.raises(tag_command.TagError, match=re.escape(message)):
+        tag_command.run_tag(settings)
+    assert not (tmp_path / "out.conll").exists()
