@@ -376,15 +376,20 @@ class Objective:
                 members = everyone[slots[everyone] == width]
                 per_token = structure.cells_per_token(None if candidates is None else int(width))
                 member_cells = int(lengths[members].sum()) * per_token * (2 if kind is _PartialChunk else 1)
-                self._add_chunks(kind, members, member_cells, cells, X, offsets, lengths, labels, structure, candidates)
+                # several width groups already give the threads several chunks: no rounding up to 4 each
+                multiple = 4 if candidates is None else 1
+                self._add_chunks(kind, members, member_cells, cells, X, offsets, lengths, labels, structure, candidates, multiple)
         _share_ones([chunk.states.local for chunk in self.chunks])
         _share_ones([chunk.states.X_shared for chunk in self.chunks])
         self.workers = Workers(self.n_threads if len(self.chunks) > 1 else 1)
         self._observed(offsets, lengths, labels, full, partial)
 
-    def _add_chunks(self, kind, members, member_cells, cells, X, offsets, lengths, labels, structure, candidates) -> None:
-        """The sequences ``members`` as chunks of about ``cells`` working values each."""
-        for group in _chunks_of(lengths[members], chunk_count(member_cells, members.size, cells)):
+    def _add_chunks(
+        self, kind, members, member_cells, cells, X, offsets, lengths, labels, structure, candidates, multiple: int = 4
+    ) -> None:
+        """The sequences ``members`` as chunks of about ``cells`` working values each (their count
+        a multiple of ``multiple`` when above 1)."""
+        for group in _chunks_of(lengths[members], chunk_count(member_cells, members.size, cells, multiple)):
             sequences = members[group]
             rows = token_rows(offsets, sequences)
             sub_offsets = np.concatenate([[0], np.cumsum(lengths[sequences])])

@@ -181,7 +181,9 @@ class SecondOrderChain(FirstOrderChain):
         if slots is None:
             return self.n_states
         K = max(1, slots)
-        return (K + 1) * K * K  # the per-token tables of the pruned lattice
+        # the (T, S) arrays of S = (K + 1) K states (emissions, messages, marginals), the
+        # per-token tables ((K + 1) K^2 values) weighing about as much as those together
+        return 2 * (K + 1) * K
 
     def lattice(self, layout: Layout, candidates: np.ndarray | None = None) -> Lattice:
         """All label pairs, or with ``candidates`` (T, L) a :class:`PrunedLattice` over them."""
