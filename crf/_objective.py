@@ -330,6 +330,8 @@ class Objective:
     #: (token, label) cells per chunk (8 bytes each per (T, L) array of a chunk): larger chunks
     #: run their long tails with few rows per step, smaller ones take more Python steps
     CHUNK_CELLS = 1_500_000
+    #: with candidates, sequences whose tokens have at most this many go into one group of chunks
+    SHARED_SLOTS = 3
 
     def __init__(
         self,
@@ -371,6 +373,9 @@ class Objective:
             counts = candidates.sum(axis=1)
             nonempty = lengths > 0
             slots[nonempty] = np.maximum.reduceat(counts, offsets[:-1][nonempty])
+            # the narrowest lattices share one group (padded to SHARED_SLOTS): each chunk costs a
+            # dense gradient of the state weights, more than the few padded slots
+            slots = np.maximum(slots, min(self.SHARED_SLOTS, params.n_labels))
         for kind, everyone in ((_Chunk, full), (_PartialChunk, partial)):
             for width in np.unique(slots[everyone]):
                 members = everyone[slots[everyone] == width]
