@@ -50,9 +50,12 @@ __all__ = [
 ]
 
 
-def _operator(transitions):
+def operator_of(transitions):
     """A transition operator: (L, L) score matrices are wrapped, operators pass through."""
     return transitions if hasattr(transitions, "lift") else FirstOrderTransitions(transitions)
+
+
+_operator = operator_of
 
 
 def _layout(lengths) -> Layout:
@@ -66,7 +69,7 @@ def _masked(emissions: np.ndarray, allowed, operator) -> np.ndarray:
         return emissions
     allowed = np.asarray(allowed, dtype=bool)
     if allowed.shape != emissions.shape:
-        allowed = operator.state_emissions(allowed)
+        allowed = operator.label_mask(allowed)
     if allowed.shape != emissions.shape:
         raise ValueError(f"allowed must have shape {emissions.shape} (or per label), got {np.shape(allowed)}")
     return np.where(allowed, emissions, -np.inf)
@@ -89,7 +92,8 @@ def _lifted_scores(packed: np.ndarray, operator, start, layout: Layout, semiring
     first = layout.first_rows()
     shifted = packed if overwrite else np.empty_like(packed)
     np.add(packed[first], start, out=shifted[first])
-    np.add(packed[first.stop :], column_top, out=shifted[first.stop :])
+    # (S,) for every row, or (T, S) per row for an operator that carries per-token data
+    np.add(packed[first.stop :], np.broadcast_to(column_top, packed.shape)[first.stop :], out=shifted[first.stop :])
     lifted, offset = semiring.from_log(shifted, inplace=True)
     return lifted, offset, lifted_operator
 
@@ -106,7 +110,7 @@ def _forward(lifted, offset, operator, layout: Layout, semiring):
     log_scale[rows] = step_log[rows] + offset[rows]
     for t in range(1, layout.n_steps):
         rows, previous = layout.rows(t), layout.rows(t - 1, layout.n_active[t])
-        incoming = operator.forward(alpha[previous])
+        incoming = operator.at(rows).forward(alpha[previous])
         step_log[rows] = semiring.normalize(semiring.times(incoming, lifted[rows]), out=alpha[rows])[1]
         log_scale[rows] = log_scale[previous] + step_log[rows] + offset[rows]
     return alpha, log_scale, step_log
@@ -132,7 +136,7 @@ def _backward(lifted, offset, operator, end_lifted, end_log, layout: Layout, sem
         current, before = steps[t % 2][:n], steps[(t - 1) % 2][: int(layout.n_active[t - 1])]
         before[n:] = end_lifted  # the sequences that end at step t - 1
         weighted = semiring.times(current, lifted[following])
-        norm = semiring.normalize(operator.backward(weighted), out=before[:n])[1]
+        norm = semiring.normalize(operator.at(following).backward(weighted), out=before[:n])[1]
         log_scale[rows] = log_scale[following] + offset[following] + norm
         visit(t, current, log_scale[following], weighted)
     visit(0, steps[0][: int(layout.n_active[0])], log_scale[layout.first_rows()], None)
@@ -156,10 +160,10 @@ def _step_counts(previous, following, row_overlap, row_step_log, operator, semir
     log_norm = row_overlap + row_step_log
     small = ~(row_overlap > _LOG_SMALL_OVERLAP)
     if small.any():
-        full = semiring.plus(semiring.times(operator.forward(previous[small]), following[small]), axis=1)
+        full = semiring.plus(semiring.times(operator.forward(previous)[small], following[small]), axis=1)
         log_norm[small] = semiring.to_log(full)
     weighted = semiring.times(previous, semiring.weights(-log_norm)[:, None])
-    return semiring.to_prob(semiring.times(operator.values, operator.pair_sum(weighted, following)))
+    return operator.counts(weighted, following)
 
 
 @dataclass
@@ -176,6 +180,7 @@ class Posterior:
     transition_counts: np.ndarray
     log_alpha: np.ndarray | None = None
     log_beta: np.ndarray | None = None
+    scores: tuple | None = None  # the chain's (transitions, start, end), where a caller keeps them
 
 
 def _closing(end, semiring):
@@ -204,7 +209,7 @@ def _forward_backward_packed(packed, operator, start, end, layout: Layout, semir
     end_lifted, end_log = _closing(end, semiring)
     log_z = _log_z(alpha, alpha_scale, end_lifted, end_log, layout, semiring)
     overlap = np.empty(lifted.shape[0])  # to_log(dot(alpha, beta)) per row
-    total = np.zeros(lifted_operator.values.shape) if counts else None
+    total = np.zeros(lifted_operator.count_shape) if counts else None
     log_alpha = np.empty_like(alpha) if keep_messages else None
     log_beta = np.empty_like(alpha) if keep_messages else None
 
@@ -212,7 +217,8 @@ def _forward_backward_packed(packed, operator, start, end, layout: Layout, semir
         """Counts of the edges into step t (of the rows ``keep`` of the n_t sequences there)."""
         n, rows = weighted.shape[0], layout.rows(t)
         previous = forward[layout.rows(t - 1, n)][keep]
-        return _step_counts(previous, weighted[keep], overlap[rows][keep], step_log[rows][keep], lifted_operator, semiring)
+        step = lifted_operator.at(np.arange(rows.start, rows.stop)[keep])
+        return _step_counts(previous, weighted[keep], overlap[rows][keep], step_log[rows][keep], step, semiring)
 
     if keep_messages:  # before the node marginals take alpha's place
         with np.errstate(invalid="ignore"):
@@ -305,6 +311,9 @@ def forward_backward(
         source = _masked(emissions, allowed, operator)
         return source if packed else source[layout.token_of_row]
 
+    if not packed:  # an operator with per-token data takes it in the emissions' packed order
+        operator = operator.take(layout.token_of_row)
+
     emissions_packed = gather()
     # a gathered or masked copy is ours to use as working memory, and so is the caller's array
     # when it can be made again
@@ -316,7 +325,14 @@ def forward_backward(
             emissions_packed = gather() if emissions_again is None else np.asarray(emissions_again(), dtype=np.float64)
         rows, failed_lengths = layout.rows_of_ranks(failed)
         redo = forward_backward(
-            emissions_packed[rows], operator, start, end, failed_lengths, keep_messages, semiring.fallback, counts=counts
+            emissions_packed[rows],
+            operator.take(rows),
+            start,
+            end,
+            failed_lengths,
+            keep_messages,
+            semiring.fallback,
+            counts=counts,
         )
         result.log_z[failed] = redo.log_z
         result.marginals[rows] = redo.marginals
@@ -345,17 +361,17 @@ def edge_marginals(emissions, transitions, start, end, lengths) -> np.ndarray:
     emissions = np.asarray(emissions, dtype=np.float64)
     layout, operator = _layout(lengths), _operator(transitions)
     semiring = LogSemiring
+    operator = operator.take(layout.token_of_row)
     lifted, offset, lifted_operator = _lifted_scores(emissions[layout.token_of_row], operator, start, layout, semiring, True)
     alpha = _forward(lifted, offset, lifted_operator, layout, semiring)[0]
     end_lifted, end_log = _closing(end, semiring)
-    packed = np.zeros((emissions.shape[0],) + lifted_operator.values.shape)
+    packed = np.zeros((emissions.shape[0],) + lifted_operator.edge_shape)
 
     def store(t: int, beta_t: np.ndarray, beta_scale_t: np.ndarray, weighted: np.ndarray | None) -> None:
         if t > 0:  # alpha of the rows before, the table, and beta times the emissions of step t's rows
             previous = alpha[layout.rows(t - 1, weighted.shape[0])]
-            joint = semiring.times(
-                semiring.times(lifted_operator.source(previous), lifted_operator.values), lifted_operator.target(weighted)
-            )
+            step = lifted_operator.at(layout.rows(t))
+            joint = semiring.times(semiring.times(step.source(previous), step.values), step.target(weighted))
             flat = semiring.normalize(joint.reshape(joint.shape[0], -1))[0]
             packed[layout.rows(t)] = semiring.to_prob(flat).reshape(joint.shape)
 
@@ -378,7 +394,7 @@ def entropy(emissions, transitions, start, end, lengths, allowed=None) -> np.nda
             products = probabilities * scores
         return np.where(probabilities > 0, products, 0.0).reshape(probabilities.shape[0], -1).sum(axis=1)
 
-    per_token = expected(posterior.marginals, emissions) + expected(edges, np.broadcast_to(operator.scores, edges.shape))
+    per_token = expected(posterior.marginals, emissions) + expected(edges, np.broadcast_to(operator.edge_table(), edges.shape))
     boundary = expected(posterior.marginals[offsets[:-1]], np.asarray(start)[None]) + expected(
         posterior.marginals[offsets[1:] - 1], np.asarray(end)[None]
     )
@@ -394,6 +410,7 @@ def _best_paths(emissions, transitions, start, end, lengths, allowed, semiring) 
     emissions = np.asarray(emissions, dtype=np.float64)
     layout, operator = _layout(lengths), _operator(transitions)
     emissions = _masked(emissions, allowed, operator)
+    operator = operator.take(layout.token_of_row)
     lifted, offset, lifted_operator = _lifted_scores(emissions[layout.token_of_row], operator, start, layout, semiring, True)
     alpha, log_scale, _ = _forward(lifted, offset, lifted_operator, layout, semiring)
     last = layout.last_rows()
@@ -412,7 +429,7 @@ def _best_paths(emissions, transitions, start, end, lengths, allowed, semiring) 
         current[:n][stops_here] = best[:n][stops_here]
         states[layout.rows(t)] = current[:n] // size
         if t > 0:  # the previous entries these paths came from (back pointers of the chosen entries only)
-            current[:n] = lifted_operator.pointers(alpha[layout.rows(t - 1, n)], current[:n])
+            current[:n] = lifted_operator.at(layout.rows(t, n)).pointers(alpha[layout.rows(t - 1, n)], current[:n])
     return layout.unpack(states), layout.unrank(scores_by_rank)
 
 
@@ -444,15 +461,17 @@ def kbest_viterbi(emissions, transitions, start, end, lengths, k: int, allowed=N
 
 
 def sequence_scores(emissions, transitions, start, end, offsets, labels) -> np.ndarray:
-    """score(y) of the given labelling of every sequence, shape (N,)."""
+    """score(y) of the given labelling of every sequence, shape (N,). ``labels`` (T,) are states
+    of the operator (labels for a first-order chain; see its ``edge_scores``)."""
     offsets = np.asarray(offsets, dtype=np.int64)
     labels = np.asarray(labels, dtype=np.int64)
     n_tokens = labels.size
     token_scores = emissions[np.arange(n_tokens), labels]
     is_first = np.zeros(n_tokens, dtype=bool)
     is_first[offsets[:-1]] = True
-    previous = np.roll(labels, 1)
-    token_scores = token_scores + np.where(is_first, start[labels], transitions[previous, labels])
+    previous = np.where(is_first, labels, np.roll(labels, 1))  # a first token's own state: any edge will do
+    edges = _operator(transitions).edge_scores(previous, labels)
+    token_scores = token_scores + np.where(is_first, np.asarray(start)[labels], edges)
     totals = np.add.reduceat(token_scores, offsets[:-1])
     return totals + end[labels[offsets[1:] - 1]]
 
@@ -477,10 +496,11 @@ def constrained_log_probability(
     unconstrained forward message of the token before the window (or ``start``) and closed with
     the unconstrained backward message of the window's last token.
 
-    ``log_alpha``, ``log_beta`` (T, L) and ``log_z`` (N,) come from :func:`forward_backward`
+    ``log_alpha``, ``log_beta`` (T, S) and ``log_z`` (N,) come from :func:`forward_backward`
     with ``keep_messages=True``. Window k lies in sequence ``sequence[k]`` from its token
     ``first[k]`` on; its allowed-label masks are ``allowed[window_offsets[k]:window_offsets[k+1]]``
-    (a (W, L) boolean array over all windows). Returns (K,) log probabilities.
+    (a (W, L) boolean array over all windows, or (W, S) per state; a per-label mask of a
+    pair-state chain allows every state of the label). Returns (K,) log probabilities.
     """
     sequence = np.asarray(sequence, dtype=np.int64)
     first = np.asarray(first, dtype=np.int64)
@@ -489,18 +509,23 @@ def constrained_log_probability(
     if np.any(first < 0) or np.any(starts + widths > offsets[sequence + 1]):
         raise ValueError("a window runs outside its sequence")
     window_tokens = np.repeat(starts, widths) + (np.arange(widths.sum()) - np.repeat(window_offsets[:-1], widths))
-    masked = np.where(allowed, emissions[window_tokens], -np.inf)
     semiring, operator = LogSemiring, _operator(transitions)
+    allowed = np.asarray(allowed, dtype=bool)
+    if allowed.shape[1:] != emissions.shape[1:]:  # per label: every state of the label
+        allowed = operator.label_mask(allowed, window_tokens)
+    masked = np.where(allowed, emissions[window_tokens], -np.inf)
     column_top, lifted_operator = operator.lift(semiring)
     # the incoming message of each window, folded into its first token's emissions
     incoming = np.tile(start, (sequence.size, 1))
     inner = first > 0
-    incoming[inner] = lifted_operator.forward(log_alpha[starts[inner] - 1]) + column_top
+    entering = starts[inner]
+    column_top = np.broadcast_to(column_top, emissions.shape)[entering]
+    incoming[inner] = lifted_operator.at(entering).forward(log_alpha[entering - 1]) + column_top
     masked[window_offsets[:-1]] += incoming
     layout = Layout.from_lengths(widths)
     # windows start from their own incoming message, so "start" is already in `masked`
     lifted, offset, lifted_operator = _lifted_scores(
-        masked[layout.token_of_row], operator, np.zeros_like(start), layout, semiring
+        masked[layout.token_of_row], operator.take(window_tokens[layout.token_of_row]), np.zeros_like(start), layout, semiring
     )
     alpha, log_scale, _ = _forward(lifted, offset, lifted_operator, layout, semiring)
     last = layout.last_rows()

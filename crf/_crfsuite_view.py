@@ -74,7 +74,8 @@ class TaggerView:
 
     def __init__(self, model: CRF) -> None:
         self.model = model
-        self._emissions: np.ndarray | None = None  # (n, L) of the current sequence
+        self._emissions: np.ndarray | None = None  # (n, S) per-state emissions of the current sequence
+        self._scores: tuple | None = None  # the chain's (transitions, start, end) for them
         self._marginals: np.ndarray | None = None  # (n, L), computed on the first marginal() query
 
     def labels(self) -> list[str]:
@@ -82,7 +83,10 @@ class TaggerView:
 
     def set(self, xseq) -> None:
         """Make ``xseq`` (a list of token features) the current sequence."""
-        self._emissions = self.model.emissions([xseq])[0] if len(xseq) else np.zeros((0, len(self.model.classes_)))
+        if len(xseq):
+            self._emissions, self._scores, _ = self.model.chain_inputs([xseq])
+        else:
+            self._emissions, self._scores = np.zeros((0, self.model._structure().n_states)), self.model._weights()
         self._marginals = None
 
     def _current(self) -> np.ndarray:
@@ -97,8 +101,8 @@ class TaggerView:
         emissions = self._current()
         if not len(emissions):
             return []
-        codes, _ = chain.viterbi(emissions, *self.model._weights(), [len(emissions)])
-        return [self.model.classes_[c] for c in codes]
+        states, _ = chain.viterbi(emissions, *self._scores, [len(emissions)])
+        return [self.model.classes_[c] for c in chain.operator_of(self._scores[0]).labels_at(states)]
 
     def probability(self, yseq) -> float:
         """p(yseq | current sequence)."""
@@ -110,9 +114,10 @@ class TaggerView:
         if unknown:
             raise ValueError(f"unknown labels {unknown[:5]}")
         codes = np.array([index[label] for label in yseq], dtype=np.int64)
-        weights = self.model._weights()
-        gold = chain.sequence_scores(emissions, *weights, np.array([0, len(codes)]), codes)
-        return float(np.exp(gold - chain.log_partition(emissions, *weights, [len(codes)]))[0])
+        from .model import path_scores
+
+        gold = path_scores(emissions, self._scores, np.array([0, len(codes)]), codes)
+        return float(np.exp(gold - chain.log_partition(emissions, *self._scores, [len(codes)]))[0])
 
     def marginal(self, y: str, pos: int) -> float:
         """p(label at ``pos`` = ``y`` | current sequence)."""
@@ -120,7 +125,8 @@ class TaggerView:
         if not 0 <= pos < len(emissions):
             raise IndexError(f"position {pos} outside a sequence of {len(emissions)} tokens")
         if self._marginals is None:
-            self._marginals = chain.forward_backward(emissions, *self.model._weights(), [len(emissions)], counts=False).marginals
+            marginals = chain.forward_backward(emissions, *self._scores, [len(emissions)], counts=False).marginals
+            self._marginals = self.model._label_marginals(marginals, self._scores[0])
         return float(self._marginals[pos, list(self.model.classes_).index(y)])
 
     def info(self) -> ModelInfo:
@@ -211,5 +217,4 @@ class CRFsuiteView:
     def n_active_features_(self) -> int:
         """Number of non-zero weights (CRFsuite's active features)."""
         self._check_fitted()
-        weights = (self.state_weights_, self.transitions_, self.start_weights_, self.end_weights_)
-        return int(sum(np.count_nonzero(w) for w in weights))
+        return int(np.count_nonzero(self.state_weights_) + np.count_nonzero(self._tail()))

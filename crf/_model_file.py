@@ -31,11 +31,19 @@ if TYPE_CHECKING:
     from .model import CRF
 
 KIND = "crf.CRF"
-WEIGHT_ARRAYS = ("transitions", "start", "end", "state_values")
+WEIGHT_ARRAYS = ("transitions", "start", "end", "state_values", "trigrams", "pair_end")
+
+
+# the tail blocks (see crf._order) beyond the first-order ones, by array name: (attribute, shape)
+def _second_order_blocks(L: int) -> dict[str, tuple[str, tuple]]:
+    return {"trigrams": ("trigram_weights_", (L + 1, L, L)), "pair_end": ("pair_end_weights_", (L + 1, L))}
 
 
 def _arrays(model: CRF) -> dict[str, np.ndarray]:
     arrays = {"transitions": model.transitions_, "start": model.start_weights_, "end": model.end_weights_}
+    if model.order == 2:
+        for name, (attribute, _) in _second_order_blocks(len(model.classes_)).items():
+            arrays[name] = getattr(model, attribute)
     if model.feature_index_ is not None:
         arrays["feature_index"] = model.feature_index_
         arrays["state_values"] = model.state_weights_.ravel()[model.feature_index_]
@@ -59,7 +67,12 @@ def to_arrays(model: CRF) -> tuple[dict, dict[str, np.ndarray]]:
         "sparse": model.feature_index_ is not None,
         "dict_input": getattr(model, "attribute_index_", None) is not None,
     }
-    return meta, _arrays(model)
+    arrays = _arrays(model)
+    pruner = model.__dict__.get("pruner_")
+    if pruner is not None:  # the first-order model that prunes a second-order one
+        meta["pruner"], pruner_arrays = to_arrays(pruner)
+        arrays.update({f"pruner/{k}": v for k, v in pruner_arrays.items()})
+    return meta, arrays
 
 
 def save(model: CRF, path) -> None:
@@ -110,6 +123,8 @@ def _from_arrays(cls: type[CRF], meta: dict, arrays: dict[str, np.ndarray], path
     # a file sets hyperparameters only: never where a later fit writes, nor code to call
     model = cls(**{k: v for k, v in meta["params"].items() if k in known and k not in NOT_FROM_FILES})
     check_thread_count(path, model.n_threads)
+    if isinstance(model.order, bool) or model.order not in (1, 2):
+        raise ModelFileError(f"{path}: order {model.order!r} is not 1 or 2")
     classes = check_classes(path, meta["classes"])  # strings or integers, as trained (the header is checksummed)
     A, L = meta["n_attributes"], len(classes)
     if not isinstance(A, int) or isinstance(A, bool) or A < 0:
@@ -121,6 +136,18 @@ def _from_arrays(cls: type[CRF], meta: dict, arrays: dict[str, np.ndarray], path
     transitions = checked_array(path, arrays, "transitions", "f", (L, L), finite=True, bounded=True).astype(np.float64)
     start = checked_array(path, arrays, "start", "f", (L,), finite=True, bounded=True).astype(np.float64)
     end = checked_array(path, arrays, "end", "f", (L,), finite=True, bounded=True).astype(np.float64)
+    if model.order == 2:
+        check_table_size(path, f"the trigram weights of {L:,} labels", (L + 1) * L * L, stored)
+        for name, (attribute, shape) in _second_order_blocks(L).items():
+            setattr(model, attribute, checked_array(path, arrays, name, "f", shape, finite=True, bounded=True).astype(np.float64))
+    model.pruner_, model.pruned_mass_ = None, None
+    if model.pruning_threshold is not None:
+        if not isinstance(meta.get("pruner"), dict):
+            raise ModelFileError(f"{path}: a pruned second-order model without its pruning model")
+        inner = {k[len("pruner/") :]: v for k, v in arrays.items() if k.startswith("pruner/")}
+        model.pruner_ = _from_arrays(cls, meta["pruner"], inner, f"{path} (pruning model)")
+        if model.pruner_.order != 1 or list(model.pruner_.classes_) != list(classes) or model.pruner_.n_attributes_ != A:
+            raise ModelFileError(f"{path}: the pruning model is not a first-order model of the same labels and attributes")
     state = np.zeros((A, L))
     if meta["sparse"]:
         index = checked_array(path, arrays, "feature_index", "iu", (None,)).astype(np.int64)

@@ -18,17 +18,28 @@ import numpy as np
 import scipy.sparse as sp
 
 from . import _chain as chain
+from ._order import FirstOrderChain, chain_structure
 from ._parallel import Workers, thread_count
 from .batch import token_rows
 
 
 @dataclass
 class ParameterLayout:
-    """Where each weight lives in ``theta``."""
+    """Where each weight lives in ``theta``: the state weights, then the tail of label n-gram
+    weights of the model's ``order`` (see :mod:`crf._order`: transitions, start, end, and for
+    order 2 trigrams and pair_end)."""
 
     n_attributes: int
     n_labels: int
     feature_index: np.ndarray | None = None  # sparse state features: flat (A, L) indices
+    order: int = 1
+
+    @property
+    def chain(self) -> FirstOrderChain:
+        """The order's tail structure (:mod:`crf._order`)."""
+        if getattr(self, "_chain", None) is None or self._chain.n_labels != self.n_labels or self._chain.order != self.order:
+            self._chain = chain_structure(self.order, self.n_labels)
+        return self._chain
 
     @property
     def n_state(self) -> int:
@@ -38,30 +49,33 @@ class ParameterLayout:
 
     @property
     def size(self) -> int:
-        return self.n_state + self.n_labels * self.n_labels + 2 * self.n_labels
+        return self.n_state + self.chain.tail_size
 
     def split(self, theta: np.ndarray):
-        """(state (A, L), transitions (L, L), start (L,), end (L,)) views/copies of ``theta``."""
+        """(state (A, L), transitions (L, L), start (L,), end (L,)) views/copies of ``theta``
+        (the first-order part of the tail; :meth:`tail_blocks` has all of it)."""
         L, n = self.n_labels, self.n_state
         if self.feature_index is None:
             state = theta[:n].reshape(self.n_attributes, L)
         else:
             state = np.zeros((self.n_attributes, L))
             state.ravel()[self.feature_index] = theta[:n]
-        transitions = theta[n : n + L * L].reshape(L, L)
-        start = theta[n + L * L : n + L * L + L]
-        end = theta[n + L * L + L :]
-        return state, transitions, start, end
+        blocks = self.tail_blocks(theta)
+        return state, blocks["transitions"], blocks["start"], blocks["end"]
 
-    def split_transitions(self, theta: np.ndarray):
-        """(None, transitions (L, L), start (L,), end (L,)) views of ``theta``: no state copy."""
-        L, n = self.n_labels, self.n_state
-        return None, theta[n : n + L * L].reshape(L, L), theta[n + L * L : n + L * L + L], theta[n + L * L + L :]
+    def tail_blocks(self, theta: np.ndarray) -> dict[str, np.ndarray]:
+        """The tail's weights by name (views of ``theta``)."""
+        return self.chain.split(theta[self.n_state :])
 
-    def join(self, state: np.ndarray, transitions, start, end) -> np.ndarray:
-        """Inverse of :meth:`split`: a flat ``theta`` (picks the feature entries in sparse mode)."""
+    def chain_scores(self, theta: np.ndarray) -> tuple:
+        """(transitions or operator, start (S,), end (S,)) of ``theta`` for :mod:`crf._chain`."""
+        return self.chain.scores(theta[self.n_state :])
+
+    def join(self, state: np.ndarray, *tail) -> np.ndarray:
+        """Inverse of :meth:`split` (picks the feature entries in sparse mode): the state weights
+        then the tail, given as its blocks in order or as one flat array."""
         flat_state = state.ravel() if self.feature_index is None else state.ravel()[self.feature_index]
-        return np.concatenate([flat_state, np.ravel(transitions), start, end])
+        return np.concatenate([flat_state, *(np.ravel(block) for block in tail)])
 
 
 class FeaturePartition:
@@ -164,41 +178,64 @@ class StateFeatures:
 
 
 class _Chunk:
-    """Some fully labelled sequences, stored in their own packed time-major order."""
+    """Some fully labelled sequences, stored in their own packed time-major order.
 
-    def __init__(self, X: sp.csr_matrix, offsets: np.ndarray, labels: np.ndarray, partition: FeaturePartition) -> None:
+    ``candidates`` (T, L) bool (input order), when given, restrict every sum to the paths through
+    the candidate labels of each token (pruning; the gold labels must be among them): the chunk
+    then contributes ``log Z_pruned(x) - score(y)``, where Z_pruned <= Z sums those paths only.
+    The chain runs over the structure's :meth:`~crf._order.FirstOrderChain.lattice` for them (a
+    second-order one over each token's candidates only)."""
+
+    def __init__(
+        self,
+        X: sp.csr_matrix,
+        offsets: np.ndarray,
+        labels: np.ndarray,
+        partition: FeaturePartition,
+        structure: FirstOrderChain,
+        candidates: np.ndarray | None = None,
+    ) -> None:
         self.layout = chain.Layout.from_lengths(np.diff(offsets))
         rows = self.layout.token_of_row
         X = X[rows]
         self.labels = labels[rows]
         self.states = StateFeatures(X, partition)
+        self.lattice = structure.lattice(self.layout, None if candidates is None else np.asarray(candidates, dtype=bool)[rows])
 
     def observed_state(self, n_labels: int) -> np.ndarray:
         """Observed state feature counts of this chunk's gold labels."""
         return self.states.gradient(np.eye(n_labels)[self.labels])
 
+    def chain_emissions(
+        self, theta_state: np.ndarray, shared_weights: np.ndarray, tail: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(per-label emissions (T, L), the lattice's per-state emissions (T, S)), packed."""
+        emissions = self.states.emissions(theta_state, shared_weights)
+        return emissions, self.lattice.emissions(emissions, tail)
+
     def evaluate(
-        self, theta_state: np.ndarray, shared_weights: np.ndarray, transitions, start, end
+        self, theta_state: np.ndarray, shared_weights: np.ndarray, tail: np.ndarray
     ) -> tuple[float, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(log Z summed, emission score of the gold labels summed, expected state counts,
-        expected transition counts, marginals summed at first and last tokens (2, L))."""
-        emissions = self.states.emissions(theta_state, shared_weights)
+        expected transition counts (the operator's count shape), state marginals summed at first
+        and last tokens (2, S) in the structure's states); ``tail``: the label n-gram weights."""
+        emissions, states = self.chain_emissions(theta_state, shared_weights, tail)
         gold = float(emissions[np.arange(self.labels.size), self.labels].sum())
-        # the recursion works in the emissions' own array (one (T, L) array fewer per thread);
+        del emissions
+        # the recursion works in the emissions' own array (one (T, S) array fewer per thread);
         # sequences it must redo in log space take them anew
         posterior = chain.forward_backward(
-            emissions,
-            transitions,
-            start,
-            end,
+            states,
+            *self.lattice.scores(tail),
             self.layout,
             packed=True,
-            emissions_again=lambda: self.states.emissions(theta_state, shared_weights),
+            emissions_again=lambda: self.chain_emissions(theta_state, shared_weights, tail)[1],
         )
-        del emissions
+        del states
         marginals = posterior.marginals
-        ends = np.stack([marginals[self.layout.first_rows()].sum(axis=0), marginals[self.layout.last_rows()].sum(axis=0)])
-        return float(posterior.log_z.sum()), gold, self.states.gradient(marginals), posterior.transition_counts, ends
+        ends = self.lattice.boundary_sums(marginals)
+        node = self.lattice.label_marginals(marginals)
+        return float(posterior.log_z.sum()), gold, self.states.gradient(node), posterior.transition_counts, ends
 
 
 class _PartialChunk(_Chunk):
@@ -207,36 +244,35 @@ class _PartialChunk(_Chunk):
     that agree with the known labels, and expected counts minus expected counts under that
     constraint (in place of the observed counts of a fully labelled sequence)."""
 
-    def __init__(self, X: sp.csr_matrix, offsets: np.ndarray, labels: np.ndarray, partition: FeaturePartition) -> None:
-        super().__init__(X, offsets, labels, partition)
+    def __init__(self, X, offsets, labels, partition, structure, candidates=None) -> None:
+        super().__init__(X, offsets, labels, partition, structure, candidates)
         L = partition.n_labels
-        self.allowed = np.ones((self.labels.size, L), dtype=bool)  # packed (T, L)
+        allowed = np.ones((self.labels.size, L), dtype=bool)  # packed (T, L)
         known = np.flatnonzero(self.labels >= 0)
-        self.allowed[known] = False
-        self.allowed[known, self.labels[known]] = True
+        allowed[known] = False
+        allowed[known, self.labels[known]] = True
+        self.allowed = self.lattice.state_mask(allowed)  # (T, S)
 
     def observed_state(self, n_labels: int) -> np.ndarray:
         return np.zeros(self.states.partition.n_state)
 
-    def evaluate(self, theta_state, shared_weights, transitions, start, end):
-        emissions = self.states.emissions(theta_state, shared_weights)
-        clamped = chain.forward_backward(emissions, transitions, start, end, self.layout, packed=True, allowed=self.allowed)
+    def evaluate(self, theta_state, shared_weights, tail):
+        _, states = self.chain_emissions(theta_state, shared_weights, tail)
+        scores = self.lattice.scores(tail)
+        clamped = chain.forward_backward(states, *scores, self.layout, packed=True, allowed=self.allowed)
         free = chain.forward_backward(
-            emissions,
-            transitions,
-            start,
-            end,
+            states,
+            *scores,
             self.layout,
             packed=True,
-            emissions_again=lambda: self.states.emissions(theta_state, shared_weights),
+            emissions_again=lambda: self.chain_emissions(theta_state, shared_weights, tail)[1],
         )
-        del emissions
+        del states
         difference = free.marginals - clamped.marginals
-        first, last = self.layout.first_rows(), self.layout.last_rows()
-        ends = np.stack([difference[first].sum(axis=0), difference[last].sum(axis=0)])
+        ends = self.lattice.boundary_sums(difference)
         log_z = float(free.log_z.sum() - clamped.log_z.sum())
         counts = free.transition_counts - clamped.transition_counts
-        return log_z, 0.0, self.states.gradient(difference), counts, ends
+        return log_z, 0.0, self.states.gradient(self.lattice.label_marginals(difference)), counts, ends
 
 
 def _share_ones(matrices: list[sp.spmatrix]) -> None:
@@ -294,6 +330,8 @@ class Objective:
     #: (token, label) cells per chunk (8 bytes each per (T, L) array of a chunk): larger chunks
     #: run their long tails with few rows per step, smaller ones take more Python steps
     CHUNK_CELLS = 1_500_000
+    #: with candidates, sequences whose tokens have at most this many go into one group of chunks
+    SHARED_SLOTS = 3
 
     def __init__(
         self,
@@ -303,6 +341,7 @@ class Objective:
         params: ParameterLayout,
         n_threads: int | None = None,
         chunk_cells: int | None = None,
+        candidates: np.ndarray | None = None,
     ) -> None:
         offsets = np.asarray(offsets, dtype=np.int64)
         labels = np.asarray(labels, dtype=np.int64)
@@ -316,45 +355,70 @@ class Objective:
         known = known_before[offsets[1:]] - known_before[offsets[:-1]]  # known labels per sequence
         full = np.flatnonzero((known == lengths) & (lengths > 0))
         partial = np.flatnonzero((known > 0) & (known < lengths))
-        self.partition = partition = FeaturePartition(params)
+        structure = params.chain
+        if candidates is not None:
+            candidates = np.asarray(candidates, dtype=bool)
+            if candidates.shape != (labels.size, params.n_labels):
+                raise ValueError(f"candidates must have shape {(labels.size, params.n_labels)}, got {candidates.shape}")
+            known = np.flatnonzero(labels >= 0)
+            if not candidates[known, labels[known]].all():
+                raise ValueError("candidates must include every known gold label")
+        self.partition = FeaturePartition(params)
         cells = chunk_cells or self.CHUNK_CELLS
         self.chunks = []
-        for kind, members in ((_Chunk, full), (_PartialChunk, partial)):
-            if not members.size:
-                continue
-            member_cells = int(lengths[members].sum()) * params.n_labels * (2 if kind is _PartialChunk else 1)
-            for group in _chunks_of(lengths[members], chunk_count(member_cells, members.size, cells)):
-                sequences = members[group]
-                rows = token_rows(offsets, sequences)
-                sub_offsets = np.concatenate([[0], np.cumsum(lengths[sequences])])
-                self.chunks.append(kind(X[rows], sub_offsets, labels[rows], partition))
+        # with candidates, sequences go into chunks by their largest candidate count (the slots of
+        # their pruned lattice: a chunk pads every token to its widest one), then by length
+        slots = np.zeros(lengths.size, dtype=np.int64)
+        if candidates is not None and labels.size:
+            counts = candidates.sum(axis=1)
+            nonempty = lengths > 0
+            slots[nonempty] = np.maximum.reduceat(counts, offsets[:-1][nonempty])
+            # the narrowest lattices share one group (padded to SHARED_SLOTS): each chunk costs a
+            # dense gradient of the state weights, more than the few padded slots
+            slots = np.maximum(slots, min(self.SHARED_SLOTS, params.n_labels))
+        for kind, everyone in ((_Chunk, full), (_PartialChunk, partial)):
+            for width in np.unique(slots[everyone]):
+                members = everyone[slots[everyone] == width]
+                per_token = structure.cells_per_token(None if candidates is None else int(width))
+                member_cells = int(lengths[members].sum()) * per_token * (2 if kind is _PartialChunk else 1)
+                # several width groups already give the threads several chunks: no rounding up to 4 each
+                multiple = 4 if candidates is None else 1
+                self._add_chunks(kind, members, member_cells, cells, X, offsets, lengths, labels, structure, candidates, multiple)
         _share_ones([chunk.states.local for chunk in self.chunks])
         _share_ones([chunk.states.X_shared for chunk in self.chunks])
         self.workers = Workers(self.n_threads if len(self.chunks) > 1 else 1)
+        self._observed(offsets, lengths, labels, full, partial)
+
+    def _add_chunks(
+        self, kind, members, member_cells, cells, X, offsets, lengths, labels, structure, candidates, multiple: int = 4
+    ) -> None:
+        """The sequences ``members`` as chunks of about ``cells`` working values each (their count
+        a multiple of ``multiple`` when above 1)."""
+        for group in _chunks_of(lengths[members], chunk_count(member_cells, members.size, cells, multiple)):
+            sequences = members[group]
+            rows = token_rows(offsets, sequences)
+            sub_offsets = np.concatenate([[0], np.cumsum(lengths[sequences])])
+            sub_candidates = None if candidates is None else candidates[rows]
+            self.chunks.append(kind(X[rows], sub_offsets, labels[rows], self.partition, structure, sub_candidates))
+
+    def _observed(self, offsets, lengths, labels, full, partial) -> None:
+        """Observed state and tail counts of the labels, and the sizes."""
+        params, partition, structure = self.params, self.partition, self.params.chain
         L = params.n_labels
         self.observed_state = sum((chunk.observed_state(L) for chunk in self.chunks), np.zeros(partition.n_state))
-        # observed transition, start and end counts of the fully labelled sequences
+        # observed tail counts (transitions, start, end, ...) of the fully labelled sequences
         rows = token_rows(offsets, full)
-        full_labels = labels[rows]
         full_offsets = np.concatenate([[0], np.cumsum(lengths[full])])
-        first, last = full_offsets[:-1], full_offsets[1:] - 1
-        is_first = np.zeros(full_labels.size, dtype=bool)
-        is_first[first] = True
-        edges = np.flatnonzero(~is_first)
-        pair = full_labels[edges - 1] * L + full_labels[edges]
-        self.observed_transitions = np.bincount(pair, minlength=L * L).astype(np.float64)
-        self.observed_start = np.bincount(full_labels[first], minlength=L).astype(np.float64)
-        self.observed_end = np.bincount(full_labels[last], minlength=L).astype(np.float64)
+        self.observed_tail = structure.observed_tail(full_offsets, labels[rows])
         self.n_tokens = int(labels.size)
         self.n_sequences = int(full.size + partial.size)  # those that contribute
 
     def __call__(self, theta: np.ndarray) -> tuple[float, np.ndarray]:
         n = self.params.n_state
-        _, transitions, start, end = self.params.split_transitions(theta)
         shared = self.partition.shared_weights(theta[:n])
         if not self.chunks:  # no sequence with a known label: the likelihood is constant
             return 0.0, np.zeros(self.params.size)
-        parts = self.workers.imap(lambda chunk: chunk.evaluate(theta[:n], shared, transitions, start, end), self.chunks)
+        parts = self.workers.imap(lambda chunk: chunk.evaluate(theta[:n], shared, theta[n:]), self.chunks)
         # summed in chunk order (results come in order), so the sums are the same for any thread
         # count; in place into the first chunk's fresh arrays, each chunk's dropped once added
         log_z, gold, state, pairs, ends = next(parts)
@@ -363,11 +427,8 @@ class Objective:
             state += part[2]
             pairs += part[3]
             ends += part[4]
-        gold += transitions.ravel() @ self.observed_transitions + start @ self.observed_start + end @ self.observed_end
+        gold += theta[n:] @ self.observed_tail
         gradient = np.empty(self.params.size)
-        L = self.params.n_labels
         np.subtract(state, self.observed_state, out=gradient[:n])
-        np.subtract(pairs.ravel(), self.observed_transitions, out=gradient[n : n + L * L])
-        np.subtract(ends[0], self.observed_start, out=gradient[n + L * L : n + L * L + L])
-        np.subtract(ends[1], self.observed_end, out=gradient[n + L * L + L :])
+        np.subtract(self.params.chain.tail_counts(pairs, ends[0], ends[1]), self.observed_tail, out=gradient[n:])
         return float(log_z - gold), gradient

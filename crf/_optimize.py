@@ -185,27 +185,36 @@ class Calibration:
 class _Minibatch:
     """Some sequences with their objective over the attributes (``columns``) they contain."""
 
-    def __init__(self, X, offsets: np.ndarray, labels: np.ndarray, params: ParameterLayout, chosen: np.ndarray, mask) -> None:
+    def __init__(
+        self, X, offsets: np.ndarray, labels: np.ndarray, params: ParameterLayout, chosen: np.ndarray, mask, candidates=None
+    ) -> None:
         rows = token_rows(offsets, chosen)
         sub = X[rows]
         self.columns = np.unique(sub.indices)
         lengths = offsets[chosen + 1] - offsets[chosen]
-        local = ParameterLayout(self.columns.size, params.n_labels)
+        local = ParameterLayout(self.columns.size, params.n_labels, order=params.order)
         self.objective = Objective(
-            sub[:, self.columns], np.concatenate([[0], np.cumsum(lengths)]), labels[rows], local, n_threads=1
+            sub[:, self.columns],
+            np.concatenate([[0], np.cumsum(lengths)]),
+            labels[rows],
+            local,
+            n_threads=1,
+            candidates=None if candidates is None else candidates[rows],
         )
         self.mask = None if mask is None else mask[self.columns]  # (columns, L): which weights are features
         self.size = chosen.size
 
 
-def _minibatches(X, offsets, labels, params: ParameterLayout, sequences: np.ndarray, batch_size: int) -> list[_Minibatch]:
+def _minibatches(
+    X, offsets, labels, params: ParameterLayout, sequences: np.ndarray, batch_size: int, candidates=None
+) -> list[_Minibatch]:
     mask = None
     if params.feature_index is not None:
         mask = np.zeros(params.n_attributes * params.n_labels, dtype=bool)
         mask[params.feature_index] = True
         mask = mask.reshape(params.n_attributes, params.n_labels)
     return [
-        _Minibatch(X, offsets, labels, params, np.sort(sequences[b : b + batch_size]), mask)
+        _Minibatch(X, offsets, labels, params, np.sort(sequences[b : b + batch_size]), mask, candidates)
         for b in range(0, len(sequences), batch_size)
     ]
 
@@ -216,9 +225,9 @@ class _SGDWeights:
 
     def __init__(self, params: ParameterLayout, theta0: np.ndarray, trainable_tail: np.ndarray) -> None:
         self.params = params
-        state, transitions, start, end = params.split(theta0)
+        state = params.split(theta0)[0]
         self.state = np.array(state, dtype=np.float64)
-        self.tail = np.concatenate([np.ravel(transitions), start, end]).astype(np.float64)
+        self.tail = np.array(theta0[params.n_state :], dtype=np.float64)
         self.trainable_tail = trainable_tail
         self.scale = 1.0
 
@@ -248,9 +257,7 @@ class _SGDWeights:
         return loss
 
     def theta(self) -> np.ndarray:
-        L = self.params.n_labels
-        tail = self.tail
-        return self.params.join(self.scale * self.state, tail[: L * L], tail[L * L : L * L + L], tail[L * L + L :])
+        return self.params.join(self.scale * self.state, self.tail)
 
 
 def _epoch(weights: _SGDWeights, batches: list[_Minibatch], order, t0: float, t: int, lam: float) -> tuple[float, int]:
@@ -262,11 +269,13 @@ def _epoch(weights: _SGDWeights, batches: list[_Minibatch], order, t0: float, t:
     return total, t
 
 
-def calibrate(X, offsets, labels, params, theta0, trainable_tail, lam, batch_size, rng, calibration: Calibration) -> float:
+def calibrate(
+    X, offsets, labels, params, theta0, trainable_tail, lam, batch_size, rng, calibration: Calibration, candidates=None
+) -> float:
     """CRFsuite's learning-rate calibration (see :class:`Calibration`); returns the chosen eta."""
     n_sequences = offsets.size - 1
     sample = rng.permutation(n_sequences)[: min(n_sequences, calibration.samples)]
-    batches = _minibatches(X, offsets, labels, params, sample, batch_size)
+    batches = _minibatches(X, offsets, labels, params, sample, batch_size, candidates)
     initial = _SGDWeights(params, theta0, trainable_tail)
     penalty = 0.5 * lam * sample.size  # times ||w||^2: the L2 term of the sample's share of the loss
     initial_loss = sum(initial.loss(b) for b in batches) + penalty * float(theta0 @ theta0)
@@ -306,6 +315,7 @@ def sgd(
     callback: Callable[[IterationInfo], None] | None = None,
     frozen: np.ndarray | None = None,
     calibration: Calibration | None = None,
+    candidates: np.ndarray | None = None,
 ) -> TrainingResult:
     """CRFsuite's ``l2sgd``: SGD on ``NLL + c2 ||theta||^2`` with the step
     ``eta_t = 1 / (lambda (t0 + t))``, ``lambda = 2 c2 / N``, ``t0 = 1 / (lambda eta0)``, one
@@ -317,6 +327,7 @@ def sgd(
     ``max_iterations`` epochs or when the loss improved by less than ``delta`` over ``period``
     epochs, and returns the weights of the epoch with the lowest loss (as CRFsuite does).
     Weights at positions ``frozen`` (transition/start/end weights that are not features) stay 0.
+    ``candidates`` (T, L): the pruned lattice of every token (see :class:`crf._objective.Objective`).
     """
     if c2 <= 0:
         raise ValueError("l2sgd needs c2 > 0 (its step size is 1 / (lambda t) with lambda = 2 c2 / N)")
@@ -330,9 +341,9 @@ def sgd(
     trainable_tail = trainable[params.n_state :]
     if learning_rate is None:
         learning_rate = calibrate(
-            X, offsets, labels, params, theta0, trainable_tail, lam, batch_size, rng, calibration or Calibration()
+            X, offsets, labels, params, theta0, trainable_tail, lam, batch_size, rng, calibration or Calibration(), candidates
         )
-    batches = _minibatches(X, offsets, labels, params, rng.permutation(n_sequences), batch_size)
+    batches = _minibatches(X, offsets, labels, params, rng.permutation(n_sequences), batch_size, candidates)
     weights = _SGDWeights(params, theta0, trainable_tail)
     t0, t = 1.0 / (lam * learning_rate), 0
     history: list[IterationInfo] = []

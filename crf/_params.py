@@ -67,6 +67,17 @@ DOC = """
     callback : called with every :class:`~crf._optimize.IterationInfo`.
     warm_start : [lbfgs, l2sgd] start the next ``fit`` from this model's weights (scikit-learn's
         meaning); attributes and labels the new data brings start at zero.
+    order : [lbfgs, l2sgd for 2] 1 (transitions over label pairs) or 2 (also over label trigrams:
+        the chain runs over label pairs, exact, O(L^3) per token; see :mod:`crf._order`). An
+        order-2 model cannot be written as a CRFsuite file (``model_filename``).
+    pruning_threshold : [order 2] None: exact second order. A number p in (0, 1): first train a
+        first-order model with the same settings (kept as ``pruner_``); at each token keep the
+        labels whose first-order marginal is at least p, at most ``crf.model.MAX_CANDIDATES`` of
+        them (the most probable; always the most probable one; in training the gold label too);
+        train and tag the second-order model over those candidates only (MarMoT's pruning), at
+        O(K^3) per token for K candidates. The likelihood is then over the pruned lattice (an
+        approximation: ``pruned_mass_`` reports the first-order marginal mass pruned away in
+        training), and every query (marginals, probabilities, k-best) is over the candidates.
 """
 
 # parameters that only mean something for some algorithms: (algorithms, default)
@@ -176,6 +187,20 @@ def validate(p: dict) -> Settings:
     seed = p["random_state"]
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
         raise ValueError(f"random_state must be an integer or None, got {p['random_state']!r}")
+    order = p["order"]
+    if isinstance(order, bool) or order not in (1, 2):
+        raise ValueError(f"order must be 1 or 2, got {order!r}")
+    if order == 2 and algorithm not in ("lbfgs", "l2sgd"):
+        raise ValueError(f"order=2 is trained by algorithm='lbfgs' or 'l2sgd', not {algorithm!r}")
+    if order == 2 and p["model_filename"] is not None:
+        raise ValueError("model_filename writes a CRFsuite model, which holds first-order models only: order=1")
+    threshold = p["pruning_threshold"]
+    if threshold is not None:
+        _number("pruning_threshold", threshold, strict=True)
+        if not threshold < 1:
+            raise ValueError(f"pruning_threshold must lie in (0, 1), got {threshold!r}")
+        if order != 2:
+            raise ValueError("pruning_threshold prunes a second-order model: it needs order=2")
     if algorithm == "l2sgd" and p["c2"] <= 0:
         raise ValueError("algorithm='l2sgd' needs c2 > 0 (its step size is 1 / (lambda t) with lambda = 2 c2 / N)")
     defaults = constructor_defaults()

@@ -103,7 +103,7 @@ class ChunkWindows:
 
 
 class SegmentQueries:
-    """Mixin of :class:`crf.CRF`: needs ``emissions``, ``_weights``, ``_split`` and ``classes_``."""
+    """Mixin of :class:`crf.CRF`: needs ``chain_inputs``, ``_chain_of``, ``state_weights_`` and ``classes_``."""
 
     def span_probability(self, X, sequence: Sequence[int], start: Sequence[int], allowed: Sequence[np.ndarray]) -> np.ndarray:
         """Constrained forward-backward: p(y_t in allowed_t for the window of each query | x).
@@ -112,11 +112,11 @@ class SegmentQueries:
         ``sequence[k]``; ``allowed[k]`` is a (width, L) boolean mask over ``classes_``.
         Returns (K,) probabilities.
         """
-        emissions, batch = self.emissions(X)
-        posterior = chain.forward_backward(emissions, *self._weights(), batch.lengths, keep_messages=True, counts=False)
-        return np.exp(self._constrained(posterior, emissions, batch, sequence, start, allowed))
+        emissions, scores, batch = self.chain_inputs(X)
+        posterior = chain.forward_backward(emissions, *scores, batch.lengths, keep_messages=True, counts=False)
+        return np.exp(self._constrained(posterior, emissions, scores, batch, sequence, start, allowed))
 
-    def _constrained(self, posterior, emissions, batch, sequence, start, allowed) -> np.ndarray:
+    def _constrained(self, posterior, emissions, scores, batch, sequence, start, allowed) -> np.ndarray:
         if len(sequence) == 0:
             return np.zeros(0)
         widths = np.array([len(a) for a in allowed], dtype=np.int64)
@@ -127,8 +127,8 @@ class SegmentQueries:
             posterior.log_beta,
             posterior.log_z,
             emissions,
-            self.transitions_,
-            self.start_weights_,
+            scores[0],
+            scores[1],
             batch.offsets,
             np.asarray(sequence),
             np.asarray(start),
@@ -145,23 +145,40 @@ class SegmentQueries:
         not extend the chunk and that the token after does not continue it (constrained
         forward-backward over that window, Culotta & McCallum 2004).
         """
-        emissions, batch = self.emissions(X)
-        labels, _ = chain.viterbi(emissions, *self._weights(), batch.lengths)
-        return self.segments_of(labels, emissions, batch)
+        emissions, scores, batch = self.chain_inputs(X)
+        states, _ = chain.viterbi(emissions, *scores, batch.lengths)
+        labels = chain.operator_of(scores[0]).labels_at(states)
+        posterior = chain.forward_backward(emissions, *scores, batch.lengths, keep_messages=True, counts=False)
+        posterior.scores = scores
+        return self.segments_of(labels, emissions, batch, posterior)
 
     def segments_of(self, labels: np.ndarray, emissions: np.ndarray, batch, posterior=None) -> pd.DataFrame:
         """The chunks of the labelling ``labels`` (T,) (label indices, e.g. ``predict_codes``')
         with their confidence, as :meth:`predict_segments` gives them; ``emissions`` (T, L) and
-        ``batch`` as :meth:`posterior` returns them, and its ``posterior`` (with messages) when the
-        caller has it, so that forward-backward is not run twice."""
+        ``batch`` as :meth:`posterior` returns them (the chain's per-state emissions), and its
+        ``posterior`` (with messages) when the caller has it, so that forward-backward is not run
+        twice. A first-order chain (states are labels) takes the closed form of
+        :meth:`ChunkWindows.log_probability`, any other constrained forward-backward."""
         windows = ChunkWindows.of(labels, batch.offsets, self.classes_)
         found = windows.chunks.reset_index(drop=True)
         if found.empty:
             found["confidence"] = []
             return found
-        if posterior is None or posterior.log_alpha is None:
-            posterior = chain.forward_backward(emissions, *self._weights(), batch.lengths, keep_messages=True, counts=False)
-        found["confidence"] = np.exp(
-            windows.log_probability(labels, posterior, emissions, self.transitions_, self.start_weights_)
-        )
+        if posterior is None or posterior.log_alpha is None or posterior.scores is None:
+            # the chain's scores for these emissions (a pruned model's depend on the batch)
+            _, scores = self._chain_of(np.asarray(batch.X @ self.state_weights_), batch.X, batch.lengths)
+            posterior = chain.forward_backward(emissions, *scores, batch.lengths, keep_messages=True, counts=False)
+            posterior.scores = scores
+        transitions, start, _ = posterior.scores
+        if emissions.shape[1] == len(self.classes_):
+            log_p = windows.log_probability(labels, posterior, emissions, transitions, start)
+        else:
+            first, masks, window_offsets = windows.window_masks(labels, batch.offsets)
+            sequence = found["sequence"].to_numpy(np.int64)
+            with np.errstate(invalid="ignore"):
+                log_p = chain.constrained_log_probability(
+                    posterior.log_alpha, posterior.log_beta, posterior.log_z, emissions, transitions, start,
+                    batch.offsets, sequence, first, masks, window_offsets,
+                )  # fmt: skip
+        found["confidence"] = np.exp(log_p)
         return found

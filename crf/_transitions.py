@@ -13,15 +13,29 @@ import math
 from typing import Protocol
 
 import numpy as np
+import scipy.sparse as sp
 
-from ._semirings import MaxSemiring, Semiring
+from ._semirings import MaxSemiring, ScaledSemiring, Semiring
 
 
 class LiftedOperator(Protocol):
     """Transition scores bound to a semiring. For messages (n, S, *V) (V: the semiring's value
-    shape); ``values``: the lifted table (``shape``)."""
+    shape); ``values``: the lifted table (``shape``), ``count_shape``: the shape of the expected
+    counts (:meth:`counts`), ``edge_shape``: the shape of one row's edge marginals. The recursions
+    apply it to the edges into the packed rows ``rows`` of one step through ``at(rows)``: a
+    stationary operator is the same for every step (``at`` returns it); one with per-token data
+    (:class:`PrunedSecondOrderTransitions`) gives the operator of those rows."""
 
     values: np.ndarray
+    count_shape: tuple[int, ...]
+    edge_shape: tuple[int, ...]
+
+    def at(self, rows) -> LiftedOperator:
+        """The operator of the edges into the packed rows ``rows`` (a slice or indices)."""
+
+    def counts(self, previous: np.ndarray, following: np.ndarray) -> np.ndarray:
+        """Expected counts (``count_shape``, probabilities) of the edges between the (n, S)
+        normalised ``previous`` messages and the ``following`` ones (see ``pair_sum``)."""
 
     def forward(self, messages: np.ndarray) -> np.ndarray:
         """(n, S, *V) messages into every state: ``plus_i m[i] * table[i -> j]``."""
@@ -59,6 +73,27 @@ class TransitionOperator(Protocol):
     def labels_of_states(self, states: np.ndarray) -> np.ndarray:
         """The label each state carries."""
 
+    def edge_scores(self, previous: np.ndarray, states: np.ndarray) -> np.ndarray:
+        """The log score of every edge ``previous[i] -> states[i]`` (states, same shape)."""
+
+    def take(self, index: np.ndarray) -> TransitionOperator:
+        """The operator of the tokens ``index`` (as emissions are gathered): itself, unless it
+        carries per-token data."""
+
+    def labels_at(self, states: np.ndarray, tokens: np.ndarray | None = None) -> np.ndarray:
+        """The label of each token's state (T,) (the tokens ``tokens`` of the operator's, or all);
+        -1 stays -1 (no path)."""
+
+    def label_marginals(self, marginals: np.ndarray, n_labels: int, reduce=np.add) -> np.ndarray:
+        """Per-state values (T, S) combined (``reduce``: sums, or np.maximum for max-marginals)
+        per label (T, n_labels): a state carries the label of :meth:`labels_at`, modulo n_labels."""
+
+    def label_mask(self, allowed: np.ndarray, tokens: np.ndarray | None = None) -> np.ndarray:
+        """Per-label masks (T, n_labels) as per-state masks (T, S): a state is allowed where its label is."""
+
+    def edge_table(self) -> np.ndarray:
+        """The log scores of the edges, broadcasting against edge marginals (T, ``edge_shape``)."""
+
     def lift(self, semiring: Semiring) -> tuple[np.ndarray, LiftedOperator]:
         """(``column_top`` (S,), the operator bound to ``semiring``)."""
 
@@ -76,7 +111,32 @@ def _pick(semiring, candidates: np.ndarray, rank: np.ndarray) -> np.ndarray:
     return np.take_along_axis(index, rank[..., None], axis=-1)[..., 0]
 
 
-class FirstOrderTransitions:
+class _StationaryOperator:
+    """What the operators without per-token data share: state s carries label ``s % n_labels``
+    (an operator over L' hidden labels, L' a multiple of L, maps them to ``s % L``)."""
+
+    scores: np.ndarray
+    n_states: int
+
+    def take(self, index: np.ndarray):
+        return self
+
+    def labels_at(self, states: np.ndarray, tokens: np.ndarray | None = None) -> np.ndarray:
+        states = np.asarray(states)
+        return np.where(states >= 0, self.labels_of_states(np.maximum(states, 0)), -1)
+
+    def label_marginals(self, marginals: np.ndarray, n_labels: int, reduce=np.add) -> np.ndarray:
+        return reduce.reduce(marginals.reshape(marginals.shape[0], -1, n_labels), axis=1)
+
+    def label_mask(self, allowed: np.ndarray, tokens: np.ndarray | None = None) -> np.ndarray:
+        allowed = np.asarray(allowed, dtype=bool)
+        return np.tile(allowed, (1, self.n_states // allowed.shape[1]))
+
+    def edge_table(self) -> np.ndarray:
+        return self.scores
+
+
+class FirstOrderTransitions(_StationaryOperator):
     """A first-order chain: ``scores`` (L, L) indexed [previous, current]; states are labels."""
 
     def __init__(self, scores: np.ndarray) -> None:
@@ -95,13 +155,42 @@ class FirstOrderTransitions:
     def labels_of_states(states: np.ndarray) -> np.ndarray:
         return np.asarray(states)
 
+    def edge_scores(self, previous: np.ndarray, states: np.ndarray) -> np.ndarray:
+        return self.scores[previous, states]
+
+    @staticmethod
+    def states_of_labels(labels: np.ndarray, first: np.ndarray) -> np.ndarray:
+        """The state path (T,) of the labelling ``labels`` (T,) (``first``: the token opens its sequence)."""
+        return np.asarray(labels)
+
     def lift(self, semiring) -> tuple[np.ndarray, _LiftedFirstOrder]:
         column_top = self.scores.max(axis=0)
         column_top = np.where(np.isfinite(column_top), column_top, 0.0)  # a label nothing can reach
         return column_top, _LiftedFirstOrder(semiring.weights(self.scores - column_top), semiring)
 
 
-class _LiftedFirstOrder:
+class _Stationary:
+    """What every stationary lifted operator shares: the same table for every step."""
+
+    values: np.ndarray
+    semiring: object
+
+    @property
+    def count_shape(self) -> tuple[int, ...]:
+        return self.values.shape
+
+    @property
+    def edge_shape(self) -> tuple[int, ...]:
+        return self.values.shape
+
+    def at(self, rows):
+        return self
+
+    def counts(self, previous: np.ndarray, following: np.ndarray) -> np.ndarray:
+        return self.semiring.to_prob(self.semiring.times(self.values, self.pair_sum(previous, following)))
+
+
+class _LiftedFirstOrder(_Stationary):
     def __init__(self, values: np.ndarray, semiring) -> None:
         self.values = values  # (L, L) [i, j]
         self.values_t = values.T
@@ -147,7 +236,7 @@ class _LiftedFirstOrder:
         return following[:, None, :]
 
 
-class SecondOrderTransitions:
+class SecondOrderTransitions(_StationaryOperator):
     """Transition scores of a second-order chain, run by the same recursions as a first-order
     chain whose states are label pairs.
 
@@ -176,6 +265,17 @@ class SecondOrderTransitions:
     def labels_of_states(self, states: np.ndarray) -> np.ndarray:
         return np.asarray(states) % self.n_labels
 
+    def states_of_labels(self, labels: np.ndarray, first: np.ndarray) -> np.ndarray:
+        labels = np.asarray(labels)
+        return np.where(first, self.n_labels, np.roll(labels, 1)) * self.n_labels + labels
+
+    def edge_scores(self, previous: np.ndarray, states: np.ndarray) -> np.ndarray:
+        """Score of (a, b) -> (b', c): ``scores[a, b, c]`` when b' = b, else -inf (no such edge)."""
+        a, b = np.divmod(np.asarray(previous), self.n_labels)
+        middle, c = np.divmod(np.asarray(states), self.n_labels)
+        inner = (middle == b) & (middle < self.n_labels)
+        return np.where(inner, self.scores[np.where(inner, a, 0), b, c], -np.inf)
+
     def lift(self, semiring) -> tuple[np.ndarray, _LiftedSecondOrder]:
         L = self.n_labels
         top = self.scores.max(axis=0)
@@ -185,7 +285,29 @@ class SecondOrderTransitions:
         return column_top, _LiftedSecondOrder(semiring.weights(self.scores - top[None]), semiring)
 
 
-class _LiftedSecondOrder:
+#: below this fraction of states with a nonzero message, the second-order contractions go by the
+#: active entries (a pruned lattice: per-token candidate labels as -inf emissions) instead of O(L^3)
+SPARSE_BELOW = 0.25
+
+
+def _groups(keys: np.ndarray, n_groups: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For sorted ``keys`` (m,) in [0, n_groups): (the keys that occur (G,), each entry's group
+    (m,), each entry's place within its group (m,))."""
+    counts = np.bincount(keys, minlength=n_groups)
+    present = np.flatnonzero(counts)
+    sizes = counts[present]
+    within = np.arange(keys.size) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+    return present, np.repeat(np.arange(present.size), sizes), within
+
+
+class _LiftedSecondOrder(_Stationary):
+    """The second-order operator bound to a semiring. Dense contractions are batched products
+    over the middle label (O(n L^3)); when few states carry a message (a pruned lattice) and the
+    semiring's values are single numbers, forward and backward gather the active entries
+    instead, grouped by (row, middle label) and reduced by the semiring's ``plus`` (O(active x
+    L)), and the expected counts of the scaled semiring are one sparse product. Both give the
+    same sums (up to rounding): only entries at the semiring's zero are skipped."""
+
     def __init__(self, values: np.ndarray, semiring) -> None:
         self.values = values  # (L + 1, L, L) [a, b, c]
         self.semiring = semiring
@@ -211,8 +333,29 @@ class _LiftedSecondOrder:
         L = self.n_labels
         return weighted[:, : L * L].reshape(weighted.shape[0], L, L)
 
+    def _sparse(self, messages: np.ndarray) -> bool:
+        """Whether to contract by the active entries: single-number values, few nonzero."""
+        if messages.ndim != 2 or not messages.size or getattr(self.semiring, "value_shape", ()) != ():
+            return False
+        # none active (no path reaches these rows, e.g. under fixed labels): the dense product
+        return 0 < np.count_nonzero(messages != self.semiring.zero) < SPARSE_BELOW * messages.size
+
     def forward(self, messages: np.ndarray) -> np.ndarray:
+        if self._sparse(messages):
+            return self._sparse_forward(messages)
         return self._padded(self.semiring.matmul(self._by_middle(messages), self.by_middle), self.semiring.zero)
+
+    def _sparse_forward(self, messages: np.ndarray) -> np.ndarray:
+        """``forward`` by the active states (a, b) of every row: into (b, c) for all c."""
+        semiring, L, n = self.semiring, self.n_labels, messages.shape[0]
+        by_middle = messages.reshape(n, L + 1, L).transpose(0, 2, 1)  # [n, b, a]: nonzero comes sorted by (n, b)
+        rows, b, a = np.nonzero(by_middle != semiring.zero)
+        present, group, within = _groups(rows * L + b, n * L)
+        candidates = np.full((present.size, int(within.max()) + 1, L), semiring.zero)
+        candidates[group, within] = semiring.times(by_middle[rows, b, a][:, None], self.values[a, b])
+        out = np.full((n, L + 1, L), semiring.zero)
+        out[present // L, present % L] = semiring.plus(candidates, axis=1)  # states (b, c)
+        return out.reshape(n, (L + 1) * L)
 
     def pointers(self, messages: np.ndarray, chosen: np.ndarray) -> np.ndarray:
         L = self.n_labels
@@ -229,11 +372,33 @@ class _LiftedSecondOrder:
 
     def backward(self, weighted: np.ndarray) -> np.ndarray:
         n, L = weighted.shape[0], self.n_labels
+        if self._sparse(weighted):
+            return self._sparse_backward(weighted)
         out = self.semiring.matmul(self._inner(weighted).transpose(1, 0, 2), self.by_middle_last)  # [b, n, a]
         return np.ascontiguousarray(out.transpose(1, 2, 0)).reshape(n, (L + 1) * L)
 
+    def _sparse_backward(self, weighted: np.ndarray) -> np.ndarray:
+        """``backward`` by the active states (b, c) of every row: out of (a, b) for all a."""
+        semiring, L, n = self.semiring, self.n_labels, weighted.shape[0]
+        inner = self._inner(weighted)  # [n, b, c]
+        rows, b, c = np.nonzero(inner != semiring.zero)
+        present, group, within = _groups(rows * L + b, n * L)
+        candidates = np.full((present.size, int(within.max()) + 1, L + 1), semiring.zero)
+        candidates[group, within] = semiring.times(inner[rows, b, c][:, None], self.by_middle_last[b, c])
+        out = np.full((n, L + 1, L), semiring.zero)
+        out[present // L, :, present % L] = semiring.plus(candidates, axis=1)  # states (a, b)
+        return out.reshape(n, (L + 1) * L)
+
     def pair_sum(self, previous: np.ndarray, following: np.ndarray) -> np.ndarray:
         n, L = previous.shape[0], self.n_labels
+        if self.semiring is ScaledSemiring and self._sparse(previous):
+            # [a, (b, c)] = sum over rows (n, b) of previous[n, (a, b)] following[n, (b, c)], as one
+            # product of sparse matrices: rows (n, b) by columns a, and rows (n, b) by columns (b, c)
+            by_middle = sp.csr_matrix(previous.reshape(n, L + 1, L).transpose(0, 2, 1).reshape(n * L, L + 1))
+            inner = self._inner(following).reshape(n * L, L)
+            rows, c = np.nonzero(inner)
+            spread = sp.csr_matrix((inner[rows, c], (rows, (rows % L) * L + c)), shape=(n * L, L * L))
+            return (by_middle.T @ spread).toarray().reshape(L + 1, L, L)
         p = previous.reshape(n, L + 1, L).transpose(2, 1, 0)  # [b, a, n]
         summed = self.semiring.matmul(p, self._inner(following).transpose(1, 0, 2))  # [b, a, c]
         return summed.transpose(1, 0, 2)
@@ -243,3 +408,177 @@ class _LiftedSecondOrder:
 
     def target(self, following: np.ndarray) -> np.ndarray:
         return self._inner(following)[:, None]
+
+
+class PrunedSecondOrderTransitions:
+    """A second-order chain over each token's candidate labels (a pruned lattice), run by the same
+    recursions: the states of a token are pairs of *slots* (slot i of the previous token, slot j of
+    this one), S = (K + 1) * K of them, slot K of the previous token meaning "before the sequence".
+
+    Per token (in the order of the emissions; :meth:`take` gathers it as emissions are gathered):
+    ``labels`` (T, K) the label in each slot (-1: an empty slot), ``before`` (T, K) the previous
+    token's (all -1 at a first token) and ``before2`` (T, K + 1) the labels that can precede the
+    previous token's slots: the slots of the token two back then -1 (from the third token on),
+    -1 ... -1 then L (the second token: its previous state is (before the sequence, y_0)), all -1
+    (a first token). ``scores`` (L + 1, L, L) as :class:`SecondOrderTransitions`'. The table of the
+    edges into a token, (K + 1, K, K) gathered from ``scores``, differs from token to token, so the
+    operator is bound to the rows of one step by ``at``; expected counts come back as (L + 1, L, L)
+    triples of labels. Work per token is O(K^3) instead of O(L^3)."""
+
+    def __init__(
+        self, scores: np.ndarray, labels: np.ndarray, before: np.ndarray, before2: np.ndarray, flat: np.ndarray | None = None
+    ) -> None:
+        self.scores = np.asarray(scores, dtype=np.float64)
+        self.labels, self.before, self.before2 = labels, before, before2
+        self.n_labels = L = self.scores.shape[1]
+        self.n_slots = K = labels.shape[1]
+        if before.shape != labels.shape or before2.shape != (labels.shape[0], K + 1):
+            raise ValueError(f"slot labels of shapes {labels.shape}, {before.shape}, {before2.shape} do not agree")
+        self.n_states = (K + 1) * K
+        self.shape = self.scores.shape
+        self.flat = self.edge_index(labels, before, before2, L) if flat is None else flat
+
+    @staticmethod
+    def edge_index(labels: np.ndarray, before: np.ndarray, before2: np.ndarray, n_labels: int) -> np.ndarray:
+        """The flat (L + 1, L, L) index of every edge (T, K + 1, K, K) into every token, and
+        (L + 1) * L * L (one past the table) where a slot is empty: a function of the lattice
+        alone, computed once for all the weights it is scored with."""
+        L = n_labels
+        a, b, c = before2[:, :, None, None], before[:, None, :, None], labels[:, None, None, :]
+        index_type = np.int32 if (L + 1) * L * L < np.iinfo(np.int32).max else np.int64
+        flat = ((a * L + b) * L + c).astype(index_type)
+        flat[(a < 0) | (b < 0) | (c < 0)] = (L + 1) * L * L
+        return flat
+
+    def take(self, index: np.ndarray) -> PrunedSecondOrderTransitions:
+        return PrunedSecondOrderTransitions(
+            self.scores, self.labels[index], self.before[index], self.before2[index], self.flat[index]
+        )
+
+    def state_emissions(self, emissions: np.ndarray) -> np.ndarray:
+        """Per-slot (T, K) values as per-state (T, S): state (i, j) emits as slot j."""
+        return np.tile(emissions, (1, self.n_slots + 1))
+
+    def labels_of_states(self, states: np.ndarray) -> np.ndarray:
+        """The slot each state carries (its label: ``labels[t, slot]``)."""
+        return np.asarray(states) % self.n_slots
+
+    def edge_scores(self, previous: np.ndarray, states: np.ndarray) -> np.ndarray:
+        """Score of (i, j) -> (j', k) into every token (previous, states (T,), one per token)."""
+        K = self.n_slots
+        i, j = np.divmod(np.asarray(previous), K)
+        middle, k = np.divmod(np.asarray(states), K)
+        inner = (middle == j) & (middle < K) & (np.asarray(previous) >= 0) & (np.asarray(states) >= 0)
+        tokens = np.arange(self.labels.shape[0])
+        table = np.append(self.scores.ravel(), -np.inf)
+        i, j, k = (np.where(inner, v, 0) for v in (i, j, k))
+        return np.where(inner, table[self.flat[tokens, i, j, k]], -np.inf)
+
+    def _tokens(self, tokens) -> np.ndarray:
+        return np.arange(self.labels.shape[0]) if tokens is None else np.asarray(tokens)
+
+    def labels_at(self, states: np.ndarray, tokens: np.ndarray | None = None) -> np.ndarray:
+        states = np.asarray(states)
+        labels = self.labels[self._tokens(tokens), np.maximum(states, 0) % self.n_slots]
+        return np.where(states >= 0, labels, -1)
+
+    def label_marginals(self, marginals: np.ndarray, n_labels: int, reduce=np.add) -> np.ndarray:
+        K = self.n_slots
+        slots = reduce.reduce(marginals.reshape(marginals.shape[0], K + 1, K), axis=1)
+        rows, j = np.nonzero(self.labels >= 0)
+        out = np.zeros((marginals.shape[0], n_labels))
+        out[rows, self.labels[rows, j] % n_labels] = slots[rows, j]
+        return out
+
+    def label_mask(self, allowed: np.ndarray, tokens: np.ndarray | None = None) -> np.ndarray:
+        labels = self.labels[self._tokens(tokens)]
+        slots = (labels >= 0) & np.take_along_axis(np.asarray(allowed, dtype=bool), np.maximum(labels, 0), axis=1)
+        return np.tile(slots, (1, self.n_slots + 1))
+
+    def states_of_labels(self, labels: np.ndarray, first: np.ndarray) -> np.ndarray:
+        """The state path (T,) of the labelling ``labels`` (T,) (``first`` (T,): the token opens
+        its sequence); -1 at a token whose label, or its predecessor's, is not a candidate."""
+        K = self.n_slots
+        found = self.labels == np.asarray(labels)[:, None]
+        slot = np.where(found.any(axis=1), found.argmax(axis=1), -1)
+        previous = np.where(first, K, np.roll(slot, 1))
+        return np.where((slot >= 0) & (previous >= 0), previous * K + slot, -1)
+
+    def edge_table(self) -> np.ndarray:
+        return self.tables()
+
+    def tables(self) -> np.ndarray:
+        """Log scores (T, K + 1, K, K) of the edges into every token, -inf where a slot is empty."""
+        return np.append(self.scores.ravel(), -np.inf)[self.flat]
+
+    def lift(self, semiring) -> tuple[np.ndarray, _LiftedPruned]:
+        K = self.n_slots
+        table, flat = self.tables(), self.flat
+        top = table.max(axis=1)  # (T, K, K): the best incoming score of each state (j, k)
+        top = np.where(np.isfinite(top), top, 0.0)
+        column_top = np.zeros((table.shape[0], self.n_states))
+        column_top[:, : K * K] = top.reshape(table.shape[0], K * K)
+        table -= top[:, None]
+        return column_top, _LiftedPruned(semiring.weights(table), flat, semiring, self.shape)
+
+
+class _LiftedPruned:
+    """:class:`PrunedSecondOrderTransitions` bound to a semiring: ``values`` (rows, K + 1, K, K)
+    [row, i, j, k], the lifted tables of the rows it holds (``at`` picks a step's)."""
+
+    def __init__(self, values: np.ndarray, flat: np.ndarray, semiring, count_shape: tuple[int, ...]) -> None:
+        self.values, self.flat, self.semiring = values, flat, semiring
+        self.count_shape = count_shape
+        self.edge_shape = values.shape[1:]
+        self.n_slots = values.shape[2]
+
+    def at(self, rows) -> _LiftedPruned:
+        return _LiftedPruned(self.values[rows], self.flat[rows], self.semiring, self.count_shape)
+
+    def _padded(self, inner: np.ndarray) -> np.ndarray:
+        """(n, K, K, *V) values of the states (j, k) as (n, S, *V); the before-start states get zero."""
+        n, K = inner.shape[0], self.n_slots
+        out = np.full((n, (K + 1) * K) + inner.shape[3:], self.semiring.zero, dtype=inner.dtype)
+        out[:, : K * K] = inner.reshape((n, K * K) + inner.shape[3:])
+        return out
+
+    def _by_source(self, messages: np.ndarray) -> np.ndarray:
+        n, K = messages.shape[0], self.n_slots
+        return messages.reshape((n, K + 1, K) + messages.shape[2:])
+
+    def forward(self, messages: np.ndarray) -> np.ndarray:
+        candidates = self.semiring.times(self._by_source(messages)[:, :, :, None], self.values)  # [n, i, j, k, *V]
+        return self._padded(self.semiring.plus(candidates, axis=1))
+
+    def backward(self, weighted: np.ndarray) -> np.ndarray:
+        n, K = weighted.shape[0], self.n_slots
+        inner = weighted[:, : K * K].reshape(n, 1, K, K)
+        return self.semiring.plus(self.semiring.times(self.values, inner), axis=3).reshape(n, (K + 1) * K)
+
+    def pointers(self, messages: np.ndarray, chosen: np.ndarray) -> np.ndarray:
+        K, n = self.n_slots, messages.shape[0]
+        size = math.prod(messages.shape[2:])
+        state, rank = np.divmod(chosen, size)
+        inner = state < K * K
+        j, k = np.divmod(np.where(inner, state, 0), K)
+        sources = np.arange(K + 1) * K + j[..., None]  # [n, p, i]: the states (i, j) entering (j, k)
+        previous = np.take_along_axis(messages[:, None], sources.reshape(sources.shape + (1,) * (messages.ndim - 2)), axis=2)
+        weights = self.values[np.arange(n)[:, None], :, j, k]  # [n, p, i]
+        a, r = np.divmod(_pick(self.semiring, self.semiring.times(previous, weights), rank), size)
+        return np.where(inner, (a * K + j) * size + r, 0)
+
+    def counts(self, previous: np.ndarray, following: np.ndarray) -> np.ndarray:
+        n, K = previous.shape[0], self.n_slots
+        joint = self.semiring.times(
+            self.semiring.times(self._by_source(previous)[:, :, :, None], self.values), following[:, : K * K].reshape(n, 1, K, K)
+        )
+        size = math.prod(self.count_shape)  # empty slots count into one place past the table, dropped
+        counts = np.bincount(self.flat.ravel(), weights=self.semiring.to_prob(joint).ravel(), minlength=size + 1)
+        return counts[:size].reshape(self.count_shape)
+
+    def source(self, previous: np.ndarray) -> np.ndarray:
+        return self._by_source(previous)[:, :, :, None]
+
+    def target(self, following: np.ndarray) -> np.ndarray:
+        n, K = following.shape[0], self.n_slots
+        return following[:, : K * K].reshape(n, 1, K, K)

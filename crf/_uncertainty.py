@@ -61,7 +61,7 @@ def path_entropy(log_probabilities: np.ndarray) -> np.ndarray:
 
 
 class UncertaintyQueries:
-    """Mixin of :class:`crf.CRF`: needs ``emissions`` and ``_weights``."""
+    """Mixin of :class:`crf.CRF`: needs ``chain_inputs`` and ``_label_marginals``."""
 
     def uncertainty(self, X, n_best: int = 5, figures=FIGURES) -> Uncertainty:
         """The :class:`Uncertainty` ``figures`` (names of its fields; ``token_entropy`` gives the
@@ -76,22 +76,22 @@ class UncertaintyQueries:
             raise ValueError(f"unknown uncertainty figures {sorted(unknown)}; one of {', '.join(FIGURES)}")
         if int(n_best) < 1:
             raise ValueError(f"n_best must be at least 1, got {n_best!r}")
-        emissions, batch = self.emissions(X)
+        emissions, weights, batch = self.chain_inputs(X)
         if np.any(batch.lengths == 0):
             raise ValueError("uncertainty needs sequences of at least one token")
-        weights = self._weights()
         out = Uncertainty(offsets=batch.offsets)
         posterior = chain.forward_backward(emissions, *weights, batch.lengths, counts=False)
         if "token_entropy" in figures:
-            out.token_entropy = marginal_entropy(posterior.marginals)
+            out.token_entropy = marginal_entropy(self._label_marginals(posterior.marginals, weights[0]))
             out.total_token_entropy = np.add.reduceat(out.token_entropy, batch.offsets[:-1])
         if "best_probability" in figures or "margin" in figures:
             best = chain.forward_backward(emissions, *weights, batch.lengths, counts=False, semiring=MaxSemiring)
             out.best_probability = np.exp(best.log_z - posterior.log_z)
             if "margin" in figures:
                 # per token, the largest max-marginal of a label off the best path, relative to it
-                if best.marginals.shape[1] > 1:
-                    second = np.partition(best.marginals, -2, axis=1)[:, -2]
+                by_label = self._label_marginals(best.marginals, weights[0], np.maximum)
+                if by_label.shape[1] > 1:
+                    second = np.partition(by_label, -2, axis=1)[:, -2]
                     ratio = np.maximum.reduceat(second, batch.offsets[:-1])  # p(second best) / p(best)
                 else:  # one label: one path
                     ratio = np.zeros(batch.n_sequences)
@@ -116,8 +116,8 @@ class UncertaintyQueries:
 
     def sequence_entropy(self, X) -> np.ndarray:
         """H(y | x) of every sequence (N,), over all its label sequences (exact, in nats)."""
-        emissions, batch = self.emissions(X)
-        return chain.entropy(emissions, *self._weights(), batch.lengths)
+        emissions, scores, batch = self.chain_inputs(X)
+        return chain.entropy(emissions, *scores, batch.lengths)
 
     def nbest_entropy(self, X, n_best: int = 5) -> np.ndarray:
         """Entropy of the ``n_best`` best paths of every sequence (N,), their probabilities

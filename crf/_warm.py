@@ -30,12 +30,18 @@ class PreviousFit:
     transitions: np.ndarray  # (L_old, L_old)
     start: np.ndarray  # (L_old,)
     end: np.ndarray  # (L_old,)
+    tail: dict | None = None  # the tail's blocks by name (see crf._order), second-order ones included
+    pruner: object = None  # the fitted first-order pruning model of a pruned second-order CRF
 
     @classmethod
     def of(cls, model) -> PreviousFit:
         """The weights and vocabularies of the fitted ``model`` (a :class:`crf.CRF`)."""
         names = model.attributes_
+        structure = model._structure()
+        tail = structure.split(model._tail())
         return cls(
+            tail={name: np.array(block, dtype=np.float64) for name, block in tail.items()},
+            pruner=model.__dict__.get("pruner_"),
             classes=list(model.classes_),
             attribute_names=None if names is None else [str(n) for n in names],
             state=np.asarray(model.state_weights_, dtype=np.float64),
@@ -92,15 +98,34 @@ class PreviousFit:
             attributes, labels = np.divmod(old, self.state.shape[1])
         return np.union1d(new_index, attributes * n_labels + labels)
 
-    def trainable(self, mask: np.ndarray, n_labels: int) -> np.ndarray:
-        """``mask`` (L*L + 2L,) of trainable transition, start and end weights, with the old
-        label pairs and boundaries that had weight kept trainable."""
+    def _places(self, new_shape: tuple, old_shape: tuple) -> tuple:
+        """The index of the old block's entries in a new block of ``new_shape``: label axes keep
+        their indices; an axis one longer than the labels (the "before the sequence" index last,
+        see :mod:`crf._order`) moves its last index to the new last."""
+        index = []
+        for new, old in zip(new_shape, old_shape):
+            places = np.arange(old)
+            if old == len(self.classes) + 1:
+                places[-1] = new - 1
+            index.append(places)
+        return np.ix_(*index)
+
+    def _blocks(self, structure) -> list[tuple[str, np.ndarray, tuple]]:
+        """(name, old block, its places in the new block) for the tail blocks both models have."""
+        out = []
+        for name, shape in structure.blocks.items():
+            old = (self.tail or {}).get(name)
+            if old is not None:
+                out.append((name, old, self._places(shape, old.shape)))
+        return out
+
+    def trainable(self, mask: np.ndarray, structure) -> np.ndarray:
+        """``mask`` (tail_size,) of trainable tail weights (transitions, start, end, and the
+        second-order blocks), with the old ones that had weight kept trainable."""
         mask = mask.copy()
-        L_old = len(self.classes)
-        pairs = mask[: n_labels * n_labels].reshape(n_labels, n_labels)
-        pairs[:L_old, :L_old] |= self.transitions != 0
-        mask[n_labels * n_labels : n_labels * n_labels + L_old] |= self.start != 0
-        mask[n_labels * n_labels + n_labels : n_labels * n_labels + n_labels + L_old] |= self.end != 0
+        blocks = structure.split(mask)
+        for name, old, places in self._blocks(structure):
+            blocks[name][places] |= old != 0
         return mask
 
     def theta(self, params: ParameterLayout) -> np.ndarray:
@@ -115,8 +140,7 @@ class PreviousFit:
             attributes, labels = np.divmod(params.feature_index, L)
             old = (attributes < A_old) & (labels < L_old)
             theta[: params.n_state][old] = self.state[attributes[old], labels[old]]
-        n = params.n_state
-        theta[n : n + L * L].reshape(L, L)[:L_old, :L_old] = self.transitions
-        theta[n + L * L : n + L * L + L_old] = self.start
-        theta[n + L * L + L : n + L * L + L + L_old] = self.end
+        blocks = params.tail_blocks(theta)
+        for name, old, places in self._blocks(params.chain):
+            blocks[name][places] = old
         return theta

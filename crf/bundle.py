@@ -10,7 +10,8 @@ holding the part's metadata and arrays under keys of its own. This module knows 
 each kind's code lives with its estimator, and a bundle names its kind.
 
 Tagging runs one path for both kinds of model, on arrays: per-state emission scores (T, S) and a
-transition operator (a CRF: S = L labels; an HMM: its hidden states, label = state % L), Viterbi
+transition operator (a CRF: S = L labels, label pairs at order 2, pairs of candidate slots when
+pruned; an HMM: its hidden states), whose ``labels_at``/``label_marginals`` map states to labels, Viterbi
 and forward-backward of :mod:`crf._chain` under optional allowed-label masks (``fixed`` labels),
 and chunk confidences: the quantity :meth:`crf.CRF.predict_segments` reports, by constrained
 forward-backward. For first-order chains over labels (the CRF, a first-order HMM without
@@ -92,8 +93,9 @@ def _groups(lengths: np.ndarray, n_states: int) -> list[tuple[int, int]]:
 class BundledModel(Protocol):
     """What a bundle needs of a model kind: its part of the bundle.
 
-    ``kind`` names it in the file; ``labels`` (L,); ``n_states`` (S) of its chain, state ``s``
-    carrying label ``s % L``; ``columns`` the token columns its scores read;
+    ``kind`` names it in the file; ``labels`` (L,); ``n_states`` (S) of its chain (at most: it
+    sizes the groups of sentences), the operator mapping states to labels (modulo L); ``columns``
+    the token columns its scores read;
     ``scores(columns, lengths)`` the chain's inputs for sentences given as flat token columns:
     (emissions (T, S), transition scores (L, L) or an operator of :mod:`crf._transitions`, start
     (S,), end (S,)); ``parts()`` the JSON metadata and arrays it is saved as (keys of its own),
@@ -255,7 +257,7 @@ class TaggerBundle:
     def _tag_group(self, columns, lengths, offsets, allowed, first, last, codes, marginals, segments, scores, full=True) -> None:
         """Tag sentences ``first:last`` into ``codes``/``marginals`` (T,) and ``scores`` (N,),
         appending their chunks to ``segments``; ``full`` False: Viterbi only."""
-        L, S = len(self.labels), self.part.n_states
+        L = len(self.labels)
         chunked = self.scheme != "none"
         tokens = slice(int(offsets[first]), int(offsets[last]))
         part_lengths = lengths[first:last]
@@ -263,16 +265,17 @@ class TaggerBundle:
         emissions, transitions, start, end = self.part.scores(
             {c: np.asarray(columns[c])[tokens] for c in self.input_columns}, part_lengths
         )
-        mask = None if allowed is None else np.tile(allowed[tokens], (1, S // L))
+        operator = chain.operator_of(transitions)  # maps states to labels (modulo L: hidden labels to labels)
+        mask = None if allowed is None else operator.label_mask(allowed[tokens])
         states, scores[first:last] = chain.viterbi(emissions, transitions, start, end, part_lengths, allowed=mask)
-        part_codes = states % L
+        part_codes = operator.labels_at(states) % L
         if not full:
             codes[tokens] = part_codes
             return
         posterior = chain.forward_backward(
             emissions, transitions, start, end, part_lengths, keep_messages=chunked, allowed=mask, counts=False
         )
-        by_label = posterior.marginals.reshape(-1, S // L, L).sum(axis=1)
+        by_label = operator.label_marginals(posterior.marginals, L)
         codes[tokens] = part_codes
         marginals[tokens] = by_label[np.arange(part_codes.size), part_codes]
         if chunked:
@@ -281,7 +284,7 @@ class TaggerBundle:
             masked = emissions if mask is None else np.where(mask, emissions, -np.inf)
             if len(found) == 0:
                 log_p = np.zeros(0)
-            elif S == L and isinstance(transitions, np.ndarray):  # states are labels, first order: closed form
+            elif emissions.shape[1] == L and isinstance(transitions, np.ndarray):  # states are labels, first order: closed form
                 log_p = windows.log_probability(part_codes, posterior, masked, transitions, start)
             else:
                 window_first, window_masks, window_offsets = windows.window_masks(part_codes, part_offsets)
@@ -289,7 +292,7 @@ class TaggerBundle:
                     log_p = chain.constrained_log_probability(
                         posterior.log_alpha, posterior.log_beta, posterior.log_z, masked, transitions, start,
                         part_offsets, found["sequence"].to_numpy(np.int64), window_first,
-                        np.tile(window_masks, (1, S // L)), window_offsets,
+                        window_masks, window_offsets,
                     )  # fmt: skip
             found["confidence"] = np.exp(log_p)
             found["sequence"] = found["sequence"].to_numpy(np.int64) + first

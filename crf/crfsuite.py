@@ -544,6 +544,11 @@ def crfsuite_from_crf(crf: CRF) -> CRFsuiteModel:
     """The CRFsuite form of a fitted CRF. Raises ValueError if its start or end weights are not
     all zero (CRFsuite has no such weights, so the file could not tag like the model)."""
     crf._check_fitted()
+    if crf.order != 1:
+        raise ValueError(
+            f"this CRF is of order {crf.order}: CRFsuite's model format holds first-order models only "
+            "(label-pair transitions); save it with CRF.save (.npz) instead"
+        )
     if np.any(crf.start_weights_ != 0) or np.any(crf.end_weights_ != 0):
         raise ValueError(
             "this CRF has non-zero start/end weights, which CRFsuite's model format cannot hold: "

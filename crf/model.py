@@ -29,6 +29,7 @@ from . import _params as hyper
 from . import metrics
 from ._crfsuite_view import CRFsuiteView, training_log
 from ._objective import Objective, ParameterLayout
+from ._order import FirstOrderChain, chain_structure
 from ._parallel import Workers, contiguous_parts, release_free_memory, single_threaded_blas, thread_count
 from ._persist import ModelFileError
 from ._segments import SegmentQueries
@@ -42,6 +43,19 @@ log = logging.getLogger(__name__)
 
 # where the fitted attributes that read None before fit keep their values (see CRF.classes_)
 _FITTED_PRIVATE = ("_classes", "_attributes", "_training_log")
+
+#: the most candidate labels marginal pruning keeps at a token (crf.CRF's pruning_threshold): the
+#: pruned second-order lattice costs O(K^3) per token for K candidates
+MAX_CANDIDATES = 6
+
+# the fitted attribute of each block of the tail of label n-gram weights (see crf._order)
+TAIL_ATTRIBUTES = {
+    "transitions": "transitions_",
+    "start": "start_weights_",
+    "end": "end_weights_",
+    "trigrams": "trigram_weights_",
+    "pair_end": "pair_end_weights_",
+}
 
 
 class NotFittedCRFError(NotFittedError, RuntimeError):
@@ -135,6 +149,8 @@ class CRF(SegmentQueries, UncertaintyQueries, CRFsuiteView, BaseEstimator):
         n_threads: int | None = None,
         callback=None,
         warm_start: bool = False,
+        order: int = 1,
+        pruning_threshold: float | None = None,
     ) -> None:
         arguments = dict(locals())
         del arguments["self"]
@@ -314,19 +330,31 @@ class CRF(SegmentQueries, UncertaintyQueries, CRFsuiteView, BaseEstimator):
                     raise ValueError(f"{dev_batch.n_sequences} sequences in X_dev but {len(y_dev)} in y_dev")
             L = len(self.classes_)
             index = None if self.all_possible_states else hyper.feature_index(batch.X, codes, L, self.min_freq)
-            trainable = np.ones(L * L + 2 * L, dtype=bool)
-            if not self.all_possible_transitions or not boundary:
-                trainable = hyper.transition_mask(batch.offsets, codes, L, self.min_freq, boundary)
-                trainable[: L * L] |= bool(self.all_possible_transitions)
+            structure = chain_structure(self.order, L)
+            trainable = structure.trainable(batch.offsets, codes, self.min_freq, boundary, bool(self.all_possible_transitions))
             if previous is not None:
-                index, trainable = previous.feature_index(index, L), previous.trainable(trainable, L)
-            params = ParameterLayout(batch.n_attributes, L, index)
-            theta0 = previous.theta(params) if previous is not None else np.zeros(params.size)
+                index, trainable = previous.feature_index(index, L), previous.trainable(trainable, structure)
+            params = ParameterLayout(batch.n_attributes, L, index, self.order)
+            candidates, start_from = None, previous
+            self.pruner_, self.pruned_mass_ = None, None
+            if self.pruning_threshold is not None:
+                self.pruner_ = self._fit_pruner(batch, y, previous)
+                candidates = self.pruner_.candidates(batch.X, batch.lengths, self.pruning_threshold)
+                known = np.flatnonzero(codes >= 0)
+                candidates[known, codes[known]] = True  # the gold labels stay in the lattice
+                self.pruned_mass_ = self.pruner_.pruned_mass(batch.X, batch.lengths, candidates)
+                log.info(
+                    "pruning: %.2f candidate labels per token (of %d), first-order mass pruned away %.2e per token",
+                    candidates.sum() / max(1, candidates.shape[0]), L, self.pruned_mass_ / max(1, candidates.shape[0]),
+                )  # fmt: skip
+                if start_from is None:  # from the first-order optimum: its weights, no trigram weight yet
+                    start_from = PreviousFit.of(self.pruner_)
+            theta0 = start_from.theta(params) if start_from is not None else np.zeros(params.size)
             callback = self._iteration_callback(params, dev_batch, y_dev)
-            result = self._train(settings, batch, codes, params, trainable, callback, theta0)
+            result = self._train(settings, batch, codes, params, trainable, callback, theta0, candidates)
             # from zero weights no step lowering the loss means the data cannot be fitted as given; a
-            # warm start may simply begin at the optimum
-            if previous is None and result.iterations == 0 and result.stop_reason.startswith("line search"):
+            # warm start (or the pruner's first-order optimum) may simply begin at the optimum
+            if start_from is None and result.iterations == 0 and result.stop_reason.startswith("line search"):
                 where = "" if largest is None else f"; the largest attribute value is {largest[0]:g} ({largest[1]})"
                 raise TrainingError(
                     f"training could not move from its starting weights ({result.stop_reason}): no step lowered the loss{where}"
@@ -361,12 +389,28 @@ class CRF(SegmentQueries, UncertaintyQueries, CRFsuiteView, BaseEstimator):
         self.attribute_index_.index_ = dict(zip(merged, range(len(merged))))
         return SequenceBatch(X, batch.offsets)
 
-    def _train(self, settings, batch, codes, params, trainable, callback, theta0) -> optimize.TrainingResult:
+    def _fit_pruner(self, batch: SequenceBatch, y, previous: PreviousFit | None) -> CRF:
+        """The first-order model whose marginals choose the candidate labels of a pruned
+        second-order model: this model's settings at order 1, warm-started from the previous
+        fit's pruner when there is one."""
+        settings = {k: v for k, v in self.get_params().items() if k not in ("callback", "model_filename", "verbose")}
+        pruner = CRF(**{**settings, "order": 1, "pruning_threshold": None, "warm_start": False})
+        old = previous.pruner if previous is not None else None
+        if old is not None:
+            pruner._take_fitted_state(old)
+            pruner.warm_start = True
+        began = time.perf_counter()
+        pruner.fit(batch, y, attribute_names=self.attributes_)
+        log.info("pruning model (first order): %d iterations, %.1fs", pruner.n_iter_, time.perf_counter() - began)
+        pruner.warm_start = False
+        return pruner
+
+    def _train(self, settings, batch, codes, params, trainable, callback, theta0, candidates=None) -> optimize.TrainingResult:
         stopping = optimize.StoppingRule(settings.max_iterations, settings.epsilon, settings.period, settings.delta)
         frozen = params.n_state + np.flatnonzero(~trainable)
         with single_threaded_blas():
             if settings.algorithm == "lbfgs":
-                objective = Objective(batch.X, batch.offsets, codes, params, self.n_threads)
+                objective = Objective(batch.X, batch.offsets, codes, params, self.n_threads, candidates=candidates)
                 release_free_memory()  # what building it freed, before the iterations add their working memory
                 result = optimize.lbfgs(
                     objective, theta0, self.c1, self.c2, stopping, self.num_memories, callback, frozen, self.max_linesearch
@@ -384,7 +428,7 @@ class CRF(SegmentQueries, UncertaintyQueries, CRFsuiteView, BaseEstimator):
                 )
                 return optimize.sgd(
                     batch.X, batch.offsets, codes, params, theta0, self.c2, stopping, self.learning_rate,
-                    self.batch_size, self.random_state, callback, frozen, calibration,
+                    self.batch_size, self.random_state, callback, frozen, calibration, candidates,
                 )  # fmt: skip
             rule = online.update_rule(
                 settings.algorithm, self.pa_type, self.c, self.error_sensitive, self.averaging, self.variance, self.gamma
@@ -392,12 +436,11 @@ class CRF(SegmentQueries, UncertaintyQueries, CRFsuiteView, BaseEstimator):
             return online.train(batch.X, batch.offsets, codes, params, frozen, rule, stopping, self.random_state, callback)
 
     def _set_weights(self, params: ParameterLayout, theta: np.ndarray) -> None:
-        state, transitions, start, end = params.split(theta)
+        state = params.split(theta)[0]
         # sparse layouts get a fresh (A, L) array from split; dense ones a view of theta
         self.state_weights_ = state if params.feature_index is not None else state.copy()
-        self.transitions_ = np.array(transitions)
-        self.start_weights_ = np.array(start)
-        self.end_weights_ = np.array(end)
+        for name, values in params.tail_blocks(theta).items():
+            setattr(self, TAIL_ATTRIBUTES[name], np.array(values))
         self.feature_index_ = params.feature_index
 
     def _iteration_callback(self, params, dev_batch, y_dev):
@@ -429,8 +472,66 @@ class CRF(SegmentQueries, UncertaintyQueries, CRFsuiteView, BaseEstimator):
         batch = self._batch(X)
         return np.asarray(batch.X @ self.state_weights_), batch
 
+    def chain_inputs(self, X) -> tuple[np.ndarray, tuple, SequenceBatch]:
+        """What the chain runs on: per-state emissions (T, S) (labels for order 1, label pairs
+        for order 2, pairs of candidate slots for a pruned model: see :mod:`crf._order`), the
+        scores (transitions or transition operator, start (S,), end (S,)) and the batch. The
+        operator maps states back to labels (``labels_at``, ``label_marginals``)."""
+        emissions, batch = self.emissions(X)
+        states, scores = self._chain_of(emissions, batch.X, batch.lengths)
+        return states, scores, batch
+
+    def _chain_of(self, emissions: np.ndarray, X, lengths: np.ndarray) -> tuple[np.ndarray, tuple]:
+        """(per-state emissions (T, S), (transitions, start, end)) of the rows ``X`` (T, A) with
+        per-label ``emissions`` (T, L), sequences of ``lengths``; a pruned model's lattice is
+        over the candidates its pruner keeps."""
+        candidates = None
+        if self.__dict__.get("pruner_") is not None:
+            candidates = self.pruner_.candidates(X, lengths, self.pruning_threshold)
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        lattice, tail = self._structure().lattice_in_order(offsets, candidates), self._tail()
+        return lattice.emissions(emissions, tail), lattice.scores(tail)
+
+    def _structure(self) -> FirstOrderChain:
+        """The tail structure of this model's order (:mod:`crf._order`)."""
+        return chain_structure(self.order, len(self.classes_))
+
+    def _tail(self) -> np.ndarray:
+        """The fitted tail of label n-gram weights, flat (see :mod:`crf._order`)."""
+        return np.concatenate([np.ravel(getattr(self, TAIL_ATTRIBUTES[name])) for name in self._structure().blocks])
+
     def _weights(self):
-        return self.transitions_, self.start_weights_, self.end_weights_
+        """(transitions or transition operator, start (S,), end (S,)) of the unpruned chain."""
+        return self._structure().scores(self._tail())
+
+    def _label_marginals(self, marginals: np.ndarray, transitions, reduce=np.add) -> np.ndarray:
+        """Per-state marginals (T, S) as per-label ones (T, L) (max-marginals with np.maximum)."""
+        return chain.operator_of(transitions).label_marginals(marginals, len(self.classes_), reduce)
+
+    def candidates(self, X, lengths: np.ndarray, threshold: float) -> np.ndarray:
+        """The labels kept at each token by marginal pruning (T, L) bool: those whose marginal
+        under this model is at least ``threshold``, at most :data:`MAX_CANDIDATES` of them (the
+        most probable), and always the most probable one. ``X`` (T, A)."""
+        self._check_fitted()
+        marginals = self._marginals_of(X, lengths)
+        keep = marginals >= threshold
+        keep[np.arange(marginals.shape[0]), marginals.argmax(axis=1)] = True
+        if marginals.shape[1] > MAX_CANDIDATES:
+            below = np.partition(marginals, -MAX_CANDIDATES, axis=1)[:, -MAX_CANDIDATES]  # the cap's smallest marginal
+            keep &= marginals >= below[:, None]
+        return keep
+
+    def _marginals_of(self, X, lengths: np.ndarray) -> np.ndarray:
+        """Token marginals (T, L) of the rows ``X`` (T, A)."""
+        states, scores = self._chain_of(np.asarray(X @ self.state_weights_), X, lengths)
+        marginals = chain.forward_backward(states, *scores, lengths, counts=False).marginals
+        return self._label_marginals(marginals, scores[0])
+
+    def pruned_mass(self, X, lengths: np.ndarray, keep: np.ndarray) -> float:
+        """The marginal probability this model gives the labels ``keep`` (T, L) drops, summed over
+        tokens: a bound (by the union bound) on the probability, under this model, of the paths
+        that leave the pruned lattice, summed over sequences."""
+        return float(np.where(keep, 0.0, self._marginals_of(X, lengths)).sum())
 
     def _split(self, flat, batch: SequenceBatch) -> list:
         return [flat[a:b] for a, b in zip(batch.offsets[:-1], batch.offsets[1:])]
@@ -467,8 +568,10 @@ class CRF(SegmentQueries, UncertaintyQueries, CRFsuiteView, BaseEstimator):
 
         def tag(part: tuple[int, int]):
             rows = slice(int(batch.offsets[part[0]]), int(batch.offsets[part[1]]))
-            emissions = np.asarray(batch.X[rows] @ self.state_weights_)
-            return chain.viterbi(emissions, *self._weights(), batch.lengths[part[0] : part[1]])
+            lengths = batch.lengths[part[0] : part[1]]
+            emissions, weights = self._chain_of(np.asarray(batch.X[rows] @ self.state_weights_), batch.X[rows], lengths)
+            states, scores = chain.viterbi(emissions, *weights, lengths)
+            return chain.operator_of(weights[0]).labels_at(states), scores
 
         with single_threaded_blas(), Workers(n_threads) as workers:
             parts = workers.map(tag, contiguous_parts(batch.offsets, n_threads))
@@ -487,10 +590,14 @@ class CRF(SegmentQueries, UncertaintyQueries, CRFsuiteView, BaseEstimator):
 
     def posterior(self, X, keep_messages: bool = False) -> tuple[chain.Posterior, np.ndarray, SequenceBatch]:
         """Forward-backward over ``X``: the :class:`crf._chain.Posterior` (log Z (N,), marginals
-        (T, L) in ``classes_`` order and, with ``keep_messages``, the log messages that
-        :meth:`segments_of` reuses), the emissions (T, L) and the batch."""
-        emissions, batch = self.emissions(X)
-        posterior = chain.forward_backward(emissions, *self._weights(), batch.lengths, keep_messages=keep_messages, counts=False)
+        (T, L) in ``classes_`` order and, with ``keep_messages``, the per-state log messages that
+        :meth:`segments_of` reuses), the chain's per-state emissions (T, S) (see
+        :meth:`chain_inputs`; the per-label ones for order 1) and the batch. The chain's scores
+        are kept on the posterior (``scores``) for :meth:`segments_of`."""
+        emissions, scores, batch = self.chain_inputs(X)
+        posterior = chain.forward_backward(emissions, *scores, batch.lengths, keep_messages=keep_messages, counts=False)
+        posterior.marginals = self._label_marginals(posterior.marginals, scores[0])
+        posterior.scores = scores
         return posterior, emissions, batch
 
     def _marginal_dicts(self, X) -> list[list[dict[str, float]]]:
@@ -510,17 +617,18 @@ class CRF(SegmentQueries, UncertaintyQueries, CRFsuiteView, BaseEstimator):
 
     def log_partition(self, X) -> np.ndarray:
         """log Z(x) of every sequence (N,)."""
-        emissions, batch = self.emissions(X)
-        return chain.log_partition(emissions, *self._weights(), batch.lengths)
+        emissions, scores, batch = self.chain_inputs(X)
+        return chain.log_partition(emissions, *scores, batch.lengths)
 
     def sequence_probability(self, X, y) -> np.ndarray:
-        """p(y | x) for every given labelling (N,)."""
-        emissions, batch = self.emissions(X)
+        """p(y | x) for every given labelling (N,) (0 for a labelling a pruned model's lattice leaves out)."""
+        emissions, scores, batch = self.chain_inputs(X)
         codes = self._label_codes(y, batch)
         if np.any(codes < 0):
             raise ValueError("y contains labels the model does not know")
-        gold = chain.sequence_scores(emissions, *self._weights(), batch.offsets, codes)
-        return np.exp(gold - chain.log_partition(emissions, *self._weights(), batch.lengths))
+        return np.exp(
+            path_scores(emissions, scores, batch.offsets, codes) - chain.log_partition(emissions, *scores, batch.lengths)
+        )
 
     def score(self, X, y) -> float:
         """Token accuracy (a fraction) of the predictions (sklearn-crfsuite's ``score``); gold
@@ -550,6 +658,18 @@ class CRF(SegmentQueries, UncertaintyQueries, CRFsuiteView, BaseEstimator):
 CRF.__doc__ += hyper.DOC
 
 
+def path_scores(emissions: np.ndarray, scores: tuple, offsets: np.ndarray, codes: np.ndarray) -> np.ndarray:
+    """score(y) (N,) of the labelling ``codes`` (T,) of sequences at ``offsets`` under the
+    chain's per-state ``emissions`` and ``scores``; -inf where the chain has no state for it."""
+    first = np.zeros(codes.size, dtype=bool)
+    first[offsets[:-1][offsets[:-1] < codes.size]] = True
+    states = chain.operator_of(scores[0]).states_of_labels(codes, first)
+    missing = np.add.reduceat((states < 0).astype(np.int64), offsets[:-1]) > 0 if codes.size else np.zeros(0, dtype=bool)
+    with np.errstate(invalid="ignore"):
+        out = chain.sequence_scores(emissions, *scores, offsets, np.maximum(states, 0))
+    return np.where(missing, -np.inf, out)
+
+
 @register_kind
 class BundledCRF:
     """A CRF and its fitted feature extractor as the part of a :class:`crf.TaggerBundle`: the
@@ -562,7 +682,9 @@ class BundledCRF:
             raise ValueError(f"the extractor has {extractor.n_attributes} attributes, the CRF {model.n_attributes_}")
         self.extractor, self.model = extractor, model
         self.labels = [str(c) for c in model.classes_]
-        self.n_states = len(self.labels)
+        # the most states a token can have (a pruned model's depend on its candidates)
+        slots = min(MAX_CANDIDATES, len(self.labels)) if model.__dict__.get("pruner_") is not None else None
+        self.n_states = model._structure().n_states if slots is None else (slots + 1) * slots
         self.columns = extractor.input_columns()
 
     def scores(self, columns, lengths):
@@ -571,7 +693,8 @@ class BundledCRF:
         bounds = np.concatenate([[0], np.cumsum(lengths)])
         batch = self.extractor.transform([rows[a:b] for a, b in zip(bounds[:-1], bounds[1:])])
         model = self.model
-        return np.asarray(batch.X @ model.state_weights_), model.transitions_, model.start_weights_, model.end_weights_
+        emissions, scores = model._chain_of(np.asarray(batch.X @ model.state_weights_), batch.X, lengths)
+        return (emissions, *scores)
 
     def parts(self):
         meta, arrays = model_file.to_arrays(self.model)

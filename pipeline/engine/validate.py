@@ -24,10 +24,10 @@ from crf.bundle import normalize_scheme
 from pipeline.models import load_adapter
 
 _CONFIG_NAMES = {"n_threads": "threads"}  # estimator parameter -> its key in the config, where they differ
-# every key a dataset config may have (pipeline/stages/data.py and the stages read them)
+# every key a dataset config may have (pipeline/stages/data.py and the stages read them; hmm and crf: model defaults)
 DATASET_KEYS = {
     "name", "task", "format", "columns", "label", "scheme", "files", "dev_split", "separator", "comment_prefix",
-    "document_marker", "word_column", "hmm", "evaluate",
+    "document_marker", "word_column", "hmm", "crf", "evaluate",
 }  # fmt: skip
 DATASET_REQUIRED = {"name", "format", "columns", "label", "files"}
 SWEEP_SUMMARIES = ("grid", "comparison", "active_learning")

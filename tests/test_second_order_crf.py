@@ -1,0 +1,393 @@
+"""The second-order CRF (``crf.CRF(order=2)``): its chain scores, objective and queries against
+enumeration of every labelling of tiny models, the gradient against finite differences (trigram,
+pair-end, start/end weights, partial labels, a pruned lattice), L1, SGD, warm start, save/load,
+the CRFsuite refusal, the tagger bundle and the sklearn contract."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from pipeline_helpers import make_sentence
+from scipy.special import logsumexp
+
+from crf import CRF, FeatureExtractor, TaggerBundle, load_tagger
+from crf import _chain as chain
+from crf._objective import Objective, ParameterLayout
+from crf._optimize import _regularised
+from crf._order import SecondOrderChain
+from crf._params import feature_index
+from crf.model import BundledCRF
+
+
+def _enumerate(emissions, blocks, allowed=None):
+    """(paths (K, n), scores (K,)) of one sequence under the named second-order blocks, written
+    out term by term (independently of crf._order); paths through a disallowed label dropped."""
+    n, L = emissions.shape
+    paths = np.array(list(itertools.product(range(L), repeat=n)), dtype=np.int64)
+    if allowed is not None:
+        paths = paths[allowed[np.arange(n), paths].all(axis=1)]
+    scores = emissions[np.arange(n), paths].sum(axis=1) + blocks["start"][paths[:, 0]] + blocks["end"][paths[:, -1]]
+    for t in range(1, n):
+        before = paths[:, t - 2] if t >= 2 else np.full(len(paths), L)
+        middle, last = paths[:, t - 1], paths[:, t]
+        scores = scores + blocks["transitions"][middle, last] + blocks["trigrams"][before, middle, last]
+    before_last = paths[:, -2] if n >= 2 else np.full(len(paths), L)
+    return paths, scores + blocks["pair_end"][before_last, paths[:, -1]]
+
+
+def _random_tail(seed: int, L: int, scale: float = 1.0):
+    structure = SecondOrderChain(L)
+    tail = scale * np.random.default_rng(seed).normal(size=structure.tail_size)
+    return structure, tail, structure.split(tail)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("lengths", [[1, 2, 4], [3, 1]])
+def test_chain_scores_of_the_tail_match_enumeration(seed, lengths):
+    """log Z, token marginals, Viterbi, k-best, sequence scores and constrained windows."""
+    L = 3
+    structure, tail, blocks = _random_tail(seed, L)
+    emissions = np.random.default_rng(seed + 5).normal(size=(sum(lengths), L))
+    operator, start, end = structure.scores(tail)
+    states = structure.state_emissions(emissions)
+    posterior = chain.forward_backward(states, operator, start, end, lengths, keep_messages=True)
+    labels, best = chain.viterbi(states, operator, start, end, lengths)
+    kbest, kscores = chain.kbest_viterbi(states, operator, start, end, lengths, k=4)
+    marginals = structure.label_marginals(posterior.marginals)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    for i, (a, b) in enumerate(zip(offsets[:-1], offsets[1:])):
+        paths, scores = _enumerate(emissions[a:b], blocks)
+        assert posterior.log_z[i] == pytest.approx(logsumexp(scores), abs=1e-9)
+        p = np.exp(scores - logsumexp(scores))
+        expected = np.stack([np.bincount(paths[:, t], weights=p, minlength=L) for t in range(b - a)])
+        np.testing.assert_allclose(marginals[a:b], expected, atol=1e-10)
+        np.testing.assert_array_equal(structure.labels_of_states(labels[a:b]), paths[np.argmax(scores)])
+        assert best[i] == pytest.approx(scores.max())
+        top = np.sort(scores)[::-1][:4]
+        np.testing.assert_allclose(kscores[i, : top.size], top, atol=1e-9)
+        # sequence scores of every labelling through the operator's edges
+        path_states = np.concatenate([structure.states_of_labels(path, [0, b - a]) for path in paths])
+        many = np.tile(states[a:b], (len(paths), 1))
+        path_offsets = np.arange(len(paths) + 1) * (b - a)
+        np.testing.assert_allclose(chain.sequence_scores(many, operator, start, end, path_offsets, path_states), scores)
+    # a constrained window: the first two tokens of the last sequence restricted to labels {0, 1}
+    a, b = offsets[-2], offsets[-1]
+    width = min(2, b - a)
+    masks = np.zeros((width, L), dtype=bool)
+    masks[:, :2] = True
+    log_p = chain.constrained_log_probability(
+        posterior.log_alpha, posterior.log_beta, posterior.log_z, states, operator, start,
+        offsets, np.array([len(lengths) - 1]), np.array([0]), masks, np.array([0, width]),
+    )  # fmt: skip
+    paths, scores = _enumerate(emissions[a:b], blocks)
+    inside = (paths[:, :width] < 2).all(axis=1)
+    assert log_p[0] == pytest.approx(logsumexp(scores[inside]) - logsumexp(scores), abs=1e-9)
+
+
+def _problem(seed: int, L: int = 3, A: int = 5, partial: bool = False):
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 5, size=4)
+    total = int(lengths.sum())
+    X = sp.csr_matrix((rng.random((total, A)) < 0.5) * rng.choice([1.0, 0.5, -2.0], size=(total, A)))
+    labels = rng.integers(0, L, size=total)
+    if partial:
+        labels[rng.random(total) < 0.3] = -1
+    return X, np.concatenate([[0], np.cumsum(lengths)]), labels
+
+
+def _enumerated_loss(X, offsets, labels, params, theta, candidates=None):
+    """sum_i log Z(x_i) - log Z(x_i | known labels), over the (candidate) lattice, by enumeration."""
+    state = params.split(theta)[0]
+    blocks = params.tail_blocks(theta)
+    emissions = np.asarray(X @ state)
+    total = 0.0
+    for a, b in zip(offsets[:-1], offsets[1:]):
+        allowed = None if candidates is None else candidates[a:b]
+        paths, scores = _enumerate(emissions[a:b], blocks, allowed)
+        known = labels[a:b] >= 0
+        if not known.any():
+            continue
+        agrees = (paths[:, known] == labels[a:b][known]).all(axis=1)
+        total += logsumexp(scores) - logsumexp(scores[agrees])
+    return total
+
+
+def _finite_difference(fun, theta, step=1e-6):
+    grad = np.zeros_like(theta)
+    for i in range(theta.size):
+        bump = np.zeros_like(theta)
+        bump[i] = step
+        grad[i] = (fun(theta + bump)[0] - fun(theta - bump)[0]) / (2 * step)
+    return grad
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("case", ["dense", "sparse", "partial", "pruned", "partial pruned"])
+def test_objective_matches_enumeration_and_finite_differences(seed, case):
+    """Pruned: the chain runs over each token's candidate labels (the compact pair-of-slots lattice)."""
+    L = 3
+    X, offsets, labels = _problem(seed, L, partial="partial" in case)
+    index = feature_index(X, labels, L) if case == "sparse" else None
+    params = ParameterLayout(X.shape[1], L, index, order=2)
+    candidates = None
+    if "pruned" in case:
+        rng = np.random.default_rng(seed + 3)
+        candidates = rng.random((labels.size, L)) < 0.5
+        known = labels >= 0
+        candidates[np.flatnonzero(known), labels[known]] = True
+        candidates[np.arange(labels.size), rng.integers(0, L, labels.size)] = True
+    objective = Objective(X, offsets, labels, params, candidates=candidates, chunk_cells=30)
+    assert len(objective.chunks) > 1  # the sums over chunks are part of what is checked
+    theta = np.random.default_rng(seed + 10).normal(size=params.size)
+    loss, grad = objective(theta)
+    assert loss == pytest.approx(_enumerated_loss(X, offsets, labels, params, theta, candidates), abs=1e-9)
+    fun = _regularised(objective, 0.3)
+    np.testing.assert_allclose(fun(theta)[1], _finite_difference(fun, theta), rtol=1e-5, atol=1e-6)
+    # every block of the tail takes part (trigrams with the before-sequence row, pair_end, start, end)
+    tail = params.tail_blocks(grad)
+    assert all(np.any(block != 0) for block in tail.values())
+
+
+def test_objective_is_bit_identical_for_any_thread_count():
+    X, offsets, labels = _problem(4)
+    params = ParameterLayout(X.shape[1], 3, order=2)
+    theta = np.random.default_rng(0).normal(size=params.size)
+    one = Objective(X, offsets, labels, params, n_threads=1, chunk_cells=30)(theta)
+    two = Objective(X, offsets, labels, params, n_threads=3, chunk_cells=30)(theta)
+    assert one[0] == two[0] and np.array_equal(one[1], two[1])
+
+
+def _corpus(n: int, seed: int):
+    rng = np.random.default_rng(seed)
+    sentences = [make_sentence(rng) for _ in range(n)]
+    return [[{"w": w} for w, _, _ in s] for s in sentences], [[c for _, _, c in s] for s in sentences], sentences
+
+
+@pytest.fixture(scope="module")
+def data():
+    return _corpus(80, 0), _corpus(20, 1)
+
+
+@pytest.fixture(scope="module")
+def second(data):
+    (X, y, _), _ = data
+    return CRF(order=2, c2=0.1, max_iterations=60).fit(X, y)
+
+
+def test_fitted_second_order_model_matches_enumeration(second, data):
+    """The estimator's queries (predict, marginals, probabilities, log Z, entropy, N-best) are
+    those of the model's scores, enumerated."""
+    _, (X, _, _) = data
+    X = [x[:5] for x in X[:4]]
+    emissions, _ = second.emissions(X)
+    L = len(second.classes_)
+    blocks = {
+        "transitions": second.transitions_, "start": second.start_weights_, "end": second.end_weights_,
+        "trigrams": second.trigram_weights_, "pair_end": second.pair_end_weights_,
+    }  # fmt: skip
+    assert second.trigram_weights_.shape == (L + 1, L, L) and second.pair_end_weights_.shape == (L + 1, L)
+    predicted = second.predict(X)
+    marginals, _ = second.marginals(X)
+    log_z = second.log_partition(X)
+    entropy = second.sequence_entropy(X)
+    nbest = second.nbest_entropy(X, n_best=3)
+    offsets = np.concatenate([[0], np.cumsum([len(x) for x in X])])
+    for i, (a, b) in enumerate(zip(offsets[:-1], offsets[1:])):
+        paths, scores = _enumerate(emissions[a:b], blocks)
+        p = np.exp(scores - logsumexp(scores))
+        assert log_z[i] == pytest.approx(logsumexp(scores))
+        assert entropy[i] == pytest.approx(-(p * np.log(p)).sum(), abs=1e-8)
+        best = paths[np.argmax(scores)]
+        assert list(predicted[i]) == [second.classes_[c] for c in best]
+        assert second.sequence_probability([X[i]], [list(predicted[i])])[0] == pytest.approx(p.max())
+        expected = np.stack([np.bincount(paths[:, t], weights=p, minlength=L) for t in range(b - a)])
+        np.testing.assert_allclose(marginals[a:b], expected, atol=1e-10)
+        q = np.sort(p)[::-1][:3]
+        q = q / q.sum()
+        assert nbest[i] == pytest.approx(-(q * np.log(q)).sum(), abs=1e-8)
+        top = np.sort(p)[::-1]
+        assert second.best_path_margin([X[i]])[0] == pytest.approx(top[0] - top[1], abs=1e-10)
+
+
+def test_segment_confidence_is_the_window_probability(second, data):
+    _, (X, _, _) = data
+    X = [x[:6] for x in X[:3]]
+    segments = second.predict_segments(X)
+    emissions, _ = second.emissions(X)
+    blocks = {name: getattr(second, attr) for name, attr in {
+        "transitions": "transitions_", "start": "start_weights_", "end": "end_weights_",
+        "trigrams": "trigram_weights_", "pair_end": "pair_end_weights_",
+    }.items()}  # fmt: skip
+    classes = list(second.classes_)
+    offsets = np.concatenate([[0], np.cumsum([len(x) for x in X])])
+    predicted = second.predict(X)
+    assert len(segments)
+    from crf import metrics
+
+    for sequence, rows in segments.groupby("sequence"):
+        a, b = offsets[sequence], offsets[sequence + 1]
+        paths, scores = _enumerate(emissions[a:b], blocks)
+        labels = np.array([classes.index(c) for c in predicted[sequence]])
+        # the chunks of every path at once (each path a sequence of its own)
+        chunks = metrics._chunks_flat(np.array(classes, dtype=object)[paths.ravel()], np.arange(len(paths) + 1) * (b - a))
+        for row in rows.itertuples():
+            inside = (paths[:, row.start : row.end] == labels[row.start : row.end]).all(axis=1)
+            # the token before must not extend the chunk, the one after must not continue it
+            same = chunks["sequence"][(chunks["start"] == row.start) & (chunks["end"] == row.end)].to_numpy()
+            keep = inside & np.isin(np.arange(len(paths)), same)
+            assert row.confidence == pytest.approx(np.exp(logsumexp(scores[keep]) - logsumexp(scores)), abs=1e-9)
+
+
+def test_second_order_learns_and_round_trips(second, data, tmp_path):
+    (X, y, _), (X_test, y_test, _) = data
+    assert second.score(X_test, y_test) > 0.9
+    path = tmp_path / "second.npz"
+    second.save(path)
+    loaded = CRF.load(path)
+    assert loaded.order == 2
+    np.testing.assert_array_equal(loaded.trigram_weights_, second.trigram_weights_)
+    np.testing.assert_array_equal(loaded.pair_end_weights_, second.pair_end_weights_)
+    assert [list(p) for p in loaded.predict(X_test)] == [list(p) for p in second.predict(X_test)]
+    np.testing.assert_allclose(loaded.marginals(X_test)[0], second.marginals(X_test)[0])
+    assert loaded.n_active_features_ == second.n_active_features_ > np.count_nonzero(second.state_weights_)
+    assert loaded.tagger_.tag(X_test[0]) == list(second.predict(X_test[:1])[0])
+
+
+def test_pruned_model_keeps_gold_and_round_trips(data, tmp_path):
+    (X, y, _), (X_test, y_test, _) = data
+    pruned = CRF(order=2, pruning_threshold=0.01, c2=0.1, max_iterations=60).fit(X, y)
+    assert pruned.pruner_.order == 1 and pruned.pruned_mass_ >= 0
+    assert pruned.score(X_test, y_test) > 0.9
+    keep = pruned.pruner_.candidates(pruned.emissions(X_test)[1].X, pruned.emissions(X_test)[1].lengths, 0.01)
+    marginals, _ = pruned.marginals(X_test)
+    assert np.all(marginals[~keep] == 0)  # queries run over the candidates only
+    path = tmp_path / "pruned.npz"
+    pruned.save(path)
+    loaded = CRF.load(path)
+    assert loaded.pruner_ is not None and loaded.pruning_threshold == 0.01
+    assert [list(p) for p in loaded.predict(X_test)] == [list(p) for p in pruned.predict(X_test)]
+
+
+@pytest.mark.parametrize(
+    "settings", [{"c1": 0.5, "c2": 0.0}, {"algorithm": "l2sgd", "c2": 0.1, "max_iterations": 5, "learning_rate": 0.1}]
+)
+def test_l1_and_sgd_train_second_order_models(data, settings):
+    (X, y, _), (X_test, y_test, _) = data
+    model = CRF(order=2, **{"max_iterations": 60, **settings}).fit(X, y)
+    assert model.score(X_test, y_test) > 0.85
+    if settings.get("c1"):  # OWL-QN zeroes weights, trigram ones among them
+        assert np.any(model.trigram_weights_ == 0) and np.any(model.trigram_weights_ != 0)
+
+
+def test_warm_start_from_first_order_keeps_its_weights_in_place(data):
+    """A first-order fit's weights start a second-order fit: the before-sequence row moves to the
+    new label count's last index."""
+    (X, y, _), _ = data
+    from crf._warm import PreviousFit
+
+    first = CRF(c2=0.1, max_iterations=30).fit(X, y)
+    previous = PreviousFit.of(first)
+    L = len(first.classes_)
+    params = ParameterLayout(first.n_attributes_, L + 1, None, order=2)
+    blocks = params.tail_blocks(previous.theta(params))
+    np.testing.assert_array_equal(blocks["transitions"][:L, :L], first.transitions_)
+    assert not np.any(blocks["trigrams"])
+    second = CRF(order=2, c2=0.1, max_iterations=30).fit(X, y)
+    again = PreviousFit.of(second)
+    blocks = params.tail_blocks(again.theta(params))
+    np.testing.assert_array_equal(blocks["trigrams"][L + 1, :L, :L], second.trigram_weights_[L])  # before-sequence row
+    np.testing.assert_array_equal(blocks["trigrams"][:L, :L, :L], second.trigram_weights_[:L])
+    np.testing.assert_array_equal(blocks["pair_end"][L + 1, :L], second.pair_end_weights_[L])
+    second.set_params(warm_start=True, max_iterations=5)
+    second.fit(X[:40], y[:40])
+    assert second.trigram_weights_.shape == (L + 1, L, L)
+
+
+def test_invalid_settings_are_refused(data, tmp_path):
+    (X, y, _), _ = data
+    for settings, message in (
+        ({"order": 3}, "order must be 1 or 2"),
+        ({"order": 2, "algorithm": "ap"}, "order=2 is trained by"),
+        ({"pruning_threshold": 0.1}, "needs order=2"),
+        ({"order": 2, "pruning_threshold": 1.5}, "must lie in"),
+        ({"order": 2, "model_filename": str(tmp_path / "m.crfsuite")}, "first-order models only"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            CRF(**settings).fit(X, y)
+
+
+def test_crfsuite_file_refuses_a_second_order_model(second, tmp_path):
+    from crf.crfsuite import write_crfsuite_model
+
+    second_named = second
+    with pytest.raises(ValueError, match="order 2"):
+        write_crfsuite_model(second_named, tmp_path / "model.crfsuite")
+
+
+def test_sklearn_clone_and_grid_search(data):
+    from sklearn.base import clone
+    from sklearn.model_selection import GridSearchCV
+
+    (X, y, _), _ = data
+    model = CRF(order=2, max_iterations=20)
+    assert clone(model).get_params()["order"] == 2
+    search = GridSearchCV(model, {"c2": [0.1, 1.0]}, cv=2).fit(X[:40], y[:40])
+    assert search.best_estimator_.order == 2
+
+
+@pytest.mark.parametrize("pruning", [None, 0.01])
+def test_bundle_of_a_second_order_model_tags_like_the_model(data, tmp_path, pruning):
+    (_, _, train), (_, _, test) = data
+    extractor = FeatureExtractor(columns=["w", "pos", "chunk"], templates=["w[0]", "w[-1]", "pos[0]"])
+    batch = extractor.fit_transform(train)
+    model = CRF(order=2, c2=0.1, max_iterations=40, pruning_threshold=pruning).fit(batch, [[r[2] for r in s] for s in train])
+    bundle = TaggerBundle(BundledCRF(extractor, model), scheme="IOB2", input_columns=["w", "pos"])
+    path = tmp_path / "bundle.npz"
+    bundle.save(path)
+    loaded = load_tagger(path)
+    assert loaded.part.n_states == (len(model.classes_) + 1) * len(model.classes_)
+    tagged = loaded.tag([[{"w": w, "pos": p} for w, p, _ in s] for s in test])
+    X_test = extractor.transform(test)
+    predicted = model.predict(X_test)
+    marginals, _ = model.marginals(X_test)
+    segments = model.segments_of(
+        np.concatenate([[model.classes_.index(c) for c in p] for p in predicted]),
+        *model.posterior(X_test, True)[1:],
+    )
+    offset = 0
+    for sentence, labels, result in zip(test, predicted, tagged):
+        assert result["labels"] == list(labels)
+        rows = np.arange(offset, offset + len(sentence))
+        codes = [model.classes_.index(c) for c in labels]
+        np.testing.assert_allclose(result["marginals"], marginals[rows, codes], atol=1e-9)
+        offset += len(sentence)
+    confidences = np.concatenate([[c["confidence"] for c in r["segments"]] for r in tagged])
+    np.testing.assert_allclose(confidences, segments["confidence"].to_numpy(), atol=1e-9)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_sparse_contractions_of_a_pruned_lattice_equal_the_dense_ones(seed, monkeypatch):
+    """With candidate labels (the rest at -inf) the operator contracts by the active states; the
+    results (log Z, marginals, counts, Viterbi, in every semiring used) equal the dense products."""
+    from crf import _transitions
+
+    rng = np.random.default_rng(seed)
+    L, lengths = 6, [5, 3, 7, 1, 2]
+    structure, tail, _ = _random_tail(seed, L)
+    operator, start, end = structure.scores(tail)
+    emissions = rng.normal(size=(sum(lengths), L))
+    allowed = rng.random(emissions.shape) < 0.3
+    allowed[np.arange(len(emissions)), rng.integers(0, L, len(emissions))] = True
+    states = structure.state_emissions(np.where(allowed, emissions, -np.inf))
+    results = {}
+    for name, below in (("dense", 0.0), ("sparse", 1.1)):
+        monkeypatch.setattr(_transitions, "SPARSE_BELOW", below)
+        scaled = chain.forward_backward(states, operator, start, end, lengths)
+        logged = chain.forward_backward(states, operator, start, end, lengths, semiring=chain.LogSemiring)
+        best = chain.viterbi(states, operator, start, end, lengths)
+        results[name] = (scaled.log_z, scaled.marginals, scaled.transition_counts, logged.log_z, logged.transition_counts, *best)
+    for dense, sparse in zip(results["dense"], results["sparse"]):
+        np.testing.assert_allclose(sparse, dense, atol=1e-12)
