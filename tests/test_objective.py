@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from numeric_helpers import finite_difference
 
 from crf._objective import Objective, ParameterLayout
 from crf._optimize import _regularised
@@ -22,15 +23,6 @@ def _random_problem(seed: int, n_labels: int = 3, n_attributes: int = 7):
     return X, offsets, labels
 
 
-def _finite_difference(fun, theta, step=1e-6):
-    grad = np.zeros_like(theta)
-    for i in range(theta.size):
-        bump = np.zeros_like(theta)
-        bump[i] = step
-        grad[i] = (fun(theta + bump)[0] - fun(theta - bump)[0]) / (2 * step)
-    return grad
-
-
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("sparse", [False, True, "pruned"])
 @pytest.mark.parametrize("c2", [0.0, 0.7])
@@ -46,7 +38,7 @@ def test_gradient_matches_finite_differences(seed, sparse, c2):
     theta = np.random.default_rng(seed + 10).normal(size=params.size)
     loss, grad = fun(theta)
     assert np.isfinite(loss) and loss > 0 or c2 == 0
-    np.testing.assert_allclose(grad, _finite_difference(fun, theta), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(grad, finite_difference(fun, theta), rtol=1e-5, atol=1e-6)
 
 
 def test_loss_is_negative_log_likelihood():

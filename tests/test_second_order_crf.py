@@ -10,6 +10,7 @@ import itertools
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from numeric_helpers import finite_difference
 from pipeline_helpers import make_sentence
 from scipy.special import logsumexp
 
@@ -115,15 +116,6 @@ def _enumerated_loss(X, offsets, labels, params, theta, candidates=None):
     return total
 
 
-def _finite_difference(fun, theta, step=1e-6):
-    grad = np.zeros_like(theta)
-    for i in range(theta.size):
-        bump = np.zeros_like(theta)
-        bump[i] = step
-        grad[i] = (fun(theta + bump)[0] - fun(theta - bump)[0]) / (2 * step)
-    return grad
-
-
 @pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize("case", ["dense", "sparse", "partial", "pruned", "partial pruned"])
 def test_objective_matches_enumeration_and_finite_differences(seed, case):
@@ -145,7 +137,7 @@ def test_objective_matches_enumeration_and_finite_differences(seed, case):
     loss, grad = objective(theta)
     assert loss == pytest.approx(_enumerated_loss(X, offsets, labels, params, theta, candidates), abs=1e-9)
     fun = _regularised(objective, 0.3)
-    np.testing.assert_allclose(fun(theta)[1], _finite_difference(fun, theta), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(fun(theta)[1], finite_difference(fun, theta), rtol=1e-5, atol=1e-6)
     # every block of the tail takes part (trigrams with the before-sequence row, pair_end, start, end)
     tail = params.tail_blocks(grad)
     assert all(np.any(block != 0) for block in tail.values())
