@@ -209,7 +209,7 @@ def _forward_backward_packed(packed, operator, start, end, layout: Layout, semir
     end_lifted, end_log = _closing(end, semiring)
     log_z = _log_z(alpha, alpha_scale, end_lifted, end_log, layout, semiring)
     overlap = np.empty(lifted.shape[0])  # to_log(dot(alpha, beta)) per row
-    total = np.zeros(lifted_operator.count_shape) if counts else None
+    total = np.zeros(lifted_operator.total_shape) if counts else None
     log_alpha = np.empty_like(alpha) if keep_messages else None
     log_beta = np.empty_like(alpha) if keep_messages else None
 
@@ -217,7 +217,9 @@ def _forward_backward_packed(packed, operator, start, end, layout: Layout, semir
         """Counts of the edges into step t (of the rows ``keep`` of the n_t sequences there)."""
         n, rows = weighted.shape[0], layout.rows(t)
         previous = forward[layout.rows(t - 1, n)][keep]
-        step = lifted_operator.at(np.arange(rows.start, rows.stop)[keep])
+        step = lifted_operator.at(
+            rows if isinstance(keep, slice) and keep == slice(None) else np.arange(rows.start, rows.stop)[keep]
+        )
         return _step_counts(previous, weighted[keep], overlap[rows][keep], step_log[rows][keep], step, semiring)
 
     if keep_messages:  # before the node marginals take alpha's place
@@ -269,7 +271,7 @@ def _forward_backward_packed(packed, operator, start, end, layout: Layout, semir
     del lifted
     if semiring.fallback is not None:  # to be recomputed; in the exact semiring -inf means impossible
         log_z[failed] = np.nan
-    return Posterior(log_z, marginals, total, log_alpha, log_beta)
+    return Posterior(log_z, marginals, None if total is None else lifted_operator.expand(total), log_alpha, log_beta)
 
 
 def forward_backward(

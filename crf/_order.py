@@ -32,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._layout import Layout
-from ._transitions import PrunedSecondOrderTransitions, SecondOrderTransitions
+from ._transitions import PrunedEdges, PrunedSecondOrderTransitions, SecondOrderTransitions
 
 
 def _boundaries(offsets: np.ndarray, n_tokens: int) -> tuple[np.ndarray, np.ndarray]:
@@ -286,7 +286,7 @@ class PrunedLattice(Lattice):
         # the labels before each slot of the previous token, "before the sequence" (L) last: the pair (a, b) a last token closes
         self.closing = np.concatenate([before, np.where(first, L, -1)[:, None]], axis=1)  # (T, K + 1)
         self.first, self.last = first, np.asarray(last, dtype=np.int64)
-        self.flat = PrunedSecondOrderTransitions.edge_index(labels, before, before2, L)
+        self.index = PrunedEdges.of(labels, before, before2, L)
 
     @classmethod
     def packed(cls, structure: SecondOrderChain, layout: Layout, candidates: np.ndarray) -> PrunedLattice:
@@ -321,7 +321,7 @@ class PrunedLattice(Lattice):
     def scores(self, tail: np.ndarray) -> tuple:
         blocks, K = self.structure.split(tail), self.n_slots
         operator = PrunedSecondOrderTransitions(
-            blocks["transitions"][None] + blocks["trigrams"], self.labels, self.before, self.before2, self.flat
+            blocks["transitions"][None] + blocks["trigrams"], self.labels, self.before, self.before2, self.index
         )
         start = np.full((K + 1, K), -np.inf)
         start[K] = 0.0  # the start weights are in the first tokens' emissions

@@ -9,6 +9,7 @@ entries peak at the semiring's one) and is added to the emissions by the caller 
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Protocol
 
@@ -21,21 +22,27 @@ from ._semirings import MaxSemiring, ScaledSemiring, Semiring
 class LiftedOperator(Protocol):
     """Transition scores bound to a semiring. For messages (n, S, *V) (V: the semiring's value
     shape); ``values``: the lifted table (``shape``), ``count_shape``: the shape of the expected
-    counts (:meth:`counts`), ``edge_shape``: the shape of one row's edge marginals. The recursions
+    counts, ``total_shape``: the shape :meth:`counts` sums into (a per-lattice space that
+    :meth:`expand` turns into ``count_shape``), ``edge_shape``: the shape of one row's edge
+    marginals. The recursions
     apply it to the edges into the packed rows ``rows`` of one step through ``at(rows)``: a
     stationary operator is the same for every step (``at`` returns it); one with per-token data
     (:class:`PrunedSecondOrderTransitions`) gives the operator of those rows."""
 
     values: np.ndarray
     count_shape: tuple[int, ...]
+    total_shape: tuple[int, ...]
     edge_shape: tuple[int, ...]
 
     def at(self, rows) -> LiftedOperator:
         """The operator of the edges into the packed rows ``rows`` (a slice or indices)."""
 
     def counts(self, previous: np.ndarray, following: np.ndarray) -> np.ndarray:
-        """Expected counts (``count_shape``, probabilities) of the edges between the (n, S)
+        """Expected counts (``total_shape``, probabilities) of the edges between the (n, S)
         normalised ``previous`` messages and the ``following`` ones (see ``pair_sum``)."""
+
+    def expand(self, total: np.ndarray) -> np.ndarray:
+        """A sum of :meth:`counts` (``total_shape``) as counts of the table (``count_shape``)."""
 
     def forward(self, messages: np.ndarray) -> np.ndarray:
         """(n, S, *V) messages into every state: ``plus_i m[i] * table[i -> j]``."""
@@ -179,6 +186,8 @@ class _Stationary:
     def count_shape(self) -> tuple[int, ...]:
         return self.values.shape
 
+    total_shape = count_shape
+
     @property
     def edge_shape(self) -> tuple[int, ...]:
         return self.values.shape
@@ -188,6 +197,10 @@ class _Stationary:
 
     def counts(self, previous: np.ndarray, following: np.ndarray) -> np.ndarray:
         return self.semiring.to_prob(self.semiring.times(self.values, self.pair_sum(previous, following)))
+
+    @staticmethod
+    def expand(total: np.ndarray) -> np.ndarray:
+        return total
 
 
 class _LiftedFirstOrder(_Stationary):
@@ -410,6 +423,52 @@ class _LiftedSecondOrder(_Stationary):
         return self._inner(following)[:, None]
 
 
+class PrunedEdges:
+    """The edges into every token of a pruned second-order lattice, scored by label triples.
+
+    ``used`` (U,): the flat (L + 1, L, L) indices of the label triples the lattice's edges carry,
+    ascending, with (L + 1) * L * L (one past the table) last where some slot is empty;
+    ``edges`` (T, K + 1, K, K) [t, i, j, k]: the position in ``used`` of the edge from state (i, j)
+    of token t - 1 into state (j, k) of token t. A function of the lattice alone, made once for
+    all the weights it is scored with. :attr:`listed` holds the edges between filled slots only,
+    token by token, for the recursions that visit those alone."""
+
+    def __init__(self, used: np.ndarray, edges: np.ndarray, empty: int) -> None:
+        self.used, self.edges = used, edges
+        self.empty = empty  # the position in ``used`` of the empty-slot index (-1: none)
+
+    @classmethod
+    def of(cls, labels: np.ndarray, before: np.ndarray, before2: np.ndarray, n_labels: int) -> PrunedEdges:
+        """From the slot labels of :class:`PrunedSecondOrderTransitions`."""
+        L = n_labels
+        a, b, c = before2[:, :, None, None], before[:, None, :, None], labels[:, None, None, :]
+        size = (L + 1) * L * L
+        flat = (a * L + b) * L + c
+        flat[(a < 0) | (b < 0) | (c < 0)] = size
+        present = np.zeros(size + 1, dtype=bool)
+        present[flat.ravel()] = True
+        used = np.flatnonzero(present)
+        index_type = np.int32 if used.size < np.iinfo(np.int32).max else np.int64
+        position = np.cumsum(present, dtype=np.int64) - 1
+        empty = used.size - 1 if present[size] else -1
+        return cls(used, position[flat].astype(index_type), empty)
+
+    def take(self, index) -> PrunedEdges:
+        return PrunedEdges(self.used, self.edges[index], self.empty)
+
+    @functools.cached_property
+    def listed(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(start (T + 1,): token t's edges are ``start[t]:start[t + 1]``; then per edge (E,): its
+        source ``t * S + i * K + j`` and target ``t * S + j * K + k`` as flat indices into
+        (T, S) messages, and its position in ``used``), for the edges between filled slots."""
+        T, K1, K = self.edges.shape[:3]
+        S = K1 * K
+        t, i, j, k = np.nonzero(self.edges != self.empty)
+        start = np.zeros(T + 1, dtype=np.int64)
+        np.cumsum(np.bincount(t, minlength=T), out=start[1:])
+        return start, t * S + i * K + j, t * S + j * K + k, self.edges[t, i, j, k]
+
+
 class PrunedSecondOrderTransitions:
     """A second-order chain over each token's candidate labels (a pruned lattice), run by the same
     recursions: the states of a token are pairs of *slots* (slot i of the previous token, slot j of
@@ -426,7 +485,12 @@ class PrunedSecondOrderTransitions:
     triples of labels. Work per token is O(K^3) instead of O(L^3)."""
 
     def __init__(
-        self, scores: np.ndarray, labels: np.ndarray, before: np.ndarray, before2: np.ndarray, flat: np.ndarray | None = None
+        self,
+        scores: np.ndarray,
+        labels: np.ndarray,
+        before: np.ndarray,
+        before2: np.ndarray,
+        index: PrunedEdges | None = None,
     ) -> None:
         self.scores = np.asarray(scores, dtype=np.float64)
         self.labels, self.before, self.before2 = labels, before, before2
@@ -436,23 +500,11 @@ class PrunedSecondOrderTransitions:
             raise ValueError(f"slot labels of shapes {labels.shape}, {before.shape}, {before2.shape} do not agree")
         self.n_states = (K + 1) * K
         self.shape = self.scores.shape
-        self.flat = self.edge_index(labels, before, before2, L) if flat is None else flat
-
-    @staticmethod
-    def edge_index(labels: np.ndarray, before: np.ndarray, before2: np.ndarray, n_labels: int) -> np.ndarray:
-        """The flat (L + 1, L, L) index of every edge (T, K + 1, K, K) into every token, and
-        (L + 1) * L * L (one past the table) where a slot is empty: a function of the lattice
-        alone, computed once for all the weights it is scored with."""
-        L = n_labels
-        a, b, c = before2[:, :, None, None], before[:, None, :, None], labels[:, None, None, :]
-        index_type = np.int32 if (L + 1) * L * L < np.iinfo(np.int32).max else np.int64
-        flat = ((a * L + b) * L + c).astype(index_type)
-        flat[(a < 0) | (b < 0) | (c < 0)] = (L + 1) * L * L
-        return flat
+        self.index = PrunedEdges.of(labels, before, before2, L) if index is None else index
 
     def take(self, index: np.ndarray) -> PrunedSecondOrderTransitions:
         return PrunedSecondOrderTransitions(
-            self.scores, self.labels[index], self.before[index], self.before2[index], self.flat[index]
+            self.scores, self.labels[index], self.before[index], self.before2[index], self.index.take(index)
         )
 
     def state_emissions(self, emissions: np.ndarray) -> np.ndarray:
@@ -470,9 +522,9 @@ class PrunedSecondOrderTransitions:
         middle, k = np.divmod(np.asarray(states), K)
         inner = (middle == j) & (middle < K) & (np.asarray(previous) >= 0) & (np.asarray(states) >= 0)
         tokens = np.arange(self.labels.shape[0])
-        table = np.append(self.scores.ravel(), -np.inf)
+        table = np.append(self.scores.ravel(), -np.inf)[self.index.used]
         i, j, k = (np.where(inner, v, 0) for v in (i, j, k))
-        return np.where(inner, table[self.flat[tokens, i, j, k]], -np.inf)
+        return np.where(inner, table[self.index.edges[tokens, i, j, k]], -np.inf)
 
     def _tokens(self, tokens) -> np.ndarray:
         return np.arange(self.labels.shape[0]) if tokens is None else np.asarray(tokens)
@@ -505,35 +557,70 @@ class PrunedSecondOrderTransitions:
         return np.where((slot >= 0) & (previous >= 0), previous * K + slot, -1)
 
     def edge_table(self) -> np.ndarray:
-        return self.tables()
-
-    def tables(self) -> np.ndarray:
         """Log scores (T, K + 1, K, K) of the edges into every token, -inf where a slot is empty."""
-        return np.append(self.scores.ravel(), -np.inf)[self.flat]
+        return np.append(self.scores.ravel(), -np.inf)[self.index.used][self.index.edges]
 
     def lift(self, semiring) -> tuple[np.ndarray, _LiftedPruned]:
+        # each state (j, k) takes out the best score over *all* first labels of its label pair
+        # (b, c), a bound on its incoming edges that needs no pass over the (T, K + 1, K, K) edges:
+        # the table is lifted once per used triple, and gathered by edge where needed
         K = self.n_slots
-        table, flat = self.tables(), self.flat
-        top = table.max(axis=1)  # (T, K, K): the best incoming score of each state (j, k)
-        top = np.where(np.isfinite(top), top, 0.0)
-        column_top = np.zeros((table.shape[0], self.n_states))
-        column_top[:, : K * K] = top.reshape(table.shape[0], K * K)
-        table -= top[:, None]
-        return column_top, _LiftedPruned(semiring.weights(table), flat, semiring, self.shape)
+        best = self.scores.max(axis=0)  # (L, L) [b, c]
+        best = np.where(np.isfinite(best), best, 0.0)
+        b, c = self.before[:, :, None], self.labels[:, None, :]
+        top = np.where((b >= 0) & (c >= 0), best[np.maximum(b, 0), np.maximum(c, 0)], 0.0)  # (T, K, K)
+        column_top = np.zeros((self.labels.shape[0], self.n_states))
+        column_top[:, : K * K] = top.reshape(-1, K * K)
+        shifted = np.append((self.scores - best[None]).ravel(), -np.inf)[self.index.used]
+        return column_top, _LiftedPruned(semiring.weights(shifted), self.index, None, semiring, self.shape)
 
 
 class _LiftedPruned:
-    """:class:`PrunedSecondOrderTransitions` bound to a semiring: ``values`` (rows, K + 1, K, K)
-    [row, i, j, k], the lifted tables of the rows it holds (``at`` picks a step's)."""
+    """:class:`PrunedSecondOrderTransitions` bound to a semiring: ``weights`` (U, *V) the lifted
+    scores of the lattice's used triples (see :class:`PrunedEdges`), ``rows`` the packed rows it
+    holds (None: all; ``at`` picks a step's) and ``values`` (rows, K + 1, K, K, *V) [row, i, j,
+    k] their lifted edge tables, gathered when first needed. Expected counts are summed per used
+    triple (``total_shape`` (U,)) and expanded to the (L + 1, L, L) table once (:meth:`expand`).
 
-    def __init__(self, values: np.ndarray, flat: np.ndarray, semiring, count_shape: tuple[int, ...]) -> None:
-        self.values, self.flat, self.semiring = values, flat, semiring
+    In the scaled semiring (training), a step of consecutive rows runs forward, backward and
+    counts over the listed edges between filled slots only: a token with c candidates after
+    tokens with a and b has a * b * c edges, where the padded tables hold (K + 1) * K * K."""
+
+    def __init__(self, weights: np.ndarray, index: PrunedEdges, rows, semiring, count_shape: tuple[int, ...]) -> None:
+        self.weights, self.index, self.rows, self.semiring = weights, index, rows, semiring
         self.count_shape = count_shape
-        self.edge_shape = values.shape[1:]
-        self.n_slots = values.shape[2]
+        self.total_shape = (index.used.size,)
+        self.edge_shape = index.edges.shape[1:]
+        self.n_slots = index.edges.shape[2]
+        self.listed = semiring is ScaledSemiring and isinstance(rows, slice)
+
+    @functools.cached_property
+    def values(self) -> np.ndarray:
+        return self.weights[self.index.edges if self.rows is None else self.index.edges[self.rows]]
 
     def at(self, rows) -> _LiftedPruned:
-        return _LiftedPruned(self.values[rows], self.flat[rows], self.semiring, self.count_shape)
+        if self.rows is not None:
+            raise ValueError("at() selects rows of the whole lattice's operator only")
+        return _LiftedPruned(self.weights, self.index, rows, self.semiring, self.count_shape)
+
+    def expand(self, total: np.ndarray) -> np.ndarray:
+        size = math.prod(self.count_shape)  # empty slots count into one place past the table, dropped
+        out = np.zeros(size + 1)
+        out[self.index.used] = total
+        return out[:size].reshape(self.count_shape)
+
+    def _step_edges(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(source, target, weight) of this step's listed edges, sources and targets as flat
+        indices into the step's (n, S) messages."""
+        start, source, target, triple = self.index.listed
+        first, stop = start[self.rows.start], start[self.rows.stop]
+        base = self.rows.start * (self.n_slots + 1) * self.n_slots
+        return source[first:stop] - base, target[first:stop] - base, self.weights[triple[first:stop]]
+
+    def _spread(self, index: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
+        """(n, S) sums of ``values`` by their flat index into (n, S)."""
+        S = (self.n_slots + 1) * self.n_slots
+        return np.bincount(index, weights=values, minlength=n * S).reshape(n, S)
 
     def _padded(self, inner: np.ndarray) -> np.ndarray:
         """(n, K, K, *V) values of the states (j, k) as (n, S, *V); the before-start states get zero."""
@@ -547,11 +634,17 @@ class _LiftedPruned:
         return messages.reshape((n, K + 1, K) + messages.shape[2:])
 
     def forward(self, messages: np.ndarray) -> np.ndarray:
+        if self.listed:
+            source, target, weight = self._step_edges()
+            return self._spread(target, messages.ravel()[source] * weight, messages.shape[0])
         candidates = self.semiring.times(self._by_source(messages)[:, :, :, None], self.values)  # [n, i, j, k, *V]
         return self._padded(self.semiring.plus(candidates, axis=1))
 
     def backward(self, weighted: np.ndarray) -> np.ndarray:
         n, K = weighted.shape[0], self.n_slots
+        if self.listed:
+            source, target, weight = self._step_edges()
+            return self._spread(source, weighted.ravel()[target] * weight, n)
         inner = weighted[:, : K * K].reshape(n, 1, K, K)
         return self.semiring.plus(self.semiring.times(self.values, inner), axis=3).reshape(n, (K + 1) * K)
 
@@ -569,12 +662,21 @@ class _LiftedPruned:
 
     def counts(self, previous: np.ndarray, following: np.ndarray) -> np.ndarray:
         n, K = previous.shape[0], self.n_slots
+        if self.listed:
+            source, target, weight = self._step_edges()
+            start, _, _, triple = self.index.listed
+            joint = previous.ravel()[source] * weight * following.ravel()[target]
+            return np.bincount(
+                triple[start[self.rows.start] : start[self.rows.stop]], weights=joint, minlength=self.index.used.size
+            )
         joint = self.semiring.times(
             self.semiring.times(self._by_source(previous)[:, :, :, None], self.values), following[:, : K * K].reshape(n, 1, K, K)
         )
-        size = math.prod(self.count_shape)  # empty slots count into one place past the table, dropped
-        counts = np.bincount(self.flat.ravel(), weights=self.semiring.to_prob(joint).ravel(), minlength=size + 1)
-        return counts[:size].reshape(self.count_shape)
+        return np.bincount(
+            self.index.edges[self.rows].ravel() if self.rows is not None else self.index.edges.ravel(),
+            weights=self.semiring.to_prob(joint).ravel(),
+            minlength=self.index.used.size,
+        )
 
     def source(self, previous: np.ndarray) -> np.ndarray:
         return self._by_source(previous)[:, :, :, None]

@@ -117,9 +117,11 @@ def _enumerated_loss(X, offsets, labels, params, theta, candidates=None):
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-@pytest.mark.parametrize("case", ["dense", "sparse", "partial", "pruned", "partial pruned"])
+@pytest.mark.parametrize("case", ["dense", "sparse", "partial", "pruned", "partial pruned", "pruned large"])
 def test_objective_matches_enumeration_and_finite_differences(seed, case):
-    """Pruned: the chain runs over each token's candidate labels (the compact pair-of-slots lattice)."""
+    """Pruned: the chain runs over each token's candidate labels (the compact pair-of-slots lattice).
+    Large: weights of a scale where an edge table's best entry lies far below its label pair's
+    best (the lifted values are then tiny, or flushed and the sequence redone in log space)."""
     L = 3
     X, offsets, labels = _problem(seed, L, partial="partial" in case)
     index = feature_index(X, labels, L) if case == "sparse" else None
@@ -133,9 +135,11 @@ def test_objective_matches_enumeration_and_finite_differences(seed, case):
         candidates[np.arange(labels.size), rng.integers(0, L, labels.size)] = True
     objective = Objective(X, offsets, labels, params, candidates=candidates, chunk_cells=30)
     assert len(objective.chunks) > 1  # the sums over chunks are part of what is checked
-    theta = np.random.default_rng(seed + 10).normal(size=params.size)
+    theta = np.random.default_rng(seed + 10).normal(size=params.size) * (60.0 if "large" in case else 1.0)
     loss, grad = objective(theta)
-    assert loss == pytest.approx(_enumerated_loss(X, offsets, labels, params, theta, candidates), abs=1e-9)
+    assert loss == pytest.approx(_enumerated_loss(X, offsets, labels, params, theta, candidates), abs=1e-9, rel=1e-12)
+    if "large" in case:
+        theta = theta / 60.0  # finite differences need a smooth region; the loss above is the point
     fun = _regularised(objective, 0.3)
     np.testing.assert_allclose(fun(theta)[1], finite_difference(fun, theta), rtol=1e-5, atol=1e-6)
     # every block of the tail takes part (trigrams with the before-sequence row, pair_end, start, end)
@@ -383,3 +387,34 @@ def test_sparse_contractions_of_a_pruned_lattice_equal_the_dense_ones(seed, monk
         results[name] = (scaled.log_z, scaled.marginals, scaled.transition_counts, logged.log_z, logged.transition_counts, *best)
     for dense, sparse in zip(results["dense"], results["sparse"]):
         np.testing.assert_allclose(sparse, dense, atol=1e-12)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_listed_edges_of_a_pruned_step_equal_its_padded_tables(seed):
+    """In the scaled semiring a step of a pruned lattice runs over its listed edges between
+    filled slots; forward, backward and the expected counts equal those of the padded (K + 1, K, K)
+    tables. (The objective's own check would not see a difference: a step that disagreed would
+    fail the alpha-beta identity and be recomputed in log space.)"""
+    from crf._layout import Layout
+
+    rng = np.random.default_rng(seed)
+    L, lengths = 5, [6, 2, 4, 1, 5]
+    structure, tail, _ = _random_tail(seed, L)
+    layout = Layout.from_lengths(lengths)
+    candidates = rng.random((sum(lengths), L)) < 0.45
+    candidates[np.arange(sum(lengths)), rng.integers(0, L, sum(lengths))] = True
+    operator = structure.lattice(layout, candidates[layout.token_of_row]).scores(tail)[0]
+    lifted = operator.lift(chain.ScaledSemiring)[1]
+    S = operator.n_states
+    checked = 0
+    for t in range(1, layout.n_steps):
+        rows = layout.rows(t)
+        listed, padded = lifted.at(rows), lifted.at(np.arange(rows.start, rows.stop))
+        assert listed.listed and not padded.listed
+        previous, following = rng.random((2, rows.stop - rows.start, S))
+        np.testing.assert_allclose(listed.forward(previous), padded.forward(previous), rtol=1e-12, atol=1e-15)
+        np.testing.assert_allclose(listed.backward(following), padded.backward(following), rtol=1e-12, atol=1e-15)
+        counts = listed.counts(previous, following)
+        np.testing.assert_allclose(counts, padded.counts(previous, following), rtol=1e-12, atol=1e-15)
+        checked += np.count_nonzero(counts)
+    assert checked > 10
