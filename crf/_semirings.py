@@ -144,9 +144,11 @@ class ScaledSemiring:
     normalisers underflow anyway are recomputed in ``fallback`` (log space), and so are those
     where a value flushed in the forward or the backward pass carried paths that matter later
     (:mod:`crf._chain` checks that every token gives the same log Z). Not caught: a flush both
-    passes share, such as an emission more than 172 nats below its token's best label whose
-    label still lies on the best paths because transitions make up more than that; scores so far
-    apart are outside what a regularised model gives, and then the sum misses those paths.
+    passes share, of a lifted emission or edge weight (an emission more than 172 nats below its
+    token's best state, an edge that far below the best edge into its state) whose paths still
+    matter because the rest of the chain makes up more than that. Scores so far apart are outside
+    what a regularised model gives (random weights of scale 30 on three labels never show it in
+    the tests, of scale 60 some do), and then the sum misses those paths.
     """
 
     value_shape: tuple[int, ...] = ()

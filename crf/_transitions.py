@@ -395,10 +395,12 @@ class _LiftedSecondOrder(_Stationary):
         semiring, L, n = self.semiring, self.n_labels, weighted.shape[0]
         inner = self._inner(weighted)  # [n, b, c]
         rows, b, c = np.nonzero(inner != semiring.zero)
+        out = np.full((n, L + 1, L), semiring.zero)
+        if not rows.size:  # only before-start states hold a message: nothing leads anywhere
+            return out.reshape(n, (L + 1) * L)
         present, group, within = _groups(rows * L + b, n * L)
         candidates = np.full((present.size, int(within.max()) + 1, L + 1), semiring.zero)
         candidates[group, within] = semiring.times(inner[rows, b, c][:, None], self.by_middle_last[b, c])
-        out = np.full((n, L + 1, L), semiring.zero)
         out[present // L, :, present % L] = semiring.plus(candidates, axis=1)  # states (a, b)
         return out.reshape(n, (L + 1) * L)
 
@@ -460,10 +462,11 @@ class PrunedEdges:
     def listed(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(start (T + 1,): token t's edges are ``start[t]:start[t + 1]``; then per edge (E,): its
         source ``t * S + i * K + j`` and target ``t * S + j * K + k`` as flat indices into
-        (T, S) messages, and its position in ``used``), for the edges between filled slots."""
+        (T, S) messages, and its position in ``used``), for the edges between filled slots,
+        ordered by target so that the edges into one state are consecutive."""
         T, K1, K = self.edges.shape[:3]
         S = K1 * K
-        t, i, j, k = np.nonzero(self.edges != self.empty)
+        t, j, k, i = np.nonzero(self.edges.transpose(0, 2, 3, 1) != self.empty)
         start = np.zeros(T + 1, dtype=np.int64)
         np.cumsum(np.bincount(t, minlength=T), out=start[1:])
         return start, t * S + i * K + j, t * S + j * K + k, self.edges[t, i, j, k]
@@ -561,33 +564,49 @@ class PrunedSecondOrderTransitions:
         return np.append(self.scores.ravel(), -np.inf)[self.index.used][self.index.edges]
 
     def lift(self, semiring) -> tuple[np.ndarray, _LiftedPruned]:
-        # each state (j, k) takes out the best score over *all* first labels of its label pair
-        # (b, c), a bound on its incoming edges that needs no pass over the (T, K + 1, K, K) edges:
-        # the table is lifted once per used triple, and gathered by edge where needed
-        K = self.n_slots
-        best = self.scores.max(axis=0)  # (L, L) [b, c]
-        best = np.where(np.isfinite(best), best, 0.0)
-        b, c = self.before[:, :, None], self.labels[:, None, :]
-        top = np.where((b >= 0) & (c >= 0), best[np.maximum(b, 0), np.maximum(c, 0)], 0.0)  # (T, K, K)
-        column_top = np.zeros((self.labels.shape[0], self.n_states))
-        column_top[:, : K * K] = top.reshape(-1, K * K)
-        shifted = np.append((self.scores - best[None]).ravel(), -np.inf)[self.index.used]
-        return column_top, _LiftedPruned(semiring.weights(shifted), self.index, None, semiring, self.shape)
+        # each state takes out the best of the edges that actually enter it at its token: a bound
+        # shared by all first labels a of a pair (b, c) could be set by an a that is no candidate
+        # two tokens back and flush every edge that is there, in both passes alike
+        T, K = self.labels.shape[0], self.n_slots
+        scores = np.append(self.scores.ravel(), -np.inf)[self.index.used]  # (U,)
+        _, _, target, triple = self.index.listed
+        edge_scores = scores[triple]
+        column_top = np.zeros(T * self.n_states)
+        if edge_scores.size:
+            first = np.flatnonzero(np.r_[True, target[1:] != target[:-1]])
+            top = np.maximum.reduceat(edge_scores, first)
+            column_top[target[first]] = np.where(np.isfinite(top), top, 0.0)
+        column_top = column_top.reshape(T, self.n_states)
+        top = column_top[:, : K * K].reshape(T, K, K)
+        edge_weights = semiring.weights(edge_scores - column_top.ravel()[target])
+        return column_top, _LiftedPruned(scores, top, edge_weights, self.index, None, semiring, self.shape)
 
 
 class _LiftedPruned:
-    """:class:`PrunedSecondOrderTransitions` bound to a semiring: ``weights`` (U, *V) the lifted
-    scores of the lattice's used triples (see :class:`PrunedEdges`), ``rows`` the packed rows it
-    holds (None: all; ``at`` picks a step's) and ``values`` (rows, K + 1, K, K, *V) [row, i, j,
-    k] their lifted edge tables, gathered when first needed. Expected counts are summed per used
-    triple (``total_shape`` (U,)) and expanded to the (L + 1, L, L) table once (:meth:`expand`).
+    """:class:`PrunedSecondOrderTransitions` bound to a semiring: ``scores`` (U,) the log scores of
+    the lattice's used triples (see :class:`PrunedEdges`), ``top`` (T, K, K) [t, j, k] what the
+    lift took out of the edges into state (j, k) of token t, ``edge_weights`` (E,) the lifted
+    weights of the listed edges, ``rows`` the packed rows it holds (None: all; ``at`` picks a
+    step's) and ``values`` (rows, K + 1, K, K, *V) [row, i, j, k] their lifted edge tables,
+    made when first needed. Expected counts are summed per used triple (``total_shape`` (U,))
+    and expanded to the (L + 1, L, L) table once (:meth:`expand`).
 
     In the scaled semiring (training), a step of consecutive rows runs forward, backward and
     counts over the listed edges between filled slots only: a token with c candidates after
     tokens with a and b has a * b * c edges, where the padded tables hold (K + 1) * K * K."""
 
-    def __init__(self, weights: np.ndarray, index: PrunedEdges, rows, semiring, count_shape: tuple[int, ...]) -> None:
-        self.weights, self.index, self.rows, self.semiring = weights, index, rows, semiring
+    def __init__(
+        self,
+        scores: np.ndarray,
+        top: np.ndarray,
+        edge_weights: np.ndarray,
+        index: PrunedEdges,
+        rows,
+        semiring,
+        count_shape: tuple[int, ...],
+    ) -> None:
+        self.scores, self.top, self.edge_weights = scores, top, edge_weights
+        self.index, self.rows, self.semiring = index, rows, semiring
         self.count_shape = count_shape
         self.total_shape = (index.used.size,)
         self.edge_shape = index.edges.shape[1:]
@@ -596,12 +615,13 @@ class _LiftedPruned:
 
     @functools.cached_property
     def values(self) -> np.ndarray:
-        return self.weights[self.index.edges if self.rows is None else self.index.edges[self.rows]]
+        rows = slice(None) if self.rows is None else self.rows
+        return self.semiring.weights(self.scores[self.index.edges[rows]] - self.top[rows][:, None])
 
     def at(self, rows) -> _LiftedPruned:
         if self.rows is not None:
             raise ValueError("at() selects rows of the whole lattice's operator only")
-        return _LiftedPruned(self.weights, self.index, rows, self.semiring, self.count_shape)
+        return _LiftedPruned(self.scores, self.top, self.edge_weights, self.index, rows, self.semiring, self.count_shape)
 
     def expand(self, total: np.ndarray) -> np.ndarray:
         size = math.prod(self.count_shape)  # empty slots count into one place past the table, dropped
@@ -615,7 +635,7 @@ class _LiftedPruned:
         start, source, target, triple = self.index.listed
         first, stop = start[self.rows.start], start[self.rows.stop]
         base = self.rows.start * (self.n_slots + 1) * self.n_slots
-        return source[first:stop] - base, target[first:stop] - base, self.weights[triple[first:stop]]
+        return source[first:stop] - base, target[first:stop] - base, self.edge_weights[first:stop]
 
     def _spread(self, index: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
         """(n, S) sums of ``values`` by their flat index into (n, S)."""

@@ -88,3 +88,21 @@ def test_second_order_edge_marginals(seed, n_labels, lengths):
             expected = np.zeros((L + 1, L, L))
             np.add.at(expected, (before, paths[:, t - 1], paths[:, t]), p)
             np.testing.assert_allclose(edges[a + t], expected, atol=1e-10)
+
+
+@pytest.mark.parametrize("semiring", [ScaledSemiring, LogSemiring])
+def test_a_step_whose_messages_sit_in_before_start_states_only_contracts_to_nothing(semiring, monkeypatch):
+    """Backward through a step where only before-start states (which no edge enters) carry a
+    message, few enough for the contraction by active entries: nothing flows back, as in the
+    dense product (it used to fail on the empty set of active entries)."""
+    from crf import _transitions
+
+    L = 3
+    scores = np.random.default_rng(0).normal(size=(L + 1, L, L))
+    lifted = SecondOrderTransitions(scores).lift(semiring)[1]
+    weighted = np.full((2, (L + 1) * L), semiring.zero)
+    weighted[0, L * L + 1] = semiring.weights(np.array([-0.3]))[0]
+    sparse = lifted.backward(weighted)
+    monkeypatch.setattr(_transitions, "SPARSE_BELOW", 0.0)
+    np.testing.assert_array_equal(sparse, lifted.backward(weighted))
+    assert np.all(sparse == semiring.zero)

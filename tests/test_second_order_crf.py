@@ -116,12 +116,17 @@ def _enumerated_loss(X, offsets, labels, params, theta, candidates=None):
     return total
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-@pytest.mark.parametrize("case", ["dense", "sparse", "partial", "pruned", "partial pruned", "pruned large"])
+@pytest.mark.parametrize(
+    "seed,case",
+    [
+        *itertools.product([0, 1], ["dense", "sparse", "partial", "pruned", "partial pruned"]),
+        *itertools.product(range(6), ["pruned large"]),
+    ],
+)
 def test_objective_matches_enumeration_and_finite_differences(seed, case):
     """Pruned: the chain runs over each token's candidate labels (the compact pair-of-slots lattice).
-    Large: weights of a scale where an edge table's best entry lies far below its label pair's
-    best (the lifted values are then tiny, or flushed and the sequence redone in log space)."""
+    Large: weights of a scale where lifted values are tiny, or flushed and the sequence redone in
+    log space (within what the scaled semiring guarantees: see ScaledSemiring)."""
     L = 3
     X, offsets, labels = _problem(seed, L, partial="partial" in case)
     index = feature_index(X, labels, L) if case == "sparse" else None
@@ -135,16 +140,40 @@ def test_objective_matches_enumeration_and_finite_differences(seed, case):
         candidates[np.arange(labels.size), rng.integers(0, L, labels.size)] = True
     objective = Objective(X, offsets, labels, params, candidates=candidates, chunk_cells=30)
     assert len(objective.chunks) > 1  # the sums over chunks are part of what is checked
-    theta = np.random.default_rng(seed + 10).normal(size=params.size) * (60.0 if "large" in case else 1.0)
+    theta = np.random.default_rng(seed + 10).normal(size=params.size) * (30.0 if "large" in case else 1.0)
     loss, grad = objective(theta)
     assert loss == pytest.approx(_enumerated_loss(X, offsets, labels, params, theta, candidates), abs=1e-9, rel=1e-12)
     if "large" in case:
-        theta = theta / 60.0  # finite differences need a smooth region; the loss above is the point
+        theta = theta / 30.0  # finite differences need a smooth region; the loss above is the point
     fun = _regularised(objective, 0.3)
     np.testing.assert_allclose(fun(theta)[1], finite_difference(fun, theta), rtol=1e-5, atol=1e-6)
     # every block of the tail takes part (trigrams with the before-sequence row, pair_end, start, end)
     tail = params.tail_blocks(grad)
     assert all(np.any(block != 0) for block in tail.values())
+
+
+def test_a_trigram_far_above_the_rest_through_a_label_pruned_away_hides_no_path():
+    """The lift takes out of each state's edges the best edge that enters it at its token. A
+    trigram (2, 1, 2) 173.5 nats above (0, 1, 2), whose first label is no candidate at token 0,
+    must not set that bound: the edge (0, 1, 2) that is there would be flushed in both passes
+    alike (while label 1's own state keeps the token's normaliser up), and the paths through it
+    would be missing from log Z without any check noticing."""
+    L = 3
+    X = sp.csr_matrix(np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [1.0, 0.0], [0.0, 1.0]]))
+    offsets = np.array([0, 3, 5])
+    labels = np.array([0, 1, 1, 0, -1])
+    candidates = np.array([[1, 0, 0], [0, 1, 0], [0, 1, 1], [1, 0, 1], [0, 1, 1]], dtype=bool)
+    params = ParameterLayout(X.shape[1], L, order=2)
+    theta = np.random.default_rng(0).normal(size=params.size) * 0.1
+    state, blocks = params.split(theta)[0], params.tail_blocks(theta)
+    theta[: params.n_state] = (state + np.array([[0.0, 1.0, -1.0], [0.0, 1.0, -1.0]])).ravel()
+    blocks["trigrams"][2, 1, 2] = blocks["trigrams"][0, 1, 2] + 173.5
+    objective = Objective(X, offsets, labels, params, candidates=candidates)
+    loss, grad = objective(theta)
+    expected = _enumerated_loss(X, offsets, labels, params, theta, candidates)
+    assert expected > 0.1  # the path 0, 1, 2 carries a fair share of the first sequence
+    assert loss == pytest.approx(expected, abs=1e-9, rel=1e-12)
+    np.testing.assert_allclose(grad, finite_difference(objective, theta), rtol=1e-5, atol=1e-6)
 
 
 def test_objective_is_bit_identical_for_any_thread_count():
