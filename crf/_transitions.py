@@ -16,7 +16,7 @@ from typing import Protocol
 import numpy as np
 import scipy.sparse as sp
 
-from ._semirings import MaxSemiring, ScaledSemiring, Semiring
+from ._semirings import LogSemiring, MaxSemiring, ScaledSemiring, Semiring
 
 
 class LiftedOperator(Protocol):
@@ -443,17 +443,20 @@ class PrunedEdges:
     def of(cls, labels: np.ndarray, before: np.ndarray, before2: np.ndarray, n_labels: int) -> PrunedEdges:
         """From the slot labels of :class:`PrunedSecondOrderTransitions`."""
         L = n_labels
-        a, b, c = before2[:, :, None, None], before[:, None, :, None], labels[:, None, None, :]
+        filled = (before2 >= 0)[:, :, None, None] & (before >= 0)[:, None, :, None] & (labels >= 0)[:, None, None, :]
+        t, i, j, k = np.nonzero(filled)  # the filled edges only: the (T, K + 1, K, K) table is mostly empty slots
+        flat = (before2[t, i].astype(np.int64) * L + before[t, j]) * L + labels[t, k]
         size = (L + 1) * L * L
-        flat = (a * L + b) * L + c
-        flat[(a < 0) | (b < 0) | (c < 0)] = size
         present = np.zeros(size + 1, dtype=bool)
-        present[flat.ravel()] = True
+        present[flat] = True
+        present[size] = t.size < filled.size
         used = np.flatnonzero(present)
         index_type = np.int32 if used.size < np.iinfo(np.int32).max else np.int64
         position = np.cumsum(present, dtype=np.int64) - 1
         empty = used.size - 1 if present[size] else -1
-        return cls(used, position[flat].astype(index_type), empty)
+        edges = np.full(filled.shape, max(empty, 0), dtype=index_type)
+        edges[t, i, j, k] = position[flat]
+        return cls(used, edges, empty)
 
     def take(self, index) -> PrunedEdges:
         return PrunedEdges(self.used, self.edges[index], self.empty)
@@ -593,7 +596,8 @@ class _LiftedPruned:
 
     In the scaled semiring (training), a step of consecutive rows runs forward, backward and
     counts over the listed edges between filled slots only: a token with c candidates after
-    tokens with a and b has a * b * c edges, where the padded tables hold (K + 1) * K * K."""
+    tokens with a and b has a * b * c edges, where the padded tables hold (K + 1) * K * K. In log
+    space (constrained windows, segment confidence) forward does too."""
 
     def __init__(
         self,
@@ -612,6 +616,7 @@ class _LiftedPruned:
         self.edge_shape = index.edges.shape[1:]
         self.n_slots = index.edges.shape[2]
         self.listed = semiring is ScaledSemiring and isinstance(rows, slice)
+        self.listed_forward = self.listed or (semiring is LogSemiring and isinstance(rows, slice))
 
     @functools.cached_property
     def values(self) -> np.ndarray:
@@ -638,9 +643,22 @@ class _LiftedPruned:
         return source[first:stop] - base, target[first:stop] - base, self.edge_weights[first:stop]
 
     def _spread(self, index: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
-        """(n, S) sums of ``values`` by their flat index into (n, S)."""
+        """(n, S) sums of ``values`` by their flat index into (n, S) (scaled semiring)."""
         S = (self.n_slots + 1) * self.n_slots
         return np.bincount(index, weights=values, minlength=n * S).reshape(n, S)
+
+    def _log_spread(self, target: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
+        """(n, S) log-sum-exp of the log ``values`` by their flat target into (n, S); the edges
+        into one state are consecutive (see :attr:`PrunedEdges.listed`)."""
+        out = np.full(n * (self.n_slots + 1) * self.n_slots, -np.inf)
+        if values.size:
+            first = np.flatnonzero(np.r_[True, target[1:] != target[:-1]])
+            top = np.maximum.reduceat(values, first)
+            top = np.where(np.isfinite(top), top, 0.0)
+            sizes = np.diff(np.r_[first, values.size])
+            with np.errstate(divide="ignore"):
+                out[target[first]] = top + np.log(np.add.reduceat(np.exp(values - np.repeat(top, sizes)), first))
+        return out.reshape(n, -1)
 
     def _padded(self, inner: np.ndarray) -> np.ndarray:
         """(n, K, K, *V) values of the states (j, k) as (n, S, *V); the before-start states get zero."""
@@ -654,9 +672,10 @@ class _LiftedPruned:
         return messages.reshape((n, K + 1, K) + messages.shape[2:])
 
     def forward(self, messages: np.ndarray) -> np.ndarray:
-        if self.listed:
+        if self.listed_forward:
             source, target, weight = self._step_edges()
-            return self._spread(target, messages.ravel()[source] * weight, messages.shape[0])
+            spread = self._spread if self.listed else self._log_spread
+            return spread(target, self.semiring.times(messages.ravel()[source], weight), messages.shape[0])
         candidates = self.semiring.times(self._by_source(messages)[:, :, :, None], self.values)  # [n, i, j, k, *V]
         return self._padded(self.semiring.plus(candidates, axis=1))
 

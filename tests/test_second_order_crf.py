@@ -422,7 +422,7 @@ def test_sparse_contractions_of_a_pruned_lattice_equal_the_dense_ones(seed, monk
 def test_listed_edges_of_a_pruned_step_equal_its_padded_tables(seed):
     """In the scaled semiring a step of a pruned lattice runs over its listed edges between
     filled slots; forward, backward and the expected counts equal those of the padded (K + 1, K, K)
-    tables. (The objective's own check would not see a difference: a step that disagreed would
+    tables, and so does the log-space forward. (The objective's own check would not see a difference: a step that disagreed would
     fail the alpha-beta identity and be recomputed in log space.)"""
     from crf._layout import Layout
 
@@ -434,6 +434,7 @@ def test_listed_edges_of_a_pruned_step_equal_its_padded_tables(seed):
     candidates[np.arange(sum(lengths)), rng.integers(0, L, sum(lengths))] = True
     operator = structure.lattice(layout, candidates[layout.token_of_row]).scores(tail)[0]
     lifted = operator.lift(chain.ScaledSemiring)[1]
+    in_log = operator.lift(chain.LogSemiring)[1]
     S = operator.n_states
     checked = 0
     for t in range(1, layout.n_steps):
@@ -441,6 +442,11 @@ def test_listed_edges_of_a_pruned_step_equal_its_padded_tables(seed):
         listed, padded = lifted.at(rows), lifted.at(np.arange(rows.start, rows.stop))
         assert listed.listed and not padded.listed
         previous, following = rng.random((2, rows.stop - rows.start, S))
+        # log space (constrained windows): forward over the listed edges too, some sources impossible
+        logged = np.where(rng.random(previous.shape) < 0.3, -np.inf, np.log(previous))
+        listed_log, padded_log = in_log.at(rows), in_log.at(np.arange(rows.start, rows.stop))
+        assert listed_log.listed_forward and not padded_log.listed_forward
+        np.testing.assert_allclose(listed_log.forward(logged), padded_log.forward(logged), rtol=1e-12, atol=1e-12)
         np.testing.assert_allclose(listed.forward(previous), padded.forward(previous), rtol=1e-12, atol=1e-15)
         np.testing.assert_allclose(listed.backward(following), padded.backward(following), rtol=1e-12, atol=1e-15)
         counts = listed.counts(previous, following)
