@@ -422,8 +422,9 @@ def test_sparse_contractions_of_a_pruned_lattice_equal_the_dense_ones(seed, monk
 def test_listed_edges_of_a_pruned_step_equal_its_padded_tables(seed):
     """In the scaled semiring a step of a pruned lattice runs over its listed edges between
     filled slots; forward, backward and the expected counts equal those of the padded (K + 1, K, K)
-    tables, and so does the log-space forward. (The objective's own check would not see a difference: a step that disagreed would
-    fail the alpha-beta identity and be recomputed in log space.)"""
+    tables, and so does the log-space forward. (The objective's own check would not see a
+    difference: a step that disagreed would fail the alpha-beta identity and be recomputed in log
+    space.)"""
     from crf._layout import Layout
 
     rng = np.random.default_rng(seed)
