@@ -313,6 +313,14 @@ def _groups(keys: np.ndarray, n_groups: int) -> tuple[np.ndarray, np.ndarray, np
     return present, np.repeat(np.arange(present.size), sizes), within
 
 
+def _max_by_run(values: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For ``keys`` (m,) whose equal entries are consecutive (m > 0): (the first position of
+    each run (R,), the maximum of ``values`` over each run (R,), 0 where it is not finite)."""
+    first = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
+    top = np.maximum.reduceat(values, first)
+    return first, np.where(np.isfinite(top), top, 0.0)
+
+
 class _LiftedSecondOrder(_Stationary):
     """The second-order operator bound to a semiring. Dense contractions are batched products
     over the middle label (O(n L^3)); when few states carry a message (a pruned lattice) and the
@@ -576,9 +584,8 @@ class PrunedSecondOrderTransitions:
         edge_scores = scores[triple]
         column_top = np.zeros(T * self.n_states)
         if edge_scores.size:
-            first = np.flatnonzero(np.r_[True, target[1:] != target[:-1]])
-            top = np.maximum.reduceat(edge_scores, first)
-            column_top[target[first]] = np.where(np.isfinite(top), top, 0.0)
+            first, top = _max_by_run(edge_scores, target)
+            column_top[target[first]] = top
         column_top = column_top.reshape(T, self.n_states)
         top = column_top[:, : K * K].reshape(T, K, K)
         edge_weights = semiring.weights(edge_scores - column_top.ravel()[target])
@@ -652,9 +659,7 @@ class _LiftedPruned:
         into one state are consecutive (see :attr:`PrunedEdges.listed`)."""
         out = np.full(n * (self.n_slots + 1) * self.n_slots, -np.inf)
         if values.size:
-            first = np.flatnonzero(np.r_[True, target[1:] != target[:-1]])
-            top = np.maximum.reduceat(values, first)
-            top = np.where(np.isfinite(top), top, 0.0)
+            first, top = _max_by_run(values, target)
             sizes = np.diff(np.r_[first, values.size])
             with np.errstate(divide="ignore"):
                 out[target[first]] = top + np.log(np.add.reduceat(np.exp(values - np.repeat(top, sizes)), first))
