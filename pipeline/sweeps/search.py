@@ -29,6 +29,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, Override, RangeSweep
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 
+from pipeline.sweeps.pruners import HeldMedianPruner, HeldPercentilePruner
 from pipeline.sweeps.pruning import DEV_SCORES, METRIC_VARIABLE, STORAGE_VARIABLE, STUDY_VARIABLE, TRIAL_VARIABLE
 
 __all__ = ["METRIC_VARIABLE", "STORAGE_VARIABLE", "STUDY_VARIABLE", "TRIAL_VARIABLE"]
@@ -36,8 +37,8 @@ __all__ = ["METRIC_VARIABLE", "STORAGE_VARIABLE", "STUDY_VARIABLE", "TRIAL_VARIA
 SAMPLERS = {"tpe": optuna.samplers.TPESampler, "random": optuna.samplers.RandomSampler}
 PRUNERS = {
     "none": optuna.pruners.NopPruner,
-    "median": optuna.pruners.MedianPruner,
-    "percentile": optuna.pruners.PercentilePruner,
+    "median": HeldMedianPruner,  # Optuna's, with each finished trial held at its final score
+    "percentile": HeldPercentilePruner,
     "hyperband": optuna.pruners.HyperbandPruner,
     "successive_halving": optuna.pruners.SuccessiveHalvingPruner,
     "threshold": optuna.pruners.ThresholdPruner,
