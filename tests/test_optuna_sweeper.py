@@ -291,3 +291,95 @@ def test_optuna_sweep_end_to_end_with_a_pruned_trial(tmp_path):
     assert sorted(summary["state"]) == ["FINISHED", "FINISHED", "PRUNED"]
     assert math.isnan(summary.loc[summary.state == "PRUNED", "dev_score"].iloc[0])
     assert "trial 1 (trainer=l1 trainer.strength=30): PRUNED" in done.stdout + done.stderr
+
+
+class _Launcher:
+    """A launcher that runs each job in the calling thread: 'slow' jobs wait until three 'fast'
+    ones have ended (or a second has passed), so the order in which jobs end shows whether the
+    sweeper kept a slot busy while a slower trial ran."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.lock, self.fast_done, self.ended, self.waited = threading.Lock(), threading.Event(), [], []
+        self.fast = 0
+
+    def launch(self, batch, initial_job_idx):
+        from hydra.core.utils import JobReturn, JobStatus
+
+        results = []
+        for overrides in batch:
+            kind = next(o.split("=", 1)[1] for o in overrides if o.startswith("x=")).rstrip("0123456789")
+            if kind == "boom":
+                raise RuntimeError("the launcher lost its workers")
+            if kind == "slow":
+                self.waited.append(self.fast_done.wait(timeout=1.0))
+            with self.lock:
+                self.ended.append(kind)
+                if kind == "fast":
+                    self.fast += 1
+                    if self.fast == 3:
+                        self.fast_done.set()
+            results.append(JobReturn(overrides=list(overrides), status=JobStatus.COMPLETED, _return_value=float(len(kind))))
+        return results
+
+
+def _fake_sweep(tmp_path: Path, dispatch: str, order: list[str]):
+    from hydra_plugins.crf_optuna_sweeper.optuna_sweeper import OptunaSweeper
+
+    sweeper = OptunaSweeper(params={"x": "choice(slow, fast1, fast2, fast3, boom)"}, n_trials=len(order), n_jobs=2, seed=0,
+                            study_name="fake", pruner={"kind": "none"}, enqueue=[{"x": k} for k in order],
+                            dispatch=dispatch)  # fmt: skip
+    sweeper.config = OmegaConf.create(
+        {"hydra": {"sweep": {"dir": str(tmp_path / "sweep")}, "job": {"name": "fake"}, "overrides": {"hydra": []}},
+         "paths": {"output_dir": str(tmp_path)}, "train": {"dev_every": 10}}  # fmt: skip
+    )
+    sweeper.launcher = _Launcher()
+    sweeper.validate_batch_is_legal = lambda batch: None  # no Hydra context here to compose the jobs
+    return sweeper
+
+
+def test_async_dispatch_starts_the_next_trial_when_one_ends(tmp_path):
+    sweeper = _fake_sweep(tmp_path, "async", ["slow", "fast1", "fast2", "fast3"])
+    returns = sweeper.sweep([])
+    # three fast trials ran one after another beside the slow one, which saw them end
+    assert sweeper.launcher.ended == ["fast", "fast", "fast", "slow"] and sweeper.launcher.waited == [True]
+    assert [len(batch) for batch in returns] == [1, 1, 1, 1]
+    study = optuna.load_study(study_name="fake", storage=f"sqlite:///{tmp_path / 'optuna.db'}")
+    assert [(t.params["x"], t.state, t.value) for t in study.get_trials()] == [
+        ("slow", TrialState.COMPLETE, 4.0), *[(f"fast{k}", TrialState.COMPLETE, 4.0) for k in (1, 2, 3)]
+    ]
+    results = OmegaConf.load(tmp_path / "sweep" / "optuna_results.yaml")
+    assert dict(results.trials) == {"complete": 4, "pruned": 0, "fail": 0}
+
+
+def test_batch_dispatch_waits_for_the_slowest_trial_of_each_batch(tmp_path):
+    sweeper = _fake_sweep(tmp_path, "batch", ["slow", "fast1", "fast2", "fast3"])
+    returns = sweeper.sweep([])
+    assert sweeper.launcher.ended == ["slow", "fast", "fast", "fast"] and sweeper.launcher.waited == [False]
+    assert [len(batch) for batch in returns] == [2, 2]
+
+
+def test_a_launcher_failure_fails_the_running_trials_and_ends_the_sweep(tmp_path):
+    sweeper = _fake_sweep(tmp_path, "async", ["slow", "boom"])
+    with pytest.raises(RuntimeError, match="lost its workers"):
+        sweeper.sweep([])
+    study = optuna.load_study(study_name="fake", storage=f"sqlite:///{tmp_path / 'optuna.db'}")
+    assert [t.state for t in study.get_trials()] == [TrialState.FAIL, TrialState.FAIL]  # the slow one's job will not tell
+
+
+def test_dispatch_follows_the_launcher():
+    from hydra._internal.core_plugins.basic_launcher import BasicLauncher
+    from hydra_plugins.crf_optuna_sweeper.optuna_sweeper import OptunaSweeper
+    from hydra_plugins.hydra_joblib_launcher.joblib_launcher import JoblibLauncher
+
+    sweeper = OptunaSweeper()
+    for launcher, expected in ((JoblibLauncher(), "async"), (BasicLauncher(), "batch")):
+        sweeper.launcher = launcher
+        assert sweeper._dispatch() == expected
+    sweeper.dispatch = "batch"
+    sweeper.launcher = JoblibLauncher()
+    assert sweeper._dispatch() == "batch"
+    sweeper.dispatch = "sometimes"
+    with pytest.raises(SweeperSettingError, match="dispatch='sometimes': auto, async or batch"):
+        sweeper._dispatch()

@@ -1,10 +1,13 @@
 """``hydra/sweeper=optuna``: model-based search (Optuna's ask/tell) with pruning, as a Hydra sweeper.
 
-The sweep is a sequence of batches. For each batch the sweeper asks the study for ``n_jobs``
-trials (TPE by default, seeded; with the constant liar, so trials asked together differ), turns
-their values into each job's overrides and hands the batch to whatever launcher is configured
-(joblib, Ray, SLURM): the launchers' own contract, so every launcher works. When the batch is done
-it tells the study each job's result: the value the job returned (its dev score by default), FAIL
+The sweeper keeps ``n_jobs`` trials running: it asks the study for a trial (TPE by default,
+seeded; with the constant liar, so trials running together differ), turns its values into the
+job's overrides and hands the job to whatever launcher is configured (joblib, Ray, SLURM), through
+the launchers' own contract, so every launcher works. With ``dispatch=async`` (the default for
+the joblib and submitit launchers) each trial is its own launcher call, made from a thread, and
+the next trial is asked as soon as one ends; with ``dispatch=batch`` (the default for the others)
+``n_jobs`` trials go to the launcher together and the next batch waits for the slowest. When a
+job ends the sweeper tells the study its result: the value the job returned (its dev score by default), FAIL
 for a job that raised or returned none; a job whose pruner stopped it has already told the study
 itself (PRUNED) from wherever it ran. The study lives in a SQL database (by default
 ``<paths.output_dir>/optuna.db``, beside the MLflow store; ``hydra.sweeper.storage=<URL>`` for a
@@ -13,9 +16,10 @@ shared one), so jobs on other machines report to it and a study can be resumed b
 registered champion come from the project's sweep callback as for a grid.
 
 Settings (``conf/hydra/sweeper/optuna.yaml``): ``params`` (the search space, Hydra's sweep grammar,
-see :mod:`pipeline.sweeps.search`), ``n_trials``, ``n_jobs`` (trials per batch), ``direction``,
+see :mod:`pipeline.sweeps.search`), ``n_trials``, ``n_jobs`` (trials running at once), ``direction``,
 ``metric`` (null: the dev score), ``seed``, ``storage``, ``study_name``, ``sampler`` and ``pruner``
-(``kind`` and the Optuna class's arguments), ``enqueue`` (settings to try first, e.g. a known good one).
+(``kind`` and the Optuna class's arguments), ``enqueue`` (settings to try first, e.g. a known good one),
+``dispatch`` (``auto``, ``async`` or ``batch``).
 Everything is checked before the first job starts: a setting that cannot work ends the sweep with
 one line naming it (exit code 2), as a bad setting ends a run.
 """
@@ -39,6 +43,8 @@ from omegaconf import DictConfig, OmegaConf
 log = logging.getLogger(__name__)
 
 RESULTS_FILE = "optuna_results.yaml"
+# launchers (by class name, their subclasses too) whose launch() may be called from several threads at once
+CONCURRENT_LAUNCHERS = {"JoblibLauncher", "BaseSubmititLauncher"}
 STORAGE_TAG = "optuna.storage"  # on the sweep's parent run, with the study's name (pipeline.sweeps.pruning.STUDY_TAG)
 
 
@@ -63,6 +69,7 @@ class OptunaSweeper(Sweeper):
         sampler: Mapping[str, Any] | None = None,
         pruner: Mapping[str, Any] | None = None,
         enqueue: Sequence[Mapping[str, Any]] | None = None,
+        dispatch: str = "auto",
     ) -> None:
         super().__init__()
         self.params = _plain(params) or {}
@@ -71,6 +78,7 @@ class OptunaSweeper(Sweeper):
         self.storage, self.study_name = storage, study_name
         self.sampler, self.pruner = _plain(sampler) or {}, _plain(pruner) or {}
         self.enqueue = _plain(enqueue) or []
+        self.dispatch = dispatch
         self.hydra_context: HydraContext | None = None
         self.config: DictConfig | None = None
         self.launcher = None
@@ -122,7 +130,6 @@ class OptunaSweeper(Sweeper):
         return study, url
 
     def sweep(self, arguments: list[str]) -> list[Sequence[JobReturn]]:
-        from optuna.trial import TrialState
 
         from pipeline.sweeps import search
         from pipeline.sweeps.cluster import pass_to_jobs
@@ -131,6 +138,7 @@ class OptunaSweeper(Sweeper):
         try:
             space = search.parse_space(self.params, arguments)
             enqueued = search.check_enqueued(self.enqueue, space)
+            dispatch = self._dispatch()
             study, url = self._open_study()
         except search.SweeperSettingError as error:  # one line naming the setting, as for a run's settings
             log.error("%s", error)
@@ -147,41 +155,117 @@ class OptunaSweeper(Sweeper):
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
         log.info(
-            "study %s in %s: %d trials, %d per batch; searching %s%s",
+            "study %s in %s: %d trials, %d at once (%s); searching %s%s",
             study.study_name,
             search.redacted(url),
             self.n_trials,
             self.n_jobs,
+            dispatch,
             ", ".join(f"{k} ~ {d}" for k, d in space.distributions.items()),
             f"; fixed {' '.join(space.fixed)}" if space.fixed else "",
         )
+        if dispatch == "async":
+            returns = self._run_async(study, space, sweep_dir)
+        else:
+            returns = self._run_batches(study, space, sweep_dir)
+        self._report(study, url, sweep_dir, started)
+        return returns
+
+    def _dispatch(self) -> str:
+        """``async`` or ``batch``: what ``hydra.sweeper.dispatch`` asks for (``auto``: async for the
+        launchers known to take concurrent calls, joblib and submitit; batch for the others: the
+        basic launcher runs its jobs in this process and Ray's initialises Ray in its first call)."""
+        from pipeline.sweeps.search import SweeperSettingError
+
+        if self.dispatch not in ("auto", "async", "batch"):
+            raise SweeperSettingError(f"hydra.sweeper.dispatch={self.dispatch!r}: auto, async or batch")
+        if self.dispatch != "auto":
+            return self.dispatch
+        names = {cls.__name__ for cls in type(self.launcher).__mro__}
+        return "async" if names & CONCURRENT_LAUNCHERS else "batch"
+
+    def _ask(self, study: Any, space: Any, index: int) -> tuple[Any, dict[str, Any], list[str]]:
+        """A new trial, its sampled values and its job's overrides (``index``: the job's number)."""
+        from pipeline.sweeps import search
+
+        trial = study.ask(space.distributions)
+        values = {key: trial.params[key] for key in space.distributions}
+        overrides = [
+            *space.fixed,
+            *search.trial_overrides(values),
+            f"++hydra.job.env_set.{search.TRIAL_VARIABLE}='{trial.number}'",
+        ]
+        return trial, values, overrides
+
+    def _launch(self, study: Any, trials: Sequence[Any], batch: list[list[str]], index: int) -> Sequence[JobReturn]:
+        """The jobs of ``trials`` through the launcher; if the launcher fails (or is interrupted)
+        the trials are told FAIL, since their jobs will not report, and the error goes on."""
+        from optuna.trial import TrialState
+
+        try:
+            self.validate_batch_is_legal(batch)
+            return self.launcher.launch(batch, initial_job_idx=index)
+        except BaseException:
+            for trial in trials:
+                study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+            raise
+
+    def _check_failures(self, outcomes: list[str], sweep_dir: Path) -> None:
+        if len(outcomes) >= min(self.n_jobs, self.n_trials) and all(outcome == "FAIL" for outcome in outcomes):
+            raise RuntimeError(
+                f"every trial so far failed ({len(outcomes)}): see the jobs' logs under {sweep_dir}; "
+                "a setting that no job can run is the usual cause"
+            )
+
+    def _run_batches(self, study: Any, space: Any, sweep_dir: Path) -> list[Sequence[JobReturn]]:
+        """``n_jobs`` trials per launcher call; the next batch is asked when the slowest is done."""
         returns: list[Sequence[JobReturn]] = []
         outcomes: list[str] = []
         while len(outcomes) < self.n_trials:
             size = min(self.n_jobs, self.n_trials - len(outcomes))
-            trials = [study.ask(space.distributions) for _ in range(size)]
-            values = [{key: trial.params[key] for key in space.distributions} for trial in trials]
-            batch = [
-                [*space.fixed, *search.trial_overrides(chosen), f"++hydra.job.env_set.{search.TRIAL_VARIABLE}='{trial.number}'"]
-                for trial, chosen in zip(trials, values)
-            ]
-            try:
-                self.validate_batch_is_legal(batch)
-                results = self.launcher.launch(batch, initial_job_idx=len(outcomes))
-            except BaseException:  # the launcher failed (or was interrupted): these trials will not report
-                for trial in trials:
-                    study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
-                raise
+            asked = [self._ask(study, space, len(outcomes) + k) for k in range(size)]
+            trials = [trial for trial, _, _ in asked]
+            results = self._launch(study, trials, [overrides for _, _, overrides in asked], len(outcomes))
             returns.append(results)
             states = {t.number: t.state for t in study.get_trials(deepcopy=False)}
-            for trial, chosen, result in zip(trials, values, results):
-                outcomes.append(self._tell(study, trial, chosen, result, states[trial.number]))
-            if all(outcome == "FAIL" for outcome in outcomes):
-                raise RuntimeError(
-                    f"every trial so far failed ({len(outcomes)}): see the jobs' logs under {sweep_dir}; "
-                    "a setting that no job can run is the usual cause"
-                )
-        self._report(study, url, sweep_dir, started)
+            for (trial, values, _), result in zip(asked, results):
+                outcomes.append(self._tell(study, trial, values, result, states[trial.number]))
+            self._check_failures(outcomes, sweep_dir)
+        return returns
+
+    def _run_async(self, study: Any, space: Any, sweep_dir: Path) -> list[Sequence[JobReturn]]:
+        """Up to ``n_jobs`` trials running at once, each its own launcher call (from a thread of
+        this process); when one ends its result is told and the next trial is asked, so no slot
+        waits for a slower trial."""
+        from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
+        from optuna.trial import TrialState
+
+        returns: list[Sequence[JobReturn]] = []
+        outcomes: list[str] = []
+        running: dict[Any, tuple[Any, dict[str, Any]]] = {}
+        pool = ThreadPoolExecutor(max_workers=self.n_jobs, thread_name_prefix="trial")
+        try:
+            asked = 0
+            while running or asked < self.n_trials:
+                while len(running) < self.n_jobs and asked < self.n_trials:
+                    trial, values, overrides = self._ask(study, space, asked)
+                    running[pool.submit(self._launch, study, [trial], [overrides], asked)] = (trial, values)
+                    asked += 1
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in sorted(done, key=lambda f: running[f][0].number):
+                    trial, values = running.pop(future)
+                    (result,) = future.result()
+                    returns.append([result])
+                    state = {t.number: t.state for t in study.get_trials(deepcopy=False)}[trial.number]
+                    outcomes.append(self._tell(study, trial, values, result, state))
+                self._check_failures(outcomes, sweep_dir)
+        except BaseException:
+            for trial, _ in running.values():  # their jobs will not be told
+                study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        pool.shutdown()
         return returns
 
     def _tell(self, study: Any, trial: Any, chosen: Mapping[str, Any], result: JobReturn, state: Any) -> str:
