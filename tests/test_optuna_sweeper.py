@@ -370,8 +370,9 @@ def test_a_launcher_failure_fails_the_running_trials_and_ends_the_sweep(tmp_path
 
 def test_dispatch_follows_the_launcher():
     from hydra._internal.core_plugins.basic_launcher import BasicLauncher
-    from hydra_plugins.crf_optuna_sweeper.optuna_sweeper import OptunaSweeper
     from hydra_plugins.hydra_joblib_launcher.joblib_launcher import JoblibLauncher
+
+    from hydra_plugins.crf_optuna_sweeper.optuna_sweeper import OptunaSweeper
 
     sweeper = OptunaSweeper()
     for launcher, expected in ((JoblibLauncher(), "async"), (BasicLauncher(), "batch")):
