@@ -331,8 +331,11 @@ def _fake_sweep(tmp_path: Path, dispatch: str, order: list[str]):
                             study_name="fake", pruner={"kind": "none"}, enqueue=[{"x": k} for k in order],
                             dispatch=dispatch)  # fmt: skip
     sweeper.config = OmegaConf.create(
-        {"hydra": {"sweep": {"dir": str(tmp_path / "sweep")}, "job": {"name": "fake"}, "overrides": {"hydra": []}},
-         "paths": {"output_dir": str(tmp_path)}, "train": {"dev_every": 10}}  # fmt: skip
+        {
+            "hydra": {"sweep": {"dir": str(tmp_path / "sweep")}, "job": {"name": "fake"}, "overrides": {"hydra": []}},
+            "paths": {"output_dir": str(tmp_path)},
+            "train": {"dev_every": 10},
+        }  # fmt: skip
     )
     sweeper.launcher = _Launcher()
     sweeper.validate_batch_is_legal = lambda batch: None  # no Hydra context here to compose the jobs
@@ -347,7 +350,8 @@ def test_async_dispatch_starts_the_next_trial_when_one_ends(tmp_path):
     assert [len(batch) for batch in returns] == [1, 1, 1, 1]
     study = optuna.load_study(study_name="fake", storage=f"sqlite:///{tmp_path / 'optuna.db'}")
     assert [(t.params["x"], t.state, t.value) for t in study.get_trials()] == [
-        ("slow", TrialState.COMPLETE, 4.0), *[(f"fast{k}", TrialState.COMPLETE, 4.0) for k in (1, 2, 3)]
+        ("slow", TrialState.COMPLETE, 4.0),
+        *[(f"fast{k}", TrialState.COMPLETE, 4.0) for k in (1, 2, 3)],
     ]
     results = OmegaConf.load(tmp_path / "sweep" / "optuna_results.yaml")
     assert dict(results.trials) == {"complete": 4, "pruned": 0, "fail": 0}
