@@ -184,8 +184,8 @@ class OptunaSweeper(Sweeper):
         names = {cls.__name__ for cls in type(self.launcher).__mro__}
         return "async" if names & CONCURRENT_LAUNCHERS else "batch"
 
-    def _ask(self, study: Any, space: Any, index: int) -> tuple[Any, dict[str, Any], list[str]]:
-        """A new trial, its sampled values and its job's overrides (``index``: the job's number)."""
+    def _ask(self, study: Any, space: Any) -> tuple[Any, dict[str, Any], list[str]]:
+        """A new trial, its sampled values and its job's overrides."""
         from pipeline.sweeps import search
 
         trial = study.ask(space.distributions)
@@ -223,7 +223,7 @@ class OptunaSweeper(Sweeper):
         outcomes: list[str] = []
         while len(outcomes) < self.n_trials:
             size = min(self.n_jobs, self.n_trials - len(outcomes))
-            asked = [self._ask(study, space, len(outcomes) + k) for k in range(size)]
+            asked = [self._ask(study, space) for _ in range(size)]
             trials = [trial for trial, _, _ in asked]
             results = self._launch(study, trials, [overrides for _, _, overrides in asked], len(outcomes))
             returns.append(results)
@@ -249,7 +249,7 @@ class OptunaSweeper(Sweeper):
             asked = 0
             while running or asked < self.n_trials:
                 while len(running) < self.n_jobs and asked < self.n_trials:
-                    trial, values, overrides = self._ask(study, space, asked)
+                    trial, values, overrides = self._ask(study, space)
                     running[pool.submit(self._launch, study, [trial], [overrides], asked)] = (trial, values)
                     asked += 1
                 done, _ = wait(running, return_when=FIRST_COMPLETED)
