@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -388,3 +389,105 @@ def test_dispatch_follows_the_launcher():
     sweeper.dispatch = "sometimes"
     with pytest.raises(SweeperSettingError, match="dispatch='sometimes': auto, async or batch"):
         sweeper._dispatch()
+
+
+def _finished(number: int, params: dict, distributions: dict, recorded: bool = True):
+    train = {"key": f"key{number}", "hash": f"hash{number}"}
+    attrs = {pruning.TRAIN_OUTPUT_ATTR: train, pruning.FEATURES_ATTR: "features"} if recorded else {}
+    trial = optuna.trial.create_trial(params=params, distributions=distributions, value=90.0, user_attrs=attrs)
+    trial.number = number
+    return trial
+
+
+def test_a_trial_starts_from_the_nearest_finished_trial_of_its_kind():
+    """Same trainer (every categorical and integer value equal), nearest strength on the log
+    scale, the latest on a tie; a trial whose job recorded no train output is never a source."""
+    space = {"trainer": CategoricalDistribution(["lbfgs", "l1"]), "trainer.strength": FloatDistribution(0.01, 10, log=True),
+             "model.window": IntDistribution(1, 3)}  # fmt: skip
+    done = [
+        _finished(0, {"trainer": "l1", "trainer.strength": 0.01, "model.window": 1}, space),
+        _finished(1, {"trainer": "lbfgs", "trainer.strength": 1.0, "model.window": 1}, space),
+        _finished(2, {"trainer": "l1", "trainer.strength": 5.0, "model.window": 1}, space),
+        _finished(3, {"trainer": "l1", "trainer.strength": 1.0, "model.window": 1}, space, recorded=False),
+        _finished(4, {"trainer": "l1", "trainer.strength": 0.2, "model.window": 2}, space),
+        _finished(5, {"trainer": "l1", "trainer.strength": 0.05, "model.window": 1}, space),
+    ]
+    source = search.warm_start_source
+    # log distance from 0.2: to 0.05 is log 4, to 5.0 is log 25 (to 1.0, trial 3, not recorded)
+    assert source(done, {"trainer": "l1", "trainer.strength": 0.2, "model.window": 1}, space) == 5
+    assert source(done, {"trainer": "l1", "trainer.strength": 2.0, "model.window": 1}, space) == 2
+    assert source(done, {"trainer": "l1", "trainer.strength": 0.1, "model.window": 1}, space) == 5  # log 2 vs log 10
+    assert source(done, {"trainer": "lbfgs", "trainer.strength": 0.01, "model.window": 1}, space) == 1
+    assert source(done, {"trainer": "lbfgs", "trainer.strength": 1.0, "model.window": 2}, space) is None
+    tie = [*done, _finished(6, {"trainer": "l1", "trainer.strength": 0.05, "model.window": 1}, space)]
+    assert source(tie, {"trainer": "l1", "trainer.strength": 0.04, "model.window": 1}, space) == 6
+    linear = {"trainer.c2": FloatDistribution(0.0, 10.0)}
+    both = [_finished(0, {"trainer.c2": 1.0}, linear), _finished(1, {"trainer.c2": 4.0}, linear)]
+    assert source(both, {"trainer.c2": 2.4}, linear) == 0 and source(both, {"trainer.c2": 2.6}, linear) == 1
+    assert source(both, {"trainer.c2": 2.5}, linear) == 1  # a tie: the latest
+    assert source([], {"trainer.c2": 2.0}, linear) is None
+
+
+def test_a_job_takes_a_finished_trials_weights_only_when_its_features_are_the_same(tmp_path, caplog):
+    url, study, first = _study_with_a_trial(tmp_path, {"kind": "none"})
+    reporter = pruning.TrialReporter(url, "s", first.number)
+    reporter.record_outputs(SimpleNamespace(key="trainkey", hash="trainhash"), "featurekey")
+    study.tell(first, 94.0)
+    second = study.ask({"trainer.c2": FloatDistribution(0.01, 1, log=True)})
+    job = pruning.TrialReporter(url, "s", second.number)
+    assert job.warm_start_output(first.number, "featurekey") == ("trainkey", "trainhash")
+    with caplog.at_level("WARNING"):
+        assert job.warm_start_output(first.number, "otherfeatures") is None
+    assert "trial 1: trial 0's weights do not fit (other features): training from zero" in caplog.text
+    third = study.ask({"trainer.c2": FloatDistribution(0.01, 1, log=True)})  # running: nothing recorded yet
+    assert job.warm_start_output(third.number, "featurekey") is None
+
+
+@pytest.mark.slow
+def test_optuna_sweep_warm_starts_a_trial_from_the_finished_one_nearest_to_it(tmp_path):
+    """One trial at a time: L2 at c2 = 1, then L2 at 0.1 (starts from the first one's weights),
+    then L1 (the first of its kind, from zero). The warm-started fit is told its start through the
+    stage cache, tagged with it, and stops in fewer iterations than the same fit from zero."""
+    data_root = write_corpus(tmp_path / "data", n_train=60, n_test=20)
+    out = tmp_path / "out"
+    seed_store(out)
+    sweep = [
+        "hydra/sweeper=optuna",
+        "hydra.sweeper.n_trials=3",
+        "hydra.sweeper.n_jobs=1",
+        "hydra.sweeper.study_name=warm",
+        "hydra.sweeper.enqueue=[{trainer:lbfgs,trainer.strength:1.0},{trainer:lbfgs,trainer.strength:0.1},{trainer:l1,trainer.strength:0.1}]",
+        "hydra/sweeper/pruner=none",
+    ]
+    command = [sys.executable, "-m", "pipeline", "-m", *sweep, *tiny_overrides(data_root, out)]
+    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    done = subprocess.run(command, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
+
+    trials = optuna.load_study(study_name="warm", storage=f"sqlite:///{out / 'optuna.db'}").get_trials()
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 3
+    assert [t.user_attrs.get(pruning.WARM_START_ATTR) for t in trials] == [None, 0, None]
+    assert all(pruning.TRAIN_OUTPUT_ATTR in t.user_attrs for t in trials)
+    assert "trial 1 starts from the weights of trial 0" in done.stdout + done.stderr
+
+    client = MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("crf")
+    jobs = {int(j.data.tags["optuna.trial"]): j
+            for j in client.search_runs([experiment.experiment_id], filter_string="tags.stage = 'pipeline'")}  # fmt: skip
+    train = {}
+    for number, job in jobs.items():
+        stages = client.search_runs([experiment.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{job.info.run_id}'")
+        train[number] = next(r for r in stages if r.data.tags["stage"] == "train")
+    source = out / "cache" / "train" / trials[0].user_attrs[pruning.TRAIN_OUTPUT_ATTR]["key"]
+    assert train[1].data.tags["warm_start_from"] == str(source)
+    assert "warm_start_from" not in train[0].data.tags and "warm_start_from" not in train[2].data.tags
+    assert train[1].data.tags["cache_key"] == trials[1].user_attrs[pruning.TRAIN_OUTPUT_ATTR]["key"]
+
+    # the same fit from zero: a run outside the sweep, its own cache entry
+    cold = [sys.executable, "-m", "pipeline", "trainer=lbfgs", "trainer.strength=0.1", *tiny_overrides(data_root, out)]
+    assert subprocess.run(cold, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=900).returncode == 0
+    (cold_train,) = [r for r in client.search_runs([experiment.experiment_id], filter_string="tags.stage = 'train'")
+                     if r.info.run_id not in {t.info.run_id for t in train.values()}]  # fmt: skip
+    assert cold_train.data.tags["cache_key"] != train[1].data.tags["cache_key"]
+    assert train[1].data.metrics["iterations"] < cold_train.data.metrics["iterations"]

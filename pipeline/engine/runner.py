@@ -50,6 +50,7 @@ class StageOutput:
     external: dict | None = None  # hashes of the files it read from outside the pipeline (the dataset)
     bundle: Path | None = None  # its tagger bundle logged as an MLflow Model
     seconds: float = 0.0  # wall time of the stage run, cache lookup and MLflow logging included
+    key: str | None = None  # its entry in the stage cache
 
 
 def run_tags(cfg: DictConfig, adapter: ModelAdapter) -> dict[str, str]:
@@ -183,6 +184,7 @@ def run_stage(
         output = StageOutput(folder, cache.output_hash(folder, volatile), found is not None, stage_metrics, model_uri, external)
         output.bundle = None if logged_model is None else logged_model.bundle
         output.seconds = time.perf_counter() - began
+        output.key = key
         mlflow.log_metric("seconds", output.seconds)
         return output
 
@@ -272,9 +274,37 @@ def run_pipeline(cfg: DictConfig) -> dict[str, Any]:
     tags = run_tags(cfg, adapter)
     run_name = "-".join([str(cfg.dataset.name), tags["model"], tags["trainer"], *swept_overrides()])
     job = PipelineJob(adapter, stages, order, StageCache(cfg.paths.cache_dir), uri)
-    results, _ = pipeline_run(
-        cfg, job, run_name, tags, parent=os.environ.get(SWEEP_PARENT_VARIABLE), report_dev=pruning.reporter_from_environment()
+    reporter = pruning.reporter_from_environment()
+    source = pruning.warm_start_trial() if reporter is not None and adapter.warm_starts else None
+
+    def trial_start(outputs: dict[str, StageOutput]) -> StageOutput | None:
+        """The train output of the finished trial the sweeper chose, if it was trained on this
+        job's features and is in the cache; else None (logged): the fit starts from zero."""
+        assert reporter is not None and source is not None
+        features = outputs.get("featurize")
+        found = reporter.warm_start_output(source, features.hash) if features is not None else None
+        if found is None:
+            return None
+        key, content = found
+        folder = job.cache.lookup("train", key)
+        if folder is None:
+            log.warning("trial %d: trial %d's train output %s is not in the cache: from zero", reporter.number, source, key)
+            return None
+        return StageOutput(folder, content, cached=True, metrics={}, key=key)
+
+    results, outputs = pipeline_run(
+        cfg,
+        job,
+        run_name,
+        tags,
+        parent=os.environ.get(SWEEP_PARENT_VARIABLE),
+        warm_start=trial_start if source is not None else None,
+        report_dev=reporter,
     )
+    trained = outputs.get("train")
+    finished = "pipeline.pruned_at_iteration" not in results
+    if reporter is not None and adapter.warm_starts and trained is not None and "featurize" in outputs and finished:
+        reporter.record_outputs(trained, outputs["featurize"].hash)
     return results
 
 
@@ -296,16 +326,18 @@ def pipeline_run(
     run_name: str,
     tags: dict[str, str],
     parent: str | None = None,
-    warm_start: StageOutput | None = None,
+    warm_start: StageOutput | Callable[[dict[str, StageOutput]], StageOutput | None] | None = None,
     report_dev: DevReporter | None = None,
     register: bool = True,
 ) -> tuple[dict[str, Any], dict[str, StageOutput]]:
     """One pipeline run (an MLflow run tagged ``stage=pipeline``, under ``parent`` when given) of
     ``job``'s stages under ``cfg``: (every stage's metrics namespaced ``stage.metric``, each stage's
     output). ``warm_start``: an earlier train output the train stage starts from (a regularisation
-    path's previous point); ``report_dev``: the Optuna trial's reporter; ``register``: honour
-    ``registry.register``. A pruned trial ends the run KILLED (:func:`end_pruned`) and returns
-    ``pipeline.pruned_at_iteration`` and the last dev score instead of the stages' metrics."""
+    path's previous point), or a function of the outputs so far that gives it or None (an Optuna
+    trial's nearest finished trial, whose features must be the same); ``report_dev``: the Optuna
+    trial's reporter; ``register``: honour ``registry.register``. A pruned trial ends the run
+    KILLED (:func:`end_pruned`) and returns ``pipeline.pruned_at_iteration`` and the last dev
+    score instead of the stages' metrics."""
     adapter, stages, cache, uri = job.adapter, job.stages, job.cache, job.uri
     outputs: dict[str, StageOutput] = {}
     results: dict[str, Any] = {}
@@ -321,9 +353,12 @@ def pipeline_run(
                 stage = stages[name]
                 inputs = {upstream: outputs[upstream] for upstream in stage.upstream(adapter)}
                 stage_tags = tags
+                start = None
                 if name == "train" and warm_start is not None:
-                    inputs[WARM_START_INPUT] = warm_start
-                    stage_tags = {**tags, "warm_start_from": str(warm_start.folder)}
+                    start = warm_start(outputs) if callable(warm_start) else warm_start
+                if start is not None:
+                    inputs[WARM_START_INPUT] = start
+                    stage_tags = {**tags, "warm_start_from": str(start.folder)}
                 outputs[name] = run_stage(stage, cfg, adapter, inputs, cache, stage_tags, report_dev)
                 results.update({f"{name}.{k}": v for k, v in outputs[name].metrics.items()})
                 if stage.summary_prefix is not None:

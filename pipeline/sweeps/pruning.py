@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 STORAGE_VARIABLE = "CRF_OPTUNA_STORAGE"
 STUDY_VARIABLE = "CRF_OPTUNA_STUDY"
 TRIAL_VARIABLE = "CRF_OPTUNA_TRIAL"
+WARM_START_VARIABLE = "CRF_OPTUNA_WARM_START"  # the finished trial whose weights this trial starts from
 # what a job returns to a sweeper (pipeline.engine.runner.objective_value); unset: the dev score
 METRIC_VARIABLE = "CRF_SWEEP_METRIC"
 DEV_SCORES = ("dev_f1", "dev_accuracy")  # what the training loop reports during training
@@ -34,6 +35,11 @@ DEV_SCORES = ("dev_f1", "dev_accuracy")  # what the training loop reports during
 TRIAL_STATE_TAG = "crf.trial_state"  # PRUNED on a pruned trial's runs
 TRIAL_TAG = "optuna.trial"  # the trial number, on every run of a trial's job
 STUDY_TAG = "optuna.study"
+# a finished job's train output ({key, hash}) and its features' content hash, on its trial: where
+# later trials start from
+TRAIN_OUTPUT_ATTR = "train_output"
+FEATURES_ATTR = "featurize_output"
+WARM_START_ATTR = "warm_start_trial"  # on a trial that started from another's weights
 
 
 class TrialPruned(Exception):
@@ -81,10 +87,31 @@ class TrialReporter:
         attributes = store.get_study_user_attrs(study_id)
         self.metric: str | None = attributes.get("metric")
         self.number = number
+        self.store, self.study_id = store, study_id
         self.study = optuna.load_study(study_name=study_name, storage=store, pruner=build_pruner(attributes.get("pruner")))
         # the trial the sweeper asked for, by its number; Trial(study, id) is how a process other
         # than the one that asked for a trial reports to it (as optuna-integration's callbacks do)
         self.trial = optuna.trial.Trial(self.study, store.get_trial_id_from_study_id_trial_number(study_id, number))
+
+    def warm_start_output(self, source: int, features: str) -> tuple[str, str] | None:
+        """(cache key, content hash) of trial ``source``'s train output, which this trial starts
+        from, if its job recorded one trained on the same features (content hash ``features``);
+        else None, logged."""
+        trial_id = self.store.get_trial_id_from_study_id_trial_number(self.study_id, source)
+        attributes = self.store.get_trial(trial_id).user_attrs
+        train = attributes.get(TRAIN_OUTPUT_ATTR)
+        if not isinstance(train, dict) or attributes.get(FEATURES_ATTR) != features:
+            log.warning("trial %d: trial %d's weights do not fit (%s): training from zero", self.number, source,
+                        "no train output recorded" if train is None else "other features")  # fmt: skip
+            return None
+        return str(train["key"]), str(train["hash"])
+
+    def record_outputs(self, train: Any, features: str) -> None:
+        """Record this trial's train output (a :class:`pipeline.engine.runner.StageOutput`: its
+        cache key and content hash) and the content hash of its features: later trials may start
+        from its weights."""
+        self.trial.set_user_attr(TRAIN_OUTPUT_ATTR, {"key": train.key, "hash": train.hash})
+        self.trial.set_user_attr(FEATURES_ATTR, features)
 
     def __call__(self, iteration: int, scores: Mapping[str, float]) -> None:
         found = reported_score(self.metric, scores)
@@ -106,6 +133,12 @@ def reporter_from_environment() -> TrialReporter | None:
     if found is None:
         return None
     return TrialReporter(found["storage"], found["study"], int(found["trial"]))
+
+
+def warm_start_trial() -> int | None:
+    """The finished trial this job's trial starts from (set by the sweeper), or None."""
+    value = os.environ.get(WARM_START_VARIABLE)
+    return int(value) if value else None
 
 
 def trial_tags() -> dict[str, Any]:

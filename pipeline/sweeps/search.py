@@ -30,9 +30,17 @@ from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, Overrid
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 
 from pipeline.sweeps.pruners import HeldMedianPruner, HeldPercentilePruner
-from pipeline.sweeps.pruning import DEV_SCORES, METRIC_VARIABLE, STORAGE_VARIABLE, STUDY_VARIABLE, TRIAL_VARIABLE
+from pipeline.sweeps.pruning import (
+    DEV_SCORES,
+    METRIC_VARIABLE,
+    STORAGE_VARIABLE,
+    STUDY_VARIABLE,
+    TRAIN_OUTPUT_ATTR,
+    TRIAL_VARIABLE,
+    WARM_START_VARIABLE,
+)
 
-__all__ = ["METRIC_VARIABLE", "STORAGE_VARIABLE", "STUDY_VARIABLE", "TRIAL_VARIABLE"]
+__all__ = ["METRIC_VARIABLE", "STORAGE_VARIABLE", "STUDY_VARIABLE", "TRIAL_VARIABLE", "WARM_START_VARIABLE"]
 
 SAMPLERS = {"tpe": optuna.samplers.TPESampler, "random": optuna.samplers.RandomSampler}
 PRUNERS = {
@@ -176,6 +184,39 @@ def format_value(value: Any) -> str:
 def trial_overrides(params: Mapping[str, Any]) -> list[str]:
     """A trial's sampled values as the overrides of its job (in the search space's key order)."""
     return [f"{key}={format_value(value)}" for key, value in params.items()]
+
+
+def _distance(value: Any, other: Any, distribution: BaseDistribution) -> float:
+    """How far apart two values of a float distribution are: in log units on a log scale, else
+    as a fraction of its range."""
+    assert isinstance(distribution, FloatDistribution)
+    if distribution.log:
+        return abs(math.log(value) - math.log(other))
+    return abs(value - other) / (distribution.high - distribution.low)
+
+
+def warm_start_source(
+    finished: Sequence[optuna.trial.FrozenTrial], params: Mapping[str, Any], distributions: Mapping[str, BaseDistribution]
+) -> int | None:
+    """The number of the trial among ``finished`` whose weights a trial with ``params`` should start
+    from, or None: of those whose job recorded its train output (``TRAIN_OUTPUT_ATTR``), the ones
+    with the same value of every categorical and integer key (the same trainer, features, model),
+    nearest in the float keys (the regularisation strengths; summed distances, see
+    :func:`_distance`), the latest on a tie. A job checks again that its features are the
+    source's before it uses the weights."""
+    floats = [k for k, d in distributions.items() if isinstance(d, FloatDistribution)]
+    best: tuple[float, int] | None = None
+    for trial in finished:
+        if TRAIN_OUTPUT_ATTR not in trial.user_attrs or any(
+            trial.params.get(k) != v for k, v in params.items() if k not in floats
+        ):
+            continue
+        if any(k not in trial.params for k in floats):
+            continue
+        distance = sum(_distance(params[k], trial.params[k], distributions[k]) for k in floats)
+        if best is None or distance <= best[0]:
+            best = (distance, trial.number)
+    return None if best is None else best[1]
 
 
 def _build(kind_of: str, table: Mapping[str, type], settings: Mapping[str, Any] | None, default: str, **extra: Any) -> Any:
