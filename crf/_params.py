@@ -110,6 +110,12 @@ _DELTA = {"lbfgs": 1e-5, "l2sgd": 1e-6}
 _BLOCK_TOKENS = 1 << 16  # tokens marked at a time by feature_index (bounds its temporary keys)
 
 
+def applies(name: str, algorithm: str) -> bool:
+    """Whether the parameter ``name`` means something for ``algorithm`` (every parameter that is
+    not specific to some algorithms does)."""
+    return algorithm in _SPECIFIC.get(name, (algorithm,))
+
+
 def constructor_defaults() -> dict:
     """{parameter: default} of :class:`crf.CRF`'s constructor."""
     import inspect

@@ -400,32 +400,86 @@ def _finished(number: int, params: dict, distributions: dict, recorded: bool = T
 
 
 def test_a_trial_starts_from_the_nearest_finished_trial_of_its_kind():
-    """Same trainer (every categorical and integer value equal), nearest strength on the log
+    """Every key equal but the strengths (here trainer.strength), the nearest strength on the log
     scale, the latest on a tie; a trial whose job recorded no train output is never a source."""
     space = {"trainer": CategoricalDistribution(["lbfgs", "l1"]), "trainer.strength": FloatDistribution(0.01, 10, log=True),
-             "model.window": IntDistribution(1, 3)}  # fmt: skip
+             "model.window": IntDistribution(1, 3), "trainer.min_freq": FloatDistribution(0.0, 5.0)}  # fmt: skip
     done = [
-        _finished(0, {"trainer": "l1", "trainer.strength": 0.01, "model.window": 1}, space),
-        _finished(1, {"trainer": "lbfgs", "trainer.strength": 1.0, "model.window": 1}, space),
-        _finished(2, {"trainer": "l1", "trainer.strength": 5.0, "model.window": 1}, space),
-        _finished(3, {"trainer": "l1", "trainer.strength": 1.0, "model.window": 1}, space, recorded=False),
-        _finished(4, {"trainer": "l1", "trainer.strength": 0.2, "model.window": 2}, space),
-        _finished(5, {"trainer": "l1", "trainer.strength": 0.05, "model.window": 1}, space),
+        _finished(0, {"trainer": "l1", "trainer.strength": 0.01, "model.window": 1, "trainer.min_freq": 0.0}, space),
+        _finished(1, {"trainer": "lbfgs", "trainer.strength": 1.0, "model.window": 1, "trainer.min_freq": 0.0}, space),
+        _finished(2, {"trainer": "l1", "trainer.strength": 5.0, "model.window": 1, "trainer.min_freq": 0.0}, space),
+        _finished(
+            3, {"trainer": "l1", "trainer.strength": 1.0, "model.window": 1, "trainer.min_freq": 0.0}, space, recorded=False
+        ),
+        _finished(4, {"trainer": "l1", "trainer.strength": 0.2, "model.window": 2, "trainer.min_freq": 0.0}, space),
+        _finished(5, {"trainer": "l1", "trainer.strength": 0.05, "model.window": 1, "trainer.min_freq": 0.0}, space),
+        _finished(6, {"trainer": "l1", "trainer.strength": 0.2, "model.window": 1, "trainer.min_freq": 0.5}, space),
     ]
-    source = search.warm_start_source
-    # log distance from 0.2: to 0.05 is log 4, to 5.0 is log 25 (to 1.0, trial 3, not recorded)
-    assert source(done, {"trainer": "l1", "trainer.strength": 0.2, "model.window": 1}, space) == 5
-    assert source(done, {"trainer": "l1", "trainer.strength": 2.0, "model.window": 1}, space) == 2
-    assert source(done, {"trainer": "l1", "trainer.strength": 0.1, "model.window": 1}, space) == 5  # log 2 vs log 10
-    assert source(done, {"trainer": "lbfgs", "trainer.strength": 0.01, "model.window": 1}, space) == 1
-    assert source(done, {"trainer": "lbfgs", "trainer.strength": 1.0, "model.window": 2}, space) is None
-    tie = [*done, _finished(6, {"trainer": "l1", "trainer.strength": 0.05, "model.window": 1}, space)]
-    assert source(tie, {"trainer": "l1", "trainer.strength": 0.04, "model.window": 1}, space) == 6
-    linear = {"trainer.c2": FloatDistribution(0.0, 10.0)}
+
+    def source(strength, trainer="l1", window=1, min_freq=0.0, trials=done):
+        params = {"trainer": trainer, "trainer.strength": strength, "model.window": window, "trainer.min_freq": min_freq}
+        return search.warm_start_source(trials, params, space, ["trainer.strength", "trainer.c2"])
+
+    # log distance from 0.2: to 0.05 is log 4, to 5.0 is log 25 (to 1.0, trial 3, not recorded;
+    # trial 4 has another window, trial 6 another min_freq: a float, but not a strength)
+    assert source(0.2) == 5
+    assert source(2.0) == 2
+    assert source(0.1) == 5  # log 2 against log 10
+    assert source(0.01, trainer="lbfgs") == 1
+    assert source(1.0, trainer="lbfgs", window=2) is None
+    assert source(0.3, min_freq=0.5) == 6
+    assert source(0.3, min_freq=0.4) is None
+    tie = [*done, _finished(7, {"trainer": "l1", "trainer.strength": 0.05, "model.window": 1, "trainer.min_freq": 0.0}, space)]
+    assert source(0.04, trials=tie) == 7
+    assert source(0.2, trials=[]) is None
+    linear = {"trainer.c2": FloatDistribution(0.0, 10.0)}  # off the log scale: distance as a fraction of the range
     both = [_finished(0, {"trainer.c2": 1.0}, linear), _finished(1, {"trainer.c2": 4.0}, linear)]
-    assert source(both, {"trainer.c2": 2.4}, linear) == 0 and source(both, {"trainer.c2": 2.6}, linear) == 1
-    assert source(both, {"trainer.c2": 2.5}, linear) == 1  # a tie: the latest
-    assert source([], {"trainer.c2": 2.0}, linear) is None
+    assert [search.warm_start_source(both, {"trainer.c2": c2}, linear, ["trainer.c2"]) for c2 in (2.4, 2.5, 2.6)] == [0, 1, 1]
+    assert search.warm_start_source(both, {"trainer.c2": 2.4}, linear, []) is None
+
+
+def test_the_sweeper_offers_a_trial_the_nearest_finished_trial_of_this_sweep(tmp_path):
+    """The job is told the source through its environment; trials of an earlier sweep of a resumed
+    study are not offered (their fixed settings may have been others); warm_start=false offers none."""
+    sweeper = _fake_sweep(tmp_path, "async", [])
+    space = search.parse_space({"trainer": "choice(lbfgs, l1)", "trainer.strength": "tag(log, interval(0.01, 10))"}, [])
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
+    earlier = _finished(0, {"trainer": "l1", "trainer.strength": 1.0}, space.distributions)
+    study.add_trial(earlier)
+    sweeper.first_trial = 1
+    study.enqueue_trial({"trainer": "l1", "trainer.strength": 0.5})
+    first, _, overrides = sweeper._ask(study, space)
+    assert not any(search.WARM_START_VARIABLE in o for o in overrides)  # trial 0 is another sweep's
+    first.set_user_attr(pruning.TRAIN_OUTPUT_ATTR, {"key": "k", "hash": "h"})
+    study.tell(first, 94.0)
+    study.enqueue_trial({"trainer": "l1", "trainer.strength": 0.3})
+    second, _, overrides = sweeper._ask(study, space)
+    assert f"++hydra.job.env_set.{search.WARM_START_VARIABLE}='{first.number}'" in overrides
+    assert pruning.WARM_START_ATTR not in second.user_attrs  # set by the job, if it does start there
+    study.enqueue_trial({"trainer": "lbfgs", "trainer.strength": 0.3})
+    _, _, overrides = sweeper._ask(study, space)
+    assert not any(search.WARM_START_VARIABLE in o for o in overrides)  # no finished L2 trial
+    sweeper.warm_start = False
+    study.enqueue_trial({"trainer": "l1", "trainer.strength": 0.3})
+    _, _, overrides = sweeper._ask(study, space)
+    assert not any(search.WARM_START_VARIABLE in o for o in overrides)
+
+
+def test_only_trainers_that_start_from_given_weights_are_warm_started():
+    from pipeline.models.crf import CRFAdapter
+    from pipeline.models.hmm import HMMAdapter
+
+    def cfg(algorithm):
+        return OmegaConf.create({"trainer": {"algorithm": algorithm}})
+
+    assert [CRFAdapter().can_warm_start(cfg(a)) for a in ("lbfgs", "l2sgd", "ap", "pa", "arow")] == [
+        True,
+        True,
+        False,
+        False,
+        False,
+    ]
+    assert not HMMAdapter().can_warm_start(cfg("lbfgs"))
 
 
 def test_a_job_takes_a_finished_trials_weights_only_when_its_features_are_the_same(tmp_path, caplog):
@@ -469,7 +523,8 @@ def test_optuna_sweep_warm_starts_a_trial_from_the_finished_one_nearest_to_it(tm
     assert [t.state for t in trials] == [TrialState.COMPLETE] * 3
     assert [t.user_attrs.get(pruning.WARM_START_ATTR) for t in trials] == [None, 0, None]
     assert all(pruning.TRAIN_OUTPUT_ATTR in t.user_attrs for t in trials)
-    assert "trial 1 starts from the weights of trial 0" in done.stdout + done.stderr
+    assert "trial 1 is offered the weights of trial 0" in done.stdout + done.stderr
+    assert "trial 2 is offered" not in done.stdout + done.stderr
 
     client = MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("crf")

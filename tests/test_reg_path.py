@@ -42,6 +42,8 @@ def test_path_settings_are_checked_before_any_work(tmp_path):
             path_strengths(compose_config(base + [bad]))
     with pytest.raises(SettingsError, match="needs a model that warm-starts"):
         run_path(compose_config(base + ["model=hmm"]))
+    with pytest.raises(SettingsError, match="trainer.algorithm=pa: a regularisation path needs a trainer that warm-starts"):
+        run_path(compose_config(base + ["trainer.algorithm=pa"]))
     assert not (tmp_path / "cache").exists()
 
 

@@ -19,9 +19,10 @@ Settings (``conf/hydra/sweeper/optuna.yaml``): ``params`` (the search space, Hyd
 see :mod:`pipeline.sweeps.search`), ``n_trials``, ``n_jobs`` (trials running at once), ``direction``,
 ``metric`` (null: the dev score), ``seed``, ``storage``, ``study_name``, ``sampler`` and ``pruner``
 (``kind`` and the Optuna class's arguments), ``enqueue`` (settings to try first, e.g. a known good one),
-``dispatch`` (``auto``, ``async`` or ``batch``), ``warm_start`` (a trial starts from the weights of
-the finished trial nearest to it with the same categorical values, as a regularisation path's
-points do: fewer iterations to the same optimum of a convex objective).
+``dispatch`` (``auto``, ``async`` or ``batch``), ``warm_start`` and ``warm_start_keys`` (a trial
+starts from the weights of the finished trial of this sweep nearest to it that differs only in
+those keys, the regularisation strengths, as a regularisation path's points do: fewer iterations
+to the same optimum of a convex objective).
 Everything is checked before the first job starts: a setting that cannot work ends the sweep with
 one line naming it (exit code 2), as a bad setting ends a run.
 """
@@ -40,7 +41,7 @@ from hydra.core.plugins import Plugins
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ STORAGE_TAG = "optuna.storage"  # on the sweep's parent run, with the study's na
 
 def _plain(value: Any) -> Any:
     """A config node as plain containers (resolved); anything else as it is."""
-    return OmegaConf.to_container(value, resolve=True) if isinstance(value, DictConfig) else value
+    return OmegaConf.to_container(value, resolve=True) if isinstance(value, (DictConfig, ListConfig)) else value
 
 
 class OptunaSweeper(Sweeper):
@@ -73,6 +74,7 @@ class OptunaSweeper(Sweeper):
         enqueue: Sequence[Mapping[str, Any]] | None = None,
         dispatch: str = "auto",
         warm_start: bool = True,
+        warm_start_keys: Sequence[str] = ("trainer.strength", "trainer.c1", "trainer.c2"),
     ) -> None:
         super().__init__()
         self.params = _plain(params) or {}
@@ -83,6 +85,8 @@ class OptunaSweeper(Sweeper):
         self.enqueue = _plain(enqueue) or []
         self.dispatch = dispatch
         self.warm_start = warm_start
+        self.warm_start_keys = _plain(warm_start_keys)
+        self.first_trial = 0  # this sweep's first trial number (a resumed study has earlier ones)
         self.hydra_context: HydraContext | None = None
         self.config: DictConfig | None = None
         self.launcher = None
@@ -102,6 +106,9 @@ class OptunaSweeper(Sweeper):
                 raise SweeperSettingError(f"hydra.sweeper.{name}={value!r}: a whole number, at least 1")
         if not isinstance(self.warm_start, bool):
             raise SweeperSettingError(f"hydra.sweeper.warm_start={self.warm_start!r}: true or false")
+        keys = self.warm_start_keys
+        if isinstance(keys, str) or not isinstance(keys, Sequence) or not all(isinstance(k, str) for k in keys):
+            raise SweeperSettingError(f"hydra.sweeper.warm_start_keys={keys!r}: a list of config keys")
 
     def _open_study(self) -> tuple[Any, str]:
         """Check every setting, then create (or load, by name) the study; (study, storage URL)."""
@@ -150,6 +157,7 @@ class OptunaSweeper(Sweeper):
             log.error("%s", error)
             sys.exit(2)
         started = len(study.get_trials(deepcopy=False))  # a resumed study's earlier trials are not this sweep's
+        self.first_trial = started
         for params in enqueued:  # asked before anything is sampled
             study.enqueue_trial(params, skip_if_exists=True)
         variables = {search.STORAGE_VARIABLE: url, search.STUDY_VARIABLE: study.study_name}
@@ -191,13 +199,13 @@ class OptunaSweeper(Sweeper):
         return "async" if names & CONCURRENT_LAUNCHERS else "batch"
 
     def _ask(self, study: Any, space: Any) -> tuple[Any, dict[str, Any], list[str]]:
-        """A new trial, its sampled values and its job's overrides; with ``warm_start``, the job
-        starts from the weights of the nearest finished trial of the same kind
-        (:func:`pipeline.sweeps.search.warm_start_source`), if there is one."""
+        """A new trial, its sampled values and its job's overrides; with ``warm_start``, the job is
+        offered the weights of the nearest finished trial of this sweep that differs from it in
+        ``warm_start_keys`` only (:func:`pipeline.sweeps.search.warm_start_source`), if there is
+        one (earlier sweeps of a resumed study may have had other fixed settings)."""
         from optuna.trial import TrialState
 
         from pipeline.sweeps import search
-        from pipeline.sweeps.pruning import WARM_START_ATTR
 
         trial = study.ask(space.distributions)
         values = {key: trial.params[key] for key in space.distributions}
@@ -207,12 +215,12 @@ class OptunaSweeper(Sweeper):
             f"++hydra.job.env_set.{search.TRIAL_VARIABLE}='{trial.number}'",
         ]
         if self.warm_start:
-            finished = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            source = search.warm_start_source(finished, values, space.distributions)
-            if source is not None:
-                trial.set_user_attr(WARM_START_ATTR, source)
+            finished = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                        if t.number >= self.first_trial]  # fmt: skip
+            source = search.warm_start_source(finished, values, space.distributions, self.warm_start_keys)
+            if source is not None:  # the job checks the features and the cache, and says whether it did
                 overrides.append(f"++hydra.job.env_set.{search.WARM_START_VARIABLE}='{source}'")
-                log.info("trial %d starts from the weights of trial %d", trial.number, source)
+                log.info("trial %d is offered the weights of trial %d", trial.number, source)
         return trial, values, overrides
 
     def _launch(self, study: Any, trials: Sequence[Any], batch: list[list[str]], index: int) -> Sequence[JobReturn]:

@@ -275,14 +275,18 @@ def run_pipeline(cfg: DictConfig) -> dict[str, Any]:
     run_name = "-".join([str(cfg.dataset.name), tags["model"], tags["trainer"], *swept_overrides()])
     job = PipelineJob(adapter, stages, order, StageCache(cfg.paths.cache_dir), uri)
     reporter = pruning.reporter_from_environment()
-    source = pruning.warm_start_trial() if reporter is not None and adapter.warm_starts else None
+    warm = reporter is not None and adapter.can_warm_start(cfg)
+    source = pruning.warm_start_trial() if warm else None
 
     def trial_start(outputs: dict[str, StageOutput]) -> StageOutput | None:
         """The train output of the finished trial the sweeper chose, if it was trained on this
         job's features and is in the cache; else None (logged): the fit starts from zero."""
         assert reporter is not None and source is not None
         features = outputs.get("featurize")
-        found = reporter.warm_start_output(source, features.hash) if features is not None else None
+        if features is None:
+            log.warning("trial %d: no featurize stage to compare with trial %d's: training from zero", reporter.number, source)
+            return None
+        found = reporter.warm_start_output(source, features.hash)
         if found is None:
             return None
         key, content = found
@@ -290,6 +294,7 @@ def run_pipeline(cfg: DictConfig) -> dict[str, Any]:
         if folder is None:
             log.warning("trial %d: trial %d's train output %s is not in the cache: from zero", reporter.number, source, key)
             return None
+        reporter.started_from(source)
         return StageOutput(folder, content, cached=True, metrics={}, key=key)
 
     results, outputs = pipeline_run(
@@ -303,7 +308,7 @@ def run_pipeline(cfg: DictConfig) -> dict[str, Any]:
     )
     trained = outputs.get("train")
     finished = "pipeline.pruned_at_iteration" not in results
-    if reporter is not None and adapter.warm_starts and trained is not None and "featurize" in outputs and finished:
+    if warm and trained is not None and "featurize" in outputs and finished:
         reporter.record_outputs(trained, outputs["featurize"].hash)
     return results
 

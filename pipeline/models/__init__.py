@@ -19,9 +19,11 @@ the defaults) declares:
   the self-contained tagger as :data:`BUNDLE_FILE` (a :class:`crf.TaggerBundle` whose part is the
   kind's :class:`crf.bundle.BundledModel`, registered with :func:`crf.bundle.register_kind`):
   evaluation, ``python -m pipeline.tag`` and the MLflow Model all tag with it;
-- ``warm_starts``: whether ``fit`` can start from an earlier fit's output. A regularisation path
-  (``pipeline.sweeps.path``) gives the train stage the previous point's train folder as the input
-  :data:`WARM_START_INPUT` (its hash joins the cache key); ``fit`` starts from the weights there;
+- ``warm_starts``: whether ``fit`` can start from an earlier fit's output, and
+  ``can_warm_start(cfg)`` whether it can with ``cfg``'s settings (some trainers cannot). A
+  regularisation path (``pipeline.sweeps.path``) gives the train stage the previous point's train
+  folder as the input :data:`WARM_START_INPUT` (its hash joins the cache key), as does an Optuna
+  trial started from a finished one; ``fit`` starts from the weights there;
 - ``context.report_dev``, when set, is called with the dev scores during training (Optuna pruning).
 
 Adapters import no MLflow: step metrics go through ``context.log_steps``.
@@ -64,6 +66,8 @@ class ModelAdapter(Protocol):
 
     def trainer_tag(self, cfg: Mapping) -> str: ...
 
+    def can_warm_start(self, cfg: Mapping) -> bool: ...
+
     def fit(self, context: StageContext, data: Dataset) -> dict: ...
 
 
@@ -90,6 +94,9 @@ class BaseAdapter:
 
     def trainer_tag(self, cfg: Mapping) -> str:
         return self.name
+
+    def can_warm_start(self, cfg: Mapping) -> bool:
+        return self.warm_starts
 
     def fit(self, context: StageContext, data: Dataset) -> dict:
         raise NotImplementedError

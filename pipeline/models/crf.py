@@ -215,6 +215,11 @@ class CRFAdapter(BaseAdapter):
     def trainer_tag(self, cfg) -> str:
         return str(cfg.trainer.name)
 
+    def can_warm_start(self, cfg) -> bool:
+        """Whether the configured trainer starts from given weights (L-BFGS and SGD do; the
+        online trainers, ap, pa and arow, do not)."""
+        return params.applies("warm_start", str(cfg.trainer.algorithm))
+
     def fit(self, context, data) -> dict:
         config, settings, inputs, out = context.config, context.settings, context.inputs, context.out
         extractor = load_extractor(inputs["featurize"] / "extractor.npz")

@@ -90,6 +90,11 @@ def run_path(cfg: DictConfig) -> dict[str, Any]:
         strengths.extend(path_strengths(cfg))
         if not adapter.warm_starts:
             raise SettingsError(f"bad setting model={cfg.model.name}: a regularisation path needs a model that warm-starts (crf)")
+        if not adapter.can_warm_start(cfg):
+            raise SettingsError(
+                f"bad setting trainer.algorithm={cfg.trainer.algorithm}: a regularisation path needs a trainer that warm-starts"
+                " (lbfgs or l2sgd)"
+            )
         if "train" not in order:
             raise SettingsError(f"bad setting stages={list(cfg.stages)}: a regularisation path trains (add train or evaluate)")
 

@@ -100,11 +100,20 @@ class TrialReporter:
         trial_id = self.store.get_trial_id_from_study_id_trial_number(self.study_id, source)
         attributes = self.store.get_trial(trial_id).user_attrs
         train = attributes.get(TRAIN_OUTPUT_ATTR)
-        if not isinstance(train, dict) or attributes.get(FEATURES_ATTR) != features:
-            log.warning("trial %d: trial %d's weights do not fit (%s): training from zero", self.number, source,
-                        "no train output recorded" if train is None else "other features")  # fmt: skip
+        problem = None
+        if not isinstance(train, dict) or not {"key", "hash"} <= set(train):
+            problem = "no train output recorded"
+        elif attributes.get(FEATURES_ATTR) != features:
+            problem = "other features"
+        if problem is not None:
+            log.warning("trial %d: trial %d's weights do not fit (%s): training from zero", self.number, source, problem)
             return None
         return str(train["key"]), str(train["hash"])
+
+    def started_from(self, source: int) -> None:
+        """Record (and log) that this trial's fit starts from trial ``source``'s weights."""
+        self.trial.set_user_attr(WARM_START_ATTR, source)
+        log.info("trial %d starts from the weights of trial %d", self.number, source)
 
     def record_outputs(self, train: Any, features: str) -> None:
         """Record this trial's train output (a :class:`pipeline.engine.runner.StageOutput`: its

@@ -196,24 +196,25 @@ def _distance(value: Any, other: Any, distribution: BaseDistribution) -> float:
 
 
 def warm_start_source(
-    finished: Sequence[optuna.trial.FrozenTrial], params: Mapping[str, Any], distributions: Mapping[str, BaseDistribution]
+    finished: Sequence[optuna.trial.FrozenTrial],
+    params: Mapping[str, Any],
+    distributions: Mapping[str, BaseDistribution],
+    near_keys: Sequence[str],
 ) -> int | None:
     """The number of the trial among ``finished`` whose weights a trial with ``params`` should start
     from, or None: of those whose job recorded its train output (``TRAIN_OUTPUT_ATTR``), the ones
-    with the same value of every categorical and integer key (the same trainer, features, model),
-    nearest in the float keys (the regularisation strengths; summed distances, see
+    with the same value of every key except the float keys in ``near_keys`` (the regularisation
+    strengths), and of those the nearest in ``near_keys`` (summed distances, see
     :func:`_distance`), the latest on a tie. A job checks again that its features are the
     source's before it uses the weights."""
-    floats = [k for k, d in distributions.items() if isinstance(d, FloatDistribution)]
+    near = [k for k in near_keys if isinstance(distributions.get(k), FloatDistribution)]
     best: tuple[float, int] | None = None
     for trial in finished:
-        if TRAIN_OUTPUT_ATTR not in trial.user_attrs or any(
-            trial.params.get(k) != v for k, v in params.items() if k not in floats
-        ):
+        if TRAIN_OUTPUT_ATTR not in trial.user_attrs or any(k not in trial.params for k in params):
             continue
-        if any(k not in trial.params for k in floats):
+        if any(trial.params[k] != v for k, v in params.items() if k not in near):
             continue
-        distance = sum(_distance(params[k], trial.params[k], distributions[k]) for k in floats)
+        distance = sum(_distance(params[k], trial.params[k], distributions[k]) for k in near)
         if best is None or distance <= best[0]:
             best = (distance, trial.number)
     return None if best is None else best[1]
