@@ -226,14 +226,30 @@ def test_objective_value_names_the_metric_and_has_none_for_a_pruned_trial():
     assert objective_value({"pipeline.pruned_at_iteration": 20, "pipeline.pruned_dev_f1": 80.0}) is None
 
 
+def _run_pipeline(arguments: list[str], data_root: Path, out: Path) -> subprocess.CompletedProcess:
+    """``python -m pipeline <arguments>`` on the tiny corpus at ``data_root``, writing under ``out``."""
+    command = [sys.executable, "-m", "pipeline", *arguments, *tiny_overrides(data_root, out)]
+    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    return subprocess.run(command, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=900)
+
+
+def _tiny_multirun(tmp_path: Path, sweep: list[str]) -> tuple[Path, Path, subprocess.CompletedProcess]:
+    """A multirun of ``sweep`` on a new tiny corpus and store: (output folder, data folder, the
+    finished process), which succeeded."""
+    data_root = write_corpus(tmp_path / "data", n_train=60, n_test=20)
+    out = tmp_path / "out"
+    seed_store(out)
+    done = _run_pipeline(["-m", *sweep], data_root, out)
+    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
+    return out, data_root, done
+
+
 @pytest.mark.slow
 def test_optuna_sweep_end_to_end_with_a_pruned_trial(tmp_path):
     """A real multirun (joblib, two jobs at a time) of three trials on the tiny corpus: a good
     setting and a hopeless one enqueued first (L1 so strong that dev F1 stays at 80), then one
     sampled; a threshold pruner at dev F1 90 prunes the hopeless one at its first report."""
-    data_root = write_corpus(tmp_path / "data", n_train=60, n_test=20)
-    out = tmp_path / "out"
-    seed_store(out)
     sweep = [
         "hydra/sweeper=optuna",
         "hydra.sweeper.n_trials=3",
@@ -243,11 +259,7 @@ def test_optuna_sweep_end_to_end_with_a_pruned_trial(tmp_path):
         "hydra/sweeper/pruner=threshold",
         "hydra.sweeper.pruner.lower=90",
     ]
-    command = [sys.executable, "-m", "pipeline", "-m", *sweep, *tiny_overrides(data_root, out)]
-    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
-    env.pop("MLFLOW_TRACKING_URI", None)
-    done = subprocess.run(command, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
+    out, _, done = _tiny_multirun(tmp_path, sweep)
 
     # the study: in the default storage beside the MLflow store, one trial pruned by its job
     study = optuna.load_study(study_name="tiny", storage=f"sqlite:///{out / 'optuna.db'}")
@@ -502,9 +514,6 @@ def test_optuna_sweep_warm_starts_a_trial_from_the_finished_one_nearest_to_it(tm
     """One trial at a time: L2 at c2 = 1, then L2 at 0.1 (starts from the first one's weights),
     then L1 (the first of its kind, from zero). The warm-started fit is told its start through the
     stage cache, tagged with it, and stops in fewer iterations than the same fit from zero."""
-    data_root = write_corpus(tmp_path / "data", n_train=60, n_test=20)
-    out = tmp_path / "out"
-    seed_store(out)
     sweep = [
         "hydra/sweeper=optuna",
         "hydra.sweeper.n_trials=3",
@@ -513,11 +522,7 @@ def test_optuna_sweep_warm_starts_a_trial_from_the_finished_one_nearest_to_it(tm
         "hydra.sweeper.enqueue=[{trainer:lbfgs,trainer.strength:1.0},{trainer:lbfgs,trainer.strength:0.1},{trainer:l1,trainer.strength:0.1}]",
         "hydra/sweeper/pruner=none",
     ]
-    command = [sys.executable, "-m", "pipeline", "-m", *sweep, *tiny_overrides(data_root, out)]
-    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
-    env.pop("MLFLOW_TRACKING_URI", None)
-    done = subprocess.run(command, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
+    out, data_root, done = _tiny_multirun(tmp_path, sweep)
 
     trials = optuna.load_study(study_name="warm", storage=f"sqlite:///{out / 'optuna.db'}").get_trials()
     assert [t.state for t in trials] == [TrialState.COMPLETE] * 3
@@ -540,8 +545,7 @@ def test_optuna_sweep_warm_starts_a_trial_from_the_finished_one_nearest_to_it(tm
     assert train[1].data.tags["cache_key"] == trials[1].user_attrs[pruning.TRAIN_OUTPUT_ATTR]["key"]
 
     # the same fit from zero: a run outside the sweep, its own cache entry
-    cold = [sys.executable, "-m", "pipeline", "trainer=lbfgs", "trainer.strength=0.1", *tiny_overrides(data_root, out)]
-    assert subprocess.run(cold, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=900).returncode == 0
+    assert _run_pipeline(["trainer=lbfgs", "trainer.strength=0.1"], data_root, out).returncode == 0
     (cold_train,) = [r for r in client.search_runs([experiment.experiment_id], filter_string="tags.stage = 'train'")
                      if r.info.run_id not in {t.info.run_id for t in train.values()}]  # fmt: skip
     assert cold_train.data.tags["cache_key"] != train[1].data.tags["cache_key"]
