@@ -11,6 +11,11 @@ the trial's intermediate value at that iteration and asks the pruner; when the p
 the reporter marks the trial PRUNED in the study and raises :class:`TrialPruned`, which ends the
 training and the job's runs (KILLED, tagged ``crf.trial_state=PRUNED``; see the runner).
 
+Warm starts: a job that finishes records its train output (cache key and content hash) and its
+features' content hash on its trial; a job the sweeper offers a finished trial
+(:data:`WARM_START_VARIABLE`) reads them, starts from that output if its own features are the same
+and the entry is in its stage cache, and then marks its trial ``warm_start_trial``.
+
 This module imports Optuna only when a job is a trial.
 """
 

@@ -11,7 +11,8 @@ The search space is written in Hydra's own sweep grammar, one entry per config k
 - a plain value (``trainer.threads: 1``): the same for every trial.
 
 Each trial's values become ordinary Hydra overrides of its job (``trainer=l1 trainer.strength=0.0371``).
-This module is used by ``hydra_plugins/crf_optuna_sweeper`` in the launching process; the job side
+:func:`warm_start_source` chooses the finished trial a new one may start from. This module is
+used by ``hydra_plugins/crf_optuna_sweeper`` in the launching process; the job side
 (intermediate dev scores and pruning) is :mod:`pipeline.sweeps.pruning`.
 """
 
