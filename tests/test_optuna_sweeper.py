@@ -308,14 +308,14 @@ def test_optuna_sweep_end_to_end_with_a_pruned_trial(tmp_path):
 
 class _Launcher:
     """A launcher that runs each job in the calling thread: 'slow' jobs wait until three 'fast'
-    ones have ended (or a second has passed), so the order in which jobs end shows whether the
-    sweeper kept a slot busy while a slower trial ran."""
+    ones have ended (or ``wait`` seconds have passed), so the order in which jobs end shows whether
+    the sweeper kept a slot busy while a slower trial ran."""
 
-    def __init__(self) -> None:
+    def __init__(self, wait: float) -> None:
         import threading
 
         self.lock, self.fast_done, self.ended, self.waited = threading.Lock(), threading.Event(), [], []
-        self.fast = 0
+        self.fast, self.wait = 0, wait
 
     def launch(self, batch, initial_job_idx):
         from hydra.core.utils import JobReturn, JobStatus
@@ -326,7 +326,7 @@ class _Launcher:
             if kind == "boom":
                 raise RuntimeError("the launcher lost its workers")
             if kind == "slow":
-                self.waited.append(self.fast_done.wait(timeout=1.0))
+                self.waited.append(self.fast_done.wait(timeout=self.wait))
             with self.lock:
                 self.ended.append(kind)
                 if kind == "fast":
@@ -337,7 +337,7 @@ class _Launcher:
         return results
 
 
-def _fake_sweep(tmp_path: Path, dispatch: str, order: list[str]):
+def _fake_sweep(tmp_path: Path, dispatch: str, order: list[str], wait: float = 1.0):
     from hydra_plugins.crf_optuna_sweeper.optuna_sweeper import OptunaSweeper
 
     sweeper = OptunaSweeper(params={"x": "choice(slow, fast1, fast2, fast3, boom)"}, n_trials=len(order), n_jobs=2, seed=0,
@@ -350,13 +350,15 @@ def _fake_sweep(tmp_path: Path, dispatch: str, order: list[str]):
             "train": {"dev_every": 10},
         }  # fmt: skip
     )
-    sweeper.launcher = _Launcher()
+    sweeper.launcher = _Launcher(wait)
     sweeper.validate_batch_is_legal = lambda batch: None  # no Hydra context here to compose the jobs
     return sweeper
 
 
 def test_async_dispatch_starts_the_next_trial_when_one_ends(tmp_path):
-    sweeper = _fake_sweep(tmp_path, "async", ["slow", "fast1", "fast2", "fast3"])
+    # the slow job waits for the three fast ones as long as it takes (a loaded machine may take
+    # seconds for their study updates): only a sweeper that leaves the second slot idle fails
+    sweeper = _fake_sweep(tmp_path, "async", ["slow", "fast1", "fast2", "fast3"], wait=120.0)
     returns = sweeper.sweep([])
     # three fast trials ran one after another beside the slow one, which saw them end
     assert sweeper.launcher.ended == ["fast", "fast", "fast", "slow"] and sweeper.launcher.waited == [True]
