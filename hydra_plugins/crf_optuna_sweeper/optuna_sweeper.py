@@ -21,8 +21,8 @@ see :mod:`pipeline.sweeps.search`), ``n_trials``, ``n_jobs`` (trials running at 
 (``kind`` and the Optuna class's arguments), ``enqueue`` (settings to try first, e.g. a known good one),
 ``dispatch`` (``auto``, ``async`` or ``batch``), ``warm_start`` and ``warm_start_keys`` (a trial
 starts from the weights of the finished trial of this sweep nearest to it that differs only in
-those keys, the regularisation strengths, as a regularisation path's points do: fewer iterations
-to the same optimum of a convex objective).
+those keys, the trainer and the regularisation strengths, as a regularisation path's points do:
+fewer iterations to the same optimum of a convex objective).
 Everything is checked before the first job starts: a setting that cannot work ends the sweep with
 one line naming it (exit code 2), as a bad setting ends a run.
 """
@@ -74,7 +74,7 @@ class OptunaSweeper(Sweeper):
         enqueue: Sequence[Mapping[str, Any]] | None = None,
         dispatch: str = "auto",
         warm_start: bool = True,
-        warm_start_keys: Sequence[str] = ("trainer.strength", "trainer.c1", "trainer.c2"),
+        warm_start_keys: Sequence[str] = ("trainer", "trainer.strength", "trainer.c1", "trainer.c2"),
     ) -> None:
         super().__init__()
         self.params = _plain(params) or {}

@@ -204,21 +204,24 @@ def warm_start_source(
 ) -> int | None:
     """The number of the trial among ``finished`` whose weights a trial with ``params`` should start
     from, or None: of those whose job recorded its train output (``TRAIN_OUTPUT_ATTR``), the ones
-    with the same value of every key except the float keys in ``near_keys`` (the regularisation
-    strengths), and of those the nearest in ``near_keys`` (summed distances, see
-    :func:`_distance`), the latest on a tie. A job checks again that its features are the
-    source's before it uses the weights."""
-    near = [k for k in near_keys if isinstance(distributions.get(k), FloatDistribution)]
-    best: tuple[float, int] | None = None
+    with the same value of every key except those in ``near_keys``, and of those the nearest: the
+    fewest categorical ``near_keys`` (the trainer) of another value, then the nearest in the float
+    ones (the regularisation strengths, summed distances, see :func:`_distance`), the latest on a
+    tie. A job checks again that its features are the source's before it uses the weights."""
+    near = [k for k in near_keys if isinstance(distributions.get(k), (FloatDistribution, CategoricalDistribution))]
+    best: tuple[int, float, int] | None = None
     for trial in finished:
         if TRAIN_OUTPUT_ATTR not in trial.user_attrs or any(k not in trial.params for k in params):
             continue
         if any(trial.params[k] != v for k, v in params.items() if k not in near):
             continue
-        distance = sum(_distance(params[k], trial.params[k], distributions[k]) for k in near)
-        if best is None or distance <= best[0]:
-            best = (distance, trial.number)
-    return None if best is None else best[1]
+        others = sum(trial.params[k] != params[k] for k in near if isinstance(distributions[k], CategoricalDistribution))
+        distance = sum(_distance(params[k], trial.params[k], distributions[k]) for k in near
+                       if isinstance(distributions[k], FloatDistribution))  # fmt: skip
+        rank = (others, distance, -trial.number)
+        if best is None or rank < best:
+            best = rank
+    return None if best is None else -best[2]
 
 
 def _build(kind_of: str, table: Mapping[str, type], settings: Mapping[str, Any] | None, default: str, **extra: Any) -> Any:
