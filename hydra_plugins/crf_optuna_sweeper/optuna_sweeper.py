@@ -22,7 +22,8 @@ see :mod:`pipeline.sweeps.search`), ``n_trials``, ``n_jobs`` (trials running at 
 ``dispatch`` (``auto``, ``async`` or ``batch``), ``warm_start`` and ``warm_start_keys`` (a trial
 starts from the weights of the finished trial of this sweep nearest to it that differs only in
 those keys, the trainer and the regularisation strengths, as a regularisation path's points do:
-fewer iterations to the same optimum of a convex objective).
+fewer iterations to the same optimum of a convex objective; the job checks that the weights are
+of its algorithm and model layout).
 Everything is checked before the first job starts: a setting that cannot work ends the sweep with
 one line naming it (exit code 2), as a bad setting ends a run.
 """

@@ -276,11 +276,15 @@ def run_pipeline(cfg: DictConfig) -> dict[str, Any]:
     job = PipelineJob(adapter, stages, order, StageCache(cfg.paths.cache_dir), uri)
     reporter = pruning.reporter_from_environment()
     warm = reporter is not None and adapter.can_warm_start(cfg)
-    source = pruning.warm_start_trial() if warm else None
+    source = pruning.warm_start_trial() if reporter is not None else None
+    if source is not None and not warm:
+        log.info("trial %d: trainer %s does not start from given weights: from zero", reporter.number, adapter.trainer_tag(cfg))
+        source = None
 
     def trial_start(outputs: dict[str, StageOutput]) -> StageOutput | None:
         """The train output of the finished trial the sweeper chose, if it was trained on this
-        job's features and is in the cache; else None (logged): the fit starts from zero."""
+        job's features, is in the cache and fits this job's settings (the adapter's
+        ``warm_start_problem``); else None (logged): the fit starts from zero."""
         assert reporter is not None and source is not None
         features = outputs.get("featurize")
         if features is None:
@@ -293,6 +297,10 @@ def run_pipeline(cfg: DictConfig) -> dict[str, Any]:
         folder = job.cache.lookup("train", key)
         if folder is None:
             log.warning("trial %d: trial %d's train output %s is not in the cache: from zero", reporter.number, source, key)
+            return None
+        problem = adapter.warm_start_problem(cfg, folder)
+        if problem is not None:
+            log.warning("trial %d: trial %d's weights do not fit (%s): training from zero", reporter.number, source, problem)
             return None
         reporter.started_from(source)
         return StageOutput(folder, content, cached=True, metrics={}, key=key)

@@ -24,6 +24,8 @@ the defaults) declares:
   regularisation path (``pipeline.sweeps.path``) gives the train stage the previous point's train
   folder as the input :data:`WARM_START_INPUT` (its hash joins the cache key), as does an Optuna
   trial started from a finished one; ``fit`` starts from the weights there;
+  ``warm_start_problem(cfg, folder)`` says why such a folder is no starting point for a fit with
+  ``cfg``'s settings (None if it is), for an Optuna trial offered another trial's weights;
 - ``context.report_dev``, when set, is called with the dev scores during training (Optuna pruning).
 
 Adapters import no MLflow: step metrics go through ``context.log_steps``.
@@ -34,6 +36,7 @@ from __future__ import annotations
 import importlib
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -68,6 +71,8 @@ class ModelAdapter(Protocol):
 
     def can_warm_start(self, cfg: Mapping) -> bool: ...
 
+    def warm_start_problem(self, cfg: Mapping, folder: Path) -> str | None: ...
+
     def fit(self, context: StageContext, data: Dataset) -> dict: ...
 
 
@@ -97,6 +102,9 @@ class BaseAdapter:
 
     def can_warm_start(self, cfg: Mapping) -> bool:
         return self.warm_starts
+
+    def warm_start_problem(self, cfg: Mapping, folder: Path) -> str | None:
+        return None
 
     def fit(self, context: StageContext, data: Dataset) -> dict:
         raise NotImplementedError

@@ -170,6 +170,17 @@ def plot_learning_curve(history: pd.DataFrame, path: Path) -> None:
     save_figure(fig, path)
 
 
+# the settings that decide which weights a CRF has (beside the data)
+LAYOUT_PARAMS = (
+    "min_freq",
+    "all_possible_states",
+    "all_possible_transitions",
+    "boundary_transitions",
+    "order",
+    "pruning_threshold",
+)
+
+
 def warm_started(path: Path, model: CRF) -> CRF:
     """The fitted CRF saved at ``path`` with ``model``'s parameters and ``warm_start=True``: its
     next ``fit`` starts from the saved weights (same features: the same featurize output)."""
@@ -219,6 +230,18 @@ class CRFAdapter(BaseAdapter):
         """Whether the configured trainer starts from given weights (L-BFGS and SGD do; the
         online trainers, ap, pa and arow, do not)."""
         return params.applies("warm_start", str(cfg.trainer.algorithm))
+
+    def warm_start_problem(self, cfg, folder: Path) -> str | None:
+        """Why the CRF saved in ``folder`` is no starting point for ``cfg``'s fit, or None: it was
+        trained by another algorithm (SGD stops where its start and its epochs take it, so from
+        L-BFGS's weights it would report L-BFGS's optimum), or it has another model layout
+        (:data:`LAYOUT_PARAMS`: a warm start would merge the two layouts)."""
+        wanted = build_model(section(cfg, "model"), section(cfg, "trainer"), seed=0, dev_every=0, threads=None).get_params()
+        saved = CRF.load(folder / "model.npz").get_params()
+        for name in ("algorithm", *LAYOUT_PARAMS):
+            if saved[name] != wanted[name]:
+                return f"{name} {saved[name]!r} there, {wanted[name]!r} here"
+        return None
 
     def fit(self, context, data) -> dict:
         config, settings, inputs, out = context.config, context.settings, context.inputs, context.out

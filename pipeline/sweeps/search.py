@@ -187,13 +187,26 @@ def trial_overrides(params: Mapping[str, Any]) -> list[str]:
     return [f"{key}={format_value(value)}" for key, value in params.items()]
 
 
+def _has_distance(distribution: BaseDistribution) -> bool:
+    """Whether a near key's distribution has a distance: a float range, or a choice of numbers
+    (``trainer.strength=0.01,0.1,1``); other choices (the trainer) are only equal or not."""
+    if isinstance(distribution, FloatDistribution):
+        return True
+    return isinstance(distribution, CategoricalDistribution) and all(
+        isinstance(c, (int, float)) and not isinstance(c, bool) for c in distribution.choices
+    )
+
+
 def _distance(value: Any, other: Any, distribution: BaseDistribution) -> float:
-    """How far apart two values of a float distribution are: in log units on a log scale, else
-    as a fraction of its range."""
-    assert isinstance(distribution, FloatDistribution)
-    if distribution.log:
+    """How far apart two values of a float distribution or a choice of numbers are: in log units
+    on a log scale (a choice of positive numbers counts as one), else as a fraction of the range."""
+    if isinstance(distribution, FloatDistribution):
+        log_scale, low, high = distribution.log, distribution.low, distribution.high
+    else:
+        log_scale, low, high = min(distribution.choices) > 0, min(distribution.choices), max(distribution.choices)
+    if log_scale:
         return abs(math.log(value) - math.log(other))
-    return abs(value - other) / (distribution.high - distribution.low)
+    return abs(value - other) / (high - low) if high > low else 0.0
 
 
 def warm_start_source(
@@ -204,10 +217,12 @@ def warm_start_source(
 ) -> int | None:
     """The number of the trial among ``finished`` whose weights a trial with ``params`` should start
     from, or None: of those whose job recorded its train output (``TRAIN_OUTPUT_ATTR``), the ones
-    with the same value of every key except those in ``near_keys``, and of those the nearest: the
-    fewest categorical ``near_keys`` (the trainer) of another value, then the nearest in the float
-    ones (the regularisation strengths, summed distances, see :func:`_distance`), the latest on a
-    tie. A job checks again that its features are the source's before it uses the weights."""
+    with the same value of every key except the float and categorical keys in ``near_keys``
+    (integer keys must be equal), and of those the nearest: the fewest non-numeric choices among
+    the near keys (the trainer) of another value, then the nearest in the numeric ones (the
+    regularisation strengths, summed distances, see :func:`_distance`), the latest on a tie. The
+    job checks that the source's features, algorithm and model layout are its own before it uses
+    the weights (:meth:`pipeline.models.ModelAdapter.warm_start_problem`)."""
     near = [k for k in near_keys if isinstance(distributions.get(k), (FloatDistribution, CategoricalDistribution))]
     best: tuple[int, float, int] | None = None
     for trial in finished:
@@ -215,9 +230,8 @@ def warm_start_source(
             continue
         if any(trial.params[k] != v for k, v in params.items() if k not in near):
             continue
-        others = sum(trial.params[k] != params[k] for k in near if isinstance(distributions[k], CategoricalDistribution))
-        distance = sum(_distance(params[k], trial.params[k], distributions[k]) for k in near
-                       if isinstance(distributions[k], FloatDistribution))  # fmt: skip
+        others = sum(trial.params[k] != params[k] for k in near if not _has_distance(distributions[k]))
+        distance = sum(_distance(params[k], trial.params[k], distributions[k]) for k in near if _has_distance(distributions[k]))
         rank = (others, distance, -trial.number)
         if best is None or rank < best:
             best = rank
