@@ -13,8 +13,9 @@ training and the job's runs (KILLED, tagged ``crf.trial_state=PRUNED``; see the 
 
 Warm starts: a job that finishes records its train output (cache key and content hash) and its
 features' content hash on its trial; a job the sweeper offers a finished trial
-(:data:`WARM_START_VARIABLE`) reads them, starts from that output if its own features are the same
-and the entry is in its stage cache, and then marks its trial ``warm_start_trial``.
+(:data:`WARM_START_VARIABLE`) reads them, starts from that output if its own features are the same,
+the entry is in its stage cache and the model adapter finds it of the job's algorithm and model
+layout (``warm_start_problem``), and then marks its trial ``warm_start_trial``.
 
 This module imports Optuna only when a job is a trial.
 """

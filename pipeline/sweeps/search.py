@@ -224,14 +224,16 @@ def warm_start_source(
     job checks that the source's features, algorithm and model layout are its own before it uses
     the weights (:meth:`pipeline.models.ModelAdapter.warm_start_problem`)."""
     near = [k for k in near_keys if isinstance(distributions.get(k), (FloatDistribution, CategoricalDistribution))]
+    numeric = [k for k in near if _has_distance(distributions[k])]
+    plain = [k for k in near if k not in numeric]
     best: tuple[int, float, int] | None = None
     for trial in finished:
         if TRAIN_OUTPUT_ATTR not in trial.user_attrs or any(k not in trial.params for k in params):
             continue
         if any(trial.params[k] != v for k, v in params.items() if k not in near):
             continue
-        others = sum(trial.params[k] != params[k] for k in near if not _has_distance(distributions[k]))
-        distance = sum(_distance(params[k], trial.params[k], distributions[k]) for k in near if _has_distance(distributions[k]))
+        others = sum(trial.params[k] != params[k] for k in plain)
+        distance = sum(_distance(params[k], trial.params[k], distributions[k]) for k in numeric)
         rank = (others, distance, -trial.number)
         if best is None or rank < best:
             best = rank
