@@ -383,9 +383,14 @@ def test_batch_dispatch_waits_for_the_slowest_trial_of_each_batch(tmp_path):
 
 
 def test_a_launcher_failure_fails_the_running_trials_and_ends_the_sweep(tmp_path):
-    sweeper = _fake_sweep(tmp_path, "async", ["slow", "boom"])
-    with pytest.raises(RuntimeError, match="lost its workers"):
-        sweeper.sweep([])
+    # the slow job runs until the sweep has ended (no fast job will set the event), so it cannot
+    # end first however slowly the failure is handled; then it is let go
+    sweeper = _fake_sweep(tmp_path, "async", ["slow", "boom"], wait=120.0)
+    try:
+        with pytest.raises(RuntimeError, match="lost its workers"):
+            sweeper.sweep([])
+    finally:
+        sweeper.launcher.fast_done.set()
     study = optuna.load_study(study_name="fake", storage=f"sqlite:///{tmp_path / 'optuna.db'}")
     assert [t.state for t in study.get_trials()] == [TrialState.FAIL, TrialState.FAIL]  # the slow one's job will not tell
 
