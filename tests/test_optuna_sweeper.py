@@ -554,6 +554,14 @@ def test_a_job_refuses_a_source_of_another_algorithm_or_model_layout(tmp_path):
     assert adapter.warm_start_problem(cfg({}), dense) == "all_possible_states True there, False here"
     assert adapter.warm_start_problem(cfg({}, all_possible_states=True), dense) is None
     assert adapter.warm_start_problem(cfg({"min_freq": 1.0}), l2) == "min_freq 0.0 there, 1.0 here"
+    # boundary_transitions compared as it resolves: unset (start/end weights) is the same as true
+    assert adapter.warm_start_problem(cfg({}, boundary_transitions=True), l2) is None
+    assert adapter.warm_start_problem(cfg({}, boundary_transitions=False), l2) == "boundary_transitions True there, False here"
+    # a damaged cached model is no start (the trial trains from zero), not an error
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "model.npz").write_bytes(b"not a model")
+    assert adapter.warm_start_problem(cfg({}), broken).startswith("its model cannot be read: ")
 
 
 def test_the_sweeper_offers_a_trial_the_nearest_finished_trial_of_this_sweep(tmp_path):

@@ -181,6 +181,12 @@ LAYOUT_PARAMS = (
 )
 
 
+def _layout_value(model: CRF, name: str):
+    """``model``'s parameter ``name`` as it shapes the weights (boundary_transitions=None means
+    whatever the CRF resolves it to)."""
+    return model._boundary() if name == "boundary_transitions" else model.get_params()[name]
+
+
 def warm_started(path: Path, model: CRF) -> CRF:
     """The fitted CRF saved at ``path`` with ``model``'s parameters and ``warm_start=True``: its
     next ``fit`` starts from the saved weights (same features: the same featurize output)."""
@@ -235,12 +241,16 @@ class CRFAdapter(BaseAdapter):
         """Why the CRF saved in ``folder`` is no starting point for ``cfg``'s fit, or None: it was
         trained by another algorithm (SGD stops where its start and its epochs take it, so from
         L-BFGS's weights it would report L-BFGS's optimum), or it has another model layout
-        (:data:`LAYOUT_PARAMS`: a warm start would merge the two layouts)."""
-        wanted = build_model(section(cfg, "model"), section(cfg, "trainer"), seed=0, dev_every=0, threads=None).get_params()
-        saved = CRF.load(folder / "model.npz").get_params()
+        (:data:`LAYOUT_PARAMS`: a warm start would merge the two layouts), or it cannot be read."""
+        wanted = build_model(section(cfg, "model"), section(cfg, "trainer"), seed=0, dev_every=0, threads=None)
+        try:
+            saved = CRF.load(folder / "model.npz")
+        except (OSError, ValueError) as error:  # ModelFileError is a ValueError
+            return f"its model cannot be read: {error}"
         for name in ("algorithm", *LAYOUT_PARAMS):
-            if saved[name] != wanted[name]:
-                return f"{name} {saved[name]!r} there, {wanted[name]!r} here"
+            there, here = _layout_value(saved, name), _layout_value(wanted, name)
+            if there != here:
+                return f"{name} {there!r} there, {here!r} here"
         return None
 
     def fit(self, context, data) -> dict:
