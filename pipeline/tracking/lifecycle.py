@@ -26,6 +26,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 
 import mlflow
 from mlflow.entities import ViewType
@@ -178,6 +179,24 @@ def _terminated_in(error: BaseException) -> Terminated | None:
     return next((e for e in error_chain(error) if isinstance(e, Terminated)), None)
 
 
+# a signal that lands inside the tracking store's code is delivered again a moment later: raised
+# there it can leave an SQLite transaction half done, whose lock then makes every write that ends
+# the runs wait out the store's 20 s busy timeout and fail
+STORE_MODULES = ("sqlalchemy.", "sqlite3", "mlflow.store.")
+DEFER_SECONDS = 0.05
+MAX_DEFERRALS = 200  # 10 s: a store call that takes longer is interrupted after all
+
+
+def _inside_store_call(frame: FrameType | None) -> bool:
+    """Whether ``frame`` (the main thread's, where a signal arrived) or a caller of it runs code
+    of the tracking store (SQLAlchemy, sqlite3, MLflow's stores)."""
+    while frame is not None:
+        if frame.f_globals.get("__name__", "").startswith(STORE_MODULES):
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _drop_frames(error: BaseException) -> None:
     for link in error_chain(error):
         link.__traceback__ = None
@@ -187,13 +206,22 @@ def _drop_frames(error: BaseException) -> None:
 def ending_runs_on_signal(signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)) -> Iterator[None]:
     """Within the block, SIGTERM/SIGINT unwind the block (``Terminated``), then every open run of
     this process (stage and parent) ends KILLED with ``crf.end_reason`` and the process exits with
-    ``128 + signum``. Outside the main thread (where handlers cannot be set) it does nothing."""
+    ``128 + signum``. A signal that arrives while the store's code runs is delivered again
+    50 ms later (up to 10 s), so that no store transaction is left half done. Outside the main
+    thread (where handlers cannot be set) it does nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     open_runs: list[str] = []
+    deferred = [0]
 
-    def handler(signum: int, frame: object) -> None:
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if deferred[0] < MAX_DEFERRALS and _inside_store_call(frame):
+            deferred[0] += 1
+            timer = threading.Timer(DEFER_SECONDS, os.kill, (os.getpid(), signum))
+            timer.daemon = True
+            timer.start()
+            return
         for sig in signals:  # a second signal while cleaning up must not interrupt it
             signal.signal(sig, signal.SIG_IGN)
         open_runs.extend(_active_run_ids())

@@ -50,6 +50,7 @@ def _command(data_root: Path, out: Path, *extra: str) -> list[str]:
 def _environment() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "CRF_SWEEP_PARENT_RUN_ID", "CRF_SWEEP_ID")}
     env["MLFLOW_DISABLE_TELEMETRY"] = "true"
+    env["PYTHONFAULTHANDLER"] = "1"  # SIGABRT prints every thread's stack (see _output)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     return env
 
@@ -63,6 +64,21 @@ def _start(data_root: Path, out: Path, *extra: str) -> subprocess.Popen:
         stderr=subprocess.STDOUT,
         text=True,
     )
+
+
+def _output(process: subprocess.Popen, timeout: float = 60) -> str:
+    """What ``process`` printed once it has exited; if it has not within ``timeout`` seconds, the
+    test fails with that output and every thread's stack (SIGABRT: Python's fault handler)."""
+    try:
+        return process.communicate(timeout=timeout)[0]
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGABRT)
+        try:
+            text = process.communicate(timeout=10)[0]
+        except subprocess.TimeoutExpired:
+            process.kill()
+            text = process.communicate()[0]
+        pytest.fail(f"the process did not exit within {timeout} s; its output and stacks:\n{text[-20000:]}")
 
 
 def _run(data_root: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
@@ -190,7 +206,7 @@ def test_sigterm_during_training_ends_the_runs_killed_and_a_rerun_reuses_finishe
     process = _start(data_root, out, *ENDLESS)
     _wait_for_training(process, out)
     process.send_signal(signal.SIGTERM)
-    text = process.communicate(timeout=60)[0]
+    text = _output(process)
     assert process.returncode == 128 + signal.SIGTERM, text
     runs = _by_stage(_runs(out))
     for stage in ("pipeline", "train"):
@@ -277,3 +293,44 @@ def test_an_error_while_unwinding_a_signal_still_ends_the_runs_killed(monkeypatc
                 raise RuntimeError("database is locked")
     assert ended.value.code == 128 + signal.SIGTERM
     assert marked == ["terminated by SIGTERM"]
+
+
+_SIGNAL_IN_A_STORE_CALL = """
+import os, signal, sys, time
+import mlflow
+from pipeline.tracking.lifecycle import ending_runs_on_signal, owner_tags
+
+mlflow.set_tracking_uri(sys.argv[1])
+# a function that runs as the store's code does (its module name), and is signalled midway
+store = {"__name__": "mlflow.store.tracking.fake", "os": os, "signal": signal, "time": time}
+exec(
+    "def call():\\n"
+    "    os.kill(os.getpid(), signal.SIGTERM)\\n"
+    "    end = time.monotonic() + 0.3\\n"
+    "    while time.monotonic() < end:\\n"
+    "        pass\\n"
+    "    print('store call finished', flush=True)\\n",
+    store,
+)
+with ending_runs_on_signal():
+    with mlflow.start_run(tags=owner_tags()) as run:
+        print('run', run.info.run_id, flush=True)
+        store['call']()
+        time.sleep(30)
+        print('not interrupted', flush=True)
+"""
+
+
+def test_a_signal_inside_a_store_call_ends_the_process_once_the_call_has_finished(tmp_path):
+    """Raised inside the store's code, the signal's exception can leave an SQLite transaction
+    half done, and its lock made the writes that end the runs wait out the busy timeout and fail
+    (about one SIGTERM in fifteen during a loop of writes); so it is delivered again after the call."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    prepare_store(uri)
+    command = [sys.executable, "-c", _SIGNAL_IN_A_STORE_CALL, uri]
+    done = subprocess.run(command, cwd=ROOT, env=_environment(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 128 + signal.SIGTERM, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[1:] == ["store call finished"], done.stdout + done.stderr
+    run = mlflow.tracking.MlflowClient(uri).get_run(lines[0].split()[1])
+    assert run.info.status == "KILLED" and run.data.tags[END_REASON_TAG] == "terminated by SIGTERM"
