@@ -9,7 +9,9 @@
   or running with another start time) are ended FAILED with ``crf.end_reason = process <pid>@<host>
   died``; called on every start of a pipeline (``tracking.setup``);
 - :func:`ending_runs_on_signal`: SIGTERM/SIGINT end this process's open runs as KILLED with
-  ``crf.end_reason = terminated by SIGTERM`` (or SIGINT), then the process exits with 128 + signal.
+  ``crf.end_reason = terminated by SIGTERM`` (or SIGINT), then the process exits with 128 + signal;
+  a signal waits for the store call it lands in, and a process that has not ended 30 s after it
+  exits at once.
 
 SIGKILL cannot be caught: its runs stay RUNNING until the next start marks them.
 """
@@ -185,6 +187,21 @@ def _terminated_in(error: BaseException) -> Terminated | None:
 STORE_MODULES = ("sqlalchemy.", "sqlite3", "mlflow.store.")
 DEFER_SECONDS = 0.05
 MAX_DEFERRALS = 200  # 10 s: a store call that takes longer is interrupted after all
+# ...and then the interruption may be caught by the store's own retries and the process would go on
+# with the signals ignored: it gets this long to end its runs and exit, then exits at once
+EXIT_GRACE_SECONDS = 30.0
+
+
+def _exit_unless_gone(signum: int) -> None:
+    """Exit with ``128 + signum`` now, from a watchdog thread: the process did not end within
+    :data:`EXIT_GRACE_SECONDS` of the signal. Its runs stay RUNNING; the next start marks them."""
+    log.error(
+        "still running %.0f s after %s: exiting now; the next run will mark this process's runs FAILED",
+        EXIT_GRACE_SECONDS,
+        signal.Signals(signum).name,
+    )
+    logging.shutdown()
+    os._exit(128 + signum)
 
 
 def _inside_store_call(frame: FrameType | None) -> bool:
@@ -207,8 +224,9 @@ def ending_runs_on_signal(signals: tuple[int, ...] = (signal.SIGTERM, signal.SIG
     """Within the block, SIGTERM/SIGINT unwind the block (``Terminated``), then every open run of
     this process (stage and parent) ends KILLED with ``crf.end_reason`` and the process exits with
     ``128 + signum``. A signal that arrives while the store's code runs is delivered again
-    50 ms later (up to 10 s), so that no store transaction is left half done. Outside the main
-    thread (where handlers cannot be set) it does nothing."""
+    50 ms later (up to 10 s), so that no store transaction is left half done; a process still
+    there :data:`EXIT_GRACE_SECONDS` after the signal exits at once. Outside the main thread
+    (where handlers cannot be set) it does nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -224,6 +242,9 @@ def ending_runs_on_signal(signals: tuple[int, ...] = (signal.SIGTERM, signal.SIG
             return
         for sig in signals:  # a second signal while cleaning up must not interrupt it
             signal.signal(sig, signal.SIG_IGN)
+        watchdog = threading.Timer(EXIT_GRACE_SECONDS, _exit_unless_gone, (signum,))
+        watchdog.daemon = True
+        watchdog.start()
         open_runs.extend(_active_run_ids())
         raise Terminated(signum)
 

@@ -48,7 +48,10 @@ def _command(data_root: Path, out: Path, *extra: str) -> list[str]:
 
 
 def _environment() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "CRF_SWEEP_PARENT_RUN_ID", "CRF_SWEEP_ID")}
+    # what earlier tests of the session may have left in the environment (an experiment ID of
+    # another store, a sweep's parent) must not reach these processes
+    left = ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME", "CRF_SWEEP_PARENT_RUN_ID", "CRF_SWEEP_ID")
+    env = {k: v for k, v in os.environ.items() if k not in left}
     env["MLFLOW_DISABLE_TELEMETRY"] = "true"
     env["PYTHONFAULTHANDLER"] = "1"  # SIGABRT prints every thread's stack (see _output)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
@@ -328,9 +331,38 @@ def test_a_signal_inside_a_store_call_ends_the_process_once_the_call_has_finishe
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     prepare_store(uri)
     command = [sys.executable, "-c", _SIGNAL_IN_A_STORE_CALL, uri]
-    done = subprocess.run(command, cwd=ROOT, env=_environment(), capture_output=True, text=True, timeout=120)
+    done = subprocess.run(command, cwd=tmp_path, env=_environment(), capture_output=True, text=True, timeout=120)
     assert done.returncode == 128 + signal.SIGTERM, done.stdout + done.stderr
     lines = done.stdout.splitlines()
     assert lines[1:] == ["store call finished"], done.stdout + done.stderr
     run = mlflow.tracking.MlflowClient(uri).get_run(lines[0].split()[1])
     assert run.info.status == "KILLED" and run.data.tags[END_REASON_TAG] == "terminated by SIGTERM"
+
+
+_SIGNAL_CAUGHT_AND_IGNORED = """
+import os, signal, sys, time
+from pipeline.tracking import lifecycle
+
+lifecycle.EXIT_GRACE_SECONDS = 1.0
+with lifecycle.ending_runs_on_signal():
+    end, signalled = time.monotonic() + 30, False
+    while time.monotonic() < end:
+        try:  # code that catches everything, as a store's retry loop may
+            if not signalled:
+                signalled = True
+                os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.01)
+        except BaseException:
+            pass
+    print('went on', flush=True)
+"""
+
+
+def test_a_process_that_swallows_the_signal_still_exits_after_the_grace_period(tmp_path):
+    started = time.monotonic()
+    command = [sys.executable, "-c", _SIGNAL_CAUGHT_AND_IGNORED]
+    env = {**_environment(), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 128 + signal.SIGTERM, done.stdout + done.stderr
+    assert "went on" not in done.stdout and time.monotonic() - started < 25
+    assert "still running 1 s after SIGTERM: exiting now" in done.stderr
