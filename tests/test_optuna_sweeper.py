@@ -679,3 +679,31 @@ def test_optuna_sweep_warm_starts_a_trial_from_the_finished_one_nearest_to_it(tm
         assert warm["iterations"] < 300 and cold_train.data.metrics["iterations"] < 300  # both converged
         assert warm["final_loss"] == pytest.approx(cold_train.data.metrics["final_loss"], rel=1e-4), trainer
     assert train[1].data.metrics["iterations"] < train["cold lbfgs"].data.metrics["iterations"]
+
+
+def test_the_start_up_trials_are_tpes_own_draws_strongest_first():
+    """TPE's random start-up trials, the same seeded draws, reordered strongest regularisation
+    first (log scale); only for a new study with warm starts and the TPE sampler."""
+    from hydra_plugins.crf_optuna_sweeper.optuna_sweeper import OptunaSweeper
+
+    searched = {"trainer": "choice(lbfgs, l1, elasticnet)", "trainer.strength": "tag(log, interval(0.01, 10))"}
+    space = search.parse_space(searched, [])
+    keys = ["trainer", "trainer.strength", "trainer.c1", "trainer.c2"]
+    for seed in range(3):
+        ordered = search.strongest_first_startup(space, keys, 4, seed)
+        tpe = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=4, multivariate=True))
+        drawn = [tpe.ask(space.distributions).params for _ in range(4)]
+        assert sorted(map(str, ordered)) == sorted(map(str, drawn))
+        strengths = [p["trainer.strength"] for p in ordered]
+        assert strengths == sorted(strengths, reverse=True)
+    assert search.strongest_first_startup(space, keys, 0, 0) == []
+
+    sweeper = OptunaSweeper(params={}, n_trials=6, seed=1, sampler={"kind": "tpe", "n_startup_trials": 4})
+    assert sweeper._startup(space, 1, 0) == search.strongest_first_startup(space, keys, 3, 1)  # one enqueued by the user
+    assert sweeper._startup(space, 0, 5) == []  # a resumed study: TPE has its trials already
+    assert OptunaSweeper(n_trials=2, seed=1, sampler={"kind": "tpe", "n_startup_trials": 4})._startup(space, 0, 0) == (
+        search.strongest_first_startup(space, keys, 2, 1)
+    )
+    settings = {"kind": "tpe", "n_startup_trials": 4}
+    for off in ({"warm_start": False}, {"strong_first": False}, {"sampler": {"kind": "random"}}):
+        assert OptunaSweeper(n_trials=6, seed=1, **{"sampler": settings, **off})._startup(space, 0, 0) == []

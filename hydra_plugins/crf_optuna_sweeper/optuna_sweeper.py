@@ -76,6 +76,7 @@ class OptunaSweeper(Sweeper):
         dispatch: str = "auto",
         warm_start: bool = True,
         warm_start_keys: Sequence[str] = ("trainer", "trainer.strength", "trainer.c1", "trainer.c2"),
+        strong_first: bool = True,
     ) -> None:
         super().__init__()
         self.params = _plain(params) or {}
@@ -87,6 +88,7 @@ class OptunaSweeper(Sweeper):
         self.dispatch = dispatch
         self.warm_start = warm_start
         self.warm_start_keys = _plain(warm_start_keys)
+        self.strong_first = strong_first
         self.first_trial = 0  # this sweep's first trial number (a resumed study has earlier ones)
         self.hydra_context: HydraContext | None = None
         self.config: DictConfig | None = None
@@ -105,8 +107,9 @@ class OptunaSweeper(Sweeper):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise SweeperSettingError(f"hydra.sweeper.{name}={value!r}: a whole number, at least 1")
-        if not isinstance(self.warm_start, bool):
-            raise SweeperSettingError(f"hydra.sweeper.warm_start={self.warm_start!r}: true or false")
+        for name in ("warm_start", "strong_first"):
+            if not isinstance(getattr(self, name), bool):
+                raise SweeperSettingError(f"hydra.sweeper.{name}={getattr(self, name)!r}: true or false")
         keys = self.warm_start_keys
         if isinstance(keys, str) or not isinstance(keys, Sequence) or not all(isinstance(k, str) for k in keys):
             raise SweeperSettingError(f"hydra.sweeper.warm_start_keys={keys!r}: a list of config keys")
@@ -159,7 +162,7 @@ class OptunaSweeper(Sweeper):
             sys.exit(2)
         started = len(study.get_trials(deepcopy=False))  # a resumed study's earlier trials are not this sweep's
         self.first_trial = started
-        for params in enqueued:  # asked before anything is sampled
+        for params in enqueued + self._startup(space, len(enqueued), started):  # asked before anything is sampled
             study.enqueue_trial(params, skip_if_exists=True)
         variables = {search.STORAGE_VARIABLE: url, search.STUDY_VARIABLE: study.study_name}
         if self.metric:
@@ -185,6 +188,21 @@ class OptunaSweeper(Sweeper):
             returns = self._run_batches(study, space, sweep_dir)
         self._report(study, url, sweep_dir, started)
         return returns
+
+    def _startup(self, space: Any, enqueued: int, started: int) -> list[dict[str, Any]]:
+        """With ``strong_first`` and ``warm_start``, a new study and the TPE sampler: the settings
+        of TPE's random start-up trials (the same seeded draws), strongest regularisation first
+        (:func:`pipeline.sweeps.search.strongest_first_startup`); else none."""
+        from pipeline.sweeps import search
+
+        if not (self.strong_first and self.warm_start) or started or self.sampler.get("kind", "tpe") != "tpe":
+            return []
+        startup = int(self.sampler.get("n_startup_trials", 10))  # TPE's default
+        count = min(startup, self.n_trials) - enqueued
+        ordered = search.strongest_first_startup(space, self.warm_start_keys, count, self.seed)
+        if ordered:
+            log.info("start-up trials, strongest first: %s", "; ".join(" ".join(search.trial_overrides(p)) for p in ordered))
+        return ordered
 
     def _dispatch(self) -> str:
         """``async`` or ``batch``: what ``hydra.sweeper.dispatch`` asks for (``auto``: async for the

@@ -209,6 +209,36 @@ def _distance(value: Any, other: Any, distribution: BaseDistribution) -> float:
     return abs(value - other) / (high - low) if high > low else 0.0
 
 
+def _near_keys(near_keys: Sequence[str], distributions: Mapping[str, BaseDistribution]) -> tuple[list[str], list[str]]:
+    """(the keys of ``near_keys`` that are searched as a float or a choice, those of them that
+    have a distance: the strengths)."""
+    near = [k for k in near_keys if isinstance(distributions.get(k), (FloatDistribution, CategoricalDistribution))]
+    return near, [k for k in near if _has_distance(distributions[k])]
+
+
+def strongest_first_startup(space: SearchSpace, near_keys: Sequence[str], count: int, seed: int | None) -> list[dict[str, Any]]:
+    """``count`` settings drawn at random from ``space`` (seeded: what a sampler's random start-up
+    would try), ordered by regularisation strength, strongest first: the sum of the numeric keys
+    among ``near_keys`` (the strengths), each on its own scale (log for a log range). Enqueued as
+    a sweep's first trials, the strong fits, quick from zero, run first and the weak ones, slow
+    from zero, start from their weights and meet a pruner that has finished trials to compare."""
+    if count <= 0:
+        return []
+    scratch = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
+    drawn = [scratch.ask(space.distributions).params for _ in range(count)]
+    _, numeric = _near_keys(near_keys, space.distributions)
+
+    def strength(params: Mapping[str, Any]) -> float:
+        total = 0.0
+        for key in numeric:
+            distribution = space.distributions[key]
+            low = distribution.low if isinstance(distribution, FloatDistribution) else min(distribution.choices)
+            total += _distance(params[key], low, distribution)
+        return total
+
+    return sorted(drawn, key=strength, reverse=True)
+
+
 def warm_start_source(
     finished: Sequence[optuna.trial.FrozenTrial],
     params: Mapping[str, Any],
@@ -223,8 +253,7 @@ def warm_start_source(
     regularisation strengths, summed distances, see :func:`_distance`), the latest on a tie. The
     job checks that the source's features, algorithm and model layout are its own before it uses
     the weights (:meth:`pipeline.models.ModelAdapter.warm_start_problem`)."""
-    near = [k for k in near_keys if isinstance(distributions.get(k), (FloatDistribution, CategoricalDistribution))]
-    numeric = [k for k in near if _has_distance(distributions[k])]
+    near, numeric = _near_keys(near_keys, distributions)
     plain = [k for k in near if k not in numeric]
     best: tuple[int, float, int] | None = None
     for trial in finished:
