@@ -698,12 +698,23 @@ def test_the_start_up_trials_are_tpes_own_draws_strongest_first():
         assert strengths == sorted(strengths, reverse=True)
     assert search.strongest_first_startup(space, keys, 0, 0) == []
 
-    sweeper = OptunaSweeper(params={}, n_trials=6, seed=1, sampler={"kind": "tpe", "n_startup_trials": 4})
-    assert sweeper._startup(space, 1, 0) == search.strongest_first_startup(space, keys, 3, 1)  # one enqueued by the user
-    assert sweeper._startup(space, 0, 5) == []  # a resumed study: TPE has its trials already
-    assert OptunaSweeper(n_trials=2, seed=1, sampler={"kind": "tpe", "n_startup_trials": 4})._startup(space, 0, 0) == (
-        search.strongest_first_startup(space, keys, 2, 1)
-    )
+    def study():
+        return optuna.create_study(sampler=search.build_sampler(settings, 1), direction="maximize")
+
     settings = {"kind": "tpe", "n_startup_trials": 4}
+    sweeper = OptunaSweeper(params={}, n_trials=6, seed=1, sampler=settings)
+    assert sweeper._startup(study(), space, 1, 0) == search.strongest_first_startup(space, keys, 3, 1)  # one enqueued
+    assert sweeper._startup(study(), space, 0, 5) == []  # a resumed study: TPE has its trials already
+    short = OptunaSweeper(n_trials=2, seed=1, sampler=settings)
+    assert short._startup(study(), space, 0, 0) == search.strongest_first_startup(space, keys, 2, 1)
     for off in ({"warm_start": False}, {"strong_first": False}, {"sampler": {"kind": "random"}}):
-        assert OptunaSweeper(n_trials=6, seed=1, **{"sampler": settings, **off})._startup(space, 0, 0) == []
+        assert OptunaSweeper(n_trials=6, seed=1, **{"sampler": settings, **off})._startup(study(), space, 0, 0) == []
+
+    # TPE's own random draws, asked before the start-up trials finish, do not replay them
+    swept = study()
+    ordered = sweeper._startup(swept, space, 0, 0)
+    for params in ordered:
+        swept.enqueue_trial(params)
+    asked = [swept.ask(space.distributions).params for _ in range(len(ordered) + 4)]
+    assert asked[: len(ordered)] == ordered
+    assert len({str(sorted(p.items())) for p in asked}) == len(asked)

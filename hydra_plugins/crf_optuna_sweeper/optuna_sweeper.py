@@ -162,7 +162,7 @@ class OptunaSweeper(Sweeper):
             sys.exit(2)
         started = len(study.get_trials(deepcopy=False))  # a resumed study's earlier trials are not this sweep's
         self.first_trial = started
-        for params in enqueued + self._startup(space, len(enqueued), started):  # asked before anything is sampled
+        for params in enqueued + self._startup(study, space, len(enqueued), started):  # asked before anything is sampled
             study.enqueue_trial(params, skip_if_exists=True)
         variables = {search.STORAGE_VARIABLE: url, search.STUDY_VARIABLE: study.study_name}
         if self.metric:
@@ -189,7 +189,7 @@ class OptunaSweeper(Sweeper):
         self._report(study, url, sweep_dir, started)
         return returns
 
-    def _startup(self, space: Any, enqueued: int, started: int) -> list[dict[str, Any]]:
+    def _startup(self, study: Any, space: Any, enqueued: int, started: int) -> list[dict[str, Any]]:
         """With ``strong_first`` and ``warm_start``, a new study and the TPE sampler: the settings
         of TPE's random start-up trials (the same seeded draws), strongest regularisation first
         (:func:`pipeline.sweeps.search.strongest_first_startup`); else none."""
@@ -202,6 +202,9 @@ class OptunaSweeper(Sweeper):
         ordered = search.strongest_first_startup(space, self.warm_start_keys, count, self.seed)
         if ordered:
             log.info("start-up trials, strongest first: %s", "; ".join(" ".join(search.trial_overrides(p)) for p in ordered))
+            # TPE's own random draws (trials asked before n_startup_trials have finished) would
+            # replay these: it gets a seed of its own
+            study.sampler = search.build_sampler(self.sampler, search.derived_seed(self.seed))
         return ordered
 
     def _dispatch(self) -> str:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import optuna
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, Override, RangeSweep
@@ -207,6 +208,11 @@ def _distance(value: Any, other: Any, distribution: BaseDistribution) -> float:
     if log_scale:
         return abs(math.log(value) - math.log(other))
     return abs(value - other) / (high - low) if high > low else 0.0
+
+
+def derived_seed(seed: int | None) -> int | None:
+    """Another seed determined by ``seed`` (None stays None), for a second random stream."""
+    return None if seed is None else int(np.random.SeedSequence([seed, 1]).generate_state(1)[0])
 
 
 def _near_keys(near_keys: Sequence[str], distributions: Mapping[str, BaseDistribution]) -> tuple[list[str], list[str]]:
