@@ -697,6 +697,8 @@ def test_the_start_up_trials_are_tpes_own_draws_strongest_first():
         strengths = [p["trainer.strength"] for p in ordered]
         assert strengths == sorted(strengths, reverse=True)
     assert search.strongest_first_startup(space, keys, 0, 0) == []
+    no_strength = search.parse_space({"trainer": "choice(lbfgs, l1)", "trainer.min_freq": "choice(0, 1, 2)"}, [])
+    assert search.strongest_first_startup(no_strength, keys, 4, 0) == []  # nothing to order by
 
     def study():
         return optuna.create_study(sampler=search.build_sampler(settings, 1), direction="maximize")

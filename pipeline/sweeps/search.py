@@ -227,12 +227,13 @@ def strongest_first_startup(space: SearchSpace, near_keys: Sequence[str], count:
     would try), ordered by regularisation strength, strongest first: the sum of the numeric keys
     among ``near_keys`` (the strengths), each on its own scale (log for a log range). Enqueued as
     a sweep's first trials, the strong fits, quick from zero, run first and the weak ones, slow
-    from zero, start from their weights and meet a pruner that has finished trials to compare."""
-    if count <= 0:
+    from zero, start from their weights and meet a pruner that has finished trials to compare.
+    Empty when ``count`` is not positive or no strength is searched (nothing to order by)."""
+    _, numeric = _near_keys(near_keys, space.distributions)
+    if count <= 0 or not numeric:
         return []
     scratch = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
     drawn = [scratch.ask(space.distributions).params for _ in range(count)]
-    _, numeric = _near_keys(near_keys, space.distributions)
 
     def strength(params: Mapping[str, Any]) -> float:
         total = 0.0
