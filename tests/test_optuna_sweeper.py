@@ -720,3 +720,42 @@ def test_the_start_up_trials_are_tpes_own_draws_strongest_first():
     asked = [swept.ask(space.distributions).params for _ in range(len(ordered) + 4)]
     assert asked[: len(ordered)] == ordered
     assert len({str(sorted(p.items())) for p in asked}) == len(asked)
+
+
+class _Recorder:
+    """A launcher that records each job's overrides and reports 1.0 for it."""
+
+    def __init__(self) -> None:
+        self.jobs: list[list[str]] = []
+
+    def launch(self, batch, initial_job_idx):
+        from hydra.core.utils import JobReturn, JobStatus
+
+        self.jobs += [list(o) for o in batch]
+        return [JobReturn(overrides=list(o), status=JobStatus.COMPLETED, _return_value=1.0) for o in batch]
+
+
+def test_a_sweep_runs_the_users_settings_then_the_start_up_draws_strongest_first_on_the_log_scale(tmp_path):
+    from hydra_plugins.crf_optuna_sweeper.optuna_sweeper import OptunaSweeper
+
+    params = {"trainer.c1": "tag(log, interval(0.001, 10))", "trainer.c2": "tag(log, interval(0.001, 10))"}
+    sweeper = OptunaSweeper(params=params, n_trials=8, n_jobs=1, seed=3, study_name="order", pruner={"kind": "none"},
+                            sampler={"kind": "tpe", "n_startup_trials": 8}, enqueue=[{"trainer.c1": 0.5, "trainer.c2": 0.5}],
+                            dispatch="batch")  # fmt: skip
+    sweeper.config, sweeper.validate_batch_is_legal = _fake_sweep(tmp_path, "batch", []).config, lambda batch: None
+    sweeper.launcher = _Recorder()
+    sweeper.sweep([])
+    ran = [{o.split("=")[0]: float(o.split("=")[1]) for o in job if o.startswith("trainer.")} for job in sweeper.launcher.jobs]
+    assert ran[0] == {"trainer.c1": 0.5, "trainer.c2": 0.5}
+    strength = [math.log(r["trainer.c1"]) + math.log(r["trainer.c2"]) for r in ran[1:]]
+    assert len(ran) == 8 and strength == sorted(strength, reverse=True)
+    linear = [r["trainer.c1"] + r["trainer.c2"] for r in ran[1:]]
+    assert linear != sorted(linear, reverse=True)  # the draws tell the two scales apart
+
+
+@pytest.mark.parametrize("value", [None, "x", -1, True])
+def test_a_bad_number_of_start_up_trials_is_one_setting_error(value):
+    from hydra_plugins.crf_optuna_sweeper.optuna_sweeper import OptunaSweeper
+
+    with pytest.raises(search.SweeperSettingError, match="n_startup_trials"):
+        OptunaSweeper(sampler={"kind": "tpe", "n_startup_trials": value})._check_counts()

@@ -110,6 +110,9 @@ class OptunaSweeper(Sweeper):
         for name in ("warm_start", "strong_first"):
             if not isinstance(getattr(self, name), bool):
                 raise SweeperSettingError(f"hydra.sweeper.{name}={getattr(self, name)!r}: true or false")
+        startup = self.sampler.get("n_startup_trials", 10)
+        if isinstance(startup, bool) or not isinstance(startup, int) or startup < 0:
+            raise SweeperSettingError(f"hydra.sweeper.sampler.n_startup_trials={startup!r}: a whole number, at least 0")
         keys = self.warm_start_keys
         if isinstance(keys, str) or not isinstance(keys, Sequence) or not all(isinstance(k, str) for k in keys):
             raise SweeperSettingError(f"hydra.sweeper.warm_start_keys={keys!r}: a list of config keys")
@@ -197,7 +200,7 @@ class OptunaSweeper(Sweeper):
 
         if not (self.strong_first and self.warm_start) or started or self.sampler.get("kind", "tpe") != "tpe":
             return []
-        startup = int(self.sampler.get("n_startup_trials", 10))  # TPE's default
+        startup = self.sampler.get("n_startup_trials", 10)  # TPE's default
         count = min(startup, self.n_trials) - enqueued
         ordered = search.strongest_first_startup(space, self.warm_start_keys, count, self.seed)
         if ordered:

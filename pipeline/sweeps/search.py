@@ -234,6 +234,7 @@ def strongest_first_startup(space: SearchSpace, near_keys: Sequence[str], count:
         return []
     scratch = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
     drawn = [scratch.ask(space.distributions).params for _ in range(count)]
+    drawn = [params for k, params in enumerate(drawn) if params not in drawn[:k]]  # a choice can repeat
 
     def strength(params: Mapping[str, Any]) -> float:
         total = 0.0
