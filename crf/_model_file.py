@@ -60,8 +60,12 @@ def to_arrays(model: CRF) -> tuple[dict, dict[str, np.ndarray]]:
     for name, weights in _arrays(model).items():
         if name in WEIGHT_ARRAYS and weights.size and float(np.max(np.abs(weights))) > MAX_ABS_WEIGHT:
             raise ValueError(f"cannot save this model: {name} holds {weight_beyond_bound(weights)}")
+    params = {k: v for k, v in model.get_params().items() if isinstance(v, (str, int, float, bool, type(None)))}
+    if params.get("boundary_transitions") is None and model.model_filename is not None:
+        # the file does not keep model_filename, which made "unset" mean "no start/end weights"
+        params["boundary_transitions"] = False
     meta = {
-        "params": {k: v for k, v in model.get_params().items() if isinstance(v, (str, int, float, bool, type(None)))},
+        "params": params,
         "classes": list(model.classes_),
         "n_attributes": int(model.n_attributes_),
         "sparse": model.feature_index_ is not None,
