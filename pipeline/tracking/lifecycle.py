@@ -10,8 +10,8 @@
   died``; called on every start of a pipeline (``tracking.setup``);
 - :func:`ending_runs_on_signal`: SIGTERM/SIGINT end this process's open runs as KILLED with
   ``crf.end_reason = terminated by SIGTERM`` (or SIGINT), then the process exits with 128 + signal;
-  a signal waits for the store call it lands in, and a process that has not ended 30 s after it
-  exits at once.
+  a signal waits (up to 10 s) for the local store call it lands in, and a process that has not
+  ended 30 s after it exits at once.
 
 SIGKILL cannot be caught: its runs stay RUNNING until the next start marks them.
 """
@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
+from typing import NoReturn
 
 import mlflow
 from mlflow.entities import ViewType
@@ -183,8 +184,10 @@ def _terminated_in(error: BaseException) -> Terminated | None:
 
 # a signal that lands inside the tracking store's code is delivered again a moment later: raised
 # there it can leave an SQLite transaction half done, whose lock then makes every write that ends
-# the runs wait out the store's 20 s busy timeout and fail
-STORE_MODULES = ("sqlalchemy.", "sqlite3", "mlflow.store.")
+# the runs wait out the store's 20 s busy timeout and fail. Remote stores (MLflow's REST client,
+# artifact uploads) hold no such lock: a signal interrupts them at once.
+STORE_MODULES = ("sqlalchemy.", "sqlite3", "mlflow.store.", "optuna.storages.")
+REMOTE_STORE_MODULES = ("mlflow.store.tracking.rest_store", "mlflow.store.model_registry.rest_store", "mlflow.store.artifact.")
 DEFER_SECONDS = 0.05
 MAX_DEFERRALS = 200  # 10 s: a store call that takes longer is interrupted after all
 # ...and then the interruption may be caught by the store's own retries and the process would go on
@@ -204,11 +207,16 @@ def _exit_unless_gone(signum: int) -> None:
     os._exit(128 + signum)
 
 
+def _store_module(name: str) -> bool:
+    return name.startswith(STORE_MODULES) and not name.startswith(REMOTE_STORE_MODULES)
+
+
 def _inside_store_call(frame: FrameType | None) -> bool:
     """Whether ``frame`` (the main thread's, where a signal arrived) or a caller of it runs code
-    of the tracking store (SQLAlchemy, sqlite3, MLflow's stores)."""
+    of a local tracking store (SQLAlchemy, sqlite3, MLflow's database and file stores, Optuna's
+    storages)."""
     while frame is not None:
-        if frame.f_globals.get("__name__", "").startswith(STORE_MODULES):
+        if _store_module(frame.f_globals.get("__name__", "")):
             return True
         frame = frame.f_back
     return False
@@ -219,50 +227,121 @@ def _drop_frames(error: BaseException) -> None:
         link.__traceback__ = None
 
 
+class _Deferral:
+    """At most one signal waiting to be delivered again to the main thread.
+
+    The re-delivery goes to the main thread itself (``pthread_kill``): sent to the process, the
+    kernel may hand it to another thread, and a main thread blocked in a system call would not
+    see it. ``close`` cancels a re-delivery not yet sent and says which signal is still waiting
+    (one sent but not yet handled counts as waiting)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.waiting: int | None = None  # deferred, and not handled since
+        self.sent = False  # the re-delivery of ``waiting`` has been sent
+        self.closed = False
+        self._lock = threading.Lock()  # between the timer's send and close()
+        self._timer: threading.Timer | None = None
+        self._main = threading.get_ident()
+
+    def arrived(self, signum: int) -> int | None:
+        """The signal a handler call stands for (the first one of a deferral decides), or None
+        when a re-delivery is already on its way (the call is merged into it)."""
+        if self.waiting is not None and not self.sent and not self.closed:
+            return None
+        first = self.waiting or signum
+        self.waiting, self.sent = None, False
+        return first
+
+    def defer(self, signum: int) -> None:
+        self.count += 1
+        self.waiting, self.sent = signum, False
+        self._timer = threading.Timer(DEFER_SECONDS, self._deliver)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _deliver(self) -> None:
+        with self._lock:
+            if not self.closed and self.waiting is not None:
+                self.sent = True
+                signal.pthread_kill(self._main, self.waiting)
+
+    def close(self) -> int | None:
+        with self._lock:
+            self.closed = True
+            if self._timer is not None:
+                self._timer.cancel()
+        return self.waiting
+
+
 @contextmanager
 def ending_runs_on_signal(signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)) -> Iterator[None]:
     """Within the block, SIGTERM/SIGINT unwind the block (``Terminated``), then every open run of
     this process (stage and parent) ends KILLED with ``crf.end_reason`` and the process exits with
-    ``128 + signum``. A signal that arrives while the store's code runs is delivered again
-    50 ms later (up to 10 s), so that no store transaction is left half done; a process still
-    there :data:`EXIT_GRACE_SECONDS` after the signal exits at once. Outside the main thread
-    (where handlers cannot be set) it does nothing."""
+    ``128 + signum``. A signal that arrives while a local store's code runs is delivered again
+    50 ms later (up to 10 s), so that no store transaction is left half done; one still waiting
+    when the block ends ends the process there. A process still there
+    :data:`EXIT_GRACE_SECONDS` after the signal exits at once. Outside the main thread (where
+    handlers cannot be set) it does nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     open_runs: list[str] = []
-    deferred = [0]
+    deferral = _Deferral()
 
-    def handler(signum: int, frame: FrameType | None) -> None:
-        if deferred[0] < MAX_DEFERRALS and _inside_store_call(frame):
-            deferred[0] += 1
-            timer = threading.Timer(DEFER_SECONDS, os.kill, (os.getpid(), signum))
-            timer.daemon = True
-            timer.start()
-            return
+    def stopping(signum: int) -> None:
         for sig in signals:  # a second signal while cleaning up must not interrupt it
             signal.signal(sig, signal.SIG_IGN)
         watchdog = threading.Timer(EXIT_GRACE_SECONDS, _exit_unless_gone, (signum,))
         watchdog.daemon = True
         watchdog.start()
         open_runs.extend(_active_run_ids())
-        raise Terminated(signum)
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        first = deferral.arrived(signum)
+        if first is None:
+            return
+        if deferral.closed:  # the block is ending: it ends the process with this signal
+            deferral.waiting = first
+            return
+        if deferral.count < MAX_DEFERRALS and _inside_store_call(frame):
+            deferral.defer(first)
+            return
+        stopping(first)
+        raise Terminated(first)
+
+    def end(signum: int, error: BaseException | None = None) -> NoReturn:
+        deferral.waiting = None  # handled here
+        if error is not None:
+            # a signal that landed inside a store write can make the unwinding fail too (SQLite's
+            # lock is held until the interrupted session is collected): drop the interrupted
+            # frames before ending the runs, whatever error the unwinding ended with
+            _drop_frames(error)
+        del error
+        gc.collect()
+        _mark_killed(open_runs, f"terminated by {signal.Signals(signum).name}")
+        raise SystemExit(128 + signum) from None
 
     previous = {sig: signal.signal(sig, handler) for sig in signals}
     try:
         yield
     except BaseException as error:
         stop = _terminated_in(error)
-        if stop is None:
+        waiting = deferral.close()
+        if stop is None and waiting is None:
             raise
-        # a signal that landed inside a store write can make the unwinding fail too (SQLite's
-        # lock is held until the interrupted session is collected): drop the interrupted frames
-        # before ending the runs, whatever error the unwinding ended with
-        _drop_frames(error)
-        del error
-        gc.collect()
-        _mark_killed(open_runs, str(stop))
-        raise SystemExit(128 + stop.signum) from None
+        if stop is None:  # the block failed while a signal waited: the signal decides how it ends
+            log.error("%s: %s (while %s waited to be delivered)", type(error).__name__, error, signal.Signals(waiting).name)
+            stopping(waiting)
+        end(waiting if stop is None else stop.signum, error)
+    else:
+        waiting = deferral.close()
+        if waiting is not None:  # deferred in the block's last store call and not delivered since
+            stopping(waiting)
+            end(waiting)
     finally:
+        deferral.close()
         for sig, old in previous.items():
             signal.signal(sig, old)
+        if deferral.waiting is not None:  # came as the handlers were being put back: theirs to handle
+            signal.pthread_kill(threading.get_ident(), deferral.waiting)

@@ -366,3 +366,96 @@ def test_a_process_that_swallows_the_signal_still_exits_after_the_grace_period(t
     assert done.returncode == 128 + signal.SIGTERM, done.stdout + done.stderr
     assert "went on" not in done.stdout and time.monotonic() - started < 25
     assert "still running 1 s after SIGTERM: exiting now" in done.stderr
+
+
+_SIGNALS_WHILE_BLOCKED_IN_A_STORE_CALL = """
+import os, signal, threading, time
+from pipeline.tracking import lifecycle
+
+lifecycle.MAX_DEFERRALS = 10  # half a second of deferrals
+lifecycle.EXIT_GRACE_SECONDS = 60.0
+store = {"__name__": "sqlalchemy.pool.fake", "time": time}
+exec("def call():\\n    time.sleep(30)\\n", store)  # a call blocked in the kernel, as on a lock
+for delay, signum in [(0.1, signal.SIGTERM), (0.15, signal.SIGINT), (0.2, signal.SIGTERM), (0.25, signal.SIGINT)]:
+    threading.Timer(delay, os.kill, (os.getpid(), signum)).start()
+with lifecycle.ending_runs_on_signal():
+    store["call"]()
+print('not interrupted', flush=True)
+"""
+
+
+def test_signals_while_the_main_thread_is_blocked_in_a_store_call_end_it_after_the_deferrals(tmp_path):
+    """Each re-delivery goes to the main thread: sent to the process, one could land on another
+    thread and the blocked call would not see it (the process then stalled until the call ended)."""
+    started = time.monotonic()
+    command = [sys.executable, "-c", _SIGNALS_WHILE_BLOCKED_IN_A_STORE_CALL]
+    env = {**_environment(), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 128 + signal.SIGTERM, done.stdout + done.stderr  # the first signal decides
+    assert "not interrupted" not in done.stdout and time.monotonic() - started < 20, done.stderr
+
+
+_SIGNAL_IN_THE_BLOCKS_LAST_STORE_CALL = """
+import os, signal, sys, time
+import mlflow
+from pipeline.tracking.lifecycle import ending_runs_on_signal, owner_tags
+
+mlflow.set_tracking_uri(sys.argv[1])
+store = {"__name__": "mlflow.store.tracking.fake", "os": os, "signal": signal, "time": time}
+exec("def call():\\n    os.kill(os.getpid(), signal.SIGINT)\\n    time.sleep(0.01)\\n", store)
+sweep = mlflow.tracking.MlflowClient().create_run("0", tags=owner_tags())  # as a sweep's parent run
+print(sweep.info.run_id, flush=True)
+with ending_runs_on_signal():  # a job of the sweep
+    with mlflow.start_run(tags=owner_tags()) as run:
+        print(run.info.run_id, flush=True)
+        store['call']()  # the signal is deferred, and the block ends before it is delivered again
+print('went on after the block', flush=True)
+time.sleep(1)
+"""
+
+
+def test_a_signal_deferred_in_the_blocks_last_store_call_ends_the_process_as_the_block_ends(tmp_path):
+    """Not after it, where the handlers are the caller's again (SIGINT became a KeyboardInterrupt
+    in whatever the caller did next, as the sweeper's next store write; SIGTERM's default action
+    killed the process mid-write); the process's runs still open end KILLED."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    prepare_store(uri)
+    command = [sys.executable, "-c", _SIGNAL_IN_THE_BLOCKS_LAST_STORE_CALL, uri]
+    done = subprocess.run(command, cwd=tmp_path, env=_environment(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 128 + signal.SIGINT, done.stdout + done.stderr
+    assert "went on" not in done.stdout and "KeyboardInterrupt" not in done.stderr, done.stdout + done.stderr
+    sweep, job = (mlflow.tracking.MlflowClient(uri).get_run(run_id) for run_id in done.stdout.split())
+    assert job.info.status == "FINISHED"  # its work was done when the signal came
+    assert sweep.info.status == "KILLED" and sweep.data.tags[END_REASON_TAG] == "terminated by SIGINT"
+
+
+def _own_frame():
+    return sys._getframe()
+
+
+def _frame_of_a_call_made_by(module: str):
+    """The frame of a function of this file called from a function of ``module`` (as the
+    store's code calls a library's)."""
+    caller = {"__name__": module, "callee": _own_frame}
+    exec("def call():\n    return callee()\n", caller)
+    return caller["call"]()
+
+
+@pytest.mark.parametrize(
+    "module, deferred",
+    [
+        ("sqlalchemy.engine.base", True),
+        ("sqlite3.dbapi2", True),
+        ("mlflow.store.tracking.sqlalchemy_store", True),
+        ("mlflow.store.model_registry.sqlalchemy_store", True),
+        ("optuna.storages._rdb.storage", True),
+        ("mlflow.store.tracking.rest_store", False),  # a request to a server leaves no lock behind
+        ("mlflow.store.artifact.local_artifact_repo", False),
+        ("mlflow.tracking.fluent", False),
+        ("crf.model", False),
+    ],
+)
+def test_which_calls_a_signal_waits_for(module, deferred):
+    frame = _frame_of_a_call_made_by(module)
+    assert frame.f_globals["__name__"] != module  # the signal lands in a callee; its caller counts
+    assert lifecycle._inside_store_call(frame) is deferred
