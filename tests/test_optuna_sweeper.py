@@ -765,3 +765,21 @@ def test_a_bad_number_of_start_up_trials_is_one_setting_error(value):
 
     with pytest.raises(search.SweeperSettingError, match="n_startup_trials"):
         OptunaSweeper(sampler={"kind": "tpe", "n_startup_trials": value})._check_counts()
+
+
+@pytest.mark.parametrize("sampler", [{"kind": "tpe", "n_startup_trials": 8}, {"kind": "random"}])
+def test_a_resumed_study_does_not_replay_its_first_sweeps_random_draws(tmp_path, sampler):
+    """The same study name and seed again: the sampler continues with other draws (seeded by the
+    trials already there) instead of asking for the first sweep's settings once more."""
+    from hydra_plugins.crf_optuna_sweeper.optuna_sweeper import OptunaSweeper
+
+    config = _fake_sweep(tmp_path, "batch", []).config
+    ran = []
+    for _ in range(2):
+        sweeper = OptunaSweeper(params={"trainer.c2": "tag(log, interval(0.001, 10))"}, n_trials=3, n_jobs=1, seed=3,
+                                study_name="again", pruner={"kind": "none"}, sampler=sampler, strong_first=False,
+                                dispatch="batch")  # fmt: skip
+        sweeper.config, sweeper.validate_batch_is_legal, sweeper.launcher = config, lambda batch: None, _Recorder()
+        sweeper.sweep([])
+        ran.append([o for job in sweeper.launcher.jobs for o in job if o.startswith("trainer.c2=")])
+    assert len(ran[0]) == len(ran[1]) == 3 and not set(ran[0]) & set(ran[1]), ran

@@ -165,6 +165,8 @@ class OptunaSweeper(Sweeper):
             sys.exit(2)
         started = len(study.get_trials(deepcopy=False))  # a resumed study's earlier trials are not this sweep's
         self.first_trial = started
+        if started:  # seeded as before, the sampler's random draws would replay the earlier sweeps' settings
+            study.sampler = search.build_sampler(self.sampler, search.derived_seed(self.seed, 1 + started))
         for params in enqueued + self._startup(study, space, len(enqueued), started):  # asked before anything is sampled
             study.enqueue_trial(params, skip_if_exists=True)
         variables = {search.STORAGE_VARIABLE: url, search.STUDY_VARIABLE: study.study_name}

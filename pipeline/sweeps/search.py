@@ -210,9 +210,10 @@ def _distance(value: Any, other: Any, distribution: BaseDistribution) -> float:
     return abs(value - other) / (high - low) if high > low else 0.0
 
 
-def derived_seed(seed: int | None) -> int | None:
-    """Another seed determined by ``seed`` (None stays None), for a second random stream."""
-    return None if seed is None else int(np.random.SeedSequence([seed, 1]).generate_state(1)[0])
+def derived_seed(seed: int | None, stream: int = 1) -> int | None:
+    """Another seed determined by ``seed`` and ``stream`` (at least 1; None stays None), for
+    another random stream than ``seed``'s."""
+    return None if seed is None else int(np.random.SeedSequence([seed, stream]).generate_state(1)[0])
 
 
 def _near_keys(near_keys: Sequence[str], distributions: Mapping[str, BaseDistribution]) -> tuple[list[str], list[str]]:
