@@ -3,6 +3,7 @@ pruning callback and a real multirun on the tiny corpus with one trial pruned.""
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import subprocess
@@ -687,7 +688,7 @@ def test_optuna_sweep_warm_starts_a_trial_from_the_finished_one_nearest_to_it(tm
     assert train[1].data.metrics["iterations"] < train["cold lbfgs"].data.metrics["iterations"]
 
 
-def test_the_start_up_trials_are_tpes_own_draws_strongest_first():
+def test_the_start_up_trials_are_tpes_own_draws_strongest_first(caplog):
     """TPE's random start-up trials, the same seeded draws, reordered strongest regularisation
     first (log scale); only for a new study with warm starts and the TPE sampler."""
     from hydra_plugins.crf_optuna_sweeper.optuna_sweeper import OptunaSweeper
@@ -696,7 +697,10 @@ def test_the_start_up_trials_are_tpes_own_draws_strongest_first():
     space = search.parse_space(searched, [])
     keys = ["trainer", "trainer.strength", "trainer.c1", "trainer.c2"]
     for seed in range(3):
-        ordered = search.strongest_first_startup(space, keys, 4, seed)
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            ordered = search.strongest_first_startup(space, keys, 4, seed)
+        assert "study created" not in caplog.text  # the scratch study that draws them is not announced
         tpe = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=4, multivariate=True))
         drawn = [tpe.ask(space.distributions).params for _ in range(4)]
         assert sorted(map(str, ordered)) == sorted(map(str, drawn))

@@ -233,7 +233,12 @@ def strongest_first_startup(space: SearchSpace, near_keys: Sequence[str], count:
     _, numeric = _near_keys(near_keys, space.distributions)
     if count <= 0 or not numeric:
         return []
-    scratch = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
+    verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # not "A new study created": the sweep's study is the one
+    try:
+        scratch = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
+    finally:
+        optuna.logging.set_verbosity(verbosity)
     drawn = [scratch.ask(space.distributions).params for _ in range(count)]
     drawn = [params for k, params in enumerate(drawn) if params not in drawn[:k]]  # a choice can repeat
 
