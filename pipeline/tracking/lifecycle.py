@@ -11,7 +11,8 @@
 - :func:`ending_runs_on_signal`: SIGTERM/SIGINT end this process's open runs as KILLED with
   ``crf.end_reason = terminated by SIGTERM`` (or SIGINT), then the process exits with 128 + signal;
   a signal waits (up to 10 s) for the local store call it lands in, and a process that has not
-  ended 30 s after it exits at once.
+  ended 30 s after it (or 5 s after its runs were ended, where a worker caught the exit) exits
+  at once.
 
 SIGKILL cannot be caught: its runs stay RUNNING until the next start marks them.
 """
@@ -193,18 +194,25 @@ MAX_DEFERRALS = 200  # 10 s: a store call that takes longer is interrupted after
 # ...and then the interruption may be caught by the store's own retries and the process would go on
 # with the signals ignored: it gets this long to end its runs and exit, then exits at once
 EXIT_GRACE_SECONDS = 30.0
+# once the runs are ended, the exit (SystemExit) may be caught as well: a joblib (loky) worker
+# reports it as the job's result and waits for the next job; the process gets this long to end
+EXIT_AFTER_ENDING_SECONDS = 5.0
 
 
-def _exit_unless_gone(signum: int) -> None:
+def _exit_unless_gone(signum: int, seconds: float, what: str, then: str) -> None:
     """Exit with ``128 + signum`` now, from a watchdog thread: the process did not end within
-    :data:`EXIT_GRACE_SECONDS` of the signal. Its runs stay RUNNING; the next start marks them."""
-    log.error(
-        "still running %.0f s after %s: exiting now; the next run will mark this process's runs FAILED",
-        EXIT_GRACE_SECONDS,
-        signal.Signals(signum).name,
-    )
+    ``seconds`` of ``what``; ``then`` says what becomes of its runs."""
+    log.error("still running %.0f s after %s: exiting now%s", seconds, what, then)
     logging.shutdown()
     os._exit(128 + signum)
+
+
+def _watchdog(signum: int, seconds: float, what: str, then: str = "") -> threading.Timer:
+    """A started daemon timer that calls :func:`_exit_unless_gone` after ``seconds``."""
+    timer = threading.Timer(seconds, _exit_unless_gone, (signum, seconds, what, then))
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 def _store_module(name: str) -> bool:
@@ -281,20 +289,22 @@ def ending_runs_on_signal(signals: tuple[int, ...] = (signal.SIGTERM, signal.SIG
     ``128 + signum``. A signal that arrives while a local store's code runs is delivered again
     50 ms later (up to 10 s), so that no store transaction is left half done; one still waiting
     when the block ends ends the process there. A process still there
-    :data:`EXIT_GRACE_SECONDS` after the signal exits at once. Outside the main thread (where
+    :data:`EXIT_GRACE_SECONDS` after the signal, or :data:`EXIT_AFTER_ENDING_SECONDS` after its
+    runs were ended (a joblib worker catches the SystemExit and waits for its next job), exits
+    at once. Outside the main thread (where
     handlers cannot be set) it does nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     open_runs: list[str] = []
     deferral = _Deferral()
+    watchdogs: list[threading.Timer] = []
 
     def stopping(signum: int) -> None:
         for sig in signals:  # a second signal while cleaning up must not interrupt it
             signal.signal(sig, signal.SIG_IGN)
-        watchdog = threading.Timer(EXIT_GRACE_SECONDS, _exit_unless_gone, (signum,))
-        watchdog.daemon = True
-        watchdog.start()
+        then = "; the next run will mark this process's runs FAILED"
+        watchdogs.append(_watchdog(signum, EXIT_GRACE_SECONDS, signal.Signals(signum).name, then))
         open_runs.extend(_active_run_ids())
 
     def handler(signum: int, frame: FrameType | None) -> None:
@@ -320,6 +330,10 @@ def ending_runs_on_signal(signals: tuple[int, ...] = (signal.SIGTERM, signal.SIG
         del error
         gc.collect()
         _mark_killed(open_runs, f"terminated by {signal.Signals(signum).name}")
+        for watchdog in watchdogs:
+            watchdog.cancel()
+        name = signal.Signals(signum).name
+        _watchdog(signum, EXIT_AFTER_ENDING_SECONDS, f"its runs were ended on {name} (the exit was caught)")
         raise SystemExit(128 + signum) from None
 
     previous = {sig: signal.signal(sig, handler) for sig in signals}

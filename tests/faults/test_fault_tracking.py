@@ -286,8 +286,9 @@ def test_an_error_while_unwinding_a_signal_still_ends_the_runs_killed(monkeypatc
     """A signal landing inside a store write can make the unwinding fail as well (CI once saw
     "database is locked" from the stage run's end_run): the process still ends the runs KILLED
     and exits 128 + signum instead of 1."""
-    marked = []
+    marked, armed = [], []
     monkeypatch.setattr(lifecycle, "_mark_killed", lambda runs, reason: marked.append(reason))
+    monkeypatch.setattr(lifecycle, "_watchdog", lambda signum, seconds, *what: armed.append(seconds))  # not in pytest
     with pytest.raises(SystemExit) as ended:
         with lifecycle.ending_runs_on_signal():
             try:
@@ -296,6 +297,7 @@ def test_an_error_while_unwinding_a_signal_still_ends_the_runs_killed(monkeypatc
                 raise RuntimeError("database is locked")
     assert ended.value.code == 128 + signal.SIGTERM
     assert marked == ["terminated by SIGTERM"]
+    assert armed == [lifecycle.EXIT_AFTER_ENDING_SECONDS]  # in case whatever called the block catches the exit
 
 
 _SIGNAL_IN_A_STORE_CALL = """
@@ -459,3 +461,38 @@ def test_which_calls_a_signal_waits_for(module, deferred):
     frame = _frame_of_a_call_made_by(module)
     assert frame.f_globals["__name__"] != module  # the signal lands in a callee; its caller counts
     assert lifecycle._inside_store_call(frame) is deferred
+
+
+_EXIT_CAUGHT_BY_THE_WORKER = """
+import os, signal, sys, time
+import mlflow
+from pipeline.tracking import lifecycle
+
+lifecycle.EXIT_AFTER_ENDING_SECONDS = 1.0
+mlflow.set_tracking_uri(sys.argv[1])
+try:  # as a joblib (loky) worker runs a job: whatever the job raises is its result
+    with lifecycle.ending_runs_on_signal():
+        with mlflow.start_run(tags=lifecycle.owner_tags()) as run:
+            print(run.info.run_id, flush=True)
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(30)
+except BaseException as error:
+    print('caught', type(error).__name__, flush=True)
+time.sleep(30)  # waiting for the next job
+print('went on', flush=True)
+"""
+
+
+def test_a_worker_that_catches_the_exit_still_ends_once_its_runs_are_ended(tmp_path):
+    """A joblib worker reports a job's SystemExit as its result and waits for the next job: the
+    SIGTERMed worker went on for the whole grace period; now it exits soon after its runs end."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    prepare_store(uri)
+    started = time.monotonic()
+    command = [sys.executable, "-c", _EXIT_CAUGHT_BY_THE_WORKER, uri]
+    done = subprocess.run(command, cwd=tmp_path, env=_environment(), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 128 + signal.SIGTERM, done.stdout + done.stderr
+    run_id, caught = done.stdout.splitlines()
+    assert caught == "caught SystemExit" and time.monotonic() - started < 20, done.stdout + done.stderr
+    assert "still running 1 s after its runs were ended on SIGTERM (the exit was caught): exiting now" in done.stderr
+    assert mlflow.tracking.MlflowClient(uri).get_run(run_id).info.status == "KILLED"
