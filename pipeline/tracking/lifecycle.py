@@ -12,7 +12,9 @@
   ``crf.end_reason = terminated by SIGTERM`` (or SIGINT), then the process exits with 128 + signal;
   a signal waits (up to 10 s) for the local store call it lands in, and a process that has not
   ended 30 s after it (or 5 s after its runs were ended, where a worker caught the exit) exits
-  at once.
+  at once;
+- :func:`ending_sweep_on_signal`: in a sweep's launching process, SIGTERM/SIGINT first stop the
+  jobs running in its child processes (joblib workers), then end the sweep's own runs KILLED.
 
 SIGKILL cannot be caught: its runs stay RUNNING until the next start marks them.
 """
@@ -26,11 +28,12 @@ import os
 import signal
 import socket
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from types import FrameType
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import mlflow
 from mlflow.entities import ViewType
@@ -190,13 +193,16 @@ def _terminated_in(error: BaseException) -> Terminated | None:
 STORE_MODULES = ("sqlalchemy.", "sqlite3", "mlflow.store.", "optuna.storages.")
 REMOTE_STORE_MODULES = ("mlflow.store.tracking.rest_store", "mlflow.store.model_registry.rest_store", "mlflow.store.artifact.")
 DEFER_SECONDS = 0.05
-MAX_DEFERRALS = 200  # 10 s: a store call that takes longer is interrupted after all
+MAX_DEFER_SECONDS = 10.0  # after the first arrival: a store call that takes longer is interrupted after all
 # ...and then the interruption may be caught by the store's own retries and the process would go on
 # with the signals ignored: it gets this long to end its runs and exit, then exits at once
 EXIT_GRACE_SECONDS = 30.0
 # once the runs are ended, the exit (SystemExit) may be caught as well: a joblib (loky) worker
 # reports it as the job's result and waits for the next job; the process gets this long to end
 EXIT_AFTER_ENDING_SECONDS = 5.0
+
+
+_signalled: list[int] = []  # the signal that stopped a job of this process
 
 
 def _exit_unless_gone(signum: int, seconds: float, what: str, then: str) -> None:
@@ -244,7 +250,6 @@ class _Deferral:
     (one sent but not yet handled counts as waiting)."""
 
     def __init__(self) -> None:
-        self.count = 0
         self.waiting: int | None = None  # deferred, and not handled since
         self.sent = False  # the re-delivery of ``waiting`` has been sent
         self.closed = False
@@ -262,7 +267,6 @@ class _Deferral:
         return first
 
     def defer(self, signum: int) -> None:
-        self.count += 1
         self.waiting, self.sent = signum, False
         self._timer = threading.Timer(DEFER_SECONDS, self._deliver)
         self._timer.daemon = True
@@ -282,46 +286,92 @@ class _Deferral:
         return self.waiting
 
 
-@contextmanager
-def ending_runs_on_signal(signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)) -> Iterator[None]:
-    """Within the block, SIGTERM/SIGINT unwind the block (``Terminated``), then every open run of
-    this process (stage and parent) ends KILLED with ``crf.end_reason`` and the process exits with
-    ``128 + signum``. A signal that arrives while a local store's code runs is delivered again
-    50 ms later (up to 10 s), so that no store transaction is left half done; one still waiting
-    when the block ends ends the process there. A process still there
-    :data:`EXIT_GRACE_SECONDS` after the signal, or :data:`EXIT_AFTER_ENDING_SECONDS` after its
-    runs were ended (a joblib worker catches the SystemExit and waits for its next job), exits
-    at once. Outside the main thread (where
-    handlers cannot be set) it does nothing."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    open_runs: list[str] = []
-    deferral = _Deferral()
-    watchdogs: list[threading.Timer] = []
+class _Handler:
+    """The signal handler of :func:`ending_runs_on_signal` and :func:`ending_sweep_on_signal`.
 
-    def stopping(signum: int) -> None:
-        for sig in signals:  # a second signal while cleaning up must not interrupt it
-            signal.signal(sig, signal.SIG_IGN)
-        then = "; the next run will mark this process's runs FAILED"
-        watchdogs.append(_watchdog(signum, EXIT_GRACE_SECONDS, signal.Signals(signum).name, then))
-        open_runs.extend(_active_run_ids())
+    A signal that arrives inside a local store's code is deferred (:class:`_Deferral`) for up to
+    :data:`MAX_DEFER_SECONDS` after its first arrival; one that arrives while a frame of
+    ``quiet`` code runs (the block's own entry and exit) or after the deferral was closed is only
+    recorded (``deferral.waiting``: the caller acts on it); otherwise ``act(signum)`` runs (it
+    ends the process). The first signal decides: one arriving while the handler decides is
+    dropped. ``on_first(signum)`` runs at the first arrival, deferred or not."""
 
-    def handler(signum: int, frame: FrameType | None) -> None:
-        first = deferral.arrived(signum)
+    def __init__(self, act: Callable[[int], None], quiet: tuple = (), on_first: Callable[[int], None] | None = None) -> None:
+        self.deferral = _Deferral()
+        self.act, self.quiet, self.on_first = act, quiet, on_first
+        self.first_arrival: float | None = None
+        self.handling = False
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        if self.handling:  # nested in the handling of the first signal, which decides
+            return
+        self.handling = True
+        try:
+            first = self._decide(signum, frame)
+        except BaseException:
+            self.handling = False
+            raise
         if first is None:
+            self.handling = False
             return
-        if deferral.closed:  # the block is ending: it ends the process with this signal
-            deferral.waiting = first
-            return
-        if deferral.count < MAX_DEFERRALS and _inside_store_call(frame):
-            deferral.defer(first)
-            return
-        stopping(first)
-        raise Terminated(first)
+        self.act(first)  # ends the process: the handler stays busy
 
-    def end(signum: int, error: BaseException | None = None) -> NoReturn:
-        deferral.waiting = None  # handled here
+    def _decide(self, signum: int, frame: FrameType | None) -> int | None:
+        """The signal to act on now, or None (merged, recorded or deferred)."""
+        first = self.deferral.arrived(signum)
+        if first is None:
+            return None
+        if self.first_arrival is None:
+            self.first_arrival = time.monotonic()
+            if self.on_first is not None:
+                self.on_first(first)
+        if self.deferral.closed or _runs_code(frame, self.quiet):
+            self.deferral.waiting = first
+            return None
+        if time.monotonic() - self.first_arrival < MAX_DEFER_SECONDS and _inside_store_call(frame):
+            self.deferral.defer(first)
+            return None
+        return first
+
+
+def _runs_code(frame: FrameType | None, codes: tuple) -> bool:
+    """Whether ``frame`` or a caller of it runs one of ``codes`` (code objects)."""
+    while frame is not None:
+        if frame.f_code in codes:
+            return True
+        frame = frame.f_back
+    return False
+
+
+class _EndingRunsOnSignal:
+    """The context manager of :func:`ending_runs_on_signal`."""
+
+    def __init__(self, signals: tuple[int, ...]) -> None:
+        self.signals = signals
+        self.active = threading.current_thread() is threading.main_thread()  # else handlers cannot be set
+        self.open_runs: list[str] = []
+        self.watchdogs: list[threading.Timer] = []
+        self.previous: dict[int, Any] = {}
+        quiet = (type(self).__enter__.__code__, type(self).__exit__.__code__)
+        self.handler = _Handler(self._act, quiet, self._watch)
+
+    def _watch(self, signum: int) -> None:
+        then = "; the next run will mark this process's runs FAILED"
+        self.watchdogs.append(_watchdog(signum, EXIT_GRACE_SECONDS, signal.Signals(signum).name, then))
+
+    def _stopping(self, signum: int) -> None:
+        _signalled.append(signum)
+        for sig in self.signals:  # a second signal while cleaning up must not interrupt it
+            signal.signal(sig, signal.SIG_IGN)
+        self.open_runs.extend(_active_run_ids())
+
+    def _act(self, signum: int) -> NoReturn:
+        self._stopping(signum)
+        raise Terminated(signum)
+
+    def _end(self, signum: int, error: BaseException | None = None) -> NoReturn:
+        """End this process's runs KILLED and exit with ``128 + signum``."""
+        self.handler.deferral.waiting = None  # handled here
         if error is not None:
             # a signal that landed inside a store write can make the unwinding fail too (SQLite's
             # lock is held until the interrupted session is collected): drop the interrupted
@@ -329,33 +379,175 @@ def ending_runs_on_signal(signals: tuple[int, ...] = (signal.SIGTERM, signal.SIG
             _drop_frames(error)
         del error
         gc.collect()
-        _mark_killed(open_runs, f"terminated by {signal.Signals(signum).name}")
-        for watchdog in watchdogs:
-            watchdog.cancel()
         name = signal.Signals(signum).name
+        _mark_killed(self.open_runs, f"terminated by {name}")
+        for watchdog in self.watchdogs:
+            watchdog.cancel()
         _watchdog(signum, EXIT_AFTER_ENDING_SECONDS, f"its runs were ended on {name} (the exit was caught)")
         raise SystemExit(128 + signum) from None
 
-    previous = {sig: signal.signal(sig, handler) for sig in signals}
+    def __enter__(self) -> None:
+        if not self.active:
+            return
+        if _signalled:  # a worker whose last job ended on a signal is given another (joblib's do)
+            log.error("this process was stopped by %s: it runs no further jobs", signal.Signals(_signalled[0]).name)
+            logging.shutdown()
+            os._exit(128 + _signalled[0])
+        for sig in self.signals:
+            self.previous[sig] = signal.signal(sig, self.handler)
+        waiting = self.handler.deferral.waiting  # arrived while the handlers were being set
+        if waiting is not None:
+            try:
+                self._stopping(waiting)
+                self._end(waiting)
+            finally:
+                self._restore()
+
+    def __exit__(self, kind: type | None, error: BaseException | None, trace: Any) -> bool:
+        if not self.active:
+            return False
+        try:
+            stop = None if error is None else _terminated_in(error)
+            waiting = self.handler.deferral.close()
+            if stop is None and waiting is None:
+                return False  # the block's own outcome
+            if stop is None:  # ended (or failed) while a signal waited: the signal decides how it ends
+                if error is not None:
+                    log.error("%s: %s (while %s waited)", type(error).__name__, error, signal.Signals(waiting).name)
+                self._stopping(waiting)
+            self._end(waiting if stop is None else stop.signum, error)
+        finally:
+            self._restore()
+
+    def _restore(self) -> None:
+        self.handler.deferral.close()
+        for sig, old in self.previous.items():
+            signal.signal(sig, old)
+        self.previous = {}
+        if self.handler.deferral.waiting is not None:  # came as the handlers were being put back: theirs to handle
+            signal.pthread_kill(threading.get_ident(), self.handler.deferral.waiting)
+
+
+def ending_runs_on_signal(signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)) -> _EndingRunsOnSignal:
+    """A context manager: within the block, SIGTERM/SIGINT unwind the block (``Terminated``), then
+    every open run of this process (stage and parent) ends KILLED with ``crf.end_reason`` and the
+    process exits with ``128 + signum``. A signal that arrives while a local store's code runs is
+    delivered again 50 ms later (for up to 10 s), so that no store transaction is left half done;
+    one still waiting when the block ends (or arriving as it starts or ends) ends the process
+    there. A process still there :data:`EXIT_GRACE_SECONDS` after the signal, or
+    :data:`EXIT_AFTER_ENDING_SECONDS` after its runs were ended (a joblib worker catches the
+    SystemExit and waits for its next job), exits at once; a process whose job ended on a signal
+    exits as it starts another. Outside the main thread (where handlers cannot be set) it does
+    nothing."""
+    return _EndingRunsOnSignal(signals)
+
+
+# the jobs a sweep's launching process started (joblib workers): SIGTERMed, they end their runs
+# and exit within EXIT_GRACE_SECONDS (+ EXIT_AFTER_ENDING_SECONDS); this is how long they get
+CHILDREN_GRACE_SECONDS = EXIT_GRACE_SECONDS + 2 * EXIT_AFTER_ENDING_SECONDS
+_sweep_hooks: list[Callable[[int], None]] = []
+_sweep_restore: list[Callable[[], None]] = []  # what puts the handlers before the sweep's back
+
+
+def _ignores_sigterm(pid: int) -> bool:
     try:
-        yield
-    except BaseException as error:
-        stop = _terminated_in(error)
-        waiting = deferral.close()
-        if stop is None and waiting is None:
-            raise
-        if stop is None:  # the block failed while a signal waited: the signal decides how it ends
-            log.error("%s: %s (while %s waited to be delivered)", type(error).__name__, error, signal.Signals(waiting).name)
-            stopping(waiting)
-        end(waiting if stop is None else stop.signum, error)
-    else:
-        waiting = deferral.close()
-        if waiting is not None:  # deferred in the block's last store call and not delivered since
-            stopping(waiting)
-            end(waiting)
-    finally:
-        deferral.close()
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    mask = next((line.split()[1] for line in status.splitlines() if line.startswith("SigIgn:")), "0")
+    return bool(int(mask, 16) >> (signal.SIGTERM - 1) & 1)
+
+
+def _parent_and_state(pid: int) -> tuple[int, str] | None:
+    """(parent PID, state letter) of a process, from ``/proc/<pid>/stat``; None if it is gone."""
+    try:
+        state, parent = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[:2]
+    except (OSError, ValueError):
+        return None
+    return int(parent), state
+
+
+def _running_child(pid: int) -> bool:
+    found = _parent_and_state(pid)
+    return found is not None and found[0] == os.getpid() and found[1] not in ("Z", "X")  # Z: ended, not yet reaped
+
+
+def child_processes() -> list[int]:
+    """The running processes whose parent is this process and that do not ignore SIGTERM (from
+    ``/proc``; empty without it). A child that ignores SIGTERM, such as joblib's resource
+    tracker, cleans up after this process ends and is left to do so."""
+    pids = (int(entry.name) for entry in Path("/proc").glob("[0-9]*"))
+    return [pid for pid in pids if _running_child(pid) and not _ignores_sigterm(pid)]
+
+
+def stop_children(seconds: float) -> list[int]:
+    """SIGTERM this process's children (:func:`child_processes`) and wait up to ``seconds`` for
+    them to end; those still running then are killed (SIGKILL). The PIDs that had to be killed."""
+    children = child_processes()
+    for pid in children:
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    end = time.monotonic() + seconds
+    while any(map(_running_child, children)) and time.monotonic() < end:
+        time.sleep(0.1)
+    left = [pid for pid in children if _running_child(pid)]
+    for pid in left:
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return left
+
+
+def on_sweep_signal(hook: Callable[[int], None]) -> None:
+    """Call ``hook(signum)`` when :func:`ending_sweep_on_signal`'s handler ends the sweep, after
+    its jobs have stopped (the sweep's own records: its parent run, an Optuna study's trials)."""
+    _sweep_hooks.append(hook)
+
+
+def ending_sweep_on_signal(signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)) -> None:
+    """For a sweep's launching process (Hydra's multirun): from now on SIGTERM/SIGINT stop the jobs
+    that run in child processes (SIGTERM: each ends its runs KILLED and exits; killed after
+    :data:`CHILDREN_GRACE_SECONDS`), call the :func:`on_sweep_signal` hooks, end this process's
+    RUNNING runs KILLED and exit with ``128 + signum``. A signal inside a local store's code waits
+    for it as in :func:`ending_runs_on_signal`; a job run in this process (Hydra's basic launcher)
+    has that handler while it runs. Jobs on other machines (Ray, SLURM) are their scheduler's to
+    stop. :func:`end_of_sweep` puts the previous handlers back."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    end_of_sweep()  # a sweep before this one in the same process that did not end
+
+    def act(signum: int) -> NoReturn:
+        for sig in signals:  # a second signal (Ctrl-C twice) must not interrupt the stopping
+            signal.signal(sig, signal.SIG_IGN)
+        name = signal.Signals(signum).name
+        log.warning("%s: stopping the sweep's jobs", name)
+        killed = stop_children(CHILDREN_GRACE_SECONDS)
+        if killed:
+            log.error("jobs %s had not ended %.0f s after SIGTERM: killed", killed, CHILDREN_GRACE_SECONDS)
+        _watchdog(signum, EXIT_GRACE_SECONDS, name, "; the next run will mark this process's runs FAILED")
+        for hook in _sweep_hooks:
+            try:
+                hook(signum)
+            except Exception as error:  # the others still run; the next start marks what is left
+                log.error("ending the sweep on %s: %s: %s", name, type(error).__name__, error)
+        _mark_killed([], f"terminated by {name}")
+        _watchdog(signum, EXIT_AFTER_ENDING_SECONDS, f"its runs were ended on {name} (the exit was caught)")
+        raise SystemExit(128 + signum)
+
+    handler = _Handler(act)
+    previous = {sig: signal.signal(sig, handler) for sig in signals}
+
+    def restore() -> None:
+        waiting = handler.deferral.close()
         for sig, old in previous.items():
             signal.signal(sig, old)
-        if deferral.waiting is not None:  # came as the handlers were being put back: theirs to handle
-            signal.pthread_kill(threading.get_ident(), deferral.waiting)
+        if waiting is not None:  # the sweep is over: its handlers take what the store call held back
+            signal.pthread_kill(threading.get_ident(), waiting)
+
+    _sweep_restore.append(restore)
+
+
+def end_of_sweep() -> None:
+    """Undo :func:`ending_sweep_on_signal`: the handlers before it, no hooks."""
+    _sweep_hooks.clear()
+    while _sweep_restore:
+        _sweep_restore.pop()()

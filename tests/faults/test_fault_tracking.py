@@ -4,6 +4,7 @@ training), and an output folder that cannot be written ends the run with one cle
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -374,7 +375,7 @@ _SIGNALS_WHILE_BLOCKED_IN_A_STORE_CALL = """
 import os, signal, threading, time
 from pipeline.tracking import lifecycle
 
-lifecycle.MAX_DEFERRALS = 10  # half a second of deferrals
+lifecycle.MAX_DEFER_SECONDS = 0.5
 lifecycle.EXIT_GRACE_SECONDS = 60.0
 store = {"__name__": "sqlalchemy.pool.fake", "time": time}
 exec("def call():\\n    time.sleep(30)\\n", store)  # a call blocked in the kernel, as on a lock
@@ -496,3 +497,230 @@ def test_a_worker_that_catches_the_exit_still_ends_once_its_runs_are_ended(tmp_p
     assert caught == "caught SystemExit" and time.monotonic() - started < 20, done.stdout + done.stderr
     assert "still running 1 s after its runs were ended on SIGTERM (the exit was caught): exiting now" in done.stderr
     assert mlflow.tracking.MlflowClient(uri).get_run(run_id).info.status == "KILLED"
+
+
+_A_WORKER_GIVEN_ANOTHER_JOB = """
+import os, signal, time
+from pipeline.tracking import lifecycle
+
+def job(n):
+    with lifecycle.ending_runs_on_signal():
+        print('job', n, flush=True)
+        if n == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(30)
+
+for n in (1, 2):  # as a joblib worker runs the jobs it is given
+    try:
+        job(n)
+    except BaseException as error:
+        print('caught', type(error).__name__, flush=True)
+print('went on', flush=True)
+"""
+
+
+def test_a_worker_whose_job_ended_on_a_signal_runs_no_further_job(tmp_path):
+    """joblib hands a worker the next job when the last one reports its SystemExit: that job
+    would start runs the watchdog then cut short; the worker exits before starting it."""
+    command = [sys.executable, "-c", _A_WORKER_GIVEN_ANOTHER_JOB]
+    env = {**_environment(), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 128 + signal.SIGTERM, done.stdout + done.stderr
+    assert done.stdout.splitlines() == ["job 1", "caught SystemExit"], done.stdout + done.stderr
+    assert "this process was stopped by SIGTERM: it runs no further jobs" in done.stderr
+
+
+_A_SWEEPS_LAUNCHING_PROCESS = """
+import os, signal, subprocess, sys, time
+import mlflow
+from pipeline.tracking import lifecycle
+
+lifecycle.CHILDREN_GRACE_SECONDS = 2.0
+mlflow.set_tracking_uri(sys.argv[1])
+child = "import pathlib, signal, sys, time\\n{}\\nprint('ready', flush=True)\\ntime.sleep(60)\\n"
+stopped = os.path.join(sys.argv[2], "stopped")
+cooperative = "def stop(s, f):\\n    pathlib.Path(sys.argv[1]).touch()\\n    sys.exit(143)\\nsignal.signal(signal.SIGTERM, stop)"
+stubborn = "signal.signal(signal.SIGTERM, lambda s, f: None)"
+helper = "signal.signal(signal.SIGTERM, signal.SIG_IGN)"  # as joblib's resource tracker does
+children = [subprocess.Popen([sys.executable, "-c", child.format(code), stopped], stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, text=True) for code in (cooperative, stubborn, helper)]
+for process in children:
+    process.stdout.readline()
+print(*[process.pid for process in children], flush=True)
+sweep = mlflow.tracking.MlflowClient().create_run("0", tags=lifecycle.owner_tags())
+print(sweep.info.run_id, flush=True)
+lifecycle.ending_sweep_on_signal()
+lifecycle.on_sweep_signal(lambda signum: print('hook', signum, flush=True))
+os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(30)
+print('went on', flush=True)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def test_a_signal_to_a_sweeps_launching_process_stops_its_jobs_first(tmp_path):
+    """A job process that ends on SIGTERM is waited for, one that does not is killed after the
+    grace period, one that ignores SIGTERM (joblib's resource tracker) is left to clean up; then
+    the sweep's hooks run, its runs end KILLED and it exits 128 + signum."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    prepare_store(uri)
+    command = [sys.executable, "-c", _A_SWEEPS_LAUNCHING_PROCESS, uri, str(tmp_path)]
+    done = subprocess.run(command, cwd=tmp_path, env=_environment(), capture_output=True, text=True, timeout=60)
+    pids, run_id, *rest = done.stdout.splitlines()
+    cooperative, stubborn, helper = map(int, pids.split())
+    try:
+        assert done.returncode == 128 + signal.SIGTERM, done.stdout + done.stderr
+        assert rest == [f"hook {int(signal.SIGTERM)}"], done.stdout + done.stderr
+        assert (tmp_path / "stopped").exists() and not _alive(cooperative)
+        assert not _alive(stubborn) and f"jobs [{stubborn}] had not ended 2 s after SIGTERM: killed" in done.stderr
+        assert _alive(helper)
+    finally:
+        for pid in (cooperative, stubborn, helper):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    run = mlflow.tracking.MlflowClient(uri).get_run(run_id)
+    assert run.info.status == "KILLED" and run.data.tags[END_REASON_TAG] == "terminated by SIGTERM"
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError):
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(stat.parent.name))
+    return found
+
+
+@pytest.mark.slow
+def test_sigterm_to_a_sweep_stops_its_joblib_jobs_and_ends_every_run_killed(data_root, tmp_path):
+    """Only the launching process is signalled (``kill <pid>``): its joblib workers went on
+    training for minutes, and the sweep's parent run stayed RUNNING."""
+    out = tmp_path / "out"
+    sweep = [f"hydra.sweep.dir={tmp_path / 'multirun'}", "trainer.c2=0.1,1,10", "trainer.threads=1"]
+    command = _command(data_root, out, *sweep, *ENDLESS)
+    command.insert(command.index("pipeline") + 1, "-m")
+    process = subprocess.Popen(command, cwd=ROOT, env=_environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    _wait_for_training(process, out)
+    workers = _children(process.pid)
+    process.send_signal(signal.SIGTERM)
+    text = _output(process, timeout=90)
+    assert process.returncode == 128 + signal.SIGTERM, text
+    assert "SIGTERM: stopping the sweep's jobs" in text and "had not ended" not in text, text
+    deadline = time.monotonic() + 10  # joblib's resource tracker ends once its parent has
+    while any(map(_alive, workers)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(map(_alive, workers)), text
+    runs = _runs(out)
+    assert "RUNNING" not in set(runs["status"]), runs[["tags.stage", "status"]]
+    parent = runs[runs["tags.stage"] == "sweep"]
+    assert list(parent["status"]) == ["KILLED"] and list(parent[f"tags.{END_REASON_TAG}"]) == ["terminated by SIGTERM"]
+    killed = runs[runs["tags.stage"] == "train"]
+    assert len(killed) >= 1 and set(killed["status"]) == {"KILLED"}
+    assert set(killed[f"tags.{END_REASON_TAG}"]) == {"terminated by SIGTERM"}
+
+
+_A_REDELIVERY_HANDLED_AS_THE_BLOCK_ENDS = """
+import os, signal, sys, time
+from pipeline.tracking import lifecycle
+
+lifecycle._mark_killed = lambda runs, reason: print('killed', reason, flush=True)
+store = {"__name__": "mlflow.store.tracking.fake", "os": os, "signal": signal}
+exec("def call():\\n    os.kill(os.getpid(), signal.SIGTERM)\\n", store)
+targets = {"__exit__": lifecycle._EndingRunsOnSignal.__exit__, "close": lifecycle._Deferral.close,
+           "_terminated_in": lifecycle._terminated_in}
+target = targets[sys.argv[1]].__code__
+deferrals = []
+first_init = lifecycle._Deferral.__init__
+lifecycle._Deferral.__init__ = lambda self: (first_init(self), deferrals.append(self))[0]
+
+def hold(frame, event, arg):  # keeps the main thread in `target` until the re-delivery is sent
+    if event == "call" and frame.f_code is target:
+        sys.setprofile(None)
+        started = time.monotonic()
+        while not deferrals[0].sent and time.monotonic() - started < 5:
+            pass
+        time.sleep(0.01)  # the re-delivery is handled here
+
+with lifecycle.ending_runs_on_signal():
+    store["call"]()  # deferred: delivered again 50 ms later
+    sys.setprofile(hold)
+    if sys.argv[1] == "_terminated_in":
+        raise ValueError("the block failed after the deferral")
+print('went on', flush=True)
+"""
+
+
+@pytest.mark.parametrize("where", ["__exit__", "close", "_terminated_in"])
+def test_a_signal_delivered_again_while_the_block_ends_still_ends_the_process_as_the_block_ends(tmp_path, where):
+    """Handled after the body but before the block knew it was ending, the signal raised
+    Terminated outside the block: exit status 1 and the runs left RUNNING."""
+    command = [sys.executable, "-c", _A_REDELIVERY_HANDLED_AS_THE_BLOCK_ENDS, where]
+    env = {**_environment(), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 128 + signal.SIGTERM, done.stdout + done.stderr
+    assert done.stdout.splitlines() == ["killed terminated by SIGTERM"], done.stdout + done.stderr
+
+
+_A_SECOND_SIGNAL_WHILE_THE_FIRST_IS_HANDLED = """
+import os, signal, sys
+from pipeline.tracking import lifecycle
+
+lifecycle._mark_killed = lambda runs, reason: print('killed', reason, flush=True)
+first_check = lifecycle._inside_store_call
+
+def check(frame):  # Ctrl-C lands while SIGTERM's handler decides
+    lifecycle._inside_store_call = first_check
+    os.kill(os.getpid(), signal.SIGINT)
+    return first_check(frame)
+
+lifecycle._inside_store_call = check
+with lifecycle.ending_runs_on_signal():
+    os.kill(os.getpid(), signal.SIGTERM)
+    for _ in range(10**7):
+        pass
+"""
+
+
+def test_the_first_of_two_signals_decides_how_the_process_ends(tmp_path):
+    command = [sys.executable, "-c", _A_SECOND_SIGNAL_WHILE_THE_FIRST_IS_HANDLED]
+    env = {**_environment(), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 128 + signal.SIGTERM, done.stdout + done.stderr
+    assert done.stdout.splitlines() == ["killed terminated by SIGTERM"], done.stdout + done.stderr
+
+
+_A_STORE_CALL_THAT_HOLDS_THE_SIGNAL_BACK = """
+import os, signal, time
+from pipeline.tracking import lifecycle
+
+lifecycle.EXIT_GRACE_SECONDS = 1.0
+store = {"__name__": "sqlite3.fake", "os": os, "signal": signal, "time": time}
+exec(  # as a call blocked in C that no signal interrupts (SQLite's busy wait)
+    "def call():\\n"
+    "    os.kill(os.getpid(), signal.SIGTERM)\\n"
+    "    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})\\n"
+    "    time.sleep(30)\\n",
+    store,
+)
+with lifecycle.ending_runs_on_signal():
+    store["call"]()
+print('went on', flush=True)
+"""
+
+
+def test_the_grace_period_counts_from_the_signals_arrival_even_when_it_was_deferred(tmp_path):
+    """The watchdog started only when the signal was acted on: a store call blocked in C after
+    the deferral kept the process alive for as long as it lasted."""
+    started = time.monotonic()
+    command = [sys.executable, "-c", _A_STORE_CALL_THAT_HOLDS_THE_SIGNAL_BACK]
+    env = {**_environment(), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 128 + signal.SIGTERM, done.stdout + done.stderr
+    assert "went on" not in done.stdout and time.monotonic() - started < 20, done.stderr
+    assert "still running 1 s after SIGTERM: exiting now" in done.stderr
