@@ -31,7 +31,7 @@ from pipeline import tracking
 from pipeline.report import figure, markdown_table, save_figure
 from pipeline.sweeps.cluster import job_environment, pass_to_jobs
 from pipeline.sweeps.pruning import TRIAL_STATE_TAG
-from pipeline.tracking import SWEEP_ID_VARIABLE, SWEEP_PARENT_VARIABLE, lifecycle
+from pipeline.tracking import SWEEP_ID_VARIABLE, SWEEP_PARENT_VARIABLE
 from pipeline.tracking.lifecycle import END_REASON_TAG
 
 log = logging.getLogger(__name__)
@@ -226,14 +226,7 @@ class SweepTracking(Callback):
         os.environ[SWEEP_ID_VARIABLE] = self.sweep_id
         pass_to_jobs(config, job_environment(config, self.parent_run_id, self.sweep_id))  # Ray, SLURM jobs too
         atexit.register(self._close, "FAILED")
-        lifecycle.ending_sweep_on_signal()
-        lifecycle.on_sweep_signal(self._killed)
         log.info("[sweep %s] parent run %s", self.sweep_id, self.parent_run_id)
-
-    def _killed(self, signum: int) -> None:
-        """Stopped by a signal: the parent run is ended KILLED with this process's other runs
-        (``lifecycle.ending_sweep_on_signal``), not summarised, and not closed again at exit."""
-        self.closed = True
 
     def _summarize(self) -> pd.DataFrame:
         """The summary the sweep asks for (``sweep.summary``)."""
@@ -248,15 +241,18 @@ class SweepTracking(Callback):
         return summarize(self.sweep_id, self.parent_run_id, self.experiment, self.registry)
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
-        try:
-            self._close("FINISHED")
-        finally:
-            lifecycle.end_of_sweep()
+        self._close("FINISHED")
 
     def _close(self, status: str) -> None:
         if self.closed or self.parent_run_id is None:
             return
         self.closed = True
+        ended = MlflowClient().get_run(self.parent_run_id).info.status
+        if ended != "RUNNING":  # a job of this process (Hydra's basic launcher) ended it on a signal
+            log.warning("[sweep %s] the parent run was ended %s: no summary", self.sweep_id, ended)
+            os.environ.pop(SWEEP_PARENT_VARIABLE, None)
+            os.environ.pop(SWEEP_ID_VARIABLE, None)
+            return
         try:
             table = pd.DataFrame()
             if self.summarize_at_end:

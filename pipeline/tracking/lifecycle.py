@@ -12,9 +12,7 @@
   ``crf.end_reason = terminated by SIGTERM`` (or SIGINT), then the process exits with 128 + signal;
   a signal waits (up to 10 s) for the local store call it lands in, and a process that has not
   ended 30 s after it (or 5 s after its runs were ended, where a worker caught the exit) exits
-  at once;
-- :func:`ending_sweep_on_signal`: in a sweep's launching process, SIGTERM/SIGINT first stop the
-  jobs running in its child processes (joblib workers), then end the sweep's own runs KILLED.
+  at once.
 
 SIGKILL cannot be caught: its runs stay RUNNING until the next start marks them.
 """
@@ -30,7 +28,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn
@@ -440,114 +438,3 @@ def ending_runs_on_signal(signals: tuple[int, ...] = (signal.SIGTERM, signal.SIG
     exits as it starts another. Outside the main thread (where handlers cannot be set) it does
     nothing."""
     return _EndingRunsOnSignal(signals)
-
-
-# the jobs a sweep's launching process started (joblib workers): SIGTERMed, they end their runs
-# and exit within EXIT_GRACE_SECONDS (+ EXIT_AFTER_ENDING_SECONDS); this is how long they get
-CHILDREN_GRACE_SECONDS = EXIT_GRACE_SECONDS + 2 * EXIT_AFTER_ENDING_SECONDS
-_sweep_hooks: list[Callable[[int], None]] = []
-_sweep_restore: list[Callable[[], None]] = []  # what puts the handlers before the sweep's back
-
-
-def _ignores_sigterm(pid: int) -> bool:
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return False
-    mask = next((line.split()[1] for line in status.splitlines() if line.startswith("SigIgn:")), "0")
-    return bool(int(mask, 16) >> (signal.SIGTERM - 1) & 1)
-
-
-def _parent_and_state(pid: int) -> tuple[int, str] | None:
-    """(parent PID, state letter) of a process, from ``/proc/<pid>/stat``; None if it is gone."""
-    try:
-        state, parent = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[:2]
-    except (OSError, ValueError):
-        return None
-    return int(parent), state
-
-
-def _running_child(pid: int) -> bool:
-    found = _parent_and_state(pid)
-    return found is not None and found[0] == os.getpid() and found[1] not in ("Z", "X")  # Z: ended, not yet reaped
-
-
-def child_processes() -> list[int]:
-    """The running processes whose parent is this process and that do not ignore SIGTERM (from
-    ``/proc``; empty without it). A child that ignores SIGTERM, such as joblib's resource
-    tracker, cleans up after this process ends and is left to do so."""
-    pids = (int(entry.name) for entry in Path("/proc").glob("[0-9]*"))
-    return [pid for pid in pids if _running_child(pid) and not _ignores_sigterm(pid)]
-
-
-def stop_children(seconds: float) -> list[int]:
-    """SIGTERM this process's children (:func:`child_processes`) and wait up to ``seconds`` for
-    them to end; those still running then are killed (SIGKILL). The PIDs that had to be killed."""
-    children = child_processes()
-    for pid in children:
-        with suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-    end = time.monotonic() + seconds
-    while any(map(_running_child, children)) and time.monotonic() < end:
-        time.sleep(0.1)
-    left = [pid for pid in children if _running_child(pid)]
-    for pid in left:
-        with suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    return left
-
-
-def on_sweep_signal(hook: Callable[[int], None]) -> None:
-    """Call ``hook(signum)`` when :func:`ending_sweep_on_signal`'s handler ends the sweep, after
-    its jobs have stopped (the sweep's own records: its parent run, an Optuna study's trials)."""
-    _sweep_hooks.append(hook)
-
-
-def ending_sweep_on_signal(signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)) -> None:
-    """For a sweep's launching process (Hydra's multirun): from now on SIGTERM/SIGINT stop the jobs
-    that run in child processes (SIGTERM: each ends its runs KILLED and exits; killed after
-    :data:`CHILDREN_GRACE_SECONDS`), call the :func:`on_sweep_signal` hooks, end this process's
-    RUNNING runs KILLED and exit with ``128 + signum``. A signal inside a local store's code waits
-    for it as in :func:`ending_runs_on_signal`; a job run in this process (Hydra's basic launcher)
-    has that handler while it runs. Jobs on other machines (Ray, SLURM) are their scheduler's to
-    stop. :func:`end_of_sweep` puts the previous handlers back."""
-    if threading.current_thread() is not threading.main_thread():
-        return
-    end_of_sweep()  # a sweep before this one in the same process that did not end
-
-    def act(signum: int) -> NoReturn:
-        for sig in signals:  # a second signal (Ctrl-C twice) must not interrupt the stopping
-            signal.signal(sig, signal.SIG_IGN)
-        name = signal.Signals(signum).name
-        log.warning("%s: stopping the sweep's jobs", name)
-        killed = stop_children(CHILDREN_GRACE_SECONDS)
-        if killed:
-            log.error("jobs %s had not ended %.0f s after SIGTERM: killed", killed, CHILDREN_GRACE_SECONDS)
-        _watchdog(signum, EXIT_GRACE_SECONDS, name, "; the next run will mark this process's runs FAILED")
-        for hook in _sweep_hooks:
-            try:
-                hook(signum)
-            except Exception as error:  # the others still run; the next start marks what is left
-                log.error("ending the sweep on %s: %s: %s", name, type(error).__name__, error)
-        _mark_killed([], f"terminated by {name}")
-        _watchdog(signum, EXIT_AFTER_ENDING_SECONDS, f"its runs were ended on {name} (the exit was caught)")
-        raise SystemExit(128 + signum)
-
-    handler = _Handler(act)
-    previous = {sig: signal.signal(sig, handler) for sig in signals}
-
-    def restore() -> None:
-        waiting = handler.deferral.close()
-        for sig, old in previous.items():
-            signal.signal(sig, old)
-        if waiting is not None:  # the sweep is over: its handlers take what the store call held back
-            signal.pthread_kill(threading.get_ident(), waiting)
-
-    _sweep_restore.append(restore)
-
-
-def end_of_sweep() -> None:
-    """Undo :func:`ending_sweep_on_signal`: the handlers before it, no hooks."""
-    _sweep_hooks.clear()
-    while _sweep_restore:
-        _sweep_restore.pop()()
