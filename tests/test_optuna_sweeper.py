@@ -787,3 +787,21 @@ def test_a_resumed_study_does_not_replay_its_first_sweeps_random_draws(tmp_path,
         sweeper.sweep([])
         ran.append([o for job in sweeper.launcher.jobs for o in job if o.startswith("trainer.c2=")])
     assert len(ran[0]) == len(ran[1]) == 3 and not set(ran[0]) & set(ran[1]), ran
+
+
+def test_failing_a_trial_that_another_thread_just_failed_is_not_an_error():
+    """On an interruption the sweep's loop and the trial's launch both tell the study FAIL;
+    Optuna checks, then updates, so the second tell can raise even with skip_if_finished."""
+    from hydra_plugins.crf_optuna_sweeper import optuna_sweeper
+
+    study = optuna.create_study()
+    trial = study.ask()
+    told = []
+
+    def tell(*args, **kwargs):  # the other thread's tell landed between Optuna's check and update
+        told.append(kwargs["state"])
+        raise optuna.exceptions.UpdateFinishedTrialError("Trial#0 has already finished")
+
+    study.tell = tell
+    optuna_sweeper._fail(study, trial)
+    assert told == [optuna.trial.TrialState.FAIL]

@@ -57,6 +57,18 @@ def _plain(value: Any) -> Any:
     return OmegaConf.to_container(value, resolve=True) if isinstance(value, (DictConfig, ListConfig)) else value
 
 
+def _fail(study: Any, trial: Any) -> None:
+    """Tell the study ``trial`` failed, unless it has finished: also when another thread (a trial's
+    launch and the sweep's loop both fail it on an interruption) tells it at the same moment."""
+    from optuna.exceptions import UpdateFinishedTrialError
+    from optuna.trial import TrialState
+
+    try:
+        study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+    except UpdateFinishedTrialError:  # Optuna checks, then updates: the other tell came in between
+        pass
+
+
 class OptunaSweeper(Sweeper):
     """See the module docstring."""
 
@@ -253,14 +265,12 @@ class OptunaSweeper(Sweeper):
     def _launch(self, study: Any, trials: Sequence[Any], batch: list[list[str]], index: int) -> Sequence[JobReturn]:
         """The jobs of ``trials`` through the launcher; if the launcher fails (or is interrupted)
         the trials are told FAIL, since their jobs will not report, and the error goes on."""
-        from optuna.trial import TrialState
-
         try:
             self.validate_batch_is_legal(batch)
             return self.launcher.launch(batch, initial_job_idx=index)
         except BaseException:
             for trial in trials:
-                study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+                _fail(study, trial)
             raise
 
     def _check_failures(self, outcomes: list[str], sweep_dir: Path) -> None:
@@ -292,8 +302,6 @@ class OptunaSweeper(Sweeper):
         waits for a slower trial."""
         from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
-        from optuna.trial import TrialState
-
         returns: list[Sequence[JobReturn]] = []
         outcomes: list[str] = []
         running: dict[Any, tuple[Any, dict[str, Any]]] = {}
@@ -315,7 +323,7 @@ class OptunaSweeper(Sweeper):
                 self._check_failures(outcomes, sweep_dir)
         except BaseException:
             for trial, _ in running.values():  # their jobs will not be told
-                study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+                _fail(study, trial)
             pool.shutdown(wait=False, cancel_futures=True)
             raise
         pool.shutdown()
