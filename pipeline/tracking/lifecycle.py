@@ -285,7 +285,7 @@ class _Deferral:
 
 
 class _Handler:
-    """The signal handler of :func:`ending_runs_on_signal` and :func:`ending_sweep_on_signal`.
+    """The signal handler of :func:`ending_runs_on_signal`.
 
     A signal that arrives inside a local store's code is deferred (:class:`_Deferral`) for up to
     :data:`MAX_DEFER_SECONDS` after its first arrival; one that arrives while a frame of
