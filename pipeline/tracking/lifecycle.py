@@ -294,7 +294,7 @@ class _Handler:
     ends the process). The first signal decides: one arriving while the handler decides is
     dropped. ``on_first(signum)`` runs at the first arrival, deferred or not."""
 
-    def __init__(self, act: Callable[[int], None], quiet: tuple = (), on_first: Callable[[int], None] | None = None) -> None:
+    def __init__(self, act: Callable[[int], None], quiet: tuple, on_first: Callable[[int], None]) -> None:
         self.deferral = _Deferral()
         self.act, self.quiet, self.on_first = act, quiet, on_first
         self.first_arrival: float | None = None
@@ -321,8 +321,7 @@ class _Handler:
             return None
         if self.first_arrival is None:
             self.first_arrival = time.monotonic()
-            if self.on_first is not None:
-                self.on_first(first)
+            self.on_first(first)
         if self.deferral.closed or _runs_code(frame, self.quiet):
             self.deferral.waiting = first
             return None
