@@ -84,6 +84,13 @@ def _output(process: subprocess.Popen, timeout: float = 60) -> str:
         pytest.fail(f"the process did not exit within {timeout} s; its output and stacks:\n{text[-20000:]}")
 
 
+def _python(folder: Path, script: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """``python -c script args`` in ``folder``, its default tracking store ``folder/mlflow.db``."""
+    env = {**_environment(), "MLFLOW_TRACKING_URI": f"sqlite:///{folder / 'mlflow.db'}"}
+    command = [sys.executable, "-c", script, *args]
+    return subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True, timeout=timeout)
+
+
 def _run(data_root: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         _command(data_root, out, *extra), cwd=ROOT, env=_environment(), capture_output=True, text=True, timeout=TIMEOUT
@@ -332,8 +339,7 @@ def test_a_signal_inside_a_store_call_ends_the_process_once_the_call_has_finishe
     (about one SIGTERM in fifteen during a loop of writes); so it is delivered again after the call."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     prepare_store(uri)
-    command = [sys.executable, "-c", _SIGNAL_IN_A_STORE_CALL, uri]
-    done = subprocess.run(command, cwd=tmp_path, env=_environment(), capture_output=True, text=True, timeout=120)
+    done = _python(tmp_path, _SIGNAL_IN_A_STORE_CALL, uri, timeout=120)
     assert done.returncode == 128 + signal.SIGTERM, done.stdout + done.stderr
     lines = done.stdout.splitlines()
     assert lines[1:] == ["store call finished"], done.stdout + done.stderr
@@ -362,9 +368,7 @@ with lifecycle.ending_runs_on_signal():
 
 def test_a_process_that_swallows_the_signal_still_exits_after_the_grace_period(tmp_path):
     started = time.monotonic()
-    command = [sys.executable, "-c", _SIGNAL_CAUGHT_AND_IGNORED]
-    env = {**_environment(), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
-    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    done = _python(tmp_path, _SIGNAL_CAUGHT_AND_IGNORED)
     assert done.returncode == 128 + signal.SIGTERM, done.stdout + done.stderr
     assert "went on" not in done.stdout and time.monotonic() - started < 25
     assert "still running 1 s after SIGTERM: exiting now" in done.stderr
@@ -390,9 +394,7 @@ def test_signals_while_the_main_thread_is_blocked_in_a_store_call_end_it_after_t
     """Each re-delivery goes to the main thread: sent to the process, one could land on another
     thread and the blocked call would not see it (the process then stalled until the call ended)."""
     started = time.monotonic()
-    command = [sys.executable, "-c", _SIGNALS_WHILE_BLOCKED_IN_A_STORE_CALL]
-    env = {**_environment(), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
-    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    done = _python(tmp_path, _SIGNALS_WHILE_BLOCKED_IN_A_STORE_CALL)
     assert done.returncode == 128 + signal.SIGTERM, done.stdout + done.stderr  # the first signal decides
     assert "not interrupted" not in done.stdout and time.monotonic() - started < 20, done.stderr
 
@@ -422,8 +424,7 @@ def test_a_signal_deferred_in_the_blocks_last_store_call_ends_the_process_as_the
     killed the process mid-write); the process's runs still open end KILLED."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     prepare_store(uri)
-    command = [sys.executable, "-c", _SIGNAL_IN_THE_BLOCKS_LAST_STORE_CALL, uri]
-    done = subprocess.run(command, cwd=tmp_path, env=_environment(), capture_output=True, text=True, timeout=120)
+    done = _python(tmp_path, _SIGNAL_IN_THE_BLOCKS_LAST_STORE_CALL, uri, timeout=120)
     assert done.returncode == 128 + signal.SIGINT, done.stdout + done.stderr
     assert "went on" not in done.stdout and "KeyboardInterrupt" not in done.stderr, done.stdout + done.stderr
     sweep, job = (mlflow.tracking.MlflowClient(uri).get_run(run_id) for run_id in done.stdout.split())
@@ -489,8 +490,7 @@ def test_a_worker_that_catches_the_exit_still_ends_once_its_runs_are_ended(tmp_p
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     prepare_store(uri)
     started = time.monotonic()
-    command = [sys.executable, "-c", _EXIT_CAUGHT_BY_THE_WORKER, uri]
-    done = subprocess.run(command, cwd=tmp_path, env=_environment(), capture_output=True, text=True, timeout=60)
+    done = _python(tmp_path, _EXIT_CAUGHT_BY_THE_WORKER, uri)
     assert done.returncode == 128 + signal.SIGTERM, done.stdout + done.stderr
     run_id, caught = done.stdout.splitlines()
     assert caught == "caught SystemExit" and time.monotonic() - started < 20, done.stdout + done.stderr
@@ -521,9 +521,7 @@ print('went on', flush=True)
 def test_a_worker_whose_job_ended_on_a_signal_runs_no_further_job(tmp_path):
     """joblib hands a worker the next job when the last one reports its SystemExit: that job
     would start runs the watchdog then cut short; the worker exits before starting it."""
-    command = [sys.executable, "-c", _A_WORKER_GIVEN_ANOTHER_JOB]
-    env = {**_environment(), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
-    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    done = _python(tmp_path, _A_WORKER_GIVEN_ANOTHER_JOB)
     assert done.returncode == 128 + signal.SIGTERM, done.stdout + done.stderr
     assert done.stdout.splitlines() == ["job 1", "caught SystemExit"], done.stdout + done.stderr
     assert "this process was stopped by SIGTERM: it runs no further jobs" in done.stderr
@@ -586,9 +584,7 @@ print('went on', flush=True)
 def test_a_signal_delivered_again_while_the_block_ends_still_ends_the_process_as_the_block_ends(tmp_path, where):
     """Handled after the body but before the block knew it was ending, the signal raised
     Terminated outside the block: exit status 1 and the runs left RUNNING."""
-    command = [sys.executable, "-c", _A_REDELIVERY_HANDLED_AS_THE_BLOCK_ENDS, where]
-    env = {**_environment(), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
-    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    done = _python(tmp_path, _A_REDELIVERY_HANDLED_AS_THE_BLOCK_ENDS, where)
     assert done.returncode == 128 + signal.SIGTERM, done.stdout + done.stderr
     assert done.stdout.splitlines() == ["killed terminated by SIGTERM"], done.stdout + done.stderr
 
@@ -614,9 +610,7 @@ with lifecycle.ending_runs_on_signal():
 
 
 def test_the_first_of_two_signals_decides_how_the_process_ends(tmp_path):
-    command = [sys.executable, "-c", _A_SECOND_SIGNAL_WHILE_THE_FIRST_IS_HANDLED]
-    env = {**_environment(), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
-    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    done = _python(tmp_path, _A_SECOND_SIGNAL_WHILE_THE_FIRST_IS_HANDLED)
     assert done.returncode == 128 + signal.SIGTERM, done.stdout + done.stderr
     assert done.stdout.splitlines() == ["killed terminated by SIGTERM"], done.stdout + done.stderr
 
@@ -644,9 +638,7 @@ def test_the_grace_period_counts_from_the_signals_arrival_even_when_it_was_defer
     """The watchdog started only when the signal was acted on: a store call blocked in C after
     the deferral kept the process alive for as long as it lasted."""
     started = time.monotonic()
-    command = [sys.executable, "-c", _A_STORE_CALL_THAT_HOLDS_THE_SIGNAL_BACK]
-    env = {**_environment(), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
-    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    done = _python(tmp_path, _A_STORE_CALL_THAT_HOLDS_THE_SIGNAL_BACK)
     assert done.returncode == 128 + signal.SIGTERM, done.stdout + done.stderr
     assert "went on" not in done.stdout and time.monotonic() - started < 20, done.stderr
     assert "still running 1 s after SIGTERM: exiting now" in done.stderr
