@@ -73,6 +73,8 @@ def test_held_score_is_the_last_report_then_the_final_value():
     trial = _finished({100: 94.0, 150: 94.3, 200: 94.4}, 94.5)
     assert held_score(trial, 90) is None  # before its first report it takes no part
     assert [held_score(trial, s) for s in (100, 149, 150, 200, 201, 10_000)] == [94.0, 94.0, 94.3, 94.4, 94.5, 94.5]
+    cached = _finished({}, 93.0)  # its fit came from the stage cache: it reported nothing
+    assert [held_score(cached, s) for s in (0, 100, 10_000)] == [93.0, 93.0, 93.0]
 
 
 @pytest.mark.parametrize("seed", range(6))

@@ -115,3 +115,22 @@ def test_path_of_three_points_warm_starts_and_summarises_like_a_grid(tmp_path):
         [experiment], filter_string=f"tags.path_id = '{again.data.tags['path_id']}' and tags.stage = 'pipeline'"
     )
     assert len(points) == 3 and {p.data.tags["cache_hits"] for p in points} == {"prepare,featurize,train,evaluate"}
+
+
+def test_a_point_that_stopped_at_its_iteration_cap_is_no_starting_point(tmp_path, caplog):
+    """From a fit cut short by trainer.max_iterations the next fit would carry its training on (to
+    a model that neither strength gives from zero): the next point starts from zero."""
+    data_root = write_corpus(tmp_path / "data")
+    out = tmp_path / "out"
+    seed_store(out)
+    overrides = tiny_overrides(data_root, out) + ["trainer.max_iterations=3", "+experiment=reg_path", "path.strengths=[3,1]"]
+    run_path(compose_config(overrides))
+    client = MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("crf").experiment_id
+    trains = client.search_runs([experiment], filter_string="tags.stage = 'train'")
+    assert len(trains) == 2 and all(t.data.metrics["stopped_at_max_iterations"] == 1 for t in trains)
+    assert not any("warm_start_from" in t.data.tags for t in trains)
+    assert (
+        "point 1 it stopped at its iteration cap (trainer.max_iterations), short of its optimum: the next point starts from zero"
+        in caplog.text
+    )

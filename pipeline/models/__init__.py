@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 
 BUNDLE_FILE = "bundle.npz"
 WARM_START_INPUT = "warm_start"  # the train stage's optional input: an earlier train output to start from
+METRICS_FILE = "stage_metrics.json"  # in every stage's output folder: its metrics, with its measured times (volatile)
 
 # set by pipeline.sweeps in a multirun's jobs: they already run in parallel, one per core
 SWEEP_ID_VARIABLE = "CRF_SWEEP_ID"

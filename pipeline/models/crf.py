@@ -14,6 +14,7 @@ pruned away per training token.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -29,7 +30,7 @@ from crf import _params as params
 from crf._optimize import IterationInfo
 from crf.model import BundledCRF
 from pipeline.engine.validate import SettingsError, section, unknown_keys, where
-from pipeline.models import BUNDLE_FILE, WARM_START_INPUT, BaseAdapter, bundle_source, default_threads
+from pipeline.models import BUNDLE_FILE, METRICS_FILE, WARM_START_INPUT, BaseAdapter, bundle_source, default_threads
 from pipeline.report import figure, save_figure
 from pipeline.stages.featurize import load_batch, load_extractor
 
@@ -41,6 +42,8 @@ RUNTIME_KEYS = ("threads",)  # trainer keys that cannot change the model: settin
 # keys of the model and trainer sections that are not CRF parameters: the adapter, the config's own
 # helpers (the swept strength, elastic net's ratio) and run-time settings
 CONFIG_ONLY = ("name", "adapter", "strength", "l2_ratio", "threads")
+# a train metric: 1 when the fit stopped at trainer.max_iterations rather than by its stopping rule
+STOPPED_AT_CAP = "stopped_at_max_iterations"
 
 
 def _first_order_unpruned(model: Mapping) -> dict:
@@ -241,7 +244,10 @@ class CRFAdapter(BaseAdapter):
         """Why the CRF saved in ``folder`` is no starting point for ``cfg``'s fit, or None: it was
         trained by another algorithm (SGD stops where its start and its epochs take it, so from
         L-BFGS's weights it would report L-BFGS's optimum), or it has another model layout
-        (:data:`LAYOUT_PARAMS`: a warm start would merge the two layouts), or it cannot be read."""
+        (:data:`LAYOUT_PARAMS`: a warm start would merge the two layouts), it cannot be read, or its
+        fit stopped at ``trainer.max_iterations`` (SGD's epochs too): a warm start reaches the same
+        optimum in fewer iterations only from an optimum, and from a capped fit the new fit would
+        carry that fit's training on, to a model that neither setting gives from zero."""
         wanted = build_model(section(cfg, "model"), section(cfg, "trainer"), seed=0, dev_every=0, threads=None)
         try:
             saved = CRF.load(folder / "model.npz")
@@ -251,6 +257,14 @@ class CRFAdapter(BaseAdapter):
             there, here = _layout_value(saved, name), _layout_value(wanted, name)
             if there != here:
                 return f"{name} {there!r} there, {here!r} here"
+        try:
+            capped = json.loads((folder / METRICS_FILE).read_text()).get(STOPPED_AT_CAP)
+        except (OSError, ValueError) as error:
+            return f"its training record cannot be read: {error}"
+        if capped is None:
+            return f"its training record does not say whether it converged (no {STOPPED_AT_CAP})"
+        if capped:  # a fit from it would carry that training on, not start near an optimum
+            return "it stopped at its iteration cap (trainer.max_iterations), short of its optimum"
         return None
 
     def fit(self, context, data) -> dict:
@@ -294,6 +308,7 @@ class CRFAdapter(BaseAdapter):
             "iterations": model.n_iter_,
             "evaluations": model.n_evaluations_,
             "nonzero_weights": model.n_active_features_,
+            STOPPED_AT_CAP: float(model.stop_reason_ == "max_iterations"),
             **({"final_loss": float(history["loss"].iloc[-1])} if len(history) else {}),
             **pruning,
         }

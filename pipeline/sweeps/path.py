@@ -4,7 +4,8 @@ The job fits the strengths of ``path.strengths`` from the strongest down, each f
 the previous point's weights (``crf.CRF(warm_start=True)``): a weaker penalty moves the optimum a
 little, so each fit starts close to it and needs fewer iterations than from zero. The strength is
 ``trainer.strength``, so the trainer chooses what moves: c2 (``trainer=lbfgs``), c1 (``l1``) or
-both along ``l2_ratio`` (``elasticnet``).
+both along ``l2_ratio`` (``elasticnet``). A point whose fit stopped at ``trainer.max_iterations``
+is no starting point (the next fit would carry its training on): the next point starts from zero.
 
 Each point is an ordinary pipeline run, made to look like a grid job: an MLflow run tagged
 ``stage=pipeline`` with its prepare/featurize/train/evaluate stage runs, the same evaluation and
@@ -127,7 +128,6 @@ def run_path(cfg: DictConfig) -> dict[str, Any]:
             results, outputs = pipeline_run(
                 point, job, name, point_tags, parent=run.info.run_id, warm_start=previous, register=False
             )
-            previous = outputs["train"]
             points.append((strength, results))
             log.info(
                 "[path %s] point %d of %d: strength %g, %d iterations%s%s",
@@ -136,9 +136,14 @@ def run_path(cfg: DictConfig) -> dict[str, Any]:
                 len(strengths),
                 strength,
                 int(results.get("train.iterations", 0)),
-                " (warm start)" if number else "",
-                " (cache)" if previous.cached else "",
+                " (warm start)" if previous is not None else "",
+                " (cache)" if outputs["train"].cached else "",
             )
+            previous = outputs["train"]
+            problem = adapter.warm_start_problem(point, previous.folder) if number + 1 < len(strengths) else None
+            if problem is not None:
+                log.warning("[path %s] point %d %s: the next point starts from zero", path_id, number + 1, problem)
+                previous = None
     except Exception as error:
         _close(client, run.info.run_id, path_id, experiment, cfg, in_sweep, "FAILED", error)
         raise

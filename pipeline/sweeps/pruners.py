@@ -7,7 +7,8 @@ regularisation, often 1,500 iterations) is compared with the few other slow ones
 and is never pruned, however far behind it is. Here a finished trial keeps its last score after
 its last iteration (its final dev score, what the sweep will rank it by), so every finished trial
 takes part in the comparison at every iteration. Before a finished trial's first report it takes
-no part, as in Optuna.
+no part, as in Optuna; a finished trial that reported nothing (its fit came from the stage cache)
+takes part with its final score throughout.
 """
 
 from __future__ import annotations
@@ -25,9 +26,11 @@ from optuna.trial import FrozenTrial, TrialState
 def held_score(trial: FrozenTrial, step: int) -> float | None:
     """A finished trial's dev score at iteration ``step``: its report at the last iteration up to
     ``step``; after its last report, its final value (the score of the model it ended with);
-    None before its first report."""
+    None before its first report; its final value throughout if it reported nothing."""
     steps = sorted(trial.intermediate_values)
-    if not steps or step < steps[0]:
+    if not steps:  # a fit from the cache: no training, so no reports
+        return None if trial.value is None else float(trial.value)
+    if step < steps[0]:
         return None
     if step > steps[-1] and trial.value is not None:
         return float(trial.value)
