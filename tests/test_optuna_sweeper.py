@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -329,6 +330,10 @@ class _Launcher:
             kind = next(o.split("=", 1)[1] for o in overrides if o.startswith("x=")).rstrip("0123456789")
             if kind == "boom":
                 raise RuntimeError("the launcher lost its workers")
+            if kind == "bad":  # a job that raised (as one whose metric is not among its results)
+                error = ValueError("the sweep's metric 'evaluate.dev_f2' is not one of this job's metrics")
+                results.append(JobReturn(overrides=list(overrides), status=JobStatus.FAILED, _return_value=error))
+                continue
             if kind == "slow":
                 self.waited.append(self.fast_done.wait(timeout=self.wait))
             with self.lock:
@@ -344,7 +349,8 @@ class _Launcher:
 def _fake_sweep(tmp_path: Path, dispatch: str, order: list[str], wait: float = 1.0):
     from hydra_plugins.crf_optuna_sweeper.optuna_sweeper import OptunaSweeper
 
-    sweeper = OptunaSweeper(params={"x": "choice(slow, fast1, fast2, fast3, boom)"}, n_trials=len(order), n_jobs=2, seed=0,
+    kinds = "choice(slow, fast1, fast2, fast3, boom, bad1, bad2, a1)"
+    sweeper = OptunaSweeper(params={"x": kinds}, n_trials=len(order), n_jobs=2, seed=0,
                             study_name="fake", pruner={"kind": "none"}, enqueue=[{"x": k} for k in order],
                             dispatch=dispatch)  # fmt: skip
     sweeper.config = OmegaConf.create(
@@ -535,10 +541,11 @@ def test_a_job_refuses_a_source_of_another_algorithm_or_model_layout(tmp_path):
     X = [[{"w": "a"}, {"w": "b"}], [{"w": "b"}, {"w": "c"}, {"w": "a"}]]
     y = [["A", "B"], ["B", "C", "A"]]
 
-    def saved(name, **settings):
+    def saved(name, capped=0.0, **settings):
         folder = tmp_path / name
         folder.mkdir()
         CRF(max_iterations=5, **settings).fit(X, y).save(folder / "model.npz")
+        (folder / "stage_metrics.json").write_text(f'{{"iterations": 5, "stopped_at_max_iterations": {capped}}}')
         return folder
 
     def cfg(trainer, **model):
@@ -569,6 +576,17 @@ def test_a_job_refuses_a_source_of_another_algorithm_or_model_layout(tmp_path):
     broken.mkdir()
     (broken / "model.npz").write_bytes(b"not a model")
     assert adapter.warm_start_problem(cfg({}), broken).startswith("its model cannot be read: ")
+    # a fit cut short by its iteration cap: the next fit would carry its training on
+    capped = saved("capped", capped=1.0)
+    assert (
+        adapter.warm_start_problem(cfg({}), capped)
+        == "it stopped at its iteration cap (trainer.max_iterations), short of its optimum"
+    )
+    (l2 / "stage_metrics.json").write_text('{"iterations": 5}')
+    assert (
+        adapter.warm_start_problem(cfg({}), l2)
+        == "its training record does not say whether it converged (no stopped_at_max_iterations)"
+    )
 
 
 def test_the_sweeper_offers_a_trial_the_nearest_finished_trial_of_this_sweep(tmp_path):
@@ -580,7 +598,6 @@ def test_the_sweeper_offers_a_trial_the_nearest_finished_trial_of_this_sweep(tmp
     study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
     earlier = _finished(0, {"trainer": "l1", "trainer.strength": 1.0}, space.distributions)
     study.add_trial(earlier)
-    sweeper.first_trial = 1
     study.enqueue_trial({"trainer": "l1", "trainer.strength": 0.5})
     first, _, overrides = sweeper._ask(study, space)
     assert not any(search.WARM_START_VARIABLE in o for o in overrides)  # trial 0 is another sweep's
@@ -805,3 +822,136 @@ def test_failing_a_trial_that_another_thread_just_failed_is_not_an_error():
     study.tell = tell
     optuna_sweeper._fail(study, trial)
     assert told == [optuna.trial.TrialState.FAIL]
+
+
+def test_the_summary_and_champion_follow_the_sweepers_metric_and_direction(tmp_path, monkeypatch):
+    """A sweep that minimises the dev calibration error ranks its jobs by it, not by dev F1."""
+    import mlflow
+
+    from pipeline.sweeps import grid
+
+    uri = f"sqlite:///{seed_store(tmp_path)}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    mlflow.set_tracking_uri(uri)
+    client = MlflowClient(uri)
+    experiment = client.create_experiment("crf")
+    jobs = {}
+    for c2, f1, error in ((0.01, 90.0, 0.05), (0.1, 80.0, 0.01), (1.0, 85.0, 0.03)):
+        run = client.create_run(experiment, tags={"sweep_id": "s", "stage": "pipeline", "trainer": "lbfgs"})
+        client.log_batch(
+            run.info.run_id, params=[mlflow.entities.Param("trainer.c1", "0.0"), mlflow.entities.Param("trainer.c2", str(c2))]
+        )
+        for key, value in (("dev_f1", f1), ("test_f1", f1 - 1), ("dev_calibration_error", error), ("nonzero_weights", 100)):
+            client.log_metric(run.info.run_id, key, value)
+        client.set_terminated(run.info.run_id, "FINISHED")
+        jobs[c2] = run.info.run_id
+
+    def best(**objective) -> str | None:
+        parent = client.create_run(experiment, tags={"stage": "sweep"}).info.run_id
+        grid.summarize("s", parent, "crf", **objective)
+        return client.get_run(parent).data.tags.get("best_run_id")
+
+    assert best() == jobs[0.01]  # a grid's rule: the largest dev score
+    assert best(metric="evaluate.dev_calibration_error", direction="minimize") == jobs[0.1]
+    assert best(metric="evaluate.dev_calibration_error", direction="maximize") == jobs[0.01]
+    assert best(metric="evaluate.dev_f2", direction="maximize") is None  # no job has it: no best, nothing registered
+    table = grid.gather("s", "crf", metric="evaluate.dev_calibration_error")
+    assert sorted(table["objective"]) == [0.01, 0.03, 0.05]
+    # jobs that stop before evaluate (stages=[train]) have no dev score: ranked by a train metric all the same
+    losses = {}
+    for c2, loss in ((0.1, 30.0), (1.0, 20.0)):
+        run = client.create_run(experiment, tags={"sweep_id": "t", "stage": "pipeline", "trainer": "lbfgs"})
+        client.log_batch(
+            run.info.run_id, params=[mlflow.entities.Param("trainer.c1", "0.0"), mlflow.entities.Param("trainer.c2", str(c2))]
+        )
+        client.log_metric(run.info.run_id, "final_loss", loss)
+        client.log_metric(run.info.run_id, "nonzero_weights", 10)
+        client.set_terminated(run.info.run_id, "FINISHED")
+        losses[c2] = run.info.run_id
+    parent = client.create_run(experiment, tags={"stage": "sweep"}).info.run_id
+    grid.summarize("t", parent, "crf", metric="train.final_loss", direction="minimize")
+    ended = client.get_run(parent).data
+    assert ended.tags["best_run_id"] == losses[1.0] and ended.metrics["best_objective"] == 20.0
+    assert "best_dev_score" not in ended.metrics and ended.metrics["jobs_finished"] == 2
+
+
+def test_the_metric_must_be_one_the_jobs_pipeline_runs_show():
+    search.check_objective("prepare.train_tokens", "maximize", {"kind": "none"}, 10)
+    with pytest.raises(SweeperSettingError, match="one of the stages prepare, train, evaluate"):
+        search.check_objective("featurize.features", "maximize", {"kind": "none"}, 10)
+    with pytest.raises(SweeperSettingError, match="one of the stages"):
+        search.check_objective("evaluation.dev_f1", "maximize", {"kind": "none"}, 10)
+
+
+def test_a_fixed_c1_or_c2_beside_a_searched_strength_is_refused():
+    searched = {"trainer.strength": "tag(log, interval(0.01, 10))"}
+    with pytest.raises(
+        SweeperSettingError, match=r"bad setting trainer.c2=0.1 with trainer.strength=<searched>.*~hydra.sweeper.params"
+    ):
+        search.check_strength(search.parse_space(searched, ["trainer.c2=0.1"]))
+    with pytest.raises(SweeperSettingError, match="trainer.c1=<searched> with trainer.strength=<searched>"):
+        search.check_strength(search.parse_space(searched, ["trainer.c1=tag(log, interval(0.01, 1))"]))
+    search.check_strength(search.parse_space(searched, ["trainer.threads=1", "trainer=l1"]))
+    search.check_strength(search.parse_space({"trainer.c2": "tag(log, interval(0.01, 10))"}, ["trainer.c1=0.1"]))
+
+
+def test_a_resumed_study_keeps_its_metric_and_its_search_space(tmp_path, caplog):
+    _fake_sweep(tmp_path, "batch", ["fast1", "fast2"]).sweep([])
+    other_metric = _fake_sweep(tmp_path, "batch", ["fast1"])
+    other_metric.metric = "evaluate.dev_accuracy"
+    other_choices = _fake_sweep(tmp_path, "batch", ["fast1"])
+    other_choices.params = {"x": "choice(fast1, fast2)"}
+    for sweeper, message in (
+        (other_metric, "study 'fake' in sqlite:///.* optimises the dev score, not evaluate.dev_accuracy: choose another"),
+        (other_choices, "study 'fake' in .* searched x as CategoricalDistribution.* which cannot become"),
+    ):
+        caplog.clear()
+        with pytest.raises(SystemExit) as ended:
+            sweeper.sweep([])
+        errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+        assert ended.value.code == 2 and len(errors) == 1 and re.match(message, errors[0]), errors
+    study = optuna.load_study(study_name="fake", storage=f"sqlite:///{tmp_path / 'optuna.db'}")
+    assert [t.state for t in study.get_trials()] == [TrialState.COMPLETE] * 2  # nothing asked, nothing left running
+    assert study.user_attrs["metric"] is None
+
+
+def test_a_storage_that_cannot_be_opened_is_one_setting_error(tmp_path, caplog):
+    for url, what in (("foo://bar", "NoSuchModuleError"), (f"sqlite:///{tmp_path}/file/optuna.db", "")):
+        (tmp_path / "file").write_text("a file where the folder should be")
+        sweeper = _fake_sweep(tmp_path, "batch", ["fast1"])
+        sweeper.storage = url
+        caplog.clear()
+        with pytest.raises(SystemExit) as ended:
+            sweeper.sweep([])
+        (error,) = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+        assert (
+            ended.value.code == 2 and error.startswith(f"hydra.sweeper.storage: cannot open {url} ({what}") and "\n" not in error
+        )
+
+
+def test_a_sweep_whose_trials_all_fail_ends_in_one_line_naming_the_first_failure(tmp_path, caplog):
+    sweeper = _fake_sweep(tmp_path, "batch", ["bad1", "bad2", "fast1"])
+    with pytest.raises(SystemExit) as ended:
+        sweeper.sweep([])
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert ended.value.code == 1 and len(errors) == 1
+    assert errors[0].startswith("every trial so far failed (2), the first with: ValueError: the sweep's metric")
+    study = optuna.load_study(study_name="fake", storage=f"sqlite:///{tmp_path / 'optuna.db'}")
+    # the third is never asked (an enqueued setting waits for the study's next sweep)
+    assert [t.state for t in study.get_trials()] == [TrialState.FAIL, TrialState.FAIL, TrialState.WAITING]
+
+
+def test_the_summarys_strength_is_c1_with_an_l1_term_else_c2():
+    from pipeline.sweeps import grid
+
+    runs = pd.DataFrame({"params.trainer.c1": ["0.5", "0.0", "0.1"], "params.trainer.c2": ["1.0", "0.3", "0.0"]})
+    assert list(grid.strength(runs)) == [0.5, 0.3, 0.1]  # elastic net at l2_ratio 2, L2, L1
+
+
+def test_a_resumed_sweeps_results_give_its_own_best_and_the_studys_when_that_was_better(tmp_path):
+    _fake_sweep(tmp_path, "batch", ["fast1"]).sweep([])  # 4.0
+    _fake_sweep(tmp_path, "batch", ["a1"]).sweep([])  # 1.0, resuming the study
+    results = OmegaConf.load(tmp_path / "sweep" / "optuna_results.yaml")
+    assert dict(results.trials) == {"complete": 1, "pruned": 0, "fail": 0}
+    assert (results.best.trial, results.best.value) == (1, 1.0)
+    assert (results.study_best.trial, results.study_best.value) == (0, 4.0)

@@ -32,8 +32,10 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import sys
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -101,7 +103,8 @@ class OptunaSweeper(Sweeper):
         self.warm_start = warm_start
         self.warm_start_keys = _plain(warm_start_keys)
         self.strong_first = strong_first
-        self.first_trial = 0  # this sweep's first trial number (a resumed study has earlier ones)
+        self.first_failure: str | None = None  # why this sweep's first failed trial failed
+        self.asked: set[int] = set()  # the numbers of this sweep's trials (a shared study has others')
         self.hydra_context: HydraContext | None = None
         self.config: DictConfig | None = None
         self.launcher = None
@@ -129,11 +132,14 @@ class OptunaSweeper(Sweeper):
         if isinstance(keys, str) or not isinstance(keys, Sequence) or not all(isinstance(k, str) for k in keys):
             raise SweeperSettingError(f"hydra.sweeper.warm_start_keys={keys!r}: a list of config keys")
 
-    def _open_study(self) -> tuple[Any, str]:
-        """Check every setting, then create (or load, by name) the study; (study, storage URL)."""
+    def _open_study(self, space: Any) -> tuple[Any, str]:
+        """Check every setting, then create (or load, by name) the study; (study, storage URL). A
+        study resumed by name must optimise the same metric, and its trials' distributions must
+        fit the search ``space`` (Optuna refuses a categorical whose choices changed)."""
         import optuna
 
         from pipeline.sweeps import search
+        from pipeline.tracking import SWEEP_ID_VARIABLE
 
         self._check_counts()
         assert self.config is not None
@@ -141,11 +147,20 @@ class OptunaSweeper(Sweeper):
         sampler = search.build_sampler(self.sampler, self.seed)
         pruner = search.build_pruner(self.pruner)
         url = search.storage_url(self.storage, OmegaConf.select(self.config, "paths.output_dir", default="outputs"))
-        name = self.study_name or f"{self.config.hydra.job.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        # a new study's name: the sweep's id (as on its MLflow parent run), unique to this sweep, so two
+        # sweeps started in the same second do not share a study
+        sweep_id = os.environ.get(SWEEP_ID_VARIABLE) or f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        name = self.study_name or f"{self.config.hydra.job.name}-{sweep_id}"
         optuna.logging.disable_default_handler()  # Optuna's messages go through Hydra's logging
         optuna.logging.enable_propagation()
+        try:
+            storage = search.open_storage(url)
+        except Exception as error:  # a database that cannot be reached, a driver not installed, a bad URL
+            first = (str(error).strip().splitlines() or [""])[0]
+            why = f"{type(error).__name__}: {search.redacted(first)[:300]}"
+            raise search.SweeperSettingError(f"hydra.sweeper.storage: cannot open {search.redacted(url)} ({why})") from None
         study = optuna.create_study(
-            storage=search.open_storage(url),
+            storage=storage,
             study_name=str(name),
             sampler=sampler,
             pruner=pruner,
@@ -157,9 +172,34 @@ class OptunaSweeper(Sweeper):
                 f"study {name!r} in {search.redacted(url)} was created to {study.direction.name.lower()}, "
                 f"not {self.direction}: choose another hydra.sweeper.study_name"
             )
+        self._check_resumed(study, space, search.redacted(url))
         study.set_user_attr("metric", self.metric)  # what the jobs report and return
         study.set_user_attr("pruner", dict(self.pruner))  # the jobs build the same pruner
         return study, url
+
+    def _check_resumed(self, study: Any, space: Any, where: str) -> None:
+        from optuna.distributions import check_distribution_compatibility
+
+        from pipeline.sweeps.search import SweeperSettingError
+
+        name = study.study_name
+        if "metric" in study.user_attrs and study.user_attrs["metric"] != self.metric:
+            before = study.user_attrs["metric"] or "the dev score"
+            raise SweeperSettingError(
+                f"study {name!r} in {where} optimises {before}, not {self.metric or 'the dev score'}: "
+                "choose another hydra.sweeper.study_name"
+            )
+        for trial in study.get_trials(deepcopy=False):
+            for key, before in trial.distributions.items():
+                if key not in space.distributions:
+                    continue
+                try:
+                    check_distribution_compatibility(before, space.distributions[key])
+                except ValueError as error:
+                    raise SweeperSettingError(
+                        f"study {name!r} in {where} searched {key} as {before} (trial {trial.number}), which cannot "
+                        f"become {space.distributions[key]} ({error}): choose another hydra.sweeper.study_name"
+                    ) from None
 
     def sweep(self, arguments: list[str]) -> list[Sequence[JobReturn]]:
 
@@ -169,14 +209,14 @@ class OptunaSweeper(Sweeper):
         assert self.config is not None and self.launcher is not None
         try:
             space = search.parse_space(self.params, arguments)
+            search.check_strength(space)
             enqueued = search.check_enqueued(self.enqueue, space)
             dispatch = self._dispatch()
-            study, url = self._open_study()
+            study, url = self._open_study(space)
         except search.SweeperSettingError as error:  # one line naming the setting, as for a run's settings
             log.error("%s", error)
             sys.exit(2)
         started = len(study.get_trials(deepcopy=False))  # a resumed study's earlier trials are not this sweep's
-        self.first_trial = started
         if started:  # seeded as before, the sampler's random draws would replay the earlier sweeps' settings
             study.sampler = search.build_sampler(self.sampler, search.derived_seed(self.seed, 1 + started))
         for params in enqueued + self._startup(study, space, len(enqueued), started):  # asked before anything is sampled
@@ -203,7 +243,7 @@ class OptunaSweeper(Sweeper):
             returns = self._run_async(study, space, sweep_dir)
         else:
             returns = self._run_batches(study, space, sweep_dir)
-        self._report(study, url, sweep_dir, started)
+        self._report(study, url, sweep_dir)
         return returns
 
     def _startup(self, study: Any, space: Any, enqueued: int, started: int) -> list[dict[str, Any]]:
@@ -247,6 +287,7 @@ class OptunaSweeper(Sweeper):
         from pipeline.sweeps import search
 
         trial = study.ask(space.distributions)
+        self.asked.add(trial.number)
         values = {key: trial.params[key] for key in space.distributions}
         overrides = [
             *space.fixed,
@@ -255,7 +296,7 @@ class OptunaSweeper(Sweeper):
         ]
         if self.warm_start:
             finished = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                        if t.number >= self.first_trial]  # fmt: skip
+                        if t.number in self.asked]  # fmt: skip
             source = search.warm_start_source(finished, values, space.distributions, self.warm_start_keys)
             if source is not None:  # the job checks the features and the cache, and says whether it did
                 overrides.append(f"++hydra.job.env_set.{search.WARM_START_VARIABLE}='{source}'")
@@ -274,11 +315,16 @@ class OptunaSweeper(Sweeper):
             raise
 
     def _check_failures(self, outcomes: list[str], sweep_dir: Path) -> None:
+        """End the sweep (exit code 1, one line) once its first ``n_jobs`` trials, and every one
+        since, failed: a setting that no job can run is the usual cause."""
         if len(outcomes) >= min(self.n_jobs, self.n_trials) and all(outcome == "FAIL" for outcome in outcomes):
-            raise RuntimeError(
-                f"every trial so far failed ({len(outcomes)}): see the jobs' logs under {sweep_dir}; "
-                "a setting that no job can run is the usual cause"
+            log.error(
+                "every trial so far failed (%d), the first with: %s (the jobs' logs are under %s)",
+                len(outcomes),
+                self.first_failure,
+                sweep_dir,
             )
+            raise SystemExit(1)
 
     def _run_batches(self, study: Any, space: Any, sweep_dir: Path) -> list[Sequence[JobReturn]]:
         """``n_jobs`` trials per launcher call; the next batch is asked when the slowest is done."""
@@ -345,6 +391,7 @@ class OptunaSweeper(Sweeper):
         else:
             reason = f"{type(result._return_value).__name__}: {result._return_value}"
         if reason is not None:
+            self.first_failure = self.first_failure or reason.splitlines()[0][:300]
             trial.set_user_attr("error", reason[:1000])
             study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
             log.warning("trial %d (%s): FAIL (%s)", trial.number, what, reason.splitlines()[0][:300])
@@ -353,13 +400,15 @@ class OptunaSweeper(Sweeper):
         log.info("trial %d (%s): %s %.4f", trial.number, what, self.metric or "dev score", float(value))
         return "COMPLETE"
 
-    def _report(self, study: Any, url: str, sweep_dir: Path, started: int) -> None:
-        """The best trial and the count of each state, logged and written to ``optuna_results.yaml``."""
+    def _report(self, study: Any, url: str, sweep_dir: Path) -> None:
+        """This sweep's best trial and the count of each state of its trials (and the study's best
+        when another sweep of it did better), logged and written to ``optuna_results.yaml``."""
         from optuna.trial import TrialState
 
         from pipeline.sweeps import search
 
-        trials = study.get_trials(deepcopy=False)[started:]
+        everything = study.get_trials(deepcopy=False)
+        trials = [t for t in everything if t.number in self.asked]
         states = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
         counts = {s.name.lower(): sum(t.state == s for t in trials) for s in states}
         results: dict[str, Any] = {
@@ -369,10 +418,15 @@ class OptunaSweeper(Sweeper):
             "metric": self.metric or "dev score (dev_f1, else dev_accuracy)",
             "trials": counts,
         }
-        if study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-            best = study.best_trial
+        complete = [t for t in trials if t.state == TrialState.COMPLETE]  # this sweep's, as its summary
+        if complete:
+            pick = min if self.direction == "minimize" else max
+            best = pick(complete, key=lambda t: t.value)
             results["best"] = {"trial": best.number, "value": best.value, "params": dict(best.params),
                                "overrides": search.trial_overrides(best.params)}  # fmt: skip
+            earlier = study.best_trial
+            if pick(earlier.value, best.value) != best.value:  # another sweep of the study did better
+                results["study_best"] = {"trial": earlier.number, "value": earlier.value, "params": dict(earlier.params)}
             log.info(
                 "best trial %d: %s %.4f with %s (%s)",
                 best.number,
@@ -390,8 +444,6 @@ class OptunaSweeper(Sweeper):
         """Tag the sweep's MLflow parent run (made by the project's sweep callback, which leaves its id
         in this process's environment) with the study's name and storage, and log ``results`` to it;
         without a parent run (the callback removed from the config) nothing is recorded."""
-        import os
-
         from mlflow.tracking import MlflowClient
 
         from pipeline.sweeps import search

@@ -27,7 +27,7 @@ from pipeline.engine.cache import StageCache, code_digest
 from pipeline.engine.logs import swept_keys
 from pipeline.engine.stage import DevReporter, Stage, StageContext, frozen, load_stages
 from pipeline.engine.validate import SettingsError, validate_settings
-from pipeline.models import WARM_START_INPUT, ModelAdapter, load_adapter
+from pipeline.models import METRICS_FILE, WARM_START_INPUT, ModelAdapter, load_adapter
 from pipeline.report import write_json
 from pipeline.stages.data import ChecksumError, MissingDataError, resolve_files
 from pipeline.sweeps import pruning
@@ -36,7 +36,6 @@ from pipeline.tracking.lifecycle import END_REASON_TAG
 
 log = logging.getLogger(__name__)
 
-METRICS_FILE = "stage_metrics.json"  # every stage's metrics, with its measured times: volatile
 HEADLINE = ("dev_f1", "test_f1", "dev_accuracy", "test_accuracy")  # scores repeated at the end of a run
 
 
@@ -409,6 +408,18 @@ def pipeline_run(
             "".join(f"\n  {line}" for line in handoff),
         )
     return results, outputs
+
+
+def summary_key(metric: str) -> str | None:
+    """The key under which a job's pipeline run shows the stage metric ``metric``
+    (``<stage>.<name>``: the stage's ``summary_prefix`` and the name, ``evaluate.dev_f1`` ->
+    ``dev_f1``, ``prepare.train_tokens`` -> ``data.train_tokens``); None for an unknown stage or
+    one whose metrics the pipeline run does not repeat."""
+    name, _, metric_name = str(metric).rpartition(".")
+    stage = load_stages().get(name)
+    if stage is None or stage.summary_prefix is None or not metric_name:
+        return None
+    return stage.summary_prefix + metric_name
 
 
 def objective_value(results: dict[str, Any], metric: str | None = None) -> float | None:

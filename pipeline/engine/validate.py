@@ -12,6 +12,7 @@ refused like a misspelt one.
 
 from __future__ import annotations
 
+import copy
 import difflib
 import numbers
 from collections.abc import Iterable, Mapping, Sequence
@@ -149,6 +150,50 @@ def _check_added_keys(cfg: DictConfig, adapter) -> None:
         )
 
 
+def strength_conflict(overrides: Sequence[str]) -> str | None:
+    """A one-line problem when ``overrides`` (Hydra override strings) set ``trainer.strength``
+    together with ``trainer.c1`` or ``trainer.c2``: the strength is what sets c1 and c2 (c2 for
+    lbfgs, c1 for l1, both for elasticnet), so a value given for either as well would train another
+    model than the strength the run records (an l1 run with c2 set trains elastic net); else None."""
+    values = {}
+    for override in overrides:
+        key, equals, value = override.partition("=")
+        key = key.strip().lstrip("+~")
+        if equals and key in ("trainer.strength", "trainer.c1", "trainer.c2"):
+            values[key] = value.strip()
+    if "trainer.strength" not in values or len(values) == 1:
+        return None
+    others = " ".join(f"{k}={v}" for k, v in values.items() if k != "trainer.strength")
+    return (
+        f"bad setting {others} with trainer.strength={values['trainer.strength']}: the strength sets c1 and c2 "
+        "(trainer=lbfgs: c2, l1: c1, elasticnet: both, with trainer.l2_ratio), so set one or the other"
+    )
+
+
+def _fixed_strength(cfg: DictConfig, overrides: Sequence[str]) -> str | None:
+    """A one-line problem when ``overrides`` set ``trainer.strength`` but c1 and c2 do not follow
+    it (a config, such as an experiment's, fixed them): the run would record a strength it did
+    not train with; else None."""
+    if not any(o.lstrip("+~").split("=", 1)[0].strip() == "trainer.strength" for o in overrides):
+        return None
+    try:
+        strength = OmegaConf.select(cfg, "trainer.strength")
+        if isinstance(strength, bool) or not isinstance(strength, numbers.Real) or not strength > 0:
+            return None  # the trainer's own checks name it
+        moved = copy.deepcopy(cfg)
+        OmegaConf.update(moved, "trainer.strength", 2.0 * float(strength), merge=False)
+        before = (OmegaConf.select(cfg, "trainer.c1"), OmegaConf.select(cfg, "trainer.c2"))
+        after = (OmegaConf.select(moved, "trainer.c1"), OmegaConf.select(moved, "trainer.c2"))
+    except OmegaConfBaseException:
+        return None  # a bad value: the trainer's own checks name it
+    if before != after:
+        return None
+    return (
+        f"bad setting trainer.strength={strength}: c1 and c2 of trainer={OmegaConf.select(cfg, 'trainer.name')} "
+        f"do not follow it (c1={before[0]}, c2={before[1]}, fixed by a config): set trainer.c1/trainer.c2 instead"
+    )
+
+
 def validate_settings(cfg: DictConfig, stages=()) -> None:
     """Raise :class:`SettingsError` (one line naming the setting) if a run or model setting of
     ``cfg``, or a setting of one of ``stages`` (the stages the run will run), cannot work; nothing
@@ -158,6 +203,10 @@ def validate_settings(cfg: DictConfig, stages=()) -> None:
     except ValueError as error:
         raise SettingsError(f"bad setting model.adapter: {error}") from None
     _check_added_keys(cfg, adapter)
+    overrides = _command_line(cfg)
+    conflict = strength_conflict(overrides) or _fixed_strength(cfg, overrides)
+    if conflict:
+        raise SettingsError(conflict)
     _check_run(cfg)
     _check_dataset(cfg)
     adapter.validate(cfg)

@@ -14,7 +14,9 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import signal
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -28,20 +30,33 @@ from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline import tracking
+from pipeline.engine.runner import summary_key
 from pipeline.report import figure, markdown_table, save_figure
 from pipeline.sweeps.cluster import job_environment, pass_to_jobs
 from pipeline.sweeps.pruning import TRIAL_STATE_TAG
-from pipeline.tracking import SWEEP_ID_VARIABLE, SWEEP_PARENT_VARIABLE
+from pipeline.tracking import SWEEP_ID_VARIABLE, SWEEP_PARENT_VARIABLE, lifecycle
 from pipeline.tracking.lifecycle import END_REASON_TAG
 
 log = logging.getLogger(__name__)
 
+SIGTERM_GRACE_SECONDS = 10.0  # how long a signalled sweep waits for its jobs before it interrupts them
+
 
 def strength(frame: pd.DataFrame) -> pd.Series:
-    """The swept regularisation strength of each run: the larger of c1 and c2."""
+    """The regularisation strength of each run: c1 when it has an L1 term (l1; elasticnet, whose
+    c2 is c1 times ``l2_ratio``), else c2 (lbfgs, sgd)."""
     c1 = pd.to_numeric(frame.get("params.trainer.c1"), errors="coerce").fillna(0.0)
     c2 = pd.to_numeric(frame.get("params.trainer.c2"), errors="coerce").fillna(0.0)
-    return np.maximum(c1, c2)
+    return c1.where(c1 > 0, c2)
+
+
+def _shown(value, spec: str = ".2f") -> str:
+    """``value`` formatted by ``spec``, or ``none`` when it is missing (None or NaN)."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return "none"
+    return "none" if np.isnan(number) else format(number, spec)
 
 
 def _numbers(runs: pd.DataFrame, column: str) -> pd.Series:
@@ -49,10 +64,11 @@ def _numbers(runs: pd.DataFrame, column: str) -> pd.Series:
     return pd.to_numeric(runs[column], errors="coerce") if column in runs else pd.Series(np.nan, index=runs.index)
 
 
-def gather(sweep_id: str, experiment: str, tag: str = "sweep_id") -> pd.DataFrame:
+def gather(sweep_id: str, experiment: str, tag: str = "sweep_id", metric: str | None = None) -> pd.DataFrame:
     """One row per pipeline run whose ``tag`` is ``sweep_id`` (the jobs of a sweep; the points of a
     regularisation path with ``tag="path_id"``), with its settings, scores and status; ``state``
-    is the status but PRUNED for a pruned Optuna trial (its run is KILLED)."""
+    is the status but PRUNED for a pruned Optuna trial (its run is KILLED). With ``metric`` (a
+    sweeper's objective, ``<stage>.<name>``) a column ``objective`` holds each run's value of it."""
     runs = mlflow.search_runs(
         experiment_names=[experiment], filter_string=f"tags.`{tag}` = '{sweep_id}' and tags.stage = 'pipeline'"
     )
@@ -78,6 +94,9 @@ def gather(sweep_id: str, experiment: str, tag: str = "sweep_id") -> pd.DataFram
             "registry_name": runs.get("params.registry.name"),
         }
     )
+    if metric:
+        key = summary_key(metric)
+        table.insert(table.columns.get_loc("dev_score"), "objective", _numbers(runs, f"metrics.{key}") if key else np.nan)
     table.attrs["score"] = score.split(".", 1)[1].removeprefix("dev_")  # "f1" or "accuracy"
     return table.sort_values(["trainer", "strength"], ignore_index=True)
 
@@ -97,18 +116,21 @@ def plot(table: pd.DataFrame, path: Path, score_name: str) -> None:
     save_figure(fig, path)
 
 
-def register_best(best: pd.Series, score_name: str, sweep_id: str, alias: str | None) -> str | None:
+def register_best(best: pd.Series, score_name: str, sweep_id: str, alias: str | None, metric: str | None = None) -> str | None:
     """Register the best job's MLflow Model as a new version of its ``registry.name`` and move
-    ``alias`` to it, with its dev and test scores as version tags; ``models:/<name>@<alias>``."""
+    ``alias`` to it, with its dev and test scores (and the sweep's objective ``metric``) as
+    version tags; ``models:/<name>@<alias>``."""
     if not isinstance(best.get("model_uri"), str) or not isinstance(best.get("registry_name"), str):
         log.warning("[sweep %s] best job %s logged no model (or registry name): nothing registered", sweep_id, best["run_id"])
         return None
     tags = {
-        f"dev_{score_name}": f"{best['dev_score']:.4f}",
-        f"test_{score_name}": f"{best['test_score']:.4f}",
+        f"dev_{score_name}": _shown(best["dev_score"], ".4f"),
+        f"test_{score_name}": _shown(best["test_score"], ".4f"),
         "run_id": best["run_id"],
         "sweep_id": sweep_id,
     }
+    if metric:
+        tags[metric] = f"{best['objective']:.6g}"
     version = tracking.register_model(best["model_uri"], best["registry_name"], alias, tags)
     where = f"models:/{best['registry_name']}@{alias}" if alias else f"models:/{best['registry_name']}/{version.version}"
     log.info("[sweep %s] registered the best job as %s version %s: %s", sweep_id, best["registry_name"], version.version, where)
@@ -116,41 +138,56 @@ def register_best(best: pd.Series, score_name: str, sweep_id: str, alias: str | 
 
 
 def summarize(
-    sweep_id: str, parent_run_id: str | None, experiment: str, registry: DictConfig | None = None, tag: str = "sweep_id"
+    sweep_id: str,
+    parent_run_id: str | None,
+    experiment: str,
+    registry: DictConfig | None = None,
+    tag: str = "sweep_id",
+    metric: str | None = None,
+    direction: str = "maximize",
 ) -> pd.DataFrame:
     """Build the sweep table and plot, log them to the parent run and the best setting to the console;
     with ``registry.sweep``, register the best job's model (see :func:`register_best`). The best is
-    chosen among finished jobs only (not failed, nor pruned trials). ``tag``: see :func:`gather`."""
-    table = gather(sweep_id, experiment, tag)
+    chosen among finished jobs only (not failed, nor pruned trials): the largest dev score, or the
+    sweeper's objective ``metric`` in its ``direction`` (``maximize`` or ``minimize``).
+    ``tag``: see :func:`gather`."""
+    table = gather(sweep_id, experiment, tag, metric)
     if table.empty:
         log.info("[sweep %s] no finished jobs to summarise", sweep_id)
         return table
     score_name = table.attrs.get("score", "dev_score")
-    finished = table[table.status == "FINISHED"].dropna(subset=["dev_score"])
+    rank = "objective" if metric else "dev_score"
+    finished = table[table.status == "FINISHED"].dropna(subset=[rank])
+    if metric and finished.empty and (table.status == "FINISHED").any():
+        log.warning("[sweep %s] no finished job has the sweep's metric %s: no best job", sweep_id, metric)
     client = MlflowClient()
     with tempfile.TemporaryDirectory() as folder:
         folder = Path(folder)
         table.to_csv(folder / "sweep_summary.csv", index=False)
         text = markdown_table(table.drop(columns=["run_id", "model_uri", "registry_name"]))
         if not finished.empty:
-            best = finished.loc[finished["dev_score"].idxmax()]
+            best = finished.loc[finished[rank].idxmin() if direction == "minimize" else finished[rank].idxmax()]
+            by = f"by {metric} ({direction}, {best['objective']:.4g})" if metric else "on dev"
             text += (
-                f"\n\nbest on dev: trainer={best['trainer']} c1={best['c1']:g} c2={best['c2']:g} "
-                f"dev {score_name} {best['dev_score']:.2f}, test {best['test_score']:.2f}"
+                f"\n\nbest {by}: trainer={best['trainer']} c1={best['c1']:g} c2={best['c2']:g} "
+                f"dev {score_name} {_shown(best['dev_score'])}, test {_shown(best['test_score'])}"
             )
             if parent_run_id:
-                client.log_metric(parent_run_id, "best_dev_score", float(best["dev_score"]))
-                client.log_metric(parent_run_id, "best_test_score", float(best["test_score"]))
+                for name in ("dev_score", "test_score"):  # absent when the stages run stop before evaluate
+                    if _shown(best[name]) != "none":
+                        client.log_metric(parent_run_id, f"best_{name}", float(best[name]))
                 client.set_tag(parent_run_id, "best_run_id", best["run_id"])
+                if metric:
+                    client.log_metric(parent_run_id, "best_objective", float(best["objective"]))
             if registry is not None and registry.sweep:
-                registered = register_best(best, score_name, sweep_id, registry.alias)
+                registered = register_best(best, score_name, sweep_id, registry.alias, metric)
                 if registered and parent_run_id:
                     client.set_tag(parent_run_id, "registered_model", registered)
                     text += f"\nregistered: {registered}"
             plot(table, folder / "sweep.png", score_name)
         (folder / "sweep_summary.md").write_text(text + "\n")
         if parent_run_id:
-            client.log_metric(parent_run_id, "jobs_finished", float(len(finished)))
+            client.log_metric(parent_run_id, "jobs_finished", float((table.status == "FINISHED").sum()))
             client.log_metric(parent_run_id, "jobs_failed", float((table.status == "FAILED").sum()))
             client.log_metric(parent_run_id, "jobs_pruned", float((table.state == "PRUNED").sum()))
             for name in ("sweep_summary.csv", "sweep_summary.md", "sweep.png"):
@@ -186,7 +223,16 @@ def fixed_params(config: DictConfig) -> dict[str, str]:
 
 
 class SweepTracking(Callback):
-    """Creates a sweep's parent run before the jobs and summarises the sweep after them."""
+    """Creates a sweep's parent run before the jobs and summarises the sweep after them.
+
+    SIGTERM to the launching process (with the whole process group: ``kill -TERM -- -<pgid>``)
+    does not stop it at once, which would have joblib kill its workers while they end their runs:
+    it waits for the jobs, which end their runs on the same signal and exit, so the launcher fails
+    and the exit handler ends the parent run FAILED with the summary of the jobs that finished.
+    Jobs still there :data:`SIGTERM_GRACE_SECONDS` after the signal (the launching process was
+    signalled alone) are interrupted as Ctrl-C would; a second SIGTERM ends the process at once.
+    Before the summary, runs whose process is gone (a worker that joblib killed all the same) are
+    ended FAILED."""
 
     def __init__(self) -> None:
         self.parent_run_id: str | None = None
@@ -196,7 +242,10 @@ class SweepTracking(Callback):
         self.comparison = None
         self.summary = "grid"
         self.registry = None
+        self.objective: tuple[str | None, str] = (None, "maximize")
         self.closed = False
+        self.previous_sigterm = None
+        self.interrupt: threading.Timer | None = None
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         tracking.setup(config)  # creates the database once, before parallel jobs race for it
@@ -206,6 +255,9 @@ class SweepTracking(Callback):
         self.comparison = OmegaConf.select(config, "comparison")  # set by experiment=hmm_vs_crf
         self.summary = str(OmegaConf.select(config, "sweep.summary", default="grid"))
         self.registry = OmegaConf.select(config, "registry")
+        # what a sweeper that optimises (hydra/sweeper=optuna) ranks the jobs by; a grid: the dev score
+        metric = OmegaConf.select(config, "hydra.sweeper.metric", default=None)
+        self.objective = (metric or None, str(OmegaConf.select(config, "hydra.sweeper.direction", default="maximize")))
         client = MlflowClient()
         experiment = client.get_experiment_by_name(self.experiment)
         run = client.create_run(
@@ -226,6 +278,8 @@ class SweepTracking(Callback):
         os.environ[SWEEP_ID_VARIABLE] = self.sweep_id
         pass_to_jobs(config, job_environment(config, self.parent_run_id, self.sweep_id))  # Ray, SLURM jobs too
         atexit.register(self._close, "FAILED")
+        if threading.current_thread() is threading.main_thread():
+            self.previous_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
         log.info("[sweep %s] parent run %s", self.sweep_id, self.parent_run_id)
 
     def _summarize(self) -> pd.DataFrame:
@@ -238,15 +292,35 @@ class SweepTracking(Callback):
             from pipeline.sweeps import learning_curves
 
             return learning_curves.summarize(self.sweep_id, self.parent_run_id, self.experiment)
-        return summarize(self.sweep_id, self.parent_run_id, self.experiment, self.registry)
+        metric, direction = self.objective
+        return summarize(self.sweep_id, self.parent_run_id, self.experiment, self.registry, metric=metric, direction=direction)
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         self._close("FINISHED")
 
+    def _on_sigterm(self, signum: int, frame) -> None:
+        if self.interrupt is not None:  # a second SIGTERM: end now, as without this handler
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        log.warning("[sweep %s] SIGTERM: waiting up to %g s for the jobs to end their runs", self.sweep_id, SIGTERM_GRACE_SECONDS)
+        main = threading.main_thread().ident
+        self.interrupt = threading.Timer(SIGTERM_GRACE_SECONDS, signal.pthread_kill, (main, signal.SIGINT))
+        self.interrupt.daemon = True
+        self.interrupt.start()
+
     def _close(self, status: str) -> None:
         if self.closed or self.parent_run_id is None:
             return
+        if self.interrupt is not None:
+            self.interrupt.cancel()
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self.previous_sigterm if self.previous_sigterm is not None else signal.SIG_DFL)
         self.closed = True
+        try:  # runs of jobs whose process is gone (killed by their launcher as the sweep stopped)
+            lifecycle.mark_stranded(MlflowClient())
+        except Exception as error:  # the next start on this host does it
+            log.warning("[sweep %s] could not end the runs of gone processes: %s", self.sweep_id, error)
         ended = MlflowClient().get_run(self.parent_run_id).info.status
         if ended != "RUNNING":  # a job of this process (Hydra's basic launcher) ended it on a signal
             log.warning("[sweep %s] the parent run was ended %s: no summary", self.sweep_id, ended)

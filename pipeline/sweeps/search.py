@@ -312,6 +312,17 @@ def prunes(settings: Mapping[str, Any] | None) -> bool:
     return str(dict(settings or {}).get("kind", "none")) != "none"
 
 
+def check_strength(space: SearchSpace) -> None:
+    """The space does not search (or fix) ``trainer.strength`` while fixing ``trainer.c1`` or
+    ``trainer.c2``: every trial would train with the fixed value whatever strength TPE is told it
+    tried (:func:`pipeline.engine.validate.strength_conflict`)."""
+    from pipeline.engine.validate import strength_conflict
+
+    conflict = strength_conflict([*space.fixed, *(f"{key}=<searched>" for key in space.distributions)])
+    if conflict:
+        raise SweeperSettingError(f"{conflict} (to search c1 or c2 instead, drop the default space: '~hydra.sweeper.params')")
+
+
 def check_objective(metric: str | None, direction: str, pruner: Mapping[str, Any] | None, dev_every: int | None) -> None:
     """The objective and pruning settings agree: a known direction; the dev score (``metric``
     null, or ``<stage>.dev_f1``/``<stage>.dev_accuracy``) is maximised; pruning compares the dev
@@ -320,6 +331,13 @@ def check_objective(metric: str | None, direction: str, pruner: Mapping[str, Any
         raise SweeperSettingError(f"hydra.sweeper.direction={direction!r}: maximize or minimize")
     if metric is not None and (not isinstance(metric, str) or "." not in metric):
         raise SweeperSettingError(f"hydra.sweeper.metric={metric!r}: a job's metric as <stage>.<name>, e.g. evaluate.dev_f1")
+    if metric is not None:
+        from pipeline.engine.runner import summary_key
+        from pipeline.engine.stage import load_stages
+
+        if summary_key(metric) is None:  # the sweep's summary ranks the jobs by their pipeline runs' metrics
+            shown = ", ".join(name for name, stage in load_stages().items() if stage.summary_prefix is not None)
+            raise SweeperSettingError(f"hydra.sweeper.metric={metric}: a metric of one of the stages {shown}, as <stage>.<name>")
     dev_score = metric is None or metric.rsplit(".", 1)[1] in DEV_SCORES
     if dev_score and direction != "maximize":
         raise SweeperSettingError(f"hydra.sweeper.direction={direction}: the dev score ({metric or 'default'}) is maximised")

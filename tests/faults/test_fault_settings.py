@@ -92,6 +92,10 @@ def _compose_with_overrides(overrides: list[str]):
         (["stages=[active_learning]", "+active_learning.rnds=3"], "did you mean active_learning.rounds?"),
         (["evaluate.calibration_bins=0"], "bad setting evaluate.calibration_bins=0"),
         (["stages=[nothing]"], "unknown stage 'nothing'"),
+        # the strength sets c1 and c2: an l1 run with c2 set would train elastic net, recorded as l1 at strength 1
+        (["trainer=l1", "trainer.strength=1", "trainer.c2=0.1"], "bad setting trainer.c2=0.1 with trainer.strength=1"),
+        (["trainer.c1=0.5", "trainer.strength=2"], "bad setting trainer.c1=0.5 with trainer.strength=2"),
+        (["+experiment=active_learning", "trainer.strength=0.5"], "bad setting trainer.strength=0.5: c1 and c2 of trainer=lbfgs"),
     ],
 )
 def test_an_added_or_misspelt_key_is_refused_like_a_bad_value(overrides, message, tmp_path):

@@ -549,6 +549,33 @@ def test_sigterm_during_a_job_of_an_in_process_sweep_ends_the_sweep_killed_and_u
     assert not mlflow.tracking.MlflowClient(f"sqlite:///{out / 'mlflow.db'}").search_registered_models()
 
 
+@pytest.mark.slow
+def test_sigterm_to_a_joblib_sweeps_process_group_ends_every_run_and_summarises_the_sweep(data_root, tmp_path):
+    """``kill -TERM -- -<pgid>``, as Ctrl-C: the jobs end their runs, and the launching process
+    (which had no handler, so SIGTERM ended it at once) takes it as an interrupt and ends the
+    sweep's parent run FAILED through its exit handler, with the summary; nothing stays RUNNING."""
+    out = tmp_path / "out"
+    sweep = [f"hydra.sweep.dir={tmp_path / 'multirun'}", "trainer.c2=0.1,1", "registry.sweep=false"]
+    command = _command(data_root, out, *sweep, *ENDLESS)
+    command.insert(command.index("pipeline") + 1, "-m")
+    process = subprocess.Popen(
+        command, cwd=ROOT, env=_environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    _wait_for_training(process, out)
+    os.killpg(process.pid, signal.SIGTERM)
+    text = _output(process, timeout=120)
+    assert process.returncode != 0, text
+    runs = _runs(out)
+    assert "RUNNING" not in set(runs["status"]), (runs[["tags.stage", "status"]], text[-5000:])
+    parent = runs[runs["tags.stage"] == "sweep"]
+    assert list(parent["status"]) == ["FAILED"], (parent["status"], text[-5000:])
+    assert "sweep_summary.csv" in {
+        a.path for a in mlflow.tracking.MlflowClient(f"sqlite:///{out / 'mlflow.db'}").list_artifacts(parent["run_id"].iloc[0])
+    }
+    jobs = runs[runs["tags.stage"] == "pipeline"]
+    assert len(jobs) >= 1 and set(jobs["status"]) <= {"KILLED", "FAILED"}, jobs["status"]
+
+
 _A_REDELIVERY_HANDLED_AS_THE_BLOCK_ENDS = """
 import os, signal, sys, time
 from pipeline.tracking import lifecycle
