@@ -112,6 +112,7 @@ def test_a_failing_job_does_not_lose_the_others(tmp_path):
     assert sweep.info.status == "FAILED"
     assert sweep.data.metrics["jobs_finished"] == 1 and sweep.data.metrics["jobs_failed"] == 1
     assert "sweep_summary.csv" in {a.path for a in client.list_artifacts(sweep.info.run_id)}
+    assert "registered_model" not in sweep.data.tags and not client.search_registered_models()  # a failed sweep moves no alias
 
 
 @pytest.mark.slow

@@ -328,9 +328,11 @@ class OptunaSweeper(Sweeper):
 
     def _run_batches(self, study: Any, space: Any, sweep_dir: Path) -> list[Sequence[JobReturn]]:
         """``n_jobs`` trials per launcher call; the next batch is asked when the slowest is done."""
+        from pipeline.sweeps.grid import SWEEP_STOPPING
+
         returns: list[Sequence[JobReturn]] = []
         outcomes: list[str] = []
-        while len(outcomes) < self.n_trials:
+        while len(outcomes) < self.n_trials and not SWEEP_STOPPING.is_set():  # a signalled sweep asks no more
             size = min(self.n_jobs, self.n_trials - len(outcomes))
             asked = [self._ask(study, space) for _ in range(size)]
             trials = [trial for trial, _, _ in asked]
@@ -348,14 +350,16 @@ class OptunaSweeper(Sweeper):
         waits for a slower trial."""
         from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
+        from pipeline.sweeps.grid import SWEEP_STOPPING  # set on SIGTERM: no further trial is asked
+
         returns: list[Sequence[JobReturn]] = []
         outcomes: list[str] = []
         running: dict[Any, tuple[Any, dict[str, Any]]] = {}
         pool = ThreadPoolExecutor(max_workers=self.n_jobs, thread_name_prefix="trial")
         try:
             asked = 0
-            while running or asked < self.n_trials:
-                while len(running) < self.n_jobs and asked < self.n_trials:
+            while running or (asked < self.n_trials and not SWEEP_STOPPING.is_set()):
+                while len(running) < self.n_jobs and asked < self.n_trials and not SWEEP_STOPPING.is_set():
                     trial, values, overrides = self._ask(study, space)
                     running[pool.submit(self._launch, study, [trial], [overrides], asked)] = (trial, values)
                     asked += 1

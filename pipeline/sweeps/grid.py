@@ -40,6 +40,7 @@ from pipeline.tracking.lifecycle import END_REASON_TAG
 log = logging.getLogger(__name__)
 
 SIGTERM_GRACE_SECONDS = 10.0  # how long a signalled sweep waits for its jobs before it interrupts them
+SWEEP_STOPPING = threading.Event()  # set on SIGTERM: a sweeper launches no further job
 
 
 def strength(frame: pd.DataFrame) -> pd.Series:
@@ -222,6 +223,16 @@ def fixed_params(config: DictConfig) -> dict[str, str]:
     return {k: v for k, v in flat.items() if not any(k == key or k.startswith(key + ".") for key in keys)}
 
 
+def _pass_on(signum: int) -> None:
+    """After the grace period: ``signum`` to this process's group when it leads one (its jobs, not
+    signalled yet, end their runs; this process stops on its second SIGTERM), else to its main
+    thread alone (which stops as on Ctrl-C)."""
+    if os.getpgrp() == os.getpid():
+        os.killpg(os.getpgrp(), signum)
+    else:
+        signal.pthread_kill(threading.main_thread().ident, signum)
+
+
 class SweepTracking(Callback):
     """Creates a sweep's parent run before the jobs and summarises the sweep after them.
 
@@ -230,7 +241,9 @@ class SweepTracking(Callback):
     it waits for the jobs, which end their runs on the same signal and exit, so the launcher fails
     and the exit handler ends the parent run FAILED with the summary of the jobs that finished.
     Jobs still there :data:`SIGTERM_GRACE_SECONDS` after the signal (the launching process was
-    signalled alone) are interrupted as Ctrl-C would; a second SIGTERM ends the process at once.
+    signalled alone) get it too when this process leads its process group (see :func:`_pass_on`),
+    and this process stops as on Ctrl-C; a second SIGTERM stops it at once. The sweeper launches no
+    further job once signalled (:data:`SWEEP_STOPPING`), and a sweep so stopped registers nothing.
     Before the summary, runs whose process is gone (a worker that joblib killed all the same) are
     ended FAILED."""
 
@@ -249,6 +262,7 @@ class SweepTracking(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         tracking.setup(config)  # creates the database once, before parallel jobs race for it
+        SWEEP_STOPPING.clear()
         self.sweep_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
         self.experiment = config.tracking.experiment
         self.summarize_at_end = bool(config.sweep.summarize)
@@ -279,11 +293,13 @@ class SweepTracking(Callback):
         pass_to_jobs(config, job_environment(config, self.parent_run_id, self.sweep_id))  # Ray, SLURM jobs too
         atexit.register(self._close, "FAILED")
         if threading.current_thread() is threading.main_thread():
-            self.previous_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
+            previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+            self.previous_sigterm = signal.SIG_DFL if previous is None else previous  # None: not set from Python
         log.info("[sweep %s] parent run %s", self.sweep_id, self.parent_run_id)
 
-    def _summarize(self) -> pd.DataFrame:
-        """The summary the sweep asks for (``sweep.summary``)."""
+    def _summarize(self, register: bool = True) -> pd.DataFrame:
+        """The summary the sweep asks for (``sweep.summary``); ``register``: the grid's registers
+        its best job (not for a sweep that was stopped or crashed)."""
         if self.summary == "comparison":
             from pipeline.sweeps import compare
 
@@ -293,30 +309,60 @@ class SweepTracking(Callback):
 
             return learning_curves.summarize(self.sweep_id, self.parent_run_id, self.experiment)
         metric, direction = self.objective
-        return summarize(self.sweep_id, self.parent_run_id, self.experiment, self.registry, metric=metric, direction=direction)
+        registry = self.registry if register else None
+        return summarize(self.sweep_id, self.parent_run_id, self.experiment, registry, metric=metric, direction=direction)
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         self._close("FINISHED")
 
+    def __getstate__(self) -> dict:
+        # Hydra hands the callbacks to the jobs: the timer and the previous handler stay here
+        return {k: v for k, v in self.__dict__.items() if k not in ("interrupt", "previous_sigterm")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, interrupt=None, previous_sigterm=None)
+
     def _on_sigterm(self, signum: int, frame) -> None:
-        if self.interrupt is not None:  # a second SIGTERM: end now, as without this handler
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGTERM)
+        if self.interrupt is None:  # the first: the jobs, signalled too, end their runs and exit
+            log.warning(
+                "[sweep %s] SIGTERM: waiting up to %g s for the jobs to end their runs", self.sweep_id, SIGTERM_GRACE_SECONDS
+            )
+            SWEEP_STOPPING.set()
+            self.interrupt = threading.Timer(SIGTERM_GRACE_SECONDS, _pass_on, (signum,))
+            self.interrupt.daemon = True
+            self.interrupt.start()
             return
-        log.warning("[sweep %s] SIGTERM: waiting up to %g s for the jobs to end their runs", self.sweep_id, SIGTERM_GRACE_SECONDS)
-        main = threading.main_thread().ident
-        self.interrupt = threading.Timer(SIGTERM_GRACE_SECONDS, signal.pthread_kill, (main, signal.SIGINT))
-        self.interrupt.daemon = True
-        self.interrupt.start()
+        # a second SIGTERM, or the first one's grace period is over (the timer sends it again): stop as Ctrl-C does
+        raise KeyboardInterrupt("terminated by SIGTERM")
+
+    def _release_signal(self) -> None:
+        """Cancel a pending interruption and give SIGTERM its handler from before the sweep."""
+        if self.interrupt is not None:
+            self.interrupt.cancel()
+        if self.previous_sigterm is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self.previous_sigterm)
+            self.previous_sigterm = None
 
     def _close(self, status: str) -> None:
         if self.closed or self.parent_run_id is None:
             return
-        if self.interrupt is not None:
-            self.interrupt.cancel()
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, self.previous_sigterm if self.previous_sigterm is not None else signal.SIG_DFL)
         self.closed = True
+        if self.interrupt is not None:  # a SIGTERM during the summary waits for it (a grace period of its own)
+            self.interrupt.cancel()
+            self.interrupt = None
+        if SWEEP_STOPPING.is_set():  # the sweeper launched no further job: the sweep did not run to its end
+            status = "FAILED"
+            try:
+                MlflowClient().set_tag(self.parent_run_id, END_REASON_TAG, "stopped by SIGTERM")
+            except Exception as error:
+                log.warning("[sweep %s] could not tag the parent run: %s", self.sweep_id, error)
+        try:
+            self._end(status)
+        finally:
+            self._release_signal()
+
+    def _end(self, status: str) -> None:
+        """Summarise the sweep (registering its best job only when it ran to its end) and end the parent run."""
         try:  # runs of jobs whose process is gone (killed by their launcher as the sweep stopped)
             lifecycle.mark_stranded(MlflowClient())
         except Exception as error:  # the next start on this host does it
@@ -330,7 +376,7 @@ class SweepTracking(Callback):
         try:
             table = pd.DataFrame()
             if self.summarize_at_end:
-                table = self._summarize()
+                table = self._summarize(register=status == "FINISHED")
             if status == "FINISHED" and not table.empty and (table.status == "FAILED").any():
                 status = "FAILED"
         except Exception as error:  # the jobs' runs stand, but the sweep's summary is missing: say so on the run
