@@ -223,14 +223,22 @@ def fixed_params(config: DictConfig) -> dict[str, str]:
     return {k: v for k, v in flat.items() if not any(k == key or k.startswith(key + ".") for key in keys)}
 
 
-def _pass_on(signum: int) -> None:
-    """After the grace period: ``signum`` to this process's group when it leads one (its jobs, not
-    signalled yet, end their runs; this process stops on its second SIGTERM), else to its main
-    thread alone (which stops as on Ctrl-C)."""
-    if os.getpgrp() == os.getpid():
-        os.killpg(os.getpgrp(), signum)
-    else:
-        signal.pthread_kill(threading.main_thread().ident, signum)
+def _descendants(pid: int) -> list[int]:
+    """The processes started by ``pid``, their children and so on (Linux: from ``/proc``; an empty
+    list elsewhere): the sweep's joblib workers, which a signal to this process alone missed."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "pid (name)": state, ppid, ...
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], list(children.get(pid, []))
+    while todo:
+        child = todo.pop()
+        found.append(child)
+        todo.extend(children.get(child, []))
+    return found
 
 
 class SweepTracking(Callback):
@@ -241,8 +249,8 @@ class SweepTracking(Callback):
     it waits for the jobs, which end their runs on the same signal and exit, so the launcher fails
     and the exit handler ends the parent run FAILED with the summary of the jobs that finished.
     Jobs still there :data:`SIGTERM_GRACE_SECONDS` after the signal (the launching process was
-    signalled alone) get it too when this process leads its process group (see :func:`_pass_on`),
-    and this process stops as on Ctrl-C; a second SIGTERM stops it at once. The sweeper launches no
+    signalled alone) get it from this process (:meth:`_pass_on`), which stops as on Ctrl-C when
+    they are still there another grace period later; a second SIGTERM stops it at once. The sweeper launches no
     further job once signalled (:data:`SWEEP_STOPPING`), and a sweep so stopped registers nothing.
     Before the summary, runs whose process is gone (a worker that joblib killed all the same) are
     ended FAILED."""
@@ -259,6 +267,7 @@ class SweepTracking(Callback):
         self.closed = False
         self.previous_sigterm = None
         self.interrupt: threading.Timer | None = None
+        self.released = False  # the sweep's end gave SIGTERM back: timers that fire do nothing
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         tracking.setup(config)  # creates the database once, before parallel jobs race for it
@@ -328,15 +337,36 @@ class SweepTracking(Callback):
                 "[sweep %s] SIGTERM: waiting up to %g s for the jobs to end their runs", self.sweep_id, SIGTERM_GRACE_SECONDS
             )
             SWEEP_STOPPING.set()
-            self.interrupt = threading.Timer(SIGTERM_GRACE_SECONDS, _pass_on, (signum,))
-            self.interrupt.daemon = True
-            self.interrupt.start()
+            self._later(self._pass_on, signum)
             return
-        # a second SIGTERM, or the first one's grace period is over (the timer sends it again): stop as Ctrl-C does
+        # a second SIGTERM, or the jobs did not end in time (see _pass_on): stop as Ctrl-C does
         raise KeyboardInterrupt("terminated by SIGTERM")
+
+    def _later(self, action, signum: int) -> None:
+        self.interrupt = threading.Timer(SIGTERM_GRACE_SECONDS, action, (signum,))
+        self.interrupt.daemon = True
+        self.interrupt.start()
+
+    def _pass_on(self, signum: int) -> None:
+        """The grace period is over and jobs still run (this process was signalled alone): the
+        signal to this process's descendants (its joblib workers end their runs and exit), then,
+        after another grace period, to its main thread, which stops as on Ctrl-C."""
+        if self.released:
+            return
+        for pid in _descendants(os.getpid()):
+            try:
+                os.kill(pid, signum)
+            except OSError:
+                pass  # gone meanwhile
+        self._later(self._stop, signum)
+
+    def _stop(self, signum: int) -> None:
+        if not self.released:
+            signal.pthread_kill(threading.main_thread().ident, signum)
 
     def _release_signal(self) -> None:
         """Cancel a pending interruption and give SIGTERM its handler from before the sweep."""
+        self.released = True
         if self.interrupt is not None:
             self.interrupt.cancel()
         if self.previous_sigterm is not None and threading.current_thread() is threading.main_thread():
@@ -351,6 +381,7 @@ class SweepTracking(Callback):
             self.interrupt.cancel()
             self.interrupt = None
         if SWEEP_STOPPING.is_set():  # the sweeper launched no further job: the sweep did not run to its end
+            SWEEP_STOPPING.clear()
             status = "FAILED"
             try:
                 MlflowClient().set_tag(self.parent_run_id, END_REASON_TAG, "stopped by SIGTERM")
@@ -367,7 +398,11 @@ class SweepTracking(Callback):
             lifecycle.mark_stranded(MlflowClient())
         except Exception as error:  # the next start on this host does it
             log.warning("[sweep %s] could not end the runs of gone processes: %s", self.sweep_id, error)
-        ended = MlflowClient().get_run(self.parent_run_id).info.status
+        try:
+            ended = MlflowClient().get_run(self.parent_run_id).info.status
+        except Exception as error:  # the summary below says what the store does
+            log.warning("[sweep %s] could not read the parent run: %s", self.sweep_id, error)
+            ended = "RUNNING"
         if ended != "RUNNING":  # a job of this process (Hydra's basic launcher) ended it on a signal
             log.warning("[sweep %s] the parent run was ended %s: no summary", self.sweep_id, ended)
             os.environ.pop(SWEEP_PARENT_VARIABLE, None)
@@ -388,6 +423,9 @@ class SweepTracking(Callback):
                 )
             except Exception as tagging:
                 log.error("[sweep %s] could not tag the parent run: %s", self.sweep_id, tagging)
+            raise
+        except BaseException:  # interrupted (a further SIGTERM, Ctrl-C): half a summary is no finished sweep
+            status = "FAILED"
             raise
         finally:
             MlflowClient().set_terminated(self.parent_run_id, status)
