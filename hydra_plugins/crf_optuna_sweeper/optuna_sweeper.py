@@ -411,8 +411,7 @@ class OptunaSweeper(Sweeper):
 
         from pipeline.sweeps import search
 
-        everything = study.get_trials(deepcopy=False)
-        trials = [t for t in everything if t.number in self.asked]
+        trials = [t for t in study.get_trials(deepcopy=False) if t.number in self.asked]
         states = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
         counts = {s.name.lower(): sum(t.state == s for t in trials) for s in states}
         results: dict[str, Any] = {

@@ -170,6 +170,17 @@ def strength_conflict(overrides: Sequence[str]) -> str | None:
     )
 
 
+def strength_moves(cfg: DictConfig, low: float, high: float) -> bool:
+    """Whether c1 or c2 of ``cfg``'s trainer differ between ``trainer.strength`` = ``low`` and
+    ``high`` (False when a config or an override fixed them, so the strength trains nothing)."""
+    ends = []
+    for strength in (low, high):
+        point = copy.deepcopy(cfg)
+        OmegaConf.update(point, "trainer.strength", float(strength), merge=False)
+        ends.append((OmegaConf.select(point, "trainer.c1"), OmegaConf.select(point, "trainer.c2")))
+    return ends[0] != ends[1]
+
+
 def _fixed_strength(cfg: DictConfig, overrides: Sequence[str]) -> str | None:
     """A one-line problem when ``overrides`` set ``trainer.strength`` but c1 and c2 do not follow
     it (a config, such as an experiment's, fixed them): the run would record a strength it did
@@ -180,17 +191,14 @@ def _fixed_strength(cfg: DictConfig, overrides: Sequence[str]) -> str | None:
         strength = OmegaConf.select(cfg, "trainer.strength")
         if isinstance(strength, bool) or not isinstance(strength, numbers.Real) or not strength > 0:
             return None  # the trainer's own checks name it
-        moved = copy.deepcopy(cfg)
-        OmegaConf.update(moved, "trainer.strength", 2.0 * float(strength), merge=False)
-        before = (OmegaConf.select(cfg, "trainer.c1"), OmegaConf.select(cfg, "trainer.c2"))
-        after = (OmegaConf.select(moved, "trainer.c1"), OmegaConf.select(moved, "trainer.c2"))
+        if strength_moves(cfg, strength, 2.0 * strength):
+            return None
     except OmegaConfBaseException:
         return None  # a bad value: the trainer's own checks name it
-    if before != after:
-        return None
     return (
-        f"bad setting trainer.strength={strength}: c1 and c2 of trainer={OmegaConf.select(cfg, 'trainer.name')} "
-        f"do not follow it (c1={before[0]}, c2={before[1]}, fixed by a config): set trainer.c1/trainer.c2 instead"
+        f"bad setting trainer.strength={strength}: c1 and c2 of trainer={OmegaConf.select(cfg, 'trainer.name')} do not "
+        f"follow it (c1={OmegaConf.select(cfg, 'trainer.c1')}, c2={OmegaConf.select(cfg, 'trainer.c2')}, fixed by a "
+        "config): set trainer.c1/trainer.c2 instead"
     )
 
 

@@ -250,8 +250,9 @@ class SweepTracking(Callback):
     and the exit handler ends the parent run FAILED with the summary of the jobs that finished.
     Jobs still there :data:`SIGTERM_GRACE_SECONDS` after the signal (the launching process was
     signalled alone) get it from this process (:meth:`_pass_on`), which stops as on Ctrl-C when
-    they are still there another grace period later; a second SIGTERM stops it at once. The sweeper launches no
-    further job once signalled (:data:`SWEEP_STOPPING`), and a sweep so stopped registers nothing.
+    they are still there another grace period later; a second SIGTERM stops it at once. The
+    sweeper launches no further job once signalled (:data:`SWEEP_STOPPING`), and a sweep so
+    stopped registers nothing.
     Before the summary, runs whose process is gone (a worker that joblib killed all the same) are
     ended FAILED."""
 

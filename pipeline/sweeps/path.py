@@ -39,7 +39,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from pipeline import tracking
 from pipeline.engine.cache import StageCache
 from pipeline.engine.runner import PipelineJob, checked_plan, objective_value, pipeline_run, run_tags, swept_overrides
-from pipeline.engine.validate import SettingsError, section
+from pipeline.engine.validate import SettingsError, section, strength_moves
 from pipeline.models import ModelAdapter
 from pipeline.tracking import SWEEP_ID_VARIABLE, SWEEP_PARENT_VARIABLE
 from pipeline.tracking.lifecycle import END_REASON_TAG
@@ -72,11 +72,11 @@ def path_strengths(cfg: DictConfig) -> list[float]:
         raise SettingsError(f"bad setting path.strengths={values!r}: a strength is repeated")
     if OmegaConf.select(cfg, "trainer.strength") is None:
         raise SettingsError("bad setting path.strengths: the trainer has no strength to move (trainer.strength)")
-    low, high = (section(point_config(cfg, s), "trainer") for s in (min(values), max(values)))
-    if len(values) > 1 and (low.get("c1"), low.get("c2")) == (high.get("c1"), high.get("c2")):
+    if len(values) > 1 and not strength_moves(cfg, min(values), max(values)):  # c1/c2 fixed: the same at every strength
         raise SettingsError(
             f"bad setting path.strengths: trainer.strength does not set c1 or c2 of trainer={cfg.trainer.name} "
-            f"(c1={high.get('c1')}, c2={high.get('c2')} are set directly); leave them to the strength"
+            f"(c1={OmegaConf.select(cfg, 'trainer.c1')}, c2={OmegaConf.select(cfg, 'trainer.c2')} are set directly); "
+            "leave them to the strength"
         )
     return sorted((float(v) for v in values), reverse=True)
 
