@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import tempfile
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -27,9 +26,6 @@ from ._persist import (
 )
 from .features import AttributeIndex
 
-if TYPE_CHECKING:
-    from .model import CRF
-
 KIND = "crf.CRF"
 WEIGHT_ARRAYS = ("transitions", "start", "end", "state_values", "trigrams", "pair_end")
 
@@ -39,9 +35,9 @@ def _second_order_blocks(L: int) -> dict[str, tuple[str, tuple]]:
     return {"trigrams": ("trigram_weights_", (L + 1, L, L)), "pair_end": ("pair_end_weights_", (L + 1, L))}
 
 
-def _arrays(model: CRF) -> dict[str, np.ndarray]:
+def _arrays(model) -> dict[str, np.ndarray]:
     arrays = {"transitions": model.transitions_, "start": model.start_weights_, "end": model.end_weights_}
-    if model.order == 2:
+    if model.fitted_order == 2:
         for name, (attribute, _) in _second_order_blocks(len(model.classes_)).items():
             arrays[name] = getattr(model, attribute)
     if model.feature_index_ is not None:
@@ -54,7 +50,7 @@ def _arrays(model: CRF) -> dict[str, np.ndarray]:
     return arrays
 
 
-def to_arrays(model: CRF) -> tuple[dict, dict[str, np.ndarray]]:
+def to_arrays(model) -> tuple[dict, dict[str, np.ndarray]]:
     """The fitted ``model`` as (JSON-ready metadata, named arrays): what :func:`save` writes,
     for containers that hold a CRF among other things (:class:`crf.bundle.TaggerBundle`)."""
     for name, weights in _arrays(model).items():
@@ -64,6 +60,7 @@ def to_arrays(model: CRF) -> tuple[dict, dict[str, np.ndarray]]:
     if params.get("boundary_transitions") is None and model.model_filename is not None:
         # the file does not keep model_filename, which made "unset" mean "no start/end weights"
         params["boundary_transitions"] = False
+    params["order"] = model.fitted_order  # the weights' order, whatever ``order`` was set to since
     meta = {
         "params": params,
         "classes": list(model.classes_),
@@ -79,14 +76,14 @@ def to_arrays(model: CRF) -> tuple[dict, dict[str, np.ndarray]]:
     return meta, arrays
 
 
-def save(model: CRF, path) -> None:
+def save(model, path) -> None:
     """Write the fitted ``model`` to one ``.npz`` file; a model no loader would accept (a weight
     beyond :data:`crf._persist.MAX_ABS_WEIGHT`) is refused with a ValueError before writing."""
     meta, arrays = to_arrays(model)
     save_arrays(path, KIND, meta, arrays)
 
 
-def size_in_bytes(model: CRF) -> int:
+def size_in_bytes(model) -> int:
     """Size of the file :func:`save` writes for ``model`` (written to a temporary folder)."""
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "model.npz")
@@ -94,7 +91,7 @@ def size_in_bytes(model: CRF) -> int:
         return os.path.getsize(path)
 
 
-def load(cls: type[CRF], path) -> CRF:
+def load(cls: type, path):
     """Read a model written by :func:`save`; raises ModelFileError on a bad file."""
     meta, arrays = load_arrays(path, KIND)
     return from_arrays(cls, meta, arrays, path)
@@ -104,7 +101,7 @@ def load(cls: type[CRF], path) -> CRF:
 NOT_FROM_FILES = ("model_filename", "callback", "trainer_cls", "keep_tempfiles")
 
 
-def from_arrays(cls: type[CRF], meta: dict, arrays: dict[str, np.ndarray], path="model") -> CRF:
+def from_arrays(cls: type, meta: dict, arrays: dict[str, np.ndarray], path="model"):
     """The CRF of :func:`to_arrays`' output; ``path`` names the source in ModelFileError messages.
 
     Every size is checked against the others and against what the file holds (the dense (A, L)
@@ -120,7 +117,7 @@ def from_arrays(cls: type[CRF], meta: dict, arrays: dict[str, np.ndarray], path=
         raise ModelFileError(f"{path}: malformed CRF model ({type(err).__name__}: {err})") from None
 
 
-def _from_arrays(cls: type[CRF], meta: dict, arrays: dict[str, np.ndarray], path) -> CRF:
+def _from_arrays(cls: type, meta: dict, arrays: dict[str, np.ndarray], path):
     known = cls().get_params()
     if not isinstance(meta["params"], dict):
         raise ModelFileError(f"{path}: the parameters are not a JSON object")

@@ -52,8 +52,9 @@ DOC = """
     averaging : [pa] return the average of the weights over all updates.
     variance, gamma : [arow] initial variance of every weight; trade-off between loss and change.
     verbose : log every iteration at INFO level (logger ``crf.model``).
-    model_filename : a CRFsuite model file: an existing file is loaded at construction (needs
-        :mod:`crf.crfsuite`); after ``fit`` the model is written there in CRFsuite's format.
+    model_filename : a CRFsuite model file (sklearn-crfsuite's meaning): an unfitted estimator
+        whose file exists is that file's model (read on first use); after ``fit`` the model is
+        written there in CRFsuite's format.
     keep_tempfiles : accepted for compatibility; this implementation writes no temporary files.
     trainer_cls : python-crfsuite trainer class; not applicable here (anything but None raises).
     boundary_transitions : learn start and end weights (L,) per label (True); False gives exactly
@@ -64,7 +65,7 @@ DOC = """
     random_state : seed of the shuffling (l2sgd, ap, pa, arow).
     dev_every : with ``X_dev``, evaluate every ``dev_every`` iterations.
     n_threads : threads for the sparse products and tagging (None: all cores).
-    callback : called with every :class:`~crf._optimize.IterationInfo`.
+    callback : called with every :class:`crf.IterationInfo` (one per iteration or epoch).
     warm_start : [lbfgs, l2sgd] start the next ``fit`` from this model's weights (scikit-learn's
         meaning); attributes and labels the new data brings start at zero.
     order : [lbfgs, l2sgd for 2] 1 (transitions over label pairs) or 2 (also over label trigrams:
@@ -80,7 +81,6 @@ DOC = """
         training), and every query (marginals, probabilities, k-best) is over the candidates.
 """
 
-# parameters that only mean something for some algorithms: (algorithms, default)
 # parameters that only mean something for some algorithms (their defaults are the constructor's:
 # crf.CRF's signature is the one source of defaults)
 _SPECIFIC = {
@@ -110,19 +110,10 @@ _DELTA = {"lbfgs": 1e-5, "l2sgd": 1e-6}
 _BLOCK_TOKENS = 1 << 16  # tokens marked at a time by feature_index (bounds its temporary keys)
 
 
-def applies(name: str, algorithm: str) -> bool:
+def parameter_applies(name: str, algorithm: str) -> bool:
     """Whether the parameter ``name`` means something for ``algorithm`` (every parameter that is
     not specific to some algorithms does)."""
     return algorithm in _SPECIFIC.get(name, (algorithm,))
-
-
-def constructor_defaults() -> dict:
-    """{parameter: default} of :class:`crf.CRF`'s constructor."""
-    import inspect
-
-    from .model import CRF
-
-    return {name: p.default for name, p in inspect.signature(CRF.__init__).parameters.items() if name != "self"}
 
 
 @dataclass
@@ -134,6 +125,7 @@ class Settings:
     epsilon: float
     period: int
     delta: float
+    boundary: bool  # start/end weights: boundary_transitions, resolved
 
 
 def _number(name: str, value, low: float = 0.0, strict: bool = False, integer: bool = False):
@@ -151,9 +143,27 @@ def _flag(name: str, value) -> bool:
     raise ValueError(f"{name} must be True or False, got {value!r}")
 
 
-def validate(p: dict) -> Settings:
-    """Check every hyperparameter of ``p`` (a ``get_params()`` dict); raise ValueError naming the
-    first bad one. Returns the resolved :class:`Settings`."""
+def validate(p: dict, defaults: dict) -> Settings:
+    """Check every hyperparameter of ``p``.
+
+    Parameters
+    ----------
+    p : a :class:`crf.CRF`'s ``get_params()``.
+    defaults : the constructor's defaults ({parameter: default}; crf.CRF's signature is the one
+        source of defaults): a parameter specific to other algorithms must keep its default.
+
+    Returns
+    -------
+    Settings
+        The stopping settings with the algorithm's defaults filled in, and whether the model has
+        start/end weights (``boundary_transitions``; None means yes, except with
+        ``model_filename``, as a CRFsuite file cannot hold them).
+
+    Raises
+    ------
+    ValueError
+        Naming the first bad parameter.
+    """
     algorithm = p["algorithm"]
     if algorithm not in ALGORITHMS:
         raise ValueError(f"unknown algorithm {algorithm!r}: use one of {', '.join(map(repr, ALGORITHMS))}")
@@ -209,7 +219,6 @@ def validate(p: dict) -> Settings:
             raise ValueError("pruning_threshold prunes a second-order model: it needs order=2")
     if algorithm == "l2sgd" and p["c2"] <= 0:
         raise ValueError("algorithm='l2sgd' needs c2 > 0 (its step size is 1 / (lambda t) with lambda = 2 c2 / N)")
-    defaults = constructor_defaults()
     for name, algorithms in _SPECIFIC.items():
         if algorithm not in algorithms and p[name] != defaults[name]:
             raise ValueError(f"{name}={p[name]!r} does not apply to algorithm={algorithm!r} (only {', '.join(algorithms)})")
@@ -218,7 +227,11 @@ def validate(p: dict) -> Settings:
     for name, algorithms in _STOPPING.items():
         if algorithm not in algorithms and p[name] is not None and name != "period":
             log.warning("%s=%r is not used by algorithm=%r (only %s)", name, p[name], algorithm, ", ".join(algorithms))
+    if p["boundary_transitions"] and p["model_filename"] is not None:
+        raise ValueError("model_filename writes a CRFsuite model, which has no start/end weights: boundary_transitions=False")
+    boundary = p["model_filename"] is None if p["boundary_transitions"] is None else bool(p["boundary_transitions"])
     return Settings(
+        boundary=boundary,
         algorithm=algorithm,
         max_iterations=p["max_iterations"] if p["max_iterations"] is not None else _MAX_ITERATIONS[algorithm],
         epsilon=p["epsilon"] if p["epsilon"] is not None else _EPSILON[algorithm],

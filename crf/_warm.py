@@ -10,7 +10,7 @@ is new starts at zero.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -37,7 +37,7 @@ class PreviousFit:
     def of(cls, model) -> PreviousFit:
         """The weights and vocabularies of the fitted ``model`` (a :class:`crf.CRF`)."""
         names = model.attributes_
-        structure = model._structure()
+        structure = model._structure()  # of the fitted weights' order, whatever ``order`` says now
         tail = structure.split(model._tail())
         return cls(
             tail={name: np.array(block, dtype=np.float64) for name, block in tail.items()},
@@ -50,6 +50,12 @@ class PreviousFit:
             start=np.asarray(model.start_weights_, dtype=np.float64),
             end=np.asarray(model.end_weights_, dtype=np.float64),
         )
+
+    def without_boundary(self) -> PreviousFit:
+        """This fit without its start/end weights (of either order): for a new model that has none."""
+        tail = {k: v for k, v in (self.tail or {}).items() if k not in ("start", "end", "pair_end")}
+        L = len(self.classes)
+        return replace(self, tail=tail, start=np.zeros(L), end=np.zeros(L))
 
     @property
     def n_attributes(self) -> int:

@@ -24,6 +24,7 @@ NumPy scalars, non-dict mappings) go through a Python loop, and only those.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from decimal import Decimal
 from functools import partial
 from itertools import chain, repeat
 from numbers import Real
@@ -105,12 +106,23 @@ def _text(value, where: _At) -> str:
     raise TypeError(f"{where}: attribute names must be str or bytes, not {type(value).__name__} ({value!r})")
 
 
+def _weight(name: str, value, where) -> float:
+    """The number ``value`` of attribute ``name`` as a float; an integer beyond a float's range
+    is refused with its position (``float()`` alone raises a bare OverflowError)."""
+    try:
+        return float(value)
+    except OverflowError:
+        size = f"an integer of {value.bit_length():,} bits" if isinstance(value, int) else f"the value {value!r}"
+        raise ValueError(f"{where}: attribute {name!r} has {size}, too large for a float") from None
+
+
 def _expand(name: str, value, where: _At) -> Iterable[tuple[str, float]]:
-    """(attribute, weight) pairs of the dict item ``name: value`` (python-crfsuite's rules)."""
+    """(attribute, weight) pairs of the dict item ``name: value`` (python-crfsuite's rules; any
+    real number, ``decimal.Decimal`` included, is a weight)."""
     if isinstance(value, (str, bytes)):
         yield f"{name}:{_text(value, where)}", 1.0
-    elif isinstance(value, Real):
-        yield name, float(value)
+    elif isinstance(value, (Real, Decimal)):
+        yield name, _weight(name, value, where)
     elif isinstance(value, Mapping):
         for key, inner in value.items():
             yield from _expand(f"{name}:{_text(key, where)}", inner, where)
@@ -207,7 +219,11 @@ def _dict_tokens(tokens: list, rows: np.ndarray, at: Callable[[int], _At]) -> tu
     if text.size:
         names[text] = _joined(key_names, key_codes[text], values[text])
     weights = np.ones(size)
-    weights[number] = values[number].astype(np.float64)
+    try:
+        weights[number] = values[number].astype(np.float64)
+    except OverflowError:  # an int beyond a float's range: say which
+        for e in number.tolist():
+            _weight(keys[e], values[e], at(int(entry_rows[e])))
     rare = np.flatnonzero(kind == _RARE)
     if rare.size == 0:
         return entry_rows, names, weights

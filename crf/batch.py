@@ -98,10 +98,19 @@ def label_classes(flat: np.ndarray, unknown: bool = False) -> list:
     predicts the same values it was trained on."""
     check_labels(flat, unknown)
     classes = [c.item() if isinstance(c, np.generic) else c for c in pd.unique(flat) if c is not None]
-    named: dict[str, object] = {}
-    for c in classes:  # a model file names its classes: '1' and 1 would load as one class twice
-        if named.setdefault(str(c), c) is not c:
-            raise TypeError(
-                f"the labels {named[str(c)]!r} and {c!r} are different values with the same name; use one type for labels"
-            )
+    check_label_names(classes)
     return classes
+
+
+def check_label_names(classes, where: str = "") -> None:
+    """Raise TypeError if two of the distinct labels ``classes`` print alike (``'1'`` and ``1``):
+    a model file names its classes, so they would load as one class twice. ``where`` starts the
+    message (which labels were compared)."""
+    named: dict[str, object] = {}
+    for c in classes:
+        first = named.setdefault(str(c), c)
+        if type(first) is not type(c) or first != c:
+            raise TypeError(
+                f"{where + ': ' if where else ''}the labels {first!r} and {c!r} are different values with the same name; "
+                "use one type for labels"
+            )

@@ -27,12 +27,12 @@ from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
+from sklearn.exceptions import NotFittedError
 
 from ._layout import positions_within
 from ._persist import MAX_ABS_WEIGHT, ModelFileError, check_table_size, check_unique, weight_beyond_bound
 from .attributes import AttributeIndex
 from .io import atomic_write
-from .model import CRF
 
 # --- CQDB: CQDB, CRFsuite's constant string <-> id database, and the lookup3 hash it uses.
 #
@@ -233,13 +233,24 @@ def _check_tables(chunk: np.ndarray, start: int, refs: np.ndarray, keys: list[by
         raise CQDBError(f"CQDB chunk at offset {start}: its hash tables do not list its keys (damaged)")
 
 
+def unstorable_name(name: str) -> str | None:
+    """Why a CRFsuite model file cannot hold the label or attribute ``name`` (None if it can):
+    a NUL character (its string tables end every name with one), or more than
+    ``MAX_KEY_BYTES - 1`` bytes of UTF-8."""
+    if "\0" in name:
+        return "holds a NUL character, which a CRFsuite model file cannot store"
+    if len(name) >= MAX_KEY_BYTES // 4 and len(name.encode("utf-8")) >= MAX_KEY_BYTES:
+        return f"is {len(name.encode('utf-8')):,} bytes long: a CRFsuite model file holds names of at most {MAX_KEY_BYTES - 1:,}"
+    return None
+
+
 def build_cqdb(strings: list[str]) -> bytes:
     """A CQDB chunk mapping ``strings[i]`` <-> i, as CRFsuite's reader expects."""
+    for s in strings:
+        problem = unstorable_name(s)
+        if problem is not None:
+            raise ValueError(f"the string {s[:40]!r} {problem}")
     keys = [s.encode("utf-8") + b"\0" for s in strings]
-    if any(b"\0" in k[:-1] for k in keys):
-        raise ValueError("CRFsuite strings cannot contain NUL characters")
-    if any(len(k) > MAX_KEY_BYTES for k in keys):
-        raise ValueError(f"a string of more than {MAX_KEY_BYTES:,} bytes: too long for a CRFsuite model file read here")
     n = len(keys)
     key_sizes = np.fromiter((len(k) for k in keys), dtype=np.int64, count=n)
     record_sizes = 8 + key_sizes
@@ -517,36 +528,40 @@ def write_crfsuite(path: str | os.PathLike, model: CRFsuiteModel) -> None:
     atomic_write(path, lambda out: out.write(b"".join(parts)))
 
 
-def crf_from_crfsuite(model: CRFsuiteModel) -> CRF:
-    """A fitted :class:`~crf.CRF` that tags python-crfsuite-style inputs (lists of attribute
-    strings or dicts) exactly as CRFsuite's tagger does; start and end weights are 0."""
+def fitted_attributes(model: CRFsuiteModel) -> dict:
+    """The fitted attributes of a :class:`crf.CRF` (by name) that tags python-crfsuite-style
+    inputs (lists of attribute strings or dicts) exactly as CRFsuite's tagger tags with ``model``;
+    start and end weights are 0. :meth:`crf.CRF.from_crfsuite` makes the estimator."""
     L, A = len(model.labels), len(model.attributes)
     if L == 0:  # what CRFsuite writes when it had nothing to train on: a file, but no tagger
         raise ValueError("the model has no labels (CRFsuite trained it on no data)")
-    crf = CRF()
-    crf.classes_ = list(model.labels)
-    crf.n_attributes_ = A
-    crf.attributes_ = list(model.attributes)
-    crf.attribute_index_ = AttributeIndex()
-    crf.attribute_index_.index_ = {name: i for i, name in enumerate(model.attributes)}
+    index = AttributeIndex()
+    index.index_ = {name: i for i, name in enumerate(model.attributes)}
     attr, label, weight = model.state_features
     state = np.zeros((A, L))
     np.add.at(state, (attr, label), weight)  # repeated references add up, as in CRFsuite's tagger
-    crf.state_weights_ = state
-    crf.feature_index_ = np.unique(np.asarray(attr, dtype=np.int64) * L + label)
-    crf.transitions_ = np.array(model.transitions, dtype=np.float64)
-    crf.start_weights_ = np.zeros(L)
-    crf.end_weights_ = np.zeros(L)
-    return crf
+    return {
+        "classes_": list(model.labels),
+        "n_attributes_": A,
+        "attributes_": list(model.attributes),
+        "attribute_index_": index,
+        "state_weights_": state,
+        "feature_index_": np.unique(np.asarray(attr, dtype=np.int64) * L + label),
+        "transitions_": np.array(model.transitions, dtype=np.float64),
+        "start_weights_": np.zeros(L),
+        "end_weights_": np.zeros(L),
+    }
 
 
-def crfsuite_from_crf(crf: CRF) -> CRFsuiteModel:
-    """The CRFsuite form of a fitted CRF. Raises ValueError if its start or end weights are not
-    all zero (CRFsuite has no such weights, so the file could not tag like the model)."""
-    crf._check_fitted()
-    if crf.order != 1:
+def crfsuite_from_crf(crf) -> CRFsuiteModel:
+    """The CRFsuite form of a fitted :class:`crf.CRF`. Raises ValueError if its start or end
+    weights are not all zero (CRFsuite has no such weights, so the file could not tag like the
+    model)."""
+    if not crf.__sklearn_is_fitted__():
+        raise NotFittedError("this CRF is not fitted yet; call fit() or CRF.load()")
+    if crf.fitted_order != 1:
         raise ValueError(
-            f"this CRF is of order {crf.order}: CRFsuite's model format holds first-order models only "
+            f"this CRF is of order {crf.fitted_order}: CRFsuite's model format holds first-order models only "
             "(label-pair transitions); save it with CRF.save (.npz) instead"
         )
     if np.any(crf.start_weights_ != 0) or np.any(crf.end_weights_ != 0):
@@ -564,14 +579,6 @@ def crfsuite_from_crf(crf: CRF) -> CRFsuiteModel:
     return CRFsuiteModel([str(c) for c in crf.classes_], [str(a) for a in crf.attributes_], state, np.array(crf.transitions_))
 
 
-def read_crfsuite_model(path) -> CRF:
-    """A fitted CRF from a CRFsuite model file (python-crfsuite's, sklearn-crfsuite's)."""
-    model = read_crfsuite(path)
-    if not model.labels:  # a file CRFsuite writes when it had nothing to train on
-        raise CRFsuiteFormatError(f"{path}: the model has no labels (CRFsuite trained it on no data)")
-    return crf_from_crfsuite(model)
-
-
-def write_crfsuite_model(model: CRF, path) -> None:
+def write_crfsuite_model(model, path) -> None:
     """Write ``model`` (no start/end weights) as a CRFsuite model file."""
     write_crfsuite(path, crfsuite_from_crf(model))

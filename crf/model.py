@@ -8,36 +8,48 @@ strings, as for python-crfsuite) or a :class:`~crf.batch.SequenceBatch` from
 
 from __future__ import annotations
 
-import itertools
+import contextlib
+import copy
+import inspect
 import logging
 import os
 import time
-import warnings
 from collections.abc import Sequence
 
 import numpy as np
-import pandas as pd
-import scipy.sparse as sp
 from sklearn.base import BaseEstimator
 from sklearn.exceptions import NotFittedError
 
 from . import _chain as chain
 from . import _model_file as model_file
-from . import _online as online
 from . import _optimize as optimize
 from . import _params as hyper
-from . import metrics
-from ._crfsuite_view import CRFsuiteView, training_log
-from ._objective import Objective, ParameterLayout
+from . import crfsuite, metrics
+from ._feature_tables import FeatureTables
 from ._order import FirstOrderChain, chain_structure
-from ._parallel import Workers, contiguous_parts, release_free_memory, single_threaded_blas, thread_count
+from ._parallel import Workers, contiguous_parts, single_threaded_blas, thread_count
+from ._path_scores import path_scores
 from ._persist import ModelFileError
 from ._segments import SegmentQueries
+from ._training import (
+    TrainingError,
+    TrainingProblem,
+    check_finite,
+    flat_labels,
+    label_codes,
+    label_sequences,
+    solve,
+    split_by_sequence,
+    training_problem,
+)
+from ._training_log import TrainingLog, training_log
 from ._uncertainty import UncertaintyQueries
 from ._warm import PreviousFit
-from .batch import SequenceBatch, check_labels, label_classes
+from .batch import SequenceBatch
 from .bundle import prefixed, register_kind
-from .features import AttributeIndex, FeatureExtractor
+from .features import FeatureExtractor
+
+__all__ = ["CRF", "BundledCRF", "NotFittedCRFError", "TrainingError", "path_scores"]
 
 log = logging.getLogger(__name__)
 
@@ -62,49 +74,7 @@ class NotFittedCRFError(NotFittedError, RuntimeError):
     """A query on a CRF that has not been fitted (sklearn's NotFittedError)."""
 
 
-def _flat_labels(y) -> np.ndarray:
-    """All labels of ``y`` (a list of label sequences) in one object array (T,)."""
-    flat = np.empty(sum(map(len, y)), dtype=object)
-    flat[:] = list(itertools.chain.from_iterable(y))
-    return flat
-
-
-#: attribute values of at least this magnitude are reported: next to the usual 0/1 indicators they
-#: make the objective so badly scaled that quasi-Newton steps cannot move
-LARGE_VALUE = 1e6
-
-
-def _entry_position(batch: SequenceBatch, entry: int, names=None) -> str:
-    """``sequence i, token t: attribute <name or column>`` of the ``entry``-th stored value of X."""
-    row = int(np.searchsorted(batch.X.indptr, entry, side="right")) - 1
-    sequence = int(np.searchsorted(batch.offsets, row, side="right")) - 1
-    column = int(batch.X.indices[entry])
-    attribute = f"{names[column]!r}" if names is not None else f"column {column}"
-    return f"sequence {sequence}, token {row - int(batch.offsets[sequence])}: attribute {attribute}"
-
-
-def _check_finite(batch: SequenceBatch, names=None) -> None:
-    """A non-finite attribute value would silently turn into a NaN model or NaN marginals."""
-    bad = np.flatnonzero(~np.isfinite(batch.X.data))
-    if bad.size:
-        where = _entry_position(batch, int(bad[0]), names)
-        raise ValueError(f"{where} has the non-finite value {batch.X.data[bad[0]]} ({bad.size} such values)")
-
-
-def _largest_value(batch: SequenceBatch, names=None) -> tuple[float, str] | None:
-    """The attribute value of largest magnitude and where it is, or None for an empty matrix."""
-    if not batch.X.nnz:
-        return None
-    entry = int(np.argmax(np.abs(batch.X.data)))
-    return float(batch.X.data[entry]), _entry_position(batch, entry, names)
-
-
-class TrainingError(RuntimeError):
-    """Training ended without moving from its starting point although the objective was not at
-    its minimum there: the data cannot be fitted as given (the message says why)."""
-
-
-class CRF(SegmentQueries, UncertaintyQueries, CRFsuiteView, BaseEstimator):
+class CRF(SegmentQueries, UncertaintyQueries, FeatureTables, BaseEstimator):
     """Linear-chain conditional random field, a scikit-learn estimator with sklearn-crfsuite's
     parameters, methods and fitted attributes (``None`` before ``fit``): ``classes_``,
     ``attributes_``, ``num_attributes_``, ``state_features_``, ``transition_features_``,
@@ -152,10 +122,45 @@ class CRF(SegmentQueries, UncertaintyQueries, CRFsuiteView, BaseEstimator):
         order: int = 1,
         pruning_threshold: float | None = None,
     ) -> None:
-        arguments = dict(locals())
-        del arguments["self"]
-        for name, value in arguments.items():  # parameters only: everything else happens in fit
-            setattr(self, name, value)
+        # parameters only, as scikit-learn's estimators store them: everything else happens in fit
+        self.algorithm = algorithm
+        self.min_freq = min_freq
+        self.all_possible_states = all_possible_states
+        self.all_possible_transitions = all_possible_transitions
+        self.c1 = c1
+        self.c2 = c2
+        self.max_iterations = max_iterations
+        self.num_memories = num_memories
+        self.epsilon = epsilon
+        self.period = period
+        self.delta = delta
+        self.linesearch = linesearch
+        self.max_linesearch = max_linesearch
+        self.calibration_eta = calibration_eta
+        self.calibration_rate = calibration_rate
+        self.calibration_samples = calibration_samples
+        self.calibration_candidates = calibration_candidates
+        self.calibration_max_trials = calibration_max_trials
+        self.pa_type = pa_type
+        self.c = c
+        self.error_sensitive = error_sensitive
+        self.averaging = averaging
+        self.variance = variance
+        self.gamma = gamma
+        self.verbose = verbose
+        self.model_filename = model_filename
+        self.keep_tempfiles = keep_tempfiles
+        self.trainer_cls = trainer_cls
+        self.boundary_transitions = boundary_transitions
+        self.learning_rate = learning_rate
+        self.batch_size = batch_size
+        self.random_state = random_state
+        self.dev_every = dev_every
+        self.n_threads = n_threads
+        self.callback = callback
+        self.warm_start = warm_start
+        self.order = order
+        self.pruning_threshold = pruning_threshold
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
@@ -169,12 +174,12 @@ class CRF(SegmentQueries, UncertaintyQueries, CRFsuiteView, BaseEstimator):
         state.pop("_tagger", None)
         return state
 
-    # sklearn-crfsuite's fitted attributes that read None before fit; each first loads
-    # ``model_filename`` when it names an existing CRFsuite file, as sklearn-crfsuite does
+    # sklearn-crfsuite's fitted attributes that read None before fit; an unfitted estimator whose
+    # ``model_filename`` names an existing CRFsuite file is that file's model, as in sklearn-crfsuite
     @property
     def classes_(self) -> list | None:
         """The labels, in the model's order (None before fit)."""
-        self._load_model_file()
+        self._fitted()
         return self.__dict__.get("_classes")
 
     @classes_.setter
@@ -184,7 +189,7 @@ class CRF(SegmentQueries, UncertaintyQueries, CRFsuiteView, BaseEstimator):
     @property
     def attributes_(self) -> list[str] | None:
         """The attribute names, in column order (None before fit, or when fitted on an unnamed batch)."""
-        self._load_model_file()
+        self._fitted()
         return self.__dict__.get("_attributes")
 
     @attributes_.setter
@@ -192,268 +197,209 @@ class CRF(SegmentQueries, UncertaintyQueries, CRFsuiteView, BaseEstimator):
         self.__dict__["_attributes"] = value
 
     @property
-    def training_log_(self):
-        """The iterations of the last fit (a :class:`crf._crfsuite_view.TrainingLog`; None before fit)."""
-        self._load_model_file()
+    def training_log_(self) -> TrainingLog | None:
+        """The iterations of the last fit (a :class:`crf._training_log.TrainingLog`; None before fit)."""
+        self._fitted()
         return self.__dict__.get("_training_log")
 
     @training_log_.setter
-    def training_log_(self, value) -> None:
+    def training_log_(self, value: TrainingLog | None) -> None:
         self.__dict__["_training_log"] = value
+
+    @property
+    def fitted_order(self) -> int:
+        """The order of the fitted weights (2 when they have label-trigram weights), whatever
+        ``order`` says now."""
+        return 2 if "trigram_weights_" in self.__dict__ else 1
 
     def __sklearn_is_fitted__(self) -> bool:
         return self._fitted()
 
-    def _load_model_file(self) -> bool:
-        """Load ``model_filename`` (a CRFsuite model) into this unfitted estimator, if it exists."""
+    def _fitted(self) -> bool:
+        """Whether the weights are there, reading ``model_filename`` first when it names an
+        existing CRFsuite file and nothing else is fitted."""
+        if "state_weights_" in self.__dict__:
+            return True
         path = self.__dict__.get("model_filename")
-        if path is None or "state_weights_" in self.__dict__ or not os.path.isfile(path) or self.__dict__.get("_fitting"):
+        if path is None or not os.path.isfile(path):
             return False
-        from .crfsuite import read_crfsuite_model
-
-        self._take_fitted_state(read_crfsuite_model(path))
+        self._set_fitted_attributes(crfsuite.fitted_attributes(crfsuite.read_crfsuite(path)))
         return True
 
-    def _fitted_state(self) -> dict:
-        """The attributes ``fit`` sets (its learned state), by name in ``__dict__``."""
-        return {k: v for k, v in vars(self).items() if k.endswith("_") or k in _FITTED_PRIVATE}
+    @classmethod
+    def from_crfsuite(cls, source: str | os.PathLike | crfsuite.CRFsuiteModel) -> CRF:
+        """A fitted CRF that tags exactly as CRFsuite's tagger does with a CRFsuite model.
 
-    def _take_fitted_state(self, other: CRF) -> None:
-        """Become fitted as ``other`` is (its weights, vocabularies and log), keeping own parameters."""
-        self.__dict__.update(other._fitted_state())
+        Parameters
+        ----------
+        source : a CRFsuite model file (python-crfsuite's, sklearn-crfsuite's) or a read one
+            (:func:`crf.read_crfsuite`).
 
-    def _boundary(self) -> bool:
-        if self.boundary_transitions is None:
-            return self.model_filename is None  # CRFsuite's files have no start/end weights
-        if self.boundary_transitions and self.model_filename is not None:
-            raise ValueError("model_filename writes a CRFsuite model, which has no start/end weights: boundary_transitions=False")
-        return bool(self.boundary_transitions)
+        Returns
+        -------
+        CRF
+            Start and end weights 0, ``boundary_transitions=False``.
+        """
+        model = source if isinstance(source, crfsuite.CRFsuiteModel) else crfsuite.read_crfsuite(source)
+        if not model.labels:  # a file CRFsuite writes when it had nothing to train on
+            raise crfsuite.CRFsuiteFormatError(f"{source}: the model has no labels (CRFsuite trained it on no data)")
+        out = cls(boundary_transitions=False)
+        out._set_fitted_attributes(crfsuite.fitted_attributes(model))
+        return out
+
+    def _set_fitted_attributes(self, attributes: dict) -> None:
+        for name, value in attributes.items():
+            setattr(self, name, value)
+
+    @contextlib.contextmanager
+    def _replacing_fitted_state(self):
+        """Clear the fitted state (every attribute ``fit`` sets) for the block to set a new one;
+        if the block fails, the old state is put back (a failed fit leaves the model as it was)."""
+
+        def fitted() -> list[str]:
+            return [k for k in vars(self) if k.endswith("_") or k in _FITTED_PRIVATE or k == "_tagger"]
+
+        before = {k: self.__dict__.pop(k) for k in fitted()}
+        try:
+            yield
+        except BaseException:
+            for name in fitted():
+                del self.__dict__[name]
+            self.__dict__.update(before)
+            raise
+
+    def validate_params(self) -> hyper.Settings:
+        """Check every parameter (what ``fit`` checks first).
+
+        Returns
+        -------
+        crf._params.Settings
+            The stopping settings with the algorithm's defaults filled in and ``boundary``,
+            whether the model gets start/end weights (``boundary_transitions`` resolved).
+
+        Raises
+        ------
+        ValueError
+            Naming the first bad parameter.
+        """
+        return hyper.validate(self.get_params(), _DEFAULTS)
 
     # --- inputs --------------------------------------------------------------------------
 
-    def _batch(self, X, fitting: bool = False) -> SequenceBatch:
+    def _batch(self, X) -> SequenceBatch:
         if isinstance(X, SequenceBatch):
-            if not fitting and X.n_attributes != self.n_attributes_:
+            if X.n_attributes != self.n_attributes_:
                 raise ValueError(f"batch has {X.n_attributes} attributes, the model was fitted on {self.n_attributes_}")
-            _check_finite(X)
+            check_finite(X)
             return X
-        if fitting:
-            self.attribute_index_ = AttributeIndex()
-            return self.attribute_index_.fit_transform(X)
         if getattr(self, "attribute_index_", None) is None:
             raise ValueError("this model was fitted on a SequenceBatch: pass a SequenceBatch")
         return self.attribute_index_.transform(X)
 
-    def _label_codes(self, y, batch: SequenceBatch) -> np.ndarray:
-        if len(y) != batch.n_sequences:
-            raise ValueError(f"{batch.n_sequences} sequences in X but {len(y)} in y")
-        for i, (labels, length) in enumerate(zip(y, batch.lengths)):
-            if len(labels) != length:
-                raise ValueError(f"sequence {i}: {length} tokens in X but {len(labels)} labels in y")
-        flat = _flat_labels(y)
-        index = {label: i for i, label in enumerate(self.classes_)}
-        codes, uniques = pd.factorize(flat)  # None (unknown) gets -1
-        mapping = np.array([index.get(u, -1) for u in uniques], dtype=np.int64)
-        out = np.full(codes.size, -1, dtype=np.int64)
-        known = codes >= 0
-        out[known] = mapping[codes[known]]
-        return out
-
     # --- training ------------------------------------------------------------------------
 
     def fit(self, X, y, X_dev=None, y_dev=None, attribute_names: Sequence[str] | None = None) -> CRF:
-        """Train on ``X``, ``y``; with ``X_dev``/``y_dev``, report dev accuracy every
-        ``dev_every`` iterations. ``attribute_names`` names the columns of a SequenceBatch.
-        Hyperparameters and dev arguments are checked before any work.
+        """Train on ``X``, ``y``.
 
-        A label of None is unknown (``lbfgs`` and ``l2sgd``): training then maximises the
-        probability of the known labels with the unknown ones summed out, and a sequence with no
-        known label adds nothing. Only known labels make features. With ``warm_start=True`` a
-        fitted model's weights are the starting point: its attributes and labels keep their
-        columns, new ones are added after them with weights starting at zero (a SequenceBatch
-        must keep the old columns: the same extractor, or one that only appends)."""
-        if (X_dev is None) != (y_dev is None):
-            raise ValueError("pass both X_dev and y_dev to evaluate on held-out data (or neither)")
-        settings = hyper.validate(self.get_params())
-        boundary = self._boundary()
-        if self.model_filename is not None and isinstance(X, SequenceBatch) and attribute_names is None:
-            raise ValueError("model_filename writes attribute names: pass attribute_names with a SequenceBatch")
-        if len(X) == 0 or len(y) == 0:
-            raise ValueError("fit needs at least one training sequence (X and y are empty)")
-        flat_labels = _flat_labels(y)
-        check_labels(flat_labels, unknown=True)
-        partial = any(label is None for label in flat_labels)
-        if partial and settings.algorithm not in ("lbfgs", "l2sgd"):
-            raise ValueError(f"unknown labels (None) need algorithm='lbfgs' or 'l2sgd', not {settings.algorithm!r}")
-        if partial and all(label is None for label in flat_labels):
-            raise ValueError("fit needs at least one known label (every label of y is None)")
-        previous = PreviousFit.of(self) if self.warm_start and self._fitted() else None
-        if previous is not None and isinstance(X, SequenceBatch):
-            previous.check_batch(X, attribute_names)  # before the fitted model is cleared
-        elif previous is not None and previous.attribute_names is None:
-            raise ValueError(
-                "warm_start: the fitted model's attributes have no names (it was fitted on a SequenceBatch without "
-                "attribute_names), so new feature dicts or lists cannot be matched to its weights; fit on batches "
-                "with the same columns"
-            )
+        Every parameter and input is checked before any training (:mod:`crf._training`): the
+        call becomes one training problem, the solver of ``algorithm`` trains it, and the fitted
+        state is set at the end (a failed fit leaves the model as it was).
+
+        Parameters
+        ----------
+        X : list of sequences of token features (dicts, or lists of attribute strings), or a
+            :class:`~crf.batch.SequenceBatch` (T tokens x A attributes).
+        y : list of label sequences, one label per token. A label of None is unknown
+            (``lbfgs`` and ``l2sgd``): training then maximises the probability of the known
+            labels with the unknown ones summed out; only known labels make features.
+        X_dev, y_dev : held-out data; the dev accuracy is reported every ``dev_every`` iterations
+            (to ``callback``, as ``IterationInfo.dev_accuracy``).
+        attribute_names : (A,) the names of a SequenceBatch's columns.
+
+        Returns
+        -------
+        CRF
+            self. With ``warm_start=True`` a fitted model's weights are the starting point: its
+            attributes and labels keep their columns, new ones are added after them with weights
+            starting at zero (a SequenceBatch must keep the old columns).
+        """
         began = time.perf_counter()
-        before = self._fitted_state()  # put back if this fit fails: a failed fit leaves the model as it was
-        for name in [*before, "_tagger"]:
-            self.__dict__.pop(name, None)
-        self._fitting = True
-        try:
-            batch = self._batch(X, fitting=True)
-            if isinstance(X, SequenceBatch):
-                self.attribute_index_ = None
-                names = attribute_names if attribute_names is not None else previous and previous.attribute_names
-                self.attributes_ = list(names) if names is not None else None
-            else:
-                if previous is not None and previous.attribute_names is not None:
-                    batch = self._merge_attributes(previous, batch)
-                self.attributes_ = [str(a) for a in self.attribute_index_.names()]
-            classes = label_classes(flat_labels, unknown=True)
-            self.classes_ = classes if previous is None else previous.merged_classes(classes)
-            self.n_attributes_ = batch.n_attributes
-            largest = _largest_value(batch, self.attributes_)
-            if largest is not None and abs(largest[0]) >= LARGE_VALUE:
-                message = (
-                    f"{largest[1]} has the value {largest[0]:g}: attribute values this large leave the objective so badly "
-                    "scaled that training may not move; scale such attributes (for example to [0, 1] or by a logarithm)"
-                )
-                log.warning("%s", message)
-                warnings.warn(message, RuntimeWarning, stacklevel=2)
-            codes = self._label_codes(y, batch)
-            dev_batch = None
-            if X_dev is not None:
-                dev_batch = self._batch(X_dev)
-                if len(y_dev) != dev_batch.n_sequences:
-                    raise ValueError(f"{dev_batch.n_sequences} sequences in X_dev but {len(y_dev)} in y_dev")
-            L = len(self.classes_)
-            index = None if self.all_possible_states else hyper.feature_index(batch.X, codes, L, self.min_freq)
-            structure = chain_structure(self.order, L)
-            trainable = structure.trainable(batch.offsets, codes, self.min_freq, boundary, bool(self.all_possible_transitions))
-            if previous is not None:
-                index, trainable = previous.feature_index(index, L), previous.trainable(trainable, structure)
-            params = ParameterLayout(batch.n_attributes, L, index, self.order)
-            candidates, start_from = None, previous
-            self.pruner_, self.pruned_mass_ = None, None
-            if self.pruning_threshold is not None:
-                self.pruner_ = self._fit_pruner(batch, y, previous)
-                candidates = self.pruner_.candidates(batch.X, batch.lengths, self.pruning_threshold)
-                known = np.flatnonzero(codes >= 0)
-                candidates[known, codes[known]] = True  # the gold labels stay in the lattice
-                self.pruned_mass_ = self.pruner_.pruned_mass(batch.X, batch.lengths, candidates)
-                log.info(
-                    "pruning: %.2f candidate labels per token (of %d), first-order mass pruned away %.2e per token",
-                    candidates.sum() / max(1, candidates.shape[0]), L, self.pruned_mass_ / max(1, candidates.shape[0]),
-                )  # fmt: skip
-                if start_from is None:  # from the first-order optimum: its weights, no trigram weight yet
-                    start_from = PreviousFit.of(self.pruner_)
-            theta0 = start_from.theta(params) if start_from is not None else np.zeros(params.size)
-            callback = self._iteration_callback(params, dev_batch, y_dev)
-            result = self._train(settings, batch, codes, params, trainable, callback, theta0, candidates)
-            # from zero weights no step lowering the loss means the data cannot be fitted as given; a
-            # warm start (or the pruner's first-order optimum) may simply begin at the optimum
-            if start_from is None and result.iterations == 0 and result.stop_reason.startswith("line search"):
-                where = "" if largest is None else f"; the largest attribute value is {largest[0]:g} ({largest[1]})"
-                raise TrainingError(
-                    f"training could not move from its starting weights ({result.stop_reason}): no step lowered the loss{where}"
-                )
-        except BaseException:
-            for name in [*self._fitted_state(), "_tagger"]:
-                self.__dict__.pop(name, None)
-            self.__dict__.update(before)
-            raise
-        finally:
-            del self._fitting
-        self._set_weights(params, result.theta)
-        self.training_log_ = training_log(result.history)
-        self.n_iter_ = result.iterations
-        self.n_evaluations_ = result.evaluations
-        self.stop_reason_ = result.stop_reason
-        self.training_seconds_ = time.perf_counter() - began
-        if self.model_filename is not None:
-            from .crfsuite import write_crfsuite_model
-
-            write_crfsuite_model(self, self.model_filename)
+        params = self.get_params()
+        previous = PreviousFit.of(self) if self.warm_start and self._fitted() else None
+        problem = training_problem(X, y, X_dev, y_dev, attribute_names, params, _DEFAULTS, previous)
+        pruner, candidates, pruned_mass = self._pruning(problem)
+        start = problem.start or (PreviousFit.of(pruner) if pruner is not None else None)
+        theta0 = None if start is None else start.theta(problem.layout)
+        result = solve(problem, params, theta0, self._iteration_callback(problem, pruner), candidates)
+        with self._replacing_fitted_state():
+            self._set_fitted(problem, result.theta, pruner, pruned_mass)
+            self.training_log_ = training_log(result.history)
+            self.n_iter_ = result.iterations
+            self.n_evaluations_ = result.evaluations
+            self.stop_reason_ = result.stop_reason
+            self.training_seconds_ = time.perf_counter() - began
+            if self.model_filename is not None:  # sklearn-crfsuite's model_filename
+                crfsuite.write_crfsuite_model(self, self.model_filename)
         return self
 
-    def _merge_attributes(self, previous: PreviousFit, batch: SequenceBatch) -> SequenceBatch:
-        """``batch`` (under the new data's own attribute index) moved into the columns of the old
-        attributes followed by the new ones; the index becomes that merged one."""
-        merged, columns = previous.merged_names(self.attribute_index_.names().tolist())
-        X = batch.X.copy()
-        X.indices = columns[X.indices].astype(X.indices.dtype)
-        X = sp.csr_matrix((X.data, X.indices, X.indptr), shape=(X.shape[0], len(merged)))
-        X.sort_indices()
-        self.attribute_index_.index_ = dict(zip(merged, range(len(merged))))
-        return SequenceBatch(X, batch.offsets)
+    def _set_fitted(self, problem: TrainingProblem, theta: np.ndarray, pruner: CRF | None, pruned_mass: float | None) -> None:
+        """Become the model of ``problem`` with the weights ``theta`` (layout.size,)."""
+        layout = problem.layout
+        self.classes_ = problem.classes
+        self.attributes_ = problem.attributes
+        self.attribute_index_ = problem.attribute_index
+        self.n_attributes_ = problem.batch.n_attributes
+        state = layout.split(theta)[0]
+        # sparse layouts get a fresh (A, L) array from split; dense ones a view of theta
+        self.state_weights_ = state if layout.feature_index is not None else state.copy()
+        for name, values in layout.tail_blocks(theta).items():
+            setattr(self, TAIL_ATTRIBUTES[name], np.array(values))
+        self.feature_index_ = layout.feature_index
+        self.pruner_ = pruner
+        self.pruned_mass_ = pruned_mass
 
-    def _fit_pruner(self, batch: SequenceBatch, y, previous: PreviousFit | None) -> CRF:
-        """The first-order model whose marginals choose the candidate labels of a pruned
-        second-order model: this model's settings at order 1, warm-started from the previous
-        fit's pruner when there is one."""
+    def _pruning(self, problem: TrainingProblem) -> tuple[CRF | None, np.ndarray | None, float | None]:
+        """(the first-order model whose marginals choose the candidate labels of a pruned
+        second-order model, the candidates (T, L) bool, the first-order mass they leave out), or
+        Nones without ``pruning_threshold``. The pruner has this model's settings at order 1 and
+        is warm-started from the previous fit's pruner when there is one."""
+        if self.pruning_threshold is None:
+            return None, None, None
         settings = {k: v for k, v in self.get_params().items() if k not in ("callback", "model_filename", "verbose")}
-        pruner = CRF(**{**settings, "order": 1, "pruning_threshold": None, "warm_start": False})
-        old = previous.pruner if previous is not None else None
-        if old is not None:
-            pruner._take_fitted_state(old)
-            pruner.warm_start = True
+        settings.update(order=1, pruning_threshold=None, warm_start=False)
+        old = problem.start.pruner if problem.start is not None else None
+        pruner = CRF(**settings) if old is None else copy.copy(old).set_params(**settings, warm_start=True)
         began = time.perf_counter()
-        pruner.fit(batch, y, attribute_names=self.attributes_)
+        batch, y = problem.batch, label_sequences(problem)
+        pruner.fit(batch, y, attribute_names=problem.attributes)
         log.info("pruning model (first order): %d iterations, %.1fs", pruner.n_iter_, time.perf_counter() - began)
         pruner.warm_start = False
-        return pruner
+        candidates = pruner.candidates(batch.X, batch.lengths, self.pruning_threshold)
+        known = np.flatnonzero(problem.codes >= 0)
+        candidates[known, problem.codes[known]] = True  # the gold labels stay in the lattice
+        pruned_mass = pruner.pruned_mass(batch.X, batch.lengths, candidates)
+        log.info(
+            "pruning: %.2f candidate labels per token (of %d), first-order mass pruned away %.2e per token",
+            candidates.sum() / max(1, candidates.shape[0]), problem.n_labels, pruned_mass / max(1, candidates.shape[0]),
+        )  # fmt: skip
+        return pruner, candidates, pruned_mass
 
-    def _train(self, settings, batch, codes, params, trainable, callback, theta0, candidates=None) -> optimize.TrainingResult:
-        stopping = optimize.StoppingRule(settings.max_iterations, settings.epsilon, settings.period, settings.delta)
-        frozen = params.n_state + np.flatnonzero(~trainable)
-        with single_threaded_blas():
-            if settings.algorithm == "lbfgs":
-                objective = Objective(batch.X, batch.offsets, codes, params, self.n_threads, candidates=candidates)
-                release_free_memory()  # what building it freed, before the iterations add their working memory
-                result = optimize.lbfgs(
-                    objective, theta0, self.c1, self.c2, stopping, self.num_memories, callback, frozen, self.max_linesearch
-                )
-                del objective
-                release_free_memory()  # the iterations' working memory, before the model's weights are made
-                return result
-            if settings.algorithm == "l2sgd":
-                calibration = optimize.Calibration(
-                    self.calibration_eta,
-                    self.calibration_rate,
-                    self.calibration_samples,
-                    self.calibration_candidates,
-                    self.calibration_max_trials,
-                )
-                return optimize.sgd(
-                    batch.X, batch.offsets, codes, params, theta0, self.c2, stopping, self.learning_rate,
-                    self.batch_size, self.random_state, callback, frozen, calibration, candidates,
-                )  # fmt: skip
-            rule = online.update_rule(
-                settings.algorithm, self.pa_type, self.c, self.error_sensitive, self.averaging, self.variance, self.gamma
-            )
-            return online.train(batch.X, batch.offsets, codes, params, frozen, rule, stopping, self.random_state, callback)
+    def _iteration_callback(self, problem: TrainingProblem, pruner: CRF | None):
+        """The solver's per-iteration callback: dev accuracy every ``dev_every`` iterations (by a
+        snapshot of the model at that iteration's weights), the verbose log line, ``callback``."""
+        dev = problem.dev
 
-    def _set_weights(self, params: ParameterLayout, theta: np.ndarray) -> None:
-        state = params.split(theta)[0]
-        # sparse layouts get a fresh (A, L) array from split; dense ones a view of theta
-        self.state_weights_ = state if params.feature_index is not None else state.copy()
-        for name, values in params.tail_blocks(theta).items():
-            setattr(self, TAIL_ATTRIBUTES[name], np.array(values))
-        self.feature_index_ = params.feature_index
-
-    def _iteration_callback(self, params, dev_batch, y_dev):
         def report(info: optimize.IterationInfo) -> None:
-            if dev_batch is not None and self.dev_every and info.iteration % self.dev_every == 0 and info.theta is not None:
-                self._set_weights(params, info.theta)
-                info.dev_predictions = self._predict_lists(dev_batch)
-                info.dev_accuracy = metrics.token_accuracy(y_dev, info.dev_predictions)
+            if dev is not None and self.dev_every and info.iteration % self.dev_every == 0 and info.theta is not None:
+                snapshot = CRF(order=self.order, pruning_threshold=self.pruning_threshold, n_threads=self.n_threads)
+                snapshot._set_fitted(problem, info.theta, pruner, None)
+                info.dev_predictions = snapshot._predict_lists(dev[0])
+                info.dev_accuracy = metrics.token_accuracy(dev[1], info.dev_predictions)
             if self.verbose:
-                dev = f" dev_acc={info.dev_accuracy:.2f}" if hasattr(info, "dev_accuracy") else ""
+                extra = f" dev_acc={info.dev_accuracy:.2f}" if hasattr(info, "dev_accuracy") else ""
                 log.info(
                     "iter %4d loss=%.4f |w|=%.4g |g|=%.4g active=%d %.1fs%s",
-                    info.iteration, info.loss, info.feature_norm, info.gradient_norm, info.active_features, info.elapsed, dev,
+                    info.iteration, info.loss, info.feature_norm, info.gradient_norm, info.active_features, info.elapsed, extra,
                 )  # fmt: skip
             if self.callback is not None:
                 self.callback(info)
@@ -463,7 +409,7 @@ class CRF(SegmentQueries, UncertaintyQueries, CRFsuiteView, BaseEstimator):
     # --- inference -----------------------------------------------------------------------
 
     def _check_fitted(self) -> None:
-        if "state_weights_" not in self.__dict__ and not self._load_model_file():
+        if not self._fitted():
             raise NotFittedCRFError("this CRF is not fitted yet; call fit() or CRF.load()")
 
     def emissions(self, X) -> tuple[np.ndarray, SequenceBatch]:
@@ -494,7 +440,7 @@ class CRF(SegmentQueries, UncertaintyQueries, CRFsuiteView, BaseEstimator):
 
     def _structure(self) -> FirstOrderChain:
         """The tail structure of this model's order (:mod:`crf._order`)."""
-        return chain_structure(self.order, len(self.classes_))
+        return chain_structure(self.fitted_order, len(self.classes_))
 
     def _tail(self) -> np.ndarray:
         """The fitted tail of label n-gram weights, flat (see :mod:`crf._order`)."""
@@ -532,9 +478,6 @@ class CRF(SegmentQueries, UncertaintyQueries, CRFsuiteView, BaseEstimator):
         tokens: a bound (by the union bound) on the probability, under this model, of the paths
         that leave the pruned lattice, summed over sequences."""
         return float(np.where(keep, 0.0, self._marginals_of(X, lengths)).sum())
-
-    def _split(self, flat, batch: SequenceBatch) -> list:
-        return [flat[a:b] for a, b in zip(batch.offsets[:-1], batch.offsets[1:])]
 
     def _by_sequence(self, X, query) -> list:
         """``query(batch)`` (one list entry per sequence) over the non-empty sequences of ``X``,
@@ -577,7 +520,7 @@ class CRF(SegmentQueries, UncertaintyQueries, CRFsuiteView, BaseEstimator):
             parts = workers.map(tag, contiguous_parts(batch.offsets, n_threads))
         labels = np.concatenate([p[0] for p in parts])
         scores = np.concatenate([p[1] for p in parts])
-        return self._split(labels, batch), scores
+        return split_by_sequence(labels, batch), scores
 
     def predict_single(self, xseq) -> list[str]:
         """Labels of one sequence (a list of str)."""
@@ -603,7 +546,7 @@ class CRF(SegmentQueries, UncertaintyQueries, CRFsuiteView, BaseEstimator):
     def _marginal_dicts(self, X) -> list[list[dict[str, float]]]:
         def query(X):
             marginals, batch = self.marginals(X)
-            return self._split([dict(zip(self.classes_, row)) for row in marginals.tolist()], batch)
+            return split_by_sequence([dict(zip(self.classes_, row)) for row in marginals.tolist()], batch)
 
         return self._by_sequence(X, query)
 
@@ -623,7 +566,7 @@ class CRF(SegmentQueries, UncertaintyQueries, CRFsuiteView, BaseEstimator):
     def sequence_probability(self, X, y) -> np.ndarray:
         """p(y | x) for every given labelling (N,) (0 for a labelling a pruned model's lattice leaves out)."""
         emissions, scores, batch = self.chain_inputs(X)
-        codes = self._label_codes(y, batch)
+        codes = label_codes(y, batch, self.classes_)
         if np.any(codes < 0):
             raise ValueError("y contains labels the model does not know")
         return np.exp(
@@ -634,12 +577,12 @@ class CRF(SegmentQueries, UncertaintyQueries, CRFsuiteView, BaseEstimator):
         """Token accuracy (a fraction) of the predictions (sklearn-crfsuite's ``score``); gold
         labels that are None (unknown) are left out (NaN if every one is)."""
         predicted = self._predict_lists(X)
-        gold = _flat_labels(y)
+        gold = flat_labels(y)
         known = np.array([label is not None for label in gold], dtype=bool)
         if known.all():
             return metrics.flat_accuracy_score(y, predicted)
         metrics.check_aligned(y, predicted, unknown=True)
-        flat = _flat_labels(predicted)
+        flat = flat_labels(predicted)
         return float(np.mean(gold[known] == flat[known])) if known.any() else float("nan")
 
     # --- persistence ---------------------------------------------------------------------
@@ -657,17 +600,8 @@ class CRF(SegmentQueries, UncertaintyQueries, CRFsuiteView, BaseEstimator):
 
 CRF.__doc__ += hyper.DOC
 
-
-def path_scores(emissions: np.ndarray, scores: tuple, offsets: np.ndarray, codes: np.ndarray) -> np.ndarray:
-    """score(y) (N,) of the labelling ``codes`` (T,) of sequences at ``offsets`` under the
-    chain's per-state ``emissions`` and ``scores``; -inf where the chain has no state for it."""
-    first = np.zeros(codes.size, dtype=bool)
-    first[offsets[:-1][offsets[:-1] < codes.size]] = True
-    states = chain.operator_of(scores[0]).states_of_labels(codes, first)
-    missing = np.add.reduceat((states < 0).astype(np.int64), offsets[:-1]) > 0 if codes.size else np.zeros(0, dtype=bool)
-    with np.errstate(invalid="ignore"):
-        out = chain.sequence_scores(emissions, *scores, offsets, np.maximum(states, 0))
-    return np.where(missing, -np.inf, out)
+# crf.CRF's signature is the one source of the parameters' defaults
+_DEFAULTS = {name: p.default for name, p in inspect.signature(CRF.__init__).parameters.items() if name != "self"}
 
 
 @register_kind

@@ -65,17 +65,19 @@ import numpy as np
 
 from . import _chain as chain
 from . import _params as hyper
-from ._crfsuite_view import ModelInfo
 from ._optimize import IterationInfo
+from ._tagger_view import ModelInfo
 from .attributes import _token_items
 from .crfsuite import (
     _HEADER,
     HEADER_SIZE,
     MAGIC,
+    MAX_KEY_BYTES,
     CRFsuiteModel,
     StateFeatures,
     crfsuite_from_crf,
     parse_crfsuite,
+    unstorable_name,
     write_crfsuite,
 )
 from .model import CRF
@@ -115,18 +117,27 @@ _PLAIN_VALUES = frozenset((str, int, float, bool))
 _STR_ONLY = frozenset((str,))
 
 
-def _flat_item(item, position: int) -> dict[str, float]:
+def _flat_item(item, position: int | str) -> dict[str, float]:
     """The attributes of an item of any accepted shape as ``{name: value}`` (repeated names add up,
-    as CRFsuite adds their scores)."""
+    as CRFsuite adds their scores). ``position`` names the item in errors."""
     flat: dict[str, float] = {}
-    for name, value in _token_items(item, f"item {position}"):
+    where = f"item {position}" if isinstance(position, int) else position
+    for name, value in _token_items(item, where):
         if not math.isfinite(value):
-            raise ValueError(f"item {position}: attribute {name!r} has the non-finite value {value}")
+            raise ValueError(f"{where}: attribute {name!r} has the non-finite value {value}")
         flat[name] = flat.get(name, 0.0) + value
     return flat
 
 
-def _item(item, position: int):
+def _finite_numbers(values) -> bool:
+    """Whether every int and float of ``values`` is a finite float (an int may be too large)."""
+    try:
+        return all(map(math.isfinite, (v for v in values if type(v) is not str)))
+    except OverflowError:
+        return False
+
+
+def _item(item, position: int | str):
     """One item in a form :class:`crf.features.AttributeIndex` reads with python-crfsuite's rules
     and that later changes to the caller's objects cannot reach: a list of ``str`` names, a dict
     of ``str`` keys and ``str``/number values (copied), or else the flattened ``{name: value}``."""
@@ -139,25 +150,45 @@ def _item(item, position: int):
         return list(item)
     if kind is dict:
         values = item.values()
-        if (
-            set(map(type, item)) <= _STR_ONLY
-            and set(map(type, values)) <= _PLAIN_VALUES
-            and all(map(math.isfinite, (v for v in values if type(v) is float)))
-        ):
+        if set(map(type, item)) <= _STR_ONLY and set(map(type, values)) <= _PLAIN_VALUES and _finite_numbers(values):
             return dict(item)
         return _flat_item(item, position)
     if isinstance(item, (str, bytes)):
-        raise TypeError(f"item {position} is the string {item!r}: an item is a dict or a list of attribute names")
+        where = f"item {position}" if isinstance(position, int) else position
+        raise TypeError(f"{where} is the string {item!r}: an item is a dict or a list of attribute names")
     return _flat_item(item, position)
 
 
-def _items(xseq) -> list:
-    """The items of ``xseq`` (an :class:`ItemSequence` or an iterable of items), checked."""
+def _items(xseq, sequence: int | None = None) -> list:
+    """The items of ``xseq`` (an :class:`ItemSequence` or an iterable of items), checked; errors
+    name ``sequence N, item t`` (``item t`` without ``sequence``)."""
     if isinstance(xseq, ItemSequence):
         return xseq._items
     if isinstance(xseq, (str, bytes, Mapping)) or not isinstance(xseq, Iterable):
         raise TypeError(f"an item sequence is a list of items (dicts or lists of attribute names), not a {type(xseq).__name__}")
-    return [_item(item, t) for t, item in enumerate(xseq)]
+    if sequence is None:
+        return [_item(item, t) for t, item in enumerate(xseq)]
+    return [_item(item, f"sequence {sequence}, item {t}") for t, item in enumerate(xseq)]
+
+
+def _check_storable(items: list, labels: list[str], sequence: int) -> None:
+    """Refuse the attribute names and labels of one sequence that a CRFsuite model file cannot
+    hold (:func:`crf.crfsuite.unstorable_name`), as soon as it is appended: ``train`` writes one.
+    The common case is checked by C-level joins; a suspect item is then looked at name by name."""
+    if "\0" in "".join(labels) or max(map(len, labels)) >= MAX_KEY_BYTES // 4:
+        for t, label in enumerate(labels):
+            problem = unstorable_name(label)
+            if problem is not None:
+                raise ValueError(f"sequence {sequence}, item {t}: the label {label[:40]!r} {problem}")
+    for t, item in enumerate(items):
+        parts = item if isinstance(item, list) else [*item, *(v for v in item.values() if type(v) is str)]
+        longest = max(map(len, parts), default=0)
+        if "\0" not in "".join(parts) and 2 * longest + 1 < MAX_KEY_BYTES // 4:
+            continue
+        for name, _ in _item_pairs(item):
+            problem = unstorable_name(name)
+            if problem is not None:
+                raise ValueError(f"sequence {sequence}, item {t}: the attribute {name[:40]!r} {problem}")
 
 
 def _labels(yseq, what: str = "yseq") -> list[str]:
@@ -724,7 +755,7 @@ class _Training:
 
     def run(self, path: str) -> None:
         estimator = self.estimator()
-        hyper.validate(estimator.get_params())  # before any work or output
+        estimator.validate_params()  # before any work or output
         folder = os.path.dirname(os.path.abspath(path)) if path else None
         if folder is not None and not os.path.isdir(folder):
             raise FileNotFoundError(f"cannot write the model to {path!r}: no folder {folder!r}")
@@ -781,12 +812,14 @@ class BaseTrainer:
     def append(self, xseq, yseq, group: int = 0) -> None:
         """Add an instance: ``xseq`` (items, see :class:`ItemSequence`) labelled ``yseq`` (label
         strings, one per item). ``group`` numbers it for :meth:`train`'s ``holdout``."""
-        items = _items(xseq)
+        sequence = len(self._xseqs)
+        items = _items(xseq, sequence)
         labels = _labels(yseq)
         if len(items) != len(labels):
             raise ValueError(f"the numbers of items and labels differ: {len(items)} items, {len(labels)} labels")
         if not items:
             raise ValueError("an empty item sequence cannot be appended (it holds nothing to train on)")
+        _check_storable(items, labels, sequence)
         if isinstance(group, bool) or not isinstance(group, numbers.Integral):
             raise TypeError(f"group must be an integer, got {group!r}")
         self._xseqs.append(items)

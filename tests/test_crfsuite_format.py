@@ -14,7 +14,6 @@ from crf.crfsuite import (
     CRFsuiteFormatError,
     CRFsuiteModel,
     StateFeatures,
-    crf_from_crfsuite,
     crfsuite_from_crf,
     hashlittle,
     read_crfsuite,
@@ -126,7 +125,7 @@ def _check_same_as_tagger(crf: CRF, tagger, X, y) -> None:
 
 def test_crf_from_crfsuite_tags_like_crfsuite(crfsuite_file):
     path, X, y = crfsuite_file
-    crf = crf_from_crfsuite(read_crfsuite(path))
+    crf = CRF.from_crfsuite(read_crfsuite(path))
     assert not crf.start_weights_.any() and not crf.end_weights_.any()
     _check_same_as_tagger(crf, _tagger(path), X, y)
 
@@ -135,7 +134,7 @@ def test_written_file_opens_in_crfsuite_and_tags_identically(crfsuite_file, tmp_
     path, X, y = crfsuite_file
     model = read_crfsuite(path)
     written = tmp_path / "ours.crfsuite"
-    write_crfsuite(written, crfsuite_from_crf(crf_from_crfsuite(model)))
+    write_crfsuite(written, crfsuite_from_crf(CRF.from_crfsuite(model)))
     again = read_crfsuite(written)
     assert again.labels == model.labels and again.attributes == model.attributes
     np.testing.assert_array_equal(again.transitions, model.transitions)
@@ -143,7 +142,7 @@ def test_written_file_opens_in_crfsuite_and_tags_identically(crfsuite_file, tmp_
         np.testing.assert_array_equal(ours, theirs)
     tagger = _tagger(written)
     assert tagger.info().state_features == _tagger(path).info().state_features
-    _check_same_as_tagger(crf_from_crfsuite(model), tagger, X, y)
+    _check_same_as_tagger(CRF.from_crfsuite(model), tagger, X, y)
     assert not list(tmp_path.glob(".*.tmp"))  # no temporary file left behind
 
 
@@ -300,7 +299,7 @@ def test_conll2000_crfsuite_model_tagged_by_our_crf(conll, tmp_path):
     extractor, X_train, y_train, _, lists_test, y_test = conll
     path = tmp_path / "conll.crfsuite"
     _train_crfsuite(path, extractor.attribute_lists(X_train), y_train, c2=1.0, max_iterations=30)
-    crf = crf_from_crfsuite(read_crfsuite(path))
+    crf = CRF.from_crfsuite(read_crfsuite(path))
     tagger = _tagger(path)
     assert list(crf.predict(lists_test)) == [tagger.tag(xseq) for xseq in lists_test]
     _check_same_as_tagger(crf, tagger, lists_test[:100], y_test[:100])
@@ -317,4 +316,4 @@ def test_conll2000_our_model_tagged_by_crfsuite(conll, tmp_path):
     write_crfsuite(path, crfsuite_from_crf(crf))
     tagger = _tagger(path)
     assert list(crf.predict(X_test)) == [tagger.tag(xseq) for xseq in lists_test]
-    _check_same_as_tagger(crf_from_crfsuite(read_crfsuite(path)), tagger, lists_test[:100], y_test[:100])
+    _check_same_as_tagger(CRF.from_crfsuite(read_crfsuite(path)), tagger, lists_test[:100], y_test[:100])

@@ -568,7 +568,7 @@ def test_a_job_refuses_a_source_of_another_algorithm_or_model_layout(tmp_path):
     # a CRFsuite file beside the model means no start/end weights, for the source (whose file does
     # not keep the path) as for the job
     crfsuite = saved("crfsuite", model_filename=str(tmp_path / "source.crfsuite"))
-    assert CRF.load(crfsuite / "model.npz")._boundary() is False
+    assert CRF.load(crfsuite / "model.npz").validate_params().boundary is False
     assert adapter.warm_start_problem(cfg({}, model_filename=str(tmp_path / "job.crfsuite")), crfsuite) is None
     assert adapter.warm_start_problem(cfg({}), crfsuite) == "boundary_transitions False there, True here"
     # a damaged cached model is no start (the trial trains from zero), not an error

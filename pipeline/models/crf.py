@@ -25,9 +25,7 @@ import numpy as np
 import pandas as pd
 from omegaconf import OmegaConf
 
-from crf import CRF, TaggerBundle, metrics
-from crf import _params as params
-from crf._optimize import IterationInfo
+from crf import CRF, IterationInfo, TaggerBundle, metrics, parameter_applies
 from crf.model import BundledCRF
 from pipeline.engine.validate import SettingsError, section, unknown_keys, where
 from pipeline.models import BUNDLE_FILE, METRICS_FILE, WARM_START_INPUT, BaseAdapter, bundle_source, default_threads
@@ -105,7 +103,7 @@ class Progress:
         self.gold_dev = gold_dev
         self.scheme = scheme
         self.log_steps = log_steps
-        self.settings = params.validate(model.get_params())  # stopping rule with the algorithm's defaults
+        self.settings = model.validate_params()  # stopping rule with the algorithm's defaults
         self.history: list[dict] = []
         self.pending: list[tuple[int, dict]] = []
         self.log_every = log_every
@@ -187,7 +185,7 @@ LAYOUT_PARAMS = (
 def _layout_value(model: CRF, name: str):
     """``model``'s parameter ``name`` as it shapes the weights (boundary_transitions=None means
     whatever the CRF resolves it to)."""
-    return model._boundary() if name == "boundary_transitions" else model.get_params()[name]
+    return model.validate_params().boundary if name == "boundary_transitions" else model.get_params()[name]
 
 
 def warm_started(path: Path, model: CRF) -> CRF:
@@ -210,14 +208,14 @@ class CRFAdapter(BaseAdapter):
         return frozenset(CRF().get_params()) | frozenset(CONFIG_ONLY) if section in ("model", "trainer") else frozenset()
 
     def validate(self, cfg) -> None:
-        """Every CRF setting as the estimator checks it (``crf._params.validate``), and no key the
+        """Every CRF setting as the estimator checks it (``CRF.validate_params``), and no key the
         CRF does not have (a misspelt one would be ignored)."""
         model, trainer = section(cfg, "model"), section(cfg, "trainer")
         unknown_keys("trainer", trainer, self.known_keys("trainer"))
         unknown_keys("model", model, self.known_keys("model"))
         try:
             estimator = build_model(model, trainer, seed=0, dev_every=int(cfg.train.dev_every), threads=trainer.get("threads"))
-            params.validate(estimator.get_params())
+            estimator.validate_params()
         except ValueError as error:
             raise SettingsError(where(str(error), {"trainer": trainer, "model": model})) from None
 
@@ -238,7 +236,7 @@ class CRFAdapter(BaseAdapter):
     def can_warm_start(self, cfg) -> bool:
         """Whether the configured trainer starts from given weights (L-BFGS and SGD do; the
         online trainers, ap, pa and arow, do not)."""
-        return params.applies("warm_start", str(cfg.trainer.algorithm))
+        return parameter_applies("warm_start", str(cfg.trainer.algorithm))
 
     def warm_start_problem(self, cfg, folder: Path) -> str | None:
         """Why the CRF saved in ``folder`` is no starting point for ``cfg``'s fit, or None: it was

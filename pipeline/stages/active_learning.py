@@ -6,7 +6,7 @@ A run starts from a seeded set of fully labelled sentences and repeats rounds: f
 in the pool by a query strategy, and have the annotator label the top ones until the round's
 budget of tokens is spent. Cost is counted in tokens asked of the annotator.
 
-Strategies (each ranks the pool by one figure of :class:`crf._uncertainty.Uncertainty`, most
+Strategies (each ranks the pool by one figure of :class:`crf.Uncertainty`, most
 uncertain first): ``random``; ``least_confidence`` (1 - p(best path)); ``margin`` (the smallest
 difference between the two best paths first); ``token_entropy`` (the sum of the tokens' marginal
 entropies, Settles and Craven's total token entropy); ``nbest_entropy`` (the entropy of the N best
@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 from omegaconf import OmegaConf
 
-from crf._uncertainty import Uncertainty
+from crf import Uncertainty
 from pipeline.engine.stage import BaseStage, StageContext
 from pipeline.models import ModelAdapter, default_threads
 from pipeline.report import figure, save_figure
@@ -381,8 +381,7 @@ class _Checkpoint:
             return None
         if frame.empty or int(frame["labelled_tokens"].iloc[-1]) != int(annotation["asked_tokens"]):
             return None  # not one round's state (written by another version): start afresh
-        model = make_model()
-        model._take_fitted_state(loaded)
+        model = loaded.set_params(**make_model().get_params())
         fields = [k for k in Round.__dataclass_fields__ if k != "extra"]
         rounds = [
             Round(**{k: row[k] for k in fields}, extra={k: v for k, v in row.items() if k not in fields})

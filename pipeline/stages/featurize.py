@@ -19,7 +19,7 @@ import numpy as np
 import scipy.sparse as sp
 from omegaconf import OmegaConf
 
-from crf._persist import ModelFileError, load_arrays, save_arrays
+from crf import ModelFileError, load_arrays, save_arrays
 from crf.batch import SequenceBatch
 from crf.features import FeatureExtractor
 from pipeline.engine.cache import file_sha256

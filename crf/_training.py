@@ -1,0 +1,383 @@
+"""Training a CRF in three steps: a validated training problem, a solver, the fitted weights.
+
+:func:`training_problem` turns one ``fit`` call (data, labels, dev data, the estimator's
+parameters and, for a warm start, the fitted model it starts from) into a
+:class:`TrainingProblem`, checking every input and the compatibility of the warm start before
+any training. :func:`solve` runs the solver of the problem's algorithm on it. Neither touches the
+estimator: :class:`crf.CRF` sets its fitted state from the problem and the solver's result.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import scipy.sparse as sp
+
+from . import _online as online
+from . import _optimize as optimize
+from . import _params as hyper
+from ._objective import Objective, ParameterLayout
+from ._order import chain_structure
+from ._parallel import release_free_memory, single_threaded_blas
+from ._warm import PreviousFit
+from .attributes import AttributeIndex
+from .batch import SequenceBatch, check_label_names, check_labels, label_classes
+from .crfsuite import unstorable_name
+
+log = logging.getLogger("crf.model")
+
+#: attribute values of at least this magnitude are reported: next to the usual 0/1 indicators they
+#: make the objective so badly scaled that quasi-Newton steps cannot move
+LARGE_VALUE = 1e6
+
+
+class TrainingError(RuntimeError):
+    """Training ended without moving from its starting point although the objective was not at
+    its minimum there: the data cannot be fitted as given (the message says why)."""
+
+
+@dataclass
+class TrainingProblem:
+    """One ``fit`` call, checked: what the solver trains on and what the fitted model keeps.
+
+    Attributes
+    ----------
+    batch : the training data, its columns in the model's attribute order (T tokens, A attributes).
+    codes : (T,) int64 label index of every token; -1 where the label is unknown (None).
+    classes : (L,) the labels, old ones first on a warm start.
+    attributes : (A,) attribute names, or None for an unnamed SequenceBatch.
+    attribute_index : the fitted attribute vocabulary (None when X is a SequenceBatch).
+    layout : where each weight lives in the parameter vector.
+    trainable : (tail_size,) which label n-gram weights are features.
+    settings : the validated hyperparameters, with the algorithm's defaults filled in.
+    start : the fit a warm start begins from (None: zero weights).
+    dev : (dev batch, dev labels) or None.
+    largest : (the attribute value of largest magnitude, where it is), or None.
+    """
+
+    batch: SequenceBatch
+    codes: np.ndarray
+    classes: list
+    attributes: list[str] | None
+    attribute_index: AttributeIndex | None
+    layout: ParameterLayout
+    trainable: np.ndarray
+    settings: hyper.Settings
+    start: PreviousFit | None
+    dev: tuple[SequenceBatch, list] | None
+    largest: tuple[float, str] | None
+
+    @property
+    def n_labels(self) -> int:
+        return len(self.classes)
+
+
+def flat_labels(y) -> np.ndarray:
+    """All labels of ``y`` (a list of label sequences) in one object array (T,)."""
+    flat = np.empty(sum(map(len, y)), dtype=object)
+    flat[:] = [label for labels in y for label in labels]
+    return flat
+
+
+def split_by_sequence(flat, batch: SequenceBatch) -> list:
+    """Per-token values ``flat`` (T,) as one list entry per sequence of ``batch``."""
+    return [flat[a:b] for a, b in zip(batch.offsets[:-1], batch.offsets[1:])]
+
+
+def label_sequences(problem: TrainingProblem) -> list[list]:
+    """The training labels of ``problem`` as label sequences (None where unknown)."""
+    classes = np.array([*problem.classes, None], dtype=object)
+    return [part.tolist() for part in split_by_sequence(classes[problem.codes], problem.batch)]  # code -1 reads None
+
+
+def entry_position(batch: SequenceBatch, entry: int, names=None) -> str:
+    """``sequence i, token t: attribute <name or column>`` of the ``entry``-th stored value of X."""
+    row = int(np.searchsorted(batch.X.indptr, entry, side="right")) - 1
+    sequence = int(np.searchsorted(batch.offsets, row, side="right")) - 1
+    column = int(batch.X.indices[entry])
+    attribute = f"{names[column]!r}" if names is not None else f"column {column}"
+    return f"sequence {sequence}, token {row - int(batch.offsets[sequence])}: attribute {attribute}"
+
+
+def check_finite(batch: SequenceBatch, names=None, what: str = "") -> None:
+    """Refuse a non-finite attribute value: it would silently turn into a NaN model or NaN marginals."""
+    bad = np.flatnonzero(~np.isfinite(batch.X.data))
+    if bad.size:
+        where = entry_position(batch, int(bad[0]), names)
+        raise ValueError(f"{what}{where} has the non-finite value {batch.X.data[bad[0]]} ({bad.size} such values)")
+
+
+def _largest_value(batch: SequenceBatch, names=None) -> tuple[float, str] | None:
+    if not batch.X.nnz:
+        return None
+    entry = int(np.argmax(np.abs(batch.X.data)))
+    return float(batch.X.data[entry]), entry_position(batch, entry, names)
+
+
+def label_codes(y, batch: SequenceBatch, classes: Sequence, what: str = "") -> np.ndarray:
+    """(T,) int64 index in ``classes`` of every label of ``y`` (-1 for None or a label not in
+    ``classes``), after checking that ``y`` has a label per token of ``batch``."""
+    if len(y) != batch.n_sequences:
+        raise ValueError(f"{batch.n_sequences} sequences in X{what} but {len(y)} in y{what}")
+    for i, (labels, length) in enumerate(zip(y, batch.lengths)):
+        if len(labels) != length:
+            raise ValueError(f"sequence {i}: {length} tokens in X{what} but {len(labels)} labels in y{what}")
+    index = {label: i for i, label in enumerate(classes)}
+    codes, uniques = pd.factorize(flat_labels(y))  # None (unknown) gets -1
+    mapping = np.array([index.get(u, -1) for u in uniques], dtype=np.int64)
+    out = np.full(codes.size, -1, dtype=np.int64)
+    known = codes >= 0
+    out[known] = mapping[codes[known]]
+    return out
+
+
+def check_crfsuite_names(names: Sequence, what: str) -> None:
+    """Refuse, before training, the ``names`` a CRFsuite model file cannot hold (see
+    :func:`crf.crfsuite.unstorable_name`), naming the first one."""
+    for i, name in enumerate(names):
+        problem = unstorable_name(str(name))
+        if problem is not None:
+            raise ValueError(f"model_filename: {what} {i} ({str(name)[:40]!r}) {problem}")
+
+
+def _merge_attributes(previous: PreviousFit, index: AttributeIndex, batch: SequenceBatch) -> SequenceBatch:
+    """``batch`` (under the new data's own attribute ``index``) moved into the columns of the old
+    attributes followed by the new ones; ``index`` becomes that merged one."""
+    merged, columns = previous.merged_names(index.names().tolist())
+    X = batch.X.copy()
+    X.indices = columns[X.indices].astype(X.indices.dtype)
+    X = sp.csr_matrix((X.data, X.indices, X.indptr), shape=(X.shape[0], len(merged)))
+    X.sort_indices()
+    index.index_ = dict(zip(merged, range(len(merged))))
+    return SequenceBatch(X, batch.offsets)
+
+
+def _check_call(X, y, X_dev, y_dev, attribute_names, params: dict, settings: hyper.Settings) -> np.ndarray:
+    """The checks that need no featurisation; returns the flat training labels (T,)."""
+    if (X_dev is None) != (y_dev is None):
+        raise ValueError("pass both X_dev and y_dev to evaluate on held-out data (or neither)")
+    if params["model_filename"] is not None and isinstance(X, SequenceBatch) and attribute_names is None:
+        raise ValueError("model_filename writes attribute names: pass attribute_names with a SequenceBatch")
+    if len(X) == 0 or len(y) == 0:
+        raise ValueError("fit needs at least one training sequence (X and y are empty)")
+    if X_dev is not None and len(X_dev) != len(y_dev):
+        raise ValueError(f"{len(X_dev)} sequences in X_dev but {len(y_dev)} in y_dev")
+    flat = flat_labels(y)
+    check_labels(flat, unknown=True)
+    partial = any(label is None for label in flat)
+    if partial and settings.algorithm not in ("lbfgs", "l2sgd"):
+        raise ValueError(f"unknown labels (None) need algorithm='lbfgs' or 'l2sgd', not {settings.algorithm!r}")
+    if partial and all(label is None for label in flat):
+        raise ValueError("fit needs at least one known label (every label of y is None)")
+    return flat
+
+
+def _previous_fit(previous: PreviousFit | None, X, attribute_names, boundary: bool) -> PreviousFit | None:
+    """The warm start's source checked against this call (None: no warm start)."""
+    if previous is None:
+        return None
+    if isinstance(X, SequenceBatch):
+        previous.check_batch(X, attribute_names)
+    elif previous.attribute_names is None:
+        raise ValueError(
+            "warm_start: the fitted model's attributes have no names (it was fitted on a SequenceBatch without "
+            "attribute_names), so new feature dicts or lists cannot be matched to its weights; fit on batches "
+            "with the same columns"
+        )
+    if not boundary:  # the new model has no start/end weights: the old ones are not carried over
+        previous = previous.without_boundary()
+    return previous
+
+
+def training_problem(
+    X, y, X_dev, y_dev, attribute_names: Sequence[str] | None, params: dict, defaults: dict, previous: PreviousFit | None
+) -> TrainingProblem:
+    """Check one ``fit`` call and turn it into a :class:`TrainingProblem`; nothing is trained.
+
+    Parameters
+    ----------
+    X, y, X_dev, y_dev, attribute_names : as :meth:`crf.CRF.fit` takes them.
+    params : the estimator's ``get_params()``.
+    defaults : the estimator's constructor defaults (see :func:`crf._params.validate`).
+    previous : the fitted model a warm start begins from, or None.
+
+    Returns
+    -------
+    TrainingProblem
+
+    Raises
+    ------
+    ValueError, TypeError
+        A bad parameter, input, label or warm-start source, named in one line.
+    """
+    settings = hyper.validate(params, defaults)
+    flat = _check_call(X, y, X_dev, y_dev, attribute_names, params, settings)
+    boundary = settings.boundary
+    previous = _previous_fit(previous, X, attribute_names, boundary)
+    classes = label_classes(flat, unknown=True)
+    if previous is not None:
+        classes = previous.merged_classes(classes)
+        check_label_names(classes, "warm_start")
+    if isinstance(X, SequenceBatch):
+        batch, attribute_index = X, None
+        check_finite(batch, attribute_names)
+        names = attribute_names if attribute_names is not None else previous and previous.attribute_names
+        attributes = list(names) if names is not None else None
+    else:
+        attribute_index = AttributeIndex()
+        batch = attribute_index.fit_transform(X)
+        if previous is not None:
+            batch = _merge_attributes(previous, attribute_index, batch)
+        attributes = [str(a) for a in attribute_index.names()]
+    codes = label_codes(y, batch, classes)
+    dev = None
+    if X_dev is not None:
+        dev_batch = _dev_batch(X_dev, batch.n_attributes, attribute_index)
+        label_codes(y_dev, dev_batch, classes, what="_dev")  # lengths, per sequence
+        dev_flat = flat_labels(y_dev)
+        check_labels(dev_flat, unknown=True)
+        check_label_names([*classes, *label_classes(dev_flat, unknown=True)], "y_dev")
+        dev = (dev_batch, y_dev)
+    if params["model_filename"] is not None:
+        check_crfsuite_names(classes, "label")
+        check_crfsuite_names(attributes or [], "attribute")
+    largest = _largest_value(batch, attributes)
+    if largest is not None and abs(largest[0]) >= LARGE_VALUE:
+        message = (
+            f"{largest[1]} has the value {largest[0]:g}: attribute values this large leave the objective so badly "
+            "scaled that training may not move; scale such attributes (for example to [0, 1] or by a logarithm)"
+        )
+        log.warning("%s", message)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+    L = len(classes)
+    order = params["order"]
+    index = None if params["all_possible_states"] else hyper.feature_index(batch.X, codes, L, params["min_freq"])
+    structure = chain_structure(order, L)
+    trainable = structure.trainable(batch.offsets, codes, params["min_freq"], boundary, bool(params["all_possible_transitions"]))
+    if previous is not None:
+        index, trainable = previous.feature_index(index, L), previous.trainable(trainable, structure)
+    return TrainingProblem(
+        batch=batch,
+        codes=codes,
+        classes=classes,
+        attributes=attributes,
+        attribute_index=attribute_index,
+        layout=ParameterLayout(batch.n_attributes, L, index, order),
+        trainable=trainable,
+        settings=settings,
+        start=previous,
+        dev=dev,
+        largest=largest,
+    )
+
+
+def _dev_batch(X_dev, n_attributes: int, attribute_index: AttributeIndex | None) -> SequenceBatch:
+    if isinstance(X_dev, SequenceBatch):
+        if X_dev.n_attributes != n_attributes:
+            raise ValueError(f"X_dev has {X_dev.n_attributes} attributes, the training batch {n_attributes}")
+        check_finite(X_dev, what="X_dev: ")
+        return X_dev
+    if attribute_index is None:
+        raise ValueError("the training data is a SequenceBatch: pass X_dev as a SequenceBatch too")
+    try:
+        return attribute_index.transform(X_dev)
+    except (TypeError, ValueError) as error:
+        raise type(error)(f"X_dev: {error}") from None
+
+
+def solve(
+    problem: TrainingProblem,
+    params: dict,
+    theta0: np.ndarray | None,
+    callback: Callable | None,
+    candidates: np.ndarray | None = None,
+) -> optimize.TrainingResult:
+    """Train ``problem`` from ``theta0`` (layout.size,) with the solver of its algorithm.
+
+    Parameters
+    ----------
+    problem : the checked training problem.
+    params : the estimator's ``get_params()`` (the solvers' settings).
+    theta0 : the starting weights; None: zeros.
+    callback : called with every :class:`~crf._optimize.IterationInfo`.
+    candidates : (T, L) bool, a pruned lattice per token (order 2), or None.
+
+    Returns
+    -------
+    TrainingResult
+        The final weights, the iterations' history and why training stopped.
+    """
+    settings = problem.settings
+    stopping = optimize.StoppingRule(settings.max_iterations, settings.epsilon, settings.period, settings.delta)
+    frozen = problem.layout.n_state + np.flatnonzero(~problem.trainable)
+    from_zero = theta0 is None
+    theta0 = np.zeros(problem.layout.size) if theta0 is None else theta0
+    began = time.perf_counter()
+    with single_threaded_blas():
+        result = SOLVERS[settings.algorithm](problem, params, theta0, stopping, frozen, callback, candidates)
+    log.debug("%s: %d iterations in %.1fs", settings.algorithm, result.iterations, time.perf_counter() - began)
+    # from zero weights no step lowering the loss means the data cannot be fitted as given; a warm
+    # start (or the pruner's first-order optimum) may simply begin at the optimum
+    if from_zero and result.iterations == 0 and result.stop_reason.startswith("line search"):
+        largest = problem.largest
+        where = "" if largest is None else f"; the largest attribute value is {largest[0]:g} ({largest[1]})"
+        raise TrainingError(
+            f"training could not move from its starting weights ({result.stop_reason}): no step lowered the loss{where}"
+        )
+    return result
+
+
+def _lbfgs(problem, params, theta0, stopping, frozen, callback, candidates):
+    batch = problem.batch
+    objective = Objective(batch.X, batch.offsets, problem.codes, problem.layout, params["n_threads"], candidates=candidates)
+    release_free_memory()  # what building it freed, before the iterations add their working memory
+    result = optimize.lbfgs(
+        objective,
+        theta0,
+        params["c1"],
+        params["c2"],
+        stopping,
+        params["num_memories"],
+        callback,
+        frozen,
+        params["max_linesearch"],
+    )
+    del objective
+    release_free_memory()  # the iterations' working memory, before the model's weights are made
+    return result
+
+
+def _l2sgd(problem, params, theta0, stopping, frozen, callback, candidates):
+    calibration = optimize.Calibration(
+        params["calibration_eta"],
+        params["calibration_rate"],
+        params["calibration_samples"],
+        params["calibration_candidates"],
+        params["calibration_max_trials"],
+    )
+    batch = problem.batch
+    return optimize.sgd(
+        batch.X, batch.offsets, problem.codes, problem.layout, theta0, params["c2"], stopping, params["learning_rate"],
+        params["batch_size"], params["random_state"], callback, frozen, calibration, candidates,
+    )  # fmt: skip
+
+
+def _online(problem, params, theta0, stopping, frozen, callback, candidates):
+    rule = online.update_rule(
+        problem.settings.algorithm, params["pa_type"], params["c"], params["error_sensitive"], params["averaging"],
+        params["variance"], params["gamma"],
+    )  # fmt: skip
+    batch = problem.batch
+    return online.train(
+        batch.X, batch.offsets, problem.codes, problem.layout, frozen, rule, stopping, params["random_state"], callback
+    )
+
+
+#: the solver of each algorithm: (problem, params, theta0, stopping, frozen, callback, candidates) -> TrainingResult
+SOLVERS = {"lbfgs": _lbfgs, "l2sgd": _l2sgd, "ap": _online, "pa": _online, "arow": _online}

@@ -1,0 +1,208 @@
+"""Warm starts across changed settings, and inputs checked before the first iteration.
+
+A refit with ``warm_start=True`` after the order, the labels, ``boundary_transitions`` or the
+attribute set changed either reuses what is compatible and reaches the cold fit's optimum, or is
+refused before any iteration with one line naming the setting. Every input of ``fit`` and of
+python-crfsuite's ``Trainer.append`` is checked before training starts.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+import crf.pycrfsuite as pycrfsuite
+from crf import CRF
+
+RNG = np.random.default_rng(7)
+WORDS = ["the", "cat", "sat", "on", "a", "mat", "dog", "ran", "to", "it"]
+
+
+def _data(n: int = 40, labels=("A", "B", "C"), seed: int = 0, extra: bool = False):
+    """Dict-feature sequences whose labels depend on the word and its predecessor."""
+    rng = np.random.default_rng(seed)
+    X, y = [], []
+    for _ in range(n):
+        length = int(rng.integers(2, 7))
+        words = rng.choice(WORDS, size=length)
+        X.append([{"w": w, "prev": words[t - 1] if t else "<s>", **({"new": 1.0} if extra else {})} for t, w in enumerate(words)])
+        y.append([labels[(WORDS.index(w) + (t % 2)) % len(labels)] for t, w in enumerate(words)])
+    return X, y
+
+
+class Counting:
+    """A callback counting the iterations it sees."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, info) -> None:
+        self.calls += 1
+
+
+def _loss(model: CRF) -> float:
+    return model.training_log_.last_iteration["loss"]
+
+
+def _same_optimum(warm: CRF, cold: CRF) -> None:
+    """Two fits of one convex objective: the same final loss and predictions."""
+    assert _loss(warm) == pytest.approx(_loss(cold), rel=1e-5)
+    assert warm.classes_ == cold.classes_
+
+
+@pytest.mark.parametrize("first, second", [(1, 2), (2, 1)])
+def test_a_warm_refit_after_the_order_changed_reaches_the_cold_fits_optimum(first, second):
+    X, y = _data()
+    model = CRF(order=first, c2=0.5).fit(X, y)
+    model.set_params(order=second, warm_start=True)
+    model.fit(X, y)
+    cold = CRF(order=second, c2=0.5).fit(X, y)
+    _same_optimum(model, cold)
+    assert model.fitted_order == second
+    assert model.predict(X[:5]).tolist() == cold.predict(X[:5]).tolist()
+
+
+def test_a_pruned_second_order_warm_refit_from_a_first_order_model_trains():
+    X, y = _data()
+    model = CRF(c2=0.5).fit(X, y)
+    model.set_params(order=2, pruning_threshold=0.01, warm_start=True)
+    model.fit(X, y)
+    assert model.fitted_order == 2 and model.pruner_ is not None
+    cold = CRF(c2=0.5, order=2, pruning_threshold=0.01).fit(X, y)
+    assert model.score(X, y) == pytest.approx(cold.score(X, y), abs=0.02)
+
+
+def test_labels_that_print_like_the_fitted_ones_are_refused_before_training(tmp_path):
+    X, y = _data(labels=("1", "2", "3"))
+    model = CRF(c2=0.5).fit(X, y)
+    before = list(model.classes_)
+    counting = Counting()
+    model.set_params(warm_start=True, callback=counting)
+    numeric = [[int(label) for label in labels] for labels in y]
+    with pytest.raises(TypeError, match=r"^warm_start: the labels '1' and 1 are different values with the same name"):
+        model.fit(X, numeric)
+    assert counting.calls == 0
+    assert model.classes_ == before  # untouched
+    model.save(tmp_path / "m.npz")
+    assert CRF.load(tmp_path / "m.npz").classes_ == before
+
+
+def test_new_labels_on_a_warm_refit_are_added_after_the_old_ones():
+    X, y = _data(labels=("A", "B"))
+    X2, y2 = _data(labels=("A", "B", "C"), seed=1)
+    every = {"all_possible_states": True, "all_possible_transitions": True}  # one feature set for both fits
+    model = CRF(c2=0.5, **every).fit(X, y)
+    model.set_params(warm_start=True)
+    model.fit(X2, y2)
+    cold = CRF(c2=0.5, **every).fit(X2, y2)
+    assert model.classes_ == ["A", "B", "C"]
+    assert _loss(model) == pytest.approx(_loss(cold), rel=1e-5)
+
+
+def test_a_warm_refit_without_boundary_weights_drops_them_and_writes_a_crfsuite_file(tmp_path):
+    X, y = _data()
+    model = CRF(c2=0.5, boundary_transitions=True).fit(X, y)
+    assert np.any(model.start_weights_ != 0)
+    path = tmp_path / "model.crfsuite"
+    model.set_params(warm_start=True, boundary_transitions=False, model_filename=str(path))
+    model.fit(X, y)
+    assert not np.any(model.start_weights_) and not np.any(model.end_weights_)
+    cold = CRF(c2=0.5, boundary_transitions=False).fit(X, y)
+    _same_optimum(model, cold)
+    assert CRF.from_crfsuite(path).predict(X[:5]).tolist() == cold.predict(X[:5]).tolist()
+
+
+def test_a_warm_refit_with_new_attributes_reaches_the_cold_fits_optimum():
+    X, y = _data()
+    X2, _ = _data(extra=True)  # the same tokens with one more attribute each
+    model = CRF(c2=0.5).fit(X, y)
+    model.set_params(warm_start=True)
+    model.fit(X2, y)
+    cold = CRF(c2=0.5).fit(X2, y)
+    assert set(model.attributes_) == set(cold.attributes_)
+    _same_optimum(model, cold)
+
+
+@pytest.mark.parametrize(
+    "change, error",
+    [
+        (lambda X, y: (X, y, X[:3], y[:2]), r"3 sequences in X_dev but 2 in y_dev"),
+        (lambda X, y: (X, y, X[:2], [y[0], y[1][:-1]]), r"sequence 1: \d+ tokens in X_dev but \d+ labels in y_dev"),
+        (lambda X, y: (X, y, [[{"w": float("nan")}]], [["A"]]), r"X_dev: sequence 0, token 0: attribute 'w' has the non-finite"),
+        (lambda X, y: (X, y, X[:1], [[1] * len(y[0])]), r"y_dev: the labels '1' and 1 are"),
+        (lambda X, y: (X, y, X[:1], None), r"pass both X_dev and y_dev"),
+    ],
+)
+def test_bad_dev_data_is_refused_before_the_first_iteration(change, error):
+    X, y = _data(labels=("1", "2", "3"))
+    counting = Counting()
+    with pytest.raises((ValueError, TypeError), match=error):
+        CRF(c2=0.5, callback=counting).fit(*change(X, y))
+    assert counting.calls == 0
+
+
+@pytest.mark.parametrize("value", [Fraction(1, 3), Decimal("1.5"), np.float32(2.0), np.int64(3), True, 7])
+def test_feature_values_of_any_real_type_are_accepted(value):
+    X = [[{"a": 1, "b": value}], [{"a": 1}]]
+    model = CRF(max_iterations=5).fit(X, [["A"], ["B"]])
+    weights = dict(zip(model.attributes_, range(len(model.attributes_))))
+    assert "b" in weights
+    batch = model.attribute_index_.transform(X)
+    assert batch.X[0, weights["b"]] == pytest.approx(float(value))
+
+
+@pytest.mark.parametrize("value", [10**400, -(10**309)])
+def test_an_integer_too_large_for_a_float_is_refused_with_its_position(value):
+    X = [[{"a": 1}], [{"a": 1}, {"b": value}]]
+    with pytest.raises(ValueError, match=r"sequence 1, token 1: attribute 'b' has an integer of [\d,]+ bits, too large"):
+        CRF(max_iterations=5).fit(X, [["A"], ["B", "A"]])
+    trainer = pycrfsuite.Trainer(verbose=False)
+    trainer.append([{"a": 1}], ["A"])
+    with pytest.raises(ValueError, match=r"sequence 1, item 1: attribute 'b' has an integer of [\d,]+ bits, too large"):
+        trainer.append([{"a": 1}, {"b": value}], ["B", "A"])
+
+
+@pytest.mark.parametrize("value", [1 + 2j, None, object()])
+def test_a_feature_value_that_is_no_real_number_is_refused(value):
+    with pytest.raises(TypeError, match=r"sequence 0, token 0: attribute 'b' has a value of type"):
+        CRF(max_iterations=5).fit([[{"b": value}], [{"a": 1}]], [["A"], ["B"]])
+
+
+@pytest.mark.parametrize("name, problem", [("a\0b", "NUL character"), ("x" * (70 << 10), "bytes long")], ids=["nul", "long"])
+def test_names_a_crfsuite_file_cannot_hold_are_refused_before_training(tmp_path, name, problem):
+    counting = Counting()
+    X, y = [[{"a": 1}], [{name: 1}]], [["A"], ["B"]]
+    with pytest.raises(ValueError, match=f"model_filename: attribute .*{problem}"):
+        CRF(max_iterations=5, model_filename=str(tmp_path / "m.crfsuite"), callback=counting).fit(X, y)
+    with pytest.raises(ValueError, match=f"model_filename: label .*{problem}"):
+        CRF(max_iterations=5, model_filename=str(tmp_path / "m.crfsuite"), callback=counting).fit(X[:1], [[name]])
+    assert counting.calls == 0 and not (tmp_path / "m.crfsuite").exists()
+    CRF(max_iterations=5).fit(X, y)  # without a CRFsuite file to write, any name is fine
+    # python-crfsuite's Trainer always writes a file: refused at append, naming sequence and item
+    trainer = pycrfsuite.Trainer(verbose=False)
+    trainer.append([["a"]], ["A"])
+    with pytest.raises(ValueError, match=f"sequence 1, item 1: the attribute .*{problem}"):
+        trainer.append([["a"], [name]], ["B", "A"])
+    with pytest.raises(ValueError, match=f"sequence 1, item 0: the attribute .*{problem}"):
+        trainer.append([{name: "v"}], ["B"])
+    with pytest.raises(ValueError, match=f"sequence 1, item 0: the label .*{problem}"):
+        trainer.append([["a"]], [name])
+
+
+def test_a_failed_fit_leaves_the_fitted_model_as_it_was():
+    X, y = _data()
+    model = CRF(c2=0.5).fit(X, y)
+    weights = model.state_weights_.copy()
+
+    def stop(info):
+        if info.iteration == 3:
+            raise KeyboardInterrupt
+
+    model.set_params(callback=stop, c2=0.1)
+    with pytest.raises(KeyboardInterrupt):
+        model.fit(X, y)
+    np.testing.assert_array_equal(model.state_weights_, weights)
+    assert model.predict(X[:3]).tolist() == CRF(c2=0.5).fit(X, y).predict(X[:3]).tolist()
