@@ -43,8 +43,7 @@ import numpy as np
 import pandas as pd
 from omegaconf import OmegaConf
 
-from crf import metrics
-from crf import single_threaded_blas
+from crf import metrics, single_threaded_blas
 from crf.bundle import Tagged, TaggerBundle, load_tagger
 from pipeline.engine.stage import BaseStage, StageContext
 from pipeline.models import BUNDLE_FILE, ModelAdapter
