@@ -1,0 +1,96 @@
+"""The registry's alias rule: ``@champion`` only moves forward.
+
+Every registered version records its *standing*: the metric it was chosen by, its value, the
+direction in which that metric improves, and a key of the data it was measured on (the dataset,
+its dev split and its test set). A new version takes the alias only when its standing is at least
+as good as the current holder's on the same data by the same metric; otherwise the alias stays
+and the new version's tags say why. ``registry.force_alias=true`` moves it regardless.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+# version tags of a standing
+METRIC_TAG, VALUE_TAG, DIRECTION_TAG, EVALUATION_TAG = (
+    "standing.metric",
+    "standing.value",
+    "standing.direction",
+    "standing.evaluation",
+)
+DECISION_TAG = "alias_decision"  # why the alias moved to this version or stayed where it was
+
+# the dataset settings that decide what a dev or test score is measured on (flattened config keys)
+_EVALUATION_PREFIXES = ("dataset.name", "dataset.dev_split", "dataset.files.dev", "dataset.files.test", "dataset.label")
+
+
+def evaluation_key(flat_config: Mapping[str, object]) -> str:
+    """A short key of the evaluation data named by a flattened config (``dataset.files.test.sha256``
+    style keys, values compared as text, as MLflow params are): two runs with the same key were
+    scored on the same dev and test sentences with the same label column."""
+    picked = {k: str(v) for k, v in flat_config.items() if any(k == p or k.startswith(p + ".") for p in _EVALUATION_PREFIXES)}
+    return hashlib.sha256(json.dumps(picked, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Standing:
+    """What a registered model was chosen by: ``metric`` (e.g. ``dev_f1``) had ``value`` on the
+    data of ``evaluation`` (:func:`evaluation_key`); ``direction`` is ``maximize`` or ``minimize``."""
+
+    metric: str
+    value: float
+    direction: str
+    evaluation: str
+
+    def tags(self) -> dict[str, str]:
+        return {
+            METRIC_TAG: self.metric,
+            VALUE_TAG: repr(float(self.value)),
+            DIRECTION_TAG: self.direction,
+            EVALUATION_TAG: self.evaluation,
+        }
+
+    @classmethod
+    def from_tags(cls, tags: Mapping[str, str]) -> Standing | None:
+        """The standing a version's tags record, or None (a version registered before standings)."""
+        try:
+            return cls(tags[METRIC_TAG], float(tags[VALUE_TAG]), tags[DIRECTION_TAG], tags[EVALUATION_TAG])
+        except (KeyError, ValueError):
+            return None
+
+    def at_least_as_good_as(self, other: Standing) -> bool:
+        if self.direction == "minimize":
+            return self.value <= other.value
+        return self.value >= other.value
+
+
+def alias_decision(new: Standing | None, current: Standing | None, has_holder: bool, force: bool) -> tuple[bool, str]:
+    """Whether the alias moves to the version of standing ``new`` from its current holder (of
+    standing ``current``; ``has_holder`` False: the alias is free), and why, in one line."""
+    if force:
+        return True, "moved: forced (registry.force_alias=true)"
+    if not has_holder:
+        return True, "moved: no version held the alias"
+    if new is None or not math.isfinite(new.value):
+        return False, "kept: this version has no score to compare"
+    if current is None:
+        return (
+            False,
+            "kept: the holder records no standing to compare with (registered by an older version); "
+            "force the move with registry.force_alias=true",
+        )
+    if (new.metric, new.direction) != (current.metric, current.direction):
+        return (
+            False,
+            f"kept: the holder was chosen by {current.metric} ({current.direction}), "
+            f"this version by {new.metric} ({new.direction})",
+        )
+    if new.evaluation != current.evaluation:
+        return False, "kept: the holder was scored on other evaluation data (dataset, dev split or test set differ)"
+    if not new.at_least_as_good_as(current):
+        return False, f"kept: {new.metric} {new.value:.6g} is worse than the holder's {current.value:.6g}"
+    return True, f"moved: {new.metric} {new.value:.6g} is at least the holder's {current.value:.6g}"
