@@ -20,12 +20,13 @@ from pathlib import Path
 import numpy as np
 
 from crf.io import Sentence, atomic_write, read_blocks, read_conll, read_conllu, read_xml_sequences
+from pipeline.engine.validate import SettingsError
 
 DATA_HOME_VARIABLE = "CRF_DATA_HOME"
 
 
-class MissingDataError(RuntimeError):
-    """Dataset files that are neither on disk nor downloadable."""
+class MissingDataError(SettingsError):
+    """Dataset files that are neither on disk nor downloadable: a settings error (one line, exit 2)."""
 
 
 class ChecksumError(RuntimeError):
@@ -83,9 +84,9 @@ def resolve_files(dataset: Mapping, root: str | os.PathLike, download: bool = Tr
                 )
         paths[split] = path
     if failures:
-        listing = "\n  ".join(failures)
+        listing = "; ".join(failures)
         raise MissingDataError(
-            f"dataset {dataset.get('name', '?')!r}: missing files under data root {root}:\n  {listing}\n"
+            f"dataset {dataset.get('name', '?')!r}: missing files under data root {root}: {listing}. "
             f"Point the data root at a local copy: export {DATA_HOME_VARIABLE}=/path/to/data "
             f"(or pass data.root=/path/to/data), with the files at the paths above relative to it."
         )
