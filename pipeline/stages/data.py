@@ -103,6 +103,7 @@ class Dataset:
     label: str
     scheme: str
     word_column: str | None = None  # the column of word forms (known/unknown words, vocabulary figures)
+    tokenisation: str | None = None  # how the word tokens were made (see :func:`tokenisation`); None: unknown
 
     @property
     def label_index(self) -> int:
@@ -173,7 +174,24 @@ def load_dataset(dataset: Mapping, root: str | os.PathLike, download: bool = Tru
         train = splits["train"]
         splits["train"] = [train[i] for i in kept]
         splits["dev"] = [train[i] for i in held]
-    return Dataset(dataset["name"], splits, columns, dataset["label"], dataset.get("scheme", "none"), word_column(dataset))
+    scheme = dataset.get("scheme", "none")
+    return Dataset(dataset["name"], splits, columns, dataset["label"], scheme, word_column(dataset), tokenisation(dataset))
+
+
+# how a dataset format's word tokens were made: XML sequences split each field's text on whitespace
+# (AnyStyle); CoNLL and CoNLL-U corpora are Penn-Treebank-like (punctuation and clitics split off)
+FORMAT_TOKENISATION = {"xml_sequences": "whitespace", "conll": "punct", "conllu": "punct"}
+TOKENISATIONS = ("whitespace", "punct")
+
+
+def tokenisation(dataset: Mapping) -> str | None:
+    """How ``dataset``'s word tokens were made: its ``tokenisation`` key (``whitespace`` or
+    ``punct``), else the usual one of its ``format`` (:data:`FORMAT_TOKENISATION`); None: unknown.
+    A tagger bundle records it, and the tag command splits plain text the same way."""
+    value = dataset.get("tokenisation") or FORMAT_TOKENISATION.get(str(dataset.get("format")))
+    if value is not None and value not in TOKENISATIONS:
+        raise SettingsError(f"dataset {dataset.get('name')!r}: tokenisation={value!r}; one of {', '.join(TOKENISATIONS)}")
+    return value
 
 
 def word_column(dataset: Mapping) -> str | None:
