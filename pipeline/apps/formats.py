@@ -4,8 +4,12 @@ Inputs become a :class:`Corpus`: flat token columns (T,) plus sentence lengths (
 optional gold label column. Readers (``format``; ``auto`` picks by extension, ``.gz`` ignored):
 
 - ``conll`` (``.conll``, ``.txt``, ``.tsv``, other): whitespace-separated columns, blank line
-  between sentences, read by :func:`crf.io.read_conll`. The columns are the ones the model needs,
-  in order; one more trailing column is taken as gold labels. Every non-blank line is a token
+  between sentences, read by :func:`crf.io.read_conll`. Columns are named, never guessed
+  (:func:`conll_names`): by a first line ``# global.columns = w pos chunk`` (as CoNLL-U Plus
+  names its columns), else by the model's training data (a file holds the first columns of the
+  dataset's own files: ``w pos`` or ``w pos chunk`` for a CoNLL-2000 model), else one column of
+  words for a model that reads words; anything else is refused. Gold labels are the column named
+  as the model's label column, if the file has it. Every non-blank line is a token
   (a word ``#`` or ``-DOCSTART-`` too), as the pipeline reads a CoNLL dataset, unless the command
   names a ``comment_prefix`` (sentence-header lines such as ``# sent_id = 1``) or a
   ``document_marker`` (CoNLL-2003's ``-DOCSTART-`` lines).
@@ -13,9 +17,14 @@ optional gold label column. Readers (``format``; ``auto`` picks by extension, ``
   (option ``conllu_pos``) ``pos``; every CoNLL-U column is also available under its own name
   (``upos``, ``xpos``, ...), which gives gold labels when the model predicts one of them.
 - ``jsonl`` (``.jsonl``, ``.json``): one JSON object per line, ``{"tokens": [...]}``, tokens as
-  strings (one input column) or objects ``{column: value}`` whose values are strings; anything
-  else (null, a number, a list, a boolean, an empty string) is refused naming line, token and column.
-- ``text`` (``.txt`` only when asked): one sentence per line, split by :func:`tokenize`.
+  strings (words: a model that reads ``w`` alone) or objects ``{column: value}`` whose values are
+  strings; anything else (null, a number, a list, a boolean, an empty string) and a key given
+  twice in one object are refused naming line, token and column.
+- ``text`` (``.txt`` only when asked): one sentence per line of words, split by :func:`tokenize`
+  as the model's training tokens were made (``whitespace`` or ``punct``).
+
+Every token read is then checked as :meth:`crf.TaggerBundle.tag` checks it
+(:func:`crf.bundle.check_tokens`: a non-empty string without whitespace).
 
 Writers (atomic: :func:`crf.io.atomic_write`): ``conll`` (the input columns, the gold column
 when there is one, then each model's predicted column and, with ``marginals``, its marginal) and
@@ -51,6 +60,7 @@ from pipeline.report import dumps
 
 FORMATS = ("conll", "conllu", "jsonl", "text")
 TOKENISATIONS = ("whitespace", "punct")  # how plain text is split into tokens (:func:`tokenize`)
+WORDS = "w"  # the column of word forms: what plain text, a bare JSONL string and a one-column CoNLL file give
 HEADER = "# global.columns ="  # a CoNLL file's optional first line naming its columns (as CoNLL-U Plus does)
 OUTPUT_FORMATS = ("conll", "jsonl")
 # characters json.dumps(ensure_ascii=False) leaves raw that str.splitlines() and some JSONL readers split on
@@ -182,8 +192,8 @@ def read_input(
     if fmt == "jsonl":
         return _read_jsonl(path, columns)
     if fmt == "text":
-        if columns != ["w"] and len(columns) != 1:
-            raise ValueError(f"{path}: plain text gives words only, but the model needs the columns {columns}")
+        if columns != [WORDS]:
+            raise ValueError(f"{path}: plain text gives words only (column {WORDS!r}), but the model needs the columns {columns}")
         sentences = [tokenize(line, tokenisation) for _, line in _decoded_lines(path)]
         sentences = [s for s in sentences if s]
         if not sentences:
@@ -213,7 +223,7 @@ def conll_names(
     """The names of a CoNLL file's ``width`` columns. A CoNLL file has no names of its own, so they
     come from its ``header`` line (``# global.columns = ...``), else from ``layout`` (the columns
     of the model's training data, in order: the file holds the first ``width`` of them, as the
-    dataset's own files do), else (one column a model reads, no layout) from the model itself.
+    dataset's own files do); one column for a model that reads words alone is words (``w``).
     Anything else is refused (DataFormatError): a column is never guessed, and gold labels come
     only from a column named ``gold`` (the label column)."""
     needed = list(needed)
@@ -221,6 +231,8 @@ def conll_names(
         if len(header) != width:
             raise DataFormatError(path, 1, f"the header names {len(header)} columns {list(header)}, the lines have {width}")
         names, origin = list(header), "the header"
+    elif width == 1 and needed == [WORDS]:
+        names, origin = [WORDS], "words"
     elif layout:
         layout = list(layout)
         if width > len(layout):
@@ -229,8 +241,6 @@ def conll_names(
                 f"(the model needs the columns {needed}; name the file's columns in a first line '{HEADER} ...')",
             )  # fmt: skip
         names, origin = layout[:width], f"the first {width} of the training data's columns {layout}"
-    elif width == len(needed) == 1:
-        names, origin = needed, "the model's column"
     else:
         raise DataFormatError(
             path, 1, f"{width} columns, but the model needs the columns {needed} and does not record its training data's "
@@ -304,10 +314,11 @@ def _read_jsonl(path: Path, columns: list[str]) -> Corpus:
                 for c in columns:
                     values[c].append(_jsonl_value(path, number, position, c, token[c]))
             elif isinstance(token, str):
-                if len(columns) != 1:
+                if columns != [WORDS]:
                     raise DataFormatError(
-                        path, number, f"tokens given as strings, but the model needs the columns {columns}: give objects"
-                    )
+                        path, number, f"tokens given as strings are words (column {WORDS!r}), but the model needs the columns "
+                        f"{columns}: give objects {{column: value}}",
+                    )  # fmt: skip
                 values[columns[0]].append(_jsonl_value(path, number, position, None, token))
             else:
                 raise DataFormatError(

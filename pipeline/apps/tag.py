@@ -17,10 +17,13 @@ for the EWT XPOS tagger) and, through ``column_aliases`` (default ``{xpos: pos}`
 Penn Treebank tags, the tags of CoNLL-2000's ``pos`` column), the columns that name maps to.
 A later model reads those columns; the input file gives every other column a model needs.
 
-Formats are in :mod:`pipeline.apps.formats`. With gold labels in the input (a trailing CoNLL column,
-or the predicted column of a CoNLL-U file) the last model's token accuracy (and chunk precision,
-recall and F1 for chunk schemes) is logged and returned, all in percent (0-100, as conlleval
-prints them).
+Formats are in :mod:`pipeline.apps.formats`: CoNLL columns are named by a header line or by the
+training data's column layout the bundle records (``source.dataset.columns``), never guessed;
+plain text is split as the first model's training tokens were made (``tokenize``, see
+:func:`text_tokenisation`); every token passes :func:`crf.bundle.check_tokens`. With gold labels
+in the input (the column named as the last model's label column) the last model's token accuracy
+(and chunk precision, recall and F1 for chunk schemes) is logged and returned, all in percent
+(0-100, as conlleval prints them).
 
 Every problem with the settings, the output place, the model or the input is found before any
 tagging: the command then logs one line and exits with status 2, leaving no output file.

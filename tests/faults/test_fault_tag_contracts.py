@@ -192,6 +192,29 @@ def test_columns_a_layout_cannot_name_are_refused(chunker, tmp_path):
     assert not (tmp_path / "out.conll").exists()
 
 
+def test_bare_words_are_never_read_as_another_column(chunker, word_tagger, tmp_path):
+    """Plain text, JSONL strings and a one-column CoNLL file give words (``w``): refused for a
+    model that reads POS tags, accepted for one that reads words whatever its training layout."""
+    words = [["the", "dog", "runs", "."]]
+    text = tmp_path / "in.txt"
+    text.write_text("the dog runs .\n")
+    with pytest.raises(ValueError, match=r"plain text gives words only \(column 'w'\), but the model needs .*\['pos'\]"):
+        run_tag(_settings(chunker, text, tmp_path / "out.jsonl", format="text"))
+    strings = tmp_path / "in.jsonl"
+    strings.write_text(json.dumps({"tokens": words[0]}) + "\n")
+    with pytest.raises(DataFormatError, match=r"in.jsonl:1: tokens given as strings are words .*\['pos'\]"):
+        run_tag(_settings(chunker, strings, tmp_path / "out.jsonl"))
+    one = _write_conll(tmp_path / "in.conll", [[(w,) for w in words[0]]])
+    with pytest.raises(DataFormatError, match=r"read as \['w'\]"):
+        run_tag(_settings(chunker, one, tmp_path / "out.jsonl"))
+    assert not (tmp_path / "out.jsonl").exists()
+    ud = word_tagger(
+        tmp_path / "ud.npz", {"name": "ud", "columns": ["id", "w", "upos"], "label": "upos", "tokenisation": "punct"}
+    )
+    for source in (text, strings, one):
+        assert run_tag(_settings(ud, source, tmp_path / "out.jsonl", format="text" if source == text else "auto"))["tokens"] == 4
+
+
 # ---- (c) one token check for the command, the bundle and the MLflow Model ------------------------------------------
 
 BAD_TOKENS = {"none": None, "nan": math.nan, "empty": "", "int": 5, "space": "a b", "tab": "a\tb", "list": ["x"]}
@@ -227,7 +250,7 @@ def test_bad_tokens_are_refused_alike_everywhere(chunker, tmp_path, name):
         mlflow_model.tag(bundle, frame)
     if name in ("space", "tab"):  # the only bad tokens JSON and the JSONL reader let through
         source = tmp_path / "in.jsonl"
-        source.write_text("".join(json.dumps({"tokens": s}) + "\n" for s in sentences))
+        source.write_text("".join(json.dumps({"tokens": [{"pos": t} for t in s]}) + "\n" for s in sentences))
         with pytest.raises(TagError, match=r"sentence 2, token 3, column 'pos': a token must not hold whitespace"):
             run_tag(_settings(chunker, source, tmp_path / "out.jsonl"))
         assert not (tmp_path / "out.jsonl").exists()
@@ -243,7 +266,7 @@ def test_numbers_in_a_frame_are_refused_not_read_as_text(chunker):
 
 def test_a_jsonl_key_given_twice_is_refused(chunker, tmp_path):
     source = tmp_path / "in.jsonl"
-    source.write_text('{"tokens": ["DT", "NN"]}\n{"tokens": ["DT"], "tokens": ["NN", "."]}\n')
+    source.write_text('{"tokens": [{"pos": "DT"}]}\n{"tokens": [{"pos": "DT"}], "tokens": [{"pos": "NN"}]}\n')
     with pytest.raises(DataFormatError, match=r"in.jsonl:2: the key 'tokens' appears more than once"):
         run_tag(_settings(chunker, source, tmp_path / "out.jsonl"))
     source.write_text('{"tokens": [{"pos": "DT", "pos": "NN"}]}\n')
@@ -254,7 +277,7 @@ def test_a_jsonl_key_given_twice_is_refused(chunker, tmp_path):
 
 def test_a_dangling_symbolic_link_is_not_replaced(chunker, tmp_path):
     source = tmp_path / "in.jsonl"
-    source.write_text('{"tokens": ["DT", "NN", "."]}\n')
+    source.write_text('{"tokens": [{"pos": "DT"}, {"pos": "NN"}, {"pos": "."}]}\n')
     link = tmp_path / "out.jsonl"
     link.symlink_to(tmp_path / "elsewhere" / "missing.jsonl")
     with pytest.raises(TagError, match=r"a symbolic link to .*missing.jsonl, which does not exist"):
@@ -268,7 +291,7 @@ def test_a_dangling_symbolic_link_is_not_replaced(chunker, tmp_path):
     live = tmp_path / "live.jsonl"
     live.symlink_to(target)
     run_tag(_settings(chunker, source, live))
-    assert live.is_symlink() and json.loads(target.read_text())["tokens"] == ["DT", "NN", "."]
+    assert live.is_symlink() and json.loads(target.read_text())["tokens"] == ["DT", "NN", "."]  # one column: strings
 
 
 def test_an_hmm_chunker_tags_its_own_datasets_conll_file(tmp_path):
