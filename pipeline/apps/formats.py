@@ -175,6 +175,14 @@ def read_input(
         names = conll_names(path, len(rows[0]), columns, gold, header, layout)
         values = list(zip(*rows))
         data = {name: np.array(values[i], dtype=object) for i, name in enumerate(names)}
+        if header is None and "id" in data:  # a CoNLL-U-shaped layout: its first column must hold token numbers
+            numbers = pd.Series(data["id"], dtype=str).str.fullmatch(r"\d+(?:[-.]\d+)?").to_numpy()
+            if not numbers.all():
+                first = int(np.argmin(numbers))
+                raise DataFormatError(
+                    path, 1, f"read as the training data's columns {names}, but the column 'id' holds {data['id'][first]!r} "
+                    f"(token {first + 1} of the file): give CoNLL-U, or name the columns in a first line '{HEADER} ...'",
+                )  # fmt: skip
         given = [c for c in names if c != gold]
         return Corpus(data, lengths, data.get(gold) if gold else None, given)
     if fmt == "conllu":

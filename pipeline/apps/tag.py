@@ -275,8 +275,10 @@ def check_output(output: str | Path, input_path: Path) -> None:
     read-only file, the input file itself, a dangling symbolic link (writing would replace the
     link; a link to a file is written through)."""
     output_path = Path(output)
-    if output_path.is_symlink() and not output_path.exists():
-        raise TagError(f"output {output}: a symbolic link to {os.readlink(output_path)}, which does not exist; name a file")
+    if output_path.is_symlink():  # written through (crf.io.atomic_write): check its target's place
+        if not output_path.exists():
+            raise TagError(f"output {output}: a symbolic link to {os.readlink(output_path)}, which does not exist; name a file")
+        output_path = Path(os.path.realpath(output_path))
     if output_path.is_dir() or str(output).endswith(("/", os.sep)):
         raise TagError(f"output {output}: is a directory; name a file")
     if output_path.exists() and not output_path.is_file():

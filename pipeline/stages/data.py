@@ -29,8 +29,8 @@ class MissingDataError(SettingsError):
     """Dataset files that are neither on disk nor downloadable: a settings error (one line, exit 2)."""
 
 
-class ChecksumError(RuntimeError):
-    """A dataset file whose content does not match its recorded SHA-256."""
+class ChecksumError(SettingsError):
+    """A dataset file whose content does not match its recorded SHA-256 (one line, exit 2)."""
 
 
 def default_data_root() -> Path:

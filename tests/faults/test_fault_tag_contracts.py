@@ -213,6 +213,12 @@ def test_bare_words_are_never_read_as_another_column(chunker, word_tagger, tmp_p
     )
     for source in (text, strings, one):
         assert run_tag(_settings(ud, source, tmp_path / "out.jsonl", format="text" if source == text else "auto"))["tokens"] == 4
+    # two columns for a CoNLL-U-shaped layout: read as (id, w), which the words column is not
+    two = _write_conll(tmp_path / "two.conll", [[(w, "X") for w in words[0]]])
+    with pytest.raises(DataFormatError, match=r"the column 'id' holds 'the' \(token 1 of the file\): give CoNLL-U"):
+        run_tag(_settings(ud, two, tmp_path / "two.jsonl"))
+    numbered = _write_conll(tmp_path / "numbered.conll", [[(str(i), w) for i, w in enumerate(words[0], start=1)]])
+    assert run_tag(_settings(ud, numbered, tmp_path / "two.jsonl"))["tokens"] == 4
 
 
 # ---- (c) one token check for the command, the bundle and the MLflow Model ------------------------------------------
