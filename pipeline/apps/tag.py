@@ -352,7 +352,10 @@ def run_tag(cfg: Mapping) -> dict:
         log.info("model %s: %s over %s -> %r (%d labels, scheme %s)", reference, bundle.kind, bundle.input_columns,
                  output_column(bundle), len(bundle.labels), bundle.scheme)  # fmt: skip
     needed = file_columns(bundles, aliases)
-    tokenisation = text_tokenisation(str(cfg.get("tokenize", "auto")), bundles[0], references[0]) if fmt == "text" else "punct"
+    choice = str(cfg.get("tokenize", "auto"))
+    if choice not in ("auto", *TOKENISATIONS):  # refused whatever the format, as every setting is
+        raise TagError(f"tokenize={choice!r}; one of auto, {', '.join(TOKENISATIONS)}")
+    tokenisation = text_tokenisation(choice, bundles[0], references[0]) if fmt == "text" else "punct"
     if fmt == "text":
         log.info("plain text split into %s tokens, as model %s's training data", tokenisation, references[0])
     corpus = read_input(

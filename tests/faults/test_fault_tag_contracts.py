@@ -135,6 +135,10 @@ def test_a_tokenisation_the_model_never_saw_is_refused(word_tagger, tmp_path):
         run_tag(_settings(bundle, text, tmp_path / "out.jsonl", format="text", tokenize="punct"))
     with pytest.raises(TagError, match=r"tokenize='nltk'; one of auto, whitespace, punct"):
         run_tag(_settings(bundle, text, tmp_path / "out.jsonl", format="text", tokenize="nltk"))
+    words = tmp_path / "words.conll"
+    words.write_text("Trinkoff,\n\n")
+    with pytest.raises(TagError, match=r"tokenize='nltk'"):  # a bad setting is refused whatever the format
+        run_tag(_settings(bundle, words, tmp_path / "out.jsonl", tokenize="nltk"))
     assert not (tmp_path / "out.jsonl").exists()
 
 
