@@ -55,6 +55,59 @@ def normalize_scheme(scheme: str | None) -> str:
     return value
 
 
+class TokenError(ValueError):
+    """A token the model cannot read (see :func:`check_tokens`). ``index``: its flat position (0-based)
+    among all tokens; ``sentence`` and ``token``: its position as the message counts them; ``column``,
+    ``value`` and ``problem`` (the reason, without the position)."""
+
+    def __init__(self, index: int, sentence: int, token: int, column: str, value: object, problem: str) -> None:
+        self.index, self.sentence, self.token = index, sentence, token
+        self.column, self.value, self.problem = column, value, problem
+        super().__init__(f"sentence {sentence}, token {token}, column {column!r}: {problem}")
+
+
+def shown_value(value: object, width: int = 60) -> str:
+    """A refused value for a message: ``null`` for a missing one (None, NaN), else its type and a short repr."""
+    if value is None or (isinstance(value, (float, np.floating)) and np.isnan(value)) or value is pd.NA:
+        return "null (a missing value)"
+    text = repr(value)
+    return f"{type(value).__name__} " + (text if len(text) <= width else text[: width - 3] + "...")
+
+
+def token_problem(value: object) -> str | None:
+    """Why ``value`` cannot be a token, or None: a token is a non-empty string without whitespace
+    (every training reader splits tokens on whitespace, so a model never saw one that holds it)."""
+    if not isinstance(value, str) or value == "":
+        return f"a token must be a non-empty string, got {shown_value(value)}"
+    if value.split() != [value]:
+        return f"a token must not hold whitespace (a space, tab or line break), got {shown_value(value)}"
+    return None
+
+
+def check_tokens(columns: Mapping[str, np.ndarray], offsets: np.ndarray, base: int = 0) -> None:
+    """The one check of tokens before tagging (the tag command, :meth:`TaggerBundle.tag`,
+    :meth:`TaggerBundle.tag_frame` and the MLflow Model use it): every value of ``columns``
+    ({name: (T,) values}) is a non-empty ``str`` holding no whitespace. ``offsets`` (N + 1,)
+    cut the T tokens into sentences. Raises :class:`TokenError` for the first bad token (in
+    column order), naming its sentence and token counted from ``base`` (0 or 1)."""
+    offsets = np.asarray(offsets, dtype=np.int64)
+    for name, values in columns.items():
+        values = np.asarray(values, dtype=object)
+        if values.size == 0:
+            continue
+        series = pd.Series(values, dtype=object)
+        if pd.api.types.infer_dtype(values, skipna=False) == "string":
+            bad = (series.str.len() == 0) | series.str.contains(r"\s", regex=True)  # \s: what str.split() splits on
+            if not bad.any():
+                continue
+            index = int(np.argmax(bad.to_numpy()))
+        else:
+            index = next(i for i, v in enumerate(values) if token_problem(v) is not None)  # only on a refusal
+        sentence = int(np.searchsorted(offsets, index, side="right")) - 1
+        token = index - int(offsets[sentence])
+        raise TokenError(index, sentence + base, token + base, str(name), values[index], token_problem(values[index]))
+
+
 @dataclass
 class Tagged:
     """Flat results over T tokens of N sentences: ``codes`` (T,) label indices, ``marginals``
@@ -329,13 +382,24 @@ class TaggerBundle:
         tokens = [token for sentence in sentences for token in sentence]
         if not tokens:
             return {c: np.zeros(0, dtype=object) for c in self.input_columns}, lengths
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
         if not isinstance(tokens[0], Mapping):
             if len(self.input_columns) != 1:
                 raise ValueError(
                     f"tokens given as plain strings, but the model needs input columns {self.input_columns}: "
                     "give each token as a dict {column: value}"
                 )
-            return {self.input_columns[0]: np.array(tokens, dtype=object)}, lengths
+            values = np.fromiter(tokens, dtype=object, count=len(tokens))  # never a 2-D array of list tokens
+            check_tokens({self.input_columns[0]: values}, offsets)
+            return {self.input_columns[0]: values}, lengths
+        is_dict = np.fromiter((isinstance(token, Mapping) for token in tokens), dtype=bool, count=len(tokens))
+        if not is_dict.all():
+            index = int(np.argmin(is_dict))
+            sentence = int(np.searchsorted(offsets, index, side="right")) - 1
+            raise TokenError(
+                index, sentence, index - int(offsets[sentence]), self.input_columns[0], tokens[index],
+                f"a token must be a dict {{column: value}} like the others, got {shown_value(tokens[index])}",
+            )  # fmt: skip
         columns = {}
         for name in self.input_columns:
             try:
@@ -346,6 +410,7 @@ class TaggerBundle:
                 raise ValueError(
                     f"the model needs input columns {self.input_columns}; missing {missing} (given {given})"
                 ) from None
+        check_tokens(columns, offsets)
         return columns, lengths
 
     def tag(self, sentences: Sequence, fixed: Sequence[Mapping[int, str] | None] | None = None) -> list[dict]:
@@ -355,7 +420,9 @@ class TaggerBundle:
         probability (an HMM word never seen with its fixed label, say) gets labels None (and NaN
         marginals), with a warning. Returns per sentence ``{"labels": [...],
         "marginals": [...], "segments": [{"start", "end", "type", "confidence"}, ...]}``
-        (``segments`` only for chunk schemes). An empty sentence gets empty lists."""
+        (``segments`` only for chunk schemes). An empty sentence gets empty lists. A token that is
+        not a non-empty string without whitespace is refused (:func:`check_tokens`: a
+        :class:`TokenError` naming sentence and token, counted from 0)."""
         if len(sentences) == 0:
             return []
         columns, lengths = self._columns_of(sentences)
@@ -389,7 +456,8 @@ class TaggerBundle:
         """Tag a long-form frame: one row per token, a ``sentence`` id column (rows of a sentence
         contiguous and in order) and the input columns. Returns a copy (same index and row order)
         with ``label`` and ``marginal`` added, and ``segment_confidence`` (NaN outside
-        segments) for chunk schemes."""
+        segments) for chunk schemes. Tokens are checked as :meth:`tag` checks them (sentences and
+        tokens counted from 0 in the order of the rows)."""
         missing = [c for c in [sentence, *self.input_columns] if c not in frame.columns]
         if missing:
             raise ValueError(
@@ -407,9 +475,8 @@ class TaggerBundle:
         if change.size + 1 != len(uniques):
             raise ValueError(f"the rows of each {sentence!r} must be contiguous (a sentence id reappears after another one)")
         offsets = np.concatenate([[0], change, [ids.size]])
-        columns = {
-            c: (frame[c] if frame[c].dtype == object else frame[c].astype(str)).to_numpy(dtype=object) for c in self.input_columns
-        }
+        columns = {c: frame[c].to_numpy(dtype=object) for c in self.input_columns}
+        check_tokens(columns, offsets)  # numbers are refused, not read as their text
         result = self.tag_arrays(columns, np.diff(offsets))
         out["label"] = np.array(self.labels, dtype=object)[result.codes]
         out["marginal"] = result.marginals

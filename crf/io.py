@@ -318,8 +318,16 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -
     ACLs apply too); a file that replaces an existing one keeps that file's permission bits
     (``0o777`` of them: set-user/group-ID and sticky bits are not carried over). Unlike an
     ordinary write, the replaced file's owner, group and hard links are not kept: the new file
-    belongs to the writer."""
+    belongs to the writer.
+
+    A symbolic link is written through, as an ordinary write would: its target is replaced and
+    the link stays. A dangling link (its target missing) is refused (FileNotFoundError): the
+    rename would replace the link by a file, and writing its target could create a file anywhere."""
     path = Path(path)
+    if path.is_symlink():
+        if not path.exists():
+            raise FileNotFoundError(f"{path}: a symbolic link to {os.readlink(path)}, which does not exist; not written")
+        path = Path(os.path.realpath(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = _create_temporary(path)
     try:

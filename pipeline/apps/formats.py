@@ -4,8 +4,12 @@ Inputs become a :class:`Corpus`: flat token columns (T,) plus sentence lengths (
 optional gold label column. Readers (``format``; ``auto`` picks by extension, ``.gz`` ignored):
 
 - ``conll`` (``.conll``, ``.txt``, ``.tsv``, other): whitespace-separated columns, blank line
-  between sentences, read by :func:`crf.io.read_conll`. The columns are the ones the model needs,
-  in order; one more trailing column is taken as gold labels. Every non-blank line is a token
+  between sentences, read by :func:`crf.io.read_conll`. Columns are named, never guessed
+  (:func:`conll_names`): by a first line ``# global.columns = w pos chunk`` (as CoNLL-U Plus
+  names its columns), else by the model's training data (a file holds the first columns of the
+  dataset's own files: ``w pos`` or ``w pos chunk`` for a CoNLL-2000 model), else one column of
+  words for a model that reads words; anything else is refused. Gold labels are the column named
+  as the model's label column, if the file has it. Every non-blank line is a token
   (a word ``#`` or ``-DOCSTART-`` too), as the pipeline reads a CoNLL dataset, unless the command
   names a ``comment_prefix`` (sentence-header lines such as ``# sent_id = 1``) or a
   ``document_marker`` (CoNLL-2003's ``-DOCSTART-`` lines).
@@ -13,9 +17,14 @@ optional gold label column. Readers (``format``; ``auto`` picks by extension, ``
   (option ``conllu_pos``) ``pos``; every CoNLL-U column is also available under its own name
   (``upos``, ``xpos``, ...), which gives gold labels when the model predicts one of them.
 - ``jsonl`` (``.jsonl``, ``.json``): one JSON object per line, ``{"tokens": [...]}``, tokens as
-  strings (one input column) or objects ``{column: value}`` whose values are strings; anything
-  else (null, a number, a list, a boolean, an empty string) is refused naming line, token and column.
-- ``text`` (``.txt`` only when asked): one sentence per line, split by :func:`tokenize`.
+  strings (words: a model that reads ``w`` alone) or objects ``{column: value}`` whose values are
+  strings; anything else (null, a number, a list, a boolean, an empty string) and a key given
+  twice in one object are refused naming line, token and column.
+- ``text`` (``.txt`` only when asked): one sentence per line of words, split by :func:`tokenize`
+  as the model's training tokens were made (``whitespace`` or ``punct``).
+
+Every token read is then checked as :meth:`crf.TaggerBundle.tag` checks it
+(:func:`crf.bundle.check_tokens`: a non-empty string without whitespace).
 
 Writers (atomic: :func:`crf.io.atomic_write`): ``conll`` (the input columns, the gold column
 when there is one, then each model's predicted column and, with ``marginals``, its marginal) and
@@ -50,6 +59,9 @@ from crf.io import CONLLU_COLUMNS, DataFormatError, _decoded_lines, atomic_write
 from pipeline.report import dumps
 
 FORMATS = ("conll", "conllu", "jsonl", "text")
+TOKENISATIONS = ("whitespace", "punct")  # how plain text is split into tokens (:func:`tokenize`)
+WORDS = "w"  # the column of word forms: what plain text, a bare JSONL string and a one-column CoNLL file give
+HEADER = "# global.columns ="  # a CoNLL file's optional first line naming its columns (as CoNLL-U Plus does)
 OUTPUT_FORMATS = ("conll", "jsonl")
 # characters json.dumps(ensure_ascii=False) leaves raw that str.splitlines() and some JSONL readers split on
 _LINE_SEPARATORS = {"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"}
@@ -75,11 +87,17 @@ _TOKEN = re.compile(
 )
 
 
-def tokenize(line: str) -> list[str]:
-    """Tokens of one line of raw English text, Penn-Treebank-like: words, numbers (``3.14``,
-    ``1,000``), hyphenated words, abbreviations with dots (``U.S.``), clitics split off
-    (``do n't``, ``John 's``, ``we 're``), each punctuation character alone (``...`` and ``--``
-    whole; ``5%`` is ``5 %``). Quotes stay as written (PTB's ````''`` conversion is not done)."""
+def tokenize(line: str, how: str = "punct") -> list[str]:
+    """Tokens of one line of raw text. ``how="punct"``: Penn-Treebank-like, as CoNLL-2000 and UD
+    English were tokenised: words, numbers (``3.14``, ``1,000``), hyphenated words,
+    abbreviations with dots (``U.S.``), clitics split off (``do n't``, ``John 's``, ``we 're``),
+    each punctuation character alone (``...`` and ``--`` whole; ``5%`` is ``5 %``); quotes stay as
+    written (PTB's ````''`` conversion is not done). ``how="whitespace"``: the line split on
+    whitespace (``Trinkoff,`` stays one token), as AnyStyle's training sequences were."""
+    if how == "whitespace":
+        return line.split()
+    if how != "punct":
+        raise ValueError(f"tokenize={how!r}; one of {', '.join(TOKENISATIONS)}")
     return _TOKEN.findall(line)
 
 
@@ -131,10 +149,15 @@ def read_input(
     gold: str | None = None,
     comment_prefix: str | None = None,
     document_marker: str | None = None,
+    layout: Sequence[str] | None = None,
+    tokenisation: str = "punct",
 ) -> Corpus:
     """Read ``path`` in format ``fmt`` (see the module docstring) for a model chain needing the
-    token ``columns``; ``gold`` names the column of gold labels to pick up (CoNLL-U);
-    ``comment_prefix`` and ``document_marker``: the CoNLL lines that are not tokens (default: none)."""
+    token ``columns``; ``gold`` names the label column: gold labels are only ever taken from a
+    column of that name; ``comment_prefix`` and ``document_marker``: the CoNLL lines that are not
+    tokens (default: none); ``layout``: the columns of the model's training data, in order (names
+    a CoNLL file's columns, see :func:`conll_names`); ``tokenisation``: how text is split
+    (:func:`tokenize`)."""
     path = Path(path)
     if path.is_dir():
         raise IsADirectoryError(f"input {path}: is a directory, expected a file")
@@ -142,16 +165,26 @@ def read_input(
         raise FileNotFoundError(f"input {path}: no such file")
     columns = list(columns)
     if fmt == "conll":
-        rows, lengths = _flat(read_conll(path, comment_prefix=comment_prefix or None, document_marker=document_marker or None))
-        width = len(rows[0])
-        if width not in (len(columns), len(columns) + 1):
+        header = _conll_header(path)
+        if header is not None and comment_prefix is not None and not HEADER.startswith(comment_prefix):
             raise DataFormatError(
-                path, 1, f"{width} columns, but the model needs the columns {columns} (and optionally a trailing gold column)"
+                path, 1, f"a {HEADER!r} header line with comment_prefix={comment_prefix!r}: unset it or use '#'"
             )
+        prefix = comment_prefix or (HEADER if header is not None else None)
+        rows, lengths = _flat(read_conll(path, comment_prefix=prefix, document_marker=document_marker or None))
+        names = conll_names(path, len(rows[0]), columns, gold, header, layout)
         values = list(zip(*rows))
-        data = {name: np.array(values[i], dtype=object) for i, name in enumerate(columns)}
-        truth = np.array(values[-1], dtype=object) if width == len(columns) + 1 else None
-        return Corpus(data, lengths, truth, columns)
+        data = {name: np.array(values[i], dtype=object) for i, name in enumerate(names)}
+        if header is None and "id" in data:  # a CoNLL-U-shaped layout: its first column must hold token numbers
+            numbers = pd.Series(data["id"], dtype=str).str.fullmatch(r"\d+(?:[-.]\d+)?").to_numpy()
+            if not numbers.all():
+                first = int(np.argmin(numbers))
+                raise DataFormatError(
+                    path, 1, f"read as the training data's columns {names}, but the column 'id' holds {data['id'][first]!r} "
+                    f"(token {first + 1} of the file): give CoNLL-U, or name the columns in a first line '{HEADER} ...'",
+                )  # fmt: skip
+        given = [c for c in names if c != gold]
+        return Corpus(data, lengths, data.get(gold) if gold else None, given)
     if fmt == "conllu":
         if conllu_pos not in ("upos", "xpos"):
             raise ValueError(f"conllu_pos must be 'upos' or 'xpos', got {conllu_pos!r}")
@@ -167,15 +200,68 @@ def read_input(
     if fmt == "jsonl":
         return _read_jsonl(path, columns)
     if fmt == "text":
-        if columns != ["w"] and len(columns) != 1:
-            raise ValueError(f"{path}: plain text gives words only, but the model needs the columns {columns}")
-        sentences = [tokenize(line) for _, line in _decoded_lines(path)]
+        if columns != [WORDS]:
+            raise ValueError(f"{path}: plain text gives words only (column {WORDS!r}), but the model needs the columns {columns}")
+        sentences = [tokenize(line, tokenisation) for _, line in _decoded_lines(path)]
         sentences = [s for s in sentences if s]
         if not sentences:
             raise DataFormatError(path, 1, "no text (the file is empty or blank)")
         lengths = np.array([len(s) for s in sentences], dtype=np.int64)
         return Corpus({columns[0]: np.array([t for s in sentences for t in s], dtype=object)}, lengths, None, columns)
     raise ValueError(f"unknown input format {fmt!r}; one of {FORMATS}")
+
+
+def _conll_header(path: Path) -> list[str] | None:
+    """The column names of a CoNLL file's first line ``# global.columns = w pos chunk``, or None."""
+    for number, line in _decoded_lines(path):
+        if not line.strip():
+            continue
+        if not line.startswith(HEADER):
+            return None
+        names = line[len(HEADER) :].split()
+        if not names or len(set(names)) != len(names):
+            raise DataFormatError(path, number, f"the header names the columns {names}: give distinct names")
+        return names
+    return None
+
+
+def conll_names(
+    path: Path, width: int, needed: Sequence[str], gold: str | None, header: Sequence[str] | None, layout: Sequence[str] | None
+) -> list[str]:
+    """The names of a CoNLL file's ``width`` columns. A CoNLL file has no names of its own, so they
+    come from its ``header`` line (``# global.columns = ...``), else from ``layout`` (the columns
+    of the model's training data, in order: the file holds the first ``width`` of them, as the
+    dataset's own files do); one column for a model that reads words alone is words (``w``).
+    Anything else is refused (DataFormatError): a column is never guessed, and gold labels come
+    only from a column named ``gold`` (the label column)."""
+    needed = list(needed)
+    if header is not None:
+        if len(header) != width:
+            raise DataFormatError(path, 1, f"the header names {len(header)} columns {list(header)}, the lines have {width}")
+        names, origin = list(header), "the header"
+    elif width == 1 and needed == [WORDS]:
+        names, origin = [WORDS], "words"
+    elif layout:
+        layout = list(layout)
+        if width > len(layout):
+            raise DataFormatError(
+                path, 1, f"{width} columns, but the model's training data has {len(layout)}: {layout} "
+                f"(the model needs the columns {needed}; name the file's columns in a first line '{HEADER} ...')",
+            )  # fmt: skip
+        names, origin = layout[:width], f"the first {width} of the training data's columns {layout}"
+    else:
+        raise DataFormatError(
+            path, 1, f"{width} columns, but the model needs the columns {needed} and does not record its training data's "
+            f"column layout: name the file's columns in a first line '{HEADER} {' '.join(needed + ([gold] if gold else []))}', "
+            "or give CoNLL-U or JSONL",
+        )  # fmt: skip
+    missing = [c for c in needed if c not in names]
+    if missing:
+        raise DataFormatError(
+            path, 1, f"{width} columns, read as {names} ({origin}), but the model needs the columns {needed}: {missing} missing "
+            f"(name the file's columns in a first line '{HEADER} ...')",
+        )  # fmt: skip
+    return names
 
 
 def _json_kind(value: object) -> str:
@@ -196,6 +282,20 @@ def _jsonl_value(path: Path, number: int, position: int, column: str | None, val
     raise DataFormatError(path, number, f"{where}: expected a non-empty string, got {_json_kind(value)}")
 
 
+class _DuplicateKey(Exception):
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    """``json.loads``'s object hook: a dict, refusing a key given twice (JSON leaves it undefined)."""
+    record = dict(pairs)
+    if len(record) != len(pairs):
+        seen: set[str] = set()
+        raise _DuplicateKey(next(k for k, _ in pairs if k in seen or seen.add(k)))
+    return record
+
+
 def _read_jsonl(path: Path, columns: list[str]) -> Corpus:
     """``{"tokens": [...]}`` per line; every value a non-empty string (checked with its position)."""
     values: dict[str, list[str]] = {c: [] for c in columns}
@@ -204,9 +304,11 @@ def _read_jsonl(path: Path, columns: list[str]) -> Corpus:
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
+            record = json.loads(line, object_pairs_hook=_unique_keys)
         except json.JSONDecodeError as err:
             raise DataFormatError(path, number, f"not valid JSON ({err.msg})") from None
+        except _DuplicateKey as err:
+            raise DataFormatError(path, number, f"the key {err.key!r} appears more than once in one object") from None
         sentence = record.get("tokens") if isinstance(record, dict) else None
         if not isinstance(sentence, list) or not sentence:
             raise DataFormatError(path, number, 'expected an object with a non-empty list "tokens"')
@@ -220,10 +322,11 @@ def _read_jsonl(path: Path, columns: list[str]) -> Corpus:
                 for c in columns:
                     values[c].append(_jsonl_value(path, number, position, c, token[c]))
             elif isinstance(token, str):
-                if len(columns) != 1:
+                if columns != [WORDS]:
                     raise DataFormatError(
-                        path, number, f"tokens given as strings, but the model needs the columns {columns}: give objects"
-                    )
+                        path, number, f"tokens given as strings are words (column {WORDS!r}), but the model needs the columns "
+                        f"{columns}: give objects {{column: value}}",
+                    )  # fmt: skip
                 values[columns[0]].append(_jsonl_value(path, number, position, None, token))
             else:
                 raise DataFormatError(

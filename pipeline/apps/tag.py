@@ -17,10 +17,13 @@ for the EWT XPOS tagger) and, through ``column_aliases`` (default ``{xpos: pos}`
 Penn Treebank tags, the tags of CoNLL-2000's ``pos`` column), the columns that name maps to.
 A later model reads those columns; the input file gives every other column a model needs.
 
-Formats are in :mod:`pipeline.apps.formats`. With gold labels in the input (a trailing CoNLL column,
-or the predicted column of a CoNLL-U file) the last model's token accuracy (and chunk precision,
-recall and F1 for chunk schemes) is logged and returned, all in percent (0-100, as conlleval
-prints them).
+Formats are in :mod:`pipeline.apps.formats`: CoNLL columns are named by a header line or by the
+training data's column layout the bundle records (``source.dataset.columns``), never guessed;
+plain text is split as the first model's training tokens were made (``tokenize``, see
+:func:`text_tokenisation`); every token passes :func:`crf.bundle.check_tokens`. With gold labels
+in the input (the column named as the last model's label column) the last model's token accuracy
+(and chunk precision, recall and F1 for chunk schemes) is logged and returned, all in percent
+(0-100, as conlleval prints them).
 
 Every problem with the settings, the output place, the model or the input is found before any
 tagging: the command then logs one line and exits with status 2, leaving no output file.
@@ -46,8 +49,17 @@ import numpy as np
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from crf import metrics
-from crf.bundle import TaggerBundle, load_tagger
-from pipeline.apps.formats import OUTPUT_FORMATS, Corpus, Prediction, check_conll_cells, detect_format, read_input, write_output
+from crf.bundle import TaggerBundle, TokenError, check_tokens, load_tagger
+from pipeline.apps.formats import (
+    OUTPUT_FORMATS,
+    TOKENISATIONS,
+    Corpus,
+    Prediction,
+    check_conll_cells,
+    detect_format,
+    read_input,
+    write_output,
+)
 from pipeline.models import BUNDLE_FILE
 
 log = logging.getLogger(__name__)
@@ -206,12 +218,67 @@ def score(bundle: TaggerBundle, corpus: Corpus, prediction: Prediction) -> dict[
     return scores
 
 
+def training_layout(bundles: Sequence[TaggerBundle], needed: Sequence[str]) -> list[str] | None:
+    """The column layout that names a CoNLL input's columns: the training data's columns
+    (``source.dataset.columns``) of the last model, else of the first, that holds every column
+    the chain reads from the file; None when no model records one."""
+    for bundle in (bundles[-1], bundles[0]):
+        layout = bundle.source.get("dataset", {}).get("columns")
+        if isinstance(layout, list) and all(isinstance(c, str) for c in layout) and set(needed) <= set(layout):
+            return layout
+    return None
+
+
+# how the word tokens of a dataset the pipeline ships were made, for bundles that do not record it
+KNOWN_TOKENISATION = {
+    "anystyle": "whitespace",
+    "conll2000": "punct",
+    "ud_english_ewt_upos": "punct",
+    "ud_english_ewt_xpos": "punct",
+}
+
+
+def bundle_tokenisation(bundle: TaggerBundle) -> str | None:
+    """How the training tokens of ``bundle`` were made: ``whitespace`` or ``punct`` (its
+    ``source.dataset.tokenisation``, else known from the dataset name it records), or None."""
+    dataset = bundle.source.get("dataset", {})
+    value = dataset.get("tokenisation") or KNOWN_TOKENISATION.get(str(dataset.get("name")))
+    return value if value in TOKENISATIONS else None
+
+
+def text_tokenisation(choice: str, bundle: TaggerBundle, reference: str) -> str:
+    """How to split plain text for ``bundle`` (the chain's first model): as its training tokens
+    were made. ``choice`` (the ``tokenize`` setting): ``auto`` (the model's way) or a way that
+    must agree with the model's; a model that does not record it needs the setting."""
+    if choice not in ("auto", *TOKENISATIONS):
+        raise TagError(f"tokenize={choice!r}; one of auto, {', '.join(TOKENISATIONS)}")
+    recorded = bundle_tokenisation(bundle)
+    if recorded is None:
+        if choice == "auto":
+            raise TagError(
+                f"model {reference!r} does not record how its training text was tokenised: set tokenize=whitespace "
+                "(split on spaces only) or tokenize=punct (punctuation split off, Penn-Treebank-like)"
+            )
+        return choice
+    if choice not in ("auto", recorded):
+        raise TagError(
+            f"tokenize={choice}: model {reference!r} was trained on {recorded} tokens, so it would be fed tokens it never saw; "
+            f"drop the setting or set tokenize={recorded}"
+        )
+    return recorded
+
+
 def check_output(output: str | Path, input_path: Path) -> None:
     """Before any work: ``output`` must name a regular file that can be written (atomically: a new
     file in its folder renamed over it). Refused: a folder (or a name ending in ``/``), a device,
     pipe or socket (``/dev/null`` would be replaced by a file), a missing or read-only folder, a
-    read-only file, the input file itself."""
+    read-only file, the input file itself, a dangling symbolic link (writing would replace the
+    link; a link to a file is written through)."""
     output_path = Path(output)
+    if output_path.is_symlink():  # written through (crf.io.atomic_write): check its target's place
+        if not output_path.exists():
+            raise TagError(f"output {output}: a symbolic link to {os.readlink(output_path)}, which does not exist; name a file")
+        output_path = Path(os.path.realpath(output_path))
     if output_path.is_dir() or str(output).endswith(("/", os.sep)):
         raise TagError(f"output {output}: is a directory; name a file")
     if output_path.exists() and not output_path.is_file():
@@ -254,7 +321,8 @@ def import_plugins(plugins) -> None:
 def run_tag(cfg: Mapping) -> dict:
     """The tag command without Hydra: ``cfg`` has ``models`` (a reference or a list), ``input``,
     ``output``, ``format``, ``conllu_pos``, ``output_format``, ``marginals``, ``column_aliases`` and
-    optionally ``comment_prefix``, ``document_marker`` (CoNLL input), ``plugins`` (modules that
+    optionally ``comment_prefix``, ``document_marker`` (CoNLL input), ``tokenize`` (text input:
+    ``auto``, ``whitespace`` or ``punct``, see :func:`text_tokenisation`), ``plugins`` (modules that
     register model kinds defined outside ``crf``), ``tracking_uri`` and ``registry_uri``. Returns a
     summary (sentences, tokens, and with gold labels the scores in percent). Settings, output
     place, models and input are all checked before tagging."""
@@ -284,6 +352,12 @@ def run_tag(cfg: Mapping) -> dict:
         log.info("model %s: %s over %s -> %r (%d labels, scheme %s)", reference, bundle.kind, bundle.input_columns,
                  output_column(bundle), len(bundle.labels), bundle.scheme)  # fmt: skip
     needed = file_columns(bundles, aliases)
+    choice = str(cfg.get("tokenize", "auto"))
+    if choice not in ("auto", *TOKENISATIONS):  # refused whatever the format, as every setting is
+        raise TagError(f"tokenize={choice!r}; one of auto, {', '.join(TOKENISATIONS)}")
+    tokenisation = text_tokenisation(choice, bundles[0], references[0]) if fmt == "text" else "punct"
+    if fmt == "text":
+        log.info("plain text split into %s tokens, as model %s's training data", tokenisation, references[0])
     corpus = read_input(
         input_path,
         fmt,
@@ -292,7 +366,13 @@ def run_tag(cfg: Mapping) -> dict:
         gold=output_column(bundles[-1]),
         comment_prefix=_marker(cfg.get("comment_prefix")),
         document_marker=_marker(cfg.get("document_marker")),
+        layout=training_layout(bundles, needed),
+        tokenisation=tokenisation,
     )
+    try:  # the check TaggerBundle.tag and the MLflow Model make, counted from 1 as in the file
+        check_tokens({c: corpus.columns[c] for c in needed}, corpus.offsets, base=1)
+    except TokenError as err:
+        raise TagError(f"input {input_path}: {err}") from None
     log.info("read %d sentences, %d tokens (%s) from %s", corpus.lengths.size, int(corpus.lengths.sum()), fmt, input_path)
     if out_format == "conll":
         check_conll_cells(corpus, {output_column(b): b.labels for b in bundles})

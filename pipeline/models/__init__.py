@@ -130,8 +130,11 @@ def load_adapter(model: Mapping[str, Any]) -> ModelAdapter:
 
 def bundle_source(data: Dataset, config: Mapping, **extra: Any) -> dict:
     """What a bundle records of its origin: the prepared dataset's name, columns, label column
-    (the column the model predicts) and scheme, the stage's config slice, and ``extra``."""
+    (the column the model predicts), scheme and (when known) tokenisation, the stage's config
+    slice, and ``extra``."""
     dataset = {"name": data.name, "columns": list(data.columns), "label": data.label, "scheme": data.scheme}
+    if getattr(data, "tokenisation", None):  # how its word tokens were made: the tag command splits text alike
+        dataset["tokenisation"] = data.tokenisation
     return {"dataset": dataset, **{k: v for k, v in dict(config).items()}, **extra}
 
 

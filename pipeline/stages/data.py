@@ -20,16 +20,17 @@ from pathlib import Path
 import numpy as np
 
 from crf.io import Sentence, atomic_write, read_blocks, read_conll, read_conllu, read_xml_sequences
+from pipeline.engine.validate import SettingsError
 
 DATA_HOME_VARIABLE = "CRF_DATA_HOME"
 
 
-class MissingDataError(RuntimeError):
-    """Dataset files that are neither on disk nor downloadable."""
+class MissingDataError(SettingsError):
+    """Dataset files that are neither on disk nor downloadable: a settings error (one line, exit 2)."""
 
 
-class ChecksumError(RuntimeError):
-    """A dataset file whose content does not match its recorded SHA-256."""
+class ChecksumError(SettingsError):
+    """A dataset file whose content does not match its recorded SHA-256 (one line, exit 2)."""
 
 
 def default_data_root() -> Path:
@@ -83,9 +84,9 @@ def resolve_files(dataset: Mapping, root: str | os.PathLike, download: bool = Tr
                 )
         paths[split] = path
     if failures:
-        listing = "\n  ".join(failures)
+        listing = "; ".join(failures)
         raise MissingDataError(
-            f"dataset {dataset.get('name', '?')!r}: missing files under data root {root}:\n  {listing}\n"
+            f"dataset {dataset.get('name', '?')!r}: missing files under data root {root}: {listing}. "
             f"Point the data root at a local copy: export {DATA_HOME_VARIABLE}=/path/to/data "
             f"(or pass data.root=/path/to/data), with the files at the paths above relative to it."
         )
@@ -102,6 +103,7 @@ class Dataset:
     label: str
     scheme: str
     word_column: str | None = None  # the column of word forms (known/unknown words, vocabulary figures)
+    tokenisation: str | None = None  # how the word tokens were made (see :func:`tokenisation`); None: unknown
 
     @property
     def label_index(self) -> int:
@@ -172,7 +174,24 @@ def load_dataset(dataset: Mapping, root: str | os.PathLike, download: bool = Tru
         train = splits["train"]
         splits["train"] = [train[i] for i in kept]
         splits["dev"] = [train[i] for i in held]
-    return Dataset(dataset["name"], splits, columns, dataset["label"], dataset.get("scheme", "none"), word_column(dataset))
+    scheme = dataset.get("scheme", "none")
+    return Dataset(dataset["name"], splits, columns, dataset["label"], scheme, word_column(dataset), tokenisation(dataset))
+
+
+# how a dataset format's word tokens were made: XML sequences split each field's text on whitespace
+# (AnyStyle); CoNLL and CoNLL-U corpora are Penn-Treebank-like (punctuation and clitics split off)
+FORMAT_TOKENISATION = {"xml_sequences": "whitespace", "conll": "punct", "conllu": "punct"}
+TOKENISATIONS = ("whitespace", "punct")
+
+
+def tokenisation(dataset: Mapping) -> str | None:
+    """How ``dataset``'s word tokens were made: its ``tokenisation`` key (``whitespace`` or
+    ``punct``), else the usual one of its ``format`` (:data:`FORMAT_TOKENISATION`); None: unknown.
+    A tagger bundle records it, and the tag command splits plain text the same way."""
+    value = dataset.get("tokenisation") or FORMAT_TOKENISATION.get(str(dataset.get("format")))
+    if value is not None and value not in TOKENISATIONS:
+        raise SettingsError(f"dataset {dataset.get('name')!r}: tokenisation={value!r}; one of {', '.join(TOKENISATIONS)}")
+    return value
 
 
 def word_column(dataset: Mapping) -> str | None:

@@ -90,7 +90,8 @@ def read_prepared(folder: Path) -> Dataset:
         s: read_conll(folder / f"{s}.conll.gz", n_columns=len(columns), separator="\t", comment_prefix=None, document_marker=None)
         for s in SPLITS
     }
-    return Dataset(spec["name"], splits, columns, spec["label"], spec.get("scheme", "none"), spec.get("word_column"))
+    scheme, words = spec.get("scheme", "none"), spec.get("word_column")
+    return Dataset(spec["name"], splits, columns, spec["label"], scheme, words, spec.get("tokenisation"))
 
 
 class Prepare(BaseStage):
@@ -129,6 +130,7 @@ class Prepare(BaseStage):
             "label": data.label,
             "scheme": data.scheme,
             "word_column": data.word_column,
+            "tokenisation": data.tokenisation,
         }
         write_json(out / DATASET_FILE, spec)
         stats = statistics(data)

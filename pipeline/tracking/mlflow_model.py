@@ -14,7 +14,8 @@ the artifact ``bundle`` and the ``crf`` package as code. ``mlflow.pyfunc.load_mo
   ``sentence`` the position of the sentence in the list.
 
 A request the model cannot use (no rows, a missing column, a sentence id that is missing, not an
-integer or decreasing, a token that is not a non-empty string: null, NaN, a number, a list...)
+integer or decreasing, a token that is not a non-empty string without whitespace: null, NaN, a
+number, a list, ``"a b"``; the check :func:`crf.bundle.check_tokens` of the bundle and the tag command)
 raises :class:`TaggerInputError`: ``mlflow models serve`` answers HTTP 400 with a one-line
 ``message`` naming the row, column and problem, and no stack trace. The answer is strict JSON: a
 marginal or confidence that is not a number (outside any chunk, or a sentence the model gives
@@ -42,7 +43,7 @@ import pandas as pd
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import INTERNAL_ERROR, INVALID_PARAMETER_VALUE
 
-from crf.bundle import TaggerBundle, load_tagger
+from crf.bundle import TaggerBundle, TokenError, check_tokens, load_tagger
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +159,7 @@ def check_frame(frame: pd.DataFrame, columns: Sequence[str]) -> None:
     """Refuse (TaggerInputError, rows counted from 0) a frame the model cannot tag: no rows, a
     missing column, a sentence id that is missing, not an integer or smaller than the one
     before (the rows of a sentence contiguous, sentences in order), a token that is not a
-    non-empty string."""
+    non-empty string without whitespace (:func:`crf.bundle.check_tokens`)."""
     repeated = sorted({str(c) for c in frame.columns[frame.columns.duplicated()]})
     if repeated:
         raise TaggerInputError(f"the column(s) {repeated} appear more than once")
@@ -187,15 +188,14 @@ def check_frame(frame: pd.DataFrame, columns: Sequence[str]) -> None:
             f"row {row}: {SENTENCE!r} {values[row]} after {values[row - 1]}: the ids must not decrease "
             "(the rows of a sentence together, sentences in order)"
         )
-    for column in columns:
-        cells = frame[column].to_numpy(dtype=object)
-        good = np.fromiter((isinstance(v, str) and v != "" for v in cells), dtype=bool, count=cells.size)
-        if not good.all():
-            row = int(np.argmin(good))
-            raise TaggerInputError(
-                f"row {row} (sentence {values[row]}), column {column!r}: a token must be a non-empty string, "
-                f"got {_shown(cells[row])}"
-            )
+    offsets = np.concatenate([[0], np.flatnonzero(values[1:] != values[:-1]) + 1, [values.size]])
+    try:  # the one token check of the bundle and the tag command
+        check_tokens({c: frame[c].to_numpy(dtype=object) for c in columns}, offsets)
+    except TokenError as err:
+        raise TaggerInputError(
+            f"row {err.index} (sentence {values[err.index]}), column {err.column!r}: {err.problem} "
+            f"(token {err.token} of the sentence, counted from 0)"
+        ) from None
 
 
 def _finite_or_none(values: pd.Series) -> pd.Series:

@@ -745,7 +745,7 @@ def test_a_failed_atomic_write_leaves_the_old_file_and_no_temporary(tmp_path, um
 def _tag_output(fitted, path: Path) -> None:
     source = path.parent.parent / "input.txt"
     source.write_text("the DT\ndog NN\n\n")
-    corpus = read_input(source, "conll", ["w", "pos"])
+    corpus = read_input(source, "conll", ["w", "pos"], layout=["w", "pos"])  # a CoNLL file names no columns: the layout does
     predictions = [Prediction("chunk", np.array(["B-NP", "I-NP"], dtype=object), np.array([0.9, 0.8]), None)]
     write_output(path, "conll", corpus, predictions, marginals=True)
 

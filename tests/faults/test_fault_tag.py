@@ -30,7 +30,7 @@ from pipeline_helpers import compose_config, make_sentence, tiny_overrides, writ
 from crf.io import DataFormatError, read_conll  # noqa: E402
 from pipeline import report as strict_json  # noqa: E402
 from pipeline.apps import tag as tag_command  # noqa: E402
-from pipeline.apps.formats import Corpus, OutputFormatError, Prediction, read_input, write_jsonl  # noqa: E402
+from pipeline.apps.formats import Corpus, Prediction, read_input, write_jsonl  # noqa: E402
 from pipeline.apps.tag import TagError, run_tag  # noqa: E402
 from pipeline.engine.runner import run_pipeline  # noqa: E402
 from pipeline.stages.data import load_dataset  # noqa: E402
@@ -180,21 +180,19 @@ def test_the_served_answer_is_strict_json(run):
     ["New York", "tab\there", "line\nbreak", "cr\rx", "nbsp\u00a0x", "sep\u2028x", "unit\x1fx"],
     ids=["space", "tab", "newline", "cr", "nbsp", "u2028", "unit-separator"],
 )
-def test_a_token_with_whitespace_is_refused_for_conll_and_kept_in_jsonl(run, tmp_path, token, monkeypatch):
+def test_a_token_with_whitespace_is_refused_before_tagging(run, tmp_path, token, monkeypatch):
+    """No training reader makes such a token (they split on whitespace): refused for every output,
+    by the check TaggerBundle.tag and the MLflow Model make (crf.bundle.check_tokens)."""
     _, _, bundle, _, _ = run
     sentences = _words(3)
     sentences[1][2]["w"] = token
     source = _jsonl(tmp_path / "in.jsonl", sentences)
-    with monkeypatch.context() as patch:
-        patch.setattr(tag_command, "tag_corpus", lambda *a, **k: pytest.fail("tagging started"))
-        with pytest.raises(
-            OutputFormatError, match=r"CoNLL output: sentence 2, token 3, column 'w': .* whitespace .*output_format=jsonl"
-        ):
-            run_tag(_settings(bundle, source, tmp_path / "out.conll"))
-    assert not (tmp_path / "out.conll").exists()
-    run_tag(_settings(bundle, source, tmp_path / "out.jsonl"))  # JSONL holds any token
-    records = [strict_loads(line) for line in (tmp_path / "out.jsonl").read_text(encoding="utf-8").splitlines()]
-    assert [r["tokens"] for r in records] == sentences
+    for name in ("out.conll", "out.jsonl"):
+        with monkeypatch.context() as patch:
+            patch.setattr(tag_command, "tag_corpus", lambda *a, **k: pytest.fail("tagging started"))
+            with pytest.raises(TagError, match=r"sentence 2, token 3, column 'w': a token must not hold whitespace"):
+                run_tag(_settings(bundle, source, tmp_path / name))
+        assert not (tmp_path / name).exists()
 
 
 def test_the_command_refuses_a_conll_cell_in_one_line(run, tmp_path):
@@ -203,7 +201,7 @@ def test_the_command_refuses_a_conll_cell_in_one_line(run, tmp_path):
     sentences[0][0]["w"] = "New York"
     source = _jsonl(tmp_path / "in.jsonl", sentences)
     line = _one_line_error(_cli([f"model={bundle}", f"input={source}", f"output={tmp_path / 'out.conll'}"], tmp_path))
-    assert "sentence 1, token 1, column 'w': 'New York' holds whitespace" in line
+    assert "sentence 1, token 1, column 'w': a token must not hold whitespace" in line
     assert not (tmp_path / "out.conll").exists()
 
 

@@ -1,0 +1,341 @@
+"""The tag command's input contracts (issue 42, items 3 and 6), one test or more per category:
+
+- plain text is split as the model's training tokens were made (the bundle records it; older
+  bundles: known from their dataset name; else refused naming ``tokenize=``);
+- CoNLL columns are named by a header or by the training data's column layout, never guessed, and
+  gold labels come only from the label column;
+- one token check for the tag command, ``TaggerBundle.tag``/``tag_frame`` and the MLflow Model;
+- a JSONL key given twice, a dangling symbolic link as output, an HMM chunker on its own dataset's
+  CoNLL file, a missing data file without a download URL.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from pipeline_helpers import compose_config, make_sentence, seed_store, tiny_overrides, write_corpus
+
+from crf import HMMTagger, TaggerBundle, load_tagger
+from crf.bundle import TokenError, check_tokens
+from crf.hmm import BundledHMM
+from crf.io import DataFormatError, atomic_write, read_conll
+from pipeline.apps.formats import tokenize
+from pipeline.apps.tag import TagError, run_tag
+from pipeline.engine.validate import SettingsError
+from pipeline.stages.data import MissingDataError, resolve_files, tokenisation
+from pipeline.tracking import mlflow_model
+
+ROOT = Path(__file__).resolve().parents[2]
+LAYOUT = ["w", "pos", "chunk"]
+
+
+@pytest.fixture(autouse=True)
+def _no_ambient_tracking(monkeypatch):
+    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI", "CRF_SWEEP_PARENT_RUN_ID", "CRF_SWEEP_ID"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def _corpus(n: int, seed: int) -> list[list[tuple[str, str, str]]]:
+    rng = np.random.default_rng(seed)
+    return [make_sentence(rng) for _ in range(n)]
+
+
+def _settings(model, source, target, **extra) -> dict:
+    return {"models": str(model), "input": str(source), "output": str(target), "format": "auto", "conllu_pos": "xpos",
+            "output_format": "auto", "marginals": False, "column_aliases": {"xpos": "pos"}, **extra}  # fmt: skip
+
+
+def _save(bundle: TaggerBundle, path: Path) -> Path:
+    bundle.save(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def train():
+    return _corpus(40, 0)
+
+
+@pytest.fixture(scope="module")
+def chunker(train, tmp_path_factory) -> Path:
+    """An HMM chunker over the POS column, with its training data's layout, as the pipeline records it."""
+    model = HMMTagger(order=1).fit([[r[1] for r in s] for s in train], [[r[2] for r in s] for s in train])
+    source = {"dataset": {"name": "toy", "columns": LAYOUT, "label": "chunk", "scheme": "IOB2", "tokenisation": "punct"}}
+    return _save(TaggerBundle(BundledHMM(model, "pos"), scheme="iob2", source=source), tmp_path_factory.mktemp("b") / "hmm.npz")
+
+
+@pytest.fixture(scope="module")
+def word_tagger(train):
+    """A word -> chunk HMM; its bundles differ only in what their source records."""
+    model = HMMTagger(order=1).fit([[r[0] for r in s] for s in train], [[r[2] for r in s] for s in train])
+
+    def make(path: Path, dataset: dict) -> Path:
+        return _save(TaggerBundle(BundledHMM(model, "w"), scheme="iob2", source={"dataset": dataset}), path)
+
+    return make
+
+
+def _write_conll(path: Path, sentences, header: str | None = None) -> Path:
+    text = "\n\n".join("\n".join(" ".join(row) for row in s) for s in sentences) + "\n"
+    path.write_text((header + "\n" if header else "") + text)
+    return path
+
+
+# ---- (a) plain text is split as the training tokens were made --------------------------------------------------------
+
+REFERENCE = "Trinkoff, A. M. (2010). Work schedules, nurses' health. Nursing Outlook, 58(2), 1-10."
+
+
+def _tokens_written(target: Path) -> list[list[str]]:
+    return [json.loads(line)["tokens"] for line in target.read_text().splitlines()]
+
+
+@pytest.mark.parametrize(
+    "dataset, expected",
+    [
+        ({"name": "mine", "label": "chunk", "tokenisation": "whitespace"}, "whitespace"),  # recorded
+        ({"name": "anystyle", "label": "field"}, "whitespace"),  # an older bundle: known from its dataset
+        ({"name": "mine", "label": "chunk", "tokenisation": "punct"}, "punct"),
+        ({"name": "conll2000", "label": "chunk"}, "punct"),
+    ],
+)
+def test_text_is_split_as_the_model_was_trained(word_tagger, tmp_path, dataset, expected):
+    bundle = word_tagger(tmp_path / "b.npz", dataset)
+    text = tmp_path / "refs.txt"
+    text.write_text(REFERENCE + "\n")
+    summary = run_tag(_settings(bundle, text, tmp_path / "out.jsonl", format="text"))
+    tokens = REFERENCE.split() if expected == "whitespace" else tokenize(REFERENCE)
+    assert _tokens_written(tmp_path / "out.jsonl") == [tokens] and summary["tokens"] == len(tokens)
+    assert ("Trinkoff," in tokens) == (expected == "whitespace")
+
+
+def test_a_model_that_does_not_record_its_tokenisation_needs_the_setting(word_tagger, tmp_path):
+    bundle = word_tagger(tmp_path / "b.npz", {"name": "mine", "label": "chunk"})
+    text = tmp_path / "refs.txt"
+    text.write_text(REFERENCE + "\n")
+    with pytest.raises(TagError, match=r"does not record how its training text was tokenised: set tokenize=whitespace"):
+        run_tag(_settings(bundle, text, tmp_path / "out.jsonl", format="text"))
+    assert not (tmp_path / "out.jsonl").exists()
+    run_tag(_settings(bundle, text, tmp_path / "out.jsonl", format="text", tokenize="whitespace"))
+    assert _tokens_written(tmp_path / "out.jsonl") == [REFERENCE.split()]
+
+
+def test_a_tokenisation_the_model_never_saw_is_refused(word_tagger, tmp_path):
+    bundle = word_tagger(tmp_path / "b.npz", {"name": "anystyle", "label": "field"})
+    text = tmp_path / "refs.txt"
+    text.write_text(REFERENCE + "\n")
+    with pytest.raises(TagError, match=r"tokenize=punct: .* trained on whitespace tokens.*set tokenize=whitespace"):
+        run_tag(_settings(bundle, text, tmp_path / "out.jsonl", format="text", tokenize="punct"))
+    with pytest.raises(TagError, match=r"tokenize='nltk'; one of auto, whitespace, punct"):
+        run_tag(_settings(bundle, text, tmp_path / "out.jsonl", format="text", tokenize="nltk"))
+    words = tmp_path / "words.conll"
+    words.write_text("Trinkoff,\n\n")
+    with pytest.raises(TagError, match=r"tokenize='nltk'"):  # a bad setting is refused whatever the format
+        run_tag(_settings(bundle, words, tmp_path / "out.jsonl", tokenize="nltk"))
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_datasets_say_how_their_tokens_were_made():
+    assert tokenisation({"name": "anystyle", "format": "xml_sequences"}) == "whitespace"
+    assert tokenisation({"name": "conll2000", "format": "conll"}) == "punct"
+    assert tokenisation({"name": "ewt", "format": "conllu"}) == "punct"
+    assert tokenisation({"name": "x", "format": "conll", "tokenisation": "whitespace"}) == "whitespace"
+    with pytest.raises(SettingsError, match="tokenisation='spacy'"):
+        tokenisation({"name": "x", "format": "conll", "tokenisation": "spacy"})
+
+
+# ---- (b) CoNLL columns by name, gold only from the label column -----------------------------------------------------
+
+
+def test_a_words_and_pos_file_is_read_by_the_training_layout_and_not_scored(chunker, tmp_path):
+    sentences = _corpus(8, 3)
+    source = _write_conll(tmp_path / "in.conll", [[(w, p) for w, p, _ in s] for s in sentences])
+    summary = run_tag(_settings(chunker, source, tmp_path / "out.conll"))
+    assert "accuracy" not in summary  # the POS column is not the label: never scored against
+    rows = read_conll(tmp_path / "out.conll")
+    expected = load_tagger(chunker).tag([[p for _, p, _ in s] for s in sentences])
+    assert [[r[2] for r in s] for s in rows] == [o["labels"] for o in expected]  # read as w, pos: the POS observed
+    assert [[r[:2] for r in s] for s in rows] == [[(w, p) for w, p, _ in s] for s in sentences]
+
+
+def test_a_file_with_a_header_is_read_by_its_names(word_tagger, tmp_path):
+    bundle = word_tagger(tmp_path / "b.npz", {"label": "chunk"})  # no layout recorded
+    sentences = _corpus(6, 4)
+    reordered = [[(c, w) for w, _, c in s] for s in sentences]
+    plain = _write_conll(tmp_path / "plain.conll", reordered)
+    with pytest.raises(DataFormatError, match=r"does not record its training data's column layout: .*# global.columns ="):
+        run_tag(_settings(bundle, plain, tmp_path / "out.conll"))
+    named = _write_conll(tmp_path / "named.conll", reordered, "# global.columns = chunk w")
+    summary = run_tag(_settings(bundle, named, tmp_path / "out.conll"))
+    rows = [r for s in read_conll(tmp_path / "out.conll") for r in s]  # w gold predicted
+    assert [r[0] for r in rows] == [w for s in sentences for w, _, _ in s]
+    assert summary["accuracy"] == pytest.approx(100.0 * sum(r[1] == r[2] for r in rows) / len(rows))
+    with pytest.raises(DataFormatError, match=r"the header names 3 columns"):
+        run_tag(
+            _settings(
+                bundle, _write_conll(tmp_path / "bad.conll", reordered, "# global.columns = chunk w pos"), tmp_path / "o.conll"
+            )
+        )
+
+
+def test_columns_a_layout_cannot_name_are_refused(chunker, tmp_path):
+    sentences = _corpus(3, 5)
+    wide = _write_conll(tmp_path / "wide.conll", [[(w, p, c, "x") for w, p, c in s] for s in sentences])
+    with pytest.raises(DataFormatError, match=r"4 columns, but the model's training data has 3"):
+        run_tag(_settings(chunker, wide, tmp_path / "out.conll"))
+    words = _write_conll(tmp_path / "words.conll", [[(w,) for w, _, _ in s] for s in sentences])
+    with pytest.raises(DataFormatError, match=r"read as \['w'\] .* needs the columns \['pos'\]"):
+        run_tag(_settings(chunker, words, tmp_path / "out.conll"))
+    assert not (tmp_path / "out.conll").exists()
+
+
+def test_bare_words_are_never_read_as_another_column(chunker, word_tagger, tmp_path):
+    """Plain text, JSONL strings and a one-column CoNLL file give words (``w``): refused for a
+    model that reads POS tags, accepted for one that reads words whatever its training layout."""
+    words = [["the", "dog", "runs", "."]]
+    text = tmp_path / "in.txt"
+    text.write_text("the dog runs .\n")
+    with pytest.raises(ValueError, match=r"plain text gives words only \(column 'w'\), but the model needs .*\['pos'\]"):
+        run_tag(_settings(chunker, text, tmp_path / "out.jsonl", format="text"))
+    strings = tmp_path / "in.jsonl"
+    strings.write_text(json.dumps({"tokens": words[0]}) + "\n")
+    with pytest.raises(DataFormatError, match=r"in.jsonl:1: tokens given as strings are words .*\['pos'\]"):
+        run_tag(_settings(chunker, strings, tmp_path / "out.jsonl"))
+    one = _write_conll(tmp_path / "in.conll", [[(w,) for w in words[0]]])
+    with pytest.raises(DataFormatError, match=r"read as \['w'\]"):
+        run_tag(_settings(chunker, one, tmp_path / "out.jsonl"))
+    assert not (tmp_path / "out.jsonl").exists()
+    ud = word_tagger(
+        tmp_path / "ud.npz", {"name": "ud", "columns": ["id", "w", "upos"], "label": "upos", "tokenisation": "punct"}
+    )
+    for source in (text, strings, one):
+        assert run_tag(_settings(ud, source, tmp_path / "out.jsonl", format="text" if source == text else "auto"))["tokens"] == 4
+    # two columns for a CoNLL-U-shaped layout: read as (id, w), which the words column is not
+    two = _write_conll(tmp_path / "two.conll", [[(w, "X") for w in words[0]]])
+    with pytest.raises(DataFormatError, match=r"the column 'id' holds 'the' \(token 1 of the file\): give CoNLL-U"):
+        run_tag(_settings(ud, two, tmp_path / "two.jsonl"))
+    numbered = _write_conll(tmp_path / "numbered.conll", [[(str(i), w) for i, w in enumerate(words[0], start=1)]])
+    assert run_tag(_settings(ud, numbered, tmp_path / "two.jsonl"))["tokens"] == 4
+
+
+# ---- (c) one token check for the command, the bundle and the MLflow Model ------------------------------------------
+
+BAD_TOKENS = {"none": None, "nan": math.nan, "empty": "", "int": 5, "space": "a b", "tab": "a\tb", "list": ["x"]}
+
+
+def test_check_tokens_names_sentence_token_and_column():
+    good = np.array(["a", "b", "c", "d"], dtype=object)
+    check_tokens({"w": good}, np.array([0, 2, 4]))
+    for value in BAD_TOKENS.values():
+        bad = good.copy()
+        bad[3] = value
+        with pytest.raises(TokenError, match=r"^sentence 1, token 1, column 'pos': a token must") as info:
+            check_tokens({"w": good, "pos": bad}, np.array([0, 2, 4]))
+        assert (info.value.index, info.value.column) == (3, "pos")
+        with pytest.raises(TokenError, match=r"^sentence 2, token 2, column 'pos'"):
+            check_tokens({"pos": bad}, np.array([0, 2, 4]), base=1)
+
+
+@pytest.mark.parametrize("name", list(BAD_TOKENS))
+def test_bad_tokens_are_refused_alike_everywhere(chunker, tmp_path, name):
+    value = BAD_TOKENS[name]
+    bundle = load_tagger(chunker)
+    sentences = [["DT", "NN", "."], ["DT", "NN", "VB", "."]]
+    sentences[1][2] = value
+    with pytest.raises(TokenError, match=r"sentence 1, token 2, column 'pos': a token must"):
+        bundle.tag(sentences)
+    with pytest.raises(TokenError, match=r"sentence 1, token 2, column 'pos': a token must"):
+        bundle.tag([[{"pos": t} for t in s] for s in sentences])
+    frame = pd.DataFrame({"sentence": [0, 0, 0, 1, 1, 1, 1], "pos": pd.Series([t for s in sentences for t in s], dtype=object)})
+    with pytest.raises(TokenError, match=r"sentence 1, token 2, column 'pos': a token must"):
+        bundle.tag_frame(frame)
+    with pytest.raises(mlflow_model.TaggerInputError, match=r"row 5 \(sentence 1\), column 'pos': a token must.*token 2"):
+        mlflow_model.tag(bundle, frame)
+    if name in ("space", "tab"):  # the only bad tokens JSON and the JSONL reader let through
+        source = tmp_path / "in.jsonl"
+        source.write_text("".join(json.dumps({"tokens": [{"pos": t} for t in s]}) + "\n" for s in sentences))
+        with pytest.raises(TagError, match=r"sentence 2, token 3, column 'pos': a token must not hold whitespace"):
+            run_tag(_settings(chunker, source, tmp_path / "out.jsonl"))
+        assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_numbers_in_a_frame_are_refused_not_read_as_text(chunker):
+    with pytest.raises(TokenError, match=r"sentence 0, token 0, column 'pos': .* got int 5"):
+        load_tagger(chunker).tag_frame(pd.DataFrame({"sentence": [0, 0], "pos": [5, 6]}))
+
+
+# ---- item 6 --------------------------------------------------------------------------------------------------------
+
+
+def test_a_jsonl_key_given_twice_is_refused(chunker, tmp_path):
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"tokens": [{"pos": "DT"}]}\n{"tokens": [{"pos": "DT"}], "tokens": [{"pos": "NN"}]}\n')
+    with pytest.raises(DataFormatError, match=r"in.jsonl:2: the key 'tokens' appears more than once"):
+        run_tag(_settings(chunker, source, tmp_path / "out.jsonl"))
+    source.write_text('{"tokens": [{"pos": "DT", "pos": "NN"}]}\n')
+    with pytest.raises(DataFormatError, match=r"in.jsonl:1: the key 'pos' appears more than once"):
+        run_tag(_settings(chunker, source, tmp_path / "out.jsonl"))
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_a_dangling_symbolic_link_is_not_replaced(chunker, tmp_path):
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"tokens": [{"pos": "DT"}, {"pos": "NN"}, {"pos": "."}]}\n')
+    link = tmp_path / "out.jsonl"
+    link.symlink_to(tmp_path / "elsewhere" / "missing.jsonl")
+    with pytest.raises(TagError, match=r"a symbolic link to .*missing.jsonl, which does not exist"):
+        run_tag(_settings(chunker, source, link))
+    with pytest.raises(FileNotFoundError, match="which does not exist"):
+        atomic_write(link, lambda out: out.write(b"x"))
+    assert link.is_symlink() and not (tmp_path / "elsewhere").exists()
+    # a link to a file is written through: the link stays, its target gets the output
+    target = tmp_path / "real.jsonl"
+    target.write_text("old\n")
+    live = tmp_path / "live.jsonl"
+    live.symlink_to(target)
+    run_tag(_settings(chunker, source, live))
+    assert live.is_symlink() and json.loads(target.read_text())["tokens"] == ["DT", "NN", "."]  # one column: strings
+
+
+def test_an_hmm_chunker_tags_its_own_datasets_conll_file(tmp_path):
+    from pipeline.engine.runner import run_pipeline
+
+    data = write_corpus(tmp_path / "data", n_train=40, n_test=10)
+    out = tmp_path / "out"
+    seed_store(out)
+    run_pipeline(compose_config(tiny_overrides(data, out) + ["stages=[train]", "model=hmm", "data.train_fraction=0.5"]))
+    (path,) = [p for p in (out / "cache").rglob("bundle.npz")]
+    bundle = load_tagger(path)
+    assert bundle.input_columns == ["pos"] and bundle.source["dataset"]["columns"] == LAYOUT
+    assert bundle.source["dataset"]["tokenisation"] == "punct"
+    test_file = data / "conll2000" / "test.txt.gz"
+    summary = run_tag(_settings(path, test_file, tmp_path / "tagged.conll"))
+    rows = [r for s in read_conll(tmp_path / "tagged.conll") for r in s]  # w pos gold predicted
+    assert summary["tokens"] == len(rows) and "f1" in summary
+    assert [r[:3] for r in rows] == [tuple(r) for s in read_conll(test_file) for r in s]
+    assert summary["accuracy"] == pytest.approx(100.0 * sum(r[2] == r[3] for r in rows) / len(rows))
+
+
+def test_a_missing_data_file_without_url_is_a_settings_error(tmp_path):
+    dataset = {"name": "toy", "files": {"train": {"path": "toy/train.txt"}}}
+    with pytest.raises(SettingsError, match=r"toy/train.txt \(no download configured\)") as info:
+        resolve_files(dataset, tmp_path, download=True)
+    assert isinstance(info.value, MissingDataError) and "\n" not in str(info.value)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_") or k == "MLFLOW_DISABLE_TELEMETRY"}
+    env["PYTHONPATH"] = str(ROOT)
+    done = subprocess.run(
+        [sys.executable, "-m", "pipeline", f"data.root={tmp_path / 'empty'}", "dataset.files.train.url=null",
+         "dataset.files.test.url=null", f"paths.output_dir={tmp_path / 'out'}", f"hydra.run.dir={tmp_path / 'hydra'}"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    text = done.stdout + done.stderr
+    assert done.returncode == 2 and "Traceback" not in text, text
+    errors = [line for line in text.splitlines() if "[ERROR]" in line]
+    assert len(errors) == 1 and "no download configured" in errors[0], text
