@@ -63,6 +63,84 @@ def _flag(value: bool) -> str | None:
     return "1" if value else None
 
 
+# --- biomedical NER token functions (the kinds of BANNER, tmChem, DNorm/TaggerOne) ----------------
+
+GREEK_LETTERS = (
+    "alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa", "lambda", "mu",
+    "nu", "xi", "omicron", "pi", "rho", "sigma", "tau", "upsilon", "phi", "chi", "psi", "omega",
+)  # fmt: skip
+# a Greek letter as a word or as a word part ("alpha", "TNF-alpha", "beta2", "Alpha-1"), or a Greek character
+_GREEK = re.compile(r"(?:^|[^a-z])(" + "|".join(GREEK_LETTERS) + r")(?=$|[^a-z])|([\u0391-\u03c9])", re.IGNORECASE)
+_ROMAN = re.compile(r"^(?=[IVXLC])C{0,3}(?:XC|XL|L?X{0,3})(?:IX|IV|V?I{0,3})$")
+# a chemical formula: element-like symbols with counts ("H2O", "NaCl", "CaCO3", "Fe2+", "(NH4)2SO4"),
+# at least two symbols or one symbol with a count
+_FORMULA = re.compile(r"^(?:\(?[A-Z][a-z]?\d*\)?\d*){1,}[+-]?$")
+_FORMULA_PARTS = re.compile(r"[A-Z][a-z]?")
+# suffixes stripped by `stem`, longest first; what remains must keep at least 3 characters
+_SUFFIXES = (
+    "ational", "ations", "ation", "ements", "ement", "nesses", "ness", "ities", "ity", "ically", "ical",
+    "ingly", "ings", "ing", "edly", "ies", "ied", "ed", "es", "ly", "al", "ic", "s",
+)  # fmt: skip
+
+
+def _greek(word: str) -> str | None:
+    """The first Greek letter named or written in ``word`` (lower-cased name or character), or None."""
+    match = _GREEK.search(word)
+    if match is None:
+        return None
+    return (match.group(1) or match.group(2)).lower()
+
+
+def _is_roman(word: str) -> bool:
+    """``word`` is an upper-case Roman numeral (I .. CCCXCIX)."""
+    return bool(_ROMAN.match(word))
+
+
+def _is_formula(word: str) -> bool:
+    """``word`` looks like a chemical formula: element-like symbols and counts, with a digit, a
+    charge or at least two symbols ("H2O", "NaCl", "Ca2+"); a plain capitalised word is not one."""
+    if not _FORMULA.match(word) or word.isupper() and len(word) > 1 and not any(c.isdigit() for c in word):
+        return False
+    parts = _FORMULA_PARTS.findall(word)
+    return any(c.isdigit() or c in "+-" for c in word) or len(parts) >= 2 and "".join(parts) == word
+
+
+def _punct_pattern(word: str) -> str | None:
+    """The non-alphanumeric characters inside ``word`` in order ("1,2-diol" -> ",-"), for tokens
+    that also hold a letter or digit; None otherwise."""
+    if not any(c.isalnum() for c in word):
+        return None
+    marks = "".join(c for c in word if not c.isalnum())
+    return marks or None
+
+
+def _digit_norm(word: str) -> str:
+    """Lower-cased ``word`` with every run of digits replaced by ``0`` ("IL-12" -> "il-0")."""
+    return re.sub(r"\d+", "0", word.lower())
+
+
+def _stem(word: str) -> str:
+    """A small suffix-stripping stemmer over the digit-normalised lower-cased word: the longest
+    suffix of a fixed list is removed when at least 3 characters stay, then a final "e" ("tumours" ->
+    "tumour", "induce", "induced" and "inducing" -> "induc", "toxicities" -> "toxic"); "ies" becomes "y"."""
+    low = _digit_norm(word)
+    if not low.isalpha() or len(low) <= 4:
+        return low
+    stem = low
+    for suffix in _SUFFIXES:
+        if low.endswith(suffix) and len(low) - len(suffix) >= 3:
+            stem = low[: -len(suffix)]
+            stem = stem + "y" if suffix in ("ies", "ied") else stem
+            break
+    return stem[:-1] if stem.endswith("e") and len(stem) > 3 else stem
+
+
+def _digit_count(word: str, n: int) -> str | None:
+    """How many digits ``word`` holds, capped at ``n`` (None without digits)."""
+    count = sum(c.isdigit() for c in word)
+    return str(min(count, n or 10**9)) if count else None
+
+
 TOKEN_FUNCTIONS: dict[str, Callable[[str, int], str | None]] = {
     "identity": lambda w, n: w,
     "lower": lambda w, n: w.lower(),
@@ -79,6 +157,13 @@ TOKEN_FUNCTIONS: dict[str, Callable[[str, int], str | None]] = {
     "has_upper": lambda w, n: _flag(any(c.isupper() for c in w)),
     "has_hyphen": lambda w, n: _flag("-" in w),
     "is_punct": lambda w, n: _flag(all(not c.isalnum() for c in w)),
+    "greek": lambda w, n: _greek(w),
+    "is_roman": lambda w, n: _flag(_is_roman(w)),
+    "is_formula": lambda w, n: _flag(_is_formula(w)),
+    "punct_pattern": lambda w, n: _punct_pattern(w),
+    "digit_norm": lambda w, n: _digit_norm(w),
+    "stem": lambda w, n: _stem(w),
+    "digit_count": _digit_count,
 }
 
 
