@@ -166,6 +166,60 @@ TOKEN_FUNCTIONS: dict[str, Callable[[str, int], str | None]] = {
     "digit_count": _digit_count,
 }
 
+# view functions that read the whole corpus in order, not one token: lexicon spans, abbreviations
+CORPUS_FUNCTIONS = ("lexicon", "abbreviation", "abbreviation_suffix")
+
+_SHORT_FORM = re.compile(r"^(?=.*[A-Z])[A-Za-z0-9][A-Za-z0-9+-]{1,9}$")
+_HEAD_WORD = re.compile(r"^[A-Za-z][A-Za-z-]{2,}$")
+
+
+def abbreviation_heads(words: np.ndarray, position: np.ndarray, length: np.ndarray, window: int = 400) -> np.ndarray:
+    """The head word of each abbreviation's long form, on every use of the abbreviation.
+
+    A definition is ``long form ( SF )`` inside one sentence: ``SF`` a short form (2 to 10
+    letters, digits, ``+``/``-``, with an upper-case letter) between a ``(`` and a ``)`` token,
+    after a word of at least 3 letters, the long form's head (lower-cased: "atrial fibrillation (
+    AF )" gives ``fibrillation``). Every token equal to a short form defined at most ``window``
+    tokens before it (the nearest such definition; the definition's own short form included) gets
+    that head; the others get None. ``words`` (T,) the corpus' tokens in order, ``position`` (T,)
+    each token's index in its sentence, ``length`` (T,) its sentence's length. Corpora of abstracts
+    in document order put an abstract's definitions before its later uses of the abbreviation.
+    """
+    words = np.asarray(words, dtype=object)
+    n = words.size
+    heads = np.full(n, None, dtype=object)
+    if n < 4:
+        return heads
+    # candidate short forms at i: words[i-1] == "(", words[i+1] == ")", all in one sentence, a head at i-2
+    i = np.arange(2, n - 1)
+    inside = (position[i] >= 2) & (position[i] + 1 < length[i])
+    i = i[inside & (words[i - 1] == "(") & (words[i + 1] == ")")]
+    if i.size == 0:
+        return heads
+    ok = np.fromiter(
+        (bool(_SHORT_FORM.match(sf)) and bool(_HEAD_WORD.match(hd)) for sf, hd in zip(words[i], words[i - 2])),
+        dtype=bool,
+        count=i.size,
+    )
+    defined = i[ok]
+    if defined.size == 0:
+        return heads
+    # every use of a defined short form, matched to the nearest definition at or before it
+    forms, form_codes = np.unique(words[defined].astype(str), return_inverse=True)
+    token_codes = pd.Index(forms).get_indexer(pd.Index(words, dtype=object))
+    uses = np.flatnonzero(token_codes >= 0)
+    def_keys = form_codes.astype(np.int64) * n + defined  # sorted by (form, position)
+    order = np.argsort(def_keys)
+    def_keys, defined = def_keys[order], defined[order]
+    use_keys = token_codes[uses].astype(np.int64) * n + uses
+    slot = np.searchsorted(def_keys, use_keys, side="right") - 1
+    found = slot >= 0
+    found[found] = def_keys[slot[found]] // n == token_codes[uses[found]]
+    source = np.where(found, defined[np.maximum(slot, 0)], -1)
+    near = found & (uses - source <= window)
+    heads[uses[near]] = np.array([w.lower() for w in words[source[near] - 2]], dtype=object)
+    return heads
+
 
 @dataclass
 class ViewSpec:
@@ -174,7 +228,7 @@ class ViewSpec:
     column: str
     fn: str = "identity"
     n: int = 0
-    path: str | None = None  # lexicon file, for fn == "lexicon"
+    path: str | None = None  # lexicon file, for fn == "lexicon"; fn "abbreviation" reads n as its window
     lowercase: bool = False  # lexicon matching on lower-cased tokens
 
 
@@ -256,8 +310,10 @@ class FeatureExtractor:
             spec = ViewSpec(**dict(spec))
             if spec.column not in self.columns:
                 raise ValueError(f"view {name!r} reads unknown column {spec.column!r}")
-            if spec.fn != "lexicon" and spec.fn not in TOKEN_FUNCTIONS:
-                raise ValueError(f"view {name!r}: unknown function {spec.fn!r}; known: {sorted(TOKEN_FUNCTIONS)} and 'lexicon'")
+            if spec.fn not in CORPUS_FUNCTIONS and spec.fn not in TOKEN_FUNCTIONS:
+                raise ValueError(
+                    f"view {name!r}: unknown function {spec.fn!r}; known: {sorted([*TOKEN_FUNCTIONS, *CORPUS_FUNCTIONS])}"
+                )
             if spec.fn == "lexicon" and not spec.path:
                 raise ValueError(f"view {name!r}: a lexicon view needs a 'path'")
             self._specs[name] = spec
@@ -291,6 +347,11 @@ class FeatureExtractor:
             words = np.array([w.lower() for w in source], dtype=object) if spec.lowercase else source
             marks = lexicon_marks(words, corpus.position, corpus.length, self._lexicon(name))
             return pd.factorize(marks, use_na_sentinel=True)
+        if spec.fn in ("abbreviation", "abbreviation_suffix"):
+            heads = abbreviation_heads(source, corpus.position, corpus.length, spec.n or 400)
+            if spec.fn == "abbreviation_suffix":  # the head's last 4 letters: "fibrillation" -> "tion"
+                heads = np.array([h if h is None else h[-4:] for h in heads], dtype=object)
+            return pd.factorize(heads, use_na_sentinel=True)
         codes, uniques = pd.factorize(source)
         if spec.fn == "identity":
             return codes, np.asarray(uniques, dtype=object)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from crf.features import TOKEN_FUNCTIONS, FeatureExtractor
+from crf.features import TOKEN_FUNCTIONS, FeatureExtractor, abbreviation_heads
 
 
 def apply(fn: str, words: list[str], n: int = 0) -> list[str | None]:
@@ -68,3 +68,52 @@ def test_views_in_an_extractor_match_the_function_token_by_token(fn):
         got.append(row[0].removeprefix("v[0]=") if row else None)
     assert got == apply(fn, words, n=3)
     assert np.all(np.diff(batch.offsets) == [4, 5])
+
+
+def corpus_arrays(sentences: list[list[str]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    words = np.array([w for s in sentences for w in s], dtype=object)
+    position = np.concatenate([np.arange(len(s)) for s in sentences])
+    length = np.concatenate([np.full(len(s), len(s)) for s in sentences])
+    return words, position, length
+
+
+def test_abbreviation_heads_mark_the_definition_and_later_uses_within_the_window():
+    sentences = [
+        ["AF", "first", "."],  # a use before the definition: no head
+        ["Atrial", "fibrillation", "(", "AF", ")", "and", "heart", "failure", "(", "HF", ")", "."],
+        ["AF", "and", "HF", "and", "BP", "."],
+        ["Stroke", "(", "5", ")", "in", "day", "(", "D1", ")", "x", "(", "AF", ")"],  # no capital / head "x" too short
+    ]
+    words, position, length = corpus_arrays(sentences)
+    heads = abbreviation_heads(words, position, length, window=400)
+    by_token = list(zip(words, heads))
+    assert by_token[0] == ("AF", None)
+    assert by_token[6] == ("AF", "fibrillation") and by_token[12] == ("HF", "failure")
+    assert by_token[15:20] == [("AF", "fibrillation"), ("and", None), ("HF", "failure"), ("and", None), ("BP", None)]
+    assert [h for w, h in by_token[21:]] == [None] * 7 + ["day", None, None, None, "fibrillation", None]
+    # a use further than `window` tokens after the definition gets nothing
+    assert abbreviation_heads(words, position, length, window=5)[15] is None
+    # the suffix view through an extractor
+    rows = [[(w, "O") for w in s] for s in sentences]
+    views = {"a": {"column": "w", "fn": "abbreviation"}, "s": {"column": "w", "fn": "abbreviation_suffix"}}
+    extractor = FeatureExtractor(columns=["w", "y"], templates=["a[0]", "s[0]"], views=views).fit(rows)
+    names = set(extractor.attribute_names())
+    assert {"a[0]=fibrillation", "a[0]=failure", "a[0]=day", "s[0]=tion", "s[0]=lure", "s[0]=day"} <= names
+
+
+def test_abbreviation_heads_agree_with_a_loop_on_random_corpora():
+    rng = np.random.default_rng(0)
+    vocab = np.array(["(", ")", "AB", "CD", "Xy2", "alpha", "beta", "gamma", "of", "7"], dtype=object)
+    for _ in range(30):
+        sentences = [list(rng.choice(vocab, size=rng.integers(1, 9))) for _ in range(rng.integers(1, 12))]
+        words, position, length = corpus_arrays(sentences)
+        window = int(rng.integers(1, 30))
+        expected = [None] * words.size
+        last: dict[str, int] = {}
+        for t in range(words.size):
+            if 2 <= position[t] and position[t] + 1 < length[t] and words[t - 1] == "(" and words[t + 1] == ")":
+                if words[t] in ("AB", "CD", "Xy2") and words[t - 2] in ("alpha", "beta", "gamma"):
+                    last[words[t]] = t
+            if words[t] in last and t - last[words[t]] <= window:
+                expected[t] = words[last[words[t]] - 2]
+        assert list(abbreviation_heads(words, position, length, window)) == expected
