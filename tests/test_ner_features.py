@@ -117,3 +117,23 @@ def test_abbreviation_heads_agree_with_a_loop_on_random_corpora():
             if words[t] in last and t - last[words[t]] <= window:
                 expected[t] = words[last[words[t]] - 2]
         assert list(abbreviation_heads(words, position, length, window)) == expected
+
+
+def test_bio_ner_extractor_round_trips_through_its_saved_state():
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    from pipeline.stages.featurize import build_extractor
+
+    features = OmegaConf.to_container(OmegaConf.load(Path(__file__).resolve().parents[1] / "conf/features/bio_ner.yaml"))
+    sentences = [
+        [("Atrial", "B-Disease"), ("fibrillation", "I-Disease"), ("(", "O"), ("AF", "B-Disease"), (")", "O"), ("after", "O")],
+        [("H2O", "B-Chemical"), ("and", "O"), ("TNF-alpha", "O"), ("in", "O"), ("AF", "B-Disease"), (".", "O")],
+    ]
+    extractor = build_extractor(features, ["w", "ner"]).fit(sentences)
+    again = FeatureExtractor.from_state(extractor.config(), extractor.state_arrays())
+    first, second = extractor.transform(sentences), again.transform(sentences)
+    assert (first.X != second.X).nnz == 0 and np.array_equal(first.offsets, second.offsets)
+    names = set(extractor.attribute_names())
+    assert {"abbr[0]=fibrillation", "formula[0]=1", "greek[0]=alpha", "stem[0]=fibrill"} <= names
