@@ -6,7 +6,8 @@ A *view* is one string (or nothing) per token: a raw input column (``w``, ``pos`
 function of a column (``lower``, ``shape``, ``suffix`` with ``n``, ``is_title``, ...) or lexicon
 membership (``lexicon`` with a file of entries, matched as longest multi-token spans and marked
 ``B-TYPE``/``I-TYPE``) or an abbreviation's long-form head (``abbreviation``: a short form defined as
-``long form ( SF )`` carries the long form's last word on its uses in the next ``n`` tokens). A *template* such as ``w[-1]|w[0]`` conjoins views at relative offsets; its
+``long form ( SF )`` carries the long form's last word on its uses in the next ``n`` tokens).
+A *template* such as ``w[-1]|w[0]`` conjoins views at relative offsets; its
 attribute for a token is the string ``w[-1]|w[0]=He|reckons`` (CRFsuite's naming). Cells outside
 the sentence either drop the attribute (``padding=False``, CRFsuite's chunking example) or take the
 value ``__BOS__`` / ``__EOS__`` (``padding=True``, CRF++). ``numeric`` columns become real-valued
