@@ -5,7 +5,9 @@ Vocabulary
 A *view* is one string (or nothing) per token: a raw input column (``w``, ``pos``) or a token
 function of a column (``lower``, ``shape``, ``suffix`` with ``n``, ``is_title``, ...) or lexicon
 membership (``lexicon`` with a file of entries, matched as longest multi-token spans and marked
-``B-TYPE``/``I-TYPE``). A *template* such as ``w[-1]|w[0]`` conjoins views at relative offsets; its
+``B-TYPE``/``I-TYPE``) or an abbreviation's long-form head (``abbreviation``: a short form defined as
+``long form ( SF )`` carries the long form's last word on its uses in the next ``n`` tokens).
+A *template* such as ``w[-1]|w[0]`` conjoins views at relative offsets; its
 attribute for a token is the string ``w[-1]|w[0]=He|reckons`` (CRFsuite's naming). Cells outside
 the sentence either drop the attribute (``padding=False``, CRFsuite's chunking example) or take the
 value ``__BOS__`` / ``__EOS__`` (``padding=True``, CRF++). ``numeric`` columns become real-valued
@@ -63,6 +65,84 @@ def _flag(value: bool) -> str | None:
     return "1" if value else None
 
 
+# --- biomedical NER token functions (the kinds of BANNER, tmChem, DNorm/TaggerOne) ----------------
+
+GREEK_LETTERS = (
+    "alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa", "lambda", "mu",
+    "nu", "xi", "omicron", "pi", "rho", "sigma", "tau", "upsilon", "phi", "chi", "psi", "omega",
+)  # fmt: skip
+# a Greek letter as a word or as a word part ("alpha", "TNF-alpha", "beta2", "Alpha-1"), or a Greek character
+_GREEK = re.compile(r"(?:^|[^a-z])(" + "|".join(GREEK_LETTERS) + r")(?=$|[^a-z])|([\u0391-\u03c9])", re.IGNORECASE)
+_ROMAN = re.compile(r"^(?=[IVXLC])C{0,3}(?:XC|XL|L?X{0,3})(?:IX|IV|V?I{0,3})$")
+# a chemical formula: element-like symbols with counts ("H2O", "NaCl", "CaCO3", "Fe2+", "(NH4)2SO4"),
+# at least two symbols or one symbol with a count
+_FORMULA = re.compile(r"^(?:\(?[A-Z][a-z]?\d*\)?\d*){1,}[+-]?$")
+_FORMULA_PARTS = re.compile(r"[A-Z][a-z]?")
+# suffixes stripped by `stem`, longest first; what remains must keep at least 3 characters
+_SUFFIXES = (
+    "ational", "ations", "ation", "ements", "ement", "nesses", "ness", "ities", "ity", "ically", "ical",
+    "ingly", "ings", "ing", "edly", "ies", "ied", "ed", "es", "ly", "al", "ic", "s",
+)  # fmt: skip
+
+
+def _greek(word: str) -> str | None:
+    """The first Greek letter named or written in ``word`` (lower-cased name or character), or None."""
+    match = _GREEK.search(word)
+    if match is None:
+        return None
+    return (match.group(1) or match.group(2)).lower()
+
+
+def _is_roman(word: str) -> bool:
+    """``word`` is an upper-case Roman numeral (I .. CCCXCIX)."""
+    return bool(_ROMAN.match(word))
+
+
+def _is_formula(word: str) -> bool:
+    """``word`` looks like a chemical formula: element-like symbols and counts, with a digit, a
+    charge or at least two symbols ("H2O", "NaCl", "Ca2+"); a plain capitalised word is not one."""
+    if not _FORMULA.match(word) or word.isupper() and len(word) > 1 and not any(c.isdigit() for c in word):
+        return False
+    parts = _FORMULA_PARTS.findall(word)
+    return any(c.isdigit() or c in "+-" for c in word) or len(parts) >= 2 and "".join(parts) == word
+
+
+def _punct_pattern(word: str) -> str | None:
+    """The non-alphanumeric characters inside ``word`` in order ("1,2-diol" -> ",-"), for tokens
+    that also hold a letter or digit; None otherwise."""
+    if not any(c.isalnum() for c in word):
+        return None
+    marks = "".join(c for c in word if not c.isalnum())
+    return marks or None
+
+
+def _digit_norm(word: str) -> str:
+    """Lower-cased ``word`` with every run of digits replaced by ``0`` ("IL-12" -> "il-0")."""
+    return re.sub(r"\d+", "0", word.lower())
+
+
+def _stem(word: str) -> str:
+    """A small suffix-stripping stemmer over the digit-normalised lower-cased word: the longest
+    suffix of a fixed list is removed when at least 3 characters stay, then a final "e" ("tumours" ->
+    "tumour", "induce", "induced" and "inducing" -> "induc", "toxicities" -> "toxic"); "ies" becomes "y"."""
+    low = _digit_norm(word)
+    if not low.isalpha() or len(low) <= 4:
+        return low
+    stem = low
+    for suffix in _SUFFIXES:
+        if low.endswith(suffix) and len(low) - len(suffix) >= 3:
+            stem = low[: -len(suffix)]
+            stem = stem + "y" if suffix in ("ies", "ied") else stem
+            break
+    return stem[:-1] if stem.endswith("e") and len(stem) > 3 else stem
+
+
+def _digit_count(word: str, n: int) -> str | None:
+    """How many digits ``word`` holds, capped at ``n`` (None without digits)."""
+    count = sum(c.isdigit() for c in word)
+    return str(min(count, n or 10**9)) if count else None
+
+
 TOKEN_FUNCTIONS: dict[str, Callable[[str, int], str | None]] = {
     "identity": lambda w, n: w,
     "lower": lambda w, n: w.lower(),
@@ -79,7 +159,68 @@ TOKEN_FUNCTIONS: dict[str, Callable[[str, int], str | None]] = {
     "has_upper": lambda w, n: _flag(any(c.isupper() for c in w)),
     "has_hyphen": lambda w, n: _flag("-" in w),
     "is_punct": lambda w, n: _flag(all(not c.isalnum() for c in w)),
+    "greek": lambda w, n: _greek(w),
+    "is_roman": lambda w, n: _flag(_is_roman(w)),
+    "is_formula": lambda w, n: _flag(_is_formula(w)),
+    "punct_pattern": lambda w, n: _punct_pattern(w),
+    "digit_norm": lambda w, n: _digit_norm(w),
+    "stem": lambda w, n: _stem(w),
+    "digit_count": _digit_count,
 }
+
+# view functions that read the whole corpus in order, not one token: lexicon spans, abbreviations
+CORPUS_FUNCTIONS = ("lexicon", "abbreviation", "abbreviation_suffix")
+
+_SHORT_FORM = re.compile(r"^(?=.*[A-Z])[A-Za-z0-9][A-Za-z0-9+-]{1,9}$")
+_HEAD_WORD = re.compile(r"^[A-Za-z][A-Za-z-]{2,}$")
+
+
+def abbreviation_heads(words: np.ndarray, position: np.ndarray, length: np.ndarray, window: int = 400) -> np.ndarray:
+    """The head word of each abbreviation's long form, on every use of the abbreviation.
+
+    A definition is ``long form ( SF )`` inside one sentence: ``SF`` a short form (2 to 10
+    letters, digits, ``+``/``-``, with an upper-case letter) between a ``(`` and a ``)`` token,
+    after a word of at least 3 letters, the long form's head (lower-cased: "atrial fibrillation (
+    AF )" gives ``fibrillation``). Every token equal to a short form defined at most ``window``
+    tokens before it (the nearest such definition; the definition's own short form included) gets
+    that head; the others get None. ``words`` (T,) the corpus' tokens in order, ``position`` (T,)
+    each token's index in its sentence, ``length`` (T,) its sentence's length. Corpora of abstracts
+    in document order put an abstract's definitions before its later uses of the abbreviation.
+    """
+    words = np.asarray(words, dtype=object)
+    n = words.size
+    heads = np.full(n, None, dtype=object)
+    if n < 4:
+        return heads
+    # candidate short forms at i: words[i-1] == "(", words[i+1] == ")", all in one sentence, a head at i-2
+    i = np.arange(2, n - 1)
+    inside = (position[i] >= 2) & (position[i] + 1 < length[i])
+    i = i[inside & (words[i - 1] == "(") & (words[i + 1] == ")")]
+    if i.size == 0:
+        return heads
+    ok = np.fromiter(
+        (bool(_SHORT_FORM.match(sf)) and bool(_HEAD_WORD.match(hd)) for sf, hd in zip(words[i], words[i - 2])),
+        dtype=bool,
+        count=i.size,
+    )
+    defined = i[ok]
+    if defined.size == 0:
+        return heads
+    # every use of a defined short form, matched to the nearest definition at or before it
+    forms, form_codes = np.unique(words[defined].astype(str), return_inverse=True)
+    token_codes = pd.Index(forms).get_indexer(pd.Index(words, dtype=object))
+    uses = np.flatnonzero(token_codes >= 0)
+    def_keys = form_codes.astype(np.int64) * n + defined  # sorted by (form, position)
+    order = np.argsort(def_keys)
+    def_keys, defined = def_keys[order], defined[order]
+    use_keys = token_codes[uses].astype(np.int64) * n + uses
+    slot = np.searchsorted(def_keys, use_keys, side="right") - 1
+    found = slot >= 0
+    found[found] = def_keys[slot[found]] // n == token_codes[uses[found]]
+    source = np.where(found, defined[np.maximum(slot, 0)], -1)
+    near = found & (uses - source <= window)
+    heads[uses[near]] = np.array([w.lower() for w in words[source[near] - 2]], dtype=object)
+    return heads
 
 
 @dataclass
@@ -89,7 +230,7 @@ class ViewSpec:
     column: str
     fn: str = "identity"
     n: int = 0
-    path: str | None = None  # lexicon file, for fn == "lexicon"
+    path: str | None = None  # lexicon file, for fn == "lexicon"; fn "abbreviation" reads n as its window
     lowercase: bool = False  # lexicon matching on lower-cased tokens
 
 
@@ -171,8 +312,10 @@ class FeatureExtractor:
             spec = ViewSpec(**dict(spec))
             if spec.column not in self.columns:
                 raise ValueError(f"view {name!r} reads unknown column {spec.column!r}")
-            if spec.fn != "lexicon" and spec.fn not in TOKEN_FUNCTIONS:
-                raise ValueError(f"view {name!r}: unknown function {spec.fn!r}; known: {sorted(TOKEN_FUNCTIONS)} and 'lexicon'")
+            if spec.fn not in CORPUS_FUNCTIONS and spec.fn not in TOKEN_FUNCTIONS:
+                raise ValueError(
+                    f"view {name!r}: unknown function {spec.fn!r}; known: {sorted([*TOKEN_FUNCTIONS, *CORPUS_FUNCTIONS])}"
+                )
             if spec.fn == "lexicon" and not spec.path:
                 raise ValueError(f"view {name!r}: a lexicon view needs a 'path'")
             self._specs[name] = spec
@@ -206,6 +349,11 @@ class FeatureExtractor:
             words = np.array([w.lower() for w in source], dtype=object) if spec.lowercase else source
             marks = lexicon_marks(words, corpus.position, corpus.length, self._lexicon(name))
             return pd.factorize(marks, use_na_sentinel=True)
+        if spec.fn in ("abbreviation", "abbreviation_suffix"):
+            heads = abbreviation_heads(source, corpus.position, corpus.length, spec.n or 400)
+            if spec.fn == "abbreviation_suffix":  # the head's last 4 letters: "fibrillation" -> "tion"
+                heads = np.array([h if h is None else h[-4:] for h in heads], dtype=object)
+            return pd.factorize(heads, use_na_sentinel=True)
         codes, uniques = pd.factorize(source)
         if spec.fn == "identity":
             return codes, np.asarray(uniques, dtype=object)
