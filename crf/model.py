@@ -22,11 +22,11 @@ from sklearn.base import BaseEstimator
 from sklearn.exceptions import NotFittedError
 
 from . import _chain as chain
+from . import _compiled, metrics
 from . import _model_file as model_file
 from . import _online as online
 from . import _optimize as optimize
 from . import _params as hyper
-from . import metrics
 from ._crfsuite_view import CRFsuiteView, training_log
 from ._objective import Objective, ParameterLayout
 from ._order import FirstOrderChain, chain_structure
@@ -35,6 +35,7 @@ from ._persist import ModelFileError
 from ._segments import SegmentQueries
 from ._uncertainty import UncertaintyQueries
 from ._warm import PreviousFit
+from .attributes import sequence_entries
 from .batch import SequenceBatch, check_labels, label_classes
 from .bundle import prefixed, register_kind
 from .features import AttributeIndex, FeatureExtractor
@@ -581,7 +582,32 @@ class CRF(SegmentQueries, UncertaintyQueries, CRFsuiteView, BaseEstimator):
 
     def predict_single(self, xseq) -> list[str]:
         """Labels of one sequence (a list of str)."""
-        return self._predict_lists([xseq])[0]
+        self._check_fitted()
+        emissions = self._sequence_emissions(xseq)
+        if emissions is None:
+            return self._predict_lists([xseq])[0]
+        if self.order == 1:  # the chain's scores are the fitted arrays themselves
+            weights = (self.transitions_, self.start_weights_, self.end_weights_)
+        else:
+            weights = self._chain_of(emissions, None, np.array([len(emissions)]))[1]
+        states, _ = chain.viterbi(emissions, *weights, [len(emissions)])
+        classes = self.classes_
+        return [classes[i] for i in chain.operator_of(weights[0]).labels_at(states).tolist()]
+
+    def _sequence_emissions(self, xseq) -> np.ndarray | None:
+        """Emission scores (T, L) of one sequence of tokens, read without a batch (the per-call
+        path: :func:`crf.attributes.sequence_entries`, then a compiled sparse product). The same
+        bits as :meth:`emissions` gives (each token's attributes added in column order, as
+        scipy's sparse product adds them). None where the batch path is needed: a model fitted
+        on batches or with a pruning model, an empty sequence, tokens of rare shapes, a token
+        that repeats an attribute."""
+        index = self.__dict__.get("attribute_index_")
+        if index is None or self.__dict__.get("pruner_") is not None or isinstance(xseq, SequenceBatch):
+            return None
+        entries = sequence_entries(xseq, index.index_.get)
+        if entries is None:
+            return None
+        return _compiled.rows_times_dense(*entries, self.state_weights_)
 
     def marginals(self, X) -> tuple[np.ndarray, SequenceBatch]:
         """Node marginals p(y_t = l | x) as a (T, L) array (columns in ``classes_`` order)."""

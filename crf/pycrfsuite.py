@@ -64,10 +64,11 @@ from itertools import repeat
 import numpy as np
 
 from . import _chain as chain
+from . import _compiled
 from . import _params as hyper
 from ._crfsuite_view import ModelInfo
 from ._optimize import IterationInfo
-from .attributes import _token_items
+from .attributes import _token_items, sequence_entries
 from .crfsuite import (
     _HEADER,
     HEADER_SIZE,
@@ -929,29 +930,6 @@ def _item_pairs(item) -> Iterable[tuple[str, float]]:
     return ((f"{key}:{value}", 1.0) if type(value) is str else (key, float(value)) for key, value in item.items())
 
 
-def _best_path(emissions: np.ndarray, incoming: np.ndarray) -> list[int]:
-    """The Viterbi path of one sequence: emissions (T, L), ``incoming`` (L, L) the transition
-    weights [next, previous]; ties go to the lowest label id, as in CRFsuite.
-    :func:`crf._chain.viterbi` computes the same for batches; this loop is the quicker one for a
-    single short sequence."""
-    T, L = emissions.shape
-    pointers = np.empty((T, L), dtype=np.intp)
-    score = emissions[0].copy()
-    candidates = np.empty((L, L))
-    for t in range(1, T):
-        np.add(incoming, score, out=candidates)  # [next, previous]
-        candidates.argmax(axis=1, out=pointers[t])
-        candidates.max(axis=1, out=score)
-        score += emissions[t]
-    label = int(score.argmax())
-    path = [label]
-    back = pointers.tolist()
-    for t in range(T - 1, 0, -1):
-        label = back[t][label]
-        path.append(label)
-    return path[::-1]
-
-
 class Tagger:
     """Tags item sequences with a CRFsuite model file (python-crfsuite's ``Tagger``).
 
@@ -971,7 +949,7 @@ class Tagger:
     _state_first: np.ndarray | None = None  # (A + 1,)
     _state_label: np.ndarray | None = None  # (K,)
     _state_weight: np.ndarray | None = None  # (K,)
-    _incoming: np.ndarray | None = None  # (L, L) transition weights [next, previous]
+    _zeros: np.ndarray | None = None  # (L,) start and end weights (CRFsuite's files have none)
     _emissions: np.ndarray | None = None  # (T, L) of the current sequence
     _marginals: np.ndarray | None = None  # (T, L), made by the first marginal() query
 
@@ -1013,15 +991,14 @@ class Tagger:
         self._state_first = np.concatenate([[0], np.cumsum(np.bincount(attribute, minlength=len(model.attributes)))])
         self._state_label, self._state_weight = label[order], weight[order]
         self._model, self._header = model, _HEADER.unpack_from(data)
-        self._incoming = np.ascontiguousarray(model.transitions.T)
         self._columns = dict(zip(model.attributes, range(len(model.attributes))))
         self._label_ids = dict(zip(model.labels, range(L)))
-        self._emissions = np.zeros((0, L))
+        self._emissions, self._zeros = np.zeros((0, L)), np.zeros(L)
         self._marginals = None
 
     def close(self) -> None:
         """Unload the model."""
-        self._model = self._header = self._incoming = self._emissions = self._marginals = None
+        self._model = self._header = self._zeros = self._emissions = self._marginals = None
         self._state_first = self._state_label = self._state_weight = None
         self._columns, self._label_ids = {}, {}
 
@@ -1043,34 +1020,41 @@ class Tagger:
         """Make ``xseq`` (items, or an :class:`ItemSequence`) the current sequence of :meth:`tag`,
         :meth:`probability` and :meth:`marginal`. Attributes the model does not know are ignored."""
         model = self._opened()
-        items = xseq._items if isinstance(xseq, ItemSequence) else _items(xseq)
-        names: list[str] = []
-        values: list[float] = []
-        counts = np.zeros(len(items), dtype=np.int64)
-        for t, item in enumerate(items):
-            if type(item) is list:
-                names += item
-                values += repeat(1.0, len(item))
-            else:
-                for name, value in _item_pairs(item):
-                    names.append(name)
-                    values.append(value)
-            counts[t] = len(names)
-        counts[1:] -= counts[:-1].copy()
-        attributes = np.fromiter(map(self._columns.get, names, repeat(-1)), dtype=np.int64, count=len(names))
-        known = attributes >= 0
-        attributes = attributes[known]
+        # items of the common shapes are read in one pass (known attributes only), others checked first
+        entries = None if isinstance(xseq, ItemSequence) else sequence_entries(xseq, self._columns.get)
+        if entries is not None:
+            ends, attributes, values = entries
+            n_items, counts, known = len(ends), np.diff(ends, prepend=0), slice(None)
+        else:
+            items = xseq._items if isinstance(xseq, ItemSequence) else _items(xseq)
+            names: list[str] = []
+            values = []
+            counts = np.zeros(len(items), dtype=np.int64)
+            for t, item in enumerate(items):
+                if type(item) is list:
+                    names += item
+                    values += repeat(1.0, len(item))
+                else:
+                    for name, value in _item_pairs(item):
+                        names.append(name)
+                        values.append(value)
+                counts[t] = len(names)
+            counts[1:] -= counts[:-1].copy()
+            n_items = len(items)
+            attributes = np.fromiter(map(self._columns.get, names, repeat(-1)), dtype=np.int64, count=len(names))
+            known = attributes >= 0
+            attributes = attributes[known]
         # every state feature of every known attribute, in item order: value * weight added to
         # its label's score, in the order CRFsuite's tagger adds them
         first, last = self._state_first[attributes], self._state_first[attributes + 1]
         n_features = last - first
         before = np.cumsum(n_features) - n_features
         features = np.arange(int(n_features.sum())) + np.repeat(first - before, n_features)
-        rows = np.repeat(np.repeat(np.arange(len(items)), counts)[known], n_features)
+        rows = np.repeat(np.repeat(np.arange(n_items), counts)[known], n_features)
         scores = self._state_weight[features] * np.repeat(np.array(values)[known], n_features)
         L = len(model.labels)
         cells = rows * L + self._state_label[features]
-        emissions = np.bincount(cells, weights=scores, minlength=len(items) * L).reshape(len(items), L)
+        emissions = np.bincount(cells, weights=scores, minlength=n_items * L).reshape(n_items, L)
         self._emissions, self._marginals = emissions, None
 
     def tag(self, xseq=None) -> list[str]:
@@ -1083,7 +1067,9 @@ class Tagger:
             return []
         if not model.labels:
             raise ValueError("the model has no labels")
-        return [model.labels[i] for i in _best_path(self._emissions, self._incoming)]
+        emissions = self._emissions
+        path, _ = _compiled.viterbi(emissions, model.transitions, self._zeros, self._zeros, np.array([0, len(emissions)]))
+        return [model.labels[i] for i in path.tolist()]
 
     def probability(self, yseq) -> float:
         """p(``yseq`` | the current sequence); 0 for an empty sequence."""

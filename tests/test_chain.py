@@ -170,7 +170,8 @@ def test_max_product_bounds_hold_for_the_exact_differences():
 
 def test_pruning_bounds_are_worked_out_once_per_batch_and_not_for_one_sentence(monkeypatch):
     """The m * m * p bounds are paid for once in a Viterbi pass whose first step has at least m
-    rows, and never for one sentence (with 200 labels they would cost more than the pass)."""
+    rows, and never for one sentence (with 200 labels they would cost more than the pass); the
+    shared max-product recursion on a first-order table (chain.viterbi runs the compiled kernel)."""
     rng = np.random.default_rng(8)
     L = 200
     transitions, start, end = rng.normal(size=(L, L)), rng.normal(size=L), rng.normal(size=L)
@@ -178,12 +179,12 @@ def test_pruning_bounds_are_worked_out_once_per_batch_and_not_for_one_sentence(m
     spread = chain.MaxSemiring.spread
     monkeypatch.setattr(chain.MaxSemiring, "spread", staticmethod(lambda b: calls.append(1) or spread(b)))
     one = 5.0 * rng.normal(size=(12, L))
-    labels, _ = chain.viterbi(one, transitions, start, end, [12])
+    labels = chain._best_paths(one, transitions, start, end, [12], None, chain.MaxSemiring)[0][:, 0]
     np.testing.assert_array_equal(labels, _reference_viterbi(one, transitions, start, end)[0])
     assert calls == []
     lengths = rng.integers(4, 7, size=L + 20)  # three steps with all L + 20 rows: one working-out
     batch = 5.0 * rng.normal(size=(int(lengths.sum()), L))
-    labels, _ = chain.viterbi(batch, transitions, start, end, lengths)
+    labels = chain._best_paths(batch, transitions, start, end, lengths, None, chain.MaxSemiring)[0][:, 0]
     assert calls == [1]
     for a, b in list(_per_sequence(lengths))[:20]:
         np.testing.assert_array_equal(labels[a:b], _reference_viterbi(batch[a:b], transitions, start, end)[0])
