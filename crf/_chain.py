@@ -321,7 +321,24 @@ def forward_backward(
     # a gathered or masked copy is ours to use as working memory, and so is the caller's array
     # when it can be made again
     own = emissions_packed is not emissions or emissions_again is not None
-    result = _forward_backward_packed(emissions_packed, operator, start, end, layout, semiring, keep_messages, own, counts)
+    if type(operator) is FirstOrderTransitions and semiring is ScaledSemiring:
+        # the compiled kernel: no Python work per step, so one long sequence costs what its
+        # tokens cost as sentences; the sequences it cannot scale are redone in log space below
+        result = Posterior(
+            *_compiled.forward_backward(
+                emissions_packed,
+                operator.scores,
+                start,
+                end,
+                layout.step_start,
+                layout.lengths[layout.order],
+                counts,
+                own,
+                keep_messages,
+            )
+        )
+    else:
+        result = _forward_backward_packed(emissions_packed, operator, start, end, layout, semiring, keep_messages, own, counts)
     failed = np.flatnonzero(np.isnan(result.log_z))
     if failed.size and semiring.fallback is not None:
         if own:  # the working copy was consumed

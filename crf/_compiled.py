@@ -84,6 +84,156 @@ def _sparse_times_dense(indptr, indices, data, weights, out):  # pragma: no cove
                 out[t, j] += value * weights[column, j]
 
 
+def _forward_backward_first_order(
+    emissions, transitions, start, end, step_start, lengths, marginals, log_z, counts, with_counts, log_alpha, log_beta, keep
+):  # pragma: no cover - compiled
+    """Sum-product forward-backward of a first-order chain in scaled probability space.
+
+    ``emissions`` (T, L) in a :class:`crf._layout.Layout`'s packed order: the token t of the
+    sequence of rank r is row ``step_start[t] + r``; ``lengths`` (N,) by rank. Writes node
+    marginals (T, L) (packed), ``log_z`` (N,) by rank (NaN where the scaled numbers fail: the
+    caller recomputes those sequences in log space) and, with ``with_counts``, adds the expected
+    transition counts of the other sequences into ``counts`` (L, L). With ``keep`` it writes the
+    true log forward and backward messages into ``log_alpha`` and ``log_beta`` (T, L), packed. The transition table is
+    taken as ``exp(transitions - column maximum)`` and each token's scores as ``exp(scores -
+    row maximum)`` (the column maxima folded into the scores), so products underflow only for
+    extreme score ranges, which the checks catch.
+    """
+    n_labels = emissions.shape[1]
+    top = np.empty(n_labels)
+    for j in range(n_labels):
+        best = -np.inf
+        for i in range(n_labels):
+            best = max(best, transitions[i, j])
+        top[j] = best if np.isfinite(best) else 0.0
+    table = np.empty((n_labels, n_labels))
+    for i in range(n_labels):
+        for j in range(n_labels):
+            table[i, j] = np.exp(transitions[i, j] - top[j])
+    table_t = np.ascontiguousarray(table.T)
+    end_top = -np.inf
+    for j in range(n_labels):
+        end_top = max(end_top, end[j])
+    if not np.isfinite(end_top):
+        end_top = 0.0
+    closing = np.empty(n_labels)
+    for j in range(n_labels):
+        closing[j] = np.exp(end[j] - end_top)
+    longest = 0
+    for r in range(lengths.size):
+        longest = max(longest, lengths[r])
+    weights = np.empty((longest, n_labels))  # exp of each token's shifted scores
+    alpha = np.empty((longest, n_labels))
+    scale = np.empty(longest)  # each step's normaliser
+    cumulative = np.empty(longest)  # log of the product of the normalisers (and row maxima) so far
+    beta = np.empty(n_labels)
+    before = np.empty(n_labels)
+    pending = np.zeros((n_labels, n_labels))
+    for r in range(lengths.size):
+        n = lengths[r]
+        log_scale = 0.0
+        ok = True
+        for t in range(n):
+            row = step_start[t] + r
+            peak = -np.inf
+            for j in range(n_labels):
+                value = emissions[row, j] + (start[j] if t == 0 else top[j])
+                weights[t, j] = value
+                peak = max(peak, value)
+            if not np.isfinite(peak):
+                ok = False
+                break
+            for j in range(n_labels):
+                weights[t, j] = np.exp(weights[t, j] - peak)
+            total = 0.0
+            if t == 0:
+                for j in range(n_labels):
+                    alpha[0, j] = weights[0, j]
+                    total += alpha[0, j]
+            else:
+                for j in range(n_labels):
+                    alpha[t, j] = 0.0
+                current = alpha[t]
+                for i in range(n_labels):
+                    previous = alpha[t - 1, i]
+                    if previous != 0.0:
+                        source = table[i]
+                        for j in range(n_labels):
+                            current[j] += previous * source[j]
+                for j in range(n_labels):
+                    alpha[t, j] *= weights[t, j]
+                    total += alpha[t, j]
+            if not (total > 0.0) or not np.isfinite(total):
+                ok = False
+                break
+            for j in range(n_labels):
+                alpha[t, j] /= total
+            scale[t] = total
+            log_scale += np.log(total) + peak
+            cumulative[t] = log_scale
+        final = 0.0
+        if ok:
+            for j in range(n_labels):
+                final += alpha[n - 1, j] * closing[j]
+            ok = final > 0.0 and np.isfinite(final)
+        if not ok:
+            log_z[r] = np.nan
+            for t in range(n):
+                for j in range(n_labels):
+                    marginals[step_start[t] + r, j] = np.nan
+            continue
+        log_z[r] = log_scale + np.log(final) + end_top
+        # backward, with the forward normalisers: alpha_t . beta_t = final at every t
+        for j in range(n_labels):
+            beta[j] = closing[j]
+        for i in range(n_labels):
+            for j in range(n_labels):
+                pending[i, j] = 0.0
+        for t in range(n - 1, -1, -1):
+            row = step_start[t] + r
+            mass = 0.0
+            if keep:
+                for j in range(n_labels):
+                    log_alpha[row, j] = np.log(alpha[t, j]) + cumulative[t]
+                    log_beta[row, j] = np.log(beta[j]) + log_z[r] - np.log(final) - cumulative[t]
+            for j in range(n_labels):
+                value = alpha[t, j] * beta[j] / final
+                marginals[row, j] = value
+                mass += value
+            if not (abs(mass - 1.0) < 1e-6):
+                ok = False
+                break
+            if t == 0:
+                break
+            for j in range(n_labels):
+                before[j] = weights[t, j] * beta[j] / scale[t]
+            if with_counts:
+                for i in range(n_labels):
+                    source = alpha[t - 1, i] / final
+                    if source != 0.0:
+                        target, weight = pending[i], table[i]
+                        for j in range(n_labels):
+                            target[j] += source * weight[j] * before[j]
+            for i in range(n_labels):
+                beta[i] = 0.0
+            for j in range(n_labels):  # by columns of the table (rows of its transpose): no reduction in the inner loop
+                factor = before[j]
+                if factor != 0.0:
+                    column = table_t[j]
+                    for i in range(n_labels):
+                        beta[i] += column[i] * factor
+        if not ok:
+            log_z[r] = np.nan
+            for t in range(n):
+                for j in range(n_labels):
+                    marginals[step_start[t] + r, j] = np.nan
+            continue
+        if with_counts:
+            for i in range(n_labels):
+                for j in range(n_labels):
+                    counts[i, j] += pending[i, j]
+
+
 def _sorted_rows_times_dense(ends, columns, values, weights, out):  # pragma: no cover - compiled
     """``out`` (T, L) = rows given as unsorted entries times ``weights`` (A, L), each row's
     entries added in increasing column order (the order of a CSR matrix with sorted indices);
@@ -163,6 +313,45 @@ def viterbi(emissions: np.ndarray, transitions: np.ndarray, start, end, offsets:
 def _floats(array) -> np.ndarray:
     """``array`` as float64 (a copy only if it is not already)."""
     return array if type(array) is np.ndarray and array.dtype == np.float64 else np.asarray(array, dtype=np.float64)
+
+
+def forward_backward(
+    emissions,
+    transitions,
+    start,
+    end,
+    step_start,
+    lengths,
+    with_counts: bool,
+    overwrite: bool = False,
+    keep_messages: bool = False,
+):
+    """Forward-backward of a first-order chain on packed emissions (see
+    :func:`_forward_backward_first_order`): (log Z (N,) by rank, NaN for the sequences to
+    recompute in log space, marginals (T, L) packed, transition counts (L, L) or None). With
+    ``overwrite`` the marginals are written over ``emissions`` (float64; each sequence's scores
+    are read before its marginals are written). With ``keep_messages`` the true log messages
+    (log alpha, log beta) (T, L), packed, follow; else two None."""
+    emissions = _floats(emissions)
+    marginals = emissions if overwrite else np.empty(emissions.shape)
+    log_z = np.empty(len(lengths))
+    counts = np.zeros((emissions.shape[1], emissions.shape[1]))
+    messages = (np.empty(emissions.shape), np.empty(emissions.shape)) if keep_messages else (np.empty((0, 0)),) * 2
+    _kernel("_forward_backward_first_order")(
+        emissions,
+        _floats(transitions),
+        _floats(start),
+        _floats(end),
+        np.asarray(step_start, dtype=np.int64),
+        np.asarray(lengths, dtype=np.int64),
+        marginals,
+        log_z,
+        counts,
+        with_counts,
+        *messages,
+        keep_messages,
+    )
+    return log_z, marginals, counts if with_counts else None, *(messages if keep_messages else (None, None))
 
 
 def rows_times_dense(ends, columns, values, weights: np.ndarray) -> np.ndarray | None:

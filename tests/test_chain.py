@@ -301,6 +301,11 @@ def test_results_where_flushed_values_matter_later_are_exact(n_tokens):
     np.testing.assert_allclose(scaled.transition_counts, exact.transition_counts, rtol=1e-9, atol=1e-9)
 
 
+class _SharedRecursion(chain.FirstOrderTransitions):
+    """A first-order table run by the shared semiring recursion (the one second-order and pruned
+    chains take): chain.forward_backward runs a plain (L, L) table in the compiled kernel."""
+
+
 def test_counts_of_the_healthy_sequences_beside_failed_ones_are_exact(monkeypatch):
     """The backward pass counts the edges of every sequence as it goes; when some sequences fail
     (here those of test_results_where_flushed_values_matter_later_are_exact) the others' edges
@@ -327,7 +332,7 @@ def test_counts_of_the_healthy_sequences_beside_failed_ones_are_exact(monkeypatc
         return backward(*args)
 
     monkeypatch.setattr(chain, "_backward", spy)
-    scaled = chain.forward_backward(emissions, transitions, start, end, lengths, keep_messages=True)
+    scaled = chain.forward_backward(emissions, _SharedRecursion(transitions), start, end, lengths, keep_messages=True)
     assert visitors.count("recount") == 1
     exact = chain.forward_backward(emissions, transitions, start, end, lengths, keep_messages=True, semiring=chain.LogSemiring)
     np.testing.assert_allclose(scaled.log_z, exact.log_z, rtol=1e-12)
@@ -403,8 +408,8 @@ def test_positions_within_groups_including_empty_ones():
 def test_emissions_used_as_working_memory_give_the_same_bits(flushed):
     """With ``emissions_again`` the recursion overwrites the caller's packed emissions instead of
     copying them, and asks for them anew only when sequences must be redone in log space."""
-    if flushed:  # the case of test_results_where_flushed_values_matter_later_are_exact, and a plain one
-        emissions = np.array([[0.0, 0.0], [0.0, -115.0], [-100.0, 0.0], [-100.0, 0.0], [0.5, 0.1], [0.0, 0.2]])
+    if flushed:  # scores whose scaled products underflow to zero (redone in log space), and a plain one
+        emissions = np.array([[0.0, -800.0], [-800.0, 0.0], [-100.0, 0.0], [-100.0, 0.0], [0.5, 0.1], [0.0, 0.2]])
         transitions, start, end = np.array([[0.0, -1000.0], [-1000.0, 0.0]]), np.array([0.0, -115.0]), np.zeros(2)
         lengths = [5, 1]
     else:

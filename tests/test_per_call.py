@@ -168,3 +168,44 @@ def test_tagger_tags_as_the_estimator_on_the_same_model_file(fitted, tmp_path):
     reloaded = CRF(model_filename=str(path))
     assert [tagger.tag(x) for x in test] == [reloaded.predict_single(x) for x in test]
     assert [tagger.tag(ours.ItemSequence(x)) for x in test] == [list(labels) for labels in reloaded.predict(test)]
+
+
+@pytest.mark.parametrize("n_labels", [1, 3])
+def test_compiled_forward_backward_is_the_enumeration(n_labels):
+    """log Z, node marginals and expected transition counts of the compiled kernel (a first-order
+    table in scaled space) against every enumerated path."""
+    lengths = [1, 4, 2, 5]
+    emissions, transitions, start, end = random_chain(2, n_labels, lengths)
+    posterior = chain.forward_backward(emissions, transitions, start, end, lengths)
+    counts = np.zeros((n_labels, n_labels))
+    for n, (a, b) in enumerate(zip(_offsets(lengths)[:-1], _offsets(lengths)[1:])):
+        paths, scores = enumerate_paths(emissions[a:b], transitions, start, end)
+        log_z = np.logaddexp.reduce(scores)
+        p = np.exp(scores - log_z)
+        assert posterior.log_z[n] == pytest.approx(log_z, rel=1e-12)
+        for t in range(b - a):
+            np.testing.assert_allclose(posterior.marginals[a + t], np.bincount(paths[:, t], p, n_labels), atol=1e-12)
+            if t:
+                np.add.at(counts, (paths[:, t - 1], paths[:, t]), p)
+    np.testing.assert_allclose(posterior.transition_counts, counts, atol=1e-12)
+
+
+def test_compiled_forward_backward_redoes_what_it_cannot_scale_in_log_space():
+    """Scores whose scaled products underflow (a forced switch across a -1000 transition) and a
+    4,000-token sequence: everything, kept log messages included, equals the log-space recursion."""
+    rng = np.random.default_rng(4)
+    forced = [[0.0, -800.0], [-800.0, 0.0], [0.3, 0.0]]
+    emissions = np.array(forced + rng.normal(size=(4000, 2)).tolist() + forced)
+    lengths = [3, 4000, 3]
+    transitions, start, end = np.array([[0.0, -1000.0], [-1000.0, 0.5]]), np.array([0.0, -2.0]), np.zeros(2)
+    scaled = chain.forward_backward(emissions, transitions, start, end, lengths, keep_messages=True)
+    exact = chain.forward_backward(emissions, transitions, start, end, lengths, keep_messages=True, semiring=chain.LogSemiring)
+    np.testing.assert_allclose(scaled.log_z, exact.log_z, rtol=1e-12)
+    np.testing.assert_allclose(scaled.marginals, exact.marginals, atol=1e-10)
+    np.testing.assert_allclose(scaled.transition_counts, exact.transition_counts, rtol=1e-9, atol=1e-9)
+    # kept messages: exact where scaled numbers hold them (a message below exp(-745) of its
+    # step's largest is 0 in scaled space, as in the shared recursion's scaled semiring)
+    held = np.isfinite(scaled.log_alpha) & np.isfinite(scaled.log_beta)
+    assert held[:3].all() and held[-3:].all() and held.mean() > 0.5
+    np.testing.assert_allclose(scaled.log_alpha[held], exact.log_alpha[held], rtol=1e-10)
+    np.testing.assert_allclose(scaled.log_beta[held], exact.log_beta[held], rtol=1e-10)
