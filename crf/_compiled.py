@@ -234,6 +234,18 @@ def _forward_backward_first_order(
                     counts[i, j] += pending[i, j]
 
 
+def _state_feature_emissions(ends, attributes, values, first, labels, weights, out):  # pragma: no cover - compiled
+    """``out[t, labels[k]] += weights[k] * value`` for every state feature k of every entry
+    (attribute, value) of row t, in entry order (CRFsuite's tagger's order); ``out`` zeros."""
+    begin = 0
+    for t in range(ends.size):
+        for entry in range(begin, ends[t]):
+            attribute, value = attributes[entry], values[entry]
+            for k in range(first[attribute], first[attribute + 1]):
+                out[t, labels[k]] += weights[k] * value
+        begin = ends[t]
+
+
 def _sorted_rows_times_dense(ends, columns, values, weights, out):  # pragma: no cover - compiled
     """``out`` (T, L) = rows given as unsorted entries times ``weights`` (A, L), each row's
     entries added in increasing column order (the order of a CSR matrix with sorted indices);
@@ -352,6 +364,24 @@ def forward_backward(
         keep_messages,
     )
     return log_z, marginals, counts if with_counts else None, *(messages if keep_messages else (None, None))
+
+
+def state_feature_emissions(ends, attributes, values, first, labels, weights, n_labels: int) -> np.ndarray:
+    """Emission scores (T, L) from entries (attribute, value) per row and the state features
+    listed by attribute (attribute a's are ``labels[first[a]:first[a + 1]]`` with ``weights``),
+    added in entry order as CRFsuite's tagger adds them. ``ends`` (T,): where each row's entries end."""
+    ends = np.asarray(ends, dtype=np.int64)
+    out = np.zeros((ends.size, n_labels))
+    _kernel("_state_feature_emissions")(
+        ends,
+        np.asarray(attributes, dtype=np.int64),
+        _floats(values),
+        np.asarray(first, dtype=np.int64),
+        np.asarray(labels, dtype=np.int64),
+        _floats(weights),
+        out,
+    )
+    return out
 
 
 def rows_times_dense(ends, columns, values, weights: np.ndarray) -> np.ndarray | None:

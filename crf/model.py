@@ -586,12 +586,13 @@ class CRF(SegmentQueries, UncertaintyQueries, CRFsuiteView, BaseEstimator):
         emissions = self._sequence_emissions(xseq)
         if emissions is None:
             return self._predict_lists([xseq])[0]
-        if self.order == 1:  # the chain's scores are the fitted arrays themselves
-            weights = (self.transitions_, self.start_weights_, self.end_weights_)
-        else:
-            weights = self._chain_of(emissions, None, np.array([len(emissions)]))[1]
-        states, _ = chain.viterbi(emissions, *weights, [len(emissions)])
         classes = self.classes_
+        if self.order == 1:  # the chain's scores are the fitted arrays themselves: straight to the kernel
+            weights = (self.transitions_, self.start_weights_, self.end_weights_)
+            labels, _ = _compiled.viterbi(emissions, *weights, np.array([0, len(emissions)]))
+            return [classes[i] for i in labels.tolist()]
+        weights = self._chain_of(emissions, None, np.array([len(emissions)]))[1]
+        states, _ = chain.viterbi(emissions, *weights, [len(emissions)])
         return [classes[i] for i in chain.operator_of(weights[0]).labels_at(states).tolist()]
 
     def _sequence_emissions(self, xseq) -> np.ndarray | None:

@@ -989,7 +989,7 @@ class Tagger:
         attribute, label, weight = model.state_features
         order = np.argsort(attribute, kind="stable")  # by attribute, each one's in file order
         self._state_first = np.concatenate([[0], np.cumsum(np.bincount(attribute, minlength=len(model.attributes)))])
-        self._state_label, self._state_weight = label[order], weight[order]
+        self._state_label, self._state_weight = label[order].astype(np.int64), weight[order].astype(np.float64)
         self._model, self._header = model, _HEADER.unpack_from(data)
         self._columns = dict(zip(model.attributes, range(len(model.attributes))))
         self._label_ids = dict(zip(model.labels, range(L)))
@@ -1019,42 +1019,30 @@ class Tagger:
     def set(self, xseq) -> None:
         """Make ``xseq`` (items, or an :class:`ItemSequence`) the current sequence of :meth:`tag`,
         :meth:`probability` and :meth:`marginal`. Attributes the model does not know are ignored."""
-        model = self._opened()
+        L = len(self._opened().labels)
         # items of the common shapes are read in one pass (known attributes only), others checked first
         entries = None if isinstance(xseq, ItemSequence) else sequence_entries(xseq, self._columns.get)
-        if entries is not None:
-            ends, attributes, values = entries
-            n_items, counts, known = len(ends), np.diff(ends, prepend=0), slice(None)
-        else:
+        if entries is None:
             items = xseq._items if isinstance(xseq, ItemSequence) else _items(xseq)
             names: list[str] = []
-            values = []
+            weights: list[float] = []
             counts = np.zeros(len(items), dtype=np.int64)
             for t, item in enumerate(items):
                 if type(item) is list:
                     names += item
-                    values += repeat(1.0, len(item))
+                    weights += repeat(1.0, len(item))
                 else:
                     for name, value in _item_pairs(item):
                         names.append(name)
-                        values.append(value)
+                        weights.append(value)
                 counts[t] = len(names)
-            counts[1:] -= counts[:-1].copy()
-            n_items = len(items)
             attributes = np.fromiter(map(self._columns.get, names, repeat(-1)), dtype=np.int64, count=len(names))
             known = attributes >= 0
-            attributes = attributes[known]
+            ends = np.concatenate([[0], np.cumsum(known)])[counts]
+            entries = ends, attributes[known], np.array(weights, dtype=np.float64)[known]
         # every state feature of every known attribute, in item order: value * weight added to
         # its label's score, in the order CRFsuite's tagger adds them
-        first, last = self._state_first[attributes], self._state_first[attributes + 1]
-        n_features = last - first
-        before = np.cumsum(n_features) - n_features
-        features = np.arange(int(n_features.sum())) + np.repeat(first - before, n_features)
-        rows = np.repeat(np.repeat(np.arange(n_items), counts)[known], n_features)
-        scores = self._state_weight[features] * np.repeat(np.array(values)[known], n_features)
-        L = len(model.labels)
-        cells = rows * L + self._state_label[features]
-        emissions = np.bincount(cells, weights=scores, minlength=n_items * L).reshape(n_items, L)
+        emissions = _compiled.state_feature_emissions(*entries, self._state_first, self._state_label, self._state_weight, L)
         self._emissions, self._marginals = emissions, None
 
     def tag(self, xseq=None) -> list[str]:
