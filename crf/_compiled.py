@@ -246,6 +246,19 @@ def _state_feature_emissions(ends, attributes, values, first, labels, weights, o
         begin = ends[t]
 
 
+def _sequence_gradient(indptr, indices, data, labels, marginals, out):  # pragma: no cover - compiled
+    """``out`` (A, L) += the CSR rows' transpose times (``marginals`` - one-hot ``labels``): the
+    expected minus observed state feature counts of one sequence."""
+    n_labels = marginals.shape[1]
+    for t in range(indptr.size - 1):
+        gold = labels[t]
+        for k in range(indptr[t], indptr[t + 1]):
+            column, value = indices[k], data[k]
+            for j in range(n_labels):
+                out[column, j] += value * marginals[t, j]
+            out[column, gold] -= value
+
+
 def _sorted_rows_times_dense(ends, columns, values, weights, out):  # pragma: no cover - compiled
     """``out`` (T, L) = rows given as unsorted entries times ``weights`` (A, L), each row's
     entries added in increasing column order (the order of a CSR matrix with sorted indices);
@@ -379,6 +392,22 @@ def state_feature_emissions(ends, attributes, values, first, labels, weights, n_
         np.asarray(first, dtype=np.int64),
         np.asarray(labels, dtype=np.int64),
         _floats(weights),
+        out,
+    )
+    return out
+
+
+def sequence_gradient(indptr, indices, data, labels, marginals: np.ndarray, n_columns: int) -> np.ndarray:
+    """Expected minus observed state feature counts (A, L) of one sequence: the CSR rows
+    (``indptr`` (T + 1,), ``indices``, ``data``) transposed times (``marginals`` (T, L) minus the
+    one-hot gold ``labels`` (T,))."""
+    out = np.zeros((n_columns, marginals.shape[1]))
+    _kernel("_sequence_gradient")(
+        np.asarray(indptr, dtype=np.int64),
+        np.asarray(indices, dtype=np.int64),
+        _floats(data),
+        np.asarray(labels, dtype=np.int64),
+        _floats(marginals),
         out,
     )
     return out

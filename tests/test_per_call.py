@@ -209,3 +209,26 @@ def test_compiled_forward_backward_redoes_what_it_cannot_scale_in_log_space():
     assert held[:3].all() and held[-3:].all() and held.mean() > 0.5
     np.testing.assert_allclose(scaled.log_alpha[held], exact.log_alpha[held], rtol=1e-10)
     np.testing.assert_allclose(scaled.log_beta[held], exact.log_beta[held], rtol=1e-10)
+
+
+def test_one_sequence_sgd_step_is_the_general_objective():
+    """CRFsuite's SGD takes one sequence per update: its loss and gradient from the compiled
+    kernels equal the general objective's, at random weights, with repeated attributes."""
+    from crf import _optimize
+    from crf._objective import ParameterLayout
+
+    rng = np.random.default_rng(6)
+    lengths = np.array([3, 1, 7])
+    offsets = _offsets(lengths)
+    X = sp.random(int(lengths.sum()), 12, density=0.4, random_state=7, format="csr")
+    X.data[:] = rng.normal(size=X.data.size)
+    labels = rng.integers(0, 4, size=int(lengths.sum()))
+    params = ParameterLayout(12, 4)
+    for sequence in range(lengths.size):
+        batch = _optimize._Minibatch(X, offsets, labels, params, np.array([sequence]), None)
+        assert batch.single is not None
+        theta = rng.normal(size=batch.local.size)
+        loss, gradient = batch.objective(theta)
+        expected_loss, expected_gradient = batch.general(theta)
+        assert loss == pytest.approx(expected_loss, rel=1e-12)
+        np.testing.assert_allclose(gradient, expected_gradient, rtol=1e-10, atol=1e-12)
