@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import _compiled
 from ._layout import Layout
 from ._semirings import KMaxSemiring, LogSemiring, MaxSemiring, ScaledSemiring
 from ._transitions import FirstOrderTransitions, SecondOrderTransitions
@@ -320,7 +321,24 @@ def forward_backward(
     # a gathered or masked copy is ours to use as working memory, and so is the caller's array
     # when it can be made again
     own = emissions_packed is not emissions or emissions_again is not None
-    result = _forward_backward_packed(emissions_packed, operator, start, end, layout, semiring, keep_messages, own, counts)
+    if type(operator) is FirstOrderTransitions and semiring is ScaledSemiring:
+        # the compiled kernel: no Python work per step, so one long sequence costs what its
+        # tokens cost as sentences; the sequences it cannot scale are redone in log space below
+        result = Posterior(
+            *_compiled.forward_backward(
+                emissions_packed,
+                operator.scores,
+                start,
+                end,
+                layout.step_start,
+                layout.lengths[layout.order],
+                counts,
+                own,
+                keep_messages,
+            )
+        )
+    else:
+        result = _forward_backward_packed(emissions_packed, operator, start, end, layout, semiring, keep_messages, own, counts)
     failed = np.flatnonzero(np.isnan(result.log_z))
     if failed.size and semiring.fallback is not None:
         if own:  # the working copy was consumed
@@ -438,8 +456,21 @@ def _best_paths(emissions, transitions, start, end, lengths, allowed, semiring) 
 def viterbi(emissions, transitions, start, end, lengths, allowed=None) -> tuple[np.ndarray, np.ndarray]:
     """Best label sequence of every sequence: (labels (T,) in input order, scores (N,)).
 
-    With ``allowed`` (T, L) the best among the allowed paths (score -inf if there is none)."""
-    states, scores = _best_paths(emissions, transitions, start, end, lengths, allowed, MaxSemiring)
+    With ``allowed`` (T, L) the best among the allowed paths (score -inf if there is none).
+    Ties go to the lowest label (as in CRFsuite). A first-order chain (an (L, L) matrix) runs in
+    the compiled kernel of :mod:`crf._compiled`; other transition operators (second order, pruned
+    lattices) through the max-product semiring of the shared recursion."""
+    operator = _operator(transitions)
+    if type(operator) is FirstOrderTransitions:
+        emissions = _masked(np.asarray(emissions, dtype=np.float64), allowed, operator)
+        lengths = lengths.lengths if isinstance(lengths, Layout) else np.asarray(lengths, dtype=np.int64)
+        if lengths.ndim != 1 or lengths.size == 0 or lengths.min() <= 0:
+            raise ValueError("lengths must be a non-empty 1-D array of positive integers")
+        if int(lengths.sum()) != emissions.shape[0]:
+            raise ValueError(f"the lengths add up to {int(lengths.sum())} tokens, the emissions have {emissions.shape[0]}")
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        return _compiled.viterbi(emissions, operator.scores, start, end, offsets)
+    states, scores = _best_paths(emissions, operator, start, end, lengths, allowed, MaxSemiring)
     return states[:, 0], scores[:, 0]
 
 

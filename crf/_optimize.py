@@ -17,7 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+import scipy.sparse as sp
 
+from . import _compiled
 from . import _quasi_newton as quasi_newton
 from ._objective import Objective, ParameterLayout
 from .batch import token_rows
@@ -192,17 +194,51 @@ class _Minibatch:
         sub = X[rows]
         self.columns = np.unique(sub.indices)
         lengths = offsets[chosen + 1] - offsets[chosen]
-        local = ParameterLayout(self.columns.size, params.n_labels, order=params.order)
-        self.objective = Objective(
-            sub[:, self.columns],
-            np.concatenate([[0], np.cumsum(lengths)]),
-            labels[rows],
-            local,
-            n_threads=1,
-            candidates=None if candidates is None else candidates[rows],
-        )
+        self.local = local = ParameterLayout(self.columns.size, params.n_labels, order=params.order)
         self.mask = None if mask is None else mask[self.columns]  # (columns, L): which weights are features
         self.size = chosen.size
+        sub_offsets, sub_labels = np.concatenate([[0], np.cumsum(lengths)]), labels[rows]
+        sub_candidates = None if candidates is None else candidates[rows]
+        self._general = None
+        self._arguments = (sub[:, self.columns], sub_offsets, sub_labels, local, sub_candidates)
+        # one fully labelled first-order sequence (CRFsuite's SGD): the compiled kernels directly
+        self.single = None
+        if chosen.size == 1 and params.order == 1 and candidates is None and sub_labels.size and sub_labels.min() >= 0:
+            local_X = sp.csr_matrix(sub[:, self.columns], dtype=np.float64)
+            local_X.sum_duplicates()
+            gold = sub_labels.astype(np.int64)
+            observed_tail = local.chain.observed_tail(np.array([0, gold.size]), gold)
+            self.single = (local_X.indptr.astype(np.int64), local_X.indices.astype(np.int64), local_X.data, gold, observed_tail)
+            self._arguments = (local_X, *self._arguments[1:])  # the same rows, held once
+
+    def objective(self, theta: np.ndarray) -> tuple[float, np.ndarray]:
+        """(NLL, gradient) of the minibatch at the local weights ``theta``."""
+        return self.general(theta) if self.single is None else self._single_objective(theta)
+
+    def general(self, theta: np.ndarray) -> tuple[float, np.ndarray]:
+        """:class:`crf._objective.Objective` of the minibatch (built on first use)."""
+        if self._general is None:
+            X, offsets, labels, local, candidates = self._arguments
+            self._general = Objective(X, offsets, labels, local, n_threads=1, candidates=candidates)
+        return self._general(theta)
+
+    def _single_objective(self, theta: np.ndarray) -> tuple[float, np.ndarray]:
+        """(NLL, gradient) of the one sequence, as :class:`crf._objective.Objective` gives them."""
+        indptr, indices, data, gold, observed_tail = self.single
+        L, n = self.local.n_labels, self.local.n_state
+        transitions, start, end = self.local.chain.scores(theta[n:])
+        emissions = _compiled.sparse_times_dense(indptr, indices, data, theta[:n].reshape(-1, L))
+        T = gold.size
+        score = emissions[np.arange(T), gold].sum() + theta[n:] @ observed_tail
+        log_z, marginals, pairs, _, _ = _compiled.forward_backward(
+            emissions, transitions, start, end, np.arange(T), np.array([T]), True, True
+        )
+        if not np.isfinite(log_z[0]):  # scaled numbers failed: the general objective redoes it in log space
+            return self.general(theta)
+        gradient = np.empty(theta.size)
+        gradient[:n] = _compiled.sequence_gradient(indptr, indices, data, gold, marginals, n // L).ravel()
+        gradient[n:] = self.local.chain.tail_counts(pairs, marginals[0], marginals[T - 1]) - observed_tail
+        return float(log_z[0] - score), gradient
 
 
 def _minibatches(

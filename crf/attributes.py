@@ -306,6 +306,59 @@ def _entries(sequences: list, lengths: np.ndarray, first: int = 0) -> _Entries:
     return _Entries(names, values, starts, offsets, first, checked=not only_lists)
 
 
+def sequence_entries(sequence, column_of: Callable) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """The known attributes of one sequence of tokens of the common shapes, for per-call work.
+
+    ``column_of`` maps an attribute name to its column, or None (``dict.get`` of a vocabulary).
+    Tokens are lists of ``str`` names, or dicts of ``str`` keys and ``str``/``float``/``int``/
+    ``bool`` values, read by the module's rules in one pass (no array per token). Returns (where
+    each token's entries end (T,), columns (E,), weights (E,)) with the known entries of nonzero
+    weight, in input order (a repeated name is repeated), or None for anything else (another
+    shape, bytes, a non-finite weight; an empty sequence): the general path reads those and says
+    what is wrong.
+    """
+    ends: list[int] = []
+    columns: list[int] = []
+    weights: list[float] = []
+    column, weight, end = columns.append, weights.append, ends.append
+    try:
+        for token in sequence:
+            kind = type(token)
+            if kind is dict:
+                for key, value in token.items():
+                    value_kind = type(value)
+                    if value_kind is str:
+                        found = column_of(key + ":" + value)  # a key that is not a str raises TypeError
+                        if found is not None:
+                            column(found)
+                            weight(1.0)
+                    elif value_kind is float or value_kind is int or value_kind is bool:
+                        if type(key) is not str or value - value != 0:  # NaN and infinities: the general path says where
+                            return None
+                        found = column_of(key)
+                        if found is not None and value:
+                            column(found)
+                            weight(float(value))
+                    else:
+                        return None
+            elif kind is list or kind is tuple:
+                for name in token:
+                    found = column_of(name)
+                    if found is not None:
+                        column(found)
+                        weight(1.0)
+                    elif type(name) is not str:  # bytes (decoded by the general path) or not a name
+                        return None
+            else:
+                return None
+            end(len(columns))
+    except TypeError:  # a key that is not a str, an unhashable name
+        return None
+    if not ends:
+        return None
+    return np.array(ends, dtype=np.int64), np.array(columns, dtype=np.int64), np.array(weights)
+
+
 class AttributeIndex:
     """Vocabulary of attribute names for python-crfsuite-style input (see the module docstring).
 

@@ -21,10 +21,10 @@ from sklearn.base import BaseEstimator
 from sklearn.exceptions import NotFittedError
 
 from . import _chain as chain
+from . import _compiled, crfsuite, metrics
 from . import _model_file as model_file
 from . import _optimize as optimize
 from . import _params as hyper
-from . import crfsuite, metrics
 from ._feature_tables import FeatureTables
 from ._order import FirstOrderChain, chain_structure
 from ._parallel import Workers, contiguous_parts, single_threaded_blas, thread_count
@@ -45,6 +45,7 @@ from ._training import (
 from ._training_log import TrainingLog, training_log
 from ._uncertainty import UncertaintyQueries
 from ._warm import PreviousFit
+from .attributes import sequence_entries
 from .batch import SequenceBatch
 from .bundle import prefixed, register_kind
 from .features import FeatureExtractor
@@ -524,7 +525,33 @@ class CRF(SegmentQueries, UncertaintyQueries, FeatureTables, BaseEstimator):
 
     def predict_single(self, xseq) -> list[str]:
         """Labels of one sequence (a list of str)."""
-        return self._predict_lists([xseq])[0]
+        self._check_fitted()
+        emissions = self._sequence_emissions(xseq)
+        if emissions is None:
+            return self._predict_lists([xseq])[0]
+        classes = self.classes_
+        if self.fitted_order == 1:  # the chain's scores are the fitted arrays themselves: straight to the kernel
+            weights = (self.transitions_, self.start_weights_, self.end_weights_)
+            labels, _ = _compiled.viterbi(emissions, *weights, np.array([0, len(emissions)]))
+            return [classes[i] for i in labels.tolist()]
+        weights = self._chain_of(emissions, None, np.array([len(emissions)]))[1]
+        states, _ = chain.viterbi(emissions, *weights, [len(emissions)])
+        return [classes[i] for i in chain.operator_of(weights[0]).labels_at(states).tolist()]
+
+    def _sequence_emissions(self, xseq) -> np.ndarray | None:
+        """Emission scores (T, L) of one sequence of tokens, read without a batch (the per-call
+        path: :func:`crf.attributes.sequence_entries`, then a compiled sparse product). The same
+        bits as :meth:`emissions` gives (each token's attributes added in column order, as
+        scipy's sparse product adds them). None where the batch path is needed: a model fitted
+        on batches or with a pruning model, an empty sequence, tokens of rare shapes, a token
+        that repeats an attribute."""
+        index = self.__dict__.get("attribute_index_")
+        if index is None or self.__dict__.get("pruner_") is not None or isinstance(xseq, SequenceBatch):
+            return None
+        entries = sequence_entries(xseq, index.index_.get)
+        if entries is None:
+            return None
+        return _compiled.rows_times_dense(*entries, self.state_weights_)
 
     def marginals(self, X) -> tuple[np.ndarray, SequenceBatch]:
         """Node marginals p(y_t = l | x) as a (T, L) array (columns in ``classes_`` order)."""

@@ -64,10 +64,11 @@ from itertools import repeat
 import numpy as np
 
 from . import _chain as chain
+from . import _compiled
 from . import _params as hyper
 from ._optimize import IterationInfo
 from ._tagger_view import ModelInfo
-from .attributes import _token_items
+from .attributes import _token_items, sequence_entries
 from .crfsuite import (
     _HEADER,
     HEADER_SIZE,
@@ -962,29 +963,6 @@ def _item_pairs(item) -> Iterable[tuple[str, float]]:
     return ((f"{key}:{value}", 1.0) if type(value) is str else (key, float(value)) for key, value in item.items())
 
 
-def _best_path(emissions: np.ndarray, incoming: np.ndarray) -> list[int]:
-    """The Viterbi path of one sequence: emissions (T, L), ``incoming`` (L, L) the transition
-    weights [next, previous]; ties go to the lowest label id, as in CRFsuite.
-    :func:`crf._chain.viterbi` computes the same for batches; this loop is the quicker one for a
-    single short sequence."""
-    T, L = emissions.shape
-    pointers = np.empty((T, L), dtype=np.intp)
-    score = emissions[0].copy()
-    candidates = np.empty((L, L))
-    for t in range(1, T):
-        np.add(incoming, score, out=candidates)  # [next, previous]
-        candidates.argmax(axis=1, out=pointers[t])
-        candidates.max(axis=1, out=score)
-        score += emissions[t]
-    label = int(score.argmax())
-    path = [label]
-    back = pointers.tolist()
-    for t in range(T - 1, 0, -1):
-        label = back[t][label]
-        path.append(label)
-    return path[::-1]
-
-
 class Tagger:
     """Tags item sequences with a CRFsuite model file (python-crfsuite's ``Tagger``).
 
@@ -1004,7 +982,7 @@ class Tagger:
     _state_first: np.ndarray | None = None  # (A + 1,)
     _state_label: np.ndarray | None = None  # (K,)
     _state_weight: np.ndarray | None = None  # (K,)
-    _incoming: np.ndarray | None = None  # (L, L) transition weights [next, previous]
+    _zeros: np.ndarray | None = None  # (L,) start and end weights (CRFsuite's files have none)
     _emissions: np.ndarray | None = None  # (T, L) of the current sequence
     _marginals: np.ndarray | None = None  # (T, L), made by the first marginal() query
 
@@ -1044,17 +1022,16 @@ class Tagger:
         attribute, label, weight = model.state_features
         order = np.argsort(attribute, kind="stable")  # by attribute, each one's in file order
         self._state_first = np.concatenate([[0], np.cumsum(np.bincount(attribute, minlength=len(model.attributes)))])
-        self._state_label, self._state_weight = label[order], weight[order]
+        self._state_label, self._state_weight = label[order].astype(np.int64), weight[order].astype(np.float64)
         self._model, self._header = model, _HEADER.unpack_from(data)
-        self._incoming = np.ascontiguousarray(model.transitions.T)
         self._columns = dict(zip(model.attributes, range(len(model.attributes))))
         self._label_ids = dict(zip(model.labels, range(L)))
-        self._emissions = np.zeros((0, L))
+        self._emissions, self._zeros = np.zeros((0, L)), np.zeros(L)
         self._marginals = None
 
     def close(self) -> None:
         """Unload the model."""
-        self._model = self._header = self._incoming = self._emissions = self._marginals = None
+        self._model = self._header = self._zeros = self._emissions = self._marginals = None
         self._state_first = self._state_label = self._state_weight = None
         self._columns, self._label_ids = {}, {}
 
@@ -1075,35 +1052,30 @@ class Tagger:
     def set(self, xseq) -> None:
         """Make ``xseq`` (items, or an :class:`ItemSequence`) the current sequence of :meth:`tag`,
         :meth:`probability` and :meth:`marginal`. Attributes the model does not know are ignored."""
-        model = self._opened()
-        items = xseq._items if isinstance(xseq, ItemSequence) else _items(xseq)
-        names: list[str] = []
-        values: list[float] = []
-        counts = np.zeros(len(items), dtype=np.int64)
-        for t, item in enumerate(items):
-            if type(item) is list:
-                names += item
-                values += repeat(1.0, len(item))
-            else:
-                for name, value in _item_pairs(item):
-                    names.append(name)
-                    values.append(value)
-            counts[t] = len(names)
-        counts[1:] -= counts[:-1].copy()
-        attributes = np.fromiter(map(self._columns.get, names, repeat(-1)), dtype=np.int64, count=len(names))
-        known = attributes >= 0
-        attributes = attributes[known]
+        L = len(self._opened().labels)
+        # items of the common shapes are read in one pass (known attributes only), others checked first
+        entries = None if isinstance(xseq, ItemSequence) else sequence_entries(xseq, self._columns.get)
+        if entries is None:
+            items = xseq._items if isinstance(xseq, ItemSequence) else _items(xseq)
+            names: list[str] = []
+            weights: list[float] = []
+            counts = np.zeros(len(items), dtype=np.int64)
+            for t, item in enumerate(items):
+                if type(item) is list:
+                    names += item
+                    weights += repeat(1.0, len(item))
+                else:
+                    for name, value in _item_pairs(item):
+                        names.append(name)
+                        weights.append(value)
+                counts[t] = len(names)
+            attributes = np.fromiter(map(self._columns.get, names, repeat(-1)), dtype=np.int64, count=len(names))
+            known = attributes >= 0
+            ends = np.concatenate([[0], np.cumsum(known)])[counts]
+            entries = ends, attributes[known], np.array(weights, dtype=np.float64)[known]
         # every state feature of every known attribute, in item order: value * weight added to
         # its label's score, in the order CRFsuite's tagger adds them
-        first, last = self._state_first[attributes], self._state_first[attributes + 1]
-        n_features = last - first
-        before = np.cumsum(n_features) - n_features
-        features = np.arange(int(n_features.sum())) + np.repeat(first - before, n_features)
-        rows = np.repeat(np.repeat(np.arange(len(items)), counts)[known], n_features)
-        scores = self._state_weight[features] * np.repeat(np.array(values)[known], n_features)
-        L = len(model.labels)
-        cells = rows * L + self._state_label[features]
-        emissions = np.bincount(cells, weights=scores, minlength=len(items) * L).reshape(len(items), L)
+        emissions = _compiled.state_feature_emissions(*entries, self._state_first, self._state_label, self._state_weight, L)
         self._emissions, self._marginals = emissions, None
 
     def tag(self, xseq=None) -> list[str]:
@@ -1116,7 +1088,9 @@ class Tagger:
             return []
         if not model.labels:
             raise ValueError("the model has no labels")
-        return [model.labels[i] for i in _best_path(self._emissions, self._incoming)]
+        emissions = self._emissions
+        path, _ = _compiled.viterbi(emissions, model.transitions, self._zeros, self._zeros, np.array([0, len(emissions)]))
+        return [model.labels[i] for i in path.tolist()]
 
     def probability(self, yseq) -> float:
         """p(``yseq`` | the current sequence); 0 for an empty sequence."""

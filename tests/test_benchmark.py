@@ -49,6 +49,7 @@ def _config(data_root: Path, out: Path, *overrides: str):
                 "dataset.files.train.sha256=null",
                 "dataset.files.test.sha256=null",
                 "benchmark.quick=true",
+                "benchmark.per_call.enabled=false",
                 *overrides,
             ],
         )
@@ -85,6 +86,22 @@ def test_quick_run_of_each_input_path_logs_results(tiny, path):
     (run,) = client.search_runs([client.get_experiment_by_name("crf").experiment_id], "tags.stage = 'benchmark'")
     assert run.data.tags["input"] == path and run.data.metrics["ours.train_seconds"] > 0
     assert "crfsuite.tag_tokens_per_second" in run.data.metrics
+
+
+@pytest.mark.slow
+def test_quick_per_call_rows_are_logged(tiny):
+    """The per-call part: every row measured on both sides where it has two, logged to MLflow."""
+    data_root, out = tiny
+    cfg = _config(data_root, out / "per_call", "benchmark.growth_enabled=false", "benchmark.per_call.enabled=true")
+    benchmark.main(cfg)
+    table = pd.read_csv(out / "per_call" / "benchmark" / "conll2000-batch" / "per_call.csv")
+    assert len(table) == 10 and (table.ours > 0).all()
+    assert table.path.str.contains("Tagger.tag").any() and table.path.str.contains("l2sgd final loss").any()
+    apis = table[table.path.str.contains("API")]
+    assert (apis.crfsuite > 0).all() and (apis.ratio > 0).all()
+    client = MlflowClient(f"sqlite:///{(out / 'per_call').absolute() / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("crf").experiment_id], "tags.stage = 'benchmark'")
+    assert any(name.startswith("per_call.python-crfsuite_API") for name in run.data.metrics)
 
 
 def test_elastic_net_rows_give_the_loss_and_active_features_of_both_tools(tiny):

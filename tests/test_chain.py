@@ -170,7 +170,8 @@ def test_max_product_bounds_hold_for_the_exact_differences():
 
 def test_pruning_bounds_are_worked_out_once_per_batch_and_not_for_one_sentence(monkeypatch):
     """The m * m * p bounds are paid for once in a Viterbi pass whose first step has at least m
-    rows, and never for one sentence (with 200 labels they would cost more than the pass)."""
+    rows, and never for one sentence (with 200 labels they would cost more than the pass); the
+    shared max-product recursion on a first-order table (chain.viterbi runs the compiled kernel)."""
     rng = np.random.default_rng(8)
     L = 200
     transitions, start, end = rng.normal(size=(L, L)), rng.normal(size=L), rng.normal(size=L)
@@ -178,12 +179,12 @@ def test_pruning_bounds_are_worked_out_once_per_batch_and_not_for_one_sentence(m
     spread = chain.MaxSemiring.spread
     monkeypatch.setattr(chain.MaxSemiring, "spread", staticmethod(lambda b: calls.append(1) or spread(b)))
     one = 5.0 * rng.normal(size=(12, L))
-    labels, _ = chain.viterbi(one, transitions, start, end, [12])
+    labels = chain._best_paths(one, transitions, start, end, [12], None, chain.MaxSemiring)[0][:, 0]
     np.testing.assert_array_equal(labels, _reference_viterbi(one, transitions, start, end)[0])
     assert calls == []
     lengths = rng.integers(4, 7, size=L + 20)  # three steps with all L + 20 rows: one working-out
     batch = 5.0 * rng.normal(size=(int(lengths.sum()), L))
-    labels, _ = chain.viterbi(batch, transitions, start, end, lengths)
+    labels = chain._best_paths(batch, transitions, start, end, lengths, None, chain.MaxSemiring)[0][:, 0]
     assert calls == [1]
     for a, b in list(_per_sequence(lengths))[:20]:
         np.testing.assert_array_equal(labels[a:b], _reference_viterbi(batch[a:b], transitions, start, end)[0])
@@ -300,6 +301,11 @@ def test_results_where_flushed_values_matter_later_are_exact(n_tokens):
     np.testing.assert_allclose(scaled.transition_counts, exact.transition_counts, rtol=1e-9, atol=1e-9)
 
 
+class _SharedRecursion(chain.FirstOrderTransitions):
+    """A first-order table run by the shared semiring recursion (the one second-order and pruned
+    chains take): chain.forward_backward runs a plain (L, L) table in the compiled kernel."""
+
+
 def test_counts_of_the_healthy_sequences_beside_failed_ones_are_exact(monkeypatch):
     """The backward pass counts the edges of every sequence as it goes; when some sequences fail
     (here those of test_results_where_flushed_values_matter_later_are_exact) the others' edges
@@ -326,7 +332,7 @@ def test_counts_of_the_healthy_sequences_beside_failed_ones_are_exact(monkeypatc
         return backward(*args)
 
     monkeypatch.setattr(chain, "_backward", spy)
-    scaled = chain.forward_backward(emissions, transitions, start, end, lengths, keep_messages=True)
+    scaled = chain.forward_backward(emissions, _SharedRecursion(transitions), start, end, lengths, keep_messages=True)
     assert visitors.count("recount") == 1
     exact = chain.forward_backward(emissions, transitions, start, end, lengths, keep_messages=True, semiring=chain.LogSemiring)
     np.testing.assert_allclose(scaled.log_z, exact.log_z, rtol=1e-12)
@@ -402,8 +408,8 @@ def test_positions_within_groups_including_empty_ones():
 def test_emissions_used_as_working_memory_give_the_same_bits(flushed):
     """With ``emissions_again`` the recursion overwrites the caller's packed emissions instead of
     copying them, and asks for them anew only when sequences must be redone in log space."""
-    if flushed:  # the case of test_results_where_flushed_values_matter_later_are_exact, and a plain one
-        emissions = np.array([[0.0, 0.0], [0.0, -115.0], [-100.0, 0.0], [-100.0, 0.0], [0.5, 0.1], [0.0, 0.2]])
+    if flushed:  # scores whose scaled products underflow to zero (redone in log space), and a plain one
+        emissions = np.array([[0.0, -800.0], [-800.0, 0.0], [-100.0, 0.0], [-100.0, 0.0], [0.5, 0.1], [0.0, 0.2]])
         transitions, start, end = np.array([[0.0, -1000.0], [-1000.0, 0.0]]), np.array([0.0, -115.0]), np.zeros(2)
         lengths = [5, 1]
     else:

@@ -18,7 +18,6 @@ from conftest import word_class_corpus
 
 import crf.pycrfsuite as ours
 from crf import CRF
-from crf import _chain as chain
 
 ALGORITHMS = ["lbfgs", "l2sgd", "ap", "pa", "arow"]
 
@@ -453,15 +452,6 @@ def test_damaged_models_raise_value_error(our_model):
         except ValueError:
             continue
         tagger.tag([["w=w1"], {"w": "w2"}])  # a file that still reads is a model that tags
-
-
-def test_best_path_is_chain_viterbi():
-    rng = np.random.default_rng(1)
-    for T in (1, 2, 5, 9):
-        for L in (1, 3, 6):
-            emissions, transitions = rng.normal(size=(T, L)), rng.normal(size=(L, L))
-            expected, _ = chain.viterbi(emissions, transitions, np.zeros(L), np.zeros(L), [T])
-            assert ours._best_path(emissions, np.ascontiguousarray(transitions.T)) == expected.tolist()
 
 
 # --- against python-crfsuite --------------------------------------------------------------

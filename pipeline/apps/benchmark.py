@@ -14,12 +14,17 @@ iteration log, which times with ``clock()``; CPU clock stamps from a per-iterati
 this project's side; set-up excluded) over a fixed number of iterations, and the process's peak memory, for
 fractions of the training data, for the training data repeated 2 and 4 times, and for label sets
 of growing size (EWT UPOS 17, XPOS 50, the joint XPOS|UPOS tags over 100).
+
+A third part (``benchmark.per_call``) measures the paths taken one call at a time (one sentence
+through each API, one long sequence, ``l2sgd``, pruned second order; the compiled kernels'
+warm-up and install size): see :mod:`pipeline.apps.per_call_benchmark`.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import subprocess
 import sys
 import tempfile
@@ -30,6 +35,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipeline import tracking
 from pipeline.apps.bench_worker import INPUTS
+from pipeline.apps.per_call_benchmark import per_call_table
 from pipeline.report import figure, markdown_table, save_figure
 
 log = logging.getLogger(__name__)
@@ -74,6 +80,7 @@ def _settings(cfg: DictConfig) -> dict:
     if b["quick"]:
         b.update(repetitions=1, train_fraction=0.1, max_iterations=10, tag_repeats=1)
         b["growth"].update(iterations=5, repetitions=1, fractions=[0.05, 0.1], repeats=[2])
+        b["per_call"].update(train_sentences=200, iterations=5, long_sentences=20, long_iterations=3, sgd_epochs=1)
     return b
 
 
@@ -100,6 +107,26 @@ def _spec(cfg: DictConfig, b: dict, tool: str, dataset: dict | None = None, feat
     }
     spec.update(overrides)
     return spec
+
+
+def _per_call_spec(cfg: DictConfig, b: dict) -> dict:
+    return {
+        **b["per_call"],
+        "dataset": OmegaConf.to_container(cfg.dataset, resolve=True),
+        "data_root": str(Path(cfg.data.root).absolute()),
+        "repetitions": b["repetitions"] if not b["quick"] else 1,
+    }
+
+
+def per_call_metrics(per_call: pd.DataFrame) -> dict[str, float]:
+    """MLflow metrics ``per_call.<row>.<crfsuite|ours|ratio>`` of the per-call table."""
+    metrics = {}
+    for _, r in per_call.iterrows():
+        slug = re.sub(r"[^0-9A-Za-z_.-]+", "_", str(r["path"])).strip("_")
+        for column in ("crfsuite", "ours", "ratio"):
+            if pd.notna(r[column]):
+                metrics[f"per_call.{slug}.{column}"] = float(r[column])
+    return metrics
 
 
 def side_by_side(runs: pd.DataFrame, tools: list[str]) -> pd.DataFrame:
@@ -358,6 +385,17 @@ def main(cfg: DictConfig) -> None:
             )
             log.info("\n%s", part)
             text = f"{text}\n\n{part}" if text else part
+        if b["per_call"]["enabled"]:
+            per_call = per_call_table(_per_call_spec(cfg, b))
+            per_call.to_csv(out / "per_call.csv", index=False)
+            names.append("per_call.csv")
+            part = (
+                f"## per call (same CRFsuite model file on both sides; medians of {b['repetitions']} alternating runs)\n\n"
+                + markdown_table(per_call)
+            )
+            log.info("\n%s", part)
+            text = f"{text}\n\n{part}" if text else part
+            mlflow.log_metrics(per_call_metrics(per_call))
         (out / "results.md").write_text(text + "\n")
         names.append("results.md")
         plot(table, growth, out / "benchmark.png", f"{cfg.dataset.name}: ours vs CRFsuite")

@@ -1,0 +1,444 @@
+"""Compiled kernels for per-call work: first-order Viterbi and sparse emission scores.
+
+One call tags one sentence or a whole batch, sequence after sequence, with no Python work per
+token or per step: the regime (one sentence, one long sequence) where NumPy's per-call overhead
+dominates. Each kernel is written once, as plain Python on arrays, and compiled with Numba on
+first use (``import crf`` does not import Numba; the compiled code is cached on disk next to this
+module, or in Numba's user cache directory, so later processes skip most of the warm-up). Without
+Numba the same functions run as plain Python (correct, slow), with one warning.
+
+The kernels release the GIL, so :mod:`crf._parallel`'s threads can run them side by side.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+_lock = threading.Lock()
+_compiled: dict[str, object] = {}
+
+
+def _viterbi_first_order(emissions, transitions, start, end, offsets, labels, scores):  # pragma: no cover - compiled
+    """Best path of every sequence of a first-order chain, into ``labels`` (T,) and ``scores`` (N,).
+
+    ``emissions`` (T, L), ``transitions`` (L, L) indexed [previous, current], ``start``/``end``
+    (L,), ``offsets`` (N + 1,). Log-space max-plus; ties go to the lowest label (as CRFsuite's);
+    a sequence with no finite path scores -inf (labels 0 where nothing is better)."""
+    n_labels = emissions.shape[1]
+    longest = 0
+    for n in range(offsets.size - 1):
+        longest = max(longest, offsets[n + 1] - offsets[n])
+    back = np.zeros((max(longest, 1), n_labels), dtype=np.int64)
+    delta = np.empty(n_labels)
+    following = np.empty(n_labels)
+    for n in range(offsets.size - 1):
+        first, stop = offsets[n], offsets[n + 1]
+        if stop <= first:
+            scores[n] = 0.0
+            continue
+        for j in range(n_labels):
+            delta[j] = start[j] + emissions[first, j]
+        for t in range(first + 1, stop):
+            pointers = back[t - first]
+            for j in range(n_labels):
+                following[j] = delta[0] + transitions[0, j]
+                pointers[j] = 0
+            for i in range(1, n_labels):  # row by row: the inner loop over labels has no branch
+                source = delta[i]
+                for j in range(n_labels):
+                    value = source + transitions[i, j]
+                    better = value > following[j]
+                    following[j] = value if better else following[j]
+                    pointers[j] = i if better else pointers[j]
+            for j in range(n_labels):
+                delta[j] = following[j] + emissions[t, j]
+        best = delta[0] + end[0]
+        arg = 0
+        for j in range(1, n_labels):
+            value = delta[j] + end[j]
+            if value > best:
+                best = value
+                arg = j
+        scores[n] = best
+        labels[stop - 1] = arg
+        for t in range(stop - 1, first, -1):
+            arg = back[t - first, arg]
+            labels[t - 1] = arg
+
+
+def _sparse_times_dense(indptr, indices, data, weights, out):  # pragma: no cover - compiled
+    """``out`` (T, L) = the CSR rows (``indptr`` (T + 1,), ``indices``, ``data``) times ``weights``
+    (A, L), each row's entries added in their stored order."""
+    n_labels = weights.shape[1]
+    for t in range(indptr.size - 1):
+        for j in range(n_labels):
+            out[t, j] = 0.0
+        for k in range(indptr[t], indptr[t + 1]):
+            column, value = indices[k], data[k]
+            for j in range(n_labels):
+                out[t, j] += value * weights[column, j]
+
+
+def _forward_backward_first_order(
+    emissions, transitions, start, end, step_start, lengths, marginals, log_z, counts, with_counts, log_alpha, log_beta, keep
+):  # pragma: no cover - compiled
+    """Sum-product forward-backward of a first-order chain in scaled probability space.
+
+    ``emissions`` (T, L) in a :class:`crf._layout.Layout`'s packed order: the token t of the
+    sequence of rank r is row ``step_start[t] + r``; ``lengths`` (N,) by rank. Writes node
+    marginals (T, L) (packed), ``log_z`` (N,) by rank (NaN where the scaled numbers fail: the
+    caller recomputes those sequences in log space) and, with ``with_counts``, adds the expected
+    transition counts of the other sequences into ``counts`` (L, L). With ``keep`` it writes the
+    true log forward and backward messages into ``log_alpha`` and ``log_beta`` (T, L), packed. The transition table is
+    taken as ``exp(transitions - column maximum)`` and each token's scores as ``exp(scores -
+    row maximum)`` (the column maxima folded into the scores), so products underflow only for
+    extreme score ranges, which the checks catch.
+    """
+    n_labels = emissions.shape[1]
+    top = np.empty(n_labels)
+    for j in range(n_labels):
+        best = -np.inf
+        for i in range(n_labels):
+            best = max(best, transitions[i, j])
+        top[j] = best if np.isfinite(best) else 0.0
+    table = np.empty((n_labels, n_labels))
+    for i in range(n_labels):
+        for j in range(n_labels):
+            table[i, j] = np.exp(transitions[i, j] - top[j])
+    table_t = np.ascontiguousarray(table.T)
+    end_top = -np.inf
+    for j in range(n_labels):
+        end_top = max(end_top, end[j])
+    if not np.isfinite(end_top):
+        end_top = 0.0
+    closing = np.empty(n_labels)
+    for j in range(n_labels):
+        closing[j] = np.exp(end[j] - end_top)
+    longest = 0
+    for r in range(lengths.size):
+        longest = max(longest, lengths[r])
+    weights = np.empty((longest, n_labels))  # exp of each token's shifted scores
+    alpha = np.empty((longest, n_labels))
+    scale = np.empty(longest)  # each step's normaliser
+    cumulative = np.empty(longest)  # log of the product of the normalisers (and row maxima) so far
+    beta = np.empty(n_labels)
+    before = np.empty(n_labels)
+    pending = np.zeros((n_labels, n_labels))
+    for r in range(lengths.size):
+        n = lengths[r]
+        log_scale = 0.0
+        ok = True
+        for t in range(n):
+            row = step_start[t] + r
+            peak = -np.inf
+            for j in range(n_labels):
+                value = emissions[row, j] + (start[j] if t == 0 else top[j])
+                weights[t, j] = value
+                peak = max(peak, value)
+            if not np.isfinite(peak):
+                ok = False
+                break
+            for j in range(n_labels):
+                weights[t, j] = np.exp(weights[t, j] - peak)
+            total = 0.0
+            if t == 0:
+                for j in range(n_labels):
+                    alpha[0, j] = weights[0, j]
+                    total += alpha[0, j]
+            else:
+                for j in range(n_labels):
+                    alpha[t, j] = 0.0
+                current = alpha[t]
+                for i in range(n_labels):
+                    previous = alpha[t - 1, i]
+                    if previous != 0.0:
+                        source = table[i]
+                        for j in range(n_labels):
+                            current[j] += previous * source[j]
+                for j in range(n_labels):
+                    alpha[t, j] *= weights[t, j]
+                    total += alpha[t, j]
+            if not (total > 0.0) or not np.isfinite(total):
+                ok = False
+                break
+            for j in range(n_labels):
+                alpha[t, j] /= total
+            scale[t] = total
+            log_scale += np.log(total) + peak
+            cumulative[t] = log_scale
+        final = 0.0
+        if ok:
+            for j in range(n_labels):
+                final += alpha[n - 1, j] * closing[j]
+            ok = final > 0.0 and np.isfinite(final)
+        if not ok:
+            log_z[r] = np.nan
+            for t in range(n):
+                for j in range(n_labels):
+                    marginals[step_start[t] + r, j] = np.nan
+            continue
+        log_z[r] = log_scale + np.log(final) + end_top
+        # backward, with the forward normalisers: alpha_t . beta_t = final at every t
+        for j in range(n_labels):
+            beta[j] = closing[j]
+        for i in range(n_labels):
+            for j in range(n_labels):
+                pending[i, j] = 0.0
+        for t in range(n - 1, -1, -1):
+            row = step_start[t] + r
+            mass = 0.0
+            if keep:
+                for j in range(n_labels):
+                    log_alpha[row, j] = np.log(alpha[t, j]) + cumulative[t]
+                    log_beta[row, j] = np.log(beta[j]) + log_z[r] - np.log(final) - cumulative[t]
+            for j in range(n_labels):
+                value = alpha[t, j] * beta[j] / final
+                marginals[row, j] = value
+                mass += value
+            if not (abs(mass - 1.0) < 1e-6):
+                ok = False
+                break
+            if t == 0:
+                break
+            for j in range(n_labels):
+                before[j] = weights[t, j] * beta[j] / scale[t]
+            if with_counts:
+                for i in range(n_labels):
+                    source = alpha[t - 1, i] / final
+                    if source != 0.0:
+                        target, weight = pending[i], table[i]
+                        for j in range(n_labels):
+                            target[j] += source * weight[j] * before[j]
+            for i in range(n_labels):
+                beta[i] = 0.0
+            for j in range(n_labels):  # by columns of the table (rows of its transpose): no reduction in the inner loop
+                factor = before[j]
+                if factor != 0.0:
+                    column = table_t[j]
+                    for i in range(n_labels):
+                        beta[i] += column[i] * factor
+        if not ok:
+            log_z[r] = np.nan
+            for t in range(n):
+                for j in range(n_labels):
+                    marginals[step_start[t] + r, j] = np.nan
+            continue
+        if with_counts:
+            for i in range(n_labels):
+                for j in range(n_labels):
+                    counts[i, j] += pending[i, j]
+
+
+def _state_feature_emissions(ends, attributes, values, first, labels, weights, out):  # pragma: no cover - compiled
+    """``out[t, labels[k]] += weights[k] * value`` for every state feature k of every entry
+    (attribute, value) of row t, in entry order (CRFsuite's tagger's order); ``out`` zeros."""
+    begin = 0
+    for t in range(ends.size):
+        for entry in range(begin, ends[t]):
+            attribute, value = attributes[entry], values[entry]
+            for k in range(first[attribute], first[attribute + 1]):
+                out[t, labels[k]] += weights[k] * value
+        begin = ends[t]
+
+
+def _sequence_gradient(indptr, indices, data, labels, marginals, out):  # pragma: no cover - compiled
+    """``out`` (A, L) += the CSR rows' transpose times (``marginals`` - one-hot ``labels``): the
+    expected minus observed state feature counts of one sequence."""
+    n_labels = marginals.shape[1]
+    for t in range(indptr.size - 1):
+        gold = labels[t]
+        for k in range(indptr[t], indptr[t + 1]):
+            column, value = indices[k], data[k]
+            for j in range(n_labels):
+                out[column, j] += value * marginals[t, j]
+            out[column, gold] -= value
+
+
+def _sorted_rows_times_dense(ends, columns, values, weights, out):  # pragma: no cover - compiled
+    """``out`` (T, L) = rows given as unsorted entries times ``weights`` (A, L), each row's
+    entries added in increasing column order (the order of a CSR matrix with sorted indices);
+    ``ends`` (T,) where each row's entries end. Returns False (``out`` incomplete) if a row
+    repeats a column."""
+    n_labels = weights.shape[1]
+    longest = 0
+    begin = 0
+    for t in range(ends.size):
+        longest = max(longest, ends[t] - begin)
+        begin = ends[t]
+    order = np.empty(longest, dtype=np.int64)
+    begin = 0
+    for t in range(ends.size):
+        size = ends[t] - begin
+        for k in range(size):  # insertion sort of the row's entries by column (rows are short)
+            entry = begin + k
+            column = columns[entry]
+            at = k
+            while at > 0 and columns[order[at - 1]] > column:
+                order[at] = order[at - 1]
+                at -= 1
+            if at > 0 and columns[order[at - 1]] == column:
+                return False
+            order[at] = entry
+        for j in range(n_labels):
+            out[t, j] = 0.0
+        for k in range(size):
+            entry = order[k]
+            column, value = columns[entry], values[entry]
+            for j in range(n_labels):
+                out[t, j] += value * weights[column, j]
+        begin = ends[t]
+    return True
+
+
+def _kernel(name: str):
+    """The compiled kernel ``name`` (compiled on first use; the plain function without Numba)."""
+    kernel = _compiled.get(name)
+    if kernel is not None:
+        return kernel
+    with _lock:
+        if name not in _compiled:
+            function = globals()[name]
+            try:
+                import numba
+            except ImportError:  # pragma: no cover - numba is a dependency
+                log.warning("numba is not installed: %s runs as plain Python (slow)", name)
+                _compiled[name] = function
+            else:
+                _compiled[name] = numba.njit(cache=True, nogil=True)(function)
+    return _compiled[name]
+
+
+def viterbi(emissions: np.ndarray, transitions: np.ndarray, start, end, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Best label sequence of every sequence of a first-order chain.
+
+    Parameters
+    ----------
+    emissions : (T, L) float array, log scores of every token (sequences one after another).
+    transitions : (L, L) float array, indexed [previous, current].
+    start, end : (L,) float arrays, scores of the first and last label of a sequence.
+    offsets : (N + 1,) int array, where each sequence starts in ``emissions`` and where the last ends.
+
+    Returns
+    -------
+    labels : (T,) int64, the best path's labels; ties go to the lowest label id.
+    scores : (N,) float64, the best path's score (-inf if no path has a finite score).
+    """
+    emissions, offsets = _floats(emissions), np.asarray(offsets, dtype=np.int64)
+    labels = np.zeros(emissions.shape[0], dtype=np.int64)
+    scores = np.empty(offsets.size - 1)
+    _kernel("_viterbi_first_order")(emissions, _floats(transitions), _floats(start), _floats(end), offsets, labels, scores)
+    return labels, scores
+
+
+def _floats(array) -> np.ndarray:
+    """``array`` as float64 (a copy only if it is not already)."""
+    return array if type(array) is np.ndarray and array.dtype == np.float64 else np.asarray(array, dtype=np.float64)
+
+
+def forward_backward(
+    emissions,
+    transitions,
+    start,
+    end,
+    step_start,
+    lengths,
+    with_counts: bool,
+    overwrite: bool = False,
+    keep_messages: bool = False,
+):
+    """Forward-backward of a first-order chain on packed emissions (see
+    :func:`_forward_backward_first_order`): (log Z (N,) by rank, NaN for the sequences to
+    recompute in log space, marginals (T, L) packed, transition counts (L, L) or None). With
+    ``overwrite`` the marginals are written over ``emissions`` (float64; each sequence's scores
+    are read before its marginals are written). With ``keep_messages`` the true log messages
+    (log alpha, log beta) (T, L), packed, follow; else two None."""
+    emissions = _floats(emissions)
+    marginals = emissions if overwrite else np.empty(emissions.shape)
+    log_z = np.empty(len(lengths))
+    counts = np.zeros((emissions.shape[1], emissions.shape[1]))
+    messages = (np.empty(emissions.shape), np.empty(emissions.shape)) if keep_messages else (np.empty((0, 0)),) * 2
+    _kernel("_forward_backward_first_order")(
+        emissions,
+        _floats(transitions),
+        _floats(start),
+        _floats(end),
+        np.asarray(step_start, dtype=np.int64),
+        np.asarray(lengths, dtype=np.int64),
+        marginals,
+        log_z,
+        counts,
+        with_counts,
+        *messages,
+        keep_messages,
+    )
+    return log_z, marginals, counts if with_counts else None, *(messages if keep_messages else (None, None))
+
+
+def state_feature_emissions(ends, attributes, values, first, labels, weights, n_labels: int) -> np.ndarray:
+    """Emission scores (T, L) from entries (attribute, value) per row and the state features
+    listed by attribute (attribute a's are ``labels[first[a]:first[a + 1]]`` with ``weights``),
+    added in entry order as CRFsuite's tagger adds them. ``ends`` (T,): where each row's entries end."""
+    ends = np.asarray(ends, dtype=np.int64)
+    out = np.zeros((ends.size, n_labels))
+    _kernel("_state_feature_emissions")(
+        ends,
+        np.asarray(attributes, dtype=np.int64),
+        _floats(values),
+        np.asarray(first, dtype=np.int64),
+        np.asarray(labels, dtype=np.int64),
+        _floats(weights),
+        out,
+    )
+    return out
+
+
+def sequence_gradient(indptr, indices, data, labels, marginals: np.ndarray, n_columns: int) -> np.ndarray:
+    """Expected minus observed state feature counts (A, L) of one sequence: the CSR rows
+    (``indptr`` (T + 1,), ``indices``, ``data``) transposed times (``marginals`` (T, L) minus the
+    one-hot gold ``labels`` (T,))."""
+    out = np.zeros((n_columns, marginals.shape[1]))
+    _kernel("_sequence_gradient")(
+        np.asarray(indptr, dtype=np.int64),
+        np.asarray(indices, dtype=np.int64),
+        _floats(data),
+        np.asarray(labels, dtype=np.int64),
+        _floats(marginals),
+        out,
+    )
+    return out
+
+
+def rows_times_dense(ends, columns, values, weights: np.ndarray) -> np.ndarray | None:
+    """Rows given as entries (column, value) times dense ``weights`` (A, L): (T, L) float64, or
+    None if a row names a column twice.
+
+    ``ends`` (T,): where each row's entries end (cumulative counts); ``columns`` and ``values``
+    (E,): the entries, in any order within a row. Each row's entries are added in increasing
+    column order, starting from 0: the bits of a CSR product with sorted indices."""
+    ends = np.asarray(ends, dtype=np.int64)
+    out = np.empty((ends.size, weights.shape[1]))
+    complete = _kernel("_sorted_rows_times_dense")(
+        ends, np.asarray(columns, dtype=np.int64), np.asarray(values, dtype=np.float64), weights, out
+    )
+    return out if complete else None
+
+
+def sparse_times_dense(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """Rows of a CSR matrix (T, A) times dense ``weights`` (A, L): (T, L) float64.
+
+    ``indptr`` (T + 1,), ``indices`` and ``data`` (nnz,) as in :class:`scipy.sparse.csr_matrix`;
+    each row's entries are added in their stored order, starting from 0."""
+    out = np.empty((indptr.size - 1, weights.shape[1]))
+    _kernel("_sparse_times_dense")(
+        np.ascontiguousarray(indptr, dtype=np.int64),
+        np.ascontiguousarray(indices, dtype=np.int64),
+        np.ascontiguousarray(data, dtype=np.float64),
+        np.ascontiguousarray(weights, dtype=np.float64),
+        out,
+    )
+    return out
