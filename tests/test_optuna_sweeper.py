@@ -26,7 +26,8 @@ from optuna.trial import TrialState  # noqa: E402
 from pipeline_helpers import CONF_DIR, seed_store, tiny_overrides, write_corpus  # noqa: E402
 
 from pipeline.engine.runner import objective_value  # noqa: E402
-from pipeline.sweeps import pruning, search  # noqa: E402
+from pipeline.sweeps import search  # noqa: E402
+from pipeline.sweeps import trial_stopping as pruning  # noqa: E402
 from pipeline.sweeps.search import SweeperSettingError  # noqa: E402
 
 PROJECT = Path(__file__).resolve().parents[1]

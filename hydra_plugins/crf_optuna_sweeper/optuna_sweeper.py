@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 RESULTS_FILE = "optuna_results.yaml"
 # launchers (by class name, their subclasses too) whose launch() may be called from several threads at once
 CONCURRENT_LAUNCHERS = {"JoblibLauncher", "BaseSubmititLauncher"}
-STORAGE_TAG = "optuna.storage"  # on the sweep's parent run, with the study's name (pipeline.sweeps.pruning.STUDY_TAG)
+STORAGE_TAG = "optuna.storage"  # on the sweep's parent run, with the study's name (pipeline.sweeps.trial_environment.STUDY_TAG)
 
 
 def _plain(value: Any) -> Any:
@@ -450,7 +450,7 @@ class OptunaSweeper(Sweeper):
         from mlflow.tracking import MlflowClient
 
         from pipeline.sweeps import search
-        from pipeline.sweeps.pruning import STUDY_TAG
+        from pipeline.sweeps.trial_environment import STUDY_TAG
         from pipeline.tracking import SWEEP_PARENT_VARIABLE
 
         parent = os.environ.get(SWEEP_PARENT_VARIABLE)

@@ -31,9 +31,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipeline import tracking
 from pipeline.engine.runner import summary_key
+from pipeline.engine.stage import TRIAL_STATE_TAG
 from pipeline.report import figure, markdown_table, save_figure
 from pipeline.sweeps.cluster import job_environment, pass_to_jobs
-from pipeline.sweeps.pruning import TRIAL_STATE_TAG
 from pipeline.tracking import SWEEP_ID_VARIABLE, SWEEP_PARENT_VARIABLE, lifecycle
 from pipeline.tracking.lifecycle import END_REASON_TAG
 
