@@ -24,6 +24,7 @@ from pathlib import Path
 import mlflow
 import numpy as np
 import pandas as pd
+import psutil
 from hydra.experimental.callback import Callback
 from mlflow.entities import Param
 from mlflow.tracking import MlflowClient
@@ -224,21 +225,12 @@ def fixed_params(config: DictConfig) -> dict[str, str]:
 
 
 def _descendants(pid: int) -> list[int]:
-    """The processes started by ``pid``, their children and so on (Linux: from ``/proc``; an empty
-    list elsewhere): the sweep's joblib workers, which a signal to this process alone missed."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "pid (name)": state, ppid, ...
-        except (OSError, IndexError):
-            continue  # gone meanwhile
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = [], list(children.get(pid, []))
-    while todo:
-        child = todo.pop()
-        found.append(child)
-        todo.extend(children.get(child, []))
-    return found
+    """The processes started by ``pid``, their children and so on: the sweep's joblib workers,
+    which a signal to this process alone missed."""
+    try:
+        return [child.pid for child in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return []
 
 
 class SweepTracking(Callback):
