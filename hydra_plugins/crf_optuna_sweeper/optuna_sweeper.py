@@ -328,7 +328,7 @@ class OptunaSweeper(Sweeper):
 
     def _run_batches(self, study: Any, space: Any, sweep_dir: Path) -> list[Sequence[JobReturn]]:
         """``n_jobs`` trials per launcher call; the next batch is asked when the slowest is done."""
-        from pipeline.sweeps.grid import SWEEP_STOPPING
+        from pipeline.sweeps.sigterm import SWEEP_STOPPING
 
         returns: list[Sequence[JobReturn]] = []
         outcomes: list[str] = []
@@ -350,7 +350,7 @@ class OptunaSweeper(Sweeper):
         waits for a slower trial."""
         from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
-        from pipeline.sweeps.grid import SWEEP_STOPPING  # set on SIGTERM: no further trial is asked
+        from pipeline.sweeps.sigterm import SWEEP_STOPPING  # set on SIGTERM: no further trial is asked
 
         returns: list[Sequence[JobReturn]] = []
         outcomes: list[str] = []

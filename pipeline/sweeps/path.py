@@ -180,7 +180,7 @@ def _close(
     """Summarise the points (the grid's summary, by ``path_id``), then end the path's run with
     ``status``: FAILED with the reason when a point or the summary failed. Inside a multirun the
     sweep registers its best job, so a path registers only when run on its own."""
-    from pipeline.sweeps.grid import summarize
+    from pipeline.sweeps.summary import summarize
 
     if error is not None:
         client.set_tag(run_id, END_REASON_TAG, f"{type(error).__name__}: {error}"[:5000])

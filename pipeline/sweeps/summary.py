@@ -1,47 +1,29 @@
-"""Regularisation sweeps: one MLflow parent run per Hydra multirun, and its summary.
+"""A sweep's summary: its jobs' pipeline runs gathered into a table, a plot, the best job and its
+registered model, logged to the sweep's parent run.
 
-``SweepTracking`` is a Hydra callback. In the launching process, before any job starts, it
-creates the tracking database and the sweep's parent run, and exports the parent run id and a
-sweep id to the jobs (which run in joblib worker processes) through environment variables. When
-the jobs are done it gathers them with ``mlflow.search_runs`` into a table (CSV artifact), plots
-dev score and non-zero weights against the regularisation strength, picks the best setting on dev
-and reports its test score. Hydra skips ``on_multirun_end`` when a job fails, so the same summary
-also runs from an exit handler: one failing job does not lose the others' results.
+The grid's summary (the default ``sweep.summary``) of a Hydra multirun, an Optuna sweep and a
+regularisation path alike; ``pipeline.sweeps.callback.SweepTracking`` calls it when the jobs are done
+(``pipeline.sweeps.compare`` and ``pipeline.sweeps.learning_curves`` are the other summaries).
 """
 
 from __future__ import annotations
 
-import atexit
 import logging
-import os
-import signal
 import tempfile
-import threading
-import time
-import uuid
 from pathlib import Path
 
 import mlflow
 import numpy as np
 import pandas as pd
-import psutil
-from hydra.experimental.callback import Callback
-from mlflow.entities import Param
 from mlflow.tracking import MlflowClient
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from pipeline import tracking
 from pipeline.engine.runner import summary_key
 from pipeline.engine.stage import TRIAL_STATE_TAG
 from pipeline.report import figure, markdown_table, save_figure
-from pipeline.sweeps.cluster import job_environment, pass_to_jobs
-from pipeline.tracking import SWEEP_ID_VARIABLE, SWEEP_PARENT_VARIABLE, lifecycle
-from pipeline.tracking.lifecycle import END_REASON_TAG
 
 log = logging.getLogger(__name__)
-
-SIGTERM_GRACE_SECONDS = 10.0  # how long a signalled sweep waits for its jobs before it interrupts them
-SWEEP_STOPPING = threading.Event()  # set on SIGTERM: a sweeper launches no further job
 
 
 def strength(frame: pd.DataFrame) -> pd.Series:
@@ -197,230 +179,3 @@ def summarize(
                     client.log_artifact(parent_run_id, str(folder / name))
     log.info("[sweep %s]\n%s", sweep_id, text)
     return table
-
-
-def swept(config: DictConfig) -> list[str]:
-    """The keys (and config groups) a multirun varies: its sweep overrides and the sweeper's params."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    overrides = OverridesParser.create().parse_overrides(list(OmegaConf.select(config, "hydra.overrides.task") or []))
-    keys = [o.key_or_group.lstrip("+~") for o in overrides if o.is_sweep_override()]
-    return keys + [k for k in (OmegaConf.select(config, "hydra.sweeper.params") or {}) if k not in keys]
-
-
-def sweep_run_name(config: DictConfig) -> str:
-    """``conll2000-crf-sweep-c2``: the dataset, the model unless swept, and the swept keys' last parts."""
-    keys = swept(config)
-    model = [] if "model" in keys else [str(config.model.name)]
-    return "-".join([str(config.dataset.name), *model, "sweep", ",".join(k.rsplit(".", 1)[-1] for k in keys)])
-
-
-def fixed_params(config: DictConfig) -> dict[str, str]:
-    """The sweep's settings that every job shares: the composed config (without ``hydra``), flat,
-    less the keys (and config groups) that the multirun varies."""
-    keys = swept(config)
-    body = OmegaConf.masked_copy(config, [k for k in config if k != "hydra"])
-    flat = tracking.flatten(OmegaConf.to_container(body, resolve=True))
-    return {k: v for k, v in flat.items() if not any(k == key or k.startswith(key + ".") for key in keys)}
-
-
-def _descendants(pid: int) -> list[int]:
-    """The processes started by ``pid``, their children and so on: the sweep's joblib workers,
-    which a signal to this process alone missed."""
-    try:
-        return [child.pid for child in psutil.Process(pid).children(recursive=True)]
-    except psutil.Error:
-        return []
-
-
-class SweepTracking(Callback):
-    """Creates a sweep's parent run before the jobs and summarises the sweep after them.
-
-    SIGTERM to the launching process (with the whole process group: ``kill -TERM -- -<pgid>``)
-    does not stop it at once, which would have joblib kill its workers while they end their runs:
-    it waits for the jobs, which end their runs on the same signal and exit, so the launcher fails
-    and the exit handler ends the parent run FAILED with the summary of the jobs that finished.
-    Jobs still there :data:`SIGTERM_GRACE_SECONDS` after the signal (the launching process was
-    signalled alone) get it from this process (:meth:`_pass_on`), which stops as on Ctrl-C when
-    they are still there another grace period later; a second SIGTERM stops it at once. The
-    sweeper launches no further job once signalled (:data:`SWEEP_STOPPING`), and a sweep so
-    stopped registers nothing.
-    Before the summary, runs whose process is gone (a worker that joblib killed all the same) are
-    ended FAILED."""
-
-    def __init__(self) -> None:
-        self.parent_run_id: str | None = None
-        self.sweep_id: str | None = None
-        self.experiment: str | None = None
-        self.summarize_at_end = True
-        self.comparison = None
-        self.summary = "grid"
-        self.registry = None
-        self.objective: tuple[str | None, str] = (None, "maximize")
-        self.closed = False
-        self.previous_sigterm = None
-        self.interrupt: threading.Timer | None = None
-        self.released = False  # the sweep's end gave SIGTERM back: timers that fire do nothing
-
-    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
-        tracking.setup(config)  # creates the database once, before parallel jobs race for it
-        SWEEP_STOPPING.clear()
-        self.sweep_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
-        self.experiment = config.tracking.experiment
-        self.summarize_at_end = bool(config.sweep.summarize)
-        self.comparison = OmegaConf.select(config, "comparison")  # set by experiment=hmm_vs_crf
-        self.summary = str(OmegaConf.select(config, "sweep.summary", default="grid"))
-        self.registry = OmegaConf.select(config, "registry")
-        # what a sweeper that optimises (hydra/sweeper=optuna) ranks the jobs by; a grid: the dev score
-        metric = OmegaConf.select(config, "hydra.sweeper.metric", default=None)
-        self.objective = (metric or None, str(OmegaConf.select(config, "hydra.sweeper.direction", default="maximize")))
-        client = MlflowClient()
-        experiment = client.get_experiment_by_name(self.experiment)
-        run = client.create_run(
-            experiment.experiment_id,
-            run_name=sweep_run_name(config),
-            tags={
-                "sweep_id": self.sweep_id,
-                "stage": "sweep",
-                "dataset": str(config.dataset.name),
-                **tracking.source_tags(),
-            },
-        )
-        self.parent_run_id = run.info.run_id
-        params = [Param(k, v) for k, v in fixed_params(config).items()]
-        for start in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
-            client.log_batch(self.parent_run_id, params=params[start : start + 100])
-        os.environ[SWEEP_PARENT_VARIABLE] = self.parent_run_id
-        os.environ[SWEEP_ID_VARIABLE] = self.sweep_id
-        pass_to_jobs(config, job_environment(config, self.parent_run_id, self.sweep_id))  # Ray, SLURM jobs too
-        atexit.register(self._close, "FAILED")
-        if threading.current_thread() is threading.main_thread():
-            previous = signal.signal(signal.SIGTERM, self._on_sigterm)
-            self.previous_sigterm = signal.SIG_DFL if previous is None else previous  # None: not set from Python
-        log.info("[sweep %s] parent run %s", self.sweep_id, self.parent_run_id)
-
-    def _summarize(self, register: bool = True) -> pd.DataFrame:
-        """The summary the sweep asks for (``sweep.summary``); ``register``: the grid's registers
-        its best job (not for a sweep that was stopped or crashed)."""
-        if self.summary == "comparison":
-            from pipeline.sweeps import compare
-
-            return compare.summarize(self.sweep_id, self.parent_run_id, self.experiment, self.comparison)
-        if self.summary == "active_learning":
-            from pipeline.sweeps import learning_curves
-
-            return learning_curves.summarize(self.sweep_id, self.parent_run_id, self.experiment)
-        metric, direction = self.objective
-        registry = self.registry if register else None
-        return summarize(self.sweep_id, self.parent_run_id, self.experiment, registry, metric=metric, direction=direction)
-
-    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
-        self._close("FINISHED")
-
-    def __getstate__(self) -> dict:
-        # Hydra hands the callbacks to the jobs: the timer and the previous handler stay here
-        return {k: v for k, v in self.__dict__.items() if k not in ("interrupt", "previous_sigterm")}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state, interrupt=None, previous_sigterm=None)
-
-    def _on_sigterm(self, signum: int, frame) -> None:
-        if self.interrupt is None:  # the first: the jobs, signalled too, end their runs and exit
-            log.warning(
-                "[sweep %s] SIGTERM: waiting up to %g s for the jobs to end their runs", self.sweep_id, SIGTERM_GRACE_SECONDS
-            )
-            SWEEP_STOPPING.set()
-            self._later(self._pass_on, signum)
-            return
-        # a second SIGTERM, or the jobs did not end in time (see _pass_on): stop as Ctrl-C does
-        raise KeyboardInterrupt("terminated by SIGTERM")
-
-    def _later(self, action, signum: int) -> None:
-        self.interrupt = threading.Timer(SIGTERM_GRACE_SECONDS, action, (signum,))
-        self.interrupt.daemon = True
-        self.interrupt.start()
-
-    def _pass_on(self, signum: int) -> None:
-        """The grace period is over and jobs still run (this process was signalled alone): the
-        signal to this process's descendants (its joblib workers end their runs and exit), then,
-        after another grace period, to its main thread, which stops as on Ctrl-C."""
-        if self.released:
-            return
-        for pid in _descendants(os.getpid()):
-            try:
-                os.kill(pid, signum)
-            except OSError:
-                pass  # gone meanwhile
-        self._later(self._stop, signum)
-
-    def _stop(self, signum: int) -> None:
-        if not self.released:
-            signal.pthread_kill(threading.main_thread().ident, signum)
-
-    def _release_signal(self) -> None:
-        """Cancel a pending interruption and give SIGTERM its handler from before the sweep."""
-        self.released = True
-        if self.interrupt is not None:
-            self.interrupt.cancel()
-        if self.previous_sigterm is not None and threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, self.previous_sigterm)
-            self.previous_sigterm = None
-
-    def _close(self, status: str) -> None:
-        if self.closed or self.parent_run_id is None:
-            return
-        self.closed = True
-        if self.interrupt is not None:  # a SIGTERM during the summary waits for it (a grace period of its own)
-            self.interrupt.cancel()
-            self.interrupt = None
-        if SWEEP_STOPPING.is_set():  # the sweeper launched no further job: the sweep did not run to its end
-            SWEEP_STOPPING.clear()
-            status = "FAILED"
-            try:
-                MlflowClient().set_tag(self.parent_run_id, END_REASON_TAG, "stopped by SIGTERM")
-            except Exception as error:
-                log.warning("[sweep %s] could not tag the parent run: %s", self.sweep_id, error)
-        try:
-            self._end(status)
-        finally:
-            self._release_signal()
-
-    def _end(self, status: str) -> None:
-        """Summarise the sweep (registering its best job only when it ran to its end) and end the parent run."""
-        try:  # runs of jobs whose process is gone (killed by their launcher as the sweep stopped)
-            lifecycle.mark_stranded(MlflowClient())
-        except Exception as error:  # the next start on this host does it
-            log.warning("[sweep %s] could not end the runs of gone processes: %s", self.sweep_id, error)
-        try:
-            ended = MlflowClient().get_run(self.parent_run_id).info.status
-        except Exception as error:  # the summary below says what the store does
-            log.warning("[sweep %s] could not read the parent run: %s", self.sweep_id, error)
-            ended = "RUNNING"
-        if ended != "RUNNING":  # a job of this process (Hydra's basic launcher) ended it on a signal
-            log.warning("[sweep %s] the parent run was ended %s: no summary", self.sweep_id, ended)
-            os.environ.pop(SWEEP_PARENT_VARIABLE, None)
-            os.environ.pop(SWEEP_ID_VARIABLE, None)
-            return
-        try:
-            table = pd.DataFrame()
-            if self.summarize_at_end:
-                table = self._summarize(register=status == "FINISHED")
-            if status == "FINISHED" and not table.empty and (table.status == "FAILED").any():
-                status = "FAILED"
-        except Exception as error:  # the jobs' runs stand, but the sweep's summary is missing: say so on the run
-            status = "FAILED"
-            log.error("[sweep %s] the sweep's summary failed: %s", self.sweep_id, error)
-            try:  # the store may be what failed: never let this hide the summary's own error
-                MlflowClient().set_tag(
-                    self.parent_run_id, END_REASON_TAG, f"summary failed: {type(error).__name__}: {error}"[:5000]
-                )
-            except Exception as tagging:
-                log.error("[sweep %s] could not tag the parent run: %s", self.sweep_id, tagging)
-            raise
-        except BaseException:  # interrupted (a further SIGTERM, Ctrl-C): half a summary is no finished sweep
-            status = "FAILED"
-            raise
-        finally:
-            MlflowClient().set_terminated(self.parent_run_id, status)
-            os.environ.pop(SWEEP_PARENT_VARIABLE, None)
-            os.environ.pop(SWEEP_ID_VARIABLE, None)
