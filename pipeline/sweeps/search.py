@@ -31,7 +31,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, Override, RangeSweep
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 
-from pipeline.sweeps.pruners import HeldMedianPruner, HeldPercentilePruner
+from pipeline.sweeps.optuna_pruners import HeldMedianPruner, HeldPercentilePruner
 from pipeline.sweeps.trial_environment import (
     DEV_SCORES,
     METRIC_VARIABLE,
