@@ -56,8 +56,22 @@ class StageOutput:
 
 
 def run_tags(cfg: DictConfig, adapter: ModelAdapter, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The tags of a job's runs: dataset, model, trainer, features, the source version, the sweep
-    id (in a multirun) and ``extra`` (a sweep trial's: :meth:`TrialHooks.tags`)."""
+    """The tags of a job's runs.
+
+    Parameters
+    ----------
+    cfg : DictConfig
+        The job's composed config.
+    adapter : ModelAdapter
+        Its model adapter (names the trainer).
+    extra : mapping, optional
+        More tags (a sweep trial's: :meth:`TrialHooks.tags`).
+
+    Returns
+    -------
+    dict of str to str
+        Dataset, model, trainer, features, the source version, the sweep id (in a multirun) and ``extra``.
+    """
     tags = {
         "dataset": str(cfg.dataset.name),
         "model": str(cfg.model.name),
@@ -73,7 +87,27 @@ def run_tags(cfg: DictConfig, adapter: ModelAdapter, extra: Mapping[str, str] | 
 
 
 def plan(stages: dict[str, Stage], wanted: list[str], adapter: ModelAdapter) -> list[str]:
-    """The wanted stages and, transitively, the stages they read, in running order."""
+    """The stages to run.
+
+    Parameters
+    ----------
+    stages : dict of str to Stage
+        Every stage, in running order (:func:`~pipeline.engine.stage.load_stages`).
+    wanted : list of str
+        The stages asked for (``cfg.stages``).
+    adapter : ModelAdapter
+        The model adapter (a stage's upstream stages may depend on it).
+
+    Returns
+    -------
+    list of str
+        The wanted stages and, transitively, the stages they read, in running order.
+
+    Raises
+    ------
+    ValueError
+        A wanted stage that does not exist.
+    """
     for name in wanted:
         if name not in stages:
             raise ValueError(f"unknown stage {name!r}; stages: {list(stages)}")
@@ -87,7 +121,26 @@ def plan(stages: dict[str, Stage], wanted: list[str], adapter: ModelAdapter) -> 
 
 
 def stage_key(stage: Stage, cfg: DictConfig, adapter: ModelAdapter, input_hashes: dict[str, str], cache: StageCache) -> tuple:
-    """(config slice, settings, cache key, hashes of external input files) of ``stage`` under ``cfg``."""
+    """The cache key of ``stage`` under ``cfg`` and what it is made of.
+
+    Parameters
+    ----------
+    stage : Stage
+        The stage.
+    cfg : DictConfig
+        The job's composed config.
+    adapter : ModelAdapter
+        The model adapter.
+    input_hashes : dict of str to str
+        {upstream stage name: its output hash}.
+    cache : StageCache
+        The cache that computes the key.
+
+    Returns
+    -------
+    tuple
+        (config slice, settings, cache key, hashes of external input files).
+    """
     config = frozen(stage.config_slice(cfg, adapter))
     settings = frozen(stage.settings(cfg, adapter))
     external = stage.external_inputs(config, settings)
@@ -118,12 +171,12 @@ def _relog_steps(path: Path) -> None:
     )
 
 
-def end_pruned(pruned: TrainingStopped) -> None:
+def end_stopped(stopped: TrainingStopped) -> None:
     """End the active run as a pruned trial's: KILLED (stopped on purpose; its scores are not
     those of its settings, so it is neither FINISHED nor FAILED), tagged ``crf.trial_state=PRUNED``
     with the reason, the iteration and the last dev score."""
-    mlflow.set_tags({TRIAL_STATE_TAG: "PRUNED", END_REASON_TAG: str(pruned)})
-    mlflow.log_metrics({"pruned_at_iteration": float(pruned.iteration), f"pruned_{pruned.metric}": pruned.value})
+    mlflow.set_tags({TRIAL_STATE_TAG: "PRUNED", END_REASON_TAG: str(stopped)})
+    mlflow.log_metrics({"pruned_at_iteration": float(stopped.iteration), f"pruned_{stopped.metric}": stopped.value})
     mlflow.end_run("KILLED")
 
 
@@ -136,9 +189,37 @@ def run_stage(
     tags: dict,
     report_dev: DevReporter | None = None,
 ) -> StageOutput:
-    """Run (or reuse) one stage inside a nested MLflow run. ``inputs``: the upstream stages' outputs
-    (and, for a path's train stage, :data:`~pipeline.models.WARM_START_INPUT`); their hashes are part
-    of the key. A trial pruned during the stage ends its run (:func:`end_pruned`) and propagates."""
+    """Run (or reuse from the cache) one stage inside a nested MLflow run.
+
+    Parameters
+    ----------
+    stage : Stage
+        The stage.
+    cfg : DictConfig
+        The job's composed config.
+    adapter : ModelAdapter
+        The model adapter.
+    inputs : dict of str to StageOutput
+        The upstream stages' outputs (and, for a warm-started stage,
+        :data:`~pipeline.models.WARM_START_INPUT`); their hashes are part of the key.
+    cache : StageCache
+        Where the stage's output is looked up and built.
+    tags : dict
+        Tags of the stage run (``stage`` and ``cache_key`` are added).
+    report_dev : DevReporter, optional
+        Called with the dev scores during training.
+
+    Returns
+    -------
+    StageOutput
+        Its output folder, hash, metrics and MLflow Model.
+
+    Raises
+    ------
+    TrainingStopped
+        When the dev reporter stopped the training: the stage run ends KILLED (:func:`end_stopped`)
+        and nothing is cached.
+    """
     name = stage.name
     began = time.perf_counter()
     config, settings, key, external = stage_key(stage, cfg, adapter, {k: v.hash for k, v in inputs.items()}, cache)
@@ -161,8 +242,8 @@ def run_stage(
 
             try:
                 folder = cache.build(name, key, produce, replace=bool(cfg.force))
-            except TrainingStopped as pruned:  # nothing was cached: the entry is not the settings' result
-                end_pruned(pruned)
+            except TrainingStopped as stopped:  # nothing was cached: the entry is not the settings' result
+                end_stopped(stopped)
                 raise
         stage_metrics = json.loads((folder / METRICS_FILE).read_text())
         mlflow.set_tag("cache", "hit" if found is not None else "miss")
@@ -375,7 +456,7 @@ def pipeline_run(
 ) -> tuple[dict[str, Any], dict[str, StageOutput]]:
     """One pipeline run (an MLflow run tagged ``stage=pipeline``) of ``job``'s stages under ``cfg``.
 
-    A pruned trial ends the run KILLED (:func:`end_pruned`) and returns ``pipeline.pruned_at_iteration``
+    A pruned trial ends the run KILLED (:func:`end_stopped`) and returns ``pipeline.pruned_at_iteration``
     and the last dev score instead of the stages' metrics.
 
     Parameters
@@ -429,10 +510,11 @@ def pipeline_run(
                 results.update({f"{name}.{k}": v for k, v in outputs[name].metrics.items()})
                 if stage.summary_prefix is not None:
                     summary.update({stage.summary_prefix + k: v for k, v in outputs[name].metrics.items()})
-        except TrainingStopped as pruned:
-            end_pruned(pruned)
-            log.info("done: run %s%s pruned: %s", run.info.run_id, f" in sweep run {parent}" if parent else "", pruned)
-            return {"pipeline.pruned_at_iteration": pruned.iteration, f"pipeline.pruned_{pruned.metric}": pruned.value}, outputs
+        except TrainingStopped as stopped:
+            end_stopped(stopped)
+            log.info("done: run %s%s pruned: %s", run.info.run_id, f" in sweep run {parent}" if parent else "", stopped)
+            results = {"pipeline.pruned_at_iteration": stopped.iteration, f"pipeline.pruned_{stopped.metric}": stopped.value}
+            return results, outputs
         mlflow.log_metrics({k: float(v) for k, v in summary.items() if isinstance(v, (int, float))})
         log_dataset(cfg, {k: v for o in outputs.values() for k, v in (o.external or {}).items()})
         models = [o.model_uri for o in outputs.values() if o.model_uri]
@@ -465,10 +547,20 @@ def pipeline_run(
 
 
 def summary_key(metric: str) -> str | None:
-    """The key under which a job's pipeline run shows the stage metric ``metric``
-    (``<stage>.<name>``: the stage's ``summary_prefix`` and the name, ``evaluate.dev_f1`` ->
-    ``dev_f1``, ``prepare.train_tokens`` -> ``data.train_tokens``); None for an unknown stage or
-    one whose metrics the pipeline run does not repeat."""
+    """The key under which a job's pipeline run shows a stage metric.
+
+    Parameters
+    ----------
+    metric : str
+        ``<stage>.<name>``, e.g. ``evaluate.dev_f1``.
+
+    Returns
+    -------
+    str or None
+        The stage's ``summary_prefix`` and the name (``evaluate.dev_f1`` -> ``dev_f1``,
+        ``prepare.train_tokens`` -> ``data.train_tokens``); None for an unknown stage or one whose
+        metrics the pipeline run does not repeat.
+    """
     name, _, metric_name = str(metric).rpartition(".")
     stage = load_stages().get(name)
     if stage is None or stage.summary_prefix is None or not metric_name:
@@ -477,10 +569,27 @@ def summary_key(metric: str) -> str | None:
 
 
 def objective_value(results: dict[str, Any], metric: str | None = None) -> float | None:
-    """What a sweep optimises: ``metric`` (a stage's metric, ``evaluate.dev_f1``; a sweeper names it
-    in the job's environment, :data:`pipeline.sweeps.trial_environment.METRIC_VARIABLE`) when given, else dev
-    F1 for chunk/entity tasks, else dev accuracy (of any stage). None for a pruned trial (it has
-    no result). ValueError naming the job's metrics when ``metric`` is not one of them."""
+    """What a sweep optimises.
+
+    Parameters
+    ----------
+    results : dict
+        A job's results (:func:`run_pipeline`'s).
+    metric : str, optional
+        A stage's metric, ``evaluate.dev_f1`` (a sweeper names it in the job's environment,
+        :data:`pipeline.sweeps.trial_environment.METRIC_VARIABLE`).
+
+    Returns
+    -------
+    float or None
+        ``metric`` when given, else dev F1 for chunk/entity tasks, else dev accuracy (of any
+        stage); None for a pruned trial (it has no result).
+
+    Raises
+    ------
+    ValueError
+        Naming the job's metrics when ``metric`` is not one of them.
+    """
     if "pipeline.pruned_at_iteration" in results:
         return None
     if metric:
