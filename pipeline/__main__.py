@@ -3,6 +3,10 @@
 It returns the objective a sweeper optimises (``objective_value``: the dev score, or the metric a
 sweeper names in the job's environment; None for a pruned Optuna trial).
 
+This is the composition module: the engine (``pipeline.engine``) defines the interfaces it needs and
+imports no sweeper; here an Optuna trial's job (``pipeline.sweeps.trial_stopping``) is plugged into
+the runner as its ``TrialHooks``.
+
 SIGTERM/SIGINT end the open runs as KILLED (``pipeline.tracking.lifecycle``); an output folder or store that
 cannot be written (read-only, full disk, permissions) ends the run with one line naming the path
 (exit code 1); a bad setting or data file, or data a model cannot be trained on, with one line
@@ -24,7 +28,8 @@ from crf.io import DataFormatError
 from crf.model import TrainingError
 from pipeline.engine.runner import objective_value, run_pipeline
 from pipeline.engine.validate import SettingsError
-from pipeline.sweeps.pruning import METRIC_VARIABLE
+from pipeline.sweeps.trial_environment import METRIC_VARIABLE
+from pipeline.sweeps.trial_stopping import trial_from_environment
 from pipeline.tracking.lifecycle import ending_runs_on_signal, error_chain
 
 log = logging.getLogger("pipeline")
@@ -74,10 +79,14 @@ def main(cfg: DictConfig) -> float | None:
     logging.getLogger("mlflow.store.db.utils").addFilter(_ReportedOnce())
     with ending_runs_on_signal():
         try:
-            run = run_pipeline
+            trial = trial_from_environment()  # None unless an Optuna sweeper launched this job
             if OmegaConf.select(cfg, "path.strengths") is not None:  # +experiment=reg_path: one job, a warm-started path
-                from pipeline.sweeps.path import run_path as run
-            return objective_value(run(cfg), os.environ.get(METRIC_VARIABLE) or None)
+                from pipeline.sweeps.path import run_path
+
+                results = run_path(cfg, trial_tags=trial.tags() if trial is not None else None)
+            else:
+                results = run_pipeline(cfg, trial)
+            return objective_value(results, os.environ.get(METRIC_VARIABLE) or None)
         except (SettingsError, DataFormatError, TrainingError) as error:
             if _in_multirun():
                 raise  # Hydra records the job as failed and the sweep goes on

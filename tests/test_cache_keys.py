@@ -97,8 +97,8 @@ def test_editing_a_module_changes_only_the_keys_of_stages_that_import_it(tmp_pat
     assert changed_after_editing("crf/model.py") == crf_users
     # nothing outside the stages' imports counts: the engine, tracking, the sweeps, the apps
     for relative in ("pipeline/engine/runner.py", "pipeline/engine/cache.py", "pipeline/engine/stage.py",
-                     "pipeline/tracking/__init__.py", "pipeline/sweeps/grid.py", "pipeline/apps/benchmark.py",
-                     "pipeline/sweeps/pruning.py", "pipeline/sweeps/path.py", "pipeline/sweeps/search.py"):  # fmt: skip
+                     "pipeline/tracking/__init__.py", "pipeline/sweeps/summary.py", "pipeline/apps/benchmark.py",
+                     "pipeline/sweeps/trial_stopping.py", "pipeline/sweeps/path.py", "pipeline/sweeps/search.py"):  # fmt: skip
         assert not changed_after_editing(relative), relative
     # every stage reads prepared data or the dataset through the library
     assert changed_after_editing("crf/io.py") == set(digests())

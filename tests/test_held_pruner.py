@@ -10,7 +10,7 @@ optuna = pytest.importorskip("optuna")
 from optuna.trial import TrialState, create_trial  # noqa: E402
 
 from pipeline.sweeps import search  # noqa: E402
-from pipeline.sweeps.pruners import HeldMedianPruner, HeldPercentilePruner, held_score  # noqa: E402
+from pipeline.sweeps.optuna_pruners import HeldMedianPruner, HeldPercentilePruner, held_score  # noqa: E402
 
 
 def _finished(curve: dict[int, float], final: float):

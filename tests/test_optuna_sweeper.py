@@ -26,7 +26,8 @@ from optuna.trial import TrialState  # noqa: E402
 from pipeline_helpers import CONF_DIR, seed_store, tiny_overrides, write_corpus  # noqa: E402
 
 from pipeline.engine.runner import objective_value  # noqa: E402
-from pipeline.sweeps import pruning, search  # noqa: E402
+from pipeline.sweeps import search  # noqa: E402
+from pipeline.sweeps import trial_stopping as pruning  # noqa: E402
 from pipeline.sweeps.search import SweeperSettingError  # noqa: E402
 
 PROJECT = Path(__file__).resolve().parents[1]
@@ -828,7 +829,7 @@ def test_the_summary_and_champion_follow_the_sweepers_metric_and_direction(tmp_p
     """A sweep that minimises the dev calibration error ranks its jobs by it, not by dev F1."""
     import mlflow
 
-    from pipeline.sweeps import grid
+    from pipeline.sweeps import summary as grid
 
     uri = f"sqlite:///{seed_store(tmp_path)}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
@@ -942,7 +943,7 @@ def test_a_sweep_whose_trials_all_fail_ends_in_one_line_naming_the_first_failure
 
 
 def test_the_summarys_strength_is_c1_with_an_l1_term_else_c2():
-    from pipeline.sweeps import grid
+    from pipeline.sweeps import summary as grid
 
     runs = pd.DataFrame({"params.trainer.c1": ["0.5", "0.0", "0.1"], "params.trainer.c2": ["1.0", "0.3", "0.0"]})
     assert list(grid.strength(runs)) == [0.5, 0.3, 0.1]  # elastic net at l2_ratio 2, L2, L1

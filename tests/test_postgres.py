@@ -26,7 +26,7 @@ from mlflow.tracking import MlflowClient  # noqa: E402
 from pipeline_helpers import tiny_overrides, write_corpus  # noqa: E402
 from server_helpers import free_port, mlflow_server  # noqa: E402
 
-from pipeline.engine import remote_cache  # noqa: E402
+from pipeline.tracking import remote_cache  # noqa: E402
 
 PROJECT = Path(__file__).resolve().parents[1]
 JOBS = 6

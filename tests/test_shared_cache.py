@@ -1,4 +1,4 @@
-"""The tracking server as the stage cache shared by machines (``pipeline.engine.remote_cache``).
+"""The tracking server as the stage cache shared by machines (``pipeline.tracking.remote_cache``).
 
 Two output folders ("machines", each with its own local cache) share one real ``mlflow server``:
 the second run finds every stage's entry in the tracking store, downloads and verifies it, and
@@ -21,11 +21,11 @@ from mlflow.tracking import MlflowClient  # noqa: E402
 from pipeline_helpers import compose_config, tiny_overrides, write_corpus  # noqa: E402
 from server_helpers import mlflow_server  # noqa: E402
 
-from pipeline.engine import remote_cache  # noqa: E402
 from pipeline.engine.cache import StageCache  # noqa: E402
 from pipeline.engine.runner import METRICS_FILE, run_pipeline  # noqa: E402
 from pipeline.engine.stage import load_stages  # noqa: E402
 from pipeline.models import load_adapter  # noqa: E402
+from pipeline.tracking import remote_cache  # noqa: E402
 
 
 def test_shared_stores_are_told_from_local_ones():

@@ -178,7 +178,7 @@ def test_comparison_reads_a_cached_evaluate_stage_from_the_run_that_computed_it(
 
 def test_a_sweep_whose_summary_fails_ends_failed_with_the_reason(tmp_path, monkeypatch):
     """The jobs' runs stand, but a sweep parent run without its summary must not read FINISHED."""
-    from pipeline.sweeps.grid import SweepTracking
+    from pipeline.sweeps.callback import SweepTracking
     from pipeline.tracking.lifecycle import END_REASON_TAG
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)

@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 RESULTS_FILE = "optuna_results.yaml"
 # launchers (by class name, their subclasses too) whose launch() may be called from several threads at once
 CONCURRENT_LAUNCHERS = {"JoblibLauncher", "BaseSubmititLauncher"}
-STORAGE_TAG = "optuna.storage"  # on the sweep's parent run, with the study's name (pipeline.sweeps.pruning.STUDY_TAG)
+STORAGE_TAG = "optuna.storage"  # on the sweep's parent run, with the study's name (pipeline.sweeps.trial_environment.STUDY_TAG)
 
 
 def _plain(value: Any) -> Any:
@@ -328,7 +328,7 @@ class OptunaSweeper(Sweeper):
 
     def _run_batches(self, study: Any, space: Any, sweep_dir: Path) -> list[Sequence[JobReturn]]:
         """``n_jobs`` trials per launcher call; the next batch is asked when the slowest is done."""
-        from pipeline.sweeps.grid import SWEEP_STOPPING
+        from pipeline.sweeps.sigterm import SWEEP_STOPPING
 
         returns: list[Sequence[JobReturn]] = []
         outcomes: list[str] = []
@@ -350,7 +350,7 @@ class OptunaSweeper(Sweeper):
         waits for a slower trial."""
         from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
-        from pipeline.sweeps.grid import SWEEP_STOPPING  # set on SIGTERM: no further trial is asked
+        from pipeline.sweeps.sigterm import SWEEP_STOPPING  # set on SIGTERM: no further trial is asked
 
         returns: list[Sequence[JobReturn]] = []
         outcomes: list[str] = []
@@ -450,7 +450,7 @@ class OptunaSweeper(Sweeper):
         from mlflow.tracking import MlflowClient
 
         from pipeline.sweeps import search
-        from pipeline.sweeps.pruning import STUDY_TAG
+        from pipeline.sweeps.trial_environment import STUDY_TAG
         from pipeline.tracking import SWEEP_PARENT_VARIABLE
 
         parent = os.environ.get(SWEEP_PARENT_VARIABLE)

@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+import psutil
 
 from crf import CRF, metrics
 from pipeline.stages.data import load_dataset, subset
@@ -51,13 +52,8 @@ def _peak_mib() -> float:
 
 
 def _rss_mib() -> float:
-    """Current resident set size (MiB), from /proc (NaN where there is none)."""
-    status = Path("/proc/self/status")
-    if status.is_file():
-        for line in status.read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024.0
-    return float("nan")
+    """Current resident set size (MiB)."""
+    return psutil.Process().memory_info().rss / 2**20
 
 
 class _Clock:

@@ -19,8 +19,9 @@ unreadable manifest) is logged as a warning naming it and the problem, moved asi
 carry their owner (``.tmp-<key>-<pid>@<host>-<random>``); opening the cache removes those of
 processes of this host that no longer run.
 
-A cache may have a ``remote`` (:class:`RemoteStore`, e.g. ``pipeline.engine.remote_cache.TrackingStore``:
-the MLflow tracking store shared by several machines). A local miss then asks the remote for the
+A cache may have a ``remote`` (:class:`RemoteStore`, an interface this module defines; the
+pipeline's is ``pipeline.tracking.remote_cache.TrackingStore``: the MLflow tracking store shared by
+several machines, given by whoever opens the cache). A local miss then asks the remote for the
 entry; a fetched entry is verified against its manifest like a local one before it is published
 locally (a bad one is dropped and the stage recomputed), and every entry built here is published
 to the remote too. The local folder is then only a local copy.
@@ -299,7 +300,7 @@ def _remove(path: Path) -> None:
 
 
 class RemoteStore(Protocol):
-    """Where entries are shared between machines (see ``pipeline.engine.remote_cache``)."""
+    """Where entries are shared between machines (implemented by ``pipeline.tracking.remote_cache``)."""
 
     def fetch(self, stage: str, key: str, into: Path) -> Path | None:
         """Download the entry of ``stage``/``key`` under the empty folder ``into``; its folder, or None."""
@@ -312,17 +313,21 @@ class RemoteStore(Protocol):
 
 
 class StageCache:
-    """Stage outputs under ``root/<stage>/<key>/``. Opening it (``clean=True``) removes the temporary
-    folders of dead processes (see :meth:`remove_stale`). With a ``remote``, a local miss is looked
-    up there and built entries are published there (see the module docstring); ``remote="auto"``: the
-    MLflow tracking store set at construction when it is shared (``pipeline.engine.remote_cache``)."""
+    """Stage outputs under ``root/<stage>/<key>/``.
 
-    def __init__(self, root: str | os.PathLike, clean: bool = True, remote: RemoteStore | str | None = "auto") -> None:
+    Parameters
+    ----------
+    root : str or os.PathLike
+        The cache folder (created on first build).
+    clean : bool, default True
+        Remove the temporary folders of dead processes on opening (see :meth:`remove_stale`).
+    remote : RemoteStore or None, default None
+        Where a local miss is looked up and built entries are published (see the module
+        docstring); None: this machine's folder only.
+    """
+
+    def __init__(self, root: str | os.PathLike, clean: bool = True, remote: RemoteStore | None = None) -> None:
         self.root = Path(root).absolute()
-        if remote == "auto":  # the MLflow tracking store in use, when other machines share it
-            from pipeline.engine.remote_cache import remote_for_current_store
-
-            remote = remote_for_current_store()
         self.remote = remote
         if clean:
             self.remove_stale()

@@ -3,6 +3,9 @@
 ``run_pipeline(cfg)`` is what ``python -m pipeline`` calls; tests call it with a config composed by
 ``hydra.compose``. The runner knows stages only through their contract (``pipeline.engine.stage``) and
 models only through their adapter (``pipeline.models``), chosen once from ``cfg.model.adapter``.
+A sweep trial's job (an Optuna trial) adds to a run only through :class:`TrialHooks`, given by the
+caller (``pipeline.__main__`` plugs in ``pipeline.sweeps.trial_stopping``); the engine imports no
+sweeper.
 """
 
 from __future__ import annotations
@@ -12,10 +15,10 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import mlflow
 import pandas as pd
@@ -25,14 +28,14 @@ from omegaconf import DictConfig, OmegaConf
 from pipeline import tracking
 from pipeline.engine.cache import StageCache, code_digest
 from pipeline.engine.logs import swept_keys
-from pipeline.engine.stage import DevReporter, Stage, StageContext, frozen, load_stages
+from pipeline.engine.stage import TRIAL_STATE_TAG, DevReporter, Stage, StageContext, TrainingStopped, frozen, load_stages
 from pipeline.engine.validate import SettingsError, validate_settings
 from pipeline.models import METRICS_FILE, WARM_START_INPUT, ModelAdapter, load_adapter
 from pipeline.report import write_json
 from pipeline.stages.data import ChecksumError, MissingDataError, resolve_files
-from pipeline.sweeps import pruning
 from pipeline.tracking import SWEEP_ID_VARIABLE, SWEEP_PARENT_VARIABLE
 from pipeline.tracking.lifecycle import END_REASON_TAG
+from pipeline.tracking.remote_cache import remote_for
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +55,23 @@ class StageOutput:
     key: str | None = None  # its entry in the stage cache
 
 
-def run_tags(cfg: DictConfig, adapter: ModelAdapter) -> dict[str, str]:
+def run_tags(cfg: DictConfig, adapter: ModelAdapter, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The tags of a job's runs.
+
+    Parameters
+    ----------
+    cfg : DictConfig
+        The job's composed config.
+    adapter : ModelAdapter
+        Its model adapter (names the trainer).
+    extra : mapping, optional
+        More tags (a sweep trial's: :meth:`TrialHooks.tags`).
+
+    Returns
+    -------
+    dict of str to str
+        Dataset, model, trainer, features, the source version, the sweep id (in a multirun) and ``extra``.
+    """
     tags = {
         "dataset": str(cfg.dataset.name),
         "model": str(cfg.model.name),
@@ -63,12 +82,32 @@ def run_tags(cfg: DictConfig, adapter: ModelAdapter) -> dict[str, str]:
     sweep = os.environ.get(SWEEP_ID_VARIABLE)
     if sweep:
         tags["sweep_id"] = sweep
-    tags.update(pruning.trial_tags())  # the Optuna trial this job is, if any
+    tags.update(extra or {})
     return tags
 
 
 def plan(stages: dict[str, Stage], wanted: list[str], adapter: ModelAdapter) -> list[str]:
-    """The wanted stages and, transitively, the stages they read, in running order."""
+    """The stages to run.
+
+    Parameters
+    ----------
+    stages : dict of str to Stage
+        Every stage, in running order (:func:`~pipeline.engine.stage.load_stages`).
+    wanted : list of str
+        The stages asked for (``cfg.stages``).
+    adapter : ModelAdapter
+        The model adapter (a stage's upstream stages may depend on it).
+
+    Returns
+    -------
+    list of str
+        The wanted stages and, transitively, the stages they read, in running order.
+
+    Raises
+    ------
+    ValueError
+        A wanted stage that does not exist.
+    """
     for name in wanted:
         if name not in stages:
             raise ValueError(f"unknown stage {name!r}; stages: {list(stages)}")
@@ -82,7 +121,26 @@ def plan(stages: dict[str, Stage], wanted: list[str], adapter: ModelAdapter) -> 
 
 
 def stage_key(stage: Stage, cfg: DictConfig, adapter: ModelAdapter, input_hashes: dict[str, str], cache: StageCache) -> tuple:
-    """(config slice, settings, cache key, hashes of external input files) of ``stage`` under ``cfg``."""
+    """The cache key of ``stage`` under ``cfg`` and what it is made of.
+
+    Parameters
+    ----------
+    stage : Stage
+        The stage.
+    cfg : DictConfig
+        The job's composed config.
+    adapter : ModelAdapter
+        The model adapter.
+    input_hashes : dict of str to str
+        {upstream stage name: its output hash}.
+    cache : StageCache
+        The cache that computes the key.
+
+    Returns
+    -------
+    tuple
+        (config slice, settings, cache key, hashes of external input files).
+    """
     config = frozen(stage.config_slice(cfg, adapter))
     settings = frozen(stage.settings(cfg, adapter))
     external = stage.external_inputs(config, settings)
@@ -113,12 +171,12 @@ def _relog_steps(path: Path) -> None:
     )
 
 
-def end_pruned(pruned: pruning.TrialPruned) -> None:
+def end_stopped(stopped: TrainingStopped) -> None:
     """End the active run as a pruned trial's: KILLED (stopped on purpose; its scores are not
     those of its settings, so it is neither FINISHED nor FAILED), tagged ``crf.trial_state=PRUNED``
     with the reason, the iteration and the last dev score."""
-    mlflow.set_tags({pruning.TRIAL_STATE_TAG: "PRUNED", END_REASON_TAG: str(pruned)})
-    mlflow.log_metrics({"pruned_at_iteration": float(pruned.iteration), f"pruned_{pruned.metric}": pruned.value})
+    mlflow.set_tags({TRIAL_STATE_TAG: "PRUNED", END_REASON_TAG: str(stopped)})
+    mlflow.log_metrics({"pruned_at_iteration": float(stopped.iteration), f"pruned_{stopped.metric}": stopped.value})
     mlflow.end_run("KILLED")
 
 
@@ -131,9 +189,37 @@ def run_stage(
     tags: dict,
     report_dev: DevReporter | None = None,
 ) -> StageOutput:
-    """Run (or reuse) one stage inside a nested MLflow run. ``inputs``: the upstream stages' outputs
-    (and, for a path's train stage, :data:`~pipeline.models.WARM_START_INPUT`); their hashes are part
-    of the key. A trial pruned during the stage ends its run (:func:`end_pruned`) and propagates."""
+    """Run (or reuse from the cache) one stage inside a nested MLflow run.
+
+    Parameters
+    ----------
+    stage : Stage
+        The stage.
+    cfg : DictConfig
+        The job's composed config.
+    adapter : ModelAdapter
+        The model adapter.
+    inputs : dict of str to StageOutput
+        The upstream stages' outputs (and, for a warm-started stage,
+        :data:`~pipeline.models.WARM_START_INPUT`); their hashes are part of the key.
+    cache : StageCache
+        Where the stage's output is looked up and built.
+    tags : dict
+        Tags of the stage run (``stage`` and ``cache_key`` are added).
+    report_dev : DevReporter, optional
+        Called with the dev scores during training.
+
+    Returns
+    -------
+    StageOutput
+        Its output folder, hash, metrics and MLflow Model.
+
+    Raises
+    ------
+    TrainingStopped
+        When the dev reporter stopped the training: the stage run ends KILLED (:func:`end_stopped`)
+        and nothing is cached.
+    """
     name = stage.name
     began = time.perf_counter()
     config, settings, key, external = stage_key(stage, cfg, adapter, {k: v.hash for k, v in inputs.items()}, cache)
@@ -156,8 +242,8 @@ def run_stage(
 
             try:
                 folder = cache.build(name, key, produce, replace=bool(cfg.force))
-            except pruning.TrialPruned as pruned:  # nothing was cached: the entry is not the settings' result
-                end_pruned(pruned)
+            except TrainingStopped as stopped:  # nothing was cached: the entry is not the settings' result
+                end_stopped(stopped)
                 raise
         stage_metrics = json.loads((folder / METRICS_FILE).read_text())
         mlflow.set_tag("cache", "hit" if found is not None else "miss")
@@ -226,7 +312,7 @@ def register_single_run(cfg: DictConfig, model_uri: str, summary: dict[str, Any]
     log.info("registered the model as %s version %s", registry.name, version.version)
 
 
-def record_invalid_sweep_job(cfg: DictConfig, error: Exception) -> None:
+def record_invalid_sweep_job(cfg: DictConfig, error: Exception, extra_tags: Mapping[str, str] | None = None) -> None:
     """A sweep job whose settings are invalid is still recorded under the sweep, as a FAILED run
     with the reason (a single run just stops, leaving nothing behind)."""
     parent = os.environ.get(SWEEP_PARENT_VARIABLE)
@@ -234,7 +320,8 @@ def record_invalid_sweep_job(cfg: DictConfig, error: Exception) -> None:
         return
     tracking.setup(cfg)
     adapter = load_adapter(cfg.model)
-    tags = {**run_tags(cfg, adapter), "stage": "pipeline", "mlflow.parentRunId": parent, "crf.end_reason": str(error)[:5000]}
+    tags = {**run_tags(cfg, adapter, extra_tags), "stage": "pipeline", "mlflow.parentRunId": parent}
+    tags["crf.end_reason"] = str(error)[:5000]
     client = mlflow.tracking.MlflowClient()
     experiment = client.get_experiment_by_name(cfg.tracking.experiment)
     name = "-".join([str(cfg.dataset.name), tags["model"], tags["trainer"], *swept_overrides()])
@@ -245,12 +332,33 @@ def record_invalid_sweep_job(cfg: DictConfig, error: Exception) -> None:
 
 
 def checked_plan(
-    cfg: DictConfig, check: Callable[[ModelAdapter, list[str]], None] | None = None
+    cfg: DictConfig,
+    check: Callable[[ModelAdapter, list[str]], None] | None = None,
+    extra_tags: Mapping[str, str] | None = None,
 ) -> tuple[ModelAdapter, dict[str, Stage], list[str]]:
     """The job's model adapter, the stages and the order to run them in, once every setting has
-    been checked (the adapter's, the run's and those of the stages to run, then ``check(adapter,
-    order)`` for what a caller such as a regularisation path needs): bad settings fail before any
-    stage runs, as one-line :class:`SettingsError`, recorded under the sweep in a multirun."""
+    been checked: bad settings fail before any stage runs.
+
+    Parameters
+    ----------
+    cfg : DictConfig
+        The job's composed config.
+    check : callable, optional
+        ``check(adapter, order)``: what a caller such as a regularisation path needs beyond the
+        adapter's, the run's and the stages' own checks; raises SettingsError.
+    extra_tags : mapping, optional
+        Tags of the FAILED run that records invalid settings under a sweep (a trial's).
+
+    Returns
+    -------
+    tuple
+        (the model adapter, {name: stage} of every stage, the names of the stages to run in order).
+
+    Raises
+    ------
+    SettingsError
+        One line naming the bad setting; in a multirun the job is recorded under the sweep first.
+    """
     stages = load_stages()
     try:
         adapter = load_adapter(cfg.model)
@@ -260,63 +368,67 @@ def checked_plan(
             check(adapter, order)
     except (SettingsError, ValueError) as err:
         err = err if isinstance(err, SettingsError) else SettingsError(f"bad setting: {err}")
-        record_invalid_sweep_job(cfg, err)
+        record_invalid_sweep_job(cfg, err, extra_tags)
         raise err from None
     return adapter, stages, order
 
 
-def run_pipeline(cfg: DictConfig) -> dict[str, Any]:
-    """Run the configured stages; returns every stage's metrics, namespaced ``stage.metric``
-    (in a pruned Optuna trial: ``pipeline.pruned_at_iteration`` and the last dev score only)."""
-    adapter, stages, order = checked_plan(cfg)
+WarmStart = Callable[[dict[str, "StageOutput"]], "StageOutput | None"]
+
+
+class TrialHooks(Protocol):
+    """What a sweep trial's job adds to :func:`run_pipeline` (Optuna's:
+    ``pipeline.sweeps.trial_stopping.OptunaTrial``, plugged in by ``pipeline.__main__``)."""
+
+    def tags(self) -> dict[str, str]:
+        """The trial's tags on every run of its job."""
+        ...
+
+    def begin(self, cfg: DictConfig, job: PipelineJob) -> tuple[DevReporter | None, dict[str, WarmStart]]:
+        """Before the stages run: the reporter of dev scores during training (it may stop the
+        training, :class:`~pipeline.engine.stage.TrainingStopped`) and {stage name: function of the
+        outputs so far that gives the earlier output that stage starts from, or None}."""
+        ...
+
+    def end(self, cfg: DictConfig, job: PipelineJob, results: dict[str, Any], outputs: dict[str, StageOutput]) -> None:
+        """After the stages ran (or a pruned training ended them): record what later trials need."""
+        ...
+
+
+def run_pipeline(cfg: DictConfig, trial: TrialHooks | None = None) -> dict[str, Any]:
+    """Run the configured stages.
+
+    Parameters
+    ----------
+    cfg : DictConfig
+        The job's composed config.
+    trial : TrialHooks, optional
+        The sweep trial this job is (None: not a trial's job).
+
+    Returns
+    -------
+    dict
+        Every stage's metrics, namespaced ``stage.metric`` (in a pruned trial:
+        ``pipeline.pruned_at_iteration`` and the last dev score only).
+    """
+    trial_tags = trial.tags() if trial is not None else {}
+    adapter, stages, order = checked_plan(cfg, extra_tags=trial_tags)
     uri = tracking.setup(cfg)
-    tags = run_tags(cfg, adapter)
+    tags = run_tags(cfg, adapter, trial_tags)
     run_name = "-".join([str(cfg.dataset.name), tags["model"], tags["trainer"], *swept_overrides()])
-    job = PipelineJob(adapter, stages, order, StageCache(cfg.paths.cache_dir), uri)
-    reporter = pruning.reporter_from_environment()
-    warm = reporter is not None and adapter.can_warm_start(cfg)
-    source = pruning.warm_start_trial() if reporter is not None else None
-    if source is not None and not warm:
-        log.info("trial %d: trainer %s does not start from given weights: from zero", reporter.number, adapter.trainer_tag(cfg))
-        source = None
-
-    def trial_start(outputs: dict[str, StageOutput]) -> StageOutput | None:
-        """The train output of the finished trial the sweeper chose, if it was trained on this
-        job's features, is in the cache and fits this job's settings (the adapter's
-        ``warm_start_problem``); else None (logged): the fit starts from zero."""
-        assert reporter is not None and source is not None
-        features = outputs.get("featurize")
-        if features is None:
-            log.warning("trial %d: no featurize stage to compare with trial %d's: training from zero", reporter.number, source)
-            return None
-        found = reporter.warm_start_output(source, features.hash)
-        if found is None:
-            return None
-        key, content = found
-        folder = job.cache.lookup("train", key)
-        if folder is None:
-            log.warning("trial %d: trial %d's train output %s is not in the cache: from zero", reporter.number, source, key)
-            return None
-        problem = adapter.warm_start_problem(cfg, folder)
-        if problem is not None:
-            log.warning("trial %d: trial %d's weights do not fit (%s): training from zero", reporter.number, source, problem)
-            return None
-        reporter.started_from(source)
-        return StageOutput(folder, content, cached=True, metrics={}, key=key)
-
+    job = PipelineJob(adapter, stages, order, StageCache(cfg.paths.cache_dir, remote=remote_for(uri)), uri)
+    reporter, warm_starts = trial.begin(cfg, job) if trial is not None else (None, {})
     results, outputs = pipeline_run(
         cfg,
         job,
         run_name,
         tags,
         parent=os.environ.get(SWEEP_PARENT_VARIABLE),
-        warm_start=trial_start if source is not None else None,
+        warm_starts=warm_starts,
         report_dev=reporter,
     )
-    trained = outputs.get("train")
-    finished = "pipeline.pruned_at_iteration" not in results
-    if warm and trained is not None and "featurize" in outputs and finished:
-        reporter.record_outputs(trained, outputs["featurize"].hash)
+    if trial is not None:
+        trial.end(cfg, job, results, outputs)
     return results
 
 
@@ -338,18 +450,41 @@ def pipeline_run(
     run_name: str,
     tags: dict[str, str],
     parent: str | None = None,
-    warm_start: StageOutput | Callable[[dict[str, StageOutput]], StageOutput | None] | None = None,
+    warm_starts: Mapping[str, StageOutput | WarmStart | None] | None = None,
     report_dev: DevReporter | None = None,
     register: bool = True,
 ) -> tuple[dict[str, Any], dict[str, StageOutput]]:
-    """One pipeline run (an MLflow run tagged ``stage=pipeline``, under ``parent`` when given) of
-    ``job``'s stages under ``cfg``: (every stage's metrics namespaced ``stage.metric``, each stage's
-    output). ``warm_start``: an earlier train output the train stage starts from (a regularisation
-    path's previous point), or a function of the outputs so far that gives it or None (an Optuna
-    trial's nearest finished trial, whose features must be the same); ``report_dev``: the Optuna
-    trial's reporter; ``register``: honour ``registry.register``. A pruned trial ends the run
-    KILLED (:func:`end_pruned`) and returns ``pipeline.pruned_at_iteration`` and the last dev
-    score instead of the stages' metrics."""
+    """One pipeline run (an MLflow run tagged ``stage=pipeline``) of ``job``'s stages under ``cfg``.
+
+    A pruned trial ends the run KILLED (:func:`end_stopped`) and returns ``pipeline.pruned_at_iteration``
+    and the last dev score instead of the stages' metrics.
+
+    Parameters
+    ----------
+    cfg : DictConfig
+        The run's composed config.
+    job : PipelineJob
+        The adapter, stages, order, cache and store the run uses.
+    run_name : str
+        The MLflow run's name.
+    tags : dict
+        Tags of the pipeline run and its stage runs.
+    parent : str, optional
+        The run id to nest the pipeline run under (a sweep's or a path's run).
+    warm_starts : mapping, optional
+        {stage name: the earlier output of that stage it starts from (a regularisation path's
+        previous point), or a function of the outputs so far that gives it or None (an Optuna
+        trial's nearest finished trial)}; given to the stage as the input ``WARM_START_INPUT``.
+    report_dev : DevReporter, optional
+        Called with the dev scores during training (an Optuna trial's reporter).
+    register : bool, default True
+        Honour ``registry.register``.
+
+    Returns
+    -------
+    tuple
+        (every stage's metrics namespaced ``stage.metric``, {stage name: its output}).
+    """
     adapter, stages, cache, uri = job.adapter, job.stages, job.cache, job.uri
     outputs: dict[str, StageOutput] = {}
     results: dict[str, Any] = {}
@@ -365,9 +500,9 @@ def pipeline_run(
                 stage = stages[name]
                 inputs = {upstream: outputs[upstream] for upstream in stage.upstream(adapter)}
                 stage_tags = tags
-                start = None
-                if name == "train" and warm_start is not None:
-                    start = warm_start(outputs) if callable(warm_start) else warm_start
+                start = (warm_starts or {}).get(name)
+                if callable(start):
+                    start = start(outputs)
                 if start is not None:
                     inputs[WARM_START_INPUT] = start
                     stage_tags = {**tags, "warm_start_from": str(start.folder)}
@@ -375,10 +510,11 @@ def pipeline_run(
                 results.update({f"{name}.{k}": v for k, v in outputs[name].metrics.items()})
                 if stage.summary_prefix is not None:
                     summary.update({stage.summary_prefix + k: v for k, v in outputs[name].metrics.items()})
-        except pruning.TrialPruned as pruned:
-            end_pruned(pruned)
-            log.info("done: run %s%s pruned: %s", run.info.run_id, f" in sweep run {parent}" if parent else "", pruned)
-            return {"pipeline.pruned_at_iteration": pruned.iteration, f"pipeline.pruned_{pruned.metric}": pruned.value}, outputs
+        except TrainingStopped as stopped:
+            end_stopped(stopped)
+            log.info("done: run %s%s pruned: %s", run.info.run_id, f" in sweep run {parent}" if parent else "", stopped)
+            results = {"pipeline.pruned_at_iteration": stopped.iteration, f"pipeline.pruned_{stopped.metric}": stopped.value}
+            return results, outputs
         mlflow.log_metrics({k: float(v) for k, v in summary.items() if isinstance(v, (int, float))})
         log_dataset(cfg, {k: v for o in outputs.values() for k, v in (o.external or {}).items()})
         models = [o.model_uri for o in outputs.values() if o.model_uri]
@@ -411,10 +547,20 @@ def pipeline_run(
 
 
 def summary_key(metric: str) -> str | None:
-    """The key under which a job's pipeline run shows the stage metric ``metric``
-    (``<stage>.<name>``: the stage's ``summary_prefix`` and the name, ``evaluate.dev_f1`` ->
-    ``dev_f1``, ``prepare.train_tokens`` -> ``data.train_tokens``); None for an unknown stage or
-    one whose metrics the pipeline run does not repeat."""
+    """The key under which a job's pipeline run shows a stage metric.
+
+    Parameters
+    ----------
+    metric : str
+        ``<stage>.<name>``, e.g. ``evaluate.dev_f1``.
+
+    Returns
+    -------
+    str or None
+        The stage's ``summary_prefix`` and the name (``evaluate.dev_f1`` -> ``dev_f1``,
+        ``prepare.train_tokens`` -> ``data.train_tokens``); None for an unknown stage or one whose
+        metrics the pipeline run does not repeat.
+    """
     name, _, metric_name = str(metric).rpartition(".")
     stage = load_stages().get(name)
     if stage is None or stage.summary_prefix is None or not metric_name:
@@ -423,10 +569,27 @@ def summary_key(metric: str) -> str | None:
 
 
 def objective_value(results: dict[str, Any], metric: str | None = None) -> float | None:
-    """What a sweep optimises: ``metric`` (a stage's metric, ``evaluate.dev_f1``; a sweeper names it
-    in the job's environment, :data:`pipeline.sweeps.pruning.METRIC_VARIABLE`) when given, else dev
-    F1 for chunk/entity tasks, else dev accuracy (of any stage). None for a pruned trial (it has
-    no result). ValueError naming the job's metrics when ``metric`` is not one of them."""
+    """What a sweep optimises.
+
+    Parameters
+    ----------
+    results : dict
+        A job's results (:func:`run_pipeline`'s).
+    metric : str, optional
+        A stage's metric, ``evaluate.dev_f1`` (a sweeper names it in the job's environment,
+        :data:`pipeline.sweeps.trial_environment.METRIC_VARIABLE`).
+
+    Returns
+    -------
+    float or None
+        ``metric`` when given, else dev F1 for chunk/entity tasks, else dev accuracy (of any
+        stage); None for a pruned trial (it has no result).
+
+    Raises
+    ------
+    ValueError
+        Naming the job's metrics when ``metric`` is not one of them.
+    """
     if "pipeline.pruned_at_iteration" in results:
         return None
     if metric:

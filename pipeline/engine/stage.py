@@ -24,8 +24,11 @@ A stage (:class:`Stage`; :class:`BaseStage` gives the defaults) is an object wit
   (``pipeline.engine.validate.SettingsError``, one line naming the setting);
 - ``run(context) -> metrics``.
 
-The runner iterates over :data:`STAGE_MODULES` (each module holds a ``STAGE``) and knows no stage by
-name.
+The stages are listed once, in :data:`STAGE_MODULES` (each module holds a ``STAGE``); the runner
+iterates over them and knows none by name: what it needs of a stage is in the contract above (a
+caller that warm-starts a stage, a regularisation path or a sweep trial, names it).
+A dev reporter (an Optuna trial's, given by ``pipeline.__main__``) may stop a training early by
+raising :class:`TrainingStopped`.
 """
 
 from __future__ import annotations
@@ -51,8 +54,31 @@ STAGE_MODULES = (
 
 StepLogger = Callable[[list[tuple[int, dict[str, float]]]], None]
 # dev scores during training, (iteration, {"dev_f1": ..., "dev_accuracy": ...}): in an Optuna trial's
-# job the trial's reporter, which may stop the training by raising (pipeline.sweeps.pruning)
+# job the trial's reporter, which may stop the training by raising TrainingStopped
 DevReporter = Callable[[int, Mapping[str, float]], None]
+TRIAL_STATE_TAG = "crf.trial_state"  # PRUNED on the runs of a job whose training a dev reporter stopped
+
+
+class TrainingStopped(Exception):
+    """Raised by a :data:`DevReporter` to stop the training on purpose (not a failure): an Optuna
+    pruner's decision. The runner caches nothing of the stage, ends its runs KILLED, tagged
+    ``crf.trial_state=PRUNED``, and returns ``pipeline.pruned_at_iteration`` and the last dev score.
+
+    Parameters
+    ----------
+    message : str
+        Why (the end reason recorded on the runs).
+    iteration : int
+        The training iteration at which it stopped.
+    metric : str
+        The dev score reported last (``dev_f1`` or ``dev_accuracy``).
+    value : float
+        Its value.
+    """
+
+    def __init__(self, message: str, iteration: int, metric: str, value: float) -> None:
+        super().__init__(message)
+        self.iteration, self.metric, self.value = iteration, metric, value
 
 
 def frozen(mapping: Mapping[str, Any]) -> DictConfig:
@@ -155,6 +181,12 @@ class BaseStage:
 
 
 def load_stages() -> dict[str, Stage]:
-    """Every stage of the pipeline, in running order: {name: stage}."""
+    """Every stage of the pipeline.
+
+    Returns
+    -------
+    dict of str to Stage
+        {name: stage} of :data:`STAGE_MODULES`' stages, in running order.
+    """
     stages = [importlib.import_module(module).STAGE for module in STAGE_MODULES]
     return {stage.name: stage for stage in stages}

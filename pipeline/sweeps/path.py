@@ -43,6 +43,7 @@ from pipeline.engine.validate import SettingsError, section, strength_moves
 from pipeline.models import ModelAdapter
 from pipeline.tracking import SWEEP_ID_VARIABLE, SWEEP_PARENT_VARIABLE
 from pipeline.tracking.lifecycle import END_REASON_TAG
+from pipeline.tracking.remote_cache import remote_for
 
 log = logging.getLogger(__name__)
 
@@ -81,9 +82,22 @@ def path_strengths(cfg: DictConfig) -> list[float]:
     return sorted((float(v) for v in values), reverse=True)
 
 
-def run_path(cfg: DictConfig) -> dict[str, Any]:
-    """Fit the path (see the module docstring); the best point's results on dev (every stage's
-    metrics, namespaced as :func:`pipeline.engine.runner.run_pipeline`'s) with ``path.best_strength``."""
+def run_path(cfg: DictConfig, trial_tags: dict[str, str] | None = None) -> dict[str, Any]:
+    """Fit the path (see the module docstring).
+
+    Parameters
+    ----------
+    cfg : DictConfig
+        The job's composed config, with ``path.strengths``.
+    trial_tags : dict, optional
+        A sweep trial's tags, on every run of the path (pruning does not apply to a path).
+
+    Returns
+    -------
+    dict
+        The best point's results on dev (every stage's metrics, namespaced as
+        :func:`pipeline.engine.runner.run_pipeline`'s) with ``path.best_strength``.
+    """
     strengths: list[float] = []
 
     def check(adapter: ModelAdapter, order: list[str]) -> None:
@@ -99,14 +113,14 @@ def run_path(cfg: DictConfig) -> dict[str, Any]:
         if "train" not in order:
             raise SettingsError(f"bad setting stages={list(cfg.stages)}: a regularisation path trains (add train or evaluate)")
 
-    adapter, stages, order = checked_plan(cfg, check)
+    adapter, stages, order = checked_plan(cfg, check, trial_tags)
     uri = tracking.setup(cfg)
-    job = PipelineJob(adapter, stages, order, StageCache(cfg.paths.cache_dir), uri)
+    job = PipelineJob(adapter, stages, order, StageCache(cfg.paths.cache_dir, remote=remote_for(uri)), uri)
     client = MlflowClient(uri)
     experiment = str(cfg.tracking.experiment)
     path_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
     in_sweep = bool(os.environ.get(SWEEP_ID_VARIABLE))
-    tags = {**run_tags(cfg, adapter), PATH_TAG: path_id}
+    tags = {**run_tags(cfg, adapter, trial_tags), PATH_TAG: path_id}
     prefix = [str(cfg.dataset.name), tags["model"], tags["trainer"], *swept_overrides()]
     parent = os.environ.get(SWEEP_PARENT_VARIABLE)
     run = client.create_run(
@@ -123,10 +137,10 @@ def run_path(cfg: DictConfig) -> dict[str, Any]:
     try:
         for number, strength in enumerate(strengths):
             point = point_config(cfg, strength)
-            point_tags = {**run_tags(point, adapter), PATH_TAG: path_id, POINT_TAG: str(number)}
+            point_tags = {**run_tags(point, adapter, trial_tags), PATH_TAG: path_id, POINT_TAG: str(number)}
             name = "-".join([*prefix, f"strength={strength:g}"])
             results, outputs = pipeline_run(
-                point, job, name, point_tags, parent=run.info.run_id, warm_start=previous, register=False
+                point, job, name, point_tags, parent=run.info.run_id, warm_starts={"train": previous}, register=False
             )
             points.append((strength, results))
             log.info(
@@ -166,7 +180,7 @@ def _close(
     """Summarise the points (the grid's summary, by ``path_id``), then end the path's run with
     ``status``: FAILED with the reason when a point or the summary failed. Inside a multirun the
     sweep registers its best job, so a path registers only when run on its own."""
-    from pipeline.sweeps.grid import summarize
+    from pipeline.sweeps.summary import summarize
 
     if error is not None:
         client.set_tag(run_id, END_REASON_TAG, f"{type(error).__name__}: {error}"[:5000])

@@ -13,7 +13,7 @@ The search space is written in Hydra's own sweep grammar, one entry per config k
 Each trial's values become ordinary Hydra overrides of its job (``trainer=l1 trainer.strength=0.0371``).
 :func:`warm_start_source` chooses the finished trial a new one may start from. This module is
 used by ``hydra_plugins/crf_optuna_sweeper`` in the launching process; the job side
-(intermediate dev scores and pruning) is :mod:`pipeline.sweeps.pruning`.
+(intermediate dev scores and pruning) is :mod:`pipeline.sweeps.trial_stopping`.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, Override, RangeSweep
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 
-from pipeline.sweeps.pruners import HeldMedianPruner, HeldPercentilePruner
-from pipeline.sweeps.pruning import (
+from pipeline.sweeps.optuna_pruners import HeldMedianPruner, HeldPercentilePruner
+from pipeline.sweeps.trial_environment import (
     DEV_SCORES,
     METRIC_VARIABLE,
     STORAGE_VARIABLE,

@@ -1,7 +1,7 @@
 """Tracking never loses or strands a run: the store's schema under a lock, signals, dead owners.
 
 - :func:`prepare_store`: a SQLite store's schema is created under an exclusive lock
-  (``fcntl.flock`` on ``<db>.lock`` beside the database), so runs started together on a fresh
+  (``filelock`` on ``<db>.lock`` beside the database), so runs started together on a fresh
   store do not both try to create its tables;
 - :func:`owner_tags`: every run records its process (``crf.owner = <pid>@<host>``) and that
   process's start time (``crf.process_start``, to tell a reused PID from the original process);
@@ -19,7 +19,6 @@ SIGKILL cannot be caught: its runs stay RUNNING until the next start marks them.
 
 from __future__ import annotations
 
-import fcntl
 import gc
 import logging
 import os
@@ -34,6 +33,8 @@ from types import FrameType
 from typing import Any, NoReturn
 
 import mlflow
+import psutil
+from filelock import FileLock
 from mlflow.entities import ViewType
 from mlflow.tracking import MlflowClient
 
@@ -54,14 +55,9 @@ def sqlite_path(uri: str) -> Path | None:
 
 @contextmanager
 def store_lock(database: Path) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on ``<database>.lock`` (created beside the database)."""
-    lock = database.with_name(database.name + ".lock")
-    with open(lock, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    """Hold an exclusive lock on ``<database>.lock`` (created beside the database; an ``flock`` on Unix)."""
+    with FileLock(database.with_name(database.name + ".lock")):
+        yield
 
 
 def prepare_store(uri: str) -> None:
@@ -75,13 +71,12 @@ def prepare_store(uri: str) -> None:
 
 
 def process_start(pid: int) -> str:
-    """When process ``pid`` started, in clock ticks after boot (``/proc/<pid>/stat``); ``unknown``
-    where that cannot be read (no such process, no /proc)."""
+    """When process ``pid`` started, in seconds since the epoch to 1/100 s (the resolution the
+    system keeps; the same text in every process that asks); ``unknown`` where that cannot be read."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+        return f"{psutil.Process(pid).create_time():.2f}"
+    except (psutil.Error, OSError):
         return UNKNOWN
-    return stat.rsplit(")", 1)[1].split()[19]  # field 22; the name in parentheses may hold spaces
 
 
 def owner_tags() -> dict[str, str]:
@@ -99,7 +94,9 @@ def owner_gone(tags: dict[str, str]) -> bool:
     if not process_alive(int(pid)):
         return True
     recorded, current = tags.get(PROCESS_START_TAG, UNKNOWN), process_start(int(pid))
-    return UNKNOWN not in (recorded, current) and recorded != current
+    if "." not in recorded:  # unknown, or clock ticks after boot (recorded by earlier versions): cannot tell
+        return False
+    return current != UNKNOWN and recorded != current
 
 
 def mark_stranded(client: MlflowClient) -> list[str]:

@@ -146,7 +146,7 @@ def test_owner_tags_recognise_a_dead_process():
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()
     assert owner_gone({OWNER_TAG: f"{child.pid}@{socket.gethostname()}"})
-    assert owner_gone({**tags, "crf.process_start": "1"})  # the PID now belongs to another process
+    assert owner_gone({**tags, "crf.process_start": "1.00"})  # the PID now belongs to another process
     assert not owner_gone({OWNER_TAG: f"{child.pid}@another-host"})  # another host's: cannot tell
     assert not owner_gone({})
 

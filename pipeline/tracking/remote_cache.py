@@ -19,7 +19,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from pipeline import tracking
-from pipeline.engine.cache import MANIFEST
+from pipeline.engine.cache import MANIFEST, RemoteStore
 
 ARTIFACT_PATH = "cache"  # where a stage run holds its cache entry
 UPLOAD_TAG = "cache_artifacts"
@@ -34,8 +34,8 @@ def is_shared(uri: str) -> bool:
     return uri.startswith(SHARED_SCHEMES)
 
 
-class TrackingStore:
-    """A :class:`pipeline.engine.cache.RemoteStore` in the active MLflow run's experiment."""
+class TrackingStore(RemoteStore):
+    """The :class:`pipeline.engine.cache.RemoteStore` in the active MLflow run's experiment."""
 
     def __init__(self) -> None:
         self._fetched: dict[tuple[str, str], str] = {}  # (stage, key) -> run id of the last download
@@ -75,10 +75,16 @@ class TrackingStore:
 
 
 def remote_for(uri: str) -> TrackingStore | None:
-    """The remote of the stage cache for the tracking store ``uri``: the store itself when it is shared."""
+    """The remote of the stage cache for the tracking store ``uri``.
+
+    Parameters
+    ----------
+    uri : str
+        The MLflow tracking URI in use.
+
+    Returns
+    -------
+    TrackingStore or None
+        The store itself when other machines can reach it (:func:`is_shared`), else None.
+    """
     return TrackingStore() if is_shared(uri) else None
-
-
-def remote_for_current_store() -> TrackingStore | None:
-    """:func:`remote_for` the tracking URI MLflow is set to (``MLFLOW_TRACKING_URI`` or ``set_tracking_uri``)."""
-    return remote_for(mlflow.get_tracking_uri())

@@ -1,4 +1,5 @@
-"""The job side of an Optuna sweep: dev scores reported to the trial during training, and pruning.
+"""The job side of an Optuna sweep: dev scores reported to the trial during training, Optuna's
+pruning (a trial stopped early) and warm starts from a finished trial.
 
 The sweeper (``hydra_plugins/crf_optuna_sweeper``, in the launching process) asks the study for a
 trial and launches a job with the trial's values as overrides. The job, a separate process on
@@ -8,8 +9,9 @@ SLURM jobs too) and opens the same study in the shared storage, with the pruner 
 in the study (its user attribute ``pruner``). Every ``train.dev_every`` iterations the training
 loop hands its dev scores to :class:`TrialReporter`, which reports the one the study optimises as
 the trial's intermediate value at that iteration and asks the pruner; when the pruner says stop,
-the reporter marks the trial PRUNED in the study and raises :class:`TrialPruned`, which ends the
-training and the job's runs (KILLED, tagged ``crf.trial_state=PRUNED``; see the runner).
+the reporter marks the trial PRUNED in the study and raises :class:`TrialPruned` (the engine's
+``TrainingStopped``), which ends the training and the job's runs (KILLED, tagged
+``crf.trial_state=PRUNED``; see the runner).
 
 Warm starts: a job that finishes records its train output (cache key and content hash) and its
 features' content hash on its trial; a job the sweeper offers a finished trial
@@ -17,7 +19,9 @@ features' content hash on its trial; a job the sweeper offers a finished trial
 the entry is in its stage cache and the model adapter finds it of the job's algorithm and model
 layout (``warm_start_problem``), and then marks its trial ``warm_start_trial``.
 
-This module imports Optuna only when a job is a trial.
+:class:`OptunaTrial` is how this reaches the engine (its ``TrialHooks``): ``pipeline.__main__``
+builds it from the environment (:func:`trial_from_environment`) and hands it to the runner. This
+module imports Optuna only when a job is a trial.
 """
 
 from __future__ import annotations
@@ -27,33 +31,57 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from omegaconf import DictConfig
+
+from pipeline.engine.runner import PipelineJob, StageOutput, WarmStart
+from pipeline.engine.stage import TRIAL_STATE_TAG, DevReporter, TrainingStopped
+from pipeline.sweeps.trial_environment import (
+    DEV_SCORES,
+    FEATURES_ATTR,
+    METRIC_VARIABLE,
+    STORAGE_VARIABLE,
+    STUDY_TAG,
+    STUDY_VARIABLE,
+    TRAIN_OUTPUT_ATTR,
+    TRIAL_TAG,
+    TRIAL_VARIABLE,
+    WARM_START_ATTR,
+    WARM_START_VARIABLE,
+)
+
+__all__ = [  # the names tests and the sweeper read from here
+    "DEV_SCORES",
+    "FEATURES_ATTR",
+    "METRIC_VARIABLE",
+    "STORAGE_VARIABLE",
+    "STUDY_TAG",
+    "STUDY_VARIABLE",
+    "TRAIN_OUTPUT_ATTR",
+    "TRIAL_STATE_TAG",
+    "TRIAL_TAG",
+    "TRIAL_VARIABLE",
+    "WARM_START_ATTR",
+    "WARM_START_VARIABLE",
+    "OptunaTrial",
+    "TrialPruned",
+    "TrialReporter",
+    "reporter_from_environment",
+    "trial_from_environment",
+]
+
 log = logging.getLogger(__name__)
-
-# how the launching process tells a job which trial it is
-STORAGE_VARIABLE = "CRF_OPTUNA_STORAGE"
-STUDY_VARIABLE = "CRF_OPTUNA_STUDY"
-TRIAL_VARIABLE = "CRF_OPTUNA_TRIAL"
-WARM_START_VARIABLE = "CRF_OPTUNA_WARM_START"  # the finished trial whose weights this trial starts from
-# what a job returns to a sweeper (pipeline.engine.runner.objective_value); unset: the dev score
-METRIC_VARIABLE = "CRF_SWEEP_METRIC"
-DEV_SCORES = ("dev_f1", "dev_accuracy")  # what the training loop reports during training
-
-TRIAL_STATE_TAG = "crf.trial_state"  # PRUNED on a pruned trial's runs
-TRIAL_TAG = "optuna.trial"  # the trial number, on every run of a trial's job
-STUDY_TAG = "optuna.study"
-# a finished job's train output ({key, hash}) and its features' content hash, on its trial: where
-# later trials start from
-TRAIN_OUTPUT_ATTR = "train_output"
-FEATURES_ATTR = "featurize_output"
-WARM_START_ATTR = "warm_start_trial"  # on a trial that started from another's weights
+# the stages a trial's warm start concerns: the one that starts from a finished trial's output,
+# and the one whose output must be the same for the weights to fit
+WARM_STAGE, FEATURES_STAGE = "train", "featurize"
 
 
-class TrialPruned(Exception):
+class TrialPruned(TrainingStopped):
     """The study's pruner stopped this trial's training (not a failure)."""
 
     def __init__(self, trial: int, iteration: int, metric: str, value: float) -> None:
-        super().__init__(f"trial {trial} pruned by the study's pruner at iteration {iteration} ({metric} {value:.2f})")
-        self.trial, self.iteration, self.metric, self.value = trial, iteration, metric, value
+        message = f"trial {trial} pruned by the study's pruner at iteration {iteration} ({metric} {value:.2f})"
+        super().__init__(message, iteration, metric, value)
+        self.trial = trial
 
 
 def trial_environment() -> dict[str, str] | None:
@@ -160,3 +188,71 @@ def trial_tags() -> dict[str, Any]:
     """The trial's number and study as run tags (empty outside an Optuna sweep)."""
     found = trial_environment()
     return {} if found is None else {TRIAL_TAG: found["trial"], STUDY_TAG: found["study"]}
+
+
+class OptunaTrial:
+    """An Optuna trial's job as the engine sees it (``pipeline.engine.runner.TrialHooks``): its
+    tags, its reporter of dev scores (which may prune it), the finished trial its training starts
+    from (see the module docstring) and, once it finished, its outputs recorded for later trials.
+
+    Parameters
+    ----------
+    environment : dict
+        {storage, study, trial} of :func:`trial_environment`.
+    """
+
+    def __init__(self, environment: Mapping[str, str]) -> None:
+        self.environment = dict(environment)
+        self.reporter: TrialReporter | None = None
+        self.warm = False
+
+    def tags(self) -> dict[str, str]:
+        return {TRIAL_TAG: self.environment["trial"], STUDY_TAG: self.environment["study"]}
+
+    def begin(self, cfg: DictConfig, job: PipelineJob) -> tuple[DevReporter | None, dict[str, WarmStart]]:
+        reporter = TrialReporter(self.environment["storage"], self.environment["study"], int(self.environment["trial"]))
+        self.reporter, adapter, number = reporter, job.adapter, reporter.number
+        self.warm = adapter.can_warm_start(cfg)
+        source = warm_start_trial()
+        if source is not None and not self.warm:
+            log.info("trial %d: trainer %s does not start from given weights: from zero", number, adapter.trainer_tag(cfg))
+            source = None
+        if source is None:
+            return reporter, {}
+
+        def trial_start(outputs: dict[str, StageOutput]) -> StageOutput | None:
+            """The train output of the finished trial the sweeper chose, if it was trained on this
+            job's features, is in the cache and fits this job's settings (the adapter's
+            ``warm_start_problem``); else None (logged): the fit starts from zero."""
+            features = outputs.get(FEATURES_STAGE)
+            if features is None:
+                log.warning("trial %d: no featurize stage to compare with trial %d's: training from zero", number, source)
+                return None
+            found = reporter.warm_start_output(source, features.hash)
+            if found is None:
+                return None
+            key, content = found
+            folder = job.cache.lookup(WARM_STAGE, key)
+            if folder is None:
+                log.warning("trial %d: trial %d's train output %s is not in the cache: from zero", reporter.number, source, key)
+                return None
+            problem = adapter.warm_start_problem(cfg, folder)
+            if problem is not None:
+                log.warning("trial %d: trial %d's weights do not fit (%s): training from zero", reporter.number, source, problem)
+                return None
+            reporter.started_from(source)
+            return StageOutput(folder, content, cached=True, metrics={}, key=key)
+
+        return reporter, {WARM_STAGE: trial_start}
+
+    def end(self, cfg: DictConfig, job: PipelineJob, results: dict[str, Any], outputs: dict[str, StageOutput]) -> None:
+        trained = outputs.get(WARM_STAGE)
+        finished = "pipeline.pruned_at_iteration" not in results
+        if self.reporter is not None and self.warm and trained is not None and FEATURES_STAGE in outputs and finished:
+            self.reporter.record_outputs(trained, outputs[FEATURES_STAGE].hash)
+
+
+def trial_from_environment() -> OptunaTrial | None:
+    """The :class:`OptunaTrial` this process's job is (see :func:`trial_environment`), or None."""
+    found = trial_environment()
+    return None if found is None else OptunaTrial(found)

@@ -1,0 +1,202 @@
+"""The Hydra callback of every sweep (``hydra.callbacks.sweep_tracking``): one MLflow parent run per
+multirun, and its summary at the end.
+
+``SweepTracking``, in the launching process, before any job starts, creates the tracking database
+and the sweep's parent run, and exports the parent run id and a sweep id to the jobs (joblib worker
+processes, Ray or SLURM jobs) through environment variables. When the jobs are done it ends the
+runs of jobs whose process is gone and writes the summary that ``sweep.summary`` chooses
+(``pipeline.sweeps.summary`` for a grid, an Optuna sweep or a path). Hydra skips
+``on_multirun_end`` when a job fails, so the same summary also runs from an exit handler: one
+failing job does not lose the others' results. SIGTERM to the launching process is handled by
+``pipeline.sweeps.sigterm``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import time
+import uuid
+
+import pandas as pd
+from hydra.experimental.callback import Callback
+from mlflow.entities import Param
+from mlflow.tracking import MlflowClient
+from omegaconf import DictConfig, OmegaConf
+
+from pipeline import tracking
+from pipeline.sweeps.cluster import job_environment, pass_to_jobs
+from pipeline.sweeps.sigterm import SWEEP_STOPPING, SweepSigterm
+from pipeline.sweeps.summary import summarize
+from pipeline.tracking import SWEEP_ID_VARIABLE, SWEEP_PARENT_VARIABLE, lifecycle
+from pipeline.tracking.lifecycle import END_REASON_TAG
+
+log = logging.getLogger(__name__)
+
+
+def swept(config: DictConfig) -> list[str]:
+    """The keys (and config groups) a multirun varies: its sweep overrides and the sweeper's params."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    overrides = OverridesParser.create().parse_overrides(list(OmegaConf.select(config, "hydra.overrides.task") or []))
+    keys = [o.key_or_group.lstrip("+~") for o in overrides if o.is_sweep_override()]
+    return keys + [k for k in (OmegaConf.select(config, "hydra.sweeper.params") or {}) if k not in keys]
+
+
+def sweep_run_name(config: DictConfig) -> str:
+    """``conll2000-crf-sweep-c2``: the dataset, the model unless swept, and the swept keys' last parts."""
+    keys = swept(config)
+    model = [] if "model" in keys else [str(config.model.name)]
+    return "-".join([str(config.dataset.name), *model, "sweep", ",".join(k.rsplit(".", 1)[-1] for k in keys)])
+
+
+def fixed_params(config: DictConfig) -> dict[str, str]:
+    """The sweep's settings that every job shares: the composed config (without ``hydra``), flat,
+    less the keys (and config groups) that the multirun varies."""
+    keys = swept(config)
+    body = OmegaConf.masked_copy(config, [k for k in config if k != "hydra"])
+    flat = tracking.flatten(OmegaConf.to_container(body, resolve=True))
+    return {k: v for k, v in flat.items() if not any(k == key or k.startswith(key + ".") for key in keys)}
+
+
+class SweepTracking(Callback):
+    """Creates a sweep's parent run before the jobs and summarises the sweep after them.
+
+    SIGTERM to the launching process waits for the jobs (:class:`pipeline.sweeps.sigterm.SweepSigterm`):
+    they end their runs on the same signal and exit, so the launcher fails and the exit handler
+    ends the parent run FAILED with the summary of the jobs that finished. A sweep so stopped
+    registers nothing. Before the summary, runs whose process is gone (a worker that joblib killed
+    all the same) are ended FAILED."""
+
+    def __init__(self) -> None:
+        self.parent_run_id: str | None = None
+        self.sweep_id: str | None = None
+        self.experiment: str | None = None
+        self.summarize_at_end = True
+        self.comparison = None
+        self.summary = "grid"
+        self.registry = None
+        self.objective: tuple[str | None, str] = (None, "maximize")
+        self.closed = False
+        self.sigterm: SweepSigterm | None = None  # from the sweep's start to its end, in the launching process
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        tracking.setup(config)  # creates the database once, before parallel jobs race for it
+        SWEEP_STOPPING.clear()
+        self.sweep_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+        self.experiment = config.tracking.experiment
+        self.summarize_at_end = bool(config.sweep.summarize)
+        self.comparison = OmegaConf.select(config, "comparison")  # set by experiment=hmm_vs_crf
+        self.summary = str(OmegaConf.select(config, "sweep.summary", default="grid"))
+        self.registry = OmegaConf.select(config, "registry")
+        # what a sweeper that optimises (hydra/sweeper=optuna) ranks the jobs by; a grid: the dev score
+        metric = OmegaConf.select(config, "hydra.sweeper.metric", default=None)
+        self.objective = (metric or None, str(OmegaConf.select(config, "hydra.sweeper.direction", default="maximize")))
+        client = MlflowClient()
+        experiment = client.get_experiment_by_name(self.experiment)
+        run = client.create_run(
+            experiment.experiment_id,
+            run_name=sweep_run_name(config),
+            tags={
+                "sweep_id": self.sweep_id,
+                "stage": "sweep",
+                "dataset": str(config.dataset.name),
+                **tracking.source_tags(),
+            },
+        )
+        self.parent_run_id = run.info.run_id
+        params = [Param(k, v) for k, v in fixed_params(config).items()]
+        for start in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
+            client.log_batch(self.parent_run_id, params=params[start : start + 100])
+        os.environ[SWEEP_PARENT_VARIABLE] = self.parent_run_id
+        os.environ[SWEEP_ID_VARIABLE] = self.sweep_id
+        pass_to_jobs(config, job_environment(config, self.parent_run_id, self.sweep_id))  # Ray, SLURM jobs too
+        atexit.register(self._close, "FAILED")
+        self.sigterm = SweepSigterm(self.sweep_id)
+        self.sigterm.install()
+        log.info("[sweep %s] parent run %s", self.sweep_id, self.parent_run_id)
+
+    def _summarize(self, register: bool = True) -> pd.DataFrame:
+        """The summary the sweep asks for (``sweep.summary``); ``register``: the grid's registers
+        its best job (not for a sweep that was stopped or crashed)."""
+        if self.summary == "comparison":
+            from pipeline.sweeps import compare
+
+            return compare.summarize(self.sweep_id, self.parent_run_id, self.experiment, self.comparison)
+        if self.summary == "active_learning":
+            from pipeline.sweeps import learning_curves
+
+            return learning_curves.summarize(self.sweep_id, self.parent_run_id, self.experiment)
+        metric, direction = self.objective
+        registry = self.registry if register else None
+        return summarize(self.sweep_id, self.parent_run_id, self.experiment, registry, metric=metric, direction=direction)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        self._close("FINISHED")
+
+    def __getstate__(self) -> dict:
+        # Hydra hands the callbacks to the jobs: the signal handling (its timer, the previous handler) stays here
+        return {k: v for k, v in self.__dict__.items() if k != "sigterm"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, sigterm=None)
+
+    def _close(self, status: str) -> None:
+        if self.closed or self.parent_run_id is None:
+            return
+        self.closed = True
+        if self.sigterm is not None:  # a SIGTERM during the summary waits for it (a grace period of its own)
+            self.sigterm.pause()
+        if SWEEP_STOPPING.is_set():  # the sweeper launched no further job: the sweep did not run to its end
+            SWEEP_STOPPING.clear()
+            status = "FAILED"
+            try:
+                MlflowClient().set_tag(self.parent_run_id, END_REASON_TAG, "stopped by SIGTERM")
+            except Exception as error:
+                log.warning("[sweep %s] could not tag the parent run: %s", self.sweep_id, error)
+        try:
+            self._end(status)
+        finally:
+            if self.sigterm is not None:
+                self.sigterm.release()
+
+    def _end(self, status: str) -> None:
+        """Summarise the sweep (registering its best job only when it ran to its end) and end the parent run."""
+        try:  # runs of jobs whose process is gone (killed by their launcher as the sweep stopped)
+            lifecycle.mark_stranded(MlflowClient())
+        except Exception as error:  # the next start on this host does it
+            log.warning("[sweep %s] could not end the runs of gone processes: %s", self.sweep_id, error)
+        try:
+            ended = MlflowClient().get_run(self.parent_run_id).info.status
+        except Exception as error:  # the summary below says what the store does
+            log.warning("[sweep %s] could not read the parent run: %s", self.sweep_id, error)
+            ended = "RUNNING"
+        if ended != "RUNNING":  # a job of this process (Hydra's basic launcher) ended it on a signal
+            log.warning("[sweep %s] the parent run was ended %s: no summary", self.sweep_id, ended)
+            os.environ.pop(SWEEP_PARENT_VARIABLE, None)
+            os.environ.pop(SWEEP_ID_VARIABLE, None)
+            return
+        try:
+            table = pd.DataFrame()
+            if self.summarize_at_end:
+                table = self._summarize(register=status == "FINISHED")
+            if status == "FINISHED" and not table.empty and (table.status == "FAILED").any():
+                status = "FAILED"
+        except Exception as error:  # the jobs' runs stand, but the sweep's summary is missing: say so on the run
+            status = "FAILED"
+            log.error("[sweep %s] the sweep's summary failed: %s", self.sweep_id, error)
+            try:  # the store may be what failed: never let this hide the summary's own error
+                MlflowClient().set_tag(
+                    self.parent_run_id, END_REASON_TAG, f"summary failed: {type(error).__name__}: {error}"[:5000]
+                )
+            except Exception as tagging:
+                log.error("[sweep %s] could not tag the parent run: %s", self.sweep_id, tagging)
+            raise
+        except BaseException:  # interrupted (a further SIGTERM, Ctrl-C): half a summary is no finished sweep
+            status = "FAILED"
+            raise
+        finally:
+            MlflowClient().set_terminated(self.parent_run_id, status)
+            os.environ.pop(SWEEP_PARENT_VARIABLE, None)
+            os.environ.pop(SWEEP_ID_VARIABLE, None)

@@ -1,0 +1,181 @@
+"""A sweep's summary: its jobs' pipeline runs gathered into a table, a plot, the best job and its
+registered model, logged to the sweep's parent run.
+
+The grid's summary (the default ``sweep.summary``) of a Hydra multirun, an Optuna sweep and a
+regularisation path alike; ``pipeline.sweeps.callback.SweepTracking`` calls it when the jobs are done
+(``pipeline.sweeps.compare`` and ``pipeline.sweeps.learning_curves`` are the other summaries).
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pandas as pd
+from mlflow.tracking import MlflowClient
+from omegaconf import DictConfig
+
+from pipeline import tracking
+from pipeline.engine.runner import summary_key
+from pipeline.engine.stage import TRIAL_STATE_TAG
+from pipeline.report import figure, markdown_table, save_figure
+
+log = logging.getLogger(__name__)
+
+
+def strength(frame: pd.DataFrame) -> pd.Series:
+    """The regularisation strength of each run: c1 when it has an L1 term (l1; elasticnet, whose
+    c2 is c1 times ``l2_ratio``), else c2 (lbfgs, sgd)."""
+    c1 = pd.to_numeric(frame.get("params.trainer.c1"), errors="coerce").fillna(0.0)
+    c2 = pd.to_numeric(frame.get("params.trainer.c2"), errors="coerce").fillna(0.0)
+    return c1.where(c1 > 0, c2)
+
+
+def _shown(value, spec: str = ".2f") -> str:
+    """``value`` formatted by ``spec``, or ``none`` when it is missing (None or NaN)."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return "none"
+    return "none" if np.isnan(number) else format(number, spec)
+
+
+def _numbers(runs: pd.DataFrame, column: str) -> pd.Series:
+    """``runs[column]`` as numbers (NaN where absent, and everywhere when no run has it)."""
+    return pd.to_numeric(runs[column], errors="coerce") if column in runs else pd.Series(np.nan, index=runs.index)
+
+
+def gather(sweep_id: str, experiment: str, tag: str = "sweep_id", metric: str | None = None) -> pd.DataFrame:
+    """One row per pipeline run whose ``tag`` is ``sweep_id`` (the jobs of a sweep; the points of a
+    regularisation path with ``tag="path_id"``), with its settings, scores and status; ``state``
+    is the status but PRUNED for a pruned Optuna trial (its run is KILLED). With ``metric`` (a
+    sweeper's objective, ``<stage>.<name>``) a column ``objective`` holds each run's value of it."""
+    runs = mlflow.search_runs(
+        experiment_names=[experiment], filter_string=f"tags.`{tag}` = '{sweep_id}' and tags.stage = 'pipeline'"
+    )
+    if runs.empty:
+        return pd.DataFrame()
+    score = "metrics.dev_f1" if "metrics.dev_f1" in runs else "metrics.dev_accuracy"
+    test = "metrics.test_f1" if "metrics.test_f1" in runs else "metrics.test_accuracy"
+    table = pd.DataFrame(
+        {
+            "run_id": runs["run_id"],
+            "status": runs["status"],
+            "state": runs.get(f"tags.{TRIAL_STATE_TAG}", pd.Series(index=runs.index, dtype=object)).fillna(runs["status"]),
+            "trainer": runs.get("tags.trainer"),
+            "c1": pd.to_numeric(runs.get("params.trainer.c1"), errors="coerce"),
+            "c2": pd.to_numeric(runs.get("params.trainer.c2"), errors="coerce"),
+            "strength": strength(runs),
+            "dev_score": runs.get(score),
+            "test_score": runs.get(test),
+            "nonzero_weights": runs.get("metrics.nonzero_weights"),
+            "iterations": _numbers(runs, "metrics.iterations").fillna(_numbers(runs, "metrics.pruned_at_iteration")),
+            "train_seconds": runs.get("metrics.train_seconds"),
+            "model_uri": runs.get(f"tags.{tracking.MODEL_URI_TAG}"),
+            "registry_name": runs.get("params.registry.name"),
+        }
+    )
+    if metric:
+        key = summary_key(metric)
+        table.insert(table.columns.get_loc("dev_score"), "objective", _numbers(runs, f"metrics.{key}") if key else np.nan)
+    table.attrs["score"] = score.split(".", 1)[1].removeprefix("dev_")  # "f1" or "accuracy"
+    return table.sort_values(["trainer", "strength"], ignore_index=True)
+
+
+def plot(table: pd.DataFrame, path: Path, score_name: str) -> None:
+    fig, (left, right) = figure(11, 4, 2)
+    finished = table[table.status == "FINISHED"]
+    for trainer, part in finished.groupby("trainer"):
+        left.plot(part["strength"], part["dev_score"], "o-", label=trainer)
+        right.plot(part["strength"], part["nonzero_weights"], "o-", label=trainer)
+    for ax, label in ((left, f"dev {score_name}"), (right, "non-zero weights")):
+        ax.set_xscale("log")
+        ax.set_xlabel("regularisation strength (c1 or c2)")
+        ax.set_ylabel(label)
+        ax.legend()
+    right.set_yscale("log")
+    save_figure(fig, path)
+
+
+def register_best(best: pd.Series, score_name: str, sweep_id: str, alias: str | None, metric: str | None = None) -> str | None:
+    """Register the best job's MLflow Model as a new version of its ``registry.name`` and move
+    ``alias`` to it, with its dev and test scores (and the sweep's objective ``metric``) as
+    version tags; ``models:/<name>@<alias>``."""
+    if not isinstance(best.get("model_uri"), str) or not isinstance(best.get("registry_name"), str):
+        log.warning("[sweep %s] best job %s logged no model (or registry name): nothing registered", sweep_id, best["run_id"])
+        return None
+    tags = {
+        f"dev_{score_name}": _shown(best["dev_score"], ".4f"),
+        f"test_{score_name}": _shown(best["test_score"], ".4f"),
+        "run_id": best["run_id"],
+        "sweep_id": sweep_id,
+    }
+    if metric:
+        tags[metric] = f"{best['objective']:.6g}"
+    version = tracking.register_model(best["model_uri"], best["registry_name"], alias, tags)
+    where = f"models:/{best['registry_name']}@{alias}" if alias else f"models:/{best['registry_name']}/{version.version}"
+    log.info("[sweep %s] registered the best job as %s version %s: %s", sweep_id, best["registry_name"], version.version, where)
+    return where
+
+
+def summarize(
+    sweep_id: str,
+    parent_run_id: str | None,
+    experiment: str,
+    registry: DictConfig | None = None,
+    tag: str = "sweep_id",
+    metric: str | None = None,
+    direction: str = "maximize",
+) -> pd.DataFrame:
+    """Build the sweep table and plot, log them to the parent run and the best setting to the console;
+    with ``registry.sweep``, register the best job's model (see :func:`register_best`). The best is
+    chosen among finished jobs only (not failed, nor pruned trials): the largest dev score, or the
+    sweeper's objective ``metric`` in its ``direction`` (``maximize`` or ``minimize``).
+    ``tag``: see :func:`gather`."""
+    table = gather(sweep_id, experiment, tag, metric)
+    if table.empty:
+        log.info("[sweep %s] no finished jobs to summarise", sweep_id)
+        return table
+    score_name = table.attrs.get("score", "dev_score")
+    rank = "objective" if metric else "dev_score"
+    finished = table[table.status == "FINISHED"].dropna(subset=[rank])
+    if metric and finished.empty and (table.status == "FINISHED").any():
+        log.warning("[sweep %s] no finished job has the sweep's metric %s: no best job", sweep_id, metric)
+    client = MlflowClient()
+    with tempfile.TemporaryDirectory() as folder:
+        folder = Path(folder)
+        table.to_csv(folder / "sweep_summary.csv", index=False)
+        text = markdown_table(table.drop(columns=["run_id", "model_uri", "registry_name"]))
+        if not finished.empty:
+            best = finished.loc[finished[rank].idxmin() if direction == "minimize" else finished[rank].idxmax()]
+            by = f"by {metric} ({direction}, {best['objective']:.4g})" if metric else "on dev"
+            text += (
+                f"\n\nbest {by}: trainer={best['trainer']} c1={best['c1']:g} c2={best['c2']:g} "
+                f"dev {score_name} {_shown(best['dev_score'])}, test {_shown(best['test_score'])}"
+            )
+            if parent_run_id:
+                for name in ("dev_score", "test_score"):  # absent when the stages run stop before evaluate
+                    if _shown(best[name]) != "none":
+                        client.log_metric(parent_run_id, f"best_{name}", float(best[name]))
+                client.set_tag(parent_run_id, "best_run_id", best["run_id"])
+                if metric:
+                    client.log_metric(parent_run_id, "best_objective", float(best["objective"]))
+            if registry is not None and registry.sweep:
+                registered = register_best(best, score_name, sweep_id, registry.alias, metric)
+                if registered and parent_run_id:
+                    client.set_tag(parent_run_id, "registered_model", registered)
+                    text += f"\nregistered: {registered}"
+            plot(table, folder / "sweep.png", score_name)
+        (folder / "sweep_summary.md").write_text(text + "\n")
+        if parent_run_id:
+            client.log_metric(parent_run_id, "jobs_finished", float((table.status == "FINISHED").sum()))
+            client.log_metric(parent_run_id, "jobs_failed", float((table.status == "FAILED").sum()))
+            client.log_metric(parent_run_id, "jobs_pruned", float((table.state == "PRUNED").sum()))
+            for name in ("sweep_summary.csv", "sweep_summary.md", "sweep.png"):
+                if (folder / name).exists():
+                    client.log_artifact(parent_run_id, str(folder / name))
+    log.info("[sweep %s]\n%s", sweep_id, text)
+    return table
