@@ -122,7 +122,7 @@ def test_import_graph_sees_function_local_and_relative_imports(tmp_path):
 @pytest.mark.parametrize(
     "package",
     [
-        pytest.param("crf", marks=pytest.mark.xfail(reason="crf cycle fixed on the lead's branch", strict=False)),
+        "crf",
         "pipeline",
     ],
 )
