@@ -33,7 +33,7 @@ from pipeline.engine.validate import SettingsError, validate_settings
 from pipeline.models import METRICS_FILE, WARM_START_INPUT, ModelAdapter, load_adapter
 from pipeline.report import write_json
 from pipeline.stages.data import ChecksumError, MissingDataError, resolve_files
-from pipeline.tracking import SWEEP_ID_VARIABLE, SWEEP_PARENT_VARIABLE
+from pipeline.tracking import SWEEP_ID_VARIABLE, SWEEP_PARENT_VARIABLE, champion
 from pipeline.tracking.lifecycle import END_REASON_TAG
 from pipeline.tracking.remote_cache import remote_for
 
@@ -307,7 +307,15 @@ def register_single_run(cfg: DictConfig, model_uri: str, summary: dict[str, Any]
     if registry is None or not registry.register or os.environ.get(SWEEP_ID_VARIABLE):
         return
     scores = {k: f"{summary[k]:.4f}" for k in HEADLINE if k in summary}
-    version = tracking.register_model(model_uri, str(registry.name), registry.alias, {**scores, "run_id": run_id})
+    flat = tracking.flatten(OmegaConf.to_container(cfg, resolve=True))
+    metric = next((k for k in ("dev_f1", "dev_accuracy") if isinstance(summary.get(k), (int, float))), None)
+    standing = None
+    if metric is not None:
+        standing = champion.Standing(metric, float(summary[metric]), "maximize", champion.evaluation_key(flat))
+    tags = {**scores, "run_id": run_id, "dataset": str(cfg.dataset.name), "data.train_fraction": str(cfg.data.train_fraction)}
+    version, _ = tracking.register_model(
+        model_uri, str(registry.name), registry.alias, tags, standing, bool(registry.get("force_alias", False))
+    )
     mlflow.set_tag("registered_model", f"models:/{registry.name}/{version.version}")
     log.info("registered the model as %s version %s", registry.name, version.version)
 

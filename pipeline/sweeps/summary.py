@@ -22,6 +22,7 @@ from pipeline import tracking
 from pipeline.engine.runner import summary_key
 from pipeline.engine.stage import TRIAL_STATE_TAG
 from pipeline.report import figure, markdown_table, save_figure
+from pipeline.tracking import champion
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,19 @@ def _shown(value, spec: str = ".2f") -> str:
 def _numbers(runs: pd.DataFrame, column: str) -> pd.Series:
     """``runs[column]`` as numbers (NaN where absent, and everywhere when no run has it)."""
     return pd.to_numeric(runs[column], errors="coerce") if column in runs else pd.Series(np.nan, index=runs.index)
+
+
+def _evaluation_keys(runs: pd.DataFrame) -> pd.Series:
+    """Per run, the key of the data its dev and test scores were measured on (from its params)."""
+    columns = [c for c in runs.columns if c.startswith("params.dataset.")]
+    return pd.Series(
+        [
+            champion.evaluation_key({c.removeprefix("params."): v for c, v in zip(columns, row) if isinstance(v, str)})
+            for row in runs[columns].itertuples(index=False)
+        ],
+        index=runs.index,
+        dtype=object,
+    )
 
 
 def gather(sweep_id: str, experiment: str, tag: str = "sweep_id", metric: str | None = None) -> pd.DataFrame:
@@ -76,6 +90,9 @@ def gather(sweep_id: str, experiment: str, tag: str = "sweep_id", metric: str | 
             "train_seconds": runs.get("metrics.train_seconds"),
             "model_uri": runs.get(f"tags.{tracking.MODEL_URI_TAG}"),
             "registry_name": runs.get("params.registry.name"),
+            "dataset": runs.get("params.dataset.name"),
+            "train_fraction": runs.get("params.data.train_fraction"),
+            "evaluation": _evaluation_keys(runs),
         }
     )
     if metric:
@@ -100,10 +117,20 @@ def plot(table: pd.DataFrame, path: Path, score_name: str) -> None:
     save_figure(fig, path)
 
 
-def register_best(best: pd.Series, score_name: str, sweep_id: str, alias: str | None, metric: str | None = None) -> str | None:
-    """Register the best job's MLflow Model as a new version of its ``registry.name`` and move
-    ``alias`` to it, with its dev and test scores (and the sweep's objective ``metric``) as
-    version tags; ``models:/<name>@<alias>``."""
+def register_best(
+    best: pd.Series,
+    score_name: str,
+    sweep_id: str,
+    alias: str | None,
+    metric: str | None = None,
+    direction: str = "maximize",
+    force_alias: bool = False,
+) -> str | None:
+    """Register the best job's MLflow Model as a new version of its ``registry.name``, with its dev
+    and test scores (and the sweep's objective ``metric``), dataset and data fraction as version
+    tags; ``alias`` moves to it when it is at least as good as the alias's holder by the same
+    metric on the same evaluation data (:mod:`pipeline.tracking.champion`), or with
+    ``force_alias``. Returns ``models:/<name>@<alias>`` when the alias moved, else the version's URI."""
     if not isinstance(best.get("model_uri"), str) or not isinstance(best.get("registry_name"), str):
         log.warning("[sweep %s] best job %s logged no model (or registry name): nothing registered", sweep_id, best["run_id"])
         return None
@@ -115,8 +142,15 @@ def register_best(best: pd.Series, score_name: str, sweep_id: str, alias: str | 
     }
     if metric:
         tags[metric] = f"{best['objective']:.6g}"
-    version = tracking.register_model(best["model_uri"], best["registry_name"], alias, tags)
-    where = f"models:/{best['registry_name']}@{alias}" if alias else f"models:/{best['registry_name']}/{version.version}"
+    for name in ("dataset", "train_fraction"):
+        if isinstance(best.get(name), str):
+            tags["data.train_fraction" if name == "train_fraction" else name] = best[name]
+    value = best["objective"] if metric else best["dev_score"]
+    standing = None
+    if _shown(value) != "none":
+        standing = champion.Standing(metric or f"dev_{score_name}", float(value), direction, str(best["evaluation"]))
+    version, moved = tracking.register_model(best["model_uri"], best["registry_name"], alias, tags, standing, force_alias)
+    where = f"models:/{best['registry_name']}@{alias}" if moved else f"models:/{best['registry_name']}/{version.version}"
     log.info("[sweep %s] registered the best job as %s version %s: %s", sweep_id, best["registry_name"], version.version, where)
     return where
 
@@ -148,7 +182,7 @@ def summarize(
     with tempfile.TemporaryDirectory() as folder:
         folder = Path(folder)
         table.to_csv(folder / "sweep_summary.csv", index=False)
-        text = markdown_table(table.drop(columns=["run_id", "model_uri", "registry_name"]))
+        text = markdown_table(table.drop(columns=["run_id", "model_uri", "registry_name", "evaluation"]))
         if not finished.empty:
             best = finished.loc[finished[rank].idxmin() if direction == "minimize" else finished[rank].idxmax()]
             by = f"by {metric} ({direction}, {best['objective']:.4g})" if metric else "on dev"
@@ -164,7 +198,8 @@ def summarize(
                 if metric:
                     client.log_metric(parent_run_id, "best_objective", float(best["objective"]))
             if registry is not None and registry.sweep:
-                registered = register_best(best, score_name, sweep_id, registry.alias, metric)
+                force = bool(registry.get("force_alias", False))
+                registered = register_best(best, score_name, sweep_id, registry.alias, metric, direction, force)
                 if registered and parent_run_id:
                     client.set_tag(parent_run_id, "registered_model", registered)
                     text += f"\nregistered: {registered}"

@@ -32,7 +32,10 @@ from mlflow.tracking import MlflowClient  # noqa: E402
 from mlflow.types import ColSpec, Schema  # noqa: E402
 
 from pipeline.models import SWEEP_ID_VARIABLE  # noqa: E402
-from pipeline.tracking import lifecycle  # noqa: E402
+from pipeline.tracking import (
+    champion,
+    lifecycle,  # noqa: E402
+)
 
 log = logging.getLogger(__name__)
 
@@ -351,11 +354,44 @@ def log_dataset(name: str, files: Mapping[str, Path], file_hashes: Mapping[str, 
             time.sleep(0.2 * (attempt + 1))
 
 
-def register_model(model_uri: str, name: str, alias: str | None, tags: Mapping[str, Any]) -> Any:
-    """Register ``model_uri`` as a new version of the registered model ``name`` (created if new),
-    with ``tags`` on the version, and move ``alias`` (e.g. ``champion``) to it; the ModelVersion."""
+def register_model(
+    model_uri: str,
+    name: str,
+    alias: str | None,
+    tags: Mapping[str, Any],
+    standing: champion.Standing | None = None,
+    force_alias: bool = False,
+) -> tuple[Any, bool]:
+    """Register ``model_uri`` as a new version of the registered model ``name`` (created if new).
+
+    Parameters
+    ----------
+    model_uri, name : the logged model and the registered model it becomes a version of.
+    alias : e.g. ``champion``: moved to the new version only by the rule of
+        :mod:`pipeline.tracking.champion` (at least as good as the holder by the same metric on
+        the same evaluation data), or always with ``force_alias``.
+    tags : version tags (scores, run id, ...); the standing's tags and the alias decision are added.
+    standing : what the version was chosen by (None: nothing to compare).
+
+    Returns
+    -------
+    (ModelVersion, whether the alias moved to it)
+    """
     client = MlflowClient()
-    version = mlflow.register_model(model_uri, name, tags={k: str(v) for k, v in tags.items()})
-    if alias:
+    all_tags = {k: str(v) for k, v in tags.items()} | (standing.tags() if standing is not None else {})
+    version = mlflow.register_model(model_uri, name, tags=all_tags)
+    if not alias:
+        return version, False
+    try:
+        holder = client.get_model_version_by_alias(name, alias)
+    except mlflow.exceptions.MlflowException:
+        holder = None
+    current = champion.Standing.from_tags(holder.tags) if holder is not None else None
+    moved, reason = champion.alias_decision(standing, current, holder is not None, force_alias)
+    if holder is not None:
+        reason += f" (version {holder.version})"
+    client.set_model_version_tag(name, version.version, champion.DECISION_TAG, reason)
+    if moved:
         client.set_registered_model_alias(name, alias, version.version)
-    return version
+    (log.info if moved else log.warning)("%s version %s, alias %s: %s", name, version.version, alias, reason)
+    return version, moved
