@@ -5,12 +5,13 @@ This package is a library of its own: it imports NumPy, SciPy, pandas, scikit-le
 standard library. Its names are imported on first use, so importing one module (``crf.io``) does
 not import the others.
 
-Public modules: ``crf.model`` (:class:`CRF`), ``crf.hmm`` (:class:`HMMTagger`), ``crf.features``,
+Public modules: ``crf.model`` (:class:`CRF`), ``crf.hmm`` (:class:`HMM`), ``crf.features``,
 ``crf.attributes``, ``crf.batch``, ``crf.io``, ``crf.metrics``, ``crf.scorers``, ``crf.bundle``,
 ``crf.crfsuite`` (model files), ``crf.pycrfsuite`` (python-crfsuite's API). Modules whose names
 start with ``_`` are the kernels behind them.
 """
 
+import warnings
 from importlib import import_module
 
 _EXPORTS = {
@@ -20,16 +21,16 @@ _EXPORTS = {
     "CRFsuiteModel": "crfsuite",
     "DataFormatError": "io",
     "FeatureExtractor": "features",
-    "HMMTagger": "hmm",
+    "HMM": "hmm",
     "IterationInfo": "_optimize",
     "ModelFileError": "_persist",
     "SequenceBatch": "batch",
-    "TaggerBundle": "bundle",
+    "ModelBundle": "bundle",
     "TrainingError": "model",
     "Uncertainty": "_uncertainty",
     "crfsuite_chunking_extractor": "features",
     "load_arrays": "_persist",
-    "load_tagger": "bundle",
+    "load_bundle": "bundle",
     "parameter_applies": "_params",
     "read_conll": "io",
     "read_conllu": "io",
@@ -40,10 +41,16 @@ _EXPORTS = {
     "write_crfsuite": "crfsuite",
 }
 
+# earlier names, each of which meant more than one thing in this project: still importable, with a warning
+_RENAMED = {"HMMTagger": "HMM", "TaggerBundle": "ModelBundle", "load_tagger": "load_bundle"}
+
 __all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str):
+    if name in _RENAMED:
+        warnings.warn(f"crf.{name} is now crf.{_RENAMED[name]}", DeprecationWarning, stacklevel=2)
+        return __getattr__(_RENAMED[name])
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'crf' has no attribute {name!r}")

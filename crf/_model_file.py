@@ -52,7 +52,7 @@ def _arrays(model) -> dict[str, np.ndarray]:
 
 def to_arrays(model) -> tuple[dict, dict[str, np.ndarray]]:
     """The fitted ``model`` as (JSON-ready metadata, named arrays): what :func:`save` writes,
-    for containers that hold a CRF among other things (:class:`crf.bundle.TaggerBundle`)."""
+    for containers that hold a CRF among other things (:class:`crf.bundle.ModelBundle`)."""
     for name, weights in _arrays(model).items():
         if name in WEIGHT_ARRAYS and weights.size and float(np.max(np.abs(weights))) > MAX_ABS_WEIGHT:
             raise ValueError(f"cannot save this model: {name} holds {weight_beyond_bound(weights)}")

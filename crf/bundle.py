@@ -1,11 +1,11 @@
-"""One self-contained tagger file per trained model: :class:`TaggerBundle`.
+"""One self-contained tagger file per trained model: :class:`ModelBundle`.
 
 A bundle holds everything needed to tag new text: the model's part (:class:`BundledModel`: a
-:class:`crf.CRF` with its fitted :class:`crf.FeatureExtractor`, an :class:`crf.HMMTagger` with
+:class:`crf.CRF` with its fitted :class:`crf.FeatureExtractor`, an :class:`crf.HMM` with
 the column it observes, or any kind registered with :func:`register_kind`), the label set, the
 tagging scheme (``iob1``, ``iob2``, ``iobes`` or ``none``), the input columns it reads and the
 dataset/feature/model config it came from. It is one ``.npz`` file written by
-:func:`crf._persist.save_arrays` (kind ``crf.TaggerBundle``: no pickle, checksummed, atomic),
+:func:`crf._persist.save_arrays` (kind ``crf.ModelBundle``: no pickle, checksummed, atomic),
 holding the part's metadata and arrays under keys of its own. This module knows no model kind:
 each kind's code lives with its estimator, and a bundle names its kind.
 
@@ -42,7 +42,7 @@ from ._segments import ChunkWindows
 
 log = logging.getLogger(__name__)
 
-KIND = "crf.TaggerBundle"
+KIND = "crf.TaggerBundle"  # the kind its files carry (the class was once named so)
 SCHEMES = ("iob1", "iob2", "iobes", "none")
 CHUNK_ELEMENTS = 4_000_000  # tokens x states per recursion call (about 8 bytes each, a few arrays)
 
@@ -85,8 +85,8 @@ def token_problem(value: object) -> str | None:
 
 
 def check_tokens(columns: Mapping[str, np.ndarray], offsets: np.ndarray, base: int = 0) -> None:
-    """The one check of tokens before tagging (the tag command, :meth:`TaggerBundle.tag`,
-    :meth:`TaggerBundle.tag_frame` and the MLflow Model use it): every value of ``columns``
+    """The one check of tokens before tagging (the tag command, :meth:`ModelBundle.tag`,
+    :meth:`ModelBundle.tag_frame` and the MLflow Model use it): every value of ``columns``
     ({name: (T,) values}) is a non-empty ``str`` holding no whitespace. ``offsets`` (N + 1,)
     cut the T tokens into sentences. Raises :class:`TokenError` for the first bad token (in
     column order), naming its sentence and token counted from ``base`` (0 or 1)."""
@@ -197,7 +197,7 @@ def kind_class(kind: str, path="bundle") -> type:
     return _KINDS[kind]
 
 
-class TaggerBundle:
+class ModelBundle:
     """A trained tagger with everything needed to use it (see the module docstring).
 
     ``part``: the model's :class:`BundledModel` (e.g. :class:`crf.model.BundledCRF`,
@@ -236,7 +236,7 @@ class TaggerBundle:
         save_arrays(path, KIND, meta, arrays)
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> TaggerBundle:
+    def load(cls, path: str | os.PathLike) -> ModelBundle:
         """Read a bundle written by :meth:`save`; raises ModelFileError naming ``path`` on a bad
         file: unreadable, tampered with, of a kind not known here, or checksummed but inconsistent
         (the part's own checks; labels must be distinct and match the model's classes, input
@@ -491,6 +491,6 @@ class TaggerBundle:
         return out
 
 
-def load_tagger(path: str | os.PathLike) -> TaggerBundle:
-    """Read a :class:`TaggerBundle` file; raises :class:`crf.ModelFileError` on a bad file."""
-    return TaggerBundle.load(path)
+def load_bundle(path: str | os.PathLike) -> ModelBundle:
+    """Read a :class:`ModelBundle` file; raises :class:`crf.ModelFileError` on a bad file."""
+    return ModelBundle.load(path)

@@ -9,7 +9,7 @@ HMM share one recursion.
 
 Estimation is by counting, with either
 - add-k (Lidstone) smoothing of transitions and emissions: the MAP estimate under a symmetric
-  Dirichlet(k + 1) prior, which Baum-Welch (:meth:`HMMTagger.baum_welch`) re-estimates; or
+  Dirichlet(k + 1) prior, which Baum-Welch (:meth:`HMM.baum_welch`) re-estimates; or
 - the TnT recipe (Brants 2000): transitions by deleted interpolation of unigram, bigram and
   trigram estimates, known words by relative frequency, and unknown words by a suffix model
   learnt from rare words (separately for capitalised and other words).
@@ -59,7 +59,7 @@ from ._persist import (
 from .batch import check_labels, label_classes
 from .bundle import prefixed, register_kind
 
-_KIND = "crf.HMMTagger"
+_KIND = "crf.HMMTagger"  # the kind its files carry (the class was once named so)
 _TRANSITION_SMOOTHING = ("add-k", "interpolation")
 _EMISSION_SMOOTHING = ("add-k", "suffix")
 _PARAMS = (
@@ -82,7 +82,7 @@ class EMIteration:
     seconds: float
 
 
-class HMMTagger:
+class HMM:
     """Hidden Markov model tagger of order 1 or 2, decoded with the CRF's chain recursions.
 
     Parameters
@@ -156,7 +156,7 @@ class HMMTagger:
             raise ValueError(f"{name} must be a non-empty list of non-empty sequences")
         return list(itertools.chain.from_iterable(X)), lengths
 
-    def fit(self, X: Sequence[Sequence[str]], y: Sequence[Sequence[str]]) -> HMMTagger:
+    def fit(self, X: Sequence[Sequence[str]], y: Sequence[Sequence[str]]) -> HMM:
         """Estimate by counting from observation sequences ``X`` and label sequences ``y``."""
         self._check_params()
         words, lengths = self._flatten(X)
@@ -218,7 +218,7 @@ class HMMTagger:
 
     def _check_fitted(self) -> None:
         if not hasattr(self, "log_transitions_"):
-            raise RuntimeError("this HMMTagger is not fitted yet; call fit(X, y) first")
+            raise RuntimeError("this HMM is not fitted yet; call fit(X, y) first")
 
     def _chain_scores(self):
         """(transitions, start, end) for :mod:`crf._chain`; second order as pair states."""
@@ -365,7 +365,7 @@ class HMMTagger:
         tolerance: float = 1e-5,
         labelled_weight: float = 1.0,
         callback: Callable[[EMIteration], None] | None = None,
-    ) -> HMMTagger:
+    ) -> HMM:
         """Re-estimate the fitted model by EM on unlabelled observation sequences.
 
         Starts from the supervised model (call :meth:`fit` first); its labelled counts stay in
@@ -419,7 +419,7 @@ class HMMTagger:
 
     def to_arrays(self) -> tuple[dict, dict[str, np.ndarray]]:
         """The fitted tables as (JSON-ready metadata, named arrays): what :meth:`save` writes,
-        for containers that hold an HMM among other things (:class:`crf.bundle.TaggerBundle`)."""
+        for containers that hold an HMM among other things (:class:`crf.bundle.ModelBundle`)."""
         self._check_fitted()
         arrays = {"log_transitions": self.log_transitions_} | emission_arrays(self.log_emissions_, self.suffix_model_)
         arrays["vocabulary_blob"], arrays["vocabulary_offsets"] = strings_to_arrays(self.vocabulary_)
@@ -441,13 +441,13 @@ class HMMTagger:
         save_arrays(path, _KIND, meta, arrays)
 
     @classmethod
-    def load(cls, path) -> HMMTagger:
+    def load(cls, path) -> HMM:
         """Read a model written by :meth:`save`; raises ModelFileError on a bad file."""
         meta, arrays = load_arrays(path, _KIND)
         return cls.from_arrays(meta, arrays, path)
 
     @classmethod
-    def from_arrays(cls, meta: dict, arrays: dict[str, np.ndarray], path="model") -> HMMTagger:
+    def from_arrays(cls, meta: dict, arrays: dict[str, np.ndarray], path="model") -> HMM:
         """The HMM of :meth:`to_arrays`' output; ``path`` names the source in ModelFileError messages.
 
         Sizes are checked against each other and against what the file holds before any dense
@@ -461,7 +461,7 @@ class HMMTagger:
             raise ModelFileError(f"{path}: malformed HMM file ({type(err).__name__}: {err})") from None
 
     @classmethod
-    def _from_arrays(cls, meta: dict, arrays: dict[str, np.ndarray], path) -> HMMTagger:
+    def _from_arrays(cls, meta: dict, arrays: dict[str, np.ndarray], path) -> HMM:
         if not isinstance(meta["params"], dict):
             raise ModelFileError(f"{path}: the parameters are not a JSON object")
         model = cls(**meta["params"])
@@ -519,11 +519,11 @@ class HMMTagger:
 
 @register_kind
 class BundledHMM:
-    """An HMM and the column it observes as the part of a :class:`crf.TaggerBundle`."""
+    """An HMM and the column it observes as the part of a :class:`crf.ModelBundle`."""
 
     kind = "hmm"
 
-    def __init__(self, model: HMMTagger, observation: str) -> None:
+    def __init__(self, model: HMM, observation: str) -> None:
         self.model, self.observation = model, str(observation)
         self.labels = [str(c) for c in model.classes_]
         H = model.n_hidden_
@@ -543,7 +543,7 @@ class BundledHMM:
 
     @classmethod
     def from_parts(cls, meta, arrays, path):
-        model = HMMTagger.from_arrays(meta["model"], prefixed(arrays, "model/"), path)
+        model = HMM.from_arrays(meta["model"], prefixed(arrays, "model/"), path)
         if not isinstance(meta["observation"], str):
             raise ModelFileError(f"{path}: the observed column {meta['observation']!r} is not a column name")
         return cls(model, meta["observation"])

@@ -633,7 +633,7 @@ _DEFAULTS = {name: p.default for name, p in inspect.signature(CRF.__init__).para
 
 @register_kind
 class BundledCRF:
-    """A CRF and its fitted feature extractor as the part of a :class:`crf.TaggerBundle`: the
+    """A CRF and its fitted feature extractor as the part of a :class:`crf.ModelBundle`: the
     emissions come from the extractor's attributes of the raw token columns."""
 
     kind = "crf"

@@ -1,4 +1,4 @@
-"""TaggerBundle: one file per trained model (CRF or HMM), tagging dict/string/frame input, fixed labels."""
+"""ModelBundle: one file per trained model (CRF or HMM), tagging dict/string/frame input, fixed labels."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from pipeline_helpers import make_sentence
 
-from crf import CRF, FeatureExtractor, HMMTagger, ModelFileError, TaggerBundle, load_tagger
+from crf import CRF, HMM, FeatureExtractor, ModelBundle, ModelFileError, load_bundle
 from crf import _chain as chain
 from crf._persist import load_arrays, save_arrays
 from crf.hmm import BundledHMM
@@ -39,13 +39,13 @@ def crf_bundle(train):
     batch = extractor.fit_transform(train)
     model = CRF(max_iterations=40, c2=0.1).fit(batch, [[row[2] for row in s] for s in train])
     source = {"dataset": {"name": "toy", "columns": COLUMNS, "label": "chunk", "scheme": "IOB2"}}
-    return TaggerBundle(BundledCRF(extractor, model), scheme="IOB2", input_columns=["w", "pos"], source=source)
+    return ModelBundle(BundledCRF(extractor, model), scheme="IOB2", input_columns=["w", "pos"], source=source)
 
 
 @pytest.fixture(scope="module")
 def hmm_bundle(train):
-    model = HMMTagger(order=2).fit([[row[1] for row in s] for s in train], [[row[2] for row in s] for s in train])
-    return TaggerBundle(BundledHMM(model, "pos"), scheme="iob2", source={"dataset": {"label": "chunk"}})
+    model = HMM(order=2).fit([[row[1] for row in s] for s in train], [[row[2] for row in s] for s in train])
+    return ModelBundle(BundledHMM(model, "pos"), scheme="iob2", source={"dataset": {"label": "chunk"}})
 
 
 def _dicts(sentences):
@@ -55,7 +55,7 @@ def _dicts(sentences):
 def test_crf_round_trip_matches_the_model(crf_bundle, test_sentences, tmp_path):
     path = tmp_path / "bundle.npz"
     crf_bundle.save(path)
-    loaded = load_tagger(path)
+    loaded = load_bundle(path)
     assert (loaded.kind, loaded.labels, loaded.scheme, loaded.input_columns) == ("crf", crf_bundle.labels, "iob2", ["w", "pos"])
     assert loaded.source == crf_bundle.source
     out = loaded.tag(_dicts(test_sentences))
@@ -75,7 +75,7 @@ def test_crf_round_trip_matches_the_model(crf_bundle, test_sentences, tmp_path):
 def test_hmm_round_trip_matches_the_model(hmm_bundle, test_sentences, tmp_path):
     path = tmp_path / "hmm.npz"
     hmm_bundle.save(path)
-    loaded = load_tagger(path)
+    loaded = load_bundle(path)
     assert loaded.kind == "hmm" and loaded.input_columns == ["pos"]
     words = [[row[1] for row in s] for s in test_sentences]
     out = loaded.tag(words)  # one input column: plain strings
@@ -93,8 +93,8 @@ def test_hmm_segment_confidence_against_enumeration(order):
     that contain the chunk (same start, end and type) with its tokens' predicted labels."""
     X = [["a", "b", "a"], ["b", "b"], ["a", "a", "b"]]
     y = [["B-X", "I-X", "O"], ["B-X", "O"], ["O", "B-X", "I-X"]]
-    model = HMMTagger(order=order, transition_smoothing="add-k", emission_smoothing="add-k", k=0.5).fit(X, y)
-    bundle = TaggerBundle(BundledHMM(model, "w"), scheme="iob2")
+    model = HMM(order=order, transition_smoothing="add-k", emission_smoothing="add-k", k=0.5).fit(X, y)
+    bundle = ModelBundle(BundledHMM(model, "w"), scheme="iob2")
     words = ["a", "b", "b", "a"]
     (out,) = bundle.tag([words])
     emissions = model.emissions(words)
@@ -233,25 +233,25 @@ def test_tampered_bundle_is_rejected(crf_bundle, tmp_path):
                 data = data[:-8] + np.float64(123.0).tobytes()
             target.writestr(item, data)
     with pytest.raises(ModelFileError, match="checksum"):
-        load_tagger(tampered)
+        load_bundle(tampered)
     other = tmp_path / "other.npz"
     save_arrays(other, "crf.CRF", {}, {})
     with pytest.raises(ModelFileError, match="expected a 'crf.TaggerBundle'"):
-        load_tagger(other)
+        load_bundle(other)
     with pytest.raises(ModelFileError, match="no such model file"):
-        load_tagger(tmp_path / "absent.npz")
+        load_bundle(tmp_path / "absent.npz")
 
 
 def test_scheme_none_has_no_segments(train):
-    model = HMMTagger(order=1).fit([[r[0] for r in s] for s in train], [[r[1] for r in s] for s in train])
-    bundle = TaggerBundle(BundledHMM(model, "w"), scheme="none")
+    model = HMM(order=1).fit([[r[0] for r in s] for s in train], [[r[1] for r in s] for s in train])
+    bundle = ModelBundle(BundledHMM(model, "w"), scheme="none")
     words = ["the", "dog", "runs", "a", "cat", "."]
     (out,) = bundle.tag([words])
     assert out["labels"] == model.predict([words])[0] == ["DT", "NN", "VB", "DT", "NN", "."] and "segments" not in out
     frame = bundle.tag_frame(pd.DataFrame({"sentence": [0] * 6, "w": words}))
     assert "segment_confidence" not in frame and list(frame["label"]) == out["labels"]
     with pytest.raises(ValueError, match="unknown tagging scheme"):
-        TaggerBundle(BundledHMM(model, "w"), scheme="bilou")
+        ModelBundle(BundledHMM(model, "w"), scheme="bilou")
 
 
 def test_chain_viterbi_used_for_the_state_space(hmm_bundle):
@@ -294,7 +294,7 @@ def test_closed_form_chunk_confidence_equals_the_constrained_recursion(crf_bundl
         np.testing.assert_allclose(closed, recursion, atol=1e-9)
 
 
-def _best_hidden_path(model: HMMTagger, words: list[str], fixed: dict[int, str]) -> tuple[list[str], float, float]:
+def _best_hidden_path(model: HMM, words: list[str], fixed: dict[int, str]) -> tuple[list[str], float, float]:
     """By enumeration over the HMM's hidden label sequences whose labels agree with ``fixed``:
     (labels of the best, its joint log probability, the runner-up's); hidden label h carries
     label h % L, and in the second-order table index H stands for the sentence boundary."""
@@ -335,8 +335,8 @@ def test_hmm_fixed_labels_agree_with_enumeration(order, settings):
         n = int(rng.integers(2, 6))
         X.append([str(w) for w in rng.choice(vocabulary, n)])
         y.append([str(t) for t in rng.choice(labels, n)])
-    model = HMMTagger(order=order, **settings).fit(X, y)
-    bundle = TaggerBundle(BundledHMM(model, "w"), scheme="none")
+    model = HMM(order=order, **settings).fit(X, y)
+    bundle = ModelBundle(BundledHMM(model, "w"), scheme="none")
     impossible = 0
     for _ in range(60):
         n = int(rng.integers(1, 5))

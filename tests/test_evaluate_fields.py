@@ -19,7 +19,7 @@ from pipeline_helpers import compose_config  # noqa: E402
 from sklearn.metrics import average_precision_score  # noqa: E402
 from test_references import write_references  # noqa: E402
 
-from crf import HMMTagger, TaggerBundle, metrics  # noqa: E402
+from crf import HMM, ModelBundle, metrics  # noqa: E402
 from crf.hmm import BundledHMM  # noqa: E402
 from pipeline.engine.runner import run_pipeline  # noqa: E402
 from pipeline.engine.stage import frozen  # noqa: E402
@@ -90,13 +90,13 @@ def test_confidence_average_precision_against_sklearn_and_by_hand():
     assert np.isnan(fields.confidence_average_precision(segments.assign(correct=False), "author"))
 
 
-def _ambiguous_bundle() -> TaggerBundle:
+def _ambiguous_bundle() -> ModelBundle:
     """A first-order add-k HMM: the word "x" is as likely under every label, and "x x" is far
     more often B-a I-a than B-b I-b; a b-chunk's second token is never I-a (nor an a-chunk's I-b)."""
     words = [["x", "x"]] * 6 + [["x", "x"]] * 2 + [["y"]] * 4
     tags = [["B-a", "I-a"]] * 6 + [["B-b", "I-b"]] * 2 + [["B-a"], ["B-b"], ["B-a"], ["B-b"]]
-    hmm = HMMTagger(order=1, transition_smoothing="add-k", emission_smoothing="add-k", k=0.01).fit(words, tags)
-    return TaggerBundle(BundledHMM(hmm, "w"), scheme="iob2")
+    hmm = HMM(order=1, transition_smoothing="add-k", emission_smoothing="add-k", k=0.01).fit(words, tags)
+    return ModelBundle(BundledHMM(hmm, "w"), scheme="iob2")
 
 
 def test_correction_propagation_fixes_the_neighbour():
@@ -218,8 +218,8 @@ def test_correction_propagation_counts_nothing_for_a_fix_of_probability_zero():
     changes nothing; a possible one in the same call is counted as usual."""
     words = [["a", "b"], ["b", "a"], ["a", "a"], ["b", "b"], ["c", "c"], ["c", "c"]]
     tags = [["B-x", "B-y"], ["B-y", "B-x"], ["B-x", "I-x"], ["B-y", "I-y"], ["B-x", "I-x"], ["B-y", "I-y"]]
-    hmm = HMMTagger(order=2).fit(words, tags)  # TnT: "a" only ever B-x/I-x, "b" only B-y/I-y
-    bundle = TaggerBundle(BundledHMM(hmm, "w"), scheme="iob2")
+    hmm = HMM(order=2).fit(words, tags)  # TnT: "a" only ever B-x/I-x, "b" only B-y/I-y
+    bundle = ModelBundle(BundledHMM(hmm, "w"), scheme="iob2")
     flat = np.array(["a", "b", "c", "c"], dtype=object)
     offsets = np.array([0, 2, 4])
     tagged = bundle.tag_arrays({"w": flat}, np.diff(offsets))

@@ -10,7 +10,7 @@ import pytest
 import scipy.sparse as sp
 from scipy.special import logsumexp
 
-from crf import CRF, HMMTagger, ModelFileError, SequenceBatch
+from crf import CRF, HMM, ModelFileError, SequenceBatch
 from crf import _chain as chain
 from crf._lattice import ngram_viterbi
 from crf.hmm import valid_contexts
@@ -42,7 +42,7 @@ def sample_corpus(seed: int, n_sentences: int, n_labels: int = 3, n_words: int =
     return X, y
 
 
-def direct_joint_log_probability(model: HMMTagger, words, labels) -> float:
+def direct_joint_log_probability(model: HMM, words, labels) -> float:
     """log p(x, y) read term by term from the model's tables, without the chain recursions."""
     H = model.n_hidden_
     table = model.log_transitions_
@@ -58,7 +58,7 @@ def direct_joint_log_probability(model: HMMTagger, words, labels) -> float:
 @pytest.mark.parametrize("settings", SETTINGS)
 def test_probabilities_sum_to_one(settings):
     X, y = sample_corpus(0, 60)
-    model = HMMTagger(**settings).fit(X, y)
+    model = HMM(**settings).fit(X, y)
     H = model.n_hidden_
     valid = valid_contexts(H, model.order)
     seen = model.transition_counts_.sum(axis=-1) > 0
@@ -79,7 +79,7 @@ def test_probabilities_sum_to_one(settings):
 @pytest.mark.parametrize("settings", SETTINGS)
 def test_viterbi_and_log_likelihood_match_a_direct_hmm(settings):
     X, y = sample_corpus(1, 80)
-    model = HMMTagger(**settings).fit(X, y)
+    model = HMM(**settings).fit(X, y)
     test_X = sample_corpus(2, 12, max_length=4)[0] + [["W0", "unseen", "w1"], ["Unseen"]]
     predicted = model.predict(test_X)
     per_sequence = model.log_likelihood(test_X, per_sequence=True)
@@ -123,7 +123,7 @@ def test_sparse_viterbi_matches_dense_viterbi(order):
 def test_first_order_hmm_as_crf_weights():
     """An HMM is a CRF with one indicator attribute per word and log probabilities as weights."""
     X, y = sample_corpus(3, 100)
-    model = HMMTagger(order=1, transition_smoothing="add-k", emission_smoothing="add-k", k=0.5).fit(X, y)
+    model = HMM(order=1, transition_smoothing="add-k", emission_smoothing="add-k", k=0.5).fit(X, y)
     test_X = sample_corpus(4, 15)[0] + [["w1", "never-seen"]]
     words = [w for s in test_X for w in s]
     V = len(model.vocabulary_)
@@ -157,7 +157,7 @@ def test_baum_welch_never_decreases_the_likelihood(order):
     X, y = sample_corpus(5, 40)
     unlabelled = sample_corpus(6, 150)[0]
     # k = 0 and no labelled counts in the M-step: the objective is the plain log-likelihood
-    model = HMMTagger(order=order, transition_smoothing="add-k", emission_smoothing="add-k", k=0.0).fit(X, y)
+    model = HMM(order=order, transition_smoothing="add-k", emission_smoothing="add-k", k=0.0).fit(X, y)
     seen = []
     model.baum_welch(unlabelled, iterations=15, tolerance=0.0, labelled_weight=0.0, callback=seen.append)
     likelihood = np.array([h.log_likelihood for h in model.em_history_])
@@ -167,7 +167,7 @@ def test_baum_welch_never_decreases_the_likelihood(order):
     assert likelihood[-1] > likelihood[0] + 1.0  # EM does improve on the supervised start
     assert model.log_likelihood(unlabelled) >= likelihood[-1] - 1e-8 * abs(likelihood[-1])
     # semi-supervised MAP-EM: the objective (likelihood + labelled joint + prior) never decreases
-    model = HMMTagger(order=order, transition_smoothing="add-k", emission_smoothing="add-k", k=0.5).fit(X, y)
+    model = HMM(order=order, transition_smoothing="add-k", emission_smoothing="add-k", k=0.5).fit(X, y)
     model.baum_welch(unlabelled, iterations=15, tolerance=0.0, labelled_weight=1.0)
     objective = np.array([h.objective for h in model.em_history_])
     assert np.all(np.diff(objective) >= -1e-8 * np.abs(objective[1:]))
@@ -176,17 +176,17 @@ def test_baum_welch_never_decreases_the_likelihood(order):
 def test_baum_welch_refuses_models_without_a_monotone_update():
     X, y = sample_corpus(7, 20)
     with pytest.raises(ValueError, match="add-k models only"):
-        HMMTagger().fit(X, y).baum_welch(X)
+        HMM().fit(X, y).baum_welch(X)
 
 
 def test_save_load_round_trip_and_bad_files(tmp_path):
     X, y = sample_corpus(8, 60)
     test_X = sample_corpus(9, 20)[0] + [["Never", "seen", "words"]]
     for settings in SETTINGS:
-        model = HMMTagger(**settings).fit(X, y)
+        model = HMM(**settings).fit(X, y)
         path = tmp_path / "hmm.npz"
         model.save(path)
-        loaded = HMMTagger.load(path)
+        loaded = HMM.load(path)
         assert loaded.predict(test_X) == model.predict(test_X)
         np.testing.assert_allclose(
             loaded.log_likelihood(test_X, per_sequence=True), model.log_likelihood(test_X, per_sequence=True)
@@ -202,28 +202,28 @@ def test_save_load_round_trip_and_bad_files(tmp_path):
         dense["log_emissions"] = model.log_emissions_
         if model.suffix_model_ is not None:
             dense["suffix_log_probabilities"] = model.suffix_model_.log_probabilities
-        assert HMMTagger.from_arrays(meta, dense).predict(test_X) == model.predict(test_X)
+        assert HMM.from_arrays(meta, dense).predict(test_X) == model.predict(test_X)
     crf_path = tmp_path / "crf.npz"
     CRF(max_iterations=2).fit([[{"w": 1.0}], [{"v": 1.0}]], [["A"], ["B"]]).save(crf_path)
     with pytest.raises(ModelFileError, match="expected a 'crf.HMMTagger'"):
-        HMMTagger.load(crf_path)
+        HMM.load(crf_path)
     data = bytearray(path.read_bytes())
     path.write_bytes(bytes(data[: len(data) // 2]))
     with pytest.raises(ModelFileError):
-        HMMTagger.load(path)
+        HMM.load(path)
 
 
 def test_input_errors():
     with pytest.raises(ValueError, match="order must be 1 or 2"):
-        HMMTagger(order=3).fit([["a"]], [["A"]])
+        HMM(order=3).fit([["a"]], [["A"]])
     with pytest.raises(ValueError, match="differ in length at sequence 1"):
-        HMMTagger().fit([["a"], ["b", "c"]], [["A"], ["B"]])
+        HMM().fit([["a"], ["b", "c"]], [["A"], ["B"]])
     with pytest.raises(ValueError, match="non-empty"):
-        HMMTagger().fit([[]], [[]])
+        HMM().fit([[]], [[]])
     with pytest.raises(RuntimeError, match="not fitted"):
-        HMMTagger().predict([["a"]])
+        HMM().predict([["a"]])
     with pytest.raises(ValueError, match="capitalization=True needs"):
-        HMMTagger(capitalization=True, emission_smoothing="add-k").fit([["a"]], [["A"]])
+        HMM(capitalization=True, emission_smoothing="add-k").fit([["a"]], [["A"]])
 
 
 def test_tnt_on_ewt_upos_is_at_least_as_accurate_as_nltk(shared_data):
@@ -237,7 +237,7 @@ def test_tnt_on_ewt_upos_is_at_least_as_accurate_as_nltk(shared_data):
     X, y, X_test, y_test = column(train, 1), column(train, 3), column(test, 1), column(test, 3)
     gold = np.array([t for s in y_test for t in s], dtype=object)
     for capitalization in (False, True):
-        ours = HMMTagger(order=2, capitalization=capitalization).fit(X, y).score(X_test, y_test)
+        ours = HMM(order=2, capitalization=capitalization).fit(X, y).score(X_test, y_test)
         reference = nltk_tnt.TnT(C=capitalization)
         reference.train([list(zip(w, t)) for w, t in zip(X, y)])
         theirs = np.mean(np.array([t for s in reference.tagdata(X_test) for _, t in s], dtype=object) == gold)
@@ -246,11 +246,11 @@ def test_tnt_on_ewt_upos_is_at_least_as_accurate_as_nltk(shared_data):
 
 
 def test_strings_instead_of_token_lists_and_impossible_words_are_errors():
-    hmm = HMMTagger(order=1).fit([["the", "dog"]], [["D", "N"]])
+    hmm = HMM(order=1).fit([["the", "dog"]], [["D", "N"]])
     for bad in (["the dog"], "the dog"):
         with pytest.raises(TypeError, match="not strings: tokenise first"):
             hmm.predict(bad)
-    mle = HMMTagger(order=1, transition_smoothing="add-k", emission_smoothing="add-k", k=0).fit([["the", "dog"]], [["D", "N"]])
+    mle = HMM(order=1, transition_smoothing="add-k", emission_smoothing="add-k", k=0).fit([["the", "dog"]], [["D", "N"]])
     with pytest.raises(ValueError, match="sequence 1, token 0: the word 'a' has probability 0 under every label"):
         mle.predict([["the", "dog"], ["a", "dog"]])
     assert mle.log_likelihood([["a", "dog"]]) == -np.inf  # p(x) = 0 is the right answer there
@@ -259,10 +259,10 @@ def test_strings_instead_of_token_lists_and_impossible_words_are_errors():
 
 def test_integer_labels_keep_their_type_and_score(tmp_path):
     X, y = [["a", "b"], ["b", "a", "a"]] * 5, [[1, 2], [2, 1, 1]] * 5
-    hmm = HMMTagger(order=1, transition_smoothing="add-k", emission_smoothing="add-k", k=0.1).fit(X, y)
+    hmm = HMM(order=1, transition_smoothing="add-k", emission_smoothing="add-k", k=0.1).fit(X, y)
     assert hmm.classes_ == [1, 2] and hmm.predict(X[:1]) == [[1, 2]] and hmm.score(X, y) == 1.0
     hmm.save(tmp_path / "hmm.npz")
-    assert HMMTagger.load(tmp_path / "hmm.npz").predict(X[:1]) == [[1, 2]]
+    assert HMM.load(tmp_path / "hmm.npz").predict(X[:1]) == [[1, 2]]
 
 
 def test_a_model_whose_suffix_table_has_no_counts_saves_and_loads(tmp_path):
@@ -272,10 +272,10 @@ def test_a_model_whose_suffix_table_has_no_counts_saves_and_loads(tmp_path):
 
     words = [["The", "dog", "barks"], ["A", "cat", "sleeps"], ["The", "cat", "barks"]]
     tags = [["DT", "NN", "VB"], ["DT", "NN", "VB"], ["DT", "NN", "VB"]]
-    model = HMMTagger(order=2).fit(words, tags)
+    model = HMM(order=2).fit(words, tags)
     model.suffix_model_ = dataclasses.replace(model.suffix_model_, counts=None)
     model.save(tmp_path / "dense.npz")
-    loaded = HMMTagger.load(tmp_path / "dense.npz")
+    loaded = HMM.load(tmp_path / "dense.npz")
     np.testing.assert_array_equal(loaded.suffix_model_.log_probabilities, model.suffix_model_.log_probabilities)
     assert loaded.predict([["The", "dog", "sleeps"]]) == model.predict([["The", "dog", "sleeps"]]) == [["DT", "NN", "VB"]]
 
@@ -285,7 +285,7 @@ def test_interpolation_with_all_weight_on_trigrams_has_no_nan_and_decodes():
     have probability 0 for every label (they were 0/0 = NaN, which crashed the lattice decoder)."""
     words = [["The", "dog", "barks"], ["A", "cat", "sleeps"], ["The", "cat", "barks"]]
     tags = [["DT", "NN", "VB"]] * 3
-    model = HMMTagger(order=2).fit(words, tags)
+    model = HMM(order=2).fit(words, tags)
     assert model.interpolation_weights_[-1] == 1.0
     assert not np.isnan(model.log_transitions_).any()
     assert model.predict([["A", "wolf", "howls"]]) == [["DT", "NN", "VB"]]

@@ -21,7 +21,7 @@ from mlflow.tracking import MlflowClient  # noqa: E402
 from pipeline_helpers import compose_config, tiny_overrides, write_corpus  # noqa: E402
 
 from crf import metrics  # noqa: E402
-from crf.bundle import load_tagger  # noqa: E402
+from crf.bundle import load_bundle  # noqa: E402
 from pipeline.engine.runner import run_pipeline  # noqa: E402
 from pipeline.stages.prepare import read_prepared  # noqa: E402
 from pipeline.tracking import tracking_uri  # noqa: E402
@@ -81,7 +81,7 @@ def test_pipeline_logs_the_tagger_as_an_mlflow_model(logged):
 
     frame, gold = _test_frame(stages)
     predicted = model.predict(frame)
-    bundle = load_tagger(os.path.join(stages["train"].data.tags["cache_path"], "bundle.npz"))
+    bundle = load_bundle(os.path.join(stages["train"].data.tags["cache_path"], "bundle.npz"))
     direct = bundle.tag_frame(frame)
     # the same answer, with None where the bundle says NaN (outside chunks): strict JSON when served
     direct["marginal"] = direct["marginal"].astype(object)

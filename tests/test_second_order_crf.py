@@ -14,7 +14,7 @@ from numeric_helpers import finite_difference
 from pipeline_helpers import make_sentence
 from scipy.special import logsumexp
 
-from crf import CRF, FeatureExtractor, TaggerBundle, load_tagger
+from crf import CRF, FeatureExtractor, ModelBundle, load_bundle
 from crf import _chain as chain
 from crf._objective import Objective, ParameterLayout
 from crf._optimize import _regularised
@@ -369,10 +369,10 @@ def test_bundle_of_a_second_order_model_tags_like_the_model(data, tmp_path, prun
     extractor = FeatureExtractor(columns=["w", "pos", "chunk"], templates=["w[0]", "w[-1]", "pos[0]"])
     batch = extractor.fit_transform(train)
     model = CRF(order=2, c2=0.1, max_iterations=40, pruning_threshold=pruning).fit(batch, [[r[2] for r in s] for s in train])
-    bundle = TaggerBundle(BundledCRF(extractor, model), scheme="IOB2", input_columns=["w", "pos"])
+    bundle = ModelBundle(BundledCRF(extractor, model), scheme="IOB2", input_columns=["w", "pos"])
     path = tmp_path / "bundle.npz"
     bundle.save(path)
-    loaded = load_tagger(path)
+    loaded = load_bundle(path)
     assert loaded.part.n_states == (len(model.classes_) + 1) * len(model.classes_)
     tagged = loaded.tag([[{"w": w, "pos": p} for w, p, _ in s] for s in test])
     X_test = extractor.transform(test)

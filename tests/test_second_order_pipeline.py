@@ -16,7 +16,7 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 from pipeline_helpers import compose_config, make_sentence, tiny_overrides, write_corpus  # noqa: E402
 
-from crf import CRF, load_tagger  # noqa: E402
+from crf import CRF, load_bundle  # noqa: E402
 from pipeline.apps.tag import run_tag  # noqa: E402
 from pipeline.engine.runner import run_pipeline  # noqa: E402
 from pipeline.models.crf import CRFAdapter, build_model  # noqa: E402
@@ -86,7 +86,7 @@ def test_a_second_order_run_trains_evaluates_and_its_bundle_tags(trained, tmp_pa
     bundle_path, model_path, out, _ = trained
     model = CRF.load(model_path)
     assert model.order == 2 and model.trigram_weights_.shape[0] == len(model.classes_) + 1
-    bundle = load_tagger(bundle_path)
+    bundle = load_bundle(bundle_path)
     L = len(bundle.labels)
     assert bundle.part.n_states == (L + 1) * L
     (metrics_file,) = list((out / "cache" / "evaluate").rglob("stage_metrics.json"))
@@ -135,5 +135,5 @@ def test_the_mlflow_model_of_a_second_order_run_tags_like_its_bundle(trained):
         [{"sentence": i, "w": w, "pos": p} for i, s in enumerate(sentences) for w, p, _ in s], columns=["sentence", "w", "pos"]
     )
     predicted = model.predict(frame)
-    expected = load_tagger(bundle_path).tag([[{"w": w, "pos": p} for w, p, _ in s] for s in sentences])
+    expected = load_bundle(bundle_path).tag([[{"w": w, "pos": p} for w, p, _ in s] for s in sentences])
     assert predicted["label"].tolist() == [label for e in expected for label in e["labels"]]

@@ -26,7 +26,7 @@ from mlflow.tracking import MlflowClient  # noqa: E402
 from pipeline_helpers import compose_config, make_sentence, tiny_overrides, write_corpus  # noqa: E402
 from seqeval.metrics import f1_score, precision_score, recall_score  # noqa: E402
 
-from crf import load_tagger  # noqa: E402
+from crf import load_bundle  # noqa: E402
 from crf.io import DataFormatError, read_conll  # noqa: E402
 from pipeline.apps.formats import tokenize  # noqa: E402
 from pipeline.apps.tag import TagError, renamed, resolve_model, run_tag  # noqa: E402
@@ -57,7 +57,7 @@ def trained(tmp_path_factory):
         by_model[parent.data.tags["model"]] = run
     assert {a.path for a in client.list_artifacts(by_model["hmm"].info.run_id, "train")} >= {"train/bundle.npz"}
     assert "train/bundle.npz" in {a.path for a in client.list_artifacts(by_model["crf"].info.run_id, "train")}
-    (pos_bundle,) = [p for p in (out / "cache").rglob("bundle.npz") if load_tagger(p).kind == "hmm"]
+    (pos_bundle,) = [p for p in (out / "cache").rglob("bundle.npz") if load_bundle(p).kind == "hmm"]
     return pos_bundle, f"runs:/{by_model['crf'].info.run_id}/train", uri, out
 
 
@@ -83,19 +83,19 @@ def _toy(n: int, seed: int) -> list[list[tuple[str, str, str]]]:
 
 def test_pipeline_bundles_record_where_they_came_from(trained):
     pos_bundle, chunker, uri, _ = trained
-    pos = load_tagger(pos_bundle)
+    pos = load_bundle(pos_bundle)
     assert pos.input_columns == ["w"] and pos.scheme == "none" and pos.source["dataset"]["label"] == "pos"
     assert pos.source["model"]["observation"] == "w"
     from pipeline.apps.tag import resolve_model
 
-    chunk = load_tagger(resolve_model(chunker, uri))
+    chunk = load_bundle(resolve_model(chunker, uri))
     assert chunk.kind == "crf" and chunk.input_columns == ["w", "pos"] and chunk.scheme == "iob2"
     assert chunk.source["dataset"]["label"] == "chunk" and "templates" in chunk.source["features"]
     # the MLflow Model logged for the run holds the bundle as an artifact: found in its folder
     run = MlflowClient(uri).get_run(chunker.split("/")[1])
     model_uri = run.data.tags.get("model_uri")
     assert model_uri, "the runner tags the train run with its MLflow Model's URI"
-    assert load_tagger(resolve_model(model_uri, uri)).labels == chunk.labels
+    assert load_bundle(resolve_model(model_uri, uri)).labels == chunk.labels
 
 
 def test_chained_text_to_chunks_in_jsonl(trained, tmp_path):
@@ -109,10 +109,10 @@ def test_chained_text_to_chunks_in_jsonl(trained, tmp_path):
     records = [json.loads(line) for line in target.read_text().splitlines()]
     assert [r["tokens"] for r in records] == [[w for w, _, _ in s] for s in sentences]
     # the chain equals running the POS tagger, then the chunker on its tags
-    pos = load_tagger(pos_bundle).tag([[w for w, _, _ in s] for s in sentences])
+    pos = load_bundle(pos_bundle).tag([[w for w, _, _ in s] for s in sentences])
     from pipeline.apps.tag import resolve_model
 
-    chunk = load_tagger(resolve_model(chunker, uri)).tag(
+    chunk = load_bundle(resolve_model(chunker, uri)).tag(
         [[{"w": w, "pos": p} for (w, _, _), p in zip(s, o["labels"])] for s, o in zip(sentences, pos)]
     )
     for record, p, c in zip(records, pos, chunk):
@@ -358,7 +358,7 @@ def registered(tmp_path_factory):
 
 
 def _labels(bundle_path: Path) -> list[str]:
-    return load_tagger(bundle_path).labels
+    return load_bundle(bundle_path).labels
 
 
 def test_closing_lines_name_what_loads(registered, tmp_path, monkeypatch):
@@ -459,5 +459,5 @@ print(model.predict(frame)["label"].tolist())
     )
     assert done.returncode == 0, done.stderr
     frame = pd.DataFrame({"sentence": [0, 0, 0], "w": ["the", "dog", "runs"], "pos": ["DT", "NN", "VB"]})
-    assert done.stdout.strip() == str(load_tagger(first["bundle"]).tag_frame(frame)["label"].tolist())
+    assert done.stdout.strip() == str(load_bundle(first["bundle"]).tag_frame(frame)["label"].tolist())
     assert not list(tmp_path.rglob("*.db"))

@@ -8,7 +8,7 @@ from collections import Counter
 
 import numpy as np
 
-from crf import TaggerBundle
+from crf import ModelBundle
 from crf._persist import ModelFileError
 from crf.bundle import register_kind
 from crf.io import atomic_write
@@ -52,7 +52,7 @@ class MajorityAdapter(BaseAdapter):
         labels = sorted(counts)
         best = labels.index(counts.most_common(1)[0][0])
         part = BundledMajority(labels, best, context.config.model.penalty)
-        TaggerBundle(part, scheme=data.scheme, source=bundle_source(data, {"model": dict(context.config.model)})).save(
+        ModelBundle(part, scheme=data.scheme, source=bundle_source(data, {"model": dict(context.config.model)})).save(
             context.out / BUNDLE_FILE
         )
         text = "{" + ", ".join(f'"{k}": {v}' for k, v in sorted(counts.items())) + "}"

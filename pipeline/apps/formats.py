@@ -23,7 +23,7 @@ optional gold label column. Readers (``format``; ``auto`` picks by extension, ``
 - ``text`` (``.txt`` only when asked): one sentence per line of words, split by :func:`tokenize`
   as the model's training tokens were made (``whitespace`` or ``punct``).
 
-Every token read is then checked as :meth:`crf.TaggerBundle.tag` checks it
+Every token read is then checked as :meth:`crf.ModelBundle.tag` checks it
 (:func:`crf.bundle.check_tokens`: a non-empty string without whitespace).
 
 Writers (atomic: :func:`crf.io.atomic_write`): ``conll`` (the input columns, the gold column

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from crf import HMMTagger
+from crf import HMM
 from pipeline import tracking
 from pipeline.report import markdown_table
 from pipeline.stages.data import load_dataset
@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 def _ours(X, y, X_test, capitalization: bool):
     began = time.perf_counter()
-    model = HMMTagger(order=2, capitalization=capitalization).fit(X, y)
+    model = HMM(order=2, capitalization=capitalization).fit(X, y)
     trained = time.perf_counter() - began
     began = time.perf_counter()
     predicted = model.predict(X_test)

@@ -1,6 +1,6 @@
 """``python -m pipeline.tag model=<bundle> input=<file> output=<file>``: tag new text with a trained model.
 
-The model is a :class:`crf.TaggerBundle` (``bundle.npz``, written by the train stage): a path to
+The model is a :class:`crf.ModelBundle` (``bundle.npz``, written by the train stage): a path to
 the file or to a folder holding one, or an MLflow URI (``runs:/<run id>/train``,
 ``models:/<name>/<version>``, ``models:/<name>@champion``, ``models:/m-<id>``) whose artifacts hold
 it (downloaded with :func:`mlflow.artifacts.download_artifacts`; the folder is searched for
@@ -49,7 +49,7 @@ import numpy as np
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from crf import metrics
-from crf.bundle import TaggerBundle, TokenError, check_tokens, load_tagger
+from crf.bundle import ModelBundle, TokenError, check_tokens, load_bundle
 from pipeline.apps.formats import (
     OUTPUT_FORMATS,
     TOKENISATIONS,
@@ -168,12 +168,12 @@ def _files_run_uri(reference: str) -> tuple[str | None, str]:
     return None, (f"run {run_id} has no {artifact!r}; these load: {', '.join(loads)}" if loads else "")
 
 
-def output_column(bundle: TaggerBundle) -> str:
+def output_column(bundle: ModelBundle) -> str:
     """The column a bundle predicts: its dataset's label column (``label`` when unknown)."""
     return str(bundle.source.get("dataset", {}).get("label") or "label")
 
 
-def file_columns(bundles: Sequence[TaggerBundle], aliases: Mapping[str, str]) -> list[str]:
+def file_columns(bundles: Sequence[ModelBundle], aliases: Mapping[str, str]) -> list[str]:
     """The columns the input must give: every model's input columns that no earlier model fills."""
     needed: list[str] = []
     filled: set[str] = set()
@@ -184,7 +184,7 @@ def file_columns(bundles: Sequence[TaggerBundle], aliases: Mapping[str, str]) ->
     return needed
 
 
-def tag_corpus(bundles: Sequence[TaggerBundle], corpus: Corpus, aliases: Mapping[str, str]) -> list[Prediction]:
+def tag_corpus(bundles: Sequence[ModelBundle], corpus: Corpus, aliases: Mapping[str, str]) -> list[Prediction]:
     """Run the chain on ``corpus``; each model's labels join ``corpus.columns`` for the next."""
     predictions = []
     for bundle in bundles:
@@ -207,7 +207,7 @@ def tag_corpus(bundles: Sequence[TaggerBundle], corpus: Corpus, aliases: Mapping
     return predictions
 
 
-def score(bundle: TaggerBundle, corpus: Corpus, prediction: Prediction) -> dict[str, float]:
+def score(bundle: ModelBundle, corpus: Corpus, prediction: Prediction) -> dict[str, float]:
     """The last model against the gold column, all in percent (0-100): token ``accuracy`` and, for
     chunk schemes, conlleval's chunk ``precision``, ``recall`` and ``f1``."""
     gold, predicted = corpus.sentences(corpus.gold), corpus.sentences(prediction.labels)
@@ -218,7 +218,7 @@ def score(bundle: TaggerBundle, corpus: Corpus, prediction: Prediction) -> dict[
     return scores
 
 
-def training_layout(bundles: Sequence[TaggerBundle], needed: Sequence[str]) -> list[str] | None:
+def training_layout(bundles: Sequence[ModelBundle], needed: Sequence[str]) -> list[str] | None:
     """The column layout that names a CoNLL input's columns: the training data's columns
     (``source.dataset.columns``) of the last model, else of the first, that holds every column
     the chain reads from the file; None when no model records one."""
@@ -238,7 +238,7 @@ KNOWN_TOKENISATION = {
 }
 
 
-def bundle_tokenisation(bundle: TaggerBundle) -> str | None:
+def bundle_tokenisation(bundle: ModelBundle) -> str | None:
     """How the training tokens of ``bundle`` were made: ``whitespace`` or ``punct`` (its
     ``source.dataset.tokenisation``, else known from the dataset name it records), or None."""
     dataset = bundle.source.get("dataset", {})
@@ -246,7 +246,7 @@ def bundle_tokenisation(bundle: TaggerBundle) -> str | None:
     return value if value in TOKENISATIONS else None
 
 
-def text_tokenisation(choice: str, bundle: TaggerBundle, reference: str) -> str:
+def text_tokenisation(choice: str, bundle: ModelBundle, reference: str) -> str:
     """How to split plain text for ``bundle`` (the chain's first model): as its training tokens
     were made. ``choice`` (the ``tokenize`` setting): ``auto`` (the model's way) or a way that
     must agree with the model's; a model that does not record it needs the setting."""
@@ -347,7 +347,7 @@ def run_tag(cfg: Mapping) -> dict:
     aliases = dict(cfg.get("column_aliases") or {})
     tracking_uri, registry_uri = cfg.get("tracking_uri"), cfg.get("registry_uri")
     import_plugins(cfg.get("plugins") or [])
-    bundles = [load_tagger(resolve_model(r, tracking_uri, registry_uri)) for r in references]
+    bundles = [load_bundle(resolve_model(r, tracking_uri, registry_uri)) for r in references]
     for reference, bundle in zip(references, bundles):
         log.info("model %s: %s over %s -> %r (%d labels, scheme %s)", reference, bundle.kind, bundle.input_columns,
                  output_column(bundle), len(bundle.labels), bundle.scheme)  # fmt: skip
@@ -369,7 +369,7 @@ def run_tag(cfg: Mapping) -> dict:
         layout=training_layout(bundles, needed),
         tokenisation=tokenisation,
     )
-    try:  # the check TaggerBundle.tag and the MLflow Model make, counted from 1 as in the file
+    try:  # the check ModelBundle.tag and the MLflow Model make, counted from 1 as in the file
         check_tokens({c: corpus.columns[c] for c in needed}, corpus.offsets, base=1)
     except TokenError as err:
         raise TagError(f"input {input_path}: {err}") from None

@@ -16,7 +16,7 @@ the defaults) declares:
   them differ between identical runs (measured times);
 - ``trainer_tag(cfg)``: the ``trainer`` tag of the pipeline run;
 - ``fit(context, data) -> metrics``: train on the prepared data and write, into ``context.out``,
-  the self-contained tagger as :data:`BUNDLE_FILE` (a :class:`crf.TaggerBundle` whose part is the
+  the self-contained tagger as :data:`BUNDLE_FILE` (a :class:`crf.ModelBundle` whose part is the
   kind's :class:`crf.bundle.BundledModel`, registered with :func:`crf.bundle.register_kind`):
   evaluation, ``python -m pipeline.tag`` and the MLflow Model all tag with it;
 - ``warm_starts``: whether ``fit`` can start from an earlier fit's output, and

@@ -2,7 +2,7 @@
 
 Training reads the prepare and featurize folders and writes ``model.npz`` (see ``CRF.save``),
 ``bundle.npz`` (the model with its fitted features, labels, scheme and input columns: a
-:class:`crf.TaggerBundle`),
+:class:`crf.ModelBundle`),
 ``history.csv`` (one row per iteration: loss, gradient norm, active features, elapsed seconds,
 and dev accuracy/F1 every ``dev_every`` iterations) and ``learning_curve.png``. Each iteration
 is logged (with an estimate of the time left) and sent as step metrics to the tracking run.
@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 from omegaconf import OmegaConf
 
-from crf import CRF, IterationInfo, TaggerBundle, metrics, parameter_applies
+from crf import CRF, IterationInfo, ModelBundle, metrics, parameter_applies
 from crf.model import BundledCRF
 from pipeline.engine.validate import SettingsError, section, unknown_keys, where
 from pipeline.models import BUNDLE_FILE, METRICS_FILE, WARM_START_INPUT, BaseAdapter, bundle_source, default_threads
@@ -291,7 +291,7 @@ class CRFAdapter(BaseAdapter):
         model.callback = None
         model.save(out / "model.npz")
         source = bundle_source(data, OmegaConf.to_container(config), features=extractor.config())
-        TaggerBundle(BundledCRF(extractor, model), scheme=data.scheme, source=source).save(out / BUNDLE_FILE)
+        ModelBundle(BundledCRF(extractor, model), scheme=data.scheme, source=source).save(out / BUNDLE_FILE)
         history = pd.DataFrame(progress.history, columns=None if progress.history else ["iteration", "loss"])
         history.to_csv(out / "history.csv", index=False)
         plot_learning_curve(history, out / "learning_curve.png")

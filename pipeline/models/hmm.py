@@ -1,8 +1,8 @@
-"""The HMM baseline (``crf.HMMTagger``, trained by counting) as a pipeline model.
+"""The HMM baseline (``crf.HMM``, trained by counting) as a pipeline model.
 
 Training reads the prepare folder only (the HMM observes the column ``model.observation``) and
-writes ``model.npz`` (see ``HMMTagger.save``), ``bundle.npz`` (the model with its labels, scheme
-and observed column: a :class:`crf.TaggerBundle`) and ``hmm.json`` (sizes, interpolation weights).
+writes ``model.npz`` (see ``HMM.save``), ``bundle.npz`` (the model with its labels, scheme
+and observed column: a :class:`crf.ModelBundle`) and ``hmm.json`` (sizes, interpolation weights).
 Config slice: ``model``; settings: ``threads`` (one in a sweep job).
 """
 
@@ -15,7 +15,7 @@ from collections.abc import Mapping
 
 from omegaconf import OmegaConf
 
-from crf import HMMTagger, TaggerBundle
+from crf import HMM, ModelBundle
 from crf.hmm import BundledHMM
 from pipeline.engine.validate import SettingsError, section, unknown_keys, where
 from pipeline.models import BUNDLE_FILE, BaseAdapter, bundle_source, default_threads
@@ -26,10 +26,10 @@ log = logging.getLogger(__name__)
 ADD_K = "add-k"
 
 
-def build_hmm(model: Mapping, threads: int | None) -> HMMTagger:
-    """An HMMTagger from the ``model`` config section (keys that are HMMTagger parameters)."""
-    params = {k: model[k] for k in HMMTagger().get_params() if k in model and model[k] is not None}
-    return HMMTagger(n_threads=threads, **params)
+def build_hmm(model: Mapping, threads: int | None) -> HMM:
+    """An HMM from the ``model`` config section (keys that are HMM parameters)."""
+    params = {k: model[k] for k in HMM().get_params() if k in model and model[k] is not None}
+    return HMM(n_threads=threads, **params)
 
 
 class HMMAdapter(BaseAdapter):
@@ -38,7 +38,7 @@ class HMMAdapter(BaseAdapter):
     artifacts = ("model.npz", BUNDLE_FILE, "hmm.json")
 
     def known_keys(self, section: str) -> frozenset[str]:
-        return frozenset(HMMTagger().get_params()) | {"name", "adapter", "observation"} if section == "model" else frozenset()
+        return frozenset(HMM().get_params()) | {"name", "adapter", "observation"} if section == "model" else frozenset()
 
     def validate(self, cfg) -> None:
         """The HMM's settings as the estimator checks them, its keys, and add-k's k."""
@@ -79,7 +79,7 @@ class HMMAdapter(BaseAdapter):
         model.fit(data.column("train", spec["observation"]), data.labels("train"))
         seconds = time.perf_counter() - began
         model.save(out / "model.npz")
-        bundle = TaggerBundle(
+        bundle = ModelBundle(
             BundledHMM(model, spec["observation"]),
             scheme=data.scheme,
             source=bundle_source(data, OmegaConf.to_container(context.config)),

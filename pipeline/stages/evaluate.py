@@ -44,7 +44,7 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from crf import metrics, single_threaded_blas
-from crf.bundle import Tagged, TaggerBundle, load_tagger
+from crf.bundle import ModelBundle, Tagged, load_bundle
 from pipeline.engine.stage import BaseStage, StageContext
 from pipeline.models import BUNDLE_FILE, ModelAdapter
 from pipeline.report import figure, save_figure, write_json
@@ -161,7 +161,7 @@ def field_scores(
     return results
 
 
-def tag_split(bundle: TaggerBundle, data: Dataset, split: str) -> tuple[dict[str, np.ndarray], Tagged, float]:
+def tag_split(bundle: ModelBundle, data: Dataset, split: str) -> tuple[dict[str, np.ndarray], Tagged, float]:
     """The bundle's input columns over the split's tokens (each (T,)), its :class:`crf.bundle.Tagged`
     result and the seconds tagging took (features, Viterbi, marginals and segments)."""
     columns = {c: np.array([w for seq in data.column(split, c) for w in seq], dtype=object) for c in bundle.input_columns}
@@ -173,7 +173,7 @@ def tag_split(bundle: TaggerBundle, data: Dataset, split: str) -> tuple[dict[str
 
 def score_split(
     split: str,
-    bundle: TaggerBundle,
+    bundle: ModelBundle,
     tagging: tuple,
     data: Dataset,
     bins: int,
@@ -252,7 +252,7 @@ def score_split(
     return results
 
 
-def evaluate(bundle: TaggerBundle, data: Dataset, bins: int, out: Path, settings: dict | None = None) -> dict:
+def evaluate(bundle: ModelBundle, data: Dataset, bins: int, out: Path, settings: dict | None = None) -> dict:
     """Score ``bundle`` on dev and test; write the tables, plots and predictions into ``out``.
     ``settings``: the dataset's evaluation settings (:data:`FIELD_SETTINGS`)."""
     settings = {**FIELD_SETTINGS, **(settings or {})}
@@ -319,7 +319,7 @@ class Evaluate(BaseStage):
 
     def run(self, context: StageContext) -> dict:
         data = read_prepared(context.inputs["prepare"])
-        bundle = load_tagger(context.inputs["train"] / BUNDLE_FILE)
+        bundle = load_bundle(context.inputs["train"] / BUNDLE_FILE)
         settings = OmegaConf.to_container(context.config.evaluate.fields)
         return evaluate(bundle, data, int(context.config.evaluate.calibration_bins), context.out, settings)
 

@@ -24,7 +24,7 @@ import pandas as pd
 from sklearn.metrics import average_precision_score
 
 from crf import metrics
-from crf.bundle import TaggerBundle
+from crf.bundle import ModelBundle
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ def seen_sequences(sequences: Sequence[Sequence[tuple]], known: Sequence[Sequenc
 
 
 def correction_propagation(
-    bundle: TaggerBundle,
+    bundle: ModelBundle,
     columns: Mapping[str, np.ndarray],
     offsets: np.ndarray,
     gold: np.ndarray,

@@ -284,9 +284,9 @@ def log_tagger_model(bundle_path: Path, example: Callable[[list[str]], pd.DataFr
     """
     import sys
 
-    from crf.bundle import load_tagger
+    from crf.bundle import load_bundle
 
-    bundle = load_tagger(bundle_path)
+    bundle = load_bundle(bundle_path)
     code, config = [str(LIBRARY)], {}
     module = type(bundle.part).__module__
     # a model kind defined outside the library: its module goes along, imported by its file's name

@@ -43,7 +43,7 @@ import pandas as pd
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import INTERNAL_ERROR, INVALID_PARAMETER_VALUE
 
-from crf.bundle import TaggerBundle, TokenError, check_tokens, load_tagger
+from crf.bundle import ModelBundle, TokenError, check_tokens, load_bundle
 
 log = logging.getLogger(__name__)
 
@@ -215,7 +215,7 @@ def _finite_or_none(values: pd.Series) -> pd.Series:
     return pd.Series(cells, index=values.index, dtype=object)
 
 
-def tag(bundle: TaggerBundle, model_input: pd.DataFrame | Sequence[Sequence[dict]]) -> pd.DataFrame:
+def tag(bundle: ModelBundle, model_input: pd.DataFrame | Sequence[Sequence[dict]]) -> pd.DataFrame:
     """The tagged long frame of ``model_input`` (see the module docstring)."""
     frame = as_frame(model_input, bundle.input_columns)
     check_frame(frame, bundle.input_columns)
@@ -237,7 +237,7 @@ class TaggerModel(mlflow.pyfunc.PythonModel):
                 importlib.import_module(module)
             except ImportError as error:
                 raise MlflowException(f"the model's kind module {module!r} cannot be imported ({error})") from None
-        self.bundle = load_tagger(context.artifacts["bundle"])
+        self.bundle = load_bundle(context.artifacts["bundle"])
 
     def predict(self, context, model_input, params=None) -> pd.DataFrame:
         try:

@@ -16,7 +16,7 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 from pipeline_helpers import compose_config, tiny_overrides  # noqa: E402
 
-from crf import load_tagger  # noqa: E402
+from crf import load_bundle  # noqa: E402
 from pipeline.engine.runner import run_pipeline  # noqa: E402
 
 WORDS = ["a", "b", "c", "d", "e"]
@@ -52,7 +52,7 @@ def test_one_label_only(tmp_path, caplog, model):
     assert results["prepare.n_labels"] == 1
     assert results["evaluate.test_accuracy"] == 100.0
     (bundle,) = (tmp_path / "out" / "cache" / "train").glob("*/bundle.npz")
-    tagged = load_tagger(bundle).tag([[{"w": "a", "pos": "X"}, {"w": "zz", "pos": "X"}]])
+    tagged = load_bundle(bundle).tag([[{"w": "a", "pos": "X"}, {"w": "zz", "pos": "X"}]])
     assert tagged[0]["labels"] == ["O", "O"]
 
 

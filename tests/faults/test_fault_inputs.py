@@ -15,7 +15,7 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 from pipeline_helpers import compose_config, make_sentence, write_corpus  # noqa: E402
 
-from crf import CRF, HMMTagger  # noqa: E402
+from crf import CRF, HMM  # noqa: E402
 from crf._persist import ModelFileError  # noqa: E402
 from crf.io import DataFormatError  # noqa: E402
 from pipeline.stages.data import load_dataset  # noqa: E402
@@ -91,7 +91,7 @@ def test_random_bytes_and_empty_data_files(corpus):
         load_dataset(dataset, root, download=False)
 
 
-@pytest.mark.parametrize("model", [CRF, HMMTagger])
+@pytest.mark.parametrize("model", [CRF, HMM])
 @pytest.mark.parametrize(
     "content",
     [
@@ -112,10 +112,10 @@ def test_a_truncated_model_file(tmp_path):
     words = [["the", "dog"], ["a", "cat", "runs"]]
     tags = [["DT", "NN"], ["DT", "NN", "VB"]]
     path = tmp_path / "model.npz"
-    HMMTagger(order=1).fit(words, tags).save(path)
+    HMM(order=1).fit(words, tags).save(path)
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
     with pytest.raises(ModelFileError, match=str(path)):
-        HMMTagger.load(path)
+        HMM.load(path)
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
@@ -130,7 +130,7 @@ def test_empty_training_input():
     with pytest.raises(ValueError, match="at least one training sequence"):
         CRF().fit([], [])
     with pytest.raises(ValueError, match="non-empty"):
-        HMMTagger().fit([], [])
+        HMM().fit([], [])
 
 
 @pytest.mark.parametrize(
@@ -145,7 +145,7 @@ def test_labels_that_compare_equal_across_types_are_refused_not_merged(labels):
     if any(isinstance(v, (bool, np.bool_)) for v in labels[0]):
         assert "would merge" in str(caught.value)
     with pytest.raises(TypeError, match="labels must be strings or integers"):
-        HMMTagger().fit([["w"] * len(labels[0])] * 5, y)
+        HMM().fit([["w"] * len(labels[0])] * 5, y)
     # strings and integers that only look alike would be one name in every file and output: refused
     with pytest.raises(TypeError, match="the labels '1' and 1 are different values with the same name"):
         CRF(max_iterations=5).fit([[{"a": 1.0}, {"b": 1.0}]] * 5, [["1", 1]] * 5)

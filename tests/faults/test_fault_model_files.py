@@ -24,7 +24,7 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 from pipeline_helpers import make_sentence  # noqa: E402
 
-from crf import CRF, FeatureExtractor, HMMTagger, ModelFileError, TaggerBundle, load_tagger  # noqa: E402
+from crf import CRF, HMM, FeatureExtractor, ModelBundle, ModelFileError, load_bundle  # noqa: E402
 from crf._persist import load_arrays, save_arrays  # noqa: E402
 from crf.crfsuite import (  # noqa: E402  # noqa: E402
     _HEADER,
@@ -70,13 +70,13 @@ def fitted():
     dict_crf = CRF(max_iterations=15, c2=0.1, boundary_transitions=False).fit(
         [[{"w": w, "pos": p} for w, p, _ in s] for s in train], labels
     )
-    hmm = HMMTagger().fit([[row[0] for row in s] for s in train], labels)
+    hmm = HMM().fit([[row[0] for row in s] for s in train], labels)
     return {
         "extractor": extractor,
         "crf": dict_crf,
         "hmm": hmm,
-        "crf_bundle": TaggerBundle(BundledCRF(extractor, crf), scheme="iob2", input_columns=["w", "pos"]),
-        "hmm_bundle": TaggerBundle(BundledHMM(hmm, "w"), scheme="iob2"),
+        "crf_bundle": ModelBundle(BundledCRF(extractor, crf), scheme="iob2", input_columns=["w", "pos"]),
+        "hmm_bundle": ModelBundle(BundledHMM(hmm, "w"), scheme="iob2"),
     }
 
 
@@ -84,9 +84,9 @@ def fitted():
 def kinds(fitted) -> dict[str, _Kind]:
     return {
         "crf": _Kind("crf.CRF", fitted["crf"].save, CRF.load),
-        "hmm": _Kind("crf.HMMTagger", fitted["hmm"].save, HMMTagger.load),
-        "crf_bundle": _Kind("crf.TaggerBundle", fitted["crf_bundle"].save, load_tagger),
-        "hmm_bundle": _Kind("crf.TaggerBundle", fitted["hmm_bundle"].save, load_tagger),
+        "hmm": _Kind("crf.HMMTagger", fitted["hmm"].save, HMM.load),
+        "crf_bundle": _Kind("crf.TaggerBundle", fitted["crf_bundle"].save, load_bundle),
+        "hmm_bundle": _Kind("crf.TaggerBundle", fitted["hmm_bundle"].save, load_bundle),
         "extractor": _Kind(EXTRACTOR_KIND, lambda path: save_extractor(path, fitted["extractor"]), load_extractor),
     }
 
@@ -192,7 +192,7 @@ def test_an_object_array_member_is_refused_before_reading(kinds, tmp_path):
     path = tmp_path / "model.npz"
     kinds["hmm"].save(path)
     _rewrite(path, {"log_transitions": _stored("log_transitions", _npy_header((1,), "|O") + b"\x80\x04N.")})
-    _refused(HMMTagger.load, path, "'log_transitions' has dtype object")
+    _refused(HMM.load, path, "'log_transitions' has dtype object")
 
 
 def test_repeated_member_names_are_refused(kinds, tmp_path):
@@ -237,7 +237,7 @@ def test_string_offsets_that_go_back_are_refused(kinds, tmp_path):
         arrays["vocabulary_offsets"] = np.tile(np.array([0, size], dtype=np.int64), 20_000)
 
     _resave(path, "crf.HMMTagger", edit)
-    _refused(HMMTagger.load, path, "malformed HMM file", "string offsets do not run from 0 to")
+    _refused(HMM.load, path, "malformed HMM file", "string offsets do not run from 0 to")
 
 
 def test_sparse_counts_that_do_not_add_up_are_refused(kinds, tmp_path):
@@ -250,7 +250,7 @@ def test_sparse_counts_that_do_not_add_up_are_refused(kinds, tmp_path):
         arrays["known_emissions_counts"] = counts
 
     _resave(path, "crf.HMMTagger", edit)
-    _refused(HMMTagger.load, path, "known_emissions", "entries, expected")
+    _refused(HMM.load, path, "known_emissions", "entries, expected")
 
 
 def test_archives_without_metadata_or_readable_zip_name_the_file(tmp_path):
@@ -379,14 +379,14 @@ def test_hmm_log_probabilities_that_are_nan_or_plus_infinity(kinds, tmp_path, na
     path = tmp_path / "model.npz"
     kinds["hmm"].save(path)
     _resave(path, "crf.HMMTagger", _poison(name, value))
-    _refused(HMMTagger.load, path, "non-finite value")
+    _refused(HMM.load, path, "non-finite value")
 
 
 def test_hmm_minus_infinity_stays_allowed(kinds, tmp_path):
     path = tmp_path / "model.npz"
     kinds["hmm"].save(path)
     _resave(path, "crf.HMMTagger", _poison("log_transitions", -float("inf")))
-    assert HMMTagger.load(path).log_transitions_.flat[0] == -np.inf
+    assert HMM.load(path).log_transitions_.flat[0] == -np.inf
 
 
 @pytest.mark.parametrize("bundle", ["crf_bundle", "hmm_bundle"])
@@ -395,7 +395,7 @@ def test_non_finite_weights_in_a_bundle(kinds, tmp_path, bundle):
     kinds[bundle].save(path)
     name = "model/transitions" if bundle == "crf_bundle" else "model/log_transitions"
     _resave(path, "crf.TaggerBundle", _poison(name, float("nan")))
-    _refused(load_tagger, path, "transitions' holds the non-finite value nan")
+    _refused(load_bundle, path, "transitions' holds the non-finite value nan")
 
 
 @pytest.mark.parametrize("which", ["crf", "hmm"])
@@ -421,7 +421,7 @@ def test_duplicate_labels_in_a_bundle(kinds, tmp_path, bundle):
         meta["labels"][1] = meta["labels"][0]
 
     _resave(path, "crf.TaggerBundle", edit)
-    _refused(load_tagger, path, "appears twice")
+    _refused(load_bundle, path, "appears twice")
 
 
 def test_integer_and_string_class_that_print_alike(kinds, tmp_path):
@@ -488,7 +488,7 @@ def test_inconsistent_hmm_files(kinds, tmp_path, case):
     path = tmp_path / "model.npz"
     kinds["hmm"].save(path)
     _resave(path, "crf.HMMTagger", edit)
-    _refused(HMMTagger.load, path, message)
+    _refused(HMM.load, path, message)
 
 
 def _extractor_vocabulary(edit: Callable[[np.ndarray], np.ndarray]) -> Callable[[dict, dict], None]:
@@ -522,7 +522,7 @@ def test_inconsistent_crf_bundles(kinds, tmp_path, case):
     path = tmp_path / "bundle.npz"
     kinds["crf_bundle"].save(path)
     _resave(path, "crf.TaggerBundle", edit)
-    _refused(load_tagger, path, message)
+    _refused(load_bundle, path, message)
 
 
 def test_inconsistent_extractor_file(kinds, tmp_path):
@@ -562,7 +562,7 @@ def _crfsuite_refused(tmp_path: Path, data: bytes | bytearray, *patterns: str) -
     assert isinstance(error, CRFsuiteFormatError)
     with pytest.raises(CRFsuiteFormatError, match=str(path)):
         getattr(CRF(model_filename=str(path)), "classes_")  # noqa: B009  (loaded on first use)
-    _refused(load_tagger, path, "not an .npz archive")
+    _refused(load_bundle, path, "not an .npz archive")
 
 
 def test_crfsuite_chunks_that_overlap(crfsuite_bytes, tmp_path):

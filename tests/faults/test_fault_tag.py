@@ -182,7 +182,7 @@ def test_the_served_answer_is_strict_json(run):
 )
 def test_a_token_with_whitespace_is_refused_before_tagging(run, tmp_path, token, monkeypatch):
     """No training reader makes such a token (they split on whitespace): refused for every output,
-    by the check TaggerBundle.tag and the MLflow Model make (crf.bundle.check_tokens)."""
+    by the check ModelBundle.tag and the MLflow Model make (crf.bundle.check_tokens)."""
     _, _, bundle, _, _ = run
     sentences = _words(3)
     sentences[1][2]["w"] = token

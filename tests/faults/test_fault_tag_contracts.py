@@ -4,7 +4,7 @@
   bundles: known from their dataset name; else refused naming ``tokenize=``);
 - CoNLL columns are named by a header or by the training data's column layout, never guessed, and
   gold labels come only from the label column;
-- one token check for the tag command, ``TaggerBundle.tag``/``tag_frame`` and the MLflow Model;
+- one token check for the tag command, ``ModelBundle.tag``/``tag_frame`` and the MLflow Model;
 - a JSONL key given twice, a dangling symbolic link as output, an HMM chunker on its own dataset's
   CoNLL file, a missing data file without a download URL.
 """
@@ -23,7 +23,7 @@ import pandas as pd
 import pytest
 from pipeline_helpers import compose_config, make_sentence, seed_store, tiny_overrides, write_corpus
 
-from crf import HMMTagger, TaggerBundle, load_tagger
+from crf import HMM, ModelBundle, load_bundle
 from crf.bundle import TokenError, check_tokens
 from crf.hmm import BundledHMM
 from crf.io import DataFormatError, atomic_write, read_conll
@@ -53,7 +53,7 @@ def _settings(model, source, target, **extra) -> dict:
             "output_format": "auto", "marginals": False, "column_aliases": {"xpos": "pos"}, **extra}  # fmt: skip
 
 
-def _save(bundle: TaggerBundle, path: Path) -> Path:
+def _save(bundle: ModelBundle, path: Path) -> Path:
     bundle.save(path)
     return path
 
@@ -66,18 +66,18 @@ def train():
 @pytest.fixture(scope="module")
 def chunker(train, tmp_path_factory) -> Path:
     """An HMM chunker over the POS column, with its training data's layout, as the pipeline records it."""
-    model = HMMTagger(order=1).fit([[r[1] for r in s] for s in train], [[r[2] for r in s] for s in train])
+    model = HMM(order=1).fit([[r[1] for r in s] for s in train], [[r[2] for r in s] for s in train])
     source = {"dataset": {"name": "toy", "columns": LAYOUT, "label": "chunk", "scheme": "IOB2", "tokenisation": "punct"}}
-    return _save(TaggerBundle(BundledHMM(model, "pos"), scheme="iob2", source=source), tmp_path_factory.mktemp("b") / "hmm.npz")
+    return _save(ModelBundle(BundledHMM(model, "pos"), scheme="iob2", source=source), tmp_path_factory.mktemp("b") / "hmm.npz")
 
 
 @pytest.fixture(scope="module")
 def word_tagger(train):
     """A word -> chunk HMM; its bundles differ only in what their source records."""
-    model = HMMTagger(order=1).fit([[r[0] for r in s] for s in train], [[r[2] for r in s] for s in train])
+    model = HMM(order=1).fit([[r[0] for r in s] for s in train], [[r[2] for r in s] for s in train])
 
     def make(path: Path, dataset: dict) -> Path:
-        return _save(TaggerBundle(BundledHMM(model, "w"), scheme="iob2", source={"dataset": dataset}), path)
+        return _save(ModelBundle(BundledHMM(model, "w"), scheme="iob2", source={"dataset": dataset}), path)
 
     return make
 
@@ -160,7 +160,7 @@ def test_a_words_and_pos_file_is_read_by_the_training_layout_and_not_scored(chun
     summary = run_tag(_settings(chunker, source, tmp_path / "out.conll"))
     assert "accuracy" not in summary  # the POS column is not the label: never scored against
     rows = read_conll(tmp_path / "out.conll")
-    expected = load_tagger(chunker).tag([[p for _, p, _ in s] for s in sentences])
+    expected = load_bundle(chunker).tag([[p for _, p, _ in s] for s in sentences])
     assert [[r[2] for r in s] for s in rows] == [o["labels"] for o in expected]  # read as w, pos: the POS observed
     assert [[r[:2] for r in s] for s in rows] == [[(w, p) for w, p, _ in s] for s in sentences]
 
@@ -246,7 +246,7 @@ def test_check_tokens_names_sentence_token_and_column():
 @pytest.mark.parametrize("name", list(BAD_TOKENS))
 def test_bad_tokens_are_refused_alike_everywhere(chunker, tmp_path, name):
     value = BAD_TOKENS[name]
-    bundle = load_tagger(chunker)
+    bundle = load_bundle(chunker)
     sentences = [["DT", "NN", "."], ["DT", "NN", "VB", "."]]
     sentences[1][2] = value
     with pytest.raises(TokenError, match=r"sentence 1, token 2, column 'pos': a token must"):
@@ -268,7 +268,7 @@ def test_bad_tokens_are_refused_alike_everywhere(chunker, tmp_path, name):
 
 def test_numbers_in_a_frame_are_refused_not_read_as_text(chunker):
     with pytest.raises(TokenError, match=r"sentence 0, token 0, column 'pos': .* got int 5"):
-        load_tagger(chunker).tag_frame(pd.DataFrame({"sentence": [0, 0], "pos": [5, 6]}))
+        load_bundle(chunker).tag_frame(pd.DataFrame({"sentence": [0, 0], "pos": [5, 6]}))
 
 
 # ---- item 6 --------------------------------------------------------------------------------------------------------
@@ -312,7 +312,7 @@ def test_an_hmm_chunker_tags_its_own_datasets_conll_file(tmp_path):
     seed_store(out)
     run_pipeline(compose_config(tiny_overrides(data, out) + ["stages=[train]", "model=hmm", "data.train_fraction=0.5"]))
     (path,) = [p for p in (out / "cache").rglob("bundle.npz")]
-    bundle = load_tagger(path)
+    bundle = load_bundle(path)
     assert bundle.input_columns == ["pos"] and bundle.source["dataset"]["columns"] == LAYOUT
     assert bundle.source["dataset"]["tokenisation"] == "punct"
     test_file = data / "conll2000" / "test.txt.gz"
