@@ -63,7 +63,7 @@ _KIND = "crf.HMMTagger"  # the kind its files carry (the class was once named so
 _TRANSITION_SMOOTHING = ("add-k", "interpolation")
 _EMISSION_SMOOTHING = ("add-k", "suffix")
 _PARAMS = (
-    "order transition_smoothing emission_smoothing k rare_threshold max_suffix capitalization chunk_elements n_threads"
+    "order transition_smoothing emission_smoothing k rare_threshold max_suffix capitalization block_elements n_threads"
 ).split()
 
 
@@ -97,7 +97,7 @@ class HMM:
     capitalization: TnT's capitalisation option: each label splits into a capitalised and an
         uncapitalised hidden state (2L hidden labels), so transitions see capitalisation; needs
         the suffix emission model. It costs 4x (first order) or 8x (second order) the decoding work.
-    chunk_elements: tokens x states per recursion call (bounds memory; about 8 bytes each).
+    block_elements: tokens x states per recursion call (bounds memory; about 8 bytes each).
     n_threads: threads for tagging and Baum-Welch (None: the number of cores, at most 4).
 
     Learned attributes: ``classes_`` (L,), ``vocabulary_`` (V,), ``log_transitions_``
@@ -117,7 +117,7 @@ class HMM:
         rare_threshold: int = 10,
         max_suffix: int = 10,
         capitalization: bool = False,
-        chunk_elements: int = 4_000_000,
+        block_elements: int = 4_000_000,
         n_threads: int | None = None,
     ) -> None:
         self.order = order
@@ -127,7 +127,7 @@ class HMM:
         self.k = k
         self.rare_threshold = rare_threshold
         self.max_suffix = max_suffix
-        self.chunk_elements = chunk_elements
+        self.block_elements = block_elements
         self.n_threads = n_threads
 
     def get_params(self) -> dict:
@@ -250,12 +250,12 @@ class HMM:
                 out[unknown[~capitalised], L:] = -np.inf
         return out
 
-    def _map_chunks(
+    def _map_blocks(
         self, X, work: Callable[[np.ndarray, np.ndarray, tuple, slice], object], per_label: bool = False, possible: bool = True
     ) -> list:
-        """``work(emissions (T_c, S), lengths (N_c,), chain scores, token slice)`` on every chunk,
-        in threads; the slice places the chunk's tokens among all tokens of ``X``. Chunks are
-        contiguous sequence ranges of at most ``chunk_elements`` tokens x states each (a longer
+        """``work(emissions (T_c, S), lengths (N_c,), chain scores, token slice)`` on every block,
+        in threads; the slice places the block's tokens among all tokens of ``X``. Blocks are
+        contiguous sequence ranges of at most ``block_elements`` tokens x states each (a longer
         sequence gets one of its own). With ``per_label`` the emissions stay per hidden label
         (T_c, H) and a token counts 4 elements per edge into its finite-emission states (about
         32 bytes of lattice per edge, so that the arrays stay in cache)."""
@@ -271,7 +271,7 @@ class HMM:
         ends = np.concatenate([[0], np.cumsum(np.broadcast_to(costs, offsets[-1:]))])[offsets]  # cost before each sequence
         ranges, first = [], 0
         while first < lengths.size:
-            last = max(first + 1, int(np.searchsorted(ends, ends[first] + self.chunk_elements, side="right")) - 1)
+            last = max(first + 1, int(np.searchsorted(ends, ends[first] + self.block_elements, side="right")) - 1)
             ranges.append((first, last))
             first = last
 
@@ -294,7 +294,7 @@ class HMM:
         def decode(emissions, lengths, _scores, _tokens):
             return ngram_viterbi(emissions, self.log_transitions_, lengths) % len(self.classes_)
 
-        return np.concatenate(self._map_chunks(X, decode, per_label=True))
+        return np.concatenate(self._map_blocks(X, decode, per_label=True))
 
     def predict(self, X: Sequence[Sequence[str]]) -> list[list[str]]:
         """The most probable label sequence of each observation sequence."""
@@ -304,7 +304,7 @@ class HMM:
         return [list(classes[codes[a:b]]) for a, b in zip(offsets[:-1], offsets[1:])]
 
     def _posteriors(self, X, possible: bool = True) -> list[chain.Posterior]:
-        return self._map_chunks(
+        return self._map_blocks(
             X,
             lambda emissions, lengths, scores, _tokens: chain.forward_backward(emissions, *scores, lengths, counts=False),
             possible=possible,
@@ -349,13 +349,13 @@ class HMM:
             post = chain.forward_backward(emissions, *scores, lengths)
             node = self._hidden_marginals(post.marginals)
             transitions = expected_transition_table(post.transition_counts, post.marginals, node, lengths, self.order)
-            chunk_ids = ids[tokens]
+            block_ids = ids[tokens]
             membership = sp.csr_matrix(
-                (np.ones(chunk_ids.size), (chunk_ids, np.arange(chunk_ids.size))), shape=(V, chunk_ids.size)
+                (np.ones(block_ids.size), (block_ids, np.arange(block_ids.size))), shape=(V, block_ids.size)
             )
             return float(post.log_z.sum()), transitions, membership @ node
 
-        parts = self._map_chunks(X, count)
+        parts = self._map_blocks(X, count)
         return sum(p[0] for p in parts), sum(p[1] for p in parts), sum(p[2] for p in parts)
 
     def baum_welch(
@@ -464,13 +464,16 @@ class HMM:
     def _from_arrays(cls, meta: dict, arrays: dict[str, np.ndarray], path) -> HMM:
         if not isinstance(meta["params"], dict):
             raise ModelFileError(f"{path}: the parameters are not a JSON object")
-        model = cls(**meta["params"])
+        params = dict(meta["params"])
+        if "chunk_elements" in params:  # its earlier name, in files written before
+            params["block_elements"] = params.pop("chunk_elements")
+        model = cls(**params)
         model._check_params()
         if not isinstance(model.max_suffix, int) or isinstance(model.max_suffix, bool) or model.max_suffix < 0:
             raise ModelFileError(f"{path}: parameter max_suffix {model.max_suffix!r} is not a suffix length")
-        chunk = model.chunk_elements
-        if not isinstance(chunk, (int, float)) or isinstance(chunk, bool) or not 0 < chunk < float("inf"):
-            raise ModelFileError(f"{path}: parameter chunk_elements {chunk!r} is not a positive number")
+        block = model.block_elements
+        if not isinstance(block, (int, float)) or isinstance(block, bool) or not 0 < block < float("inf"):
+            raise ModelFileError(f"{path}: parameter block_elements {block!r} is not a positive number")
         check_thread_count(path, model.n_threads)
         model.classes_ = check_classes(path, meta["classes"])  # strings or integers, as trained (the header is checksummed)
         model.vocabulary_ = arrays_to_strings(arrays["vocabulary_blob"], arrays["vocabulary_offsets"])

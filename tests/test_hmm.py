@@ -289,3 +289,15 @@ def test_interpolation_with_all_weight_on_trigrams_has_no_nan_and_decodes():
     assert model.interpolation_weights_[-1] == 1.0
     assert not np.isnan(model.log_transitions_).any()
     assert model.predict([["A", "wolf", "howls"]]) == [["DT", "NN", "VB"]]
+
+
+def test_a_file_written_with_the_parameters_earlier_name_still_loads(tmp_path):
+    from crf._persist import load_arrays, save_arrays
+
+    model = HMM(block_elements=1000).fit([["a", "b"], ["b", "a"]], [["X", "Y"], ["Y", "X"]])
+    model.save(tmp_path / "hmm.npz")
+    meta, arrays = load_arrays(tmp_path / "hmm.npz", "crf.HMMTagger")
+    meta["params"]["chunk_elements"] = meta["params"].pop("block_elements")
+    save_arrays(tmp_path / "old.npz", "crf.HMMTagger", meta, arrays)
+    loaded = HMM.load(tmp_path / "old.npz")
+    assert loaded.block_elements == 1000 and loaded.predict([["a", "b"]]) == model.predict([["a", "b"]])
