@@ -157,7 +157,18 @@ class HMM:
         return list(itertools.chain.from_iterable(X)), lengths
 
     def fit(self, X: Sequence[Sequence[str]], y: Sequence[Sequence[str]]) -> HMM:
-        """Estimate by counting from observation sequences ``X`` and label sequences ``y``."""
+        """Estimate by counting.
+
+        Parameters
+        ----------
+        X : observation sequences (N lists of str: the observed column, e.g. words or POS tags).
+        y : label sequences, one label per observation.
+
+        Returns
+        -------
+        HMM
+            self, with ``classes_`` (L,), ``vocabulary_`` (V,), the log tables and their counts.
+        """
         self._check_params()
         words, lengths = self._flatten(X)
         labels, label_lengths = self._flatten(y, "y")
@@ -231,11 +242,31 @@ class HMM:
         return transitions, start.ravel(), table[:, :L, L].ravel()
 
     def word_ids(self, words: Sequence[str]) -> np.ndarray:
-        """Vocabulary index of each word, -1 for unknown words, shape (n,)."""
+        """Vocabulary index of each word.
+
+        Parameters
+        ----------
+        words : n observations.
+
+        Returns
+        -------
+        ndarray (n,) int
+            Index in ``vocabulary_``, -1 for an unknown word.
+        """
         return pd.Index(self.vocabulary_).get_indexer(pd.Series(words, dtype=object))
 
     def emissions(self, words: Sequence[str]) -> np.ndarray:
-        """log P(word | label) for a flat list of words, shape (n, L)."""
+        """log P(word | label) of every word.
+
+        Parameters
+        ----------
+        words : n observations (flat, all sequences).
+
+        Returns
+        -------
+        ndarray (n, L)
+            Log emission probabilities (an unknown word's from the suffix model when there is one).
+        """
         self._check_fitted()
         ids = self.word_ids(words)
         out = self.log_emissions_[np.where(ids >= 0, ids, len(self.vocabulary_))]
@@ -288,8 +319,18 @@ class HMM:
     # --- queries -------------------------------------------------------------------------
 
     def predict_codes(self, X: Sequence[Sequence[str]]) -> np.ndarray:
-        """Viterbi label indices of all tokens, flat (T,): exact, over the states of finite
-        emission only (:func:`crf._lattice.ngram_viterbi`)."""
+        """Viterbi label indices of all tokens: exact, over the states of finite emission only
+        (:func:`crf._lattice.ngram_viterbi`).
+
+        Parameters
+        ----------
+        X : N observation sequences, T observations in all.
+
+        Returns
+        -------
+        ndarray (T,) int
+            Index in ``classes_`` of each token's label, flat.
+        """
 
         def decode(emissions, lengths, _scores, _tokens):
             return ngram_viterbi(emissions, self.log_transitions_, lengths) % len(self.classes_)
@@ -297,7 +338,16 @@ class HMM:
         return np.concatenate(self._map_blocks(X, decode, per_label=True))
 
     def predict(self, X: Sequence[Sequence[str]]) -> list[list[str]]:
-        """The most probable label sequence of each observation sequence."""
+        """The most probable label sequence of each observation sequence.
+
+        Parameters
+        ----------
+        X : N observation sequences.
+
+        Returns
+        -------
+        list of N lists of labels
+        """
         codes = self.predict_codes(X)
         classes = np.array(self.classes_, dtype=object)
         offsets = np.concatenate([[0], np.cumsum([len(x) for x in X])])
@@ -316,19 +366,51 @@ class HMM:
         return states if self.order == 1 else states.reshape(-1, H + 1, H).sum(axis=1)
 
     def log_likelihood(self, X: Sequence[Sequence[str]], per_sequence: bool = False):
-        """log p(x) by the forward algorithm: the total (float) or per sequence (N,). Unknown
-        words count as one symbol (their suffix model reweighting is part of its probability)."""
+        """log p(x) by the forward algorithm. Unknown words count as one symbol (their suffix
+        model reweighting is part of its probability).
+
+        Parameters
+        ----------
+        X : N observation sequences.
+        per_sequence : return one value per sequence instead of the total.
+
+        Returns
+        -------
+        float, or ndarray (N,) with ``per_sequence``
+            Natural-log probabilities.
+        """
         values = np.concatenate([p.log_z for p in self._posteriors(X, possible=False)])
         return values if per_sequence else float(values.sum())
 
     def marginals(self, X: Sequence[Sequence[str]]) -> np.ndarray:
-        """Posterior label probabilities p(y_t = l | x) of all tokens, shape (T, L)."""
+        """Posterior label probabilities p(y_t = l | x) of all tokens.
+
+        Parameters
+        ----------
+        X : N observation sequences, T observations in all.
+
+        Returns
+        -------
+        ndarray (T, L)
+            Columns in ``classes_`` order; each row sums to 1.
+        """
         L, H = len(self.classes_), self.n_hidden_
         node = [self._hidden_marginals(p.marginals) for p in self._posteriors(X)]
         return np.concatenate(node).reshape(-1, H // L, L).sum(axis=1)
 
     def score(self, X: Sequence[Sequence[str]], y: Sequence[Sequence[str]]) -> float:
-        """Token accuracy of the predictions against ``y`` (a fraction)."""
+        """Token accuracy of the predictions.
+
+        Parameters
+        ----------
+        X : N observation sequences.
+        y : their gold label sequences.
+
+        Returns
+        -------
+        float
+            The fraction of tokens labelled right (0 to 1).
+        """
         predicted = self.predict_codes(X)
         gold = list(itertools.chain.from_iterable(y))
         if len(gold) != predicted.size:
@@ -377,6 +459,19 @@ class HMM:
         log-likelihood). Stops after ``iterations`` or when the objective improves by less than
         ``tolerance`` relative. Only add-k models: the interpolated and suffix estimates have no
         EM update with that guarantee.
+
+        Parameters
+        ----------
+        X_unlabelled : observation sequences without labels.
+        iterations : the most EM iterations.
+        tolerance : stop when the objective improves by less than this, relative.
+        labelled_weight : weight of the supervised counts in each M-step.
+        callback : called with each iteration's :class:`EMIteration`.
+
+        Returns
+        -------
+        HMM
+            self, re-estimated; ``em_history_`` lists the iterations.
         """
         self._check_fitted()
         if self.transition_smoothing != "add-k" or self.emission_smoothing != "add-k":
@@ -436,13 +531,32 @@ class HMM:
         return meta, arrays
 
     def save(self, path) -> None:
-        """Write the fitted tables to one ``.npz`` file (no pickle; checksummed; atomic)."""
+        """Write the fitted tables to one ``.npz`` file (no pickle; checksummed; atomic).
+
+        Parameters
+        ----------
+        path : the file to write (replaced whole, or left as it was on an error).
+        """
         meta, arrays = self.to_arrays()
         save_arrays(path, _KIND, meta, arrays)
 
     @classmethod
     def load(cls, path) -> HMM:
-        """Read a model written by :meth:`save`; raises ModelFileError on a bad file."""
+        """Read a model written by :meth:`save`.
+
+        Parameters
+        ----------
+        path : a file :meth:`save` wrote.
+
+        Returns
+        -------
+        HMM
+
+        Raises
+        ------
+        ModelFileError
+            On a damaged, tampered or foreign file (nothing in it is executed).
+        """
         meta, arrays = load_arrays(path, _KIND)
         return cls.from_arrays(meta, arrays, path)
 
