@@ -24,8 +24,14 @@ starts from the weights of the finished trial of this sweep nearest to it that d
 those keys, the trainer and the regularisation strengths, as a regularisation path's points do:
 fewer iterations to the same optimum of a convex objective; the job checks that the weights are
 of its algorithm and model layout).
-Everything is checked before the first job starts: a setting that cannot work ends the sweep with
-one line naming it (exit code 2), as a bad setting ends a run.
+Everything is checked before the first job starts, and before the sweep's MLflow parent run is
+created (the sweep callback calls :meth:`OptunaSweeper.preflight` first): a setting that cannot work
+ends the sweep with one line naming it (exit code 2), as a bad setting ends a run; so does a search
+space that names a config group option Hydra does not know (``trainer=choice(nosuch, lbfgs)``) or a
+config key that does not exist. Each trial records the process that asked it (its PID, host and
+start time, as user attributes ``crf.owner`` and ``crf.process_start``); a sweep on a study first
+fails the RUNNING trials whose process ran on this host and is gone (a sweep killed by SIGKILL),
+and leaves those of other hosts, which may belong to live sweeps of a shared study.
 """
 
 from __future__ import annotations
@@ -60,7 +66,7 @@ def _plain(value: Any) -> Any:
 
 
 def _fail(study: Any, trial: Any) -> None:
-    """Tell the study ``trial`` failed, unless it has finished: also when another thread (a trial's
+    """Tell the study ``trial`` (a trial or its number) failed, unless it has finished: also when another thread (a trial's
     launch and the sweep's loop both fail it on an interruption) tells it at the same moment."""
     from optuna.exceptions import UpdateFinishedTrialError
     from optuna.trial import TrialState
@@ -107,10 +113,13 @@ class OptunaSweeper(Sweeper):
         self.asked: set[int] = set()  # the numbers of this sweep's trials (a shared study has others')
         self.hydra_context: HydraContext | None = None
         self.config: DictConfig | None = None
+        self.config_loader: Any = None  # Hydra's, to list the config groups' options (None: not checked)
         self.launcher = None
+        self.owner: dict[str, str] | None = None  # this process, recorded on each trial it asks
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.hydra_context, self.config = hydra_context, config
+        self.config_loader = hydra_context.config_loader
         self.launcher = Plugins.instance().instantiate_launcher(
             hydra_context=hydra_context, task_function=task_function, config=config
         )
@@ -132,50 +141,112 @@ class OptunaSweeper(Sweeper):
         if isinstance(keys, str) or not isinstance(keys, Sequence) or not all(isinstance(k, str) for k in keys):
             raise SweeperSettingError(f"hydra.sweeper.warm_start_keys={keys!r}: a list of config keys")
 
-    def _open_study(self, space: Any) -> tuple[Any, str]:
-        """Check every setting, then create (or load, by name) the study; (study, storage URL). A
-        study resumed by name must optimise the same metric, and its trials' distributions must
-        fit the search ``space`` (Optuna refuses a categorical whose choices changed)."""
+    @classmethod
+    def preflight(cls, config: DictConfig) -> None:
+        """Check the sweeper's settings (``config.hydra.sweeper``, the search space with the
+        command line's sweep overrides, the storage, a resumed study) before anything of the
+        multirun exists: the project's sweep callback calls this before it creates the sweep's
+        MLflow parent run, so a setting that cannot work ends the multirun (one line, exit code 2)
+        and leaves no FAILED parent run in the store. Settings that Hydra cannot pass to the
+        sweeper at all are left to Hydra, which says so when it makes the sweeper."""
+        from hydra.core.global_hydra import GlobalHydra
+        from hydra.utils import instantiate
+
+        from pipeline.sweeps.search import SweeperSettingError
+
+        try:
+            sweeper = instantiate(config.hydra.sweeper)
+        except Exception:  # Hydra reports it as it makes the sweeper
+            return
+        if not isinstance(sweeper, OptunaSweeper):
+            return
+        sweeper.config = config
+        hydra = GlobalHydra.instance()
+        sweeper.config_loader = hydra.config_loader() if hydra.is_initialized() else None
+        arguments = OmegaConf.to_container(config.hydra.overrides.task, resolve=False)  # as Hydra hands them to sweep()
+        try:
+            sweeper._checked(list(arguments))  # type: ignore[arg-type]
+        except SweeperSettingError as error:
+            log.error("%s", error)
+            sys.exit(2)
+
+    def _checked(self, arguments: list[str]) -> tuple[Any, list[dict[str, Any]], str, str, Any]:
+        """Check every setting, creating nothing but a SQLite storage's file: (the search space,
+        the enqueued settings, the dispatch, the storage URL, the opened storage). A study resumed
+        by name must optimise the same metric in the same direction, and its trials' distributions
+        must fit the search space (Optuna refuses a categorical whose choices changed); every
+        config group choice must be an option Hydra knows. SweeperSettingError (one line) otherwise."""
         import optuna
 
         from pipeline.sweeps import search
-        from pipeline.tracking import SWEEP_ID_VARIABLE
 
+        space = search.parse_space(self.params, arguments)
+        search.check_strength(space)
+        enqueued = search.check_enqueued(self.enqueue, space)
+        dispatch = self._dispatch()
         self._check_counts()
         assert self.config is not None
+        if self.config_loader is not None:  # Hydra's: it lists the config groups' options
+            search.check_config_keys(space, self.config, self.config_loader)
         search.check_objective(self.metric, self.direction, self.pruner, OmegaConf.select(self.config, "train.dev_every"))
-        sampler = search.build_sampler(self.sampler, self.seed)
-        pruner = search.build_pruner(self.pruner)
+        search.build_sampler(self.sampler, self.seed)
+        search.build_pruner(self.pruner)
         url = search.storage_url(self.storage, OmegaConf.select(self.config, "paths.output_dir", default="outputs"))
-        # a new study's name: the sweep's id (as on its MLflow parent run), unique to this sweep, so two
-        # sweeps started in the same second do not share a study
-        sweep_id = os.environ.get(SWEEP_ID_VARIABLE) or f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-        name = self.study_name or f"{self.config.hydra.job.name}-{sweep_id}"
-        optuna.logging.disable_default_handler()  # Optuna's messages go through Hydra's logging
-        optuna.logging.enable_propagation()
         try:
             storage = search.open_storage(url)
         except Exception as error:  # a database that cannot be reached, a driver not installed, a bad URL
             first = (str(error).strip().splitlines() or [""])[0]
             why = f"{type(error).__name__}: {search.redacted(first)[:300]}"
             raise search.SweeperSettingError(f"hydra.sweeper.storage: cannot open {search.redacted(url)} ({why})") from None
+        if self.study_name is not None:  # a study resumed by name: checked before the sweep changes anything
+            try:
+                storage.get_study_id_from_name(str(self.study_name))
+            except KeyError:  # a new study
+                pass
+            else:
+                optuna.logging.disable_default_handler()
+                optuna.logging.enable_propagation()
+                existing = optuna.load_study(study_name=str(self.study_name), storage=storage)
+                self._check_study(existing, space, search.redacted(url))
+        return space, enqueued, dispatch, url, storage
+
+    def _open_study(self, space: Any, url: str, storage: Any) -> Any:
+        """Create (or load, by name) the study in ``storage`` (at ``url``), checked as by :meth:`_checked`."""
+        import optuna
+
+        from pipeline.sweeps import search
+        from pipeline.tracking import SWEEP_ID_VARIABLE
+
+        assert self.config is not None
+        # a new study's name: the sweep's id (as on its MLflow parent run), unique to this sweep, so two
+        # sweeps started in the same second do not share a study
+        sweep_id = os.environ.get(SWEEP_ID_VARIABLE) or f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        name = self.study_name or f"{self.config.hydra.job.name}-{sweep_id}"
+        optuna.logging.disable_default_handler()  # Optuna's messages go through Hydra's logging
+        optuna.logging.enable_propagation()
         study = optuna.create_study(
             storage=storage,
             study_name=str(name),
-            sampler=sampler,
-            pruner=pruner,
+            sampler=search.build_sampler(self.sampler, self.seed),
+            pruner=search.build_pruner(self.pruner),
             direction=self.direction,
             load_if_exists=True,
         )
-        if study.direction.name.lower() != self.direction:
-            raise search.SweeperSettingError(
-                f"study {name!r} in {search.redacted(url)} was created to {study.direction.name.lower()}, "
-                f"not {self.direction}: choose another hydra.sweeper.study_name"
-            )
-        self._check_resumed(study, space, search.redacted(url))
+        self._check_study(study, space, search.redacted(url))
         study.set_user_attr("metric", self.metric)  # what the jobs report and return
         study.set_user_attr("pruner", dict(self.pruner))  # the jobs build the same pruner
-        return study, url
+        return study
+
+    def _check_study(self, study: Any, space: Any, where: str) -> None:
+        """A resumed ``study`` optimises in this sweep's direction, its metric and a compatible space."""
+        from pipeline.sweeps.search import SweeperSettingError
+
+        if study.direction.name.lower() != self.direction:
+            raise SweeperSettingError(
+                f"study {study.study_name!r} in {where} was created to {study.direction.name.lower()}, "
+                f"not {self.direction}: choose another hydra.sweeper.study_name"
+            )
+        self._check_resumed(study, space, where)
 
     def _check_resumed(self, study: Any, space: Any, where: str) -> None:
         from optuna.distributions import check_distribution_compatibility
@@ -208,14 +279,12 @@ class OptunaSweeper(Sweeper):
 
         assert self.config is not None and self.launcher is not None
         try:
-            space = search.parse_space(self.params, arguments)
-            search.check_strength(space)
-            enqueued = search.check_enqueued(self.enqueue, space)
-            dispatch = self._dispatch()
-            study, url = self._open_study(space)
+            space, enqueued, dispatch, url, storage = self._checked(arguments)
+            study = self._open_study(space, url, storage)
         except search.SweeperSettingError as error:  # one line naming the setting, as for a run's settings
             log.error("%s", error)
             sys.exit(2)
+        self._fail_orphans(study, storage)
         started = len(study.get_trials(deepcopy=False))  # a resumed study's earlier trials are not this sweep's
         if started:  # seeded as before, the sampler's random draws would replay the earlier sweeps' settings
             study.sampler = search.build_sampler(self.sampler, search.derived_seed(self.seed, 1 + started))
@@ -245,6 +314,41 @@ class OptunaSweeper(Sweeper):
             returns = self._run_batches(study, space, sweep_dir)
         self._report(study, url, sweep_dir)
         return returns
+
+    def _fail_orphans(self, study: Any, storage: Any) -> list[int]:
+        """Tell the study FAIL for each RUNNING trial whose sweeper process is gone (killed, e.g. by
+        SIGKILL, so it never told the study how the trial ended), as the next start on the host
+        ends such a trial's MLflow runs FAILED: a trial records its owner (``crf.owner = <pid>@<host>``
+        and ``crf.process_start``) when it is asked, and it is failed only when that process ran
+        on this host and its PID no longer runs or belongs to a process started at another time
+        (:func:`pipeline.tracking.lifecycle.owner_gone`). A RUNNING trial of another host, or with
+        no owner recorded, may belong to a live sweep of a shared study: it is left as it is, and
+        logged. The numbers of the trials failed."""
+        from optuna.exceptions import UpdateFinishedTrialError
+        from optuna.trial import TrialState
+
+        from pipeline.tracking.lifecycle import OWNER_TAG, PROCESS_START_TAG, owner_gone
+
+        failed, left = [], []
+        study_id = storage.get_study_id_from_name(study.study_name)
+        for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            owner = trial.user_attrs.get(OWNER_TAG)
+            recorded = {key: str(trial.user_attrs[key]) for key in (OWNER_TAG, PROCESS_START_TAG) if key in trial.user_attrs}
+            if not owner_gone(recorded):
+                left.append(f"{trial.number} ({owner or 'no owner recorded'})")
+                continue
+            reason = f"process {owner} died"
+            try:
+                trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, trial.number)
+                storage.set_trial_user_attr(trial_id, "error", reason)
+            except UpdateFinishedTrialError:  # its job (still running elsewhere) told the study just now
+                continue
+            _fail(study, trial.number)
+            failed.append(trial.number)
+            log.warning("trial %d was left RUNNING: %s; marked FAIL", trial.number, reason)
+        if left:
+            log.info("RUNNING trials of live or other hosts' sweeps, left as they are: %s", ", ".join(left))
+        return failed
 
     def _startup(self, study: Any, space: Any, enqueued: int, started: int) -> list[dict[str, Any]]:
         """With ``strong_first`` and ``warm_start``, a new study and the TPE sampler: the settings
@@ -285,9 +389,13 @@ class OptunaSweeper(Sweeper):
         from optuna.trial import TrialState
 
         from pipeline.sweeps import search
+        from pipeline.tracking.lifecycle import owner_tags
 
         trial = study.ask(space.distributions)
         self.asked.add(trial.number)
+        self.owner = self.owner or owner_tags()
+        for key, value in self.owner.items():  # whose trial it is: a later sweep fails it if this process is gone
+            trial.set_user_attr(key, value)
         values = {key: trial.params[key] for key in space.distributions}
         overrides = [
             *space.fixed,

@@ -1,7 +1,8 @@
 """The Hydra callback of every sweep (``hydra.callbacks.sweep_tracking``): one MLflow parent run per
 multirun, and its summary at the end.
 
-``SweepTracking``, in the launching process, before any job starts, creates the tracking database
+``SweepTracking``, in the launching process, before any job starts, lets the sweeper check its
+settings (a refused one ends the multirun with nothing in the store), creates the tracking database
 and the sweep's parent run, and exports the parent run id and a sweep id to the jobs (joblib worker
 processes, Ray or SLURM jobs) through environment variables. When the jobs are done it ends the
 runs of jobs whose process is gone and writes the summary that ``sweep.summary`` chooses
@@ -60,6 +61,30 @@ def fixed_params(config: DictConfig) -> dict[str, str]:
     return {k: v for k, v in flat.items() if not any(k == key or k.startswith(key + ".") for key in keys)}
 
 
+def check_sweeper_settings(config: DictConfig) -> None:
+    """Let the configured sweeper check its settings before the sweep's parent run exists: a sweeper
+    class (``hydra.sweeper._target_``) with a ``preflight(config)`` class method, as the project's
+    Optuna sweeper has, ends the multirun there (one line, exit code 2) when a setting cannot work.
+    Hydra calls ``on_multirun_start`` before it makes the sweeper, so without this a refused
+    setting would leave a FAILED parent run in the store. Other sweepers are left to themselves."""
+    from hydra.utils import get_class
+
+    target = OmegaConf.select(config, "hydra.sweeper._target_", default=None)
+    if not target:
+        return
+    try:
+        sweeper = get_class(str(target))
+    except Exception:  # Hydra says so when it makes the sweeper
+        return
+    check = getattr(sweeper, "preflight", None)
+    if not callable(check):
+        return
+    try:
+        check(config)  # exits (code 2) on a refused setting
+    except Exception as error:  # a fault of the check itself: the sweeper checks again as it starts
+        log.warning("could not check the sweeper's settings before the sweep: %s: %s", type(error).__name__, error)
+
+
 class SweepTracking(Callback):
     """Creates a sweep's parent run before the jobs and summarises the sweep after them.
 
@@ -82,6 +107,7 @@ class SweepTracking(Callback):
         self.sigterm: SweepSigterm | None = None  # from the sweep's start to its end, in the launching process
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        check_sweeper_settings(config)  # a refused setting ends the multirun here (exit code 2): no parent run
         tracking.setup(config)  # creates the database once, before parallel jobs race for it
         SWEEP_STOPPING.clear()
         self.sweep_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]

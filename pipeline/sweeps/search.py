@@ -29,6 +29,7 @@ import numpy as np
 import optuna
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, Override, RangeSweep
+from omegaconf import OmegaConf
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 
 from pipeline.sweeps.optuna_pruners import HeldMedianPruner, HeldPercentilePruner
@@ -68,6 +69,7 @@ class SearchSpace:
 
     distributions: dict[str, BaseDistribution] = field(default_factory=dict)
     fixed: list[str] = field(default_factory=list)
+    overrides: dict[str, Override] = field(default_factory=dict)  # every key's override, searched or fixed
 
 
 def _distribution(override: Override) -> BaseDistribution:
@@ -124,7 +126,7 @@ def parse_space(params: Mapping[str, Any] | None, arguments: Sequence[str]) -> S
     for override in overrides:  # the last word on a key wins (params first, then the command line)
         chosen.pop(override.get_key_element(), None)
         chosen[override.get_key_element()] = override
-    space = SearchSpace()
+    space = SearchSpace(overrides=chosen)
     for key, override in chosen.items():
         if override.is_sweep_override():
             space.distributions[key] = _distribution(override)
@@ -136,6 +138,78 @@ def parse_space(params: Mapping[str, Any] | None, arguments: Sequence[str]) -> S
             "or a sweep override such as 'trainer.c2=tag(log, interval(0.001, 10))'"
         )
     return space
+
+
+def _group_options(loader: Any, group: str) -> list[str]:
+    """The options of config group ``group`` that Hydra's config ``loader`` knows (empty: no such group)."""
+    if "." in group:  # a config key, never a group
+        return []
+    try:
+        return list(loader.get_group_options(group))
+    except Exception:  # not a group path Hydra can list
+        return []
+
+
+def _config_has(config: Any, key: str) -> bool:
+    """Whether the composed ``config`` has ``key`` (dotted), without resolving its interpolations."""
+    node = config
+    for part in key.split("."):
+        if not OmegaConf.is_dict(node) or part not in node:
+            return False
+        node = node._get_node(part)
+    return True
+
+
+def check_config_keys(space: SearchSpace, config: Any, loader: Any) -> None:
+    """Every value of a config group the search space sets (searched or fixed) is an option of that
+    group that Hydra's config ``loader`` (``hydra_context.config_loader``) lists, and every other key
+    it changes (not added with ``+``/``++``) is a key of the composed ``config``; a key of a group the
+    space sets (``trainer.c1`` beside ``trainer=choice(l1, lbfgs)``) that the composed config lacks
+    must be in the config of each of the group's options the trials take (composed, as their jobs
+    will be, only then). SweeperSettingError (one line) otherwise: so ``trainer=choice(nosuch, lbfgs)``
+    is refused before any trial runs, not by its trial's job."""
+    groups: dict[str, list[str]] = {}  # a config group the space sets: the options its trials take
+    for key, override in space.overrides.items():
+        if override.is_delete() or override.package:  # a group placed elsewhere (trainer@x=...): left to Hydra
+            continue
+        group = override.key_or_group
+        options = _group_options(loader, group)
+        if not options:
+            continue
+        distribution = space.distributions.get(key)
+        if distribution is None:
+            values = [override.value()]
+        elif isinstance(distribution, CategoricalDistribution):
+            values = list(distribution.choices)
+        else:
+            raise SweeperSettingError(f"{key}: a config group is searched with choice(...) of its options ({', '.join(options)})")
+        for value in values:
+            if value is None:  # no config of the group
+                continue
+            name = str(value)
+            folder, _, option = name.rpartition("/")
+            known = options if not folder else _group_options(loader, f"{group}/{folder}")
+            if option not in known:
+                raise SweeperSettingError(
+                    f"{key}={name}: config group {group} has no option {name!r} (its options: {', '.join(options)})"
+                )
+        groups[group] = [format_value(v) for v in values]
+    for key, override in space.overrides.items():
+        name = override.key_or_group
+        if override.is_add() or override.is_force_add() or override.is_delete() or name in groups or _config_has(config, name):
+            continue
+        group = next((g for g in groups if name.startswith(g.replace("/", ".") + ".")), None)
+        if group is None:
+            raise SweeperSettingError(f"{key}: no such config key (to add one, write +{name}=...)")
+        for value in groups[group]:  # a key some option of the group may have: composed as the trials' jobs are
+            overrides = [o for o in space.fixed if o.partition("=")[0] != group] + [f"{group}={value}"]
+            try:
+                composed = loader.load_sweep_config(config, overrides)
+            except Exception as error:  # Hydra's composition errors are multi-line: keep the first
+                first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+                raise SweeperSettingError(f"{key}: the trials with {group}={value} cannot be composed: {first}") from None
+            if not _config_has(composed, name):
+                raise SweeperSettingError(f"{key}: no such config key with {group}={value} (to add one, write +{name}=...)")
 
 
 def check_enqueued(trials: Sequence[Mapping[str, Any]] | None, space: SearchSpace) -> list[dict[str, Any]]:
