@@ -32,7 +32,7 @@ from pipeline.apps.formats import tokenize  # noqa: E402
 from pipeline.apps.tag import TagError, renamed, resolve_model, run_tag  # noqa: E402
 from pipeline.engine.runner import run_pipeline  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")

@@ -60,7 +60,7 @@ def test_both_adapters_run_through_the_same_stages(corpus, tmp_path, model):
     assert results["train.model_bytes"] > 0
 
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[2]
 
 
 def test_a_new_model_kind_is_one_module_and_one_config_file(corpus, tmp_path):

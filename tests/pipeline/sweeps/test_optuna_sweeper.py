@@ -29,7 +29,7 @@ from pipeline.engine.runner import objective_value  # noqa: E402
 from pipeline.sweeps import pruning, search  # noqa: E402
 from pipeline.sweeps.search import SweeperSettingError  # noqa: E402
 
-PROJECT = Path(__file__).resolve().parents[1]
+PROJECT = Path(__file__).resolve().parents[3]
 
 
 def test_search_space_in_hydras_sweep_grammar():

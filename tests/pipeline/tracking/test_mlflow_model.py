@@ -155,7 +155,7 @@ def test_cached_stage_runs_point_at_the_run_that_computed_them(logged):
 @pytest.mark.slow  # starts `mlflow models serve`
 def test_model_benchmark_measures_the_logged_model_and_reproduces_its_score(logged):
     _, client, parent, _, cfg = logged
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[3]
     overrides = tiny_overrides(Path(cfg.data.root), Path(cfg.paths.output_dir))
     overrides = [o for o in overrides if not o.startswith(("trainer.", "train."))]  # the benchmark trains nothing
     command = [sys.executable, "-m", "pipeline.model_benchmark", *overrides, "model_benchmark.repetitions=2"]

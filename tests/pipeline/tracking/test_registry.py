@@ -20,7 +20,7 @@ from pipeline_helpers import compose_config, tiny_overrides, write_corpus  # noq
 from pipeline.engine.runner import run_pipeline  # noqa: E402
 from pipeline.tracking import tracking_uri  # noqa: E402
 
-PROJECT = Path(__file__).resolve().parents[1]
+PROJECT = Path(__file__).resolve().parents[3]
 EXAMPLE = pd.DataFrame({"sentence": [0, 0, 0, 0], "w": ["the", "dog", "sees", "."], "pos": ["DT", "NN", "VB", "."]})
 
 

@@ -21,7 +21,7 @@ from pipeline.engine.runner import run_pipeline  # noqa: E402
 from pipeline.sweeps import compare  # noqa: E402
 from pipeline.tracking import CACHE_SOURCE_TAG  # noqa: E402
 
-PROJECT = Path(__file__).resolve().parents[1]
+PROJECT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture
