@@ -84,11 +84,19 @@ def _output(process: subprocess.Popen, timeout: float = 60) -> str:
         pytest.fail(f"the process did not exit within {timeout} s; its output and stacks:\n{text[-20000:]}")
 
 
-def _python(folder: Path, script: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    """``python -c script args`` in ``folder``, its default tracking store ``folder/mlflow.db``."""
-    env = {**_environment(), "MLFLOW_TRACKING_URI": f"sqlite:///{folder / 'mlflow.db'}"}
+def _python(folder: Path, script: str, *args: str, timeout: float = TIMEOUT) -> subprocess.CompletedProcess:
+    """``python -c script args`` in ``folder``, its default tracking store ``folder/mlflow.db``. The timeout only
+    guards against a hang (it includes the imports); time limits count from ``_since_ready``."""
+    env = {**_environment(), "MLFLOW_TRACKING_URI": f"sqlite:///{folder / 'mlflow.db'}", "TEST_READY_FILE": str(folder / "ready")}
     command = [sys.executable, "-c", script, *args]
     return subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _since_ready(folder: Path) -> float:
+    """Seconds since a script run by ``_python`` in ``folder`` wrote its ready file (once its imports were done,
+    just before it signalled itself): time limits count from there, not from the interpreter's start
+    (importing MLflow alone takes seconds under load). One monotonic clock for all processes."""
+    return time.monotonic() - float((folder / "ready").read_text())
 
 
 def _run(data_root: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
@@ -352,6 +360,7 @@ import os, signal, sys, time
 from pipeline.tracking import lifecycle
 
 lifecycle.EXIT_GRACE_SECONDS = 1.0
+open(os.environ['TEST_READY_FILE'], 'w').write(repr(time.monotonic()))  # ready: time limits count from here
 with lifecycle.ending_runs_on_signal():
     end, signalled = time.monotonic() + 30, False
     while time.monotonic() < end:
@@ -367,10 +376,9 @@ with lifecycle.ending_runs_on_signal():
 
 
 def test_a_process_that_swallows_the_signal_still_exits_after_the_grace_period(tmp_path):
-    started = time.monotonic()
     done = _python(tmp_path, _SIGNAL_CAUGHT_AND_IGNORED)
     assert done.returncode == 128 + signal.SIGTERM, done.stdout + done.stderr
-    assert "went on" not in done.stdout and time.monotonic() - started < 25
+    assert "went on" not in done.stdout and _since_ready(tmp_path) < 25
     assert "still running 1 s after SIGTERM: exiting now" in done.stderr
 
 
@@ -382,6 +390,7 @@ lifecycle.MAX_DEFER_SECONDS = 0.5
 lifecycle.EXIT_GRACE_SECONDS = 60.0
 store = {"__name__": "sqlalchemy.pool.fake", "time": time}
 exec("def call():\\n    time.sleep(30)\\n", store)  # a call blocked in the kernel, as on a lock
+open(os.environ['TEST_READY_FILE'], 'w').write(repr(time.monotonic()))  # ready: time limits count from here
 for delay, signum in [(0.1, signal.SIGTERM), (0.15, signal.SIGINT), (0.2, signal.SIGTERM), (0.25, signal.SIGINT)]:
     threading.Timer(delay, os.kill, (os.getpid(), signum)).start()
 with lifecycle.ending_runs_on_signal():
@@ -393,10 +402,9 @@ print('not interrupted', flush=True)
 def test_signals_while_the_main_thread_is_blocked_in_a_store_call_end_it_after_the_deferrals(tmp_path):
     """Each re-delivery goes to the main thread: sent to the process, one could land on another
     thread and the blocked call would not see it (the process then stalled until the call ended)."""
-    started = time.monotonic()
     done = _python(tmp_path, _SIGNALS_WHILE_BLOCKED_IN_A_STORE_CALL)
     assert done.returncode == 128 + signal.SIGTERM, done.stdout + done.stderr  # the first signal decides
-    assert "not interrupted" not in done.stdout and time.monotonic() - started < 20, done.stderr
+    assert "not interrupted" not in done.stdout and _since_ready(tmp_path) < 20, done.stderr
 
 
 _SIGNAL_IN_THE_BLOCKS_LAST_STORE_CALL = """
@@ -475,6 +483,7 @@ try:  # as a joblib (loky) worker runs a job: whatever the job raises is its res
     with lifecycle.ending_runs_on_signal():
         with mlflow.start_run(tags=lifecycle.owner_tags()) as run:
             print(run.info.run_id, flush=True)
+            open(os.environ['TEST_READY_FILE'], 'w').write(repr(time.monotonic()))  # ready: time limits count from here
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(30)
 except BaseException as error:
@@ -489,11 +498,10 @@ def test_a_worker_that_catches_the_exit_still_ends_once_its_runs_are_ended(tmp_p
     SIGTERMed worker went on for the whole grace period; now it exits soon after its runs end."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     prepare_store(uri)
-    started = time.monotonic()
     done = _python(tmp_path, _EXIT_CAUGHT_BY_THE_WORKER, uri)
     assert done.returncode == 128 + signal.SIGTERM, done.stdout + done.stderr
     run_id, caught = done.stdout.splitlines()
-    assert caught == "caught SystemExit" and time.monotonic() - started < 20, done.stdout + done.stderr
+    assert caught == "caught SystemExit" and _since_ready(tmp_path) < 20, done.stdout + done.stderr
     assert "still running 1 s after its runs were ended on SIGTERM (the exit was caught): exiting now" in done.stderr
     assert mlflow.tracking.MlflowClient(uri).get_run(run_id).info.status == "KILLED"
 
@@ -655,6 +663,7 @@ exec(  # as a call blocked in C that no signal interrupts (SQLite's busy wait)
     "    time.sleep(30)\\n",
     store,
 )
+open(os.environ['TEST_READY_FILE'], 'w').write(repr(time.monotonic()))  # ready: time limits count from here
 with lifecycle.ending_runs_on_signal():
     store["call"]()
 print('went on', flush=True)
@@ -664,8 +673,7 @@ print('went on', flush=True)
 def test_the_grace_period_counts_from_the_signals_arrival_even_when_it_was_deferred(tmp_path):
     """The watchdog started only when the signal was acted on: a store call blocked in C after
     the deferral kept the process alive for as long as it lasted."""
-    started = time.monotonic()
     done = _python(tmp_path, _A_STORE_CALL_THAT_HOLDS_THE_SIGNAL_BACK)
     assert done.returncode == 128 + signal.SIGTERM, done.stdout + done.stderr
-    assert "went on" not in done.stdout and time.monotonic() - started < 20, done.stderr
+    assert "went on" not in done.stdout and _since_ready(tmp_path) < 20, done.stderr
     assert "still running 1 s after SIGTERM: exiting now" in done.stderr
