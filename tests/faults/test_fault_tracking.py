@@ -17,6 +17,7 @@ import pytest
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
+import forkserver  # noqa: E402
 import mlflow  # noqa: E402
 import pandas as pd  # noqa: E402
 from pipeline_helpers import tiny_overrides, write_corpus  # noqa: E402
@@ -59,7 +60,7 @@ def _environment() -> dict[str, str]:
 
 
 def _start(data_root: Path, out: Path, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen(
+    return forkserver.popen(
         _command(data_root, out, *extra),
         cwd=ROOT,
         env=_environment(),
@@ -89,7 +90,7 @@ def _python(folder: Path, script: str, *args: str, timeout: float = TIMEOUT) -> 
     guards against a hang (it includes the imports); time limits count from ``_since_ready``."""
     env = {**_environment(), "MLFLOW_TRACKING_URI": f"sqlite:///{folder / 'mlflow.db'}", "TEST_READY_FILE": str(folder / "ready")}
     command = [sys.executable, "-c", script, *args]
-    return subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True, timeout=timeout)
+    return forkserver.run(command, cwd=folder, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def _since_ready(folder: Path) -> float:
@@ -100,7 +101,7 @@ def _since_ready(folder: Path) -> float:
 
 
 def _run(data_root: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
+    return forkserver.run(
         _command(data_root, out, *extra), cwd=ROOT, env=_environment(), capture_output=True, text=True, timeout=TIMEOUT
     )
 
@@ -191,7 +192,10 @@ def test_jobs_logging_the_same_dataset_at_once_are_all_recorded(tmp_path):
     data = tmp_path / "train.txt"
     data.write_text("A a\n")
     command = [sys.executable, "-c", LOG_DATASET_TOGETHER, store, str(data), "3"]
-    processes = [subprocess.Popen(command, cwd=ROOT, env=_environment(), stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    processes = [
+        forkserver.popen(command, cwd=ROOT, env=_environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(3)
+    ]
     try:
         errors = [p.communicate(timeout=TIMEOUT)[1] for p in processes]
     finally:
@@ -544,7 +548,7 @@ def test_sigterm_during_a_job_of_an_in_process_sweep_ends_the_sweep_killed_and_u
     sweep = [f"hydra.sweep.dir={tmp_path / 'multirun'}", "hydra/launcher=basic", "trainer.c2=0.1,1"]
     command = _command(data_root, out, *sweep, *ENDLESS)
     command.insert(command.index("pipeline") + 1, "-m")
-    process = subprocess.Popen(command, cwd=ROOT, env=_environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = forkserver.popen(command, cwd=ROOT, env=_environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     _wait_for_training(process, out)
     process.send_signal(signal.SIGTERM)
     text = _output(process)
@@ -566,7 +570,7 @@ def test_sigterm_to_a_joblib_sweeps_process_group_ends_every_run_and_summarises_
     sweep = [f"hydra.sweep.dir={tmp_path / 'multirun'}", "trainer.c2=0.1,1", "registry.sweep=false"]
     command = _command(data_root, out, *sweep, *ENDLESS)
     command.insert(command.index("pipeline") + 1, "-m")
-    process = subprocess.Popen(
+    process = forkserver.popen(
         command, cwd=ROOT, env=_environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )
     _wait_for_training(process, out)
