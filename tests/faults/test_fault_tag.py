@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forkserver
 import numpy as np
 import pandas as pd
 import pytest
@@ -79,7 +80,7 @@ def _cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_") or k == "MLFLOW_DISABLE_TELEMETRY"}
     env["PYTHONPATH"] = str(ROOT)
     command = [sys.executable, "-m", "pipeline.tag", *args, f"hydra.run.dir={cwd / '.hydra-tag'}"]
-    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    return forkserver.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
 def _one_line_error(done: subprocess.CompletedProcess) -> str:

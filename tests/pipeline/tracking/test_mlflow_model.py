@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import gzip
 import os
-import subprocess
 import sys
 from pathlib import Path
 
+import forkserver
 import numpy as np
 import pandas as pd
 import pytest
@@ -163,7 +163,7 @@ def test_model_benchmark_measures_the_logged_model_and_reproduces_its_score(logg
     command.append(f"model_benchmark.model={parent.data.tags['model_uri']}")
     command.append(f"hydra.run.dir={Path(cfg.paths.output_dir) / 'hydra-model-benchmark'}")
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    done = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    done = forkserver.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     experiment = client.get_experiment_by_name("crf").experiment_id
     (run,) = client.search_runs([experiment], filter_string="tags.stage = 'model_benchmark'")
@@ -172,7 +172,7 @@ def test_model_benchmark_measures_the_logged_model_and_reproduces_its_score(logg
     assert run.data.metrics["pyfunc_tokens_per_second"] > 0
     assert {a.path for a in client.list_artifacts(run.info.run_id)} == {"model_benchmark.csv", "model_benchmark.md"}
 
-    missing = subprocess.run(command[:-2], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    missing = forkserver.run(command[:-2], cwd=root, env=env, capture_output=True, text=True, timeout=300)
     assert missing.returncode != 0 and "say which model to measure" in missing.stderr
     # scored against other gold labels than the model's run saw: the benchmark must refuse the figures
     test_file = Path(cfg.data.root) / cfg.dataset.files.test.path
@@ -182,5 +182,5 @@ def test_model_benchmark_measures_the_logged_model_and_reproduces_its_score(logg
     with gzip.open(relabelled, "wt") as stream:
         stream.write(text)
     other = [*command[:-1], f"dataset.files.test.path={relabelled.relative_to(cfg.data.root)}", "model_benchmark.served=false"]
-    mismatched = subprocess.run(other, cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    mismatched = forkserver.run(other, cwd=root, env=env, capture_output=True, text=True, timeout=300)
     assert mismatched.returncode != 0 and "do not reproduce the score" in mismatched.stderr
