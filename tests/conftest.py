@@ -6,6 +6,7 @@ import itertools
 import shutil
 import sqlite3
 import tempfile
+import types
 from pathlib import Path
 
 import numpy as np
@@ -50,6 +51,32 @@ def _mlflow_schema_from_a_template():
     finally:
         db_utils._initialize_tables = registry_store._initialize_tables = migrate
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_pipeline(tmp_path_factory) -> types.SimpleNamespace:
+    """One run of the default pipeline (every stage, local SQLite store) on the tiny generated corpus,
+    shared by the tests that read what it made: ``cfg``, ``results``, ``out`` (output folder), ``uri``
+    (tracking URI) and ``parent_id`` (its pipeline run). A test that runs the pipeline again in ``out``
+    adds runs: tests look runs up from ``parent_id``, never as "the only run"."""
+    import os
+
+    from mlflow.tracking import MlflowClient
+    from pipeline_helpers import compose_config, tiny_overrides, write_corpus
+
+    from pipeline.engine.runner import run_pipeline
+
+    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI", "CRF_SWEEP_PARENT_RUN_ID", "CRF_SWEEP_ID"):
+        os.environ.pop(name, None)
+    root = tmp_path_factory.mktemp("tiny-pipeline")
+    out = root / "out"
+    cfg = compose_config(tiny_overrides(write_corpus(root / "data"), out))
+    results = run_pipeline(cfg)
+    os.environ.pop("MLFLOW_TRACKING_URI", None)  # MLflow exports it; do not leak it to later tests
+    uri = f"sqlite:///{out / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    (parent,) = client.search_runs([client.get_experiment_by_name("crf").experiment_id], "tags.stage = 'pipeline'")
+    return types.SimpleNamespace(cfg=cfg, results=results, out=out, uri=uri, parent_id=parent.info.run_id)
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,7 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 import mlflow  # noqa: E402
 from mlflow.exceptions import MlflowException  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
-from pipeline_helpers import compose_config, tiny_overrides, write_corpus  # noqa: E402
+from pipeline_helpers import tiny_overrides  # noqa: E402
 
 from crf import metrics  # noqa: E402
 from crf.bundle import load_tagger  # noqa: E402
@@ -46,15 +46,13 @@ def _latest_pipeline(client: MlflowClient):
 
 
 @pytest.fixture(scope="module")
-def logged(tmp_path_factory):
-    """A tiny pipeline run: (results, client, parent run, its stage runs, config)."""
-    root = tmp_path_factory.mktemp("model")
-    cfg = compose_config(tiny_overrides(write_corpus(root / "data"), root / "out"))
-    results = run_pipeline(cfg)
+def logged(tiny_pipeline):
+    """The session's tiny pipeline run (conftest): (results, client, parent run, its stage runs, config)."""
+    cfg, results = tiny_pipeline.cfg, tiny_pipeline.results
     client = MlflowClient(tracking_uri(cfg))
     mlflow.set_tracking_uri(tracking_uri(cfg))
     os.environ.pop("MLFLOW_TRACKING_URI", None)  # MLflow exports it; do not leak it to later tests
-    parent = _latest_pipeline(client)
+    parent = client.get_run(tiny_pipeline.parent_id)
     return results, client, parent, _runs(client, parent.info.run_id), cfg
 
 
