@@ -29,7 +29,16 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PRELOAD = ("pandas", "mlflow", "hydra", "pipeline", "pipeline.tracking", "pipeline.tracking.lifecycle", "pipeline.apps.tag")
+PRELOAD = (
+    "pandas",
+    "mlflow",
+    "mlflow.store.tracking.sqlalchemy_store",
+    "hydra",
+    "pipeline",
+    "pipeline.tracking",
+    "pipeline.tracking.lifecycle",
+    "pipeline.apps.tag",
+)
 
 _SERVER = r"""
 import atexit, faulthandler, importlib, json, os, runpy, select, sys, threading, traceback, types

@@ -89,6 +89,7 @@ def _python(folder: Path, script: str, *args: str, timeout: float = TIMEOUT) -> 
     """``python -c script args`` in ``folder``, its default tracking store ``folder/mlflow.db``. The timeout only
     guards against a hang (it includes the imports); time limits count from ``_since_ready``."""
     env = {**_environment(), "MLFLOW_TRACKING_URI": f"sqlite:///{folder / 'mlflow.db'}", "TEST_READY_FILE": str(folder / "ready")}
+    prepare_store(env["MLFLOW_TRACKING_URI"])  # made here (quickly): a child's time goes to what the test is about
     command = [sys.executable, "-c", script, *args]
     return forkserver.run(command, cwd=folder, env=env, capture_output=True, text=True, timeout=timeout)
 
@@ -361,9 +362,11 @@ def test_a_signal_inside_a_store_call_ends_the_process_once_the_call_has_finishe
 
 _SIGNAL_CAUGHT_AND_IGNORED = """
 import os, signal, sys, time
+import mlflow
 from pipeline.tracking import lifecycle
 
 lifecycle.EXIT_GRACE_SECONDS = 1.0
+mlflow.MlflowClient().search_experiments(max_results=1)  # the store opened (its modules imported) before the clock starts
 open(os.environ['TEST_READY_FILE'], 'w').write(repr(time.monotonic()))  # ready: time limits count from here
 with lifecycle.ending_runs_on_signal():
     end, signalled = time.monotonic() + 30, False
@@ -388,16 +391,18 @@ def test_a_process_that_swallows_the_signal_still_exits_after_the_grace_period(t
 
 _SIGNALS_WHILE_BLOCKED_IN_A_STORE_CALL = """
 import os, signal, threading, time
+import mlflow
 from pipeline.tracking import lifecycle
 
 lifecycle.MAX_DEFER_SECONDS = 0.5
 lifecycle.EXIT_GRACE_SECONDS = 60.0
 store = {"__name__": "sqlalchemy.pool.fake", "time": time}
 exec("def call():\\n    time.sleep(30)\\n", store)  # a call blocked in the kernel, as on a lock
+mlflow.MlflowClient().search_experiments(max_results=1)  # the store opened (its modules imported) before the clock starts
 open(os.environ['TEST_READY_FILE'], 'w').write(repr(time.monotonic()))  # ready: time limits count from here
-for delay, signum in [(0.1, signal.SIGTERM), (0.15, signal.SIGINT), (0.2, signal.SIGTERM), (0.25, signal.SIGINT)]:
-    threading.Timer(delay, os.kill, (os.getpid(), signum)).start()
-with lifecycle.ending_runs_on_signal():
+with lifecycle.ending_runs_on_signal():  # the signals come once its handlers are set, under any load
+    for delay, signum in [(0.1, signal.SIGTERM), (0.15, signal.SIGINT), (0.2, signal.SIGTERM), (0.25, signal.SIGINT)]:
+        threading.Timer(delay, os.kill, (os.getpid(), signum)).start()
     store["call"]()
 print('not interrupted', flush=True)
 """
@@ -656,6 +661,7 @@ def test_the_first_of_two_signals_decides_how_the_process_ends(tmp_path):
 
 _A_STORE_CALL_THAT_HOLDS_THE_SIGNAL_BACK = """
 import os, signal, time
+import mlflow
 from pipeline.tracking import lifecycle
 
 lifecycle.EXIT_GRACE_SECONDS = 1.0
@@ -667,6 +673,7 @@ exec(  # as a call blocked in C that no signal interrupts (SQLite's busy wait)
     "    time.sleep(30)\\n",
     store,
 )
+mlflow.MlflowClient().search_experiments(max_results=1)  # the store opened (its modules imported) before the clock starts
 open(os.environ['TEST_READY_FILE'], 'w').write(repr(time.monotonic()))  # ready: time limits count from here
 with lifecycle.ending_runs_on_signal():
     store["call"]()
