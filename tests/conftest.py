@@ -3,12 +3,80 @@
 from __future__ import annotations
 
 import itertools
+import shutil
+import sqlite3
+import tempfile
+import types
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _mlflow_schema_from_a_template():
+    """Every SQLite MLflow store this test process creates gets its tables by copying one store migrated
+    once per session (SQLite's backup API) instead of running MLflow's ~100 Alembic migrations again:
+    about 3 s per store on a quiet machine, and nearly every pipeline test opens a fresh store. Only
+    MLflow's ``_initialize_tables`` is replaced, and only for SQLite; the opening of the store around it
+    (the lock of ``prepare_store``, the schema check, the default experiment) is MLflow's own. Child
+    processes are not affected: they create their stores as users' processes do."""
+    import mlflow.store.db.utils as db_utils
+    import mlflow.store.model_registry.sqlalchemy_store as registry_store
+    import sqlalchemy
+
+    migrate = db_utils._initialize_tables
+    folder = Path(tempfile.mkdtemp(prefix="mlflow-schema-"))
+    template = folder / "schema.db"
+    engine = sqlalchemy.create_engine(f"sqlite:///{template}")
+    migrate(engine)  # tables and Alembic's version only: no experiment (its artifact folder would be this one)
+    engine.dispose()
+
+    def copy_schema(engine) -> None:
+        if engine.dialect.name != "sqlite":
+            migrate(engine)
+            return
+        connection = engine.raw_connection()
+        try:
+            with sqlite3.connect(template) as source:
+                source.backup(connection.driver_connection)
+        finally:
+            connection.close()
+
+    db_utils._initialize_tables = registry_store._initialize_tables = copy_schema
+    try:
+        yield
+    finally:
+        db_utils._initialize_tables = registry_store._initialize_tables = migrate
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_pipeline(tmp_path_factory) -> types.SimpleNamespace:
+    """One run of the default pipeline (every stage, local SQLite store) on the tiny generated corpus,
+    shared by the tests that read what it made: ``cfg``, ``results``, ``out`` (output folder), ``uri``
+    (tracking URI) and ``parent_id`` (its pipeline run). A test that runs the pipeline again in ``out``
+    adds runs: tests look runs up from ``parent_id``, never as "the only run"."""
+    import os
+
+    from mlflow.tracking import MlflowClient
+    from pipeline_helpers import compose_config, tiny_overrides, write_corpus
+
+    from pipeline.engine.runner import run_pipeline
+
+    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI", "CRF_SWEEP_PARENT_RUN_ID", "CRF_SWEEP_ID"):
+        os.environ.pop(name, None)
+    root = tmp_path_factory.mktemp("tiny-pipeline")
+    out = root / "out"
+    cfg = compose_config(tiny_overrides(write_corpus(root / "data"), out))
+    results = run_pipeline(cfg)
+    os.environ.pop("MLFLOW_TRACKING_URI", None)  # MLflow exports it; do not leak it to later tests
+    uri = f"sqlite:///{out / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    (parent,) = client.search_runs([client.get_experiment_by_name("crf").experiment_id], "tags.stage = 'pipeline'")
+    return types.SimpleNamespace(cfg=cfg, results=results, out=out, uri=uri, parent_id=parent.info.run_id)
 
 
 @pytest.fixture(scope="session")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import forkserver
 import pytest
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
@@ -124,11 +125,10 @@ def test_unknown_keys_are_refused_without_the_command_line_too():
 
 
 def _run_pipeline_command(tmp_path: Path, *overrides: str):
-    import subprocess
     import sys
 
     env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
-    return subprocess.run(
+    return forkserver.run(
         [sys.executable, "-m", "pipeline", f"paths.output_dir={tmp_path / 'out'}", *overrides],
         capture_output=True,
         text=True,

@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forkserver
 import numpy as np
 import pandas as pd
 import pytest
@@ -55,17 +56,15 @@ def _no_ambient_tracking(monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    """One tiny pipeline run, every stage: (output folder, store URI, bundle path, MLflow Model URI, results)."""
+def run(tiny_pipeline):
+    """The session's tiny pipeline run, every stage (conftest): (output folder, store URI, bundle path,
+    MLflow Model URI, results)."""
     for name in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI", "CRF_SWEEP_PARENT_RUN_ID", "CRF_SWEEP_ID"):
         os.environ.pop(name, None)
-    root = tmp_path_factory.mktemp("fault-tag")
-    out = root / "out"
-    results = run_pipeline(compose_config(tiny_overrides(write_corpus(root / "data", n_train=60, n_test=20), out)))
-    uri = f"sqlite:///{out / 'mlflow.db'}"
+    out, uri, results = tiny_pipeline.out, tiny_pipeline.uri, tiny_pipeline.results
     client = MlflowClient(uri)
     experiment = client.get_experiment_by_name("crf").experiment_id
-    (train,) = client.search_runs([experiment], "tags.stage = 'train'")
+    (train,) = client.search_runs([experiment], f"tags.stage = 'train' and tags.mlflow.parentRunId = '{tiny_pipeline.parent_id}'")
     bundle = Path(train.data.tags["cache_path"]) / "bundle.npz"
     return out, uri, bundle, train.data.tags["model_uri"], results
 
@@ -79,7 +78,7 @@ def _cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_") or k == "MLFLOW_DISABLE_TELEMETRY"}
     env["PYTHONPATH"] = str(ROOT)
     command = [sys.executable, "-m", "pipeline.tag", *args, f"hydra.run.dir={cwd / '.hydra-tag'}"]
-    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    return forkserver.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
 def _one_line_error(done: subprocess.CompletedProcess) -> str:
@@ -520,13 +519,12 @@ def test_a_good_request_after_bad_ones_is_answered(model):
     assert status == 200 and [r["sentence"] for r in strict_loads(text)["predictions"]] == [0, 0, 1]
 
 
-def test_no_stray_files_in_the_working_folder(run, tmp_path, monkeypatch):
+def test_no_stray_files_in_the_working_folder(run, tiny_pipeline, tmp_path, monkeypatch):
     """Resolving every kind of model reference from a folder with no store leaves that folder as it was."""
     out, uri, bundle, model_uri, _ = run
     monkeypatch.chdir(tmp_path)
     source = _jsonl(tmp_path / "in.jsonl", _words(2))
-    client = MlflowClient(uri)
-    (parent,) = client.search_runs([client.get_experiment_by_name("crf").experiment_id], "tags.stage = 'pipeline'")
+    parent = MlflowClient(uri).get_run(tiny_pipeline.parent_id)
     for reference in (model_uri, f"runs:/{parent.info.run_id}/train"):
         run_tag(_settings(reference, source, tmp_path / "out.jsonl", tracking_uri=uri))
     with pytest.raises(TagError, match="no MLflow store at"):

@@ -17,6 +17,7 @@ import pytest
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
+import forkserver  # noqa: E402
 import mlflow  # noqa: E402
 import pandas as pd  # noqa: E402
 from pipeline_helpers import tiny_overrides, write_corpus  # noqa: E402
@@ -59,7 +60,7 @@ def _environment() -> dict[str, str]:
 
 
 def _start(data_root: Path, out: Path, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen(
+    return forkserver.popen(
         _command(data_root, out, *extra),
         cwd=ROOT,
         env=_environment(),
@@ -84,15 +85,24 @@ def _output(process: subprocess.Popen, timeout: float = 60) -> str:
         pytest.fail(f"the process did not exit within {timeout} s; its output and stacks:\n{text[-20000:]}")
 
 
-def _python(folder: Path, script: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    """``python -c script args`` in ``folder``, its default tracking store ``folder/mlflow.db``."""
-    env = {**_environment(), "MLFLOW_TRACKING_URI": f"sqlite:///{folder / 'mlflow.db'}"}
+def _python(folder: Path, script: str, *args: str, timeout: float = TIMEOUT) -> subprocess.CompletedProcess:
+    """``python -c script args`` in ``folder``, its default tracking store ``folder/mlflow.db``. The timeout only
+    guards against a hang (it includes the imports); time limits count from ``_since_ready``."""
+    env = {**_environment(), "MLFLOW_TRACKING_URI": f"sqlite:///{folder / 'mlflow.db'}", "TEST_READY_FILE": str(folder / "ready")}
+    prepare_store(env["MLFLOW_TRACKING_URI"])  # made here (quickly): a child's time goes to what the test is about
     command = [sys.executable, "-c", script, *args]
-    return subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True, timeout=timeout)
+    return forkserver.run(command, cwd=folder, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _since_ready(folder: Path) -> float:
+    """Seconds since a script run by ``_python`` in ``folder`` wrote its ready file (once its imports were done,
+    just before it signalled itself): time limits count from there, not from the interpreter's start
+    (importing MLflow alone takes seconds under load). One monotonic clock for all processes."""
+    return time.monotonic() - float((folder / "ready").read_text())
 
 
 def _run(data_root: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
+    return forkserver.run(
         _command(data_root, out, *extra), cwd=ROOT, env=_environment(), capture_output=True, text=True, timeout=TIMEOUT
     )
 
@@ -183,7 +193,10 @@ def test_jobs_logging_the_same_dataset_at_once_are_all_recorded(tmp_path):
     data = tmp_path / "train.txt"
     data.write_text("A a\n")
     command = [sys.executable, "-c", LOG_DATASET_TOGETHER, store, str(data), "3"]
-    processes = [subprocess.Popen(command, cwd=ROOT, env=_environment(), stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    processes = [
+        forkserver.popen(command, cwd=ROOT, env=_environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(3)
+    ]
     try:
         errors = [p.communicate(timeout=TIMEOUT)[1] for p in processes]
     finally:
@@ -349,9 +362,12 @@ def test_a_signal_inside_a_store_call_ends_the_process_once_the_call_has_finishe
 
 _SIGNAL_CAUGHT_AND_IGNORED = """
 import os, signal, sys, time
+import mlflow
 from pipeline.tracking import lifecycle
 
 lifecycle.EXIT_GRACE_SECONDS = 1.0
+mlflow.MlflowClient().search_experiments(max_results=1)  # the store opened (its modules imported) before the clock starts
+open(os.environ['TEST_READY_FILE'], 'w').write(repr(time.monotonic()))  # ready: time limits count from here
 with lifecycle.ending_runs_on_signal():
     end, signalled = time.monotonic() + 30, False
     while time.monotonic() < end:
@@ -367,24 +383,26 @@ with lifecycle.ending_runs_on_signal():
 
 
 def test_a_process_that_swallows_the_signal_still_exits_after_the_grace_period(tmp_path):
-    started = time.monotonic()
     done = _python(tmp_path, _SIGNAL_CAUGHT_AND_IGNORED)
     assert done.returncode == 128 + signal.SIGTERM, done.stdout + done.stderr
-    assert "went on" not in done.stdout and time.monotonic() - started < 25
+    assert "went on" not in done.stdout and _since_ready(tmp_path) < 25
     assert "still running 1 s after SIGTERM: exiting now" in done.stderr
 
 
 _SIGNALS_WHILE_BLOCKED_IN_A_STORE_CALL = """
 import os, signal, threading, time
+import mlflow
 from pipeline.tracking import lifecycle
 
 lifecycle.MAX_DEFER_SECONDS = 0.5
 lifecycle.EXIT_GRACE_SECONDS = 60.0
 store = {"__name__": "sqlalchemy.pool.fake", "time": time}
 exec("def call():\\n    time.sleep(30)\\n", store)  # a call blocked in the kernel, as on a lock
-for delay, signum in [(0.1, signal.SIGTERM), (0.15, signal.SIGINT), (0.2, signal.SIGTERM), (0.25, signal.SIGINT)]:
-    threading.Timer(delay, os.kill, (os.getpid(), signum)).start()
-with lifecycle.ending_runs_on_signal():
+mlflow.MlflowClient().search_experiments(max_results=1)  # the store opened (its modules imported) before the clock starts
+open(os.environ['TEST_READY_FILE'], 'w').write(repr(time.monotonic()))  # ready: time limits count from here
+with lifecycle.ending_runs_on_signal():  # the signals come once its handlers are set, under any load
+    for delay, signum in [(0.1, signal.SIGTERM), (0.15, signal.SIGINT), (0.2, signal.SIGTERM), (0.25, signal.SIGINT)]:
+        threading.Timer(delay, os.kill, (os.getpid(), signum)).start()
     store["call"]()
 print('not interrupted', flush=True)
 """
@@ -393,10 +411,9 @@ print('not interrupted', flush=True)
 def test_signals_while_the_main_thread_is_blocked_in_a_store_call_end_it_after_the_deferrals(tmp_path):
     """Each re-delivery goes to the main thread: sent to the process, one could land on another
     thread and the blocked call would not see it (the process then stalled until the call ended)."""
-    started = time.monotonic()
     done = _python(tmp_path, _SIGNALS_WHILE_BLOCKED_IN_A_STORE_CALL)
     assert done.returncode == 128 + signal.SIGTERM, done.stdout + done.stderr  # the first signal decides
-    assert "not interrupted" not in done.stdout and time.monotonic() - started < 20, done.stderr
+    assert "not interrupted" not in done.stdout and _since_ready(tmp_path) < 20, done.stderr
 
 
 _SIGNAL_IN_THE_BLOCKS_LAST_STORE_CALL = """
@@ -475,6 +492,7 @@ try:  # as a joblib (loky) worker runs a job: whatever the job raises is its res
     with lifecycle.ending_runs_on_signal():
         with mlflow.start_run(tags=lifecycle.owner_tags()) as run:
             print(run.info.run_id, flush=True)
+            open(os.environ['TEST_READY_FILE'], 'w').write(repr(time.monotonic()))  # ready: time limits count from here
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(30)
 except BaseException as error:
@@ -489,11 +507,10 @@ def test_a_worker_that_catches_the_exit_still_ends_once_its_runs_are_ended(tmp_p
     SIGTERMed worker went on for the whole grace period; now it exits soon after its runs end."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     prepare_store(uri)
-    started = time.monotonic()
     done = _python(tmp_path, _EXIT_CAUGHT_BY_THE_WORKER, uri)
     assert done.returncode == 128 + signal.SIGTERM, done.stdout + done.stderr
     run_id, caught = done.stdout.splitlines()
-    assert caught == "caught SystemExit" and time.monotonic() - started < 20, done.stdout + done.stderr
+    assert caught == "caught SystemExit" and _since_ready(tmp_path) < 20, done.stdout + done.stderr
     assert "still running 1 s after its runs were ended on SIGTERM (the exit was caught): exiting now" in done.stderr
     assert mlflow.tracking.MlflowClient(uri).get_run(run_id).info.status == "KILLED"
 
@@ -536,7 +553,7 @@ def test_sigterm_during_a_job_of_an_in_process_sweep_ends_the_sweep_killed_and_u
     sweep = [f"hydra.sweep.dir={tmp_path / 'multirun'}", "hydra/launcher=basic", "trainer.c2=0.1,1"]
     command = _command(data_root, out, *sweep, *ENDLESS)
     command.insert(command.index("pipeline") + 1, "-m")
-    process = subprocess.Popen(command, cwd=ROOT, env=_environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = forkserver.popen(command, cwd=ROOT, env=_environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     _wait_for_training(process, out)
     process.send_signal(signal.SIGTERM)
     text = _output(process)
@@ -558,7 +575,7 @@ def test_sigterm_to_a_joblib_sweeps_process_group_ends_every_run_and_summarises_
     sweep = [f"hydra.sweep.dir={tmp_path / 'multirun'}", "trainer.c2=0.1,1", "registry.sweep=false"]
     command = _command(data_root, out, *sweep, *ENDLESS)
     command.insert(command.index("pipeline") + 1, "-m")
-    process = subprocess.Popen(
+    process = forkserver.popen(
         command, cwd=ROOT, env=_environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )
     _wait_for_training(process, out)
@@ -644,6 +661,7 @@ def test_the_first_of_two_signals_decides_how_the_process_ends(tmp_path):
 
 _A_STORE_CALL_THAT_HOLDS_THE_SIGNAL_BACK = """
 import os, signal, time
+import mlflow
 from pipeline.tracking import lifecycle
 
 lifecycle.EXIT_GRACE_SECONDS = 1.0
@@ -655,6 +673,8 @@ exec(  # as a call blocked in C that no signal interrupts (SQLite's busy wait)
     "    time.sleep(30)\\n",
     store,
 )
+mlflow.MlflowClient().search_experiments(max_results=1)  # the store opened (its modules imported) before the clock starts
+open(os.environ['TEST_READY_FILE'], 'w').write(repr(time.monotonic()))  # ready: time limits count from here
 with lifecycle.ending_runs_on_signal():
     store["call"]()
 print('went on', flush=True)
@@ -664,8 +684,7 @@ print('went on', flush=True)
 def test_the_grace_period_counts_from_the_signals_arrival_even_when_it_was_deferred(tmp_path):
     """The watchdog started only when the signal was acted on: a store call blocked in C after
     the deferral kept the process alive for as long as it lasted."""
-    started = time.monotonic()
     done = _python(tmp_path, _A_STORE_CALL_THAT_HOLDS_THE_SIGNAL_BACK)
     assert done.returncode == 128 + signal.SIGTERM, done.stdout + done.stderr
-    assert "went on" not in done.stdout and time.monotonic() - started < 20, done.stderr
+    assert "went on" not in done.stdout and _since_ready(tmp_path) < 20, done.stderr
     assert "still running 1 s after SIGTERM: exiting now" in done.stderr

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forkserver
 import pandas as pd
 import pytest
 
@@ -21,7 +22,7 @@ from pipeline.engine.runner import run_pipeline  # noqa: E402
 from pipeline.sweeps import compare  # noqa: E402
 from pipeline.tracking import CACHE_SOURCE_TAG  # noqa: E402
 
-PROJECT = Path(__file__).resolve().parents[1]
+PROJECT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture
@@ -68,7 +69,7 @@ def _multirun(tmp_path: Path, data_root: Path, sweep: list[str]) -> subprocess.C
         "hydra/launcher=joblib",
         "hydra.launcher.n_jobs=2",
     ]
-    return subprocess.run(command, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=600)
+    return forkserver.run(command, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=600)
 
 
 def _sweep_runs(tmp_path: Path):

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SDISTS = Path(os.environ.get("CRF_UPSTREAM_SDISTS", ROOT / ".ci" / "cache"))
 PYTHON_CRFSUITE = "python_crfsuite-0.9.12"  # the archive's name (python-crfsuite==0.9.12 to pip)
 SKLEARN_CRFSUITE = "sklearn_crfsuite-0.5.0"

@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forkserver
 import numpy as np
 import pandas as pd
 import pytest
@@ -32,7 +33,7 @@ from pipeline.apps.formats import tokenize  # noqa: E402
 from pipeline.apps.tag import TagError, renamed, resolve_model, run_tag  # noqa: E402
 from pipeline.engine.runner import run_pipeline  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")
@@ -232,7 +233,7 @@ def test_command_line(trained, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("MLFLOW_TRACKING_URI", None)
     common = [f"paths.output_dir={out}", f"hydra.run.dir={tmp_path / 'hydra'}", "format=text"]
-    done = subprocess.run(
+    done = forkserver.run(
         [sys.executable, "-m", "pipeline.tag", f"model=[{pos_bundle},{chunker}]", f"input={text}", f"output={target}", *common],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
@@ -240,7 +241,7 @@ def test_command_line(trained, tmp_path):
     rows = read_conll(target)
     assert [r[0] for r in rows[0]] == "the old dog sees a cat .".split()
     assert [r[2] for r in rows[0]] == ["B-NP", "I-NP", "I-NP", "B-VP", "B-NP", "I-NP", "O"]
-    failed = subprocess.run(
+    failed = forkserver.run(
         [sys.executable, "-m", "pipeline.tag", f"model={tmp_path / 'nothing'}", f"input={text}", f"output={target}", *common],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
@@ -263,7 +264,7 @@ def _cli(args: list[str], cwd: Path, **extra_env: str) -> subprocess.CompletedPr
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_") or k == "MLFLOW_DISABLE_TELEMETRY"}
     env.update(PYTHONPATH=str(ROOT), **extra_env)
     hydra = f"hydra.run.dir={cwd / '.hydra-tag'}"
-    return subprocess.run(
+    return forkserver.run(
         [sys.executable, "-m", "pipeline.tag", *args, hydra], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
     )
 
@@ -449,7 +450,7 @@ frame = pd.DataFrame({{"sentence": [0, 0, 0], "w": ["the", "dog", "runs"], "pos"
 print(model.predict(frame)["label"].tolist())
 """
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_") or k == "MLFLOW_DISABLE_TELEMETRY"}
-    done = subprocess.run(
+    done = forkserver.run(
         [sys.executable, "-c", code],
         cwd=tmp_path,
         env={**env, "PYTHONPATH": str(ROOT)},

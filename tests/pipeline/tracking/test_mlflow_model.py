@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import gzip
 import os
-import subprocess
 import sys
 from pathlib import Path
 
+import forkserver
 import numpy as np
 import pandas as pd
 import pytest
@@ -18,7 +18,7 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 import mlflow  # noqa: E402
 from mlflow.exceptions import MlflowException  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
-from pipeline_helpers import compose_config, tiny_overrides, write_corpus  # noqa: E402
+from pipeline_helpers import tiny_overrides  # noqa: E402
 
 from crf import metrics  # noqa: E402
 from crf.bundle import load_bundle  # noqa: E402
@@ -46,15 +46,13 @@ def _latest_pipeline(client: MlflowClient):
 
 
 @pytest.fixture(scope="module")
-def logged(tmp_path_factory):
-    """A tiny pipeline run: (results, client, parent run, its stage runs, config)."""
-    root = tmp_path_factory.mktemp("model")
-    cfg = compose_config(tiny_overrides(write_corpus(root / "data"), root / "out"))
-    results = run_pipeline(cfg)
+def logged(tiny_pipeline):
+    """The session's tiny pipeline run (conftest): (results, client, parent run, its stage runs, config)."""
+    cfg, results = tiny_pipeline.cfg, tiny_pipeline.results
     client = MlflowClient(tracking_uri(cfg))
     mlflow.set_tracking_uri(tracking_uri(cfg))
     os.environ.pop("MLFLOW_TRACKING_URI", None)  # MLflow exports it; do not leak it to later tests
-    parent = _latest_pipeline(client)
+    parent = client.get_run(tiny_pipeline.parent_id)
     return results, client, parent, _runs(client, parent.info.run_id), cfg
 
 
@@ -155,7 +153,7 @@ def test_cached_stage_runs_point_at_the_run_that_computed_them(logged):
 @pytest.mark.slow  # starts `mlflow models serve`
 def test_model_benchmark_measures_the_logged_model_and_reproduces_its_score(logged):
     _, client, parent, _, cfg = logged
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[3]
     overrides = tiny_overrides(Path(cfg.data.root), Path(cfg.paths.output_dir))
     overrides = [o for o in overrides if not o.startswith(("trainer.", "train."))]  # the benchmark trains nothing
     command = [sys.executable, "-m", "pipeline.model_benchmark", *overrides, "model_benchmark.repetitions=2"]
@@ -163,7 +161,7 @@ def test_model_benchmark_measures_the_logged_model_and_reproduces_its_score(logg
     command.append(f"model_benchmark.model={parent.data.tags['model_uri']}")
     command.append(f"hydra.run.dir={Path(cfg.paths.output_dir) / 'hydra-model-benchmark'}")
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    done = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    done = forkserver.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     experiment = client.get_experiment_by_name("crf").experiment_id
     (run,) = client.search_runs([experiment], filter_string="tags.stage = 'model_benchmark'")
@@ -172,7 +170,7 @@ def test_model_benchmark_measures_the_logged_model_and_reproduces_its_score(logg
     assert run.data.metrics["pyfunc_tokens_per_second"] > 0
     assert {a.path for a in client.list_artifacts(run.info.run_id)} == {"model_benchmark.csv", "model_benchmark.md"}
 
-    missing = subprocess.run(command[:-2], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    missing = forkserver.run(command[:-2], cwd=root, env=env, capture_output=True, text=True, timeout=300)
     assert missing.returncode != 0 and "say which model to measure" in missing.stderr
     # scored against other gold labels than the model's run saw: the benchmark must refuse the figures
     test_file = Path(cfg.data.root) / cfg.dataset.files.test.path
@@ -182,5 +180,5 @@ def test_model_benchmark_measures_the_logged_model_and_reproduces_its_score(logg
     with gzip.open(relabelled, "wt") as stream:
         stream.write(text)
     other = [*command[:-1], f"dataset.files.test.path={relabelled.relative_to(cfg.data.root)}", "model_benchmark.served=false"]
-    mismatched = subprocess.run(other, cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    mismatched = forkserver.run(other, cwd=root, env=env, capture_output=True, text=True, timeout=300)
     assert mismatched.returncode != 0 and "do not reproduce the score" in mismatched.stderr

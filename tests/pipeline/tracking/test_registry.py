@@ -4,10 +4,10 @@ run registers only when asked."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
+import forkserver
 import pandas as pd
 import pytest
 
@@ -20,7 +20,7 @@ from pipeline_helpers import compose_config, tiny_overrides, write_corpus  # noq
 from pipeline.engine.runner import run_pipeline  # noqa: E402
 from pipeline.tracking import tracking_uri  # noqa: E402
 
-PROJECT = Path(__file__).resolve().parents[1]
+PROJECT = Path(__file__).resolve().parents[3]
 EXAMPLE = pd.DataFrame({"sentence": [0, 0, 0, 0], "w": ["the", "dog", "sees", "."], "pos": ["DT", "NN", "VB", "."]})
 
 
@@ -36,7 +36,7 @@ def test_a_sweep_registers_its_best_job_as_champion(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     command = [sys.executable, "-m", "pipeline", "-m", "trainer.c2=0.01,300", *tiny_overrides(data_root, tmp_path / "out")]
     command += ["trainer.threads=1", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
-    done = subprocess.run(command, cwd=PROJECT, env={**env, "MLFLOW_DISABLE_TELEMETRY": "true"}, capture_output=True, text=True)
+    done = forkserver.run(command, cwd=PROJECT, env={**env, "MLFLOW_DISABLE_TELEMETRY": "true"}, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
 
     uri = f"sqlite:///{tmp_path / 'out' / 'mlflow.db'}"

@@ -30,7 +30,7 @@ from pipeline_helpers import tiny_overrides, write_corpus  # noqa: E402
 
 from pipeline.sweeps.cluster import job_environment, pass_to_jobs  # noqa: E402
 
-PROJECT = Path(__file__).resolve().parents[1]
+PROJECT = Path(__file__).resolve().parents[3]
 VENV_BIN = Path(sys.executable).parent
 PLACEMENT = "+hydra.callbacks.placement._target_=pipeline.sweeps.cluster.JobPlacement"
 

@@ -5,10 +5,10 @@ experiment as a real Hydra multirun whose summary lands on the sweep's parent ru
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
+import forkserver
 import numpy as np
 import pandas as pd
 import pytest
@@ -146,7 +146,7 @@ def test_the_experiment_runs_as_a_multirun_and_summarises_the_arms(tmp_path):
         "active_learning.arm=full,random,least_confidence,partial_unknown", "active_learning.seed=0,1",
         "active_learning.rounds=3", "active_learning.batch_tokens=100", "active_learning.initial_fraction=0.05",
     ]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=tmp_path,
+    done = forkserver.run(command, capture_output=True, text=True, timeout=900, cwd=tmp_path,
                           env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"})  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     client = MlflowClient(f"sqlite:///{tmp_path / 'out' / 'mlflow.db'}")

@@ -156,7 +156,7 @@ def test_lexicon_paths_resolve_against_the_project_root_and_key_featurize(tmp_pa
         FEATURIZE.external_inputs(frozen({"features": missing}), None)
 
 
-FEATURE_FILE = os.path.join(os.path.dirname(__file__), "..", "conf", "features", "references.yaml")
+FEATURE_FILE = os.path.join(os.path.dirname(__file__), "..", "..", "..", "conf", "features", "references.yaml")
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from crf.features import read_lexicon
 from crf.io import read_xml_sequences
 from crf.metrics import chunk_scores
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FEATURES = ROOT / "conf" / "features" / "references.yaml"
 DATASET = ROOT / "conf" / "dataset" / "anystyle.yaml"
 LEXICONS = ROOT / "conf" / "lexicons"

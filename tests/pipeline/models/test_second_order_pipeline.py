@@ -48,7 +48,7 @@ def test_comparison_sweeps_order_and_names_its_arms():
 
     from omegaconf import OmegaConf
 
-    experiment = OmegaConf.load(Path(__file__).resolve().parents[1] / "conf" / "experiment" / "hmm_vs_crf.yaml")
+    experiment = OmegaConf.load(Path(__file__).resolve().parents[3] / "conf" / "experiment" / "hmm_vs_crf.yaml")
     params = experiment.hydra.sweeper.params
     assert params["model"] == "crf,hmm" and str(params["model.order"]) == "1,2"
     assert [arm_name("hmm", "2"), arm_name("crf", 1.0), arm_name("crf", None), arm_name("hmm", None)] == [

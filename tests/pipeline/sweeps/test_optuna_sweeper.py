@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import forkserver
 import pandas as pd
 import pytest
 
@@ -30,7 +31,7 @@ from pipeline.sweeps import search  # noqa: E402
 from pipeline.sweeps import trial_stopping as pruning  # noqa: E402
 from pipeline.sweeps.search import SweeperSettingError  # noqa: E402
 
-PROJECT = Path(__file__).resolve().parents[1]
+PROJECT = Path(__file__).resolve().parents[3]
 
 
 def test_search_space_in_hydras_sweep_grammar():
@@ -237,7 +238,7 @@ def _run_pipeline(arguments: list[str], data_root: Path, out: Path) -> subproces
     command = [sys.executable, "-m", "pipeline", *flags, *tiny_overrides(data_root, out), *overrides]
     env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
     env.pop("MLFLOW_TRACKING_URI", None)
-    return subprocess.run(command, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=900)
+    return forkserver.run(command, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=900)
 
 
 def _tiny_multirun(tmp_path: Path, sweep: list[str]) -> tuple[Path, Path, subprocess.CompletedProcess]:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forkserver
 import numpy as np
 import pytest
 
@@ -60,7 +61,7 @@ def test_both_adapters_run_through_the_same_stages(corpus, tmp_path, model):
     assert results["train.model_bytes"] > 0
 
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[2]
 
 
 def test_a_new_model_kind_is_one_module_and_one_config_file(corpus, tmp_path):
@@ -87,13 +88,14 @@ def test_a_new_model_kind_is_one_module_and_one_config_file(corpus, tmp_path):
     (bundle,) = (out / "cache" / "train").glob("*/bundle.npz")
     sentences = tmp_path / "in.conll"
     sentences.write_text("the\nold\ndog\n\nruns\n")
-    env = {**os.environ, "PYTHONPATH": str(TESTS), "MLFLOW_DISABLE_TELEMETRY": "true"}
+    # the project (as an installed one would be) and tests/, where the kind's module is
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent), str(TESTS)]), "MLFLOW_DISABLE_TELEMETRY": "true"}
 
     def tag(*extra: str) -> subprocess.CompletedProcess:
         output, hydra = tmp_path / "out.jsonl", tmp_path / "hydra"
         command = [sys.executable, "-m", "pipeline.tag", f"model={bundle}", f"input={sentences}", f"output={output}",
                    f"hydra.run.dir={hydra}", *extra]  # fmt: skip
-        return subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+        return forkserver.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
 
     refused = tag()  # the kind's module not imported: a clear refusal
     assert refused.returncode == 2 and "model kind 'majority' is unknown here" in refused.stdout + refused.stderr
@@ -109,8 +111,8 @@ def test_a_new_model_kind_is_one_module_and_one_config_file(corpus, tmp_path):
         f"import mlflow, pandas as pd; mlflow.set_tracking_uri({store!r}); m = mlflow.pyfunc.load_model({model_uri!r}); "
         "print(m.predict(pd.DataFrame({'sentence': [0, 0], 'w': ['the', 'dog']}))['label'].tolist())"
     )
-    loaded = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=300,
-                            env={k: v for k, v in env.items() if k != "PYTHONPATH"})  # fmt: skip
+    loaded = forkserver.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                            env={**env, "PYTHONPATH": str(TESTS.parent)})  # fmt: skip
     assert loaded.returncode == 0, loaded.stderr[-2000:]
     assert loaded.stdout.strip().splitlines()[-1] == "['I-NP', 'I-NP']"
 

@@ -28,7 +28,7 @@ from server_helpers import free_port, mlflow_server  # noqa: E402
 
 from pipeline.tracking import remote_cache  # noqa: E402
 
-PROJECT = Path(__file__).resolve().parents[1]
+PROJECT = Path(__file__).resolve().parents[3]
 JOBS = 6
 
 
