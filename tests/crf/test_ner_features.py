@@ -126,7 +126,7 @@ def test_bio_ner_extractor_round_trips_through_its_saved_state():
 
     from pipeline.stages.featurize import build_extractor
 
-    features = OmegaConf.to_container(OmegaConf.load(Path(__file__).resolve().parents[1] / "conf/features/bio_ner.yaml"))
+    features = OmegaConf.to_container(OmegaConf.load(Path(__file__).resolve().parents[2] / "conf/features/bio_ner.yaml"))
     sentences = [
         [("Atrial", "B-Disease"), ("fibrillation", "I-Disease"), ("(", "O"), ("AF", "B-Disease"), (")", "O"), ("after", "O")],
         [("H2O", "B-Chemical"), ("and", "O"), ("TNF-alpha", "O"), ("in", "O"), ("AF", "B-Disease"), (".", "O")],

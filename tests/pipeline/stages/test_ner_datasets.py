@@ -17,7 +17,7 @@ from crf.metrics import chunk_scores
 from pipeline.stages.data import resolve_files
 from pipeline.stages.featurize import build_extractor
 
-CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+CONF_DIR = str(Path(__file__).resolve().parents[3] / "conf")
 SETS = {"bc5cdr": {"Chemical", "Disease"}, "ncbi_disease": {"Disease"}}
 
 
@@ -28,7 +28,7 @@ def composed(dataset: str, features: str = "bio_ner"):
 
 def data_home() -> Path:
     """The shared data folder (CRF_DATA_HOME, else ../shared/data beside the checkout's parent)."""
-    home = Path(os.environ.get("CRF_DATA_HOME") or Path(__file__).resolve().parents[2] / "shared" / "data")
+    home = Path(os.environ.get("CRF_DATA_HOME") or Path(__file__).resolve().parents[4] / "shared" / "data")
     if not (home / "bc5cdr" / "train.tsv").is_file() or not (home / "ncbi_disease" / "train.tsv").is_file():
         pytest.skip(f"shared NER data not found under {home} (set CRF_DATA_HOME to the shared data folder)")
     return home
