@@ -454,3 +454,23 @@ def test_listed_edges_of_a_pruned_step_equal_its_padded_tables(seed):
         np.testing.assert_allclose(counts, padded.counts(previous, following), rtol=1e-12, atol=1e-15)
         checked += np.count_nonzero(counts)
     assert checked > 10
+
+
+def test_exact_second_order_over_many_labels_warns_of_its_cost(caplog):
+    """Above EXACT_SECOND_ORDER_LABELS labels an exact second-order fit says what it will cost and
+    how to prune; with pruning_threshold, or at that many labels or fewer, it says nothing."""
+    import warnings
+
+    from crf._order import EXACT_SECOND_ORDER_LABELS
+
+    def data(n_labels):
+        labels = [f"L{i}" for i in range(n_labels)]
+        return [[[f"w={y}"] for y in labels]], [labels]
+
+    with pytest.warns(RuntimeWarning, match=rf"exact second order over {EXACT_SECOND_ORDER_LABELS + 1} labels.*threshold=0\.01"):
+        CRF(order=2, max_iterations=1).fit(*data(EXACT_SECOND_ORDER_LABELS + 1))
+    assert "O(L^3) per token" in caplog.text
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        CRF(order=2, max_iterations=1).fit(*data(EXACT_SECOND_ORDER_LABELS))
+        CRF(order=2, pruning_threshold=0.01, max_iterations=1).fit(*data(EXACT_SECOND_ORDER_LABELS + 1))
