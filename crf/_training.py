@@ -23,7 +23,7 @@ from . import _online as online
 from . import _optimize as optimize
 from . import _params as hyper
 from ._objective import Objective, ParameterLayout
-from ._order import chain_structure
+from ._order import chain_structure, exact_second_order_cost
 from ._parallel import release_free_memory, single_threaded_blas
 from ._warm import PreviousFit
 from .attributes import AttributeIndex
@@ -257,6 +257,10 @@ def training_problem(
         warnings.warn(message, RuntimeWarning, stacklevel=3)
     L = len(classes)
     order = params["order"]
+    cost = exact_second_order_cost(L, batch.X.shape[0]) if order == 2 and params["pruning_threshold"] is None else None
+    if cost is not None:
+        log.warning("%s", cost)
+        warnings.warn(cost, RuntimeWarning, stacklevel=3)
     index = None if params["all_possible_states"] else hyper.feature_index(batch.X, codes, L, params["min_freq"])
     structure = chain_structure(order, L)
     trainable = structure.trainable(batch.offsets, codes, params["min_freq"], boundary, bool(params["all_possible_transitions"]))

@@ -433,6 +433,21 @@ class _LiftedSecondOrder(_Stationary):
         return self._inner(following)[:, None]
 
 
+def _filled_edges(previous: np.ndarray, middle: np.ndarray, current: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The indices (t, i, j, k) of the true entries of the (T, K + 1, K, K) mask
+    ``previous[t, i] & middle[t, j] & current[t, k]`` ((T, K + 1), (T, K), (T, K) bool), ordered by
+    t, j, k, then i; made from the per-token slot lists, without the 4-d mask."""
+    t, j, k = np.nonzero(middle[:, :, None] & current[:, None, :])  # ordered by t, j, k
+    per_token = previous.sum(axis=1)
+    first = np.zeros(per_token.size, dtype=np.int64)
+    np.cumsum(per_token[:-1], out=first[1:])
+    slots = np.nonzero(previous)[1]  # token by token, ascending
+    counts = per_token[t]
+    entry = np.repeat(np.arange(t.size), counts)
+    rank = np.arange(entry.size) - np.repeat(np.cumsum(counts) - counts, counts)
+    return t[entry], slots[first[t[entry]] + rank], j[entry], k[entry]
+
+
 class PrunedEdges:
     """The edges into every token of a pruned second-order lattice, scored by label triples.
 
@@ -441,33 +456,37 @@ class PrunedEdges:
     ``edges`` (T, K + 1, K, K) [t, i, j, k]: the position in ``used`` of the edge from state (i, j)
     of token t - 1 into state (j, k) of token t. A function of the lattice alone, made once for
     all the weights it is scored with. :attr:`listed` holds the edges between filled slots only,
-    token by token, for the recursions that visit those alone."""
+    token by token, for the recursions that visit those alone; ``filled`` ((T, K + 1), (T, K),
+    (T, K) bool): which slots of the token two back, the previous token and this one are filled
+    (the edge [t, i, j, k] joins filled slots when all three of its slots are)."""
 
-    def __init__(self, used: np.ndarray, edges: np.ndarray, empty: int) -> None:
+    def __init__(self, used: np.ndarray, edges: np.ndarray, empty: int, filled: tuple[np.ndarray, ...]) -> None:
         self.used, self.edges = used, edges
         self.empty = empty  # the position in ``used`` of the empty-slot index (-1: none)
+        self.filled = filled
 
     @classmethod
     def of(cls, labels: np.ndarray, before: np.ndarray, before2: np.ndarray, n_labels: int) -> PrunedEdges:
         """From the slot labels of :class:`PrunedSecondOrderTransitions`."""
         L = n_labels
-        filled = (before2 >= 0)[:, :, None, None] & (before >= 0)[:, None, :, None] & (labels >= 0)[:, None, None, :]
-        t, i, j, k = np.nonzero(filled)  # the filled edges only: the (T, K + 1, K, K) table is mostly empty slots
+        masks = (before2 >= 0, before >= 0, labels >= 0)
+        t, i, j, k = _filled_edges(*masks)  # the filled edges only: the (T, K + 1, K, K) table is mostly empty slots
+        filled = (labels.shape[0], before2.shape[1], labels.shape[1], labels.shape[1])
         flat = (before2[t, i].astype(np.int64) * L + before[t, j]) * L + labels[t, k]
         size = (L + 1) * L * L
         present = np.zeros(size + 1, dtype=bool)
         present[flat] = True
-        present[size] = t.size < filled.size
+        present[size] = t.size < math.prod(filled)
         used = np.flatnonzero(present)
         index_type = np.int32 if used.size < np.iinfo(np.int32).max else np.int64
         position = np.cumsum(present, dtype=np.int64) - 1
         empty = used.size - 1 if present[size] else -1
-        edges = np.full(filled.shape, max(empty, 0), dtype=index_type)
+        edges = np.full(filled, max(empty, 0), dtype=index_type)
         edges[t, i, j, k] = position[flat]
-        return cls(used, edges, empty)
+        return cls(used, edges, empty, masks)
 
     def take(self, index) -> PrunedEdges:
-        return PrunedEdges(self.used, self.edges[index], self.empty)
+        return PrunedEdges(self.used, self.edges[index], self.empty, tuple(mask[index] for mask in self.filled))
 
     @functools.cached_property
     def listed(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -477,7 +496,7 @@ class PrunedEdges:
         ordered by target so that the edges into one state are consecutive."""
         T, K1, K = self.edges.shape[:3]
         S = K1 * K
-        t, j, k, i = np.nonzero(self.edges.transpose(0, 2, 3, 1) != self.empty)
+        t, i, j, k = _filled_edges(*self.filled)
         start = np.zeros(T + 1, dtype=np.int64)
         np.cumsum(np.bincount(t, minlength=T), out=start[1:])
         return start, t * S + i * K + j, t * S + j * K + k, self.edges[t, i, j, k]

@@ -306,21 +306,41 @@ def _entries(sequences: list, lengths: np.ndarray, first: int = 0) -> _Entries:
     return _Entries(names, values, starts, offsets, first, checked=not only_lists)
 
 
-def sequence_entries(sequence, column_of: Callable) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+def pair_table(columns: Mapping[str, int]) -> dict[str, dict[str, int]]:
+    """The names of ``columns`` (name -> column) split at each of their colons: ``table[k][v]`` is
+    the column of the name ``k:v``, so a dict item ``k: v`` (a ``str`` value) is looked up without
+    building the string ``k:v`` (a name with two colons is listed under both splits)."""
+    table: dict[str, dict[str, int]] = {}
+    for name, column in columns.items():
+        colon = name.find(":")
+        while colon >= 0:
+            table.setdefault(name[:colon], {})[name[colon + 1 :]] = column
+            colon = name.find(":", colon + 1)
+    return table
+
+
+_NO_VALUES: dict[str, int] = {}
+
+
+def sequence_entries(
+    sequence, column_of: Callable, pairs: Mapping[str, Mapping[str, int]]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """The known attributes of one sequence of tokens of the common shapes, for per-call work.
 
-    ``column_of`` maps an attribute name to its column, or None (``dict.get`` of a vocabulary).
-    Tokens are lists of ``str`` names, or dicts of ``str`` keys and ``str``/``float``/``int``/
-    ``bool`` values, read by the module's rules in one pass (no array per token). Returns (where
-    each token's entries end (T,), columns (E,), weights (E,)) with the known entries of nonzero
-    weight, in input order (a repeated name is repeated), or None for anything else (another
-    shape, bytes, a non-finite weight; an empty sequence): the general path reads those and says
-    what is wrong.
+    ``column_of`` maps an attribute name to its column, or None (``dict.get`` of a vocabulary);
+    ``pairs`` is the vocabulary's :func:`pair_table`, which names the column of a dict item
+    ``k: v`` with a ``str`` value. Tokens are lists of ``str`` names, or dicts of ``str`` keys
+    and ``str``/``float``/``int``/``bool`` values, read by the module's rules in one pass (no
+    array per token). Returns (where each token's entries end (T,), columns (E,), weights (E,))
+    with the known entries of nonzero weight, in input order (a repeated name is repeated), or
+    None for anything else (another shape, bytes, a non-finite or too large weight; an empty
+    sequence): the general path reads those and says what is wrong.
     """
     ends: list[int] = []
     columns: list[int] = []
-    weights: list[float] = []
-    column, weight, end = columns.append, weights.append, ends.append
+    numbered: list[int] = []  # positions in ``columns`` of the entries whose weight is not 1
+    numbers: list[float] = []
+    column, end, pair = columns.append, ends.append, pairs.get
     try:
         for token in sequence:
             kind = type(token)
@@ -328,17 +348,27 @@ def sequence_entries(sequence, column_of: Callable) -> tuple[np.ndarray, np.ndar
                 for key, value in token.items():
                     value_kind = type(value)
                     if value_kind is str:
-                        found = column_of(key + ":" + value)  # a key that is not a str raises TypeError
+                        found = pair(key, _NO_VALUES).get(value)
                         if found is not None:
                             column(found)
-                            weight(1.0)
-                    elif value_kind is float or value_kind is int or value_kind is bool:
+                        elif type(key) is not str:  # bytes (decoded by the general path) or not a name
+                            return None
+                    elif value_kind is bool:  # True is weight 1, False adds nothing
+                        if type(key) is not str:
+                            return None
+                        if value:
+                            found = column_of(key)
+                            if found is not None:
+                                column(found)
+                    elif value_kind is float or value_kind is int:
                         if type(key) is not str or value - value != 0:  # NaN and infinities: the general path says where
                             return None
                         found = column_of(key)
                         if found is not None and value:
+                            if value != 1:
+                                numbered.append(len(columns))
+                                numbers.append(float(value))  # OverflowError: the general path says where
                             column(found)
-                            weight(float(value))
                     else:
                         return None
             elif kind is list or kind is tuple:
@@ -346,17 +376,19 @@ def sequence_entries(sequence, column_of: Callable) -> tuple[np.ndarray, np.ndar
                     found = column_of(name)
                     if found is not None:
                         column(found)
-                        weight(1.0)
                     elif type(name) is not str:  # bytes (decoded by the general path) or not a name
                         return None
             else:
                 return None
             end(len(columns))
-    except TypeError:  # a key that is not a str, an unhashable name
+    except (TypeError, OverflowError):  # an unhashable name; an integer beyond a float's range
         return None
     if not ends:
         return None
-    return np.array(ends, dtype=np.int64), np.array(columns, dtype=np.int64), np.array(weights)
+    weights = np.ones(len(columns))
+    if numbers:
+        weights[numbered] = numbers
+    return np.array(ends, dtype=np.int64), np.array(columns, dtype=np.int64), weights
 
 
 class AttributeIndex:
@@ -381,6 +413,7 @@ class AttributeIndex:
         # (the dict, its size, its hash table): one tuple, read and replaced whole, so a thread
         # never pairs a table with another dict than the one it was built from
         self._lookup: tuple[dict, int, PyObjectHashTable] | None = None
+        self._pairs: tuple[dict, int, dict[str, dict[str, int]]] | None = None  # the same, for :func:`pair_table`
 
     @property
     def index_(self) -> dict[str, int]:
@@ -391,14 +424,14 @@ class AttributeIndex:
         self._index = index
 
     def __getstate__(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k != "_lookup"}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_lookup", "_pairs")}
 
     def __setstate__(self, state: dict) -> None:
         state = dict(state)
         if "index_" in state:  # pickled before index_ became a property
             state["_index"] = state.pop("index_")
         self.__dict__.update(state)
-        self._lookup = None
+        self._lookup = self._pairs = None
 
     def _table_for(self, index: dict[str, int]) -> PyObjectHashTable:
         """The hash table of ``index`` (built on first use, and again if ``index_`` was replaced or
@@ -416,6 +449,16 @@ class AttributeIndex:
             for name, column in index.items():
                 table.set_item(name, column)
         self._lookup = (index, len(index), table)
+        return table
+
+    def pairs_for(self, index: dict[str, int]) -> dict[str, dict[str, int]]:
+        """The :func:`pair_table` of ``index`` (built on first use, and again if ``index_`` was
+        replaced or changed size)."""
+        cached = self.__dict__.get("_pairs")
+        if cached is not None and cached[0] is index and cached[1] == len(index):
+            return cached[2]
+        table = pair_table(index)
+        self._pairs = (index, len(index), table)
         return table
 
     def fit(self, sequences: Iterable[Sequence], min_freq: float = 0) -> AttributeIndex:
@@ -459,7 +502,17 @@ class AttributeIndex:
         sequences, lengths = _sequence_list(sequences)
         # per block: kept entries per token, their columns and weights (after an empty start)
         counts, columns, values = [np.empty(0, np.int64)], [np.empty(0, np.int32)], [np.empty(0)]
+        pairs = None
         for first, stop in _blocks(lengths, self.block_tokens):
+            if not grow and type(next(iter(sequences[first]))) is dict:  # dict tokens: looked up one entry at a time
+                pairs = self.pairs_for(index) if pairs is None else pairs
+                found = sequence_entries(chain.from_iterable(sequences[first:stop]), index.get, pairs)
+                if found is not None:
+                    ends, known, weights = found
+                    counts.append(np.diff(ends, prepend=0))
+                    columns.append(known.astype(np.int32))
+                    values.append(weights)
+                    continue
             entries = _entries(sequences[first:stop], lengths[first:stop], first)
             codes = entries.lookup(table)
             names = entries.names

@@ -548,7 +548,8 @@ class CRF(SegmentQueries, UncertaintyQueries, FeatureTables, BaseEstimator):
         index = self.__dict__.get("attribute_index_")
         if index is None or self.__dict__.get("pruner_") is not None or isinstance(xseq, SequenceBatch):
             return None
-        entries = sequence_entries(xseq, index.index_.get)
+        columns = index.index_
+        entries = sequence_entries(xseq, columns.get, index.pairs_for(columns))
         if entries is None:
             return None
         return _compiled.rows_times_dense(*entries, self.state_weights_)

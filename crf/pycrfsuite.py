@@ -68,7 +68,7 @@ from . import _compiled
 from . import _params as hyper
 from ._optimize import IterationInfo
 from ._tagger_view import ModelInfo
-from .attributes import _token_items, sequence_entries
+from .attributes import _token_items, pair_table, sequence_entries
 from .crfsuite import (
     _HEADER,
     HEADER_SIZE,
@@ -976,6 +976,7 @@ class Tagger:
     _model: CRFsuiteModel | None = None
     _header: tuple | None = None
     _columns: dict[str, int] = {}  # attribute -> its id in the model
+    _pairs: dict[str, dict[str, int]] | None = None  # pair_table(_columns), made by the first set()
     _label_ids: dict[str, int] = {}
     # the state features by attribute, as CRFsuite's tagger reads them: attribute a's are
     # _state_label[_state_first[a]:_state_first[a + 1]] with weights _state_weight[...]
@@ -1025,6 +1026,7 @@ class Tagger:
         self._state_label, self._state_weight = label[order].astype(np.int64), weight[order].astype(np.float64)
         self._model, self._header = model, _HEADER.unpack_from(data)
         self._columns = dict(zip(model.attributes, range(len(model.attributes))))
+        self._pairs = None
         self._label_ids = dict(zip(model.labels, range(L)))
         self._emissions, self._zeros = np.zeros((0, L)), np.zeros(L)
         self._marginals = None
@@ -1033,7 +1035,7 @@ class Tagger:
         """Unload the model."""
         self._model = self._header = self._zeros = self._emissions = self._marginals = None
         self._state_first = self._state_label = self._state_weight = None
-        self._columns, self._label_ids = {}, {}
+        self._columns, self._label_ids, self._pairs = {}, {}, None
 
     def _opened(self) -> CRFsuiteModel:
         if self._model is None:
@@ -1054,7 +1056,11 @@ class Tagger:
         :meth:`probability` and :meth:`marginal`. Attributes the model does not know are ignored."""
         L = len(self._opened().labels)
         # items of the common shapes are read in one pass (known attributes only), others checked first
-        entries = None if isinstance(xseq, ItemSequence) else sequence_entries(xseq, self._columns.get)
+        entries = None
+        if not isinstance(xseq, ItemSequence):
+            if self._pairs is None:
+                self._pairs = pair_table(self._columns)
+            entries = sequence_entries(xseq, self._columns.get, self._pairs)
         if entries is None:
             items = xseq._items if isinstance(xseq, ItemSequence) else _items(xseq)
             names: list[str] = []

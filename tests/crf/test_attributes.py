@@ -324,3 +324,61 @@ def test_feature_extractor_attribute_lists_round_trip():
     columns = [index.index_[name] for name in extractor.attribute_names() if name in index.index_]
     assert len(columns) == index.names().size == extractor.attribute_names().size
     assert (ours.X[:, columns] != batch.X).nnz == 0
+
+
+# --- the per-entry reader of dict tokens at transform (crf.attributes.sequence_entries) --------
+
+
+def _common_token(rng: random.Random):
+    """A dict token of the shapes the per-entry reader takes: str keys (some with colons, some
+    repeating another item's ``k:v`` name) with str, bool, int and float values."""
+    keys = ["w", "w:a", "k", "u", "n", "w:a:b", "é"]
+    values = [lambda: rng.choice(["a", "b", "a:b", "", "é", "zz"]), lambda: rng.random() < 0.5]
+    values += [lambda: rng.randrange(-2, 3), lambda: round(rng.uniform(-2, 2), 2), lambda: 1.0]
+    return {rng.choice(keys): rng.choice(values)() for _ in range(rng.randrange(6))}
+
+
+@pytest.mark.parametrize("block_tokens", [1, 3, 1 << 14])
+@pytest.mark.parametrize("seed", range(6))
+def test_transform_reads_dicts_entry_by_entry_exactly_as_the_batch_reader(monkeypatch, seed, block_tokens):
+    """Dict tokens read one entry at a time give the batch reader's matrix bit for bit (same
+    columns and weights: repeated names, colons, unknown names, zero weights), and blocks with
+    rare shapes (bytes, nested dicts, lists, NumPy numbers, list tokens, odd keys) still go to
+    the batch reader, which reads them as before."""
+    import crf.attributes as attributes
+
+    rng = random.Random(seed)
+    train = [[_common_token(rng) for _ in range(rng.randrange(1, 5))] for _ in range(8)]
+    train += [[_random_token(rng) for _ in range(rng.randrange(1, 5))] for _ in range(4)]
+    index = AttributeIndex().fit(train)
+    common = [[_common_token(rng) for _ in range(rng.randrange(1, 6))] for _ in range(10)]
+    mixed = common[:5] + [[_random_token(rng) for _ in range(3)] for _ in range(3)] + common[5:]
+    monkeypatch.setattr(AttributeIndex, "block_tokens", block_tokens)
+    calls = []
+    reader = attributes.sequence_entries
+    monkeypatch.setattr(attributes, "sequence_entries", lambda *a: calls.append(reader(*a)) or calls[-1])
+    for data in (common, mixed, train):
+        calls.clear()
+        new = index.transform(data).X
+        if data is common or block_tokens == 1:  # the per-entry reader read some blocks
+            assert any(found is not None for found in calls)
+        with monkeypatch.context() as patch:
+            patch.setattr(attributes, "sequence_entries", lambda *a: None)
+            old = index.transform(data).X
+        for name in ("indptr", "indices", "data"):
+            np.testing.assert_array_equal(getattr(new, name), getattr(old, name))
+        assert new.shape == old.shape
+    assert _rows(index, index.transform(common)) == _reference_rows(common, set(index.index_))
+
+
+def test_transform_of_bad_dict_values_still_names_their_position():
+    """Where the per-entry reader gives up (non-finite weights, integers beyond a float, keys that
+    are not names), the batch reader reports the position as it did."""
+    index = AttributeIndex().fit([[{"a": 1.0, "w": "x"}]])
+    with pytest.raises(ValueError, match=r"sequence 1, token 0: attribute 'a' has the non-finite weight"):
+        index.transform([[{"w": "x"}], [{"a": float("inf")}]])
+    with pytest.raises(ValueError, match=r"sequence 0, token 1: attribute 'a' has an integer of"):
+        index.transform([[{"w": "x"}, {"a": 10**400}]])
+    with pytest.raises(TypeError, match=r"sequence 0, token 1: attribute names must be str or bytes, not int"):
+        index.transform([[{"w": "x"}, {1: "x"}]])
+    np.testing.assert_array_equal(index.transform([[{b"w": "x", "a": 2}]]).X.toarray(), [[2, 1]])

@@ -11,7 +11,7 @@ from conftest import enumerate_paths, random_chain
 import crf.pycrfsuite as ours
 from crf import CRF, _compiled
 from crf import _chain as chain
-from crf.attributes import AttributeIndex, sequence_entries
+from crf.attributes import AttributeIndex, pair_table, sequence_entries
 
 
 def _offsets(lengths) -> np.ndarray:
@@ -119,16 +119,16 @@ def test_sequence_entries_read_tokens_as_the_attribute_index_does():
     index = AttributeIndex()
     index.fit(vocabulary)
     sequence = [{"w": "a", "n": 0.5, "up": True, "new": "z"}, {"w": "c", "up": False}, {}, {"n": -3}]
-    ends, columns, weights = sequence_entries(sequence, index.index_.get)
+    ends, columns, weights = sequence_entries(sequence, index.index_.get, pair_table(index.index_))
     X = index.transform([sequence]).X
     expected = [sorted(zip(X[t].indices.tolist(), X[t].data.tolist())) for t in range(X.shape[0])]
     assert _token_sets(ends, columns, weights) == expected
     lists = [["x=1", "y=2", "q"], ("x=2",)]
-    ends, columns, weights = sequence_entries(lists, index.index_.get)
+    ends, columns, weights = sequence_entries(lists, index.index_.get, pair_table(index.index_))
     X = index.transform([lists]).X
     assert _token_sets(ends, columns, weights) == [sorted(zip(X[t].indices.tolist(), X[t].data.tolist())) for t in range(2)]
     for rare in ([{"w": b"a"}], [{"w": {"x": "y"}}], [{"n": float("nan")}], [{1: "a"}], [[b"x=1"]], ["x=1"], []):
-        assert sequence_entries(rare, index.index_.get) is None
+        assert sequence_entries(rare, index.index_.get, pair_table(index.index_)) is None
 
 
 @pytest.fixture(scope="module")

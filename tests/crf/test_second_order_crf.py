@@ -454,3 +454,50 @@ def test_listed_edges_of_a_pruned_step_equal_its_padded_tables(seed):
         np.testing.assert_allclose(counts, padded.counts(previous, following), rtol=1e-12, atol=1e-15)
         checked += np.count_nonzero(counts)
     assert checked > 10
+
+
+def test_exact_second_order_over_many_labels_warns_of_its_cost(caplog):
+    """Above EXACT_SECOND_ORDER_LABELS labels an exact second-order fit says what it will cost and
+    how to prune; with pruning_threshold, or at that many labels or fewer, it says nothing."""
+    import warnings
+
+    from crf._order import EXACT_SECOND_ORDER_LABELS
+
+    def data(n_labels):
+        labels = [f"L{i}" for i in range(n_labels)]
+        return [[[f"w={y}"] for y in labels]], [labels]
+
+    with pytest.warns(RuntimeWarning, match=rf"exact second order over {EXACT_SECOND_ORDER_LABELS + 1} labels.*threshold=0\.01"):
+        CRF(order=2, max_iterations=1).fit(*data(EXACT_SECOND_ORDER_LABELS + 1))
+    assert "O(L^3) per token" in caplog.text
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        CRF(order=2, max_iterations=1).fit(*data(EXACT_SECOND_ORDER_LABELS))
+        CRF(order=2, pruning_threshold=0.01, max_iterations=1).fit(*data(EXACT_SECOND_ORDER_LABELS + 1))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_filled_edges_of_a_pruned_lattice_are_the_nonzero_entries_of_the_mask(seed):
+    """The edges between filled slots, listed from the per-slot masks, are np.nonzero's of the
+    4-d mask in (t, j, k, i) order; the lattice's tables and edge lists are the mask's."""
+    from crf._transitions import PrunedEdges, _filled_edges
+
+    rng = np.random.default_rng(seed)
+    T, K, L = 9, 3, 4
+    labels, before = (np.where(rng.random((T, K)) < 0.6, rng.integers(0, L, (T, K)), -1) for _ in range(2))
+    before2 = np.where(rng.random((T, K + 1)) < 0.6, rng.integers(0, L + 1, (T, K + 1)), -1)
+    previous, middle, current = before2 >= 0, before >= 0, labels >= 0
+    mask = previous[:, :, None, None] & middle[:, None, :, None] & current[:, None, None, :]
+    t, j, k, i = np.nonzero(mask.transpose(0, 2, 3, 1))
+    for got, expected in zip(_filled_edges(previous, middle, current), (t, i, j, k)):
+        np.testing.assert_array_equal(got, expected)
+    edges = PrunedEdges.of(labels, before, before2, L)
+    np.testing.assert_array_equal(edges.edges != edges.empty, mask)
+    taken = edges.take(np.array([4, 0, 7]))
+    start, source, target, triple = taken.listed
+    t, j, k, i = np.nonzero(taken.edges.transpose(0, 2, 3, 1) != taken.empty)
+    S = (K + 1) * K
+    np.testing.assert_array_equal(source, t * S + i * K + j)
+    np.testing.assert_array_equal(target, t * S + j * K + k)
+    np.testing.assert_array_equal(triple, taken.edges[t, i, j, k])
+    np.testing.assert_array_equal(start, np.concatenate([[0], np.cumsum(np.bincount(t, minlength=3))]))
