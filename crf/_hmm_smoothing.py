@@ -296,7 +296,7 @@ def suffix_emissions(
 def expected_transition_table(
     chain_counts: np.ndarray, state_marginals: np.ndarray, node: np.ndarray, lengths: np.ndarray, order: int
 ) -> np.ndarray:
-    """Expected n-gram counts (L + 1,) * (order + 1) of a chunk from its chain posterior: the
+    """Expected n-gram counts (L + 1,) * (order + 1) of a block of sequences from its chain posterior: the
     chain's expected transition counts ((L, L), or (L + 1, L, L) triples for pair states), the
     per-state marginals (T, S) and per-label marginals ``node`` (T, L) of sequences ``lengths``."""
     L = node.shape[1]

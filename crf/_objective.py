@@ -18,7 +18,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from . import _chain as chain
-from ._order import FirstOrderChain, chain_structure
+from ._order import ChainStructure, chain_structure
 from ._parallel import Workers, thread_count
 from .batch import token_rows
 
@@ -35,7 +35,7 @@ class ParameterLayout:
     order: int = 1
 
     @property
-    def chain(self) -> FirstOrderChain:
+    def chain(self) -> ChainStructure:
         """The order's tail structure (:mod:`crf._order`)."""
         if getattr(self, "_chain", None) is None or self._chain.n_labels != self.n_labels or self._chain.order != self.order:
             self._chain = chain_structure(self.order, self.n_labels)
@@ -84,7 +84,7 @@ class FeaturePartition:
     Attributes that are features with many labels (at least ``SHARED_MIN_LABELS``; all of them
     in the dense layout) go through one sparse-times-dense product over their columns of X. The
     other attributes, each a feature with only a few labels, are grouped by label. Computed once
-    per model and shared by every chunk of tokens.
+    per model and shared by every block of tokens.
     """
 
     SHARED_MIN_LABELS = 8
@@ -111,8 +111,8 @@ class FeaturePartition:
         self.local_labels = label[self.local_positions]
 
     def shared_weights(self, theta_state: np.ndarray) -> np.ndarray:
-        """The (A_shared, L) weights of the shared attributes: one matrix for all chunks, filled
-        once per evaluation (before the chunks run)."""
+        """The (A_shared, L) weights of the shared attributes: one matrix for all blocks, filled
+        once per evaluation (before the blocks run)."""
         if self.identity:
             return theta_state.reshape(-1, self.n_labels)
         if not hasattr(self, "_shared"):
@@ -122,7 +122,7 @@ class FeaturePartition:
 
 
 class StateFeatures:
-    """State features of one chunk of tokens: emissions ``X @ W`` and expected counts, where W
+    """State features of one block of tokens: emissions ``X @ W`` and expected counts, where W
     (A, L) holds the state weights and is zero outside the model's features.
 
     The shared attributes (see :class:`FeaturePartition`) go through one product
@@ -177,13 +177,13 @@ class StateFeatures:
         return out
 
 
-class _Chunk:
+class _Block:
     """Some fully labelled sequences, stored in their own packed time-major order.
 
     ``candidates`` (T, L) bool (input order), when given, restrict every sum to the paths through
-    the candidate labels of each token (pruning; the gold labels must be among them): the chunk
+    the candidate labels of each token (pruning; the gold labels must be among them): the block
     then contributes ``log Z_pruned(x) - score(y)``, where Z_pruned <= Z sums those paths only.
-    The chain runs over the structure's :meth:`~crf._order.FirstOrderChain.lattice` for them (a
+    The chain runs over the structure's :meth:`~crf._order.ChainStructure.lattice` for them (a
     second-order one over each token's candidates only)."""
 
     def __init__(
@@ -192,7 +192,7 @@ class _Chunk:
         offsets: np.ndarray,
         labels: np.ndarray,
         partition: FeaturePartition,
-        structure: FirstOrderChain,
+        structure: ChainStructure,
         candidates: np.ndarray | None = None,
     ) -> None:
         self.layout = chain.Layout.from_lengths(np.diff(offsets))
@@ -203,7 +203,7 @@ class _Chunk:
         self.lattice = structure.lattice(self.layout, None if candidates is None else np.asarray(candidates, dtype=bool)[rows])
 
     def observed_state(self, n_labels: int) -> np.ndarray:
-        """Observed state feature counts of this chunk's gold labels."""
+        """Observed state feature counts of this block's gold labels."""
         return self.states.gradient(np.eye(n_labels)[self.labels])
 
     def chain_emissions(
@@ -238,7 +238,7 @@ class _Chunk:
         return float(posterior.log_z.sum()), gold, self.states.gradient(node), posterior.transition_counts, ends
 
 
-class _PartialChunk(_Chunk):
+class _PartialBlock(_Block):
     """Some partially labelled sequences (label -1: unknown). Each contributes
     ``log Z(x) - log Z(x | known labels)``, the second term by forward-backward over the paths
     that agree with the known labels, and expected counts minus expected counts under that
@@ -277,7 +277,7 @@ class _PartialChunk(_Chunk):
 
 def _share_ones(matrices: list[sp.spmatrix]) -> None:
     """Point the data of the binary matrices (all values 1) at one read-only array of ones. It is
-    as long as the largest one, and the chunks' matrices are of similar size: scipy copies a data
+    as long as the largest one, and the blocks' matrices are of similar size: scipy copies a data
     array that is a view of less than half its base whenever it wraps it in a new matrix (as a
     transpose does)."""
     binary = [m for m in matrices if m.nnz and np.all(m.data == 1.0)]
@@ -288,24 +288,24 @@ def _share_ones(matrices: list[sp.spmatrix]) -> None:
             m.data = ones[: m.nnz]
 
 
-def chunk_count(n_cells: int, n_sequences: int, chunk_cells: int, multiple: int = 4) -> int:
-    """Chunks for ``n_cells`` (token, label) cells: ``ceil(n_cells / chunk_cells)``, rounded up to
+def block_count(n_cells: int, n_sequences: int, block_cells: int, multiple: int = 4) -> int:
+    """Blocks for ``n_cells`` (token, label) cells: ``ceil(n_cells / block_cells)``, rounded up to
     ``multiple`` when above 1 (to balance the load of up to ``multiple`` threads), at most one per
     sequence. Independent of the thread count."""
-    n = max(1, -(-int(n_cells) // max(1, int(chunk_cells))))
+    n = max(1, -(-int(n_cells) // max(1, int(block_cells))))
     if n > 1:
         n = -(-n // multiple) * multiple
     return max(1, min(n, int(n_sequences)))
 
 
-def _chunks_of(lengths: np.ndarray, n_chunks: int) -> list[np.ndarray]:
-    """Sequence indices in ``n_chunks`` groups of about equal token counts, each a run of
-    similar lengths (sorted longest first, cut where the running token count crosses k / n_chunks
-    of the total). A chunk's recursion takes as many Python steps as its longest sequence, so
-    keeping lengths together makes most chunks short; indices within a group are sorted."""
+def _blocks_of(lengths: np.ndarray, n_blocks: int) -> list[np.ndarray]:
+    """Sequence indices in ``n_blocks`` groups of about equal token counts, each a run of
+    similar lengths (sorted longest first, cut where the running token count crosses k / n_blocks
+    of the total). A block's recursion takes as many Python steps as its longest sequence, so
+    keeping lengths together makes most blocks short; indices within a group are sorted."""
     order = np.argsort(-lengths, kind="stable")
     tokens = np.cumsum(lengths[order])
-    cuts = np.searchsorted(tokens, tokens[-1] * np.arange(1, n_chunks) / n_chunks, side="left") + 1
+    cuts = np.searchsorted(tokens, tokens[-1] * np.arange(1, n_blocks) / n_blocks, side="left") + 1
     return [np.sort(group) for group in np.split(order, np.unique(np.clip(cuts, 1, order.size))) if group.size]
 
 
@@ -315,22 +315,22 @@ class Objective:
     ``X`` (T, A) CSR, ``offsets`` (N + 1,), ``labels`` (T,) label indices in [0, L), or -1 for
     a label that is not known: a sequence with unknown labels contributes
     ``log Z(x_i) - log Z(x_i | its known labels)``, minus the log of the probability of its known
-    labels with the others summed out (see :class:`_PartialChunk`); one with no known label
+    labels with the others summed out (see :class:`_PartialBlock`); one with no known label
     contributes nothing and is left out. Calling the object returns ``(loss, gradient)``;
     regularisation is added by the optimiser.
 
-    The sequences are cut into chunks of about ``chunk_cells`` (token, label) cells (default
-    :attr:`CHUNK_CELLS`) by length (see :func:`_chunks_of`), each stored once in its own packed time-major order; a thread pool
-    evaluates the chunks and their results are summed in chunk order. The partition depends on
-    the data and ``chunk_cells`` only, never on the thread count, so any number of threads gives
-    bit-identical losses and gradients. Working memory of the recursions scales with the chunk,
+    The sequences are cut into blocks of about ``block_cells`` (token, label) cells (default
+    :attr:`BLOCK_CELLS`) by length (see :func:`_blocks_of`), each stored once in its own packed time-major order; a thread pool
+    evaluates the blocks and their results are summed in block order. The partition depends on
+    the data and ``block_cells`` only, never on the thread count, so any number of threads gives
+    bit-identical losses and gradients. Working memory of the recursions scales with the block,
     not the corpus. Call it inside :func:`crf._parallel.single_threaded_blas`.
     """
 
-    #: (token, label) cells per chunk (8 bytes each per (T, L) array of a chunk): larger chunks
+    #: (token, label) cells per block (8 bytes each per (T, L) array of a block): larger blocks
     #: run their long tails with few rows per step, smaller ones take more Python steps
-    CHUNK_CELLS = 1_500_000
-    #: with candidates, sequences whose tokens have at most this many go into one group of chunks
+    BLOCK_CELLS = 1_500_000
+    #: with candidates, sequences whose tokens have at most this many go into one group of blocks
     SHARED_SLOTS = 3
 
     def __init__(
@@ -340,7 +340,7 @@ class Objective:
         labels: np.ndarray,
         params: ParameterLayout,
         n_threads: int | None = None,
-        chunk_cells: int | None = None,
+        block_cells: int | None = None,
         candidates: np.ndarray | None = None,
     ) -> None:
         offsets = np.asarray(offsets, dtype=np.int64)
@@ -364,48 +364,48 @@ class Objective:
             if not candidates[known, labels[known]].all():
                 raise ValueError("candidates must include every known gold label")
         self.partition = FeaturePartition(params)
-        cells = chunk_cells or self.CHUNK_CELLS
-        self.chunks = []
-        # with candidates, sequences go into chunks by their largest candidate count (the slots of
-        # their pruned lattice: a chunk pads every token to its widest one), then by length
+        cells = block_cells or self.BLOCK_CELLS
+        self.blocks = []
+        # with candidates, sequences go into blocks by their largest candidate count (the slots of
+        # their pruned lattice: a block pads every token to its widest one), then by length
         slots = np.zeros(lengths.size, dtype=np.int64)
         if candidates is not None and labels.size:
             counts = candidates.sum(axis=1)
             nonempty = lengths > 0
             slots[nonempty] = np.maximum.reduceat(counts, offsets[:-1][nonempty])
-            # the narrowest lattices share one group (padded to SHARED_SLOTS): each chunk costs a
+            # the narrowest lattices share one group (padded to SHARED_SLOTS): each block costs a
             # dense gradient of the state weights, more than the few padded slots
             slots = np.maximum(slots, min(self.SHARED_SLOTS, params.n_labels))
-        for kind, everyone in ((_Chunk, full), (_PartialChunk, partial)):
+        for kind, everyone in ((_Block, full), (_PartialBlock, partial)):
             for width in np.unique(slots[everyone]):
                 members = everyone[slots[everyone] == width]
                 per_token = structure.cells_per_token(None if candidates is None else int(width))
-                member_cells = int(lengths[members].sum()) * per_token * (2 if kind is _PartialChunk else 1)
-                # several width groups already give the threads several chunks: no rounding up to 4 each
+                member_cells = int(lengths[members].sum()) * per_token * (2 if kind is _PartialBlock else 1)
+                # several width groups already give the threads several blocks: no rounding up to 4 each
                 multiple = 4 if candidates is None else 1
-                self._add_chunks(kind, members, member_cells, cells, X, offsets, lengths, labels, structure, candidates, multiple)
-        _share_ones([chunk.states.local for chunk in self.chunks])
-        _share_ones([chunk.states.X_shared for chunk in self.chunks])
-        self.workers = Workers(self.n_threads if len(self.chunks) > 1 else 1)
+                self._add_blocks(kind, members, member_cells, cells, X, offsets, lengths, labels, structure, candidates, multiple)
+        _share_ones([block.states.local for block in self.blocks])
+        _share_ones([block.states.X_shared for block in self.blocks])
+        self.workers = Workers(self.n_threads if len(self.blocks) > 1 else 1)
         self._observed(offsets, lengths, labels, full, partial)
 
-    def _add_chunks(
+    def _add_blocks(
         self, kind, members, member_cells, cells, X, offsets, lengths, labels, structure, candidates, multiple: int = 4
     ) -> None:
-        """The sequences ``members`` as chunks of about ``cells`` working values each (their count
+        """The sequences ``members`` as blocks of about ``cells`` working values each (their count
         a multiple of ``multiple`` when above 1)."""
-        for group in _chunks_of(lengths[members], chunk_count(member_cells, members.size, cells, multiple)):
+        for group in _blocks_of(lengths[members], block_count(member_cells, members.size, cells, multiple)):
             sequences = members[group]
             rows = token_rows(offsets, sequences)
             sub_offsets = np.concatenate([[0], np.cumsum(lengths[sequences])])
             sub_candidates = None if candidates is None else candidates[rows]
-            self.chunks.append(kind(X[rows], sub_offsets, labels[rows], self.partition, structure, sub_candidates))
+            self.blocks.append(kind(X[rows], sub_offsets, labels[rows], self.partition, structure, sub_candidates))
 
     def _observed(self, offsets, lengths, labels, full, partial) -> None:
         """Observed state and tail counts of the labels, and the sizes."""
         params, partition, structure = self.params, self.partition, self.params.chain
         L = params.n_labels
-        self.observed_state = sum((chunk.observed_state(L) for chunk in self.chunks), np.zeros(partition.n_state))
+        self.observed_state = sum((block.observed_state(L) for block in self.blocks), np.zeros(partition.n_state))
         # observed tail counts (transitions, start, end, ...) of the fully labelled sequences
         rows = token_rows(offsets, full)
         full_offsets = np.concatenate([[0], np.cumsum(lengths[full])])
@@ -416,11 +416,11 @@ class Objective:
     def __call__(self, theta: np.ndarray) -> tuple[float, np.ndarray]:
         n = self.params.n_state
         shared = self.partition.shared_weights(theta[:n])
-        if not self.chunks:  # no sequence with a known label: the likelihood is constant
+        if not self.blocks:  # no sequence with a known label: the likelihood is constant
             return 0.0, np.zeros(self.params.size)
-        parts = self.workers.imap(lambda chunk: chunk.evaluate(theta[:n], shared, theta[n:]), self.chunks)
-        # summed in chunk order (results come in order), so the sums are the same for any thread
-        # count; in place into the first chunk's fresh arrays, each chunk's dropped once added
+        parts = self.workers.imap(lambda block: block.evaluate(theta[:n], shared, theta[n:]), self.blocks)
+        # summed in block order (results come in order), so the sums are the same for any thread
+        # count; in place into the first block's fresh arrays, each block's dropped once added
         log_z, gold, state, pairs, ends = next(parts)
         for part in parts:
             log_z, gold = log_z + part[0], gold + part[1]

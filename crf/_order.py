@@ -66,8 +66,10 @@ def _boundaries(offsets: np.ndarray, n_tokens: int) -> tuple[np.ndarray, np.ndar
     return first, (offsets[1:] - 1)[nonempty]
 
 
-class FirstOrderChain:
-    """The first-order tail: transitions (L, L), start (L,), end (L,)."""
+class ChainStructure:
+    """The tail structure of a model of any order: what the tail holds, how it becomes the
+    chain's scores, and how its counts are gathered. This base is the first-order structure
+    (transitions (L, L), start (L,), end (L,)); :class:`SecondOrderChain` extends it."""
 
     order = 1
 
@@ -151,12 +153,12 @@ class FirstOrderChain:
         )
 
     def cells_per_token(self, slots: int | None = None) -> int:
-        """Working values per token of the chain over :meth:`lattice` (chunk sizes follow it),
+        """Working values per token of the chain over :meth:`lattice` (block sizes follow it),
         for tokens of at most ``slots`` candidate labels (None: unpruned)."""
         return self.n_states
 
     def lattice(self, layout: Layout, candidates: np.ndarray | None = None) -> Lattice:
-        """The states a chunk of sequences (packed by ``layout``) runs over: all of this order's,
+        """The states a block of sequences (packed by ``layout``) runs over: all of this order's,
         the labels outside ``candidates`` (T, L) (packed, or None) at -inf."""
         return Lattice(self, layout, candidates)
 
@@ -176,7 +178,11 @@ class FirstOrderChain:
         return sequence_scores(zeros, transitions, start, end, offsets, self.states_of_labels(labels, offsets))
 
 
-class SecondOrderChain(FirstOrderChain):
+class FirstOrderChain(ChainStructure):
+    """The first-order tail: transitions (L, L), start (L,), end (L,) (the base structure as it is)."""
+
+
+class SecondOrderChain(ChainStructure):
     """The second-order tail: the first-order one, then trigrams (L + 1, L, L) and pair_end (L + 1, L)."""
 
     order = 2
@@ -255,10 +261,10 @@ class SecondOrderChain(FirstOrderChain):
 
 
 class Lattice:
-    """The chain a chunk of packed sequences runs over, and how its results become the tail's:
+    """The chain a block of packed sequences runs over, and how its results become the tail's:
     the structure's own states, with the labels outside ``candidates`` (T, L) at -inf."""
 
-    def __init__(self, structure: FirstOrderChain, layout: Layout, candidates: np.ndarray | None) -> None:
+    def __init__(self, structure: ChainStructure, layout: Layout, candidates: np.ndarray | None) -> None:
         self.structure, self.layout, self.candidates = structure, layout, candidates
 
     def emissions(self, emissions: np.ndarray, tail: np.ndarray) -> np.ndarray:
@@ -278,7 +284,7 @@ class Lattice:
 
     def boundary_sums(self, marginals: np.ndarray) -> np.ndarray:
         """The state marginals (T, S) summed over the first and over the last tokens, in the
-        structure's states (2, S_structure): what :meth:`FirstOrderChain.tail_counts` takes."""
+        structure's states (2, S_structure): what :meth:`ChainStructure.tail_counts` takes."""
         return np.stack([marginals[self.layout.first_rows()].sum(axis=0), marginals[self.layout.last_rows()].sum(axis=0)])
 
 
@@ -287,7 +293,7 @@ class PrunedLattice(Lattice):
     :class:`crf._transitions.PrunedSecondOrderTransitions`): K slots per token (K: the most
     candidates a token has), O(K^3) per token. The start and end weights of every (previous,
     current) pair are folded into the emissions of first and last tokens. Tokens in packed order
-    (:meth:`packed`, the objective's chunks) or in input order (:meth:`in_order`, tagging)."""
+    (:meth:`packed`, the objective's blocks) or in input order (:meth:`in_order`, tagging)."""
 
     def __init__(self, structure: SecondOrderChain, candidates: np.ndarray, previous: np.ndarray, last: np.ndarray) -> None:
         """``candidates`` (T, L); ``previous`` (T,) the token before each (-1: it opens its
@@ -371,7 +377,7 @@ class PrunedLattice(Lattice):
         return np.stack([start, end])
 
 
-def chain_structure(order: int, n_labels: int) -> FirstOrderChain:
+def chain_structure(order: int, n_labels: int) -> ChainStructure:
     """The tail structure of a CRF of ``order`` (1 or 2) over ``n_labels`` labels."""
     if order == 1:
         return FirstOrderChain(n_labels)

@@ -26,7 +26,7 @@ from . import _model_file as model_file
 from . import _optimize as optimize
 from . import _params as hyper
 from ._feature_tables import FeatureTables
-from ._order import FirstOrderChain, chain_structure
+from ._order import ChainStructure, chain_structure
 from ._parallel import Workers, contiguous_parts, single_threaded_blas, thread_count
 from ._path_scores import path_scores
 from ._persist import ModelFileError
@@ -439,7 +439,7 @@ class CRF(SegmentQueries, UncertaintyQueries, FeatureTables, BaseEstimator):
         lattice, tail = self._structure().lattice_in_order(offsets, candidates), self._tail()
         return lattice.emissions(emissions, tail), lattice.scores(tail)
 
-    def _structure(self) -> FirstOrderChain:
+    def _structure(self) -> ChainStructure:
         """The tail structure of this model's order (:mod:`crf._order`)."""
         return chain_structure(self.fitted_order, len(self.classes_))
 

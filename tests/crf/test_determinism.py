@@ -10,7 +10,7 @@ import scipy.sparse as sp
 from threadpoolctl import threadpool_info
 
 from crf import CRF, SequenceBatch
-from crf._objective import Objective, ParameterLayout, _chunks_of, chunk_count
+from crf._objective import Objective, ParameterLayout, _blocks_of, block_count
 from crf._parallel import single_threaded_blas
 from crf._params import feature_index
 
@@ -37,36 +37,36 @@ def _corpus(seed: int = 0, n_sequences: int = 300, n_attributes: int = 60):
     return SequenceBatch(X, offsets), labels, y
 
 
-def test_chunk_count_does_not_depend_on_threads():
-    assert chunk_count(10, 5, 100) == 1
-    assert chunk_count(250, 50, 100) == 4  # 3 chunks, rounded up to a multiple of 4
-    assert chunk_count(900, 50, 100) == 12
-    assert chunk_count(900, 6, 100) == 6  # at most one chunk per sequence
+def test_block_count_does_not_depend_on_threads():
+    assert block_count(10, 5, 100) == 1
+    assert block_count(250, 50, 100) == 4  # 3 blocks, rounded up to a multiple of 4
+    assert block_count(900, 50, 100) == 12
+    assert block_count(900, 6, 100) == 6  # at most one block per sequence
 
 
-def test_chunks_cover_every_sequence_once_by_length_with_balanced_tokens():
+def test_blocks_cover_every_sequence_once_by_length_with_balanced_tokens():
     lengths = np.random.default_rng(3).integers(1, 40, size=500)
-    groups = _chunks_of(lengths, 8)
+    groups = _blocks_of(lengths, 8)
     assert len(groups) == 8
     assert np.array_equal(np.sort(np.concatenate(groups)), np.arange(lengths.size))
     tokens = [int(lengths[g].sum()) for g in groups]
     assert max(tokens) - min(tokens) <= lengths.max()  # cut at the first sequence past each share
     for longer, shorter in zip(groups, groups[1:]):  # runs of lengths, longest first
         assert lengths[longer].min() >= lengths[shorter].max()
-    assert [g.size for g in _chunks_of(np.array([5, 1, 1]), 4)] == [1, 1, 1]  # never an empty chunk
+    assert [g.size for g in _blocks_of(np.array([5, 1, 1]), 4)] == [1, 1, 1]  # never an empty block
 
 
-def test_chunked_objective_equals_one_chunk():
+def test_an_objective_in_blocks_equals_one_block():
     batch, labels, _ = _corpus()
     params = ParameterLayout(batch.n_attributes, N_LABELS, feature_index(batch.X, labels, N_LABELS))
     theta = np.random.default_rng(2).normal(0, 0.5, params.size)
     with single_threaded_blas():
-        whole = Objective(batch.X, batch.offsets, labels, params, n_threads=1, chunk_cells=10**9)
-        chunked = Objective(batch.X, batch.offsets, labels, params, n_threads=2, chunk_cells=300)
-        assert len(whole.chunks) == 1 and len(chunked.chunks) > 8
-        (loss_whole, grad_whole), (loss_chunked, grad_chunked) = whole(theta), chunked(theta)
-    assert loss_chunked == pytest.approx(loss_whole, rel=1e-12)
-    np.testing.assert_allclose(grad_chunked, grad_whole, rtol=1e-10, atol=1e-10)
+        whole = Objective(batch.X, batch.offsets, labels, params, n_threads=1, block_cells=10**9)
+        split = Objective(batch.X, batch.offsets, labels, params, n_threads=2, block_cells=300)
+        assert len(whole.blocks) == 1 and len(split.blocks) > 8
+        (loss_whole, grad_whole), (loss_split, grad_split) = whole(theta), split(theta)
+    assert loss_split == pytest.approx(loss_whole, rel=1e-12)
+    np.testing.assert_allclose(grad_split, grad_whole, rtol=1e-10, atol=1e-10)
 
 
 def test_objective_bit_identical_for_1_and_2_threads():
@@ -76,8 +76,8 @@ def test_objective_bit_identical_for_1_and_2_threads():
     results = []
     with single_threaded_blas():
         for threads in (1, 2):
-            objective = Objective(batch.X, batch.offsets, labels, params, n_threads=threads, chunk_cells=500)
-            assert len(objective.chunks) > 4
+            objective = Objective(batch.X, batch.offsets, labels, params, n_threads=threads, block_cells=500)
+            assert len(objective.blocks) > 4
             results.append(objective(theta))
     assert results[0][0] == results[1][0]
     assert np.array_equal(results[0][1], results[1][1])
@@ -86,7 +86,7 @@ def test_objective_bit_identical_for_1_and_2_threads():
 @pytest.mark.parametrize("c1, c2", [(0.0, 1.0), (0.5, 0.01)])
 def test_fit_bit_identical_for_1_and_2_threads(monkeypatch, c1, c2):
     batch, _, y = _corpus()
-    monkeypatch.setattr(Objective, "CHUNK_CELLS", 800)  # several chunks on a small corpus
+    monkeypatch.setattr(Objective, "BLOCK_CELLS", 800)  # several blocks on a small corpus
     fits = [CRF(c1=c1, c2=c2, max_iterations=60, n_threads=threads).fit(batch, y) for threads in (1, 2)]
     one, two = fits
     assert one.n_iter_ == two.n_iter_

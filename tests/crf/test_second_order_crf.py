@@ -138,8 +138,8 @@ def test_objective_matches_enumeration_and_finite_differences(seed, case):
         known = labels >= 0
         candidates[np.flatnonzero(known), labels[known]] = True
         candidates[np.arange(labels.size), rng.integers(0, L, labels.size)] = True
-    objective = Objective(X, offsets, labels, params, candidates=candidates, chunk_cells=30)
-    assert len(objective.chunks) > 1  # the sums over chunks are part of what is checked
+    objective = Objective(X, offsets, labels, params, candidates=candidates, block_cells=30)
+    assert len(objective.blocks) > 1  # the sums over blocks are part of what is checked
     theta = np.random.default_rng(seed + 10).normal(size=params.size) * (30.0 if "large" in case else 1.0)
     loss, grad = objective(theta)
     assert loss == pytest.approx(_enumerated_loss(X, offsets, labels, params, theta, candidates), abs=1e-9, rel=1e-12)
@@ -180,8 +180,8 @@ def test_objective_is_bit_identical_for_any_thread_count():
     X, offsets, labels = _problem(4)
     params = ParameterLayout(X.shape[1], 3, order=2)
     theta = np.random.default_rng(0).normal(size=params.size)
-    one = Objective(X, offsets, labels, params, n_threads=1, chunk_cells=30)(theta)
-    two = Objective(X, offsets, labels, params, n_threads=3, chunk_cells=30)(theta)
+    one = Objective(X, offsets, labels, params, n_threads=1, block_cells=30)(theta)
+    two = Objective(X, offsets, labels, params, n_threads=3, block_cells=30)(theta)
     assert one[0] == two[0] and np.array_equal(one[1], two[1])
 
 
