@@ -79,6 +79,9 @@ DOC = """
         O(K^3) per token for K candidates. The likelihood is then over the pruned lattice (an
         approximation: ``pruned_mass_`` reports the first-order marginal mass pruned away in
         training), and every query (marginals, probabilities, k-best) is over the candidates.
+        Exact second order over more than 20 labels is slow (O(L^3) per token: about 19x first
+        order's time per iteration at 49 labels): ``fit`` then warns with the expected time per
+        iteration and suggests ``pruning_threshold=0.01``.
 """
 
 # parameters that only mean something for some algorithms (their defaults are the constructor's:
