@@ -35,6 +35,9 @@ log = logging.getLogger("crf.model")
 #: attribute values of at least this magnitude are reported: next to the usual 0/1 indicators they
 #: make the objective so badly scaled that quasi-Newton steps cannot move
 LARGE_VALUE = 1e6
+#: attribute values of at least this magnitude are refused: their squares (in the gradient's
+#: norm and the line search) overflow a float, so no training can use them
+TOO_LARGE = 1e150
 
 
 class TrainingError(RuntimeError):
@@ -158,6 +161,16 @@ def _merge_attributes(previous: PreviousFit, index: AttributeIndex, batch: Seque
     return SequenceBatch(X, batch.offsets)
 
 
+def _sequence(values, name: str):
+    """``values`` as a sized sequence: a SequenceBatch or a list as it is, any other iterable (a
+    generator, as sklearn-crfsuite accepts) read into a list once."""
+    if isinstance(values, (SequenceBatch, list, tuple, np.ndarray)) or hasattr(values, "__len__"):
+        return values
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise TypeError(f"{name} must be a list of sequences, not a {type(values).__name__}")
+    return list(values)
+
+
 def _check_call(X, y, X_dev, y_dev, attribute_names, params: dict, settings: hyper.Settings) -> np.ndarray:
     """The checks that need no featurisation; returns the flat training labels (T,)."""
     if (X_dev is None) != (y_dev is None):
@@ -190,8 +203,6 @@ def _previous_fit(previous: PreviousFit | None, X, attribute_names, boundary: bo
             "attribute_names), so new feature dicts or lists cannot be matched to its weights; fit on batches "
             "with the same columns"
         )
-    if not boundary:  # the new model has no start/end weights: the old ones are not carried over
-        previous = previous.without_boundary()
     return previous
 
 
@@ -217,6 +228,9 @@ def training_problem(
         A bad parameter, input, label or warm-start source, named in one line.
     """
     settings = hyper.validate(params, defaults)
+    X, y = _sequence(X, "X"), _sequence(y, "y")
+    if X_dev is not None and y_dev is not None:
+        X_dev, y_dev = _sequence(X_dev, "X_dev"), _sequence(y_dev, "y_dev")
     flat = _check_call(X, y, X_dev, y_dev, attribute_names, params, settings)
     boundary = settings.boundary
     previous = _previous_fit(previous, X, attribute_names, boundary)
@@ -248,6 +262,14 @@ def training_problem(
         check_crfsuite_names(classes, "label")
         check_crfsuite_names(attributes or [], "attribute")
     largest = _largest_value(batch, attributes)
+    if largest is not None and abs(largest[0]) >= TOO_LARGE:
+        raise ValueError(f"{largest[1]} has the value {largest[0]:g}, too large to train on (at most {TOO_LARGE:g}): scale it")
+    if dev is not None:
+        dev_largest = _largest_value(dev[0], attributes)
+        if dev_largest is not None and abs(dev_largest[0]) >= TOO_LARGE:
+            raise ValueError(
+                f"X_dev: {dev_largest[1]} has the value {dev_largest[0]:g}, too large to tag (at most {TOO_LARGE:g})"
+            )
     if largest is not None and abs(largest[0]) >= LARGE_VALUE:
         message = (
             f"{largest[1]} has the value {largest[0]:g}: attribute values this large leave the objective so badly "
@@ -264,8 +286,6 @@ def training_problem(
     index = None if params["all_possible_states"] else hyper.feature_index(batch.X, codes, L, params["min_freq"])
     structure = chain_structure(order, L)
     trainable = structure.trainable(batch.offsets, codes, params["min_freq"], boundary, bool(params["all_possible_transitions"]))
-    if previous is not None:
-        index, trainable = previous.feature_index(index, L), previous.trainable(trainable, structure)
     return TrainingProblem(
         batch=batch,
         codes=codes,

@@ -1,16 +1,17 @@
 """Warm starts: the weights of a fitted CRF carried into the parameter layout of a new fit.
 
 A new fit may bring attributes and labels the old one never saw. Old attributes and labels keep
-their columns (old ones first, new ones after, in order of first appearance), so every old
-weight has a place in the new layout: state features that were features stay features (beside
-the pairs the new data brings), transition weights keep their label pairs, and every weight that
-is new starts at zero.
+their columns (old ones first, new ones after, in order of first appearance). The new fit's
+features are what its own data and settings make, as in a cold fit; an old weight starts where
+the new layout still has its feature (state weights by attribute and label, label n-gram weights
+by their labels), every other weight starts at zero. The objective is convex, so a warm start
+reaches the cold fit's optimum, only in fewer iterations.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -26,7 +27,6 @@ class PreviousFit:
     classes: list
     attribute_names: list[str] | None  # (A_old,) in column order; None for unnamed batch columns
     state: np.ndarray  # (A_old, L_old) dense state weights
-    feature_pairs: np.ndarray | None  # flat (A_old, L_old) indices of the state features; None: all
     transitions: np.ndarray  # (L_old, L_old)
     start: np.ndarray  # (L_old,)
     end: np.ndarray  # (L_old,)
@@ -45,17 +45,10 @@ class PreviousFit:
             classes=list(model.classes_),
             attribute_names=None if names is None else [str(n) for n in names],
             state=np.asarray(model.state_weights_, dtype=np.float64),
-            feature_pairs=None if model.feature_index_ is None else np.asarray(model.feature_index_),
             transitions=np.asarray(model.transitions_, dtype=np.float64),
             start=np.asarray(model.start_weights_, dtype=np.float64),
             end=np.asarray(model.end_weights_, dtype=np.float64),
         )
-
-    def without_boundary(self) -> PreviousFit:
-        """This fit without its start/end weights (of either order): for a new model that has none."""
-        tail = {k: v for k, v in (self.tail or {}).items() if k not in ("start", "end", "pair_end")}
-        L = len(self.classes)
-        return replace(self, tail=tail, start=np.zeros(L), end=np.zeros(L))
 
     @property
     def n_attributes(self) -> int:
@@ -92,18 +85,6 @@ class PreviousFit:
                     "the new batch must keep the old columns (transform it with the same extractor)"
                 )
 
-    def feature_index(self, new_index: np.ndarray | None, n_labels: int) -> np.ndarray | None:
-        """The state features of the new layout: the pairs the new data brings and the old
-        features, sorted flat (A, L) indices; None (all pairs) stays None."""
-        if new_index is None:
-            return None
-        old = self.feature_pairs
-        if old is None:
-            attributes, labels = np.divmod(np.arange(self.state.size), self.state.shape[1])
-        else:
-            attributes, labels = np.divmod(old, self.state.shape[1])
-        return np.union1d(new_index, attributes * n_labels + labels)
-
     def _places(self, new_shape: tuple, old_shape: tuple) -> tuple:
         """The index of the old block's entries in a new block of ``new_shape``: label axes keep
         their indices; an axis one longer than the labels (the "before the sequence" index last,
@@ -125,17 +106,12 @@ class PreviousFit:
                 out.append((name, old, self._places(shape, old.shape)))
         return out
 
-    def trainable(self, mask: np.ndarray, structure) -> np.ndarray:
-        """``mask`` (tail_size,) of trainable tail weights (transitions, start, end, and the
-        second-order blocks), with the old ones that had weight kept trainable."""
-        mask = mask.copy()
-        blocks = structure.split(mask)
-        for name, old, places in self._blocks(structure):
-            blocks[name][places] |= old != 0
-        return mask
-
-    def theta(self, params: ParameterLayout) -> np.ndarray:
-        """The starting weights (params.size,): the old weights in their places, zeros elsewhere."""
+    def theta(self, params: ParameterLayout, trainable: np.ndarray | None = None) -> np.ndarray:
+        """The starting weights (params.size,): the old weights where the new layout has a place
+        for them (its state features, and the label n-gram weights that ``trainable`` (tail_size,)
+        marks), zeros elsewhere. The new layout is the new fit's alone, so a warm start reaches
+        the cold fit's optimum: old features that the new data or settings no longer make are
+        dropped, not kept."""
         A_old, L_old = self.state.shape
         L = params.n_labels
         theta = np.zeros(params.size)
@@ -149,4 +125,6 @@ class PreviousFit:
         blocks = params.tail_blocks(theta)
         for name, old, places in self._blocks(params.chain):
             blocks[name][places] = old
+        if trainable is not None:
+            theta[params.n_state :][~trainable] = 0.0
         return theta

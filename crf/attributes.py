@@ -114,6 +114,10 @@ def _weight(name: str, value, where) -> float:
     except OverflowError:
         size = f"an integer of {value.bit_length():,} bits" if isinstance(value, int) else f"the value {value!r}"
         raise ValueError(f"{where}: attribute {name!r} has {size}, too large for a float") from None
+    except (TypeError, ValueError):  # a number type that is no real quantity (np.timedelta64, ...)
+        raise TypeError(
+            f"{where}: attribute {name!r} has the value {value!r} ({type(value).__name__}), not a real number"
+        ) from None
 
 
 def _expand(name: str, value, where: _At) -> Iterable[tuple[str, float]]:
@@ -121,14 +125,14 @@ def _expand(name: str, value, where: _At) -> Iterable[tuple[str, float]]:
     real number, ``decimal.Decimal`` included, is a weight)."""
     if isinstance(value, (str, bytes)):
         yield f"{name}:{_text(value, where)}", 1.0
-    elif isinstance(value, (Real, Decimal)):
+    elif isinstance(value, (Real, Decimal, np.bool_)):
         yield name, _weight(name, value, where)
     elif isinstance(value, Mapping):
         for key, inner in value.items():
             yield from _expand(f"{name}:{_text(key, where)}", inner, where)
     elif isinstance(value, (list, tuple, set, frozenset)):
         for item in value:
-            yield f"{name}:{_text(item, where)}", 1.0
+            yield f"{name}:{_text(item, f'{where}: attribute {name!r}')}", 1.0
     else:
         raise TypeError(
             f"{where}: attribute {name!r} has a value of type {type(value).__name__}; "

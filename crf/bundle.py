@@ -27,6 +27,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Protocol
@@ -74,6 +75,9 @@ def shown_value(value: object, width: int = 60) -> str:
     return f"{type(value).__name__} " + (text if len(text) <= width else text[: width - 3] + "...")
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")  # half of a UTF-16 pair: no UTF-8 writer takes it
+
+
 def token_problem(value: object) -> str | None:
     """Why ``value`` cannot be a token, or None: a token is a non-empty string without whitespace
     (every training reader splits tokens on whitespace, so a model never saw one that holds it)."""
@@ -81,6 +85,8 @@ def token_problem(value: object) -> str | None:
         return f"a token must be a non-empty string, got {shown_value(value)}"
     if value.split() != [value]:
         return f"a token must not hold whitespace (a space, tab or line break), got {shown_value(value)}"
+    if _SURROGATE.search(value):
+        return f"a token must be text that UTF-8 can write (it holds a lone surrogate), got {shown_value(value)}"
     return None
 
 
@@ -98,6 +104,7 @@ def check_tokens(columns: Mapping[str, np.ndarray], offsets: np.ndarray, base: i
         series = pd.Series(values, dtype=object)
         if pd.api.types.infer_dtype(values, skipna=False) == "string":
             bad = (series.str.len() == 0) | series.str.contains(r"\s", regex=True)  # \s: what str.split() splits on
+            bad |= series.str.contains(_SURROGATE.pattern, regex=True)
             if not bad.any():
                 continue
             index = int(np.argmax(bad.to_numpy()))

@@ -330,7 +330,7 @@ class CRF(SegmentQueries, UncertaintyQueries, FeatureTables, BaseEstimator):
         problem = training_problem(X, y, X_dev, y_dev, attribute_names, params, _DEFAULTS, previous)
         pruner, candidates, pruned_mass = self._pruning(problem)
         start = problem.start or (PreviousFit.of(pruner) if pruner is not None else None)
-        theta0 = None if start is None else start.theta(problem.layout)
+        theta0 = None if start is None else start.theta(problem.layout, problem.trainable)
         result = solve(problem, params, theta0, self._iteration_callback(problem, pruner), candidates)
         with self._replacing_fitted_state():
             self._set_fitted(problem, result.theta, pruner, pruned_mass)
@@ -369,7 +369,7 @@ class CRF(SegmentQueries, UncertaintyQueries, FeatureTables, BaseEstimator):
         settings = {k: v for k, v in self.get_params().items() if k not in ("callback", "model_filename", "verbose")}
         settings.update(order=1, pruning_threshold=None, warm_start=False)
         old = problem.start.pruner if problem.start is not None else None
-        pruner = CRF(**settings) if old is None else copy.copy(old).set_params(**settings, warm_start=True)
+        pruner = CRF(**settings) if old is None else copy.copy(old).set_params(**{**settings, "warm_start": True})
         began = time.perf_counter()
         batch, y = problem.batch, label_sequences(problem)
         pruner.fit(batch, y, attribute_names=problem.attributes)

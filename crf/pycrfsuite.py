@@ -68,6 +68,7 @@ from . import _compiled
 from . import _params as hyper
 from ._optimize import IterationInfo
 from ._tagger_view import ModelInfo
+from ._training import TOO_LARGE
 from .attributes import _token_items, pair_table, sequence_entries
 from .crfsuite import (
     _HEADER,
@@ -126,14 +127,19 @@ def _flat_item(item, position: int | str) -> dict[str, float]:
     for name, value in _token_items(item, where):
         if not math.isfinite(value):
             raise ValueError(f"{where}: attribute {name!r} has the non-finite value {value}")
+        if abs(value) >= TOO_LARGE:
+            raise ValueError(
+                f"{where}: attribute {name!r} has the value {value:g}, too large to train on (at most {TOO_LARGE:g})"
+            )
         flat[name] = flat.get(name, 0.0) + value
     return flat
 
 
 def _finite_numbers(values) -> bool:
-    """Whether every int and float of ``values`` is a finite float (an int may be too large)."""
+    """Whether every int and float of ``values`` is a finite float below :data:`TOO_LARGE` in
+    magnitude (an int may be too large for a float)."""
     try:
-        return all(map(math.isfinite, (v for v in values if type(v) is not str)))
+        return all(abs(float(v)) < TOO_LARGE for v in values if type(v) is not str)
     except OverflowError:
         return False
 

@@ -46,6 +46,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from crf import metrics
@@ -205,6 +206,27 @@ def tag_corpus(bundles: Sequence[ModelBundle], corpus: Corpus, aliases: Mapping[
             labels.size / seconds,
         )
     return predictions
+
+
+#: the least share of a gold column's values that must be labels the model knows before it is scored
+MIN_KNOWN_GOLD = 0.5
+
+
+def check_gold_column(corpus: Corpus, bundle: ModelBundle, input_path) -> None:
+    """Refuse to score against a column that does not hold the model's labels: a file whose
+    columns were taken by position (no header) in another order than the training data's would
+    otherwise be scored against words or tags ("accuracy 0.00")."""
+    if corpus.gold is None or not len(corpus.gold):
+        return
+    gold = pd.Series(corpus.gold, dtype=object)
+    known = gold.isin(set(bundle.labels) | set(map(str, bundle.labels)))
+    if known.mean() < MIN_KNOWN_GOLD:
+        examples = ", ".join(repr(v) for v in gold[~known].unique()[:3])
+        raise TagError(
+            f"input {input_path}: the column read as the gold labels holds {100 * known.mean():.0f}% labels the model knows "
+            f"(not {examples}, ...): its columns are not in the order the model expects; name them with a first line "
+            "'# global.columns = <names>'"
+        )
 
 
 def score(bundle: ModelBundle, corpus: Corpus, prediction: Prediction) -> dict[str, float]:
@@ -373,6 +395,7 @@ def run_tag(cfg: Mapping) -> dict:
         check_tokens({c: corpus.columns[c] for c in needed}, corpus.offsets, base=1)
     except TokenError as err:
         raise TagError(f"input {input_path}: {err}") from None
+    check_gold_column(corpus, bundles[-1], input_path)
     log.info("read %d sentences, %d tokens (%s) from %s", corpus.lengths.size, int(corpus.lengths.sum()), fmt, input_path)
     if out_format == "conll":
         check_conll_cells(corpus, {output_column(b): b.labels for b in bundles})

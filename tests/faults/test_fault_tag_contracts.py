@@ -165,6 +165,18 @@ def test_a_words_and_pos_file_is_read_by_the_training_layout_and_not_scored(chun
     assert [[r[:2] for r in s] for s in rows] == [[(w, p) for w, p, _ in s] for s in sentences]
 
 
+def test_a_file_whose_columns_are_in_another_order_is_not_scored_against_a_wrong_column(chunker, tmp_path):
+    sentences = _corpus(8, 5)
+    source = _write_conll(tmp_path / "in.conll", [[(p, c, w) for w, p, c in s] for s in sentences])  # pos chunk w
+    with pytest.raises(TagError, match=r"the column read as the gold labels holds \d+% labels the model knows.*global.columns"):
+        run_tag(_settings(chunker, source, tmp_path / "out.conll"))
+    assert not (tmp_path / "out.conll").exists()
+    named = _write_conll(
+        tmp_path / "named.conll", [[(p, c, w) for w, p, c in s] for s in sentences], "# global.columns = pos chunk w"
+    )
+    assert run_tag(_settings(chunker, named, tmp_path / "out.conll"))["accuracy"] > 50  # named: read and scored right
+
+
 def test_a_file_with_a_header_is_read_by_its_names(word_tagger, tmp_path):
     bundle = word_tagger(tmp_path / "b.npz", {"label": "chunk"})  # no layout recorded
     sentences = _corpus(6, 4)
@@ -227,7 +239,9 @@ def test_bare_words_are_never_read_as_another_column(chunker, word_tagger, tmp_p
 
 # ---- (c) one token check for the command, the bundle and the MLflow Model ------------------------------------------
 
-BAD_TOKENS = {"none": None, "nan": math.nan, "empty": "", "int": 5, "space": "a b", "tab": "a\tb", "list": ["x"]}
+BAD_TOKENS = {
+    "none": None, "nan": math.nan, "empty": "", "int": 5, "space": "a b", "tab": "a\tb", "list": ["x"], "surrogate": "re\ud800ad",
+}  # fmt: skip
 
 
 def test_check_tokens_names_sentence_token_and_column():

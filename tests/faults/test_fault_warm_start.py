@@ -206,3 +206,72 @@ def test_a_failed_fit_leaves_the_fitted_model_as_it_was():
         model.fit(X, y)
     np.testing.assert_array_equal(model.state_weights_, weights)
     assert model.predict(X[:3]).tolist() == CRF(c2=0.5).fit(X, y).predict(X[:3]).tolist()
+
+
+@pytest.mark.parametrize(
+    "first, second",
+    [
+        ({"min_freq": 0}, {"min_freq": 3}),
+        ({"all_possible_states": True}, {"all_possible_states": False}),
+        ({"all_possible_transitions": True}, {"all_possible_transitions": False}),
+        ({"order": 2, "pruning_threshold": 0.01}, {"order": 2, "pruning_threshold": 0.01}),
+        ({"order": 2, "pruning_threshold": 0.01}, {"order": 2, "pruning_threshold": 0.05, "c2": 0.3}),
+    ],
+)
+def test_a_warm_refit_has_the_features_a_cold_fit_has(first, second):
+    X, y = _data()
+    model = CRF(c2=0.5, **first).fit(X, y)
+    model.set_params(warm_start=True, **second)
+    model.fit(X, y)
+    cold = CRF(**{"c2": 0.5, **second}).fit(X, y)
+    _same_optimum(model, cold)
+    assert model.n_active_features_ <= cold.n_active_features_ + 0  # nothing the new settings switch off
+    assert (model.feature_index_ is None) == (cold.feature_index_ is None)
+    if cold.feature_index_ is not None:
+        np.testing.assert_array_equal(model.feature_index_, cold.feature_index_)
+
+
+def test_a_warm_refit_on_partly_unknown_labels_keeps_only_the_features_of_the_known_ones():
+    X, y = _data()
+    model = CRF(c2=0.5).fit(X, y)
+    partial = [[label if t % 2 else None for t, label in enumerate(labels)] for labels in y]
+    model.set_params(warm_start=True)
+    model.fit(X, partial)
+    cold = CRF(c2=0.5).fit(X, partial)
+    assert _loss(model) == pytest.approx(_loss(cold), rel=1e-5)  # the classes' order is the old model's
+    assert model.predict(X[:5]).tolist() == cold.predict(X[:5]).tolist()
+
+
+@pytest.mark.parametrize("value", [np.bool_(True), np.bool_(False)])
+def test_numpy_booleans_are_values_as_python_ones_are(value):
+    X = [[{"a": 1, "b": value}], [{"a": 1}]]
+    model = CRF(max_iterations=5).fit(X, [["A"], ["B"]])
+    trainer = pycrfsuite.Trainer(verbose=False)
+    trainer.append(X[0], ["A"])
+    assert model.attribute_index_.transform(X).X[0].sum() == pytest.approx(1 + float(value))
+
+
+@pytest.mark.parametrize(
+    "value, error",
+    [
+        (np.timedelta64(3, "s"), r"attribute 'odd' has the value .*not a real number"),
+        ([1, 2], r"attribute 'odd': attribute names must be str or bytes, not int"),
+        (1e300, r"attribute 'odd' has the value 1e\+300, too large to train on"),
+        (-(10**300), r"attribute 'odd' has the value -1e\+300, too large to train on"),
+    ],
+)
+def test_a_value_no_training_can_use_is_refused_with_its_attribute(value, error):
+    counting = Counting()
+    with pytest.raises((TypeError, ValueError), match="sequence 1, token 0: " + error):
+        CRF(max_iterations=5, callback=counting).fit([[{"a": 1}], [{"odd": value}]], [["A"], ["B"]])
+    assert counting.calls == 0
+    trainer = pycrfsuite.Trainer(verbose=False)
+    trainer.append([{"a": 1}], ["A"])
+    with pytest.raises((TypeError, ValueError), match="sequence 1, item 0: " + error):
+        trainer.append([{"odd": value}], ["B"])
+
+
+def test_sequences_may_come_from_any_iterable():
+    X, y = _data()
+    model = CRF(c2=0.5).fit((x for x in X), iter(y), (x for x in X[:5]), iter(y[:5]))
+    assert model.predict(X[:3]).tolist() == CRF(c2=0.5).fit(X, y).predict(X[:3]).tolist()
