@@ -240,9 +240,12 @@ def training_problem(
         check_label_names(classes, "warm_start")
     if isinstance(X, SequenceBatch):
         batch, attribute_index = X, None
+        if attribute_names is not None and len(attribute_names) != batch.n_attributes:
+            raise ValueError(f"{len(attribute_names)} attribute_names for a batch of {batch.n_attributes} attribute columns")
         check_finite(batch, attribute_names)
         names = attribute_names if attribute_names is not None else previous and previous.attribute_names
-        attributes = list(names) if names is not None else None
+        # the old names name the columns only when the batch has no column beyond them
+        attributes = list(names) if names is not None and len(names) == batch.n_attributes else None
     else:
         attribute_index = AttributeIndex()
         batch = attribute_index.fit_transform(X)

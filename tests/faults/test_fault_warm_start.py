@@ -275,3 +275,16 @@ def test_sequences_may_come_from_any_iterable():
     X, y = _data()
     model = CRF(c2=0.5).fit((x for x in X), iter(y), (x for x in X[:5]), iter(y[:5]))
     assert model.predict(X[:3]).tolist() == CRF(c2=0.5).fit(X, y).predict(X[:3]).tolist()
+
+
+def test_attribute_names_must_name_every_column_of_a_batch():
+    from crf.attributes import AttributeIndex
+
+    X, y = _data()
+    index = AttributeIndex()
+    batch = index.fit_transform(X)
+    names = [str(n) for n in index.names()]
+    with pytest.raises(ValueError, match=r"^1 attribute_names for a batch of \d+ attribute columns"):
+        CRF(max_iterations=3).fit(batch, y, attribute_names=names[:1])
+    model = CRF(max_iterations=3).fit(batch, y, attribute_names=names)
+    assert model.attributes_ == names and len(model.attributes_) == model.n_attributes_
