@@ -5,17 +5,18 @@ between the classes of adjacent words drops the least. This is the windowed vari
 (2005): words are taken by decreasing frequency; the ``n_clusters`` most frequent start as one
 class each; every further word enters as a new class and the best pair of the ``n_clusters + 1``
 active classes is merged; when every word has entered, the remaining classes are merged down to
-one. Each merge is a node of a binary tree (the class kept on the ``0`` side, the one absorbed on
-the ``1`` side); a word's *path* is the string of bits from the root to its leaf, so words that
-share a long prefix were merged late and behave alike. Prefixes of 4, 6, 10 and 20 bits are the
-usual features (Koo et al. 2008; Ratinov & Roth 2009; Turian et al. 2010).
+one. Those last merges make a binary tree over the final classes (the class kept on the ``0`` side,
+the one absorbed on the ``1`` side); a word's *path* is the string of bits from the root to its
+class (as Liang's ``wcluster`` writes them), so words that share a long prefix behave alike.
+Prefixes of 4, 6, 10 and 20 bits are the usual features (Koo et al. 2008; Ratinov & Roth 2009; Turian et al. 2010).
 
-The statistics are the bigram counts of the sentences, each framed by a boundary word (the empty
-string ``""``, clustered with the words, as the start and end of each sentence, so that
-sentence-initial and -final words have a context), a sparse matrix counted over a stream of
-sentences in chunks, so a pool larger than memory is read once and never held). The merge losses of
-all active pairs are kept in an ``(m+1, m+1)`` matrix and updated after each merge with NumPy in
-``O(m^2)`` (Liang's update): only the terms of the merged classes change for the other pairs.
+The statistics are the bigram counts of the sentences, each framed by a boundary word that starts
+and ends it (the empty string ``""``: sentence-initial and -final words get a context; it is
+clustered like a word, takes one of the classes, and gets no path). They are a sparse matrix
+counted over a stream of sentences in chunks: a pool larger than memory is read once, never held.
+The merge losses of all active pairs are kept in an ``(m+1, m+1)`` matrix and updated after each
+merge in ``O(m^2)`` (Liang's update: for the other pairs only the terms of the merged classes
+change), by small Numba kernels that take logarithms of non-zero counts only.
 
 Paths files use the format of Liang's ``wcluster``: ``path<TAB>word<TAB>count`` a line.
 """
@@ -59,7 +60,8 @@ class BigramCounts:
 
     @property
     def n_tokens(self) -> int:
-        return int(self.counts.sum())
+        """How many tokens the pool holds (the boundaries not counted)."""
+        return int(self.counts[1:].sum())
 
 
 def count_bigrams(sentences: Iterable[Sequence[str]], chunk_tokens: int = 200_000) -> BigramCounts:
@@ -319,16 +321,19 @@ def brown_merges(counts: BigramCounts, n_clusters: int, min_count: int = 1) -> t
     return words, merges, gains
 
 
-def _paths(n_words: int, merges: np.ndarray) -> list[str]:
-    """Each word's bit string from the root of the merge tree (``0``: the kept side)."""
-    if n_words == 1:
-        return ["0"]
-    n_nodes = n_words + merges.shape[0]
-    prefix = [""] * n_nodes
+def _paths(n_words: int, merges: np.ndarray, n_clusters: int) -> list[str]:
+    """Each word's bit string (Liang's ``wcluster`` paths): the path from the root of the tree of
+    the last ``min(n_clusters, n_words) - 1`` merges (those of the final classes; ``0`` the kept
+    side) to the final class that holds the word. The words of one class share its path."""
+    n_final = min(n_clusters, n_words) - 1
+    if n_final == 0:
+        return ["0"] * n_words
+    prefix = [""] * (n_words + merges.shape[0])
     for t in range(merges.shape[0] - 1, -1, -1):  # from the root down: node n_words + t's children
         parent = prefix[n_words + t]
-        prefix[merges[t, 0]] = parent + "0"
-        prefix[merges[t, 1]] = parent + "1"
+        final = t >= merges.shape[0] - n_final
+        prefix[merges[t, 0]] = parent + "0" if final else parent
+        prefix[merges[t, 1]] = parent + "1" if final else parent
     return prefix[:n_words]
 
 
@@ -347,11 +352,12 @@ def brown_clusters(
 
     Returns
     -------
-    {word: bit-string path}, in order of decreasing word count (the boundary word left out).
+    {word: bit-string path}, in order of decreasing word count (the boundary word left out); the
+    words of one of the ``n_clusters`` final classes share its path.
     """
     counts = sentences if isinstance(sentences, BigramCounts) else count_bigrams(sentences)
     words, merges, _ = brown_merges(counts, n_clusters, min_count)
-    paths = dict(zip(words.tolist(), _paths(words.size, merges)))
+    paths = dict(zip(words.tolist(), _paths(words.size, merges, n_clusters)))
     paths.pop(BOUNDARY, None)
     return paths
 
@@ -432,3 +438,38 @@ def iter_words(paths: Sequence[str | os.PathLike]) -> Iterator[list[str]]:
             yield words
         if not seen:
             raise ValueError(f"{file}: the text pool file holds no words")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m crf.clusters --out PATHS [--clusters M] [--min-count K] FILE...``: learn Brown
+    clusters from the first column of CoNLL-style files (streamed) and write a paths file."""
+    import argparse
+    import time
+
+    parser = argparse.ArgumentParser(prog="python -m crf.clusters", description=main.__doc__)
+    parser.add_argument("files", nargs="+", help="text pool: CoNLL-style files (word in the first column), gzip or not")
+    parser.add_argument("--out", required=True, help="the paths file to write (path<TAB>word<TAB>count)")
+    parser.add_argument("--clusters", type=int, default=100, help="the window m: classes kept while words enter")
+    parser.add_argument("--min-count", type=int, default=1, help="words seen fewer times get no path")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    start = time.perf_counter()
+    counts = count_bigrams(iter_words(args.files))
+    counted = time.perf_counter()
+    paths = brown_clusters(counts, n_clusters=args.clusters, min_count=args.min_count)
+    done = time.perf_counter()
+    write_paths(args.out, paths, dict(zip(counts.words.tolist(), counts.counts.tolist())))
+    log.info(
+        "%d tokens, %d words, %d clustered with m=%d: counting %.1f s, clustering %.1f s; wrote %s",
+        counts.n_tokens,
+        counts.words.size - 1,
+        len(paths),
+        args.clusters,
+        counted - start,
+        done - counted,
+        args.out,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -335,6 +335,7 @@ class FeatureExtractor:
                 raise ValueError(f"numeric attribute {name!r} is not a column")
         self._lexicons: dict[str, dict[tuple[str, ...], str]] = {}
         self._tables: dict[str, dict[str, str]] = {}  # cluster view -> {word: path prefix}
+        self._paths_files: dict[str, dict[str, str]] = {}  # the last paths file read
         self.fitted_ = False
 
     # --- views ---------------------------------------------------------------------------
@@ -355,7 +356,9 @@ class FeatureExtractor:
             from .clusters import path_prefixes, read_paths
 
             spec = self._specs[name]
-            self._tables[name] = path_prefixes(read_paths(spec.path), spec.n)
+            if spec.path not in self._paths_files:  # several prefix views read one file once
+                self._paths_files = {spec.path: read_paths(spec.path)}
+            self._tables[name] = path_prefixes(self._paths_files[spec.path], spec.n)
         return self._tables[name]
 
     def _view_values(self, name: str, corpus: _Corpus) -> tuple[np.ndarray, np.ndarray]:

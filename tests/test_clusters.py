@@ -104,6 +104,9 @@ def test_counting_streams_in_chunks_and_min_count():
     assert (whole.bigrams[a][:, a] != chunked.bigrams[b][:, b]).nnz == 0
     assert whole.bigrams.sum() == sum(len(s) + 1 for s in sentences)  # with the boundaries
     assert brown_clusters(chunked, n_clusters=3) == brown_clusters(iter(sentences), n_clusters=3)
+    windowed = brown_clusters(sentences, n_clusters=4)  # final classes: {""}, {a, the}, {cat, dog}, {runs, sleeps}
+    assert len(set(windowed.values())) == 3
+    assert windowed["a"] == windowed["the"] and windowed["cat"] == windowed["dog"] and windowed["runs"] == windowed["sleeps"]
     rare = brown_clusters(TINY + [["zebra"]], n_clusters=3, min_count=2)
     assert "zebra" not in rare and "cat" in rare
     with pytest.raises(ValueError, match="no words"):
@@ -207,3 +210,26 @@ def test_cluster_view_refuses_bad_settings(tmp_path):
     missing = _extractor(tmp_path / "none.txt", n=4)
     with pytest.raises(FileNotFoundError, match="none.txt"):
         missing.fit([[("the", "O")]])
+
+
+def test_cluster_features_save_and_load_with_a_tagger_bundle(tmp_path):
+    from crf import CRF, TaggerBundle
+    from crf.model import BundledCRF
+
+    file = tmp_path / "paths.txt"
+    write_paths(file, {"the": "00", "a": "01", "cat": "100", "dog": "101", "runs": "11", "sleeps": "110"})
+    train = [[("the", "B-NP"), ("cat", "I-NP"), ("runs", "B-VP")], [("a", "B-NP"), ("dog", "I-NP")]] * 3
+    extractor = FeatureExtractor(
+        columns=["w", "chunk"],
+        templates=["c[-1]", "c[0]", "c[1]"],
+        views={"c": {"column": "w", "fn": "cluster", "path": str(file), "n": 2}},
+    )
+    model = CRF(max_iterations=30, c2=0.1).fit(extractor.fit_transform(train), [[r[1] for r in s] for s in train])
+    bundle = TaggerBundle(BundledCRF(extractor, model), scheme="IOB2", input_columns=["w"])
+    bundle.save(tmp_path / "bundle")
+    file.unlink()
+    loaded = TaggerBundle.load(tmp_path / "bundle")
+    # "sleeps" never appeared in training: its cluster "11" (that of "runs") tags it as a verb chunk
+    sentences = [["a", "cat", "sleeps"], ["the", "dog", "zebra"]]
+    assert [t["labels"] for t in loaded.tag(sentences)] == [t["labels"] for t in bundle.tag(sentences)]
+    assert loaded.tag(sentences)[0]["labels"] == ["B-NP", "I-NP", "B-VP"]
