@@ -417,20 +417,33 @@ def path_prefixes(clusters: dict[str, str], n: int) -> dict[str, str]:
 
 
 def iter_words(paths: Sequence[str | os.PathLike]) -> Iterator[list[str]]:
-    """The sentences of CoNLL-style files as word lists (first column), streamed line by line; a
-    file that is missing or holds no words raises an error naming it."""
+    """The sentences of CoNLL-style files as word lists, streamed line by line: the first column
+    (``-DOCSTART-`` lines skipped), or for ``.conllu`` files the FORM column of the word lines
+    (comments, multiword tokens and empty nodes skipped). A file that is missing or holds no words
+    raises an error naming it."""
     for file in paths:
+        conllu = str(file).endswith((".conllu", ".conllu.gz"))
         words: list[str] = []
         seen = False
-        for _, line in _decoded_lines(file):
-            cells = line.split()
+        for number, line in _decoded_lines(file):
+            if conllu:
+                if line.startswith("#"):
+                    continue
+                parts = line.split("\t") if line.strip() else []
+                if parts and not parts[0].isdigit():
+                    continue  # a multiword token (3-4) or an empty node (8.1)
+                if len(parts) == 1:
+                    raise DataFormatError(file, number, "a CoNLL-U word line needs tab-separated ID and FORM")
+                cells = parts[1:2]
+            else:
+                cells = line.split()
             if not cells:
                 if words:
                     seen = True
                     yield words
                     words = []
                 continue
-            if cells[0] == "-DOCSTART-":
+            if cells[0] == "-DOCSTART-" and not conllu:
                 continue
             words.append(cells[0])
         if words:

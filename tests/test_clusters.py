@@ -146,6 +146,9 @@ def test_pool_files_stream_and_refuse_empty_or_missing(tmp_path):
     pool = tmp_path / "pool.txt"
     pool.write_text("-DOCSTART- -X- O\n\nthe DT\ncat NN\n\n\na DT\ndog NN\n")
     assert list(iter_words([pool])) == [["the", "cat"], ["a", "dog"]]
+    ud = tmp_path / "pool.conllu"
+    ud.write_text("# text = I'm here\n1-2\tI'm\t_\n1\tI\tI\n2\t'm\tbe\n3\there\there\n\n# x\n1\tOK\tok\n")
+    assert list(iter_words([ud, pool])) == [["I", "'m", "here"], ["OK"], ["the", "cat"], ["a", "dog"]]
     empty = tmp_path / "empty.txt"
     empty.write_text("\n\n")
     with pytest.raises(ValueError, match="empty.txt: the text pool file holds no words"):
