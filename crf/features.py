@@ -6,7 +6,10 @@ A *view* is one string (or nothing) per token: a raw input column (``w``, ``pos`
 function of a column (``lower``, ``shape``, ``suffix`` with ``n``, ``is_title``, ...) or lexicon
 membership (``lexicon`` with a file of entries, matched as longest multi-token spans and marked
 ``B-TYPE``/``I-TYPE``) or an abbreviation's long-form head (``abbreviation``: a short form defined as
-``long form ( SF )`` carries the long form's last word on its uses in the next ``n`` tokens).
+``long form ( SF )`` carries the long form's last word on its uses in the next ``n`` tokens) or a word
+cluster (``cluster`` with a ``path`` to a Brown paths file, see :mod:`crf.clusters`: the first ``n``
+bits of the word's path, the whole path when shorter or ``n=0``; a word without a path, unknown to
+the clustering, has no value and so no attribute).
 A *template* such as ``w[-1]|w[0]`` conjoins views at relative offsets; its
 attribute for a token is the string ``w[-1]|w[0]=He|reckons`` (CRFsuite's naming). Cells outside
 the sentence either drop the attribute (``padding=False``, CRFsuite's chunking example) or take the
@@ -170,6 +173,8 @@ TOKEN_FUNCTIONS: dict[str, Callable[[str, int], str | None]] = {
 
 # view functions that read the whole corpus in order, not one token: lexicon spans, abbreviations
 CORPUS_FUNCTIONS = ("lexicon", "abbreviation", "abbreviation_suffix")
+# view functions that look words up in a table read from a file: Brown cluster path prefixes
+TABLE_FUNCTIONS = ("cluster",)
 
 _SHORT_FORM = re.compile(r"^(?=.*[A-Z])[A-Za-z0-9][A-Za-z0-9+-]{1,9}$")
 _HEAD_WORD = re.compile(r"^[A-Za-z][A-Za-z-]{2,}$")
@@ -230,8 +235,8 @@ class ViewSpec:
     column: str
     fn: str = "identity"
     n: int = 0
-    path: str | None = None  # lexicon file, for fn == "lexicon"; fn "abbreviation" reads n as its window
-    lowercase: bool = False  # lexicon matching on lower-cased tokens
+    path: str | None = None  # lexicon file (fn "lexicon") or Brown paths file (fn "cluster", n: prefix length)
+    lowercase: bool = False  # lexicon matching / cluster lookup on lower-cased tokens
 
 
 @dataclass
@@ -312,12 +317,13 @@ class FeatureExtractor:
             spec = ViewSpec(**dict(spec))
             if spec.column not in self.columns:
                 raise ValueError(f"view {name!r} reads unknown column {spec.column!r}")
-            if spec.fn not in CORPUS_FUNCTIONS and spec.fn not in TOKEN_FUNCTIONS:
-                raise ValueError(
-                    f"view {name!r}: unknown function {spec.fn!r}; known: {sorted([*TOKEN_FUNCTIONS, *CORPUS_FUNCTIONS])}"
-                )
-            if spec.fn == "lexicon" and not spec.path:
-                raise ValueError(f"view {name!r}: a lexicon view needs a 'path'")
+            known = [*TOKEN_FUNCTIONS, *CORPUS_FUNCTIONS, *TABLE_FUNCTIONS]
+            if spec.fn not in known:
+                raise ValueError(f"view {name!r}: unknown function {spec.fn!r}; known: {sorted(known)}")
+            if spec.fn in ("lexicon", "cluster") and not spec.path:
+                raise ValueError(f"view {name!r}: a {spec.fn} view needs a 'path'")
+            if spec.fn == "cluster" and (not isinstance(spec.n, int) or spec.n < 0):
+                raise ValueError(f"view {name!r}: prefix length n={spec.n!r} must be a whole number >= 0")
             self._specs[name] = spec
         self._templates = [parse_template(t) for t in self.templates]
         for template in self._templates:
@@ -328,6 +334,8 @@ class FeatureExtractor:
             if name not in self.columns:
                 raise ValueError(f"numeric attribute {name!r} is not a column")
         self._lexicons: dict[str, dict[tuple[str, ...], str]] = {}
+        self._tables: dict[str, dict[str, str]] = {}  # cluster view -> {word: path prefix}
+        self._paths_files: dict[str, dict[str, str]] = {}  # the last paths file read
         self.fitted_ = False
 
     # --- views ---------------------------------------------------------------------------
@@ -340,6 +348,18 @@ class FeatureExtractor:
             spec = self._specs[name]
             self._lexicons[name] = read_lexicon(spec.path, spec.lowercase)
         return self._lexicons[name]
+
+    def _table(self, name: str) -> dict[str, str]:
+        """{word: value} of a cluster view: its path prefixes, read from its paths file once (or
+        from the saved state)."""
+        if name not in self._tables:
+            from .clusters import path_prefixes, read_paths
+
+            spec = self._specs[name]
+            if spec.path not in self._paths_files:  # several prefix views read one file once
+                self._paths_files = {spec.path: read_paths(spec.path)}
+            self._tables[name] = path_prefixes(self._paths_files[spec.path], spec.n)
+        return self._tables[name]
 
     def _view_values(self, name: str, corpus: _Corpus) -> tuple[np.ndarray, np.ndarray]:
         """(codes (T,) into ``uniques``, uniques) for view ``name``; code -1 means no value."""
@@ -357,8 +377,12 @@ class FeatureExtractor:
         codes, uniques = pd.factorize(source)
         if spec.fn == "identity":
             return codes, np.asarray(uniques, dtype=object)
-        function = TOKEN_FUNCTIONS[spec.fn]
-        mapped = np.array([function(u, spec.n) for u in uniques], dtype=object)
+        if spec.fn == "cluster":  # one look-up per distinct word; unknown words get None
+            table = self._table(name)
+            mapped = np.array([table.get(u.lower() if spec.lowercase else u) for u in uniques], dtype=object)
+        else:
+            function = TOKEN_FUNCTIONS[spec.fn]
+            mapped = np.array([function(u, spec.n) for u in uniques], dtype=object)
         view_codes, view_uniques = pd.factorize(mapped, use_na_sentinel=True)
         return np.where(codes >= 0, view_codes[codes], -1), np.asarray(view_uniques, dtype=object)
 
@@ -551,6 +575,11 @@ class FeatureExtractor:
             entries = self._lexicons[name]
             arrays[f"lexicon/{name}/entries"] = np.array([" ".join(k) for k in entries], dtype=str)
             arrays[f"lexicon/{name}/types"] = np.array(list(entries.values()), dtype=str)
+        for name in self._used_views():
+            if self._specs[name].fn == "cluster":
+                table = self._table(name)
+                arrays[f"cluster/{name}/words"] = np.array(list(table), dtype=str)
+                arrays[f"cluster/{name}/values"] = np.array(list(table.values()), dtype=str)
         return arrays
 
     @classmethod
@@ -580,6 +609,11 @@ class FeatureExtractor:
                 entries = checked_array(where, arrays, f"lexicon/{name}/entries", "U", (None,))
                 types = checked_array(where, arrays, f"lexicon/{name}/types", "U", entries.shape)
                 extractor._lexicons[name] = {tuple(str(e).split()): str(t) for e, t in zip(entries, types)}
+            if extractor._specs[name].fn == "cluster":
+                words = checked_array(where, arrays, f"cluster/{name}/words", "U", (None,))
+                values = checked_array(where, arrays, f"cluster/{name}/values", "U", words.shape)
+                check_unique(where, f"cluster view {name!r}: word", words.tolist())
+                extractor._tables[name] = dict(zip(words.tolist(), values.tolist()))
         extractor.template_keys_ = []
         for i, template in enumerate(extractor._templates):
             keys = checked_array(where, arrays, f"template/{i}", "iu", (None,)).astype(np.int64)
