@@ -41,12 +41,17 @@ def lexicon_path(path: str) -> Path:
 
 
 def lexicon_files(features: Mapping) -> dict[str, Path]:
-    """{lexicon name: resolved path} of the features config's ``lexicons`` block; FileNotFoundError
-    naming the lexicon and the path tried when a file is missing."""
+    """{name: resolved path} of every file the features config reads: its ``lexicons`` and the
+    views that read a file (``path``: word clusters); FileNotFoundError naming the lexicon or view
+    and the path tried when a file is missing."""
     files = {name: lexicon_path(str(dict(spec)["path"])) for name, spec in dict(features.get("lexicons") or {}).items()}
+    for name, spec in dict(features.get("views") or {}).items():
+        if isinstance(spec, Mapping) and spec.get("path") is not None:
+            files[f"view {name}"] = lexicon_path(str(spec["path"]))
     for name, path in files.items():
+        what = name if name.startswith("view ") else f"lexicon {name!r}"
         if not path.is_file():
-            raise FileNotFoundError(f"lexicon {name!r}: no file {path} (relative paths resolve against {PROJECT_ROOT})")
+            raise FileNotFoundError(f"{what}: no file {path} (relative paths resolve against {PROJECT_ROOT})")
     return files
 
 
@@ -57,6 +62,9 @@ def build_extractor(features: Mapping, columns: Sequence[str]) -> FeatureExtract
     views = {name: dict(spec) for name, spec in dict(features.get("views") or {}).items()}
     templates = list(features.get("templates") or [])
     paths = lexicon_files(features)
+    for name, spec in views.items():
+        if spec.get("path") is not None:
+            spec["path"] = str(paths[f"view {name}"])
     for name, spec in dict(features.get("lexicons") or {}).items():
         spec = dict(spec)
         views[name] = {
@@ -109,7 +117,8 @@ class Featurize(BaseStage):
         return {"log_matrices": bool(cfg.featurize.log_matrices)}
 
     def external_inputs(self, config, settings) -> dict[str, str]:
-        """SHA-256 of every lexicon file: editing one invalidates the cached features."""
+        """SHA-256 of every file the features read (lexicons, cluster paths): editing one
+        invalidates the cached features."""
         files = lexicon_files(OmegaConf.to_container(config.features, resolve=True))
         return {f"lexicon:{name}": file_sha256(path) for name, path in files.items()}
 
