@@ -1,8 +1,8 @@
 """``python -m pipeline.tag model=<bundle> input=<file> output=<file>``: tag new text with a trained model.
 
 The model is a :class:`crf.ModelBundle` (``bundle.npz``, written by the train stage): a path to
-the file or to a folder holding one, or an MLflow URI (``runs:/<run id>/train``,
-``models:/<name>/<version>``, ``models:/<name>@champion``, ``models:/m-<id>``) whose artifacts hold
+the file or to a folder holding one, or an MLflow URI (``runs:/<run id>/train``, ``runs:/<train run
+id>/model``, ``models:/<name>/<version>``, ``models:/<name>@champion``, ``models:/m-<id>``) whose artifacts hold
 it (downloaded with :func:`mlflow.artifacts.download_artifacts`; the folder is searched for
 ``bundle.npz``). URIs resolve against the store the pipeline writes by default, chosen by the same
 ``tracking`` config (``MLFLOW_TRACKING_URI``, else ``tracking.uri``, else

@@ -10,6 +10,7 @@ sweeper's ``params`` and the command line's sweep overrides, read from the sweep
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -17,6 +18,71 @@ from omegaconf import OmegaConf
 
 def _key(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~")
+
+
+# settings that never change a run's result (where files are, how runs are tracked, threads, the
+# dev-score cadence) and the config groups its name already shows: not part of a run's name
+UNNAMED = (
+    "paths",
+    "tracking",
+    "hydra",
+    "registry",
+    "force",
+    "data.root",
+    "data.download",
+    "dataset.files",
+    "trainer.threads",
+    "train.dev_every",
+)
+IN_NAME = ("dataset", "model", "trainer")  # the name starts <dataset>-<model>-<trainer>
+
+
+def named_overrides(overrides: Sequence[str], keys: Collection[str] | None = None) -> list[str]:
+    """What a run's name shows of its overrides: ``strength=0.3`` for ``trainer.strength=0.3`` (the
+    key's last part, as in ``hydra.job.override_dirname``).
+
+    Parameters
+    ----------
+    overrides : sequence of str
+        Hydra overrides, ``key=value`` (``+``/``~`` prefixes allowed).
+    keys : collection of str, optional
+        Show only overrides of these keys (a multirun job: the swept keys). None: every override
+        but those of :data:`UNNAMED` and the config groups of :data:`IN_NAME` (a single run).
+
+    Returns
+    -------
+    list of str
+        ``last-part-of-key=value``, in the order given.
+    """
+    shown = []
+    for override in overrides:
+        if "=" not in override:
+            continue
+        key, value = override.split("=", 1)
+        key = key.lstrip("+~")
+        if keys is not None:
+            if key not in keys:
+                continue
+        elif key in IN_NAME or any(key == k or key.startswith(k + ".") for k in UNNAMED):
+            continue
+        shown.append(key.rsplit(".", 1)[-1] + "=" + value)
+    return shown
+
+
+def name_overrides() -> list[str]:
+    """The overrides a pipeline run's name shows (:func:`named_overrides`): in a Hydra multirun job
+    the swept ones (what differs between the sweep's jobs); in a single ``python -m pipeline`` run
+    those of its command line that can change its result; else (no Hydra app) none."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized():
+        return []
+    hydra_cfg = HydraConfig.get()
+    task = list(hydra_cfg.overrides.task)
+    if hydra_cfg.mode == RunMode.MULTIRUN:
+        return named_overrides(task, swept_keys(hydra_cfg))
+    return named_overrides(task)
 
 
 def swept_keys(hydra_cfg) -> set[str]:

@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipeline import tracking
 from pipeline.engine.cache import StageCache, code_digest
-from pipeline.engine.logs import swept_keys
+from pipeline.engine.logs import name_overrides, named_overrides, swept_keys
 from pipeline.engine.stage import TRIAL_STATE_TAG, DevReporter, Stage, StageContext, TrainingStopped, frozen, load_stages
 from pipeline.engine.validate import SettingsError, validate_settings
 from pipeline.models import METRICS_FILE, WARM_START_INPUT, ModelAdapter, load_adapter
@@ -40,6 +40,7 @@ from pipeline.tracking.remote_cache import remote_for
 log = logging.getLogger(__name__)
 
 HEADLINE = ("dev_f1", "test_f1", "dev_accuracy", "test_accuracy")  # scores repeated at the end of a run
+CACHED_SUFFIX = "cached"  # the end of the name of a run whose every stage came from the cache
 
 
 @dataclass
@@ -283,9 +284,7 @@ def swept_overrides() -> list[str]:
     if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
         return []
     hydra_cfg = HydraConfig.get()
-    keys = swept_keys(hydra_cfg)
-    overrides = [o.lstrip("+~") for o in hydra_cfg.overrides.task if o.split("=", 1)[0].lstrip("+~") in keys]
-    return [o.split("=", 1)[0].rsplit(".", 1)[-1] + "=" + o.split("=", 1)[1] for o in overrides if "=" in o]
+    return named_overrides(list(hydra_cfg.overrides.task), swept_keys(hydra_cfg))
 
 
 def log_dataset(cfg: DictConfig, file_hashes: dict[str, str]) -> None:
@@ -423,7 +422,7 @@ def run_pipeline(cfg: DictConfig, trial: TrialHooks | None = None) -> dict[str, 
     adapter, stages, order = checked_plan(cfg, extra_tags=trial_tags)
     uri = tracking.setup(cfg)
     tags = run_tags(cfg, adapter, trial_tags)
-    run_name = "-".join([str(cfg.dataset.name), tags["model"], tags["trainer"], *swept_overrides()])
+    run_name = "-".join([str(cfg.dataset.name), tags["model"], tags["trainer"], *name_overrides()])
     job = PipelineJob(adapter, stages, order, StageCache(cfg.paths.cache_dir, remote=remote_for(uri)), uri)
     reporter, warm_starts = trial.begin(cfg, job) if trial is not None else (None, {})
     results, outputs = pipeline_run(
@@ -523,11 +522,16 @@ def pipeline_run(
             log.info("done: run %s%s pruned: %s", run.info.run_id, f" in sweep run {parent}" if parent else "", stopped)
             results = {"pipeline.pruned_at_iteration": stopped.iteration, f"pipeline.pruned_{stopped.metric}": stopped.value}
             return results, outputs
-        mlflow.log_metrics({k: float(v) for k, v in summary.items() if isinstance(v, (int, float))})
+        numbers = {k: float(v) for k, v in summary.items() if isinstance(v, (int, float))}
+        headline = {k: numbers[k] for k in HEADLINE if k in numbers}
+        mlflow.log_metrics(headline)  # first, so they head the run page's metrics
+        mlflow.log_metrics({k: v for k, v in numbers.items() if k not in headline})
         log_dataset(cfg, {k: v for o in outputs.values() for k, v in (o.external or {}).items()})
+        client = mlflow.tracking.MlflowClient(uri)
         models = [o.model_uri for o in outputs.values() if o.model_uri]
         if models:
             mlflow.set_tag(tracking.MODEL_URI_TAG, models[-1])
+            tracking.link_model(client, run.info.run_id, models[-1])  # the run page's "Logged models"
             if register:
                 register_single_run(cfg, models[-1], summary, run.info.run_id)
         log.info(
@@ -536,13 +540,19 @@ def pipeline_run(
         )
         hits = [s for s, o in outputs.items() if o.cached]
         mlflow.set_tag("cache_hits", ",".join(hits) or "none")
-        scores = ", ".join(f"{k} {summary[k]:.2f}" for k in HEADLINE if isinstance(summary.get(k), (int, float)))
+        if outputs and len(hits) == len(outputs):  # nothing computed: say so in the runs list
+            run_name = f"{run_name}-{CACHED_SUFFIX}"
+            client.update_run(run.info.run_id, name=run_name)
+            mlflow.set_tag("cache_only", "true")
+        scores = ", ".join(f"{k} {v:.2f}" for k, v in headline.items())
         # what loads elsewhere: the pipeline run's own id does not (its files are in its stage runs)
         bundled = [(s, o.bundle) for s, o in outputs.items() if o.model_uri and o.bundle is not None]
-        handoff = tracking.handoff_lines(mlflow.tracking.MlflowClient(uri), uri, run.info.run_id, *bundled[-1]) if bundled else []
+        handoff = tracking.handoff_lines(client, uri, run.info.run_id, *bundled[-1]) if bundled else []
+        mlflow.set_tag(tracking.NOTE_TAG, tracking.run_note(headline, handoff, len(hits), len(outputs)))
         log.info(
-            "done: run %s%s (%d of %d stages from the cache)%s\n  open: %s\n  outputs: %s%s",
+            "done: run %s (%s)%s (%d of %d stages from the cache)%s\n  open: %s\n  outputs: %s%s",
             run.info.run_id,
+            run_name,
             f" in sweep run {parent}" if parent else "",
             len(hits),
             len(outputs),

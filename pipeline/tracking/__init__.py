@@ -197,10 +197,11 @@ def log_params(params: Mapping[str, Any]) -> None:
 
 
 def store_hint(uri: str, run_id: str, experiment_id: str) -> str:
-    """How a user opens ``run_id``: the ``mlflow ui`` command for a local store, else its URL."""
+    """How a user opens ``run_id``'s page: for a local store the ``mlflow ui`` command and the page's
+    URL on its default port; else the page's URL on the server."""
     if uri.startswith(("http://", "https://")):
         return f"{uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
-    return f"mlflow ui --backend-store-uri {uri}"
+    return f"mlflow ui --backend-store-uri {uri}, then http://127.0.0.1:5000/#/experiments/{experiment_id}/runs/{run_id}"
 
 
 def files_run(client: MlflowClient, run: Any) -> Any:
@@ -221,23 +222,88 @@ def stage_run(client: MlflowClient, pipeline_run: Any, stage: str) -> Any | None
 
 
 def handoff_lines(client: MlflowClient, uri: str, pipeline_run_id: str, stage: str, bundle: Path) -> list[str]:
-    """How to use a finished pipeline run's tagger elsewhere: its MLflow Model's URI (and the
-    registered version), ``runs:/<id>/<stage>`` of the run that holds the stage's files (the
-    pipeline run's own id does not load: its files are in its stage runs), the bundle's path and
-    a tag command to copy (naming the store, so it works from any folder)."""
+    """How to use a finished pipeline run's tagger elsewhere, each line a URI that
+    ``mlflow.pyfunc.load_model`` accepts (in that store) or a path.
+
+    Parameters
+    ----------
+    client : MlflowClient
+        A client of the store ``uri``.
+    uri : str
+        The tracking URI (named in the tag command, so it works from any folder).
+    pipeline_run_id : str
+        The finished pipeline run (its tag ``model_uri`` names the logged model).
+    stage : str
+        The stage that logged the model (``train``).
+    bundle : Path
+        The bundle file in the stage cache.
+
+    Returns
+    -------
+    list of str
+        ``model: models:/m-<id>`` (and the registered version), ``train run: runs:/<id>/model`` of
+        the stage run the model was logged in (a cached stage run's: the run that computed it; the
+        pipeline run's own id does not load: its model was logged in that stage run),
+        ``bundle: <path>`` and ``tag: python -m pipeline.tag ...``.
+    """
     run = client.get_run(pipeline_run_id)
     model_uri = run.data.tags.get(MODEL_URI_TAG)
     lines = []
     if model_uri:
         registered = run.data.tags.get("registered_model")
         lines.append(f"model: {model_uri}" + (f" (registered as {registered})" if registered else ""))
-    child = stage_run(client, run, stage)
-    if child is not None:
-        lines.append(f"{stage} run: runs:/{files_run(client, child).info.run_id}/{stage}")
+        child = stage_run(client, run, stage)
+        if child is not None:
+            lines.append(f"{stage} run: runs:/{files_run(client, child).info.run_id}/{MODEL_NAME}")
     lines.append(f"bundle: {bundle}")
     model = model_uri or str(bundle)
     lines.append(f"tag: python -m pipeline.tag model={model} input=<file> output=<file> tracking.uri={uri}")
     return lines
+
+
+def link_model(client: MlflowClient, run_id: str, model_uri: str) -> None:
+    """Link the logged model ``models:/m-<id>`` to ``run_id`` as one of its outputs: MLflow's run page
+    lists a run's output models under "Logged models" (a pipeline run's model is logged in its
+    train stage run, or in an earlier run when that stage came from the cache). Other URIs: nothing."""
+    from mlflow.entities import LoggedModelOutput
+
+    if model_uri.startswith("models:/m-") and "/" not in model_uri[len("models:/") :]:
+        client.log_outputs(run_id, [LoggedModelOutput(model_uri[len("models:/") :], step=0)])
+
+
+NOTE_TAG = "mlflow.note.content"  # MLflow's run description (markdown), shown on the run page
+
+
+def run_note(scores: Mapping[str, float], handoff: Sequence[str], cached: int, stages: int) -> str:
+    """A pipeline run's description: its headline scores, how many stages came from the cache and
+    how to use its model (:func:`handoff_lines`, code-formatted).
+
+    Parameters
+    ----------
+    scores : mapping of str to float
+        The headline scores (``dev_f1``, ``test_f1`` or accuracies, in percent).
+    handoff : sequence of str
+        ``name: value`` lines.
+    cached, stages : int
+        Stages that came from the cache, and all stages run.
+
+    Returns
+    -------
+    str
+        Markdown.
+    """
+    head = " · ".join(f"{k} **{v:.2f}**" for k, v in scores.items()) or "no scores"
+    reuse = "every stage from the cache" if stages and cached == stages else f"{cached} of {stages} stages from the cache"
+    items = dict(line.split(": ", 1) for line in handoff if ": " in line)
+    lines = [f"{head} ({reuse})", ""]
+    if "model" in items:
+        model = items["model"].split()[0]
+        lines.append(f"- model: `{items['model']}`")
+        lines.append(f'- in Python (this store as the tracking URI): `mlflow.pyfunc.load_model("{model}")`')
+    # the shown first: the tag command, then where the files are
+    lines += [f"- {name}: `{value}`" for name, value in sorted(items.items(), key=lambda i: i[0] != "tag") if name != "model"]
+    return "\n".join(lines)
+    return "\n".join(lines)
 
 
 # the models-from-code file of the tagger's MLflow Model, and the library it runs (shipped as code)

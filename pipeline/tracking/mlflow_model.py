@@ -239,7 +239,12 @@ class TaggerModel(mlflow.pyfunc.PythonModel):
                 raise MlflowException(f"the model's kind module {module!r} cannot be imported ({error})") from None
         self.bundle = load_bundle(context.artifacts["bundle"])
 
-    def predict(self, context, model_input, params=None) -> pd.DataFrame:
+    def predict(self, context, model_input: pd.DataFrame, params: dict[str, Any] | None = None) -> pd.DataFrame:
+        """Tag ``model_input`` (see the module docstring; a list of sentences is accepted too).
+
+        The ``pd.DataFrame`` hint is what ``mlflow models serve`` hands over for a ``dataframe_split``
+        or ``dataframe_records`` request; MLflow infers no schema from it and validates nothing
+        itself, so bad requests still get this module's one-line reasons."""
         try:
             return tag(self.bundle, model_input)
         except OneLineError:

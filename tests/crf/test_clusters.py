@@ -216,7 +216,7 @@ def test_cluster_view_refuses_bad_settings(tmp_path):
 
 
 def test_cluster_features_save_and_load_with_a_tagger_bundle(tmp_path):
-    from crf import CRF, TaggerBundle
+    from crf import CRF, ModelBundle
     from crf.model import BundledCRF
 
     file = tmp_path / "paths.txt"
@@ -228,10 +228,10 @@ def test_cluster_features_save_and_load_with_a_tagger_bundle(tmp_path):
         views={"c": {"column": "w", "fn": "cluster", "path": str(file), "n": 2}},
     )
     model = CRF(max_iterations=30, c2=0.1).fit(extractor.fit_transform(train), [[r[1] for r in s] for s in train])
-    bundle = TaggerBundle(BundledCRF(extractor, model), scheme="IOB2", input_columns=["w"])
+    bundle = ModelBundle(BundledCRF(extractor, model), scheme="IOB2", input_columns=["w"])
     bundle.save(tmp_path / "bundle")
     file.unlink()
-    loaded = TaggerBundle.load(tmp_path / "bundle")
+    loaded = ModelBundle.load(tmp_path / "bundle")
     # "sleeps" never appeared in training: its cluster "11" (that of "runs") tags it as a verb chunk
     sentences = [["a", "cat", "sleeps"], ["the", "dog", "zebra"]]
     assert [t["labels"] for t in loaded.tag(sentences)] == [t["labels"] for t in bundle.tag(sentences)]

@@ -373,7 +373,7 @@ def test_closing_lines_name_what_loads(registered, tmp_path, monkeypatch):
         assert {"open", "outputs", "model", "train run", "bundle", "tag"} <= set(closing), closing
         assert closing["model"].startswith("models:/m-") and "(registered as models:/conll2000-crf/" in closing["model"]
         train_run = closing["train run"]
-        assert re.fullmatch(r"runs:/[0-9a-f]{32}/train", train_run)
+        assert re.fullmatch(r"runs:/[0-9a-f]{32}/model", train_run)
         assert client.list_artifacts(train_run.split("/")[1], "train"), "the printed run holds the files"
         bundle = Path(closing["bundle"])
         assert bundle.is_file() and bundle.name == "bundle.npz"
