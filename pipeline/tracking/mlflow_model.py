@@ -16,7 +16,7 @@ the artifact ``bundle`` and the ``crf`` package as code. ``mlflow.pyfunc.load_mo
 A request the model cannot use (no rows, a missing column, a sentence id that is missing, not an
 integer or decreasing, a token that is not a non-empty string without whitespace: null, NaN, a
 number, a list, ``"a b"``; the check :func:`crf.bundle.check_tokens` of the bundle and the tag command)
-raises :class:`TaggerInputError`: ``mlflow models serve`` answers HTTP 400 with a one-line
+raises :class:`ModelInputError`: ``mlflow models serve`` answers HTTP 400 with a one-line
 ``message`` naming the row, column and problem, and no stack trace. The answer is strict JSON: a
 marginal or confidence that is not a number (outside any chunk, or a sentence the model gives
 probability 0) is None (``null``), never NaN.
@@ -72,7 +72,7 @@ class OneLineError(MlflowException):
             self._reason = value
 
 
-class TaggerInputError(OneLineError, ValueError):
+class ModelInputError(OneLineError, ValueError):
     """A request the tagger cannot use: HTTP 400 (``INVALID_PARAMETER_VALUE``) from the scoring
     server, the reason (row, column, problem) as its one-line message."""
 
@@ -100,14 +100,14 @@ def _shown(value: Any) -> str:
 def sentences_frame(sentences: Sequence[Sequence[dict]], columns: Sequence[str]) -> pd.DataFrame:
     """Sentences of token dicts -> the long frame (``sentence`` = position in the list, then ``columns``)."""
     if not sentences:
-        raise TaggerInputError("no sentences to tag (the list is empty)")
+        raise ModelInputError("no sentences to tag (the list is empty)")
     for number, sentence in enumerate(sentences):
         if not sentence:
-            raise TaggerInputError(f"sentence {number} has no tokens")
+            raise ModelInputError(f"sentence {number} has no tokens")
         for position, token in enumerate(sentence):
             missing = [c for c in columns if c not in token]
             if missing:
-                raise TaggerInputError(
+                raise ModelInputError(
                     f"sentence {number}, token {position}: lacks the column(s) {missing}; this model reads {list(columns)}"
                 )
     lengths = [len(sentence) for sentence in sentences]
@@ -126,7 +126,7 @@ def is_sentence_list(model_input: Any) -> bool:
 
 def as_frame(model_input: Any, columns: Sequence[str]) -> pd.DataFrame:
     """The long frame of any accepted input: a DataFrame, a list of sentences of token dicts, a
-    list of token records (with ``sentence``) or a mapping of columns; else TaggerInputError."""
+    list of token records (with ``sentence``) or a mapping of columns; else ModelInputError."""
     if isinstance(model_input, np.ndarray):
         model_input = model_input.tolist()
     if isinstance(model_input, pd.DataFrame):
@@ -139,8 +139,8 @@ def as_frame(model_input: Any, columns: Sequence[str]) -> pd.DataFrame:
         try:
             return pd.DataFrame(model_input)
         except (ValueError, TypeError) as err:
-            raise TaggerInputError(f"cannot read the columns as a table: {str(err).splitlines()[0]}") from None
-    raise TaggerInputError(
+            raise ModelInputError(f"cannot read the columns as a table: {str(err).splitlines()[0]}") from None
+    raise ModelInputError(
         f"expected a table (columns {SENTENCE!r}, {', '.join(map(repr, columns))}) or a list of sentences of token "
         f"objects, got {_shown(model_input)}"
     )
@@ -156,35 +156,35 @@ def _is_integral(value: Any) -> bool:
 
 
 def check_frame(frame: pd.DataFrame, columns: Sequence[str]) -> None:
-    """Refuse (TaggerInputError, rows counted from 0) a frame the model cannot tag: no rows, a
+    """Refuse (ModelInputError, rows counted from 0) a frame the model cannot tag: no rows, a
     missing column, a sentence id that is missing, not an integer or smaller than the one
     before (the rows of a sentence contiguous, sentences in order), a token that is not a
     non-empty string without whitespace (:func:`crf.bundle.check_tokens`)."""
     repeated = sorted({str(c) for c in frame.columns[frame.columns.duplicated()]})
     if repeated:
-        raise TaggerInputError(f"the column(s) {repeated} appear more than once")
+        raise ModelInputError(f"the column(s) {repeated} appear more than once")
     missing = [c for c in [SENTENCE, *columns] if c not in frame.columns]
     if missing:
-        raise TaggerInputError(
+        raise ModelInputError(
             f"missing column(s) {missing}: this model reads {SENTENCE!r} (the sentence id of each token row) and "
             f"{list(columns)}; got {[str(c) for c in frame.columns]}"
         )
     if len(frame) == 0:
-        raise TaggerInputError("the input has no rows (no tokens to tag)")
+        raise ModelInputError("the input has no rows (no tokens to tag)")
     ids = frame[SENTENCE].to_numpy(dtype=object)
     absent = pd.isna(frame[SENTENCE]).to_numpy()
     if absent.any():
         row = int(np.argmax(absent))
-        raise TaggerInputError(f"row {row}: the {SENTENCE!r} id is {_shown(ids[row])}")
+        raise ModelInputError(f"row {row}: the {SENTENCE!r} id is {_shown(ids[row])}")
     integral = np.fromiter((_is_integral(v) for v in ids), dtype=bool, count=ids.size)
     if not integral.all():
         row = int(np.argmin(integral))
-        raise TaggerInputError(f"row {row}: the {SENTENCE!r} id {_shown(ids[row])} is not an integer")
+        raise ModelInputError(f"row {row}: the {SENTENCE!r} id {_shown(ids[row])} is not an integer")
     values = np.array([int(v) for v in ids], dtype=np.int64)
     decreasing = np.flatnonzero(values[1:] < values[:-1])
     if decreasing.size:
         row = int(decreasing[0]) + 1
-        raise TaggerInputError(
+        raise ModelInputError(
             f"row {row}: {SENTENCE!r} {values[row]} after {values[row - 1]}: the ids must not decrease "
             "(the rows of a sentence together, sentences in order)"
         )
@@ -192,7 +192,7 @@ def check_frame(frame: pd.DataFrame, columns: Sequence[str]) -> None:
     try:  # the one token check of the bundle and the tag command
         check_tokens({c: frame[c].to_numpy(dtype=object) for c in columns}, offsets)
     except TokenError as err:
-        raise TaggerInputError(
+        raise ModelInputError(
             f"row {err.index} (sentence {values[err.index]}), column {err.column!r}: {err.problem} "
             f"(token {err.token} of the sentence, counted from 0)"
         ) from None
@@ -222,13 +222,13 @@ def tag(bundle: ModelBundle, model_input: pd.DataFrame | Sequence[Sequence[dict]
     try:
         out = bundle.tag_frame(frame, sentence=SENTENCE)
     except ValueError as err:  # anything the checks above did not foresee: still a one-line 400
-        raise TaggerInputError(str(err).splitlines()[0] if str(err) else type(err).__name__) from None
+        raise ModelInputError(str(err).splitlines()[0] if str(err) else type(err).__name__) from None
     for column in out.columns:  # the answer and any extra columns the request carried: strict JSON
         out[column] = _finite_or_none(out[column])
     return out
 
 
-class TaggerModel(mlflow.pyfunc.PythonModel):
+class BundleModel(mlflow.pyfunc.PythonModel):
     """The pyfunc model: loads the bundle artifact once, tags long frames or lists of sentences."""
 
     def load_context(self, context) -> None:
@@ -254,4 +254,4 @@ class TaggerModel(mlflow.pyfunc.PythonModel):
             raise TaggingFailed(f"tagging failed: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}") from None
 
 
-mlflow.models.set_model(TaggerModel())
+mlflow.models.set_model(BundleModel())

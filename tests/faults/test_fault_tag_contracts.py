@@ -270,7 +270,7 @@ def test_bad_tokens_are_refused_alike_everywhere(chunker, tmp_path, name):
     frame = pd.DataFrame({"sentence": [0, 0, 0, 1, 1, 1, 1], "pos": pd.Series([t for s in sentences for t in s], dtype=object)})
     with pytest.raises(TokenError, match=r"sentence 1, token 2, column 'pos': a token must"):
         bundle.tag_frame(frame)
-    with pytest.raises(mlflow_model.TaggerInputError, match=r"row 5 \(sentence 1\), column 'pos': a token must.*token 2"):
+    with pytest.raises(mlflow_model.ModelInputError, match=r"row 5 \(sentence 1\), column 'pos': a token must.*token 2"):
         mlflow_model.tag(bundle, frame)
     if name in ("space", "tab"):  # the only bad tokens JSON and the JSONL reader let through
         source = tmp_path / "in.jsonl"
