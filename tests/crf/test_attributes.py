@@ -205,7 +205,7 @@ def test_values_and_names_of_unsupported_types_are_reported():
         AttributeIndex().fit([[{"x": 1}, {"x": None}]])
     with pytest.raises(TypeError, match=r"sequence 0, token 0: attribute names must be str or bytes, not int"):
         AttributeIndex().fit([[{1: "a"}]])
-    with pytest.raises(TypeError, match=r"sequence 0, token 0: attribute names must be str or bytes, not int"):
+    with pytest.raises(TypeError, match=r"sequence 0, token 0: attribute 'x': attribute names must be str or bytes, not int"):
         AttributeIndex().fit([[{"x": ["a", 1]}]])
     with pytest.raises(TypeError, match=r"sequence 1, token 0: attribute names must be str or bytes, not int"):
         AttributeIndex().fit([[["a"]], [["a", 2]]])
