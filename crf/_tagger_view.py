@@ -40,7 +40,10 @@ class TaggerView:
 
     def set(self, xseq) -> None:
         """Make ``xseq`` (a list of token features) the current sequence."""
-        self._emissions, self._scores, _ = self.model.chain_inputs([xseq])
+        if len(xseq):
+            self._emissions, self._scores, _ = self.model.chain_inputs([xseq])
+        else:  # an empty sequence: nothing to tag, and its one (empty) labelling has probability 1
+            self._emissions, self._scores = np.zeros((0, len(self.model.classes_))), None
         self._marginals = None
 
     def _current(self) -> np.ndarray:
@@ -67,6 +70,8 @@ class TaggerView:
         unknown = [label for label in yseq if label not in index]
         if unknown:
             raise ValueError(f"unknown labels {unknown[:5]}")
+        if not len(yseq):
+            return 1.0
         codes = np.array([index[label] for label in yseq], dtype=np.int64)
         gold = path_scores(emissions, self._scores, np.array([0, len(codes)]), codes)
         return float(np.exp(gold - chain.log_partition(emissions, *self._scores, [len(codes)]))[0])

@@ -254,3 +254,10 @@ def test_feature_sets_follow_crfsuite_options():
     assert np.all(dense.transitions_ != 0) and np.all(dense.start_weights_ != 0)
     rare = CRF(max_iterations=30, min_freq=3).fit(X, y)
     assert 0 < rare.feature_index_.size < plain.feature_index_.size
+
+
+def test_the_tagger_view_takes_an_empty_sequence():
+    model = CRF(max_iterations=5).fit([[{"a": 1}, {"b": 1}], [{"b": 1}]], [["A", "B"], ["B"]])
+    tagger = model.tagger_
+    assert tagger.tag([]) == [] and tagger.probability([]) == 1.0
+    assert tagger.tag([{"a": 1}]) == model.predict_single([{"a": 1}])
