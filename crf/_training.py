@@ -144,9 +144,9 @@ def check_crfsuite_names(names: Sequence, what: str) -> None:
     """Refuse, before training, the ``names`` a CRFsuite model file cannot hold (see
     :func:`crf.crfsuite.unstorable_name`), naming the first one."""
     for i, name in enumerate(names):
-        problem = unstorable_name(str(name))
+        problem = unstorable_name(name.item() if isinstance(name, np.generic) else name)
         if problem is not None:
-            raise ValueError(f"model_filename: {what} {i} ({str(name)[:40]!r}) {problem}")
+            raise ValueError(f"model_filename: {what} {i} ({repr(name)[:40]}) {problem}")
 
 
 def _merge_attributes(previous: PreviousFit, index: AttributeIndex, batch: SequenceBatch) -> SequenceBatch:

@@ -233,10 +233,16 @@ def _check_tables(chunk: np.ndarray, start: int, refs: np.ndarray, keys: list[by
         raise CQDBError(f"CQDB chunk at offset {start}: its hash tables do not list its keys (damaged)")
 
 
-def unstorable_name(name: str) -> str | None:
+def unstorable_name(name: object) -> str | None:
     """Why a CRFsuite model file cannot hold the label or attribute ``name`` (None if it can):
-    a NUL character (its string tables end every name with one), or more than
-    ``MAX_KEY_BYTES - 1`` bytes of UTF-8."""
+    not a string (the file holds text, so the integer label 1 would load as ``'1'``), a NUL
+    character (its string tables end every name with one), or more than ``MAX_KEY_BYTES - 1``
+    bytes of UTF-8."""
+    if not isinstance(name, str):
+        return (
+            f"is not a string ({type(name).__name__}): a CRFsuite model file holds names as text, "
+            f"so it would load as {str(name)!r}; use string labels, or save with CRF.save (.npz), which keeps the type"
+        )
     if "\0" in name:
         return "holds a NUL character, which a CRFsuite model file cannot store"
     if len(name) >= MAX_KEY_BYTES // 4 and len(name.encode("utf-8")) >= MAX_KEY_BYTES:
@@ -576,7 +582,11 @@ def crfsuite_from_crf(crf) -> CRFsuiteModel:
     weight = crf.state_weights_.ravel()[flat]
     keep = weight != 0
     state = StateFeatures(flat[keep] // L, flat[keep] % L, weight[keep].astype(np.float64))
-    return CRFsuiteModel([str(c) for c in crf.classes_], [str(a) for a in crf.attributes_], state, np.array(crf.transitions_))
+    for what, names in (("label", crf.classes_), ("attribute", crf.attributes_)):
+        for name in names:
+            if not isinstance(name, str):
+                raise ValueError(f"the {what} {name!r} {unstorable_name(name)}")
+    return CRFsuiteModel(list(crf.classes_), list(crf.attributes_), state, np.array(crf.transitions_))
 
 
 def write_crfsuite_model(model, path) -> None:

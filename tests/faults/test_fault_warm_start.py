@@ -14,6 +14,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
+import crf.crfsuite as crfsuite
 import crf.pycrfsuite as pycrfsuite
 from crf import CRF
 
@@ -169,6 +170,22 @@ def test_an_integer_too_large_for_a_float_is_refused_with_its_position(value):
 def test_a_feature_value_that_is_no_real_number_is_refused(value):
     with pytest.raises(TypeError, match=r"sequence 0, token 0: attribute 'b' has a value of type"):
         CRF(max_iterations=5).fit([[{"b": value}], [{"a": 1}]], [["A"], ["B"]])
+
+
+@pytest.mark.parametrize("label", [1, np.int64(1)], ids=["int", "numpy-int"])
+def test_labels_a_crfsuite_file_would_turn_into_text_are_refused_before_training(tmp_path, label):
+    """A CRFsuite file holds labels as text: the integer label 1 would load as '1', so a model
+    written with integer labels is refused before training, and the .npz format keeps them."""
+    counting = Counting()
+    X, y = [[{"a": 1}], [{"b": 1}]], [[label], [2]]
+    with pytest.raises(ValueError, match=r"^model_filename: label 0 \(1\) is not a string \(int\): .* would load as '1'"):
+        CRF(max_iterations=5, model_filename=str(tmp_path / "m.crfsuite"), callback=counting).fit(X, y)
+    assert counting.calls == 0 and not (tmp_path / "m.crfsuite").exists()
+    fitted = CRF(max_iterations=5, boundary_transitions=False).fit(X, y)
+    with pytest.raises(ValueError, match=r"the label 1 is not a string"):
+        crfsuite.write_crfsuite_model(fitted, tmp_path / "m.crfsuite")
+    fitted.save(tmp_path / "m.npz")
+    assert CRF.load(tmp_path / "m.npz").predict(X).tolist() == [[1], [2]]
 
 
 @pytest.mark.parametrize("name, problem", [("a\0b", "NUL character"), ("x" * (70 << 10), "bytes long")], ids=["nul", "long"])
