@@ -17,9 +17,10 @@ optional gold label column. Readers (``format``; ``auto`` picks by extension, ``
   (option ``conllu_pos``) ``pos``; every CoNLL-U column is also available under its own name
   (``upos``, ``xpos``, ...), which gives gold labels when the model predicts one of them.
 - ``jsonl`` (``.jsonl``, ``.json``): one JSON object per line, ``{"tokens": [...]}``, tokens as
-  strings (words: a model that reads ``w`` alone) or objects ``{column: value}`` whose values are
-  strings; anything else (null, a number, a list, a boolean, an empty string) and a key given
-  twice in one object are refused naming line, token and column.
+  strings (words: a model that reads ``w`` alone) or objects ``{column: value}``. The value of
+  each column the model reads must be a string: anything else (null, a number, a list, a
+  boolean, an empty string) and a key given twice in one object are refused naming line, token
+  and column. Other keys are not read (JSONL input is not scored, so a label key is ignored too).
 - ``text`` (``.txt`` only when asked): one sentence per line of words, split by :func:`tokenize`
   as the model's training tokens were made (``whitespace`` or ``punct``).
 
