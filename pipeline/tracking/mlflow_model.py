@@ -199,15 +199,16 @@ def check_frame(frame: pd.DataFrame, columns: Sequence[str]) -> None:
 
 
 def _finite_or_none(values: pd.Series) -> pd.Series:
-    """``values`` with None where a value is a non-finite number (NaN, infinity): a float column
-    becomes objects; other columns keep their values and, when nothing changes, their dtype."""
+    """``values`` with None where a value is missing (None, NaN, ``pd.NA``: pandas 3 reads a text
+    column with a gap as its ``str`` dtype, whose gaps are NaN) or a non-finite number: a float
+    column becomes objects; other columns keep their values and, when nothing changes, their dtype."""
     if values.dtype.kind == "f":
         numbers = values.to_numpy(dtype=np.float64)
         return pd.Series(np.where(np.isfinite(numbers), numbers.astype(object), None), index=values.index, dtype=object)
-    if values.dtype != object:
-        return values
     cells = values.to_numpy(dtype=object)
-    bad = np.fromiter((isinstance(v, (float, np.floating)) and not np.isfinite(v) for v in cells), dtype=bool, count=cells.size)
+    bad = pd.isna(cells) | np.fromiter(
+        (isinstance(v, (float, np.floating)) and not np.isfinite(v) for v in cells), dtype=bool, count=cells.size
+    )
     if not bad.any():
         return values
     cells = cells.copy()

@@ -285,6 +285,14 @@ def test_numbers_in_a_frame_are_refused_not_read_as_text(chunker):
         load_bundle(chunker).tag_frame(pd.DataFrame({"sentence": [0, 0], "pos": [5, 6]}))
 
 
+def test_a_served_answer_echoes_a_missing_value_in_an_unread_column_as_null(chunker):
+    """A request's extra column is echoed back; its missing values must be JSON null, never NaN."""
+    frame = pd.DataFrame({"sentence": [0, 0, 0], "pos": ["DT", "NN", "."], "chunk": ["B-NP", None, np.nan]})
+    answer = mlflow_model.tag(load_bundle(chunker), frame)
+    assert answer["chunk"].tolist() == ["B-NP", None, None]
+    json.loads(answer.to_json(orient="records"), parse_constant=lambda name: pytest.fail(f"not strict JSON: {name}"))
+
+
 # ---- item 6 --------------------------------------------------------------------------------------------------------
 
 
