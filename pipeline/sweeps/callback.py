@@ -28,6 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipeline import tracking
 from pipeline.sweeps.cluster import job_environment, pass_to_jobs
+from pipeline.sweeps.grid_preflight import check_grid_jobs
 from pipeline.sweeps.sigterm import SWEEP_STOPPING, SweepSigterm
 from pipeline.sweeps.summary import summarize
 from pipeline.tracking import SWEEP_ID_VARIABLE, SWEEP_PARENT_VARIABLE, lifecycle
@@ -66,12 +67,15 @@ def check_sweeper_settings(config: DictConfig) -> None:
     class (``hydra.sweeper._target_``) with a ``preflight(config)`` class method, as the project's
     Optuna sweeper has, ends the multirun there (one line, exit code 2) when a setting cannot work.
     Hydra calls ``on_multirun_start`` before it makes the sweeper, so without this a refused
-    setting would leave a FAILED parent run in the store. Other sweepers are left to themselves."""
+    setting would leave a FAILED parent run in the store. For Hydra's basic sweeper (a grid), every
+    job's settings are checked (:func:`pipeline.sweeps.grid_preflight.check_grid_jobs`). Other
+    sweepers are left to themselves."""
     from hydra.utils import get_class
 
     target = OmegaConf.select(config, "hydra.sweeper._target_", default=None)
     if not target:
         return
+    check_grid_jobs(config)  # the basic sweeper's grid: every job's settings
     try:
         sweeper = get_class(str(target))
     except Exception:  # Hydra says so when it makes the sweeper
