@@ -53,7 +53,7 @@ class TrainingProblem:
     ----------
     batch : the training data, its columns in the model's attribute order (T tokens, A attributes).
     codes : (T,) int64 label index of every token; -1 where the label is unknown (None).
-    classes : (L,) the labels, old ones first on a warm start.
+    classes : (L,) the labels of ``y``; on a warm start the old ones it has come first.
     attributes : (A,) attribute names, or None for an unnamed SequenceBatch.
     attribute_index : the fitted attribute vocabulary (None when X is a SequenceBatch).
     layout : where each weight lives in the parameter vector.
@@ -236,8 +236,8 @@ def training_problem(
     previous = _previous_fit(previous, X, attribute_names, boundary)
     classes = label_classes(flat, unknown=True)
     if previous is not None:
+        check_label_names([*previous.classes, *classes], "warm_start")  # '1' then 1: a type changed by mistake
         classes = previous.merged_classes(classes)
-        check_label_names(classes, "warm_start")
     if isinstance(X, SequenceBatch):
         batch, attribute_index = X, None
         if attribute_names is not None and len(attribute_names) != batch.n_attributes:

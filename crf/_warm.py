@@ -1,10 +1,13 @@
 """Warm starts: the weights of a fitted CRF carried into the parameter layout of a new fit.
 
-A new fit may bring attributes and labels the old one never saw. Old attributes and labels keep
-their columns (old ones first, new ones after, in order of first appearance). The new fit's
-features are what its own data and settings make, as in a cold fit; an old weight starts where
-the new layout still has its feature (state weights by attribute and label, label n-gram weights
-by their labels), every other weight starts at zero. The objective is convex, so a warm start
+A new fit may bring attributes and labels the old one never saw. Old attributes keep their
+columns (old ones first, new ones after, in order of first appearance). The labels are the new
+data's, as in a cold fit: the old ones it still has first (in their old order), then the new ones;
+an old label the new data lacks is dropped (as a class it would take probability mass, so the fit
+would not reach the cold fit's optimum). The new fit's features are what its own data and
+settings make, as in a cold fit; an old weight starts where the new layout still has its feature
+(state weights by attribute and label, label n-gram weights by their labels), every other weight
+starts at zero. The objective is convex, so a warm start
 reaches the cold fit's optimum, only in fewer iterations.
 """
 
@@ -55,9 +58,17 @@ class PreviousFit:
         return self.state.shape[0]
 
     def merged_classes(self, new: Sequence) -> list:
-        """The old classes, then the labels of ``new`` (distinct, in order) that they lack."""
-        known = set(self.classes)
-        return self.classes + [label for label in new if label not in known]
+        """The classes of a fit on labels ``new`` (distinct, in order of first appearance): the old
+        classes that ``new`` has, in their old order, then the labels of ``new`` they lack."""
+        present, known = set(new), set(self.classes)
+        return [label for label in self.classes if label in present] + [label for label in new if label not in known]
+
+    def label_places(self, classes: Sequence | None) -> np.ndarray:
+        """(L_old,) int64: the index of each old class in the new ``classes``, -1 for one the new
+        fit dropped (None: the old classes are the first ones, in order)."""
+        if classes is None:
+            return np.arange(len(self.classes), dtype=np.int64)
+        return pd.Index(list(classes), dtype=object).get_indexer(pd.Index(self.classes, dtype=object)).astype(np.int64)
 
     def merged_names(self, new_names: Sequence[str]) -> tuple[list[str], np.ndarray]:
         """(the old attribute names then the new ones they lack, the column of each of
@@ -85,45 +96,54 @@ class PreviousFit:
                     "the new batch must keep the old columns (transform it with the same extractor)"
                 )
 
-    def _places(self, new_shape: tuple, old_shape: tuple) -> tuple:
-        """The index of the old block's entries in a new block of ``new_shape``: label axes keep
-        their indices; an axis one longer than the labels (the "before the sequence" index last,
-        see :mod:`crf._order`) moves its last index to the new last."""
-        index = []
+    def _places(self, new_shape: tuple, old_shape: tuple, labels: np.ndarray) -> tuple[tuple, tuple]:
+        """(old index, new index): where the old block's entries that the new block keeps go in a
+        block of ``new_shape``. Every axis is a label axis and maps by ``labels``
+        (:meth:`label_places`, kept labels only); an axis one longer than the labels (the "before
+        the sequence" index last, see :mod:`crf._order`) moves its last index to the new last."""
+        olds, news = [], []
         for new, old in zip(new_shape, old_shape):
-            places = np.arange(old)
-            if old == len(self.classes) + 1:
-                places[-1] = new - 1
-            index.append(places)
-        return np.ix_(*index)
+            places = np.append(labels, new - 1) if old == len(self.classes) + 1 else labels
+            kept = np.flatnonzero(places >= 0)
+            olds.append(kept)
+            news.append(places[kept])
+        return np.ix_(*olds), np.ix_(*news)
 
-    def _blocks(self, structure) -> list[tuple[str, np.ndarray, tuple]]:
-        """(name, old block, its places in the new block) for the tail blocks both models have."""
+    def _blocks(self, structure, labels: np.ndarray) -> list[tuple[str, np.ndarray, tuple]]:
+        """(name, the old block's kept entries, their places in the new block) for the tail blocks
+        both models have."""
         out = []
         for name, shape in structure.blocks.items():
             old = (self.tail or {}).get(name)
             if old is not None:
-                out.append((name, old, self._places(shape, old.shape)))
+                take, places = self._places(shape, old.shape, labels)
+                out.append((name, old[take], places))
         return out
 
-    def theta(self, params: ParameterLayout, trainable: np.ndarray | None = None) -> np.ndarray:
+    def theta(self, params: ParameterLayout, trainable: np.ndarray | None = None, classes: Sequence | None = None) -> np.ndarray:
         """The starting weights (params.size,): the old weights where the new layout has a place
         for them (its state features, and the label n-gram weights that ``trainable`` (tail_size,)
-        marks), zeros elsewhere. The new layout is the new fit's alone, so a warm start reaches
-        the cold fit's optimum: old features that the new data or settings no longer make are
-        dropped, not kept."""
-        A_old, L_old = self.state.shape
+        marks), zeros elsewhere. ``classes`` (L,) are the new fit's labels (None: the old ones
+        first, in order). The new layout is the new fit's alone, so a warm start reaches the cold
+        fit's optimum: old features that the new data or settings no longer make are dropped, not
+        kept."""
+        A_old = self.state.shape[0]
         L = params.n_labels
+        labels = self.label_places(classes)  # (L_old,) new index of each old label, -1 if dropped
         theta = np.zeros(params.size)
         if params.feature_index is None:
             state = theta[: params.n_state].reshape(params.n_attributes, L)
-            state[:A_old, :L_old] = self.state
+            kept = np.flatnonzero(labels >= 0)
+            state[:A_old, labels[kept]] = self.state[:, kept]
         else:
-            attributes, labels = np.divmod(params.feature_index, L)
-            old = (attributes < A_old) & (labels < L_old)
-            theta[: params.n_state][old] = self.state[attributes[old], labels[old]]
+            attributes, new_labels = np.divmod(params.feature_index, L)
+            old_label = np.full(L, -1, dtype=np.int64)  # (L,) old index of each new label, -1 if new
+            kept = np.flatnonzero(labels >= 0)
+            old_label[labels[kept]] = kept
+            old = (attributes < A_old) & (old_label[new_labels] >= 0)
+            theta[: params.n_state][old] = self.state[attributes[old], old_label[new_labels[old]]]
         blocks = params.tail_blocks(theta)
-        for name, old, places in self._blocks(params.chain):
+        for name, old, places in self._blocks(params.chain, labels):
             blocks[name][places] = old
         if trainable is not None:
             theta[params.n_state :][~trainable] = 0.0

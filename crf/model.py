@@ -321,8 +321,9 @@ class CRF(SegmentQueries, UncertaintyQueries, FeatureTables, BaseEstimator):
         -------
         CRF
             self. With ``warm_start=True`` a fitted model's weights are the starting point: its
-            attributes and labels keep their columns, new ones are added after them with weights
-            starting at zero (a SequenceBatch must keep the old columns).
+            attributes keep their columns, new ones are added after them with weights starting at
+            zero (a SequenceBatch must keep the old columns); the labels are those of ``y``, old
+            ones first, and an old label that ``y`` lacks is dropped, as in a cold fit.
         """
         began = time.perf_counter()
         params = self.get_params()
@@ -330,7 +331,7 @@ class CRF(SegmentQueries, UncertaintyQueries, FeatureTables, BaseEstimator):
         problem = training_problem(X, y, X_dev, y_dev, attribute_names, params, _DEFAULTS, previous)
         pruner, candidates, pruned_mass = self._pruning(problem)
         start = problem.start or (PreviousFit.of(pruner) if pruner is not None else None)
-        theta0 = None if start is None else start.theta(problem.layout, problem.trainable)
+        theta0 = None if start is None else start.theta(problem.layout, problem.trainable, problem.classes)
         result = solve(problem, params, theta0, self._iteration_callback(problem, pruner), candidates)
         with self._replacing_fitted_state():
             self._set_fitted(problem, result.theta, pruner, pruned_mass)

@@ -103,6 +103,20 @@ def test_new_labels_on_a_warm_refit_are_added_after_the_old_ones():
     assert _loss(model) == pytest.approx(_loss(cold), rel=1e-5)
 
 
+@pytest.mark.parametrize("order", [1, 2])
+def test_old_labels_the_new_data_lacks_are_dropped_and_the_cold_optimum_is_reached(order):
+    """An old label that the new data lacks would stay a class with probability mass: dropped."""
+    X, y = _data(labels=("A", "B", "C"))
+    renamed = [["D" if label == "B" else label for label in labels] for labels in y]
+    model = CRF(c2=0.5, order=order).fit(X, y)
+    model.set_params(warm_start=True)
+    model.fit(X, renamed)
+    cold = CRF(c2=0.5, order=order).fit(X, renamed)
+    assert model.classes_ == ["A", "C", "D"] and sorted(cold.classes_) == ["A", "C", "D"]
+    assert _loss(model) == pytest.approx(_loss(cold), rel=1e-5)
+    assert model.predict(X).tolist() == cold.predict(X).tolist()
+
+
 def test_a_warm_refit_without_boundary_weights_drops_them_and_writes_a_crfsuite_file(tmp_path):
     X, y = _data()
     model = CRF(c2=0.5, boundary_transitions=True).fit(X, y)
