@@ -55,7 +55,8 @@ class TrainingProblem:
     codes : (T,) int64 label index of every token; -1 where the label is unknown (None).
     classes : (L,) the labels of ``y``; on a warm start the old ones it has come first.
     attributes : (A,) attribute names, or None for an unnamed SequenceBatch.
-    attribute_index : the fitted attribute vocabulary (None when X is a SequenceBatch).
+    attribute_index : the fitted attribute vocabulary (None when X is a SequenceBatch, unless a warm start's
+        batch names the fitted model's columns: then the fitted model's).
     layout : where each weight lives in the parameter vector.
     trainable : (tail_size,) which label n-gram weights are features.
     settings : the validated hyperparameters, with the algorithm's defaults filled in.
@@ -246,6 +247,10 @@ def training_problem(
         names = attribute_names if attribute_names is not None else previous and previous.attribute_names
         # the old names name the columns only when the batch has no column beyond them
         attributes = list(names) if names is not None and len(names) == batch.n_attributes else None
+        if previous is not None and attribute_names is not None and [str(a) for a in attribute_names] == previous.attribute_names:
+            # the fitted model's columns by name: its feature-dict reader still reads them (an unnamed batch
+            # cannot be checked, so it keeps no reader: tagging dicts would trust columns nobody named)
+            attribute_index = previous.attribute_index
     else:
         attribute_index = AttributeIndex()
         batch = attribute_index.fit_transform(X)

@@ -35,6 +35,7 @@ class PreviousFit:
     end: np.ndarray  # (L_old,)
     tail: dict | None = None  # the tail's blocks by name (see crf._order), second-order ones included
     pruner: object = None  # the fitted first-order pruning model of a pruned second-order CRF
+    attribute_index: object = None  # the fitted model's feature-dict reader (crf.attributes.AttributeIndex), if any
 
     @classmethod
     def of(cls, model) -> PreviousFit:
@@ -45,6 +46,7 @@ class PreviousFit:
         return cls(
             tail={name: np.array(block, dtype=np.float64) for name, block in tail.items()},
             pruner=model.__dict__.get("pruner_"),
+            attribute_index=model.__dict__.get("attribute_index_"),
             classes=list(model.classes_),
             attribute_names=None if names is None else [str(n) for n in names],
             state=np.asarray(model.state_weights_, dtype=np.float64),

@@ -117,6 +117,19 @@ def test_old_labels_the_new_data_lacks_are_dropped_and_the_cold_optimum_is_reach
     assert model.predict(X).tolist() == cold.predict(X).tolist()
 
 
+def test_a_warm_refit_on_a_batch_keeps_the_dict_reader_only_when_the_columns_are_named():
+    X, y = _data()
+    model = CRF(c2=0.5).fit(X, y)
+    batch, names = model.attribute_index_.transform(X), list(model.attributes_)
+    model.set_params(warm_start=True)
+    model.fit(batch, y, attribute_names=names)
+    assert model.predict(X).tolist() == model.predict(batch).tolist()
+    unnamed = CRF(c2=0.5).fit(X, y).set_params(warm_start=True)
+    unnamed.fit(batch, y)  # its columns cannot be checked: tagging dicts through the old reader would trust them
+    with pytest.raises(ValueError, match="fitted on a SequenceBatch: pass a SequenceBatch"):
+        unnamed.predict(X)
+
+
 def test_a_warm_refit_without_boundary_weights_drops_them_and_writes_a_crfsuite_file(tmp_path):
     X, y = _data()
     model = CRF(c2=0.5, boundary_transitions=True).fit(X, y)
