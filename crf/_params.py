@@ -67,7 +67,8 @@ DOC = """
     n_threads : threads for the sparse products and tagging (None: all cores).
     callback : called with every :class:`crf.IterationInfo` (one per iteration or epoch).
     warm_start : [lbfgs, l2sgd] start the next ``fit`` from this model's weights (scikit-learn's
-        meaning); attributes and labels the new data brings start at zero.
+        meaning); attributes and labels the new data brings start at zero, and an old label the
+        new data lacks is dropped (the refit has a cold fit's labels and features).
     order : [lbfgs, l2sgd for 2] 1 (transitions over label pairs) or 2 (also over label trigrams:
         the chain runs over label pairs, exact, O(L^3) per token; see :mod:`crf._order`). An
         order-2 model cannot be written as a CRFsuite file (``model_filename``).
