@@ -255,6 +255,7 @@ class Stopper(threading.Thread):
                     self.resend()
 
     def cancel(self) -> None:
+        """Stop: once this returns, nothing more is sent or called."""
         with self._lock:
             self.cancelled = True
 
@@ -328,7 +329,8 @@ class _EndingRunsOnSignal:
             for sig, old in self.previous.items():
                 signal.signal(sig, old)
         if self.signum is not None:  # came as the handlers were being put back: theirs to handle
-            self.stopper.cancel()
+            if self.stopper is not None:
+                self.stopper.cancel()
             signal.raise_signal(self.signum)
         return False  # the block's own outcome
 
