@@ -486,6 +486,25 @@ def test_which_calls_a_signal_waits_for(module, deferred):
     assert lifecycle._inside_store_call(frame) is deferred
 
 
+def test_a_stopper_resends_while_the_signal_waits_and_acts_at_its_deadline():
+    """The one helper thread of the signal handling, in this process with a harmless signal."""
+    received, called = [], []
+    previous = signal.signal(signal.SIGUSR1, lambda signum, frame: received.append(signum))
+    try:
+        resending = lifecycle.Stopper(signal.SIGUSR1, 600, lambda: called.append("early"), waiting=lambda: len(received) < 3)
+        while len(received) < 3:  # each resend reaches this (main) thread
+            time.sleep(0.01)
+        resending.cancel()
+        resending.join()  # its deadline is 10 minutes away: cancel() ended it
+        assert called == [] and set(received) == {signal.SIGUSR1}
+        sent = len(received)
+
+        lifecycle.Stopper(signal.SIGUSR1, 0, lambda: called.append("deadline")).join()
+        assert called == ["deadline"] and len(received) == sent  # it never waits: nothing is sent
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+
+
 _EXIT_CAUGHT_BY_THE_WORKER = """
 import os, signal, sys, time
 import mlflow
