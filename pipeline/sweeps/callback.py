@@ -92,8 +92,8 @@ def check_sweeper_settings(config: DictConfig) -> None:
 class SweepTracking(Callback):
     """Creates a sweep's parent run before the jobs and summarises the sweep after them.
 
-    SIGTERM to the launching process waits for the jobs (:class:`pipeline.sweeps.sigterm.SweepSigterm`):
-    they end their runs on the same signal and exit, so the launcher fails and the exit handler
+    SIGTERM to the launching process is passed on to the jobs (:class:`pipeline.sweeps.sigterm.SweepSigterm`):
+    they end their runs on it and exit, so the launcher fails and the exit handler
     ends the parent run FAILED with the summary of the jobs that finished. A sweep so stopped
     registers nothing. Before the summary, runs whose process is gone (a worker that joblib killed
     all the same) are ended FAILED."""
@@ -176,7 +176,7 @@ class SweepTracking(Callback):
         if self.closed or self.parent_run_id is None:
             return
         self.closed = True
-        if self.sigterm is not None:  # a SIGTERM during the summary waits for it (a grace period of its own)
+        if self.sigterm is not None:  # a SIGTERM during the summary gets a grace period of its own
             self.sigterm.pause()
         if SWEEP_STOPPING.is_set():  # the sweeper launched no further job: the sweep did not run to its end
             SWEEP_STOPPING.clear()

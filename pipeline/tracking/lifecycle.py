@@ -10,8 +10,8 @@
   died``; called on every start of a pipeline (``tracking.setup``);
 - :func:`ending_runs_on_signal`: SIGTERM/SIGINT end this process's open runs as KILLED with
   ``crf.end_reason = terminated by SIGTERM`` (or SIGINT), then the process exits with 128 + signal;
-  a signal waits (up to 10 s) for the local store call it lands in, and a process that has not
-  ended 30 s after it (or 5 s after its runs were ended, where a worker caught the exit) exits
+  a signal that lands in a local store's call waits until the call returns, and a process that has
+  not ended 30 s after it (or 5 s after its runs were ended, where a worker caught the exit) exits
   at once.
 
 SIGKILL cannot be caught: its runs stay RUNNING until the next start marks them.
@@ -19,7 +19,6 @@ SIGKILL cannot be caught: its runs stay RUNNING until the next start marks them.
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 import signal
@@ -176,261 +175,186 @@ def error_chain(error: BaseException | None) -> Iterator[BaseException]:
         error = error.__cause__ or error.__context__
 
 
-def _terminated_in(error: BaseException) -> Terminated | None:
+def _terminated_in(error: BaseException | None) -> Terminated | None:
     """The :class:`Terminated` that ``error`` is, or that it was raised while handling."""
     return next((e for e in error_chain(error) if isinstance(e, Terminated)), None)
 
 
-# a signal that lands inside the tracking store's code is delivered again a moment later: raised
-# there it can leave an SQLite transaction half done, whose lock then makes every write that ends
-# the runs wait out the store's 20 s busy timeout and fail. Remote stores (MLflow's REST client,
-# artifact uploads) hold no such lock: a signal interrupts them at once.
+# A signal is never raised inside a local store's code: there it could leave an SQLite transaction
+# half done, whose lock then makes the writes that end the runs wait out the store's busy timeout
+# and fail. Remote stores (MLflow's REST client, artifact uploads) hold no such lock.
 STORE_MODULES = ("sqlalchemy.", "sqlite3", "mlflow.store.", "optuna.storages.")
 REMOTE_STORE_MODULES = ("mlflow.store.tracking.rest_store", "mlflow.store.model_registry.rest_store", "mlflow.store.artifact.")
-DEFER_SECONDS = 0.05
-MAX_DEFER_SECONDS = 10.0  # after the first arrival: a store call that takes longer is interrupted after all
-# ...and then the interruption may be caught by the store's own retries and the process would go on
-# with the signals ignored: it gets this long to end its runs and exit, then exits at once
+RESEND_SECONDS = 0.05  # how often a signal that waits is sent again to the main thread
+# a process still running this long after the first signal exits at once (a store call that does not
+# return, code that catches the exception): its runs stay RUNNING until the next start marks them
 EXIT_GRACE_SECONDS = 30.0
 # once the runs are ended, the exit (SystemExit) may be caught as well: a joblib (loky) worker
 # reports it as the job's result and waits for the next job; the process gets this long to end
 EXIT_AFTER_ENDING_SECONDS = 5.0
 
+_stopped_by: list[int] = []  # the signal a block of this process ended on
 
-_signalled: list[int] = []  # the signal that stopped a job of this process
 
-
-def _exit_unless_gone(signum: int, seconds: float, what: str, then: str) -> None:
-    """Exit with ``128 + signum`` now, from a watchdog thread: the process did not end within
-    ``seconds`` of ``what``; ``then`` says what becomes of its runs."""
-    log.error("still running %.0f s after %s: exiting now%s", seconds, what, then)
+def exit_now(signum: int, message: str) -> NoReturn:
+    """Log ``message`` and exit with ``128 + signum`` at once (no unwinding, no exit handlers)."""
+    log.error("%s", message)
     logging.shutdown()
     os._exit(128 + signum)
 
 
-def _watchdog(signum: int, seconds: float, what: str, then: str = "") -> threading.Timer:
-    """A started daemon timer that calls :func:`_exit_unless_gone` after ``seconds``."""
-    timer = threading.Timer(seconds, _exit_unless_gone, (signum, seconds, what, then))
-    timer.daemon = True
-    timer.start()
-    return timer
+class Stopper(threading.Thread):
+    """The helper thread of a signalled process (the only one; the sweep's launcher uses it too).
 
+    Every :data:`RESEND_SECONDS` it sends ``signum`` again to the main thread while ``waiting()``
+    is true (a signal sent to the process may land on another thread, and a main thread blocked in
+    a system call would not see it), and once ``seconds`` have passed it calls ``at_deadline()``
+    (by default: sends the signal once more) and ends. After :meth:`cancel` returns it sends and
+    calls nothing.
 
-def _store_module(name: str) -> bool:
-    return name.startswith(STORE_MODULES) and not name.startswith(REMOTE_STORE_MODULES)
+    Parameters
+    ----------
+    signum : int
+        The signal to send again.
+    seconds : float
+        Seconds from now to the deadline.
+    at_deadline : callable, optional
+        Called (in this thread) at the deadline, unless cancelled; by default :meth:`resend`.
+    waiting : callable, optional
+        Whether the signal still waits to be acted on; never, by default.
+    """
 
+    def __init__(
+        self,
+        signum: int,
+        seconds: float,
+        at_deadline: Callable[[], None] | None = None,
+        waiting: Callable[[], bool] = lambda: False,
+    ) -> None:
+        super().__init__(name=f"stopper-{signal.Signals(signum).name}", daemon=True)
+        self.signum, self.at_deadline, self.waiting = signum, at_deadline or self.resend, waiting
+        self.deadline = time.monotonic() + seconds
+        self.cancelled = False
+        self._lock = threading.Lock()
+        self.start()
 
-def _inside_store_call(frame: FrameType | None) -> bool:
-    """Whether ``frame`` (the main thread's, where a signal arrived) or a caller of it runs code
-    of a local tracking store (SQLAlchemy, sqlite3, MLflow's database and file stores, Optuna's
-    storages)."""
-    while frame is not None:
-        if _store_module(frame.f_globals.get("__name__", "")):
-            return True
-        frame = frame.f_back
-    return False
+    def resend(self) -> None:
+        """Send the signal to the main thread."""
+        signal.pthread_kill(threading.main_thread().ident, self.signum)
 
+    def run(self) -> None:
+        while True:
+            time.sleep(RESEND_SECONDS)
+            with self._lock:
+                if self.cancelled:
+                    return
+                if time.monotonic() >= self.deadline:
+                    self.at_deadline()
+                    return
+                if self.waiting():
+                    self.resend()
 
-def _drop_frames(error: BaseException) -> None:
-    for link in error_chain(error):
-        link.__traceback__ = None
-
-
-class _Deferral:
-    """At most one signal waiting to be delivered again to the main thread.
-
-    The re-delivery goes to the main thread itself (``pthread_kill``): sent to the process, the
-    kernel may hand it to another thread, and a main thread blocked in a system call would not
-    see it. ``close`` cancels a re-delivery not yet sent and says which signal is still waiting
-    (one sent but not yet handled counts as waiting)."""
-
-    def __init__(self) -> None:
-        self.waiting: int | None = None  # deferred, and not handled since
-        self.sent = False  # the re-delivery of ``waiting`` has been sent
-        self.closed = False
-        self._lock = threading.Lock()  # between the timer's send and close()
-        self._timer: threading.Timer | None = None
-        self._main = threading.get_ident()
-
-    def arrived(self, signum: int) -> int | None:
-        """The signal a handler call stands for (the first one of a deferral decides), or None
-        when a re-delivery is already on its way (the call is merged into it)."""
-        if self.waiting is not None and not self.sent and not self.closed:
-            return None
-        first = self.waiting or signum
-        self.waiting, self.sent = None, False
-        return first
-
-    def defer(self, signum: int) -> None:
-        self.waiting, self.sent = signum, False
-        self._timer = threading.Timer(DEFER_SECONDS, self._deliver)
-        self._timer.daemon = True
-        self._timer.start()
-
-    def _deliver(self) -> None:
+    def cancel(self) -> None:
+        """Stop: once this returns, nothing more is sent or called."""
         with self._lock:
-            if not self.closed and self.waiting is not None:
-                self.sent = True
-                signal.pthread_kill(self._main, self.waiting)
-
-    def close(self) -> int | None:
-        with self._lock:
-            self.closed = True
-            if self._timer is not None:
-                self._timer.cancel()
-        return self.waiting
+            self.cancelled = True
 
 
-class _Handler:
-    """The signal handler of :func:`ending_runs_on_signal`.
-
-    A signal that arrives inside a local store's code is deferred (:class:`_Deferral`) for up to
-    :data:`MAX_DEFER_SECONDS` after its first arrival; one that arrives while a frame of
-    ``quiet`` code runs (the block's own entry and exit) or after the deferral was closed is only
-    recorded (``deferral.waiting``: the caller acts on it); otherwise ``act(signum)`` runs (it
-    ends the process). The first signal decides: one arriving while the handler decides is
-    dropped. ``on_first(signum)`` runs at the first arrival, deferred or not."""
-
-    def __init__(self, act: Callable[[int], None], quiet: tuple, on_first: Callable[[int], None]) -> None:
-        self.deferral = _Deferral()
-        self.act, self.quiet, self.on_first = act, quiet, on_first
-        self.first_arrival: float | None = None
-        self.handling = False
-
-    def __call__(self, signum: int, frame: FrameType | None) -> None:
-        if self.handling:  # nested in the handling of the first signal, which decides
-            return
-        self.handling = True
-        try:
-            first = self._decide(signum, frame)
-        except BaseException:
-            self.handling = False
-            raise
-        if first is None:
-            self.handling = False
-            return
-        self.act(first)  # ends the process: the handler stays busy
-
-    def _decide(self, signum: int, frame: FrameType | None) -> int | None:
-        """The signal to act on now, or None (merged, recorded or deferred)."""
-        first = self.deferral.arrived(signum)
-        if first is None:
-            return None
-        if self.first_arrival is None:
-            self.first_arrival = time.monotonic()
-            self.on_first(first)
-        if self.deferral.closed or _runs_code(frame, self.quiet):
-            self.deferral.waiting = first
-            return None
-        if time.monotonic() - self.first_arrival < MAX_DEFER_SECONDS and _inside_store_call(frame):
-            self.deferral.defer(first)
-            return None
-        return first
+def _exit_later(signum: int, seconds: float, after: str, waiting: Callable[[], bool] = lambda: False) -> Stopper:
+    """A :class:`Stopper` that exits the process ``seconds`` from now (``after`` says since what)."""
+    message = f"still running {seconds:.0f} s after {after}: exiting now"
+    return Stopper(signum, seconds, lambda: exit_now(signum, message), waiting)
 
 
-def _runs_code(frame: FrameType | None, codes: tuple) -> bool:
-    """Whether ``frame`` or a caller of it runs one of ``codes`` (code objects)."""
+def _inside_store_call(frame: FrameType | None, quiet: tuple = ()) -> bool:
+    """Whether ``frame`` (the main thread's, where a signal arrived) or a caller of it runs code of
+    a local store (SQLAlchemy, sqlite3, MLflow's database and file stores, Optuna's storages), or
+    one of the code objects ``quiet``."""
     while frame is not None:
-        if frame.f_code in codes:
+        name = frame.f_globals.get("__name__", "")
+        if frame.f_code in quiet or (name.startswith(STORE_MODULES) and not name.startswith(REMOTE_STORE_MODULES)):
             return True
         frame = frame.f_back
     return False
 
 
 class _EndingRunsOnSignal:
-    """The context manager of :func:`ending_runs_on_signal`."""
+    """The context manager of :func:`ending_runs_on_signal`.
+
+    State: ``signum``, the first signal that arrived (it decides how the process ends; later ones,
+    and the stopper's resends, only make the handler decide again); ``armed``, true while the body
+    runs, the only time the handler raises."""
 
     def __init__(self, signals: tuple[int, ...]) -> None:
         self.signals = signals
         self.active = threading.current_thread() is threading.main_thread()  # else handlers cannot be set
-        self.open_runs: list[str] = []
-        self.watchdogs: list[threading.Timer] = []
         self.previous: dict[int, Any] = {}
-        quiet = (type(self).__enter__.__code__, type(self).__exit__.__code__)
-        self.handler = _Handler(self._act, quiet, self._watch)
+        self.signum: int | None = None
+        self.armed = False
+        self.stopper: Stopper | None = None
+        self.open_runs: list[str] = []
+        self.quiet = (type(self).__enter__.__code__, type(self).__exit__.__code__)  # they act on a signal themselves
 
-    def _watch(self, signum: int) -> None:
-        then = "; the next run will mark this process's runs FAILED"
-        self.watchdogs.append(_watchdog(signum, EXIT_GRACE_SECONDS, signal.Signals(signum).name, then))
-
-    def _stopping(self, signum: int) -> None:
-        _signalled.append(signum)
-        for sig in self.signals:  # a second signal while cleaning up must not interrupt it
-            signal.signal(sig, signal.SIG_IGN)
-        self.open_runs.extend(_active_run_ids())
-
-    def _act(self, signum: int) -> NoReturn:
-        self._stopping(signum)
-        raise Terminated(signum)
-
-    def _end(self, signum: int, error: BaseException | None = None) -> NoReturn:
-        """End this process's runs KILLED and exit with ``128 + signum``."""
-        self.handler.deferral.waiting = None  # handled here
-        if error is not None:
-            # a signal that landed inside a store write can make the unwinding fail too (SQLite's
-            # lock is held until the interrupted session is collected): drop the interrupted
-            # frames before ending the runs, whatever error the unwinding ended with
-            _drop_frames(error)
-        del error
-        gc.collect()
-        name = signal.Signals(signum).name
-        _mark_killed(self.open_runs, f"terminated by {name}")
-        for watchdog in self.watchdogs:
-            watchdog.cancel()
-        _watchdog(signum, EXIT_AFTER_ENDING_SECONDS, f"its runs were ended on {name} (the exit was caught)")
-        raise SystemExit(128 + signum) from None
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.signum is None:
+            self.signum = signum
+            self.stopper = _exit_later(signum, EXIT_GRACE_SECONDS, signal.Signals(signum).name, waiting=lambda: self.armed)
+        if self.armed and not _inside_store_call(frame, self.quiet):
+            self.armed = False
+            self.open_runs = _active_run_ids()  # before the unwinding ends them FAILED
+            raise Terminated(self.signum)
+        # else it waits: the stopper sends it again while the body runs; __exit__ acts on it
 
     def __enter__(self) -> None:
         if not self.active:
             return
-        if _signalled:  # a worker whose last job ended on a signal is given another (joblib's do)
-            log.error("this process was stopped by %s: it runs no further jobs", signal.Signals(_signalled[0]).name)
-            logging.shutdown()
-            os._exit(128 + _signalled[0])
+        if _stopped_by:  # a worker whose last job ended on a signal is given another (joblib's do)
+            name = signal.Signals(_stopped_by[0]).name
+            exit_now(_stopped_by[0], f"this process was stopped by {name}: it runs no further jobs")
         for sig in self.signals:
-            self.previous[sig] = signal.signal(sig, self.handler)
-        waiting = self.handler.deferral.waiting  # arrived while the handlers were being set
-        if waiting is not None:
-            try:
-                self._stopping(waiting)
-                self._end(waiting)
-            finally:
-                self._restore()
+            self.previous[sig] = signal.signal(sig, self._handle)
+        self.armed = True  # one that came meanwhile is sent again by the stopper
 
     def __exit__(self, kind: type | None, error: BaseException | None, trace: Any) -> bool:
+        self.armed = False  # from here a signal is only recorded: this method acts on it
         if not self.active:
             return False
         try:
-            stop = None if error is None else _terminated_in(error)
-            waiting = self.handler.deferral.close()
-            if stop is None and waiting is None:
-                return False  # the block's own outcome
-            if stop is None:  # ended (or failed) while a signal waited: the signal decides how it ends
-                if error is not None:
-                    log.error("%s: %s (while %s waited)", type(error).__name__, error, signal.Signals(waiting).name)
-                self._stopping(waiting)
-            self._end(waiting if stop is None else stop.signum, error)
+            stop = _terminated_in(error)
+            if stop is None and self.signum is not None and error is not None:
+                log.error("%s: %s (while %s waited)", type(error).__name__, error, signal.Signals(self.signum).name)
+            if stop is not None or self.signum is not None:
+                self._end(stop.signum if stop is not None else self.signum)
         finally:
-            self._restore()
+            for sig, old in self.previous.items():
+                signal.signal(sig, old)
+        if self.signum is not None:  # came as the handlers were being put back: theirs to handle
+            if self.stopper is not None:
+                self.stopper.cancel()
+            signal.raise_signal(self.signum)
+        return False  # the block's own outcome
 
-    def _restore(self) -> None:
-        self.handler.deferral.close()
-        for sig, old in self.previous.items():
-            signal.signal(sig, old)
-        self.previous = {}
-        if self.handler.deferral.waiting is not None:  # came as the handlers were being put back: theirs to handle
-            signal.pthread_kill(threading.get_ident(), self.handler.deferral.waiting)
+    def _end(self, signum: int) -> NoReturn:
+        """End this process's runs KILLED and exit with ``128 + signum``."""
+        name = signal.Signals(signum).name
+        _stopped_by.append(signum)
+        _mark_killed(self.open_runs + _active_run_ids(), f"terminated by {name}")
+        if self.stopper is not None:
+            self.stopper.cancel()
+        self.stopper = _exit_later(signum, EXIT_AFTER_ENDING_SECONDS, f"its runs were ended on {name} (the exit was caught)")
+        raise SystemExit(128 + signum) from None
 
 
 def ending_runs_on_signal(signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)) -> _EndingRunsOnSignal:
     """A context manager: within the block, SIGTERM/SIGINT unwind the block (``Terminated``), then
     every open run of this process (stage and parent) ends KILLED with ``crf.end_reason`` and the
-    process exits with ``128 + signum``. A signal that arrives while a local store's code runs is
-    delivered again 50 ms later (for up to 10 s), so that no store transaction is left half done;
-    one still waiting when the block ends (or arriving as it starts or ends) ends the process
-    there. A process still there :data:`EXIT_GRACE_SECONDS` after the signal, or
-    :data:`EXIT_AFTER_ENDING_SECONDS` after its runs were ended (a joblib worker catches the
-    SystemExit and waits for its next job), exits at once; a process whose job ended on a signal
-    exits as it starts another. Outside the main thread (where handlers cannot be set) it does
-    nothing."""
+    process exits with ``128 + signum``.
+
+    A signal that arrives while a local store's code runs waits until that call returns (the
+    :class:`Stopper` sends it again every 50 ms); one still waiting when the block ends, or arriving
+    as it starts or ends, ends the process there. A process still there :data:`EXIT_GRACE_SECONDS`
+    after the signal, or :data:`EXIT_AFTER_ENDING_SECONDS` after its runs were ended (a joblib worker
+    catches the SystemExit and waits for its next job), exits at once; a process whose job ended on
+    a signal exits as it starts another. Outside the main thread (where handlers cannot be set) it
+    does nothing."""
     return _EndingRunsOnSignal(signals)

@@ -224,7 +224,7 @@ def test_two_first_runs_on_a_fresh_store_are_both_recorded(data_root, tmp_path):
 
 
 @pytest.mark.slow
-def test_sigterm_during_training_ends_the_runs_killed_and_a_rerun_reuses_finished_stages(data_root, tmp_path):
+def test_sigterm_during_training_ends_the_runs_killed(data_root, tmp_path):
     out = tmp_path / "out"
     process = _start(data_root, out, *ENDLESS)
     _wait_for_training(process, out)
@@ -239,18 +239,9 @@ def test_sigterm_during_training_ends_the_runs_killed_and_a_rerun_reuses_finishe
     assert set(runs["prepare"]["status"]) == set(runs["featurize"]["status"]) == {"FINISHED"}
     assert not _temporary_folders(out)  # the interrupted build removed its temporary folder
 
-    rerun = _run(data_root, out, "trainer=sgd", "trainer.max_iterations=3")
-    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
-    runs = _runs(out)
-    finished = runs[runs["tags.stage"].isin(["prepare", "featurize"])].sort_values("start_time")
-    earlier, latest = finished.head(2), finished.tail(2)
-    assert list(latest["tags.cache_key"]) == list(earlier["tags.cache_key"]), "keys changed: was the code edited meanwhile?"
-    assert set(latest["tags.cache"]) == {"hit"}
-    assert (runs[runs["tags.stage"] == "train"]["status"] == "FINISHED").sum() == 1
-
 
 @pytest.mark.slow
-def test_sigkill_during_training_is_marked_by_the_next_start(data_root, tmp_path):
+def test_sigkill_during_training_is_marked_by_the_next_start_which_reuses_finished_stages(data_root, tmp_path):
     out = tmp_path / "out"
     process = _start(data_root, out, *ENDLESS)
     _wait_for_training(process, out)
@@ -269,6 +260,11 @@ def test_sigkill_during_training_is_marked_by_the_next_start(data_root, tmp_path
     assert set(marked[f"tags.{END_REASON_TAG}"]) == {f"process {process.pid}@{socket.gethostname()} died"}
     assert "RUNNING" not in set(runs["status"])
     assert not _temporary_folders(out)  # removed when the rerun opened the cache
+    finished = runs[runs["tags.stage"].isin(["prepare", "featurize"])].sort_values("start_time")
+    earlier, latest = finished.head(2), finished.tail(2)
+    assert list(latest["tags.cache_key"]) == list(earlier["tags.cache_key"]), "keys changed: was the code edited meanwhile?"
+    assert set(latest["tags.cache"]) == {"hit"}  # the stages finished before the kill
+    assert (runs[runs["tags.stage"] == "train"]["status"] == "FINISHED").sum() == 1
 
 
 def _make_unwritable(folder: Path) -> list[str]:
@@ -308,7 +304,8 @@ def test_an_error_while_unwinding_a_signal_still_ends_the_runs_killed(monkeypatc
     and exits 128 + signum instead of 1."""
     marked, armed = [], []
     monkeypatch.setattr(lifecycle, "_mark_killed", lambda runs, reason: marked.append(reason))
-    monkeypatch.setattr(lifecycle, "_watchdog", lambda signum, seconds, *what: armed.append(seconds))  # not in pytest
+    monkeypatch.setattr(lifecycle, "_exit_later", lambda signum, seconds, *what: armed.append(seconds))  # not in pytest
+    monkeypatch.setattr(lifecycle, "_stopped_by", [])  # this process goes on
     with pytest.raises(SystemExit) as ended:
         with lifecycle.ending_runs_on_signal():
             try:
@@ -394,26 +391,34 @@ import os, signal, threading, time
 import mlflow
 from pipeline.tracking import lifecycle
 
-lifecycle.MAX_DEFER_SECONDS = 0.5
-lifecycle.EXIT_GRACE_SECONDS = 60.0
-store = {"__name__": "sqlalchemy.pool.fake", "time": time}
-exec("def call():\\n    time.sleep(30)\\n", store)  # a call blocked in the kernel, as on a lock
+lifecycle.EXIT_GRACE_SECONDS = 1.0
+store = {"__name__": "sqlalchemy.pool.fake", "signal": signal, "time": time}
+exec(  # a call blocked in the kernel (as on a lock), then in C where no signal reaches it (SQLite's busy wait)
+    "def call():\\n"
+    "    time.sleep(0.5)\\n"
+    "    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})\\n"
+    "    time.sleep(30)\\n",
+    store,
+)
 mlflow.MlflowClient().search_experiments(max_results=1)  # the store opened (its modules imported) before the clock starts
 open(os.environ['TEST_READY_FILE'], 'w').write(repr(time.monotonic()))  # ready: time limits count from here
 with lifecycle.ending_runs_on_signal():  # the signals come once its handlers are set, under any load
     for delay, signum in [(0.1, signal.SIGTERM), (0.15, signal.SIGINT), (0.2, signal.SIGTERM), (0.25, signal.SIGINT)]:
         threading.Timer(delay, os.kill, (os.getpid(), signum)).start()
     store["call"]()
-print('not interrupted', flush=True)
+print('went on', flush=True)
 """
 
 
-def test_signals_while_the_main_thread_is_blocked_in_a_store_call_end_it_after_the_deferrals(tmp_path):
-    """Each re-delivery goes to the main thread: sent to the process, one could land on another
-    thread and the blocked call would not see it (the process then stalled until the call ended)."""
+def test_signals_while_the_main_thread_is_blocked_in_a_store_call_end_it_after_the_grace_period(tmp_path):
+    """The signals wait for the store call (each one sent again to the main thread, which wakes
+    from its system call and goes back to it); the call does not return, the last part of it where
+    no signal reaches the main thread: the grace period counts from the first signal's arrival,
+    and the first signal decides the exit status."""
     done = _python(tmp_path, _SIGNALS_WHILE_BLOCKED_IN_A_STORE_CALL)
-    assert done.returncode == 128 + signal.SIGTERM, done.stdout + done.stderr  # the first signal decides
-    assert "not interrupted" not in done.stdout and _since_ready(tmp_path) < 20, done.stderr
+    assert done.returncode == 128 + signal.SIGTERM, done.stdout + done.stderr
+    assert "went on" not in done.stdout and _since_ready(tmp_path) < 20, done.stderr
+    assert "still running 1 s after SIGTERM: exiting now" in done.stderr
 
 
 _SIGNAL_IN_THE_BLOCKS_LAST_STORE_CALL = """
@@ -479,6 +484,25 @@ def test_which_calls_a_signal_waits_for(module, deferred):
     frame = _frame_of_a_call_made_by(module)
     assert frame.f_globals["__name__"] != module  # the signal lands in a callee; its caller counts
     assert lifecycle._inside_store_call(frame) is deferred
+
+
+def test_a_stopper_resends_while_the_signal_waits_and_acts_at_its_deadline():
+    """The one helper thread of the signal handling, in this process with a harmless signal."""
+    received, called = [], []
+    previous = signal.signal(signal.SIGUSR1, lambda signum, frame: received.append(signum))
+    try:
+        resending = lifecycle.Stopper(signal.SIGUSR1, 600, lambda: called.append("early"), waiting=lambda: len(received) < 3)
+        while len(received) < 3:  # each resend reaches this (main) thread
+            time.sleep(0.01)
+        resending.cancel()
+        resending.join()  # its deadline is 10 minutes away: cancel() ended it
+        assert called == [] and set(received) == {signal.SIGUSR1}
+        sent = len(received)
+
+        lifecycle.Stopper(signal.SIGUSR1, 0, lambda: called.append("deadline")).join()
+        assert called == ["deadline"] and len(received) == sent  # it never waits: nothing is sent
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
 
 
 _EXIT_CAUGHT_BY_THE_WORKER = """
@@ -593,44 +617,34 @@ def test_sigterm_to_a_joblib_sweeps_process_group_ends_every_run_and_summarises_
     assert len(jobs) >= 1 and set(jobs["status"]) <= {"KILLED", "FAILED"}, jobs["status"]
 
 
-_A_REDELIVERY_HANDLED_AS_THE_BLOCK_ENDS = """
+_A_SIGNAL_AS_THE_BLOCK_ENDS = """
 import os, signal, sys, time
 from pipeline.tracking import lifecycle
 
 lifecycle._mark_killed = lambda runs, reason: print('killed', reason, flush=True)
-store = {"__name__": "mlflow.store.tracking.fake", "os": os, "signal": signal}
-exec("def call():\\n    os.kill(os.getpid(), signal.SIGTERM)\\n", store)
-targets = {"__exit__": lifecycle._EndingRunsOnSignal.__exit__, "close": lifecycle._Deferral.close,
-           "_terminated_in": lifecycle._terminated_in}
-target = targets[sys.argv[1]].__code__
-deferrals = []
-first_init = lifecycle._Deferral.__init__
-lifecycle._Deferral.__init__ = lambda self: (first_init(self), deferrals.append(self))[0]
+exit_code = lifecycle._EndingRunsOnSignal.__exit__.__code__
 
-def hold(frame, event, arg):  # keeps the main thread in `target` until the re-delivery is sent
-    if event == "call" and frame.f_code is target:
+def hold(frame, event, arg):  # the signal comes as the block's __exit__ starts, before its first line
+    if event == "call" and frame.f_code is exit_code:
         sys.setprofile(None)
-        started = time.monotonic()
-        while not deferrals[0].sent and time.monotonic() - started < 5:
-            pass
-        time.sleep(0.01)  # the re-delivery is handled here
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.2)  # handled here, and sent again by the stopper meanwhile
 
 with lifecycle.ending_runs_on_signal():
-    store["call"]()  # deferred: delivered again 50 ms later
     sys.setprofile(hold)
-    if sys.argv[1] == "_terminated_in":
-        raise ValueError("the block failed after the deferral")
+    raise ValueError("the block failed")
 print('went on', flush=True)
 """
 
 
-@pytest.mark.parametrize("where", ["__exit__", "close", "_terminated_in"])
-def test_a_signal_delivered_again_while_the_block_ends_still_ends_the_process_as_the_block_ends(tmp_path, where):
+def test_a_signal_that_comes_as_the_block_ends_still_ends_the_process_there(tmp_path):
     """Handled after the body but before the block knew it was ending, the signal raised
-    Terminated outside the block: exit status 1 and the runs left RUNNING."""
-    done = _python(tmp_path, _A_REDELIVERY_HANDLED_AS_THE_BLOCK_ENDS, where)
+    Terminated outside the block: exit status 1 and the runs left RUNNING. The block's outcome
+    (here an error) is logged; the signal decides how the process ends."""
+    done = _python(tmp_path, _A_SIGNAL_AS_THE_BLOCK_ENDS)
     assert done.returncode == 128 + signal.SIGTERM, done.stdout + done.stderr
     assert done.stdout.splitlines() == ["killed terminated by SIGTERM"], done.stdout + done.stderr
+    assert "ValueError: the block failed (while SIGTERM waited)" in done.stderr
 
 
 _A_SECOND_SIGNAL_WHILE_THE_FIRST_IS_HANDLED = """
@@ -640,10 +654,10 @@ from pipeline.tracking import lifecycle
 lifecycle._mark_killed = lambda runs, reason: print('killed', reason, flush=True)
 first_check = lifecycle._inside_store_call
 
-def check(frame):  # Ctrl-C lands while SIGTERM's handler decides
+def check(frame, quiet=()):  # Ctrl-C lands while SIGTERM's handler decides
     lifecycle._inside_store_call = first_check
     os.kill(os.getpid(), signal.SIGINT)
-    return first_check(frame)
+    return first_check(frame, quiet)
 
 lifecycle._inside_store_call = check
 with lifecycle.ending_runs_on_signal():
@@ -659,32 +673,39 @@ def test_the_first_of_two_signals_decides_how_the_process_ends(tmp_path):
     assert done.stdout.splitlines() == ["killed terminated by SIGTERM"], done.stdout + done.stderr
 
 
-_A_STORE_CALL_THAT_HOLDS_THE_SIGNAL_BACK = """
-import os, signal, time
-import mlflow
-from pipeline.tracking import lifecycle
+_SIGTERM_TO_A_SWEEPS_LAUNCHER_ALONE = """
+import os, signal, subprocess, sys, time
+from pipeline.sweeps import sigterm
 
-lifecycle.EXIT_GRACE_SECONDS = 1.0
-store = {"__name__": "sqlite3.fake", "os": os, "signal": signal, "time": time}
-exec(  # as a call blocked in C that no signal interrupts (SQLite's busy wait)
-    "def call():\\n"
-    "    os.kill(os.getpid(), signal.SIGTERM)\\n"
-    "    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})\\n"
-    "    time.sleep(30)\\n",
-    store,
-)
-mlflow.MlflowClient().search_experiments(max_results=1)  # the store opened (its modules imported) before the clock starts
-open(os.environ['TEST_READY_FILE'], 'w').write(repr(time.monotonic()))  # ready: time limits count from here
-with lifecycle.ending_runs_on_signal():
-    store["call"]()
-print('went on', flush=True)
+job = "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(7)); print(1, flush=True); time.sleep(60)"
+for grace, times in [(0.5, 1), (60.0, 2)]:
+    sigterm.SIGTERM_GRACE_SECONDS = grace
+    worker = subprocess.Popen([sys.executable, "-S", "-c", job], stdout=subprocess.PIPE)  # as a joblib worker
+    worker.stdout.readline()  # its handler is set
+    launcher = sigterm.SweepSigterm("test")
+    launcher.install()
+    open(os.environ['TEST_READY_FILE'], 'w').write(repr(time.monotonic()))  # ready: time limits count from here
+    try:
+        for _ in range(times):
+            os.kill(os.getpid(), signal.SIGTERM)
+        print("worker", worker.wait(timeout=30), sigterm.SWEEP_STOPPING.is_set(), flush=True)
+        time.sleep(30)  # the launcher waits for its jobs
+    except KeyboardInterrupt as stop:
+        print("stopped:", stop, "after", grace if times == 1 else "a second SIGTERM", flush=True)
+    launcher.release()
+    sigterm.SWEEP_STOPPING.clear()
 """
 
 
-def test_the_grace_period_counts_from_the_signals_arrival_even_when_it_was_deferred(tmp_path):
-    """The watchdog started only when the signal was acted on: a store call blocked in C after
-    the deferral kept the process alive for as long as it lasted."""
-    done = _python(tmp_path, _A_STORE_CALL_THAT_HOLDS_THE_SIGNAL_BACK)
-    assert done.returncode == 128 + signal.SIGTERM, done.stdout + done.stderr
-    assert "went on" not in done.stdout and _since_ready(tmp_path) < 20, done.stderr
-    assert "still running 1 s after SIGTERM: exiting now" in done.stderr
+def test_sigterm_to_a_sweeps_launching_process_alone_passes_it_on_then_stops_as_ctrl_c_does(tmp_path):
+    """The launcher (a :class:`SweepSigterm`, without Hydra) sends the signal on to its child
+    processes at once and launches no further job; it stops as Ctrl-C does (KeyboardInterrupt) when
+    still there after the grace period, or at once on a second SIGTERM."""
+    done = _python(tmp_path, _SIGTERM_TO_A_SWEEPS_LAUNCHER_ALONE)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines() == [
+        "worker 7 True",
+        "stopped: terminated by SIGTERM after 0.5",
+        "stopped: terminated by SIGTERM after a second SIGTERM",
+    ], done.stdout + done.stderr
+    assert _since_ready(tmp_path) < 20, done.stdout + done.stderr  # the second did not wait out its 60 s
