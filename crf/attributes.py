@@ -106,17 +106,27 @@ def _text(value, where: _At) -> str:
     raise TypeError(f"{where}: attribute names must be str or bytes, not {type(value).__name__} ({value!r})")
 
 
+def _shown(value, limit: int = 60) -> str:
+    """``repr(value)`` for a message, shortened; a value whose repr cannot be made (a fraction of
+    integers beyond Python's 4,300-digit limit) is named by its type."""
+    try:
+        text = repr(value)
+    except ValueError:
+        return f"<a {type(value).__name__} too long to print>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _weight(name: str, value, where) -> float:
     """The number ``value`` of attribute ``name`` as a float; an integer beyond a float's range
     is refused with its position (``float()`` alone raises a bare OverflowError)."""
     try:
         return float(value)
     except OverflowError:
-        size = f"an integer of {value.bit_length():,} bits" if isinstance(value, int) else f"the value {value!r}"
+        size = f"an integer of {value.bit_length():,} bits" if isinstance(value, int) else f"the value {_shown(value)}"
         raise ValueError(f"{where}: attribute {name!r} has {size}, too large for a float") from None
     except (TypeError, ValueError):  # a number type that is no real quantity (np.timedelta64, ...)
         raise TypeError(
-            f"{where}: attribute {name!r} has the value {value!r} ({type(value).__name__}), not a real number"
+            f"{where}: attribute {name!r} has the value {_shown(value)} ({type(value).__name__}), not a real number"
         ) from None
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import unicodedata
 from dataclasses import dataclass
 
 import numpy as np
@@ -103,14 +104,16 @@ def label_classes(flat: np.ndarray, unknown: bool = False) -> list:
 
 
 def check_label_names(classes, where: str = "") -> None:
-    """Raise TypeError if two of the distinct labels ``classes`` print alike (``'1'`` and ``1``):
-    a model file names its classes, so they would load as one class twice. ``where`` starts the
-    message (which labels were compared)."""
+    """Raise TypeError if two of the distinct labels ``classes`` print alike: ``'1'`` and ``1``
+    (a model file names its classes, so they would load as one class twice), or one text in two
+    Unicode forms (``'é'`` composed and decomposed: they look the same in every report). ``where``
+    starts the message (which labels were compared)."""
     named: dict[str, object] = {}
     for c in classes:
-        first = named.setdefault(str(c), c)
+        first = named.setdefault(unicodedata.normalize("NFC", str(c)), c)
         if type(first) is not type(c) or first != c:
-            raise TypeError(
-                f"{where + ': ' if where else ''}the labels {first!r} and {c!r} are different values with the same name; "
-                "use one type for labels"
-            )
+            if isinstance(c, str) and str(first) != c:
+                alike, fix = "the same text in two Unicode forms (NFC and NFD)", "normalise them (unicodedata.normalize)"
+            else:
+                alike, fix = "different values with the same name", "use one type for labels"
+            raise TypeError(f"{where + ': ' if where else ''}the labels {first!r} and {c!r} are {alike}; {fix}")

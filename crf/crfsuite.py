@@ -235,14 +235,18 @@ def _check_tables(chunk: np.ndarray, start: int, refs: np.ndarray, keys: list[by
 
 def unstorable_name(name: object) -> str | None:
     """Why a CRFsuite model file cannot hold the label or attribute ``name`` (None if it can):
-    not a string (the file holds text, so the integer label 1 would load as ``'1'``), a NUL
-    character (its string tables end every name with one), or more than ``MAX_KEY_BYTES - 1``
-    bytes of UTF-8."""
+    not a string (the file holds text, so the integer label 1 would load as ``'1'``), a lone
+    surrogate (UTF-8 cannot write it), a NUL character (its string tables end every name with
+    one), or more than ``MAX_KEY_BYTES - 1`` bytes of UTF-8."""
     if not isinstance(name, str):
         return (
             f"is not a string ({type(name).__name__}): a CRFsuite model file holds names as text, "
             f"so it would load as {str(name)!r}; use string labels, or save with CRF.save (.npz), which keeps the type"
         )
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError as error:
+        return f"holds {error.object[error.start : error.end]!a}, which UTF-8 cannot write (a lone surrogate)"
     if "\0" in name:
         return "holds a NUL character, which a CRFsuite model file cannot store"
     if len(name) >= MAX_KEY_BYTES // 4 and len(name.encode("utf-8")) >= MAX_KEY_BYTES:

@@ -68,7 +68,7 @@ from . import _compiled
 from . import _params as hyper
 from ._optimize import IterationInfo
 from ._tagger_view import ModelInfo
-from ._training import TOO_LARGE
+from ._training import TOO_LARGE, check_model_filename
 from .attributes import _token_items, pair_table, sequence_entries
 from .crfsuite import (
     _HEADER,
@@ -129,7 +129,7 @@ def _flat_item(item, position: int | str) -> dict[str, float]:
             raise ValueError(f"{where}: attribute {name!r} has the non-finite value {value}")
         if abs(value) >= TOO_LARGE:
             raise ValueError(
-                f"{where}: attribute {name!r} has the value {value:g}, too large to train on (at most {TOO_LARGE:g})"
+                f"{where}: attribute {name!r} has the value {value:g}, too large to train on (the limit is {TOO_LARGE:g})"
             )
         flat[name] = flat.get(name, 0.0) + value
     return flat
@@ -178,11 +178,20 @@ def _items(xseq, sequence: int | None = None) -> list:
     return [_item(item, f"sequence {sequence}, item {t}") for t, item in enumerate(xseq)]
 
 
+def _encodable(strings: list[str]) -> bool:
+    """Whether UTF-8 can write every string of ``strings`` (no lone surrogate)."""
+    try:
+        "".join(strings).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _check_storable(items: list, labels: list[str], sequence: int) -> None:
     """Refuse the attribute names and labels of one sequence that a CRFsuite model file cannot
     hold (:func:`crf.crfsuite.unstorable_name`), as soon as it is appended: ``train`` writes one.
     The common case is checked by C-level joins; a suspect item is then looked at name by name."""
-    if "\0" in "".join(labels) or max(map(len, labels)) >= MAX_KEY_BYTES // 4:
+    if "\0" in "".join(labels) or max(map(len, labels)) >= MAX_KEY_BYTES // 4 or not _encodable(labels):
         for t, label in enumerate(labels):
             problem = unstorable_name(label)
             if problem is not None:
@@ -190,7 +199,7 @@ def _check_storable(items: list, labels: list[str], sequence: int) -> None:
     for t, item in enumerate(items):
         parts = item if isinstance(item, list) else [*item, *(v for v in item.values() if type(v) is str)]
         longest = max(map(len, parts), default=0)
-        if "\0" not in "".join(parts) and 2 * longest + 1 < MAX_KEY_BYTES // 4:
+        if "\0" not in "".join(parts) and 2 * longest + 1 < MAX_KEY_BYTES // 4 and _encodable(parts):
             continue
         for name, _ in _item_pairs(item):
             problem = unstorable_name(name)
@@ -346,7 +355,11 @@ _ESTIMATOR_ALGORITHM = {
 def _number(name: str, value) -> float:
     """A finite number given as a number or as text (CRFsuite takes parameters as strings)."""
     if isinstance(value, numbers.Real):
-        number = float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # an int beyond a float's range
+            bits = int(value).bit_length()
+            raise ValueError(f"parameter {name}: an integer of {bits:,} bits, too large for any setting") from None
     elif isinstance(value, (str, bytes)):
         try:
             number = float(value)
@@ -898,6 +911,8 @@ class BaseTrainer:
         path = os.fspath(model)
         if isinstance(path, bytes):
             path = os.fsdecode(path)
+        if path:
+            check_model_filename(path, what="model")
         self._before_train()
         _Training(self, int(holdout)).run(path)
 

@@ -8,6 +8,7 @@ python-crfsuite's ``Trainer.append`` is checked before training starts.
 
 from __future__ import annotations
 
+import unicodedata
 from decimal import Decimal
 from fractions import Fraction
 
@@ -332,3 +333,88 @@ def test_attribute_names_must_name_every_column_of_a_batch():
         CRF(max_iterations=3).fit(batch, y, attribute_names=names[:1])
     model = CRF(max_iterations=3).fit(batch, y, attribute_names=names)
     assert model.attributes_ == names and len(model.attributes_) == model.n_attributes_
+
+
+# ---- the second hostile pass: inputs ------------------------------------------------------------------------------
+
+
+def test_labels_in_two_unicode_forms_are_refused():
+    composed, decomposed = unicodedata.normalize("NFC", "é"), unicodedata.normalize("NFD", "é")
+    X = [[{"a": 1}], [{"b": 1}]]
+    with pytest.raises(TypeError, match=r"^the labels .* are the same text in two Unicode forms"):
+        CRF(max_iterations=5).fit(X, [[composed], [decomposed]])
+    model = CRF(max_iterations=5).fit(X, [[composed], ["x"]]).set_params(warm_start=True, callback=Counting())
+    with pytest.raises(TypeError, match=r"^warm_start: the labels .* two Unicode forms"):
+        model.fit(X, [[decomposed], ["x"]])
+    assert model.callback.calls == 0
+
+
+@pytest.mark.parametrize("where", ["attribute", "value", "label"])
+def test_a_lone_surrogate_is_refused_before_training_everywhere(tmp_path, where):
+    """No model file can hold a lone surrogate: refused by fit (with or without a CRFsuite file)
+    and by python-crfsuite's append, never after training."""
+    odd = "x\ud800"
+    token = {odd: 1} if where == "attribute" else {"w": odd} if where == "value" else {"w": "a"}
+    X, y = [[{"a": 1}], [token]], [["A"], [odd if where == "label" else "B"]]
+    for filename in (None, str(tmp_path / "m.crfsuite")):
+        counting = Counting()
+        with pytest.raises(ValueError, match=r"lone surrogate"):
+            CRF(max_iterations=5, callback=counting, model_filename=filename).fit(X, y)
+        assert counting.calls == 0
+    trainer = pycrfsuite.Trainer(verbose=False)
+    with pytest.raises(ValueError, match=r"^sequence 0, item 0: the (attribute|label) .*lone surrogate"):
+        trainer.append(X[1], y[1])
+
+
+def test_model_files_that_cannot_be_written_are_refused_before_training(tmp_path):
+    X, y = [[{"a": 1}], [{"b": 1}]], [["A"], ["B"]]
+    for path, problem in ((tmp_path, "is a folder"), (tmp_path / "no" / "m.crfsuite", "there is no folder")):
+        counting = Counting()
+        with pytest.raises(OSError, match=f"^model_filename: .*{problem}"):
+            CRF(max_iterations=5, callback=counting, model_filename=str(path)).fit(X, y)
+        assert counting.calls == 0
+        trainer = pycrfsuite.Trainer(verbose=False)
+        trainer.append(X[0], y[0])
+        with pytest.raises(OSError, match=f"^model: .*{problem}"):
+            trainer.train(str(path))
+
+
+@pytest.mark.parametrize(
+    "change, error",
+    [
+        (lambda X, y: dict(X=X, y=["AB", "B"]), r"^y: sequence 0 is a string \('AB'\), not a list of labels"),
+        (lambda X, y: dict(X=X, y=y, X_dev=[X[0]], y_dev=["A"]), r"^y_dev: sequence 0 is a string"),
+        (lambda X, y: dict(X=X, y=y, X_dev=[], y_dev=[]), r"^X_dev and y_dev hold no sequence"),
+    ],
+    ids=["y-string", "y_dev-string", "empty-dev"],
+)
+def test_label_strings_and_an_empty_dev_set_are_refused(change, error):
+    X, y = [[{"a": 1}, {"b": 1}], [{"b": 1}]], [["A", "B"], ["B"]]
+    counting = Counting()
+    with pytest.raises((TypeError, ValueError), match=error):
+        CRF(max_iterations=5, callback=counting).fit(**change(X, y))
+    assert counting.calls == 0
+
+
+def test_duplicate_attribute_names_of_a_batch_are_refused():
+    model = CRF(max_iterations=5).fit([[{"a": 1}], [{"b": 1}]], [["A"], ["B"]])
+    batch = model.attribute_index_.transform([[{"a": 1}], [{"b": 1}]])
+    with pytest.raises(ValueError, match=r"^attribute_names: 'same' appears more than once"):
+        CRF(max_iterations=5).fit(batch, [["A"], ["B"]], attribute_names=["same", "same"])
+
+
+@pytest.mark.parametrize("value", [1e12, -1e20])
+def test_a_value_too_large_to_train_well_is_refused(value):
+    """From about 1e12 next to 0/1 indicators L-BFGS stops early, far from the optimum: refused."""
+    with pytest.raises(ValueError, match=r"sequence 1, token 0: attribute 'odd' has the value .*too large to train on"):
+        CRF(max_iterations=5).fit([[{"a": 1}], [{"odd": value}]], [["A"], ["B"]])
+    with pytest.raises(ValueError, match=r"sequence 0, item 0: attribute 'odd' has the value .*too large to train on"):
+        pycrfsuite.Trainer(verbose=False).append([{"odd": value}], ["A"])
+
+
+def test_values_and_settings_too_big_to_print_are_named():
+    huge = Fraction(10**5000, 1)  # its repr is beyond Python's 4,300-digit limit
+    with pytest.raises(ValueError, match=r"sequence 1, token 0: attribute 'odd' has the value <a Fraction too long to print>"):
+        CRF(max_iterations=5).fit([[{"a": 1}], [{"odd": huge}]], [["A"], ["B"]])
+    with pytest.raises(ValueError, match=r"^parameter max_iterations: an integer of [\d,]+ bits"):
+        pycrfsuite.Trainer(verbose=False).set_params({"max_iterations": 10**400})
