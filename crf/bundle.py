@@ -212,6 +212,24 @@ class ModelBundle:
     ``labels`` (L,), ``scheme``, ``input_columns`` (the token columns it reads: the part's, or a
     superset given), ``source`` (the dataset/features/model config it came from;
     ``source["dataset"]["label"]``, when present, names the column it predicts).
+
+    Parameters
+    ----------
+    part : BundledModel
+        The model's part (it gives ``kind``, ``labels``, ``columns``, ``n_states`` and the chain scores).
+    scheme : str
+        The tagging scheme of the labels: ``"iob1"``, ``"iob2"``, ``"iobes"`` or ``"none"``, in any
+        case (None reads ``"none"``); segments and their confidences need a chunk scheme.
+    input_columns : sequence of str, optional
+        The token columns a caller must give; None: the part's own. They must include every column
+        the part reads.
+    source : mapping, optional
+        The dataset/features/model config the model came from (kept as given; saved as JSON).
+
+    Raises
+    ------
+    ValueError
+        An unknown scheme, or ``input_columns`` lacking a column the part reads.
     """
 
     def __init__(self, part: BundledModel, *, scheme: str, input_columns: Sequence[str] | None = None,
@@ -230,7 +248,14 @@ class ModelBundle:
     # --- persistence ----------------------------------------------------------------------
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write the bundle to one ``.npz`` file (no pickle; checksummed; atomic)."""
+        """Write the bundle to one ``.npz`` file (no pickle; checksummed; atomic).
+
+        Parameters
+        ----------
+        path : str or os.PathLike
+            The file to write (its folder is created; an existing file is replaced only once the
+            new one is complete). Read it back with :meth:`load` or :func:`crf.load_bundle`.
+        """
         part_meta, arrays = self.part.parts()
         meta = {
             "bundle_kind": self.kind,
@@ -244,10 +269,24 @@ class ModelBundle:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> ModelBundle:
-        """Read a bundle written by :meth:`save`; raises ModelFileError naming ``path`` on a bad
-        file: unreadable, tampered with, of a kind not known here, or checksummed but inconsistent
-        (the part's own checks; labels must be distinct and match the model's classes, input
-        columns a list of distinct names)."""
+        """Read a bundle written by :meth:`save`.
+
+        Parameters
+        ----------
+        path : str or os.PathLike
+            A file written by :meth:`save`.
+
+        Returns
+        -------
+        ModelBundle
+
+        Raises
+        ------
+        crf.ModelFileError
+            Naming ``path``, on a bad file: unreadable, tampered with, of a kind not known here, or
+            checksummed but inconsistent (the part's own checks; labels must be distinct and match
+            the model's classes, input columns a non-empty list of distinct names).
+        """
         meta, arrays = load_arrays(path, KIND)
         try:
             columns = meta["input_columns"]
@@ -278,12 +317,39 @@ class ModelBundle:
     def tag_arrays(
         self, columns: Mapping[str, np.ndarray], lengths: np.ndarray, allowed: np.ndarray | None = None, marginals: bool = True
     ) -> Tagged:
-        """Tag sentences given as flat token columns (each (T,) strings) and ``lengths`` (N,);
-        ``allowed`` (T, L) optional boolean masks of the labels each token may take. A sentence
-        the model gives probability 0 (an HMM whose training sentences all ended alike, an HMM
-        word never seen with a fixed label, contradictory masks) gets score -inf
-        (``Tagged.possible`` False), meaningless codes, NaN or 0 marginals and NaN confidences.
-        ``marginals=False``: Viterbi only (marginals NaN, no segments)."""
+        """Tag sentences given as flat token columns.
+
+        The tokens are not checked here (:meth:`tag` and :meth:`tag_frame` check them with
+        :func:`check_tokens`). A sentence the model gives probability 0 (an HMM whose training
+        sentences all ended alike, an HMM word never seen with a fixed label, contradictory masks)
+        gets score -inf (``Tagged.possible`` False), meaningless codes, NaN or 0 marginals and NaN
+        confidences.
+
+        Parameters
+        ----------
+        columns : mapping of str to ndarray of shape (T,)
+            Every input column's token strings, the N sentences one after another (columns the
+            model does not read are ignored).
+        lengths : ndarray of shape (N,), int
+            Tokens per sentence, each at least 1; they sum to T.
+        allowed : ndarray of shape (T, L), bool, optional
+            The labels (``labels`` order) each token may take; None: any.
+        marginals : bool, default=True
+            False: Viterbi only (marginals NaN, no segments).
+
+        Returns
+        -------
+        Tagged
+            ``codes`` (T,) label indices, ``marginals`` (T,) the probability of each predicted label,
+            ``offsets`` (N + 1,), ``segments`` (a frame with sequence, start, end (exclusive), type,
+            confidence; None for scheme ``none`` or ``marginals=False``) and ``scores`` (N,) the
+            log score of each decoded path.
+
+        Raises
+        ------
+        ValueError
+            A missing input column, no sentences, or a sentence without tokens.
+        """
         lengths = np.asarray(lengths, dtype=np.int64)
         missing = [c for c in self.input_columns if c not in columns]
         if missing:
@@ -421,15 +487,37 @@ class ModelBundle:
         return columns, lengths
 
     def tag(self, sentences: Sequence, fixed: Sequence[Mapping[int, str] | None] | None = None) -> list[dict]:
-        """Tag ``sentences`` (each a list of token dicts {column: value}, or of strings when the
-        model reads one column). ``fixed``: optional per-sentence {token index: label}: decode
-        and compute marginals under those labels. A sentence with no labelling of nonzero
-        probability (an HMM word never seen with its fixed label, say) gets labels None (and NaN
-        marginals), with a warning. Returns per sentence ``{"labels": [...],
-        "marginals": [...], "segments": [{"start", "end", "type", "confidence"}, ...]}``
-        (``segments`` only for chunk schemes). An empty sentence gets empty lists. A token that is
-        not a non-empty string without whitespace is refused (:func:`check_tokens`: a
-        :class:`TokenError` naming sentence and token, counted from 0)."""
+        """Tag sentences of token dicts or strings.
+
+        A sentence with no labelling of nonzero probability (an HMM word never seen with its fixed
+        label, say) gets labels None (and NaN marginals), with a warning.
+
+        Parameters
+        ----------
+        sentences : sequence of sequences
+            Each sentence a list of token dicts ``{column: value}`` holding every input column, or
+            of strings when the model reads one column. An empty sentence gets empty lists.
+        fixed : sequence of mapping or None, optional
+            One entry per sentence: ``{token index (0-based): label}`` or None; decoding and
+            marginals are then under those labels.
+
+        Returns
+        -------
+        list of dict
+            Per sentence ``{"labels": [...], "marginals": [...], "segments": [{"start", "end",
+            "type", "confidence"}, ...]}``: ``marginals`` the probability of each predicted label,
+            ``end`` exclusive, ``confidence`` the probability of the chunk (``segments`` only for
+            chunk schemes).
+
+        Raises
+        ------
+        TokenError
+            A token that is not a non-empty string without whitespace (:func:`check_tokens`),
+            naming sentence and token, counted from 0. It is a ValueError.
+        ValueError
+            A missing input column; plain strings for a model that reads several columns;
+            ``fixed`` with the wrong number of entries, a token index out of range or an unknown label.
+        """
         if len(sentences) == 0:
             return []
         columns, lengths = self._columns_of(sentences)
@@ -460,11 +548,31 @@ class ModelBundle:
         return out
 
     def tag_frame(self, frame: pd.DataFrame, sentence: str = "sentence") -> pd.DataFrame:
-        """Tag a long-form frame: one row per token, a ``sentence`` id column (rows of a sentence
-        contiguous and in order) and the input columns. Returns a copy (same index and row order)
-        with ``label`` and ``marginal`` added, and ``segment_confidence`` (NaN outside
-        segments) for chunk schemes. Tokens are checked as :meth:`tag` checks them (sentences and
-        tokens counted from 0 in the order of the rows)."""
+        """Tag a long-form frame: one row per token.
+
+        Parameters
+        ----------
+        frame : pandas.DataFrame
+            A sentence id column (the rows of a sentence contiguous and in order) and the input
+            columns (token strings).
+        sentence : str, default="sentence"
+            The name of the sentence id column.
+
+        Returns
+        -------
+        pandas.DataFrame
+            A copy (same index and row order) with ``label`` and ``marginal`` (the probability of
+            the label) added, and ``segment_confidence`` (the probability of the token's chunk;
+            NaN outside chunks) for chunk schemes.
+
+        Raises
+        ------
+        TokenError
+            A bad token, as :meth:`tag` checks them (sentences and tokens counted from 0 in the
+            order of the rows).
+        ValueError
+            A missing column, or a sentence id that reappears after another one.
+        """
         missing = [c for c in [sentence, *self.input_columns] if c not in frame.columns]
         if missing:
             raise ValueError(
@@ -499,5 +607,20 @@ class ModelBundle:
 
 
 def load_bundle(path: str | os.PathLike) -> ModelBundle:
-    """Read a :class:`ModelBundle` file; raises :class:`crf.ModelFileError` on a bad file."""
+    """Read a :class:`ModelBundle` file (:meth:`ModelBundle.load`).
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        A file written by :meth:`ModelBundle.save`.
+
+    Returns
+    -------
+    ModelBundle
+
+    Raises
+    ------
+    crf.ModelFileError
+        Naming ``path``, on a bad file.
+    """
     return ModelBundle.load(path)
