@@ -87,18 +87,31 @@ class HMM:
 
     Parameters
     ----------
-    order: 1 (bigram transitions) or 2 (trigram transitions, TnT).
-    transition_smoothing: ``"interpolation"`` (deleted interpolation) or ``"add-k"``.
-    emission_smoothing: ``"suffix"`` (relative frequency for known words, suffix model for
-        unknown ones) or ``"add-k"`` (every word, and one symbol for all unknown words).
-    k: the add-k constant (used where add-k smoothing is chosen).
-    rare_threshold: words seen at most this often teach the suffix model.
-    max_suffix: longest suffix the suffix model uses.
-    capitalization: TnT's capitalisation option: each label splits into a capitalised and an
-        uncapitalised hidden state (2L hidden labels), so transitions see capitalisation; needs
-        the suffix emission model. It costs 4x (first order) or 8x (second order) the decoding work.
-    block_elements: tokens x states per recursion call (bounds memory; about 8 bytes each).
-    n_threads: threads for tagging and Baum-Welch (None: the number of cores, at most 4).
+    order : {1, 2}, default=2
+        1 (bigram transitions) or 2 (trigram transitions, TnT).
+    transition_smoothing : {"interpolation", "add-k"}, default="interpolation"
+        Deleted interpolation, or add-k on the transition counts.
+    emission_smoothing : {"suffix", "add-k"}, default="suffix"
+        ``"suffix"``: relative frequency for known words, a suffix model for unknown ones;
+        ``"add-k"``: add-k on every word, and one symbol for all unknown words.
+    k : float, default=0.1
+        The add-k constant, >= 0 (used where add-k smoothing is chosen).
+    rare_threshold : int, default=10
+        Words seen at most this often teach the suffix model.
+    max_suffix : int, default=10
+        Longest suffix (in characters) the suffix model uses.
+    capitalization : bool, default=False
+        TnT's capitalisation option: each label splits into a capitalised and an uncapitalised
+        hidden state (2L hidden labels), so transitions see capitalisation; needs
+        ``emission_smoothing="suffix"``. It costs 4x (first order) or 8x (second order) the
+        decoding work.
+    block_elements : int, default=4_000_000
+        Tokens x states per recursion call (bounds memory; about 8 bytes each).
+    n_threads : int or None, default=None
+        Threads for tagging and Baum-Welch (None or 0: the number of cores, at most 4).
+
+    ``order``, the smoothing choices, ``capitalization`` and ``k`` are checked by :meth:`fit`
+    (ValueError naming the bad one), not by the constructor.
 
     Learned attributes: ``classes_`` (L,), ``vocabulary_`` (V,), ``log_transitions_``
     ((L + 1,) * (order + 1), see :mod:`crf._hmm_smoothing`), ``log_emissions_`` (V + 1, L) with the
@@ -514,7 +527,21 @@ class HMM:
 
     def to_arrays(self) -> tuple[dict, dict[str, np.ndarray]]:
         """The fitted tables as (JSON-ready metadata, named arrays): what :meth:`save` writes,
-        for containers that hold an HMM among other things (:class:`crf.bundle.ModelBundle`)."""
+        for containers that hold an HMM among other things (:class:`crf.bundle.ModelBundle`).
+
+        Returns
+        -------
+        meta : dict
+            The parameters, ``classes``, the suffix model's theta and the interpolation weights.
+        arrays : dict of str to ndarray
+            The log tables, the vocabulary (as a blob and offsets) and the suffix model's arrays;
+            read back by :meth:`from_arrays`.
+
+        Raises
+        ------
+        RuntimeError
+            Before ``fit``.
+        """
         self._check_fitted()
         arrays = {"log_transitions": self.log_transitions_} | emission_arrays(self.log_emissions_, self.suffix_model_)
         arrays["vocabulary_blob"], arrays["vocabulary_offsets"] = strings_to_arrays(self.vocabulary_)
@@ -562,11 +589,31 @@ class HMM:
 
     @classmethod
     def from_arrays(cls, meta: dict, arrays: dict[str, np.ndarray], path="model") -> HMM:
-        """The HMM of :meth:`to_arrays`' output; ``path`` names the source in ModelFileError messages.
+        """The HMM of :meth:`to_arrays`' output.
 
         Sizes are checked against each other and against what the file holds before any dense
         table is built; log probabilities must be finite or -inf, other numbers finite, class
-        labels, words and suffixes distinct."""
+        labels, words and suffixes distinct.
+
+        Parameters
+        ----------
+        meta : dict
+            The metadata :meth:`to_arrays` gave (as read back from JSON).
+        arrays : dict of str to ndarray
+            The arrays :meth:`to_arrays` gave.
+        path : str or os.PathLike, default="model"
+            Names the source in error messages.
+
+        Returns
+        -------
+        HMM
+            A fitted HMM.
+
+        Raises
+        ------
+        crf.ModelFileError
+            Naming ``path``, on any missing, malformed or inconsistent field.
+        """
         try:
             return cls._from_arrays(meta, arrays, path)
         except ModelFileError:
