@@ -220,8 +220,9 @@ def read_conll(
     Raises
     ------
     DataFormatError
-        Naming the file and the 1-based line: a line with another number of columns, an empty cell or no cell; an empty file; a file with no token lines;
-        text that is not UTF-8 (a UTF-16 file is named as such); a truncated or corrupt gzip stream.
+        Naming the file and the 1-based line: a line with another number of columns, an empty
+        cell or no cell; an empty file; a file with no token lines; text that is not UTF-8 (a
+        UTF-16 file is named as such); a truncated or corrupt gzip stream.
     FileNotFoundError, IsADirectoryError
         A missing path, or a folder.
     ValueError
@@ -279,8 +280,9 @@ def read_conllu(path: str | os.PathLike) -> list[Sentence]:
     Raises
     ------
     DataFormatError
-        Naming the file and the 1-based line: a line without 10 tab-separated columns, or a word ID that is not an integer; an empty file; a file with no word lines;
-        text that is not UTF-8 (a UTF-16 file is named as such); a truncated or corrupt gzip stream.
+        Naming the file and the 1-based line: a line without 10 tab-separated columns, or a word
+        ID that is not an integer; an empty file; a file with no word lines; text that is not
+        UTF-8 (a UTF-16 file is named as such); a truncated or corrupt gzip stream.
     FileNotFoundError, IsADirectoryError
         A missing path, or a folder.
     """
