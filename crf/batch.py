@@ -18,6 +18,18 @@ class SequenceBatch:
     ``X`` is a CSR matrix of shape (T, A): row t holds the attribute values of token t (1.0 for
     binary attributes). ``offsets`` has shape (N + 1,): sequence i owns rows
     ``offsets[i]:offsets[i + 1]``. Every sequence has at least one token.
+
+    Parameters
+    ----------
+    X : sparse matrix or array_like of shape (T, A)
+        The attribute values; stored as a float64 CSR matrix.
+    offsets : array_like of shape (N + 1,), int
+        Starts at 0, strictly increasing, ends at T; stored as int64. ``[0]`` is an empty batch.
+
+    Raises
+    ------
+    ValueError
+        ``offsets`` not 1-D, not starting at 0 or not ending at T, or a sequence without tokens.
     """
 
     X: sp.csr_matrix
@@ -54,7 +66,18 @@ class SequenceBatch:
         return self.n_sequences
 
     def subset(self, indices: np.ndarray) -> SequenceBatch:
-        """The sequences at ``indices`` (in that order) as a new batch."""
+        """The sequences at ``indices`` (in that order) as a new batch.
+
+        Parameters
+        ----------
+        indices : array_like of shape (K,), int
+            Sequence numbers, each 0 to N - 1 (negative ones are not supported); repeats allowed.
+
+        Returns
+        -------
+        SequenceBatch
+            K sequences; the rows are copied.
+        """
         indices = np.asarray(indices, dtype=np.int64)
         lengths = self.lengths[indices]
         rows = token_rows(self.offsets, indices)
