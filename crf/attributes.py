@@ -457,7 +457,18 @@ class AttributeIndex:
 
     def pairs_for(self, index: dict[str, int]) -> dict[str, dict[str, int]]:
         """The :func:`pair_table` of ``index`` (built on first use, and again if ``index_`` was
-        replaced or changed size)."""
+        replaced or changed size).
+
+        Parameters
+        ----------
+        index : dict of str to int
+            The vocabulary (attribute name -> column), normally ``index_``.
+
+        Returns
+        -------
+        dict of str to dict of str to int
+            ``table[k][v]``: the column of the name ``k:v``, for every colon of every name.
+        """
         cached = self.__dict__.get("_pairs")
         if cached is not None and cached[0] is index and cached[1] == len(index):
             return cached[2]
@@ -473,17 +484,89 @@ class AttributeIndex:
         weighing 0 (``False``). CRFsuite's ``feature.minfreq`` applies the same sum to each
         (attribute, label) feature, so with non-negative weights pruning attributes first never
         drops a feature it keeps.
+
+        Parameters
+        ----------
+        sequences : iterable of sequences of tokens
+            Each token a dict or a list of attribute strings (the module docstring's rules); every
+            sequence has at least one token.
+        min_freq : float, default=0
+            The least summed weight an attribute needs to be kept.
+
+        Returns
+        -------
+        AttributeIndex
+            self, with ``index_`` set (replaced only once the whole input has been read).
+
+        Raises
+        ------
+        TypeError
+            Input that is not a list of sequences of tokens, a token that is neither a dict nor a
+            list of strings, an attribute name that is not ``str`` or ``bytes``, or a value of
+            another type; the message names sequence and token.
+        ValueError
+            An empty sequence, a NaN or infinite weight, a number too large for a float, or bytes
+            that are not UTF-8, naming where;
+            no sequences at all.
         """
         self.fit_transform(sequences, min_freq)
         return self
 
     def transform(self, sequences: Iterable[Sequence]) -> SequenceBatch:
-        """The attribute matrix (T, A) of ``sequences``; attributes not in the vocabulary are ignored."""
+        """The attribute matrix (T, A) of ``sequences``; attributes not in the vocabulary are ignored.
+
+        Parameters
+        ----------
+        sequences : iterable of sequences of tokens
+            Each token a dict or a list of attribute strings (the module docstring's rules); every
+            sequence has at least one token.
+
+        Returns
+        -------
+        SequenceBatch
+            ``X`` (T, A) float64 CSR in ``index_``'s columns (a repeated attribute's weights added,
+            zero weights not stored) and the offsets (N + 1,).
+
+        Raises
+        ------
+        TypeError
+            Input that is not a list of sequences of tokens, a token that is neither a dict nor a
+            list of strings, an attribute name that is not ``str`` or ``bytes``, or a value of
+            another type; the message names sequence and token.
+        ValueError
+            An empty sequence, a NaN or infinite weight, a number too large for a float, or bytes
+            that are not UTF-8, naming where.
+        """
         index = self._index  # read once: the table must be this dict's
         return self._encode(sequences, index, self._table_for(index), grow=False)
 
     def fit_transform(self, sequences: Iterable[Sequence], min_freq: float = 0) -> SequenceBatch:
-        """:meth:`fit` and :meth:`transform` in one pass over ``sequences``."""
+        """:meth:`fit` and :meth:`transform` in one pass over ``sequences``.
+
+        Parameters
+        ----------
+        sequences : iterable of sequences of tokens
+            Each token a dict or a list of attribute strings (the module docstring's rules); every
+            sequence has at least one token.
+        min_freq : float, default=0
+            As :meth:`fit`: columns of attributes below it are dropped from the matrix too.
+
+        Returns
+        -------
+        SequenceBatch
+            As :meth:`transform` gives under the new vocabulary.
+
+        Raises
+        ------
+        TypeError
+            Input that is not a list of sequences of tokens, a token that is neither a dict nor a
+            list of strings, an attribute name that is not ``str`` or ``bytes``, or a value of
+            another type; the message names sequence and token.
+        ValueError
+            An empty sequence, a NaN or infinite weight, a number too large for a float, or bytes
+            that are not UTF-8, naming where;
+            no sequences at all.
+        """
         index: dict[str, int] = {}
         table = PyObjectHashTable()
         batch = self._encode(sequences, index, table, grow=True)
