@@ -321,8 +321,18 @@ class StateFeatures(NamedTuple):
 class CRFsuiteModel:
     """The content of a CRFsuite first-order model.
 
-    ``labels`` (L), ``attributes`` (A), ``state_features`` (K parallel arrays), ``transitions``
-    (L, L) indexed [previous, current] (0 where the file has no such feature)."""
+    Parameters
+    ----------
+    labels : list of str
+        The L label names, in the model's label order.
+    attributes : list of str
+        The A attribute names, in the model's attribute order.
+    state_features : StateFeatures
+        K state features as parallel (K,) arrays: attribute index (0 to A - 1), label index
+        (0 to L - 1) and weight (float64).
+    transitions : ndarray of shape (L, L), float64
+        Transition weights indexed [previous, current] (0 where the file has no such feature).
+    """
 
     labels: list[str]
     attributes: list[str]
@@ -385,7 +395,24 @@ def read_crfsuite(path: str | os.PathLike) -> CRFsuiteModel:
     """Read a model file written by CRFsuite (``pycrfsuite.Trainer.train``); every size and offset
     is checked against the file before it is used, chunks and reference lists must not overlap,
     and the weight tables must fit what the file can describe (:func:`crf._persist.check_table_size`):
-    a damaged or forged file raises :class:`CRFsuiteFormatError` naming the file and the problem."""
+    a damaged or forged file raises :class:`CRFsuiteFormatError` naming the file and the problem.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        A CRFsuite first-order model file (CRFsuite's ``FOMC`` type).
+
+    Returns
+    -------
+    CRFsuiteModel
+        Its labels, attributes, state features and transitions.
+
+    Raises
+    ------
+    CRFsuiteFormatError
+        A missing file, or one that is not a valid CRFsuite first-order model, naming the file
+        and the problem.
+    """
     path = Path(path)
     if not path.is_file():
         raise CRFsuiteFormatError(f"{path}: no such model file")
@@ -476,7 +503,22 @@ def _pad4(parts: list[bytes]) -> None:
 
 def write_crfsuite(path: str | os.PathLike, model: CRFsuiteModel) -> None:
     """Write ``model`` as a CRFsuite first-order model file that python-crfsuite's ``Tagger``
-    opens; atomic (temporary file renamed into place). Zero weights are left out."""
+    opens; atomic (temporary file renamed into place). Zero weights are left out.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The file to write (replaced only once the new one is complete).
+    model : CRFsuiteModel
+        The model to write.
+
+    Raises
+    ------
+    ValueError
+        Duplicate label or attribute names, transitions not (L, L), state feature arrays not
+        1-D of one length or indexing out of range, or a weight that is not finite or beyond
+        :data:`crf._persist.MAX_ABS_WEIGHT` (no reader would accept it); nothing is written.
+    """
     path = Path(path)
     L, A = len(model.labels), len(model.attributes)
     for name, strings in (("label", model.labels), ("attribute", model.attributes)):
