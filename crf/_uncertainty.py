@@ -23,7 +23,23 @@ FIGURES = ("best_probability", "margin", "token_entropy", "nbest_entropy")
 @dataclass
 class Uncertainty:
     """Per-sequence figures (N,) and per-token marginal entropies (T,) of a batch; a figure that
-    was not asked for is None."""
+    was not asked for is None. Entropies are in nats.
+
+    Parameters
+    ----------
+    offsets : ndarray of shape (N + 1,), int
+        Token offsets of the N sequences.
+    best_probability : ndarray of shape (N,), float64, optional
+        p(best path | x).
+    margin : ndarray of shape (N,), float64, optional
+        p(best) - p(second best); p(best) when there is one path only.
+    token_entropy : ndarray of shape (T,), float64, optional
+        Entropy of each token's marginal distribution.
+    total_token_entropy : ndarray of shape (N,), float64, optional
+        The sum of ``token_entropy`` over each sequence's tokens.
+    nbest_entropy : ndarray of shape (N,), float64, optional
+        Entropy of the N best paths' probabilities, renormalised among themselves.
+    """
 
     offsets: np.ndarray  # (N + 1,) token offsets of the sequences
     best_probability: np.ndarray | None = None  # p(best path | x)
