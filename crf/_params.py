@@ -63,8 +63,8 @@ DOC = """
     learning_rate : [l2sgd] fixed initial learning rate eta0 instead of the calibrated one.
     batch_size : [l2sgd] sequences per update (1: CRFsuite's per-sequence SGD).
     random_state : seed of the shuffling (l2sgd, ap, pa, arow).
-    dev_every : with ``X_dev``, evaluate every ``dev_every`` iterations.
-    n_threads : threads for the sparse products and tagging (None: all cores).
+    dev_every : with ``X_dev``, evaluate every ``dev_every`` iterations (0: never).
+    n_threads : threads for the sparse products and tagging (None or 0: the number of cores, at most 4).
     callback : called with every :class:`crf.IterationInfo` (one per iteration or epoch).
     warm_start : [lbfgs, l2sgd] start the next ``fit`` from this model's weights (scikit-learn's
         meaning); attributes and labels the new data brings start at zero, and an old label the
@@ -116,7 +116,21 @@ _BLOCK_TOKENS = 1 << 16  # tokens marked at a time by feature_index (bounds its 
 
 def parameter_applies(name: str, algorithm: str) -> bool:
     """Whether the parameter ``name`` means something for ``algorithm`` (every parameter that is
-    not specific to some algorithms does)."""
+    not specific to some algorithms does).
+
+    Parameters
+    ----------
+    name : str
+        A :class:`crf.CRF` parameter name (an unknown name counts as applying to every algorithm).
+    algorithm : str
+        One of ``"lbfgs"``, ``"l2sgd"``, ``"ap"``, ``"pa"``, ``"arow"``.
+
+    Returns
+    -------
+    bool
+        False when ``name`` is specific to other algorithms (``fit`` then refuses a value other
+        than its default).
+    """
     return algorithm in _SPECIFIC.get(name, (algorithm,))
 
 
