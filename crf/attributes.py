@@ -621,7 +621,13 @@ class AttributeIndex:
         return SequenceBatch(matrix, offsets_from_lengths(lengths))
 
     def names(self) -> np.ndarray:
-        """Attribute names in column order, shape (A,)."""
+        """Attribute names in column order.
+
+        Returns
+        -------
+        ndarray of shape (A,), object
+            ``names[j]`` is the name of column ``j`` of ``index_``.
+        """
         names = np.empty(len(self.index_), dtype=object)
         names[np.fromiter(self.index_.values(), dtype=np.int64, count=len(self.index_))] = list(self.index_)
         return names
