@@ -619,7 +619,20 @@ class FeatureExtractor:
     # --- names ---------------------------------------------------------------------------
 
     def attribute_names(self) -> np.ndarray:
-        """Names of all attributes, shape (A,), in column order of the batch."""
+        """Names of all attributes, in column order of the batch.
+
+        Returns
+        -------
+        ndarray of shape (A,), object
+            ``template=cell|cell`` for template attributes (``__BOS__``/``__EOS__`` for cells
+            outside the sentence with ``padding``), then the ``numeric`` column names, then
+            ``__BOS__`` and ``__EOS__`` with ``bos_eos``.
+
+        Raises
+        ------
+        RuntimeError
+            Before :meth:`fit`.
+        """
         self._check_fitted()
         if self._names is None:
             names: list[str] = []
@@ -668,12 +681,25 @@ class FeatureExtractor:
     # --- persistence ---------------------------------------------------------------------
 
     def input_columns(self) -> list[str]:
-        """The columns its features read, in its column order (the others it may ignore)."""
+        """The columns its features read, in its column order (the others it may ignore).
+
+        Returns
+        -------
+        list of str
+            A subset of ``columns``: those a used view or a ``numeric`` attribute reads.
+        """
         used = {self._specs[v].column for v in self._used_views()} | set(self.numeric)
         return [c for c in self.columns if c in used]
 
     def config(self) -> dict:
-        """The constructor arguments, JSON-ready."""
+        """The constructor arguments, JSON-ready.
+
+        Returns
+        -------
+        dict
+            ``columns``, ``templates``, ``views``, ``numeric``, ``bos_eos``, ``padding``,
+            ``min_count``: ``FeatureExtractor(**config())`` is an unfitted copy.
+        """
         return {
             "columns": list(self.columns),
             "templates": [t.name for t in self._templates],
@@ -685,7 +711,19 @@ class FeatureExtractor:
         }
 
     def state_arrays(self) -> dict[str, np.ndarray]:
-        """The fitted state as plain arrays (strings as unicode arrays; no objects)."""
+        """The fitted state as plain arrays (strings as unicode arrays; no objects).
+
+        Returns
+        -------
+        dict of str to ndarray
+            ``view/<name>`` vocabularies, ``template/<i>`` keys (int64, sorted), and the tables of
+            lexicon and cluster views; :meth:`from_state` reads them back.
+
+        Raises
+        ------
+        RuntimeError
+            Before :meth:`fit`.
+        """
         self._check_fitted()
         arrays: dict[str, np.ndarray] = {}
         for name, vocab in self.vocabulary_.items():
@@ -782,7 +820,14 @@ CRFSUITE_CHUNKING_TEMPLATES = (
 
 
 def crfsuite_chunking_extractor() -> FeatureExtractor:
-    """The CRFsuite CoNLL-2000 chunking attribute set over columns ``w pos chunk``."""
+    """The CRFsuite CoNLL-2000 chunking attribute set over columns ``w pos chunk``.
+
+    Returns
+    -------
+    FeatureExtractor
+        Unfitted: the templates of CRFsuite's chunking example (words and POS tags in a window
+        of 5 and their n-grams), ``bos_eos=True``, ``padding=False``.
+    """
     return FeatureExtractor(columns=["w", "pos", "chunk"], templates=CRFSUITE_CHUNKING_TEMPLATES, bos_eos=True, padding=False)
 
 
