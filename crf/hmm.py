@@ -144,6 +144,13 @@ class HMM:
         self.n_threads = n_threads
 
     def get_params(self) -> dict:
+        """The constructor parameters (as scikit-learn's ``get_params``).
+
+        Returns
+        -------
+        dict
+            Parameter name -> current value.
+        """
         return {name: getattr(self, name) for name in _PARAMS}
 
     def _check_params(self) -> None:
