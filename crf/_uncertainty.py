@@ -49,7 +49,14 @@ class Uncertainty:
     nbest_entropy: np.ndarray | None = None  # entropy of the N best paths' probabilities, renormalised
 
     def frame(self) -> pd.DataFrame:
-        """One row per sequence: the figures computed and ``tokens``."""
+        """One row per sequence: the figures computed and ``tokens``.
+
+        Returns
+        -------
+        pandas.DataFrame
+            N rows; columns ``best_probability``, ``margin``, ``total_token_entropy``,
+            ``nbest_entropy`` (those computed) and ``tokens`` (the sequence's length).
+        """
         columns = {
             name: getattr(self, name)
             for name in ("best_probability", "margin", "total_token_entropy", "nbest_entropy")
