@@ -181,13 +181,23 @@ class HMM:
 
         Parameters
         ----------
-        X : observation sequences (N lists of str: the observed column, e.g. words or POS tags).
-        y : label sequences, one label per observation.
+        X : sequence of N sequences of str
+            Observation sequences (the observed column, e.g. words or POS tags); every sequence
+            non-empty.
+        y : sequence of N sequences
+            Label sequences (strings or integers), one label per observation.
 
         Returns
         -------
         HMM
             self, with ``classes_`` (L,), ``vocabulary_`` (V,), the log tables and their counts.
+
+        Raises
+        ------
+        ValueError
+            A bad parameter; empty input; ``X`` and ``y`` of different lengths.
+        TypeError
+            Strings instead of lists of tokens; a label that is neither a string nor an integer.
         """
         self._check_params()
         words, lengths = self._flatten(X)
@@ -266,11 +276,12 @@ class HMM:
 
         Parameters
         ----------
-        words : n observations.
+        words : sequence of str
+            n observations.
 
         Returns
         -------
-        ndarray (n,) int
+        ndarray of shape (n,), int
             Index in ``vocabulary_``, -1 for an unknown word.
         """
         return pd.Index(self.vocabulary_).get_indexer(pd.Series(words, dtype=object))
@@ -280,12 +291,19 @@ class HMM:
 
         Parameters
         ----------
-        words : n observations (flat, all sequences).
+        words : sequence of str
+            n observations (flat, all sequences).
 
         Returns
         -------
-        ndarray (n, L)
-            Log emission probabilities (an unknown word's from the suffix model when there is one).
+        ndarray of shape (n, H), float64
+            Natural-log emission probabilities over the H hidden labels (L, or 2L with
+            ``capitalization``); an unknown word's from the suffix model when there is one.
+
+        Raises
+        ------
+        RuntimeError
+            Before :meth:`fit`.
         """
         self._check_fitted()
         ids = self.word_ids(words)
@@ -344,12 +362,24 @@ class HMM:
 
         Parameters
         ----------
-        X : N observation sequences, T observations in all.
+        X : sequence of N sequences of str
+            Observation sequences (the observed column, e.g. words), T observations in all; every
+            sequence non-empty.
 
         Returns
         -------
-        ndarray (T,) int
+        ndarray of shape (T,), int
             Index in ``classes_`` of each token's label, flat.
+
+        Raises
+        ------
+        RuntimeError
+            Before :meth:`fit`.
+        TypeError
+            ``X`` is a string or holds strings instead of token lists.
+        ValueError
+            ``X`` is empty or holds an empty sequence; a word of probability 0 under every label
+            (an unseen word under add-k with k = 0), naming sequence and token.
         """
 
         def decode(emissions, lengths, _scores, _tokens):
@@ -362,11 +392,24 @@ class HMM:
 
         Parameters
         ----------
-        X : N observation sequences.
+        X : sequence of N sequences of str
+            Observation sequences (the observed column, e.g. words), T observations in all; every
+            sequence non-empty.
 
         Returns
         -------
-        list of N lists of labels
+        list of N lists
+            The labels (from ``classes_``) of every sequence.
+
+        Raises
+        ------
+        RuntimeError
+            Before :meth:`fit`.
+        TypeError
+            ``X`` is a string or holds strings instead of token lists.
+        ValueError
+            ``X`` is empty or holds an empty sequence; a word of probability 0 under every label
+            (an unseen word under add-k with k = 0), naming sequence and token.
         """
         codes = self.predict_codes(X)
         classes = np.array(self.classes_, dtype=object)
@@ -391,13 +434,23 @@ class HMM:
 
         Parameters
         ----------
-        X : N observation sequences.
-        per_sequence : return one value per sequence instead of the total.
+        X : sequence of N sequences of str
+            Observation sequences (the observed column, e.g. words), T observations in all; every
+            sequence non-empty.
+        per_sequence : bool, default=False
+            Return one value per sequence instead of the total.
 
         Returns
         -------
-        float, or ndarray (N,) with ``per_sequence``
-            Natural-log probabilities.
+        float, or ndarray of shape (N,) with ``per_sequence``
+            Natural-log probabilities (-inf for a sequence of probability 0).
+
+        Raises
+        ------
+        RuntimeError
+            Before :meth:`fit`.
+        TypeError, ValueError
+            Strings instead of token lists; empty input or an empty sequence.
         """
         values = np.concatenate([p.log_z for p in self._posteriors(X, possible=False)])
         return values if per_sequence else float(values.sum())
@@ -407,12 +460,24 @@ class HMM:
 
         Parameters
         ----------
-        X : N observation sequences, T observations in all.
+        X : sequence of N sequences of str
+            Observation sequences (the observed column, e.g. words), T observations in all; every
+            sequence non-empty.
 
         Returns
         -------
-        ndarray (T, L)
+        ndarray of shape (T, L), float64
             Columns in ``classes_`` order; each row sums to 1.
+
+        Raises
+        ------
+        RuntimeError
+            Before :meth:`fit`.
+        TypeError
+            ``X`` is a string or holds strings instead of token lists.
+        ValueError
+            ``X`` is empty or holds an empty sequence; a word of probability 0 under every label
+            (an unseen word under add-k with k = 0), naming sequence and token.
         """
         L, H = len(self.classes_), self.n_hidden_
         node = [self._hidden_marginals(p.marginals) for p in self._posteriors(X)]
@@ -423,13 +488,27 @@ class HMM:
 
         Parameters
         ----------
-        X : N observation sequences.
-        y : their gold label sequences.
+        X : sequence of N sequences of str
+            Observation sequences (the observed column, e.g. words), T observations in all; every
+            sequence non-empty.
+        y : sequence of N sequences
+            Their gold label sequences.
 
         Returns
         -------
         float
             The fraction of tokens labelled right (0 to 1).
+
+        Raises
+        ------
+        RuntimeError
+            Before :meth:`fit`.
+        TypeError
+            ``X`` is a string or holds strings instead of token lists.
+        ValueError
+            ``X`` is empty or holds an empty sequence; a word of probability 0 under every label
+            (an unseen word under add-k with k = 0), naming sequence and token; ``y`` with another
+            number of labels in all than ``X`` has tokens.
         """
         predicted = self.predict_codes(X)
         gold = list(itertools.chain.from_iterable(y))
@@ -482,11 +561,16 @@ class HMM:
 
         Parameters
         ----------
-        X_unlabelled : observation sequences without labels.
-        iterations : the most EM iterations.
-        tolerance : stop when the objective improves by less than this, relative.
-        labelled_weight : weight of the supervised counts in each M-step.
-        callback : called with each iteration's :class:`EMIteration`.
+        X_unlabelled : sequence of sequences of str
+            Observation sequences without labels; every sequence non-empty.
+        iterations : int, default=20
+            The most EM iterations.
+        tolerance : float, default=1e-5
+            Stop when the objective improves by less than this, relative.
+        labelled_weight : float, default=1.0
+            Weight of the supervised counts in each M-step.
+        callback : callable, optional
+            Called with each iteration's :class:`EMIteration`.
 
         Returns
         -------
@@ -569,7 +653,13 @@ class HMM:
 
         Parameters
         ----------
-        path : the file to write (replaced whole, or left as it was on an error).
+        path : str or os.PathLike
+            The file to write (replaced whole, or left as it was on an error).
+
+        Raises
+        ------
+        RuntimeError
+            Before :meth:`fit`.
         """
         meta, arrays = self.to_arrays()
         save_arrays(path, _KIND, meta, arrays)
@@ -580,7 +670,8 @@ class HMM:
 
         Parameters
         ----------
-        path : a file :meth:`save` wrote.
+        path : str or os.PathLike
+            A file :meth:`save` wrote.
 
         Returns
         -------
