@@ -233,13 +233,19 @@ class CRF(SegmentQueries, UncertaintyQueries, FeatureTables, BaseEstimator):
 
         Parameters
         ----------
-        source : a CRFsuite model file (python-crfsuite's, sklearn-crfsuite's) or a read one
+        source : str, os.PathLike or CRFsuiteModel
+            A CRFsuite model file (python-crfsuite's, sklearn-crfsuite's) or a read one
             (:func:`crf.read_crfsuite`).
 
         Returns
         -------
         CRF
             Start and end weights 0, ``boundary_transitions=False``.
+
+        Raises
+        ------
+        crf.CRFsuiteFormatError
+            A missing or bad file, or a model without labels.
         """
         model = source if isinstance(source, crfsuite.CRFsuiteModel) else crfsuite.read_crfsuite(source)
         if not model.labels:  # a file CRFsuite writes when it had nothing to train on
@@ -308,14 +314,18 @@ class CRF(SegmentQueries, UncertaintyQueries, FeatureTables, BaseEstimator):
 
         Parameters
         ----------
-        X : list of sequences of token features (dicts, or lists of attribute strings), or a
+        X : list of sequences of token features, or SequenceBatch
+            Each token a dict ``{attribute: value}`` or a list of attribute strings; or a
             :class:`~crf.batch.SequenceBatch` (T tokens x A attributes).
-        y : list of label sequences, one label per token. A label of None is unknown
-            (``lbfgs`` and ``l2sgd``): training then maximises the probability of the known
-            labels with the unknown ones summed out; only known labels make features.
-        X_dev, y_dev : held-out data; the dev accuracy is reported every ``dev_every`` iterations
-            (to ``callback``, as ``IterationInfo.dev_accuracy``).
-        attribute_names : (A,) the names of a SequenceBatch's columns.
+        y : list of label sequences
+            One label (a string or an integer) per token. A label of None is unknown (``lbfgs``
+            and ``l2sgd``): training then maximises the probability of the known labels with the
+            unknown ones summed out; only known labels make features.
+        X_dev, y_dev : optional
+            Held-out data in the form of ``X`` and ``y``; the dev accuracy (percent) is reported
+            every ``dev_every`` iterations (to ``callback``, as ``IterationInfo.dev_accuracy``).
+        attribute_names : sequence of str of length A, optional
+            The names of a SequenceBatch's columns.
 
         Returns
         -------
@@ -324,6 +334,14 @@ class CRF(SegmentQueries, UncertaintyQueries, FeatureTables, BaseEstimator):
             attributes keep their columns, new ones are added after them with weights starting at
             zero (a SequenceBatch must keep the old columns); the labels are those of ``y``, old
             ones first, and an old label that ``y`` lacks is dropped, as in a cold fit.
+
+        Raises
+        ------
+        ValueError, TypeError
+            A bad parameter, input or warm-start source, naming it, before any training.
+        TrainingError
+            Training could not move from its starting point although that was not the minimum
+            (the message says why).
         """
         began = time.perf_counter()
         params = self.get_params()
