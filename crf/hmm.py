@@ -85,6 +85,10 @@ class EMIteration:
 class HMM:
     """Hidden Markov model tagger of order 1 or 2, decoded with the CRF's chain recursions.
 
+    ``order``, the smoothing choices, ``capitalization`` and ``k`` are checked by :meth:`fit`
+    (ValueError naming the bad one), not by the constructor. With ``capitalization`` the label
+    axis of the fitted tables (not ``classes_``) has the 2L hidden labels.
+
     Parameters
     ----------
     order : {1, 2}, default=2
@@ -110,15 +114,29 @@ class HMM:
     n_threads : int or None, default=None
         Threads for tagging and Baum-Welch (None or 0: the number of cores, at most 4).
 
-    ``order``, the smoothing choices, ``capitalization`` and ``k`` are checked by :meth:`fit`
-    (ValueError naming the bad one), not by the constructor.
-
-    Learned attributes: ``classes_`` (L,), ``vocabulary_`` (V,), ``log_transitions_``
-    ((L + 1,) * (order + 1), see :mod:`crf._hmm_smoothing`), ``log_emissions_`` (V + 1, L) with the
-    unknown-word row last, ``suffix_model_`` (or None), ``interpolation_weights_`` (or None),
-    ``unknown_given_label_`` (P(unknown word | label) of the suffix model, or None),
-    ``transition_counts_`` and ``emission_counts_`` (V, L), ``em_history_``. With
-    ``capitalization`` the label axis of these tables has the 2L hidden labels.
+    Attributes
+    ----------
+    classes_ : list of length L
+        The labels (strings or integers, as given), sorted.
+    vocabulary_ : list of str of length V
+        The known words.
+    log_transitions_ : ndarray of shape (L + 1,) * (order + 1), float64
+        Natural-log transition probabilities, index L standing for the sequence boundary (see
+        :mod:`crf._hmm_smoothing`).
+    log_emissions_ : ndarray of shape (V + 1, L), float64
+        Natural-log P(word | label), the unknown-word row last.
+    suffix_model_ : SuffixModel or None
+        The suffix model of unknown words (``emission_smoothing="suffix"``).
+    interpolation_weights_ : ndarray of shape (order + 1,) or None
+        The deleted-interpolation weights (``transition_smoothing="interpolation"``).
+    unknown_given_label_ : ndarray of shape (L,) or None
+        P(unknown word | label) of the suffix model.
+    transition_counts_ : ndarray of shape (L + 1,) * (order + 1), float64
+        The transition counts the estimates come from.
+    emission_counts_ : ndarray of shape (V, L), float64
+        Word/label counts.
+    em_history_ : list of EMIteration
+        The iterations of :meth:`baum_welch` (empty after :meth:`fit`).
     """
 
     def __init__(
