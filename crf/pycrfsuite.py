@@ -994,8 +994,25 @@ class Tagger:
     _marginals: np.ndarray | None = None  # (T, L), made by the first marginal() query
 
     def open(self, name: str | os.PathLike) -> contextlib.closing:
-        """Load the CRFsuite model file ``name``; OSError if it cannot be read, ValueError if it is
-        not a valid model."""
+        """Load the CRFsuite model file ``name`` (any model open before is closed first).
+
+        Parameters
+        ----------
+        name : str or os.PathLike
+            A CRFsuite first-order model file.
+
+        Returns
+        -------
+        contextlib.closing
+            A context manager that closes the tagger: ``with tagger.open(path): ...``.
+
+        Raises
+        ------
+        OSError
+            The file cannot be read.
+        ValueError
+            Not a valid CRFsuite model (a :class:`crf.CRFsuiteFormatError` for a damaged one).
+        """
         self.close()
         with open(name, "rb") as file:
             head = file.read(HEADER_SIZE + 1)
@@ -1011,8 +1028,25 @@ class Tagger:
         return contextlib.closing(self)
 
     def open_inmemory(self, value: bytes) -> contextlib.closing:
-        """Load a model from ``value``, the bytes of a CRFsuite model file; ValueError if they are
-        not a valid model."""
+        """Load a model from ``value``, the bytes of a CRFsuite model file.
+
+        Parameters
+        ----------
+        value : bytes or bytearray
+            The whole content of a CRFsuite first-order model file.
+
+        Returns
+        -------
+        contextlib.closing
+            A context manager that closes the tagger.
+
+        Raises
+        ------
+        TypeError
+            ``value`` is not bytes.
+        ValueError
+            Not a valid CRFsuite model.
+        """
         if not isinstance(value, (bytes, bytearray)):
             raise TypeError(f"open_inmemory needs the model's bytes, not {type(value).__name__}")
         self.close()
@@ -1058,8 +1092,23 @@ class Tagger:
         return list(self._opened().labels)
 
     def set(self, xseq) -> None:
-        """Make ``xseq`` (items, or an :class:`ItemSequence`) the current sequence of :meth:`tag`,
-        :meth:`probability` and :meth:`marginal`. Attributes the model does not know are ignored."""
+        """Make ``xseq`` the current sequence of :meth:`tag`, :meth:`probability` and :meth:`marginal`.
+
+        Attributes the model does not know are ignored.
+
+        Parameters
+        ----------
+        xseq : list of items, or ItemSequence
+            Each item a dict ``{attribute: value}`` or a list of attribute strings (python-crfsuite's
+            item rules, see :mod:`crf.attributes`).
+
+        Raises
+        ------
+        ValueError
+            No model is open.
+        TypeError, ValueError
+            An item python-crfsuite would refuse (naming it).
+        """
         L = len(self._opened().labels)
         # items of the common shapes are read in one pass (known attributes only), others checked first
         entries = None
@@ -1091,8 +1140,24 @@ class Tagger:
         self._emissions, self._marginals = emissions, None
 
     def tag(self, xseq=None) -> list[str]:
-        """The most likely labels of ``xseq`` (which becomes the current sequence), or of the
-        current sequence."""
+        """The most likely labels (Viterbi) of ``xseq`` (which becomes the current sequence), or of
+        the current sequence.
+
+        Parameters
+        ----------
+        xseq : list of items, or ItemSequence, optional
+            As :meth:`set`; None: the current sequence.
+
+        Returns
+        -------
+        list of str
+            One label per item (``[]`` for an empty sequence).
+
+        Raises
+        ------
+        ValueError
+            No model is open.
+        """
         if xseq is not None:
             self.set(xseq)
         model = self._opened()
@@ -1105,7 +1170,25 @@ class Tagger:
         return [model.labels[i] for i in path.tolist()]
 
     def probability(self, yseq) -> float:
-        """p(``yseq`` | the current sequence); 0 for an empty sequence."""
+        """p(``yseq`` | the current sequence); 0 for an empty sequence.
+
+        Parameters
+        ----------
+        yseq : sequence of str
+            One of the model's labels per item.
+
+        Returns
+        -------
+        float
+            The probability, 0 to 1.
+
+        Raises
+        ------
+        ValueError
+            No model is open, or ``yseq`` has another length than the sequence.
+        RuntimeError
+            A label the model does not know.
+        """
         self._opened()
         emissions = self._emissions
         if not len(emissions):
@@ -1119,7 +1202,29 @@ class Tagger:
         return float(np.exp(score - chain.log_partition(emissions, *weights, [len(codes)]))[0])
 
     def marginal(self, y: str, pos: int) -> float:
-        """p(label ``y`` at position ``pos`` | the current sequence); 0 for an empty sequence."""
+        """p(label ``y`` at position ``pos`` | the current sequence); 0 for an empty sequence.
+
+        Parameters
+        ----------
+        y : str
+            One of the model's labels.
+        pos : int
+            The item's position, 0-based.
+
+        Returns
+        -------
+        float
+            The marginal probability, 0 to 1.
+
+        Raises
+        ------
+        ValueError
+            No model is open, or ``pos`` out of range.
+        TypeError
+            ``pos`` is not an integer.
+        RuntimeError
+            A label the model does not know.
+        """
         self._opened()
         emissions = self._emissions
         if not len(emissions):
@@ -1191,7 +1296,18 @@ class Tagger:
         return "\n".join(lines) + "\n"
 
     def dump(self, filename: str | os.PathLike | None = None) -> None:
-        """Write the model as CRFsuite's text dump to ``filename`` (standard output if None)."""
+        """Write the model as CRFsuite's text dump to ``filename`` (standard output if None).
+
+        Parameters
+        ----------
+        filename : str, os.PathLike or None, default=None
+            The text file to write (UTF-8; replaced); None: standard output.
+
+        Raises
+        ------
+        RuntimeError
+            No model is open.
+        """
         self._closed_check()
         text = self._dump_text()
         if filename is None:
