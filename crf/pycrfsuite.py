@@ -786,9 +786,20 @@ class BaseTrainer:
     """Trains a CRF on appended instances and writes it as a CRFsuite model file
     (python-crfsuite's ``BaseTrainer``: ``message`` prints the raw log when ``verbose``).
 
-    ``algorithm``: ``"lbfgs"`` (the default), ``"l2sgd"``, ``"ap"`` (``"averaged-perceptron"``),
-    ``"pa"`` (``"passive-aggressive"``) or ``"arow"`` (see :meth:`select`); ``params``: CRFsuite
-    parameters (see :meth:`set_params`); ``verbose``: show the training log.
+    Parameters
+    ----------
+    algorithm : str, optional
+        ``"lbfgs"`` (the default), ``"l2sgd"``, ``"ap"`` (``"averaged-perceptron"``), ``"pa"``
+        (``"passive-aggressive"``) or ``"arow"`` (see :meth:`select`).
+    params : dict, optional
+        CRFsuite parameters ``{name: value}`` (see :meth:`set_params`).
+    verbose : bool, default=True
+        Show the training log.
+
+    Raises
+    ------
+    ValueError
+        An unknown algorithm, parameter name or a bad value.
     """
 
     verbose: bool | None = None
@@ -812,13 +823,37 @@ class BaseTrainer:
 
     def message(self, message: str) -> None:
         """Receives the training log, a line (or a progress mark) at a time; prints it when
-        ``verbose``. Override it to handle the log; an exception raised here stops training."""
+        ``verbose``. Override it to handle the log; an exception raised here stops training.
+
+        Parameters
+        ----------
+        message : str
+            Part of CRFsuite's training log text.
+        """
         if self.verbose:
             _show(message)
 
     def append(self, xseq, yseq, group: int = 0) -> None:
         """Add an instance: ``xseq`` (items, see :class:`ItemSequence`) labelled ``yseq`` (label
-        strings, one per item). ``group`` numbers it for :meth:`train`'s ``holdout``."""
+        strings, one per item). ``group`` numbers it for :meth:`train`'s ``holdout``.
+
+        Parameters
+        ----------
+        xseq : list of items, or ItemSequence
+            Each item a dict ``{attribute: value}`` or a list of attribute strings; not empty.
+        yseq : sequence of str
+            One label per item.
+        group : int, default=0
+            The instance's group number.
+
+        Raises
+        ------
+        TypeError
+            ``xseq`` not a list of items, a label that is not a string, or ``group`` not an integer.
+        ValueError
+            Different numbers of items and labels, an empty sequence, or a label or attribute name
+            CRFsuite cannot store (naming sequence and item).
+        """
         sequence = len(self._xseqs)
         items = _items(xseq, sequence)
         labels = _labels(yseq)
@@ -840,7 +875,20 @@ class BaseTrainer:
     def select(self, algorithm: str, type: str = "crf1d") -> None:
         """Choose the training algorithm (``lbfgs``, ``l2sgd``, ``ap``/``averaged-perceptron``,
         ``pa``/``passive-aggressive``, ``arow``; ``type`` must be ``crf1d``). The parameters go
-        back to the algorithm's defaults, as in CRFsuite."""
+        back to the algorithm's defaults, as in CRFsuite.
+
+        Parameters
+        ----------
+        algorithm : str
+            The algorithm's name (any case).
+        type : str, default="crf1d"
+            The graphical model; only ``"crf1d"``.
+
+        Raises
+        ------
+        ValueError
+            An unknown algorithm or type.
+        """
         name = algorithm.lower() if isinstance(algorithm, str) else algorithm
         name = _ALIASES.get(name, name)
         if name not in _DEFAULTS or type != "crf1d":
@@ -858,18 +906,58 @@ class BaseTrainer:
 
     def set(self, name: str, value) -> None:
         """Set parameter ``name`` (a CRFsuite name such as ``c2``, ``max_iterations`` or
-        ``feature.possible_transitions``) to ``value`` (a number, a bool or their text)."""
+        ``feature.possible_transitions``) to ``value`` (a number, a bool or their text).
+
+        Parameters
+        ----------
+        name : str
+            A parameter of the selected algorithm (see :meth:`params`).
+        value : int, float, bool or str
+            Its value; text is parsed as CRFsuite parses it.
+
+        Raises
+        ------
+        ValueError
+            An unknown name, or a value of the wrong kind or out of range.
+        """
         self._check_name(name)
         self._values[name] = _parse(name, value)
 
     def get(self, name: str):
-        """The value of parameter ``name`` (float, int, bool or str)."""
+        """The value of parameter ``name``.
+
+        Parameters
+        ----------
+        name : str
+            A parameter of the selected algorithm.
+
+        Returns
+        -------
+        float, int, bool or str
+            Its value (``calibration.samples`` as a float, as python-crfsuite gives it).
+
+        Raises
+        ------
+        ValueError
+            An unknown name.
+        """
         self._check_name(name)
         value = self._values[name]
         return float(value) if name == "calibration.samples" else value  # python-crfsuite's type for it
 
     def set_params(self, params: dict) -> None:
-        """Set several parameters ``{name: value}``; all are checked before any is set."""
+        """Set several parameters ``{name: value}``; all are checked before any is set.
+
+        Parameters
+        ----------
+        params : dict
+            ``{name: value}``, as :meth:`set` takes them.
+
+        Raises
+        ------
+        ValueError
+            An unknown name or a bad value; then none is set.
+        """
         parsed = {}
         for name, value in params.items():
             self._check_name(name)
@@ -881,7 +969,23 @@ class BaseTrainer:
         return {name: self.get(name) for name in self.params()}
 
     def help(self, name: str) -> str:
-        """What parameter ``name`` of the selected algorithm means."""
+        """What parameter ``name`` of the selected algorithm means.
+
+        Parameters
+        ----------
+        name : str
+            A parameter of the selected algorithm.
+
+        Returns
+        -------
+        str
+            Its description.
+
+        Raises
+        ------
+        ValueError
+            An unknown name.
+        """
         self._check_name(name)
         return _HELP.get((self._algorithm, name), _HELP[name])
 
@@ -892,7 +996,20 @@ class BaseTrainer:
     def train(self, model: str | os.PathLike, holdout: int = -1) -> None:
         """Train on the appended instances and write the model to the CRFsuite file ``model``
         (none when ``model`` is empty). The instances of group ``holdout`` (if >= 0) are not
-        trained on but tagged after every iteration, and the log reports their accuracy."""
+        trained on but tagged after every iteration, and the log reports their accuracy.
+
+        Parameters
+        ----------
+        model : str or os.PathLike
+            The model file to write (``""``: none).
+        holdout : int, default=-1
+            The group to hold out; -1: none.
+
+        Raises
+        ------
+        TypeError
+            ``holdout`` is not an integer.
+        """
         if isinstance(holdout, bool) or not isinstance(holdout, numbers.Integral):
             raise TypeError(f"holdout must be an integer group number (or -1), got {holdout!r}")
         path = os.fspath(model)
