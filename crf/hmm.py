@@ -74,7 +74,19 @@ _PARAMS = (
 class EMIteration:
     """One Baum-Welch iteration: the log-likelihood of the unlabelled sentences under the model
     the iteration started from, and the MAP objective it increases (likelihood of the unlabelled
-    sentences, weighted joint likelihood of the labelled ones, log Dirichlet prior)."""
+    sentences, weighted joint likelihood of the labelled ones, log Dirichlet prior).
+
+    Parameters
+    ----------
+    iteration : int
+        1-based iteration number.
+    log_likelihood : float
+        Natural-log likelihood of the unlabelled sentences.
+    objective : float
+        The MAP objective (natural log); it never decreases from one iteration to the next.
+    seconds : float
+        Wall-clock seconds since :meth:`HMM.baum_welch` began (cumulative, not per iteration).
+    """
 
     iteration: int
     log_likelihood: float
