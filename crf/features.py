@@ -245,7 +245,23 @@ def abbreviation_heads(words: np.ndarray, position: np.ndarray, length: np.ndarr
 
 @dataclass
 class ViewSpec:
-    """How to compute one view: ``fn`` applied to ``column`` (``n`` for affixes and lengths)."""
+    """How to compute one view: ``fn`` applied to ``column`` (``n`` for affixes and lengths).
+
+    Parameters
+    ----------
+    column : str
+        The input column the view reads.
+    fn : str, default="identity"
+        A token function (``TOKEN_FUNCTIONS``), a corpus function (``"lexicon"``,
+        ``"abbreviation"``, ``"abbreviation_suffix"``) or ``"cluster"``.
+    n : int, default=0
+        The function's number: affix or length for token functions, the path prefix length for
+        ``"cluster"`` (0: the whole path).
+    path : str, optional
+        The lexicon file (``"lexicon"``) or Brown paths file (``"cluster"``); they need one.
+    lowercase : bool, default=False
+        Match the lexicon, or look clusters up, on lower-cased tokens.
+    """
 
     column: str
     fn: str = "identity"
