@@ -141,7 +141,20 @@ def _chunks_flat(flat: np.ndarray, offsets: np.ndarray) -> pd.DataFrame:
 
 @dataclass
 class ChunkScores:
-    """Overall chunk precision/recall/F1 (percent, as conlleval prints them) and counts."""
+    """Overall chunk precision/recall/F1 (percent, as conlleval prints them) and counts.
+
+    Parameters
+    ----------
+    precision, recall, f1 : float
+        Overall chunk scores in percent (0 where undefined).
+    n_gold, n_predicted, n_correct : int
+        Chunk counts.
+    accuracy : float
+        Token accuracy in percent.
+    per_type : pandas.DataFrame
+        Indexed by chunk type: ``precision``, ``recall``, ``f1`` (percent), ``support`` (gold
+        chunks), ``predicted``, ``correct``.
+    """
 
     precision: float
     recall: float
