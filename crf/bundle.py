@@ -49,7 +49,23 @@ CHUNK_ELEMENTS = 4_000_000  # tokens x states per recursion call (about 8 bytes 
 
 
 def normalize_scheme(scheme: str | None) -> str:
-    """``scheme`` in lower case (``IOB2`` -> ``iob2``; None -> ``none``); ValueError if unknown."""
+    """``scheme`` in lower case (``IOB2`` -> ``iob2``; None -> ``none``).
+
+    Parameters
+    ----------
+    scheme : str or None
+        A tagging scheme name: ``iob1``, ``iob2``, ``iobes`` or ``none``, in any case.
+
+    Returns
+    -------
+    str
+        One of :data:`SCHEMES`.
+
+    Raises
+    ------
+    ValueError
+        An unknown scheme.
+    """
     value = "none" if scheme is None else str(scheme).lower()
     if value not in SCHEMES:
         raise ValueError(f"unknown tagging scheme {scheme!r}; one of {SCHEMES}")
@@ -59,7 +75,21 @@ def normalize_scheme(scheme: str | None) -> str:
 class TokenError(ValueError):
     """A token the model cannot read (see :func:`check_tokens`). ``index``: its flat position (0-based)
     among all tokens; ``sentence`` and ``token``: its position as the message counts them; ``column``,
-    ``value`` and ``problem`` (the reason, without the position)."""
+    ``value`` and ``problem`` (the reason, without the position).
+
+    Parameters
+    ----------
+    index : int
+        The token's flat position (0-based) among all tokens.
+    sentence, token : int
+        Its sentence and its position in it, as the message counts them.
+    column : str
+        The column holding the bad value.
+    value : object
+        The bad value.
+    problem : str
+        Why it is refused.
+    """
 
     def __init__(self, index: int, sentence: int, token: int, column: str, value: object, problem: str) -> None:
         self.index, self.sentence, self.token = index, sentence, token
@@ -68,7 +98,19 @@ class TokenError(ValueError):
 
 
 def shown_value(value: object, width: int = 60) -> str:
-    """A refused value for a message: ``null`` for a missing one (None, NaN), else its type and a short repr."""
+    """A refused value for a message: ``null`` for a missing one (None, NaN), else its type and a short repr.
+
+    Parameters
+    ----------
+    value : object
+        The value.
+    width : int, default=60
+        The most characters of its repr shown (longer ones end in ``...``).
+
+    Returns
+    -------
+    str
+    """
     if value is None or (isinstance(value, (float, np.floating)) and np.isnan(value)) or value is pd.NA:
         return "null (a missing value)"
     text = repr(value)
@@ -80,7 +122,18 @@ _SURROGATE = re.compile("[\ud800-\udfff]")  # half of a UTF-16 pair: no UTF-8 wr
 
 def token_problem(value: object) -> str | None:
     """Why ``value`` cannot be a token, or None: a token is a non-empty string without whitespace
-    (every training reader splits tokens on whitespace, so a model never saw one that holds it)."""
+    (every training reader splits tokens on whitespace, so a model never saw one that holds it).
+
+    Parameters
+    ----------
+    value : object
+        A would-be token.
+
+    Returns
+    -------
+    str or None
+        The reason it is refused (not a non-empty ``str``, whitespace, a lone surrogate), or None.
+    """
     if not isinstance(value, str) or value == "":
         return f"a token must be a non-empty string, got {shown_value(value)}"
     if value.split() != [value]:
@@ -95,7 +148,22 @@ def check_tokens(columns: Mapping[str, np.ndarray], offsets: np.ndarray, base: i
     :meth:`ModelBundle.tag_frame` and the MLflow Model use it): every value of ``columns``
     ({name: (T,) values}) is a non-empty ``str`` holding no whitespace. ``offsets`` (N + 1,)
     cut the T tokens into sentences. Raises :class:`TokenError` for the first bad token (in
-    column order), naming its sentence and token counted from ``base`` (0 or 1)."""
+    column order), naming its sentence and token counted from ``base`` (0 or 1).
+
+    Parameters
+    ----------
+    columns : mapping of str to array_like of shape (T,)
+        Every token column's values.
+    offsets : array_like of shape (N + 1,), int
+        Sentence offsets into the T tokens.
+    base : int, default=0
+        What the first sentence and token are counted as in the message.
+
+    Raises
+    ------
+    TokenError
+        The first bad token.
+    """
     offsets = np.asarray(offsets, dtype=np.int64)
     for name, values in columns.items():
         values = np.asarray(values, dtype=object)
@@ -182,18 +250,60 @@ _BUILT_IN = {"crf": "crf.model", "hmm": "crf.hmm"}
 
 
 def prefixed(arrays: Mapping[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
-    """The entries of ``arrays`` under ``prefix``, without it (a part's arrays in a bundle)."""
+    """The entries of ``arrays`` under ``prefix``, without it (a part's arrays in a bundle).
+
+    Parameters
+    ----------
+    arrays : mapping of str to ndarray
+        Named arrays.
+    prefix : str
+        Such as ``"model/"``.
+
+    Returns
+    -------
+    dict of str to ndarray
+        The entries whose name starts with ``prefix``, the prefix removed.
+    """
     return {k[len(prefix) :]: v for k, v in arrays.items() if k.startswith(prefix)}
 
 
 def register_kind(part: type) -> type:
-    """Make bundles of kind ``part.kind`` loadable (use as a class decorator)."""
+    """Make bundles of kind ``part.kind`` loadable (use as a class decorator).
+
+    Parameters
+    ----------
+    part : type
+        A :class:`BundledModel` class (a later registration of the same kind replaces it).
+
+    Returns
+    -------
+    type
+        ``part`` itself.
+    """
     _KINDS[part.kind] = part
     return part
 
 
 def kind_class(kind: str, path="bundle") -> type:
-    """The registered part class of ``kind``; ModelFileError naming ``path`` for an unknown one."""
+    """The registered part class of ``kind`` (the library's own kinds are imported on first use).
+
+    Parameters
+    ----------
+    kind : str
+        The kind a bundle file names (``"crf"``, ``"hmm"`` or one registered by a plugin).
+    path : str or os.PathLike, default="bundle"
+        Names the file in the error message.
+
+    Returns
+    -------
+    type
+        The :class:`BundledModel` class.
+
+    Raises
+    ------
+    crf.ModelFileError
+        An unknown kind, naming ``path``.
+    """
     if kind not in _KINDS and kind in _BUILT_IN:
         importlib.import_module(_BUILT_IN[kind])
     if kind not in _KINDS:
