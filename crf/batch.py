@@ -86,14 +86,38 @@ class SequenceBatch:
 
 
 def token_rows(offsets: np.ndarray, indices: np.ndarray) -> np.ndarray:
-    """Token row numbers of the sequences ``indices``, concatenated in that order."""
+    """Token row numbers of the sequences ``indices``, concatenated in that order.
+
+    Parameters
+    ----------
+    offsets : ndarray of shape (N + 1,), int
+        Sequence offsets.
+    indices : ndarray of shape (K,), int
+        Sequence numbers, each 0 to N - 1.
+
+    Returns
+    -------
+    ndarray, int
+        The rows of the K sequences, one after another.
+    """
     starts = offsets[indices]
     lengths = offsets[indices + 1] - starts
     return np.repeat(starts, lengths) + positions_within(lengths)
 
 
 def offsets_from_lengths(lengths) -> np.ndarray:
-    """Offsets (N + 1,) for sequences of the given lengths."""
+    """Offsets (N + 1,) for sequences of the given lengths.
+
+    Parameters
+    ----------
+    lengths : array_like of shape (N,), int
+        Tokens per sequence.
+
+    Returns
+    -------
+    ndarray of shape (N + 1,), int64
+        ``[0, cumsum(lengths)...]``.
+    """
     return np.concatenate([[0], np.cumsum(np.asarray(lengths, dtype=np.int64))])
 
 
@@ -101,7 +125,20 @@ def check_labels(flat: np.ndarray, unknown: bool = False) -> None:
     """Raise TypeError, naming the first offender and its position in ``flat`` (T,), unless every
     label is a string or an integer (or, with ``unknown``, None: a label not known). Booleans are
     refused: ``True == 1`` and ``False == 0``, so they would silently merge with the integer
-    labels 1 and 0."""
+    labels 1 and 0.
+
+    Parameters
+    ----------
+    flat : ndarray of shape (T,), object
+        Every token's label.
+    unknown : bool, default=False
+        Allow None.
+
+    Raises
+    ------
+    TypeError
+        The first label that is not a string or an integer.
+    """
     if pd.api.types.infer_dtype(flat, skipna=False) not in ("string", "integer"):
         for position, label in enumerate(flat):  # the slow path only for mixed or unusual labels
             if label is None and unknown:
@@ -118,7 +155,25 @@ def label_classes(flat: np.ndarray, unknown: bool = False) -> list:
     """The distinct labels of ``flat`` (T,) in order of first appearance, checked by
     :func:`check_labels` (with ``unknown``, None marks a label that is not known and is no
     class). They keep their type (NumPy scalars become Python ones), so a model saved and loaded
-    predicts the same values it was trained on."""
+    predicts the same values it was trained on.
+
+    Parameters
+    ----------
+    flat : ndarray of shape (T,), object
+        Every token's label.
+    unknown : bool, default=False
+        Allow None (not a class).
+
+    Returns
+    -------
+    list
+        The L classes (str or int).
+
+    Raises
+    ------
+    TypeError
+        As :func:`check_labels` and :func:`check_label_names`.
+    """
     check_labels(flat, unknown)
     classes = [c.item() if isinstance(c, np.generic) else c for c in pd.unique(flat) if c is not None]
     check_label_names(classes)
@@ -128,7 +183,20 @@ def label_classes(flat: np.ndarray, unknown: bool = False) -> list:
 def check_label_names(classes, where: str = "") -> None:
     """Raise TypeError if two of the distinct labels ``classes`` print alike (``'1'`` and ``1``):
     a model file names its classes, so they would load as one class twice. ``where`` starts the
-    message (which labels were compared)."""
+    message (which labels were compared).
+
+    Parameters
+    ----------
+    classes : iterable
+        Distinct labels.
+    where : str, default=""
+        The start of the message.
+
+    Raises
+    ------
+    TypeError
+        Two labels with the same ``str``.
+    """
     named: dict[str, object] = {}
     for c in classes:
         first = named.setdefault(str(c), c)
