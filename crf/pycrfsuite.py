@@ -106,7 +106,13 @@ ParsedDump = ModelInfo  # what Tagger.info() returns: header, labels, attributes
 
 class CRFSuiteError(Exception):
     """python-crfsuite's error for a failed ``train``. This trainer raises the error itself
-    (ValueError, OSError, ...) instead; the class exists so that ``except`` clauses keep working."""
+    (ValueError, OSError, ...) instead; the class exists so that ``except`` clauses keep working.
+
+    Parameters
+    ----------
+    code : int, default=0
+        CRFsuite's error code (in the message ``CRFsuite error <code>``).
+    """
 
     def __init__(self, code: int = 0) -> None:
         self.code = code
@@ -222,6 +228,16 @@ class ItemSequence:
     attribute's value; ``True`` is 1 and ``False`` 0), ``name: str`` or ``bytes`` (the attribute
     ``name:value`` with value 1), or a dict, list or set under ``name`` (its attributes, read
     with the same rules, prefixed with ``name:``).
+
+    Parameters
+    ----------
+    pyseq : list of items
+        The sequence's items, as above.
+
+    Raises
+    ------
+    TypeError, ValueError
+        An item python-crfsuite would refuse (naming it).
     """
 
     __slots__ = ("_items",)
@@ -434,9 +450,19 @@ class TrainLogParser:
         self.events: list[tuple[str, int, int]] = []
 
     def feed(self, line: str) -> str | None:
-        """Read one message; returns the event it completes (``start``, ``featgen_progress``,
-        ``featgen_end``, ``prepared``, ``prepare_error``, ``iteration``, ``optimization_end``,
-        ``end``) or None."""
+        """Read one message of the training log.
+
+        Parameters
+        ----------
+        line : str
+            The message (a line, or a progress mark).
+
+        Returns
+        -------
+        str or None
+            The event it completes (``start``, ``featgen_progress``, ``featgen_end``, ``prepared``,
+            ``prepare_error``, ``iteration``, ``optimization_end``, ``end``), or None.
+        """
         self.log.append(line)
         if self.state is None:
             self.state = "FEATGEN" if line.startswith("Feature generation") else "STARTING"
@@ -965,7 +991,13 @@ class BaseTrainer:
         self._values.update(parsed)
 
     def get_params(self) -> dict:
-        """``{name: value}`` for every parameter of the selected algorithm."""
+        """``{name: value}`` for every parameter of the selected algorithm.
+
+        Returns
+        -------
+        dict
+            As :meth:`get` gives each value.
+        """
         return {name: self.get(name) for name in self.params()}
 
     def help(self, name: str) -> str:
@@ -1052,27 +1084,87 @@ class Trainer(BaseTrainer):
             getattr(self, "on_" + event)(text)
 
     def on_start(self, log: str) -> None:
+        """Training starts (the log's first message). Prints ``log``; override to report it otherwise.
+
+        Parameters
+        ----------
+        log : str
+            The log text of the event.
+        """
         _show(log)
 
     def on_featgen_progress(self, log: str, percent: int) -> None:
+        """Feature generation progresses. Prints ``log``; override to report it otherwise.
+
+        Parameters
+        ----------
+        log : str
+            The log text of the event.
+        percent : int
+            Its progress, 0 to 100.
+        """
         _show(log)
 
     def on_featgen_end(self, log: str) -> None:
+        """Feature generation ends. Prints ``log``; override to report it otherwise.
+
+        Parameters
+        ----------
+        log : str
+            The log text of the event.
+        """
         _show(log)
 
     def on_prepared(self, log: str) -> None:
+        """Training is prepared (before the first iteration). Prints ``log``; override to report it otherwise.
+
+        Parameters
+        ----------
+        log : str
+            The log text of the event.
+        """
         _show(log)
 
     def on_prepare_error(self, log: str) -> None:
+        """Preparing the data failed (python-crfsuite's event). Prints ``log``; override to report it otherwise.
+
+        Parameters
+        ----------
+        log : str
+            The log text of the event.
+        """
         _show(log)
 
     def on_iteration(self, log: str, info: dict) -> None:
+        """An iteration ended. Prints ``log``; override to report it otherwise.
+
+        Parameters
+        ----------
+        log : str
+            The log text of the event.
+        info : dict
+            Its figures, as :attr:`TrainLogParser.last_iteration` (``num``, ``loss``, ...).
+        """
         _show(log)
 
     def on_optimization_end(self, log: str) -> None:
+        """The optimiser stopped. Prints ``log``; override to report it otherwise.
+
+        Parameters
+        ----------
+        log : str
+            The log text of the event.
+        """
         _show(log)
 
     def on_end(self, log: str) -> None:
+        """Training ended (the log's last part). Prints ``log``; override to report it otherwise.
+
+        Parameters
+        ----------
+        log : str
+            The log text of the event.
+        """
         _show(log)
 
 
