@@ -811,7 +811,15 @@ class HMM:
 
 @register_kind
 class BundledHMM:
-    """An HMM and the column it observes as the part of a :class:`crf.ModelBundle`."""
+    """An HMM and the column it observes as the part of a :class:`crf.ModelBundle`.
+
+    Parameters
+    ----------
+    model : HMM
+        A fitted HMM.
+    observation : str
+        The token column it observes (e.g. the words).
+    """
 
     kind = "hmm"
 
@@ -823,6 +831,21 @@ class BundledHMM:
         self.columns = [self.observation]
 
     def scores(self, columns, lengths):
+        """The chain's inputs for sentences given as flat token columns (:class:`crf.bundle.BundledModel`).
+
+        Parameters
+        ----------
+        columns : mapping of str to ndarray of shape (T,)
+            The token columns (at least ``columns``).
+        lengths : ndarray of shape (N,), int
+            Tokens per sentence.
+
+        Returns
+        -------
+        tuple
+            (emissions (T, S), transitions (an (L, L) matrix or a transition operator), start
+            (S,), end (S,)).
+        """
         transitions, start, end = self.model._chain_scores()
         emissions = self.model.emissions(list(columns[self.observation]))
         if self.model.order == 2:
@@ -835,6 +858,26 @@ class BundledHMM:
 
     @classmethod
     def from_parts(cls, meta, arrays, path):
+        """The part saved by :meth:`parts` (:class:`crf.bundle.BundledModel`).
+
+        Parameters
+        ----------
+        meta : dict
+            The bundle's metadata.
+        arrays : dict of str to ndarray
+            The bundle's arrays.
+        path : str or os.PathLike
+            Names the file in error messages.
+
+        Returns
+        -------
+        BundledHMM
+
+        Raises
+        ------
+        crf.ModelFileError
+            What does not fit, naming ``path``.
+        """
         model = HMM.from_arrays(meta["model"], prefixed(arrays, "model/"), path)
         if not isinstance(meta["observation"], str):
             raise ModelFileError(f"{path}: the observed column {meta['observation']!r} is not a column name")
