@@ -982,7 +982,20 @@ _DEFAULTS = {name: p.default for name, p in inspect.signature(CRF.__init__).para
 @register_kind
 class BundledCRF:
     """A CRF and its fitted feature extractor as the part of a :class:`crf.ModelBundle`: the
-    emissions come from the extractor's attributes of the raw token columns."""
+    emissions come from the extractor's attributes of the raw token columns.
+
+    Parameters
+    ----------
+    extractor : FeatureExtractor
+        The fitted extractor the CRF was trained on.
+    model : CRF
+        The fitted CRF.
+
+    Raises
+    ------
+    ValueError
+        The extractor and the CRF have different numbers of attributes.
+    """
 
     kind = "crf"
 
@@ -997,6 +1010,21 @@ class BundledCRF:
         self.columns = extractor.input_columns()
 
     def scores(self, columns, lengths):
+        """The chain's inputs for sentences given as flat token columns (:class:`crf.bundle.BundledModel`).
+
+        Parameters
+        ----------
+        columns : mapping of str to ndarray of shape (T,)
+            The token columns (at least ``columns``).
+        lengths : ndarray of shape (N,), int
+            Tokens per sentence.
+
+        Returns
+        -------
+        tuple
+            (emissions (T, S), transitions (an (L, L) matrix or a transition operator), start
+            (S,), end (S,)).
+        """
         blank = np.full(int(lengths.sum()), "", dtype=object)
         rows = list(zip(*(columns.get(c, blank) for c in self.extractor.columns)))
         bounds = np.concatenate([[0], np.cumsum(lengths)])
@@ -1013,6 +1041,26 @@ class BundledCRF:
 
     @classmethod
     def from_parts(cls, meta, arrays, path):
+        """The part saved by :meth:`parts` (:class:`crf.bundle.BundledModel`).
+
+        Parameters
+        ----------
+        meta : dict
+            The bundle's metadata.
+        arrays : dict of str to ndarray
+            The bundle's arrays.
+        path : str or os.PathLike
+            Names the file in error messages.
+
+        Returns
+        -------
+        BundledCRF
+
+        Raises
+        ------
+        crf.ModelFileError
+            What does not fit, naming ``path``.
+        """
         extractor = FeatureExtractor.from_state(meta["features"], prefixed(arrays, "features/"), path)
         model = model_file.from_arrays(CRF, meta["model"], prefixed(arrays, "model/"), path)
         if extractor.n_attributes != model.n_attributes_:
