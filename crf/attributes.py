@@ -313,7 +313,18 @@ def _entries(sequences: list, lengths: np.ndarray, first: int = 0) -> _Entries:
 def pair_table(columns: Mapping[str, int]) -> dict[str, dict[str, int]]:
     """The names of ``columns`` (name -> column) split at each of their colons: ``table[k][v]`` is
     the column of the name ``k:v``, so a dict item ``k: v`` (a ``str`` value) is looked up without
-    building the string ``k:v`` (a name with two colons is listed under both splits)."""
+    building the string ``k:v`` (a name with two colons is listed under both splits).
+
+    Parameters
+    ----------
+    columns : mapping of str to int
+        Attribute name -> column.
+
+    Returns
+    -------
+    dict of str to dict of str to int
+        ``table[k][v]``: the column of ``k:v``.
+    """
     table: dict[str, dict[str, int]] = {}
     for name, column in columns.items():
         colon = name.find(":")
@@ -339,6 +350,20 @@ def sequence_entries(
     with the known entries of nonzero weight, in input order (a repeated name is repeated), or
     None for anything else (another shape, bytes, a non-finite or too large weight; an empty
     sequence): the general path reads those and says what is wrong.
+
+    Parameters
+    ----------
+    sequence : iterable of tokens
+        One sequence.
+    column_of : callable
+        ``column_of(name) -> int or None``.
+    pairs : mapping of str to mapping of str to int
+        The vocabulary's :func:`pair_table`.
+
+    Returns
+    -------
+    tuple of (ndarray of shape (T,), ndarray of shape (E,), ndarray of shape (E,)) or None
+        (token ends, int64; columns, int64; weights, float64), or None as above.
     """
     ends: list[int] = []
     columns: list[int] = []
