@@ -191,7 +191,21 @@ class Tagged:
     or a decode-only call) and ``scores`` (N,) the model's log score of each decoded path:
     -inf when the sentence has no path of nonzero probability under the allowed labels (an HMM
     whose emission of a word under a fixed label is 0, contradictory masks), and then its
-    ``codes`` are meaningless (they need not even respect the masks)."""
+    ``codes`` are meaningless (they need not even respect the masks).
+
+    Parameters
+    ----------
+    codes : ndarray of shape (T,), int64
+        Label indices (``labels`` order).
+    marginals : ndarray of shape (T,), float64
+        The probability of each predicted label (NaN when not computed).
+    offsets : ndarray of shape (N + 1,), int
+        Sentence offsets.
+    segments : pandas.DataFrame or None
+        Columns sequence, start, end (exclusive), type, confidence.
+    scores : ndarray of shape (N,), float64, optional
+        Log score of each decoded path.
+    """
 
     codes: np.ndarray
     marginals: np.ndarray
@@ -228,19 +242,63 @@ class BundledModel(Protocol):
     (emissions (T, S), transition scores (L, L) or an operator of :mod:`crf._transitions`, start
     (S,), end (S,)); ``parts()`` the JSON metadata and arrays it is saved as (keys of its own),
     and ``from_parts(meta, arrays, path)`` the part again, refusing with
-    :class:`crf.ModelFileError` naming ``path`` what does not fit."""
+    :class:`crf.ModelFileError` naming ``path`` what does not fit.
+
+    Parameters
+    ----------
+    *args, **kwargs
+        A Protocol: each kind's class has its own constructor (see :class:`crf.model.BundledCRF`,
+        :class:`crf.hmm.BundledHMM`).
+    """
 
     kind: ClassVar[str]
     labels: list[str]
     n_states: int
     columns: list[str]
 
-    def scores(self, columns: Mapping[str, np.ndarray], lengths: np.ndarray) -> tuple: ...
+    def scores(self, columns: Mapping[str, np.ndarray], lengths: np.ndarray) -> tuple:
+        """The chain's inputs for sentences given as flat token columns.
+
+        Parameters
+        ----------
+        columns : mapping of str to ndarray of shape (T,)
+            The token columns (at least ``columns``).
+        lengths : ndarray of shape (N,), int
+            Tokens per sentence.
+
+        Returns
+        -------
+        tuple
+            (emissions (T, S), transitions (an (L, L) matrix or a transition operator of
+            :mod:`crf._transitions`), start (S,), end (S,)).
+        """
+        ...
 
     def parts(self) -> tuple[dict, dict[str, np.ndarray]]: ...
 
     @classmethod
-    def from_parts(cls, meta: dict, arrays: dict[str, np.ndarray], path) -> BundledModel: ...
+    def from_parts(cls, meta: dict, arrays: dict[str, np.ndarray], path) -> BundledModel:
+        """The part again, from what :meth:`parts` gave.
+
+        Parameters
+        ----------
+        meta : dict
+            The bundle's metadata.
+        arrays : dict of str to ndarray
+            The bundle's arrays.
+        path : str or os.PathLike
+            Names the file in error messages.
+
+        Returns
+        -------
+        BundledModel
+
+        Raises
+        ------
+        crf.ModelFileError
+            What does not fit, naming ``path``.
+        """
+        ...
 
 
 # the model kinds a bundle can hold: registered by the modules that define them
