@@ -379,7 +379,17 @@ class CRFsuiteFormatError(ModelFileError):
 
 
 class StateFeatures(NamedTuple):
-    """State features as parallel (K,) arrays: attribute index, label index, weight."""
+    """State features as parallel (K,) arrays: attribute index, label index, weight.
+
+    Parameters
+    ----------
+    attribute : ndarray of shape (K,), int
+        Attribute indices.
+    label : ndarray of shape (K,), int
+        Label indices.
+    weight : ndarray of shape (K,), float64
+        Weights.
+    """
 
     attribute: np.ndarray
     label: np.ndarray
