@@ -1062,7 +1062,13 @@ def _show(text: str) -> None:
 class Trainer(BaseTrainer):
     """:class:`BaseTrainer` that parses its log (``logparser``, a :class:`TrainLogParser` made by
     every :meth:`train`) and calls ``on_*`` methods per event when ``verbose``; they print the
-    event's part of the log. Override them to report training differently."""
+    event's part of the log. Override them to report training differently.
+
+    Parameters
+    ----------
+    algorithm, params, verbose
+        As :class:`BaseTrainer`.
+    """
 
     logparser: TrainLogParser | None = None
 
