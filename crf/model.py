@@ -963,7 +963,8 @@ class CRF(SegmentQueries, UncertaintyQueries, FeatureTables, BaseEstimator):
         -------
         CRF
             The fitted model, with the parameters it was saved with (except ``model_filename``,
-            ``callback``, ``trainer_cls`` and ``keep_tempfiles``, which a file may not set).
+            ``callback``, ``trainer_cls`` and ``keep_tempfiles``, which a file may not set: they
+            keep their defaults).
 
         Raises
         ------
