@@ -188,24 +188,9 @@ def abbreviation_heads(words: np.ndarray, position: np.ndarray, length: np.ndarr
     after a word of at least 3 letters, the long form's head (lower-cased: "atrial fibrillation (
     AF )" gives ``fibrillation``). Every token equal to a short form defined at most ``window``
     tokens before it (the nearest such definition; the definition's own short form included) gets
-    that head; the others get None. Corpora of abstracts in document order put an abstract's
-    definitions before its later uses of the abbreviation.
-
-    Parameters
-    ----------
-    words : ndarray of shape (T,), object
-        The corpus' tokens in order.
-    position : ndarray of shape (T,), int
-        Each token's index in its sentence.
-    length : ndarray of shape (T,), int
-        Its sentence's length.
-    window : int, default=400
-        The most tokens a use may follow its definition by.
-
-    Returns
-    -------
-    ndarray of shape (T,), object
-        The lower-cased head word for each use of a defined short form, None elsewhere.
+    that head; the others get None. ``words`` (T,) the corpus' tokens in order, ``position`` (T,)
+    each token's index in its sentence, ``length`` (T,) its sentence's length. Corpora of abstracts
+    in document order put an abstract's definitions before its later uses of the abbreviation.
     """
     words = np.asarray(words, dtype=object)
     n = words.size
