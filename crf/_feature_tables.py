@@ -52,7 +52,28 @@ class FeatureTables:
 
     def top_features(self, n: int = 20) -> tuple[pd.DataFrame, pd.DataFrame]:
         """The ``n`` most positive and most negative state features, and all transitions sorted
-        by weight: (state frame [attribute, label, weight], transition frame [from, to, weight])."""
+        by weight: (state frame [attribute, label, weight], transition frame [from, to, weight]).
+
+        Parameters
+        ----------
+        n : int, default=20
+            How many of each end of the state weights.
+
+        Returns
+        -------
+        state : pandas.DataFrame
+            2n rows (``attribute``, ``label``, ``weight``): the n largest state weights in
+            decreasing order, then the n smallest in increasing order, over the whole (A, L) table
+            (zeros included; with fewer than 2n weights a row can appear in both halves). An
+            attribute without a name reads ``#<column>``.
+        transitions : pandas.DataFrame
+            L * L rows (``from``, ``to``, ``weight``), by decreasing weight.
+
+        Raises
+        ------
+        NotFittedCRFError
+            Before ``fit``.
+        """
         self._check_fitted()
         L = len(self.classes_)
         flat = self.state_weights_.ravel()

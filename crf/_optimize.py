@@ -28,7 +28,32 @@ from .batch import token_rows
 @dataclass
 class IterationInfo:
     """One optimiser iteration (an epoch for SGD). ``theta`` is the optimiser's own buffer, valid
-    during the callback only (later iterations write over it): copy it to keep it."""
+    during the callback only (later iterations write over it): copy it to keep it.
+
+    What ``crf.CRF``'s ``callback`` receives. With dev data, every ``dev_every``-th one also
+    carries ``dev_accuracy`` (percent) and ``dev_predictions`` (the dev label sequences).
+
+    Parameters
+    ----------
+    iteration : int
+        1-based number of the iteration (or epoch).
+    loss : float
+        The training objective after it: for lbfgs and l2sgd the negative log-likelihood plus
+        ``c1 |w|_1 + c2 ||w||^2``; for ap, pa and arow the epoch's summed per-sequence loss
+        (ap: each sequence's fraction of wrong labels; pa, arow: the cost of each update).
+    gradient_norm : float
+        Norm of the gradient (of the pseudo-gradient with L1); NaN for SGD and the online algorithms.
+    active_features : int
+        Nonzero weights.
+    elapsed : float
+        Seconds since training began (wall clock).
+    theta : ndarray of shape (n_weights,), float64, optional
+        The flat weights (see above); None once the callback has seen them, for the online algorithms.
+    feature_norm : float, default=nan
+        Euclidean norm of the weights.
+    evaluations : int, default=0
+        Objective evaluations so far, the first one included (L-BFGS; 0 elsewhere).
+    """
 
     iteration: int
     loss: float

@@ -52,7 +52,15 @@ def single_threaded_blas() -> Iterator[None]:
     thread at a time set a process-wide limit (a block entered by another thread meanwhile does
     nothing), and it gives that right up when the outermost block of that thread ends. The
     controller is cached: finding the loaded libraries anew for every block would cost as much as
-    tagging a few hundred tokens."""
+    tagging a few hundred tokens.
+
+    Use it as ``with crf.single_threaded_blas(): ...``.
+
+    Yields
+    ------
+    None
+        The previous BLAS thread limit is restored when the block ends.
+    """
     with get_cached_controller().limit(limits=1, user_api="blas"):
         yield
 

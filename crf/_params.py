@@ -22,67 +22,116 @@ ALGORITHMS = ("lbfgs", "l2sgd", "ap", "pa", "arow")
 LINESEARCHES = ("MoreThuente", "Backtracking", "StrongBacktracking")
 
 DOC = """
-    Parameters (CRFsuite's meanings; the algorithms each one applies to in brackets)
+    The parameters have CRFsuite's names and meanings; the algorithms a parameter applies to are
+    in brackets (a parameter of other algorithms must keep its default: ``fit`` refuses it).
+
+    Parameters
     ----------
-    algorithm : ``"lbfgs"`` (L-BFGS; with ``c1 > 0`` L1/elastic net by OWL-QN, as CRFsuite),
-        ``"l2sgd"`` (SGD with L2 and CRFsuite's learning-rate calibration), ``"ap"`` (averaged
-        perceptron), ``"pa"`` (passive-aggressive), ``"arow"`` (adaptive regularisation of weights).
-    min_freq : state and transition features seen no more than ``min_freq`` times (summed
-        attribute values) in training are left out.
-    all_possible_states : every attribute with every label (True) or only the pairs seen in
-        training (False, CRFsuite's default).
-    all_possible_transitions : every label pair (True) or only the pairs seen in training (False).
-    c1, c2 : L1 [lbfgs] and L2 [lbfgs, l2sgd] coefficients: loss = NLL + c1 |w|_1 + c2 ||w||^2.
-    max_iterations : iterations (epochs for the online algorithms); None: the algorithm's default.
-    num_memories : L-BFGS history [lbfgs].
-    epsilon : [lbfgs] stop when ||g|| / max(1, ||w||) < epsilon; [ap, pa, arow] stop when the
-        epoch's loss divided by the number of sequences is below epsilon.
-    period, delta : [lbfgs, l2sgd] stop when the loss improved by less than ``delta`` (relative)
-        over the last ``period`` iterations.
-    linesearch : [lbfgs] with ``c1 == 0`` only ``"MoreThuente"`` is available (the backtracking
-        variants raise ValueError); with ``c1 > 0`` OWL-QN always backtracks, whatever is given,
-        as CRFsuite does.
-    max_linesearch : [lbfgs] maximum line-search trials per iteration.
-    calibration_eta, calibration_rate, calibration_samples, calibration_candidates,
-    calibration_max_trials : [l2sgd] the search for the initial learning rate (ignored when
-        ``learning_rate`` is given).
-    pa_type : [pa] 0 (no slack), 1 (PA-I) or 2 (PA-II).
-    c : [pa] aggressiveness of PA-I and PA-II.
-    error_sensitive : [pa] add the square root of the number of wrong labels to the cost.
-    averaging : [pa] return the average of the weights over all updates.
-    variance, gamma : [arow] initial variance of every weight; trade-off between loss and change.
-    verbose : log every iteration at INFO level (logger ``crf.model``).
-    model_filename : a CRFsuite model file (sklearn-crfsuite's meaning): an unfitted estimator
-        whose file exists is that file's model (read on first use); after ``fit`` the model is
-        written there in CRFsuite's format.
-    keep_tempfiles : accepted for compatibility; this implementation writes no temporary files.
-    trainer_cls : python-crfsuite trainer class; not applicable here (anything but None raises).
-    boundary_transitions : learn start and end weights (L,) per label (True); False gives exactly
-        CRFsuite's first-order model, which has none. None (default): True, except with
-        ``model_filename`` (a CRFsuite file cannot hold them).
-    learning_rate : [l2sgd] fixed initial learning rate eta0 instead of the calibrated one.
-    batch_size : [l2sgd] sequences per update (1: CRFsuite's per-sequence SGD).
-    random_state : seed of the shuffling (l2sgd, ap, pa, arow).
-    dev_every : with ``X_dev``, evaluate every ``dev_every`` iterations.
-    n_threads : threads for the sparse products and tagging (None: all cores).
-    callback : called with every :class:`crf.IterationInfo` (one per iteration or epoch).
-    warm_start : [lbfgs, l2sgd] start the next ``fit`` from this model's weights (scikit-learn's
-        meaning); attributes and labels the new data brings start at zero, and an old label the
-        new data lacks is dropped (the refit has a cold fit's labels and features).
-    order : [lbfgs, l2sgd for 2] 1 (transitions over label pairs) or 2 (also over label trigrams:
-        the chain runs over label pairs, exact, O(L^3) per token; see :mod:`crf._order`). An
-        order-2 model cannot be written as a CRFsuite file (``model_filename``).
-    pruning_threshold : [order 2] None: exact second order. A number p in (0, 1): first train a
-        first-order model with the same settings (kept as ``pruner_``); at each token keep the
-        labels whose first-order marginal is at least p, at most ``crf.model.MAX_CANDIDATES`` of
-        them (the most probable; always the most probable one; in training the gold label too);
-        train and tag the second-order model over those candidates only (MarMoT's pruning), at
-        O(K^3) per token for K candidates. The likelihood is then over the pruned lattice (an
-        approximation: ``pruned_mass_`` reports the first-order marginal mass pruned away in
-        training), and every query (marginals, probabilities, k-best) is over the candidates.
-        Exact second order over more than 20 labels is slow (O(L^3) per token: about 19x first
-        order's time per iteration at 49 labels): ``fit`` then warns with the expected time per
-        iteration and suggests ``pruning_threshold=0.01``.
+    algorithm : {"lbfgs", "l2sgd", "ap", "pa", "arow"}, default="lbfgs"
+        ``"lbfgs"`` (L-BFGS; with ``c1 > 0`` L1/elastic net by OWL-QN, as CRFsuite), ``"l2sgd"``
+        (SGD with L2 and CRFsuite's learning-rate calibration), ``"ap"`` (averaged perceptron),
+        ``"pa"`` (passive-aggressive), ``"arow"`` (adaptive regularisation of weights).
+    min_freq : float, default=0.0
+        State and transition features whose frequency in training (summed attribute values) is
+        below ``min_freq`` are left out (a transition needs at least one occurrence; state
+        features are all kept with ``all_possible_states``).
+    all_possible_states : bool, default=False
+        Every attribute with every label (True) or only the pairs seen in training (False,
+        CRFsuite's default).
+    all_possible_transitions : bool, default=False
+        Every label pair (True) or only the pairs seen in training (False).
+    c1 : float, default=0.0
+        [lbfgs] L1 coefficient: loss = NLL + c1 |w|_1 + c2 ||w||^2.
+    c2 : float, default=1.0
+        [lbfgs, l2sgd] L2 coefficient (l2sgd needs c2 > 0).
+    max_iterations : int or None, default=None
+        Iterations (epochs for the online algorithms); None: the algorithm's default (lbfgs: no
+        limit, l2sgd: 1000, ap/pa/arow: 100).
+    num_memories : int, default=6
+        [lbfgs] L-BFGS history.
+    epsilon : float or None, default=None
+        [lbfgs] stop when ||g|| / max(1, ||w||) < epsilon (default 1e-5); [ap, pa, arow] stop
+        when the epoch's loss divided by the number of sequences is below epsilon (default 0).
+    period : int, default=10
+        [lbfgs, l2sgd] with ``delta``: the number of iterations the improvement is measured over.
+    delta : float or None, default=None
+        [lbfgs, l2sgd] stop when the loss improved by less than ``delta`` (relative) over the
+        last ``period`` iterations (default: lbfgs 1e-5, l2sgd 1e-6).
+    linesearch : {"MoreThuente", "Backtracking", "StrongBacktracking"}, default="MoreThuente"
+        [lbfgs] with ``c1 == 0`` only ``"MoreThuente"`` is available (the backtracking variants
+        raise ValueError); with ``c1 > 0`` OWL-QN always backtracks, whatever is given, as
+        CRFsuite does.
+    max_linesearch : int, default=20
+        [lbfgs] maximum line-search trials per iteration.
+    calibration_eta : float, default=0.1
+        [l2sgd] initial learning rate of the calibration search (ignored when ``learning_rate``
+        is given, as are the other calibration parameters).
+    calibration_rate : float, default=2.0
+        [l2sgd] factor (> 1) by which the calibration changes the learning rate.
+    calibration_samples : int, default=1000
+        [l2sgd] the most sequences (a random sample) the calibration tries a rate on.
+    calibration_candidates : int, default=10
+        [l2sgd] the number of loss-improving rates the calibration looks for in each direction.
+    calibration_max_trials : int, default=20
+        [l2sgd] the most trials of the calibration.
+    pa_type : {0, 1, 2}, default=1
+        [pa] 0 (no slack), 1 (PA-I) or 2 (PA-II).
+    c : float, default=1.0
+        [pa] aggressiveness of PA-I and PA-II.
+    error_sensitive : bool, default=True
+        [pa] add the square root of the number of wrong labels to the cost.
+    averaging : bool, default=True
+        [pa] return the average of the weights over all updates.
+    variance : float, default=1.0
+        [arow] initial variance of every weight.
+    gamma : float, default=1.0
+        [arow] trade-off between loss and change.
+    verbose : bool, default=False
+        Log every iteration at INFO level (logger ``crf.model``).
+    model_filename : str, os.PathLike or None, default=None
+        A CRFsuite model file (sklearn-crfsuite's meaning): an unfitted estimator whose file
+        exists is that file's model (read on first use); after ``fit`` the model is written there
+        in CRFsuite's format.
+    keep_tempfiles : bool, default=False
+        Accepted for compatibility; this implementation writes no temporary files.
+    trainer_cls : None
+        python-crfsuite trainer class; not applicable here (anything but None raises).
+    boundary_transitions : bool or None, default=None
+        Learn start and end weights (L,) per label (True); False gives exactly CRFsuite's
+        first-order model, which has none. None: True, except with ``model_filename`` (a
+        CRFsuite file cannot hold them).
+    learning_rate : float or None, default=None
+        [l2sgd] fixed initial learning rate eta0 instead of the calibrated one.
+    batch_size : int, default=1
+        [l2sgd] sequences per update (1: CRFsuite's per-sequence SGD).
+    random_state : int or None, default=0
+        Seed of the shuffling (l2sgd, ap, pa, arow).
+    dev_every : int, default=10
+        With ``X_dev``, evaluate every ``dev_every`` iterations (0: never).
+    n_threads : int or None, default=None
+        Threads for the sparse products and tagging (None or 0: the number of cores, at most 4).
+    callback : callable or None, default=None
+        Called with every :class:`crf.IterationInfo` (one per iteration or epoch).
+    warm_start : bool, default=False
+        [lbfgs, l2sgd] start the next ``fit`` from this model's weights (scikit-learn's meaning);
+        attributes and labels the new data brings start at zero, and an old label the new data
+        lacks is dropped (the refit has a cold fit's labels and features).
+    order : {1, 2}, default=1
+        [lbfgs, l2sgd for 2] 1 (transitions over label pairs) or 2 (also over label trigrams: the
+        chain runs over label pairs, exact, O(L^3) per token; see :mod:`crf._order`). An order-2
+        model cannot be written as a CRFsuite file (``model_filename``).
+    pruning_threshold : float or None, default=None
+        [order 2] None: exact second order. A number p in (0, 1): first train a first-order
+        model with the same settings (kept as ``pruner_``); at each token keep the labels whose
+        first-order marginal is at least p, at most ``crf.model.MAX_CANDIDATES`` of them (the
+        most probable; always the most probable one; in training the gold label too); train and
+        tag the second-order model over those candidates only (MarMoT's pruning), at O(K^3) per
+        token for K candidates. The likelihood is then over the pruned lattice (an approximation:
+        ``pruned_mass_`` reports the first-order marginal mass pruned away in training), and
+        every query (marginals, probabilities, k-best) is over the candidates. Exact second order
+        over more than 20 labels is slow (O(L^3) per token: about 19x first order's time per
+        iteration at 49 labels): ``fit`` then warns with the expected time per iteration and
+        suggests ``pruning_threshold=0.01``.
 """
 
 # parameters that only mean something for some algorithms (their defaults are the constructor's:
@@ -116,7 +165,21 @@ _BLOCK_TOKENS = 1 << 16  # tokens marked at a time by feature_index (bounds its 
 
 def parameter_applies(name: str, algorithm: str) -> bool:
     """Whether the parameter ``name`` means something for ``algorithm`` (every parameter that is
-    not specific to some algorithms does)."""
+    not specific to some algorithms does).
+
+    Parameters
+    ----------
+    name : str
+        A :class:`crf.CRF` parameter name (an unknown name counts as applying to every algorithm).
+    algorithm : str
+        One of ``"lbfgs"``, ``"l2sgd"``, ``"ap"``, ``"pa"``, ``"arow"``.
+
+    Returns
+    -------
+    bool
+        False when ``name`` is specific to other algorithms (``fit`` then refuses a value other
+        than its default).
+    """
     return algorithm in _SPECIFIC.get(name, (algorithm,))
 
 

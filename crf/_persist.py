@@ -167,7 +167,27 @@ def check_thread_count(path: str | os.PathLike, value) -> None:
 
 
 def save_arrays(path: str | os.PathLike, kind: str, meta: Mapping, arrays: Mapping[str, np.ndarray]) -> None:
-    """Write ``arrays`` and ``meta`` (JSON-ready) to ``path`` atomically."""
+    """Write ``arrays`` and ``meta`` (JSON-ready) to ``path`` atomically.
+
+    The file is an ``.npz`` archive: the arrays, and a JSON header holding ``kind``, the format
+    version, ``meta`` and a SHA-256 checksum of every array and of the header itself. No pickle.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The file to write (replaced only once the new one is complete; see :func:`crf.io.atomic_write`).
+    kind : str
+        What the file holds (e.g. ``"crf.CRF"``); :func:`load_arrays` refuses another kind.
+    meta : mapping
+        JSON-serialisable settings.
+    arrays : mapping of str to array_like
+        Named arrays of booleans, numbers or strings.
+
+    Raises
+    ------
+    TypeError
+        An array of Python objects, or ``meta`` that JSON cannot encode; nothing is written.
+    """
     path = Path(path)
     arrays = {name: np.asarray(a) for name, a in arrays.items()}
     for name, a in arrays.items():
@@ -283,7 +303,29 @@ def _read_header(path: Path, archive: zipfile.ZipFile, info: zipfile.ZipInfo) ->
 
 def load_arrays(path: str | os.PathLike, kind: str) -> tuple[dict, dict[str, np.ndarray]]:
     """Read a file written by :func:`save_arrays`; check sizes (before reading anything), kind and
-    checksums. Returns (meta, arrays); raises :class:`ModelFileError` naming the file."""
+    checksums.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        A file written by :func:`save_arrays`.
+    kind : str
+        The kind the file must hold.
+
+    Returns
+    -------
+    meta : dict
+        The settings saved with the arrays.
+    arrays : dict of str to ndarray
+        The arrays, every one matching its checksum.
+
+    Raises
+    ------
+    ModelFileError
+        Naming the file: missing, a folder, not such an archive, of another kind or format
+        version, truncated, with an array that is not booleans, numbers or strings, or that
+        fails its checksum.
+    """
     path = Path(path)
     if path.is_dir():
         raise ModelFileError(f"{path}: is a directory, not a model file")

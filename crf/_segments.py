@@ -110,7 +110,27 @@ class SegmentQueries:
 
         Query k covers tokens ``start[k] : start[k] + len(allowed[k])`` of sequence
         ``sequence[k]``; ``allowed[k]`` is a (width, L) boolean mask over ``classes_``.
-        Returns (K,) probabilities.
+
+        Parameters
+        ----------
+        X : list of sequences of token features, or SequenceBatch
+            As for :meth:`crf.CRF.predict` (N sequences, T tokens in all).
+        sequence : sequence of int, length K
+            The sequence of each query (0-based, in ``X``).
+        start : sequence of int, length K
+            The first token of each window, within its sequence (0-based).
+        allowed : sequence of K ndarrays of shape (width_k, L), bool
+            The labels each token of the window may take, columns in ``classes_`` order.
+
+        Returns
+        -------
+        ndarray of shape (K,), float64
+            The probability of each query (0 for an empty query list).
+
+        Raises
+        ------
+        NotFittedCRFError, ValueError
+            As :meth:`crf.CRF.emissions`.
         """
         emissions, scores, batch = self.chain_inputs(X)
         posterior = chain.forward_backward(emissions, *scores, batch.lengths, keep_messages=True, counts=False)
@@ -144,6 +164,22 @@ class SegmentQueries:
         that the chunk's tokens carry exactly their predicted labels, that the token before does
         not extend the chunk and that the token after does not continue it (constrained
         forward-backward over that window, Culotta & McCallum 2004).
+
+        Parameters
+        ----------
+        X : list of sequences of token features, or SequenceBatch
+            As for :meth:`crf.CRF.predict` (N sequences, T tokens in all).
+
+        Returns
+        -------
+        pandas.DataFrame
+            One row per chunk: ``sequence`` (index in ``X``), ``start``, ``end`` (exclusive;
+            token positions within the sequence), ``type`` (str) and ``confidence`` (0 to 1).
+
+        Raises
+        ------
+        NotFittedCRFError, ValueError
+            As :meth:`crf.CRF.emissions`.
         """
         emissions, scores, batch = self.chain_inputs(X)
         states, _ = chain.viterbi(emissions, *scores, batch.lengths)
@@ -153,12 +189,29 @@ class SegmentQueries:
         return self.segments_of(labels, emissions, batch, posterior)
 
     def segments_of(self, labels: np.ndarray, emissions: np.ndarray, batch, posterior=None) -> pd.DataFrame:
-        """The chunks of the labelling ``labels`` (T,) (label indices, e.g. ``predict_codes``')
-        with their confidence, as :meth:`predict_segments` gives them; ``emissions`` (T, L) and
-        ``batch`` as :meth:`posterior` returns them (the chain's per-state emissions), and its
-        ``posterior`` (with messages) when the caller has it, so that forward-backward is not run
-        twice. A first-order chain (states are labels) takes the closed form of
-        :meth:`ChunkWindows.log_probability`, any other constrained forward-backward."""
+        """The chunks of the labelling ``labels`` with their confidence, as :meth:`predict_segments`
+        gives them.
+
+        A first-order chain (states are labels) takes the closed form of
+        :meth:`ChunkWindows.log_probability`, any other constrained forward-backward.
+
+        Parameters
+        ----------
+        labels : ndarray of shape (T,), int
+            Label indices in ``classes_`` (e.g. ``predict_codes``', concatenated).
+        emissions : ndarray of shape (T, S), float64
+            The chain's per-state emissions, as :meth:`posterior` returns them.
+        batch : SequenceBatch
+            The batch, as :meth:`posterior` returns it.
+        posterior : crf._chain.Posterior, optional
+            :meth:`posterior`'s, with ``keep_messages=True``, when the caller has it, so that
+            forward-backward is not run twice; None: run here.
+
+        Returns
+        -------
+        pandas.DataFrame
+            As :meth:`predict_segments`.
+        """
         windows = ChunkWindows.of(labels, batch.offsets, self.classes_)
         found = windows.chunks.reset_index(drop=True)
         if found.empty:

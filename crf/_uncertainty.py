@@ -23,7 +23,23 @@ FIGURES = ("best_probability", "margin", "token_entropy", "nbest_entropy")
 @dataclass
 class Uncertainty:
     """Per-sequence figures (N,) and per-token marginal entropies (T,) of a batch; a figure that
-    was not asked for is None."""
+    was not asked for is None. Entropies are in nats.
+
+    Parameters
+    ----------
+    offsets : ndarray of shape (N + 1,), int
+        Token offsets of the N sequences.
+    best_probability : ndarray of shape (N,), float64, optional
+        p(best path | x).
+    margin : ndarray of shape (N,), float64, optional
+        p(best) - p(second best); p(best) when there is one path only.
+    token_entropy : ndarray of shape (T,), float64, optional
+        Entropy of each token's marginal distribution.
+    total_token_entropy : ndarray of shape (N,), float64, optional
+        The sum of ``token_entropy`` over each sequence's tokens.
+    nbest_entropy : ndarray of shape (N,), float64, optional
+        Entropy of the N best paths' probabilities, renormalised among themselves.
+    """
 
     offsets: np.ndarray  # (N + 1,) token offsets of the sequences
     best_probability: np.ndarray | None = None  # p(best path | x)
@@ -33,7 +49,14 @@ class Uncertainty:
     nbest_entropy: np.ndarray | None = None  # entropy of the N best paths' probabilities, renormalised
 
     def frame(self) -> pd.DataFrame:
-        """One row per sequence: the figures computed and ``tokens``."""
+        """One row per sequence: the figures computed and ``tokens``.
+
+        Returns
+        -------
+        pandas.DataFrame
+            N rows; columns ``best_probability``, ``margin``, ``total_token_entropy``,
+            ``nbest_entropy`` (those computed) and ``tokens`` (the sequence's length).
+        """
         columns = {
             name: getattr(self, name)
             for name in ("best_probability", "margin", "total_token_entropy", "nbest_entropy")
@@ -70,7 +93,29 @@ class UncertaintyQueries:
         the token marginals by forward-backward; the best path and, from max-marginals, the
         second best by max-product forward-backward (the second best path leaves the best one at
         some token, so its score is the highest max-marginal of a label off the best path); the
-        N best paths by k-best Viterbi (the costliest: about ``n_best`` times Viterbi's work)."""
+        N best paths by k-best Viterbi (the costliest: about ``n_best`` times Viterbi's work).
+
+        Parameters
+        ----------
+        X : list of sequences of token features, or SequenceBatch
+            As for :meth:`crf.CRF.predict` (N sequences, T tokens in all), no empty sequence.
+        n_best : int, default=5
+            The number of best paths ``nbest_entropy`` renormalises over (at least 1).
+        figures : iterable of str, default=FIGURES
+            Any of ``"best_probability"``, ``"margin"``, ``"token_entropy"``, ``"nbest_entropy"``.
+
+        Returns
+        -------
+        Uncertainty
+            The figures asked for (the others None); entropies in nats.
+
+        Raises
+        ------
+        NotFittedCRFError
+            Before ``fit``.
+        ValueError
+            An empty sequence, an unknown figure or ``n_best < 1``; or as :meth:`crf.CRF.emissions`.
+        """
         unknown = set(figures) - set(FIGURES)
         if unknown:
             raise ValueError(f"unknown uncertainty figures {sorted(unknown)}; one of {', '.join(FIGURES)}")
@@ -102,24 +147,114 @@ class UncertaintyQueries:
         return out
 
     def best_path_probability(self, X) -> np.ndarray:
-        """p(best path | x) of every sequence (N,): 1 minus it is least confidence."""
+        """p(best path | x) of every sequence: 1 minus it is least confidence.
+
+        Parameters
+        ----------
+        X : list of sequences of token features, or SequenceBatch
+            As for :meth:`crf.CRF.predict` (N sequences, T tokens in all), no empty sequence.
+
+        Returns
+        -------
+        ndarray of shape (N,), float64
+            Probabilities, 0 to 1.
+
+        Raises
+        ------
+        NotFittedCRFError
+            Before ``fit``.
+        ValueError
+            An empty sequence; or as :meth:`crf.CRF.emissions`.
+        """
         return self.uncertainty(X, figures=("best_probability",)).best_probability
 
     def best_path_margin(self, X) -> np.ndarray:
-        """p(best path | x) - p(second best path | x) of every sequence (N,)."""
+        """p(best path | x) - p(second best path | x) of every sequence.
+
+        Parameters
+        ----------
+        X : list of sequences of token features, or SequenceBatch
+            As for :meth:`crf.CRF.predict` (N sequences, T tokens in all), no empty sequence.
+
+        Returns
+        -------
+        ndarray of shape (N,), float64
+            0 to 1; p(best path | x) when the sequence has one path only.
+
+        Raises
+        ------
+        NotFittedCRFError
+            Before ``fit``.
+        ValueError
+            An empty sequence; or as :meth:`crf.CRF.emissions`.
+        """
         return self.uncertainty(X, figures=("margin",)).margin
 
     def token_entropies(self, X) -> list[np.ndarray]:
-        """The entropy of each token's marginal distribution, per sequence (a list of (n_i,))."""
+        """The entropy of each token's marginal distribution, per sequence.
+
+        Parameters
+        ----------
+        X : list of sequences of token features, or SequenceBatch
+            As for :meth:`crf.CRF.predict` (N sequences, T tokens in all), no empty sequence.
+
+        Returns
+        -------
+        list of N ndarrays
+            Per sequence, shape (n_i,) for its n_i tokens, in nats.
+
+        Raises
+        ------
+        NotFittedCRFError
+            Before ``fit``.
+        ValueError
+            An empty sequence; or as :meth:`crf.CRF.emissions`.
+        """
         figures = self.uncertainty(X, figures=("token_entropy",))
         return [figures.token_entropy[a:b] for a, b in zip(figures.offsets[:-1], figures.offsets[1:])]
 
     def sequence_entropy(self, X) -> np.ndarray:
-        """H(y | x) of every sequence (N,), over all its label sequences (exact, in nats)."""
+        """H(y | x) of every sequence, over all its label sequences (exact).
+
+        Parameters
+        ----------
+        X : list of sequences of token features, or SequenceBatch
+            As for :meth:`crf.CRF.predict` (N sequences, T tokens in all), no empty sequence.
+
+        Returns
+        -------
+        ndarray of shape (N,), float64
+            Entropies in nats.
+
+        Raises
+        ------
+        NotFittedCRFError, ValueError
+            As :meth:`crf.CRF.emissions`.
+        """
         emissions, scores, batch = self.chain_inputs(X)
         return chain.entropy(emissions, *scores, batch.lengths)
 
     def nbest_entropy(self, X, n_best: int = 5) -> np.ndarray:
         """Entropy of the ``n_best`` best paths of every sequence (N,), their probabilities
-        renormalised among themselves (Settles and Craven's N-best sequence entropy)."""
+        renormalised among themselves (Settles and Craven's N-best sequence entropy).
+
+        Parameters
+        ----------
+        X : list of sequences of token features, or SequenceBatch
+            As for :meth:`crf.CRF.predict` (N sequences, T tokens in all), no empty sequence.
+        n_best : int, default=5
+            The number of best paths (at least 1); a sequence with fewer paths uses all of them.
+
+        Returns
+        -------
+        ndarray of shape (N,), float64
+            Entropies in nats (0 for a sequence with one path).
+
+        Raises
+        ------
+        NotFittedCRFError
+            Before ``fit``.
+        ValueError
+            An empty sequence or ``n_best < 1``; or as :meth:`crf.CRF.emissions`.
+        """
         return self.uncertainty(X, n_best=n_best, figures=("nbest_entropy",)).nbest_entropy

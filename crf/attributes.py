@@ -323,7 +323,18 @@ def _entries(sequences: list, lengths: np.ndarray, first: int = 0) -> _Entries:
 def pair_table(columns: Mapping[str, int]) -> dict[str, dict[str, int]]:
     """The names of ``columns`` (name -> column) split at each of their colons: ``table[k][v]`` is
     the column of the name ``k:v``, so a dict item ``k: v`` (a ``str`` value) is looked up without
-    building the string ``k:v`` (a name with two colons is listed under both splits)."""
+    building the string ``k:v`` (a name with two colons is listed under both splits).
+
+    Parameters
+    ----------
+    columns : mapping of str to int
+        Attribute name -> column.
+
+    Returns
+    -------
+    dict of str to dict of str to int
+        ``table[k][v]``: the column of ``k:v``.
+    """
     table: dict[str, dict[str, int]] = {}
     for name, column in columns.items():
         colon = name.find(":")
@@ -349,6 +360,20 @@ def sequence_entries(
     with the known entries of nonzero weight, in input order (a repeated name is repeated), or
     None for anything else (another shape, bytes, a non-finite or too large weight; an empty
     sequence): the general path reads those and says what is wrong.
+
+    Parameters
+    ----------
+    sequence : iterable of tokens
+        One sequence.
+    column_of : callable
+        ``column_of(name) -> int or None``.
+    pairs : mapping of str to mapping of str to int
+        The vocabulary's :func:`pair_table`.
+
+    Returns
+    -------
+    tuple of (ndarray of shape (T,), ndarray of shape (E,), ndarray of shape (E,)) or None
+        (token ends, int64; columns, int64; weights, float64), or None as above.
     """
     ends: list[int] = []
     columns: list[int] = []
@@ -467,7 +492,18 @@ class AttributeIndex:
 
     def pairs_for(self, index: dict[str, int]) -> dict[str, dict[str, int]]:
         """The :func:`pair_table` of ``index`` (built on first use, and again if ``index_`` was
-        replaced or changed size)."""
+        replaced or changed size).
+
+        Parameters
+        ----------
+        index : dict of str to int
+            The vocabulary (attribute name -> column), normally ``index_``.
+
+        Returns
+        -------
+        dict of str to dict of str to int
+            ``table[k][v]``: the column of the name ``k:v``, for every colon of every name.
+        """
         cached = self.__dict__.get("_pairs")
         if cached is not None and cached[0] is index and cached[1] == len(index):
             return cached[2]
@@ -483,17 +519,89 @@ class AttributeIndex:
         weighing 0 (``False``). CRFsuite's ``feature.minfreq`` applies the same sum to each
         (attribute, label) feature, so with non-negative weights pruning attributes first never
         drops a feature it keeps.
+
+        Parameters
+        ----------
+        sequences : iterable of sequences of tokens
+            Each token a dict or a list of attribute strings (the module docstring's rules); every
+            sequence has at least one token.
+        min_freq : float, default=0
+            The least summed weight an attribute needs to be kept.
+
+        Returns
+        -------
+        AttributeIndex
+            self, with ``index_`` set (replaced only once the whole input has been read).
+
+        Raises
+        ------
+        TypeError
+            Input that is not a list of sequences of tokens, a token that is neither a dict nor a
+            list of strings, an attribute name that is not ``str`` or ``bytes``, or a value of
+            another type; the message names sequence and token.
+        ValueError
+            An empty sequence, a NaN or infinite weight, a number too large for a float, or bytes
+            that are not UTF-8, naming where;
+            no sequences at all.
         """
         self.fit_transform(sequences, min_freq)
         return self
 
     def transform(self, sequences: Iterable[Sequence]) -> SequenceBatch:
-        """The attribute matrix (T, A) of ``sequences``; attributes not in the vocabulary are ignored."""
+        """The attribute matrix (T, A) of ``sequences``; attributes not in the vocabulary are ignored.
+
+        Parameters
+        ----------
+        sequences : iterable of sequences of tokens
+            Each token a dict or a list of attribute strings (the module docstring's rules); every
+            sequence has at least one token.
+
+        Returns
+        -------
+        SequenceBatch
+            ``X`` (T, A) float64 CSR in ``index_``'s columns (a repeated attribute's weights added,
+            zero weights not stored) and the offsets (N + 1,).
+
+        Raises
+        ------
+        TypeError
+            Input that is not a list of sequences of tokens, a token that is neither a dict nor a
+            list of strings, an attribute name that is not ``str`` or ``bytes``, or a value of
+            another type; the message names sequence and token.
+        ValueError
+            An empty sequence, a NaN or infinite weight, a number too large for a float, or bytes
+            that are not UTF-8, naming where.
+        """
         index = self._index  # read once: the table must be this dict's
         return self._encode(sequences, index, self._table_for(index), grow=False)
 
     def fit_transform(self, sequences: Iterable[Sequence], min_freq: float = 0) -> SequenceBatch:
-        """:meth:`fit` and :meth:`transform` in one pass over ``sequences``."""
+        """:meth:`fit` and :meth:`transform` in one pass over ``sequences``.
+
+        Parameters
+        ----------
+        sequences : iterable of sequences of tokens
+            Each token a dict or a list of attribute strings (the module docstring's rules); every
+            sequence has at least one token.
+        min_freq : float, default=0
+            As :meth:`fit`: columns of attributes below it are dropped from the matrix too.
+
+        Returns
+        -------
+        SequenceBatch
+            As :meth:`transform` gives under the new vocabulary.
+
+        Raises
+        ------
+        TypeError
+            Input that is not a list of sequences of tokens, a token that is neither a dict nor a
+            list of strings, an attribute name that is not ``str`` or ``bytes``, or a value of
+            another type; the message names sequence and token.
+        ValueError
+            An empty sequence, a NaN or infinite weight, a number too large for a float, or bytes
+            that are not UTF-8, naming where;
+            no sequences at all.
+        """
         index: dict[str, int] = {}
         table = PyObjectHashTable()
         batch = self._encode(sequences, index, table, grow=True)
@@ -548,7 +656,13 @@ class AttributeIndex:
         return SequenceBatch(matrix, offsets_from_lengths(lengths))
 
     def names(self) -> np.ndarray:
-        """Attribute names in column order, shape (A,)."""
+        """Attribute names in column order.
+
+        Returns
+        -------
+        ndarray of shape (A,), object
+            ``names[j]`` is the name of column ``j`` of ``index_``.
+        """
         names = np.empty(len(self.index_), dtype=object)
         names[np.fromiter(self.index_.values(), dtype=np.int64, count=len(self.index_))] = list(self.index_)
         return names

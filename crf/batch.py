@@ -19,6 +19,18 @@ class SequenceBatch:
     ``X`` is a CSR matrix of shape (T, A): row t holds the attribute values of token t (1.0 for
     binary attributes). ``offsets`` has shape (N + 1,): sequence i owns rows
     ``offsets[i]:offsets[i + 1]``. Every sequence has at least one token.
+
+    Parameters
+    ----------
+    X : sparse matrix or array_like of shape (T, A)
+        The attribute values; stored as a float64 CSR matrix.
+    offsets : array_like of shape (N + 1,), int
+        Starts at 0, strictly increasing, ends at T; stored as int64. ``[0]`` is an empty batch.
+
+    Raises
+    ------
+    ValueError
+        ``offsets`` not 1-D, not starting at 0 or not ending at T, or a sequence without tokens.
     """
 
     X: sp.csr_matrix
@@ -55,7 +67,18 @@ class SequenceBatch:
         return self.n_sequences
 
     def subset(self, indices: np.ndarray) -> SequenceBatch:
-        """The sequences at ``indices`` (in that order) as a new batch."""
+        """The sequences at ``indices`` (in that order) as a new batch.
+
+        Parameters
+        ----------
+        indices : array_like of shape (K,), int
+            Sequence numbers, each 0 to N - 1 (negative ones are not supported); repeats allowed.
+
+        Returns
+        -------
+        SequenceBatch
+            K sequences; the rows are copied.
+        """
         indices = np.asarray(indices, dtype=np.int64)
         lengths = self.lengths[indices]
         rows = token_rows(self.offsets, indices)
@@ -64,14 +87,38 @@ class SequenceBatch:
 
 
 def token_rows(offsets: np.ndarray, indices: np.ndarray) -> np.ndarray:
-    """Token row numbers of the sequences ``indices``, concatenated in that order."""
+    """Token row numbers of the sequences ``indices``, concatenated in that order.
+
+    Parameters
+    ----------
+    offsets : ndarray of shape (N + 1,), int
+        Sequence offsets.
+    indices : ndarray of shape (K,), int
+        Sequence numbers, each 0 to N - 1.
+
+    Returns
+    -------
+    ndarray, int
+        The rows of the K sequences, one after another.
+    """
     starts = offsets[indices]
     lengths = offsets[indices + 1] - starts
     return np.repeat(starts, lengths) + positions_within(lengths)
 
 
 def offsets_from_lengths(lengths) -> np.ndarray:
-    """Offsets (N + 1,) for sequences of the given lengths."""
+    """Offsets (N + 1,) for sequences of the given lengths.
+
+    Parameters
+    ----------
+    lengths : array_like of shape (N,), int
+        Tokens per sequence.
+
+    Returns
+    -------
+    ndarray of shape (N + 1,), int64
+        ``[0, cumsum(lengths)...]``.
+    """
     return np.concatenate([[0], np.cumsum(np.asarray(lengths, dtype=np.int64))])
 
 
@@ -79,7 +126,20 @@ def check_labels(flat: np.ndarray, unknown: bool = False) -> None:
     """Raise TypeError, naming the first offender and its position in ``flat`` (T,), unless every
     label is a string or an integer (or, with ``unknown``, None: a label not known). Booleans are
     refused: ``True == 1`` and ``False == 0``, so they would silently merge with the integer
-    labels 1 and 0."""
+    labels 1 and 0.
+
+    Parameters
+    ----------
+    flat : ndarray of shape (T,), object
+        Every token's label.
+    unknown : bool, default=False
+        Allow None.
+
+    Raises
+    ------
+    TypeError
+        The first label that is not a string or an integer.
+    """
     if pd.api.types.infer_dtype(flat, skipna=False) not in ("string", "integer"):
         for position, label in enumerate(flat):  # the slow path only for mixed or unusual labels
             if label is None and unknown:
@@ -96,7 +156,25 @@ def label_classes(flat: np.ndarray, unknown: bool = False) -> list:
     """The distinct labels of ``flat`` (T,) in order of first appearance, checked by
     :func:`check_labels` (with ``unknown``, None marks a label that is not known and is no
     class). They keep their type (NumPy scalars become Python ones), so a model saved and loaded
-    predicts the same values it was trained on."""
+    predicts the same values it was trained on.
+
+    Parameters
+    ----------
+    flat : ndarray of shape (T,), object
+        Every token's label.
+    unknown : bool, default=False
+        Allow None (not a class).
+
+    Returns
+    -------
+    list
+        The L classes (str or int).
+
+    Raises
+    ------
+    TypeError
+        As :func:`check_labels` and :func:`check_label_names`.
+    """
     check_labels(flat, unknown)
     classes = [c.item() if isinstance(c, np.generic) else c for c in pd.unique(flat) if c is not None]
     check_label_names(classes)
@@ -106,8 +184,20 @@ def label_classes(flat: np.ndarray, unknown: bool = False) -> list:
 def check_label_names(classes, where: str = "") -> None:
     """Raise TypeError if two of the distinct labels ``classes`` print alike: ``'1'`` and ``1``
     (a model file names its classes, so they would load as one class twice), or one text in two
-    Unicode forms (``'é'`` composed and decomposed: they look the same in every report). ``where``
-    starts the message (which labels were compared)."""
+    Unicode forms (``'é'`` composed and decomposed: they look the same in every report).
+
+    Parameters
+    ----------
+    classes : iterable
+        Distinct labels.
+    where : str, default=""
+        The start of the message (which labels were compared).
+
+    Raises
+    ------
+    TypeError
+        Two labels with the same NFC-normalised ``str``.
+    """
     named: dict[str, object] = {}
     for c in classes:
         first = named.setdefault(unicodedata.normalize("NFC", str(c)), c)

@@ -49,7 +49,23 @@ CHUNK_ELEMENTS = 4_000_000  # tokens x states per recursion call (about 8 bytes 
 
 
 def normalize_scheme(scheme: str | None) -> str:
-    """``scheme`` in lower case (``IOB2`` -> ``iob2``; None -> ``none``); ValueError if unknown."""
+    """``scheme`` in lower case (``IOB2`` -> ``iob2``; None -> ``none``).
+
+    Parameters
+    ----------
+    scheme : str or None
+        A tagging scheme name: ``iob1``, ``iob2``, ``iobes`` or ``none``, in any case.
+
+    Returns
+    -------
+    str
+        One of :data:`SCHEMES`.
+
+    Raises
+    ------
+    ValueError
+        An unknown scheme.
+    """
     value = "none" if scheme is None else str(scheme).lower()
     if value not in SCHEMES:
         raise ValueError(f"unknown tagging scheme {scheme!r}; one of {SCHEMES}")
@@ -59,7 +75,21 @@ def normalize_scheme(scheme: str | None) -> str:
 class TokenError(ValueError):
     """A token the model cannot read (see :func:`check_tokens`). ``index``: its flat position (0-based)
     among all tokens; ``sentence`` and ``token``: its position as the message counts them; ``column``,
-    ``value`` and ``problem`` (the reason, without the position)."""
+    ``value`` and ``problem`` (the reason, without the position).
+
+    Parameters
+    ----------
+    index : int
+        The token's flat position (0-based) among all tokens.
+    sentence, token : int
+        Its sentence and its position in it, as the message counts them.
+    column : str
+        The column holding the bad value.
+    value : object
+        The bad value.
+    problem : str
+        Why it is refused.
+    """
 
     def __init__(self, index: int, sentence: int, token: int, column: str, value: object, problem: str) -> None:
         self.index, self.sentence, self.token = index, sentence, token
@@ -68,7 +98,19 @@ class TokenError(ValueError):
 
 
 def shown_value(value: object, width: int = 60) -> str:
-    """A refused value for a message: ``null`` for a missing one (None, NaN), else its type and a short repr."""
+    """A refused value for a message: ``null`` for a missing one (None, NaN), else its type and a short repr.
+
+    Parameters
+    ----------
+    value : object
+        The value.
+    width : int, default=60
+        The most characters of its repr shown (longer ones end in ``...``).
+
+    Returns
+    -------
+    str
+    """
     if value is None or (isinstance(value, (float, np.floating)) and np.isnan(value)) or value is pd.NA:
         return "null (a missing value)"
     text = repr(value)
@@ -80,7 +122,18 @@ _SURROGATE = re.compile("[\ud800-\udfff]")  # half of a UTF-16 pair: no UTF-8 wr
 
 def token_problem(value: object) -> str | None:
     """Why ``value`` cannot be a token, or None: a token is a non-empty string without whitespace
-    (every training reader splits tokens on whitespace, so a model never saw one that holds it)."""
+    (every training reader splits tokens on whitespace, so a model never saw one that holds it).
+
+    Parameters
+    ----------
+    value : object
+        A would-be token.
+
+    Returns
+    -------
+    str or None
+        The reason it is refused (not a non-empty ``str``, whitespace, a lone surrogate), or None.
+    """
     if not isinstance(value, str) or value == "":
         return f"a token must be a non-empty string, got {shown_value(value)}"
     if value.split() != [value]:
@@ -95,7 +148,22 @@ def check_tokens(columns: Mapping[str, np.ndarray], offsets: np.ndarray, base: i
     :meth:`ModelBundle.tag_frame` and the MLflow Model use it): every value of ``columns``
     ({name: (T,) values}) is a non-empty ``str`` holding no whitespace. ``offsets`` (N + 1,)
     cut the T tokens into sentences. Raises :class:`TokenError` for the first bad token (in
-    column order), naming its sentence and token counted from ``base`` (0 or 1)."""
+    column order), naming its sentence and token counted from ``base`` (0 or 1).
+
+    Parameters
+    ----------
+    columns : mapping of str to array_like of shape (T,)
+        Every token column's values.
+    offsets : array_like of shape (N + 1,), int
+        Sentence offsets into the T tokens.
+    base : int, default=0
+        What the first sentence and token are counted as in the message.
+
+    Raises
+    ------
+    TokenError
+        The first bad token.
+    """
     offsets = np.asarray(offsets, dtype=np.int64)
     for name, values in columns.items():
         values = np.asarray(values, dtype=object)
@@ -123,7 +191,21 @@ class Tagged:
     or a decode-only call) and ``scores`` (N,) the model's log score of each decoded path:
     -inf when the sentence has no path of nonzero probability under the allowed labels (an HMM
     whose emission of a word under a fixed label is 0, contradictory masks), and then its
-    ``codes`` are meaningless (they need not even respect the masks)."""
+    ``codes`` are meaningless (they need not even respect the masks).
+
+    Parameters
+    ----------
+    codes : ndarray of shape (T,), int64
+        Label indices (``labels`` order).
+    marginals : ndarray of shape (T,), float64
+        The probability of each predicted label (NaN when not computed).
+    offsets : ndarray of shape (N + 1,), int
+        Sentence offsets.
+    segments : pandas.DataFrame or None
+        Columns sequence, start, end (exclusive), type, confidence.
+    scores : ndarray of shape (N,), float64, optional
+        Log score of each decoded path.
+    """
 
     codes: np.ndarray
     marginals: np.ndarray
@@ -160,19 +242,63 @@ class BundledModel(Protocol):
     (emissions (T, S), transition scores (L, L) or an operator of :mod:`crf._transitions`, start
     (S,), end (S,)); ``parts()`` the JSON metadata and arrays it is saved as (keys of its own),
     and ``from_parts(meta, arrays, path)`` the part again, refusing with
-    :class:`crf.ModelFileError` naming ``path`` what does not fit."""
+    :class:`crf.ModelFileError` naming ``path`` what does not fit.
+
+    Parameters
+    ----------
+    *args, **kwargs
+        A Protocol: each kind's class has its own constructor (see :class:`crf.model.BundledCRF`,
+        :class:`crf.hmm.BundledHMM`).
+    """
 
     kind: ClassVar[str]
     labels: list[str]
     n_states: int
     columns: list[str]
 
-    def scores(self, columns: Mapping[str, np.ndarray], lengths: np.ndarray) -> tuple: ...
+    def scores(self, columns: Mapping[str, np.ndarray], lengths: np.ndarray) -> tuple:
+        """The chain's inputs for sentences given as flat token columns.
+
+        Parameters
+        ----------
+        columns : mapping of str to ndarray of shape (T,)
+            The token columns (at least ``columns``).
+        lengths : ndarray of shape (N,), int
+            Tokens per sentence.
+
+        Returns
+        -------
+        tuple
+            (emissions (T, S), transitions (an (L, L) matrix or a transition operator of
+            :mod:`crf._transitions`), start (S,), end (S,)).
+        """
+        ...
 
     def parts(self) -> tuple[dict, dict[str, np.ndarray]]: ...
 
     @classmethod
-    def from_parts(cls, meta: dict, arrays: dict[str, np.ndarray], path) -> BundledModel: ...
+    def from_parts(cls, meta: dict, arrays: dict[str, np.ndarray], path) -> BundledModel:
+        """The part again, from what :meth:`parts` gave.
+
+        Parameters
+        ----------
+        meta : dict
+            The bundle's metadata.
+        arrays : dict of str to ndarray
+            The bundle's arrays.
+        path : str or os.PathLike
+            Names the file in error messages.
+
+        Returns
+        -------
+        BundledModel
+
+        Raises
+        ------
+        crf.ModelFileError
+            What does not fit, naming ``path``.
+        """
+        ...
 
 
 # the model kinds a bundle can hold: registered by the modules that define them
@@ -182,18 +308,60 @@ _BUILT_IN = {"crf": "crf.model", "hmm": "crf.hmm"}
 
 
 def prefixed(arrays: Mapping[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
-    """The entries of ``arrays`` under ``prefix``, without it (a part's arrays in a bundle)."""
+    """The entries of ``arrays`` under ``prefix``, without it (a part's arrays in a bundle).
+
+    Parameters
+    ----------
+    arrays : mapping of str to ndarray
+        Named arrays.
+    prefix : str
+        Such as ``"model/"``.
+
+    Returns
+    -------
+    dict of str to ndarray
+        The entries whose name starts with ``prefix``, the prefix removed.
+    """
     return {k[len(prefix) :]: v for k, v in arrays.items() if k.startswith(prefix)}
 
 
 def register_kind(part: type) -> type:
-    """Make bundles of kind ``part.kind`` loadable (use as a class decorator)."""
+    """Make bundles of kind ``part.kind`` loadable (use as a class decorator).
+
+    Parameters
+    ----------
+    part : type
+        A :class:`BundledModel` class (a later registration of the same kind replaces it).
+
+    Returns
+    -------
+    type
+        ``part`` itself.
+    """
     _KINDS[part.kind] = part
     return part
 
 
 def kind_class(kind: str, path="bundle") -> type:
-    """The registered part class of ``kind``; ModelFileError naming ``path`` for an unknown one."""
+    """The registered part class of ``kind`` (the library's own kinds are imported on first use).
+
+    Parameters
+    ----------
+    kind : str
+        The kind a bundle file names (``"crf"``, ``"hmm"`` or one registered by a plugin).
+    path : str or os.PathLike, default="bundle"
+        Names the file in the error message.
+
+    Returns
+    -------
+    type
+        The :class:`BundledModel` class.
+
+    Raises
+    ------
+    crf.ModelFileError
+        An unknown kind, naming ``path``.
+    """
     if kind not in _KINDS and kind in _BUILT_IN:
         importlib.import_module(_BUILT_IN[kind])
     if kind not in _KINDS:
@@ -212,6 +380,24 @@ class ModelBundle:
     ``labels`` (L,), ``scheme``, ``input_columns`` (the token columns it reads: the part's, or a
     superset given), ``source`` (the dataset/features/model config it came from;
     ``source["dataset"]["label"]``, when present, names the column it predicts).
+
+    Parameters
+    ----------
+    part : BundledModel
+        The model's part (it gives ``kind``, ``labels``, ``columns``, ``n_states`` and the chain scores).
+    scheme : str
+        The tagging scheme of the labels: ``"iob1"``, ``"iob2"``, ``"iobes"`` or ``"none"``, in any
+        case (None reads ``"none"``); segments and their confidences need a chunk scheme.
+    input_columns : sequence of str, optional
+        The token columns a caller must give; None: the part's own. They must include every column
+        the part reads.
+    source : mapping, optional
+        The dataset/features/model config the model came from (kept as given; saved as JSON).
+
+    Raises
+    ------
+    ValueError
+        An unknown scheme, or ``input_columns`` lacking a column the part reads.
     """
 
     def __init__(self, part: BundledModel, *, scheme: str, input_columns: Sequence[str] | None = None,
@@ -230,7 +416,14 @@ class ModelBundle:
     # --- persistence ----------------------------------------------------------------------
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write the bundle to one ``.npz`` file (no pickle; checksummed; atomic)."""
+        """Write the bundle to one ``.npz`` file (no pickle; checksummed; atomic).
+
+        Parameters
+        ----------
+        path : str or os.PathLike
+            The file to write (its folder is created; an existing file is replaced only once the
+            new one is complete). Read it back with :meth:`load` or :func:`crf.load_bundle`.
+        """
         part_meta, arrays = self.part.parts()
         meta = {
             "bundle_kind": self.kind,
@@ -244,10 +437,24 @@ class ModelBundle:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> ModelBundle:
-        """Read a bundle written by :meth:`save`; raises ModelFileError naming ``path`` on a bad
-        file: unreadable, tampered with, of a kind not known here, or checksummed but inconsistent
-        (the part's own checks; labels must be distinct and match the model's classes, input
-        columns a list of distinct names)."""
+        """Read a bundle written by :meth:`save`.
+
+        Parameters
+        ----------
+        path : str or os.PathLike
+            A file written by :meth:`save`.
+
+        Returns
+        -------
+        ModelBundle
+
+        Raises
+        ------
+        crf.ModelFileError
+            Naming ``path``, on a bad file: unreadable, tampered with, of a kind not known here, or
+            checksummed but inconsistent (the part's own checks; labels must be distinct and match
+            the model's classes, input columns a non-empty list of distinct names).
+        """
         meta, arrays = load_arrays(path, KIND)
         try:
             columns = meta["input_columns"]
@@ -278,12 +485,39 @@ class ModelBundle:
     def tag_arrays(
         self, columns: Mapping[str, np.ndarray], lengths: np.ndarray, allowed: np.ndarray | None = None, marginals: bool = True
     ) -> Tagged:
-        """Tag sentences given as flat token columns (each (T,) strings) and ``lengths`` (N,);
-        ``allowed`` (T, L) optional boolean masks of the labels each token may take. A sentence
-        the model gives probability 0 (an HMM whose training sentences all ended alike, an HMM
-        word never seen with a fixed label, contradictory masks) gets score -inf
-        (``Tagged.possible`` False), meaningless codes, NaN or 0 marginals and NaN confidences.
-        ``marginals=False``: Viterbi only (marginals NaN, no segments)."""
+        """Tag sentences given as flat token columns.
+
+        The tokens are not checked here (:meth:`tag` and :meth:`tag_frame` check them with
+        :func:`check_tokens`). A sentence the model gives probability 0 (an HMM whose training
+        sentences all ended alike, an HMM word never seen with a fixed label, contradictory masks)
+        gets score -inf (``Tagged.possible`` False), meaningless codes, NaN or 0 marginals and NaN
+        confidences.
+
+        Parameters
+        ----------
+        columns : mapping of str to ndarray of shape (T,)
+            Every input column's token strings, the N sentences one after another (columns the
+            model does not read are ignored).
+        lengths : ndarray of shape (N,), int
+            Tokens per sentence, each at least 1; they sum to T.
+        allowed : ndarray of shape (T, L), bool, optional
+            The labels (``labels`` order) each token may take; None: any.
+        marginals : bool, default=True
+            False: Viterbi only (marginals NaN, no segments).
+
+        Returns
+        -------
+        Tagged
+            ``codes`` (T,) label indices, ``marginals`` (T,) the probability of each predicted label,
+            ``offsets`` (N + 1,), ``segments`` (a frame with sequence, start, end (exclusive), type,
+            confidence; None for scheme ``none`` or ``marginals=False``) and ``scores`` (N,) the
+            log score of each decoded path.
+
+        Raises
+        ------
+        ValueError
+            A missing input column, no sentences, or a sentence without tokens.
+        """
         lengths = np.asarray(lengths, dtype=np.int64)
         missing = [c for c in self.input_columns if c not in columns]
         if missing:
@@ -421,15 +655,37 @@ class ModelBundle:
         return columns, lengths
 
     def tag(self, sentences: Sequence, fixed: Sequence[Mapping[int, str] | None] | None = None) -> list[dict]:
-        """Tag ``sentences`` (each a list of token dicts {column: value}, or of strings when the
-        model reads one column). ``fixed``: optional per-sentence {token index: label}: decode
-        and compute marginals under those labels. A sentence with no labelling of nonzero
-        probability (an HMM word never seen with its fixed label, say) gets labels None (and NaN
-        marginals), with a warning. Returns per sentence ``{"labels": [...],
-        "marginals": [...], "segments": [{"start", "end", "type", "confidence"}, ...]}``
-        (``segments`` only for chunk schemes). An empty sentence gets empty lists. A token that is
-        not a non-empty string without whitespace is refused (:func:`check_tokens`: a
-        :class:`TokenError` naming sentence and token, counted from 0)."""
+        """Tag sentences of token dicts or strings.
+
+        A sentence with no labelling of nonzero probability (an HMM word never seen with its fixed
+        label, say) gets labels None (and NaN marginals), with a warning.
+
+        Parameters
+        ----------
+        sentences : sequence of sequences
+            Each sentence a list of token dicts ``{column: value}`` holding every input column, or
+            of strings when the model reads one column. An empty sentence gets empty lists.
+        fixed : sequence of mapping or None, optional
+            One entry per sentence: ``{token index (0-based): label}`` or None; decoding and
+            marginals are then under those labels.
+
+        Returns
+        -------
+        list of dict
+            Per sentence ``{"labels": [...], "marginals": [...], "segments": [{"start", "end",
+            "type", "confidence"}, ...]}``: ``marginals`` the probability of each predicted label,
+            ``end`` exclusive, ``confidence`` the probability of the chunk (``segments`` only for
+            chunk schemes).
+
+        Raises
+        ------
+        TokenError
+            A token that is not a non-empty string without whitespace (:func:`check_tokens`),
+            naming sentence and token, counted from 0. It is a ValueError.
+        ValueError
+            A missing input column; plain strings for a model that reads several columns;
+            ``fixed`` with the wrong number of entries, a token index out of range or an unknown label.
+        """
         if len(sentences) == 0:
             return []
         columns, lengths = self._columns_of(sentences)
@@ -460,11 +716,31 @@ class ModelBundle:
         return out
 
     def tag_frame(self, frame: pd.DataFrame, sentence: str = "sentence") -> pd.DataFrame:
-        """Tag a long-form frame: one row per token, a ``sentence`` id column (rows of a sentence
-        contiguous and in order) and the input columns. Returns a copy (same index and row order)
-        with ``label`` and ``marginal`` added, and ``segment_confidence`` (NaN outside
-        segments) for chunk schemes. Tokens are checked as :meth:`tag` checks them (sentences and
-        tokens counted from 0 in the order of the rows)."""
+        """Tag a long-form frame: one row per token.
+
+        Parameters
+        ----------
+        frame : pandas.DataFrame
+            A sentence id column (the rows of a sentence contiguous and in order) and the input
+            columns (token strings).
+        sentence : str, default="sentence"
+            The name of the sentence id column.
+
+        Returns
+        -------
+        pandas.DataFrame
+            A copy (same index and row order) with ``label`` and ``marginal`` (the probability of
+            the label) added, and ``segment_confidence`` (the probability of the token's chunk;
+            NaN outside chunks) for chunk schemes.
+
+        Raises
+        ------
+        TokenError
+            A bad token, as :meth:`tag` checks them (sentences and tokens counted from 0 in the
+            order of the rows).
+        ValueError
+            A missing column, or a sentence id that reappears after another one.
+        """
         missing = [c for c in [sentence, *self.input_columns] if c not in frame.columns]
         if missing:
             raise ValueError(
@@ -499,5 +775,20 @@ class ModelBundle:
 
 
 def load_bundle(path: str | os.PathLike) -> ModelBundle:
-    """Read a :class:`ModelBundle` file; raises :class:`crf.ModelFileError` on a bad file."""
+    """Read a :class:`ModelBundle` file (:meth:`ModelBundle.load`).
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        A file written by :meth:`ModelBundle.save`.
+
+    Returns
+    -------
+    ModelBundle
+
+    Raises
+    ------
+    crf.ModelFileError
+        Naming ``path``, on a bad file.
+    """
     return ModelBundle.load(path)

@@ -115,7 +115,18 @@ def hashlittle(keys: list[bytes]) -> np.ndarray:
     Each key is zero-padded to whole 12-byte blocks (all keys' blocks in one array, so memory is
     linear in their total length); a key of n bytes is mixed over its first ``(n - 1) // 12``
     blocks and its last block is added before the final mix, which is what the byte-wise path of
-    lookup3 computes. Keys are processed longest first, so those still mixing are a prefix."""
+    lookup3 computes. Keys are processed longest first, so those still mixing are a prefix.
+
+    Parameters
+    ----------
+    keys : list of bytes
+        N non-empty keys.
+
+    Returns
+    -------
+    ndarray of shape (N,), uint32
+        The hash of every key.
+    """
     n = len(keys)
     lengths = np.fromiter((len(k) for k in keys), dtype=np.int64, count=n)
     if n == 0:
@@ -147,7 +158,18 @@ def hashlittle(keys: list[bytes]) -> np.ndarray:
 
 def first_overlap(starts: np.ndarray, ends: np.ndarray) -> int:
     """Index of a byte range ``[starts[i], ends[i])`` that overlaps another one, -1 if they are
-    disjoint (ranges that only touch do not overlap)."""
+    disjoint (ranges that only touch do not overlap).
+
+    Parameters
+    ----------
+    starts, ends : array_like of shape (K,), int
+        The ranges' first byte and the byte after their last.
+
+    Returns
+    -------
+    int
+        The index of a range that overlaps one starting before it, or -1.
+    """
     starts, ends = np.asarray(starts, dtype=np.int64), np.asarray(ends, dtype=np.int64)
     order = np.argsort(starts, kind="stable")
     clash = np.flatnonzero(ends[order][:-1] > starts[order][1:])
@@ -164,7 +186,27 @@ def read_cqdb(data: bytes, start: int, count: int) -> list[str]:
     """The strings of ids 0 .. count - 1 of the CQDB chunk at ``data[start:]``, via its
     backward array (what CRFsuite's id -> string look-up reads). Every offset is checked against
     the chunk, and the records, hash tables and backward array must not overlap (so the keys
-    never add up to more than the chunk). Raises CQDBError."""
+    never add up to more than the chunk).
+
+    Parameters
+    ----------
+    data : bytes
+        The whole file.
+    start : int
+        The chunk's byte offset.
+    count : int
+        The number of ids.
+
+    Returns
+    -------
+    list of str
+        The string of every id (UTF-8, the final NUL removed).
+
+    Raises
+    ------
+    CQDBError
+        A truncated or inconsistent chunk (a ValueError; the caller adds the file name).
+    """
     if start < 0 or start + DATA_OFFSET > len(data):
         raise CQDBError(f"CQDB chunk at offset {start} runs past the end of the file")
     if data[start : start + 4] != CQDB_MAGIC:
@@ -237,7 +279,18 @@ def unstorable_name(name: object) -> str | None:
     """Why a CRFsuite model file cannot hold the label or attribute ``name`` (None if it can):
     not a string (the file holds text, so the integer label 1 would load as ``'1'``), a lone
     surrogate (UTF-8 cannot write it), a NUL character (its string tables end every name with
-    one), or more than ``MAX_KEY_BYTES - 1`` bytes of UTF-8."""
+    one), or more than ``MAX_KEY_BYTES - 1`` bytes of UTF-8.
+
+    Parameters
+    ----------
+    name : object
+        A label or attribute name.
+
+    Returns
+    -------
+    str or None
+        The reason, or None when the file can hold it.
+    """
     if not isinstance(name, str):
         return (
             f"is not a string ({type(name).__name__}): a CRFsuite model file holds names as text, "
@@ -255,7 +308,23 @@ def unstorable_name(name: object) -> str | None:
 
 
 def build_cqdb(strings: list[str]) -> bytes:
-    """A CQDB chunk mapping ``strings[i]`` <-> i, as CRFsuite's reader expects."""
+    """A CQDB chunk mapping ``strings[i]`` <-> i, as CRFsuite's reader expects.
+
+    Parameters
+    ----------
+    strings : list of str
+        The strings, in id order.
+
+    Returns
+    -------
+    bytes
+        The chunk.
+
+    Raises
+    ------
+    ValueError
+        A string the file cannot hold (:func:`unstorable_name`).
+    """
     for s in strings:
         problem = unstorable_name(s)
         if problem is not None:
@@ -314,7 +383,17 @@ class CRFsuiteFormatError(ModelFileError):
 
 
 class StateFeatures(NamedTuple):
-    """State features as parallel (K,) arrays: attribute index, label index, weight."""
+    """State features as parallel (K,) arrays: attribute index, label index, weight.
+
+    Parameters
+    ----------
+    attribute : ndarray of shape (K,), int
+        Attribute indices.
+    label : ndarray of shape (K,), int
+        Label indices.
+    weight : ndarray of shape (K,), float64
+        Weights.
+    """
 
     attribute: np.ndarray
     label: np.ndarray
@@ -325,8 +404,18 @@ class StateFeatures(NamedTuple):
 class CRFsuiteModel:
     """The content of a CRFsuite first-order model.
 
-    ``labels`` (L), ``attributes`` (A), ``state_features`` (K parallel arrays), ``transitions``
-    (L, L) indexed [previous, current] (0 where the file has no such feature)."""
+    Parameters
+    ----------
+    labels : list of str
+        The L label names, in the model's label order.
+    attributes : list of str
+        The A attribute names, in the model's attribute order.
+    state_features : StateFeatures
+        K state features as parallel (K,) arrays: attribute index (0 to A - 1), label index
+        (0 to L - 1) and weight (float64).
+    transitions : ndarray of shape (L, L), float64
+        Transition weights indexed [previous, current] (0 where the file has no such feature).
+    """
 
     labels: list[str]
     attributes: list[str]
@@ -389,7 +478,24 @@ def read_crfsuite(path: str | os.PathLike) -> CRFsuiteModel:
     """Read a model file written by CRFsuite (``pycrfsuite.Trainer.train``); every size and offset
     is checked against the file before it is used, chunks and reference lists must not overlap,
     and the weight tables must fit what the file can describe (:func:`crf._persist.check_table_size`):
-    a damaged or forged file raises :class:`CRFsuiteFormatError` naming the file and the problem."""
+    a damaged or forged file raises :class:`CRFsuiteFormatError` naming the file and the problem.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        A CRFsuite first-order model file (CRFsuite's ``FOMC`` type).
+
+    Returns
+    -------
+    CRFsuiteModel
+        Its labels, attributes, state features and transitions.
+
+    Raises
+    ------
+    CRFsuiteFormatError
+        A missing file, or one that is not a valid CRFsuite first-order model, naming the file
+        and the problem.
+    """
     path = Path(path)
     if not path.is_file():
         raise CRFsuiteFormatError(f"{path}: no such model file")
@@ -397,8 +503,25 @@ def read_crfsuite(path: str | os.PathLike) -> CRFsuiteModel:
 
 
 def parse_crfsuite(data: bytes, path: str | os.PathLike = "<memory>") -> CRFsuiteModel:
-    """The model in ``data``, the bytes of a CRFsuite model file (``path`` names it in errors);
-    checked as :func:`read_crfsuite` checks a file."""
+    """The model in ``data``, the bytes of a CRFsuite model file; checked as
+    :func:`read_crfsuite` checks a file.
+
+    Parameters
+    ----------
+    data : bytes
+        The whole content of a CRFsuite first-order model file.
+    path : str or os.PathLike, default="<memory>"
+        Names the source in error messages.
+
+    Returns
+    -------
+    CRFsuiteModel
+
+    Raises
+    ------
+    CRFsuiteFormatError
+        Not a valid CRFsuite first-order model, naming ``path`` and the problem.
+    """
     if len(data) < HEADER_SIZE:
         raise CRFsuiteFormatError(f"{path}: {len(data)} bytes, shorter than a CRFsuite header")
     if data[:4] != MAGIC:
@@ -480,7 +603,22 @@ def _pad4(parts: list[bytes]) -> None:
 
 def write_crfsuite(path: str | os.PathLike, model: CRFsuiteModel) -> None:
     """Write ``model`` as a CRFsuite first-order model file that python-crfsuite's ``Tagger``
-    opens; atomic (temporary file renamed into place). Zero weights are left out."""
+    opens; atomic (temporary file renamed into place). Zero weights are left out.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The file to write (replaced only once the new one is complete).
+    model : CRFsuiteModel
+        The model to write.
+
+    Raises
+    ------
+    ValueError
+        Duplicate label or attribute names, transitions not (L, L), state feature arrays not
+        1-D of one length or indexing out of range, or a weight that is not finite or beyond
+        :data:`crf._persist.MAX_ABS_WEIGHT` (no reader would accept it); nothing is written.
+    """
     path = Path(path)
     L, A = len(model.labels), len(model.attributes)
     for name, strings in (("label", model.labels), ("attribute", model.attributes)):
@@ -541,7 +679,24 @@ def write_crfsuite(path: str | os.PathLike, model: CRFsuiteModel) -> None:
 def fitted_attributes(model: CRFsuiteModel) -> dict:
     """The fitted attributes of a :class:`crf.CRF` (by name) that tags python-crfsuite-style
     inputs (lists of attribute strings or dicts) exactly as CRFsuite's tagger tags with ``model``;
-    start and end weights are 0. :meth:`crf.CRF.from_crfsuite` makes the estimator."""
+    start and end weights are 0. :meth:`crf.CRF.from_crfsuite` makes the estimator.
+
+    Parameters
+    ----------
+    model : CRFsuiteModel
+        A read CRFsuite model.
+
+    Returns
+    -------
+    dict
+        Fitted attribute name -> value (``classes_``, ``attributes_``, ``state_weights_`` (A, L),
+        ``transitions_`` (L, L), ...).
+
+    Raises
+    ------
+    ValueError
+        A model without labels.
+    """
     L, A = len(model.labels), len(model.attributes)
     if L == 0:  # what CRFsuite writes when it had nothing to train on: a file, but no tagger
         raise ValueError("the model has no labels (CRFsuite trained it on no data)")
@@ -564,9 +719,27 @@ def fitted_attributes(model: CRFsuiteModel) -> dict:
 
 
 def crfsuite_from_crf(crf) -> CRFsuiteModel:
-    """The CRFsuite form of a fitted :class:`crf.CRF`. Raises ValueError if its start or end
-    weights are not all zero (CRFsuite has no such weights, so the file could not tag like the
-    model)."""
+    """The CRFsuite form of a fitted :class:`crf.CRF`.
+
+    Parameters
+    ----------
+    crf : crf.CRF
+        A fitted first-order CRF with attribute names and string labels.
+
+    Returns
+    -------
+    CRFsuiteModel
+        Its labels, attributes, nonzero state weights and transitions.
+
+    Raises
+    ------
+    sklearn.exceptions.NotFittedError
+        An unfitted CRF.
+    ValueError
+        A CRF of order 2, with nonzero start or end weights (CRFsuite has no such weights, so the
+        file could not tag like the model), without attribute names, or with a label or
+        attribute name the file cannot hold.
+    """
     if not crf.__sklearn_is_fitted__():
         raise NotFittedError("this CRF is not fitted yet; call fit() or CRF.load()")
     if crf.fitted_order != 1:
@@ -594,5 +767,18 @@ def crfsuite_from_crf(crf) -> CRFsuiteModel:
 
 
 def write_crfsuite_model(model, path) -> None:
-    """Write ``model`` (no start/end weights) as a CRFsuite model file."""
+    """Write ``model`` (no start/end weights) as a CRFsuite model file.
+
+    Parameters
+    ----------
+    model : crf.CRF
+        As :func:`crfsuite_from_crf` takes it.
+    path : str or os.PathLike
+        The file to write.
+
+    Raises
+    ------
+    sklearn.exceptions.NotFittedError, ValueError
+        As :func:`crfsuite_from_crf` and :func:`write_crfsuite`.
+    """
     write_crfsuite(path, crfsuite_from_crf(model))

@@ -230,7 +230,23 @@ def abbreviation_heads(words: np.ndarray, position: np.ndarray, length: np.ndarr
 
 @dataclass
 class ViewSpec:
-    """How to compute one view: ``fn`` applied to ``column`` (``n`` for affixes and lengths)."""
+    """How to compute one view: ``fn`` applied to ``column`` (``n`` for affixes and lengths).
+
+    Parameters
+    ----------
+    column : str
+        The input column the view reads.
+    fn : str, default="identity"
+        A token function (``TOKEN_FUNCTIONS``), a corpus function (``"lexicon"``,
+        ``"abbreviation"``, ``"abbreviation_suffix"``) or ``"cluster"``.
+    n : int, default=0
+        The function's number: affix or length for token functions, the path prefix length for
+        ``"cluster"`` (0: the whole path).
+    path : str, optional
+        The lexicon file (``"lexicon"``) or Brown paths file (``"cluster"``); they need one.
+    lowercase : bool, default=False
+        Match the lexicon, or look clusters up, on lower-cased tokens.
+    """
 
     column: str
     fn: str = "identity"
@@ -249,7 +265,24 @@ _CELL = re.compile(r"^\s*([A-Za-z_][\w.]*)\[\s*(-?\d+)\s*\]\s*$")
 
 
 def parse_template(text: str) -> _Template:
-    """Parse ``view[offset]|view[offset]|...`` into its cells."""
+    """Parse ``view[offset]|view[offset]|...`` into its cells.
+
+    Parameters
+    ----------
+    text : str
+        A template such as ``"w[-1]|w[0]"``: cells ``name[offset]`` joined by ``|`` (spaces
+        around a cell allowed); the offset is an integer, negative for tokens before.
+
+    Returns
+    -------
+    _Template
+        ``name`` (``text`` stripped) and ``cells``, a list of (view name, offset).
+
+    Raises
+    ------
+    ValueError
+        A cell not of the form ``name[offset]``.
+    """
     cells = []
     for part in text.split("|"):
         match = _CELL.match(part)
@@ -291,15 +324,27 @@ class FeatureExtractor:
 
     Parameters
     ----------
-    columns: names of the input columns by position (a label column may be named and unused).
-    templates: CRF++-style templates over views, e.g. ``["w[0]", "w[-1]|w[0]", "pos[0]"]``.
-    views: derived views, name -> ``{"column": "w", "fn": "suffix", "n": 3}``; every column name
-        is a view of itself.
-    numeric: columns whose float value becomes a real-valued attribute of that name.
-    bos_eos: add ``__BOS__`` to first and ``__EOS__`` to last tokens.
-    padding: cells outside the sentence read ``__BOS__``/``__EOS__`` (True) or drop the
-        attribute (False).
-    min_count: keep template attributes seen at least this many times in the fitting data.
+    columns : sequence of str
+        Names of the input columns by position (a label column may be named and unused).
+    templates : sequence of str, default=()
+        CRF++-style templates over views, e.g. ``["w[0]", "w[-1]|w[0]", "pos[0]"]``.
+    views : mapping of str to mapping, default={}
+        Derived views, name -> ``{"column": "w", "fn": "suffix", "n": 3}`` (the fields of
+        :class:`ViewSpec`); every column name is a view of itself.
+    numeric : sequence of str, default=()
+        Columns whose float value becomes a real-valued attribute of that name.
+    bos_eos : bool, default=True
+        Add ``__BOS__`` to first and ``__EOS__`` to last tokens.
+    padding : bool, default=False
+        Cells outside the sentence read ``__BOS__``/``__EOS__`` (True) or drop the attribute (False).
+    min_count : int, default=1
+        Keep template attributes seen at least this many times in the fitting data.
+
+    Raises
+    ------
+    ValueError
+        A view of an unknown column or function (or a lexicon/cluster view without ``path``), a
+        bad template, a template over an unknown view, or a ``numeric`` name that is not a column.
     """
 
     columns: Sequence[str]
@@ -426,7 +471,27 @@ class FeatureExtractor:
         return out
 
     def fit(self, sentences: Sequence[Sentence]) -> FeatureExtractor:
-        """Fit the view vocabularies and the attribute vocabulary on ``sentences``."""
+        """Fit the view vocabularies and the attribute vocabulary on ``sentences``.
+
+        Parameters
+        ----------
+        sentences : sequence of sentences
+            Each sentence a non-empty list of token rows (tuples of column strings, as the
+            :mod:`crf.io` readers give them) with at least ``len(columns)`` cells.
+
+        Returns
+        -------
+        FeatureExtractor
+            self, fitted (``vocabulary_``, ``template_keys_``, ``fitted_``).
+
+        Raises
+        ------
+        ValueError
+            No sentences, an empty sentence or a token row with fewer cells than ``columns``
+            (naming sentence and token).
+        DataFormatError
+            A bad lexicon or cluster file (read on first use).
+        """
         corpus = self._read(sentences)
         self.vocabulary_: dict[str, np.ndarray] = {}
         self._view_index: dict[str, pd.Index] = {}
@@ -468,7 +533,28 @@ class FeatureExtractor:
         return _corpus(sentences, self.columns, needed)
 
     def transform(self, sentences: Sequence[Sentence]) -> SequenceBatch:
-        """Featurise ``sentences`` with the fitted vocabulary; unseen attributes are ignored."""
+        """Featurise ``sentences`` with the fitted vocabulary; unseen attributes are ignored.
+
+        Parameters
+        ----------
+        sentences : sequence of sentences
+            Each sentence a non-empty list of token rows (tuples of column strings, as the
+            :mod:`crf.io` readers give them) with at least ``len(columns)`` cells.
+
+        Returns
+        -------
+        SequenceBatch
+            ``X`` (T, A) float64 CSR (A = :attr:`n_attributes`; 1.0 per present attribute, the
+            value for ``numeric`` columns, zeros not stored), offsets (N + 1,).
+
+        Raises
+        ------
+        RuntimeError
+            Before :meth:`fit`.
+        ValueError
+            No sentences, an empty sentence or a token row with fewer cells than ``columns``
+            (naming sentence and token), or a ``numeric`` cell that is not a finite number.
+        """
         self._check_fitted()
         corpus = self._read(sentences)
         view_codes = self._view_codes_fitted(corpus)
@@ -510,12 +596,44 @@ class FeatureExtractor:
         return SequenceBatch(matrix, offsets_from_lengths(corpus.lengths))
 
     def fit_transform(self, sentences: Sequence[Sentence]) -> SequenceBatch:
+        """:meth:`fit`, then :meth:`transform` of the same ``sentences``.
+
+        Parameters
+        ----------
+        sentences : sequence of sentences
+            Each sentence a non-empty list of token rows (tuples of column strings, as the
+            :mod:`crf.io` readers give them) with at least ``len(columns)`` cells.
+
+        Returns
+        -------
+        SequenceBatch
+            As :meth:`transform`.
+
+        Raises
+        ------
+        ValueError
+            No sentences, an empty sentence or a token row with fewer cells than ``columns``
+            (naming sentence and token), or a ``numeric`` cell that is not a finite number.
+        """
         return self.fit(sentences).transform(sentences)
 
     # --- names ---------------------------------------------------------------------------
 
     def attribute_names(self) -> np.ndarray:
-        """Names of all attributes, shape (A,), in column order of the batch."""
+        """Names of all attributes, in column order of the batch.
+
+        Returns
+        -------
+        ndarray of shape (A,), object
+            ``template=cell|cell`` for template attributes (``__BOS__``/``__EOS__`` for cells
+            outside the sentence with ``padding``), then the ``numeric`` column names, then
+            ``__BOS__`` and ``__EOS__`` with ``bos_eos``.
+
+        Raises
+        ------
+        RuntimeError
+            Before :meth:`fit`.
+        """
         self._check_fitted()
         if self._names is None:
             names: list[str] = []
@@ -538,7 +656,24 @@ class FeatureExtractor:
         return self._names
 
     def attribute_lists(self, batch: SequenceBatch) -> list[list[list[str]]]:
-        """The batch as nested lists of attribute strings (for python-crfsuite and the like)."""
+        """The batch as nested lists of attribute strings (for python-crfsuite and the like).
+
+        Parameters
+        ----------
+        batch : SequenceBatch
+            A batch this extractor made (its columns are :meth:`attribute_names`).
+
+        Returns
+        -------
+        list of lists of lists of str
+            Per sequence, per token, the names of its stored attributes in column order (a
+            numeric attribute's value is not kept).
+
+        Raises
+        ------
+        RuntimeError
+            Before :meth:`fit`.
+        """
         names = self.attribute_names()
         X = batch.X
         per_token = [list(names[X.indices[X.indptr[i] : X.indptr[i + 1]]]) for i in range(X.shape[0])]
@@ -547,12 +682,25 @@ class FeatureExtractor:
     # --- persistence ---------------------------------------------------------------------
 
     def input_columns(self) -> list[str]:
-        """The columns its features read, in its column order (the others it may ignore)."""
+        """The columns its features read, in its column order (the others it may ignore).
+
+        Returns
+        -------
+        list of str
+            A subset of ``columns``: those a used view or a ``numeric`` attribute reads.
+        """
         used = {self._specs[v].column for v in self._used_views()} | set(self.numeric)
         return [c for c in self.columns if c in used]
 
     def config(self) -> dict:
-        """The constructor arguments, JSON-ready."""
+        """The constructor arguments, JSON-ready.
+
+        Returns
+        -------
+        dict
+            ``columns``, ``templates``, ``views``, ``numeric``, ``bos_eos``, ``padding``,
+            ``min_count``: ``FeatureExtractor(**config())`` is an unfitted copy.
+        """
         return {
             "columns": list(self.columns),
             "templates": [t.name for t in self._templates],
@@ -564,7 +712,19 @@ class FeatureExtractor:
         }
 
     def state_arrays(self) -> dict[str, np.ndarray]:
-        """The fitted state as plain arrays (strings as unicode arrays; no objects)."""
+        """The fitted state as plain arrays (strings as unicode arrays; no objects).
+
+        Returns
+        -------
+        dict of str to ndarray
+            ``view/<name>`` vocabularies, ``template/<i>`` keys (int64, sorted), and the tables of
+            lexicon and cluster views; :meth:`from_state` reads them back.
+
+        Raises
+        ------
+        RuntimeError
+            Before :meth:`fit`.
+        """
         self._check_fitted()
         arrays: dict[str, np.ndarray] = {}
         for name, vocab in self.vocabulary_.items():
@@ -587,7 +747,27 @@ class FeatureExtractor:
         """Rebuild a fitted extractor from :meth:`config` and :meth:`state_arrays`. A state that
         does not fit its config (a missing, non-string or repeated vocabulary entry, template
         keys out of their range or not strictly increasing, lexicon entries without types)
-        raises :class:`crf.ModelFileError` naming ``path`` (the file it came from)."""
+        raises :class:`crf.ModelFileError` naming ``path`` (the file it came from).
+
+        Parameters
+        ----------
+        config : mapping
+            What :meth:`config` gave: the constructor arguments.
+        arrays : mapping of str to ndarray
+            What :meth:`state_arrays` gave.
+        path : str or os.PathLike, optional
+            Names the source in error messages.
+
+        Returns
+        -------
+        FeatureExtractor
+            Fitted, without reading any lexicon or cluster file (their tables come from ``arrays``).
+
+        Raises
+        ------
+        crf.ModelFileError
+            A bad config or a state that does not fit it.
+        """
         where = path if path is not None else "saved feature state"
         if not isinstance(config, Mapping):
             raise ModelFileError(f"{where}: the feature config is not a mapping")
@@ -641,7 +821,14 @@ CRFSUITE_CHUNKING_TEMPLATES = (
 
 
 def crfsuite_chunking_extractor() -> FeatureExtractor:
-    """The CRFsuite CoNLL-2000 chunking attribute set over columns ``w pos chunk``."""
+    """The CRFsuite CoNLL-2000 chunking attribute set over columns ``w pos chunk``.
+
+    Returns
+    -------
+    FeatureExtractor
+        Unfitted: the templates of CRFsuite's chunking example (words and POS tags in a window
+        of 5 and their n-grams), ``bos_eos=True``, ``padding=False``.
+    """
     return FeatureExtractor(columns=["w", "pos", "chunk"], templates=CRFSUITE_CHUNKING_TEMPLATES, bos_eos=True, padding=False)
 
 
@@ -651,7 +838,27 @@ def crfsuite_chunking_extractor() -> FeatureExtractor:
 def read_lexicon(path: str | os.PathLike, lowercase: bool = False) -> dict[tuple[str, ...], str]:
     """Read a lexicon file: one entry a line, tokens separated by spaces, optional TAB then type.
 
-    Returns a mapping from the entry's token tuple to its type (``""`` when untyped).
+    Blank lines and lines starting with ``#`` are skipped; an entry listed again takes its last type.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        A UTF-8 text file, plain or gzip.
+    lowercase : bool, default=False
+        Lower-case the entries' tokens (to match lower-cased words).
+
+    Returns
+    -------
+    dict of tuple of str to str
+        The entry's token tuple -> its type (``""`` when untyped).
+
+    Raises
+    ------
+    DataFormatError
+        An entry without tokens, a file without entries, or text that is not UTF-8 (naming file
+        and line).
+    FileNotFoundError, IsADirectoryError
+        A missing path, or a folder.
     """
     entries: dict[tuple[str, ...], str] = {}
     for number, line in _decoded_lines(path):
@@ -670,8 +877,25 @@ def read_lexicon(path: str | os.PathLike, lowercase: bool = False) -> dict[tuple
 def lexicon_marks(words: np.ndarray, position: np.ndarray, length: np.ndarray, entries: dict[tuple[str, ...], str]) -> np.ndarray:
     """Longest-match lexicon spans as ``B-TYPE``/``I-TYPE`` per token (None outside spans).
 
-    ``words`` (T,) object array of the corpus' tokens, ``position`` (T,) each token's index in its
-    sentence, ``length`` (T,) its sentence's length; ``entries`` as from :func:`read_lexicon`.
+    Longer entries are matched first; a span that overlaps one already marked is skipped (among
+    entries of one length, the earlier span wins). Spans never cross a sentence boundary.
+
+    Parameters
+    ----------
+    words : ndarray of shape (T,), object
+        The corpus' tokens, sentence after sentence.
+    position : ndarray of shape (T,), int
+        Each token's index in its sentence.
+    length : ndarray of shape (T,), int
+        Its sentence's length.
+    entries : dict of tuple of str to str
+        As from :func:`read_lexicon`.
+
+    Returns
+    -------
+    ndarray of shape (T,), object
+        ``"B-TYPE"`` on a span's first token, ``"I-TYPE"`` on the others (``"B"``/``"I"`` for an
+        untyped entry), None outside spans.
     """
     marks = np.full(words.size, None, dtype=object)
     covered = np.zeros(words.size, dtype=bool)

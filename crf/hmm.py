@@ -74,7 +74,19 @@ _PARAMS = (
 class EMIteration:
     """One Baum-Welch iteration: the log-likelihood of the unlabelled sentences under the model
     the iteration started from, and the MAP objective it increases (likelihood of the unlabelled
-    sentences, weighted joint likelihood of the labelled ones, log Dirichlet prior)."""
+    sentences, weighted joint likelihood of the labelled ones, log Dirichlet prior).
+
+    Parameters
+    ----------
+    iteration : int
+        1-based iteration number.
+    log_likelihood : float
+        Natural-log likelihood of the unlabelled sentences.
+    objective : float
+        The MAP objective (natural log); it never decreases from one iteration to the next.
+    seconds : float
+        Wall-clock seconds since :meth:`HMM.baum_welch` began (cumulative, not per iteration).
+    """
 
     iteration: int
     log_likelihood: float
@@ -85,27 +97,58 @@ class EMIteration:
 class HMM:
     """Hidden Markov model tagger of order 1 or 2, decoded with the CRF's chain recursions.
 
+    ``order``, the smoothing choices, ``capitalization`` and ``k`` are checked by :meth:`fit`
+    (ValueError naming the bad one), not by the constructor. With ``capitalization`` the label
+    axis of the fitted tables (not ``classes_``) has the 2L hidden labels.
+
     Parameters
     ----------
-    order: 1 (bigram transitions) or 2 (trigram transitions, TnT).
-    transition_smoothing: ``"interpolation"`` (deleted interpolation) or ``"add-k"``.
-    emission_smoothing: ``"suffix"`` (relative frequency for known words, suffix model for
-        unknown ones) or ``"add-k"`` (every word, and one symbol for all unknown words).
-    k: the add-k constant (used where add-k smoothing is chosen).
-    rare_threshold: words seen at most this often teach the suffix model.
-    max_suffix: longest suffix the suffix model uses.
-    capitalization: TnT's capitalisation option: each label splits into a capitalised and an
-        uncapitalised hidden state (2L hidden labels), so transitions see capitalisation; needs
-        the suffix emission model. It costs 4x (first order) or 8x (second order) the decoding work.
-    block_elements: tokens x states per recursion call (bounds memory; about 8 bytes each).
-    n_threads: threads for tagging and Baum-Welch (None: the number of cores, at most 4).
+    order : {1, 2}, default=2
+        1 (bigram transitions) or 2 (trigram transitions, TnT).
+    transition_smoothing : {"interpolation", "add-k"}, default="interpolation"
+        Deleted interpolation, or add-k on the transition counts.
+    emission_smoothing : {"suffix", "add-k"}, default="suffix"
+        ``"suffix"``: relative frequency for known words, a suffix model for unknown ones;
+        ``"add-k"``: add-k on every word, and one symbol for all unknown words.
+    k : float, default=0.1
+        The add-k constant, >= 0 (used where add-k smoothing is chosen).
+    rare_threshold : int, default=10
+        Words seen at most this often teach the suffix model.
+    max_suffix : int, default=10
+        Longest suffix (in characters) the suffix model uses.
+    capitalization : bool, default=False
+        TnT's capitalisation option: each label splits into a capitalised and an uncapitalised
+        hidden state (2L hidden labels), so transitions see capitalisation; needs
+        ``emission_smoothing="suffix"``. It costs 4x (first order) or 8x (second order) the
+        decoding work.
+    block_elements : int, default=4_000_000
+        Tokens x states per recursion call (bounds memory; about 8 bytes each).
+    n_threads : int or None, default=None
+        Threads for tagging and Baum-Welch (None or 0: the number of cores, at most 4).
 
-    Learned attributes: ``classes_`` (L,), ``vocabulary_`` (V,), ``log_transitions_``
-    ((L + 1,) * (order + 1), see :mod:`crf._hmm_smoothing`), ``log_emissions_`` (V + 1, L) with the
-    unknown-word row last, ``suffix_model_`` (or None), ``interpolation_weights_`` (or None),
-    ``unknown_given_label_`` (P(unknown word | label) of the suffix model, or None),
-    ``transition_counts_`` and ``emission_counts_`` (V, L), ``em_history_``. With
-    ``capitalization`` the label axis of these tables has the 2L hidden labels.
+    Attributes
+    ----------
+    classes_ : list of length L
+        The labels (strings or integers, as given), sorted.
+    vocabulary_ : list of str of length V
+        The known words.
+    log_transitions_ : ndarray of shape (L + 1,) * (order + 1), float64
+        Natural-log transition probabilities, index L standing for the sequence boundary (see
+        :mod:`crf._hmm_smoothing`).
+    log_emissions_ : ndarray of shape (V + 1, L), float64
+        Natural-log P(word | label), the unknown-word row last.
+    suffix_model_ : SuffixModel or None
+        The suffix model of unknown words (``emission_smoothing="suffix"``).
+    interpolation_weights_ : ndarray of shape (order + 1,) or None
+        The deleted-interpolation weights (``transition_smoothing="interpolation"``).
+    unknown_given_label_ : ndarray of shape (L,) or None
+        P(unknown word | label) of the suffix model.
+    transition_counts_ : ndarray of shape (L + 1,) * (order + 1), float64
+        The transition counts the estimates come from.
+    emission_counts_ : ndarray of shape (V, L), float64
+        Word/label counts.
+    em_history_ : list of EMIteration
+        The iterations of :meth:`baum_welch` (empty after :meth:`fit`).
     """
 
     def __init__(
@@ -131,6 +174,13 @@ class HMM:
         self.n_threads = n_threads
 
     def get_params(self) -> dict:
+        """The constructor parameters (as scikit-learn's ``get_params``).
+
+        Returns
+        -------
+        dict
+            Parameter name -> current value.
+        """
         return {name: getattr(self, name) for name in _PARAMS}
 
     def _check_params(self) -> None:
@@ -161,13 +211,23 @@ class HMM:
 
         Parameters
         ----------
-        X : observation sequences (N lists of str: the observed column, e.g. words or POS tags).
-        y : label sequences, one label per observation.
+        X : sequence of N sequences of str
+            Observation sequences (the observed column, e.g. words or POS tags); every sequence
+            non-empty.
+        y : sequence of N sequences
+            Label sequences (strings or integers), one label per observation.
 
         Returns
         -------
         HMM
             self, with ``classes_`` (L,), ``vocabulary_`` (V,), the log tables and their counts.
+
+        Raises
+        ------
+        ValueError
+            A bad parameter; empty input; ``X`` and ``y`` of different lengths.
+        TypeError
+            Strings instead of lists of tokens; a label that is neither a string nor an integer.
         """
         self._check_params()
         words, lengths = self._flatten(X)
@@ -246,11 +306,12 @@ class HMM:
 
         Parameters
         ----------
-        words : n observations.
+        words : sequence of str
+            n observations.
 
         Returns
         -------
-        ndarray (n,) int
+        ndarray of shape (n,), int
             Index in ``vocabulary_``, -1 for an unknown word.
         """
         return pd.Index(self.vocabulary_).get_indexer(pd.Series(words, dtype=object))
@@ -260,12 +321,19 @@ class HMM:
 
         Parameters
         ----------
-        words : n observations (flat, all sequences).
+        words : sequence of str
+            n observations (flat, all sequences).
 
         Returns
         -------
-        ndarray (n, L)
-            Log emission probabilities (an unknown word's from the suffix model when there is one).
+        ndarray of shape (n, H), float64
+            Natural-log emission probabilities over the H hidden labels (L, or 2L with
+            ``capitalization``); an unknown word's from the suffix model when there is one.
+
+        Raises
+        ------
+        RuntimeError
+            Before :meth:`fit`.
         """
         self._check_fitted()
         ids = self.word_ids(words)
@@ -324,12 +392,24 @@ class HMM:
 
         Parameters
         ----------
-        X : N observation sequences, T observations in all.
+        X : sequence of N sequences of str
+            Observation sequences (the observed column, e.g. words), T observations in all; every
+            sequence non-empty.
 
         Returns
         -------
-        ndarray (T,) int
+        ndarray of shape (T,), int
             Index in ``classes_`` of each token's label, flat.
+
+        Raises
+        ------
+        RuntimeError
+            Before :meth:`fit`.
+        TypeError
+            ``X`` is a string or holds strings instead of token lists.
+        ValueError
+            ``X`` is empty or holds an empty sequence; a word of probability 0 under every label
+            (an unseen word under add-k with k = 0), naming sequence and token.
         """
 
         def decode(emissions, lengths, _scores, _tokens):
@@ -342,11 +422,24 @@ class HMM:
 
         Parameters
         ----------
-        X : N observation sequences.
+        X : sequence of N sequences of str
+            Observation sequences (the observed column, e.g. words), T observations in all; every
+            sequence non-empty.
 
         Returns
         -------
-        list of N lists of labels
+        list of N lists
+            The labels (from ``classes_``) of every sequence.
+
+        Raises
+        ------
+        RuntimeError
+            Before :meth:`fit`.
+        TypeError
+            ``X`` is a string or holds strings instead of token lists.
+        ValueError
+            ``X`` is empty or holds an empty sequence; a word of probability 0 under every label
+            (an unseen word under add-k with k = 0), naming sequence and token.
         """
         codes = self.predict_codes(X)
         classes = np.array(self.classes_, dtype=object)
@@ -371,13 +464,23 @@ class HMM:
 
         Parameters
         ----------
-        X : N observation sequences.
-        per_sequence : return one value per sequence instead of the total.
+        X : sequence of N sequences of str
+            Observation sequences (the observed column, e.g. words), T observations in all; every
+            sequence non-empty.
+        per_sequence : bool, default=False
+            Return one value per sequence instead of the total.
 
         Returns
         -------
-        float, or ndarray (N,) with ``per_sequence``
-            Natural-log probabilities.
+        float, or ndarray of shape (N,) with ``per_sequence``
+            Natural-log probabilities (-inf for a sequence of probability 0).
+
+        Raises
+        ------
+        RuntimeError
+            Before :meth:`fit`.
+        TypeError, ValueError
+            Strings instead of token lists; empty input or an empty sequence.
         """
         values = np.concatenate([p.log_z for p in self._posteriors(X, possible=False)])
         return values if per_sequence else float(values.sum())
@@ -387,12 +490,24 @@ class HMM:
 
         Parameters
         ----------
-        X : N observation sequences, T observations in all.
+        X : sequence of N sequences of str
+            Observation sequences (the observed column, e.g. words), T observations in all; every
+            sequence non-empty.
 
         Returns
         -------
-        ndarray (T, L)
+        ndarray of shape (T, L), float64
             Columns in ``classes_`` order; each row sums to 1.
+
+        Raises
+        ------
+        RuntimeError
+            Before :meth:`fit`.
+        TypeError
+            ``X`` is a string or holds strings instead of token lists.
+        ValueError
+            ``X`` is empty or holds an empty sequence; a word of probability 0 under every label
+            (an unseen word under add-k with k = 0), naming sequence and token.
         """
         L, H = len(self.classes_), self.n_hidden_
         node = [self._hidden_marginals(p.marginals) for p in self._posteriors(X)]
@@ -403,13 +518,27 @@ class HMM:
 
         Parameters
         ----------
-        X : N observation sequences.
-        y : their gold label sequences.
+        X : sequence of N sequences of str
+            Observation sequences (the observed column, e.g. words), T observations in all; every
+            sequence non-empty.
+        y : sequence of N sequences
+            Their gold label sequences.
 
         Returns
         -------
         float
             The fraction of tokens labelled right (0 to 1).
+
+        Raises
+        ------
+        RuntimeError
+            Before :meth:`fit`.
+        TypeError
+            ``X`` is a string or holds strings instead of token lists.
+        ValueError
+            ``X`` is empty or holds an empty sequence; a word of probability 0 under every label
+            (an unseen word under add-k with k = 0), naming sequence and token; ``y`` with another
+            number of labels in all than ``X`` has tokens.
         """
         predicted = self.predict_codes(X)
         gold = list(itertools.chain.from_iterable(y))
@@ -462,11 +591,16 @@ class HMM:
 
         Parameters
         ----------
-        X_unlabelled : observation sequences without labels.
-        iterations : the most EM iterations.
-        tolerance : stop when the objective improves by less than this, relative.
-        labelled_weight : weight of the supervised counts in each M-step.
-        callback : called with each iteration's :class:`EMIteration`.
+        X_unlabelled : sequence of sequences of str
+            Observation sequences without labels; every sequence non-empty.
+        iterations : int, default=20
+            The most EM iterations.
+        tolerance : float, default=1e-5
+            Stop when the objective improves by less than this, relative.
+        labelled_weight : float, default=1.0
+            Weight of the supervised counts in each M-step.
+        callback : callable, optional
+            Called with each iteration's :class:`EMIteration`.
 
         Returns
         -------
@@ -514,7 +648,21 @@ class HMM:
 
     def to_arrays(self) -> tuple[dict, dict[str, np.ndarray]]:
         """The fitted tables as (JSON-ready metadata, named arrays): what :meth:`save` writes,
-        for containers that hold an HMM among other things (:class:`crf.bundle.ModelBundle`)."""
+        for containers that hold an HMM among other things (:class:`crf.bundle.ModelBundle`).
+
+        Returns
+        -------
+        meta : dict
+            The parameters, ``classes``, the suffix model's theta and the interpolation weights.
+        arrays : dict of str to ndarray
+            The log tables, the vocabulary (as a blob and offsets) and the suffix model's arrays;
+            read back by :meth:`from_arrays`.
+
+        Raises
+        ------
+        RuntimeError
+            Before ``fit``.
+        """
         self._check_fitted()
         arrays = {"log_transitions": self.log_transitions_} | emission_arrays(self.log_emissions_, self.suffix_model_)
         arrays["vocabulary_blob"], arrays["vocabulary_offsets"] = strings_to_arrays(self.vocabulary_)
@@ -535,7 +683,13 @@ class HMM:
 
         Parameters
         ----------
-        path : the file to write (replaced whole, or left as it was on an error).
+        path : str or os.PathLike
+            The file to write (replaced whole, or left as it was on an error).
+
+        Raises
+        ------
+        RuntimeError
+            Before :meth:`fit`.
         """
         meta, arrays = self.to_arrays()
         save_arrays(path, _KIND, meta, arrays)
@@ -546,7 +700,8 @@ class HMM:
 
         Parameters
         ----------
-        path : a file :meth:`save` wrote.
+        path : str or os.PathLike
+            A file :meth:`save` wrote.
 
         Returns
         -------
@@ -562,11 +717,31 @@ class HMM:
 
     @classmethod
     def from_arrays(cls, meta: dict, arrays: dict[str, np.ndarray], path="model") -> HMM:
-        """The HMM of :meth:`to_arrays`' output; ``path`` names the source in ModelFileError messages.
+        """The HMM of :meth:`to_arrays`' output.
 
         Sizes are checked against each other and against what the file holds before any dense
         table is built; log probabilities must be finite or -inf, other numbers finite, class
-        labels, words and suffixes distinct."""
+        labels, words and suffixes distinct.
+
+        Parameters
+        ----------
+        meta : dict
+            The metadata :meth:`to_arrays` gave (as read back from JSON).
+        arrays : dict of str to ndarray
+            The arrays :meth:`to_arrays` gave.
+        path : str or os.PathLike, default="model"
+            Names the source in error messages.
+
+        Returns
+        -------
+        HMM
+            A fitted HMM.
+
+        Raises
+        ------
+        crf.ModelFileError
+            Naming ``path``, on any missing, malformed or inconsistent field.
+        """
         try:
             return cls._from_arrays(meta, arrays, path)
         except ModelFileError:
@@ -636,7 +811,15 @@ class HMM:
 
 @register_kind
 class BundledHMM:
-    """An HMM and the column it observes as the part of a :class:`crf.ModelBundle`."""
+    """An HMM and the column it observes as the part of a :class:`crf.ModelBundle`.
+
+    Parameters
+    ----------
+    model : HMM
+        A fitted HMM.
+    observation : str
+        The token column it observes (e.g. the words).
+    """
 
     kind = "hmm"
 
@@ -648,6 +831,21 @@ class BundledHMM:
         self.columns = [self.observation]
 
     def scores(self, columns, lengths):
+        """The chain's inputs for sentences given as flat token columns (:class:`crf.bundle.BundledModel`).
+
+        Parameters
+        ----------
+        columns : mapping of str to ndarray of shape (T,)
+            The token columns (at least ``columns``).
+        lengths : ndarray of shape (N,), int
+            Tokens per sentence.
+
+        Returns
+        -------
+        tuple
+            (emissions (T, S), transitions (an (L, L) matrix or a transition operator), start
+            (S,), end (S,)).
+        """
         transitions, start, end = self.model._chain_scores()
         emissions = self.model.emissions(list(columns[self.observation]))
         if self.model.order == 2:
@@ -660,6 +858,26 @@ class BundledHMM:
 
     @classmethod
     def from_parts(cls, meta, arrays, path):
+        """The part saved by :meth:`parts` (:class:`crf.bundle.BundledModel`).
+
+        Parameters
+        ----------
+        meta : dict
+            The bundle's metadata.
+        arrays : dict of str to ndarray
+            The bundle's arrays.
+        path : str or os.PathLike
+            Names the file in error messages.
+
+        Returns
+        -------
+        BundledHMM
+
+        Raises
+        ------
+        crf.ModelFileError
+            What does not fit, naming ``path``.
+        """
         model = HMM.from_arrays(meta["model"], prefixed(arrays, "model/"), path)
         if not isinstance(meta["observation"], str):
             raise ModelFileError(f"{path}: the observed column {meta['observation']!r} is not a column name")

@@ -28,7 +28,19 @@ _STREAM_ERRORS = (OSError, EOFError, zlib.error)  # truncated or corrupt gzip st
 
 
 class DataFormatError(ValueError):
-    """A malformed input file; ``path``, ``line`` and ``problem`` say where and what."""
+    """A malformed input file; ``path``, ``line`` and ``problem`` say where and what.
+
+    A ValueError; its message is ``"<path>:<line>: <problem>"``.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The file (kept as ``str``).
+    line : int
+        The 1-based line number of the problem.
+    problem : str
+        What is wrong, without the position.
+    """
 
     def __init__(self, path: str | os.PathLike, line: int, problem: str) -> None:
         self.path = str(path)
@@ -57,9 +69,28 @@ def _unreadable(path: str | os.PathLike, line: int, error: BaseException, opener
 
 
 def read_blocks(path: str | os.PathLike, size: int = 1 << 16) -> Iterator[bytes]:
-    """Yield the file's bytes (decompressed when gzip) in blocks of up to ``size`` bytes; a
-    truncated or corrupt gzip stream raises :class:`DataFormatError` naming the file and the line
-    reached (lines completed in the blocks already yielded)."""
+    """Yield the file's bytes (decompressed when gzip, recognised by its magic bytes) in blocks.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        A plain or gzip file.
+    size : int, default=65536
+        The most bytes per block.
+
+    Yields
+    ------
+    bytes
+        Blocks of up to ``size`` bytes, in order.
+
+    Raises
+    ------
+    DataFormatError
+        A truncated or corrupt gzip stream (or a failed read), naming the file and the line
+        reached (lines completed in the blocks already yielded).
+    FileNotFoundError, IsADirectoryError
+        A missing path, or a folder.
+    """
     opener = _opener(Path(path))
     lines = 0
     try:
@@ -167,6 +198,35 @@ def read_conll(
       token line of a sentence* is a comment (sentence headers such as ``# sent_id = 1``, as some
       NER corpora's TSV files have) and skipped. Inside a sentence such a line is a token line, so
       a word ``#`` keeps its place. Without a prefix every non-blank line is a token line.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        A UTF-8 text file, plain or gzip (a byte-order mark at the start is ignored).
+    n_columns : int, optional
+        The number of columns of every token line; None: as many as the first token line has.
+    separator : str, optional
+        The column separator; None (or ``""``): any run of whitespace.
+    comment_prefix : str, optional
+        Marks comment lines before a sentence's first token line (see above); None: no comments.
+    document_marker : str or None, default="-DOCSTART-"
+        The first cell of document boundary lines (see above); None: none.
+
+    Returns
+    -------
+    list of sentences
+        Each sentence a list of token rows, each row a tuple of ``n_columns`` non-empty strings.
+
+    Raises
+    ------
+    DataFormatError
+        Naming the file and the 1-based line: a line with another number of columns, an empty
+        cell or no cell; an empty file; a file with no token lines; text that is not UTF-8 (a
+        UTF-16 file is named as such); a truncated or corrupt gzip stream.
+    FileNotFoundError, IsADirectoryError
+        A missing path, or a folder.
+    ValueError
+        ``comment_prefix=""``.
     """
     if comment_prefix == "":
         raise ValueError("comment_prefix must be None or a non-empty string")
@@ -204,7 +264,27 @@ def read_conllu(path: str | os.PathLike) -> list[Sentence]:
 
     Comment lines (``#``), multiword-token lines (ID ``3-4``) and empty nodes (ID ``8.1``) are
     skipped. A word line must have exactly 10 tab-separated columns (empty cells after the last
-    are ignored) and an integer ID.
+    are ignored) and an integer ID. Blank lines end sentences.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        A UTF-8 CoNLL-U file, plain or gzip.
+
+    Returns
+    -------
+    list of sentences
+        Each sentence a list of word rows, each a tuple of the 10 column strings in
+        :data:`CONLLU_COLUMNS` order (``id``, ``form``, ``lemma``, ``upos``, ...).
+
+    Raises
+    ------
+    DataFormatError
+        Naming the file and the 1-based line: a line without 10 tab-separated columns, or a word
+        ID that is not an integer; an empty file; a file with no word lines; text that is not
+        UTF-8 (a UTF-16 file is named as such); a truncated or corrupt gzip stream.
+    FileNotFoundError, IsADirectoryError
+        A missing path, or a folder.
     """
 
     def parse(number: int, line: str) -> tuple[str, ...] | None:
@@ -232,9 +312,28 @@ def read_xml_sequences(path: str | os.PathLike, root: str = "dataset", sequence:
     others ``I-<field>`` (IOB2). Plain or gzip. The XML is parsed with expat, with any document
     type declaration refused, so no entity (internal or external) is ever declared or expanded.
 
-    Raises :class:`DataFormatError` (file, line, problem) for malformed XML, a DTD, an
-    unexpected element, text outside a field, an element nested in a field, an empty field, an
-    empty sequence or a document with no sequence.
+    Parameters
+    ----------
+    path : str or os.PathLike
+        An XML file, plain or gzip (its encoding as the XML declaration says; UTF-8 by default).
+    root : str, default="dataset"
+        The name of the document element.
+    sequence : str, default="sequence"
+        The name of the elements that hold one item each.
+
+    Returns
+    -------
+    list of sentences
+        One per ``<sequence>``, in document order: a list of ``(word, label)`` tuples.
+
+    Raises
+    ------
+    DataFormatError
+        (file, line, problem) for malformed XML, a DTD, an unexpected element, text outside a
+        field, an element nested in a field, an empty field, an empty sequence or a document with
+        no sequence; a truncated or corrupt gzip stream.
+    FileNotFoundError, IsADirectoryError
+        A missing path, or a folder.
     """
     data = _read_bytes(path)
     parser = expat.ParserCreate(encoding=None)
@@ -302,7 +401,25 @@ def read_xml_sequences(path: str | os.PathLike, root: str = "dataset", sequence:
 
 
 def column(sentences: list[Sentence], index: int) -> list[list[str]]:
-    """Pick one column from every token: ``[[row[index] for row in s] for s in sentences]``."""
+    """Pick one column from every token: ``[[row[index] for row in s] for s in sentences]``.
+
+    Parameters
+    ----------
+    sentences : list of sentences
+        As the readers return them: lists of token rows (tuples of column strings).
+    index : int
+        The column (0-based; negative counts from the end, as in Python).
+
+    Returns
+    -------
+    list of lists of str
+        The column's value of every token, sentence by sentence.
+
+    Raises
+    ------
+    IndexError
+        A row with no column ``index``.
+    """
     return [[row[index] for row in sentence] for sentence in sentences]
 
 
@@ -322,7 +439,23 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -
 
     A symbolic link is written through, as an ordinary write would: its target is replaced and
     the link stays. A dangling link (its target missing) is refused (FileNotFoundError): the
-    rename would replace the link by a file, and writing its target could create a file anywhere."""
+    rename would replace the link by a file, and writing its target could create a file anywhere.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The file to write; missing parent folders are created.
+    write : callable
+        Called once with a binary file handle open for writing; what it writes becomes the file.
+        If it raises, the temporary file is removed and ``path`` is left as it was.
+
+    Raises
+    ------
+    FileNotFoundError
+        ``path`` is a dangling symbolic link.
+    OSError
+        The file system refused a step (nothing partial is left at ``path``).
+    """
     path = Path(path)
     if path.is_symlink():
         if not path.exists():

@@ -18,7 +18,21 @@ import pandas as pd
 
 
 def split_label(label: str) -> tuple[str, str]:
-    """(tag, type) of a label, as conlleval/seqeval read it: ``B-NP`` -> ``("B", "NP")``."""
+    """(tag, type) of a label, as conlleval/seqeval read it: ``B-NP`` -> ``("B", "NP")``.
+
+    Parameters
+    ----------
+    label : str
+        One label.
+
+    Returns
+    -------
+    tag : str
+        Its first character (``""`` for an empty label).
+    type : str
+        What follows the first ``-`` after the tag (the rest after the first character when there
+        is none), or ``"_"`` when that is empty: ``O`` -> ``("O", "_")``.
+    """
     return label[:1], label[1:].split("-", 1)[-1] or "_"
 
 
@@ -32,7 +46,20 @@ def _tag_arrays(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def chunk_end(prev_tag, tag, prev_type, type_) -> np.ndarray:
-    """Whether a chunk ends between two tokens (elementwise over arrays)."""
+    """Whether a chunk ends between two tokens (conlleval's ``endOfChunk``, with IOBES' ``E`` and ``S``).
+
+    Parameters
+    ----------
+    prev_tag, tag : array_like of str
+        The tags (as :func:`split_label` gives them) of the previous and the current token.
+    prev_type, type_ : array_like of str
+        Their types.
+
+    Returns
+    -------
+    ndarray of bool
+        Elementwise, with the broadcast shape of the arguments.
+    """
     prev_tag, tag = np.asarray(prev_tag), np.asarray(tag)
     ends = (prev_tag == "E") | (prev_tag == "S")
     ends |= np.isin(prev_tag, ["B", "I"]) & np.isin(tag, ["B", "S", "O"])
@@ -41,7 +68,20 @@ def chunk_end(prev_tag, tag, prev_type, type_) -> np.ndarray:
 
 
 def chunk_start(prev_tag, tag, prev_type, type_) -> np.ndarray:
-    """Whether a chunk starts at the current token (elementwise over arrays)."""
+    """Whether a chunk starts at the current token (conlleval's ``startOfChunk``, with IOBES' ``E`` and ``S``).
+
+    Parameters
+    ----------
+    prev_tag, tag : array_like of str
+        The tags (as :func:`split_label` gives them) of the previous and the current token.
+    prev_type, type_ : array_like of str
+        Their types.
+
+    Returns
+    -------
+    ndarray of bool
+        Elementwise, with the broadcast shape of the arguments.
+    """
     prev_tag, tag = np.asarray(prev_tag), np.asarray(tag)
     starts = (tag == "B") | (tag == "S")
     starts |= np.isin(prev_tag, ["E", "S", "O"]) & np.isin(tag, ["E", "I"])
@@ -56,7 +96,19 @@ def _flatten(sequences: Sequence[Sequence[str]]) -> tuple[np.ndarray, np.ndarray
 
 
 def chunks(sequences: Sequence[Sequence[str]]) -> pd.DataFrame:
-    """All chunks of all sequences: a frame with columns sequence, start, end (exclusive), type."""
+    """All chunks of all sequences.
+
+    Parameters
+    ----------
+    sequences : sequence of sequences of str
+        Label sequences (IOB1, IOB2 or IOBES labels such as ``B-NP``).
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per chunk, in order: ``sequence`` (its index in ``sequences``), ``start`` and
+        ``end`` (token positions within the sequence, ``end`` exclusive) and ``type``.
+    """
     flat, offsets = _flatten(sequences)
     return _chunks_flat(flat, offsets)
 
@@ -89,7 +141,20 @@ def _chunks_flat(flat: np.ndarray, offsets: np.ndarray) -> pd.DataFrame:
 
 @dataclass
 class ChunkScores:
-    """Overall chunk precision/recall/F1 (percent, as conlleval prints them) and counts."""
+    """Overall chunk precision/recall/F1 (percent, as conlleval prints them) and counts.
+
+    Parameters
+    ----------
+    precision, recall, f1 : float
+        Overall chunk scores in percent (0 where undefined).
+    n_gold, n_predicted, n_correct : int
+        Chunk counts.
+    accuracy : float
+        Token accuracy in percent.
+    per_type : pandas.DataFrame
+        Indexed by chunk type: ``precision``, ``recall``, ``f1`` (percent), ``support`` (gold
+        chunks), ``predicted``, ``correct``.
+    """
 
     precision: float
     recall: float
@@ -109,7 +174,27 @@ def _prf(correct, predicted, gold):
 
 
 def chunk_scores(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[str]]) -> ChunkScores:
-    """conlleval's chunk P/R/F1 overall and per type, and token accuracy."""
+    """conlleval's chunk P/R/F1 overall and per type, and token accuracy.
+
+    Parameters
+    ----------
+    gold : sequence of sequences of str
+        The gold label sequences.
+    predicted : sequence of sequences of str
+        The predicted label sequences, aligned with ``gold``.
+
+    Returns
+    -------
+    ChunkScores
+        ``precision``, ``recall``, ``f1`` and ``accuracy`` in percent (0 where undefined, as
+        conlleval), ``n_gold``, ``n_predicted``, ``n_correct`` chunk counts, and ``per_type``: a
+        frame indexed by type with precision, recall, f1 (percent), support, predicted, correct.
+
+    Raises
+    ------
+    ValueError
+        As :func:`check_aligned`.
+    """
     check_aligned(gold, predicted)
     gold_chunks = chunks(gold)
     pred_chunks = chunks(predicted)
@@ -135,7 +220,20 @@ def chunk_scores(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[str
 def check_aligned(gold, predicted, unknown: bool = False) -> None:
     """ValueError unless ``gold`` and ``predicted`` have the same number of sequences and labels
     per sequence, and (unless ``unknown``) no gold label is None: an unknown label cannot be
-    scored (leave such tokens out, as :meth:`crf.CRF.score` does)."""
+    scored (leave such tokens out, as :meth:`crf.CRF.score` does).
+
+    Parameters
+    ----------
+    gold, predicted : sequence of sequences
+        Label sequences.
+    unknown : bool, default=False
+        Allow gold labels that are None.
+
+    Raises
+    ------
+    ValueError
+        Naming the first sequence (and token) that differs in length or holds a None gold label.
+    """
     if len(gold) != len(predicted):
         raise ValueError(f"{len(gold)} gold sequences but {len(predicted)} predicted")
     for i, (g, p) in enumerate(zip(gold, predicted)):
@@ -147,7 +245,25 @@ def check_aligned(gold, predicted, unknown: bool = False) -> None:
 
 
 def token_accuracy(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[str]]) -> float:
-    """Fraction of tokens whose predicted label equals the gold label, in percent."""
+    """Percentage of tokens whose predicted label equals the gold label.
+
+    Parameters
+    ----------
+    gold : sequence of sequences of str
+        The gold label sequences.
+    predicted : sequence of sequences of str
+        The predicted label sequences, aligned with ``gold``.
+
+    Returns
+    -------
+    float
+        Token accuracy in percent (0 to 100; 0.0 for no tokens).
+
+    Raises
+    ------
+    ValueError
+        As :func:`check_aligned`.
+    """
     check_aligned(gold, predicted)
     g, _ = _flatten(gold)
     p, _ = _flatten(predicted)
@@ -155,7 +271,24 @@ def token_accuracy(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[s
 
 
 def label_scores(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[str]]) -> pd.DataFrame:
-    """Per-label token-level precision, recall, F1 (percent) and support."""
+    """Per-label token-level precision, recall, F1 (percent) and support.
+
+    The sequences must be aligned (the same number of sequences and of labels per sequence): this
+    function does not check it (:func:`check_aligned` does).
+
+    Parameters
+    ----------
+    gold : sequence of sequences of str
+        The gold label sequences.
+    predicted : sequence of sequences of str
+        The predicted label sequences, aligned with ``gold``.
+
+    Returns
+    -------
+    pandas.DataFrame
+        Indexed by label (every label of either side, sorted), with ``precision``, ``recall``,
+        ``f1`` in percent (0 where undefined) and ``support`` (gold count).
+    """
     g, _ = _flatten(gold)
     p, _ = _flatten(predicted)
     labels = sorted(set(g) | set(p))
@@ -169,7 +302,26 @@ def label_scores(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[str
 def confusion_matrix(
     gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[str]], labels: Sequence[str] | None = None
 ) -> pd.DataFrame:
-    """Counts of (gold label, predicted label) pairs; rows gold, columns predicted."""
+    """Counts of (gold label, predicted label) pairs; rows gold, columns predicted.
+
+    The sequences must be aligned (the same number of sequences and of labels per sequence): this
+    function does not check it (:func:`check_aligned` does).
+
+    Parameters
+    ----------
+    gold : sequence of sequences of str
+        The gold label sequences.
+    predicted : sequence of sequences of str
+        The predicted label sequences, aligned with ``gold``.
+    labels : sequence of str, optional
+        The rows and columns, in this order; tokens whose gold or predicted label is not among
+        them are not counted. None: every label of either side, sorted.
+
+    Returns
+    -------
+    pandas.DataFrame of shape (L, L), int
+        Index named ``gold``, columns named ``predicted``.
+    """
     g, _ = _flatten(gold)
     p, _ = _flatten(predicted)
     labels = list(labels) if labels is not None else sorted(set(g) | set(p))
@@ -188,7 +340,23 @@ def confusion_matrix(
 
 def mcnemar(gold: Sequence[Sequence[str]], first: Sequence[Sequence[str]], second: Sequence[Sequence[str]]) -> dict:
     """Exact McNemar test on tokens: of the tokens exactly one tagger gets right, is the split
-    between the two taggers 50:50? Returns counts and the two-sided exact binomial p-value."""
+    between the two taggers 50:50?
+
+    The sequences must be aligned; this function does not check it.
+
+    Parameters
+    ----------
+    gold : sequence of sequences of str
+        The gold label sequences.
+    first, second : sequence of sequences of str
+        The two taggers' predictions, aligned with ``gold``.
+
+    Returns
+    -------
+    dict
+        ``only_first_correct`` and ``only_second_correct`` (token counts, int) and ``p_value``,
+        the two-sided exact binomial p-value (1.0 when no token is discordant).
+    """
     from scipy.stats import binomtest
 
     g, _ = _flatten(gold)
@@ -203,7 +371,25 @@ def mcnemar(gold: Sequence[Sequence[str]], first: Sequence[Sequence[str]], secon
 
 def sentence_counts(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[str]], chunked: bool) -> np.ndarray:
     """Per sentence (N, 2) [correct tokens, tokens] or, chunked, (N, 5) with [correct chunks,
-    predicted chunks, gold chunks] appended: the sufficient statistics of accuracy and F1."""
+    predicted chunks, gold chunks] appended: the sufficient statistics of accuracy and F1.
+
+    The sequences must be aligned (the same number of sequences and of labels per sequence): this
+    function does not check it (:func:`check_aligned` does).
+
+    Parameters
+    ----------
+    gold : sequence of sequences of str
+        The gold label sequences.
+    predicted : sequence of sequences of str
+        The predicted label sequences, aligned with ``gold``.
+    chunked : bool
+        Add the chunk counts.
+
+    Returns
+    -------
+    ndarray of shape (N, 2) or (N, 5), float64
+        Counts per sentence.
+    """
     g, offsets = _flatten(gold)
     p, _ = _flatten(predicted)
     n = offsets.size - 1
@@ -233,7 +419,31 @@ def paired_bootstrap(gold, first, second, chunked: bool, samples: int = 1000, se
     test sentences with replacement ``samples`` times, score both taggers on each resample and
     count how often the difference is on either side of zero. Returns one row per metric (accuracy,
     and F1 when ``chunked``): both scores, the difference (second - first), a 95% interval of
-    the difference and the two-sided p-value."""
+    the difference and the two-sided p-value.
+
+    The sequences must be aligned; this function does not check it.
+
+    Parameters
+    ----------
+    gold : sequence of sequences of str
+        The gold label sequences (N sentences).
+    first, second : sequence of sequences of str
+        The two taggers' predictions, aligned with ``gold``.
+    chunked : bool
+        Also compare chunk F1 (conlleval's chunks).
+    samples : int, default=1000
+        The number of resamples B.
+    seed : int, default=0
+        Seed of the resampling (NumPy's ``default_rng``).
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per metric: ``metric`` (``"accuracy"``, ``"f1"``), ``first``, ``second``,
+        ``difference`` (percentage points), ``low_95``, ``high_95`` (the 2.5th and 97.5th
+        percentiles of the resampled differences) and ``p_value`` (two-sided, add-one estimate:
+        at least 2 / (B + 1)).
+    """
     a = sentence_counts(gold, first, chunked)
     b = sentence_counts(gold, second, chunked)
     n = a.shape[0]
@@ -271,49 +481,189 @@ def _flat_labels(gold, predicted) -> tuple[np.ndarray, np.ndarray]:
 
 
 def flat_accuracy_score(y_true, y_pred) -> float:
-    """Token accuracy (a fraction) over all sequences."""
+    """Token accuracy (a fraction) over all sequences (sklearn-crfsuite's).
+
+    Parameters
+    ----------
+    y_true : sequence of sequences
+        The gold label sequences.
+    y_pred : sequence of sequences
+        The predicted label sequences, aligned with ``y_true``.
+
+    Returns
+    -------
+    float
+        The fraction of tokens labelled right, 0 to 1.
+
+    Raises
+    ------
+    ValueError
+        As :func:`check_aligned` (a gold label of None included).
+    """
     from sklearn import metrics
 
     return float(metrics.accuracy_score(*_flat_labels(y_true, y_pred)))
 
 
 def flat_precision_score(y_true, y_pred, **kwargs):
-    """``sklearn.metrics.precision_score`` of the token labels (keyword arguments passed on)."""
+    """``sklearn.metrics.precision_score`` of the token labels (keyword arguments passed on).
+
+    Parameters
+    ----------
+    y_true : sequence of sequences
+        The gold label sequences.
+    y_pred : sequence of sequences
+        The predicted label sequences, aligned with ``y_true``.
+    **kwargs
+        Passed on to ``sklearn.metrics.precision_score`` (``average``, ``labels``, ``zero_division``, ...).
+
+    Returns
+    -------
+    float or ndarray
+        What scikit-learn returns: a fraction, or one per label with ``average=None``.
+
+    Raises
+    ------
+    ValueError
+        As :func:`check_aligned` (a gold label of None included).
+    """
     from sklearn import metrics
 
     return metrics.precision_score(*_flat_labels(y_true, y_pred), **kwargs)
 
 
 def flat_recall_score(y_true, y_pred, **kwargs):
-    """``sklearn.metrics.recall_score`` of the token labels."""
+    """``sklearn.metrics.recall_score`` of the token labels.
+
+    Parameters
+    ----------
+    y_true : sequence of sequences
+        The gold label sequences.
+    y_pred : sequence of sequences
+        The predicted label sequences, aligned with ``y_true``.
+    **kwargs
+        Passed on to ``sklearn.metrics.recall_score`` (``average``, ``labels``, ``zero_division``, ...).
+
+    Returns
+    -------
+    float or ndarray
+        What scikit-learn returns: a fraction, or one per label with ``average=None``.
+
+    Raises
+    ------
+    ValueError
+        As :func:`check_aligned` (a gold label of None included).
+    """
     from sklearn import metrics
 
     return metrics.recall_score(*_flat_labels(y_true, y_pred), **kwargs)
 
 
 def flat_f1_score(y_true, y_pred, **kwargs):
-    """``sklearn.metrics.f1_score`` of the token labels (e.g. ``average="weighted", labels=...``)."""
+    """``sklearn.metrics.f1_score`` of the token labels (e.g. ``average="weighted", labels=...``).
+
+    Parameters
+    ----------
+    y_true : sequence of sequences
+        The gold label sequences.
+    y_pred : sequence of sequences
+        The predicted label sequences, aligned with ``y_true``.
+    **kwargs
+        Passed on to ``sklearn.metrics.f1_score`` (``average``, ``labels``, ``zero_division``, ...).
+
+    Returns
+    -------
+    float or ndarray
+        What scikit-learn returns: a fraction, or one per label with ``average=None``.
+
+    Raises
+    ------
+    ValueError
+        As :func:`check_aligned` (a gold label of None included).
+    """
     from sklearn import metrics
 
     return metrics.f1_score(*_flat_labels(y_true, y_pred), **kwargs)
 
 
 def flat_fbeta_score(y_true, y_pred, beta, **kwargs):
-    """``sklearn.metrics.fbeta_score`` of the token labels."""
+    """``sklearn.metrics.fbeta_score`` of the token labels.
+
+    Parameters
+    ----------
+    y_true : sequence of sequences
+        The gold label sequences.
+    y_pred : sequence of sequences
+        The predicted label sequences, aligned with ``y_true``.
+    beta : float
+        The weight of recall against precision.
+    **kwargs
+        Passed on to ``sklearn.metrics.fbeta_score``.
+
+    Returns
+    -------
+    float or ndarray
+        What scikit-learn returns.
+
+    Raises
+    ------
+    ValueError
+        As :func:`check_aligned` (a gold label of None included).
+    """
     from sklearn import metrics
 
     return metrics.fbeta_score(*_flat_labels(y_true, y_pred), beta=beta, **kwargs)
 
 
 def flat_classification_report(y_true, y_pred, labels=None, **kwargs):
-    """``sklearn.metrics.classification_report`` of the token labels."""
+    """``sklearn.metrics.classification_report`` of the token labels.
+
+    Parameters
+    ----------
+    y_true : sequence of sequences
+        The gold label sequences.
+    y_pred : sequence of sequences
+        The predicted label sequences, aligned with ``y_true``.
+    labels : sequence, optional
+        The labels to report, in this order; None: every label.
+    **kwargs
+        Passed on to ``sklearn.metrics.classification_report`` (``digits``, ``output_dict``, ...).
+
+    Returns
+    -------
+    str or dict
+        The report (a dict with ``output_dict=True``).
+
+    Raises
+    ------
+    ValueError
+        As :func:`check_aligned` (a gold label of None included).
+    """
     from sklearn import metrics
 
     return metrics.classification_report(*_flat_labels(y_true, y_pred), labels=labels, **kwargs)
 
 
 def sequence_accuracy_score(y_true, y_pred) -> float:
-    """Fraction of sequences whose every label is right (0 for no sequences)."""
+    """Fraction of sequences whose every label is right.
+
+    Parameters
+    ----------
+    y_true : sequence of sequences
+        The gold label sequences.
+    y_pred : sequence of sequences
+        The predicted label sequences, aligned with ``y_true``.
+
+    Returns
+    -------
+    float
+        0 to 1 (0.0 for no sequences).
+
+    Raises
+    ------
+    ValueError
+        As :func:`check_aligned` (a gold label of None included).
+    """
     check_aligned(y_true, y_pred)
     if not len(y_true):
         return 0.0
@@ -323,7 +673,20 @@ def sequence_accuracy_score(y_true, y_pred) -> float:
 def flat_scorer(metric=flat_f1_score, **kwargs):
     """A scorer for sklearn's model selection (``cross_val_score``, ``GridSearchCV``,
     ``RandomizedSearchCV``): ``make_scorer(metric, **kwargs)``, e.g.
-    ``flat_scorer(flat_f1_score, average="weighted", labels=labels)``."""
+    ``flat_scorer(flat_f1_score, average="weighted", labels=labels)``.
+
+    Parameters
+    ----------
+    metric : callable, default=flat_f1_score
+        ``metric(y_true, y_pred, **kwargs) -> float``, greater is better.
+    **kwargs
+        Passed on to ``metric`` at every call.
+
+    Returns
+    -------
+    callable
+        ``scorer(estimator, X, y)``, as ``sklearn.metrics.make_scorer`` makes it.
+    """
     from sklearn.metrics import make_scorer
 
     return make_scorer(metric, **kwargs)

@@ -233,13 +233,19 @@ class CRF(SegmentQueries, UncertaintyQueries, FeatureTables, BaseEstimator):
 
         Parameters
         ----------
-        source : a CRFsuite model file (python-crfsuite's, sklearn-crfsuite's) or a read one
+        source : str, os.PathLike or CRFsuiteModel
+            A CRFsuite model file (python-crfsuite's, sklearn-crfsuite's) or a read one
             (:func:`crf.read_crfsuite`).
 
         Returns
         -------
         CRF
             Start and end weights 0, ``boundary_transitions=False``.
+
+        Raises
+        ------
+        crf.CRFsuiteFormatError
+            A missing or bad file, or a model without labels.
         """
         model = source if isinstance(source, crfsuite.CRFsuiteModel) else crfsuite.read_crfsuite(source)
         if not model.labels:  # a file CRFsuite writes when it had nothing to train on
@@ -308,14 +314,18 @@ class CRF(SegmentQueries, UncertaintyQueries, FeatureTables, BaseEstimator):
 
         Parameters
         ----------
-        X : list of sequences of token features (dicts, or lists of attribute strings), or a
+        X : list of sequences of token features, or SequenceBatch
+            Each token a dict ``{attribute: value}`` or a list of attribute strings; or a
             :class:`~crf.batch.SequenceBatch` (T tokens x A attributes).
-        y : list of label sequences, one label per token. A label of None is unknown
-            (``lbfgs`` and ``l2sgd``): training then maximises the probability of the known
-            labels with the unknown ones summed out; only known labels make features.
-        X_dev, y_dev : held-out data; the dev accuracy is reported every ``dev_every`` iterations
-            (to ``callback``, as ``IterationInfo.dev_accuracy``).
-        attribute_names : (A,) the names of a SequenceBatch's columns.
+        y : list of label sequences
+            One label (a string or an integer) per token. A label of None is unknown (``lbfgs``
+            and ``l2sgd``): training then maximises the probability of the known labels with the
+            unknown ones summed out; only known labels make features.
+        X_dev, y_dev : optional
+            Held-out data in the form of ``X`` and ``y``; the dev accuracy (percent) is reported
+            every ``dev_every`` iterations (to ``callback``, as ``IterationInfo.dev_accuracy``).
+        attribute_names : sequence of str of length A, optional
+            The names of a SequenceBatch's columns.
 
         Returns
         -------
@@ -324,6 +334,14 @@ class CRF(SegmentQueries, UncertaintyQueries, FeatureTables, BaseEstimator):
             attributes keep their columns, new ones are added after them with weights starting at
             zero (a SequenceBatch must keep the old columns); the labels are those of ``y``, old
             ones first, and an old label that ``y`` lacks is dropped, as in a cold fit.
+
+        Raises
+        ------
+        ValueError, TypeError
+            A bad parameter, input or warm-start source, naming it, before any training.
+        TrainingError
+            Training could not move from its starting point although that was not the minimum
+            (the message says why).
         """
         began = time.perf_counter()
         params = self.get_params()
@@ -415,16 +433,65 @@ class CRF(SegmentQueries, UncertaintyQueries, FeatureTables, BaseEstimator):
             raise NotFittedCRFError("this CRF is not fitted yet; call fit() or CRF.load()")
 
     def emissions(self, X) -> tuple[np.ndarray, SequenceBatch]:
-        """Emission scores (T, L) and the batch they belong to."""
+        """Emission scores: the state weights applied to every token's attributes.
+
+        Parameters
+        ----------
+        X : list of sequences of token features, or SequenceBatch
+            Each sequence a list of tokens, each token a dict ``{attribute: value}`` or a list of
+            attribute strings (value 1), as for :meth:`fit`; or a :class:`~crf.batch.SequenceBatch`
+            of N sequences, T tokens in all, with the model's A attributes (a model fitted on a
+            SequenceBatch takes only SequenceBatch input). Attributes the model never saw are ignored.
+
+        Returns
+        -------
+        emissions : ndarray of shape (T, L), float64
+            ``X @ state_weights_``: the score of every label (``classes_`` order) at every token.
+        batch : SequenceBatch
+            The batch the rows belong to (``X`` itself when it is one).
+
+        Raises
+        ------
+        NotFittedCRFError
+            Before ``fit``.
+        ValueError
+            A SequenceBatch whose number of attributes is not the model's, or with a non-finite
+            value; a list input to a model fitted on a SequenceBatch.
+        """
         self._check_fitted()
         batch = self._batch(X)
         return np.asarray(batch.X @ self.state_weights_), batch
 
     def chain_inputs(self, X) -> tuple[np.ndarray, tuple, SequenceBatch]:
-        """What the chain runs on: per-state emissions (T, S) (labels for order 1, label pairs
-        for order 2, pairs of candidate slots for a pruned model: see :mod:`crf._order`), the
-        scores (transitions or transition operator, start (S,), end (S,)) and the batch. The
-        operator maps states back to labels (``labels_at``, ``label_marginals``)."""
+        """What the chain runs on: per-state emissions, chain scores and the batch.
+
+        The states are the labels for order 1, label pairs for order 2 and pairs of candidate
+        slots for a pruned model (see :mod:`crf._order`).
+
+        Parameters
+        ----------
+        X : list of sequences of token features, or SequenceBatch
+            Each sequence a list of tokens, each token a dict ``{attribute: value}`` or a list of
+            attribute strings (value 1), as for :meth:`fit`; or a :class:`~crf.batch.SequenceBatch`
+            of N sequences, T tokens in all, with the model's A attributes (a model fitted on a
+            SequenceBatch takes only SequenceBatch input). Attributes the model never saw are ignored.
+
+        Returns
+        -------
+        states : ndarray of shape (T, S), float64
+            Per-state emission scores (S = L for order 1).
+        scores : tuple
+            ``(transitions, start, end)``: an (L, L) transition matrix for order 1, else a
+            transition operator, which maps states back to labels (``labels_at``,
+            ``label_marginals``); start and end scores of shape (S,).
+        batch : SequenceBatch
+            The batch the rows belong to.
+
+        Raises
+        ------
+        NotFittedCRFError, ValueError
+            As :meth:`emissions`.
+        """
         emissions, batch = self.emissions(X)
         states, scores = self._chain_of(emissions, batch.X, batch.lengths)
         return states, scores, batch
@@ -457,9 +524,30 @@ class CRF(SegmentQueries, UncertaintyQueries, FeatureTables, BaseEstimator):
         return chain.operator_of(transitions).label_marginals(marginals, len(self.classes_), reduce)
 
     def candidates(self, X, lengths: np.ndarray, threshold: float) -> np.ndarray:
-        """The labels kept at each token by marginal pruning (T, L) bool: those whose marginal
-        under this model is at least ``threshold``, at most :data:`MAX_CANDIDATES` of them (the
-        most probable), and always the most probable one. ``X`` (T, A)."""
+        """The labels kept at each token by marginal pruning (this model as the pruner).
+
+        A label is kept where its marginal under this model is at least ``threshold``, at most
+        :data:`MAX_CANDIDATES` of them (the most probable); the most probable label is always kept.
+
+        Parameters
+        ----------
+        X : sparse matrix of shape (T, A)
+            The tokens' attribute rows (a SequenceBatch's ``X``), in the model's columns.
+        lengths : ndarray of shape (N,), int
+            Tokens per sequence; they sum to T.
+        threshold : float
+            The least marginal probability a label needs, in (0, 1).
+
+        Returns
+        -------
+        ndarray of shape (T, L), bool
+            True where the label (``classes_`` order) is a candidate at the token.
+
+        Raises
+        ------
+        NotFittedCRFError
+            Before ``fit``.
+        """
         self._check_fitted()
         marginals = self._marginals_of(X, lengths)
         keep = marginals >= threshold
@@ -476,9 +564,25 @@ class CRF(SegmentQueries, UncertaintyQueries, FeatureTables, BaseEstimator):
         return self._label_marginals(marginals, scores[0])
 
     def pruned_mass(self, X, lengths: np.ndarray, keep: np.ndarray) -> float:
-        """The marginal probability this model gives the labels ``keep`` (T, L) drops, summed over
-        tokens: a bound (by the union bound) on the probability, under this model, of the paths
-        that leave the pruned lattice, summed over sequences."""
+        """The marginal probability this model gives the labels that ``keep`` drops, summed over tokens.
+
+        By the union bound, an upper bound on the probability (under this model) of the paths
+        that leave the pruned lattice, summed over sequences.
+
+        Parameters
+        ----------
+        X : sparse matrix of shape (T, A)
+            The tokens' attribute rows, in the model's columns.
+        lengths : ndarray of shape (N,), int
+            Tokens per sequence; they sum to T.
+        keep : ndarray of shape (T, L), bool
+            The kept labels (as :meth:`candidates` gives them).
+
+        Returns
+        -------
+        float
+            The summed marginal probability of the dropped labels, between 0 and T.
+        """
         return float(np.where(keep, 0.0, self._marginals_of(X, lengths)).sum())
 
     def _by_sequence(self, X, query) -> list:
@@ -499,14 +603,58 @@ class CRF(SegmentQueries, UncertaintyQueries, FeatureTables, BaseEstimator):
         return self._by_sequence(X, lambda batch: [classes[part].tolist() for part in self.predict_codes(batch)[0]])
 
     def predict(self, X) -> np.ndarray:
-        """Most likely label sequence (Viterbi) of every sequence, as sklearn-crfsuite returns it:
-        ``np.array(list of label lists, dtype=object)``."""
+        """Most likely label sequence (Viterbi) of every sequence, as sklearn-crfsuite returns it.
+
+        Parameters
+        ----------
+        X : list of sequences of token features, or SequenceBatch
+            Each sequence a list of tokens, each token a dict ``{attribute: value}`` or a list of
+            attribute strings (value 1), as for :meth:`fit`; or a :class:`~crf.batch.SequenceBatch`
+            of N sequences, T tokens in all, with the model's A attributes (a model fitted on a
+            SequenceBatch takes only SequenceBatch input). Attributes the model never saw are ignored.
+
+        Returns
+        -------
+        ndarray of shape (N,), dtype object
+            ``np.array(list of label lists, dtype=object)``: one list of labels (from ``classes_``)
+            per sequence; an empty sequence gets ``[]``. When every sequence has the same length T,
+            NumPy makes that a 2-D object array of shape (N, T).
+
+        Raises
+        ------
+        NotFittedCRFError, ValueError
+            As :meth:`emissions`.
+        """
         return np.array(self._predict_lists(X), dtype=object)
 
     def predict_codes(self, X) -> tuple[list[np.ndarray], np.ndarray]:
-        """Viterbi label indices per sequence and the path scores (N,).
+        """Viterbi label indices per sequence and the path scores.
 
-        Contiguous parts of the batch are tagged on separate threads."""
+        Contiguous parts of the batch are tagged on separate threads (``n_threads``). Ties go to
+        the lowest label index, as in CRFsuite.
+
+        Parameters
+        ----------
+        X : list of sequences of token features, or SequenceBatch
+            Each sequence a list of tokens, each token a dict ``{attribute: value}`` or a list of
+            attribute strings (value 1), as for :meth:`fit`; or a :class:`~crf.batch.SequenceBatch`
+            of N sequences, T tokens in all, with the model's A attributes (a model fitted on a
+            SequenceBatch takes only SequenceBatch input). Attributes the model never saw are ignored.
+            Every sequence must have at least one token.
+
+        Returns
+        -------
+        labels : list of N ndarrays, int
+            Per sequence, the index in ``classes_`` of every token's label, shape (T_i,).
+        scores : ndarray of shape (N,), float64
+            The unnormalised log score of every best path (its emission and transition weights
+            summed); ``scores - log_partition(X)`` is its log probability.
+
+        Raises
+        ------
+        NotFittedCRFError, ValueError
+            As :meth:`emissions`.
+        """
         self._check_fitted()
         batch = self._batch(X)
         n_threads = thread_count(self.n_threads)
@@ -525,7 +673,26 @@ class CRF(SegmentQueries, UncertaintyQueries, FeatureTables, BaseEstimator):
         return split_by_sequence(labels, batch), scores
 
     def predict_single(self, xseq) -> list[str]:
-        """Labels of one sequence (a list of str)."""
+        """Most likely labels of one sequence (Viterbi), as sklearn-crfsuite's ``predict_single``.
+
+        Parameters
+        ----------
+        xseq : list
+            One sequence: a list of tokens, each a dict ``{attribute: value}`` or a list of
+            attribute strings.
+
+        Returns
+        -------
+        list
+            One label (from ``classes_``) per token; ``[]`` for an empty sequence.
+
+        Raises
+        ------
+        NotFittedCRFError
+            Before ``fit``.
+        ValueError
+            A model fitted on a SequenceBatch (it takes no feature dicts).
+        """
         self._check_fitted()
         emissions = self._sequence_emissions(xseq)
         if emissions is None:
@@ -556,16 +723,59 @@ class CRF(SegmentQueries, UncertaintyQueries, FeatureTables, BaseEstimator):
         return _compiled.rows_times_dense(*entries, self.state_weights_)
 
     def marginals(self, X) -> tuple[np.ndarray, SequenceBatch]:
-        """Node marginals p(y_t = l | x) as a (T, L) array (columns in ``classes_`` order)."""
+        """Node marginals p(y_t = l | x) of every token (forward-backward).
+
+        Parameters
+        ----------
+        X : list of sequences of token features, or SequenceBatch
+            Each sequence a list of tokens, each token a dict ``{attribute: value}`` or a list of
+            attribute strings (value 1), as for :meth:`fit`; or a :class:`~crf.batch.SequenceBatch`
+            of N sequences, T tokens in all, with the model's A attributes (a model fitted on a
+            SequenceBatch takes only SequenceBatch input). Attributes the model never saw are ignored.
+
+        Returns
+        -------
+        marginals : ndarray of shape (T, L), float64
+            Rows sum to 1; columns in ``classes_`` order.
+        batch : SequenceBatch
+            The batch the rows belong to.
+
+        Raises
+        ------
+        NotFittedCRFError, ValueError
+            As :meth:`emissions`.
+        """
         posterior, _, batch = self.posterior(X)
         return posterior.marginals, batch
 
     def posterior(self, X, keep_messages: bool = False) -> tuple[chain.Posterior, np.ndarray, SequenceBatch]:
-        """Forward-backward over ``X``: the :class:`crf._chain.Posterior` (log Z (N,), marginals
-        (T, L) in ``classes_`` order and, with ``keep_messages``, the per-state log messages that
-        :meth:`segments_of` reuses), the chain's per-state emissions (T, S) (see
-        :meth:`chain_inputs`; the per-label ones for order 1) and the batch. The chain's scores
-        are kept on the posterior (``scores``) for :meth:`segments_of`."""
+        """Forward-backward over ``X``.
+
+        Parameters
+        ----------
+        X : list of sequences of token features, or SequenceBatch
+            Each sequence a list of tokens, each token a dict ``{attribute: value}`` or a list of
+            attribute strings (value 1), as for :meth:`fit`; or a :class:`~crf.batch.SequenceBatch`
+            of N sequences, T tokens in all, with the model's A attributes (a model fitted on a
+            SequenceBatch takes only SequenceBatch input). Attributes the model never saw are ignored.
+        keep_messages : bool, default=False
+            Keep the per-state log messages on the posterior, for :meth:`segments_of` to reuse.
+
+        Returns
+        -------
+        posterior : crf._chain.Posterior
+            ``log_z`` (N,), ``marginals`` (T, L) in ``classes_`` order, the log messages with
+            ``keep_messages``, and ``scores``, the chain's scores (as :meth:`chain_inputs`).
+        states : ndarray of shape (T, S), float64
+            The chain's per-state emissions (see :meth:`chain_inputs`; the per-label ones for order 1).
+        batch : SequenceBatch
+            The batch the rows belong to.
+
+        Raises
+        ------
+        NotFittedCRFError, ValueError
+            As :meth:`emissions`.
+        """
         emissions, scores, batch = self.chain_inputs(X)
         posterior = chain.forward_backward(emissions, *scores, batch.lengths, keep_messages=keep_messages, counts=False)
         posterior.marginals = self._label_marginals(posterior.marginals, scores[0])
@@ -580,20 +790,102 @@ class CRF(SegmentQueries, UncertaintyQueries, FeatureTables, BaseEstimator):
         return self._by_sequence(X, query)
 
     def predict_marginals(self, X) -> np.ndarray:
-        """Per token, a dict label -> marginal probability, as sklearn-crfsuite returns it:
-        ``np.array(list of lists of dicts, dtype=object)``."""
+        """Per token, a dict label -> marginal probability, as sklearn-crfsuite returns it.
+
+        Parameters
+        ----------
+        X : list of sequences of token features, or SequenceBatch
+            Each sequence a list of tokens, each token a dict ``{attribute: value}`` or a list of
+            attribute strings (value 1), as for :meth:`fit`; or a :class:`~crf.batch.SequenceBatch`
+            of N sequences, T tokens in all, with the model's A attributes (a model fitted on a
+            SequenceBatch takes only SequenceBatch input). Attributes the model never saw are ignored.
+
+        Returns
+        -------
+        ndarray, dtype object
+            ``np.array(list of lists of dicts, dtype=object)``: per sequence, per token
+            ``{label: p(y_t = label | x)}`` over ``classes_``; an empty sequence gets ``[]``.
+
+        Raises
+        ------
+        NotFittedCRFError, ValueError
+            As :meth:`emissions`.
+        """
         return np.array(self._marginal_dicts(X), dtype=object)
 
     def predict_marginals_single(self, xseq) -> list[dict[str, float]]:
+        """Per token of one sequence, a dict label -> marginal probability (sklearn-crfsuite's).
+
+        Parameters
+        ----------
+        xseq : list
+            One sequence: a list of tokens, each a dict ``{attribute: value}`` or a list of
+            attribute strings.
+
+        Returns
+        -------
+        list of dict
+            ``{label: p(y_t = label | x)}`` over ``classes_`` for every token; ``[]`` for an empty
+            sequence.
+
+        Raises
+        ------
+        NotFittedCRFError, ValueError
+            As :meth:`emissions`.
+        """
         return self._marginal_dicts([xseq])[0]
 
     def log_partition(self, X) -> np.ndarray:
-        """log Z(x) of every sequence (N,)."""
+        """The log partition function log Z(x) of every sequence (natural log).
+
+        Parameters
+        ----------
+        X : list of sequences of token features, or SequenceBatch
+            Each sequence a list of tokens, each token a dict ``{attribute: value}`` or a list of
+            attribute strings (value 1), as for :meth:`fit`; or a :class:`~crf.batch.SequenceBatch`
+            of N sequences, T tokens in all, with the model's A attributes (a model fitted on a
+            SequenceBatch takes only SequenceBatch input). Attributes the model never saw are ignored.
+
+        Returns
+        -------
+        ndarray of shape (N,), float64
+            log Z(x) of every sequence (over the pruned lattice for a pruned model).
+
+        Raises
+        ------
+        NotFittedCRFError, ValueError
+            As :meth:`emissions`.
+        """
         emissions, scores, batch = self.chain_inputs(X)
         return chain.log_partition(emissions, *scores, batch.lengths)
 
     def sequence_probability(self, X, y) -> np.ndarray:
-        """p(y | x) for every given labelling (N,) (0 for a labelling a pruned model's lattice leaves out)."""
+        """The probability p(y | x) of every given labelling.
+
+        Parameters
+        ----------
+        X : list of sequences of token features, or SequenceBatch
+            Each sequence a list of tokens, each token a dict ``{attribute: value}`` or a list of
+            attribute strings (value 1), as for :meth:`fit`; or a :class:`~crf.batch.SequenceBatch`
+            of N sequences, T tokens in all, with the model's A attributes (a model fitted on a
+            SequenceBatch takes only SequenceBatch input). Attributes the model never saw are ignored.
+        y : list of N label sequences
+            One label from ``classes_`` per token of ``X``.
+
+        Returns
+        -------
+        ndarray of shape (N,), float64
+            p(y | x) of every sequence, in [0, 1] (0 for a labelling a pruned model's lattice
+            leaves out).
+
+        Raises
+        ------
+        NotFittedCRFError
+            Before ``fit``.
+        ValueError
+            ``y`` and ``X`` differ in their number of sequences or tokens, or ``y`` has a label the
+            model does not know (None included); or as :meth:`emissions`.
+        """
         emissions, scores, batch = self.chain_inputs(X)
         codes = label_codes(y, batch, self.classes_)
         if np.any(codes < 0):
@@ -603,8 +895,30 @@ class CRF(SegmentQueries, UncertaintyQueries, FeatureTables, BaseEstimator):
         )
 
     def score(self, X, y) -> float:
-        """Token accuracy (a fraction) of the predictions (sklearn-crfsuite's ``score``); gold
-        labels that are None (unknown) are left out (NaN if every one is)."""
+        """Token accuracy of the predictions (sklearn-crfsuite's ``score``).
+
+        Parameters
+        ----------
+        X : list of sequences of token features, or SequenceBatch
+            Each sequence a list of tokens, each token a dict ``{attribute: value}`` or a list of
+            attribute strings (value 1), as for :meth:`fit`; or a :class:`~crf.batch.SequenceBatch`
+            of N sequences, T tokens in all, with the model's A attributes (a model fitted on a
+            SequenceBatch takes only SequenceBatch input). Attributes the model never saw are ignored.
+        y : list of N label sequences
+            The gold labels, one per token; a label of None (unknown) is left out.
+
+        Returns
+        -------
+        float
+            The fraction of known gold labels predicted, in [0, 1]; NaN when every one is None.
+
+        Raises
+        ------
+        NotFittedCRFError
+            Before ``fit``.
+        ValueError
+            ``y`` and ``X`` differ in their number of sequences or tokens; or as :meth:`emissions`.
+        """
         predicted = self._predict_lists(X)
         gold = flat_labels(y)
         known = np.array([label is not None for label in gold], dtype=bool)
@@ -617,13 +931,46 @@ class CRF(SegmentQueries, UncertaintyQueries, FeatureTables, BaseEstimator):
     # --- persistence ---------------------------------------------------------------------
 
     def save(self, path) -> None:
-        """Write the fitted model to one ``.npz`` file (no pickle; checksummed; atomic)."""
+        """Write the fitted model to one ``.npz`` file (no pickle; checksummed; atomic).
+
+        Parameters
+        ----------
+        path : str or os.PathLike
+            The file to write (its folder is created; an existing file is replaced only once the
+            new one is complete). Read it back with :meth:`load`.
+
+        Raises
+        ------
+        NotFittedCRFError
+            Before ``fit``.
+        ValueError
+            A weight too large for any loader to accept (see :data:`crf._persist.MAX_ABS_WEIGHT`);
+            nothing is written.
+        """
         self._check_fitted()
         model_file.save(self, path)
 
     @classmethod
     def load(cls, path) -> CRF:
-        """Read a model written by :meth:`save`; raises ModelFileError on a bad file."""
+        """Read a model written by :meth:`save`.
+
+        Parameters
+        ----------
+        path : str or os.PathLike
+            A file written by :meth:`save`.
+
+        Returns
+        -------
+        CRF
+            The fitted model, with the parameters it was saved with (except ``model_filename``,
+            ``callback``, ``trainer_cls`` and ``keep_tempfiles``, which a file may not set: they
+            keep their defaults).
+
+        Raises
+        ------
+        crf.ModelFileError
+            A missing, damaged, inconsistent or foreign file, naming ``path``.
+        """
         return model_file.load(cls, path)
 
 
@@ -636,7 +983,20 @@ _DEFAULTS = {name: p.default for name, p in inspect.signature(CRF.__init__).para
 @register_kind
 class BundledCRF:
     """A CRF and its fitted feature extractor as the part of a :class:`crf.ModelBundle`: the
-    emissions come from the extractor's attributes of the raw token columns."""
+    emissions come from the extractor's attributes of the raw token columns.
+
+    Parameters
+    ----------
+    extractor : FeatureExtractor
+        The fitted extractor the CRF was trained on.
+    model : CRF
+        The fitted CRF.
+
+    Raises
+    ------
+    ValueError
+        The extractor and the CRF have different numbers of attributes.
+    """
 
     kind = "crf"
 
@@ -651,6 +1011,21 @@ class BundledCRF:
         self.columns = extractor.input_columns()
 
     def scores(self, columns, lengths):
+        """The chain's inputs for sentences given as flat token columns (:class:`crf.bundle.BundledModel`).
+
+        Parameters
+        ----------
+        columns : mapping of str to ndarray of shape (T,)
+            The token columns (at least ``columns``).
+        lengths : ndarray of shape (N,), int
+            Tokens per sentence.
+
+        Returns
+        -------
+        tuple
+            (emissions (T, S), transitions (an (L, L) matrix or a transition operator), start
+            (S,), end (S,)).
+        """
         blank = np.full(int(lengths.sum()), "", dtype=object)
         rows = list(zip(*(columns.get(c, blank) for c in self.extractor.columns)))
         bounds = np.concatenate([[0], np.cumsum(lengths)])
@@ -667,6 +1042,26 @@ class BundledCRF:
 
     @classmethod
     def from_parts(cls, meta, arrays, path):
+        """The part saved by :meth:`parts` (:class:`crf.bundle.BundledModel`).
+
+        Parameters
+        ----------
+        meta : dict
+            The bundle's metadata.
+        arrays : dict of str to ndarray
+            The bundle's arrays.
+        path : str or os.PathLike
+            Names the file in error messages.
+
+        Returns
+        -------
+        BundledCRF
+
+        Raises
+        ------
+        crf.ModelFileError
+            What does not fit, naming ``path``.
+        """
         extractor = FeatureExtractor.from_state(meta["features"], prefixed(arrays, "features/"), path)
         model = model_file.from_arrays(CRF, meta["model"], prefixed(arrays, "model/"), path)
         if extractor.n_attributes != model.n_attributes_:

@@ -106,7 +106,13 @@ ParsedDump = ModelInfo  # what Tagger.info() returns: header, labels, attributes
 
 class CRFSuiteError(Exception):
     """python-crfsuite's error for a failed ``train``. This trainer raises the error itself
-    (ValueError, OSError, ...) instead; the class exists so that ``except`` clauses keep working."""
+    (ValueError, OSError, ...) instead; the class exists so that ``except`` clauses keep working.
+
+    Parameters
+    ----------
+    code : int, default=0
+        CRFsuite's error code (in the message ``CRFsuite error <code>``).
+    """
 
     def __init__(self, code: int = 0) -> None:
         self.code = code
@@ -231,6 +237,16 @@ class ItemSequence:
     attribute's value; ``True`` is 1 and ``False`` 0), ``name: str`` or ``bytes`` (the attribute
     ``name:value`` with value 1), or a dict, list or set under ``name`` (its attributes, read
     with the same rules, prefixed with ``name:``).
+
+    Parameters
+    ----------
+    pyseq : list of items
+        The sequence's items, as above.
+
+    Raises
+    ------
+    TypeError, ValueError
+        An item python-crfsuite would refuse (naming it).
     """
 
     __slots__ = ("_items",)
@@ -447,9 +463,19 @@ class TrainLogParser:
         self.events: list[tuple[str, int, int]] = []
 
     def feed(self, line: str) -> str | None:
-        """Read one message; returns the event it completes (``start``, ``featgen_progress``,
-        ``featgen_end``, ``prepared``, ``prepare_error``, ``iteration``, ``optimization_end``,
-        ``end``) or None."""
+        """Read one message of the training log.
+
+        Parameters
+        ----------
+        line : str
+            The message (a line, or a progress mark).
+
+        Returns
+        -------
+        str or None
+            The event it completes (``start``, ``featgen_progress``, ``featgen_end``, ``prepared``,
+            ``prepare_error``, ``iteration``, ``optimization_end``, ``end``), or None.
+        """
         self.log.append(line)
         if self.state is None:
             self.state = "FEATGEN" if line.startswith("Feature generation") else "STARTING"
@@ -799,9 +825,20 @@ class BaseTrainer:
     """Trains a CRF on appended instances and writes it as a CRFsuite model file
     (python-crfsuite's ``BaseTrainer``: ``message`` prints the raw log when ``verbose``).
 
-    ``algorithm``: ``"lbfgs"`` (the default), ``"l2sgd"``, ``"ap"`` (``"averaged-perceptron"``),
-    ``"pa"`` (``"passive-aggressive"``) or ``"arow"`` (see :meth:`select`); ``params``: CRFsuite
-    parameters (see :meth:`set_params`); ``verbose``: show the training log.
+    Parameters
+    ----------
+    algorithm : str, optional
+        ``"lbfgs"`` (the default), ``"l2sgd"``, ``"ap"`` (``"averaged-perceptron"``), ``"pa"``
+        (``"passive-aggressive"``) or ``"arow"`` (see :meth:`select`).
+    params : dict, optional
+        CRFsuite parameters ``{name: value}`` (see :meth:`set_params`).
+    verbose : bool, default=True
+        Show the training log.
+
+    Raises
+    ------
+    ValueError
+        An unknown algorithm, parameter name or a bad value.
     """
 
     verbose: bool | None = None
@@ -825,13 +862,37 @@ class BaseTrainer:
 
     def message(self, message: str) -> None:
         """Receives the training log, a line (or a progress mark) at a time; prints it when
-        ``verbose``. Override it to handle the log; an exception raised here stops training."""
+        ``verbose``. Override it to handle the log; an exception raised here stops training.
+
+        Parameters
+        ----------
+        message : str
+            Part of CRFsuite's training log text.
+        """
         if self.verbose:
             _show(message)
 
     def append(self, xseq, yseq, group: int = 0) -> None:
         """Add an instance: ``xseq`` (items, see :class:`ItemSequence`) labelled ``yseq`` (label
-        strings, one per item). ``group`` numbers it for :meth:`train`'s ``holdout``."""
+        strings, one per item). ``group`` numbers it for :meth:`train`'s ``holdout``.
+
+        Parameters
+        ----------
+        xseq : list of items, or ItemSequence
+            Each item a dict ``{attribute: value}`` or a list of attribute strings; not empty.
+        yseq : sequence of str
+            One label per item.
+        group : int, default=0
+            The instance's group number.
+
+        Raises
+        ------
+        TypeError
+            ``xseq`` not a list of items, a label that is not a string, or ``group`` not an integer.
+        ValueError
+            Different numbers of items and labels, an empty sequence, or a label or attribute name
+            CRFsuite cannot store (naming sequence and item).
+        """
         sequence = len(self._xseqs)
         items = _items(xseq, sequence)
         labels = _labels(yseq)
@@ -853,7 +914,20 @@ class BaseTrainer:
     def select(self, algorithm: str, type: str = "crf1d") -> None:
         """Choose the training algorithm (``lbfgs``, ``l2sgd``, ``ap``/``averaged-perceptron``,
         ``pa``/``passive-aggressive``, ``arow``; ``type`` must be ``crf1d``). The parameters go
-        back to the algorithm's defaults, as in CRFsuite."""
+        back to the algorithm's defaults, as in CRFsuite.
+
+        Parameters
+        ----------
+        algorithm : str
+            The algorithm's name (any case).
+        type : str, default="crf1d"
+            The graphical model; only ``"crf1d"``.
+
+        Raises
+        ------
+        ValueError
+            An unknown algorithm or type.
+        """
         name = algorithm.lower() if isinstance(algorithm, str) else algorithm
         name = _ALIASES.get(name, name)
         if name not in _DEFAULTS or type != "crf1d":
@@ -871,18 +945,58 @@ class BaseTrainer:
 
     def set(self, name: str, value) -> None:
         """Set parameter ``name`` (a CRFsuite name such as ``c2``, ``max_iterations`` or
-        ``feature.possible_transitions``) to ``value`` (a number, a bool or their text)."""
+        ``feature.possible_transitions``) to ``value`` (a number, a bool or their text).
+
+        Parameters
+        ----------
+        name : str
+            A parameter of the selected algorithm (see :meth:`params`).
+        value : int, float, bool or str
+            Its value; text is parsed as CRFsuite parses it.
+
+        Raises
+        ------
+        ValueError
+            An unknown name, or a value of the wrong kind or out of range.
+        """
         self._check_name(name)
         self._values[name] = _parse(name, value)
 
     def get(self, name: str):
-        """The value of parameter ``name`` (float, int, bool or str)."""
+        """The value of parameter ``name``.
+
+        Parameters
+        ----------
+        name : str
+            A parameter of the selected algorithm.
+
+        Returns
+        -------
+        float, int, bool or str
+            Its value (``calibration.samples`` as a float, as python-crfsuite gives it).
+
+        Raises
+        ------
+        ValueError
+            An unknown name.
+        """
         self._check_name(name)
         value = self._values[name]
         return float(value) if name == "calibration.samples" else value  # python-crfsuite's type for it
 
     def set_params(self, params: dict) -> None:
-        """Set several parameters ``{name: value}``; all are checked before any is set."""
+        """Set several parameters ``{name: value}``; all are checked before any is set.
+
+        Parameters
+        ----------
+        params : dict
+            ``{name: value}``, as :meth:`set` takes them.
+
+        Raises
+        ------
+        ValueError
+            An unknown name or a bad value; then none is set.
+        """
         parsed = {}
         for name, value in params.items():
             self._check_name(name)
@@ -890,11 +1004,33 @@ class BaseTrainer:
         self._values.update(parsed)
 
     def get_params(self) -> dict:
-        """``{name: value}`` for every parameter of the selected algorithm."""
+        """``{name: value}`` for every parameter of the selected algorithm.
+
+        Returns
+        -------
+        dict
+            As :meth:`get` gives each value.
+        """
         return {name: self.get(name) for name in self.params()}
 
     def help(self, name: str) -> str:
-        """What parameter ``name`` of the selected algorithm means."""
+        """What parameter ``name`` of the selected algorithm means.
+
+        Parameters
+        ----------
+        name : str
+            A parameter of the selected algorithm.
+
+        Returns
+        -------
+        str
+            Its description.
+
+        Raises
+        ------
+        ValueError
+            An unknown name.
+        """
         self._check_name(name)
         return _HELP.get((self._algorithm, name), _HELP[name])
 
@@ -905,7 +1041,20 @@ class BaseTrainer:
     def train(self, model: str | os.PathLike, holdout: int = -1) -> None:
         """Train on the appended instances and write the model to the CRFsuite file ``model``
         (none when ``model`` is empty). The instances of group ``holdout`` (if >= 0) are not
-        trained on but tagged after every iteration, and the log reports their accuracy."""
+        trained on but tagged after every iteration, and the log reports their accuracy.
+
+        Parameters
+        ----------
+        model : str or os.PathLike
+            The model file to write (``""``: none).
+        holdout : int, default=-1
+            The group to hold out; -1: none.
+
+        Raises
+        ------
+        TypeError
+            ``holdout`` is not an integer.
+        """
         if isinstance(holdout, bool) or not isinstance(holdout, numbers.Integral):
             raise TypeError(f"holdout must be an integer group number (or -1), got {holdout!r}")
         path = os.fspath(model)
@@ -928,7 +1077,13 @@ def _show(text: str) -> None:
 class Trainer(BaseTrainer):
     """:class:`BaseTrainer` that parses its log (``logparser``, a :class:`TrainLogParser` made by
     every :meth:`train`) and calls ``on_*`` methods per event when ``verbose``; they print the
-    event's part of the log. Override them to report training differently."""
+    event's part of the log. Override them to report training differently.
+
+    Parameters
+    ----------
+    algorithm, params, verbose
+        As :class:`BaseTrainer`.
+    """
 
     logparser: TrainLogParser | None = None
 
@@ -950,27 +1105,87 @@ class Trainer(BaseTrainer):
             getattr(self, "on_" + event)(text)
 
     def on_start(self, log: str) -> None:
+        """Training starts (the log's first message). Prints ``log``; override to report it otherwise.
+
+        Parameters
+        ----------
+        log : str
+            The log text of the event.
+        """
         _show(log)
 
     def on_featgen_progress(self, log: str, percent: int) -> None:
+        """Feature generation progresses. Prints ``log``; override to report it otherwise.
+
+        Parameters
+        ----------
+        log : str
+            The log text of the event.
+        percent : int
+            Its progress, 0 to 100.
+        """
         _show(log)
 
     def on_featgen_end(self, log: str) -> None:
+        """Feature generation ends. Prints ``log``; override to report it otherwise.
+
+        Parameters
+        ----------
+        log : str
+            The log text of the event.
+        """
         _show(log)
 
     def on_prepared(self, log: str) -> None:
+        """Training is prepared (before the first iteration). Prints ``log``; override to report it otherwise.
+
+        Parameters
+        ----------
+        log : str
+            The log text of the event.
+        """
         _show(log)
 
     def on_prepare_error(self, log: str) -> None:
+        """Preparing the data failed (python-crfsuite's event). Prints ``log``; override to report it otherwise.
+
+        Parameters
+        ----------
+        log : str
+            The log text of the event.
+        """
         _show(log)
 
     def on_iteration(self, log: str, info: dict) -> None:
+        """An iteration ended. Prints ``log``; override to report it otherwise.
+
+        Parameters
+        ----------
+        log : str
+            The log text of the event.
+        info : dict
+            Its figures, as :attr:`TrainLogParser.last_iteration` (``num``, ``loss``, ...).
+        """
         _show(log)
 
     def on_optimization_end(self, log: str) -> None:
+        """The optimiser stopped. Prints ``log``; override to report it otherwise.
+
+        Parameters
+        ----------
+        log : str
+            The log text of the event.
+        """
         _show(log)
 
     def on_end(self, log: str) -> None:
+        """Training ended (the log's last part). Prints ``log``; override to report it otherwise.
+
+        Parameters
+        ----------
+        log : str
+            The log text of the event.
+        """
         _show(log)
 
 
@@ -1009,8 +1224,25 @@ class Tagger:
     _marginals: np.ndarray | None = None  # (T, L), made by the first marginal() query
 
     def open(self, name: str | os.PathLike) -> contextlib.closing:
-        """Load the CRFsuite model file ``name``; OSError if it cannot be read, ValueError if it is
-        not a valid model."""
+        """Load the CRFsuite model file ``name`` (any model open before is closed first).
+
+        Parameters
+        ----------
+        name : str or os.PathLike
+            A CRFsuite first-order model file.
+
+        Returns
+        -------
+        contextlib.closing
+            A context manager that closes the tagger: ``with tagger.open(path): ...``.
+
+        Raises
+        ------
+        OSError
+            The file cannot be read.
+        ValueError
+            Not a valid CRFsuite model (a :class:`crf.CRFsuiteFormatError` for a damaged one).
+        """
         self.close()
         with open(name, "rb") as file:
             head = file.read(HEADER_SIZE + 1)
@@ -1026,8 +1258,25 @@ class Tagger:
         return contextlib.closing(self)
 
     def open_inmemory(self, value: bytes) -> contextlib.closing:
-        """Load a model from ``value``, the bytes of a CRFsuite model file; ValueError if they are
-        not a valid model."""
+        """Load a model from ``value``, the bytes of a CRFsuite model file.
+
+        Parameters
+        ----------
+        value : bytes or bytearray
+            The whole content of a CRFsuite first-order model file.
+
+        Returns
+        -------
+        contextlib.closing
+            A context manager that closes the tagger.
+
+        Raises
+        ------
+        TypeError
+            ``value`` is not bytes.
+        ValueError
+            Not a valid CRFsuite model.
+        """
         if not isinstance(value, (bytes, bytearray)):
             raise TypeError(f"open_inmemory needs the model's bytes, not {type(value).__name__}")
         self.close()
@@ -1073,8 +1322,23 @@ class Tagger:
         return list(self._opened().labels)
 
     def set(self, xseq) -> None:
-        """Make ``xseq`` (items, or an :class:`ItemSequence`) the current sequence of :meth:`tag`,
-        :meth:`probability` and :meth:`marginal`. Attributes the model does not know are ignored."""
+        """Make ``xseq`` the current sequence of :meth:`tag`, :meth:`probability` and :meth:`marginal`.
+
+        Attributes the model does not know are ignored.
+
+        Parameters
+        ----------
+        xseq : list of items, or ItemSequence
+            Each item a dict ``{attribute: value}`` or a list of attribute strings (python-crfsuite's
+            item rules, see :mod:`crf.attributes`).
+
+        Raises
+        ------
+        ValueError
+            No model is open.
+        TypeError, ValueError
+            An item python-crfsuite would refuse (naming it).
+        """
         L = len(self._opened().labels)
         # items of the common shapes are read in one pass (known attributes only), others checked first
         entries = None
@@ -1106,8 +1370,24 @@ class Tagger:
         self._emissions, self._marginals = emissions, None
 
     def tag(self, xseq=None) -> list[str]:
-        """The most likely labels of ``xseq`` (which becomes the current sequence), or of the
-        current sequence."""
+        """The most likely labels (Viterbi) of ``xseq`` (which becomes the current sequence), or of
+        the current sequence.
+
+        Parameters
+        ----------
+        xseq : list of items, or ItemSequence, optional
+            As :meth:`set`; None: the current sequence.
+
+        Returns
+        -------
+        list of str
+            One label per item (``[]`` for an empty sequence).
+
+        Raises
+        ------
+        ValueError
+            No model is open.
+        """
         if xseq is not None:
             self.set(xseq)
         model = self._opened()
@@ -1120,7 +1400,25 @@ class Tagger:
         return [model.labels[i] for i in path.tolist()]
 
     def probability(self, yseq) -> float:
-        """p(``yseq`` | the current sequence); 0 for an empty sequence."""
+        """p(``yseq`` | the current sequence); 0 for an empty sequence.
+
+        Parameters
+        ----------
+        yseq : sequence of str
+            One of the model's labels per item.
+
+        Returns
+        -------
+        float
+            The probability, 0 to 1.
+
+        Raises
+        ------
+        ValueError
+            No model is open, or ``yseq`` has another length than the sequence.
+        RuntimeError
+            A label the model does not know.
+        """
         self._opened()
         emissions = self._emissions
         if not len(emissions):
@@ -1134,7 +1432,29 @@ class Tagger:
         return float(np.exp(score - chain.log_partition(emissions, *weights, [len(codes)]))[0])
 
     def marginal(self, y: str, pos: int) -> float:
-        """p(label ``y`` at position ``pos`` | the current sequence); 0 for an empty sequence."""
+        """p(label ``y`` at position ``pos`` | the current sequence); 0 for an empty sequence.
+
+        Parameters
+        ----------
+        y : str
+            One of the model's labels.
+        pos : int
+            The item's position, 0-based.
+
+        Returns
+        -------
+        float
+            The marginal probability, 0 to 1.
+
+        Raises
+        ------
+        ValueError
+            No model is open, or ``pos`` out of range.
+        TypeError
+            ``pos`` is not an integer.
+        RuntimeError
+            A label the model does not know.
+        """
         self._opened()
         emissions = self._emissions
         if not len(emissions):
@@ -1206,7 +1526,18 @@ class Tagger:
         return "\n".join(lines) + "\n"
 
     def dump(self, filename: str | os.PathLike | None = None) -> None:
-        """Write the model as CRFsuite's text dump to ``filename`` (standard output if None)."""
+        """Write the model as CRFsuite's text dump to ``filename`` (standard output if None).
+
+        Parameters
+        ----------
+        filename : str, os.PathLike or None, default=None
+            The text file to write (UTF-8; replaced); None: standard output.
+
+        Raises
+        ------
+        RuntimeError
+            No model is open.
+        """
         self._closed_check()
         text = self._dump_text()
         if filename is None:
