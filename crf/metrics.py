@@ -273,8 +273,8 @@ def token_accuracy(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[s
 def label_scores(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[str]]) -> pd.DataFrame:
     """Per-label token-level precision, recall, F1 (percent) and support.
 
-    The sequences must be aligned (the same number of sequences and of labels per sequence): this
-    function does not check it (:func:`check_aligned` does).
+    The sequences must be aligned (the same number of sequences and of labels per sequence):
+    :func:`check_aligned` refuses them otherwise.
 
     Parameters
     ----------
@@ -289,6 +289,7 @@ def label_scores(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[str
         Indexed by label (every label of either side, sorted), with ``precision``, ``recall``,
         ``f1`` in percent (0 where undefined) and ``support`` (gold count).
     """
+    check_aligned(gold, predicted)
     g, _ = _flatten(gold)
     p, _ = _flatten(predicted)
     labels = sorted(set(g) | set(p))
@@ -304,8 +305,8 @@ def confusion_matrix(
 ) -> pd.DataFrame:
     """Counts of (gold label, predicted label) pairs; rows gold, columns predicted.
 
-    The sequences must be aligned (the same number of sequences and of labels per sequence): this
-    function does not check it (:func:`check_aligned` does).
+    The sequences must be aligned (the same number of sequences and of labels per sequence):
+    :func:`check_aligned` refuses them otherwise.
 
     Parameters
     ----------
@@ -322,6 +323,7 @@ def confusion_matrix(
     pandas.DataFrame of shape (L, L), int
         Index named ``gold``, columns named ``predicted``.
     """
+    check_aligned(gold, predicted)
     g, _ = _flatten(gold)
     p, _ = _flatten(predicted)
     labels = list(labels) if labels is not None else sorted(set(g) | set(p))
@@ -342,7 +344,7 @@ def mcnemar(gold: Sequence[Sequence[str]], first: Sequence[Sequence[str]], secon
     """Exact McNemar test on tokens: of the tokens exactly one tagger gets right, is the split
     between the two taggers 50:50?
 
-    The sequences must be aligned; this function does not check it.
+    The sequences must be aligned: :func:`check_aligned` refuses them otherwise.
 
     Parameters
     ----------
@@ -359,6 +361,8 @@ def mcnemar(gold: Sequence[Sequence[str]], first: Sequence[Sequence[str]], secon
     """
     from scipy.stats import binomtest
 
+    check_aligned(gold, first)
+    check_aligned(gold, second)
     g, _ = _flatten(gold)
     a, _ = _flatten(first)
     b, _ = _flatten(second)
@@ -373,8 +377,8 @@ def sentence_counts(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[
     """Per sentence (N, 2) [correct tokens, tokens] or, chunked, (N, 5) with [correct chunks,
     predicted chunks, gold chunks] appended: the sufficient statistics of accuracy and F1.
 
-    The sequences must be aligned (the same number of sequences and of labels per sequence): this
-    function does not check it (:func:`check_aligned` does).
+    The sequences must be aligned (the same number of sequences and of labels per sequence):
+    :func:`check_aligned` refuses them otherwise.
 
     Parameters
     ----------
@@ -390,6 +394,7 @@ def sentence_counts(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[
     ndarray of shape (N, 2) or (N, 5), float64
         Counts per sentence.
     """
+    check_aligned(gold, predicted)
     g, offsets = _flatten(gold)
     p, _ = _flatten(predicted)
     n = offsets.size - 1
@@ -421,7 +426,7 @@ def paired_bootstrap(gold, first, second, chunked: bool, samples: int = 1000, se
     and F1 when ``chunked``): both scores, the difference (second - first), a 95% interval of
     the difference and the two-sided p-value.
 
-    The sequences must be aligned; this function does not check it.
+    The sequences must be aligned: :func:`check_aligned` refuses them otherwise.
 
     Parameters
     ----------

@@ -55,6 +55,17 @@ def test_hand_counted_example():
 def test_misaligned_input_is_rejected():
     with pytest.raises(ValueError, match="sequence 0: 2 gold labels but 1 predicted"):
         metrics.chunk_scores([["O", "O"]], [["O"]])
+    # the same number of labels in all, split differently: per-sentence counts would be silently wrong
+    gold, shifted = [["B-NP", "I-NP"], ["O"]], [["B-NP"], ["I-NP", "O"]]
+    for score in (
+        lambda: metrics.label_scores(gold, shifted),
+        lambda: metrics.confusion_matrix(gold, shifted),
+        lambda: metrics.mcnemar(gold, gold, shifted),
+        lambda: metrics.sentence_counts(gold, shifted, chunked=True),
+        lambda: metrics.paired_bootstrap(gold, gold, shifted, chunked=True, samples=10),
+    ):
+        with pytest.raises(ValueError, match="sequence 0: 2 gold labels but 1 predicted"):
+            score()
 
 
 def test_mcnemar_counts_and_exact_p_value():
