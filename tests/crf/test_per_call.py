@@ -232,3 +232,73 @@ def test_one_sequence_sgd_step_is_the_general_objective():
         expected_loss, expected_gradient = batch.general(theta)
         assert loss == pytest.approx(expected_loss, rel=1e-12)
         np.testing.assert_allclose(gradient, expected_gradient, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_pruned_max_product_over_listed_edges_equals_the_padded_tables(seed):
+    """Pruned second-order Viterbi runs a step's max-product forward and back pointers over its
+    listed edges between filled slots: the same maxima and the same arg max as the padded
+    (K + 1, K, K) tables, with exact ties (integer scores: the lowest slot two back wins) and
+    impossible sources (-inf), down to whole rows of -inf (the padded arg max over them: slot 0)."""
+    from crf._layout import Layout
+    from crf._order import SecondOrderChain
+
+    rng = np.random.default_rng(seed)
+    L, lengths = 5, [6, 2, 4, 1, 5, 3]
+    structure = SecondOrderChain(L)
+    tail = np.round(2 * rng.normal(size=structure.tail_size))
+    layout = Layout.from_lengths(lengths)
+    candidates = rng.random((sum(lengths), L)) < 0.5
+    candidates[np.arange(sum(lengths)), rng.integers(0, L, sum(lengths))] = True
+    operator = structure.lattice(layout, candidates[layout.token_of_row]).scores(tail)[0]
+    lifted = operator.lift(chain.MaxSemiring)[1]
+    S, K = operator.n_states, operator.n_slots
+    compared = 0
+    for t in range(1, layout.n_steps):
+        rows = layout.rows(t)
+        n = rows.stop - rows.start
+        listed, padded = lifted.at(rows), lifted.at(np.arange(rows.start, rows.stop))
+        assert listed.listed_max and not padded.listed_max
+        previous = rng.integers(-3, 1, size=(n, S)).astype(np.float64)
+        previous[rng.random(previous.shape) < 0.3] = -np.inf
+        previous[0] = -np.inf  # a row with no finite source at all
+        np.testing.assert_array_equal(listed.forward(previous), padded.forward(previous))
+        chosen = rng.integers(0, S, size=(n, 1))
+        np.testing.assert_array_equal(listed.pointers(previous, chosen), padded.pointers(previous, chosen))
+        compared += int(np.count_nonzero(chosen < K * K))
+    assert compared > 5
+
+
+def test_pruned_second_order_viterbi_is_the_best_path_of_the_lattice():
+    """The pruned lattice's Viterbi path is a best one among the enumerated label sequences
+    through candidate labels only, scored term by term from the second-order blocks."""
+    from itertools import product
+
+    from crf._order import SecondOrderChain
+
+    rng = np.random.default_rng(7)
+    L, lengths = 4, [4, 1, 3, 2]
+    structure = SecondOrderChain(L)
+    tail = rng.normal(size=structure.tail_size)
+    blocks = structure.split(tail)
+    emissions = rng.normal(size=(sum(lengths), L))
+    candidates = rng.random(emissions.shape) < 0.6
+    candidates[np.arange(sum(lengths)), rng.integers(0, L, sum(lengths))] = True
+    offsets = _offsets(lengths)
+    lattice = structure.lattice_in_order(offsets, candidates)
+    operator, start, end = lattice.scores(tail)
+    best, scores = chain.viterbi(lattice.emissions(emissions, tail), operator, start, end, lengths)
+    labels = chain.operator_of(operator).labels_at(best)
+
+    def score(path, e):
+        total = blocks["start"][path[0]] + blocks["end"][path[-1]] + sum(e[t, y] for t, y in enumerate(path))
+        for t in range(1, len(path)):
+            before = path[t - 2] if t >= 2 else L
+            total += blocks["transitions"][path[t - 1], path[t]] + blocks["trigrams"][before, path[t - 1], path[t]]
+        return total + blocks["pair_end"][path[-2] if len(path) >= 2 else L, path[-1]]
+
+    for n, (a, b) in enumerate(zip(offsets[:-1], offsets[1:])):
+        by_path = {path: score(path, emissions[a:b]) for path in product(*(np.flatnonzero(c) for c in candidates[a:b]))}
+        top = max(by_path.values())
+        assert scores[n] == pytest.approx(top, abs=1e-9)
+        assert by_path[tuple(labels[a:b].tolist())] == pytest.approx(top, abs=1e-9)
