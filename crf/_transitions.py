@@ -624,6 +624,13 @@ class PrunedSecondOrderTransitions:
         previous = np.where(first, K, np.roll(slot, 1))
         return np.where((slot >= 0) & (previous >= 0), previous * K + slot, -1)
 
+    def listed_edges(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The edges between filled slots token by token: (start (T + 1,), source state (E,) of
+        the previous token, target state (E,) of this one, log score (E,)), ordered by target,
+        then source (see :class:`PrunedEdges`)."""
+        index = self.index
+        return index.start, index.source, index.target, np.append(self.scores.ravel(), -np.inf)[index.used][index.triple]
+
     def edge_table(self) -> np.ndarray:
         """Log scores (T, K + 1, K, K) of the edges into every token, -inf where a slot is empty."""
         return np.append(self.scores.ravel(), -np.inf)[self.index.used][self.index.edges]
@@ -658,9 +665,8 @@ class _LiftedPruned:
     In the scaled semiring (training), a step of consecutive rows runs forward, backward and
     counts over the listed edges between filled slots only: a token with c candidates after
     tokens with a and b has a * b * c edges, where the padded tables hold (K + 1) * K * K. In log
-    space (constrained windows, segment confidence) forward does too, and so do max-product
-    forward and its back pointers (Viterbi): the same maxima and the same arg max (the lowest
-    slot of the token two back among equal sums) as the padded tables give."""
+    space (constrained windows, segment confidence) forward does too. (Viterbi over a pruned
+    lattice runs in a compiled kernel over the same listed edges: :meth:`listed_edges`.)"""
 
     def __init__(
         self,
@@ -679,8 +685,7 @@ class _LiftedPruned:
         self.edge_shape = index.shape[1:]
         self.n_slots = index.shape[2]
         self.listed = semiring is ScaledSemiring and isinstance(rows, slice)
-        self.listed_max = semiring is MaxSemiring and isinstance(rows, slice)
-        self.listed_forward = self.listed or self.listed_max or (semiring is LogSemiring and isinstance(rows, slice))
+        self.listed_forward = self.listed or (semiring is LogSemiring and isinstance(rows, slice))
 
     @functools.cached_property
     def values(self) -> np.ndarray:
@@ -722,41 +727,6 @@ class _LiftedPruned:
                 out[target[first]] = top + np.log(np.add.reduceat(np.exp(values - np.repeat(top, sizes)), first))
         return out.reshape(n, -1)
 
-    def _max_spread(self, target: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
-        """(n, S) maxima of the log ``values`` by their flat target into (n, S), -inf where no
-        edge enters; the edges into one state are consecutive (see :attr:`PrunedEdges.listed`)."""
-        out = np.full(n * (self.n_slots + 1) * self.n_slots, -np.inf)
-        if values.size:
-            first = np.flatnonzero(np.r_[True, target[1:] != target[:-1]])
-            out[target[first]] = np.maximum.reduceat(values, first)
-        return out.reshape(n, -1)
-
-    def _listed_pointers(self, messages: np.ndarray, chosen: np.ndarray) -> np.ndarray:
-        """:meth:`pointers` of max-product over the listed edges: for the chosen states (j, k)
-        (n, 1), the state (i, j) of the previous token whose sum is the largest, the first (lowest
-        i) among equal ones; (0, j) where no edge enters with a finite sum, as the padded arg max
-        over all-(-inf) sums gives."""
-        K, n = self.n_slots, messages.shape[0]
-        S = (K + 1) * K
-        inner = chosen < K * K
-        state = np.where(inner, chosen, 0)
-        out = np.where(inner, state // K, 0)  # (0, j): no finite sum
-        source, target, weight = self._step_edges()
-        if not source.size:
-            return out
-        values = messages.ravel()[source] + weight
-        first = np.flatnonzero(np.r_[True, target[1:] != target[:-1]])
-        top = np.maximum.reduceat(values, first)
-        at_top = np.where(values == np.repeat(top, np.diff(np.r_[first, values.size])), np.arange(values.size), values.size)
-        winner = np.minimum(np.minimum.reduceat(at_top, first), values.size - 1)
-        run_of = np.full(n * S, -1, dtype=np.int64)
-        run_of[target[first]] = np.arange(first.size)
-        run = run_of[np.arange(n)[:, None] * S + state]
-        found = inner & (run >= 0)
-        found[found] = np.isfinite(top[run[found]])
-        out[found] = source[winner[run[found]]] % S
-        return out
-
     def _padded(self, inner: np.ndarray) -> np.ndarray:
         """(n, K, K, *V) values of the states (j, k) as (n, S, *V); the before-start states get zero."""
         n, K = inner.shape[0], self.n_slots
@@ -771,7 +741,7 @@ class _LiftedPruned:
     def forward(self, messages: np.ndarray) -> np.ndarray:
         if self.listed_forward:
             source, target, weight = self._step_edges()
-            spread = self._spread if self.listed else self._max_spread if self.listed_max else self._log_spread
+            spread = self._spread if self.listed else self._log_spread
             return spread(target, self.semiring.times(messages.ravel()[source], weight), messages.shape[0])
         candidates = self.semiring.times(self._by_source(messages)[:, :, :, None], self.values)  # [n, i, j, k, *V]
         return self._padded(self.semiring.plus(candidates, axis=1))
@@ -785,8 +755,6 @@ class _LiftedPruned:
         return self.semiring.plus(self.semiring.times(self.values, inner), axis=3).reshape(n, (K + 1) * K)
 
     def pointers(self, messages: np.ndarray, chosen: np.ndarray) -> np.ndarray:
-        if self.listed_max:
-            return self._listed_pointers(messages, chosen)
         K, n = self.n_slots, messages.shape[0]
         size = math.prod(messages.shape[2:])
         state, rank = np.divmod(chosen, size)

@@ -235,38 +235,32 @@ def test_one_sequence_sgd_step_is_the_general_objective():
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_pruned_max_product_over_listed_edges_equals_the_padded_tables(seed):
-    """Pruned second-order Viterbi runs a step's max-product forward and back pointers over its
-    listed edges between filled slots: the same maxima and the same arg max as the padded
-    (K + 1, K, K) tables, with exact ties (integer scores: the lowest slot two back wins) and
-    impossible sources (-inf), down to whole rows of -inf (the padded arg max over them: slot 0)."""
-    from crf._layout import Layout
+def test_compiled_pruned_viterbi_is_the_shared_max_product_recursion(seed):
+    """Viterbi over a pruned second-order lattice (the compiled kernel over its listed edges)
+    gives the shared max-product recursion's paths and scores, with exact ties (integer scores:
+    the lowest slot two back wins, then the lowest last state) and disallowed labels, down to a
+    sequence with no allowed path (score -inf, the recursion's pointers)."""
     from crf._order import SecondOrderChain
+    from crf._semirings import MaxSemiring
 
     rng = np.random.default_rng(seed)
     L, lengths = 5, [6, 2, 4, 1, 5, 3]
     structure = SecondOrderChain(L)
     tail = np.round(2 * rng.normal(size=structure.tail_size))
-    layout = Layout.from_lengths(lengths)
-    candidates = rng.random((sum(lengths), L)) < 0.5
+    emissions = np.round(2 * rng.normal(size=(sum(lengths), L)))
+    candidates = rng.random(emissions.shape) < 0.5
     candidates[np.arange(sum(lengths)), rng.integers(0, L, sum(lengths))] = True
-    operator = structure.lattice(layout, candidates[layout.token_of_row]).scores(tail)[0]
-    lifted = operator.lift(chain.MaxSemiring)[1]
-    S, K = operator.n_states, operator.n_slots
-    compared = 0
-    for t in range(1, layout.n_steps):
-        rows = layout.rows(t)
-        n = rows.stop - rows.start
-        listed, padded = lifted.at(rows), lifted.at(np.arange(rows.start, rows.stop))
-        assert listed.listed_max and not padded.listed_max
-        previous = rng.integers(-3, 1, size=(n, S)).astype(np.float64)
-        previous[rng.random(previous.shape) < 0.3] = -np.inf
-        previous[0] = -np.inf  # a row with no finite source at all
-        np.testing.assert_array_equal(listed.forward(previous), padded.forward(previous))
-        chosen = rng.integers(0, S, size=(n, 1))
-        np.testing.assert_array_equal(listed.pointers(previous, chosen), padded.pointers(previous, chosen))
-        compared += int(np.count_nonzero(chosen < K * K))
-    assert compared > 5
+    lattice = structure.lattice_in_order(_offsets(lengths), candidates)
+    states = lattice.emissions(emissions, tail)
+    operator, start, end = lattice.scores(tail)
+    allowed = rng.random(emissions.shape) < 0.8
+    allowed[6:8] = False  # the second sequence has no allowed path
+    for mask in (None, allowed):
+        ours, ours_scores = chain.viterbi(states, operator, start, end, lengths, allowed=mask)
+        shared, shared_scores = chain._best_paths(states, operator, start, end, lengths, mask, MaxSemiring)
+        np.testing.assert_array_equal(ours, shared[:, 0])
+        np.testing.assert_allclose(ours_scores, shared_scores[:, 0], rtol=0, atol=1e-12)
+    assert np.isneginf(ours_scores[1]) and np.isfinite(ours_scores[0])
 
 
 def test_pruned_second_order_viterbi_is_the_best_path_of_the_lattice():
