@@ -1,4 +1,4 @@
-"""Compiled kernels for per-call work: first-order Viterbi and sparse emission scores.
+"""Compiled kernels for per-call work: first-order and pruned second-order Viterbi, sparse emission scores.
 
 One call tags one sentence or a whole batch, sequence after sequence, with no Python work per
 token or per step: the regime (one sentence, one long sequence) where NumPy's per-call overhead
