@@ -30,7 +30,7 @@ import numpy as np
 from . import _compiled
 from ._layout import Layout
 from ._semirings import KMaxSemiring, LogSemiring, MaxSemiring, ScaledSemiring
-from ._transitions import FirstOrderTransitions, SecondOrderTransitions
+from ._transitions import FirstOrderTransitions, PrunedSecondOrderTransitions, SecondOrderTransitions
 
 __all__ = [
     "KMaxSemiring",
@@ -453,23 +453,31 @@ def _best_paths(emissions, transitions, start, end, lengths, allowed, semiring) 
     return layout.unpack(states), layout.unrank(scores_by_rank)
 
 
+def _checked_offsets(lengths, emissions: np.ndarray) -> np.ndarray:
+    """Where each sequence starts, and the end (N + 1,), of ``lengths`` that cover ``emissions``."""
+    lengths = lengths.lengths if isinstance(lengths, Layout) else np.asarray(lengths, dtype=np.int64)
+    if lengths.ndim != 1 or lengths.size == 0 or lengths.min() <= 0:
+        raise ValueError("lengths must be a non-empty 1-D array of positive integers")
+    if int(lengths.sum()) != emissions.shape[0]:
+        raise ValueError(f"the lengths add up to {int(lengths.sum())} tokens, the emissions have {emissions.shape[0]}")
+    return np.concatenate([[0], np.cumsum(lengths)])
+
+
 def viterbi(emissions, transitions, start, end, lengths, allowed=None) -> tuple[np.ndarray, np.ndarray]:
     """Best label sequence of every sequence: (labels (T,) in input order, scores (N,)).
 
     With ``allowed`` (T, L) the best among the allowed paths (score -inf if there is none).
-    Ties go to the lowest label (as in CRFsuite). A first-order chain (an (L, L) matrix) runs in
-    the compiled kernel of :mod:`crf._compiled`; other transition operators (second order, pruned
-    lattices) through the max-product semiring of the shared recursion."""
+    Ties go to the lowest label (as in CRFsuite). A first-order chain (an (L, L) matrix) and a
+    pruned second-order lattice (its listed edges, tokens in input order) run in the compiled
+    kernels of :mod:`crf._compiled`; other transition operators (exact second order) through the
+    max-product semiring of the shared recursion."""
     operator = _operator(transitions)
     if type(operator) is FirstOrderTransitions:
         emissions = _masked(np.asarray(emissions, dtype=np.float64), allowed, operator)
-        lengths = lengths.lengths if isinstance(lengths, Layout) else np.asarray(lengths, dtype=np.int64)
-        if lengths.ndim != 1 or lengths.size == 0 or lengths.min() <= 0:
-            raise ValueError("lengths must be a non-empty 1-D array of positive integers")
-        if int(lengths.sum()) != emissions.shape[0]:
-            raise ValueError(f"the lengths add up to {int(lengths.sum())} tokens, the emissions have {emissions.shape[0]}")
-        offsets = np.concatenate([[0], np.cumsum(lengths)])
-        return _compiled.viterbi(emissions, operator.scores, start, end, offsets)
+        return _compiled.viterbi(emissions, operator.scores, start, end, _checked_offsets(lengths, emissions))
+    if type(operator) is PrunedSecondOrderTransitions:  # the compiled kernel over the lattice's listed edges
+        emissions = _masked(np.asarray(emissions, dtype=np.float64), allowed, operator)
+        return _compiled.viterbi_listed(emissions, start, end, _checked_offsets(lengths, emissions), operator.listed_edges())
     states, scores = _best_paths(emissions, operator, start, end, lengths, allowed, MaxSemiring)
     return states[:, 0], scores[:, 0]
 

@@ -1,4 +1,4 @@
-"""Compiled kernels for per-call work: first-order Viterbi and sparse emission scores.
+"""Compiled kernels for per-call work: first-order and pruned second-order Viterbi, sparse emission scores.
 
 One call tags one sentence or a whole batch, sequence after sequence, with no Python work per
 token or per step: the regime (one sentence, one long sequence) where NumPy's per-call overhead
@@ -69,6 +69,59 @@ def _viterbi_first_order(emissions, transitions, start, end, offsets, labels, sc
         for t in range(stop - 1, first, -1):
             arg = back[t - first, arg]
             labels[t - 1] = arg
+
+
+def _viterbi_listed_edges(
+    emissions, start, end, offsets, edge_start, source, target, weights, states, scores
+):  # pragma: no cover - compiled
+    """Best state path of every sequence of a pruned second-order lattice (tokens in input order),
+    into ``states`` (T,) and ``scores`` (N,).
+
+    ``emissions`` (T, S) per-state log scores (states (i, j) of slot pairs), ``start``/``end``
+    (S,), ``offsets`` (N + 1,); the edges into token t are
+    ``edge_start[t]:edge_start[t + 1]``, each from state ``source`` of token t - 1 into state
+    ``target`` of token t with log score ``weights`` (E,), ordered by target, then source.
+    Max-plus; among equal sums the first listed edge wins (the lowest slot two back) and the
+    best last state is the lowest among equals, as in the shared max-product recursion. A
+    sequence with no finite path scores -inf (its states are then 0, where nothing is better)."""
+    n_states = emissions.shape[1]
+    longest = 0
+    for n in range(offsets.size - 1):
+        longest = max(longest, offsets[n + 1] - offsets[n])
+    back = np.zeros((max(longest, 1), n_states), dtype=np.int64)
+    delta = np.empty(n_states)
+    following = np.empty(n_states)
+    for n in range(offsets.size - 1):
+        first, stop = offsets[n], offsets[n + 1]
+        if stop <= first:
+            scores[n] = 0.0
+            continue
+        for s in range(n_states):
+            delta[s] = start[s] + emissions[first, s]
+        for t in range(first + 1, stop):
+            pointers = back[t - first]
+            for s in range(n_states):
+                following[s] = -np.inf
+                pointers[s] = 0
+            for e in range(edge_start[t], edge_start[t + 1]):
+                value = delta[source[e]] + weights[e]
+                if value > following[target[e]]:
+                    following[target[e]] = value
+                    pointers[target[e]] = source[e]
+            for s in range(n_states):
+                delta[s] = following[s] + emissions[t, s]
+        best = delta[0] + end[0]
+        arg = 0
+        for s in range(1, n_states):
+            value = delta[s] + end[s]
+            if value > best:
+                best = value
+                arg = s
+        scores[n] = best
+        states[stop - 1] = arg
+        for t in range(stop - 1, first, -1):
+            arg = back[t - first, arg]
+            states[t - 1] = arg
 
 
 def _sparse_times_dense(indptr, indices, data, weights, out):  # pragma: no cover - compiled
@@ -333,6 +386,30 @@ def viterbi(emissions: np.ndarray, transitions: np.ndarray, start, end, offsets:
     scores = np.empty(offsets.size - 1)
     _kernel("_viterbi_first_order")(emissions, _floats(transitions), _floats(start), _floats(end), offsets, labels, scores)
     return labels, scores
+
+
+def viterbi_listed(emissions, start, end, offsets, edges: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """Best state path of every sequence of a pruned second-order lattice (see
+    :func:`_viterbi_listed_edges`): ``edges`` = (start (T + 1,), source (E,), target (E,), log
+    score (E,)) of the edges into every token, token by token (tokens in input order). Returns
+    (states (T,) int64, scores (N,) float64)."""
+    emissions, offsets = _floats(emissions), np.asarray(offsets, dtype=np.int64)
+    edge_start, source, target, weights = edges
+    states = np.zeros(emissions.shape[0], dtype=np.int64)
+    scores = np.empty(offsets.size - 1)
+    _kernel("_viterbi_listed_edges")(
+        emissions,
+        _floats(start),
+        _floats(end),
+        offsets,
+        np.asarray(edge_start, dtype=np.int64),
+        np.asarray(source, dtype=np.int64),
+        np.asarray(target, dtype=np.int64),
+        _floats(weights),
+        states,
+        scores,
+    )
+    return states, scores
 
 
 def _floats(array) -> np.ndarray:

@@ -452,41 +452,70 @@ class PrunedEdges:
     """The edges into every token of a pruned second-order lattice, scored by label triples.
 
     ``used`` (U,): the flat (L + 1, L, L) indices of the label triples the lattice's edges carry,
-    ascending, with (L + 1) * L * L (one past the table) last where some slot is empty;
-    ``edges`` (T, K + 1, K, K) [t, i, j, k]: the position in ``used`` of the edge from state (i, j)
-    of token t - 1 into state (j, k) of token t. A function of the lattice alone, made once for
-    all the weights it is scored with. :attr:`listed` holds the edges between filled slots only,
-    token by token, for the recursions that visit those alone; ``filled`` ((T, K + 1), (T, K),
-    (T, K) bool): which slots of the token two back, the previous token and this one are filled
-    (the edge [t, i, j, k] joins filled slots when all three of its slots are)."""
+    ascending, with (L + 1) * L * L (one past the table) last where some slot is empty. The
+    edges between filled slots are kept token by token: token t's are ``start[t]:start[t + 1]``
+    (``start`` (T + 1,)), each with its source state ``i * K + j`` of token t - 1, its target
+    state ``j * K + k`` of token t and its position in ``used`` (``source``, ``target``,
+    ``triple`` (E,)), ordered by target, then i. A function of the lattice alone, made once for
+    all the weights it is scored with. :attr:`listed` gives them as flat indices into (T, S)
+    messages, for the recursions that visit those alone; :attr:`edges` (T, K + 1, K, K) [t, i, j,
+    k], the position in ``used`` of every edge from state (i, j) into state (j, k) (the empty-slot
+    entry where a slot is empty), is made only for the recursions that use padded tables.
+    ``filled`` ((T, K + 1), (T, K), (T, K) bool): which slots of the token two back, the previous
+    token and this one are filled (the edge [t, i, j, k] joins filled slots when all three of its
+    slots are)."""
 
-    def __init__(self, used: np.ndarray, edges: np.ndarray, empty: int, filled: tuple[np.ndarray, ...]) -> None:
-        self.used, self.edges = used, edges
+    def __init__(
+        self,
+        used: np.ndarray,
+        empty: int,
+        filled: tuple[np.ndarray, ...],
+        start: np.ndarray,
+        source: np.ndarray,
+        target: np.ndarray,
+        triple: np.ndarray,
+    ) -> None:
+        self.used = used
         self.empty = empty  # the position in ``used`` of the empty-slot index (-1: none)
         self.filled = filled
+        self.start, self.source, self.target, self.triple = start, source, target, triple
+        n_tokens, n_slots = filled[2].shape
+        self.shape = (n_tokens, n_slots + 1, n_slots, n_slots)
 
     @classmethod
     def of(cls, labels: np.ndarray, before: np.ndarray, before2: np.ndarray, n_labels: int) -> PrunedEdges:
         """From the slot labels of :class:`PrunedSecondOrderTransitions`."""
-        L = n_labels
+        L, (T, K) = n_labels, labels.shape
         masks = (before2 >= 0, before >= 0, labels >= 0)
         t, i, j, k = _filled_edges(*masks)  # the filled edges only: the (T, K + 1, K, K) table is mostly empty slots
-        filled = (labels.shape[0], before2.shape[1], labels.shape[1], labels.shape[1])
         flat = (before2[t, i].astype(np.int64) * L + before[t, j]) * L + labels[t, k]
         size = (L + 1) * L * L
         present = np.zeros(size + 1, dtype=bool)
         present[flat] = True
-        present[size] = t.size < math.prod(filled)
+        present[size] = t.size < T * (K + 1) * K * K
         used = np.flatnonzero(present)
         index_type = np.int32 if used.size < np.iinfo(np.int32).max else np.int64
         position = np.cumsum(present, dtype=np.int64) - 1
         empty = used.size - 1 if present[size] else -1
-        edges = np.full(filled, max(empty, 0), dtype=index_type)
-        edges[t, i, j, k] = position[flat]
-        return cls(used, edges, empty, masks)
+        start = np.zeros(T + 1, dtype=np.int64)
+        np.cumsum(np.bincount(t, minlength=T), out=start[1:])
+        state_type = np.int32 if (K + 1) * K < np.iinfo(np.int32).max else np.int64
+        source, target = (i * K + j).astype(state_type), (j * K + k).astype(state_type)
+        return cls(used, empty, masks, start, source, target, position[flat].astype(index_type))
 
     def take(self, index) -> PrunedEdges:
-        return PrunedEdges(self.used, self.edges[index], self.empty, tuple(mask[index] for mask in self.filled))
+        """The lattice of the tokens ``index`` (integers, in the order given; repeats allowed)."""
+        index = np.arange(self.shape[0])[index]
+        counts = np.diff(self.start)[index]
+        start = np.zeros(index.size + 1, dtype=np.int64)
+        np.cumsum(counts, out=start[1:])
+        picks = np.repeat(self.start[index] - start[:-1], counts) + np.arange(start[-1])
+        filled = tuple(mask[index] for mask in self.filled)
+        return PrunedEdges(self.used, self.empty, filled, start, self.source[picks], self.target[picks], self.triple[picks])
+
+    def _tokens(self) -> np.ndarray:
+        """The token of every listed edge (E,)."""
+        return np.repeat(np.arange(self.shape[0]), np.diff(self.start))
 
     @functools.cached_property
     def listed(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -494,12 +523,18 @@ class PrunedEdges:
         source ``t * S + i * K + j`` and target ``t * S + j * K + k`` as flat indices into
         (T, S) messages, and its position in ``used``), for the edges between filled slots,
         ordered by target so that the edges into one state are consecutive."""
-        T, K1, K = self.edges.shape[:3]
-        S = K1 * K
-        t, i, j, k = _filled_edges(*self.filled)
-        start = np.zeros(T + 1, dtype=np.int64)
-        np.cumsum(np.bincount(t, minlength=T), out=start[1:])
-        return start, t * S + i * K + j, t * S + j * K + k, self.edges[t, i, j, k]
+        base = self._tokens() * (self.shape[1] * self.shape[2])
+        return self.start, base + self.source, base + self.target, self.triple
+
+    @functools.cached_property
+    def edges(self) -> np.ndarray:
+        """(T, K + 1, K, K) [t, i, j, k]: the position in ``used`` of the edge from state (i, j)
+        of token t - 1 into state (j, k) of token t (the empty-slot entry where a slot is empty)."""
+        K = self.shape[2]
+        edges = np.full(self.shape, max(self.empty, 0), dtype=self.triple.dtype)
+        i, j = np.divmod(self.source, K)
+        edges[self._tokens(), i, j, self.target % K] = self.triple
+        return edges
 
 
 class PrunedSecondOrderTransitions:
@@ -589,6 +624,13 @@ class PrunedSecondOrderTransitions:
         previous = np.where(first, K, np.roll(slot, 1))
         return np.where((slot >= 0) & (previous >= 0), previous * K + slot, -1)
 
+    def listed_edges(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The edges between filled slots token by token: (start (T + 1,), source state (E,) of
+        the previous token, target state (E,) of this one, log score (E,)), ordered by target,
+        then source (see :class:`PrunedEdges`)."""
+        index = self.index
+        return index.start, index.source, index.target, np.append(self.scores.ravel(), -np.inf)[index.used][index.triple]
+
     def edge_table(self) -> np.ndarray:
         """Log scores (T, K + 1, K, K) of the edges into every token, -inf where a slot is empty."""
         return np.append(self.scores.ravel(), -np.inf)[self.index.used][self.index.edges]
@@ -623,7 +665,8 @@ class _LiftedPruned:
     In the scaled semiring (training), a step of consecutive rows runs forward, backward and
     counts over the listed edges between filled slots only: a token with c candidates after
     tokens with a and b has a * b * c edges, where the padded tables hold (K + 1) * K * K. In log
-    space (constrained windows, segment confidence) forward does too."""
+    space (constrained windows, segment confidence) forward does too. (Viterbi over a pruned
+    lattice runs in a compiled kernel over the same listed edges: :meth:`listed_edges`.)"""
 
     def __init__(
         self,
@@ -639,8 +682,8 @@ class _LiftedPruned:
         self.index, self.rows, self.semiring = index, rows, semiring
         self.count_shape = count_shape
         self.total_shape = (index.used.size,)
-        self.edge_shape = index.edges.shape[1:]
-        self.n_slots = index.edges.shape[2]
+        self.edge_shape = index.shape[1:]
+        self.n_slots = index.shape[2]
         self.listed = semiring is ScaledSemiring and isinstance(rows, slice)
         self.listed_forward = self.listed or (semiring is LogSemiring and isinstance(rows, slice))
 

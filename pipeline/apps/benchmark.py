@@ -80,7 +80,15 @@ def _settings(cfg: DictConfig) -> dict:
     if b["quick"]:
         b.update(repetitions=1, train_fraction=0.1, max_iterations=10, tag_repeats=1)
         b["growth"].update(iterations=5, repetitions=1, fractions=[0.05, 0.1], repeats=[2])
-        b["per_call"].update(train_sentences=200, iterations=5, long_sentences=20, long_iterations=3, sgd_epochs=1)
+        b["per_call"].update(
+            train_sentences=200,
+            iterations=5,
+            long_sentences=20,
+            long_iterations=3,
+            sgd_epochs=1,
+            served_requests=50,
+            served_warmup=5,
+        )
     return b
 
 
@@ -113,6 +121,7 @@ def _per_call_spec(cfg: DictConfig, b: dict) -> dict:
     return {
         **b["per_call"],
         "dataset": OmegaConf.to_container(cfg.dataset, resolve=True),
+        "features": OmegaConf.to_container(cfg.features, resolve=True),
         "data_root": str(Path(cfg.data.root).absolute()),
         "repetitions": b["repetitions"] if not b["quick"] else 1,
     }

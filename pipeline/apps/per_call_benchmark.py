@@ -13,7 +13,15 @@ writes it; python-crfsuite reads it), medians of ``repetitions`` alternating run
 - ``algorithm="l2sgd"`` for ``sgd_epochs`` epochs on both sides: seconds and final loss;
 - pruned second-order tagging against first-order tagging of the same test set (this project);
 - the compiled kernels' first call in a fresh process (Numba's import and cache load, or
-  compilation when no cache exists) and Numba's installed size.
+  compilation when no cache exists) and Numba's installed size;
+- with ``served``: a tagger bundle (the feature config's extractor, the same training sentences
+  and iterations) logged as the pipeline's MLflow Model (:func:`pipeline.tracking.log_tagger_model`,
+  into a throw-away SQLite store), served by ``mlflow models serve`` on 127.0.0.1, and
+  ``served_requests`` one-sentence requests (test sentences in turn, each a ``dataframe_split``
+  long frame, JSON encoding and decoding and a new HTTP connection included) after
+  ``served_warmup`` untimed ones: p50 and p99 latency in milliseconds, next to the same
+  sentences through the loaded model's ``predict`` in this process (the server's overhead is the
+  difference). Latencies have no CRFsuite anchor.
 
 The ratio column is "speed of ours over CRFsuite" for the API rows, and "cost of the long/SGD/
 order-2 path over its anchor" for the others (see ``goal``).
@@ -76,6 +84,60 @@ def _warm_up_seconds() -> float:
     return float(done.stdout.strip().splitlines()[-1])
 
 
+def served_latency(spec: dict, data, train: list, test: list) -> dict[str, float]:
+    """p50/p99 milliseconds of one-sentence requests to the served model, and of the same calls
+    in process (``served_*`` and ``pyfunc_*``); see the module docstring."""
+    import mlflow
+    import numpy as np
+
+    from crf import CRF
+    from crf.bundle import ModelBundle
+    from crf.model import BundledCRF
+    from pipeline import tracking
+    from pipeline.apps.model_benchmark import long_frame, post_frame, served
+    from pipeline.stages.featurize import build_extractor
+
+    extractor = build_extractor(spec["features"], data.columns)
+    model = CRF(c1=0.1, c2=0.1, max_iterations=int(spec["iterations"]))
+    model.fit(extractor.fit_transform(train), [[row[data.label_index] for row in s] for s in train])
+    bundle = ModelBundle(BundledCRF(extractor, model), scheme=data.scheme)
+    inputs = [data.columns.index(c) for c in bundle.input_columns]
+    frames = [long_frame({c: [[row[i] for row in s]] for c, i in zip(bundle.input_columns, inputs)}) for s in test]
+    warmup, requests = int(spec["served_warmup"]), int(spec["served_requests"])
+    order = [frames[k % len(frames)] for k in range(warmup + requests)]
+
+    def latencies(call) -> np.ndarray:
+        seconds = []
+        for k, frame in enumerate(order):
+            began = time.perf_counter()
+            answer = call(frame)
+            if k >= warmup:
+                seconds.append(time.perf_counter() - began)
+            if len(answer) != len(frame):
+                raise RuntimeError(f"the model answered {len(answer)} rows for a sentence of {len(frame)} tokens")
+        return np.array(seconds) * 1e3
+
+    previous = mlflow.get_tracking_uri()
+    with tempfile.TemporaryDirectory() as folder:
+        bundle_path = Path(folder) / "bundle.npz"
+        bundle.save(bundle_path)
+        mlflow.set_tracking_uri(f"sqlite:///{Path(folder) / 'mlflow.db'}")
+        try:
+            experiment = mlflow.create_experiment("per-call-served-model")  # not the caller's (MLFLOW_EXPERIMENT_ID)
+            with mlflow.start_run(experiment_id=experiment, run_name="per-call-served-model"):
+                uri = tracking.log_tagger_model(bundle_path, lambda columns: frames[0])
+            loaded = mlflow.pyfunc.load_model(uri)
+            in_process = latencies(loaded.predict)
+            with served(uri, float(spec["serve_timeout"])) as url:
+                over_http = latencies(lambda frame: post_frame(url, frame))
+        finally:
+            mlflow.set_tracking_uri(previous)
+    out = {}
+    for name, values in (("served", over_http), ("pyfunc", in_process)):
+        out[f"{name}_p50"], out[f"{name}_p99"] = (float(np.percentile(values, q)) for q in (50, 99))
+    return out
+
+
 def measure(spec: dict) -> list[dict]:
     """The per-call rows (list of dicts: path, crfsuite, ours, ratio, unit, goal)."""
     import pycrfsuite
@@ -94,6 +156,7 @@ def measure(spec: dict) -> list[dict]:
     y_train = [[row[label] for row in s] for s in train]
     x_train, x_test = sentence_dicts(train, data.columns, data.label), sentence_dicts(test, data.columns, data.label)
     rows: list[dict] = []
+    nan = float("nan")
 
     def row(path, crfsuite, ours, ratio, unit, goal):
         rows.append({"path": path, "crfsuite": crfsuite, "ours": ours, "ratio": ratio, "unit": unit, "goal": goal})
@@ -162,6 +225,26 @@ def measure(spec: dict) -> list[dict]:
     second.fit(x_train, y_train)
     a, b, _, _ = _median_pair(lambda: first.predict(x_test), lambda: second.predict(x_test), reps, warm=True)
     row("pruned order 2 vs order 1: tagging the test set", a, b, b / a, "s", "cost <= 2x")
+
+    if spec.get("served"):
+        latency = served_latency(spec, data, train, test)
+        for q in ("p50", "p99"):
+            row(
+                f"served model (mlflow models serve): one-sentence request, {q}",
+                nan,
+                latency[f"served_{q}"],
+                nan,
+                "ms",
+                "reported",
+            )
+            row(
+                f"the same model's predict in process: one sentence, {q}",
+                nan,
+                latency[f"pyfunc_{q}"],
+                nan,
+                "ms",
+                "reported",
+            )
     return rows
 
 

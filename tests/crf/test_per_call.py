@@ -232,3 +232,67 @@ def test_one_sequence_sgd_step_is_the_general_objective():
         expected_loss, expected_gradient = batch.general(theta)
         assert loss == pytest.approx(expected_loss, rel=1e-12)
         np.testing.assert_allclose(gradient, expected_gradient, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_compiled_pruned_viterbi_is_the_shared_max_product_recursion(seed):
+    """Viterbi over a pruned second-order lattice (the compiled kernel over its listed edges)
+    gives the shared max-product recursion's paths and scores, with exact ties (integer scores:
+    the lowest slot two back wins, then the lowest last state) and disallowed labels, down to a
+    sequence with no allowed path (score -inf, the recursion's pointers)."""
+    from crf._order import SecondOrderChain
+    from crf._semirings import MaxSemiring
+
+    rng = np.random.default_rng(seed)
+    L, lengths = 5, [6, 2, 4, 1, 5, 3]
+    structure = SecondOrderChain(L)
+    tail = np.round(2 * rng.normal(size=structure.tail_size))
+    emissions = np.round(2 * rng.normal(size=(sum(lengths), L)))
+    candidates = rng.random(emissions.shape) < 0.5
+    candidates[np.arange(sum(lengths)), rng.integers(0, L, sum(lengths))] = True
+    lattice = structure.lattice_in_order(_offsets(lengths), candidates)
+    states = lattice.emissions(emissions, tail)
+    operator, start, end = lattice.scores(tail)
+    allowed = rng.random(emissions.shape) < 0.8
+    allowed[6:8] = False  # the second sequence has no allowed path
+    for mask in (None, allowed):
+        ours, ours_scores = chain.viterbi(states, operator, start, end, lengths, allowed=mask)
+        shared, shared_scores = chain._best_paths(states, operator, start, end, lengths, mask, MaxSemiring)
+        np.testing.assert_array_equal(ours, shared[:, 0])
+        np.testing.assert_allclose(ours_scores, shared_scores[:, 0], rtol=0, atol=1e-12)
+    assert np.isneginf(ours_scores[1]) and np.isfinite(ours_scores[0])
+
+
+def test_pruned_second_order_viterbi_is_the_best_path_of_the_lattice():
+    """The pruned lattice's Viterbi path is a best one among the enumerated label sequences
+    through candidate labels only, scored term by term from the second-order blocks."""
+    from itertools import product
+
+    from crf._order import SecondOrderChain
+
+    rng = np.random.default_rng(7)
+    L, lengths = 4, [4, 1, 3, 2]
+    structure = SecondOrderChain(L)
+    tail = rng.normal(size=structure.tail_size)
+    blocks = structure.split(tail)
+    emissions = rng.normal(size=(sum(lengths), L))
+    candidates = rng.random(emissions.shape) < 0.6
+    candidates[np.arange(sum(lengths)), rng.integers(0, L, sum(lengths))] = True
+    offsets = _offsets(lengths)
+    lattice = structure.lattice_in_order(offsets, candidates)
+    operator, start, end = lattice.scores(tail)
+    best, scores = chain.viterbi(lattice.emissions(emissions, tail), operator, start, end, lengths)
+    labels = chain.operator_of(operator).labels_at(best)
+
+    def score(path, e):
+        total = blocks["start"][path[0]] + blocks["end"][path[-1]] + sum(e[t, y] for t, y in enumerate(path))
+        for t in range(1, len(path)):
+            before = path[t - 2] if t >= 2 else L
+            total += blocks["transitions"][path[t - 1], path[t]] + blocks["trigrams"][before, path[t - 1], path[t]]
+        return total + blocks["pair_end"][path[-2] if len(path) >= 2 else L, path[-1]]
+
+    for n, (a, b) in enumerate(zip(offsets[:-1], offsets[1:])):
+        by_path = {path: score(path, emissions[a:b]) for path in product(*(np.flatnonzero(c) for c in candidates[a:b]))}
+        top = max(by_path.values())
+        assert scores[n] == pytest.approx(top, abs=1e-9)
+        assert by_path[tuple(labels[a:b].tolist())] == pytest.approx(top, abs=1e-9)

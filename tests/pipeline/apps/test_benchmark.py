@@ -90,13 +90,16 @@ def test_quick_run_of_each_input_path_logs_results(tiny, path):
 
 @pytest.mark.slow
 def test_quick_per_call_rows_are_logged(tiny):
-    """The per-call part: every row measured on both sides where it has two, logged to MLflow."""
+    """The per-call part: every row measured on both sides where it has two, logged to MLflow; the
+    served model's latencies (p50, p99) are there."""
     data_root, out = tiny
     cfg = _config(data_root, out / "per_call", "benchmark.growth_enabled=false", "benchmark.per_call.enabled=true")
     benchmark.main(cfg)
     table = pd.read_csv(out / "per_call" / "benchmark" / "conll2000-batch" / "per_call.csv")
-    assert len(table) == 10 and (table.ours > 0).all()
+    assert len(table) == 14 and (table.ours > 0).all()
     assert table.path.str.contains("Tagger.tag").any() and table.path.str.contains("l2sgd final loss").any()
+    served = table[table.path.str.contains("served model")]  # latencies of a real `mlflow models serve`
+    assert len(served) == 2 and (served.unit == "ms").all()
     apis = table[table.path.str.contains("API")]
     assert (apis.crfsuite > 0).all() and (apis.ratio > 0).all()
     client = MlflowClient(f"sqlite:///{(out / 'per_call').absolute() / 'mlflow.db'}")
