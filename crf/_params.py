@@ -138,6 +138,7 @@ DOC = """
 # crf.CRF's signature is the one source of defaults)
 _SPECIFIC = {
     "c1": ("lbfgs",),
+    "c2": ("lbfgs", "l2sgd"),
     "num_memories": ("lbfgs",),
     "linesearch": ("lbfgs",),
     "max_linesearch": ("lbfgs",),
@@ -289,8 +290,6 @@ def validate(p: dict, defaults: dict) -> Settings:
     for name, algorithms in _SPECIFIC.items():
         if algorithm not in algorithms and p[name] != defaults[name]:
             raise ValueError(f"{name}={p[name]!r} does not apply to algorithm={algorithm!r} (only {', '.join(algorithms)})")
-    if algorithm != "lbfgs" and algorithm != "l2sgd" and p["c2"] != defaults["c2"]:
-        raise ValueError(f"c2={p['c2']!r} does not apply to algorithm={algorithm!r} (only lbfgs, l2sgd)")
     for name, algorithms in _STOPPING.items():
         if algorithm not in algorithms and p[name] is not None and name != "period":
             log.warning("%s=%r is not used by algorithm=%r (only %s)", name, p[name], algorithm, ", ".join(algorithms))

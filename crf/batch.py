@@ -72,7 +72,7 @@ class SequenceBatch:
         Parameters
         ----------
         indices : array_like of shape (K,), int
-            Sequence numbers, each 0 to N - 1 (negative ones are not supported); repeats allowed.
+            Sequence numbers, each 0 to N - 1 (others raise IndexError); repeats allowed.
 
         Returns
         -------
@@ -80,6 +80,9 @@ class SequenceBatch:
             K sequences; the rows are copied.
         """
         indices = np.asarray(indices, dtype=np.int64)
+        if indices.size and (indices.min() < 0 or indices.max() >= self.n_sequences):
+            bad = indices[(indices < 0) | (indices >= self.n_sequences)][0]
+            raise IndexError(f"sequence {bad} is not in this batch of {self.n_sequences} sequences (0 to {self.n_sequences - 1})")
         lengths = self.lengths[indices]
         rows = token_rows(self.offsets, indices)
         offsets = np.concatenate([[0], np.cumsum(lengths)])

@@ -237,3 +237,13 @@ def test_non_finite_values_in_a_batch_are_refused_with_their_position():
     batch = SequenceBatch(X, np.array([0, 2, 3]))
     with pytest.raises(ValueError, match="sequence 1, token 0: attribute column 0 has the non-finite value nan"):
         CRF().fit(batch, [["x", "y"], ["x"]])
+
+
+def test_a_batch_subset_refuses_sequence_numbers_it_does_not_have():
+    from crf import AttributeIndex
+
+    batch = AttributeIndex().fit_transform([[{"a": 1.0}], [{"b": 1.0}, {"a": 1.0}]])
+    assert batch.subset([1, 0, 1]).lengths.tolist() == [2, 1, 2]
+    for bad in ([-1], [2]):
+        with pytest.raises(IndexError, match=f"sequence {bad[0]} is not in this batch of 2 sequences"):
+            batch.subset(bad)

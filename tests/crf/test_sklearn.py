@@ -261,3 +261,21 @@ def test_the_tagger_view_takes_an_empty_sequence():
     tagger = model.tagger_
     assert tagger.tag([]) == [] and tagger.probability([]) == 1.0
     assert tagger.tag([{"a": 1}]) == model.predict_single([{"a": 1}])
+
+
+def test_parameter_applies_agrees_with_what_fit_refuses():
+    """What ``parameter_applies`` says of a parameter is what ``fit`` does with a non-default value."""
+    from crf import parameter_applies
+    from crf.model import _DEFAULTS
+
+    X, y = [[{"a": 1.0}], [{"b": 1.0}]], [["A"], ["B"]]
+    changed = {"c1": 0.1, "c2": 0.5, "num_memories": 3, "learning_rate": 0.1, "pa_type": 2, "variance": 2.0}
+    for algorithm in ("lbfgs", "l2sgd", "ap", "pa", "arow"):
+        for name, value in changed.items():
+            assert value != _DEFAULTS[name]
+            model = CRF(algorithm=algorithm, max_iterations=2, **{name: value})
+            if parameter_applies(name, algorithm):
+                model.fit(X, y)
+            else:
+                with pytest.raises(ValueError, match=f"{name}=.* does not apply to algorithm='{algorithm}'"):
+                    model.fit(X, y)
