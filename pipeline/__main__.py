@@ -4,8 +4,10 @@ It returns the objective a sweeper optimises (``objective_value``: the dev score
 sweeper names in the job's environment; None for a pruned Optuna trial).
 
 This is the composition module: the engine (``pipeline.engine``) defines the interfaces it needs and
-imports no sweeper; here an Optuna trial's job (``pipeline.sweeps.trial_stopping``) is plugged into
-the runner as its ``TrialHooks``.
+imports no store and no sweeper; here they are plugged in. :func:`run_pipeline` hands the runner the
+MLflow run store (``pipeline.tracking.run_store``, which also gives the stage cache its remote when
+the tracking store is shared) and, in an Optuna trial's job, the trial
+(``pipeline.sweeps.trial_stopping``) as its ``TrialHooks``.
 
 SIGTERM/SIGINT end the open runs as KILLED (``pipeline.tracking.lifecycle``); an output folder or store that
 cannot be written (read-only, full disk, permissions) ends the run with one line naming the path
@@ -19,6 +21,7 @@ import errno
 import logging
 import os
 import sys
+from typing import Any
 
 import hydra
 import mlflow
@@ -26,11 +29,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from crf.io import DataFormatError
 from crf.model import TrainingError
-from pipeline.engine.runner import objective_value, run_pipeline
+from pipeline.engine import runner
+from pipeline.engine.runner import TrialHooks, objective_value
 from pipeline.engine.validate import SettingsError
 from pipeline.sweeps.trial_environment import METRIC_VARIABLE
 from pipeline.sweeps.trial_stopping import trial_from_environment
 from pipeline.tracking.lifecycle import ending_runs_on_signal, error_chain
+from pipeline.tracking.run_store import MlflowRunStore
 
 log = logging.getLogger("pipeline")
 
@@ -60,6 +65,24 @@ def unwritable(error: BaseException) -> str | None:
     return None
 
 
+def run_pipeline(cfg: DictConfig, trial: TrialHooks | None = None) -> dict[str, Any]:
+    """Run the configured stages, recorded in MLflow (what ``python -m pipeline`` does in one job).
+
+    Parameters
+    ----------
+    cfg : DictConfig
+        The job's composed config (``hydra.compose`` gives one in a test or notebook).
+    trial : TrialHooks, optional
+        The sweep trial this job is (None: not a trial's job).
+
+    Returns
+    -------
+    dict
+        Every stage's metrics, namespaced ``stage.metric`` (:func:`pipeline.engine.runner.run_pipeline`).
+    """
+    return runner.run_pipeline(cfg, MlflowRunStore(), trial)
+
+
 def _in_multirun() -> bool:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
@@ -83,7 +106,7 @@ def main(cfg: DictConfig) -> float | None:
             if OmegaConf.select(cfg, "path.strengths") is not None:  # +experiment=reg_path: one job, a warm-started path
                 from pipeline.sweeps.path import run_path
 
-                results = run_path(cfg, trial_tags=trial.tags() if trial is not None else None)
+                results = run_path(cfg, trial_tags=trial.tags() if trial is not None else None, store=MlflowRunStore())
             else:
                 results = run_pipeline(cfg, trial)
             return objective_value(results, os.environ.get(METRIC_VARIABLE) or None)

@@ -64,7 +64,7 @@ def tiny_pipeline(tmp_path_factory) -> types.SimpleNamespace:
     from mlflow.tracking import MlflowClient
     from pipeline_helpers import compose_config, tiny_overrides, write_corpus
 
-    from pipeline.engine.runner import run_pipeline
+    from pipeline.__main__ import run_pipeline
 
     for name in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI", "CRF_SWEEP_PARENT_RUN_ID", "CRF_SWEEP_ID"):
         os.environ.pop(name, None)

@@ -129,3 +129,55 @@ def test_import_graph_sees_function_local_and_relative_imports(tmp_path):
 def test_no_import_cycles(package):
     cycle = find_cycle(import_graph(package))
     assert cycle is None, f"import cycle in {package}: {' -> '.join(cycle)}"
+
+
+def imported_names(path: Path, name: str) -> set[str]:
+    """Every module that an import statement of module ``name`` (file ``path``) names, project or
+    not, function-local ones too (``from a import b`` gives ``a`` and ``a.b``)."""
+    base = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    names: set[str] = set()
+    for node in _runtime_nodes(ast.parse(path.read_bytes(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            source = importlib.util.resolve_name("." * node.level + (node.module or ""), base) if node.level else node.module
+            names.add(source)
+            names.update(f"{source}.{alias.name}" for alias in node.names)
+    return names
+
+
+# what the engine must not know: it defines the interfaces (run store, remote cache, trial hooks) and
+# pipeline.__main__ plugs the implementations in
+ENGINE_MUST_NOT_IMPORT = ("mlflow", "optuna", "pipeline.tracking", "pipeline.sweeps", "pipeline.__main__")
+
+
+def test_imported_names_sees_function_local_and_relative_imports(tmp_path):
+    (tmp_path / "toy").mkdir()
+    (tmp_path / "toy" / "a.py").write_text(
+        "import mlflow.entities\ndef f():\n    from .b import c\n    from optuna import trial\n"
+    )
+    assert imported_names(tmp_path / "toy" / "a.py", "toy.a") == {"mlflow.entities", "toy.b", "toy.b.c", "optuna", "optuna.trial"}
+
+
+def test_the_engine_imports_no_store_and_no_sweeper():
+    """Neither the engine's modules nor any project module they import, transitively, import MLflow,
+    Optuna, the tracking or sweep packages, or the composition module."""
+    modules = _modules("pipeline", ROOT)
+    graph = import_graph("pipeline")
+    via: dict[str, list[str]] = {
+        name: [name] for name in modules if name == "pipeline.engine" or name.startswith("pipeline.engine.")
+    }
+    pending = list(via)
+    while pending:  # every project module the engine reaches, with the chain that reaches it
+        name = pending.pop()
+        for target in graph[name] - via.keys():
+            via[target] = via[name] + [target]
+            pending.append(target)
+    found = [
+        f"{' -> '.join(chain)} imports {imported}"
+        for module, chain in sorted(via.items())
+        for imported in sorted(imported_names(modules[module], module))
+        if any(imported == banned or imported.startswith(banned + ".") for banned in ENGINE_MUST_NOT_IMPORT)
+    ]
+    assert len(via) > 6 and "pipeline.engine.runner" in via  # the walk saw the engine
+    assert not found, "\n".join(found)

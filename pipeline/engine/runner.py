@@ -1,11 +1,13 @@
-"""Chain the stages under one MLflow parent run, reusing cached stage outputs.
+"""Chain the stages under one parent run, reusing cached stage outputs.
 
-``run_pipeline(cfg)`` is what ``python -m pipeline`` calls; tests call it with a config composed by
-``hydra.compose``. The runner knows stages only through their contract (``pipeline.engine.stage``) and
-models only through their adapter (``pipeline.models``), chosen once from ``cfg.model.adapter``.
-A sweep trial's job (an Optuna trial) adds to a run only through :class:`TrialHooks`, given by the
-caller (``pipeline.__main__`` plugs in ``pipeline.sweeps.trial_stopping``); the engine imports no
-sweeper.
+``run_pipeline(cfg, store)`` is what ``python -m pipeline`` calls (``pipeline.__main__.run_pipeline``
+with the MLflow store); tests call it with a config composed by ``hydra.compose``. The runner knows
+stages only through their contract (``pipeline.engine.stage``), models only through their adapter
+(``pipeline.models``), chosen once from ``cfg.model.adapter``, and the store it records runs in
+only through :class:`~pipeline.engine.store.RunStore` (which also gives the stage cache's remote).
+A sweep trial's job (an Optuna trial) adds to a run only through :class:`TrialHooks`. The caller
+plugs these in (``pipeline.__main__``: ``pipeline.tracking.run_store`` and
+``pipeline.sweeps.trial_stopping``); the engine imports no store and no sweeper.
 """
 
 from __future__ import annotations
@@ -20,22 +22,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-import mlflow
 import pandas as pd
-from mlflow.entities import Metric, Param
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline import tracking
 from pipeline.engine.cache import StageCache, code_digest
 from pipeline.engine.logs import name_overrides, named_overrides, swept_keys
 from pipeline.engine.stage import TRIAL_STATE_TAG, DevReporter, Stage, StageContext, TrainingStopped, frozen, load_stages
+from pipeline.engine.store import CACHE_SOURCE_TAG, MODEL_URI_TAG, SWEEP_PARENT_VARIABLE, RunStore, Standing, flatten
 from pipeline.engine.validate import SettingsError, validate_settings
-from pipeline.models import METRICS_FILE, WARM_START_INPUT, ModelAdapter, load_adapter
+from pipeline.models import METRICS_FILE, SWEEP_ID_VARIABLE, WARM_START_INPUT, ModelAdapter, load_adapter
 from pipeline.report import write_json
 from pipeline.stages.data import ChecksumError, MissingDataError, resolve_files
-from pipeline.tracking import SWEEP_ID_VARIABLE, SWEEP_PARENT_VARIABLE, champion
-from pipeline.tracking.lifecycle import END_REASON_TAG
-from pipeline.tracking.remote_cache import remote_for
 
 log = logging.getLogger(__name__)
 
@@ -49,14 +46,14 @@ class StageOutput:
     hash: str
     cached: bool
     metrics: dict
-    model_uri: str | None = None  # the MLflow Model of the stage's declared bundle
+    model_uri: str | None = None  # the logged model of the stage's declared bundle (an MLflow Model's URI)
     external: dict | None = None  # hashes of the files it read from outside the pipeline (the dataset)
-    bundle: Path | None = None  # its tagger bundle logged as an MLflow Model
-    seconds: float = 0.0  # wall time of the stage run, cache lookup and MLflow logging included
+    bundle: Path | None = None  # its tagger bundle logged as a model
+    seconds: float = 0.0  # wall time of the stage run, cache lookup and logging to the store included
     key: str | None = None  # its entry in the stage cache
 
 
-def run_tags(cfg: DictConfig, adapter: ModelAdapter, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+def run_tags(cfg: DictConfig, adapter: ModelAdapter, store: RunStore, extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The tags of a job's runs.
 
     Parameters
@@ -65,6 +62,8 @@ def run_tags(cfg: DictConfig, adapter: ModelAdapter, extra: Mapping[str, str] | 
         The job's composed config.
     adapter : ModelAdapter
         Its model adapter (names the trainer).
+    store : RunStore
+        The store the runs go to (its :meth:`~pipeline.engine.store.RunStore.source_tags`).
     extra : mapping, optional
         More tags (a sweep trial's: :meth:`TrialHooks.tags`).
 
@@ -78,7 +77,7 @@ def run_tags(cfg: DictConfig, adapter: ModelAdapter, extra: Mapping[str, str] | 
         "model": str(cfg.model.name),
         "trainer": adapter.trainer_tag(cfg),
         "features": str(cfg.features.name),
-        **tracking.source_tags(),
+        **store.source_tags(),
     }
     sweep = os.environ.get(SWEEP_ID_VARIABLE)
     if sweep:
@@ -151,20 +150,11 @@ def stage_key(stage: Stage, cfg: DictConfig, adapter: ModelAdapter, input_hashes
     return config, settings, key, external
 
 
-def _log_steps(batch: list[tuple[int, dict[str, float]]]) -> None:
-    """Step metrics of the active run (one ``log_batch``; MLflow splits it into allowed sizes)."""
-    run = mlflow.active_run()
-    if run is not None and batch:
-        now = int(time.time() * 1000)
-        metrics = [Metric(key, float(value), now, int(step)) for step, values in batch for key, value in values.items()]
-        mlflow.tracking.MlflowClient().log_batch(run.info.run_id, metrics=metrics)
-
-
-def _relog_steps(path: Path) -> None:
-    """A cached entry's per-iteration CSV (column ``iteration``) as step metrics again."""
+def _relog_steps(path: Path, store: RunStore) -> None:
+    """A cached entry's per-iteration CSV (column ``iteration``) as step metrics of the open run again."""
     history = pd.read_csv(path)
     columns = [c for c in history.columns if c != "iteration"]
-    _log_steps(
+    store.log_steps(
         [
             (int(row["iteration"]), {c: float(row[c]) for c in columns if pd.notna(row[c])})
             for row in history.to_dict(orient="records")
@@ -172,13 +162,21 @@ def _relog_steps(path: Path) -> None:
     )
 
 
-def end_stopped(stopped: TrainingStopped) -> None:
-    """End the active run as a pruned trial's: KILLED (stopped on purpose; its scores are not
+def end_stopped(stopped: TrainingStopped, store: RunStore) -> None:
+    """End the open run as a pruned trial's: KILLED (stopped on purpose; its scores are not
     those of its settings, so it is neither FINISHED nor FAILED), tagged ``crf.trial_state=PRUNED``
-    with the reason, the iteration and the last dev score."""
-    mlflow.set_tags({TRIAL_STATE_TAG: "PRUNED", END_REASON_TAG: str(stopped)})
-    mlflow.log_metrics({"pruned_at_iteration": float(stopped.iteration), f"pruned_{stopped.metric}": stopped.value})
-    mlflow.end_run("KILLED")
+    with the reason, the iteration and the last dev score.
+
+    Parameters
+    ----------
+    stopped : TrainingStopped
+        Why and where the training stopped.
+    store : RunStore
+        The store whose innermost open run ends.
+    """
+    store.set_tags({TRIAL_STATE_TAG: "PRUNED"})
+    store.log_metrics({"pruned_at_iteration": float(stopped.iteration), f"pruned_{stopped.metric}": stopped.value})
+    store.end_run("KILLED", reason=str(stopped))
 
 
 def run_stage(
@@ -187,10 +185,11 @@ def run_stage(
     adapter: ModelAdapter,
     inputs: dict[str, StageOutput],
     cache: StageCache,
+    store: RunStore,
     tags: dict,
     report_dev: DevReporter | None = None,
 ) -> StageOutput:
-    """Run (or reuse from the cache) one stage inside a nested MLflow run.
+    """Run (or reuse from the cache) one stage inside a run nested in the open (pipeline) run.
 
     Parameters
     ----------
@@ -205,6 +204,8 @@ def run_stage(
         :data:`~pipeline.models.WARM_START_INPUT`); their hashes are part of the key.
     cache : StageCache
         Where the stage's output is looked up and built.
+    store : RunStore
+        Where the stage run is recorded.
     tags : dict
         Tags of the stage run (``stage`` and ``cache_key`` are added).
     report_dev : DevReporter, optional
@@ -213,7 +214,7 @@ def run_stage(
     Returns
     -------
     StageOutput
-        Its output folder, hash, metrics and MLflow Model.
+        Its output folder, hash, metrics and logged model.
 
     Raises
     ------
@@ -224,10 +225,10 @@ def run_stage(
     name = stage.name
     began = time.perf_counter()
     config, settings, key, external = stage_key(stage, cfg, adapter, {k: v.hash for k, v in inputs.items()}, cache)
-    with mlflow.start_run(run_name=name, nested=True, tags={**tags, "stage": name, "cache_key": key}):
-        params = tracking.flatten(OmegaConf.to_container(config))
-        params.update(tracking.flatten(OmegaConf.to_container(settings), "settings."))
-        tracking.log_params(params)
+    with store.run(name, {**tags, "stage": name, "cache_key": key}, nested=True):
+        params = flatten(OmegaConf.to_container(config))
+        params.update(flatten(OmegaConf.to_container(settings), "settings."))
+        store.log_params(params)
         found = None if cfg.force else cache.lookup(name, key)
         if found is not None:
             log.info("[%s] cache hit %s: reusing %s", name, key[:12], found)
@@ -237,41 +238,40 @@ def run_stage(
 
             def produce(out: Path) -> None:
                 folders = {k: v.folder for k, v in inputs.items()}
-                context = StageContext(config, settings, folders, out, adapter, _log_steps, key, report_dev)
+                context = StageContext(config, settings, folders, out, adapter, store.log_steps, key, report_dev)
                 stage_metrics = stage.run(context)
                 write_json(out / METRICS_FILE, stage_metrics)  # strict JSON: NaN -> null
 
             try:
                 folder = cache.build(name, key, produce, replace=bool(cfg.force))
             except TrainingStopped as stopped:  # nothing was cached: the entry is not the settings' result
-                end_stopped(stopped)
+                end_stopped(stopped, store)
                 raise
         stage_metrics = json.loads((folder / METRICS_FILE).read_text())
-        mlflow.set_tag("cache", "hit" if found is not None else "miss")
-        mlflow.set_tag("cache_path", str(folder))
+        store.set_tags({"cache": "hit" if found is not None else "miss", "cache_path": str(folder)})
         if found is not None and stage.step_metrics and (folder / stage.step_metrics).is_file():
-            _relog_steps(folder / stage.step_metrics)
-        mlflow.log_metrics({k: float(v) for k, v in stage_metrics.items() if isinstance(v, (int, float))})
-        source = tracking.cache_source_run(name, key) if found is not None else None
+            _relog_steps(folder / stage.step_metrics, store)
+        store.log_metrics({k: float(v) for k, v in stage_metrics.items() if isinstance(v, (int, float))})
+        source = store.cache_source(name, key) if found is not None else None
         if source is not None:  # the run that computed this entry holds its files: point at it
-            mlflow.set_tag(tracking.CACHE_SOURCE_TAG, source.info.run_id)
+            store.set_tags({CACHE_SOURCE_TAG: source.run_id})
         else:
             logged = sorted({p for pattern in stage.artifacts(settings, adapter) for p in folder.glob(pattern) if p.is_file()})
             for path in logged:
-                mlflow.log_artifact(str(path), artifact_path=name)
+                store.log_artifact(path, name)
         model_uri = None
         logged_model = stage.logged_model({k: v.folder for k, v in inputs.items()}, folder)
         if logged_model is not None:
-            model_uri = source.data.tags.get(tracking.MODEL_URI_TAG) if source is not None else None
+            model_uri = source.model_uri if source is not None else None
             if model_uri is None:
-                model_uri = tracking.log_tagger_model(logged_model.bundle, logged_model.example)
-            mlflow.set_tag(tracking.MODEL_URI_TAG, model_uri)
+                model_uri = store.log_model(logged_model)
+            store.set_tags({MODEL_URI_TAG: model_uri})
         volatile = (METRICS_FILE, *stage.volatile(adapter))
         output = StageOutput(folder, cache.output_hash(folder, volatile), found is not None, stage_metrics, model_uri, external)
         output.bundle = None if logged_model is None else logged_model.bundle
         output.seconds = time.perf_counter() - began
         output.key = key
-        mlflow.log_metric("seconds", output.seconds)
+        store.log_metrics({"seconds": output.seconds})
         return output
 
 
@@ -287,8 +287,18 @@ def swept_overrides() -> list[str]:
     return named_overrides(list(hydra_cfg.overrides.task), swept_keys(hydra_cfg))
 
 
-def log_dataset(cfg: DictConfig, file_hashes: dict[str, str]) -> None:
-    """The dataset the stages read (their external input files) as the active run's input."""
+def log_dataset(cfg: DictConfig, file_hashes: dict[str, str], store: RunStore) -> None:
+    """The dataset the stages read (their external input files) as the open run's input.
+
+    Parameters
+    ----------
+    cfg : DictConfig
+        The run's composed config (``dataset``, ``data.root``).
+    file_hashes : dict of str to str
+        The SHA-256 of each external input file the stages read.
+    store : RunStore
+        The store of the open run.
+    """
     if not file_hashes:
         return
     try:
@@ -296,50 +306,72 @@ def log_dataset(cfg: DictConfig, file_hashes: dict[str, str]) -> None:
     except (MissingDataError, ChecksumError) as err:
         log.warning("dataset not logged as the run's input: %s", err)
         return
-    tracking.log_dataset(str(cfg.dataset.name), files, file_hashes)
+    store.log_dataset(str(cfg.dataset.name), files, file_hashes)
 
 
-def register_single_run(cfg: DictConfig, model_uri: str, summary: dict[str, Any], run_id: str) -> None:
+def register_single_run(cfg: DictConfig, model_uri: str, summary: dict[str, Any], run_id: str, store: RunStore) -> None:
     """With ``registry.register`` outside a sweep (a sweep registers its best job itself): the run's
-    model as a new version of ``registry.name``, dev/test scores as version tags, ``registry.alias`` moved."""
+    model as a new version of ``registry.name``, dev/test scores as version tags, ``registry.alias`` moved.
+
+    Parameters
+    ----------
+    cfg : DictConfig
+        The run's composed config (``registry``).
+    model_uri : str
+        The run's logged model.
+    summary : dict
+        The run's summary metrics (``dev_f1``, ``test_f1``, ...).
+    run_id : str
+        The pipeline run (a version tag).
+    store : RunStore
+        Its store; the open run is tagged ``registered_model``.
+    """
     registry = OmegaConf.select(cfg, "registry")
     if registry is None or not registry.register or os.environ.get(SWEEP_ID_VARIABLE):
         return
     scores = {k: f"{summary[k]:.4f}" for k in HEADLINE if k in summary}
-    flat = tracking.flatten(OmegaConf.to_container(cfg, resolve=True))
+    flat = flatten(OmegaConf.to_container(cfg, resolve=True))
     metric = next((k for k in ("dev_f1", "dev_accuracy") if isinstance(summary.get(k), (int, float))), None)
-    standing = None
-    if metric is not None:
-        standing = champion.Standing(metric, float(summary[metric]), "maximize", champion.evaluation_key(flat))
+    standing = Standing(metric, float(summary[metric]), flat) if metric is not None else None
     tags = {**scores, "run_id": run_id, "dataset": str(cfg.dataset.name), "data.train_fraction": str(cfg.data.train_fraction)}
-    version, _ = tracking.register_model(
+    version = store.register_model(
         model_uri, str(registry.name), registry.alias, tags, standing, bool(registry.get("force_alias", False))
     )
-    mlflow.set_tag("registered_model", f"models:/{registry.name}/{version.version}")
-    log.info("registered the model as %s version %s", registry.name, version.version)
+    store.set_tags({"registered_model": f"models:/{registry.name}/{version}"})
+    log.info("registered the model as %s version %s", registry.name, version)
 
 
-def record_invalid_sweep_job(cfg: DictConfig, error: Exception, extra_tags: Mapping[str, str] | None = None) -> None:
+def record_invalid_sweep_job(
+    cfg: DictConfig, error: Exception, store: RunStore, extra_tags: Mapping[str, str] | None = None
+) -> None:
     """A sweep job whose settings are invalid is still recorded under the sweep, as a FAILED run
-    with the reason (a single run just stops, leaving nothing behind)."""
+    with the reason (a single run just stops, leaving nothing behind).
+
+    Parameters
+    ----------
+    cfg : DictConfig
+        The job's composed config.
+    error : Exception
+        Why its settings were refused (the end reason, cut to 5000 characters).
+    store : RunStore
+        The store the sweep records its runs in (opened here).
+    extra_tags : mapping, optional
+        More tags of the run (a sweep trial's).
+    """
     parent = os.environ.get(SWEEP_PARENT_VARIABLE)
     if not parent:
         return
-    tracking.setup(cfg)
+    store.open(cfg)
     adapter = load_adapter(cfg.model)
-    tags = {**run_tags(cfg, adapter, extra_tags), "stage": "pipeline", "mlflow.parentRunId": parent}
-    tags["crf.end_reason"] = str(error)[:5000]
-    client = mlflow.tracking.MlflowClient()
-    experiment = client.get_experiment_by_name(cfg.tracking.experiment)
+    tags = {**run_tags(cfg, adapter, store, extra_tags), "stage": "pipeline"}
     name = "-".join([str(cfg.dataset.name), tags["model"], tags["trainer"], *swept_overrides()])
-    run = client.create_run(experiment.experiment_id, run_name=name, tags=tags)
-    params = tracking.flatten(OmegaConf.to_container(cfg, resolve=True))
-    client.log_batch(run.info.run_id, params=[Param(k, v) for k, v in params.items()])
-    client.set_terminated(run.info.run_id, "FAILED")
+    params = flatten(OmegaConf.to_container(cfg, resolve=True))
+    store.record_failed_run(name, tags, params, parent, str(error)[:5000])
 
 
 def checked_plan(
     cfg: DictConfig,
+    store: RunStore,
     check: Callable[[ModelAdapter, list[str]], None] | None = None,
     extra_tags: Mapping[str, str] | None = None,
 ) -> tuple[ModelAdapter, dict[str, Stage], list[str]]:
@@ -350,6 +382,8 @@ def checked_plan(
     ----------
     cfg : DictConfig
         The job's composed config.
+    store : RunStore
+        Where a refused sweep job is recorded (:func:`record_invalid_sweep_job`).
     check : callable, optional
         ``check(adapter, order)``: what a caller such as a regularisation path needs beyond the
         adapter's, the run's and the stages' own checks; raises SettingsError.
@@ -375,7 +409,7 @@ def checked_plan(
             check(adapter, order)
     except (SettingsError, ValueError) as err:
         err = err if isinstance(err, SettingsError) else SettingsError(f"bad setting: {err}")
-        record_invalid_sweep_job(cfg, err, extra_tags)
+        record_invalid_sweep_job(cfg, err, store, extra_tags)
         raise err from None
     return adapter, stages, order
 
@@ -402,13 +436,16 @@ class TrialHooks(Protocol):
         ...
 
 
-def run_pipeline(cfg: DictConfig, trial: TrialHooks | None = None) -> dict[str, Any]:
+def run_pipeline(cfg: DictConfig, store: RunStore, trial: TrialHooks | None = None) -> dict[str, Any]:
     """Run the configured stages.
 
     Parameters
     ----------
     cfg : DictConfig
         The job's composed config.
+    store : RunStore
+        Where the runs are recorded (opened here, once the settings are checked); its
+        :meth:`~pipeline.engine.store.RunStore.remote_cache` is the stage cache's remote.
     trial : TrialHooks, optional
         The sweep trial this job is (None: not a trial's job).
 
@@ -419,11 +456,11 @@ def run_pipeline(cfg: DictConfig, trial: TrialHooks | None = None) -> dict[str, 
         ``pipeline.pruned_at_iteration`` and the last dev score only).
     """
     trial_tags = trial.tags() if trial is not None else {}
-    adapter, stages, order = checked_plan(cfg, extra_tags=trial_tags)
-    uri = tracking.setup(cfg)
-    tags = run_tags(cfg, adapter, trial_tags)
+    adapter, stages, order = checked_plan(cfg, store, extra_tags=trial_tags)
+    store.open(cfg)
+    tags = run_tags(cfg, adapter, store, trial_tags)
     run_name = "-".join([str(cfg.dataset.name), tags["model"], tags["trainer"], *name_overrides()])
-    job = PipelineJob(adapter, stages, order, StageCache(cfg.paths.cache_dir, remote=remote_for(uri)), uri)
+    job = PipelineJob(adapter, stages, order, StageCache(cfg.paths.cache_dir, remote=store.remote_cache()), store)
     reporter, warm_starts = trial.begin(cfg, job) if trial is not None else (None, {})
     results, outputs = pipeline_run(
         cfg,
@@ -442,13 +479,13 @@ def run_pipeline(cfg: DictConfig, trial: TrialHooks | None = None) -> dict[str, 
 @dataclass
 class PipelineJob:
     """What the pipeline runs of one job share: the model adapter, the stages and their order, the
-    cache and the tracking store (a regularisation path runs several pipelines in one job)."""
+    cache and the (opened) run store (a regularisation path runs several pipelines in one job)."""
 
     adapter: ModelAdapter
     stages: dict[str, Stage]
     order: list[str]
     cache: StageCache
-    uri: str
+    store: RunStore
 
 
 def pipeline_run(
@@ -461,7 +498,7 @@ def pipeline_run(
     report_dev: DevReporter | None = None,
     register: bool = True,
 ) -> tuple[dict[str, Any], dict[str, StageOutput]]:
-    """One pipeline run (an MLflow run tagged ``stage=pipeline``) of ``job``'s stages under ``cfg``.
+    """One pipeline run (a run tagged ``stage=pipeline``, in ``job.store``) of ``job``'s stages under ``cfg``.
 
     A pruned trial ends the run KILLED (:func:`end_stopped`) and returns ``pipeline.pruned_at_iteration``
     and the last dev score instead of the stages' metrics.
@@ -473,7 +510,7 @@ def pipeline_run(
     job : PipelineJob
         The adapter, stages, order, cache and store the run uses.
     run_name : str
-        The MLflow run's name.
+        The run's name.
     tags : dict
         Tags of the pipeline run and its stage runs.
     parent : str, optional
@@ -492,15 +529,15 @@ def pipeline_run(
     tuple
         (every stage's metrics namespaced ``stage.metric``, {stage name: its output}).
     """
-    adapter, stages, cache, uri = job.adapter, job.stages, job.cache, job.uri
+    adapter, stages, cache, store = job.adapter, job.stages, job.cache, job.store
     outputs: dict[str, StageOutput] = {}
     results: dict[str, Any] = {}
-    with mlflow.start_run(run_name=run_name, tags={**tags, "stage": "pipeline"}, parent_run_id=parent or None) as run:
-        tracking.log_params(tracking.flatten(OmegaConf.to_container(cfg, resolve=True)))
+    with store.run(run_name, {**tags, "stage": "pipeline"}, parent=parent or None) as run:
+        store.log_params(flatten(OmegaConf.to_container(cfg, resolve=True)))
         with tempfile.TemporaryDirectory() as folder:
             path = Path(folder) / "config.yaml"
             path.write_text(OmegaConf.to_yaml(cfg, resolve=True))
-            mlflow.log_artifact(str(path))
+            store.log_artifact(path)
         summary: dict[str, Any] = {}
         try:
             for name in job.order:  # upstream stages run (or come from the cache) first
@@ -513,51 +550,50 @@ def pipeline_run(
                 if start is not None:
                     inputs[WARM_START_INPUT] = start
                     stage_tags = {**tags, "warm_start_from": str(start.folder)}
-                outputs[name] = run_stage(stage, cfg, adapter, inputs, cache, stage_tags, report_dev)
+                outputs[name] = run_stage(stage, cfg, adapter, inputs, cache, store, stage_tags, report_dev)
                 results.update({f"{name}.{k}": v for k, v in outputs[name].metrics.items()})
                 if stage.summary_prefix is not None:
                     summary.update({stage.summary_prefix + k: v for k, v in outputs[name].metrics.items()})
         except TrainingStopped as stopped:
-            end_stopped(stopped)
-            log.info("done: run %s%s pruned: %s", run.info.run_id, f" in sweep run {parent}" if parent else "", stopped)
+            end_stopped(stopped, store)
+            log.info("done: run %s%s pruned: %s", run.run_id, f" in sweep run {parent}" if parent else "", stopped)
             results = {"pipeline.pruned_at_iteration": stopped.iteration, f"pipeline.pruned_{stopped.metric}": stopped.value}
             return results, outputs
         numbers = {k: float(v) for k, v in summary.items() if isinstance(v, (int, float))}
         headline = {k: numbers[k] for k in HEADLINE if k in numbers}
-        mlflow.log_metrics(headline)  # first, so they head the run page's metrics
-        mlflow.log_metrics({k: v for k, v in numbers.items() if k not in headline})
-        log_dataset(cfg, {k: v for o in outputs.values() for k, v in (o.external or {}).items()})
-        client = mlflow.tracking.MlflowClient(uri)
+        store.log_metrics(headline)  # first, so they head the run page's metrics
+        store.log_metrics({k: v for k, v in numbers.items() if k not in headline})
+        log_dataset(cfg, {k: v for o in outputs.values() for k, v in (o.external or {}).items()}, store)
         models = [o.model_uri for o in outputs.values() if o.model_uri]
         if models:
-            mlflow.set_tag(tracking.MODEL_URI_TAG, models[-1])
-            tracking.link_model(client, run.info.run_id, models[-1])  # the run page's "Logged models"
+            store.set_tags({MODEL_URI_TAG: models[-1]})
+            store.link_model(run.run_id, models[-1])  # the run page's "Logged models"
             if register:
-                register_single_run(cfg, models[-1], summary, run.info.run_id)
+                register_single_run(cfg, models[-1], summary, run.run_id, store)
         log.info(
             "stage seconds:\n%s",
             "\n".join(f"  {s:<10} {o.seconds:8.2f}{' (cache)' if o.cached else ''}" for s, o in outputs.items()),
         )
         hits = [s for s, o in outputs.items() if o.cached]
-        mlflow.set_tag("cache_hits", ",".join(hits) or "none")
+        store.set_tags({"cache_hits": ",".join(hits) or "none"})
         if outputs and len(hits) == len(outputs):  # nothing computed: say so in the runs list
             run_name = f"{run_name}-{CACHED_SUFFIX}"
-            client.update_run(run.info.run_id, name=run_name)
-            mlflow.set_tag("cache_only", "true")
+            store.rename_run(run.run_id, run_name)
+            store.set_tags({"cache_only": "true"})
         scores = ", ".join(f"{k} {v:.2f}" for k, v in headline.items())
         # what loads elsewhere: the pipeline run's own id does not (its files are in its stage runs)
         bundled = [(s, o.bundle) for s, o in outputs.items() if o.model_uri and o.bundle is not None]
-        handoff = tracking.handoff_lines(client, uri, run.info.run_id, *bundled[-1]) if bundled else []
-        mlflow.set_tag(tracking.NOTE_TAG, tracking.run_note(headline, handoff, len(hits), len(outputs)))
+        handoff = store.handoff_lines(run.run_id, *bundled[-1]) if bundled else []
+        store.write_note(headline, handoff, len(hits), len(outputs))
         log.info(
             "done: run %s (%s)%s (%d of %d stages from the cache)%s\n  open: %s\n  outputs: %s%s",
-            run.info.run_id,
+            run.run_id,
             run_name,
             f" in sweep run {parent}" if parent else "",
             len(hits),
             len(outputs),
             f"; {scores}" if scores else "",
-            tracking.store_hint(uri, run.info.run_id, run.info.experiment_id),
+            store.run_link(run),
             "; ".join(f"{s} {o.folder}" for s, o in outputs.items()),
             "".join(f"\n  {line}" for line in handoff),
         )

@@ -43,7 +43,7 @@ from pipeline.engine.validate import SettingsError, section, strength_moves
 from pipeline.models import ModelAdapter
 from pipeline.tracking import SWEEP_ID_VARIABLE, SWEEP_PARENT_VARIABLE
 from pipeline.tracking.lifecycle import END_REASON_TAG
-from pipeline.tracking.remote_cache import remote_for
+from pipeline.tracking.run_store import MlflowRunStore
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ def path_strengths(cfg: DictConfig) -> list[float]:
     return sorted((float(v) for v in values), reverse=True)
 
 
-def run_path(cfg: DictConfig, trial_tags: dict[str, str] | None = None) -> dict[str, Any]:
+def run_path(cfg: DictConfig, trial_tags: dict[str, str] | None = None, store: MlflowRunStore | None = None) -> dict[str, Any]:
     """Fit the path (see the module docstring).
 
     Parameters
@@ -91,6 +91,8 @@ def run_path(cfg: DictConfig, trial_tags: dict[str, str] | None = None) -> dict[
         The job's composed config, with ``path.strengths``.
     trial_tags : dict, optional
         A sweep trial's tags, on every run of the path (pruning does not apply to a path).
+    store : MlflowRunStore, optional
+        The store of the path's runs (None: a new one).
 
     Returns
     -------
@@ -113,14 +115,15 @@ def run_path(cfg: DictConfig, trial_tags: dict[str, str] | None = None) -> dict[
         if "train" not in order:
             raise SettingsError(f"bad setting stages={list(cfg.stages)}: a regularisation path trains (add train or evaluate)")
 
-    adapter, stages, order = checked_plan(cfg, check, trial_tags)
-    uri = tracking.setup(cfg)
-    job = PipelineJob(adapter, stages, order, StageCache(cfg.paths.cache_dir, remote=remote_for(uri)), uri)
-    client = MlflowClient(uri)
+    store = store if store is not None else MlflowRunStore()
+    adapter, stages, order = checked_plan(cfg, store, check, trial_tags)
+    store.open(cfg)
+    job = PipelineJob(adapter, stages, order, StageCache(cfg.paths.cache_dir, remote=store.remote_cache()), store)
+    client = MlflowClient(store.uri)
     experiment = str(cfg.tracking.experiment)
     path_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
     in_sweep = bool(os.environ.get(SWEEP_ID_VARIABLE))
-    tags = {**run_tags(cfg, adapter, trial_tags), PATH_TAG: path_id}
+    tags = {**run_tags(cfg, adapter, store, trial_tags), PATH_TAG: path_id}
     prefix = [str(cfg.dataset.name), tags["model"], tags["trainer"], *swept_overrides()]
     parent = os.environ.get(SWEEP_PARENT_VARIABLE)
     run = client.create_run(
@@ -137,7 +140,7 @@ def run_path(cfg: DictConfig, trial_tags: dict[str, str] | None = None) -> dict[
     try:
         for number, strength in enumerate(strengths):
             point = point_config(cfg, strength)
-            point_tags = {**run_tags(point, adapter, trial_tags), PATH_TAG: path_id, POINT_TAG: str(number)}
+            point_tags = {**run_tags(point, adapter, store, trial_tags), PATH_TAG: path_id, POINT_TAG: str(number)}
             name = "-".join([*prefix, f"strength={strength:g}"])
             results, outputs = pipeline_run(
                 point, job, name, point_tags, parent=run.info.run_id, warm_starts={"train": previous}, register=False

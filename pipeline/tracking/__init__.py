@@ -31,6 +31,7 @@ from mlflow.models import ModelSignature  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 from mlflow.types import ColSpec, Schema  # noqa: E402
 
+from pipeline.engine.store import CACHE_SOURCE_TAG, MODEL_URI_TAG, SWEEP_PARENT_VARIABLE, flatten  # noqa: E402
 from pipeline.models import SWEEP_ID_VARIABLE  # noqa: E402
 from pipeline.tracking import (
     champion,
@@ -39,9 +40,9 @@ from pipeline.tracking import (
 
 log = logging.getLogger(__name__)
 
-# how a sweep's launching process tells its jobs (in other processes) where to attach their runs
-SWEEP_PARENT_VARIABLE = "CRF_SWEEP_PARENT_RUN_ID"
-__all__ = ["SWEEP_ID_VARIABLE", "SWEEP_PARENT_VARIABLE"]
+# SWEEP_PARENT_VARIABLE: how a sweep's launching process tells its jobs (in other processes) where to
+# attach their runs; it, the engine's tag names and ``flatten`` are defined by the engine's run store
+__all__ = ["CACHE_SOURCE_TAG", "MODEL_URI_TAG", "SWEEP_ID_VARIABLE", "SWEEP_PARENT_VARIABLE", "flatten"]
 # MLflow's own tag for the source commit; its automatic value needs the entry script inside the
 # checkout (not so under pytest, nor for runs created with MlflowClient), so we set it ourselves
 GIT_COMMIT_TAG = "mlflow.source.git.commit"
@@ -160,19 +161,6 @@ def setup(cfg: Mapping) -> str:
     mlflow.set_experiment(name)
     lifecycle.mark_stranded(client)  # runs left RUNNING by processes that are gone
     return uri
-
-
-def flatten(config: Mapping, prefix: str = "") -> dict[str, str]:
-    """Nested config -> {"a.b.c": "value"} with string values (as MLflow stores params)."""
-    flat: dict[str, str] = {}
-    for key, value in config.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            flat.update(flatten(value, name + "."))
-        else:
-            text = str(value)
-            flat[name] = text if len(text) <= 6000 else text[:5997] + "..."
-    return flat
 
 
 def git_commit() -> str:
@@ -303,15 +291,12 @@ def run_note(scores: Mapping[str, float], handoff: Sequence[str], cached: int, s
     # the shown first: the tag command, then where the files are
     lines += [f"- {name}: `{value}`" for name, value in sorted(items.items(), key=lambda i: i[0] != "tag") if name != "model"]
     return "\n".join(lines)
-    return "\n".join(lines)
 
 
 # the models-from-code file of the tagger's MLflow Model, and the library it runs (shipped as code)
 MODEL_CODE = Path(__file__).resolve().with_name("mlflow_model.py")
 LIBRARY = Path(__file__).resolve().parents[2] / "crf"
 MODEL_NAME = "model"  # the logged model's name inside its run
-MODEL_URI_TAG = "model_uri"
-CACHE_SOURCE_TAG = "cache_source_run_id"
 DIGEST_CHARS = 36  # the longest dataset digest MLflow stores
 LOG_INPUT_ATTEMPTS = 3
 

@@ -13,7 +13,7 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 from mlflow.tracking import MlflowClient  # noqa: E402
 from pipeline_helpers import compose_config, tiny_overrides, write_corpus  # noqa: E402
 
-from pipeline.engine.runner import run_pipeline  # noqa: E402
+from pipeline.__main__ import run_pipeline  # noqa: E402
 from pipeline.tracking import tracking_uri  # noqa: E402
 from pipeline.tracking.champion import DECISION_TAG, Standing  # noqa: E402
 

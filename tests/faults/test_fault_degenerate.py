@@ -17,7 +17,7 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 from pipeline_helpers import compose_config, tiny_overrides  # noqa: E402
 
 from crf import load_bundle  # noqa: E402
-from pipeline.engine.runner import run_pipeline  # noqa: E402
+from pipeline.__main__ import run_pipeline  # noqa: E402
 
 WORDS = ["a", "b", "c", "d", "e"]
 

@@ -18,8 +18,8 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 from pipeline_helpers import compose_config, tiny_overrides, write_corpus  # noqa: E402
 
+from pipeline.__main__ import run_pipeline  # noqa: E402
 from pipeline.engine.cache import MANIFEST  # noqa: E402
-from pipeline.engine.runner import run_pipeline  # noqa: E402
 
 STAGES = ("prepare", "featurize", "train", "evaluate")
 

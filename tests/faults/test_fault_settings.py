@@ -60,7 +60,7 @@ def test_every_shipped_model_and_trainer_passes(group):
 
 @pytest.mark.parametrize("bad", ["trainer.c2=abc", "trainer.max_iterations=-1"])
 def test_the_pipeline_fails_before_prepare(tmp_path, bad):
-    from pipeline.engine.runner import run_pipeline
+    from pipeline.__main__ import run_pipeline
 
     data_root = write_corpus(tmp_path / "data", n_train=10, n_test=5)
     with pytest.raises(SettingsError, match="bad setting"):
@@ -100,7 +100,7 @@ def _compose_with_overrides(overrides: list[str]):
     ],
 )
 def test_an_added_or_misspelt_key_is_refused_like_a_bad_value(overrides, message, tmp_path):
-    from pipeline.engine.runner import run_pipeline
+    from pipeline.__main__ import run_pipeline
 
     with pytest.raises(SettingsError) as caught:
         run_pipeline(_compose_with_overrides(overrides + [f"paths.output_dir={tmp_path}"]))

@@ -30,10 +30,10 @@ from pipeline_helpers import compose_config, make_sentence, tiny_overrides, writ
 
 from crf.io import DataFormatError, read_conll  # noqa: E402
 from pipeline import report as strict_json  # noqa: E402
+from pipeline.__main__ import run_pipeline  # noqa: E402
 from pipeline.apps import tag as tag_command  # noqa: E402
 from pipeline.apps.formats import Corpus, Prediction, read_input, write_jsonl  # noqa: E402
 from pipeline.apps.tag import TagError, run_tag  # noqa: E402
-from pipeline.engine.runner import run_pipeline  # noqa: E402
 from pipeline.stages.data import load_dataset  # noqa: E402
 from pipeline.stages.prepare import read_prepared, write_split  # noqa: E402
 

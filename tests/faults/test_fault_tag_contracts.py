@@ -327,7 +327,7 @@ def test_a_dangling_symbolic_link_is_not_replaced(chunker, tmp_path):
 
 
 def test_an_hmm_chunker_tags_its_own_datasets_conll_file(tmp_path):
-    from pipeline.engine.runner import run_pipeline
+    from pipeline.__main__ import run_pipeline
 
     data = write_corpus(tmp_path / "data", n_train=40, n_test=10)
     out = tmp_path / "out"

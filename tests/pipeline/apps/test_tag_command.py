@@ -29,9 +29,9 @@ from seqeval.metrics import f1_score, precision_score, recall_score  # noqa: E40
 
 from crf import load_bundle  # noqa: E402
 from crf.io import DataFormatError, read_conll  # noqa: E402
+from pipeline.__main__ import run_pipeline  # noqa: E402
 from pipeline.apps.formats import tokenize  # noqa: E402
 from pipeline.apps.tag import TagError, renamed, resolve_model, run_tag  # noqa: E402
-from pipeline.engine.runner import run_pipeline  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -13,8 +13,9 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 from pipeline_helpers import compose_config, tiny_overrides, write_corpus  # noqa: E402
 
+from pipeline.__main__ import run_pipeline  # noqa: E402
 from pipeline.engine.cache import PROJECT_ROOT, StageCache, canonical, code_digest, module_closure  # noqa: E402
-from pipeline.engine.runner import run_pipeline, stage_key  # noqa: E402
+from pipeline.engine.runner import stage_key  # noqa: E402
 from pipeline.engine.stage import BaseStage, frozen, load_stages  # noqa: E402
 from pipeline.models import load_adapter  # noqa: E402
 

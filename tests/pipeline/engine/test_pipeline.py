@@ -16,8 +16,8 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 from mlflow.tracking import MlflowClient  # noqa: E402
 from pipeline_helpers import CONF_DIR, compose_config, tiny_overrides, write_corpus  # noqa: E402
 
+from pipeline.__main__ import run_pipeline  # noqa: E402
 from pipeline.engine.cache import StageCache  # noqa: E402
-from pipeline.engine.runner import run_pipeline  # noqa: E402
 from pipeline.report import markdown_table  # noqa: E402
 from pipeline.stages.data import MissingDataError, load_dataset, read_split  # noqa: E402
 from pipeline.tracking import TrackingUnavailable, tracking_uri  # noqa: E402

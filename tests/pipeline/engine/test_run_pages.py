@@ -21,8 +21,8 @@ from omegaconf import open_dict  # noqa: E402
 from pipeline_helpers import CONF_DIR, tiny_overrides, write_corpus  # noqa: E402
 
 from pipeline import tracking  # noqa: E402
+from pipeline.__main__ import run_pipeline  # noqa: E402
 from pipeline.engine.logs import named_overrides  # noqa: E402
-from pipeline.engine.runner import run_pipeline  # noqa: E402
 
 
 def test_named_overrides_show_what_changes_a_result():

@@ -21,8 +21,9 @@ from mlflow.tracking import MlflowClient  # noqa: E402
 from pipeline_helpers import compose_config, tiny_overrides, write_corpus  # noqa: E402
 from server_helpers import mlflow_server  # noqa: E402
 
+from pipeline.__main__ import run_pipeline  # noqa: E402
 from pipeline.engine.cache import StageCache  # noqa: E402
-from pipeline.engine.runner import METRICS_FILE, run_pipeline  # noqa: E402
+from pipeline.engine.runner import METRICS_FILE  # noqa: E402
 from pipeline.engine.stage import load_stages  # noqa: E402
 from pipeline.models import load_adapter  # noqa: E402
 from pipeline.tracking import remote_cache  # noqa: E402

@@ -18,7 +18,7 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 from mlflow.tracking import MlflowClient  # noqa: E402
 from pipeline_helpers import compose_config, tiny_overrides, write_corpus  # noqa: E402
 
-from pipeline.engine.runner import run_pipeline  # noqa: E402
+from pipeline.__main__ import run_pipeline  # noqa: E402
 from pipeline.models import load_adapter  # noqa: E402
 from pipeline.models.crf import CRFAdapter  # noqa: E402
 from pipeline.models.hmm import HMMAdapter  # noqa: E402

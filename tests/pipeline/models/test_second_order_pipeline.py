@@ -17,8 +17,8 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 from pipeline_helpers import compose_config, make_sentence, tiny_overrides, write_corpus  # noqa: E402
 
 from crf import CRF, load_bundle  # noqa: E402
+from pipeline.__main__ import run_pipeline  # noqa: E402
 from pipeline.apps.tag import run_tag  # noqa: E402
-from pipeline.engine.runner import run_pipeline  # noqa: E402
 from pipeline.models.crf import CRFAdapter, build_model  # noqa: E402
 from pipeline.sweeps.compare import arm_name, compared_pairs  # noqa: E402
 

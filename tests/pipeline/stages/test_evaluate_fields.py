@@ -21,7 +21,7 @@ from test_references import write_references  # noqa: E402
 
 from crf import HMM, ModelBundle, metrics  # noqa: E402
 from crf.hmm import BundledHMM  # noqa: E402
-from pipeline.engine.runner import run_pipeline  # noqa: E402
+from pipeline.__main__ import run_pipeline  # noqa: E402
 from pipeline.engine.stage import frozen  # noqa: E402
 from pipeline.stages import fields  # noqa: E402
 from pipeline.stages.featurize import STAGE as FEATURIZE  # noqa: E402

@@ -14,7 +14,7 @@ from mlflow.tracking import MlflowClient  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 from pipeline_helpers import compose_config, seed_store, tiny_overrides, write_corpus  # noqa: E402
 
-from pipeline.engine.runner import run_pipeline  # noqa: E402
+from pipeline.__main__ import run_pipeline  # noqa: E402
 from pipeline.engine.validate import SettingsError  # noqa: E402
 from pipeline.models.crf import build_model  # noqa: E402
 from pipeline.stages.featurize import load_batch  # noqa: E402

@@ -22,7 +22,7 @@ from pipeline_helpers import tiny_overrides  # noqa: E402
 
 from crf import metrics  # noqa: E402
 from crf.bundle import load_bundle  # noqa: E402
-from pipeline.engine.runner import run_pipeline  # noqa: E402
+from pipeline.__main__ import run_pipeline  # noqa: E402
 from pipeline.stages.prepare import read_prepared  # noqa: E402
 from pipeline.tracking import tracking_uri  # noqa: E402
 from pipeline.tracking.mlflow_model import sentences_frame  # noqa: E402

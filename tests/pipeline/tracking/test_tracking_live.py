@@ -18,7 +18,7 @@ import server_helpers  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 from pipeline_helpers import compose_config, tiny_overrides, write_corpus  # noqa: E402
 
-from pipeline.engine.runner import run_pipeline  # noqa: E402
+from pipeline.__main__ import run_pipeline  # noqa: E402
 from pipeline.sweeps import compare  # noqa: E402
 from pipeline.tracking import CACHE_SOURCE_TAG  # noqa: E402
 
