@@ -453,14 +453,22 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -
     ------
     FileNotFoundError
         ``path`` is a dangling symbolic link.
+    IsADirectoryError
+        ``path`` is a folder.
     OSError
-        The file system refused a step (nothing partial is left at ``path``).
+        ``path`` exists but is not a regular file (a device such as ``/dev/null``, a pipe: the
+        rename would replace it), or the file system refused a step (nothing partial is left at
+        ``path``).
     """
     path = Path(path)
     if path.is_symlink():
         if not path.exists():
             raise FileNotFoundError(f"{path}: a symbolic link to {os.readlink(path)}, which does not exist; not written")
         path = Path(os.path.realpath(path))
+    if path.is_dir():
+        raise IsADirectoryError(f"{path}: a folder; not written")
+    if path.exists() and not path.is_file():  # the rename would replace a device (/dev/null) or a pipe
+        raise OSError(f"{path}: not a regular file (a device or a pipe), which the rename would replace; not written")
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = _create_temporary(path)
     try:

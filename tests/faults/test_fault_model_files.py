@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import os
+import stat
 import struct
 import time
 import tracemalloc
@@ -801,3 +802,20 @@ def test_a_model_file_cannot_choose_where_a_later_fit_writes_or_what_it_calls(fi
     _resave(path, "crf.CRF", plant)
     loaded = CRF.load(path)
     assert loaded.model_filename is None and loaded.keep_tempfiles is False and loaded.c2 == 0.25
+
+
+def test_atomic_write_never_replaces_a_device_a_pipe_or_a_folder(tmp_path):
+    """The rename would put a regular file where /dev/null or a pipe was: refused, nothing left."""
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    with pytest.raises(OSError, match="not a regular file"):
+        atomic_write(pipe, lambda out: out.write(b"x"))
+    assert stat.S_ISFIFO(os.lstat(pipe).st_mode)
+    link = tmp_path / "to-pipe"
+    link.symlink_to(pipe)
+    with pytest.raises(OSError, match="not a regular file"):
+        atomic_write(link, lambda out: out.write(b"x"))
+    assert stat.S_ISFIFO(os.lstat(pipe).st_mode) and link.is_symlink()
+    with pytest.raises(IsADirectoryError, match="a folder"):
+        atomic_write(tmp_path, lambda out: out.write(b"x"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe", "to-pipe"]
