@@ -31,7 +31,7 @@ DATASET_KEYS = {
     "document_marker", "word_column", "hmm", "crf", "evaluate", "unlabelled",
 }  # fmt: skip
 DATASET_REQUIRED = {"name", "format", "columns", "label", "files"}
-SWEEP_SUMMARIES = ("grid", "comparison", "active_learning")
+SWEEP_SUMMARIES = ("grid", "comparison", "active_learning", "semi_supervised")
 
 
 class SettingsError(ValueError):
