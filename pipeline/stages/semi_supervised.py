@@ -237,6 +237,8 @@ class Experiment:
             def step():
                 em.baum_welch(unlabelled, iterations=1)
                 dev = em.predict(column["dev"])
+                log.info("[semi] hmm_em iteration %d: dev %.4f (%.0f s)", len(em.em_history_), self.score("dev", dev),
+                         time.perf_counter() - began)  # fmt: skip
                 return self.score("dev", dev), (dev, em.predict(column["test"]))
 
             best, scores, kept = best_by_dev(
@@ -277,6 +279,7 @@ class Experiment:
             model = self.crf_model().fit(batch["train"].subset(self.labelled), [y[i] for i in self.labelled])
             seconds["crf"] = time.perf_counter() - began
             out["crf"] = (model.predict(batch["dev"]), model.predict(batch["test"]))
+            log.info("[semi] crf: dev %.4f (%.0f s)", self.score("dev", out["crf"][0]), seconds["crf"])
             if "crf_self_training" in wanted:
                 began = time.perf_counter()
                 out["crf_self_training"], curves = self.self_training(model, batch, out["crf"])
@@ -291,6 +294,7 @@ class Experiment:
             model = self.crf_model().fit(batch["train"].subset(self.labelled), [y[i] for i in self.labelled])
             out["crf_clusters"] = (model.predict(batch["dev"]), model.predict(batch["test"]))
             seconds["crf_clusters"] = time.perf_counter() - began
+            log.info("[semi] crf_clusters: dev %.4f (%.0f s)", self.score("dev", out["crf_clusters"][0]), seconds["crf_clusters"])
         return out, curves, seconds
 
     def self_training(self, model, batch, start: tuple) -> tuple[tuple, dict]:
@@ -310,6 +314,13 @@ class Experiment:
             rows = np.concatenate([self.labelled, self.unlabelled[known]])
             model.fit(batch["train"].subset(rows), labelled_y + [g for g, k in zip(guessed, known) if k])
             dev = model.predict(batch["dev"])
+            share = 100 * taken[-1]
+            log.info(
+                "[semi] self-training round %d: %.1f%% of the unlabelled tokens taken, dev %.4f",
+                len(taken),
+                share,
+                self.score("dev", dev),
+            )
             return self.score("dev", dev), (dev, model.predict(batch["test"]))
 
         best, scores, kept = best_by_dev(
@@ -326,7 +337,7 @@ class Experiment:
         """Every wanted arm: (metrics, dev curves, test predictions)."""
         wanted = set(self.settings["arms"])
         predictions, curves, seconds = {}, {}, {}
-        for arms in (self.hmm_arms, self.crf_arms):
+        for arms in (self.crf_arms, self.hmm_arms):
             if wanted & ({"hmm", "hmm_em"} if arms == self.hmm_arms else {"crf", "crf_self_training", "crf_clusters"}):
                 out, curve, took = arms(wanted)
                 predictions.update(out)
