@@ -59,6 +59,7 @@ DEFAULTS: dict[str, Any] = {
     "hmm_k": 0.1,  # add-k constant of the HMM arms
     "self_training_rounds": 3,
     "self_training_patience": 1,
+    "self_training_iterations": 50,  # L-BFGS iterations at most per warm-started refit (null: the trainer's rule)
     "threshold": 0.95,  # a token's label is taken when its marginal is at least this
     "clusters": {},  # clustering settings of crf_clusters (see conf/features/clusters/brown.yaml)
 }
@@ -78,6 +79,10 @@ def settings_of(section: dict) -> dict[str, Any]:
         raise ValueError(f"semi.arms={settings['arms']!r}: some of {', '.join(ARMS)}")
     if not 0 < float(settings["threshold"]) <= 1:
         raise ValueError(f"semi.threshold={settings['threshold']!r}: in (0, 1]")
+    if settings["self_training_iterations"] is not None and (
+        not isinstance(settings["self_training_iterations"], int) or settings["self_training_iterations"] < 1
+    ):
+        raise ValueError(f"semi.self_training_iterations={settings['self_training_iterations']!r}: a whole number >= 1 or null")
     for key in ("em_iterations", "em_patience", "self_training_rounds", "self_training_patience", "hmm_order"):
         if (
             not isinstance(settings[key], int)
@@ -274,16 +279,12 @@ class Experiment:
         y = self.gold["train"]
         out, curves, seconds = {}, {}, {}
         if wanted & {"crf", "crf_self_training"}:
-            batch = self.batches(features)
+            plain = self.batches(features)
             began = time.perf_counter()
-            model = self.crf_model().fit(batch["train"].subset(self.labelled), [y[i] for i in self.labelled])
+            supervised = self.crf_model().fit(plain["train"].subset(self.labelled), [y[i] for i in self.labelled])
             seconds["crf"] = time.perf_counter() - began
-            out["crf"] = (model.predict(batch["dev"]), model.predict(batch["test"]))
+            out["crf"] = (supervised.predict(plain["dev"]), supervised.predict(plain["test"]))
             log.info("[semi] crf: dev %.4f (%.0f s)", self.score("dev", out["crf"][0]), seconds["crf"])
-            if "crf_self_training" in wanted:
-                began = time.perf_counter()
-                out["crf_self_training"], curves = self.self_training(model, batch, out["crf"])
-                seconds["crf_self_training"] = time.perf_counter() - began
         if "crf_clusters" in wanted:
             began = time.perf_counter()
             block = {**clusters.DEFAULTS, **dict(self.settings["clusters"]), "source": clusters.AUTO}
@@ -295,12 +296,18 @@ class Experiment:
             out["crf_clusters"] = (model.predict(batch["dev"]), model.predict(batch["test"]))
             seconds["crf_clusters"] = time.perf_counter() - began
             log.info("[semi] crf_clusters: dev %.4f (%.0f s)", self.score("dev", out["crf_clusters"][0]), seconds["crf_clusters"])
+        if "crf_self_training" in wanted:
+            began = time.perf_counter()
+            out["crf_self_training"], curves = self.self_training(supervised, plain, out["crf"])
+            seconds["crf_self_training"] = time.perf_counter() - began
         return out, curves, seconds
 
     def self_training(self, model, batch, start: tuple) -> tuple[tuple, dict]:
         """Rounds of self-training from the supervised ``model`` (see the module docstring)."""
         model = copy.deepcopy(model)
         model.set_params(warm_start=True)
+        if self.settings["self_training_iterations"] is not None:  # warm-started: few iterations move far
+            model.set_params(max_iterations=int(self.settings["self_training_iterations"]))
         y = self.gold["train"]
         pool = batch["train"].subset(self.unlabelled)
         labelled_y = [y[i] for i in self.labelled]
