@@ -50,6 +50,7 @@ STAGE_MODULES = (
     "pipeline.stages.train",
     "pipeline.stages.evaluate",
     "pipeline.stages.active_learning",
+    "pipeline.stages.semi_supervised",
 )
 
 StepLogger = Callable[[list[tuple[int, dict[str, float]]]], None]

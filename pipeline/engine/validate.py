@@ -28,10 +28,10 @@ _CONFIG_NAMES = {"n_threads": "threads"}  # estimator parameter -> its key in th
 # every key a dataset config may have (pipeline/stages/data.py and the stages read them; hmm and crf: model defaults)
 DATASET_KEYS = {
     "name", "task", "format", "columns", "label", "scheme", "files", "dev_split", "separator", "comment_prefix",
-    "document_marker", "word_column", "hmm", "crf", "evaluate",
+    "document_marker", "word_column", "hmm", "crf", "evaluate", "unlabelled",
 }  # fmt: skip
 DATASET_REQUIRED = {"name", "format", "columns", "label", "files"}
-SWEEP_SUMMARIES = ("grid", "comparison", "active_learning")
+SWEEP_SUMMARIES = ("grid", "comparison", "active_learning", "semi_supervised")
 
 
 class SettingsError(ValueError):

@@ -25,6 +25,7 @@ from crf.features import FeatureExtractor
 from pipeline.engine.cache import file_sha256
 from pipeline.engine.stage import BaseStage, StageContext
 from pipeline.report import write_json
+from pipeline.stages import clusters
 from pipeline.stages.prepare import SPLITS, read_prepared
 
 if TYPE_CHECKING:  # annotations only: the adapter's module is not this stage's code
@@ -111,16 +112,30 @@ class Featurize(BaseStage):
         return ("prepare",)
 
     def config_slice(self, cfg, adapter: ModelAdapter) -> dict:
-        return {"features": OmegaConf.to_container(cfg.features, resolve=True)}
+        features = OmegaConf.to_container(cfg.features, resolve=True)
+        if clusters.is_auto(features):  # clusters learned from the pool: the dataset's unlabelled files join it
+            return {"features": features, "unlabelled": list(OmegaConf.select(cfg, "dataset.unlabelled", default=None) or [])}
+        return {"features": features}
 
     def settings(self, cfg, adapter: ModelAdapter) -> dict:
-        return {"log_matrices": bool(cfg.featurize.log_matrices)}
+        # where learned clusters are cached, and the root of the dataset's unlabelled files: not hashed
+        # (the pool's content is, see external_inputs)
+        return {
+            "log_matrices": bool(cfg.featurize.log_matrices),
+            "cache_dir": str(cfg.paths.cache_dir),
+            "data_root": str(cfg.data.root),
+        }
 
     def external_inputs(self, config, settings) -> dict[str, str]:
         """SHA-256 of every file the features read (lexicons, cluster paths): editing one
         invalidates the cached features."""
-        files = lexicon_files(OmegaConf.to_container(config.features, resolve=True))
-        return {f"lexicon:{name}": file_sha256(path) for name, path in files.items()}
+        features = OmegaConf.to_container(config.features, resolve=True)
+        files = lexicon_files(clusters.expanded(features, None))
+        hashes = {f"lexicon:{name}": file_sha256(path) for name, path in files.items()}
+        if clusters.is_auto(features):  # the pool's files (its training words are the prepare input)
+            pool = clusters.pool_paths(features, list(config.get("unlabelled") or []), settings.data_root)
+            hashes.update({f"pool:{i}": file_sha256(path) for i, path in enumerate(pool)})
+        return hashes
 
     def volatile(self, adapter: ModelAdapter) -> tuple[str, ...]:
         return ("features.json",)  # the feature-extraction times
@@ -128,12 +143,20 @@ class Featurize(BaseStage):
     def artifacts(self, settings, adapter: ModelAdapter) -> tuple[str, ...]:
         """The vocabulary and counts; the matrices stay in the cache unless ``log_matrices``."""
         matrices = ("X_*.npz", "offsets_*.npy") if settings.log_matrices else ()
-        return ("extractor.npz", "features.json", *matrices)
+        return ("extractor.npz", "features.json", clusters.PATHS_FILE, *matrices)
 
     def run(self, context: StageContext) -> dict:
         data = read_prepared(context.inputs["prepare"])
         out = context.out
-        extractor = build_extractor(OmegaConf.to_container(context.config.features), data.columns)
+        features = OmegaConf.to_container(context.config.features)
+        if clusters.is_auto(features):
+            word = data.column("train", clusters.word_column(features, data.word_column))
+            unlabelled = list(context.config.get("unlabelled") or [])
+            features = clusters.with_clusters(features, word, context.settings.cache_dir, unlabelled, context.settings.data_root)
+        else:
+            features = clusters.expanded(features, None)
+        clusters.copy_paths_file(features, out)
+        extractor = build_extractor(features, data.columns)
         extractor.fit(data.splits["train"])
         save_extractor(out / "extractor.npz", extractor)
         metrics = {"attributes": extractor.n_attributes}

@@ -158,6 +158,10 @@ class SweepTracking(Callback):
             from pipeline.sweeps import learning_curves
 
             return learning_curves.summarize(self.sweep_id, self.parent_run_id, self.experiment)
+        if self.summary == "semi_supervised":
+            from pipeline.sweeps import semi_supervised
+
+            return semi_supervised.summarize(self.sweep_id, self.parent_run_id, self.experiment, self.comparison)
         metric, direction = self.objective
         registry = self.registry if register else None
         return summarize(self.sweep_id, self.parent_run_id, self.experiment, registry, metric=metric, direction=direction)

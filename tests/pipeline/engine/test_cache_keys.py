@@ -89,12 +89,14 @@ def test_editing_a_module_changes_only_the_keys_of_stages_that_import_it(tmp_pat
     assert changed_after_editing("pipeline/models/hmm.py") == {("hmm", "train"), ("hmm", "evaluate")}
     # (the active-learning stage trains CRFs through the CRF adapter's builder, whatever the model)
     crf_users = {("crf", "train"), ("crf", "evaluate"), ("crf", "active_learning"), ("hmm", "active_learning")}
+    semi = {("crf", "semi_supervised"), ("hmm", "semi_supervised")}  # trains HMMs and CRFs whatever the model
+    crf_users |= semi
     assert changed_after_editing("pipeline/models/crf.py") == crf_users
     # the CRF adapter reads the featurize stage's files (its loaders live there)
     assert changed_after_editing("pipeline/stages/featurize.py") == crf_users | {("crf", "featurize"), ("hmm", "featurize")}
     # a model kind's library code counts only for the stages that run it: editing the HMM leaves
     # data preparation, features and the CRF's training as they were (cache hits)
-    assert changed_after_editing("crf/hmm.py") == {("hmm", "train"), ("hmm", "evaluate")}
+    assert changed_after_editing("crf/hmm.py") == {("hmm", "train"), ("hmm", "evaluate")} | semi
     assert changed_after_editing("crf/model.py") == crf_users
     # nothing outside the stages' imports counts: the engine, tracking, the sweeps, the apps
     for relative in ("pipeline/engine/runner.py", "pipeline/engine/cache.py", "pipeline/engine/stage.py",
