@@ -10,7 +10,7 @@ import pytest
 from pipeline_helpers import compose_config, seed_store, tiny_overrides, write_corpus
 
 from crf.clusters import read_paths
-from pipeline.engine.runner import run_pipeline
+from pipeline.__main__ import run_pipeline
 from pipeline.engine.stage import frozen
 from pipeline.stages import clusters
 from pipeline.stages.featurize import Featurize

@@ -70,7 +70,7 @@ def test_the_experiment_runs_every_arm_and_the_summary_compares_them(tmp_path, m
     import mlflow
     from mlflow.tracking import MlflowClient
 
-    from pipeline.engine.runner import run_pipeline
+    from pipeline.__main__ import run_pipeline
     from pipeline.sweeps import semi_supervised as summary
 
     data = write_corpus(tmp_path / "data", n_train=200, n_test=40)
