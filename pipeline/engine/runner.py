@@ -299,18 +299,18 @@ def log_dataset(cfg: DictConfig, file_hashes: dict[str, str]) -> None:
     tracking.log_dataset(str(cfg.dataset.name), files, file_hashes)
 
 
-def register_single_run(cfg: DictConfig, model_uri: str, summary: dict[str, Any], run_id: str) -> None:
+def register_single_run(cfg: DictConfig, model_uri: str, summary: dict[str, Any], run_id: str, evaluation: str) -> None:
     """With ``registry.register`` outside a sweep (a sweep registers its best job itself): the run's
-    model as a new version of ``registry.name``, dev/test scores as version tags, ``registry.alias`` moved."""
+    model as a new version of ``registry.name``, dev/test scores as version tags, ``registry.alias`` moved
+    by the rule of :mod:`pipeline.tracking.champion` (``evaluation``: the run's evaluation data key)."""
     registry = OmegaConf.select(cfg, "registry")
     if registry is None or not registry.register or os.environ.get(SWEEP_ID_VARIABLE):
         return
     scores = {k: f"{summary[k]:.4f}" for k in HEADLINE if k in summary}
-    flat = tracking.flatten(OmegaConf.to_container(cfg, resolve=True))
     metric = next((k for k in ("dev_f1", "dev_accuracy") if isinstance(summary.get(k), (int, float))), None)
     standing = None
     if metric is not None:
-        standing = champion.Standing(metric, float(summary[metric]), "maximize", champion.evaluation_key(flat))
+        standing = champion.Standing(metric, float(summary[metric]), "maximize", evaluation)
     tags = {**scores, "run_id": run_id, "dataset": str(cfg.dataset.name), "data.train_fraction": str(cfg.data.train_fraction)}
     version, _ = tracking.register_model(
         model_uri, str(registry.name), registry.alias, tags, standing, bool(registry.get("force_alias", False))
@@ -526,14 +526,17 @@ def pipeline_run(
         headline = {k: numbers[k] for k in HEADLINE if k in numbers}
         mlflow.log_metrics(headline)  # first, so they head the run page's metrics
         mlflow.log_metrics({k: v for k, v in numbers.items() if k not in headline})
-        log_dataset(cfg, {k: v for o in outputs.values() for k, v in (o.external or {}).items()})
+        file_hashes = {k: v for o in outputs.values() for k, v in (o.external or {}).items()}
+        log_dataset(cfg, file_hashes)
+        evaluation = champion.evaluation_key(OmegaConf.to_container(cfg.dataset, resolve=True), file_hashes)
+        mlflow.set_tag(champion.EVALUATION_RUN_TAG, evaluation)
         client = mlflow.tracking.MlflowClient(uri)
         models = [o.model_uri for o in outputs.values() if o.model_uri]
         if models:
             mlflow.set_tag(tracking.MODEL_URI_TAG, models[-1])
             tracking.link_model(client, run.info.run_id, models[-1])  # the run page's "Logged models"
             if register:
-                register_single_run(cfg, models[-1], summary, run.info.run_id)
+                register_single_run(cfg, models[-1], summary, run.info.run_id, evaluation)
         log.info(
             "stage seconds:\n%s",
             "\n".join(f"  {s:<10} {o.seconds:8.2f}{' (cache)' if o.cached else ''}" for s, o in outputs.items()),

@@ -14,6 +14,7 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 # version tags of a standing
 METRIC_TAG, VALUE_TAG, DIRECTION_TAG, EVALUATION_TAG = (
@@ -24,16 +25,33 @@ METRIC_TAG, VALUE_TAG, DIRECTION_TAG, EVALUATION_TAG = (
 )
 DECISION_TAG = "alias_decision"  # why the alias moved to this version or stayed where it was
 
-# the dataset settings that decide what a dev or test score is measured on (flattened config keys)
-_EVALUATION_PREFIXES = ("dataset.name", "dataset.dev_split", "dataset.files.dev", "dataset.files.test", "dataset.label")
+EVALUATION_RUN_TAG = "crf.evaluation"  # a pipeline run's key of the data its dev and test scores were measured on
+
+# dataset settings that say how a model reads the data, not which sentences and labels it is scored on
+_NOT_EVALUATION = ("hmm", "task", "word_column", "tokenisation")
 
 
-def evaluation_key(flat_config: Mapping[str, object]) -> str:
-    """A short key of the evaluation data named by a flattened config (``dataset.files.test.sha256``
-    style keys, values compared as text, as MLflow params are): two runs with the same key were
-    scored on the same dev and test sentences with the same label column."""
-    picked = {k: str(v) for k, v in flat_config.items() if any(k == p or k.startswith(p + ".") for p in _EVALUATION_PREFIXES)}
-    return hashlib.sha256(json.dumps(picked, sort_keys=True).encode()).hexdigest()[:16]
+def evaluation_key(dataset: Mapping[str, Any], file_digests: Mapping[str, str] | None = None) -> str:
+    """A short key of the data a run's dev and test scores are measured on: two runs with the same
+    key scored the same dev and test sentences against the same label column.
+
+    Parameters
+    ----------
+    dataset : the run's ``dataset`` config (resolved): its format, ``columns``, ``label``,
+        ``scheme``, ``dev_split`` (the dev set may be carved from the train file), ``evaluate`` and
+        every other reading setting count; settings of how a model reads the data (``hmm``,
+        ``word_column``, ...) do not.
+    file_digests : the content digest of each dataset file, keyed ``file:<split>`` (the prepare
+        stage's external inputs, which also key its cache). A file without one counts by its
+        configured path and ``sha256``. The train file always counts (a dev split is carved from it).
+    """
+    picked = {k: v for k, v in dataset.items() if k not in _NOT_EVALUATION and k != "files"}
+    files = {}
+    for split, spec in dict(dataset.get("files") or {}).items():
+        digest = (file_digests or {}).get(f"file:{split}")
+        files[split] = {"content": digest} if digest else {"path": spec.get("path"), "sha256": spec.get("sha256")}
+    picked["files"] = files
+    return hashlib.sha256(json.dumps(picked, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -89,8 +107,8 @@ def alias_decision(new: Standing | None, current: Standing | None, has_holder: b
             f"kept: the holder was chosen by {current.metric} ({current.direction}), "
             f"this version by {new.metric} ({new.direction})",
         )
-    if new.evaluation != current.evaluation:
-        return False, "kept: the holder was scored on other evaluation data (dataset, dev split or test set differ)"
+    if not new.evaluation or new.evaluation != current.evaluation:
+        return False, "kept: the holder was scored on other evaluation data (data files, columns, label, scheme or dev split differ)"
     if not new.at_least_as_good_as(current):
         return False, f"kept: {new.metric} {new.value:.6g} is worse than the holder's {current.value:.6g}"
     return True, f"moved: {new.metric} {new.value:.6g} is at least the holder's {current.value:.6g}"

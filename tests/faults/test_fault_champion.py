@@ -15,7 +15,7 @@ from pipeline_helpers import compose_config, tiny_overrides, write_corpus  # noq
 
 from pipeline.engine.runner import run_pipeline  # noqa: E402
 from pipeline.tracking import tracking_uri  # noqa: E402
-from pipeline.tracking.champion import DECISION_TAG, Standing  # noqa: E402
+from pipeline.tracking.champion import DECISION_TAG, EVALUATION_TAG, Standing  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -50,9 +50,18 @@ def test_the_champion_alias_only_moves_to_a_model_at_least_as_good_on_the_same_d
     assert "other evaluation data" in other.tags[DECISION_TAG]
     assert str(client.get_model_version_by_alias("tiny", "champion").version) == "1"
 
+    # the dev split is carved from the train file: training on the test file (dev carved from it,
+    # scores far higher) is other evaluation data, as is another column layout under the same label
+    for version, extra in (("4", "dataset.files.train.path=conll2000/test.txt.gz"), ("5", "dataset.columns=[w,chunk,pos]")):
+        run(extra)
+        other = client.get_model_version("tiny", version)
+        assert "other evaluation data" in other.tags[DECISION_TAG], extra
+        assert other.tags[EVALUATION_TAG] != first.tags[EVALUATION_TAG]
+        assert str(client.get_model_version_by_alias("tiny", "champion").version) == "1"
+
     run("data.train_fraction=0.1", "trainer.c2=300", "registry.force_alias=true")
-    assert str(client.get_model_version_by_alias("tiny", "champion").version) == "4"
-    assert client.get_model_version("tiny", "4").tags[DECISION_TAG].startswith("moved: forced")
+    assert str(client.get_model_version_by_alias("tiny", "champion").version) == "6"
+    assert client.get_model_version("tiny", "6").tags[DECISION_TAG].startswith("moved: forced")
 
     run()  # as good as the first on the same data: moves (ties move forward)
-    assert str(client.get_model_version_by_alias("tiny", "champion").version) == "5"
+    assert str(client.get_model_version_by_alias("tiny", "champion").version) == "7"
