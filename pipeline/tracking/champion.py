@@ -108,7 +108,7 @@ def alias_decision(new: Standing | None, current: Standing | None, has_holder: b
             f"this version by {new.metric} ({new.direction})",
         )
     if not new.evaluation or new.evaluation != current.evaluation:
-        return False, "kept: the holder was scored on other evaluation data (data files, columns, label, scheme or dev split differ)"
+        return False, "kept: the holder was scored on other evaluation data (files, columns, label, scheme or dev split differ)"
     if not new.at_least_as_good_as(current):
         return False, f"kept: {new.metric} {new.value:.6g} is worse than the holder's {current.value:.6g}"
     return True, f"moved: {new.metric} {new.value:.6g} is at least the holder's {current.value:.6g}"
