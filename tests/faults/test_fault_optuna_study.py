@@ -218,6 +218,8 @@ def test_a_search_space_of_known_options_and_keys_passes(tmp_path):
         (["hydra.sweeper.storage=sqlite:///{tmp}/file/optuna.db"], "hydra.sweeper.storage: cannot open sqlite:///"),
         (["+hydra.sweeper.params.model='choice(crf, nosuch)'"], "model=nosuch: config group model has no option 'nosuch'"),
         (["hydra.sweeper.dispatch=sometimes"], "hydra.sweeper.dispatch='sometimes': auto, async or batch"),
+        (["+hydra.sweeper.nosuch=1"], "hydra.sweeper: the sweeper hydra_plugins.crf_optuna_sweeper.optuna_sweeper.OptunaSweeper"),
+        (["hydra.sweeper._target_=nosuch.Sweeper"], "hydra.sweeper._target_=nosuch.Sweeper: no such sweeper class"),
     ],
 )
 def test_a_refused_sweeper_setting_leaves_no_parent_run(tmp_path, caplog, overrides, message):
