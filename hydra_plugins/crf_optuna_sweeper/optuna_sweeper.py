@@ -39,10 +39,12 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import sys
 import time
 import uuid
 from collections.abc import Mapping, Sequence
+from concurrent.futures import BrokenExecutor
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +65,17 @@ STORAGE_TAG = "optuna.storage"  # on the sweep's parent run, with the study's na
 def _plain(value: Any) -> Any:
     """A config node as plain containers (resolved); anything else as it is."""
     return OmegaConf.to_container(value, resolve=True) if isinstance(value, (DictConfig, ListConfig)) else value
+
+
+class WorkerDied(RuntimeError):
+    """A trial's job ended with the launcher's worker process, before it could report."""
+
+
+def _worker_death(error: BaseException) -> str:
+    """One line on why a launcher's worker pool broke (joblib's TerminatedWorkerError names the exit codes)."""
+    codes = re.search(r"exit codes of the workers are (\{[^}]*\})", str(error))
+    how = f"exit codes {codes.group(1)}" if codes else " ".join(str(error).split())[:200] or type(error).__name__
+    return f"its worker process died before the job reported ({how}; a kill, e.g. by the out-of-memory killer, or a crash)"
 
 
 def _fail(study: Any, trial: Any) -> None:
@@ -414,9 +427,19 @@ class OptunaSweeper(Sweeper):
     def _launch(self, study: Any, trials: Sequence[Any], batch: list[list[str]], index: int) -> Sequence[JobReturn]:
         """The jobs of ``trials`` through the launcher; if the launcher fails (or is interrupted)
         the trials are told FAIL, since their jobs will not report, and the error goes on."""
+        from pipeline.sweeps.sigterm import SWEEP_STOPPING
+
         try:
             self.validate_batch_is_legal(batch)
             return self.launcher.launch(batch, initial_job_idx=index)
+        except BrokenExecutor as error:  # a worker process died (SIGKILL, the out-of-memory killer, a crash)
+            if SWEEP_STOPPING.is_set():  # the sweep is being stopped: its workers go with it
+                for trial in trials:
+                    _fail(study, trial)
+                raise
+            died = WorkerDied(_worker_death(error))
+            log.warning("trial(s) %s: %s; the sweep goes on", ", ".join(str(t.number) for t in trials), died)
+            return [JobReturn(overrides=list(job), status=JobStatus.FAILED, _return_value=died) for job in batch]
         except BaseException:
             for trial in trials:
                 _fail(study, trial)

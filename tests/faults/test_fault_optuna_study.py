@@ -153,6 +153,38 @@ def test_only_trials_whose_owner_is_provably_gone_are_failed(tmp_path, caplog):
     assert f"0 ({os.getpid()}@{host}), 3 ({dead_pid}@{host}-elsewhere), 4 (no owner recorded)" in caplog.text
 
 
+def _job_in_a_worker(job: list[str]) -> float:
+    """A trial's job in a joblib (loky) worker process: trial 1's kills its worker, as the out-of-memory killer would."""
+    if f"++hydra.job.env_set.{search.TRIAL_VARIABLE}='1'" in job:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return 1.0
+
+
+class _WorkerLauncher(_Launcher):
+    """Runs each job in a joblib worker process (the loky backend the joblib launcher uses)."""
+
+    def launch(self, batch, initial_job_idx):
+        from joblib import Parallel, delayed
+
+        self.jobs.extend(list(job) for job in batch)
+        values = Parallel(n_jobs=2, backend="loky")(delayed(_job_in_a_worker)(list(job)) for job in batch)
+        return [JobReturn(overrides=list(job), status=JobStatus.COMPLETED, _return_value=v) for job, v in zip(batch, values)]
+
+
+@pytest.mark.parametrize("dispatch", ["batch", "async"])
+def test_a_trial_whose_worker_process_is_killed_fails_and_the_sweep_goes_on(tmp_path, caplog, dispatch):
+    caplog.set_level(logging.INFO)
+    sweeper = _sweeper(tmp_path, n_trials=3, dispatch=dispatch)
+    sweeper.launcher = _WorkerLauncher()
+    sweeper.sweep([])  # returns: no TerminatedWorkerError escapes
+    trials = _study(tmp_path).get_trials()
+    assert [t.state for t in trials] == [TrialState.COMPLETE, TrialState.FAIL, TrialState.COMPLETE]
+    assert len(sweeper.launcher.jobs) == 3  # the trial after the killed one ran, in a new worker
+    assert trials[1].user_attrs["error"].startswith("WorkerDied: its worker process died before the job reported (exit codes")
+    assert "SIGKILL" in trials[1].user_attrs["error"]
+    assert "trial(s) 1: its worker process died" in caplog.text and "Traceback" not in caplog.text
+
+
 def _composed(overrides: list[str], tmp_path: Path):
     """The multirun's config (the optuna sweeper, the tiny corpus) as the sweep callback gets it."""
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
