@@ -3,9 +3,10 @@
 Every registered version records its *standing*: the metric it was chosen by, its value, the
 direction in which that metric improves, and a key of the data it was measured on (the contents
 of the train, dev and test files, as the dev split may be carved from the train file, and the
-settings that read them: columns, label, scheme, dev split; :func:`evaluation_key`). A new version takes the alias only when its standing is at least
-as good as the current holder's on the same data by the same metric; otherwise the alias stays
-and the new version's tags say why. ``registry.force_alias=true`` moves it regardless.
+settings that read them: columns, label, scheme, dev split; :func:`evaluation_key`). A new
+version takes the alias only when its standing is at least as good as the current holder's on
+the same data by the same metric; otherwise the alias stays and the new version's tags say why.
+``registry.force_alias=true`` moves it regardless.
 
 Deciding and moving the alias is one step (:func:`settle_alias`): on a local SQLite store under a
 file lock beside the database, so registrations finishing together are decided one after the
