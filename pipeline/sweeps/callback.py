@@ -104,10 +104,10 @@ def check_sweeper_instantiates(config: DictConfig, target: str) -> None:
     a setting it does not take (``+hydra.sweeper.nosuch=1``) or a value of the wrong kind before
     anything of the multirun exists; Hydra itself would say so only after the parent run was made.
     The sweeper made here is dropped (sweepers do their work in ``setup`` and ``sweep``)."""
-    from hydra.utils import instantiate
+    from hydra.core.plugins import Plugins
 
     try:
-        instantiate(config.hydra.sweeper)
+        Plugins.instance()._instantiate(config.hydra.sweeper)  # as Hydra makes it (its own sweepers are trusted there)
     except Exception as error:
         log.error("hydra.sweeper: the sweeper %s cannot be made from its settings: %s", target, _one_line(error))
         sys.exit(2)
