@@ -39,10 +39,12 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import sys
 import time
 import uuid
 from collections.abc import Mapping, Sequence
+from concurrent.futures import BrokenExecutor
 from pathlib import Path
 from typing import Any
 
@@ -57,12 +59,24 @@ log = logging.getLogger(__name__)
 RESULTS_FILE = "optuna_results.yaml"
 # launchers (by class name, their subclasses too) whose launch() may be called from several threads at once
 CONCURRENT_LAUNCHERS = {"JoblibLauncher", "BaseSubmititLauncher"}
+WORKER_DEATHS = 3  # trials in a row whose worker process died (killed, out of memory) that stop a sweep
 STORAGE_TAG = "optuna.storage"  # on the sweep's parent run, with the study's name (pipeline.sweeps.trial_environment.STUDY_TAG)
 
 
 def _plain(value: Any) -> Any:
     """A config node as plain containers (resolved); anything else as it is."""
     return OmegaConf.to_container(value, resolve=True) if isinstance(value, (DictConfig, ListConfig)) else value
+
+
+class WorkerDied(RuntimeError):
+    """A trial's job ended with the launcher's worker process, before it could report."""
+
+
+def _worker_death(error: BaseException) -> str:
+    """One line on why a launcher's worker pool broke (joblib's TerminatedWorkerError names the exit codes)."""
+    codes = re.search(r"exit codes of the workers are (\{[^}]*\})", str(error))
+    how = f"exit codes {codes.group(1)}" if codes else " ".join(str(error).split())[:200] or type(error).__name__
+    return f"its worker process died before the job reported ({how}; a kill, e.g. by the out-of-memory killer, or a crash)"
 
 
 def _fail(study: Any, trial: Any) -> None:
@@ -110,6 +124,7 @@ class OptunaSweeper(Sweeper):
         self.warm_start_keys = _plain(warm_start_keys)
         self.strong_first = strong_first
         self.first_failure: str | None = None  # why this sweep's first failed trial failed
+        self.last_death = ""  # the last trial whose worker process died, and how
         self.asked: set[int] = set()  # the numbers of this sweep's trials (a shared study has others')
         self.hydra_context: HydraContext | None = None
         self.config: DictConfig | None = None
@@ -414,9 +429,19 @@ class OptunaSweeper(Sweeper):
     def _launch(self, study: Any, trials: Sequence[Any], batch: list[list[str]], index: int) -> Sequence[JobReturn]:
         """The jobs of ``trials`` through the launcher; if the launcher fails (or is interrupted)
         the trials are told FAIL, since their jobs will not report, and the error goes on."""
+        from pipeline.sweeps.sigterm import SWEEP_STOPPING
+
         try:
             self.validate_batch_is_legal(batch)
             return self.launcher.launch(batch, initial_job_idx=index)
+        except BrokenExecutor as error:  # a worker process died (SIGKILL, the out-of-memory killer, a crash)
+            if SWEEP_STOPPING.is_set():  # the sweep is being stopped: its workers go with it
+                for trial in trials:
+                    _fail(study, trial)
+                raise
+            died = WorkerDied(_worker_death(error))
+            log.warning("trial(s) %s: %s; the sweep goes on", ", ".join(str(t.number) for t in trials), died)
+            return [JobReturn(overrides=list(job), status=JobStatus.FAILED, _return_value=died) for job in batch]
         except BaseException:
             for trial in trials:
                 _fail(study, trial)
@@ -425,6 +450,16 @@ class OptunaSweeper(Sweeper):
     def _check_failures(self, outcomes: list[str], sweep_dir: Path) -> None:
         """End the sweep (exit code 1, one line) once its first ``n_jobs`` trials, and every one
         since, failed: a setting that no job can run is the usual cause."""
+        # a trial whose worker process died (DIED) says nothing about the settings; a run of them does
+        if len(outcomes) >= WORKER_DEATHS and all(outcome == "DIED" for outcome in outcomes[-WORKER_DEATHS:]):
+            log.error(
+                "the worker processes of the last %d trials died (%s): stopping the sweep; if it is memory, "
+                "lower hydra.sweeper.n_jobs or the training data (the jobs' logs are under %s)",
+                WORKER_DEATHS,
+                self.last_death,
+                sweep_dir,
+            )
+            raise SystemExit(1)
         if len(outcomes) >= min(self.n_jobs, self.n_trials) and all(outcome == "FAIL" for outcome in outcomes):
             log.error(
                 "every trial so far failed (%d), the first with: %s (the jobs' logs are under %s)",
@@ -502,6 +537,12 @@ class OptunaSweeper(Sweeper):
                 reason = f"the job returned {value!r}, not a number"
         else:
             reason = f"{type(result._return_value).__name__}: {result._return_value}"
+        if isinstance(result._return_value, WorkerDied):
+            self.last_death = f"trial {trial.number}: {result._return_value}"
+            trial.set_user_attr("error", reason[:1000])
+            study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+            log.warning("trial %d (%s): FAIL (%s)", trial.number, what, reason)
+            return "DIED"
         if reason is not None:
             self.first_failure = self.first_failure or reason.splitlines()[0][:300]
             trial.set_user_attr("error", reason[:1000])

@@ -309,9 +309,12 @@ def log_dataset(cfg: DictConfig, file_hashes: dict[str, str], store: RunStore) -
     store.log_dataset(str(cfg.dataset.name), files, file_hashes)
 
 
-def register_single_run(cfg: DictConfig, model_uri: str, summary: dict[str, Any], run_id: str, store: RunStore) -> None:
+def register_single_run(
+    cfg: DictConfig, model_uri: str, summary: dict[str, Any], run_id: str, store: RunStore, evaluation: str
+) -> None:
     """With ``registry.register`` outside a sweep (a sweep registers its best job itself): the run's
-    model as a new version of ``registry.name``, dev/test scores as version tags, ``registry.alias`` moved.
+    model as a new version of ``registry.name``, dev/test scores as version tags, ``registry.alias`` moved
+    by the rule of ``pipeline.tracking.champion``.
 
     Parameters
     ----------
@@ -325,14 +328,15 @@ def register_single_run(cfg: DictConfig, model_uri: str, summary: dict[str, Any]
         The pipeline run (a version tag).
     store : RunStore
         Its store; the open run is tagged ``registered_model``.
+    evaluation : str
+        The key of the data the run's dev and test scores were measured on (:meth:`RunStore.tag_evaluation`).
     """
     registry = OmegaConf.select(cfg, "registry")
     if registry is None or not registry.register or os.environ.get(SWEEP_ID_VARIABLE):
         return
     scores = {k: f"{summary[k]:.4f}" for k in HEADLINE if k in summary}
-    flat = flatten(OmegaConf.to_container(cfg, resolve=True))
     metric = next((k for k in ("dev_f1", "dev_accuracy") if isinstance(summary.get(k), (int, float))), None)
-    standing = Standing(metric, float(summary[metric]), flat) if metric is not None else None
+    standing = Standing(metric, float(summary[metric]), evaluation) if metric is not None else None
     tags = {**scores, "run_id": run_id, "dataset": str(cfg.dataset.name), "data.train_fraction": str(cfg.data.train_fraction)}
     version = store.register_model(
         model_uri, str(registry.name), registry.alias, tags, standing, bool(registry.get("force_alias", False))
@@ -563,13 +567,15 @@ def pipeline_run(
         headline = {k: numbers[k] for k in HEADLINE if k in numbers}
         store.log_metrics(headline)  # first, so they head the run page's metrics
         store.log_metrics({k: v for k, v in numbers.items() if k not in headline})
-        log_dataset(cfg, {k: v for o in outputs.values() for k, v in (o.external or {}).items()}, store)
+        file_hashes = {k: v for o in outputs.values() for k, v in (o.external or {}).items()}
+        log_dataset(cfg, file_hashes, store)
+        evaluation = store.tag_evaluation(OmegaConf.to_container(cfg.dataset, resolve=True), file_hashes)
         models = [o.model_uri for o in outputs.values() if o.model_uri]
         if models:
             store.set_tags({MODEL_URI_TAG: models[-1]})
             store.link_model(run.run_id, models[-1])  # the run page's "Logged models"
             if register:
-                register_single_run(cfg, models[-1], summary, run.run_id, store)
+                register_single_run(cfg, models[-1], summary, run.run_id, store, evaluation)
         log.info(
             "stage seconds:\n%s",
             "\n".join(f"  {s:<10} {o.seconds:8.2f}{' (cache)' if o.cached else ''}" for s, o in outputs.items()),

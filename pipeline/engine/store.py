@@ -48,11 +48,12 @@ class CachedRun:
 @dataclass(frozen=True)
 class Standing:
     """What a registered version is judged by when the registry alias may move to it: ``metric``
-    (maximised) and its ``value``, on the evaluation data the flat config ``config`` names."""
+    (maximised) and its ``value``, on the evaluation data whose key is ``evaluation``
+    (:meth:`RunStore.tag_evaluation`)."""
 
     metric: str
     value: float
-    config: Mapping[str, str]
+    evaluation: str
 
 
 class RunStore(Protocol):
@@ -132,6 +133,23 @@ class RunStore(Protocol):
 
     def log_dataset(self, name: str, files: Mapping[str, Path], file_hashes: Mapping[str, str]) -> None:
         """The dataset ``name`` (its ``{split: file}`` and ``{file key: SHA-256}``) as the run's input."""
+        ...
+
+    def tag_evaluation(self, dataset: Mapping[str, Any], file_hashes: Mapping[str, str]) -> str:
+        """Tag the run with the key of the data its dev and test scores are measured on, and return it.
+
+        Parameters
+        ----------
+        dataset : mapping
+            The resolved ``dataset`` config (the files and the settings that read them).
+        file_hashes : mapping of str to str
+            ``{file key: SHA-256}`` of the files the run read (the prepare stage's digests).
+
+        Returns
+        -------
+        str
+            The key: two runs are compared for the registry alias only when their keys are equal.
+        """
         ...
 
     def cache_source(self, stage: str, key: str) -> CachedRun | None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import sys
 import time
 import uuid
 
@@ -70,16 +71,18 @@ def check_sweeper_settings(config: DictConfig) -> None:
     setting would leave a FAILED parent run in the store. For Hydra's basic sweeper (a grid), every
     job's settings are checked (:func:`pipeline.sweeps.grid_preflight.check_grid_jobs`). Other
     sweepers are left to themselves."""
-    from hydra.utils import get_class
+    from hydra._internal.utils import _locate
 
     target = OmegaConf.select(config, "hydra.sweeper._target_", default=None)
     if not target:
         return
     check_grid_jobs(config)  # the basic sweeper's grid: every job's settings
     try:
-        sweeper = get_class(str(target))
-    except Exception:  # Hydra says so when it makes the sweeper
-        return
+        sweeper = _locate(str(target))  # hydra.utils.get_class would log its own multi-line error first
+    except Exception as error:
+        log.error("hydra.sweeper._target_=%s: no such sweeper class (%s)", target, _one_line(error))
+        sys.exit(2)
+    check_sweeper_instantiates(config, str(target))
     check = getattr(sweeper, "preflight", None)
     if not callable(check):
         return
@@ -87,6 +90,27 @@ def check_sweeper_settings(config: DictConfig) -> None:
         check(config)  # exits (code 2) on a refused setting
     except Exception as error:  # a fault of the check itself: the sweeper checks again as it starts
         log.warning("could not check the sweeper's settings before the sweep: %s: %s", type(error).__name__, error)
+
+
+def _one_line(error: BaseException) -> str:
+    """The innermost cause of ``error`` (Hydra wraps the sweeper's own error in its message) as one line."""
+    while error.__cause__ is not None:
+        error = error.__cause__
+    return " ".join(f"{type(error).__name__}: {error}".split())
+
+
+def check_sweeper_instantiates(config: DictConfig, target: str) -> None:
+    """Make the sweeper from ``hydra.sweeper`` as Hydra will, to refuse (one line, exit code 2)
+    a setting it does not take (``+hydra.sweeper.nosuch=1``) or a value of the wrong kind before
+    anything of the multirun exists; Hydra itself would say so only after the parent run was made.
+    The sweeper made here is dropped (sweepers do their work in ``setup`` and ``sweep``)."""
+    from hydra.core.plugins import Plugins
+
+    try:
+        Plugins.instance()._instantiate(config.hydra.sweeper)  # as Hydra makes it (its own sweepers are trusted there)
+    except Exception as error:
+        log.error("hydra.sweeper: the sweeper %s cannot be made from its settings: %s", target, _one_line(error))
+        sys.exit(2)
 
 
 class SweepTracking(Callback):

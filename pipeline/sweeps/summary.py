@@ -50,16 +50,11 @@ def _numbers(runs: pd.DataFrame, column: str) -> pd.Series:
 
 
 def _evaluation_keys(runs: pd.DataFrame) -> pd.Series:
-    """Per run, the key of the data its dev and test scores were measured on (from its params)."""
-    columns = [c for c in runs.columns if c.startswith("params.dataset.")]
-    return pd.Series(
-        [
-            champion.evaluation_key({c.removeprefix("params."): v for c, v in zip(columns, row) if isinstance(v, str)})
-            for row in runs[columns].itertuples(index=False)
-        ],
-        index=runs.index,
-        dtype=object,
-    )
+    """Per run, the key of the data its dev and test scores were measured on (the tag the pipeline
+    run records from its prepare stage's file digests and dataset settings; empty when absent)."""
+    column = f"tags.{champion.EVALUATION_RUN_TAG}"
+    keys = runs[column] if column in runs else pd.Series(None, index=runs.index, dtype=object)
+    return keys.where(keys.map(lambda v: isinstance(v, str)), "").astype(object)
 
 
 def gather(sweep_id: str, experiment: str, tag: str = "sweep_id", metric: str | None = None) -> pd.DataFrame:

@@ -433,16 +433,6 @@ def register_model(
     version = mlflow.register_model(model_uri, name, tags=all_tags)
     if not alias:
         return version, False
-    try:
-        holder = client.get_model_version_by_alias(name, alias)
-    except mlflow.exceptions.MlflowException:
-        holder = None
-    current = champion.Standing.from_tags(holder.tags) if holder is not None else None
-    moved, reason = champion.alias_decision(standing, current, holder is not None, force_alias)
-    if holder is not None:
-        reason += f" (version {holder.version})"
-    client.set_model_version_tag(name, version.version, champion.DECISION_TAG, reason)
-    if moved:
-        client.set_registered_model_alias(name, alias, version.version)
+    moved, reason = champion.settle_alias(client, name, alias, version.version, standing, force_alias, mlflow.get_registry_uri())
     (log.info if moved else log.warning)("%s version %s, alias %s: %s", name, version.version, alias, reason)
     return version, moved

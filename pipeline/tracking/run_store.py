@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import mlflow
 from mlflow.entities import Metric, Param
@@ -90,6 +91,11 @@ class MlflowRunStore(RunStore):
     def log_dataset(self, name: str, files: Mapping[str, Path], file_hashes: Mapping[str, str]) -> None:
         tracking.log_dataset(name, files, file_hashes)
 
+    def tag_evaluation(self, dataset: Mapping[str, Any], file_hashes: Mapping[str, str]) -> str:
+        evaluation = champion.evaluation_key(dataset, file_hashes)
+        mlflow.set_tag(champion.EVALUATION_RUN_TAG, evaluation)
+        return evaluation
+
     def cache_source(self, stage: str, key: str) -> CachedRun | None:
         source = tracking.cache_source_run(stage, key)
         if source is None:
@@ -107,7 +113,7 @@ class MlflowRunStore(RunStore):
     ) -> str:
         judged = None
         if standing is not None:
-            judged = champion.Standing(standing.metric, standing.value, "maximize", champion.evaluation_key(standing.config))
+            judged = champion.Standing(standing.metric, standing.value, "maximize", standing.evaluation)
         version, _ = tracking.register_model(model_uri, name, alias, tags, judged, force_alias)
         return str(version.version)
 

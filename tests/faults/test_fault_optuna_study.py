@@ -153,6 +153,60 @@ def test_only_trials_whose_owner_is_provably_gone_are_failed(tmp_path, caplog):
     assert f"0 ({os.getpid()}@{host}), 3 ({dead_pid}@{host}-elsewhere), 4 (no owner recorded)" in caplog.text
 
 
+def _job_in_a_worker(job: list[str]) -> float:
+    """A trial's job in a joblib (loky) worker process: trial 0's kills its worker, as the out-of-memory killer would."""
+    if f"++hydra.job.env_set.{search.TRIAL_VARIABLE}='0'" in job:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return 1.0
+
+
+class _WorkerLauncher(_Launcher):
+    """Runs each job in a joblib worker process (the loky backend the joblib launcher uses)."""
+
+    def launch(self, batch, initial_job_idx):
+        from joblib import Parallel, delayed
+
+        self.jobs.extend(list(job) for job in batch)
+        values = Parallel(n_jobs=2, backend="loky")(delayed(_job_in_a_worker)(list(job)) for job in batch)
+        return [JobReturn(overrides=list(job), status=JobStatus.COMPLETED, _return_value=v) for job, v in zip(batch, values)]
+
+
+@pytest.mark.parametrize("dispatch", ["batch", "async"])
+def test_a_trial_whose_worker_process_is_killed_fails_and_the_sweep_goes_on(tmp_path, caplog, dispatch):
+    caplog.set_level(logging.INFO)
+    sweeper = _sweeper(tmp_path, n_trials=3, dispatch=dispatch)
+    sweeper.launcher = _WorkerLauncher()
+    sweeper.sweep([])  # returns: no TerminatedWorkerError escapes
+    trials = _study(tmp_path).get_trials()
+    assert [t.state for t in trials] == [TrialState.FAIL, TrialState.COMPLETE, TrialState.COMPLETE]
+    assert len(sweeper.launcher.jobs) == 3  # the trials after the killed one ran, in a new worker
+    assert trials[0].user_attrs["error"].startswith("WorkerDied: its worker process died before the job reported (exit codes")
+    assert "SIGKILL" in trials[0].user_attrs["error"]
+    assert "trial(s) 0: its worker process died" in caplog.text and "Traceback" not in caplog.text
+
+
+class _DyingLauncher(_Launcher):
+    """Every job's worker dies (as when each trial runs out of memory)."""
+
+    def launch(self, batch, initial_job_idx):
+        from concurrent.futures.process import BrokenProcessPool
+
+        self.jobs.extend(list(job) for job in batch)
+        raise BrokenProcessPool("A process in the process pool was terminated abruptly")
+
+
+def test_a_sweep_whose_workers_keep_dying_stops_with_one_line(tmp_path, caplog):
+    sweeper = _sweeper(tmp_path, n_trials=6)
+    sweeper.launcher = _DyingLauncher()
+    with pytest.raises(SystemExit) as ended:
+        sweeper.sweep([])
+    assert ended.value.code == 1 and len(sweeper.launcher.jobs) == 3
+    assert [t.state for t in _study(tmp_path).get_trials()] == [TrialState.FAIL] * 3
+    (error,) = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert error.startswith("the worker processes of the last 3 trials died (trial 2: its worker process died")
+    assert "\n" not in error
+
+
 def _composed(overrides: list[str], tmp_path: Path):
     """The multirun's config (the optuna sweeper, the tiny corpus) as the sweep callback gets it."""
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
@@ -218,6 +272,8 @@ def test_a_search_space_of_known_options_and_keys_passes(tmp_path):
         (["hydra.sweeper.storage=sqlite:///{tmp}/file/optuna.db"], "hydra.sweeper.storage: cannot open sqlite:///"),
         (["+hydra.sweeper.params.model='choice(crf, nosuch)'"], "model=nosuch: config group model has no option 'nosuch'"),
         (["hydra.sweeper.dispatch=sometimes"], "hydra.sweeper.dispatch='sometimes': auto, async or batch"),
+        (["+hydra.sweeper.nosuch=1"], "hydra.sweeper: the sweeper hydra_plugins.crf_optuna_sweeper.optuna_sweeper.OptunaSweeper"),
+        (["hydra.sweeper._target_=nosuch.Sweeper"], "hydra.sweeper._target_=nosuch.Sweeper: no such sweeper class"),
     ],
 )
 def test_a_refused_sweeper_setting_leaves_no_parent_run(tmp_path, caplog, overrides, message):

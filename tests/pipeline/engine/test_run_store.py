@@ -112,6 +112,11 @@ class MemoryStore:
     def log_dataset(self, name: str, files: Mapping[str, Path], file_hashes: Mapping[str, str]) -> None:
         self._open()["dataset"] = (name, sorted(files), dict(file_hashes))
 
+    def tag_evaluation(self, dataset: Mapping, file_hashes: Mapping[str, str]) -> str:
+        key = f"{dataset['name']}:{sorted(file_hashes.items())}"
+        self._open()["tags"]["evaluation"] = key
+        return key
+
     def cache_source(self, stage: str, key: str) -> CachedRun | None:
         for record in reversed(self.runs):
             tags = record["tags"]

@@ -2,30 +2,64 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from pipeline.tracking.champion import Standing, alias_decision, evaluation_key
 
-FLAT = {
-    "dataset.name": "conll2000",
-    "dataset.label": "chunk",
-    "dataset.dev_split.fraction": "0.1",
-    "dataset.dev_split.seed": "13",
-    "dataset.files.test.sha256": "55f3",
-    "dataset.files.train.sha256": "91a4",
-    "data.train_fraction": "1.0",
-    "trainer.c2": "1.0",
+DATASET = {
+    "name": "conll2000",
+    "format": "conll",
+    "columns": ["w", "pos", "chunk"],
+    "label": "chunk",
+    "scheme": "IOB2",
+    "dev_split": {"fraction": 0.1, "seed": 13},
+    "files": {
+        "train": {"path": "conll2000/train.txt.gz", "url": "https://x/train", "sha256": "91a4"},
+        "test": {"path": "conll2000/test.txt.gz", "url": "https://x/test", "sha256": "55f3"},
+    },
+    "hmm": {"observation": "pos"},
 }
+DIGESTS = {"file:train": "aaaa", "file:test": "bbbb"}
 
 
-def test_the_evaluation_key_follows_dev_and_test_data_only():
-    key = evaluation_key(FLAT)
-    assert evaluation_key({**FLAT, "data.train_fraction": "0.1", "trainer.c2": "0.3"}) == key
-    assert evaluation_key({**FLAT, "dataset.files.train.sha256": "other"}) == key
-    assert evaluation_key({**FLAT, "dataset.dev_split.seed": "14"}) != key
-    assert evaluation_key({**FLAT, "dataset.files.test.sha256": "other"}) != key
-    assert evaluation_key({**FLAT, "dataset.name": "ud"}) != key
-    assert evaluation_key({**FLAT, "dataset.dev_split.seed": 13}) == key  # compared as text, as MLflow params
+def _changed(path: str, value):
+    """DATASET with the setting at the dotted ``path`` replaced by ``value``."""
+    copy = json.loads(json.dumps(DATASET))
+    *parents, last = path.split(".")
+    node = copy
+    for part in parents:
+        node = node[part]
+    node[last] = value
+    return copy
+
+
+def test_the_evaluation_key_follows_everything_that_decides_the_dev_and_test_data():
+    key = evaluation_key(DATASET, DIGESTS)
+    # what the dev and test scores are computed on: each change is other evaluation data
+    assert evaluation_key(DATASET, {**DIGESTS, "file:train": "cccc"}) != key  # the dev split is carved from train
+    assert evaluation_key(DATASET, {**DIGESTS, "file:test": "cccc"}) != key
+    assert evaluation_key(DATASET, {**DIGESTS, "file:dev": "cccc"}) == key  # no dev file configured: not read
+    assert evaluation_key(_changed("files.dev", {"path": "d.txt"}), {**DIGESTS, "file:dev": "cccc"}) != key
+    for path, value in [
+        ("columns", ["w", "chunk", "pos"]),
+        ("label", "pos"),
+        ("scheme", "IOB1"),
+        ("format", "conllu"),
+        ("dev_split.seed", 14),
+        ("dev_split.fraction", 0.2),
+        ("name", "other"),
+    ]:
+        assert evaluation_key(_changed(path, value), DIGESTS) != key, path
+    # with content digests, where the files lie and how they are fetched do not count
+    assert evaluation_key(_changed("files.train.path", "copy/train.txt.gz"), DIGESTS) == key
+    assert evaluation_key(_changed("files.test.url", "https://mirror/test"), DIGESTS) == key
+    assert evaluation_key(_changed("hmm.observation", "w"), DIGESTS) == key  # how a model reads the data
+    # without digests a file counts by its configured path and sha256
+    bare = evaluation_key(DATASET)
+    assert evaluation_key(_changed("files.train.path", "conll2000/test.txt.gz")) != bare
+    assert evaluation_key(_changed("files.test.sha256", "other")) != bare
 
 
 def _standing(value, metric="dev_f1", direction="maximize", evaluation="e1"):
@@ -48,6 +82,7 @@ def test_a_standing_round_trips_through_version_tags():
         (_standing(67.04), None, False, False, True, "no version held"),
         (_standing(90.0), None, True, False, False, "older version"),
         (_standing(90.0, evaluation="e2"), _standing(85.91), True, False, False, "other evaluation data"),
+        (_standing(90.0, evaluation=""), _standing(85.91, evaluation=""), True, False, False, "other evaluation data"),
         (_standing(90.0, metric="dev_accuracy"), _standing(85.91), True, False, False, "chosen by dev_f1"),
         (_standing(0.02, "cal", "minimize"), _standing(0.03, "cal", "minimize"), True, False, True, "at least"),
         (_standing(0.04, "cal", "minimize"), _standing(0.03, "cal", "minimize"), True, False, False, "worse"),
