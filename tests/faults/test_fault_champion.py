@@ -86,6 +86,7 @@ def local_registry(tmp_path, monkeypatch):
     database = seed_store(tmp_path / "store")
     uri = f"sqlite:///{database}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("MLFLOW_REGISTRY_URI", uri)  # MLflow's setter exports it: restored (removed) after the test
     mlflow.set_tracking_uri(uri)
     mlflow.set_registry_uri(uri)
     model = tmp_path / "model"
