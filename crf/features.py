@@ -6,7 +6,9 @@ A *view* is one string (or nothing) per token: a raw input column (``w``, ``pos`
 function of a column (``lower``, ``shape``, ``suffix`` with ``n``, ``is_title``, ...) or lexicon
 membership (``lexicon`` with a file of entries, matched as longest multi-token spans and marked
 ``B-TYPE``/``I-TYPE``) or an abbreviation's long-form head (``abbreviation``: a short form defined as
-``long form ( SF )`` carries the long form's last word on its uses in the next ``n`` tokens) or a word
+``long form ( SF )`` carries the long form's last word on its uses in the next ``n`` tokens;
+``abbreviation_loose`` also reads ``( SF ;``/``,``/``/`` and skips ``type``-like words and Roman
+numerals before the ``(``; the ``_suffix`` variants give the head's last 4 letters) or a word
 cluster (``cluster`` with a ``path`` to a Brown paths file, see :mod:`crf.clusters`: the first ``n``
 bits of the word's path, the whole path when shorter or ``n=0``; a word without a path, unknown to
 the clustering, has no value and so no attribute).
