@@ -178,3 +178,20 @@ def test_loose_abbreviation_heads_agree_with_a_loop_on_random_corpora():
             if words[t] in at and t - at[words[t]] <= window:
                 expected[t] = last[words[t]]
         assert list(abbreviation_heads(words, position, length, window, loose=True)) == expected
+
+
+def test_bio_ner_disease_is_bio_ner_with_wider_windows_and_loose_abbreviations():
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    from pipeline.stages.featurize import build_extractor
+
+    conf = Path(__file__).resolve().parents[2] / "conf/features"
+    base = OmegaConf.to_container(OmegaConf.load(conf / "bio_ner.yaml"))
+    disease = OmegaConf.to_container(OmegaConf.load(conf / "bio_ner_disease.yaml"))
+    assert set(base["templates"]) < set(disease["templates"])
+    assert disease["views"]["abbr"]["fn"] == "abbreviation_loose" and base["views"]["abbr"]["fn"] == "abbreviation"
+    sentences = [[("Schwartz", "B-Disease"), ("syndrome", "I-Disease"), ("(", "O"), ("SJS", "B-Disease"), (";", "O")]]
+    names = set(build_extractor(disease, ["w", "ner"]).fit(sentences).attribute_names())
+    assert {"abbr[0]=syndrome", "low[-3]=schwartz", "abbr[2]=syndrome"} <= names
