@@ -6,7 +6,9 @@ A *view* is one string (or nothing) per token: a raw input column (``w``, ``pos`
 function of a column (``lower``, ``shape``, ``suffix`` with ``n``, ``is_title``, ...) or lexicon
 membership (``lexicon`` with a file of entries, matched as longest multi-token spans and marked
 ``B-TYPE``/``I-TYPE``) or an abbreviation's long-form head (``abbreviation``: a short form defined as
-``long form ( SF )`` carries the long form's last word on its uses in the next ``n`` tokens) or a word
+``long form ( SF )`` carries the long form's last word on its uses in the next ``n`` tokens;
+``abbreviation_loose`` also reads ``( SF ;``/``,``/``/`` and skips ``type``-like words and Roman
+numerals before the ``(``; the ``_suffix`` variants give the head's last 4 letters) or a word
 cluster (``cluster`` with a ``path`` to a Brown paths file, see :mod:`crf.clusters`: the first ``n``
 bits of the word's path, the whole path when shorter or ``n=0``; a word without a path, unknown to
 the clustering, has no value and so no attribute).
@@ -172,7 +174,7 @@ TOKEN_FUNCTIONS: dict[str, Callable[[str, int], str | None]] = {
 }
 
 # view functions that read the whole corpus in order, not one token: lexicon spans, abbreviations
-CORPUS_FUNCTIONS = ("lexicon", "abbreviation", "abbreviation_suffix")
+CORPUS_FUNCTIONS = ("lexicon", "abbreviation", "abbreviation_suffix", "abbreviation_loose", "abbreviation_loose_suffix")
 # view functions that look words up in a table read from a file: Brown cluster path prefixes
 TABLE_FUNCTIONS = ("cluster",)
 
@@ -180,7 +182,9 @@ _SHORT_FORM = re.compile(r"^(?=.*[A-Z])[A-Za-z0-9][A-Za-z0-9+-]{1,9}$")
 _HEAD_WORD = re.compile(r"^[A-Za-z][A-Za-z-]{2,}$")
 
 
-def abbreviation_heads(words: np.ndarray, position: np.ndarray, length: np.ndarray, window: int = 400) -> np.ndarray:
+def abbreviation_heads(
+    words: np.ndarray, position: np.ndarray, length: np.ndarray, window: int = 400, loose: bool = False
+) -> np.ndarray:
     """The head word of each abbreviation's long form, on every use of the abbreviation.
 
     A definition is ``long form ( SF )`` inside one sentence: ``SF`` a short form (2 to 10
@@ -191,6 +195,11 @@ def abbreviation_heads(words: np.ndarray, position: np.ndarray, length: np.ndarr
     that head; the others get None. ``words`` (T,) the corpus' tokens in order, ``position`` (T,)
     each token's index in its sentence, ``length`` (T,) its sentence's length. Corpora of abstracts
     in document order put an abstract's definitions before its later uses of the abbreviation.
+
+    ``loose`` (the ``abbreviation_loose`` views) also takes ``( SF ;``, ``( SF ,`` and ``( SF /``
+    ("Schwartz - Jampel syndrome ( SJS ; ..."), and as head the nearest of the 3 words before the
+    ``(`` that is a head word and neither a Roman numeral nor a word like ``type`` ("osteopetrosis
+    type 2 ( AO2 )" gives ``osteopetrosis``).
     """
     words = np.asarray(words, dtype=object)
     n = words.size
@@ -200,15 +209,20 @@ def abbreviation_heads(words: np.ndarray, position: np.ndarray, length: np.ndarr
     # candidate short forms at i: words[i-1] == "(", words[i+1] == ")", all in one sentence, a head at i-2
     i = np.arange(2, n - 1)
     inside = (position[i] >= 2) & (position[i] + 1 < length[i])
-    i = i[inside & (words[i - 1] == "(") & (words[i + 1] == ")")]
+    closers = _LOOSE_CLOSERS if loose else (")",)
+    i = i[inside & (words[i - 1] == "(") & np.isin(words[i + 1], closers)]
     if i.size == 0:
         return heads
-    ok = np.fromiter(
-        (bool(_SHORT_FORM.match(sf)) and bool(_HEAD_WORD.match(hd)) for sf, hd in zip(words[i], words[i - 2])),
-        dtype=bool,
-        count=i.size,
-    )
-    defined = i[ok]
+    short = np.fromiter((bool(_SHORT_FORM.match(sf)) for sf in words[i]), dtype=bool, count=i.size)
+    # the head: the word before the "(" (loose: the nearest head word of the 3 before it, in the sentence)
+    head_at = np.full(i.size, -1, dtype=np.int64)
+    for back in range(2, 5 if loose else 3):
+        candidate = i - back
+        valid = (head_at < 0) & (position[i] >= back)
+        valid[valid] = [_is_head(w, loose) for w in words[candidate[valid]]]
+        head_at[valid] = candidate[valid]
+    ok = short & (head_at >= 0)
+    defined, head_of = i[ok], dict(zip(i[ok].tolist(), head_at[ok].tolist()))
     if defined.size == 0:
         return heads
     # every use of a defined short form, matched to the nearest definition at or before it
@@ -224,8 +238,20 @@ def abbreviation_heads(words: np.ndarray, position: np.ndarray, length: np.ndarr
     found[found] = def_keys[slot[found]] // n == token_codes[uses[found]]
     source = np.where(found, defined[np.maximum(slot, 0)], -1)
     near = found & (uses - source <= window)
-    heads[uses[near]] = np.array([w.lower() for w in words[source[near] - 2]], dtype=object)
+    head_positions = np.fromiter((head_of[d] for d in source[near].tolist()), dtype=np.int64, count=int(near.sum()))
+    heads[uses[near]] = np.array([w.lower() for w in words[head_positions]], dtype=object)
     return heads
+
+
+_LOOSE_CLOSERS = (")", ";", ",", "/")
+_NOT_HEADS = frozenset({"type", "types", "form", "forms", "class", "stage", "grade", "group"})
+
+
+def _is_head(word: str, loose: bool) -> bool:
+    """Whether ``word`` can head an abbreviation's long form (see :func:`abbreviation_heads`)."""
+    if not _HEAD_WORD.match(word):
+        return False
+    return not loose or (word.lower() not in _NOT_HEADS and not _ROMAN.match(word))
 
 
 @dataclass
@@ -414,9 +440,9 @@ class FeatureExtractor:
             words = np.array([w.lower() for w in source], dtype=object) if spec.lowercase else source
             marks = lexicon_marks(words, corpus.position, corpus.length, self._lexicon(name))
             return pd.factorize(marks, use_na_sentinel=True)
-        if spec.fn in ("abbreviation", "abbreviation_suffix"):
-            heads = abbreviation_heads(source, corpus.position, corpus.length, spec.n or 400)
-            if spec.fn == "abbreviation_suffix":  # the head's last 4 letters: "fibrillation" -> "tion"
+        if spec.fn.startswith("abbreviation"):
+            heads = abbreviation_heads(source, corpus.position, corpus.length, spec.n or 400, loose="loose" in spec.fn)
+            if spec.fn.endswith("_suffix"):  # the head's last 4 letters: "fibrillation" -> "tion"
                 heads = np.array([h if h is None else h[-4:] for h in heads], dtype=object)
             return pd.factorize(heads, use_na_sentinel=True)
         codes, uniques = pd.factorize(source)

@@ -269,7 +269,7 @@ class CRFAdapter(BaseAdapter):
         config, settings, inputs, out = context.config, context.settings, context.inputs, context.out
         extractor = load_extractor(inputs["featurize"] / "extractor.npz")
         X_train = load_batch(inputs["featurize"], "train")
-        X_dev = load_batch(inputs["featurize"], "dev")
+        X_dev = load_batch(inputs["featurize"], "dev") if data.splits["dev"] else None  # data.final_fit=train+dev: none
         model = build_model(
             OmegaConf.to_container(config.model),
             OmegaConf.to_container(config.trainer),
@@ -283,7 +283,8 @@ class CRFAdapter(BaseAdapter):
         progress = Progress(model, data.labels("dev"), data.scheme, context.log_steps, report_dev=context.report_dev)
         model.callback = progress
         began = time.perf_counter()
-        model.fit(X_train, data.labels("train"), X_dev, data.labels("dev"), attribute_names=extractor.attribute_names())
+        y_dev = data.labels("dev") if X_dev is not None else None
+        model.fit(X_train, data.labels("train"), X_dev, y_dev, attribute_names=extractor.attribute_names())
         if len(model.classes_) == 1:
             log.warning("the training data has one label only (%r): the model predicts it everywhere", model.classes_[0])
         seconds = time.perf_counter() - began

@@ -224,8 +224,48 @@ def statistics(data: Dataset) -> dict:
             "tokens": len(labels),
             "labels": {str(v): int(c) for v, c in zip(values, counts)},
         }
-        if train_words:
+        if train_words and sentences:  # an empty split (the dev split under data.final_fit=train+dev) has no rate
             words = [row[word] for s in sentences for row in s]
             entry["oov_rate"] = float(np.mean([w not in train_words for w in words])) if words else 0.0
         out[split] = entry
+    return out
+
+
+# data.final_fit: the sentences the model that is scored on test is trained on
+FINAL_FITS = ("train", "train+dev")
+
+
+def final_fit_splits(splits: Mapping[str, list], final_fit: str) -> dict[str, list]:
+    """The splits the later stages see under ``data.final_fit``.
+
+    ``train`` (the default) leaves them as they are. ``train+dev`` is the field's protocol for a
+    final model (TaggerOne, tmChem and others train it on train and dev): the settings were chosen
+    on dev by ``train`` runs, and this run trains the same settings on the training sentences
+    followed by the dev sentences. Its dev split is then empty, so nothing downstream can score,
+    report or stop on sentences it was trained on: such a run logs no dev scores (the dev scores of
+    its settings are those of the ``train`` run) and its test scores are those of the refit model.
+
+    Parameters
+    ----------
+    splits : mapping of str to list of sentences
+        ``train``, ``dev`` and ``test`` (and any other split, passed through).
+    final_fit : str
+        One of :data:`FINAL_FITS`.
+
+    Returns
+    -------
+    dict
+        The splits to write: unchanged, or ``train`` = train + dev and ``dev`` = [].
+
+    Raises
+    ------
+    SettingsError
+        When ``final_fit`` is not one of :data:`FINAL_FITS`.
+    """
+    if final_fit not in FINAL_FITS:
+        raise SettingsError(f"data.final_fit={final_fit!r}: one of {', '.join(FINAL_FITS)}")
+    out = dict(splits)
+    if final_fit == "train+dev":
+        out["train"] = list(splits["train"]) + list(splits["dev"])
+        out["dev"] = []
     return out

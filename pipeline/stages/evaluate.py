@@ -259,14 +259,13 @@ def evaluate(bundle: ModelBundle, data: Dataset, bins: int, out: Path, settings:
     vocabulary = known_words(data)
     # tagging is timed one split at a time (the speed figures); the rest of the two splits' work
     # (tables, compressed predictions, plots) then runs on two threads
-    tagged = {split: tag_split(bundle, data, split) for split in SCORED_SPLITS}
+    splits = [split for split in SCORED_SPLITS if data.splits[split]]  # data.final_fit=train+dev: test only
+    tagged = {split: tag_split(bundle, data, split) for split in splits}
     if vocabulary is not None:  # pandas builds an index's hash table on first use, without a lock
         vocabulary.get_indexer(pd.Series([""], dtype=object))
     # the BLAS thread limit is process-wide: set here for both threads (the bundle's calls nest in it)
-    with single_threaded_blas(), ThreadPoolExecutor(len(SCORED_SPLITS)) as pool:
-        parts = pool.map(
-            lambda split: score_split(split, bundle, tagged[split], data, bins, out, settings, vocabulary), SCORED_SPLITS
-        )
+    with single_threaded_blas(), ThreadPoolExecutor(len(splits)) as pool:
+        parts = pool.map(lambda split: score_split(split, bundle, tagged[split], data, bins, out, settings, vocabulary), splits)
         results = {k: v for part in parts for k, v in part.items()}
     write_json(out / "metrics.json", results)
     summary = ", ".join(f"{k} {v:.2f}" for k, v in results.items() if k.endswith(("_f1", "_accuracy")))

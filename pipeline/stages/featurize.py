@@ -160,7 +160,7 @@ class Featurize(BaseStage):
         extractor.fit(data.splits["train"])
         save_extractor(out / "extractor.npz", extractor)
         metrics = {"attributes": extractor.n_attributes}
-        for split in SPLITS:
+        for split in (s for s in SPLITS if data.splits[s]):  # data.final_fit=train+dev: no dev split, no dev matrix
             began = time.perf_counter()
             batch = extractor.transform(data.splits[split])
             metrics[f"{split}_feature_seconds"] = time.perf_counter() - began

@@ -1,6 +1,8 @@
 """Stage 1, prepare: read the dataset, carve the dev split, write splits and statistics.
 
-Config slice: the dataset, the training fraction and the seed; settings: the data root. Output
+Config slice: the dataset, the training fraction, the seed and ``data.final_fit`` when it is not
+``train`` (``train+dev``: the dev sentences join the training split and the dev split is empty,
+see :func:`pipeline.stages.data.final_fit_splits`); settings: the data root. Output
 folder: ``train.conll.gz``, ``dev.conll.gz``, ``test.conll.gz`` (tab-separated columns of the
 dataset, blank line between sentences), ``dataset.json`` (name, columns, label, scheme: how later
 stages read the splits) and ``stats.json``.
@@ -22,7 +24,7 @@ from crf.io import read_conll
 from pipeline.engine.cache import file_sha256
 from pipeline.engine.stage import BaseStage, StageContext
 from pipeline.report import write_json
-from pipeline.stages.data import Dataset, load_dataset, resolve_files, statistics, subset
+from pipeline.stages.data import Dataset, final_fit_splits, load_dataset, resolve_files, statistics, subset
 
 if TYPE_CHECKING:  # annotations only: the adapter's module is not this stage's code
     from pipeline.models import ModelAdapter
@@ -86,12 +88,16 @@ def read_prepared(folder: Path) -> Dataset:
     columns = list(spec["columns"])
     # the prepared files are this stage's own format: every non-blank line is a token (a word
     # `#` or `-DOCSTART-` included), whatever comments or markers the dataset's files had
-    splits = {
-        s: read_conll(folder / f"{s}.conll.gz", n_columns=len(columns), separator="\t", comment_prefix=None, document_marker=None)
-        for s in SPLITS
-    }
+    empty = set(spec.get("empty_splits", ()))  # data.final_fit=train+dev: the dev split (its file has no sentence)
+    read = {"n_columns": len(columns), "separator": "\t", "comment_prefix": None, "document_marker": None}
+    splits = {s: [] if s in empty else read_conll(folder / f"{s}.conll.gz", **read) for s in SPLITS}
     scheme, words = spec.get("scheme", "none"), spec.get("word_column")
     return Dataset(spec["name"], splits, columns, spec["label"], scheme, words, spec.get("tokenisation"))
+
+
+def final_fit(cfg) -> str:
+    """``data.final_fit`` (``train`` when the config has no such key)."""
+    return str(OmegaConf.select(cfg, "data.final_fit", default="train"))
 
 
 class Prepare(BaseStage):
@@ -100,11 +106,21 @@ class Prepare(BaseStage):
     name = "prepare"
     summary_prefix = "data."  # the pipeline run shows the data statistics as data.train_tokens, ...
 
+    def validate(self, cfg) -> None:
+        final_fit_splits({"train": [], "dev": []}, final_fit(cfg))
+
     def config_slice(self, cfg, adapter: ModelAdapter) -> dict:
-        """What the output depends on (the data root is not: the files' checksums are)."""
+        """What the output depends on (the data root is not: the files' checksums are). The
+        default ``data.final_fit=train`` is left out, so the keys of earlier runs still hold."""
         dataset = OmegaConf.to_container(cfg.dataset, resolve=True)
         dataset.pop("evaluate", None)  # how the evaluate stage scores this dataset: its own key hashes it
-        return {"dataset": dataset, "train_fraction": cfg.data.train_fraction, "seed": cfg.seed}
+        fit = final_fit(cfg)
+        return {
+            "dataset": dataset,
+            "train_fraction": cfg.data.train_fraction,
+            "seed": cfg.seed,
+            **({"final_fit": fit} if fit != "train" else {}),
+        }
 
     def settings(self, cfg, adapter: ModelAdapter) -> dict:
         return {"root": str(cfg.data.root), "download": bool(cfg.data.download)}
@@ -122,6 +138,7 @@ class Prepare(BaseStage):
         dataset = OmegaConf.to_container(config.dataset)
         data = load_dataset(dataset, context.settings.root, download=context.settings.download)
         data.splits["train"] = subset(data.splits["train"], float(config.train_fraction), int(config.seed))
+        data.splits = final_fit_splits(data.splits, str(config.get("final_fit", "train")))
         for split in SPLITS:
             write_split(out / f"{split}.conll.gz", data.splits[split])
         spec = {
@@ -132,6 +149,9 @@ class Prepare(BaseStage):
             "word_column": data.word_column,
             "tokenisation": data.tokenisation,
         }
+        empty = [split for split in SPLITS if not data.splits[split]]
+        if empty:  # only data.final_fit=train+dev empties a split (the dev split; a dataset's empty file is refused)
+            spec["empty_splits"] = empty
         write_json(out / DATASET_FILE, spec)
         stats = statistics(data)
         write_json(out / "stats.json", stats)

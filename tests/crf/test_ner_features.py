@@ -137,3 +137,61 @@ def test_bio_ner_extractor_round_trips_through_its_saved_state():
     assert (first.X != second.X).nnz == 0 and np.array_equal(first.offsets, second.offsets)
     names = set(extractor.attribute_names())
     assert {"abbr[0]=fibrillation", "formula[0]=1", "greek[0]=alpha", "stem[0]=fibrill"} <= names
+
+
+def test_loose_abbreviation_heads_take_other_closers_and_skip_type_words():
+    sentences = [
+        ["The", "Schwartz", "-", "Jampel", "syndrome", "(", "SJS", ";", "myotonia", ")", "."],
+        ["osteopetrosis", "type", "2", "(", "AO2", "/", "ADO2", ")", "and", "SJS", "or", "AO2", "."],
+        ["disease", "type", "III", "(", "DT3", ")", "."],
+    ]
+    words, position, length = corpus_arrays(sentences)
+    strict = abbreviation_heads(words, position, length)
+    loose = abbreviation_heads(words, position, length, loose=True)
+    assert [h for h in strict if h is not None] == ["iii"]  # only "( SF )", headed by the word before the "("
+    by_token = dict(zip(range(words.size), loose))
+    assert by_token[6] == "syndrome" and by_token[15] == "osteopetrosis"
+    assert by_token[20] == "syndrome" and by_token[22] == "osteopetrosis"
+    assert by_token[28] == "disease"  # "III" and "type" are skipped
+    views = {"a": {"column": "w", "fn": "abbreviation_loose"}, "s": {"column": "w", "fn": "abbreviation_loose_suffix"}}
+    rows = [[(w, "O") for w in s] for s in sentences]
+    names = set(FeatureExtractor(columns=["w", "y"], templates=["a[0]", "s[0]"], views=views).fit(rows).attribute_names())
+    assert {"a[0]=syndrome", "a[0]=osteopetrosis", "s[0]=rome", "s[0]=osis"} <= names
+
+
+def test_loose_abbreviation_heads_agree_with_a_loop_on_random_corpora():
+    rng = np.random.default_rng(1)
+    vocab = np.array(["(", ")", ";", "/", "AB", "CD", "alpha", "beta", "type", "III", "of", "7"], dtype=object)
+    heads_ok = ("alpha", "beta")  # of the vocabulary: head words that are not skipped
+    for _ in range(40):
+        sentences = [list(rng.choice(vocab, size=rng.integers(1, 10))) for _ in range(rng.integers(1, 12))]
+        words, position, length = corpus_arrays(sentences)
+        window = int(rng.integers(1, 30))
+        expected = [None] * words.size
+        last: dict[str, str] = {}
+        at: dict[str, int] = {}
+        for t in range(words.size):
+            if 2 <= position[t] and position[t] + 1 < length[t] and words[t - 1] == "(" and words[t + 1] in (")", ";", ",", "/"):
+                head = next((words[t - b] for b in (2, 3, 4) if position[t] >= b and words[t - b] in heads_ok), None)
+                if words[t] in ("AB", "CD") and head is not None:
+                    last[words[t]], at[words[t]] = head, t
+            if words[t] in at and t - at[words[t]] <= window:
+                expected[t] = last[words[t]]
+        assert list(abbreviation_heads(words, position, length, window, loose=True)) == expected
+
+
+def test_bio_ner_disease_is_bio_ner_with_wider_windows_and_loose_abbreviations():
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    from pipeline.stages.featurize import build_extractor
+
+    conf = Path(__file__).resolve().parents[2] / "conf/features"
+    base = OmegaConf.to_container(OmegaConf.load(conf / "bio_ner.yaml"))
+    disease = OmegaConf.to_container(OmegaConf.load(conf / "bio_ner_disease.yaml"))
+    assert set(base["templates"]) < set(disease["templates"])
+    assert disease["views"]["abbr"]["fn"] == "abbreviation_loose" and base["views"]["abbr"]["fn"] == "abbreviation"
+    sentences = [[("Schwartz", "B-Disease"), ("syndrome", "I-Disease"), ("(", "O"), ("SJS", "B-Disease"), (";", "O")]]
+    names = set(build_extractor(disease, ["w", "ner"]).fit(sentences).attribute_names())
+    assert {"abbr[0]=syndrome", "low[-3]=schwartz", "abbr[2]=syndrome"} <= names
