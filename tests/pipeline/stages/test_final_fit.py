@@ -18,8 +18,8 @@ from omegaconf import OmegaConf  # noqa: E402
 from pipeline_helpers import compose_config, tiny_overrides, write_corpus  # noqa: E402
 
 from crf import CRF  # noqa: E402
+from pipeline.__main__ import run_pipeline  # noqa: E402
 from pipeline.engine.logs import named_overrides  # noqa: E402
-from pipeline.engine.runner import run_pipeline  # noqa: E402
 from pipeline.engine.validate import SettingsError  # noqa: E402
 from pipeline.models import load_adapter  # noqa: E402
 from pipeline.models.crf import build_model  # noqa: E402
