@@ -293,6 +293,49 @@ def test_a_served_answer_echoes_a_missing_value_in_an_unread_column_as_null(chun
     json.loads(answer.to_json(orient="records"), parse_constant=lambda name: pytest.fail(f"not strict JSON: {name}"))
 
 
+@pytest.mark.parametrize(
+    "sentences, match",
+    [
+        ("DT", r"sentences must be a list of sentences.*got str 'DT'"),  # tag("DT"): two one-character sentences before
+        (["NNP"], r"sentence 0 must be a list of tokens, got str 'NNP'"),  # N, N, P before
+        ([["DT", "NN"], "NNP"], r"sentence 1 must be a list of tokens, got str"),
+        ([{"pos": "DT"}], r"sentence 0 must be a list of tokens, got one token dict"),  # its key 'pos' tagged before
+        ({"pos": "DT"}, r"sentences must be a list of sentences"),
+    ],
+)
+def test_a_sentence_given_as_a_string_or_one_token_dict_is_refused(chunker, sentences, match):
+    bundle = load_bundle(chunker)
+    with pytest.raises(ValueError, match=match):
+        bundle.tag(sentences)
+    if isinstance(sentences, list) and any(isinstance(s, list) for s in sentences):  # the served model's list of sentences
+        tokens = [[{"pos": t} for t in s] if isinstance(s, list) else s for s in sentences]
+        with pytest.raises(mlflow_model.ModelInputError, match=r"sentence 1 must be a list of tokens"):
+            mlflow_model.tag(bundle, tokens)
+    assert [len(r["labels"]) for r in bundle.tag([("DT", "NN"), ["DT"]])] == [2, 1]  # tuples and lists are sentences
+
+
+@pytest.mark.parametrize("position", [1.7, 1.0, "1", True, np.float64(1.0), -1, 3])
+def test_fixed_positions_must_be_integers_in_range(chunker, position):
+    bundle = load_bundle(chunker)
+    label = bundle.tag([["DT", "NN", "."]])[0]["labels"][1]  # a label the token can take
+    with pytest.raises(ValueError, match=r"fixed: sentence 0(: a token position must be an integer| has no token)"):
+        bundle.tag([["DT", "NN", "."]], fixed=[{position: label}])
+    for good in (1, np.int64(1)):
+        assert bundle.tag([["DT", "NN", "."]], fixed=[{good: label}])[0]["labels"][1] == label
+    other = next(c for c in bundle.labels if c != label)
+    mask = bundle._allowed([{np.int64(1): other}], np.array([0, 3]))
+    assert mask[[0, 2]].all() and mask[1].tolist() == [c == other for c in bundle.labels]  # token 1, not a rounded or truthy 1
+
+
+def test_a_column_that_appears_twice_is_refused_with_the_served_models_message(chunker):
+    bundle = load_bundle(chunker)
+    frame = pd.DataFrame([[0, "DT", "DT"], [0, "NN", "NN"]], columns=["sentence", "pos", "pos"])
+    with pytest.raises(ValueError, match=r"^the column\(s\) \['pos'\] appear more than once$"):
+        bundle.tag_frame(frame)
+    with pytest.raises(mlflow_model.ModelInputError, match=r"^the column\(s\) \['pos'\] appear more than once$"):
+        mlflow_model.tag(bundle, frame)
+
+
 # ---- item 6 --------------------------------------------------------------------------------------------------------
 
 
