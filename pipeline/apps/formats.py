@@ -12,7 +12,9 @@ optional gold label column. Readers (``format``; ``auto`` picks by extension, ``
   as the model's label column, if the file has it. Every non-blank line is a token
   (a word ``#`` or ``-DOCSTART-`` too), as the pipeline reads a CoNLL dataset, unless the command
   names a ``comment_prefix`` (sentence-header lines such as ``# sent_id = 1``) or a
-  ``document_marker`` (CoNLL-2003's ``-DOCSTART-`` lines).
+  ``document_marker`` (CoNLL-2003's ``-DOCSTART-`` lines). Read by a CoNLL-U-shaped layout (a
+  model trained on CoNLL-U), multiword-token range lines (ID ``3-4``) and empty nodes (ID ``5.1``)
+  are skipped, as in training, never read as extra tokens.
 - ``conllu`` (``.conllu``): :func:`crf.io.read_conllu`; FORM becomes ``w``, and UPOS or XPOS
   (option ``conllu_pos``) ``pos``; every CoNLL-U column is also available under its own name
   (``upos``, ``xpos``, ...), which gives gold labels when the model predicts one of them.
@@ -48,6 +50,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -58,6 +61,8 @@ import pandas as pd
 
 from crf.io import CONLLU_COLUMNS, DataFormatError, _decoded_lines, atomic_write, read_conll, read_conllu
 from pipeline.report import dumps
+
+log = logging.getLogger(__name__)
 
 FORMATS = ("conll", "conllu", "jsonl", "text")
 TOKENISATIONS = ("whitespace", "punct")  # how plain text is split into tokens (:func:`tokenize`)
@@ -184,6 +189,7 @@ def read_input(
                     path, 1, f"read as the training data's columns {names}, but the column 'id' holds {data['id'][first]!r} "
                     f"(token {first + 1} of the file): give CoNLL-U, or name the columns in a first line '{HEADER} ...'",
                 )  # fmt: skip
+            data, lengths = _skip_non_words(path, data, lengths)
         given = [c for c in names if c != gold]
         return Corpus(data, lengths, data.get(gold) if gold else None, given)
     if fmt == "conllu":
@@ -210,6 +216,26 @@ def read_input(
         lengths = np.array([len(s) for s in sentences], dtype=np.int64)
         return Corpus({columns[0]: np.array([t for s in sentences for t in s], dtype=object)}, lengths, None, columns)
     raise ValueError(f"unknown input format {fmt!r}; one of {FORMATS}")
+
+
+def _skip_non_words(path: Path, data: dict[str, np.ndarray], lengths: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """CoNLL-U lines read by a CoNLL-U-shaped layout without their non-words: multiword-token
+    range lines (ID ``3-4``, whose parts follow as tokens) and empty nodes (ID ``5.1``) are
+    skipped, as :func:`crf.io.read_conllu` skips them when the training data is read. ``data``
+    {column: (T,) values} with an ``id`` column, ``lengths`` (N,); a sentence left without tokens
+    is refused."""
+    words = ~pd.Series(data["id"], dtype=str).str.contains(r"[-.]", regex=True).to_numpy()
+    if words.all():
+        return data, lengths
+    sentence = np.repeat(np.arange(lengths.size), lengths)
+    kept = np.bincount(sentence[words], minlength=lengths.size).astype(np.int64)
+    if np.any(kept == 0):
+        empty = int(np.argmax(kept == 0))
+        raise DataFormatError(path, 1, f"sentence {empty + 1} holds only multiword-token ranges or empty nodes (IDs 3-4, 5.1)")
+    log.info(
+        "%s: skipped %d multiword-token range lines and empty nodes (as CoNLL-U training data is read)", path, int((~words).sum())
+    )
+    return {name: values[words] for name, values in data.items()}, kept
 
 
 def _conll_header(path: Path) -> list[str] | None:

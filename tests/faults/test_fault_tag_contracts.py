@@ -237,6 +237,42 @@ def test_bare_words_are_never_read_as_another_column(chunker, word_tagger, tmp_p
     assert run_tag(_settings(ud, numbered, tmp_path / "two.jsonl"))["tokens"] == 4
 
 
+UD = ["id", "w", "lemma", "upos", "xpos", "feats", "head", "deprel", "deps", "misc"]  # a CoNLL-U dataset's layout
+MWT = """# sent_id = 1
+1-2\tdidn't\t_\t_\t_\t_\t_\t_\t_\t_
+1\tdid\tdo\tAUX\tVBD\t_\t0\troot\t_\t_
+2\tn't\tnot\tPART\tRB\t_\t1\tadvmod\t_\t_
+3\tgo\tgo\tVERB\tVB\t_\t1\txcomp\t_\t_
+3.1\tgo\tgo\tVERB\tVB\t_\t_\t_\t1:conj\t_
+4\t.\t.\tPUNCT\t.\t_\t1\tpunct\t_\t_
+
+1\tToday\ttoday\tNOUN\tNN\t_\t0\troot\t_\t_
+2-3\tit's\t_\t_\t_\t_\t_\t_\t_\t_
+2\tit\tit\tPRON\tPRP\t_\t1\tnsubj\t_\t_
+3\t's\tbe\tAUX\tVBZ\t_\t1\tcop\t_\t_
+"""
+
+
+@pytest.mark.parametrize("comments", [False, True])
+def test_conllu_lines_in_a_conll_file_are_read_as_in_training(tmp_path, comments):
+    """Multiword-token ranges (``1-2``) and empty nodes (``3.1``) are skipped, as the CoNLL-U reader
+    skips them in training; they were read as extra tokens scored against a gold ``_``."""
+    words = [["did", "n't", "go", "."], ["Today", "it", "'s"]]
+    tags = [["VBD", "RB", "VB", "."], ["NN", "PRP", "VBZ"]]
+    model = HMM(order=1).fit(words, tags)
+    source = {"dataset": {"name": "ud", "columns": UD, "label": "xpos", "scheme": "none", "tokenisation": "punct"}}
+    bundle = _save(ModelBundle(BundledHMM(model, "w"), scheme="none", source=source), tmp_path / "b.npz")
+    conllu, conll = tmp_path / "in.conllu", tmp_path / "in.conll"
+    conllu.write_text(MWT)
+    conll.write_text(MWT if comments else "".join(line + "\n" for line in MWT.splitlines() if not line.startswith("#")))
+    extra = {"comment_prefix": "#"} if comments else {}
+    reference = run_tag(_settings(bundle, conllu, tmp_path / "a.jsonl"))
+    summary = run_tag(_settings(bundle, conll, tmp_path / "b.jsonl", **extra))
+    for target in ("a.jsonl", "b.jsonl"):
+        assert [[t if isinstance(t, str) else t["w"] for t in s] for s in _tokens_written(tmp_path / target)] == words
+    assert summary["tokens"] == reference["tokens"] == 7 and summary["accuracy"] == reference["accuracy"]
+
+
 # ---- (c) one token check for the command, the bundle and the MLflow Model ------------------------------------------
 
 BAD_TOKENS = {
