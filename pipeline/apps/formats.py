@@ -77,16 +77,32 @@ class OutputFormatError(ValueError):
     """A value the chosen output format cannot hold faithfully (the message names where and why)."""
 
 
+# abbreviations that keep their period before anything but the end of the line (case as written):
+# titles, company words, months, US states, street words, as Penn Treebank text (CoNLL-2000) and EWT write them
+_ABBREVIATIONS = (
+    "Mr|Mrs|Ms|Messrs|Mmes|Dr|Drs|Prof|St|Jr|Sr|Rev|Gov|Sen|Rep|Reps|Gen|Col|Lt|Sgt|Capt|Adm|Cmdr|Maj|Pres|"
+    "Inc|Corp|Co|Cos|Ltd|Bros|Assn|Dept|Univ|No|Nos|vs|v|etc|Sens|approx|Jan|Feb|Mar|Apr|Jun|Jul|Aug|Sep|Sept|Oct|Nov|Dec|"
+    "Ala|Ariz|Ark|Calif|Colo|Conn|Del|Fla|Ga|Ill|Ind|Kan|Kans|Ky|La|Md|Mass|Mich|Minn|Mo|Mont|Neb|Nev|Okla|Ore|Pa|"
+    "Tenn|Tex|Va|Vt|Wis|Wyo|Ave|Blvd|Rd|Mt|Ft"
+)
 # Penn-Treebank-like tokenisation of raw text, tried left to right at each position:
 _TOKEN = re.compile(
-    r"""
-      \w+(?=n't\b)                      # do|n't, ca|n't, is|n't: the word before the clitic
-    | n't\b                             # the clitic itself
-    | '(?:s|re|ve|ll|d|m)\b             # 's 're 've 'll 'd 'm
-    | (?:[A-Za-z]\.){2,}                # abbreviations written with dots: U.S., e.g.
-    | \d+(?:[.,:/]\d+)*(?!\w)           # numbers: 3.14, 1,000, 10:30, 1/2 (then % alone; 3rd is a word)
-    | \w+(?:-\w+|'(?!(?:s|re|ve|ll|d|m)\b)\w+)*  # words, hyphenated words, o'clock (not John|'s)
-    | \.\.\.|--|``|''                   # multi-character punctuation
+    rf"""
+      (?:https?://|www\.)\S+?(?=[.,;:!?)\]'"]*(?:\s|$))  # web addresses (trailing punctuation split off)
+    | [\w.+-]+@\w[\w-]*(?:\.[\w-]+)+    # e-mail addresses
+    | \w+(?=n['’]t\b)                   # do|n't, ca|n't, is|n't: the word before the clitic
+    | n['’]t\b                          # the clitic itself
+    | ['’](?:s|re|ve|ll|d|m)\b          # 's 're 've 'll 'd 'm
+    | [A-Za-z](?:\.[A-Za-z])+\.?(?:-\w+)*  # abbreviations written with dots: U.S., e.g., a.m, B.A.T, U.S.-made
+    | (?-i:(?:{_ABBREVIATIONS})\.)(?:-\w+)*(?!\s*$)  # Mr., Inc., Sept., Calif.-based (a final period split off)
+    | (?-i:[A-Z]\.(?=\s+[A-Z]))         # an initial before a name: J. Smith
+    | [A-Za-z]+\.(?=\s+(?-i:[a-z])|\s*,)  # a period before a lowercase word or a comma is an abbreviation's
+    | (?-i:[A-Z]{{1,2}})\$              # currencies: US$, C$
+    | '\d\ds\b                          # decades: '80s
+    | \d+(?:[.,:/]\d+)*(?:-\w+)*(?!\w)  # numbers: 3.14, 1,000, 10:30, 1/2, 30-year, 713-853-3989 (then % alone; 3rd is a word)
+    | \w+(?:[-&/]\w+|'(?!(?:s|re|ve|ll|d|m)\b)\w+)*  # words, hyphenated words, AT&T, and/or, o'clock (not John|'s)
+    | [.!?]{{2,}}|--|``|''|<<|>>|[‘’“”]{{2}}  # runs of punctuation: ... !! ?! << ’’
+    | [:;]-?[()DPp](?!\w)               # emoticons :) ;-(
     | \S                                # any other character but space, alone
     """,
     re.VERBOSE | re.IGNORECASE,
@@ -95,9 +111,12 @@ _TOKEN = re.compile(
 
 def tokenize(line: str, how: str = "punct") -> list[str]:
     """Tokens of one line of raw text. ``how="punct"``: Penn-Treebank-like, as CoNLL-2000 and UD
-    English were tokenised: words, numbers (``3.14``, ``1,000``), hyphenated words,
-    abbreviations with dots (``U.S.``), clitics split off (``do n't``, ``John 's``, ``we 're``),
-    each punctuation character alone (``...`` and ``--`` whole; ``5%`` is ``5 %``); quotes stay as
+    English were tokenised: words, numbers (``3.14``, ``1,000``), hyphenated words (``30-year``),
+    names with ``&`` (``AT&T``), abbreviations with their period (``U.S.``, ``Mr.``, ``Inc.``,
+    ``Sept.``; a known abbreviation, an initial before a name, or any word whose period is followed
+    by a lowercase word or a comma; a period at the end of the line is split off), e-mail and web
+    addresses whole, clitics split off (``do n't``, ``it 's``, ``we 're``), each other punctuation
+    character alone (runs of ``.!?``, ``--`` and emoticons whole; ``5%`` is ``5 %``); quotes stay as
     written (PTB's ````''`` conversion is not done). ``how="whitespace"``: the line split on
     whitespace (``Trinkoff,`` stays one token), as AnyStyle's training sequences were."""
     if how == "whitespace":

@@ -116,6 +116,30 @@ def test_text_is_split_as_the_model_was_trained(word_tagger, tmp_path, dataset, 
     assert ("Trinkoff," in tokens) == (expected == "whitespace")
 
 
+@pytest.mark.parametrize(
+    "text, tokens",
+    [
+        ("Mr. Smith of AT&T Corp. said the 30-year bonds rose 3.5% to $1,000 in Sept. at 10 a.m. today.",
+         "Mr. Smith of AT&T Corp. said the 30-year bonds rose 3.5 % to $ 1,000 in Sept. at 10 a.m. today ."),
+        ("I don't think it's Dr. Jones's car, etc. and so on... Really?!",
+         "I do n't think it 's Dr. Jones 's car , etc. and so on ... Really ?!"),
+        ("J. P. Morgan & Co. Inc. rose in the U.S. and the S&P fell.",
+         "J. P. Morgan & Co. Inc. rose in the U.S. and the S&P fell ."),
+        ("They can't, we're sure, sell Calif.-based U.S.-made 1/2 shares for US$5 in the '80s.",
+         "They ca n't , we 're sure , sell Calif.-based U.S.-made 1/2 shares for US$ 5 in the '80s ."),
+        ("Mail carol.st.clair@enron.com or call 713-853-3989 :)", "Mail carol.st.clair@enron.com or call 713-853-3989 :)"),
+        ("It was sold to Acme Corp.", "It was sold to Acme Corp ."),  # a period at the end of the line is split off
+        ("(D., Okla.) said so. Then he left.", "( D. , Okla. ) said so . Then he left ."),
+    ],
+)  # fmt: skip
+def test_punct_tokens_are_made_as_the_training_tokens_were(text, tokens):
+    """Penn Treebank style as in CoNLL-2000 and EWT: abbreviations keep their period, ``&`` names,
+    hyphenated words and numbers stay whole, clitics are split (the tokens were split unlike any
+    training token before: Mr . / AT & T / 30 - year)."""
+    assert tokenize(text) == tokens.split()
+    assert tokenize(tokens) == tokens.split()  # training tokens joined by spaces come back unchanged
+
+
 def test_a_model_that_does_not_record_its_tokenisation_needs_the_setting(word_tagger, tmp_path):
     bundle = word_tagger(tmp_path / "b.npz", {"name": "mine", "label": "chunk"})
     text = tmp_path / "refs.txt"
