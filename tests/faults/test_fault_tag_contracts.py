@@ -396,6 +396,36 @@ def test_a_column_that_appears_twice_is_refused_with_the_served_models_message(c
         mlflow_model.tag(bundle, frame)
 
 
+class _NoCredentials(Exception):
+    """What an S3 client raises without credentials (botocore's NoCredentialsError is no OSError)."""
+
+
+@pytest.mark.parametrize("error", [_NoCredentials("Unable to locate credentials"), ImportError("no module google.cloud")])
+def test_a_model_uri_the_command_cannot_reach_is_one_line(chunker, tmp_path, monkeypatch, error):
+    """Whatever a store's client raises becomes the command's TagError (one line, exit 2 in ``main``)."""
+    import mlflow
+
+    def unreachable(artifact_uri, **kwargs):
+        raise error
+
+    monkeypatch.setattr(mlflow.artifacts, "download_artifacts", unreachable)
+    words = tmp_path / "in.conll"
+    words.write_text("DT\nNN\n")
+    with pytest.raises(
+        TagError, match=rf"^model 's3://bucket/x': cannot download its artifacts \({type(error).__name__}: "
+    ) as info:
+        run_tag(_settings("s3://bucket/x", words, tmp_path / "out.jsonl"))
+    assert "\n" not in str(info.value) and not (tmp_path / "out.jsonl").exists()
+
+
+def test_a_model_uri_of_an_unknown_scheme_is_one_line(tmp_path):
+    words = tmp_path / "in.conll"
+    words.write_text("DT\nNN\n")
+    with pytest.raises(TagError, match=r"^model 'nosuch://x/y': cannot download its artifacts") as info:
+        run_tag(_settings("nosuch://x/y", words, tmp_path / "out.jsonl"))
+    assert "\n" not in str(info.value)
+
+
 # ---- item 6 --------------------------------------------------------------------------------------------------------
 
 
