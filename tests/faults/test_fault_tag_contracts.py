@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -494,3 +495,13 @@ def test_a_missing_data_file_without_url_is_a_settings_error(tmp_path):
     assert done.returncode == 2 and "Traceback" not in text, text
     errors = [line for line in text.splitlines() if "[ERROR]" in line]
     assert len(errors) == 1 and "no download configured" in errors[0], text
+
+
+def test_a_data_file_that_is_a_directory_is_a_settings_error(tmp_path):
+    """It was an IsADirectoryError with a traceback; now the settings line (exit 2), still an IsADirectoryError."""
+    (tmp_path / "toy" / "train.txt").mkdir(parents=True)
+    dataset = {"name": "toy", "files": {"train": {"path": "toy/train.txt", "url": "https://example.invalid/train.txt"}}}
+    expected = "^" + re.escape(f"{tmp_path / 'toy' / 'train.txt'}: is a directory, expected the train file")
+    with pytest.raises(SettingsError, match=expected) as info:
+        resolve_files(dataset, tmp_path, download=True)
+    assert isinstance(info.value, IsADirectoryError) and "\n" not in str(info.value)
