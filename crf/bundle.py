@@ -509,7 +509,9 @@ class ModelBundle:
         contiguous and in order) and the input columns. Returns a copy (same index and row order)
         with ``label`` and ``marginal`` added, and ``segment_confidence`` (NaN outside
         segments) for chunk schemes. Tokens are checked as :meth:`tag` checks them (sentences and
-        tokens counted from 0 in the order of the rows)."""
+        tokens counted from 0 in the order of the rows); a column that appears more than once is
+        refused (:func:`check_unique_columns`, the served model's check)."""
+        check_unique_columns(frame.columns)
         missing = [c for c in [sentence, *self.input_columns] if c not in frame.columns]
         if missing:
             raise ValueError(
