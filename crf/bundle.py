@@ -183,6 +183,50 @@ def check_tokens(columns: Mapping[str, np.ndarray], offsets: np.ndarray, base: i
         raise TokenError(index, sentence + base, token + base, str(name), values[index], token_problem(values[index]))
 
 
+def _not_a_list(value: object) -> bool:
+    """True for what cannot be a list of sentences or of tokens: a string (it would be read one
+    character per item), bytes, a mapping (a single token dict would be read by its keys) or a
+    value that has no length."""
+    return isinstance(value, (str, bytes, Mapping)) or not hasattr(value, "__len__") or not hasattr(value, "__iter__")
+
+
+def check_sentences(sentences: object) -> None:
+    """Refuse (ValueError) ``sentences`` that are not a list of sentences each a list of tokens:
+    a string (``tag("DT")``), a sentence given as a string (``tag(["NNP"])``: one token per
+    character otherwise) or as one token dict (``tag([{"w": "the"}])``: its keys otherwise).
+    The shape check of :meth:`ModelBundle.tag` and the MLflow Model's list of sentences."""
+    if _not_a_list(sentences):
+        raise ValueError(
+            f"sentences must be a list of sentences, each a list of tokens; got {shown_value(sentences)} "
+            "(one sentence of words: [['The', 'cat']])"
+        )
+    for number, sentence in enumerate(sentences):
+        if _not_a_list(sentence):
+            what = "one token dict" if isinstance(sentence, Mapping) else shown_value(sentence)
+            raise ValueError(
+                f"sentence {number} must be a list of tokens, got {what} (a sentence of one token: [token], not token)"
+            )
+
+
+def check_unique_columns(names: Sequence) -> None:
+    """Refuse (ValueError) column ``names`` of which one appears more than once (a frame's columns):
+    which of the two would be read is undefined. The check of :meth:`ModelBundle.tag_frame` and the MLflow Model."""
+    names = pd.Index(names)
+    repeated = sorted({str(c) for c in names[names.duplicated()]})
+    if repeated:
+        raise ValueError(f"the column(s) {repeated} appear more than once")
+
+
+def check_position(value: object, sentence: int, length: int) -> int:
+    """A ``fixed`` token position: a true integer (``int`` or a NumPy integer, not a bool, float or
+    string) in ``0 .. length - 1``; else ValueError naming the sentence."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"fixed: sentence {sentence}: a token position must be an integer, got {shown_value(value)}")
+    if not 0 <= int(value) < length:
+        raise ValueError(f"fixed: sentence {sentence} has no token {int(value)} (it has {length})")
+    return int(value)
+
+
 @dataclass
 class Tagged:
     """Flat results over T tokens of N sentences: ``codes`` (T,) label indices, ``marginals``
@@ -603,9 +647,7 @@ class ModelBundle:
         rows, labels = [], []
         for i, constraints in enumerate(fixed):
             for position, label in dict(constraints or {}).items():
-                position = int(position)
-                if not 0 <= position < offsets[i + 1] - offsets[i]:
-                    raise ValueError(f"fixed: sentence {i} has no token {position} (it has {offsets[i + 1] - offsets[i]})")
+                position = check_position(position, i, int(offsets[i + 1] - offsets[i]))
                 if label not in index:
                     raise ValueError(f"fixed: sentence {i}, token {position}: unknown label {label!r} (labels: {self.labels})")
                 rows.append(offsets[i] + position)
@@ -685,7 +727,10 @@ class ModelBundle:
         ValueError
             A missing input column; plain strings for a model that reads several columns;
             ``fixed`` with the wrong number of entries, a token index out of range or an unknown label.
+            Also: ``sentences`` given as a string or a sentence given as a string or one token dict
+            (:func:`check_sentences`); ``fixed`` positions that are not integers (``1.7``, ``"1"``, ``True``).
         """
+        check_sentences(sentences)
         if len(sentences) == 0:
             return []
         columns, lengths = self._columns_of(sentences)
@@ -740,7 +785,10 @@ class ModelBundle:
             order of the rows).
         ValueError
             A missing column, or a sentence id that reappears after another one.
+            Also: a column that appears more than once (:func:`check_unique_columns`, the served
+            model's check).
         """
+        check_unique_columns(frame.columns)
         missing = [c for c in [sentence, *self.input_columns] if c not in frame.columns]
         if missing:
             raise ValueError(

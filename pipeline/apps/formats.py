@@ -12,7 +12,9 @@ optional gold label column. Readers (``format``; ``auto`` picks by extension, ``
   as the model's label column, if the file has it. Every non-blank line is a token
   (a word ``#`` or ``-DOCSTART-`` too), as the pipeline reads a CoNLL dataset, unless the command
   names a ``comment_prefix`` (sentence-header lines such as ``# sent_id = 1``) or a
-  ``document_marker`` (CoNLL-2003's ``-DOCSTART-`` lines).
+  ``document_marker`` (CoNLL-2003's ``-DOCSTART-`` lines). Read by a CoNLL-U-shaped layout (a
+  model trained on CoNLL-U), multiword-token range lines (ID ``3-4``) and empty nodes (ID ``5.1``)
+  are skipped, as in training, never read as extra tokens.
 - ``conllu`` (``.conllu``): :func:`crf.io.read_conllu`; FORM becomes ``w``, and UPOS or XPOS
   (option ``conllu_pos``) ``pos``; every CoNLL-U column is also available under its own name
   (``upos``, ``xpos``, ...), which gives gold labels when the model predicts one of them.
@@ -48,6 +50,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -58,6 +61,8 @@ import pandas as pd
 
 from crf.io import CONLLU_COLUMNS, DataFormatError, _decoded_lines, atomic_write, read_conll, read_conllu
 from pipeline.report import dumps
+
+log = logging.getLogger(__name__)
 
 FORMATS = ("conll", "conllu", "jsonl", "text")
 TOKENISATIONS = ("whitespace", "punct")  # how plain text is split into tokens (:func:`tokenize`)
@@ -72,16 +77,32 @@ class OutputFormatError(ValueError):
     """A value the chosen output format cannot hold faithfully (the message names where and why)."""
 
 
+# abbreviations that keep their period before anything but the end of the line (case as written):
+# titles, company words, months, US states, street words, as Penn Treebank text (CoNLL-2000) and EWT write them
+_ABBREVIATIONS = (
+    "Mr|Mrs|Ms|Messrs|Mmes|Dr|Drs|Prof|St|Jr|Sr|Rev|Gov|Sen|Rep|Reps|Gen|Col|Lt|Sgt|Capt|Adm|Cmdr|Maj|Pres|"
+    "Inc|Corp|Co|Cos|Ltd|Bros|Assn|Dept|Univ|No|Nos|vs|v|etc|Sens|approx|Jan|Feb|Mar|Apr|Jun|Jul|Aug|Sep|Sept|Oct|Nov|Dec|"
+    "Ala|Ariz|Ark|Calif|Colo|Conn|Del|Fla|Ga|Ill|Ind|Kan|Kans|Ky|La|Md|Mass|Mich|Minn|Mo|Mont|Neb|Nev|Okla|Ore|Pa|"
+    "Tenn|Tex|Va|Vt|Wis|Wyo|Ave|Blvd|Rd|Mt|Ft"
+)
 # Penn-Treebank-like tokenisation of raw text, tried left to right at each position:
 _TOKEN = re.compile(
-    r"""
-      \w+(?=n't\b)                      # do|n't, ca|n't, is|n't: the word before the clitic
-    | n't\b                             # the clitic itself
-    | '(?:s|re|ve|ll|d|m)\b             # 's 're 've 'll 'd 'm
-    | (?:[A-Za-z]\.){2,}                # abbreviations written with dots: U.S., e.g.
-    | \d+(?:[.,:/]\d+)*(?!\w)           # numbers: 3.14, 1,000, 10:30, 1/2 (then % alone; 3rd is a word)
-    | \w+(?:-\w+|'(?!(?:s|re|ve|ll|d|m)\b)\w+)*  # words, hyphenated words, o'clock (not John|'s)
-    | \.\.\.|--|``|''                   # multi-character punctuation
+    rf"""
+      (?:https?://|www\.)\S+?(?=[.,;:!?)\]'"]*(?:\s|$))  # web addresses (trailing punctuation split off)
+    | [\w.+-]+@\w[\w-]*(?:\.[\w-]+)+    # e-mail addresses
+    | \w+(?=n['’]t\b)                   # do|n't, ca|n't, is|n't: the word before the clitic
+    | n['’]t\b                          # the clitic itself
+    | ['’](?:s|re|ve|ll|d|m)\b          # 's 're 've 'll 'd 'm
+    | [A-Za-z](?:\.[A-Za-z])+\.?(?:-\w+)*  # abbreviations written with dots: U.S., e.g., a.m, B.A.T, U.S.-made
+    | (?-i:(?:{_ABBREVIATIONS})\.)(?:-\w+)*(?!\s*$)  # Mr., Inc., Sept., Calif.-based (a final period split off)
+    | (?-i:[A-Z]\.(?=\s+[A-Z]))         # an initial before a name: J. Smith
+    | [A-Za-z]+\.(?=\s+(?-i:[a-z])|\s*,)  # a period before a lowercase word or a comma is an abbreviation's
+    | (?-i:[A-Z]{{1,2}})\$              # currencies: US$, C$
+    | '\d\ds\b                          # decades: '80s
+    | \d+(?:[.,:/]\d+)*(?:-\w+)*(?!\w)  # numbers: 3.14, 1,000, 10:30, 1/2, 30-year, 713-853-3989 (then % alone; 3rd is a word)
+    | \w+(?:[-&/]\w+|'(?!(?:s|re|ve|ll|d|m)\b)\w+)*  # words, hyphenated words, AT&T, and/or, o'clock (not John|'s)
+    | [.!?]{{2,}}|--|``|''|<<|>>|[‘’“”]{{2}}  # runs of punctuation: ... !! ?! << ’’
+    | [:;]-?[()DPp](?!\w)               # emoticons :) ;-(
     | \S                                # any other character but space, alone
     """,
     re.VERBOSE | re.IGNORECASE,
@@ -90,9 +111,12 @@ _TOKEN = re.compile(
 
 def tokenize(line: str, how: str = "punct") -> list[str]:
     """Tokens of one line of raw text. ``how="punct"``: Penn-Treebank-like, as CoNLL-2000 and UD
-    English were tokenised: words, numbers (``3.14``, ``1,000``), hyphenated words,
-    abbreviations with dots (``U.S.``), clitics split off (``do n't``, ``John 's``, ``we 're``),
-    each punctuation character alone (``...`` and ``--`` whole; ``5%`` is ``5 %``); quotes stay as
+    English were tokenised: words, numbers (``3.14``, ``1,000``), hyphenated words (``30-year``),
+    names with ``&`` (``AT&T``), abbreviations with their period (``U.S.``, ``Mr.``, ``Inc.``,
+    ``Sept.``; a known abbreviation, an initial before a name, or any word whose period is followed
+    by a lowercase word or a comma; a period at the end of the line is split off), e-mail and web
+    addresses whole, clitics split off (``do n't``, ``it 's``, ``we 're``), each other punctuation
+    character alone (runs of ``.!?``, ``--`` and emoticons whole; ``5%`` is ``5 %``); quotes stay as
     written (PTB's ````''`` conversion is not done). ``how="whitespace"``: the line split on
     whitespace (``Trinkoff,`` stays one token), as AnyStyle's training sequences were."""
     if how == "whitespace":
@@ -184,6 +208,7 @@ def read_input(
                     path, 1, f"read as the training data's columns {names}, but the column 'id' holds {data['id'][first]!r} "
                     f"(token {first + 1} of the file): give CoNLL-U, or name the columns in a first line '{HEADER} ...'",
                 )  # fmt: skip
+            data, lengths = _skip_non_words(path, data, lengths)
         given = [c for c in names if c != gold]
         return Corpus(data, lengths, data.get(gold) if gold else None, given)
     if fmt == "conllu":
@@ -210,6 +235,26 @@ def read_input(
         lengths = np.array([len(s) for s in sentences], dtype=np.int64)
         return Corpus({columns[0]: np.array([t for s in sentences for t in s], dtype=object)}, lengths, None, columns)
     raise ValueError(f"unknown input format {fmt!r}; one of {FORMATS}")
+
+
+def _skip_non_words(path: Path, data: dict[str, np.ndarray], lengths: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """CoNLL-U lines read by a CoNLL-U-shaped layout without their non-words: multiword-token
+    range lines (ID ``3-4``, whose parts follow as tokens) and empty nodes (ID ``5.1``) are
+    skipped, as :func:`crf.io.read_conllu` skips them when the training data is read. ``data``
+    {column: (T,) values} with an ``id`` column, ``lengths`` (N,); a sentence left without tokens
+    is refused."""
+    words = ~pd.Series(data["id"], dtype=str).str.contains(r"[-.]", regex=True).to_numpy()
+    if words.all():
+        return data, lengths
+    sentence = np.repeat(np.arange(lengths.size), lengths)
+    kept = np.bincount(sentence[words], minlength=lengths.size).astype(np.int64)
+    if np.any(kept == 0):
+        empty = int(np.argmax(kept == 0))
+        raise DataFormatError(path, 1, f"sentence {empty + 1} holds only multiword-token ranges or empty nodes (IDs 3-4, 5.1)")
+    log.info(
+        "%s: skipped %d multiword-token range lines and empty nodes (as CoNLL-U training data is read)", path, int((~words).sum())
+    )
+    return {name: values[words] for name, values in data.items()}, kept
 
 
 def _conll_header(path: Path) -> list[str] | None:

@@ -113,7 +113,9 @@ def resolve_model(reference: str, tracking_uri: str | None = None, registry_uri:
 
 def _download(reference: str) -> Path:
     """Download ``reference`` from the current MLflow store; ``runs:/<id>/<path>`` that fails is
-    retried on the run that holds the files (see :func:`_files_run_uri`), else TagError."""
+    retried on the run that holds the files (see :func:`_files_run_uri`), else TagError: also for
+    a URI the command cannot reach (``s3://`` without credentials, an unknown scheme, a scheme
+    whose client is missing, an unreachable server), whatever its client raises."""
     import mlflow
     from mlflow.exceptions import MlflowException
 
@@ -121,6 +123,10 @@ def _download(reference: str) -> Path:
         return Path(mlflow.artifacts.download_artifacts(artifact_uri=reference))
     except (MlflowException, OSError) as err:
         failure = str(err).splitlines()[0] if str(err) else type(err).__name__
+    except Exception as err:  # noqa: BLE001 - a store the command cannot reach (s3:// without credentials, a scheme
+        # whose client is not installed, a malformed address): its client's own exception, said in one line
+        log.debug("downloading %s failed", reference, exc_info=True)
+        failure = f"{type(err).__name__}: {str(err).splitlines()[0]}" if str(err) else type(err).__name__
     if reference.startswith("runs:/"):
         other, hint = _files_run_uri(reference)
         if other is not None:

@@ -29,6 +29,10 @@ class MissingDataError(SettingsError):
     """Dataset files that are neither on disk nor downloadable: a settings error (one line, exit 2)."""
 
 
+class DataPathIsADirectory(MissingDataError, IsADirectoryError):
+    """A dataset file's path that is a directory: a settings error (one line, exit 2)."""
+
+
 class ChecksumError(SettingsError):
     """A dataset file whose content does not match its recorded SHA-256 (one line, exit 2)."""
 
@@ -65,7 +69,7 @@ def resolve_files(dataset: Mapping, root: str | os.PathLike, download: bool = Tr
     for split, spec in dataset["files"].items():
         path = root / spec["path"]
         if path.is_dir():
-            raise IsADirectoryError(f"{path}: is a directory, expected the {split} file of dataset {dataset.get('name')!r}")
+            raise DataPathIsADirectory(f"{path}: is a directory, expected the {split} file of dataset {dataset.get('name')!r}")
         if not path.is_file():
             if not download or not spec.get("url"):
                 failures.append(f"{path} (no download configured)" if download else f"{path}")

@@ -43,7 +43,7 @@ import pandas as pd
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import INTERNAL_ERROR, INVALID_PARAMETER_VALUE
 
-from crf.bundle import ModelBundle, TokenError, check_tokens, load_bundle
+from crf.bundle import ModelBundle, TokenError, check_sentences, check_tokens, check_unique_columns, load_bundle
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +140,11 @@ def as_frame(model_input: Any, columns: Sequence[str]) -> pd.DataFrame:
             return pd.DataFrame(model_input)
         except (ValueError, TypeError) as err:
             raise ModelInputError(f"cannot read the columns as a table: {str(err).splitlines()[0]}") from None
+    if isinstance(model_input, list) and model_input and any(isinstance(s, (list, tuple)) for s in model_input):
+        try:  # a list of sentences with a sentence given as a string or one token dict: the bundle's shape check
+            check_sentences(model_input)
+        except ValueError as err:
+            raise ModelInputError(str(err)) from None
     raise ModelInputError(
         f"expected a table (columns {SENTENCE!r}, {', '.join(map(repr, columns))}) or a list of sentences of token "
         f"objects, got {_shown(model_input)}"
@@ -160,9 +165,10 @@ def check_frame(frame: pd.DataFrame, columns: Sequence[str]) -> None:
     missing column, a sentence id that is missing, not an integer or smaller than the one
     before (the rows of a sentence contiguous, sentences in order), a token that is not a
     non-empty string without whitespace (:func:`crf.bundle.check_tokens`)."""
-    repeated = sorted({str(c) for c in frame.columns[frame.columns.duplicated()]})
-    if repeated:
-        raise ModelInputError(f"the column(s) {repeated} appear more than once")
+    try:  # the bundle's own check (ModelBundle.tag_frame makes it too)
+        check_unique_columns(frame.columns)
+    except ValueError as err:
+        raise ModelInputError(str(err)) from None
     missing = [c for c in [SENTENCE, *columns] if c not in frame.columns]
     if missing:
         raise ModelInputError(

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -114,6 +115,30 @@ def test_text_is_split_as_the_model_was_trained(word_tagger, tmp_path, dataset, 
     tokens = REFERENCE.split() if expected == "whitespace" else tokenize(REFERENCE)
     assert _tokens_written(tmp_path / "out.jsonl") == [tokens] and summary["tokens"] == len(tokens)
     assert ("Trinkoff," in tokens) == (expected == "whitespace")
+
+
+@pytest.mark.parametrize(
+    "text, tokens",
+    [
+        ("Mr. Smith of AT&T Corp. said the 30-year bonds rose 3.5% to $1,000 in Sept. at 10 a.m. today.",
+         "Mr. Smith of AT&T Corp. said the 30-year bonds rose 3.5 % to $ 1,000 in Sept. at 10 a.m. today ."),
+        ("I don't think it's Dr. Jones's car, etc. and so on... Really?!",
+         "I do n't think it 's Dr. Jones 's car , etc. and so on ... Really ?!"),
+        ("J. P. Morgan & Co. Inc. rose in the U.S. and the S&P fell.",
+         "J. P. Morgan & Co. Inc. rose in the U.S. and the S&P fell ."),
+        ("They can't, we're sure, sell Calif.-based U.S.-made 1/2 shares for US$5 in the '80s.",
+         "They ca n't , we 're sure , sell Calif.-based U.S.-made 1/2 shares for US$ 5 in the '80s ."),
+        ("Mail carol.st.clair@enron.com or call 713-853-3989 :)", "Mail carol.st.clair@enron.com or call 713-853-3989 :)"),
+        ("It was sold to Acme Corp.", "It was sold to Acme Corp ."),  # a period at the end of the line is split off
+        ("(D., Okla.) said so. Then he left.", "( D. , Okla. ) said so . Then he left ."),
+    ],
+)  # fmt: skip
+def test_punct_tokens_are_made_as_the_training_tokens_were(text, tokens):
+    """Penn Treebank style as in CoNLL-2000 and EWT: abbreviations keep their period, ``&`` names,
+    hyphenated words and numbers stay whole, clitics are split (the tokens were split unlike any
+    training token before: Mr . / AT & T / 30 - year)."""
+    assert tokenize(text) == tokens.split()
+    assert tokenize(tokens) == tokens.split()  # training tokens joined by spaces come back unchanged
 
 
 def test_a_model_that_does_not_record_its_tokenisation_needs_the_setting(word_tagger, tmp_path):
@@ -237,6 +262,42 @@ def test_bare_words_are_never_read_as_another_column(chunker, word_tagger, tmp_p
     assert run_tag(_settings(ud, numbered, tmp_path / "two.jsonl"))["tokens"] == 4
 
 
+UD = ["id", "w", "lemma", "upos", "xpos", "feats", "head", "deprel", "deps", "misc"]  # a CoNLL-U dataset's layout
+MWT = """# sent_id = 1
+1-2\tdidn't\t_\t_\t_\t_\t_\t_\t_\t_
+1\tdid\tdo\tAUX\tVBD\t_\t0\troot\t_\t_
+2\tn't\tnot\tPART\tRB\t_\t1\tadvmod\t_\t_
+3\tgo\tgo\tVERB\tVB\t_\t1\txcomp\t_\t_
+3.1\tgo\tgo\tVERB\tVB\t_\t_\t_\t1:conj\t_
+4\t.\t.\tPUNCT\t.\t_\t1\tpunct\t_\t_
+
+1\tToday\ttoday\tNOUN\tNN\t_\t0\troot\t_\t_
+2-3\tit's\t_\t_\t_\t_\t_\t_\t_\t_
+2\tit\tit\tPRON\tPRP\t_\t1\tnsubj\t_\t_
+3\t's\tbe\tAUX\tVBZ\t_\t1\tcop\t_\t_
+"""
+
+
+@pytest.mark.parametrize("comments", [False, True])
+def test_conllu_lines_in_a_conll_file_are_read_as_in_training(tmp_path, comments):
+    """Multiword-token ranges (``1-2``) and empty nodes (``3.1``) are skipped, as the CoNLL-U reader
+    skips them in training; they were read as extra tokens scored against a gold ``_``."""
+    words = [["did", "n't", "go", "."], ["Today", "it", "'s"]]
+    tags = [["VBD", "RB", "VB", "."], ["NN", "PRP", "VBZ"]]
+    model = HMM(order=1).fit(words, tags)
+    source = {"dataset": {"name": "ud", "columns": UD, "label": "xpos", "scheme": "none", "tokenisation": "punct"}}
+    bundle = _save(ModelBundle(BundledHMM(model, "w"), scheme="none", source=source), tmp_path / "b.npz")
+    conllu, conll = tmp_path / "in.conllu", tmp_path / "in.conll"
+    conllu.write_text(MWT)
+    conll.write_text(MWT if comments else "".join(line + "\n" for line in MWT.splitlines() if not line.startswith("#")))
+    extra = {"comment_prefix": "#"} if comments else {}
+    reference = run_tag(_settings(bundle, conllu, tmp_path / "a.jsonl"))
+    summary = run_tag(_settings(bundle, conll, tmp_path / "b.jsonl", **extra))
+    for target in ("a.jsonl", "b.jsonl"):
+        assert [[t if isinstance(t, str) else t["w"] for t in s] for s in _tokens_written(tmp_path / target)] == words
+    assert summary["tokens"] == reference["tokens"] == 7 and summary["accuracy"] == reference["accuracy"]
+
+
 # ---- (c) one token check for the command, the bundle and the MLflow Model ------------------------------------------
 
 BAD_TOKENS = {
@@ -291,6 +352,79 @@ def test_a_served_answer_echoes_a_missing_value_in_an_unread_column_as_null(chun
     answer = mlflow_model.tag(load_bundle(chunker), frame)
     assert answer["chunk"].tolist() == ["B-NP", None, None]
     json.loads(answer.to_json(orient="records"), parse_constant=lambda name: pytest.fail(f"not strict JSON: {name}"))
+
+
+@pytest.mark.parametrize(
+    "sentences, match",
+    [
+        ("DT", r"sentences must be a list of sentences.*got str 'DT'"),  # tag("DT"): two one-character sentences before
+        (["NNP"], r"sentence 0 must be a list of tokens, got str 'NNP'"),  # N, N, P before
+        ([["DT", "NN"], "NNP"], r"sentence 1 must be a list of tokens, got str"),
+        ([{"pos": "DT"}], r"sentence 0 must be a list of tokens, got one token dict"),  # its key 'pos' tagged before
+        ({"pos": "DT"}, r"sentences must be a list of sentences"),
+    ],
+)
+def test_a_sentence_given_as_a_string_or_one_token_dict_is_refused(chunker, sentences, match):
+    bundle = load_bundle(chunker)
+    with pytest.raises(ValueError, match=match):
+        bundle.tag(sentences)
+    if isinstance(sentences, list) and any(isinstance(s, list) for s in sentences):  # the served model's list of sentences
+        tokens = [[{"pos": t} for t in s] if isinstance(s, list) else s for s in sentences]
+        with pytest.raises(mlflow_model.ModelInputError, match=r"sentence 1 must be a list of tokens"):
+            mlflow_model.tag(bundle, tokens)
+    assert [len(r["labels"]) for r in bundle.tag([("DT", "NN"), ["DT"]])] == [2, 1]  # tuples and lists are sentences
+
+
+@pytest.mark.parametrize("position", [1.7, 1.0, "1", True, np.float64(1.0), -1, 3])
+def test_fixed_positions_must_be_integers_in_range(chunker, position):
+    bundle = load_bundle(chunker)
+    label = bundle.tag([["DT", "NN", "."]])[0]["labels"][1]  # a label the token can take
+    with pytest.raises(ValueError, match=r"fixed: sentence 0(: a token position must be an integer| has no token)"):
+        bundle.tag([["DT", "NN", "."]], fixed=[{position: label}])
+    for good in (1, np.int64(1)):
+        assert bundle.tag([["DT", "NN", "."]], fixed=[{good: label}])[0]["labels"][1] == label
+    other = next(c for c in bundle.labels if c != label)
+    mask = bundle._allowed([{np.int64(1): other}], np.array([0, 3]))
+    assert mask[[0, 2]].all() and mask[1].tolist() == [c == other for c in bundle.labels]  # token 1, not a rounded or truthy 1
+
+
+def test_a_column_that_appears_twice_is_refused_with_the_served_models_message(chunker):
+    bundle = load_bundle(chunker)
+    frame = pd.DataFrame([[0, "DT", "DT"], [0, "NN", "NN"]], columns=["sentence", "pos", "pos"])
+    with pytest.raises(ValueError, match=r"^the column\(s\) \['pos'\] appear more than once$"):
+        bundle.tag_frame(frame)
+    with pytest.raises(mlflow_model.ModelInputError, match=r"^the column\(s\) \['pos'\] appear more than once$"):
+        mlflow_model.tag(bundle, frame)
+
+
+class _NoCredentials(Exception):
+    """What an S3 client raises without credentials (botocore's NoCredentialsError is no OSError)."""
+
+
+@pytest.mark.parametrize("error", [_NoCredentials("Unable to locate credentials"), ImportError("no module google.cloud")])
+def test_a_model_uri_the_command_cannot_reach_is_one_line(chunker, tmp_path, monkeypatch, error):
+    """Whatever a store's client raises becomes the command's TagError (one line, exit 2 in ``main``)."""
+    import mlflow
+
+    def unreachable(artifact_uri, **kwargs):
+        raise error
+
+    monkeypatch.setattr(mlflow.artifacts, "download_artifacts", unreachable)
+    words = tmp_path / "in.conll"
+    words.write_text("DT\nNN\n")
+    with pytest.raises(
+        TagError, match=rf"^model 's3://bucket/x': cannot download its artifacts \({type(error).__name__}: "
+    ) as info:
+        run_tag(_settings("s3://bucket/x", words, tmp_path / "out.jsonl"))
+    assert "\n" not in str(info.value) and not (tmp_path / "out.jsonl").exists()
+
+
+def test_a_model_uri_of_an_unknown_scheme_is_one_line(tmp_path):
+    words = tmp_path / "in.conll"
+    words.write_text("DT\nNN\n")
+    with pytest.raises(TagError, match=r"^model 'nosuch://x/y': cannot download its artifacts") as info:
+        run_tag(_settings("nosuch://x/y", words, tmp_path / "out.jsonl"))
+    assert "\n" not in str(info.value)
 
 
 # ---- item 6 --------------------------------------------------------------------------------------------------------
@@ -361,3 +495,13 @@ def test_a_missing_data_file_without_url_is_a_settings_error(tmp_path):
     assert done.returncode == 2 and "Traceback" not in text, text
     errors = [line for line in text.splitlines() if "[ERROR]" in line]
     assert len(errors) == 1 and "no download configured" in errors[0], text
+
+
+def test_a_data_file_that_is_a_directory_is_a_settings_error(tmp_path):
+    """It was an IsADirectoryError with a traceback; now the settings line (exit 2), still an IsADirectoryError."""
+    (tmp_path / "toy" / "train.txt").mkdir(parents=True)
+    dataset = {"name": "toy", "files": {"train": {"path": "toy/train.txt", "url": "https://example.invalid/train.txt"}}}
+    expected = "^" + re.escape(f"{tmp_path / 'toy' / 'train.txt'}: is a directory, expected the train file")
+    with pytest.raises(SettingsError, match=expected) as info:
+        resolve_files(dataset, tmp_path, download=True)
+    assert isinstance(info.value, IsADirectoryError) and "\n" not in str(info.value)
