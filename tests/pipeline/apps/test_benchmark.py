@@ -3,8 +3,10 @@ on the tiny generated corpus, the tutorial's feature dicts, and the joint EWT la
 
 from __future__ import annotations
 
+import types
 from pathlib import Path
 
+import forkserver
 import pandas as pd
 import pytest
 from hydra import compose, initialize_config_dir
@@ -31,6 +33,15 @@ NEIGHBOUR_KEYS = {"word.lower()", "word.istitle()", "word.isupper()", "postag", 
 @pytest.fixture(autouse=True)
 def _no_ambient_tracking_uri(monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+
+
+@pytest.fixture
+def forked_workers(monkeypatch):
+    """Benchmark workers forked from the test fork server instead of fresh interpreters: the same
+    ``python -m pipeline.apps.bench_worker`` command and files, without 3 s of imports per worker. One
+    test (the batch input path) keeps fresh interpreters, as users run them; the peak memory of a forked
+    worker counts the server's imports, and these tests only ask it to be positive."""
+    monkeypatch.setattr(benchmark, "subprocess", types.SimpleNamespace(run=forkserver.run))
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +81,9 @@ def test_word2features_has_the_tutorial_keys():
 
 
 @pytest.mark.parametrize("path", ["batch", "strings", "dicts"])
-def test_quick_run_of_each_input_path_logs_results(tiny, path):
+def test_quick_run_of_each_input_path_logs_results(tiny, path, request):
+    if path != "batch":
+        request.getfixturevalue("forked_workers")
     data_root, out = tiny
     cfg = _config(data_root, out / path, f"benchmark.input={path}", "benchmark.growth_enabled=false")
     benchmark.main(cfg)
@@ -107,7 +120,7 @@ def test_quick_per_call_rows_are_logged(tiny):
     assert any(name.startswith("per_call.python-crfsuite_API") for name in run.data.metrics)
 
 
-def test_elastic_net_rows_give_the_loss_and_active_features_of_both_tools(tiny):
+def test_elastic_net_rows_give_the_loss_and_active_features_of_both_tools(tiny, forked_workers):
     """The tutorial's settings (c1 = c2 = 0.1) on the same attributes: both tools run OWL-QN
     from zero on the same model (CRFsuite's: every label pair, no start/end weights)."""
     data_root, out = tiny
@@ -123,7 +136,7 @@ def test_elastic_net_rows_give_the_loss_and_active_features_of_both_tools(tiny):
     assert "| loss" in (folder / "results.md").read_text()
 
 
-def test_quick_growth_repeats_the_training_data(tiny):
+def test_quick_growth_repeats_the_training_data(tiny, forked_workers):
     data_root, out = tiny
     cfg = _config(data_root, out / "growth", "benchmark.tools=[ours]", "benchmark.growth.label_sets=[]")
     benchmark.main(cfg)
