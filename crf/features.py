@@ -192,14 +192,29 @@ def abbreviation_heads(
     after a word of at least 3 letters, the long form's head (lower-cased: "atrial fibrillation (
     AF )" gives ``fibrillation``). Every token equal to a short form defined at most ``window``
     tokens before it (the nearest such definition; the definition's own short form included) gets
-    that head; the others get None. ``words`` (T,) the corpus' tokens in order, ``position`` (T,)
-    each token's index in its sentence, ``length`` (T,) its sentence's length. Corpora of abstracts
-    in document order put an abstract's definitions before its later uses of the abbreviation.
+    that head; the others get None. Corpora of abstracts in document order put an abstract's
+    definitions before its later uses of the abbreviation.
 
-    ``loose`` (the ``abbreviation_loose`` views) also takes ``( SF ;``, ``( SF ,`` and ``( SF /``
-    ("Schwartz - Jampel syndrome ( SJS ; ..."), and as head the nearest of the 3 words before the
-    ``(`` that is a head word and neither a Roman numeral nor a word like ``type`` ("osteopetrosis
-    type 2 ( AO2 )" gives ``osteopetrosis``).
+    Parameters
+    ----------
+    words : ndarray of shape (T,), object
+        The corpus' tokens in order.
+    position : ndarray of shape (T,), int
+        Each token's index in its sentence.
+    length : ndarray of shape (T,), int
+        Its sentence's length.
+    window : int, default=400
+        The most tokens a use may follow its definition by.
+    loose : bool, default=False
+        Also read ``( SF ;``, ``( SF ,`` and ``( SF /`` definitions ("Schwartz - Jampel syndrome
+        ( SJS ; ..."), and take as head the nearest of the 3 words before the ``(`` that is a head
+        word and neither a Roman numeral nor a word like ``type`` ("osteopetrosis type 2 ( AO2 )"
+        gives ``osteopetrosis``): the ``abbreviation_loose`` views.
+
+    Returns
+    -------
+    ndarray of shape (T,), object
+        The lower-cased head word on each use of a defined short form, None elsewhere.
     """
     words = np.asarray(words, dtype=object)
     n = words.size
