@@ -53,6 +53,25 @@ def _mlflow_schema_from_a_template():
         shutil.rmtree(folder, ignore_errors=True)
 
 
+AMBIENT = (
+    "MLFLOW_TRACKING_URI",
+    "MLFLOW_REGISTRY_URI",
+    "MLFLOW_EXPERIMENT_ID",
+    "MLFLOW_EXPERIMENT_NAME",
+    "CRF_SWEEP_PARENT_RUN_ID",
+    "CRF_SWEEP_ID",
+)
+
+
+@pytest.fixture(autouse=True)
+def _no_ambient_store(monkeypatch):
+    """Every test starts without the store settings an earlier test of the same process left in
+    the environment: MLflow's URI setters export ``MLFLOW_TRACKING_URI``/``MLFLOW_REGISTRY_URI``,
+    which the pipeline honours, so a later run would write to the earlier test's store."""
+    for name in AMBIENT:
+        monkeypatch.delenv(name, raising=False)
+
+
 @pytest.fixture(scope="session")
 def tiny_pipeline(tmp_path_factory) -> types.SimpleNamespace:
     """One run of the default pipeline (every stage, local SQLite store) on the tiny generated corpus,
