@@ -7,8 +7,8 @@ an old label the new data lacks is dropped (as a class it would take probability
 would not reach the cold fit's optimum). The new fit's features are what its own data and
 settings make, as in a cold fit; an old weight starts where the new layout still has its feature
 (state weights by attribute and label, label n-gram weights by their labels), every other weight
-starts at zero. The objective is convex, so a warm start
-reaches the cold fit's optimum, only in fewer iterations.
+starts at zero. The objective is convex, so a warm start reaches the cold fit's optimum, only in
+fewer iterations.
 """
 
 from __future__ import annotations
