@@ -14,6 +14,7 @@ import os
 import time
 import warnings
 from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 import numpy as np
@@ -168,6 +169,8 @@ def _merge_attributes(previous: PreviousFit, index: AttributeIndex, batch: Seque
 def _sequence(values, name: str):
     """``values`` as a sized sequence: a SequenceBatch or a list as it is, any other iterable (a
     generator, as sklearn-crfsuite accepts) read into a list once."""
+    if isinstance(values, AbstractSet):  # no order: its sequences could not be matched to labels or results
+        raise TypeError(f"{name} must be a list of sequences, not a {type(values).__name__}")
     if isinstance(values, (SequenceBatch, list, tuple, np.ndarray)) or hasattr(values, "__len__"):
         return values
     if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
@@ -176,10 +179,13 @@ def _sequence(values, name: str):
 
 
 def check_label_sequences(y, what: str = "y") -> None:
-    """Refuse a label sequence given as a string: its characters would become labels."""
+    """Refuse a label sequence given as a string (its characters would become labels) or as a set
+    (its labels come in no fixed order)."""
     for i, labels in enumerate(y):
         if isinstance(labels, (str, bytes)):
             raise TypeError(f"{what}: sequence {i} is a string ({labels[:20]!r}), not a list of labels (one per token)")
+        if isinstance(labels, AbstractSet):
+            raise TypeError(f"{what}: sequence {i} is a {type(labels).__name__}, not a list of labels (one per token, in order)")
 
 
 def check_names_encodable(names: Sequence, what: str) -> None:

@@ -24,6 +24,7 @@ NumPy scalars, non-dict mappings) go through a Python loop, and only those.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from decimal import Decimal
 from functools import partial
 from itertools import chain, repeat
@@ -254,11 +255,13 @@ def _dict_tokens(tokens: list, rows: np.ndarray, at: Callable[[int], _At]) -> tu
 
 
 def _sequence_list(sequences: Iterable[Sequence]) -> tuple[list, np.ndarray]:
-    """``X`` as a list of sequences and their lengths (N,), checking its shape."""
-    if isinstance(sequences, (str, bytes, Mapping)):
+    """``X`` as a list of sequences and their lengths (N,), checking its shape (a set has no order,
+    so neither ``X`` nor one of its sequences may be one)."""
+    if isinstance(sequences, (str, bytes, Mapping, AbstractSet)):
         raise TypeError(f"X must be a list of sequences of tokens, not a {type(sequences).__name__}")
     sequences = list(sequences)
-    bad = [i for i, kind in enumerate(map(_TOKEN_KIND.get, map(type, sequences))) if kind in (_DICT, _STR)]
+    kinds = map(type, sequences)
+    bad = [i for i, kind in enumerate(kinds) if _TOKEN_KIND.get(kind) in (_DICT, _STR) or issubclass(kind, AbstractSet)]
     if bad:
         what = type(sequences[bad[0]]).__name__
         raise TypeError(f"sequence {bad[0]} is a {what}, not a list of tokens: X must be a list of sequences of tokens")

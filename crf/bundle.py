@@ -29,6 +29,7 @@ import logging
 import os
 import re
 from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
@@ -185,9 +186,10 @@ def check_tokens(columns: Mapping[str, np.ndarray], offsets: np.ndarray, base: i
 
 def _not_a_list(value: object) -> bool:
     """True for what cannot be a list of sentences or of tokens: a string (it would be read one
-    character per item), bytes, a mapping (a single token dict would be read by its keys) or a
-    value that has no length."""
-    return isinstance(value, (str, bytes, Mapping)) or not hasattr(value, "__len__") or not hasattr(value, "__iter__")
+    character per item), bytes, a mapping (a single token dict would be read by its keys), a set
+    (its items come in no fixed order) or a value that has no length."""
+    refused_kind = isinstance(value, (str, bytes, Mapping, AbstractSet))
+    return refused_kind or not hasattr(value, "__len__") or not hasattr(value, "__iter__")
 
 
 def check_sentences(sentences: object) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 import numpy as np
@@ -201,6 +202,8 @@ class HMM:
     def _flatten(X, name: str = "X") -> tuple[list[str], np.ndarray]:
         if isinstance(X, str) or any(isinstance(x, str) for x in X):
             raise TypeError(f"{name} must be a list of token sequences (lists of strings), not strings: tokenise first")
+        if isinstance(X, AbstractSet) or any(isinstance(x, AbstractSet) for x in X):  # no order to read them in
+            raise TypeError(f"{name} must be a list of token sequences (lists of strings), not sets")
         lengths = np.fromiter((len(x) for x in X), dtype=np.int64, count=len(X))
         if lengths.size == 0 or np.any(lengths == 0):
             raise ValueError(f"{name} must be a non-empty list of non-empty sequences")

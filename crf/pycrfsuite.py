@@ -56,6 +56,7 @@ import sys
 import time
 from collections import Counter, namedtuple
 from collections.abc import Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from fractions import Fraction
 from itertools import chain as chained
@@ -177,7 +178,7 @@ def _items(xseq, sequence: int | None = None) -> list:
     name ``sequence N, item t`` (``item t`` without ``sequence``)."""
     if isinstance(xseq, ItemSequence):
         return xseq._items
-    if isinstance(xseq, (str, bytes, Mapping)) or not isinstance(xseq, Iterable):
+    if isinstance(xseq, (str, bytes, Mapping, AbstractSet)) or not isinstance(xseq, Iterable):
         raise TypeError(f"an item sequence is a list of items (dicts or lists of attribute names), not a {type(xseq).__name__}")
     if sequence is None:
         return [_item(item, t) for t, item in enumerate(xseq)]

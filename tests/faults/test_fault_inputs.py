@@ -167,3 +167,29 @@ def test_a_value_too_large_to_train_on_is_reported_with_its_position_not_turned_
         warnings.simplefilter("error")
         model = CRF(max_iterations=50).fit([[{"a": 1e3}, {"b": 1.0}], [{"b": 2.0}, {"a": 1.0}]] * 10, y)
     assert model.n_iter_ > 0 and model.score([[{"a": 1e3}, {"b": 1.0}]], [["A", "B"]]) == 1.0
+
+
+def test_a_set_is_refused_wherever_an_order_is_needed():
+    """A set of sequences, of tokens or of labels has no order: its items would be matched to
+    labels and results in hash order. A token's attributes may be a set (they are a bag)."""
+    from crf import pycrfsuite
+
+    X = [[{"w": "a"}, {"w": "b"}], [{"w": "b"}]]
+    y = [["A", "B"], ["B"]]
+    model = CRF(max_iterations=5).fit(X, y)
+    with pytest.raises(TypeError, match="X must be a list of sequences.*, not a set"):
+        model.predict({(("w=a",), ("w=b",))})
+    with pytest.raises(TypeError, match="sequence 0 is a frozenset, not a list of tokens"):
+        model.predict([frozenset({("w=a",), ("w=b",)})])
+    with pytest.raises(TypeError, match="y: sequence 1 is a set, not a list of labels"):
+        CRF(max_iterations=5).fit(X, [["A", "B"], {"B"}])
+    assert model.predict([[{"w=a", "w=b"}]]) == model.predict([[["w=b", "w=a"]]])  # a token's attributes: a bag
+    trainer = pycrfsuite.Trainer(verbose=False)
+    with pytest.raises(TypeError, match="not a set"):
+        trainer.append({("w=a",), ("w=b",)}, ["A", "B"])
+    hmm = HMM().fit([["a", "b"], ["b"]], y)
+    for bad in ({("a", "b")}, [{"a", "b"}]):
+        with pytest.raises(TypeError, match="not sets"):
+            hmm.predict(bad)
+    with pytest.raises(TypeError, match="y must be a list of token sequences.*not sets"):
+        HMM().fit([["a", "b"]], [{"A", "B"}])

@@ -362,6 +362,9 @@ def test_a_served_answer_echoes_a_missing_value_in_an_unread_column_as_null(chun
         ([["DT", "NN"], "NNP"], r"sentence 1 must be a list of tokens, got str"),
         ([{"pos": "DT"}], r"sentence 0 must be a list of tokens, got one token dict"),  # its key 'pos' tagged before
         ({"pos": "DT"}, r"sentences must be a list of sentences"),
+        ([{"DT", "NN"}], r"sentence 0 must be a list of tokens, got set"),  # tokens in hash order before
+        ([frozenset({"DT"})], r"sentence 0 must be a list of tokens, got frozenset"),
+        ({("DT", "NN")}, r"sentences must be a list of sentences.*got set"),
     ],
 )
 def test_a_sentence_given_as_a_string_or_one_token_dict_is_refused(chunker, sentences, match):
