@@ -83,7 +83,16 @@ class PreviousFit:
 
     def check_batch(self, batch: SequenceBatch, attribute_names: Sequence[str] | None) -> None:
         """A SequenceBatch must keep the old columns: the same attributes in the first A_old
-        columns (an extractor that only appends), checked by name when both fits named them."""
+        columns (an extractor that only appends), checked by name. A model whose attributes have
+        names (fitted on feature dicts, or on a batch with ``attribute_names``) needs them again:
+        columns without names could be in any order, and the refit model could no longer read
+        feature dicts."""
+        if attribute_names is None and self.attribute_names is not None:
+            raise ValueError(
+                "warm_start: the fitted model's attributes have names, but this SequenceBatch comes without "
+                "attribute_names, so its columns cannot be matched to the model's weights; pass attribute_names "
+                "(the extractor's column names, the model's attributes_ first)"
+            )
         if batch.n_attributes < self.n_attributes:
             raise ValueError(
                 f"warm_start: the batch has {batch.n_attributes} attribute columns, fewer than the {self.n_attributes} "

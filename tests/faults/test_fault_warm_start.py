@@ -118,7 +118,7 @@ def test_old_labels_the_new_data_lacks_are_dropped_and_the_cold_optimum_is_reach
     assert model.predict(X).tolist() == cold.predict(X).tolist()
 
 
-def test_a_warm_refit_on_a_batch_keeps_the_dict_reader_only_when_the_columns_are_named():
+def test_a_warm_refit_on_a_batch_needs_the_columns_names_when_the_model_has_them():
     X, y = _data()
     model = CRF(c2=0.5).fit(X, y)
     batch, names = model.attribute_index_.transform(X), list(model.attributes_)
@@ -126,9 +126,13 @@ def test_a_warm_refit_on_a_batch_keeps_the_dict_reader_only_when_the_columns_are
     model.fit(batch, y, attribute_names=names)
     assert model.predict(X).tolist() == model.predict(batch).tolist()
     unnamed = CRF(c2=0.5).fit(X, y).set_params(warm_start=True)
-    unnamed.fit(batch, y)  # its columns cannot be checked: tagging dicts through the old reader would trust them
-    with pytest.raises(ValueError, match="fitted on a SequenceBatch: pass a SequenceBatch"):
-        unnamed.predict(X)
+    before = unnamed.state_weights_.copy()
+    permuted = batch.X[:, np.r_[1, 0, 2 : batch.X.shape[1]]]  # columns without names could come in any order
+    for columns in (batch, type(batch)(permuted.tocsr(), batch.offsets)):
+        with pytest.raises(ValueError, match="warm_start: the fitted model's attributes have names, but this SequenceBatch"):
+            unnamed.fit(columns, y)  # refused before training: no refit model that can no longer read dicts
+    np.testing.assert_array_equal(unnamed.state_weights_, before)
+    assert unnamed.predict(X).tolist() == unnamed.predict(batch).tolist()
 
 
 def test_a_warm_refit_without_boundary_weights_drops_them_and_writes_a_crfsuite_file(tmp_path):
