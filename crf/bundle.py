@@ -44,6 +44,8 @@ from ._segments import ChunkWindows
 
 log = logging.getLogger(__name__)
 
+#: an input column whose training values number at most this many is a closed set (a tag set)
+CLOSED_SET = 1000
 KIND = "crf.TaggerBundle"  # the kind its files carry (the class was once named so)
 SCHEMES = ("iob1", "iob2", "iobes", "none")
 CHUNK_ELEMENTS = 4_000_000  # tokens x states per recursion call (about 8 bytes each, a few arrays)
@@ -322,6 +324,9 @@ class BundledModel(Protocol):
 
     def parts(self) -> tuple[dict, dict[str, np.ndarray]]: ...
 
+    # optional: ``training_values()``, a mapping of input column -> the values it held in training
+    # (see :meth:`ModelBundle.closed_columns`); a kind without it skips that check
+
     @classmethod
     def from_parts(cls, meta: dict, arrays: dict[str, np.ndarray], path) -> BundledModel:
         """The part again, from what :meth:`parts` gave.
@@ -458,6 +463,20 @@ class ModelBundle:
         missing = [c for c in part.columns if c not in self.input_columns]
         if missing:
             raise ValueError(f"the model reads columns {missing}, which input_columns {self.input_columns} lack")
+
+    def closed_columns(self) -> dict[str, set]:
+        """The input columns whose training values form a small closed set (a tag set of at most
+        :data:`CLOSED_SET` values, not words), with those values: a file whose column holds few
+        of them was most likely read in the wrong column order.
+
+        Returns
+        -------
+        dict of str to set of str
+            Column name -> its values in training; empty when the part does not record them.
+        """
+        values = getattr(self.part, "training_values", None)
+        known = values() if callable(values) else {}
+        return {str(c): {str(v) for v in vocabulary} for c, vocabulary in known.items() if 0 < len(vocabulary) <= CLOSED_SET}
 
     # --- persistence ----------------------------------------------------------------------
 

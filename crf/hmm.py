@@ -833,6 +833,10 @@ class BundledHMM:
         self.n_states = H if model.order == 1 else (H + 1) * H
         self.columns = [self.observation]
 
+    def training_values(self) -> dict[str, list[str]]:
+        """The values its observed column held in training: ``{observation: vocabulary (V,)}``."""
+        return {self.observation: self.model.vocabulary_}
+
     def scores(self, columns, lengths):
         """The chain's inputs for sentences given as flat token columns (:class:`crf.bundle.BundledModel`).
 

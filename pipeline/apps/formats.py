@@ -129,12 +129,15 @@ def tokenize(line: str, how: str = "punct") -> list[str]:
 @dataclass
 class Corpus:
     """Sentences as flat token columns: ``columns`` {name: (T,) object array}, ``lengths`` (N,);
-    ``gold`` (T,) labels or None; ``token_columns``: the columns given per token (in order)."""
+    ``gold`` (T,) labels or None; ``token_columns``: the columns given per token (in order);
+    ``by_position``: whether the columns were named by their position (a CoNLL file without a
+    header line), not by names the file gives."""
 
     columns: dict[str, np.ndarray]
     lengths: np.ndarray
     gold: np.ndarray | None = None
     token_columns: list[str] = field(default_factory=list)
+    by_position: bool = False
 
     @property
     def offsets(self) -> np.ndarray:
@@ -210,7 +213,7 @@ def read_input(
                 )  # fmt: skip
             data, lengths = _skip_non_words(path, data, lengths)
         given = [c for c in names if c != gold]
-        return Corpus(data, lengths, data.get(gold) if gold else None, given)
+        return Corpus(data, lengths, data.get(gold) if gold else None, given, by_position=header is None)
     if fmt == "conllu":
         if conllu_pos not in ("upos", "xpos"):
             raise ValueError(f"conllu_pos must be 'upos' or 'xpos', got {conllu_pos!r}")

@@ -214,8 +214,9 @@ def tag_corpus(bundles: Sequence[ModelBundle], corpus: Corpus, aliases: Mapping[
     return predictions
 
 
-#: the least share of a gold column's values that must be labels the model knows before it is scored
-MIN_KNOWN_GOLD = 0.5
+#: the least share of a gold column's values that must be labels the model knows before it is
+#: scored, and of a closed-set input column's values (a tag set) that it saw there in training
+MIN_KNOWN = 0.5
 
 
 def check_gold_column(corpus: Corpus, bundle: ModelBundle, input_path) -> None:
@@ -226,13 +227,36 @@ def check_gold_column(corpus: Corpus, bundle: ModelBundle, input_path) -> None:
         return
     gold = pd.Series(corpus.gold, dtype=object)
     known = gold.isin(set(bundle.labels) | set(map(str, bundle.labels)))
-    if known.mean() < MIN_KNOWN_GOLD:
+    if known.mean() < MIN_KNOWN:
         examples = ", ".join(repr(v) for v in gold[~known].unique()[:3])
         raise TagError(
             f"input {input_path}: the column read as the gold labels holds {100 * known.mean():.0f}% labels the model knows "
             f"(not {examples}, ...): its columns are not in the order the model expects; name them with a first line "
             "'# global.columns = <names>'"
         )
+
+
+def check_closed_columns(corpus: Corpus, bundles: Sequence[ModelBundle], needed: Sequence[str], input_path) -> None:
+    """Refuse a file column read into a closed-set input of a model (a tag set such as POS tags,
+    :meth:`ModelBundle.closed_columns`) that holds few of the values the model saw there: a file
+    whose columns were taken by position in another order than the training data's would
+    otherwise feed the model words as tags, with no gold column to show it. Columns the file names
+    (a header line, CoNLL-U, JSONL) are taken as named."""
+    if not corpus.by_position:
+        return
+    for bundle in bundles:
+        for column, values in bundle.closed_columns().items():
+            if column not in needed:
+                continue  # filled by an earlier model of the chain
+            cells = pd.Series(corpus.columns[column], dtype=object)
+            known = cells.isin(values)
+            if len(cells) and known.mean() < MIN_KNOWN:
+                examples = ", ".join(repr(v) for v in cells[~known].unique()[:3])
+                raise TagError(
+                    f"input {input_path}: the column read as {column!r} holds {100 * known.mean():.0f}% values the model "
+                    f"saw there in training (one of {len(values)}; not {examples}, ...): its columns are not in the order "
+                    "the model expects; name them (as they are) with a first line '# global.columns = <names>'"
+                )
 
 
 def score(bundle: ModelBundle, corpus: Corpus, prediction: Prediction) -> dict[str, float]:
@@ -401,6 +425,7 @@ def run_tag(cfg: Mapping) -> dict:
         check_tokens({c: corpus.columns[c] for c in needed}, corpus.offsets, base=1)
     except TokenError as err:
         raise TagError(f"input {input_path}: {err}") from None
+    check_closed_columns(corpus, bundles, needed, input_path)
     check_gold_column(corpus, bundles[-1], input_path)
     log.info("read %d sentences, %d tokens (%s) from %s", corpus.lengths.size, int(corpus.lengths.sum()), fmt, input_path)
     if out_format == "conll":

@@ -193,7 +193,7 @@ def test_a_words_and_pos_file_is_read_by_the_training_layout_and_not_scored(chun
 def test_a_file_whose_columns_are_in_another_order_is_not_scored_against_a_wrong_column(chunker, tmp_path):
     sentences = _corpus(8, 5)
     source = _write_conll(tmp_path / "in.conll", [[(p, c, w) for w, p, c in s] for s in sentences])  # pos chunk w
-    with pytest.raises(TagError, match=r"the column read as the gold labels holds \d+% labels the model knows.*global.columns"):
+    with pytest.raises(TagError, match=r"the column read as .* holds \d+% .* the model .*global.columns"):
         run_tag(_settings(chunker, source, tmp_path / "out.conll"))
     assert not (tmp_path / "out.conll").exists()
     named = _write_conll(
@@ -508,3 +508,27 @@ def test_a_data_file_that_is_a_directory_is_a_settings_error(tmp_path):
     with pytest.raises(SettingsError, match=expected) as info:
         resolve_files(dataset, tmp_path, download=True)
     assert isinstance(info.value, IsADirectoryError) and "\n" not in str(info.value)
+
+
+def test_swapped_columns_without_gold_are_refused_for_a_model_that_reads_a_tag_set(chunker, train, tmp_path):
+    """A header-less ``pos w`` file taken by the layout as ``w pos``: no gold column shows it, but
+    the column read as ``pos`` holds few of the tags the model saw there (HMM and CRF alike)."""
+    from crf import CRF
+    from crf.features import FeatureExtractor
+    from crf.model import BundledCRF
+
+    extractor = FeatureExtractor(columns=LAYOUT, templates=["w[0]", "pos[0]", "pos[-1]|pos[0]"]).fit(train)
+    model = CRF(max_iterations=20).fit(extractor.transform(train), [[r[2] for r in s] for s in train],
+                                       attribute_names=extractor.attribute_names())  # fmt: skip
+    source = {"dataset": {"name": "toy", "columns": LAYOUT, "label": "chunk", "scheme": "IOB2", "tokenisation": "punct"}}
+    crf_bundle = _save(ModelBundle(BundledCRF(extractor, model), scheme="iob2", source=source), tmp_path / "crf.npz")
+    assert "pos" in load_bundle(crf_bundle).closed_columns()
+    sentences = _corpus(8, 6)
+    swapped = _write_conll(tmp_path / "in.conll", [[(p, w) for w, p, _ in s] for s in sentences])
+    named = _write_conll(tmp_path / "named.conll", [[(p, w) for w, p, _ in s] for s in sentences], "# global.columns = pos w")
+    for number, bundle in enumerate((chunker, crf_bundle)):
+        target = tmp_path / f"out{number}.conll"
+        with pytest.raises(TagError, match=r"the column read as '(w|pos)' holds \d+% values the model saw there.*global.columns"):
+            run_tag(_settings(bundle, swapped, target))
+        assert not target.exists()
+        assert run_tag(_settings(bundle, named, target))["tokens"] == sum(map(len, sentences))
