@@ -350,9 +350,7 @@ def register_single_run(
     }
     if standing is None:  # the registry's version tag of why it has no standing (pipeline.tracking.champion)
         tags["standing.missing"] = (
-            "trained on train+dev (data.final_fit=train+dev): no dev score"
-            if final_fit == "train+dev"
-            else "the run logged no dev_f1 or dev_accuracy"
+            "data.final_fit=train+dev: no dev score" if final_fit == "train+dev" else "the run logged no dev_f1 or dev_accuracy"
         )
     version = store.register_model(
         model_uri, str(registry.name), registry.alias, tags, standing, bool(registry.get("force_alias", False))

@@ -161,7 +161,7 @@ def register_best(
     if _shown(value) != "none":
         standing = champion.Standing(metric or f"dev_{score_name}", float(value), direction, str(best["evaluation"]))
     elif _final_fit(best) == "train+dev":
-        tags[champion.UNSCORED_TAG] = "trained on train+dev (data.final_fit=train+dev): no dev score"
+        tags[champion.UNSCORED_TAG] = "data.final_fit=train+dev: no dev score"
     else:
         tags[champion.UNSCORED_TAG] = f"the job has no {metric or f'dev_{score_name}'}"
     version, moved = tracking.register_model(best["model_uri"], best["registry_name"], alias, tags, standing, force_alias)
@@ -201,7 +201,7 @@ def summarize(
     final_fits = done[done[rank].isna() & (done.final_fit == "train+dev")]  # no dev score: nothing to rank them by
     register = registry is not None and bool(registry.sweep)
     if finished.empty and not done.empty:
-        wanted = f"the sweep's metric {metric}" if metric else f"a dev {score_name}"
+        wanted = f"the sweep's metric {metric}" if metric else f"a dev score (dev_{score_name})"
         log.warning(
             "[sweep %s] no finished job has %s: no best job%s",
             sweep_id,

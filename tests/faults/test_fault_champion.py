@@ -185,7 +185,7 @@ def test_a_train_dev_version_is_registered_with_its_tags_and_takes_the_alias_onl
     assert first.tags["data.final_fit"] == "train+dev" and "test_f1" in first.tags and "dev_f1" not in first.tags
     assert first.tags["dataset"] == "conll2000" and first.tags["data.train_fraction"] == "1.0" and first.tags["crf.evaluation"]
     assert Standing.from_tags(first.tags) is None and "train+dev" in first.tags[UNSCORED_TAG]
-    assert first.tags[DECISION_TAG].startswith("kept free: this version has no score to compare (trained on train+dev")
+    assert first.tags[DECISION_TAG].startswith("kept free: this version has no score to compare (data.final_fit=train+dev")
     with pytest.raises(MlflowException):
         client.get_model_version_by_alias("tiny", "champion")
     assert "tiny version 1, alias champion: kept free" in caplog.text
@@ -274,7 +274,8 @@ def test_a_sweep_registers_its_train_dev_jobs_each_without_the_alias(local_regis
         client.get_model_version_by_alias("all", "champion")
     assert tags["registered_final_fits"] == "models:/all/1, models:/all/2" and "best_run_id" not in tags
     assert (
-        "no finished job has a dev f1: no best job; 2 data.final_fit=train+dev job(s) registered without a score" in caplog.text
+        "no finished job has a dev score (dev_f1): no best job; 2 data.final_fit=train+dev job(s) registered without a score"
+        in caplog.text
     )
 
     # train and train+dev jobs: the best train job takes the alias, the train+dev job is registered beside it
@@ -285,7 +286,7 @@ def test_a_sweep_registers_its_train_dev_jobs_each_without_the_alias(local_regis
     holder = client.get_model_version_by_alias("mixed", "champion")
     assert holder.tags["run_id"] == best and holder.tags["data.final_fit"] == "train"
     (other,) = [v for v in _versions(client, "mixed").values() if v["run_id"] == final]
-    assert other[DECISION_TAG].startswith("kept: this version has no score to compare (trained on train+dev")
+    assert other[DECISION_TAG].startswith("kept: this version has no score to compare (data.final_fit=train+dev")
 
     # force: onto the only train+dev job of a sweep without a best job, never onto one of several
     _sweep_job(client, experiment, model, "one", 0.1, "train+dev", name="one")

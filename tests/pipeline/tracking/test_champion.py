@@ -97,7 +97,7 @@ def test_the_alias_only_moves_forward(new, current, has_holder, force, moves, re
     assert reason in why
 
 
-TRAIN_DEV = {"data.final_fit": "train+dev", "standing.missing": "trained on train+dev: no dev score"}
+TRAIN_DEV = {"data.final_fit": "train+dev", "standing.missing": "data.final_fit=train+dev: no dev score"}
 
 
 @pytest.mark.parametrize(
