@@ -127,8 +127,10 @@ def holder_without_standing(tags: Mapping[str, str]) -> tuple[str, bool]:
         return "registered by an older version of the pipeline, before versions recorded standings", False
     if tags.get(FINAL_FIT_TAG) == "train+dev" or "train+dev" in tags.get(UNSCORED_TAG, ""):
         what = "a data.final_fit=train+dev fit, which has no dev score"
+    elif tags.get(UNSCORED_TAG):
+        what = f"registered without a score: {tags[UNSCORED_TAG]}"
     else:
-        what = f"registered without a score ({tags.get(UNSCORED_TAG) or 'no dev score'})"
+        what = "registered without a dev score"
     if tags[DECISION_TAG].startswith(FORCED):
         return f"{what}, put there by registry.force_alias=true", False
     return what, True

@@ -219,7 +219,7 @@ def test_a_scoreless_holder_that_took_the_alias_without_force_is_replaced_by_a_s
     assert _register(67.04, model) == "2"
     assert str(client.get_model_version_by_alias("race", "champion").version) == "2"
     reason = client.get_model_version("race", "2").tags[DECISION_TAG]
-    assert reason == "moved: the holder records no standing to defend (registered without a score (no dev score)) (version 1)"
+    assert reason == "moved: the holder records no standing to defend (registered without a dev score) (version 1)"
     # a holder registered before versions recorded standings (no alias decision) may be good: kept
     mlflow.register_model(model.as_uri(), "legacy", tags={"dev_f1": "85.91"})
     client.set_registered_model_alias("legacy", "champion", "1")
