@@ -313,8 +313,10 @@ def register_single_run(
     cfg: DictConfig, model_uri: str, summary: dict[str, Any], run_id: str, store: RunStore, evaluation: str
 ) -> None:
     """With ``registry.register`` outside a sweep (a sweep registers its best job itself): the run's
-    model as a new version of ``registry.name``, dev/test scores as version tags, ``registry.alias`` moved
-    by the rule of ``pipeline.tracking.champion``.
+    model as a new version of ``registry.name``, with its dev/test scores, dataset, ``data.train_fraction``,
+    ``data.final_fit`` and evaluation key as version tags; ``registry.alias`` moved by the rule of
+    ``pipeline.tracking.champion`` (a run without a dev score, as under ``data.final_fit=train+dev``,
+    never takes it unless forced).
 
     Parameters
     ----------
@@ -337,7 +339,19 @@ def register_single_run(
     scores = {k: f"{summary[k]:.4f}" for k in HEADLINE if k in summary}
     metric = next((k for k in ("dev_f1", "dev_accuracy") if isinstance(summary.get(k), (int, float))), None)
     standing = Standing(metric, float(summary[metric]), evaluation) if metric is not None else None
-    tags = {**scores, "run_id": run_id, "dataset": str(cfg.dataset.name), "data.train_fraction": str(cfg.data.train_fraction)}
+    final_fit = str(OmegaConf.select(cfg, "data.final_fit", default="train"))
+    tags = {
+        **scores,
+        "run_id": run_id,
+        "dataset": str(cfg.dataset.name),
+        "data.train_fraction": str(cfg.data.train_fraction),
+        "data.final_fit": final_fit,
+        "crf.evaluation": evaluation,  # the key of the data its scores were measured on (dataset, splits, test set)
+    }
+    if standing is None:  # the registry's version tag of why it has no standing (pipeline.tracking.champion)
+        tags["standing.missing"] = (
+            "data.final_fit=train+dev: no dev score" if final_fit == "train+dev" else "the run logged no dev_f1 or dev_accuracy"
+        )
     version = store.register_model(
         model_uri, str(registry.name), registry.alias, tags, standing, bool(registry.get("force_alias", False))
     )

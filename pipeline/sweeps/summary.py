@@ -67,7 +67,9 @@ def gather(sweep_id: str, experiment: str, tag: str = "sweep_id", metric: str | 
     )
     if runs.empty:
         return pd.DataFrame()
-    score = "metrics.dev_f1" if "metrics.dev_f1" in runs else "metrics.dev_accuracy"
+    # F1 when the jobs show it: on dev, or only on test (data.final_fit=train+dev jobs have no dev score)
+    f1 = "metrics.dev_f1" in runs or ("metrics.dev_accuracy" not in runs and "metrics.test_f1" in runs)
+    score = "metrics.dev_f1" if f1 else "metrics.dev_accuracy"
     test = "metrics.test_f1" if "metrics.test_f1" in runs else "metrics.test_accuracy"
     table = pd.DataFrame(
         {
@@ -87,6 +89,7 @@ def gather(sweep_id: str, experiment: str, tag: str = "sweep_id", metric: str | 
             "registry_name": runs.get("params.registry.name"),
             "dataset": runs.get("params.dataset.name"),
             "train_fraction": runs.get("params.data.train_fraction"),
+            "final_fit": runs.get("params.data.final_fit"),
             "evaluation": _evaluation_keys(runs),
         }
     )
@@ -112,6 +115,12 @@ def plot(table: pd.DataFrame, path: Path, score_name: str) -> None:
     save_figure(fig, path)
 
 
+def _final_fit(job: pd.Series) -> str:
+    """The job's ``data.final_fit`` (``train`` when its run does not show one)."""
+    value = job.get("final_fit")
+    return value if isinstance(value, str) and value else "train"
+
+
 def register_best(
     best: pd.Series,
     score_name: str,
@@ -120,33 +129,44 @@ def register_best(
     metric: str | None = None,
     direction: str = "maximize",
     force_alias: bool = False,
+    which: str = "the best job",
 ) -> str | None:
-    """Register the best job's MLflow Model as a new version of its ``registry.name``, with its dev
-    and test scores (and the sweep's objective ``metric``), dataset and data fraction as version
-    tags; ``alias`` moves to it when it is at least as good as the alias's holder by the same
-    metric on the same evaluation data (:mod:`pipeline.tracking.champion`), or with
-    ``force_alias``. Returns ``models:/<name>@<alias>`` when the alias moved, else the version's URI."""
+    """Register a job's (by default the best job's) MLflow Model as a new version of its
+    ``registry.name``, with its dev and test scores (and the sweep's objective ``metric``),
+    dataset, data fraction, ``data.final_fit`` and evaluation key as version tags; ``alias`` moves
+    to it when it is at least as good as the alias's holder by the same metric on the same
+    evaluation data (:mod:`pipeline.tracking.champion`: a job without that metric, such as a
+    ``data.final_fit=train+dev`` job without a dev score, never takes it by itself), or with
+    ``force_alias``. ``which`` names the job in the log. Returns ``models:/<name>@<alias>`` when
+    the alias moved, else the version's URI."""
     if not isinstance(best.get("model_uri"), str) or not isinstance(best.get("registry_name"), str):
-        log.warning("[sweep %s] best job %s logged no model (or registry name): nothing registered", sweep_id, best["run_id"])
+        log.warning("[sweep %s] %s %s logged no model (or registry name): nothing registered", sweep_id, which, best["run_id"])
         return None
     tags = {
         f"dev_{score_name}": _shown(best["dev_score"], ".4f"),
         f"test_{score_name}": _shown(best["test_score"], ".4f"),
         "run_id": best["run_id"],
         "sweep_id": sweep_id,
+        champion.FINAL_FIT_TAG: _final_fit(best),
     }
     if metric:
-        tags[metric] = f"{best['objective']:.6g}"
+        tags[metric] = _shown(best["objective"], ".6g")
     for name in ("dataset", "train_fraction"):
         if isinstance(best.get(name), str):
             tags["data.train_fraction" if name == "train_fraction" else name] = best[name]
+    if best.get("evaluation"):
+        tags[champion.EVALUATION_RUN_TAG] = str(best["evaluation"])
     value = best["objective"] if metric else best["dev_score"]
     standing = None
     if _shown(value) != "none":
         standing = champion.Standing(metric or f"dev_{score_name}", float(value), direction, str(best["evaluation"]))
+    elif _final_fit(best) == "train+dev":
+        tags[champion.UNSCORED_TAG] = "data.final_fit=train+dev: no dev score"
+    else:
+        tags[champion.UNSCORED_TAG] = f"the job has no {metric or f'dev_{score_name}'}"
     version, moved = tracking.register_model(best["model_uri"], best["registry_name"], alias, tags, standing, force_alias)
     where = f"models:/{best['registry_name']}@{alias}" if moved else f"models:/{best['registry_name']}/{version.version}"
-    log.info("[sweep %s] registered the best job as %s version %s: %s", sweep_id, best["registry_name"], version.version, where)
+    log.info("[sweep %s] registered %s as %s version %s: %s", sweep_id, which, best["registry_name"], version.version, where)
     return where
 
 
@@ -163,21 +183,41 @@ def summarize(
     with ``registry.sweep``, register the best job's model (see :func:`register_best`). The best is
     chosen among finished jobs only (not failed, nor pruned trials): the largest dev score, or the
     sweeper's objective ``metric`` in its ``direction`` (``maximize`` or ``minimize``).
-    ``tag``: see :func:`gather`."""
+    ``tag``: see :func:`gather`.
+
+    Finished ``data.final_fit=train+dev`` jobs without the ranking metric (they have no dev score)
+    cannot be ranked: with ``registry.sweep`` each is registered as a version of its own, which
+    does not take the alias (:mod:`pipeline.tracking.champion`); ``registry.force_alias`` forces
+    the alias onto the best job, or onto the only such job of a sweep without a best job (never
+    onto one of several). When no finished job can be ranked or registered, the log says so."""
     table = gather(sweep_id, experiment, tag, metric)
     if table.empty:
         log.info("[sweep %s] no finished jobs to summarise", sweep_id)
         return table
     score_name = table.attrs.get("score", "dev_score")
     rank = "objective" if metric else "dev_score"
-    finished = table[table.status == "FINISHED"].dropna(subset=[rank])
-    if metric and finished.empty and (table.status == "FINISHED").any():
-        log.warning("[sweep %s] no finished job has the sweep's metric %s: no best job", sweep_id, metric)
+    done = table[table.status == "FINISHED"]
+    finished = done.dropna(subset=[rank])
+    final_fits = done[done[rank].isna() & (done.final_fit == "train+dev")]  # no dev score: nothing to rank them by
+    register = registry is not None and bool(registry.sweep)
+    if finished.empty and not done.empty:
+        wanted = f"the sweep's metric {metric}" if metric else f"a dev score (dev_{score_name})"
+        log.warning(
+            "[sweep %s] no finished job has %s: no best job%s",
+            sweep_id,
+            wanted,
+            f"; {len(final_fits)} data.final_fit=train+dev job(s) registered without a score"
+            if register and not final_fits.empty
+            else (": nothing registered" if register else ""),
+        )
     client = MlflowClient()
     with tempfile.TemporaryDirectory() as folder:
         folder = Path(folder)
         table.to_csv(folder / "sweep_summary.csv", index=False)
-        text = markdown_table(table.drop(columns=["run_id", "model_uri", "registry_name", "evaluation"]))
+        hidden = ["run_id", "model_uri", "registry_name", "evaluation"]
+        if not (table.final_fit == "train+dev").any():
+            hidden.append("final_fit")
+        text = markdown_table(table.drop(columns=hidden))
         if not finished.empty:
             best = finished.loc[finished[rank].idxmin() if direction == "minimize" else finished[rank].idxmax()]
             by = f"by {metric} ({direction}, {best['objective']:.4g})" if metric else "on dev"
@@ -192,13 +232,34 @@ def summarize(
                 client.set_tag(parent_run_id, "best_run_id", best["run_id"])
                 if metric:
                     client.log_metric(parent_run_id, "best_objective", float(best["objective"]))
-            if registry is not None and registry.sweep:
+            if register:
                 force = bool(registry.get("force_alias", False))
                 registered = register_best(best, score_name, sweep_id, registry.alias, metric, direction, force)
                 if registered and parent_run_id:
                     client.set_tag(parent_run_id, "registered_model", registered)
                     text += f"\nregistered: {registered}"
             plot(table, folder / "sweep.png", score_name)
+        if register and not final_fits.empty:
+            # registry.force_alias moves the alias to the one model the sweep chose: its best job, or,
+            # when it has none, its only train+dev job; among several unranked ones it picks none
+            force = bool(registry.get("force_alias", False)) and finished.empty and len(final_fits) == 1
+            if bool(registry.get("force_alias", False)) and not force:
+                log.warning(
+                    "[sweep %s] registry.force_alias=true moves the alias to the sweep's best job, or to its only "
+                    "train+dev job: the %d train+dev job(s) without a dev score are registered without forcing it",
+                    sweep_id,
+                    len(final_fits),
+                )
+            which = "a data.final_fit=train+dev job (no dev score)"
+            registered = [
+                register_best(job, score_name, sweep_id, registry.alias, metric, direction, force, which)
+                for _, job in final_fits.iterrows()
+            ]
+            registered = [r for r in registered if r]
+            if registered:
+                text += "\nregistered without a dev score (data.final_fit=train+dev): " + ", ".join(registered)
+                if parent_run_id:
+                    client.set_tag(parent_run_id, "registered_final_fits", ", ".join(registered))
         (folder / "sweep_summary.md").write_text(text + "\n")
         if parent_run_id:
             client.log_metric(parent_run_id, "jobs_finished", float((table.status == "FINISHED").sum()))

@@ -420,8 +420,12 @@ def register_model(
     model_uri, name : the logged model and the registered model it becomes a version of.
     alias : e.g. ``champion``: moved to the new version only by the rule of
         :mod:`pipeline.tracking.champion` (at least as good as the holder by the same metric on
-        the same evaluation data), or always with ``force_alias``.
-    tags : version tags (scores, run id, ...); the standing's tags and the alias decision are added.
+        the same evaluation data; a version without a standing never takes it by itself), or
+        always with ``force_alias``.
+    tags : version tags (scores, run id, dataset, ``data.train_fraction``, ``data.final_fit``,
+        ...); the standing's tags and the alias decision are added. A version without a standing
+        is tagged :data:`~pipeline.tracking.champion.UNSCORED_TAG` (why it has none: the value
+        ``tags`` gives under that key, else ``no score``).
     standing : what the version was chosen by (None: nothing to compare).
 
     Returns
@@ -429,10 +433,18 @@ def register_model(
     (ModelVersion, whether the alias moved to it)
     """
     client = MlflowClient()
-    all_tags = {k: str(v) for k, v in tags.items()} | (standing.tags() if standing is not None else {})
+    all_tags = {k: str(v) for k, v in tags.items()}
+    unscored = ""
+    if standing is not None:
+        all_tags.pop(champion.UNSCORED_TAG, None)
+        all_tags |= standing.tags()
+    else:
+        unscored = all_tags.setdefault(champion.UNSCORED_TAG, "no score")
     version = mlflow.register_model(model_uri, name, tags=all_tags)
     if not alias:
         return version, False
-    moved, reason = champion.settle_alias(client, name, alias, version.version, standing, force_alias, mlflow.get_registry_uri())
+    moved, reason = champion.settle_alias(
+        client, name, alias, version.version, standing, force_alias, mlflow.get_registry_uri(), unscored
+    )
     (log.info if moved else log.warning)("%s version %s, alias %s: %s", name, version.version, alias, reason)
     return version, moved

@@ -3,10 +3,21 @@
 Every registered version records its *standing*: the metric it was chosen by, its value, the
 direction in which that metric improves, and a key of the data it was measured on (the contents
 of the train, dev and test files, as the dev split may be carved from the train file, and the
-settings that read them: columns, label, scheme, dev split; :func:`evaluation_key`). A new
-version takes the alias only when its standing is at least as good as the current holder's on
-the same data by the same metric; otherwise the alias stays and the new version's tags say why.
-``registry.force_alias=true`` moves it regardless.
+settings that read them: columns, label, scheme, dev split; :func:`evaluation_key`). A version
+without one (a ``data.final_fit=train+dev`` fit has no dev score) records why instead
+(:data:`UNSCORED_TAG`). The rule (:func:`alias_decision`):
+
+- ``registry.force_alias=true`` moves the alias, whatever either version records;
+- a version without a standing never takes the alias by itself, not even a free one: nothing
+  shows it is at least as good as anything;
+- a version with one takes a free alias, and a held one when the holder's standing is by the same
+  metric on the same evaluation data and the new value is at least as good (ties move forward);
+- a holder without a standing that got the alias without force (a scoreless version of an
+  earlier rule that let one take a free alias) has nothing to defend: a version with a standing
+  takes it. One that was forced there stays until the alias is forced again (it was chosen by
+  hand), as does one registered before versions recorded standings (it may be good; nothing says).
+
+Otherwise the alias stays, and the new version's tags (:data:`DECISION_TAG`) and the log say why.
 
 Deciding and moving the alias is one step (:func:`settle_alias`): on a local SQLite store under a
 file lock beside the database, so registrations finishing together are decided one after the
@@ -39,6 +50,9 @@ METRIC_TAG, VALUE_TAG, DIRECTION_TAG, EVALUATION_TAG = (
     "standing.evaluation",
 )
 DECISION_TAG = "alias_decision"  # why the alias moved to this version or stayed where it was
+UNSCORED_TAG = "standing.missing"  # why a version records no standing (e.g. a train+dev fit: no dev score)
+FINAL_FIT_TAG = "data.final_fit"  # the splits a version was trained on: train, or train+dev
+FORCED = "moved: forced"  # how the decision of a version forced into the alias starts
 
 EVALUATION_RUN_TAG = "crf.evaluation"  # a pipeline run's key of the data its dev and test scores were measured on
 
@@ -101,20 +115,69 @@ class Standing:
         return self.value >= other.value
 
 
-def alias_decision(new: Standing | None, current: Standing | None, has_holder: bool, force: bool) -> tuple[bool, str]:
+def holder_without_standing(tags: Mapping[str, str]) -> tuple[str, bool]:
+    """What an alias holder that records no standing is, from its version ``tags``: (a few words
+    naming it, whether it may be replaced by a version with a standing).
+
+    A version registered before versions recorded standings has no :data:`DECISION_TAG`: kept (it
+    may be good; nothing says). One registered by this rule without a score was either forced
+    into the alias (kept: chosen by hand) or took it without force under an earlier rule that let
+    a scoreless version take a free alias (replaceable: nothing to defend)."""
+    if DECISION_TAG not in tags:
+        return "registered by an older version of the pipeline, before versions recorded standings", False
+    if tags.get(FINAL_FIT_TAG) == "train+dev" or "train+dev" in tags.get(UNSCORED_TAG, ""):
+        what = "a data.final_fit=train+dev fit, which has no dev score"
+    elif tags.get(UNSCORED_TAG):
+        what = f"registered without a score: {tags[UNSCORED_TAG]}"
+    else:
+        what = "registered without a dev score"
+    if tags[DECISION_TAG].startswith(FORCED):
+        return f"{what}, put there by registry.force_alias=true", False
+    return what, True
+
+
+def alias_decision(
+    new: Standing | None,
+    current: Standing | None,
+    has_holder: bool,
+    force: bool,
+    holder_tags: Mapping[str, str] | None = None,
+    unscored: str = "",
+) -> tuple[bool, str]:
     """Whether the alias moves to the version of standing ``new`` from its current holder (of
-    standing ``current``; ``has_holder`` False: the alias is free), and why, in one line."""
+    standing ``current``; ``has_holder`` False: the alias is free), and why, in one line (the rule
+    is in the module docstring).
+
+    Parameters
+    ----------
+    new, current : the new version's and the holder's standings (None: none recorded).
+    has_holder : whether a version holds the alias.
+    force : ``registry.force_alias``.
+    holder_tags : the holder's version tags, which say what a holder without a standing is
+        (:func:`holder_without_standing`); None counts as a version registered before standings.
+    unscored : why the new version has no standing (named in the reason), e.g. ``trained on
+        train+dev: no dev score``.
+    """
     if force:
-        return True, "moved: forced (registry.force_alias=true)"
+        return True, f"{FORCED} (registry.force_alias=true)"
+    if new is None or not math.isfinite(new.value):
+        why = f" ({unscored})" if unscored else ""
+        if not has_holder:
+            return (
+                False,
+                f"kept free: this version has no score to compare{why}, and only a scored version takes the alias; "
+                "force the move with registry.force_alias=true",
+            )
+        return False, f"kept: this version has no score to compare{why}"
     if not has_holder:
         return True, "moved: no version held the alias"
-    if new is None or not math.isfinite(new.value):
-        return False, "kept: this version has no score to compare"
     if current is None:
+        what, replaceable = holder_without_standing(holder_tags if holder_tags is not None else {})
+        if replaceable:
+            return True, f"moved: the holder records no standing to defend ({what})"
         return (
             False,
-            "kept: the holder records no standing to compare with (registered by an older version); "
-            "force the move with registry.force_alias=true",
+            f"kept: the holder records no standing to compare with ({what}); force the move with registry.force_alias=true",
         )
     if (new.metric, new.direction) != (current.metric, current.direction):
         return (
@@ -153,7 +216,14 @@ def _holder(client: Any, name: str, alias: str) -> Any:
 
 
 def settle_alias(
-    client: Any, name: str, alias: str, version: str, standing: Standing | None, force: bool, registry_uri: str
+    client: Any,
+    name: str,
+    alias: str,
+    version: str,
+    standing: Standing | None,
+    force: bool,
+    registry_uri: str,
+    unscored: str = "",
 ) -> tuple[bool, str]:
     """Move ``alias`` of registered model ``name`` to ``version`` (of ``standing``) when
     :func:`alias_decision` says so, as one step, and tag the version with the decision.
@@ -164,7 +234,7 @@ def settle_alias(
     taken again against that version (ties and forced moves go to the later version) and the alias
     set again if this version wins, up to :data:`REPAIR_ROUNDS` times. What remains there: two
     registrations whose read and set interleave exactly (read, read, set, check, set) can still
-    leave the later-set, worse version.
+    leave the later-set, worse version. ``unscored``: why a version without a standing has none.
 
     Returns
     -------
@@ -178,7 +248,8 @@ def settle_alias(
             if holder is not None and str(holder.version) == version:
                 break  # ours (set in an earlier round)
             current = Standing.from_tags(holder.tags) if holder is not None else None
-            moved, reason = alias_decision(standing, current, holder is not None, force)
+            holder_tags = dict(holder.tags) if holder is not None else None
+            moved, reason = alias_decision(standing, current, holder is not None, force, holder_tags, unscored)
             later = holder is not None and int(holder.version) > int(version)
             if moved and attempt > 0 and later and (force or not _better(standing, current)):
                 moved, reason = False, "kept: a later version, as good or forced, was registered at the same time"

@@ -5,6 +5,7 @@ version while the alias stays, and the version's tags say why; ``registry.force_
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
 from pathlib import Path
@@ -14,12 +15,22 @@ import pytest
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 import mlflow  # noqa: E402
+from mlflow.entities import Param  # noqa: E402
+from mlflow.exceptions import MlflowException  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
 from pipeline_helpers import compose_config, seed_store, tiny_overrides, write_corpus  # noqa: E402
 
 from pipeline.__main__ import run_pipeline  # noqa: E402
+from pipeline.sweeps import summary  # noqa: E402
 from pipeline.tracking import champion, register_model, tracking_uri  # noqa: E402
-from pipeline.tracking.champion import DECISION_TAG, EVALUATION_TAG, Standing  # noqa: E402
+from pipeline.tracking.champion import (  # noqa: E402
+    DECISION_TAG,
+    EVALUATION_RUN_TAG,
+    EVALUATION_TAG,
+    UNSCORED_TAG,
+    Standing,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -110,13 +121,13 @@ def test_two_registrations_at_once_on_a_local_store_are_decided_one_after_the_ot
             at_lock.set()
         return original_lock(uri)
 
-    def decision(new, current, has_holder, force):
+    def decision(new, *others):
         if new.value == 80.0 and not worker:
             worker.append(threading.Thread(target=lambda: results.setdefault("90", _register(90.0, model))))
             worker[0].start()
             assert at_lock.wait(60)
             worker[0].join(0.5)  # without a lock it finishes here; with one it waits for this registration
-        return original_decision(new, current, has_holder, force)
+        return original_decision(new, *others)
 
     monkeypatch.setattr(champion, "registry_lock", lock)
     monkeypatch.setattr(champion, "alias_decision", decision)
@@ -153,3 +164,159 @@ def test_without_a_lock_a_registration_that_finds_a_worse_version_set_meanwhile_
     assert stale["80"] == "3"
     assert str(client.get_model_version_by_alias("race", "champion").version) == "2"
     assert client.get_model_version("race", "2").tags[DECISION_TAG] == "moved: dev_f1 90 is at least the holder's 80 (version 3)"
+
+
+# --- data.final_fit=train+dev (H7, H8): a version without a dev score is registered, with its tags,
+# and never takes the alias by itself
+
+
+def test_a_train_dev_version_is_registered_with_its_tags_and_takes_the_alias_only_when_forced(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="pipeline")
+    data_root = write_corpus(tmp_path / "data", n_train=80, n_test=20)
+    base = tiny_overrides(data_root, tmp_path / "out") + ["registry.register=true", "registry.name=tiny"]
+
+    def run(*extra: str):
+        cfg = compose_config(base + list(extra))
+        run_pipeline(cfg)
+        return MlflowClient(tracking_uri(cfg))
+
+    client = run("data.final_fit=train+dev")  # an empty registry: the version stays out of the alias
+    first = client.get_model_version("tiny", "1")
+    assert first.tags["data.final_fit"] == "train+dev" and "test_f1" in first.tags and "dev_f1" not in first.tags
+    assert first.tags["dataset"] == "conll2000" and first.tags["data.train_fraction"] == "1.0" and first.tags["crf.evaluation"]
+    assert Standing.from_tags(first.tags) is None and "train+dev" in first.tags[UNSCORED_TAG]
+    assert first.tags[DECISION_TAG].startswith("kept free: this version has no score to compare (data.final_fit=train+dev")
+    with pytest.raises(MlflowException):
+        client.get_model_version_by_alias("tiny", "champion")
+    assert "tiny version 1, alias champion: kept free" in caplog.text
+
+    run()  # trained on train alone, scored on dev: takes the free alias
+    second = client.get_model_version("tiny", "2")
+    assert second.tags["data.final_fit"] == "train" and UNSCORED_TAG not in second.tags
+    assert second.tags[DECISION_TAG] == "moved: no version held the alias"
+    assert str(client.get_model_version_by_alias("tiny", "champion").version) == "2"
+
+    run("data.final_fit=train+dev")  # against a scored holder: kept
+    assert client.get_model_version("tiny", "3").tags[DECISION_TAG].startswith("kept: this version has no score to compare")
+
+    run("data.final_fit=train+dev", "registry.force_alias=true")  # the final model, chosen by hand
+    assert str(client.get_model_version_by_alias("tiny", "champion").version) == "4"
+    assert client.get_model_version("tiny", "4").tags[DECISION_TAG].startswith("moved: forced")
+
+    run("trainer.c2=0.5")  # a scored version cannot be compared with it: kept, and the reason names the holder
+    reason = client.get_model_version("tiny", "5").tags[DECISION_TAG]
+    assert reason.startswith("kept: the holder records no standing to compare with (a data.final_fit=train+dev fit")
+    assert "put there by registry.force_alias=true" in reason and "older version" not in reason
+    assert str(client.get_model_version_by_alias("tiny", "champion").version) == "4"
+
+
+def test_a_scoreless_holder_that_took_the_alias_without_force_is_replaced_by_a_scored_version(local_registry):
+    """A store where an earlier rule let a train+dev version take the free alias (its tags: a test
+    score, an alias decision, no standing): the next scored version takes the alias from it."""
+    client, model = local_registry
+    mlflow.register_model(model.as_uri(), "race", tags={"test_f1": "89.06", DECISION_TAG: "moved: no version held the alias"})
+    client.set_registered_model_alias("race", "champion", "1")
+    assert _register(67.04, model) == "2"
+    assert str(client.get_model_version_by_alias("race", "champion").version) == "2"
+    reason = client.get_model_version("race", "2").tags[DECISION_TAG]
+    assert reason == "moved: the holder records no standing to defend (registered without a dev score) (version 1)"
+    # a holder registered before versions recorded standings (no alias decision) may be good: kept
+    mlflow.register_model(model.as_uri(), "legacy", tags={"dev_f1": "85.91"})
+    client.set_registered_model_alias("legacy", "champion", "1")
+    standing = Standing("dev_f1", 90.0, "maximize", "e1")
+    register_model(model.as_uri(), "legacy", "champion", {}, standing)
+    assert str(client.get_model_version_by_alias("legacy", "champion").version) == "1"
+    assert "registered by an older version of the pipeline" in client.get_model_version("legacy", "2").tags[DECISION_TAG]
+
+
+def _sweep_job(client, experiment, model, sweep, c2, final_fit="train", dev=None, status="FINISHED", name="sweep"):
+    """A finished (or ``status``) pipeline run of sweep ``sweep`` whose model is ``model``."""
+    tags = {"sweep_id": sweep, "stage": "pipeline", "trainer": "lbfgs", "model_uri": model.as_uri(), EVALUATION_RUN_TAG: "e1"}
+    run = client.create_run(experiment, tags=tags)
+    params = {"trainer.c1": "0.0", "trainer.c2": str(c2), "registry.name": name, "dataset.name": "conll2000"}
+    params |= {"data.train_fraction": "1.0", "data.final_fit": final_fit}
+    client.log_batch(run.info.run_id, params=[Param(k, v) for k, v in params.items()])
+    if status == "FINISHED":
+        client.log_metric(run.info.run_id, "test_f1", 80.0 + c2)
+        client.log_metric(run.info.run_id, "nonzero_weights", 100)
+        if dev is not None:
+            client.log_metric(run.info.run_id, "dev_f1", dev)
+    client.set_terminated(run.info.run_id, status)
+    return run.info.run_id
+
+
+def _summarize(client, experiment, sweep, force=False, metric=None):
+    parent = client.create_run(experiment, tags={"stage": "sweep"}).info.run_id
+    registry = OmegaConf.create({"sweep": True, "alias": "champion", "force_alias": force})
+    summary.summarize(sweep, parent, "crf", registry, metric=metric)
+    return client.get_run(parent).data.tags
+
+
+def _versions(client, name):
+    found = client.search_model_versions(f"name = '{name}'")
+    return {str(v.version): v.tags for v in found}
+
+
+def test_a_sweep_registers_its_train_dev_jobs_each_without_the_alias(local_registry, caplog):
+    caplog.set_level(logging.INFO, logger="pipeline")
+    client, model = local_registry
+    experiment = client.create_experiment("crf")
+    # H7: every job trained on train+dev: no best job, each registered, the alias stays free
+    for c2 in (0.1, 1.0):
+        _sweep_job(client, experiment, model, "all", c2, "train+dev", name="all")
+    tags = _summarize(client, experiment, "all")
+    versions = _versions(client, "all")
+    assert sorted(versions) == ["1", "2"]
+    for version in versions.values():
+        assert version["data.final_fit"] == "train+dev" and version["test_f1"] != "none" and version["dev_f1"] == "none"
+        assert "train+dev" in version[UNSCORED_TAG] and version[DECISION_TAG].startswith("kept free: this version has no score")
+    with pytest.raises(MlflowException):
+        client.get_model_version_by_alias("all", "champion")
+    assert tags["registered_final_fits"] == "models:/all/1, models:/all/2" and "best_run_id" not in tags
+    assert (
+        "no finished job has a dev score (dev_f1): no best job; 2 data.final_fit=train+dev job(s) registered without a score"
+        in caplog.text
+    )
+
+    # train and train+dev jobs: the best train job takes the alias, the train+dev job is registered beside it
+    best = _sweep_job(client, experiment, model, "mixed", 0.1, dev=85.0, name="mixed")
+    _sweep_job(client, experiment, model, "mixed", 1.0, dev=80.0, name="mixed")
+    final = _sweep_job(client, experiment, model, "mixed", 0.1, "train+dev", name="mixed")
+    _summarize(client, experiment, "mixed")
+    holder = client.get_model_version_by_alias("mixed", "champion")
+    assert holder.tags["run_id"] == best and holder.tags["data.final_fit"] == "train"
+    (other,) = [v for v in _versions(client, "mixed").values() if v["run_id"] == final]
+    assert other[DECISION_TAG].startswith("kept: this version has no score to compare (data.final_fit=train+dev")
+
+    # force: onto the only train+dev job of a sweep without a best job, never onto one of several
+    _sweep_job(client, experiment, model, "one", 0.1, "train+dev", name="one")
+    _summarize(client, experiment, "one", force=True)
+    assert client.get_model_version_by_alias("one", "champion").tags[DECISION_TAG].startswith("moved: forced")
+    for c2 in (0.1, 1.0):
+        _sweep_job(client, experiment, model, "two", c2, "train+dev", name="two")
+    _summarize(client, experiment, "two", force=True)
+    assert len(_versions(client, "two")) == 2
+    with pytest.raises(MlflowException):
+        client.get_model_version_by_alias("two", "champion")
+    assert "registry.force_alias=true moves the alias to the sweep's best job, or to its only train+dev job" in caplog.text
+
+
+def test_a_sweep_whose_jobs_lack_its_metric_registers_its_best_scored_job_or_says_why_nothing(local_registry, caplog):
+    caplog.set_level(logging.INFO, logger="pipeline")
+    client, model = local_registry
+    experiment = client.create_experiment("crf")
+    # an Optuna-like sweep: a failed trial, a finished one without the metric, two scored ones
+    _sweep_job(client, experiment, model, "some", 0.01, status="FAILED", name="some")
+    _sweep_job(client, experiment, model, "some", 0.1, name="some")
+    best = _sweep_job(client, experiment, model, "some", 1.0, dev=75.0, name="some")
+    _sweep_job(client, experiment, model, "some", 10.0, dev=70.0, name="some")
+    _summarize(client, experiment, "some", metric="evaluate.dev_f1")
+    assert list(_versions(client, "some")) == ["1"]
+    holder = client.get_model_version_by_alias("some", "champion")
+    assert holder.tags["run_id"] == best and Standing.from_tags(holder.tags).metric == "evaluate.dev_f1"
+    # no finished job has the metric and none was trained on train+dev: nothing registered, and the log says so
+    _sweep_job(client, experiment, model, "none", 0.1, name="none")
+    _sweep_job(client, experiment, model, "none", 1.0, status="FAILED", name="none")
+    _summarize(client, experiment, "none", metric="evaluate.dev_f1")
+    assert client.search_model_versions("name = 'none'") == []
+    assert "no finished job has the sweep's metric evaluate.dev_f1: no best job: nothing registered" in caplog.text

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from pipeline.tracking.champion import Standing, alias_decision, evaluation_key
+from pipeline.tracking.champion import DECISION_TAG, Standing, alias_decision, evaluation_key
 
 DATASET = {
     "name": "conll2000",
@@ -87,9 +87,34 @@ def test_a_standing_round_trips_through_version_tags():
         (_standing(0.02, "cal", "minimize"), _standing(0.03, "cal", "minimize"), True, False, True, "at least"),
         (_standing(0.04, "cal", "minimize"), _standing(0.03, "cal", "minimize"), True, False, False, "worse"),
         (_standing(float("nan")), _standing(85.91), True, False, False, "no score"),
+        (None, None, False, False, False, "kept free: this version has no score"),  # a scoreless version: never by itself
+        (None, None, False, True, True, "forced"),
     ],
 )
 def test_the_alias_only_moves_forward(new, current, has_holder, force, moves, reason):
     moved, why = alias_decision(new, current, has_holder, force)
     assert moved is moves
     assert reason in why
+
+
+TRAIN_DEV = {"data.final_fit": "train+dev", "standing.missing": "data.final_fit=train+dev: no dev score"}
+
+
+@pytest.mark.parametrize(
+    "holder_tags, moves, reason",
+    [
+        ({}, False, "registered by an older version of the pipeline"),  # before standings: it may be good
+        ({**TRAIN_DEV, DECISION_TAG: "moved: forced (registry.force_alias=true)"}, False, "put there by registry.force_alias"),
+        (
+            {**TRAIN_DEV, DECISION_TAG: "moved: no version held the alias"},
+            True,
+            "no standing to defend (a data.final_fit=train+dev",
+        ),
+        ({DECISION_TAG: "moved: no version held the alias", "standing.missing": "no score"}, True, "registered without a score"),
+    ],
+)
+def test_a_holder_without_a_standing_is_replaced_only_when_it_got_the_alias_without_force(holder_tags, moves, reason):
+    moved, why = alias_decision(_standing(70.0), None, True, False, holder_tags)
+    assert moved is moves and reason in why
+    if not moves:
+        assert "registry.force_alias=true" in why
