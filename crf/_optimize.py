@@ -157,6 +157,7 @@ def lbfgs(
     callback: Callable[[IterationInfo], None] | None = None,
     frozen: np.ndarray | None = None,
     max_linesearch: int = 20,
+    scale: np.ndarray | None = None,
 ) -> TrainingResult:
     """Minimise the regularised objective by L-BFGS, or with ``c1 > 0`` by OWL-QN (both in
     :mod:`crf._quasi_newton`), which gives L1 weights that are exactly zero. The L2 term is part
@@ -168,25 +169,40 @@ def lbfgs(
     positions ``frozen`` (not features of the model) keep their starting value.
     ``max_linesearch``: line-search trials per iteration. An objective that is not finite at
     ``theta0`` raises ValueError.
+
+    ``scale`` (n,) > 0, or None: the solver works on ``u = scale * theta``, the same objective in
+    other units. Quasi-Newton steps are not invariant to the units of each weight: an attribute
+    whose values are large (a constant 1e4 on every token) leaves the objective so badly scaled
+    that L-BFGS stops far from the optimum; with ``scale`` its attribute's largest magnitude,
+    every attribute is at most 1 in the solver's units. The minimum, the reported losses,
+    gradient norms and weights are those of ``theta``.
     """
     progress = _Progress(stopping or StoppingRule(), callback)
     evaluations = 0
     smooth = _freeze(_regularised(objective, c2), frozen)
+    if scale is not None:
+        theta0, c1 = theta0 * scale, (c1 / scale if c1 > 0 else c1)
+    to_theta = (lambda u: u) if scale is None else (lambda u: u / scale)
 
-    def counted(theta: np.ndarray) -> tuple[float, np.ndarray]:
+    def counted(u: np.ndarray) -> tuple[float, np.ndarray]:
         nonlocal evaluations
         evaluations += 1
-        return smooth(theta)
+        loss, grad = smooth(to_theta(u))
+        if scale is not None:
+            grad /= scale  # d/du f(u / scale)
+        return loss, grad
 
-    if c1 > 0:
+    if np.any(c1 > 0):
         fixed = frozen if frozen is not None and len(frozen) else None
         iterations = quasi_newton.orthant_wise_minimise(counted, theta0, c1, num_memories, max_linesearch, fixed=fixed)
     else:
         iterations = quasi_newton.minimise(counted, theta0, num_memories, max_linesearch)
-    theta, reason = np.array(theta0, dtype=np.float64), "converged"
+    theta, reason = to_theta(np.array(theta0, dtype=np.float64)), "converged"
     try:
-        for theta, loss, stationarity in iterations:  # noqa: B007 (the last point is the result)
-            reason = progress.record(loss, float(np.linalg.norm(stationarity)), theta, evaluations)
+        for u, loss, stationarity in iterations:
+            theta = to_theta(u) if scale is not None else u
+            gradient = stationarity if scale is None else stationarity * scale  # in theta's units
+            reason = progress.record(loss, float(np.linalg.norm(gradient)), theta, evaluations)
             if reason:
                 break
         else:

@@ -282,15 +282,21 @@ def minimise(
         step = 1.0
 
 
-def pseudo_gradient(x: np.ndarray, g: np.ndarray, c1: float, out: np.ndarray) -> np.ndarray:
+def l1_term(x: np.ndarray, c1: float | np.ndarray) -> float:
+    """``sum_i c1_i |x_i|`` for ``c1`` a number or an array (n,) of per-coordinate strengths."""
+    return float(np.abs(x) @ c1) if isinstance(c1, np.ndarray) else c1 * float(np.abs(x).sum())
+
+
+def pseudo_gradient(x: np.ndarray, g: np.ndarray, c1: float | np.ndarray, out: np.ndarray) -> np.ndarray:
     """OWL-QN's pseudo-gradient of ``f(x) + c1 |x|_1`` (n,) into ``out``, from the smooth part's
     gradient ``g``: ``g + c1 sign(x)`` where ``x != 0``; at ``x == 0`` the one-sided derivative
     that points downhill (``g + c1`` if ``g < -c1``, ``g - c1`` if ``g > c1``), else 0 (zero is
-    optimal along that coordinate)."""
+    optimal along that coordinate). ``c1``: a number or per-coordinate strengths (n,)."""
     np.copysign(c1, x, out=out)  # +-c1 by the sign of x (also at x == +-0: fixed below)
     out += g
     zero = x == 0
     at_zero = g[zero]
+    c1 = c1[zero] if isinstance(c1, np.ndarray) else c1
     out[zero] = np.where(at_zero < -c1, at_zero + c1, np.where(at_zero > c1, at_zero - c1, 0.0))
     return out
 
@@ -298,14 +304,15 @@ def pseudo_gradient(x: np.ndarray, g: np.ndarray, c1: float, out: np.ndarray) ->
 def orthant_wise_minimise(
     fun: Function,
     x0: np.ndarray,
-    c1: float,
+    c1: float | np.ndarray,
     num_memories: int = 6,
     max_trials: int = 20,
     ftol: float = 1e-4,
     min_step: float = 1e-20,
     fixed: np.ndarray | None = None,
 ) -> Iterator[tuple[np.ndarray, float, np.ndarray]]:
-    """OWL-QN from ``x0`` on ``F(x) = f(x) + c1 |x|_1``: yields (x (n,), F(x), pseudo-gradient
+    """OWL-QN from ``x0`` on ``F(x) = f(x) + c1 |x|_1`` (``c1`` a number, or per-coordinate
+    strengths (n,)): yields (x (n,), F(x), pseudo-gradient
     (n,)) after every iteration until the caller stops asking or the pseudo-gradient is zero.
 
     ``fun(x)`` returns (f(x), a new gradient array of f). Each iteration takes the direction
@@ -324,11 +331,11 @@ def orthant_wise_minimise(
     orthant constraint empties falls back to ``-pg``, and a step below ``min_step`` is not tried.
 
     The yielded ``x`` is a buffer the next iteration but one overwrites: copy it to keep it."""
-    if not (math.isfinite(c1) and c1 > 0):
+    if not (np.all(np.isfinite(c1)) and np.all(np.greater(c1, 0))):
         raise ValueError(f"OWL-QN needs a finite c1 > 0, got {c1!r}")
     x = np.array(x0, dtype=np.float64)
     value, grad = fun(x)
-    total = value + c1 * float(np.abs(x).sum())
+    total = value + l1_term(x, c1)
     if not (math.isfinite(total) and np.isfinite(grad).all()):
         raise ValueError(f"the objective is not finite at the starting point (value {value})")
     pg = pseudo_gradient(x, grad, c1, np.empty_like(x))
@@ -350,7 +357,7 @@ def orthant_wise_minimise(
             trial[np.signbit(trial) != np.signbit(orthant)] = 0.0  # left its orthant (or no orthant: pg = 0)
             trial[orthant == 0] = 0.0
             new_value, new_grad = fun(trial)
-            new_total = new_value + c1 * float(np.abs(trial).sum())
+            new_total = new_value + l1_term(trial, c1)
             np.subtract(trial, x, out=moved)
             if new_total <= total + ftol * float(pg @ moved):  # False for NaN: back off
                 break

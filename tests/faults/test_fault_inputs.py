@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import warnings
 
 import numpy as np
 import pytest
@@ -161,8 +162,6 @@ def test_a_value_too_large_to_train_on_is_reported_with_its_position_not_turned_
             model.fit(X, y)
         assert model.training_log_ is None  # nothing fitted: no model that looks trained
     # moderate values train as before, without a warning
-    import warnings
-
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         model = CRF(max_iterations=50).fit([[{"a": 1e3}, {"b": 1.0}], [{"b": 2.0}, {"a": 1.0}]] * 10, y)
@@ -193,3 +192,43 @@ def test_a_set_is_refused_wherever_an_order_is_needed():
             hmm.predict(bad)
     with pytest.raises(TypeError, match="y must be a list of token sequences.*not sets"):
         HMM().fit([["a", "b"]], [{"A", "B"}])
+
+
+@pytest.mark.parametrize("c1", [0.0, 0.05])
+def test_large_attribute_values_train_as_well_as_small_ones(c1):
+    """A constant on every token is a bias in other units: whatever its size, L-BFGS and OWL-QN
+    reach a loss at least as low as without it (a larger model), never stalling at the start."""
+    rng = np.random.default_rng(0)
+    words = rng.integers(0, 6, size=(40, 7))
+    X = [[{f"w={w}": 1.0, "prev": float(p)} for w, p in zip(row, np.r_[0, row[:-1]] > 2)] for row in words]
+    y = [["A" if w < 2 else "B" if w < 4 else "C" for w in row] for row in words]
+    base = CRF(c1=c1, c2=0.1, max_iterations=300, epsilon=1e-7).fit(X, y).training_log_[-1]["loss"]
+    for value in (1e2, 1e6, 3e9):
+        big = [[{**token, "big": value} for token in sequence] for sequence in X]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # lbfgs rescales: no warning that it may stall
+            model = CRF(c1=c1, c2=0.1, max_iterations=300, epsilon=1e-7).fit(big, y)
+        assert model.training_log_[-1]["loss"] <= base + 1e-3, value
+        assert model.score(big, y) == 1.0
+    with pytest.warns(RuntimeWarning, match="algorithm='l2sgd' steps in the attributes' own units"):
+        CRF(algorithm="l2sgd", max_iterations=2).fit(big, y)
+
+
+def test_the_solver_reaches_the_same_minimum_in_rescaled_units():
+    from crf import _optimize as optimize
+
+    rng = np.random.default_rng(1)
+    A = rng.normal(size=(30, 6)) * np.array([1, 10, 100, 1e3, 1e4, 1])
+    b = rng.normal(size=30)
+
+    def least_squares(theta):
+        residual = A @ theta - b
+        return float(residual @ residual), 2.0 * A.T @ residual
+
+    scale = np.abs(A).max(axis=0)
+    stopping = optimize.StoppingRule(max_iterations=500, epsilon=1e-12, period=10, delta=1e-14)
+    for c1 in (0.0, 0.3):
+        plain = optimize.lbfgs(least_squares, np.zeros(6), c1=c1, c2=0.01, stopping=stopping)
+        scaled = optimize.lbfgs(least_squares, np.zeros(6), c1=c1, c2=0.01, stopping=stopping, scale=scale)
+        np.testing.assert_allclose(scaled.theta, plain.theta, rtol=1e-4, atol=1e-8)
+        assert scaled.history[-1].loss == pytest.approx(plain.history[-1].loss, rel=1e-9)
