@@ -12,6 +12,7 @@ objective (L1 term included) and the norm of OWL-QN's pseudo-gradient.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -290,13 +291,14 @@ class _Sequences:
         self.n_labels = L
         self.offsets = offsets = np.asarray(offsets, dtype=np.int64)
         self.labels = np.asarray(labels, dtype=np.int64)
-        self.indptr, self.data = X.indptr.astype(np.int64), X.data
+        self.indptr, self.data, self.attributes = X.indptr.astype(np.int64), X.data, X.indices.astype(np.int64)
         N = offsets.size - 1
         lengths = np.diff(offsets)
         entry_bounds = self.indptr[offsets]
         owner = np.repeat(np.arange(N, dtype=np.int64), np.diff(entry_bounds))
         keys, position = np.unique(owner * A + X.indices, return_inverse=True)
         self.column_bounds = np.searchsorted(keys, np.arange(N + 1, dtype=np.int64) * A)
+        self._column_bounds = self.column_bounds.tolist()
         self.columns = keys % A  # sequence n's attributes: columns[column_bounds[n]:column_bounds[n + 1]]
         self.positions = position.ravel() - self.column_bounds[owner]  # each entry's place among its sequence's columns
         # observed tail counts (transitions, start, end) of every sequence, as (index, count) lists
@@ -317,6 +319,8 @@ class _Sequences:
         self.tail_bounds = np.searchsorted(tail_keys, np.arange(N + 1, dtype=np.int64) * size)
         self.tail_index, self.tail_counts = tail_keys % size, counts.astype(np.float64)
         self.lengths = lengths
+        # (first token, end token, first and end observed tail entry) of every sequence, as Python ints
+        self._bounds = np.stack([offsets[:-1], offsets[1:], self.tail_bounds[:-1], self.tail_bounds[1:]], axis=1).tolist()
         self.steps = np.arange(int(lengths.max(initial=0)), dtype=np.int64)
         # working arrays of one call of :meth:`objective` (emissions, then marginals; log Z; pair counts)
         self._emissions, self._log_z, self._pairs = np.empty((self.steps.size, L)), np.empty(1), np.empty((L, L))
@@ -341,23 +345,21 @@ class _Sequences:
 
     def column_slice(self, n: int) -> np.ndarray:
         """Sequence ``n``'s attribute columns (sorted)."""
-        return self.columns[self.column_bounds[n] : self.column_bounds[n + 1]]
+        return self.columns[self._column_bounds[n] : self._column_bounds[n + 1]]
 
-    def objective(self, n: int, state: np.ndarray, tail: np.ndarray) -> tuple[float, np.ndarray, np.ndarray] | None:
-        """(NLL, state gradient (C, L), tail gradient (tail_size,)) of sequence ``n`` at the
-        state weights ``state`` (C, L) of its C columns (:meth:`column_slice`) and ``tail``, as
-        :class:`crf._objective.Objective` gives them; None when the scaled forward-backward
-        fails (extreme scores): the caller then takes the general objective (log space)."""
+    def objective(self, n: int, state: np.ndarray, scale: float, tail: np.ndarray) -> tuple[float, np.ndarray, np.ndarray] | None:
+        """(NLL, state gradient (C, L) over its C columns (:meth:`column_slice`), tail gradient
+        (tail_size,)) of sequence ``n`` at the weights ``scale * state`` (state (A, L)) and
+        ``tail``, as :class:`crf._objective.Objective` gives them; None when the scaled
+        forward-backward fails (extreme scores): the caller then takes the general objective (log space)."""
         L = self.n_labels
-        a, b = self.offsets[n], self.offsets[n + 1]
+        a, b, k, m = self._bounds[n]
         T = b - a
-        first, stop = self.indptr[a], self.indptr[b]
-        indptr = self.indptr[a : b + 1] - first
-        positions, data = self.positions[first:stop], self.data[first:stop]
+        indptr = self.indptr[a : b + 1]  # into the entries of all sequences: positions and data whole
         gold = self.labels[a:b]
         emissions = self._emissions[:T]
-        self._product(indptr, positions, data, state, emissions)
-        k, m = self.tail_bounds[n], self.tail_bounds[n + 1]
+        self._product(indptr, self.attributes, self.data, state, emissions)
+        emissions *= scale
         observed_index, observed = self.tail_index[k:m], self.tail_counts[k:m]
         score = emissions[self.steps[:T], gold].sum() + tail[observed_index] @ observed
         log_z, pairs, no = self._log_z, self._pairs, self._no_messages
@@ -367,10 +369,10 @@ class _Sequences:
             emissions, tail[: L * L].reshape(L, L), tail[L * L : L * L + L], tail[L * L + L :], self.steps[:T],
             self.lengths[n : n + 1], emissions, log_z, pairs, True, no, no, False,
         )  # fmt: skip
-        if not np.isfinite(log_z[0]):
+        if not math.isfinite(log_z[0]):
             return None
-        gradient = np.zeros((state.shape[0], L))
-        self._gradient(indptr, positions, data, gold, emissions, gradient)
+        gradient = np.zeros((self._column_bounds[n + 1] - self._column_bounds[n], L))
+        self._gradient(indptr, self.positions, self.data, gold, emissions, gradient)
         tail_gradient = np.concatenate([pairs.ravel(), emissions[0], emissions[T - 1]])
         tail_gradient[observed_index] -= observed
         return float(log_z[0] - score), gradient, tail_gradient
@@ -392,19 +394,17 @@ class _SequenceVisits:
 
     def loss(self, weights: _SGDWeights, i: int) -> float:
         n = int(self.sequences[i])
-        columns = self.prepared.column_slice(n)
-        parts = self.prepared.objective(n, weights.scale * weights.state[columns], weights.tail)
+        parts = self.prepared.objective(n, weights.state, weights.scale, weights.tail)
         return weights.loss(self.prepared.minibatch(n)) if parts is None else parts[0]
 
     def step(self, weights: _SGDWeights, i: int, eta: float, lam: float) -> float:
         """One update on sequence ``sequences[i]``, as :meth:`_SGDWeights.step` makes it."""
         n = int(self.sequences[i])
-        columns = self.prepared.column_slice(n)
-        parts = self.prepared.objective(n, weights.scale * weights.state[columns], weights.tail)
+        parts = self.prepared.objective(n, weights.state, weights.scale, weights.tail)
         if parts is None:
             return weights.step(self.prepared.minibatch(n), eta, lam)
         loss, gradient, tail_gradient = parts
-        weights.update(columns, gradient, tail_gradient, eta, lam)
+        weights.update(self.prepared.column_slice(n), gradient, tail_gradient, eta, lam)
         return loss
 
 

@@ -228,8 +228,9 @@ def test_one_sequence_sgd_step_is_the_general_objective():
     for sequence in range(lengths.size):
         batch = _optimize._Minibatch(X, offsets, labels, params, np.array([sequence]), None)
         theta = rng.normal(size=batch.local.size)
-        n = batch.columns.size * 4
-        loss, gradient, tail_gradient = prepared.objective(sequence, theta[:n].reshape(-1, 4), theta[n:])
+        n, state = batch.columns.size * 4, np.zeros((12, 4))
+        state[batch.columns] = theta[:n].reshape(-1, 4) / 2.0
+        loss, gradient, tail_gradient = prepared.objective(sequence, state, 2.0, theta[n:])
         expected_loss, expected_gradient = batch.objective(theta)
         assert loss == pytest.approx(expected_loss, rel=1e-12)
         np.testing.assert_allclose(np.concatenate([gradient.ravel(), tail_gradient]), expected_gradient, rtol=1e-10, atol=1e-12)

@@ -74,7 +74,7 @@ def test_scaled_failure_falls_back_to_the_log_space_objective():
     prepared = optimize._Sequences(X, offsets, labels, params)
     state = np.array([[0.0, -2000.0], [0.0, 0.0]])
     tail = np.concatenate([[-2000.0, -2000.0, 0.0, 0.0], np.zeros(4)])  # from label 0 nothing is likely
-    assert prepared.objective(0, state, tail) is None
+    assert prepared.objective(0, state, 1.0, tail) is None
     visits = optimize._SequenceVisits(prepared, np.array([0]))
     theta0 = np.concatenate([state.ravel(), tail])
     ours = optimize._SGDWeights(params, theta0, np.ones(tail.size, bool))
