@@ -312,6 +312,17 @@ def _sequence_gradient(indptr, indices, data, labels, marginals, out):  # pragma
             out[column, gold] -= value
 
 
+def _masked_rows_step(rows, weights, step, mask, masked, factor):  # pragma: no cover - compiled
+    """``weights[rows[c], j] -= factor * step[c, j]`` for the rows ``rows`` (C,) of ``weights``
+    (A, L) and ``step`` (C, L), where ``mask[rows[c], j]`` (with ``masked``; else everywhere):
+    one SGD update of the weights of the attributes a sequence contains, features only."""
+    for c in range(rows.size):
+        row = rows[c]
+        for j in range(weights.shape[1]):
+            if not masked or mask[row, j]:
+                weights[row, j] -= factor * step[c, j]
+
+
 def _sorted_rows_times_dense(ends, columns, values, weights, out):  # pragma: no cover - compiled
     """``out`` (T, L) = rows given as unsorted entries times ``weights`` (A, L), each row's
     entries added in increasing column order (the order of a CSR matrix with sorted indices);

@@ -12,6 +12,7 @@ objective (L1 term included) and the norm of OWL-QN's pseudo-gradient.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -229,71 +230,209 @@ class _Minibatch:
     """Some sequences with their objective over the attributes (``columns``) they contain."""
 
     def __init__(
-        self, X, offsets: np.ndarray, labels: np.ndarray, params: ParameterLayout, chosen: np.ndarray, mask, candidates=None
+        self, X, offsets: np.ndarray, labels: np.ndarray, params: ParameterLayout, chosen: np.ndarray, candidates=None
     ) -> None:
         rows = token_rows(offsets, chosen)
         sub = X[rows]
         self.columns = np.unique(sub.indices)
         lengths = offsets[chosen + 1] - offsets[chosen]
         self.local = local = ParameterLayout(self.columns.size, params.n_labels, order=params.order)
-        self.mask = None if mask is None else mask[self.columns]  # (columns, L): which weights are features
         self.size = chosen.size
         sub_offsets, sub_labels = np.concatenate([[0], np.cumsum(lengths)]), labels[rows]
         sub_candidates = None if candidates is None else candidates[rows]
         self._general = None
         self._arguments = (sub[:, self.columns], sub_offsets, sub_labels, local, sub_candidates)
-        # one fully labelled first-order sequence (CRFsuite's SGD): the compiled kernels directly
-        self.single = None
-        if chosen.size == 1 and params.order == 1 and candidates is None and sub_labels.size and sub_labels.min() >= 0:
-            local_X = sp.csr_matrix(sub[:, self.columns], dtype=np.float64)
-            local_X.sum_duplicates()
-            gold = sub_labels.astype(np.int64)
-            observed_tail = local.chain.observed_tail(np.array([0, gold.size]), gold)
-            self.single = (local_X.indptr.astype(np.int64), local_X.indices.astype(np.int64), local_X.data, gold, observed_tail)
-            self._arguments = (local_X, *self._arguments[1:])  # the same rows, held once
 
     def objective(self, theta: np.ndarray) -> tuple[float, np.ndarray]:
-        """(NLL, gradient) of the minibatch at the local weights ``theta``."""
-        return self.general(theta) if self.single is None else self._single_objective(theta)
-
-    def general(self, theta: np.ndarray) -> tuple[float, np.ndarray]:
-        """:class:`crf._objective.Objective` of the minibatch (built on first use)."""
+        """(NLL, gradient) of the minibatch at the local weights ``theta``
+        (:class:`crf._objective.Objective`, built on first use)."""
         if self._general is None:
             X, offsets, labels, local, candidates = self._arguments
             self._general = Objective(X, offsets, labels, local, n_threads=1, candidates=candidates)
         return self._general(theta)
 
-    def _single_objective(self, theta: np.ndarray) -> tuple[float, np.ndarray]:
-        """(NLL, gradient) of the one sequence, as :class:`crf._objective.Objective` gives them."""
-        indptr, indices, data, gold, observed_tail = self.single
-        L, n = self.local.n_labels, self.local.n_state
-        transitions, start, end = self.local.chain.scores(theta[n:])
-        emissions = _compiled.sparse_times_dense(indptr, indices, data, theta[:n].reshape(-1, L))
-        T = gold.size
-        score = emissions[np.arange(T), gold].sum() + theta[n:] @ observed_tail
-        log_z, marginals, pairs, _, _ = _compiled.forward_backward(
-            emissions, transitions, start, end, np.arange(T), np.array([T]), True, True
+
+def _feature_mask(params: ParameterLayout) -> np.ndarray | None:
+    """(A, L) bool: which state weights are features of the model (None: all of them)."""
+    if params.feature_index is None:
+        return None
+    mask = np.zeros(params.n_attributes * params.n_labels, dtype=bool)
+    mask[params.feature_index] = True
+    return mask.reshape(params.n_attributes, params.n_labels)
+
+
+class _Minibatches:
+    """Minibatches of ``batch_size`` sequences taken in the order of ``sequences``, each with
+    its own objective (:class:`_Minibatch`): the general path (any order, pruned lattices,
+    unknown labels)."""
+
+    def __init__(self, X, offsets, labels, params, sequences: np.ndarray, batch_size: int, candidates=None) -> None:
+        self.batches = [
+            _Minibatch(X, offsets, labels, params, np.sort(sequences[b : b + batch_size]), candidates)
+            for b in range(0, len(sequences), batch_size)
+        ]
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def loss(self, weights: _SGDWeights, i: int) -> float:
+        return weights.loss(self.batches[i])
+
+    def step(self, weights: _SGDWeights, i: int, eta: float, lam: float) -> float:
+        return weights.step(self.batches[i], eta, lam)
+
+
+class _Sequences:
+    """Every training sequence prepared once for CRFsuite's SGD (one fully labelled first-order
+    sequence per update): each sequence's attribute columns (sorted), its entries' positions
+    among them and its observed tail counts, found for all sequences with a few array
+    operations, so that an update slices arrays and calls the compiled kernels of
+    :mod:`crf._compiled`, with no sparse matrix built per sequence.
+
+    Parameters
+    ----------
+    X : (T, A) sparse matrix of attribute values, the sequences' tokens one after another.
+    offsets : (N + 1,) int array, where each sequence starts and where the last ends (no empty one).
+    labels : (T,) int array of gold label ids (all known).
+    params : the model's first-order :class:`crf._objective.ParameterLayout`.
+    """
+
+    def __init__(self, X, offsets: np.ndarray, labels: np.ndarray, params: ParameterLayout) -> None:
+        self.X, self.params = X, params
+        X = sp.csr_matrix(X, dtype=np.float64)
+        if not X.has_canonical_format:  # entries of a row in column order, repeats summed
+            X = X.copy()
+            X.sum_duplicates()
+        A, L = params.n_attributes, params.n_labels
+        self.n_labels = L
+        self.offsets = offsets = np.asarray(offsets, dtype=np.int64)
+        self.labels = np.asarray(labels, dtype=np.int64)
+        self.indptr, self.data, self.attributes = X.indptr.astype(np.int64), X.data, X.indices.astype(np.int64)
+        N = offsets.size - 1
+        lengths = np.diff(offsets)
+        entry_bounds = self.indptr[offsets]
+        owner = np.repeat(np.arange(N, dtype=np.int64), np.diff(entry_bounds))
+        keys, position = np.unique(owner * A + X.indices, return_inverse=True)
+        self.column_bounds = np.searchsorted(keys, np.arange(N + 1, dtype=np.int64) * A)
+        self._column_bounds = self.column_bounds.tolist()
+        self.columns = keys % A  # sequence n's attributes: columns[column_bounds[n]:column_bounds[n + 1]]
+        self.positions = position.ravel() - self.column_bounds[owner]  # each entry's place among its sequence's columns
+        # observed tail counts (transitions, start, end) of every sequence, as (index, count) lists
+        size = params.chain.tail_size
+        gold = self.labels
+        token_owner = np.repeat(np.arange(N, dtype=np.int64), lengths)
+        inner = np.ones(gold.size, dtype=bool)
+        inner[offsets[:-1]] = False
+        edges = np.flatnonzero(inner)
+        tail_keys = np.concatenate(
+            [
+                token_owner[edges] * size + gold[edges - 1] * L + gold[edges],
+                np.arange(N) * size + L * L + gold[offsets[:-1]],
+                np.arange(N) * size + L * L + L + gold[offsets[1:] - 1],
+            ]
         )
-        if not np.isfinite(log_z[0]):  # scaled numbers failed: the general objective redoes it in log space
-            return self.general(theta)
-        gradient = np.empty(theta.size)
-        gradient[:n] = _compiled.sequence_gradient(indptr, indices, data, gold, marginals, n // L).ravel()
-        gradient[n:] = self.local.chain.tail_counts(pairs, marginals[0], marginals[T - 1]) - observed_tail
-        return float(log_z[0] - score), gradient
+        tail_keys, counts = np.unique(tail_keys, return_counts=True)
+        self.tail_bounds = np.searchsorted(tail_keys, np.arange(N + 1, dtype=np.int64) * size)
+        self.tail_index, self.tail_counts = tail_keys % size, counts.astype(np.float64)
+        self.lengths = lengths
+        # (first token, end token, first and end observed tail entry) of every sequence, as Python ints
+        self._bounds = np.stack([offsets[:-1], offsets[1:], self.tail_bounds[:-1], self.tail_bounds[1:]], axis=1).tolist()
+        self.steps = np.arange(int(lengths.max(initial=0)), dtype=np.int64)
+        # working arrays of one call of :meth:`objective` (emissions, then marginals; log Z; pair counts)
+        self._emissions, self._log_z, self._pairs = np.empty((self.steps.size, L)), np.empty(1), np.empty((L, L))
+        self._product = _compiled._kernel("_sparse_times_dense")
+        self._forward_backward = _compiled._kernel("_forward_backward_first_order")
+        self._gradient = _compiled._kernel("_sequence_gradient")
+        self._no_messages = np.empty((0, 0))
+
+    @staticmethod
+    def applies(params: ParameterLayout, offsets: np.ndarray, labels: np.ndarray, batch_size: int, candidates) -> bool:
+        """Whether the sequences suit this path: one sequence per update, first order, no
+        pruned lattice, every label known and no empty sequence."""
+        labels = np.asarray(labels)
+        return (
+            batch_size == 1
+            and params.order == 1
+            and candidates is None
+            and bool(labels.size)
+            and int(labels.min()) >= 0
+            and bool(np.all(np.diff(offsets) > 0))
+        )
+
+    def column_slice(self, n: int) -> np.ndarray:
+        """Sequence ``n``'s attribute columns (sorted)."""
+        return self.columns[self._column_bounds[n] : self._column_bounds[n + 1]]
+
+    def objective(self, n: int, state: np.ndarray, scale: float, tail: np.ndarray) -> tuple[float, np.ndarray, np.ndarray] | None:
+        """(NLL, state gradient (C, L) over its C columns (:meth:`column_slice`), tail gradient
+        (tail_size,)) of sequence ``n`` at the weights ``scale * state`` (state (A, L)) and
+        ``tail``, as :class:`crf._objective.Objective` gives them; None when the scaled
+        forward-backward fails (extreme scores): the caller then takes the general objective (log space)."""
+        L = self.n_labels
+        a, b, k, m = self._bounds[n]
+        T = b - a
+        indptr = self.indptr[a : b + 1]  # into the entries of all sequences: positions and data whole
+        gold = self.labels[a:b]
+        emissions = self._emissions[:T]
+        self._product(indptr, self.attributes, self.data, state, emissions)
+        emissions *= scale
+        observed_index, observed = self.tail_index[k:m], self.tail_counts[k:m]
+        score = emissions[self.steps[:T], gold].sum() + tail[observed_index] @ observed
+        log_z, pairs, no = self._log_z, self._pairs, self._no_messages
+        pairs.fill(0.0)
+        # the marginals are written over the emissions (each token's scores are read first)
+        self._forward_backward(
+            emissions, tail[: L * L].reshape(L, L), tail[L * L : L * L + L], tail[L * L + L :], self.steps[:T],
+            self.lengths[n : n + 1], emissions, log_z, pairs, True, no, no, False,
+        )  # fmt: skip
+        if not math.isfinite(log_z[0]):
+            return None
+        gradient = np.zeros((self._column_bounds[n + 1] - self._column_bounds[n], L))
+        self._gradient(indptr, self.positions, self.data, gold, emissions, gradient)
+        tail_gradient = np.concatenate([pairs.ravel(), emissions[0], emissions[T - 1]])
+        tail_gradient[observed_index] -= observed
+        return float(log_z[0] - score), gradient, tail_gradient
+
+    def minibatch(self, n: int) -> _Minibatch:
+        """Sequence ``n`` as a :class:`_Minibatch` (the general objective, in log space)."""
+        return _Minibatch(self.X, self.offsets, self.labels, self.params, np.array([n]))
+
+
+class _SequenceVisits:
+    """CRFsuite's SGD: one update per sequence, the i-th update on sequence ``sequences[i]``
+    of the prepared :class:`_Sequences`."""
+
+    def __init__(self, prepared: _Sequences, sequences: np.ndarray) -> None:
+        self.prepared, self.sequences = prepared, np.asarray(sequences, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return self.sequences.size
+
+    def loss(self, weights: _SGDWeights, i: int) -> float:
+        n = int(self.sequences[i])
+        parts = self.prepared.objective(n, weights.state, weights.scale, weights.tail)
+        return weights.loss(self.prepared.minibatch(n)) if parts is None else parts[0]
+
+    def step(self, weights: _SGDWeights, i: int, eta: float, lam: float) -> float:
+        """One update on sequence ``sequences[i]``, as :meth:`_SGDWeights.step` makes it."""
+        n = int(self.sequences[i])
+        parts = self.prepared.objective(n, weights.state, weights.scale, weights.tail)
+        if parts is None:
+            return weights.step(self.prepared.minibatch(n), eta, lam)
+        loss, gradient, tail_gradient = parts
+        weights.update(self.prepared.column_slice(n), gradient, tail_gradient, eta, lam)
+        return loss
 
 
 def _minibatches(
-    X, offsets, labels, params: ParameterLayout, sequences: np.ndarray, batch_size: int, candidates=None
-) -> list[_Minibatch]:
-    mask = None
-    if params.feature_index is not None:
-        mask = np.zeros(params.n_attributes * params.n_labels, dtype=bool)
-        mask[params.feature_index] = True
-        mask = mask.reshape(params.n_attributes, params.n_labels)
-    return [
-        _Minibatch(X, offsets, labels, params, np.sort(sequences[b : b + batch_size]), mask, candidates)
-        for b in range(0, len(sequences), batch_size)
-    ]
+    X, offsets, labels, params: ParameterLayout, sequences: np.ndarray, batch_size: int, candidates=None, prepared=None
+) -> _Minibatches | _SequenceVisits:
+    """The updates of one pass over ``sequences`` (in this order), ``batch_size`` sequences
+    each: with ``prepared`` (:class:`_Sequences`, for one first-order sequence per update),
+    CRFsuite's per-sequence path; else one :class:`_Minibatch` per update."""
+    if prepared is not None:
+        return _SequenceVisits(prepared, sequences)
+    return _Minibatches(X, offsets, labels, params, sequences, batch_size, candidates)
 
 
 class _SGDWeights:
@@ -306,6 +445,9 @@ class _SGDWeights:
         self.state = np.array(state, dtype=np.float64)
         self.tail = np.array(theta0[params.n_state :], dtype=np.float64)
         self.trainable_tail = trainable_tail
+        self.mask = _feature_mask(params)
+        self._mask = np.ones((1, 1), dtype=bool) if self.mask is None else self.mask
+        self._rows_step = _compiled._kernel("_masked_rows_step")
         self.scale = 1.0
 
     def _local(self, batch: _Minibatch) -> np.ndarray:
@@ -321,41 +463,68 @@ class _SGDWeights:
         n = batch.columns.size * L
         loss, grad = batch.objective(self._local(batch))
         grad /= batch.size
-        grad_state = grad[:n].reshape(-1, L)
-        if batch.mask is not None:
-            grad_state *= batch.mask
+        self.update(batch.columns, grad[:n].reshape(-1, L), grad[n:], eta, lam)
+        return loss
+
+    def update(self, columns: np.ndarray, gradient: np.ndarray, tail_gradient: np.ndarray, eta: float, lam: float) -> None:
+        """w <- (1 - eta lam) w - eta * gradient, with ``gradient`` (C, L) over the state weights
+        of the attributes ``columns`` (C,) and ``tail_gradient`` over the tail (overwritten);
+        only weights that are features move."""
         shrink = 1.0 - eta * lam
         self.scale *= shrink
-        self.state[batch.columns] -= (eta / self.scale) * grad_state
-        self.tail = shrink * self.tail - eta * grad[n:] * self.trainable_tail
+        self._rows_step(columns, self.state, gradient, self._mask, self.mask is not None, eta / self.scale)
+        self.tail *= shrink
+        tail_gradient *= eta
+        tail_gradient *= self.trainable_tail
+        self.tail -= tail_gradient
         if self.scale < 1e-9:
             self.state *= self.scale
             self.scale = 1.0
-        return loss
 
     def theta(self) -> np.ndarray:
         return self.params.join(self.scale * self.state, self.tail)
 
 
-def _epoch(weights: _SGDWeights, batches: list[_Minibatch], order, t0: float, t: int, lam: float) -> tuple[float, int]:
-    """One pass over ``batches`` in ``order`` with eta = 1 / (lam (t0 + t)); (summed NLL, new t)."""
+def _epoch(weights: _SGDWeights, batches, order, t0: float, t: int, lam: float) -> tuple[float, int]:
+    """One pass over ``batches`` (:func:`_minibatches`) in ``order`` with eta = 1 / (lam (t0 + t));
+    (summed NLL, new t)."""
     total = 0.0
     for i in order:
-        total += weights.step(batches[i], 1.0 / (lam * (t0 + t)), lam)
+        total += batches.step(weights, i, 1.0 / (lam * (t0 + t)), lam)
         t += 1
     return total, t
 
 
+def _prepared(X, offsets, labels, params, batch_size: int, candidates) -> _Sequences | None:
+    """:class:`_Sequences` when CRFsuite's per-sequence path applies (see :meth:`_Sequences.applies`)."""
+    return _Sequences(X, offsets, labels, params) if _Sequences.applies(params, offsets, labels, batch_size, candidates) else None
+
+
 def calibrate(
-    X, offsets, labels, params, theta0, trainable_tail, lam, batch_size, rng, calibration: Calibration, candidates=None
+    X,
+    offsets,
+    labels,
+    params,
+    theta0,
+    trainable_tail,
+    lam,
+    batch_size,
+    rng,
+    calibration: Calibration,
+    candidates=None,
+    prepared: _Sequences | None = None,
 ) -> float:
-    """CRFsuite's learning-rate calibration (see :class:`Calibration`); returns the chosen eta."""
+    """CRFsuite's learning-rate calibration (see :class:`Calibration`); returns the chosen eta.
+    ``prepared``: the sequences made ready for the per-sequence path, if already (else made here
+    when that path applies)."""
     n_sequences = offsets.size - 1
     sample = rng.permutation(n_sequences)[: min(n_sequences, calibration.samples)]
-    batches = _minibatches(X, offsets, labels, params, sample, batch_size, candidates)
+    if prepared is None:
+        prepared = _prepared(X, offsets, labels, params, batch_size, candidates)
+    batches = _minibatches(X, offsets, labels, params, sample, batch_size, candidates, prepared)
     initial = _SGDWeights(params, theta0, trainable_tail)
     penalty = 0.5 * lam * sample.size  # times ||w||^2: the L2 term of the sample's share of the loss
-    initial_loss = sum(initial.loss(b) for b in batches) + penalty * float(theta0 @ theta0)
+    initial_loss = sum(batches.loss(initial, i) for i in range(len(batches))) + penalty * float(theta0 @ theta0)
     eta, best_eta, best_loss = calibration.eta, calibration.eta, np.inf
     left, decreasing, trials = calibration.candidates, False, 1
     while (left > 0 or not decreasing) and trials <= calibration.max_trials:
@@ -416,11 +585,13 @@ def sgd(
     if frozen is not None:
         trainable[frozen] = False
     trainable_tail = trainable[params.n_state :]
+    prepared = _prepared(X, offsets, labels, params, batch_size, candidates)
     if learning_rate is None:
         learning_rate = calibrate(
-            X, offsets, labels, params, theta0, trainable_tail, lam, batch_size, rng, calibration or Calibration(), candidates
-        )
-    batches = _minibatches(X, offsets, labels, params, rng.permutation(n_sequences), batch_size, candidates)
+            X, offsets, labels, params, theta0, trainable_tail, lam, batch_size, rng, calibration or Calibration(), candidates,
+            prepared,
+        )  # fmt: skip
+    batches = _minibatches(X, offsets, labels, params, rng.permutation(n_sequences), batch_size, candidates, prepared)
     weights = _SGDWeights(params, theta0, trainable_tail)
     t0, t = 1.0 / (lam * learning_rate), 0
     history: list[IterationInfo] = []

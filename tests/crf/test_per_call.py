@@ -224,14 +224,16 @@ def test_one_sequence_sgd_step_is_the_general_objective():
     X.data[:] = rng.normal(size=X.data.size)
     labels = rng.integers(0, 4, size=int(lengths.sum()))
     params = ParameterLayout(12, 4)
+    prepared = _optimize._Sequences(X, offsets, labels, params)
     for sequence in range(lengths.size):
         batch = _optimize._Minibatch(X, offsets, labels, params, np.array([sequence]), None)
-        assert batch.single is not None
         theta = rng.normal(size=batch.local.size)
-        loss, gradient = batch.objective(theta)
-        expected_loss, expected_gradient = batch.general(theta)
+        n, state = batch.columns.size * 4, np.zeros((12, 4))
+        state[batch.columns] = theta[:n].reshape(-1, 4) / 2.0
+        loss, gradient, tail_gradient = prepared.objective(sequence, state, 2.0, theta[n:])
+        expected_loss, expected_gradient = batch.objective(theta)
         assert loss == pytest.approx(expected_loss, rel=1e-12)
-        np.testing.assert_allclose(gradient, expected_gradient, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(np.concatenate([gradient.ravel(), tail_gradient]), expected_gradient, rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
