@@ -253,7 +253,7 @@ def conll(request):
         ("lbfgs", {"max_iterations": 50}),
         ("lbfgs", {"max_iterations": 50, "c1": 0.5, "c2": 0.01}),
         ("lbfgs", {"max_iterations": 100, "c1": 0.1, "c2": 0.1, "all_possible_transitions": True}),  # the tutorial's
-        ("l2sgd", {"max_iterations": 5}),  # our SGD runs per sentence in Python: 5 epochs keep this case to minutes
+        ("l2sgd", {"max_iterations": 5}),  # 5 epochs keep this case short
         ("ap", {"max_iterations": 20}),
         ("pa", {"max_iterations": 20}),
         ("arow", {"max_iterations": 20}),
