@@ -28,7 +28,8 @@ semi-supervised stage's), before any stage runs, each a one-line :class:`Setting
 the setting: every setting's type and range (``prefixes`` and ``offsets`` non-empty lists of
 distinct whole numbers), the word column (a dataset column, not the label), views that the
 feature set already has, and the files: a paths file or pool file that is missing, a folder,
-unreadable or empty, or whose first lines do not fit ``format``. What only the whole pool tells is
+unreadable or empty, a paths file whose first lines are not ``path<TAB>word<TAB>count``, a pool
+file whose first lines do not fit ``format``. What only the whole pool tells is
 refused as soon as it is counted, before clustering: a file without a word
 (:class:`crf.io.DataFormatError` naming it), ``min_count`` leaving no word (naming the setting).
 """
@@ -397,7 +398,8 @@ def format_problem(path: Path, file_format: str) -> str | None:
     ``file_format``, else None: a sentence-a-line text file read as ``conll`` would become one
     sentence of each line's first word, a CoNLL column file read as ``text`` sentences of words and
     tags. ``conll``: every token line has as many cells as the first (CoNLL-U files are not
-    checked); ``text``: at least 10 lines all with the same number (>= 2) of tokens look like columns.
+    checked); ``text``: at least 10 lines all with the same number (>= 2) of tokens look like columns,
+    and a CoNLL-U file is refused.
 
     Raises
     ------
@@ -405,7 +407,7 @@ def format_problem(path: Path, file_format: str) -> str | None:
         The file cannot be read (a broken gzip file, not UTF-8), naming it.
     """
     if str(path).endswith((".conllu", ".conllu.gz")):
-        return None
+        return "a CoNLL-U file, not a sentence a line (set features.clusters.format=conll)" if file_format == "text" else None
     widths: list[tuple[int, int]] = []  # (line number, cells) of the non-blank lines
     for number, line in _decoded_lines(path):
         if number > SNIFF_LINES:
@@ -427,6 +429,39 @@ def format_problem(path: Path, file_format: str) -> str | None:
             "(for word columns set features.clusters.format=conll)"
         )
     return None
+
+
+def paths_problem(path: Path) -> str | None:
+    """What is wrong with the first :data:`SNIFF_LINES` lines of a paths file (the rules of
+    :func:`crf.clusters.read_paths`: ``path<TAB>word[<TAB>count]``, the path a bit string), else
+    None: a wrong file (a CoNLL file, a text file) is refused before any stage; the whole file is
+    read, and checked, by the featurize stage.
+
+    Raises
+    ------
+    crf.io.DataFormatError
+        The file cannot be read (a broken gzip file, not UTF-8), naming it.
+    """
+    for number, line in _decoded_lines(path):
+        if number > SNIFF_LINES:
+            break
+        if not line.strip():
+            continue
+        parts = line.rstrip("\r").split("\t")
+        if len(parts) not in (2, 3):
+            return f"line {number}: expected 'path<TAB>word<TAB>count', got {len(parts)} tab-separated cells"
+        if not parts[0] or set(parts[0]) - {"0", "1"}:
+            return f"line {number}: path {parts[0]!r} is not a string of 0 and 1"
+        if not parts[1]:
+            return f"line {number}: empty word"
+    return None
+
+
+def _paths_file_checked(setting: str, given: str) -> None:
+    path = checked_file(setting, given, "word-cluster paths file")
+    problem = paths_problem(path)
+    if problem:
+        raise SettingsError(f"bad setting {setting}: paths file {path}: {problem}")
 
 
 def _columns_checked(checks: Sequence[tuple[str, str]], dataset: Mapping) -> None:
@@ -464,7 +499,7 @@ def validate(cfg) -> None:
     settings = settings_of(value)
     if settings is None:
         if isinstance(value, str):  # a paths file the config's own views read
-            checked_file("features.clusters", value, "word-cluster paths file")
+            _paths_file_checked("features.clusters", value)
         return
     dataset = section(cfg, "dataset")
     views = dict(features.get("views") or {})
@@ -477,7 +512,7 @@ def validate(cfg) -> None:
             )
         _columns_checked([("features.clusters.column", settings["column"])], dataset)
         if settings["source"] != AUTO:
-            checked_file("features.clusters.source", settings["source"], "word-cluster paths file")
+            _paths_file_checked("features.clusters.source", settings["source"])
             return
     else:  # 'auto': the config's own views read the learned file
         auto = {n: spec for n, spec in views.items() if isinstance(spec, Mapping) and spec.get("fn") == "cluster"}

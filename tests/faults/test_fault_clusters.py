@@ -87,7 +87,12 @@ def _files(tmp_path: Path) -> dict[str, Path]:
     text.write_text("the man runs home\na dog sees the man\nthe end\n" * 5)
     conll = tmp_path / "columns.txt"
     conll.write_text("the DT B-NP\ndog NN I-NP\nruns VB B-VP\n\n" * 6)
-    return {"missing": tmp_path / "none.txt", "folder": folder, "empty": empty, "text": text, "conll": conll}
+    conllu = tmp_path / "ud.conllu"
+    conllu.write_text("# text = the dog\n1\tthe\tthe\tDET\n2\tdog\tdog\tNOUN\n\n")
+    paths = tmp_path / "paths.txt"
+    paths.write_text("0101\tthe\t5\n011\tdog\t3\n")
+    files = {"missing": tmp_path / "none.txt", "folder": folder, "empty": empty, "text": text, "conll": conll}
+    return {**files, "conllu": conllu, "paths": paths}
 
 
 @pytest.mark.parametrize(
@@ -96,11 +101,13 @@ def _files(tmp_path: Path) -> dict[str, Path]:
         ("source", "missing", "bad setting features.clusters.source: no word-cluster paths file {path}"),
         ("source", "folder", "bad setting features.clusters.source: the word-cluster paths file {path} is a folder"),
         ("source", "empty", "bad setting features.clusters.source: the word-cluster paths file {path} is empty"),
+        ("source", "conll", "bad setting features.clusters.source: paths file {path}: line 1: expected 'path<TAB>word"),
         ("pool", "missing", "bad setting features.clusters.pool: no pool file {path}"),
         ("pool", "folder", "bad setting features.clusters.pool: the pool file {path} is a folder, not a file"),
         ("pool", "empty", "bad setting features.clusters.pool: the pool file {path} is empty"),
         ("pool", "text", "bad setting features.clusters.format='conll': pool file {path}: line 2 has 5 cells where line 1"),
         ("text_pool", "conll", "bad setting features.clusters.format='text': pool file {path}: its first 18 lines all have 3"),
+        ("text_pool", "conllu", "bad setting features.clusters.format='text': pool file {path}: a CoNLL-U file"),
         ("paths_file", "missing", "bad setting features.clusters: no word-cluster paths file {path}"),
         ("paths_file", "folder", "bad setting features.clusters: the word-cluster paths file {path} is a folder"),
         ("unlabelled", "missing", "bad setting dataset.unlabelled: no pool file {path}"),
@@ -120,11 +127,15 @@ def test_every_way_a_clusters_file_can_be_wrong_is_refused_before_any_stage(tmp_
     assert isinstance(missing, FileNotFoundError) and isinstance(missing, SettingsError)  # both ways of catching it
 
 
-def test_good_pool_files_in_either_format_pass(tmp_path):
+def test_good_pool_and_paths_files_pass(tmp_path):
     files = _files(tmp_path)
     validate_settings(compose_config([BROWN, f"features.clusters.pool=[{files['conll']}]"]), [load_stages()["featurize"]])
     text = [BROWN, f"features.clusters.pool=[{files['text']}]", "features.clusters.format=text"]
     validate_settings(compose_config(text), [load_stages()["featurize"]])
+    for conll_pool in (files["conll"], files["conllu"]):
+        validate_settings(compose_config([BROWN, f"features.clusters.pool=[{conll_pool}]"]), [load_stages()["featurize"]])
+    validate_settings(compose_config([BROWN, f"features.clusters.source={files['paths']}"]), [load_stages()["featurize"]])
+    validate_settings(compose_config(["features=chunking_clusters", f"features.clusters={files['paths']}"]))
 
 
 def test_what_only_the_pool_tells_is_refused_by_name_before_clustering(tmp_path, monkeypatch):
