@@ -398,8 +398,8 @@ def format_problem(path: Path, file_format: str) -> str | None:
     ``file_format``, else None: a sentence-a-line text file read as ``conll`` would become one
     sentence of each line's first word, a CoNLL column file read as ``text`` sentences of words and
     tags. ``conll``: every token line has as many cells as the first (CoNLL-U files are not
-    checked); ``text``: at least 10 lines all with the same number (>= 2) of tokens look like columns,
-    and a CoNLL-U file is refused.
+    checked); ``text``: at least 10 lines all with the same number (>= 2) of tokens, with blank lines
+    between them, look like columns, and a CoNLL-U file is refused.
 
     Raises
     ------
@@ -409,10 +409,12 @@ def format_problem(path: Path, file_format: str) -> str | None:
     if str(path).endswith((".conllu", ".conllu.gz")):
         return "a CoNLL-U file, not a sentence a line (set features.clusters.format=conll)" if file_format == "text" else None
     widths: list[tuple[int, int]] = []  # (line number, cells) of the non-blank lines
+    blank = False  # a blank line between them (CoNLL's sentence break)
     for number, line in _decoded_lines(path):
         if number > SNIFF_LINES:
             break
         cells = line.split()
+        blank = blank or (not cells and bool(widths))
         if cells and not (cells[0] == "-DOCSTART-" or (file_format == "text" and line.startswith("#"))):
             widths.append((number, len(cells)))
     if file_format == "conll":
@@ -423,7 +425,7 @@ def format_problem(path: Path, file_format: str) -> str | None:
                 "(for a sentence a line set features.clusters.format=text)"
             )
         return None
-    if len(widths) >= 10 and len({w for _, w in widths}) == 1 and widths[0][1] >= 2:
+    if blank and len(widths) >= 10 and len({w for _, w in widths}) == 1 and widths[0][1] >= 2:
         return (
             f"its first {len(widths)} lines all have {widths[0][1]} tokens: a CoNLL column file, not a sentence a line "
             "(for word columns set features.clusters.format=conll)"

@@ -40,6 +40,11 @@ def _refused(overrides: list[str], stages: tuple[str, ...] = ("featurize",)) -> 
     return text
 
 
+def _passes(overrides: list[str]) -> None:
+    """Validating ``overrides`` with the featurize stage's checks raises nothing."""
+    validate_settings(compose_config(overrides), [load_stages()["featurize"]])
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
@@ -69,8 +74,8 @@ def test_every_clusters_setting_is_checked_before_any_stage(overrides, message):
 
 
 def test_the_settings_the_shipped_configs_use_pass_and_mean_what_they_say():
-    validate_settings(compose_config([BROWN]), [load_stages()["featurize"]])
-    validate_settings(compose_config([BROWN, "features.clusters.column=pos", "features.clusters.prefixes=[0,1000]"]))
+    _passes([BROWN])
+    _passes([BROWN, "features.clusters.column=pos", "features.clusters.prefixes=[0,1000]"])
     with pytest.raises(SettingsError, match=r"unknown setting\(s\) \['n_cluster'\]"):
         clusters.settings_of({"n_cluster": 5})
     # a prefix at least as long as every path is the whole path, as 0 is (documented in brown.yaml)
@@ -129,13 +134,16 @@ def test_every_way_a_clusters_file_can_be_wrong_is_refused_before_any_stage(tmp_
 
 def test_good_pool_and_paths_files_pass(tmp_path):
     files = _files(tmp_path)
-    validate_settings(compose_config([BROWN, f"features.clusters.pool=[{files['conll']}]"]), [load_stages()["featurize"]])
+    _passes([BROWN, f"features.clusters.pool=[{files['conll']}]"])
     text = [BROWN, f"features.clusters.pool=[{files['text']}]", "features.clusters.format=text"]
-    validate_settings(compose_config(text), [load_stages()["featurize"]])
+    _passes(text)
+    pairs = tmp_path / "pairs.txt"
+    pairs.write_text("New York\n" * 12)  # equal lines without CoNLL's blank lines: a sentence a line
+    _passes([BROWN, f"features.clusters.pool=[{pairs}]", "features.clusters.format=text"])
     for conll_pool in (files["conll"], files["conllu"]):
-        validate_settings(compose_config([BROWN, f"features.clusters.pool=[{conll_pool}]"]), [load_stages()["featurize"]])
-    validate_settings(compose_config([BROWN, f"features.clusters.source={files['paths']}"]), [load_stages()["featurize"]])
-    validate_settings(compose_config(["features=chunking_clusters", f"features.clusters={files['paths']}"]))
+        _passes([BROWN, f"features.clusters.pool=[{conll_pool}]"])
+    _passes([BROWN, f"features.clusters.source={files['paths']}"])
+    _passes(["features=chunking_clusters", f"features.clusters={files['paths']}"])
 
 
 def test_what_only_the_pool_tells_is_refused_by_name_before_clustering(tmp_path, monkeypatch):
