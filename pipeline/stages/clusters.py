@@ -558,3 +558,12 @@ def validate_semi(cfg) -> None:
             "(its crf_clusters arm learns its own, semi.clusters); drop them or give a paths file"
         )
     validate(cfg)
+    arms = (semi or {}).get("arms")
+    if isinstance(features, Mapping) and "crf_clusters" in (arms if arms is not None else ["crf_clusters"]):
+        own = dict(expanded(features, None).get("views") or {})
+        taken = [f"brown{n}" for n in settings["prefixes"] if f"brown{n}" in own]
+        if taken:
+            raise SettingsError(
+                f"bad setting features.clusters: the feature set has views {', '.join(taken)}, which the crf_clusters arm "
+                "adds from semi.clusters; drop the feature set's clusters or the crf_clusters arm (semi.arms)"
+            )

@@ -168,7 +168,7 @@ def test_what_only_the_pool_tells_is_refused_by_name_before_clustering(tmp_path,
     assert not list((tmp_path / "clusters").glob("*"))  # no entry, no temporary folder left
 
 
-def test_clusters_a_model_or_stage_would_ignore_are_refused():
+def test_clusters_a_model_or_stage_would_ignore_or_clash_with_are_refused(tmp_path):
     # the HMM uses no features: the run would be named after clusters it never saw
     assert "bad setting features.clusters: model=hmm observes one column" in _refused(["model=hmm", BROWN], ())
     validate_settings(compose_config(["model=hmm"]))
@@ -191,6 +191,13 @@ def test_clusters_a_model_or_stage_would_ignore_are_refused():
         assert message in str(caught.value) and "\n" not in str(caught.value)
     message = "bad setting features.clusters: the semi_supervised stage does not learn the feature set's clusters"
     assert message in _refused(["+experiment=semi_supervised", BROWN], ("semi_supervised",))
+    paths = tmp_path / "paths.txt"
+    paths.write_text("0101\tthe\t5\n011\tdog\t3\n")
+    own = ["+experiment=semi_supervised", "features=chunking_clusters", f"features.clusters={paths}"]
+    assert "the feature set has views brown4, brown6, brown10, brown20, which the crf_clusters arm adds" in _refused(
+        own, ("semi_supervised",)
+    )
+    validate_settings(compose_config([*own, "semi.arms=[crf,crf_self_training]"]), [semi])
 
 
 def test_the_clusters_command_refuses_bad_input_in_one_line(tmp_path, capsys):
