@@ -387,6 +387,8 @@ def read_paths(path: str | os.PathLike) -> dict[str, str]:
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such word-cluster paths file")
+    if not path.is_file():
+        raise DataFormatError(path, 1, "a word-cluster paths file is expected, not a folder or other non-file")
     clusters: dict[str, str] = {}
     for number, line in _decoded_lines(path):
         if not line.strip():
@@ -450,7 +452,7 @@ def iter_words(paths: Sequence[str | os.PathLike]) -> Iterator[list[str]]:
             seen = True
             yield words
         if not seen:
-            raise ValueError(f"{file}: the text pool file holds no words")
+            raise DataFormatError(file, 1, "the text pool file holds no words")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -465,13 +467,26 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--clusters", type=int, default=100, help="the window m: classes kept while words enter")
     parser.add_argument("--min-count", type=int, default=1, help="words seen fewer times get no path")
     args = parser.parse_args(argv)
+    if args.clusters < 1:
+        parser.error(f"--clusters {args.clusters}: must be at least 1")
+    if args.min_count < 1:
+        parser.error(f"--min-count {args.min_count}: must be at least 1")
+    for file in args.files:
+        if not Path(file).is_file():
+            parser.error(f"{file}: no such file" if not Path(file).exists() else f"{file}: not a file")
+    out = Path(args.out)
+    if out.is_dir() or not out.parent.is_dir():
+        parser.error(f"--out {out}: a folder" if out.is_dir() else f"--out {out}: no folder {out.parent}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     start = time.perf_counter()
-    counts = count_bigrams(iter_words(args.files))
-    counted = time.perf_counter()
-    paths = brown_clusters(counts, n_clusters=args.clusters, min_count=args.min_count)
-    done = time.perf_counter()
-    write_paths(args.out, paths, dict(zip(counts.words.tolist(), counts.counts.tolist())))
+    try:
+        counts = count_bigrams(iter_words(args.files))
+        counted = time.perf_counter()
+        paths = brown_clusters(counts, n_clusters=args.clusters, min_count=args.min_count)
+        done = time.perf_counter()
+        write_paths(args.out, paths, dict(zip(counts.words.tolist(), counts.counts.tolist())))
+    except (ValueError, OSError) as error:  # DataFormatError: a file and line; min_count leaving no word
+        parser.exit(2, f"{parser.prog}: error: {error}\n")
     log.info(
         "%d tokens, %d words, %d clustered with m=%d: counting %.1f s, clustering %.1f s; wrote %s",
         counts.n_tokens,

@@ -57,6 +57,12 @@ class HMMAdapter(BaseAdapter):
             raise SettingsError(
                 f"bad setting model.k={k!r}: add-k smoothing needs k > 0 (k = 0 gives unseen events probability 0)"
             )
+        clusters = OmegaConf.select(cfg, "features.clusters", default=None)
+        if clusters is not None:
+            raise SettingsError(
+                "bad setting features.clusters: model=hmm observes one column (model.observation) and uses no features, "
+                "so word clusters would be ignored; drop them (+features/clusters=brown) or use model=crf"
+            )
         for name in ("rare_threshold", "max_suffix"):
             value = model.get(name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0):

@@ -111,6 +111,9 @@ class Featurize(BaseStage):
     def upstream(self, adapter: ModelAdapter) -> tuple[str, ...]:
         return ("prepare",)
 
+    def validate(self, cfg) -> None:
+        clusters.validate(cfg)  # the word clusters' settings and files, before any stage runs
+
     def config_slice(self, cfg, adapter: ModelAdapter) -> dict:
         features = OmegaConf.to_container(cfg.features, resolve=True)
         if clusters.is_auto(features):  # clusters learned from the pool: the dataset's unlabelled files join it

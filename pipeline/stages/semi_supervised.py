@@ -157,6 +157,9 @@ class SemiSupervised(BaseStage):
             settings_of(OmegaConf.to_container(cfg.semi, resolve=True) if "semi" in cfg else {})
         except ValueError as error:
             raise SettingsError(f"bad setting {error}") from None
+        from pipeline.stages import clusters
+
+        clusters.validate_semi(cfg)  # semi.clusters and the features' clusters
 
     def config_slice(self, cfg, adapter: ModelAdapter) -> dict:
         section = OmegaConf.to_container(cfg.semi, resolve=True) if "semi" in cfg else {}
@@ -289,7 +292,7 @@ class Experiment:
             began = time.perf_counter()
             block = {**clusters.DEFAULTS, **dict(self.settings["clusters"]), "source": clusters.AUTO}
             words = self.data.column("train", clusters.word_column({"clusters": block}, self.data.word_column))
-            paths_file, _ = clusters.learn(self.cache_dir, clusters.settings_of(block), words, [])
+            paths_file, _ = clusters.learn(self.cache_dir, clusters.settings_of(block), words, [], "semi.clusters")
             with_clusters = clusters.expanded({**features, "clusters": block}, paths_file)
             batch = self.batches(with_clusters)
             model = self.crf_model().fit(batch["train"].subset(self.labelled), [y[i] for i in self.labelled])

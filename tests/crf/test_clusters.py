@@ -151,7 +151,7 @@ def test_pool_files_stream_and_refuse_empty_or_missing(tmp_path):
     assert list(iter_words([ud, pool])) == [["I", "'m", "here"], ["OK"], ["the", "cat"], ["a", "dog"]]
     empty = tmp_path / "empty.txt"
     empty.write_text("\n\n")
-    with pytest.raises(ValueError, match="empty.txt: the text pool file holds no words"):
+    with pytest.raises(ValueError, match="empty.txt:1: the text pool file holds no words"):
         list(iter_words([pool, empty]))
     with pytest.raises(FileNotFoundError, match="nothere.txt"):
         list(iter_words([tmp_path / "nothere.txt"]))

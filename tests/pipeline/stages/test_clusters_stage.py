@@ -42,7 +42,7 @@ def test_bad_pool_files_are_one_line_errors_naming_them(tmp_path):
         clusters.pool_paths({"clusters": "auto"}, ["raw/news.txt"], tmp_path)
     empty = tmp_path / "empty.txt"
     empty.write_text("\n\n")
-    with pytest.raises(ValueError, match=f"{empty}: the text pool file holds no words"):
+    with pytest.raises(ValueError, match=f"{empty}:1: the text pool file holds no words"):
         clusters.learn(tmp_path, {**clusters.settings_of("auto"), "format": "text"}, WORDS, [empty])
     with pytest.raises(ValueError, match=r"features.clusters: unknown setting\(s\) \['n_cluster'\]"):
         clusters.settings_of({"n_cluster": 5})
