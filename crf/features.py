@@ -5,7 +5,9 @@ Vocabulary
 A *view* is one string (or nothing) per token: a raw input column (``w``, ``pos``) or a token
 function of a column (``lower``, ``shape``, ``suffix`` with ``n``, ``is_title``, ...) or lexicon
 membership (``lexicon`` with a file of entries, matched as longest multi-token spans and marked
-``B-TYPE``/``I-TYPE``) or an abbreviation's long-form head (``abbreviation``: a short form defined as
+``B-TYPE``/``I-TYPE``), or membership in the lexicon of the fitting data's own entity mentions
+(``mentions``: learned from a ``label`` column when fitting, matched out of fold on the fitting data
+itself, see :func:`out_of_fold_marks`), or an abbreviation's long-form head (``abbreviation``: a short form defined as
 ``long form ( SF )`` carries the long form's last word on its uses in the next ``n`` tokens;
 ``abbreviation_loose`` also reads ``( SF ;``/``,``/``/`` and skips ``type``-like words and Roman
 numerals before the ``(``; the ``_suffix`` variants give the head's last 4 letters) or a word
@@ -177,11 +179,14 @@ TOKEN_FUNCTIONS: dict[str, Callable[[str, int], str | None]] = {
 CORPUS_FUNCTIONS = (
     "lexicon",
     "mentions",
+    "abbreviation_mentions",
     "abbreviation",
     "abbreviation_suffix",
     "abbreviation_loose",
     "abbreviation_loose_suffix",
 )
+# corpus functions that learn a lexicon from the fitting data's labels (ViewSpec.label)
+_MENTION_FUNCTIONS = ("mentions", "abbreviation_mentions")
 # view functions that look words up in a table read from a file: Brown cluster path prefixes
 TABLE_FUNCTIONS = ("cluster",)
 
@@ -190,7 +195,12 @@ _HEAD_WORD = re.compile(r"^[A-Za-z][A-Za-z-]{2,}$")
 
 
 def abbreviation_heads(
-    words: np.ndarray, position: np.ndarray, length: np.ndarray, window: int = 400, loose: bool = False
+    words: np.ndarray,
+    position: np.ndarray,
+    length: np.ndarray,
+    window: int = 400,
+    loose: bool = False,
+    carry: np.ndarray | None = None,
 ) -> np.ndarray:
     """The head word of each abbreviation's long form, on every use of the abbreviation.
 
@@ -217,11 +227,16 @@ def abbreviation_heads(
         ( SJS ; ..."), and take as head the nearest of the 3 words before the ``(`` that is a head
         word and neither a Roman numeral nor a word like ``type`` ("osteopetrosis type 2 ( AO2 )"
         gives ``osteopetrosis``): the ``abbreviation_loose`` views.
+    carry : ndarray of shape (T,), object, optional
+        Values per token to carry instead of the head word: each use gets ``carry`` at its
+        definition's head (None there: no value); the ``abbreviation_mentions`` view carries the
+        training-mention lexicon's type of the long form's last word.
 
     Returns
     -------
     ndarray of shape (T,), object
-        The lower-cased head word on each use of a defined short form, None elsewhere.
+        The lower-cased head word (or its ``carry`` value) on each use of a defined short form,
+        None elsewhere.
     """
     words = np.asarray(words, dtype=object)
     n = words.size
@@ -261,7 +276,10 @@ def abbreviation_heads(
     source = np.where(found, defined[np.maximum(slot, 0)], -1)
     near = found & (uses - source <= window)
     head_positions = np.fromiter((head_of[d] for d in source[near].tolist()), dtype=np.int64, count=int(near.sum()))
-    heads[uses[near]] = np.array([w.lower() for w in words[head_positions]], dtype=object)
+    if carry is not None:
+        heads[uses[near]] = np.asarray(carry, dtype=object)[head_positions]
+    else:
+        heads[uses[near]] = np.array([w.lower() for w in words[head_positions]], dtype=object)
     return heads
 
 
@@ -419,9 +437,9 @@ class FeatureExtractor:
                 raise ValueError(f"view {name!r}: unknown function {spec.fn!r}; known: {sorted(known)}")
             if spec.fn in ("lexicon", "cluster") and not spec.path:
                 raise ValueError(f"view {name!r}: a {spec.fn} view needs a 'path'")
-            if spec.fn == "mentions" and spec.label not in self.columns:
-                raise ValueError(f"view {name!r}: a mentions view needs a 'label' column, one of {self.columns}")
-            if spec.fn == "mentions" and (not isinstance(spec.n, int) or spec.n < 0 or spec.n == 1):
+            if spec.fn in _MENTION_FUNCTIONS and spec.label not in self.columns:
+                raise ValueError(f"view {name!r}: a {spec.fn} view needs a 'label' column, one of {self.columns}")
+            if spec.fn in _MENTION_FUNCTIONS and (not isinstance(spec.n, int) or spec.n < 0 or spec.n == 1):
                 raise ValueError(f"view {name!r}: the number of folds n={spec.n!r} must be 0 (10) or a whole number >= 2")
             if spec.fn == "cluster" and (not isinstance(spec.n, int) or spec.n < 0):
                 raise ValueError(f"view {name!r}: prefix length n={spec.n!r} must be a whole number >= 0")
@@ -471,12 +489,16 @@ class FeatureExtractor:
             words = np.array([w.lower() for w in source], dtype=object) if spec.lowercase else source
             marks = lexicon_marks(words, corpus.position, corpus.length, self._lexicon(name))
             return pd.factorize(marks, use_na_sentinel=True)
-        if spec.fn == "mentions":
+        if spec.fn in _MENTION_FUNCTIONS:
             fitted = self._fit_marks.get(name)
             if fitted is not None and _same_tokens(fitted[0], fitted[1], source, corpus.lengths):
-                return pd.factorize(fitted[2], use_na_sentinel=True)  # the fitting data: its out-of-fold marks
-            words = _lowered(source) if spec.lowercase else source
-            marks = lexicon_marks(words, corpus.position, corpus.length, self._lexicons[name])
+                marks = fitted[2]  # the fitting data: its out-of-fold marks
+            else:
+                words = _lowered(source) if spec.lowercase else source
+                marks = lexicon_marks(words, corpus.position, corpus.length, self._lexicons[name])
+            if spec.fn == "abbreviation_mentions":  # the type of the long form's last word, on the short form's uses
+                kinds = np.array([m if m is None else m.partition("-")[2] or m for m in marks], dtype=object)
+                marks = abbreviation_heads(source, corpus.position, corpus.length, 400, loose=True, carry=kinds)
             return pd.factorize(marks, use_na_sentinel=True)
         if spec.fn.startswith("abbreviation"):
             heads = abbreviation_heads(source, corpus.position, corpus.length, spec.n or 400, loose="loose" in spec.fn)
@@ -564,7 +586,7 @@ class FeatureExtractor:
         sentences), so the training data does not see its own mentions; on other data it matches
         the whole lexicon.
         """
-        mention_views = [v for v in self._used_views() if self._specs[v].fn == "mentions"]
+        mention_views = [v for v in self._used_views() if self._specs[v].fn in _MENTION_FUNCTIONS]
         corpus = self._read(sentences, extra={self._specs[v].label for v in mention_views})
         self._fit_marks = {}
         for name in mention_views:
@@ -867,7 +889,7 @@ class FeatureExtractor:
             check_unique(where, f"view {name!r}: value", vocab.tolist())
             extractor.vocabulary_[name] = vocab
             extractor._view_index[name] = pd.Index(vocab.astype(object), dtype=object)
-            if extractor._specs[name].fn in ("lexicon", "mentions"):
+            if extractor._specs[name].fn in ("lexicon", *_MENTION_FUNCTIONS):
                 entries = checked_array(where, arrays, f"lexicon/{name}/entries", "U", (None,))
                 types = checked_array(where, arrays, f"lexicon/{name}/types", "U", entries.shape)
                 extractor._lexicons[name] = {tuple(str(e).split()): str(t) for e, t in zip(entries, types)}

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from crf.features import FeatureExtractor, lexicon_marks, mention_lexicon, mention_spans, out_of_fold_marks
+from crf.features import FeatureExtractor, abbreviation_heads, lexicon_marks, mention_lexicon, mention_spans, out_of_fold_marks
 
 VIEW = {"lex": {"column": "w", "fn": "mentions", "label": "y", "n": 2, "lowercase": True}}
 
@@ -137,3 +137,33 @@ def test_mentions_lexicon_round_trips_through_the_saved_state():
 def test_bad_mentions_views_are_refused_naming_the_view(spec, message):
     with pytest.raises(ValueError, match=message):
         FeatureExtractor(columns=["w", "y"], templates=["lex[0]"], views={"lex": spec})
+
+
+def test_abbreviation_heads_carry_the_value_at_the_head_instead_of_the_word():
+    words = np.array(["complement", "C7", "deficiency", "(", "C7D", ")", "and", "C7D", "again", "C7D"], dtype=object)
+    position = np.arange(10)
+    length = np.full(10, 10)
+    plain = abbreviation_heads(words, position, length, loose=True)
+    assert plain.tolist() == [None] * 4 + ["deficiency", None, None, "deficiency", None, "deficiency"]
+    carry = np.array([None, None, "D", None, None, None, None, None, None, None], dtype=object)
+    carried = abbreviation_heads(words, position, length, loose=True, carry=carry)
+    assert carried.tolist() == [None] * 4 + ["D", None, None, "D", None, "D"]
+    assert abbreviation_heads(words, position, length, loose=True, carry=np.full(10, None)).tolist() == [None] * 10
+
+
+def test_abbreviation_mentions_carry_the_long_forms_lexicon_type_out_of_fold():
+    train = [
+        [("Complement", "B-D"), ("C7", "I-D"), ("deficiency", "I-D"), ("(", "O"), ("C7D", "B-D"), (")", "O")],
+        [("C7D", "B-D"), ("is", "O")],
+        [("C7", "B-D"), ("deficiency", "I-D"), ("x", "O")],
+    ]
+    view = {"a": {"column": "w", "fn": "abbreviation_mentions", "label": "y", "n": 2, "lowercase": True}}
+    extractor = FeatureExtractor(columns=["w", "y"], templates=["a[0]"], views=view, bos_eos=False)
+    # sentences 0-1 form one fold: "c7 deficiency" of sentence 2 marks the long form's last word there
+    assert extractor.attribute_lists(extractor.fit_transform(train)) == [
+        [[], [], [], [], ["a[0]=D"], []],
+        [["a[0]=D"], []],
+        [[], [], []],
+    ]
+    other = [[("A", "O"), ("deficiency", "O"), ("(", "O"), ("AD", "O"), (")", "O")], [("AD", "O")]]
+    assert extractor.attribute_lists(extractor.transform(other)) == [[[], [], [], [], []], [[]]]
