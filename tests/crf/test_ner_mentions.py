@@ -167,3 +167,27 @@ def test_abbreviation_mentions_carry_the_long_forms_lexicon_type_out_of_fold():
     ]
     other = [[("A", "O"), ("deficiency", "O"), ("(", "O"), ("AD", "O"), (")", "O")], [("AD", "O")]]
     assert extractor.attribute_lists(extractor.transform(other)) == [[[], [], [], [], []], [[]]]
+
+
+def test_bio_ner_disease_mentions_is_bio_ner_disease_with_the_training_lexicon():
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    from pipeline.stages.featurize import build_extractor
+
+    conf = Path(__file__).resolve().parents[2] / "conf/features"
+    base = OmegaConf.to_container(OmegaConf.load(conf / "bio_ner_disease.yaml"))
+    lexicon = OmegaConf.to_container(OmegaConf.load(conf / "bio_ner_disease_mentions.yaml"))
+    assert lexicon["templates"][: len(base["templates"])] == base["templates"]
+    assert {k: v for k, v in lexicon["views"].items() if k not in ("lex", "alex")} == base["views"]
+    assert {lexicon["views"]["lex"]["label"], lexicon["views"]["alex"]["label"]} == {"ner"}
+    train = [
+        [("Complement", "B-Disease"), ("C7", "I-Disease"), ("deficiency", "I-Disease")]
+        + [("(", "O"), ("C7D", "B-Disease"), (")", "O")],
+        [("C7", "B-Disease"), ("deficiency", "I-Disease")],
+    ] * 3
+    extractor = build_extractor(lexicon, ["w", "ner"]).fit(train)
+    assert extractor.input_columns() == ["w"]
+    names = set(extractor.attribute_names())
+    assert {"lex[0]=B-Disease", "lex[-1]|lex[0]=B-Disease|I-Disease", "alex[0]=Disease"} <= names
