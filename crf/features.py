@@ -5,7 +5,9 @@ Vocabulary
 A *view* is one string (or nothing) per token: a raw input column (``w``, ``pos``) or a token
 function of a column (``lower``, ``shape``, ``suffix`` with ``n``, ``is_title``, ...) or lexicon
 membership (``lexicon`` with a file of entries, matched as longest multi-token spans and marked
-``B-TYPE``/``I-TYPE``) or an abbreviation's long-form head (``abbreviation``: a short form defined as
+``B-TYPE``/``I-TYPE``), or membership in the lexicon of the fitting data's own entity mentions
+(``mentions``: learned from a ``label`` column when fitting, matched out of fold on the fitting data
+itself, see :func:`out_of_fold_marks`), or an abbreviation's long-form head (``abbreviation``: a short form defined as
 ``long form ( SF )`` carries the long form's last word on its uses in the next ``n`` tokens;
 ``abbreviation_loose`` also reads ``( SF ;``/``,``/``/`` and skips ``type``-like words and Roman
 numerals before the ``(``; the ``_suffix`` variants give the head's last 4 letters) or a word
@@ -174,7 +176,17 @@ TOKEN_FUNCTIONS: dict[str, Callable[[str, int], str | None]] = {
 }
 
 # view functions that read the whole corpus in order, not one token: lexicon spans, abbreviations
-CORPUS_FUNCTIONS = ("lexicon", "abbreviation", "abbreviation_suffix", "abbreviation_loose", "abbreviation_loose_suffix")
+CORPUS_FUNCTIONS = (
+    "lexicon",
+    "mentions",
+    "abbreviation_mentions",
+    "abbreviation",
+    "abbreviation_suffix",
+    "abbreviation_loose",
+    "abbreviation_loose_suffix",
+)
+# corpus functions that learn a lexicon from the fitting data's labels (ViewSpec.label)
+_MENTION_FUNCTIONS = ("mentions", "abbreviation_mentions")
 # view functions that look words up in a table read from a file: Brown cluster path prefixes
 TABLE_FUNCTIONS = ("cluster",)
 
@@ -183,7 +195,12 @@ _HEAD_WORD = re.compile(r"^[A-Za-z][A-Za-z-]{2,}$")
 
 
 def abbreviation_heads(
-    words: np.ndarray, position: np.ndarray, length: np.ndarray, window: int = 400, loose: bool = False
+    words: np.ndarray,
+    position: np.ndarray,
+    length: np.ndarray,
+    window: int = 400,
+    loose: bool = False,
+    carry: np.ndarray | None = None,
 ) -> np.ndarray:
     """The head word of each abbreviation's long form, on every use of the abbreviation.
 
@@ -210,11 +227,16 @@ def abbreviation_heads(
         ( SJS ; ..."), and take as head the nearest of the 3 words before the ``(`` that is a head
         word and neither a Roman numeral nor a word like ``type`` ("osteopetrosis type 2 ( AO2 )"
         gives ``osteopetrosis``): the ``abbreviation_loose`` views.
+    carry : ndarray of shape (T,), object, optional
+        Values per token to carry instead of the head word: each use gets ``carry`` at its
+        definition's head (None there: no value); the ``abbreviation_mentions`` view carries the
+        training-mention lexicon's type of the long form's last word.
 
     Returns
     -------
     ndarray of shape (T,), object
-        The lower-cased head word on each use of a defined short form, None elsewhere.
+        The lower-cased head word (or its ``carry`` value) on each use of a defined short form,
+        None elsewhere.
     """
     words = np.asarray(words, dtype=object)
     n = words.size
@@ -254,7 +276,10 @@ def abbreviation_heads(
     source = np.where(found, defined[np.maximum(slot, 0)], -1)
     near = found & (uses - source <= window)
     head_positions = np.fromiter((head_of[d] for d in source[near].tolist()), dtype=np.int64, count=int(near.sum()))
-    heads[uses[near]] = np.array([w.lower() for w in words[head_positions]], dtype=object)
+    if carry is not None:
+        heads[uses[near]] = np.asarray(carry, dtype=object)[head_positions]
+    else:
+        heads[uses[near]] = np.array([w.lower() for w in words[head_positions]], dtype=object)
     return heads
 
 
@@ -278,15 +303,18 @@ class ViewSpec:
     column : str
         The input column the view reads.
     fn : str, default="identity"
-        A token function (``TOKEN_FUNCTIONS``), a corpus function (``"lexicon"``,
+        A token function (``TOKEN_FUNCTIONS``), a corpus function (``"lexicon"``, ``"mentions"``,
         ``"abbreviation"``, ``"abbreviation_suffix"``) or ``"cluster"``.
     n : int, default=0
         The function's number: affix or length for token functions, the path prefix length for
-        ``"cluster"`` (0: the whole path).
+        ``"cluster"`` (0: the whole path), the number of folds for ``"mentions"`` (0: 10).
     path : str, optional
         The lexicon file (``"lexicon"``) or Brown paths file (``"cluster"``); they need one.
     lowercase : bool, default=False
         Match the lexicon, or look clusters up, on lower-cased tokens.
+    label : str, optional
+        The label column (IOB2) whose entity mentions make a ``"mentions"`` view's lexicon; read
+        by :meth:`FeatureExtractor.fit` only, never when transforming.
     """
 
     column: str
@@ -294,6 +322,7 @@ class ViewSpec:
     n: int = 0
     path: str | None = None  # lexicon file (fn "lexicon") or Brown paths file (fn "cluster", n: prefix length)
     lowercase: bool = False  # lexicon matching / cluster lookup on lower-cased tokens
+    label: str | None = None  # fn "mentions": the IOB2 label column the lexicon is learned from (at fit only)
 
 
 @dataclass
@@ -408,6 +437,10 @@ class FeatureExtractor:
                 raise ValueError(f"view {name!r}: unknown function {spec.fn!r}; known: {sorted(known)}")
             if spec.fn in ("lexicon", "cluster") and not spec.path:
                 raise ValueError(f"view {name!r}: a {spec.fn} view needs a 'path'")
+            if spec.fn in _MENTION_FUNCTIONS and spec.label not in self.columns:
+                raise ValueError(f"view {name!r}: a {spec.fn} view needs a 'label' column, one of {self.columns}")
+            if spec.fn in _MENTION_FUNCTIONS and (not isinstance(spec.n, int) or spec.n < 0 or spec.n == 1):
+                raise ValueError(f"view {name!r}: the number of folds n={spec.n!r} must be 0 (10) or a whole number >= 2")
             if spec.fn == "cluster" and (not isinstance(spec.n, int) or spec.n < 0):
                 raise ValueError(f"view {name!r}: prefix length n={spec.n!r} must be a whole number >= 0")
             self._specs[name] = spec
@@ -422,6 +455,7 @@ class FeatureExtractor:
         self._lexicons: dict[str, dict[tuple[str, ...], str]] = {}
         self._tables: dict[str, dict[str, str]] = {}  # cluster view -> {word: path prefix}
         self._paths_files: dict[str, dict[str, str]] = {}  # the last paths file read
+        self._fit_marks: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}  # mentions view -> (words, lengths, marks)
         self.fitted_ = False
 
     # --- views ---------------------------------------------------------------------------
@@ -454,6 +488,17 @@ class FeatureExtractor:
         if spec.fn == "lexicon":
             words = np.array([w.lower() for w in source], dtype=object) if spec.lowercase else source
             marks = lexicon_marks(words, corpus.position, corpus.length, self._lexicon(name))
+            return pd.factorize(marks, use_na_sentinel=True)
+        if spec.fn in _MENTION_FUNCTIONS:
+            fitted = self._fit_marks.get(name)
+            if fitted is not None and _same_tokens(fitted[0], fitted[1], source, corpus.lengths):
+                marks = fitted[2]  # the fitting data: its out-of-fold marks
+            else:
+                words = _lowered(source) if spec.lowercase else source
+                marks = lexicon_marks(words, corpus.position, corpus.length, self._lexicons[name])
+            if spec.fn == "abbreviation_mentions":  # the type of the long form's last word, on the short form's uses
+                kinds = np.array([m if m is None else m.partition("-")[2] or m for m in marks], dtype=object)
+                marks = abbreviation_heads(source, corpus.position, corpus.length, 400, loose=True, carry=kinds)
             return pd.factorize(marks, use_na_sentinel=True)
         if spec.fn.startswith("abbreviation"):
             heads = abbreviation_heads(source, corpus.position, corpus.length, spec.n or 400, loose="loose" in spec.fn)
@@ -532,8 +577,26 @@ class FeatureExtractor:
             (naming sentence and token).
         DataFormatError
             A bad lexicon or cluster file (read on first use).
+
+        Notes
+        -----
+        A ``"mentions"`` view learns its lexicon from the label column of ``sentences``; on these
+        same sentences (:meth:`transform` of the fitting data) it gives out-of-fold marks, each
+        fold's tokens matched against the mentions of the other folds (contiguous blocks of
+        sentences), so the training data does not see its own mentions; on other data it matches
+        the whole lexicon.
         """
-        corpus = self._read(sentences)
+        mention_views = [v for v in self._used_views() if self._specs[v].fn in _MENTION_FUNCTIONS]
+        corpus = self._read(sentences, extra={self._specs[v].label for v in mention_views})
+        self._fit_marks = {}
+        for name in mention_views:
+            spec = self._specs[name]
+            source = corpus.columns[spec.column]
+            words = _lowered(source) if spec.lowercase else source
+            labels = corpus.columns[spec.label]
+            self._lexicons[name] = mention_lexicon(words, labels, corpus.position)
+            marks = out_of_fold_marks(words, labels, corpus.position, corpus.length, corpus.lengths, spec.n or 10)
+            self._fit_marks[name] = (source, corpus.lengths, marks)
         self.vocabulary_: dict[str, np.ndarray] = {}
         self._view_index: dict[str, pd.Index] = {}
         for name in self._used_views():
@@ -559,8 +622,8 @@ class FeatureExtractor:
         if not self.fitted_:
             raise RuntimeError("FeatureExtractor is not fitted; call fit() first")
 
-    def _read(self, sentences: Sequence[Sentence]) -> _Corpus:
-        needed = {self._specs[v].column for v in self._used_views()} | set(self.numeric)
+    def _read(self, sentences: Sequence[Sentence], extra: set[str] = frozenset()) -> _Corpus:
+        needed = {self._specs[v].column for v in self._used_views()} | set(self.numeric) | set(extra)
         widths = np.fromiter(map(len, chain.from_iterable(sentences)), dtype=np.int64)
         short = np.flatnonzero(widths < len(self.columns))
         if short.size:
@@ -826,7 +889,7 @@ class FeatureExtractor:
             check_unique(where, f"view {name!r}: value", vocab.tolist())
             extractor.vocabulary_[name] = vocab
             extractor._view_index[name] = pd.Index(vocab.astype(object), dtype=object)
-            if extractor._specs[name].fn == "lexicon":
+            if extractor._specs[name].fn in ("lexicon", *_MENTION_FUNCTIONS):
                 entries = checked_array(where, arrays, f"lexicon/{name}/entries", "U", (None,))
                 types = checked_array(where, arrays, f"lexicon/{name}/types", "U", entries.shape)
                 extractor._lexicons[name] = {tuple(str(e).split()): str(t) for e, t in zip(entries, types)}
@@ -956,4 +1019,131 @@ def lexicon_marks(words: np.ndarray, position: np.ndarray, length: np.ndarray, e
             suffix = f"-{kind}" if kind else ""
             marks[start] = "B" + suffix
             marks[start + 1 : start + size] = "I" + suffix
+    return marks
+
+
+def _lowered(words: np.ndarray) -> np.ndarray:
+    """``words`` lower-cased, one ``str.lower`` per distinct word."""
+    codes, uniques = pd.factorize(words)
+    return np.array([u.lower() for u in uniques], dtype=object)[codes]
+
+
+def _same_tokens(words: np.ndarray, lengths: np.ndarray, other_words: np.ndarray, other_lengths: np.ndarray) -> bool:
+    """Whether two corpora hold the same sentences (lengths and tokens)."""
+    if words is other_words:
+        return True
+    return bool(
+        lengths.size == other_lengths.size
+        and np.array_equal(lengths, other_lengths)
+        and words.size == other_words.size
+        and np.array_equal(words, other_words)
+    )
+
+
+def mention_spans(labels: np.ndarray, position: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The entity mentions of an IOB2 (or IOB1) label column as token spans.
+
+    A mention starts at a ``B-X`` token, or at an ``I-X`` token that does not continue a mention
+    of type ``X`` (a sentence's first token, or one after ``O`` or another type), and runs over
+    the ``I-X`` tokens that follow it in its sentence.
+
+    Parameters
+    ----------
+    labels : ndarray of shape (T,), object
+        The labels, sentence after sentence (``O``, ``B-X``, ``I-X``).
+    position : ndarray of shape (T,), int
+        Each token's index in its sentence.
+
+    Returns
+    -------
+    starts, ends : ndarray of shape (M,), int64
+        Each mention's first token and one past its last token.
+    types : ndarray of shape (M,), object
+        Each mention's type ``X``.
+    """
+    labels = np.asarray(labels, dtype=object).astype(str)
+    prefix = np.char.partition(labels, "-")
+    tag, kind = prefix[:, 0], prefix[:, 2]
+    inside = np.isin(tag, ("B", "I")) & (kind != "")
+    previous_kind = np.concatenate([[""], kind[:-1]])
+    previous_inside = np.concatenate([[False], inside[:-1]])
+    continues = inside & (tag == "I") & (position > 0) & previous_inside & (previous_kind == kind)
+    starts = np.flatnonzero(inside & ~continues)
+    # a mention ends where the next token neither continues it nor stays inside
+    next_continues = np.concatenate([continues[1:], [False]])
+    ends = np.flatnonzero(inside & ~next_continues) + 1
+    return starts.astype(np.int64), ends.astype(np.int64), kind[starts].astype(object)
+
+
+def mention_lexicon(words: np.ndarray, labels: np.ndarray, position: np.ndarray) -> dict[tuple[str, ...], str]:
+    """The lexicon of a labelled corpus' entity mentions: token tuple -> its most frequent type.
+
+    Parameters
+    ----------
+    words : ndarray of shape (T,), object
+        The tokens as they are to be matched (lower-cased for a lower-cased lexicon).
+    labels : ndarray of shape (T,), object
+        Their IOB2 labels (see :func:`mention_spans`).
+    position : ndarray of shape (T,), int
+        Each token's index in its sentence.
+
+    Returns
+    -------
+    dict of tuple of str to str
+        As :func:`read_lexicon` gives, for :func:`lexicon_marks`; ties between types go to the
+        type seen first.
+    """
+    starts, ends, types = mention_spans(labels, position)
+    entries = [tuple(words[a:b].tolist()) for a, b in zip(starts.tolist(), ends.tolist())]  # one step per mention
+    return _majority_types(entries, types.tolist())
+
+
+def _majority_types(entries: Sequence[tuple[str, ...]], types: Sequence[str]) -> dict[tuple[str, ...], str]:
+    """{entry: its most frequent type} over parallel lists of mentions and types."""
+    counts: dict[tuple[str, ...], dict[str, int]] = {}
+    for entry, kind in zip(entries, types):
+        seen = counts.setdefault(entry, {})
+        seen[kind] = seen.get(kind, 0) + 1
+    return {entry: max(seen, key=seen.get) for entry, seen in counts.items()}
+
+
+def out_of_fold_marks(
+    words: np.ndarray, labels: np.ndarray, position: np.ndarray, length: np.ndarray, lengths: np.ndarray, folds: int = 10
+) -> np.ndarray:
+    """Lexicon marks of a labelled corpus from its own mentions, out of fold.
+
+    The sentences are cut into ``folds`` contiguous blocks (documents stay mostly whole); each
+    block's tokens are matched (:func:`lexicon_marks`) against the lexicon of the other blocks'
+    mentions (:func:`mention_lexicon`), so a mention is marked only when it also occurs elsewhere.
+
+    Parameters
+    ----------
+    words, labels : ndarray of shape (T,), object
+        The tokens as matched, and their IOB2 labels.
+    position, length : ndarray of shape (T,), int
+        Each token's index in its sentence, and its sentence's length.
+    lengths : ndarray of shape (N,), int
+        The sentences' lengths (they sum to T).
+    folds : int, default=10
+        The number of blocks (at most N; at least 2).
+
+    Returns
+    -------
+    ndarray of shape (T,), object
+        ``B-TYPE``/``I-TYPE`` or None per token, as :func:`lexicon_marks`.
+    """
+    n = lengths.size
+    folds = max(2, min(int(folds), n))
+    fold_of_sentence = np.arange(n) * folds // n
+    fold = np.repeat(fold_of_sentence, lengths)
+    starts, ends, types = mention_spans(labels, position)
+    mention_fold = fold[starts]
+    entries = [tuple(words[a:b].tolist()) for a, b in zip(starts.tolist(), ends.tolist())]  # one step per mention
+    marks = np.full(words.size, None, dtype=object)
+    for k in range(folds):
+        others = np.flatnonzero(mention_fold != k).tolist()
+        lexicon = _majority_types([entries[i] for i in others], [types[i] for i in others])
+        rows = np.flatnonzero(fold == k)
+        if rows.size and lexicon:
+            marks[rows] = lexicon_marks(words[rows], position[rows], length[rows], lexicon)
     return marks
