@@ -147,7 +147,9 @@ def test_warm_start_on_a_batch_keeps_the_columns_and_a_cold_estimator_ignores_it
         model.fit(batch, y, attribute_names=shuffled)
     narrow = SequenceBatch(batch.X[:, :3], batch.offsets)
     with pytest.raises(ValueError, match="fewer than"):
-        model.fit(narrow, y)
+        model.fit(narrow, y, attribute_names=names[:3])
+    with pytest.raises(ValueError, match="attributes have names, but this SequenceBatch comes without"):
+        model.fit(batch, y)
     # a failed fit leaves the fitted model as it was; a warm start at the optimum is no failure
     classes = list(model.classes_)
     with pytest.raises(ValueError, match="sequences in X_dev"):
