@@ -39,7 +39,9 @@ def _no_ambient_tracking(monkeypatch):
         monkeypatch.delenv(name, raising=False)
 
 
-def test_the_champion_alias_only_moves_to_a_model_at_least_as_good_on_the_same_data(tmp_path):
+def _registering_runs(tmp_path):
+    """``run(*overrides)``: one tiny pipeline run that registers its model as ``tiny``; the
+    registry's client after it."""
     data_root = write_corpus(tmp_path / "data", n_train=80, n_test=20)
     base = tiny_overrides(data_root, tmp_path / "out") + ["registry.register=true", "registry.name=tiny"]
 
@@ -47,6 +49,12 @@ def test_the_champion_alias_only_moves_to_a_model_at_least_as_good_on_the_same_d
         cfg = compose_config(base + list(extra))
         run_pipeline(cfg)
         return MlflowClient(tracking_uri(cfg))
+
+    return run
+
+
+def test_the_champion_alias_only_moves_to_a_model_at_least_as_good_on_the_same_data(tmp_path):
+    run = _registering_runs(tmp_path)
 
     client = run()
     first = client.get_model_version_by_alias("tiny", "champion")
@@ -172,13 +180,7 @@ def test_without_a_lock_a_registration_that_finds_a_worse_version_set_meanwhile_
 
 def test_a_train_dev_version_is_registered_with_its_tags_and_takes_the_alias_only_when_forced(tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="pipeline")
-    data_root = write_corpus(tmp_path / "data", n_train=80, n_test=20)
-    base = tiny_overrides(data_root, tmp_path / "out") + ["registry.register=true", "registry.name=tiny"]
-
-    def run(*extra: str):
-        cfg = compose_config(base + list(extra))
-        run_pipeline(cfg)
-        return MlflowClient(tracking_uri(cfg))
+    run = _registering_runs(tmp_path)
 
     client = run("data.final_fit=train+dev")  # an empty registry: the version stays out of the alias
     first = client.get_model_version("tiny", "1")
