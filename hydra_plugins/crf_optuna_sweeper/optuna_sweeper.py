@@ -32,8 +32,9 @@ config key that does not exist, a value no trial can pass (``choice(0.1, nan)``,
 a trial's job that its run would refuse (every choice and both ends of every range are composed
 with the fixed settings and checked as a run checks them: ``trainer.c2=choice(0.1, -1)``,
 ``data.final_fit=nosuch``), or an objective no trial can have (the dev score under
-``data.final_fit=train+dev``, a metric of a stage the trials do not run). No study is created then. Each trial records the process that asked it (its PID, host and
-start time, as user attributes ``crf.owner`` and ``crf.process_start``); a sweep on a study first
+``data.final_fit=train+dev``, a metric of a stage the trials do not run, an F1 of a dataset
+without chunks). No study is created then. Each trial records the process that asked it (its PID,
+host and start time, as user attributes ``crf.owner`` and ``crf.process_start``); a sweep on a study first
 fails the RUNNING trials whose process ran on this host and is gone (a sweep killed by SIGKILL),
 and leaves those of other hosts, which may belong to live sweeps of a shared study.
 """

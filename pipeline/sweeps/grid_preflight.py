@@ -43,7 +43,11 @@ def composition_problem(error: BaseException) -> str:
             break
         elif group is not None and not line.startswith("provider="):
             options.append(line)
-    return f"{first} (options of {group}: {', '.join(options)})" if group is not None else first
+    if group is not None:
+        return f"{first} (options of {group}: {', '.join(options)})"
+    if first.startswith("Could not override") and len(lines) > 1 and lines[1].startswith("To append"):  # a key the config lacks
+        return f"{first} {lines[1]}"
+    return first
 
 
 MAX_RANGE = 100_000  # values of a range that is listed (a grid's, an Optuna choice of floats): more is a typo

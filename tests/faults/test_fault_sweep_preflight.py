@@ -63,6 +63,8 @@ def _grid(task: list[str], tmp_path: Path):
         (["dataset=nosuch,conll2000"], "sweep job #0 (dataset=nosuch): cannot compose the job: In 'config': "
          "Could not find 'dataset/nosuch'"),
         (["trainer=l2sgd", "trainer.c2=0.1,1"], "sweep job #0 (trainer=l2sgd trainer.c2=0.1): cannot compose the job"),
+        (["trainer.nosuch=1,2"], "sweep job #0 (trainer.nosuch=1): cannot compose the job: Could not override 'trainer.nosuch'. "
+         "To append to your config use +trainer.nosuch=1; no job was run"),
         # a stage's own setting (H5): the stages the job will run are checked
         (["data.final_fit=train,nosuch"], "sweep job #1 (data.final_fit=nosuch): data.final_fit='nosuch': one of train, "
          "train+dev"),
@@ -110,6 +112,8 @@ def test_hydra_composition_errors_become_one_line():
     )
     assert composition_problem(error) == "In 'config': Could not find 'trainer/x' (options of trainer: base, lbfgs)"
     assert composition_problem(ValueError("one\ntwo")) == "one"
+    missing_key = ValueError("Could not override 'trainer.x'.\nTo append to your config use +trainer.x=1")
+    assert composition_problem(missing_key) == "Could not override 'trainer.x'. To append to your config use +trainer.x=1"
 
 
 def _arguments(tmp_path: Path, task: list[str]) -> list[str]:
