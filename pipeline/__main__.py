@@ -25,7 +25,7 @@ from typing import Any
 
 import hydra
 import mlflow
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from crf.io import DataFormatError
 from crf.model import TrainingError
@@ -103,9 +103,9 @@ def main(cfg: DictConfig) -> float | None:
     with ending_runs_on_signal():
         try:
             trial = trial_from_environment()  # None unless an Optuna sweeper launched this job
-            if OmegaConf.select(cfg, "path.strengths") is not None:  # +experiment=reg_path: one job, a warm-started path
-                from pipeline.sweeps.path import run_path
+            from pipeline.sweeps.path import path_job, run_path
 
+            if path_job(cfg):  # +experiment=reg_path: one job, a warm-started path
                 results = run_path(cfg, trial_tags=trial.tags() if trial is not None else None, store=MlflowRunStore())
             else:
                 results = run_pipeline(cfg, trial)

@@ -28,8 +28,13 @@ Everything is checked before the first job starts, and before the sweep's MLflow
 created (the sweep callback calls :meth:`OptunaSweeper.preflight` first): a setting that cannot work
 ends the sweep with one line naming it (exit code 2), as a bad setting ends a run; so does a search
 space that names a config group option Hydra does not know (``trainer=choice(nosuch, lbfgs)``) or a
-config key that does not exist. Each trial records the process that asked it (its PID, host and
-start time, as user attributes ``crf.owner`` and ``crf.process_start``); a sweep on a study first
+config key that does not exist, a value no trial can pass (``choice(0.1, nan)``, ``range(0, 1, 0)``),
+a trial's job that its run would refuse (every choice and both ends of every range are composed
+with the fixed settings and checked as a run checks them: ``trainer.c2=choice(0.1, -1)``,
+``data.final_fit=nosuch``), or an objective no trial can have (the dev score under
+``data.final_fit=train+dev``, a metric of a stage the trials do not run, an F1 of a dataset
+without chunks). No study is created then. Each trial records the process that asked it (its PID,
+host and start time, as user attributes ``crf.owner`` and ``crf.process_start``); a sweep on a study first
 fails the RUNNING trials whose process ran on this host and is gone (a sweep killed by SIGKILL),
 and leaves those of other hosts, which may belong to live sweeps of a shared study.
 """
@@ -201,9 +206,10 @@ class OptunaSweeper(Sweeper):
         dispatch = self._dispatch()
         self._check_counts()
         assert self.config is not None
-        if self.config_loader is not None:  # Hydra's: it lists the config groups' options
-            search.check_config_keys(space, self.config, self.config_loader)
         search.check_objective(self.metric, self.direction, self.pruner, OmegaConf.select(self.config, "train.dev_every"))
+        if self.config_loader is not None:  # Hydra's: it lists the config groups' options and composes the trials' jobs
+            search.check_config_keys(space, self.config, self.config_loader)
+            search.check_trials(space, self.config, self.config_loader, self.metric)
         search.build_sampler(self.sampler, self.seed)
         search.build_pruner(self.pruner)
         url = search.storage_url(self.storage, OmegaConf.select(self.config, "paths.output_dir", default="outputs"))

@@ -418,6 +418,36 @@ def checked_plan(
     SettingsError
         One line naming the bad setting; in a multirun the job is recorded under the sweep first.
     """
+    try:
+        return validated_plan(cfg, check)
+    except SettingsError as err:
+        record_invalid_sweep_job(cfg, err, store, extra_tags)
+        raise
+
+
+def validated_plan(
+    cfg: DictConfig, check: Callable[[ModelAdapter, list[str]], None] | None = None
+) -> tuple[ModelAdapter, dict[str, Stage], list[str]]:
+    """:func:`checked_plan` without a store: what a job's settings checks are, so a sweep can make
+    them for each of its jobs before the first one runs (nothing is read, written or recorded).
+
+    Parameters
+    ----------
+    cfg : DictConfig
+        The job's composed config.
+    check : callable, optional
+        ``check(adapter, order)``, as for :func:`checked_plan`.
+
+    Returns
+    -------
+    tuple
+        (the model adapter, {name: stage} of every stage, the names of the stages to run in order).
+
+    Raises
+    ------
+    SettingsError
+        One line naming the bad setting.
+    """
     stages = load_stages()
     try:
         adapter = load_adapter(cfg.model)
@@ -426,9 +456,7 @@ def checked_plan(
         if check is not None:
             check(adapter, order)
     except (SettingsError, ValueError) as err:
-        err = err if isinstance(err, SettingsError) else SettingsError(f"bad setting: {err}")
-        record_invalid_sweep_job(cfg, err, store, extra_tags)
-        raise err from None
+        raise (err if isinstance(err, SettingsError) else SettingsError(f"bad setting: {err}")) from None
     return adapter, stages, order
 
 

@@ -1,45 +1,151 @@
-"""Check every job of a grid sweep (Hydra's basic sweeper) before the first one runs.
+"""Check every job of a sweep before the first one runs.
 
 Hydra's basic sweeper composes the jobs of a batch and launches them; a job whose setting cannot
-work (``trainer.c2=nan`` among ``trainer.c2=0.1,nan``) would fail only when its turn comes, after
-the jobs before it trained, and Hydra would end the sweep with a traceback. Here the sweep's jobs
-are expanded and composed as the sweeper will do it, and each one's settings are checked with
-:func:`pipeline.engine.validate.validate_settings` (nothing is read, written or logged): a
-refused setting ends the multirun before the sweep's parent run exists, with one line naming
-the job and the setting (exit code 2), as a bad setting ends a single run.
+work (``trainer.c2=nan`` among ``trainer.c2=0.1,nan``, ``data.final_fit=nosuch``, a config group
+option that does not exist) would fail only when its turn comes, after the jobs before it trained,
+and Hydra would end the sweep with a traceback. Here the sweep's jobs are expanded and composed as
+the sweeper will do it, and each one is checked as its run would check it before its first stage
+(:func:`check_job`: the stages the run will run, chosen as the runner chooses them, and their own
+checks; nothing is read, written or logged): a refused setting ends the multirun before the sweep's
+parent run exists, with one line naming the job and the setting (exit code 2), as a bad setting
+ends a single run. The Optuna sweeper checks its trials' settings with the same :func:`check_job`.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import sys
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline.engine.validate import SettingsError, validate_settings
+from pipeline.engine.validate import SettingsError
 
 log = logging.getLogger(__name__)
 
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 
 
-def grid_jobs(config: DictConfig) -> list[list[str]]:
+def composition_problem(error: BaseException) -> str:
+    """Hydra's (multi-line) error on composing a config as one line: its first line and, for a
+    missing config group option, the group's options (``Could not find 'trainer/nosuch'
+    (options of trainer: base, lbfgs, ...)``), without the search path and the hint on
+    HYDRA_FULL_ERROR."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    if not lines:
+        return type(error).__name__
+    first, options, group = lines[0], [], None
+    for line in lines[1:]:
+        if line.startswith("Available options in"):
+            group = line.removeprefix("Available options in").strip(" :'")
+        elif line.startswith(("Config search path", "Set the environment variable")):
+            break
+        elif group is not None and not line.startswith("provider="):
+            options.append(line)
+    if group is not None:
+        return f"{first} (options of {group}: {', '.join(options)})"
+    if first.startswith("Could not override") and len(lines) > 1 and lines[1].startswith("To append"):  # a key the config lacks
+        return f"{first} {lines[1]}"
+    return first
+
+
+MAX_RANGE = 100_000  # values of a range that is listed (a grid's, an Optuna choice of floats): more is a typo
+
+
+def range_problem(key: str, sweep: Any, limit: int | None = MAX_RANGE) -> str | None:
+    """A one-line problem with ``range(start, stop, step)`` of ``key`` (Hydra's ``RangeSweep``):
+    a step of 0 or an end that is not a finite number (Hydra would raise, or count forever), no
+    value at all (a sweep of no jobs), or more than ``limit`` values (None: no limit); None when
+    it is a range to sweep."""
+    ends = (sweep.start, sweep.stop, sweep.step)
+    text = f"{key}=range({', '.join(str(v) for v in ends)})"
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in ends):
+        return f"bad sweep {text}: start, stop and step must be finite numbers"
+    if sweep.step == 0:
+        return f"bad sweep {text}: the step must not be 0"
+    count = (sweep.stop - sweep.start) / sweep.step
+    if count <= 0:
+        return f"bad sweep {text}: it has no values (range stops before stop, as Python's does)"
+    if limit is not None and not count <= limit:  # count may overflow to inf
+        return f"bad sweep {text}: {count:,.0f} values, more than the {limit:,} a sweep lists"
+    return None
+
+
+def grid_jobs(config: DictConfig, loader: Any = None) -> list[list[str]]:
     """The overrides of each job the basic sweeper will launch for ``config`` (the multirun's
     config, with ``hydra``): its ``hydra.sweeper.params`` and the command line's overrides,
-    expanded as :meth:`BasicSweeper.split_arguments` does."""
+    expanded as :meth:`BasicSweeper.split_arguments` does (``loader``, Hydra's config loader,
+    expands ``glob(...)`` of a config group's options).
+
+    Raises
+    ------
+    SettingsError
+        One line, when the sweep cannot be expanded (``range(0, 1, 0)``, ``interval(...)``, which
+        a grid cannot take) or has no job.
+    """
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import IntervalSweep, RangeSweep
 
     params = OmegaConf.select(config, "hydra.sweeper.params", default=None) or {}
     arguments = [f"{key}={value}" for key, value in params.items()]
     arguments += list(OmegaConf.select(config, "hydra.overrides.task", default=None) or [])
-    overrides = OverridesParser.create().parse_overrides(arguments)
-    return [job for batch in BasicSweeper.split_arguments(overrides, None) for job in batch]
+    try:
+        overrides = OverridesParser.create(config_loader=loader).parse_overrides(arguments)
+        for override in overrides:
+            key, sweep = override.get_key_element(), override.value()
+            if override.is_sweep_override() and isinstance(sweep, IntervalSweep):
+                raise SettingsError(
+                    f"bad sweep {key}=interval({sweep.start:g}, {sweep.end:g}): a grid (Hydra's basic sweeper) runs listed "
+                    "values; an interval is searched by hydra/sweeper=optuna"
+                )
+            problem = range_problem(key, sweep) if override.is_sweep_override() and isinstance(sweep, RangeSweep) else None
+            if problem:
+                raise SettingsError(problem)
+        jobs = [job for batch in BasicSweeper.split_arguments(overrides, None) for job in batch]
+    except SettingsError:
+        raise
+    except Exception as error:  # Hydra's own errors are multi-line: keep the first line
+        raise SettingsError(f"bad sweep: {composition_problem(error)}") from None
+    if not jobs:
+        raise SettingsError("bad sweep: it has no job")
+    return jobs
+
+
+def check_job(loader: Any, config: DictConfig, overrides: list[str]) -> tuple[DictConfig, list[str]]:
+    """Compose the job of a multirun with ``overrides`` as its sweeper will (``loader``: Hydra's
+    config loader, ``config``: the multirun's config) and check it as its run will check it before
+    its first stage: the stages it will run and their own checks
+    (:func:`pipeline.engine.runner.validated_plan`; a regularisation path's too).
+
+    Returns
+    -------
+    tuple
+        (the job's composed config, the names of the stages it will run, in order).
+
+    Raises
+    ------
+    SettingsError
+        One line: the job cannot be composed (a config group option that does not exist) or a
+        setting of it cannot work.
+    """
+    from pipeline.engine.runner import validated_plan
+    from pipeline.sweeps.path import check_path, path_job
+
+    try:
+        job = loader.load_sweep_config(config, list(overrides))
+    except Exception as error:
+        raise SettingsError(f"cannot compose the job: {composition_problem(error)}") from None
+    check = (lambda adapter, order: check_path(job, adapter, order)) if path_job(job) else None
+    _, _, order = validated_plan(job, check)
+    return job, order
 
 
 def check_grid_jobs(config: DictConfig) -> None:
-    """Exit (code 2, one line) if a job of the basic sweeper's grid has a setting that cannot work;
-    do nothing for other sweepers, or outside a Hydra app (no config loader to compose jobs)."""
+    """Exit (code 2, one line) if a job of the basic sweeper's grid cannot be composed or has a
+    setting that cannot work (:func:`check_job`), or the grid cannot be expanded; do nothing for
+    other sweepers, or outside a Hydra app (no config loader to compose jobs)."""
     from hydra.core.global_hydra import GlobalHydra
 
     if OmegaConf.select(config, "hydra.sweeper._target_", default=None) != BASIC_SWEEPER:
@@ -48,12 +154,16 @@ def check_grid_jobs(config: DictConfig) -> None:
     if not hydra.is_initialized():
         return
     loader = hydra.config_loader()
-    for number, job in enumerate(grid_jobs(config)):
+    try:
+        jobs = grid_jobs(config, loader)
+    except SettingsError as error:
+        log.error("%s; no job was run", error)
+        sys.exit(2)
+    for number, job in enumerate(jobs):
         try:
-            job_config = loader.load_sweep_config(config, list(job))
-            validate_settings(job_config)
+            check_job(loader, config, list(job))
         except SettingsError as error:
             log.error("sweep job #%d (%s): %s; no job was run", number, " ".join(job), error)
             sys.exit(2)
-        except Exception as error:  # a job Hydra cannot compose: Hydra says so as it launches it
-            log.debug("sweep job #%d (%s) not checked: %s: %s", number, " ".join(job), type(error).__name__, error)
+        except Exception as error:  # a fault of the check itself: the job checks its settings again as it starts
+            log.warning("sweep job #%d (%s) not checked: %s: %s", number, " ".join(job), type(error).__name__, error)

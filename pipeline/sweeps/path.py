@@ -82,6 +82,28 @@ def path_strengths(cfg: DictConfig) -> list[float]:
     return sorted((float(v) for v in values), reverse=True)
 
 
+def path_job(cfg: DictConfig) -> bool:
+    """Whether ``cfg`` asks for a regularisation path (``path.strengths`` set) rather than one run."""
+    return OmegaConf.select(cfg, "path.strengths") is not None
+
+
+def check_path(cfg: DictConfig, adapter: ModelAdapter, order: list[str]) -> list[float]:
+    """What a path needs beyond an ordinary run's settings (the ``check`` of
+    :func:`pipeline.engine.runner.checked_plan`); its strengths, strongest first. SettingsError
+    (one line) otherwise."""
+    strengths = path_strengths(cfg)
+    if not adapter.warm_starts:
+        raise SettingsError(f"bad setting model={cfg.model.name}: a regularisation path needs a model that warm-starts (crf)")
+    if not adapter.can_warm_start(cfg):
+        raise SettingsError(
+            f"bad setting trainer.algorithm={cfg.trainer.algorithm}: a regularisation path needs a trainer that warm-starts"
+            " (lbfgs or l2sgd)"
+        )
+    if "train" not in order:
+        raise SettingsError(f"bad setting stages={list(cfg.stages)}: a regularisation path trains (add train or evaluate)")
+    return strengths
+
+
 def run_path(cfg: DictConfig, trial_tags: dict[str, str] | None = None, store: MlflowRunStore | None = None) -> dict[str, Any]:
     """Fit the path (see the module docstring).
 
@@ -101,21 +123,8 @@ def run_path(cfg: DictConfig, trial_tags: dict[str, str] | None = None, store: M
         :func:`pipeline.engine.runner.run_pipeline`'s) with ``path.best_strength``.
     """
     strengths: list[float] = []
-
-    def check(adapter: ModelAdapter, order: list[str]) -> None:
-        """What a path needs beyond an ordinary run's settings."""
-        strengths.extend(path_strengths(cfg))
-        if not adapter.warm_starts:
-            raise SettingsError(f"bad setting model={cfg.model.name}: a regularisation path needs a model that warm-starts (crf)")
-        if not adapter.can_warm_start(cfg):
-            raise SettingsError(
-                f"bad setting trainer.algorithm={cfg.trainer.algorithm}: a regularisation path needs a trainer that warm-starts"
-                " (lbfgs or l2sgd)"
-            )
-        if "train" not in order:
-            raise SettingsError(f"bad setting stages={list(cfg.stages)}: a regularisation path trains (add train or evaluate)")
-
     store = store if store is not None else MlflowRunStore()
+    check = lambda adapter, order: strengths.extend(check_path(cfg, adapter, order))  # noqa: E731
     adapter, stages, order = checked_plan(cfg, store, check, trial_tags)
     store.open(cfg)
     job = PipelineJob(adapter, stages, order, StageCache(cfg.paths.cache_dir, remote=store.remote_cache()), store)

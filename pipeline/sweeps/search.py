@@ -32,6 +32,7 @@ from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, Overrid
 from omegaconf import OmegaConf
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 
+from pipeline.sweeps.grid_preflight import MAX_RANGE, range_problem
 from pipeline.sweeps.optuna_pruners import HeldMedianPruner, HeldPercentilePruner
 from pipeline.sweeps.trial_environment import (
     DEV_SCORES,
@@ -80,6 +81,8 @@ def _distribution(override: Override) -> BaseDistribution:
         raise SweeperSettingError(f"{key}: unknown tag(s) {sorted(tags - TAGS)}; known: log, int (on interval)")
     if isinstance(sweep, IntervalSweep):
         low, high = float(sweep.start), float(sweep.end)
+        if not (math.isfinite(low) and math.isfinite(high)):
+            raise SweeperSettingError(f"{key}: interval({low:g}, {high:g}) needs finite ends")
         if not low < high:
             raise SweeperSettingError(f"{key}: interval({low:g}, {high:g}) is empty: the low end must be below the high end")
         if "log" in tags and low <= 0:
@@ -94,12 +97,14 @@ def _distribution(override: Override) -> BaseDistribution:
     if isinstance(sweep, RangeSweep):
         if sweep.shuffle:
             raise SweeperSettingError(f"{key}: shuffle() means nothing to a sampler; give the range itself")
-        values = list(sweep.range())
-        if not values:
-            raise SweeperSettingError(f"{key}: range({sweep.start}, {sweep.stop}, {sweep.step}) has no values")
-        if all(isinstance(v, int) for v in values) and sweep.step > 0:
+        whole = all(isinstance(v, int) and not isinstance(v, bool) for v in (sweep.start, sweep.stop, sweep.step))
+        problem = range_problem(key, sweep, limit=None if whole and sweep.step > 0 else MAX_RANGE)  # not listed
+        if problem:
+            raise SweeperSettingError(problem)
+        values = sweep.range()
+        if whole and sweep.step > 0:
             return IntDistribution(values[0], values[-1], step=int(sweep.step))
-        return CategoricalDistribution(values)
+        return CategoricalDistribution(list(values))
     if isinstance(sweep, ChoiceSweep):
         if sweep.shuffle:
             raise SweeperSettingError(f"{key}: shuffle() means nothing to a sampler; give the choice itself")
@@ -107,6 +112,9 @@ def _distribution(override: Override) -> BaseDistribution:
         bad = [v for v in values if not (v is None or isinstance(v, (bool, int, float, str)))]
         if bad:
             raise SweeperSettingError(f"{key}: choice values must be numbers, strings, booleans or null, not {bad[0]!r}")
+        infinite = [v for v in values if isinstance(v, float) and not math.isfinite(v)]
+        if infinite:
+            raise SweeperSettingError(f"{key}: choice value {infinite[0]!r} is not a finite number (a trial cannot pass it)")
         if len(set(map(repr, values))) != len(values):
             raise SweeperSettingError(f"{key}: a choice value is repeated in {values}")
         return CategoricalDistribution(values)
@@ -210,6 +218,65 @@ def check_config_keys(space: SearchSpace, config: Any, loader: Any) -> None:
                 raise SweeperSettingError(f"{key}: the trials with {group}={value} cannot be composed: {first}") from None
             if not _config_has(composed, name):
                 raise SweeperSettingError(f"{key}: no such config key with {group}={value} (to add one, write +{name}=...)")
+
+
+def _checked_values(distribution: BaseDistribution) -> list[Any]:
+    """The values of ``distribution`` whose trials are checked before a sweep: every choice, or both
+    ends of a range (an integer range's last value on its step)."""
+    if isinstance(distribution, CategoricalDistribution):
+        return list(distribution.choices)
+    low, high = distribution.low, distribution.high
+    if isinstance(distribution, IntDistribution):
+        high = low + (high - low) // distribution.step * distribution.step
+    return [low] if high == low else [low, high]
+
+
+def checked_trials(space: SearchSpace) -> list[dict[str, Any]]:
+    """The searched values of the trials checked before a sweep (:func:`check_trials`): every
+    searched key at each choice or range end of its own, the others at their first."""
+    values = {key: _checked_values(distribution) for key, distribution in space.distributions.items()}
+    first = {key: listed[0] for key, listed in values.items()}
+    return [first, *({**first, key: value} for key, listed in values.items() for value in listed[1:])]
+
+
+def check_trials(space: SearchSpace, config: Any, loader: Any, metric: str | None) -> None:
+    """Compose and check the jobs of the trials of :func:`checked_trials` as their runs will check
+    them before their first stage (:func:`pipeline.sweeps.grid_preflight.check_job`: the stages
+    each will run and their own checks, the fixed settings included), and check that the sweep's
+    objective exists in each: ``metric`` (null: the dev score) is a metric of a stage the job runs,
+    an F1 needs a dataset with chunks (a scheme other than none), and a dev score needs a dev
+    split, which a ``data.final_fit=train+dev`` run has not.
+    SweeperSettingError (one line) otherwise: so ``trainer.c2=choice(0.1, -1)`` or
+    ``data.final_fit=nosuch`` is refused before any trial runs, not by a trial's job."""
+    from crf.bundle import normalize_scheme
+    from pipeline.engine.validate import SettingsError
+    from pipeline.stages.prepare import final_fit
+    from pipeline.sweeps.grid_preflight import check_job
+
+    for values in checked_trials(space):
+        searched = " ".join(trial_overrides(values))
+        try:
+            job, order = check_job(loader, config, [*space.fixed, *trial_overrides(values)])
+        except SettingsError as error:
+            raise SweeperSettingError(f"the trials with {searched}: {error}") from None
+        stage, _, name = (metric or ".dev score").rpartition(".")
+        if metric is not None and stage not in order:
+            raise SweeperSettingError(
+                f"hydra.sweeper.metric={metric}: the trials with {searched} do not run stage {stage} "
+                f"(they run {', '.join(order)})"
+            )
+        scheme = normalize_scheme(OmegaConf.select(job, "dataset.scheme", default=None))
+        if metric is not None and "_f1" in name and scheme == "none":
+            raise SweeperSettingError(
+                f"hydra.sweeper.metric={metric}: dataset {OmegaConf.select(job, 'dataset.name')} has no chunks (dataset.scheme="
+                f"none), so its runs score accuracy, not F1: optimise {stage}.{name.replace('f1', 'accuracy', 1)}"
+            )
+        if (metric is None or name in DEV_SCORES) and final_fit(job) != "train":
+            raise SweeperSettingError(
+                f"data.final_fit={final_fit(job)}: such a run has no dev split, so no trial would have the sweep's objective "
+                f"({metric or 'the dev score'}); search with data.final_fit=train, then refit the chosen settings with "
+                f"data.final_fit={final_fit(job)} in one run"
+            )
 
 
 def check_enqueued(trials: Sequence[Mapping[str, Any]] | None, space: SearchSpace) -> list[dict[str, Any]]:

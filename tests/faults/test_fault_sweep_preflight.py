@@ -1,0 +1,228 @@
+"""Fault injection on sweeps: every setting a single run refuses is refused for every job of a grid
+and every trial of an Optuna sweep before the first one runs, as is a sweep that cannot be expanded
+(a range with step 0, an end that is not finite, no value), a config group option that does not
+exist, and an Optuna objective that no trial can have (a dev score under ``data.final_fit=train+dev``):
+one line, exit code 2, no sweep parent run, no Optuna study."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+import forkserver
+import pytest
+
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+from hydra import compose, initialize_config_dir  # noqa: E402
+from hydra.core.global_hydra import GlobalHydra  # noqa: E402
+from mlflow.entities import ViewType  # noqa: E402
+from mlflow.tracking import MlflowClient  # noqa: E402
+from omegaconf import open_dict  # noqa: E402
+from pipeline_helpers import CONF_DIR, tiny_overrides  # noqa: E402
+
+from hydra_plugins.crf_optuna_sweeper.optuna_sweeper import OptunaSweeper  # noqa: E402
+from pipeline.sweeps import search  # noqa: E402
+from pipeline.sweeps.grid_preflight import BASIC_SWEEPER, check_grid_jobs, composition_problem  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _no_ambient_tracking(monkeypatch):
+    for name in ("MLFLOW_TRACKING_URI", "CRF_SWEEP_PARENT_RUN_ID", "CRF_SWEEP_ID"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def _refused(call, caplog) -> str:
+    """The one ERROR line ``call()`` logs as it exits with code 2."""
+    caplog.clear()
+    with caplog.at_level(logging.WARNING), pytest.raises(SystemExit) as ended:
+        call()
+    errors = [r.getMessage() for r in caplog.records if r.levelname in ("ERROR", "WARNING")]
+    assert ended.value.code == 2 and len(errors) == 1 and "\n" not in errors[0], errors
+    return errors[0]
+
+
+def _grid(task: list[str], tmp_path: Path):
+    """The config Hydra hands to ``on_multirun_start`` for ``python -m pipeline -m <task>``."""
+    overrides = tiny_overrides(tmp_path / "data", tmp_path / "out")
+    config = compose(config_name="config", overrides=overrides, return_hydra_config=True)
+    with open_dict(config):
+        config.hydra.overrides.task = task
+        config.hydra.sweeper = {"_target_": BASIC_SWEEPER, "max_batch_size": None, "params": {}}
+    return config
+
+
+@pytest.mark.parametrize(
+    ("task", "message"),
+    [
+        # a config group option that does not exist (H4), in any job
+        (["trainer=lbfgs,nosuch"], "sweep job #1 (trainer=nosuch): cannot compose the job: In 'config': Could not find "
+         "'trainer/nosuch' (options of trainer: base, elasticnet, l1, lbfgs, sgd); no job was run"),
+        (["dataset=nosuch,conll2000"], "sweep job #0 (dataset=nosuch): cannot compose the job: In 'config': "
+         "Could not find 'dataset/nosuch'"),
+        (["trainer=l2sgd", "trainer.c2=0.1,1"], "sweep job #0 (trainer=l2sgd trainer.c2=0.1): cannot compose the job"),
+        (["trainer.nosuch=1,2"], "sweep job #0 (trainer.nosuch=1): cannot compose the job: Could not override 'trainer.nosuch'. "
+         "To append to your config use +trainer.nosuch=1; no job was run"),
+        # a stage's own setting (H5): the stages the job will run are checked
+        (["data.final_fit=train,nosuch"], "sweep job #1 (data.final_fit=nosuch): data.final_fit='nosuch': one of train, "
+         "train+dev"),
+        (["evaluate.calibration_bins=10,0"], "sweep job #1 (evaluate.calibration_bins=0): bad setting "
+         "evaluate.calibration_bins=0"),
+        (["stages=[evaluate],[nosuch]"], "sweep job #1 (stages=[nosuch]): bad setting: unknown stage 'nosuch'"),
+        # a regularisation path's own checks
+        (["+experiment=reg_path", "path.strengths=[1,0.1],[1,-1]"], "sweep job #1 (+experiment=reg_path path.strengths=[1,-1]): "
+         "bad setting path.strengths=[1, -1]: -1 is not a positive number"),
+        # a sweep that cannot be expanded (H13)
+        (["trainer.c2=range(0,1,0)"], "bad sweep trainer.c2=range(0, 1, 0): the step must not be 0; no job was run"),
+        (["trainer.c2=range(0,1,0.0)"], "bad sweep trainer.c2=range(0, 1, 0.0): the step must not be 0"),
+        (["trainer.c2=range(0,inf,1)"], "bad sweep trainer.c2=range(0, inf, 1): start, stop and step must be finite numbers"),
+        (["trainer.c2=range(0,nan,1)"], "bad sweep trainer.c2=range(0, nan, 1): start, stop and step must be finite numbers"),
+        (["trainer.c2=range(1,0)"], "bad sweep trainer.c2=range(1, 0, 1): it has no values"),
+        (["trainer.c2=range(0,1e300,1e-300)"], "values, more than the 100,000 a sweep lists"),
+        (["trainer.c2=interval(0,1)"], "bad sweep trainer.c2=interval(0, 1): a grid (Hydra's basic sweeper) runs listed values"),
+    ],
+)  # fmt: skip
+def test_a_grid_job_a_single_run_would_refuse_ends_the_sweep_before_any_job(tmp_path, caplog, task, message):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        line = _refused(lambda: check_grid_jobs(_grid(task, tmp_path)), caplog)
+    assert message in line
+
+
+def test_a_grid_of_good_jobs_passes(tmp_path, caplog):
+    """Nothing a grid can run is refused: a glob of a group's options, train+dev jobs (a grid may
+    refit: nothing needs their dev score), a float range, a path."""
+    tasks = [
+        ["trainer=glob(l*)"],
+        ["data.final_fit=train,train+dev"],
+        ["trainer.c2=range(0.1,1,0.3)"],
+        ["+experiment=reg_path", "trainer=lbfgs,l1"],
+    ]
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None), caplog.at_level(logging.WARNING):
+        for task in tasks:
+            check_grid_jobs(_grid(task, tmp_path))
+    assert not caplog.records
+
+
+def test_hydra_composition_errors_become_one_line():
+    error = ValueError(
+        "In 'config': Could not find 'trainer/x'\n\nAvailable options in 'trainer':\n\tbase\n\tlbfgs\nConfig search path:\n"
+        "\tprovider=hydra, path=pkg://hydra.conf\n\nSet the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace."
+    )
+    assert composition_problem(error) == "In 'config': Could not find 'trainer/x' (options of trainer: base, lbfgs)"
+    assert composition_problem(ValueError("one\ntwo")) == "one"
+    missing_key = ValueError("Could not override 'trainer.x'.\nTo append to your config use +trainer.x=1")
+    assert composition_problem(missing_key) == "Could not override 'trainer.x'. To append to your config use +trainer.x=1"
+
+
+def _arguments(tmp_path: Path, task: list[str]) -> list[str]:
+    """The command line's overrides, as Hydra hands them to the sweeper's ``sweep``."""
+    return [*tiny_overrides(tmp_path / "data", tmp_path / "out"), *task]
+
+
+def _optuna(tmp_path: Path, params: dict, task: list[str] = (), **settings) -> OptunaSweeper:
+    """The Optuna sweeper on the tiny corpus as after Hydra's setup (its config loader composes
+    the trials' jobs), with a launcher that must not be called."""
+    overrides = ["hydra/sweeper=optuna", *_arguments(tmp_path, task)]
+    config = compose(config_name="config", overrides=overrides, return_hydra_config=True)
+    sweeper = OptunaSweeper(params=params, n_trials=2, n_jobs=1, pruner={"kind": "none"}, dispatch="batch", **settings)
+    sweeper.config, sweeper.config_loader = config, GlobalHydra.instance().config_loader()
+    sweeper.launcher = object()  # no launch(): launching a trial would fail the test
+    return sweeper
+
+
+@pytest.mark.parametrize(
+    ("params", "task", "message"),
+    [
+        # values a trial cannot pass as an override (H3)
+        ({"trainer.c2": "choice(0.1, nan)"}, [], "trainer.c2: choice value nan is not a finite number"),
+        ({"trainer.c2": "choice(0.1, -inf)"}, [], "trainer.c2: choice value -inf is not a finite number"),
+        ({"trainer.c2": "interval(0.1, inf)"}, [], "trainer.c2: interval(0.1, inf) needs finite ends"),
+        ({"trainer.c2": "range(0, 1, 0)"}, [], "bad sweep trainer.c2=range(0, 1, 0): the step must not be 0"),
+        ({"trainer.c2": "range(0.5, 0.1)"}, [], "bad sweep trainer.c2=range(0.5, 0.1, 1): it has no values"),
+        # a value a run refuses, searched or fixed
+        ({"trainer.c2": "choice(0.1, -1)"}, [], "the trials with trainer.c2=-1: bad setting trainer.c2=-1"),
+        ({"trainer.c2": "interval(-1, 1)"}, [], "the trials with trainer.c2=-1.0: bad setting trainer.c2=-1.0"),
+        ({"evaluate.calibration_bins": "range(0, 20, 10)"}, [], "the trials with evaluate.calibration_bins=0: bad setting"),
+        ({"trainer.c2": "interval(0.1, 1)", "data.final_fit": "nosuch"}, [], "data.final_fit='nosuch': one of train, train+dev"),
+        ({"trainer.c2": "interval(0.1, 1)"}, ["evaluate.calibration_bins=0"], "bad setting evaluate.calibration_bins=0"),
+        # an objective no trial can have (H6)
+        ({"trainer.c2": "interval(0.1, 1)"}, ["data.final_fit=train+dev"], "data.final_fit=train+dev: such a run has no "
+         "dev split"),
+        ({"trainer.c2": "interval(0.1, 1)", "data.final_fit": "choice(train, train+dev)"}, [], "such a run has no dev split"),
+        ({"trainer.c2": "interval(0.1, 1)", "stages": "[train]"}, ["metric=evaluate.test_f1"],
+         "hydra.sweeper.metric=evaluate.test_f1: the trials with "
+         "trainer.c2=0.1 do not run stage evaluate"),
+        ({"trainer.c2": "interval(0.1, 1)"}, ["dataset=ud_english_ewt_upos", "metric=evaluate.dev_f1"],
+         "hydra.sweeper.metric=evaluate.dev_f1: dataset "
+         "ud_english_ewt_upos has no chunks (dataset.scheme=none), so its runs score accuracy, not F1: optimise "
+         "evaluate.dev_accuracy"),
+    ],
+)  # fmt: skip
+def test_an_optuna_trial_a_single_run_would_refuse_ends_the_sweep_before_any_trial(tmp_path, caplog, params, task, message):
+    metric = next((t.removeprefix("metric=") for t in task if t.startswith("metric=")), None)  # the sweeper's, not the jobs'
+    task = [t for t in task if not t.startswith("metric=")]
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        sweeper = _optuna(tmp_path, params, task, metric=metric)
+        line = _refused(lambda: sweeper.sweep(_arguments(tmp_path, task)), caplog)
+    assert message in line
+    assert not list(tmp_path.rglob("optuna.db"))  # no study
+
+
+def test_the_optuna_trials_checked_cover_every_choice_and_range_end():
+    params = {"trainer": "choice(lbfgs, l1)", "trainer.strength": "interval(0.1, 1)"}
+    params["trainer.max_iterations"] = "range(10, 35, 10)"
+    space = search.parse_space(params, [])
+    assert search.checked_trials(space) == [
+        {"trainer": "lbfgs", "trainer.strength": 0.1, "trainer.max_iterations": 10},
+        {"trainer": "l1", "trainer.strength": 0.1, "trainer.max_iterations": 10},
+        {"trainer": "lbfgs", "trainer.strength": 1.0, "trainer.max_iterations": 10},
+        {"trainer": "lbfgs", "trainer.strength": 0.1, "trainer.max_iterations": 30},
+    ]
+
+
+def test_the_default_optuna_space_and_a_test_metric_under_train_dev_pass(tmp_path):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        space = {"trainer": "choice(lbfgs, l1, elasticnet)", "trainer.strength": "tag(log, interval(0.01, 10))"}
+        default = _optuna(tmp_path, space)
+        default._checked(_arguments(tmp_path, []))
+        # a sweep may optimise a test metric of train+dev refits (the user's choice; nothing is missing)
+        refit = _optuna(tmp_path, {"trainer.c2": "interval(0.1, 1)"}, ["data.final_fit=train+dev"], metric="evaluate.test_f1")
+        refit._checked(_arguments(tmp_path, ["data.final_fit=train+dev"]))
+
+
+def _multirun(tmp_path: Path, *overrides: str):
+    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    return forkserver.run(
+        [sys.executable, "-m", "pipeline", "-m", *tiny_overrides(tmp_path / "data", tmp_path / "out"), *overrides],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=300,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("overrides", "line"),
+    [
+        (["trainer=lbfgs,nosuch"], "Could not find 'trainer/nosuch' (options of trainer:"),
+        (["hydra/sweeper=optuna", "~hydra.sweeper.params", "trainer.c2=choice(0.1,nan)"], "choice value nan is not a finite"),
+    ],
+)
+def test_the_command_refuses_a_bad_sweep_in_one_line_with_no_parent_run(tmp_path, overrides, line):
+    done = _multirun(tmp_path, *overrides)
+    output = done.stdout + done.stderr
+    assert done.returncode == 2, output
+    assert "Traceback" not in output and [text for text in output.splitlines() if text.strip()] == [
+        next(t for t in output.splitlines() if line in t)
+    ]
+    store = tmp_path / "out" / "mlflow.db"
+    if store.exists():
+        client = MlflowClient(f"sqlite:///{store}")
+        experiments = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ALL)]
+        assert client.search_runs(experiments, run_view_type=ViewType.ALL) == []
+    assert not list(tmp_path.rglob("optuna.db"))
