@@ -174,8 +174,8 @@ def lbfgs(
     ``scale`` (n,) > 0, or None: the solver works on ``u = scale * theta``, the same objective in
     other units. Quasi-Newton steps are not invariant to the units of each weight: an attribute
     whose values are large (a constant 1e4 on every token) leaves the objective so badly scaled
-    that L-BFGS stops far from the optimum; with ``scale`` its attribute's largest magnitude,
-    every attribute is at most 1 in the solver's units. The minimum, the reported losses,
+    that L-BFGS stops far from the optimum; with ``scale`` its attribute's typical magnitude,
+    every attribute is about 1 in the solver's units. The minimum, the reported losses,
     gradient norms and weights are those of ``theta``.
     """
     progress = _Progress(stopping or StoppingRule(), callback)

@@ -88,6 +88,7 @@ class TrainingProblem:
 
 def flat_labels(y) -> np.ndarray:
     """All labels of ``y`` (a list of label sequences) in one object array (T,)."""
+    check_label_sequences(y)
     flat = np.empty(sum(map(len, y)), dtype=object)
     flat[:] = [label for labels in y for label in labels]
     return flat
@@ -133,6 +134,7 @@ def label_codes(y, batch: SequenceBatch, classes: Sequence, what: str = "") -> n
     ``classes``), after checking that ``y`` has a label per token of ``batch``."""
     if len(y) != batch.n_sequences:
         raise ValueError(f"{batch.n_sequences} sequences in X{what} but {len(y)} in y{what}")
+    check_label_sequences(y, f"y{what}")
     for i, (labels, length) in enumerate(zip(y, batch.lengths)):
         if len(labels) != length:
             raise ValueError(f"sequence {i}: {length} tokens in X{what} but {len(labels)} labels in y{what}")
@@ -232,6 +234,8 @@ def _check_call(X, y, X_dev, y_dev, attribute_names, params: dict, settings: hyp
         names = pd.Index([str(a) for a in attribute_names])
         if names.has_duplicates:
             raise ValueError(f"attribute_names: {names[names.duplicated()][0]!r} appears more than once")
+        if isinstance(X, SequenceBatch) and len(names) != X.n_attributes:
+            raise ValueError(f"{len(names)} attribute_names for a batch of {X.n_attributes} attribute columns")
     if params["model_filename"] is not None and isinstance(X, SequenceBatch) and attribute_names is None:
         raise ValueError("model_filename writes attribute names: pass attribute_names with a SequenceBatch")
     if len(X) == 0 or len(y) == 0:
@@ -286,6 +290,10 @@ def training_problem(
     """
     settings = hyper.validate(params, defaults)
     X, y = _sequence(X, "X"), _sequence(y, "y")
+    if attribute_names is not None:  # read once: a generator of names would be empty the second time
+        if isinstance(attribute_names, (str, bytes)):
+            raise TypeError("attribute_names must be a list of names, one per column of X, not a string")
+        attribute_names = list(attribute_names)
     if X_dev is not None and y_dev is not None:
         X_dev, y_dev = _sequence(X_dev, "X_dev"), _sequence(y_dev, "y_dev")
     flat = _check_call(X, y, X_dev, y_dev, attribute_names, params, settings)
@@ -297,8 +305,6 @@ def training_problem(
         classes = previous.merged_classes(classes)
     if isinstance(X, SequenceBatch):
         batch, attribute_index = X, None
-        if attribute_names is not None and len(attribute_names) != batch.n_attributes:
-            raise ValueError(f"{len(attribute_names)} attribute_names for a batch of {batch.n_attributes} attribute columns")
         check_finite(batch, attribute_names)
         names = attribute_names if attribute_names is not None else previous and previous.attribute_names
         # the old names name the columns only when the batch has no column beyond them
@@ -427,20 +433,58 @@ def solve(
 
 
 def weight_scale(problem: TrainingProblem) -> np.ndarray | None:
-    """(layout.size,) the largest magnitude of each weight's attribute where it is above 1, else 1
-    (the label n-gram weights: 1); None when no attribute value is above 1 in magnitude (0/1
-    indicators), so that such data trains exactly as without it. See :func:`crf._optimize.lbfgs`."""
+    """(layout.size,) each weight's unit for the solver: its attribute's typical magnitude (the
+    median over the tokens where it occurs) where that is above 1, else 1 (and 1 for the label
+    n-gram weights); None when no attribute is typically above 1 in magnitude (0/1 indicators, or
+    a rare large value among ones), so that such data trains exactly as without it. See
+    :func:`crf._optimize.lbfgs`."""
     if problem.largest is None or abs(problem.largest[0]) <= 1.0:
         return None
     X = problem.batch.X
-    largest = np.ones(X.shape[1])
-    np.maximum.at(largest, X.indices, np.abs(X.data))
+    magnitude = np.abs(X.data)
+    large = np.zeros(X.shape[1], dtype=bool)
+    large[X.indices[magnitude > 1.0]] = True
+    entries = np.flatnonzero(large[X.indices])  # every value of the attributes with a large one
+    columns, values = X.indices[entries], magnitude[entries]
+    order = np.lexsort((values, columns))
+    columns, values = columns[order], values[order]
+    attributes = np.flatnonzero(large)
+    first = np.searchsorted(columns, attributes)
+    counts = np.searchsorted(columns, attributes, side="right") - first
+    typical = np.ones(X.shape[1])
+    typical[attributes] = np.maximum(values[first + (counts - 1) // 2], 1.0)  # the (lower) median
+    if np.all(typical == 1.0):
+        return None
     layout = problem.layout
     if layout.feature_index is None:
-        state = np.repeat(largest, layout.n_labels)
+        state = np.repeat(typical, layout.n_labels)
     else:
-        state = largest[layout.feature_index // layout.n_labels]
+        state = typical[layout.feature_index // layout.n_labels]
     return np.concatenate([state, np.ones(layout.size - layout.n_state)])
+
+
+def _warm_or_cold(objective, theta0: np.ndarray, params: dict, frozen: np.ndarray) -> np.ndarray:
+    """``theta0`` (a warm start's weights), or zero weights (the non-features' kept) when the
+    regularised objective is lower there: weights carried over from data whose values had
+    another scale can start so far off that the solver would stop long before the optimum."""
+    if not np.any(theta0):
+        return theta0
+    cold = np.zeros_like(theta0)
+    cold[frozen] = theta0[frozen]
+
+    def total(theta: np.ndarray) -> float:
+        return objective(theta)[0] + params["c2"] * float(theta @ theta) + params["c1"] * float(np.abs(theta).sum())
+
+    warm_loss, cold_loss = total(theta0), total(cold)
+    if not warm_loss <= cold_loss:
+        log.warning(
+            "warm start: the previous weights fit this data worse than zero weights (objective %.6g against %.6g): "
+            "training starts from zero weights",
+            warm_loss,
+            cold_loss,
+        )
+        return cold
+    return theta0
 
 
 def _lbfgs(problem, params, theta0, stopping, frozen, callback, candidates):
@@ -449,7 +493,7 @@ def _lbfgs(problem, params, theta0, stopping, frozen, callback, candidates):
     release_free_memory()  # what building it freed, before the iterations add their working memory
     result = optimize.lbfgs(
         objective,
-        theta0,
+        _warm_or_cold(objective, theta0, params, frozen),
         params["c1"],
         params["c2"],
         stopping,

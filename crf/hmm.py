@@ -544,7 +544,7 @@ class HMM:
             number of labels in all than ``X`` has tokens.
         """
         predicted = self.predict_codes(X)
-        gold = list(itertools.chain.from_iterable(y))
+        gold = self._flatten(y, "y")[0]
         if len(gold) != predicted.size:
             raise ValueError("X and y differ in length")
         classes = np.array(self.classes_, dtype=object)

@@ -216,7 +216,7 @@ def _check_storable(items: list, labels: list[str], sequence: int) -> None:
 
 def _labels(yseq, what: str = "yseq") -> list[str]:
     """``yseq`` as a list of ``str`` labels (``bytes`` are decoded as UTF-8)."""
-    if isinstance(yseq, (str, bytes)) or not isinstance(yseq, Iterable):
+    if isinstance(yseq, (str, bytes, AbstractSet)) or not isinstance(yseq, Iterable):  # a set: no order
         raise TypeError(f"{what} must be a list of label strings, not a {type(yseq).__name__}")
     labels = list(yseq)
     try:

@@ -186,12 +186,19 @@ def test_a_set_is_refused_wherever_an_order_is_needed():
     trainer = pycrfsuite.Trainer(verbose=False)
     with pytest.raises(TypeError, match="not a set"):
         trainer.append({("w=a",), ("w=b",)}, ["A", "B"])
+    with pytest.raises(TypeError, match="yseq must be a list of label strings, not a set"):
+        trainer.append([{"w": "a"}, {"w": "b"}], {"A", "B"})
+    for scoring in (model.score, model.sequence_probability):  # labels in hash order would score at random
+        with pytest.raises(TypeError, match="y: sequence 0 is a set"):
+            scoring(X, [{"A", "B"}, ["B"]])
     hmm = HMM().fit([["a", "b"], ["b"]], y)
     for bad in ({("a", "b")}, [{"a", "b"}]):
         with pytest.raises(TypeError, match="not sets"):
             hmm.predict(bad)
     with pytest.raises(TypeError, match="y must be a list of token sequences.*not sets"):
         HMM().fit([["a", "b"]], [{"A", "B"}])
+    with pytest.raises(TypeError, match="y must be a list of token sequences.*not sets"):
+        hmm.score([["a", "b"], ["b"]], [{"A", "B"}, ["B"]])
 
 
 @pytest.mark.parametrize("c1", [0.0, 0.05])
@@ -232,3 +239,55 @@ def test_the_solver_reaches_the_same_minimum_in_rescaled_units():
         scaled = optimize.lbfgs(least_squares, np.zeros(6), c1=c1, c2=0.01, stopping=stopping, scale=scale)
         np.testing.assert_allclose(scaled.theta, plain.theta, rtol=1e-4, atol=1e-8)
         assert scaled.history[-1].loss == pytest.approx(plain.history[-1].loss, rel=1e-9)
+
+
+def test_a_warm_start_from_weights_of_another_scale_reaches_the_cold_optimum(caplog):
+    """An attribute whose values grew by orders of magnitude makes the old weights a start far
+    worse than zero: training starts from zero weights (and says so) instead of stopping far off."""
+    rng = np.random.default_rng(2)
+    words = rng.integers(0, 6, size=(40, 7))
+    y = [["A" if w < 2 else "B" if w < 4 else "C" for w in row] for row in words]
+
+    def data(value):
+        return [[{f"w={w}": 1.0, "big": value} for w in row] for row in words]
+
+    settings = dict(c2=0.1, max_iterations=300, epsilon=1e-7)
+    cold = CRF(**settings).fit(data(3e9), y)
+    warm = CRF(**settings).fit(data(1.0), y).set_params(warm_start=True)
+    warm.fit(data(3e9), y)
+    assert warm.training_log_[-1]["loss"] == pytest.approx(cold.training_log_[-1]["loss"], rel=1e-6)
+    assert "training starts from zero weights" in caplog.text
+    caplog.clear()
+    again = CRF(**settings).fit(data(3e9), y).set_params(warm_start=True)
+    again.fit(data(3e9), y)  # the same data: the old weights are the better start, and are kept
+    assert "zero weights" not in caplog.text and again.n_iter_ < cold.n_iter_
+
+
+def test_a_rare_large_value_among_ones_trains_as_without_rescaling():
+    """The solver's unit is an attribute's typical (median) magnitude: one outlier does not shrink
+    every other value of its attribute to nothing."""
+    from crf import _training
+
+    X = [[{"w": "a", "x": 1.0}, {"w": "b", "x": 1.0}], [{"w": "b", "x": 1.0}, {"w": "a", "x": 1.0}]] * 20
+    X[0][0]["x"] = 1e6
+    y = [["A", "B"], ["B", "A"]] * 20
+    problem = _training.training_problem(X, y, None, None, None, CRF().get_params(), CRF().get_params(), None)
+    assert _training.weight_scale(problem) is None
+    typical = [[{**token, "x": 5e3} for token in sequence] for sequence in X]
+    typical[0][0]["x"] = 1.0
+    problem = _training.training_problem(typical, y, None, None, None, CRF().get_params(), CRF().get_params(), None)
+    assert sorted(set(_training.weight_scale(problem).tolist())) == [1.0, 5e3]  # x's weights in units of 5e3
+
+
+def test_a_warm_refit_with_too_few_attribute_names_is_one_line():
+    X = [[{"w": "a", "v": "x"}, {"w": "b"}], [{"w": "b"}]] * 5
+    y = [["A", "B"], ["B"]] * 5
+    model = CRF(max_iterations=5).fit(X, y)
+    batch, names = model.attribute_index_.transform(X), list(model.attributes_)
+    model.set_params(warm_start=True)
+    for given in (names[:-1], []):
+        with pytest.raises(ValueError, match=rf"^{len(given)} attribute_names for a batch of 3 attribute columns$"):
+            model.fit(batch, y, attribute_names=given)
+    model.fit(batch, y, attribute_names=(name for name in names))  # a generator is read once
+    with pytest.raises(TypeError, match="attribute_names must be a list of names"):
+        model.fit(batch, y, attribute_names="wv")
