@@ -44,8 +44,9 @@ from ._segments import ChunkWindows
 
 log = logging.getLogger(__name__)
 
-#: an input column whose training values number at most this many is a closed set (a tag set)
-CLOSED_SET = 1000
+#: an observed column whose training values number at most this many is a closed set (a tag set:
+#: 17 to 50 POS tags, 23 chunk tags); a word vocabulary of a model worth tagging with is larger
+CLOSED_SET = 100
 KIND = "crf.TaggerBundle"  # the kind its files carry (the class was once named so)
 SCHEMES = ("iob1", "iob2", "iobes", "none")
 CHUNK_ELEMENTS = 4_000_000  # tokens x states per recursion call (about 8 bytes each, a few arrays)
@@ -324,8 +325,9 @@ class BundledModel(Protocol):
 
     def parts(self) -> tuple[dict, dict[str, np.ndarray]]: ...
 
-    # optional: ``training_values()``, a mapping of input column -> the values it held in training
-    # (see :meth:`ModelBundle.closed_columns`); a kind without it skips that check
+    # optional: ``training_values()``, a mapping of input column -> (the values it held in training,
+    # whether they are a closed set) (see :meth:`ModelBundle.known_values`); a kind without it
+    # skips that check
 
     @classmethod
     def from_parts(cls, meta: dict, arrays: dict[str, np.ndarray], path) -> BundledModel:
@@ -464,19 +466,18 @@ class ModelBundle:
         if missing:
             raise ValueError(f"the model reads columns {missing}, which input_columns {self.input_columns} lack")
 
-    def closed_columns(self) -> dict[str, set]:
-        """The input columns whose training values form a small closed set (a tag set of at most
-        :data:`CLOSED_SET` values, not words), with those values: a file whose column holds few
-        of them was most likely read in the wrong column order.
+    def known_values(self) -> dict[str, tuple[set, bool]]:
+        """The values each input column held in training, where the part records them.
 
         Returns
         -------
-        dict of str to set of str
-            Column name -> its values in training; empty when the part does not record them.
+        dict of str to (set of str, bool)
+            Column name -> (its values in training, whether they are a closed set such as a tag
+            set); empty when the part does not record them.
         """
         values = getattr(self.part, "training_values", None)
         known = values() if callable(values) else {}
-        return {str(c): {str(v) for v in vocabulary} for c, vocabulary in known.items() if 0 < len(vocabulary) <= CLOSED_SET}
+        return {str(c): ({str(v) for v in vocabulary}, bool(closed)) for c, (vocabulary, closed) in known.items()}
 
     # --- persistence ----------------------------------------------------------------------
 

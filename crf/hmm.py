@@ -833,9 +833,14 @@ class BundledHMM:
         self.n_states = H if model.order == 1 else (H + 1) * H
         self.columns = [self.observation]
 
-    def training_values(self) -> dict[str, list[str]]:
-        """The values its observed column held in training: ``{observation: vocabulary (V,)}``."""
-        return {self.observation: self.model.vocabulary_}
+    def training_values(self) -> dict[str, tuple[list[str], bool]]:
+        """The values its observed column held in training: ``{observation: (vocabulary (V,),
+        closed)}``, ``closed`` when they are few enough to be a tag set (at most
+        :data:`crf.bundle.CLOSED_SET`), not words."""
+        from .bundle import CLOSED_SET
+
+        vocabulary = self.model.vocabulary_
+        return {self.observation: (vocabulary, len(vocabulary) <= CLOSED_SET)}
 
     def scores(self, columns, lengths):
         """The chain's inputs for sentences given as flat token columns (:class:`crf.bundle.BundledModel`).

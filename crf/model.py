@@ -1010,11 +1010,12 @@ class BundledCRF:
         self.n_states = model._structure().n_states if slots is None else (slots + 1) * slots
         self.columns = extractor.input_columns()
 
-    def training_values(self) -> dict[str, np.ndarray]:
+    def training_values(self) -> dict[str, tuple[np.ndarray, bool]]:
         """The values each input column that a template reads as it is held in training (the
-        extractor's vocabulary of that view); columns read only through derived views are left out."""
+        extractor's vocabulary of that view), as ``{column: (values, False)}``: the extractor keeps
+        no counts to tell a tag set from words. Columns read only through derived views are left out."""
         vocabulary = self.extractor.vocabulary_
-        return {column: vocabulary[column] for column in self.columns if column in vocabulary}
+        return {column: (vocabulary[column], False) for column in self.columns if column in vocabulary}
 
     def scores(self, columns, lengths):
         """The chain's inputs for sentences given as flat token columns (:class:`crf.bundle.BundledModel`).

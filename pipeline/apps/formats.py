@@ -213,7 +213,8 @@ def read_input(
                 )  # fmt: skip
             data, lengths = _skip_non_words(path, data, lengths)
         given = [c for c in names if c != gold]
-        return Corpus(data, lengths, data.get(gold) if gold else None, given, by_position=header is None)
+        by_position = header is None and len(names) > 1  # one column cannot be out of order
+        return Corpus(data, lengths, data.get(gold) if gold else None, given, by_position=by_position)
     if fmt == "conllu":
         if conllu_pos not in ("upos", "xpos"):
             raise ValueError(f"conllu_pos must be 'upos' or 'xpos', got {conllu_pos!r}")

@@ -236,27 +236,40 @@ def check_gold_column(corpus: Corpus, bundle: ModelBundle, input_path) -> None:
         )
 
 
-def check_closed_columns(corpus: Corpus, bundles: Sequence[ModelBundle], needed: Sequence[str], input_path) -> None:
-    """Refuse a file column read into a closed-set input of a model (a tag set such as POS tags,
-    :meth:`ModelBundle.closed_columns`) that holds few of the values the model saw there: a file
-    whose columns were taken by position in another order than the training data's would
-    otherwise feed the model words as tags, with no gold column to show it. Columns the file names
-    (a header line, CoNLL-U, JSONL) are taken as named."""
+def check_column_order(corpus: Corpus, bundles: Sequence[ModelBundle], needed: Sequence[str], input_path) -> None:
+    """Refuse a file whose columns were taken by position (a CoNLL file of two or more columns
+    without a header) when a column read into a model's input holds under half values the model
+    saw there, and either another column's training values match it better (POS tags read as
+    words, words read as POS tags) or that input is a closed set (:meth:`ModelBundle.known_values`).
+    Otherwise the model would be fed words as tags, with no gold column to show it; a column that
+    holds new words of the right kind (text of another domain) is tagged."""
     if not corpus.by_position:
         return
     for bundle in bundles:
-        for column, values in bundle.closed_columns().items():
+        known = bundle.known_values()
+        for column, (values, closed) in known.items():
             if column not in needed:
                 continue  # filled by an earlier model of the chain
             cells = pd.Series(corpus.columns[column], dtype=object)
-            known = cells.isin(values)
-            if len(cells) and known.mean() < MIN_KNOWN:
-                examples = ", ".join(repr(v) for v in cells[~known].unique()[:3])
-                raise TagError(
-                    f"input {input_path}: the column read as {column!r} holds {100 * known.mean():.0f}% values the model "
-                    f"saw there in training (one of {len(values)}; not {examples}, ...): its columns are not in the order "
-                    "the model expects; name them (as they are) with a first line '# global.columns = <names>'"
-                )
+            if not len(cells):
+                continue
+            own = float(cells.isin(values).mean())
+            if own >= MIN_KNOWN:
+                continue
+            others = {other: float(cells.isin(seen).mean()) for other, (seen, _) in known.items() if other != column}
+            better = max(others, key=others.get) if others else None
+            if better is not None and others[better] > own:
+                why = f"and {100 * others[better]:.0f}% values it saw in column {better!r}"
+            elif closed:
+                why = f"of a set of {len(values)}"
+            else:
+                continue
+            examples = ", ".join(repr(v) for v in cells[~cells.isin(values)].unique()[:3])
+            raise TagError(
+                f"input {input_path}: the column read as {column!r} holds {100 * own:.0f}% values the model saw there in "
+                f"training ({why}; not {examples}, ...): its columns are not in the order the model expects; name "
+                "them (as they are) with a first line '# global.columns = <names>'"
+            )
 
 
 def score(bundle: ModelBundle, corpus: Corpus, prediction: Prediction) -> dict[str, float]:
@@ -425,7 +438,7 @@ def run_tag(cfg: Mapping) -> dict:
         check_tokens({c: corpus.columns[c] for c in needed}, corpus.offsets, base=1)
     except TokenError as err:
         raise TagError(f"input {input_path}: {err}") from None
-    check_closed_columns(corpus, bundles, needed, input_path)
+    check_column_order(corpus, bundles, needed, input_path)
     check_gold_column(corpus, bundles[-1], input_path)
     log.info("read %d sentences, %d tokens (%s) from %s", corpus.lengths.size, int(corpus.lengths.sum()), fmt, input_path)
     if out_format == "conll":

@@ -522,7 +522,7 @@ def test_swapped_columns_without_gold_are_refused_for_a_model_that_reads_a_tag_s
                                        attribute_names=extractor.attribute_names())  # fmt: skip
     source = {"dataset": {"name": "toy", "columns": LAYOUT, "label": "chunk", "scheme": "IOB2", "tokenisation": "punct"}}
     crf_bundle = _save(ModelBundle(BundledCRF(extractor, model), scheme="iob2", source=source), tmp_path / "crf.npz")
-    assert "pos" in load_bundle(crf_bundle).closed_columns()
+    assert load_bundle(chunker).known_values()["pos"][1]  # the HMM's observed tag set: closed
     sentences = _corpus(8, 6)
     swapped = _write_conll(tmp_path / "in.conll", [[(p, w) for w, p, _ in s] for s in sentences])
     named = _write_conll(tmp_path / "named.conll", [[(p, w) for w, p, _ in s] for s in sentences], "# global.columns = pos w")
@@ -532,3 +532,13 @@ def test_swapped_columns_without_gold_are_refused_for_a_model_that_reads_a_tag_s
             run_tag(_settings(bundle, swapped, target))
         assert not target.exists()
         assert run_tag(_settings(bundle, named, target))["tokens"] == sum(map(len, sentences))
+    # text of another domain, in the right order: new words are no sign of a wrong order
+    unseen = [[(f"novel{i}x{t}", p) for t, (_, p, _) in enumerate(s)] for i, s in enumerate(sentences)]
+    other_domain = _write_conll(tmp_path / "other.conll", unseen)
+    assert run_tag(_settings(crf_bundle, other_domain, tmp_path / "crf_other.conll"))["tokens"] == sum(map(len, sentences))
+    rng = np.random.default_rng(7)
+    words = [[f"w{rng.integers(0, 300)}" for _ in s] for s in train]  # a word model: few uses per word
+    word_hmm = HMM(order=1).fit(words, [[r[2] for r in s] for s in train])
+    word_bundle = _save(ModelBundle(BundledHMM(word_hmm, "w"), scheme="iob2", source=source), tmp_path / "words.npz")
+    assert not load_bundle(word_bundle).known_values()["w"][1]
+    assert run_tag(_settings(word_bundle, other_domain, tmp_path / "hmm_other.conll"))["tokens"] == sum(map(len, sentences))
