@@ -103,15 +103,20 @@ def gather(sweep_id: str, experiment: str, tag: str = "sweep_id", metric: str | 
 def plot(table: pd.DataFrame, path: Path, score_name: str) -> None:
     fig, (left, right) = figure(11, 4, 2)
     finished = table[table.status == "FINISHED"]
+    strengths = pd.to_numeric(finished["strength"], errors="coerce")
+    by_strength = bool((strengths > 0).any())  # an HMM sweep has no strength: its jobs in order
     for trainer, part in finished.groupby("trainer"):
-        left.plot(part["strength"], part["dev_score"], "o-", label=trainer)
-        right.plot(part["strength"], part["nonzero_weights"], "o-", label=trainer)
+        x = part["strength"] if by_strength else np.arange(len(part))
+        left.plot(x, part["dev_score"], "o-", label=trainer)
+        right.plot(x, part["nonzero_weights"], "o-", label=trainer)
     for ax, label in ((left, f"dev {score_name}"), (right, "non-zero weights")):
-        ax.set_xscale("log")
-        ax.set_xlabel("regularisation strength (c1 or c2)")
+        if by_strength:
+            ax.set_xscale("log")
+        ax.set_xlabel("regularisation strength (c1 or c2)" if by_strength else "job")
         ax.set_ylabel(label)
         ax.legend()
-    right.set_yscale("log")
+    if (pd.to_numeric(finished["nonzero_weights"], errors="coerce") > 0).any():
+        right.set_yscale("log")
     save_figure(fig, path)
 
 

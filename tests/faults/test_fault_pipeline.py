@@ -150,3 +150,17 @@ def test_train_and_evaluate_keys_do_not_depend_on_time_or_folder(data_root, tmp_
     second = tmp_path / "second"
     _run(data_root, second)  # another output folder
     assert keys(second) == before
+
+
+def test_the_sweep_plot_of_jobs_without_a_strength_is_drawn(tmp_path):
+    """An HMM sweep has no regularisation strength and no weight count: its summary plot is drawn
+    by job, not refused by a log axis (which failed the sweep's parent run after every job)."""
+    import numpy as np
+    import pandas as pd
+
+    from pipeline.sweeps import summary
+
+    table = pd.DataFrame({"status": ["FINISHED"] * 3, "trainer": ["hmm"] * 3, "strength": [np.nan] * 3,
+                          "dev_score": [80.0, 81.5, 79.0], "nonzero_weights": [np.nan] * 3})  # fmt: skip
+    summary.plot(table, tmp_path / "sweep.png", "f1")
+    assert (tmp_path / "sweep.png").stat().st_size > 0
