@@ -331,13 +331,14 @@ def _closing(messages: list[str]) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def registered(tmp_path_factory):
     """A project folder where ``python -m pipeline ... registry.register=true`` ran with the default
-    store (``./outputs/mlflow.db``), twice (the second time from the cache): (project folder, store
-    URI, closing lines of both runs, pipeline run ids)."""
+    store (``./outputs/mlflow.db``), twice (the second time from the cache), training and
+    evaluating (a version without a dev score never takes the alias): (project folder, store URI,
+    closing lines of both runs, pipeline run ids)."""
     for name in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI", "CRF_SWEEP_PARENT_RUN_ID", "CRF_SWEEP_ID"):
         os.environ.pop(name, None)
     project = tmp_path_factory.mktemp("project")
     corpus = write_corpus(project / "data", n_train=80, n_test=20)
-    overrides = tiny_overrides(corpus, project / "outputs") + ["stages=[train]", "registry.register=true"]
+    overrides = tiny_overrides(corpus, project / "outputs") + ["stages=[train,evaluate]", "registry.register=true"]
     handler, runner_log = _Lines(), logging.getLogger("pipeline.engine.runner")
     level = runner_log.level
     runner_log.addHandler(handler)
