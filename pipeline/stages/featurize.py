@@ -18,12 +18,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 import scipy.sparse as sp
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from crf import ModelFileError, load_arrays, save_arrays
 from crf.batch import SequenceBatch
-from crf.features import FeatureExtractor
+from crf.features import FeatureExtractor, parse_template
 from pipeline.engine.cache import file_sha256
 from pipeline.engine.stage import BaseStage, StageContext
+from pipeline.engine.validate import SettingsError
 from pipeline.report import write_json
 from pipeline.stages import clusters
 from pipeline.stages.prepare import SPLITS, read_prepared
@@ -86,6 +88,43 @@ def build_extractor(features: Mapping, columns: Sequence[str]) -> FeatureExtract
     )
 
 
+def check_columns(cfg) -> None:
+    """Refuse (:class:`SettingsError`, one line) a feature set that reads a column the dataset
+    lacks: a view or lexicon over it, a numeric attribute of it, or a template over a name that is
+    neither one of its views nor a dataset column (``features=chunking`` reads ``pos``, which
+    ``ud_english_ewt_upos`` has not)."""
+    try:
+        features = OmegaConf.to_container(cfg.features, resolve=True)
+    except OmegaConfBaseException:  # a mandatory value left unset (a clusters file): named by its own check
+        features = OmegaConf.to_container(cfg.features, resolve=False)
+    columns = [str(c) for c in (OmegaConf.select(cfg, "dataset.columns", default=None) or [])]
+    if not columns or not isinstance(features, Mapping):
+        return
+    where = f"dataset {OmegaConf.select(cfg, 'dataset.name', default='?')!r} (columns {', '.join(columns)})"
+    views = dict(features.get("views") or {})
+    lexicons = dict(features.get("lexicons") or {})
+    for kind, entries, default in (("views", views, None), ("lexicons", lexicons, "w")):
+        for name, spec in entries.items():
+            column = spec.get("column", default) if isinstance(spec, Mapping) else None
+            if column is not None and column not in columns:
+                raise SettingsError(f"bad setting features.{kind}.{name}: it reads column {column!r}, which {where} lacks")
+    for name in features.get("numeric") or []:
+        if name not in columns:
+            raise SettingsError(f"bad setting features.numeric: {name!r} is not a column of {where}")
+    known = set(columns) | set(views) | set(lexicons)
+    for template in features.get("templates") or []:
+        try:
+            cells = parse_template(str(template)).cells
+        except ValueError as error:
+            raise SettingsError(f"bad setting features.templates: {error}") from None
+        missing = [view for view, _ in cells if view not in known]
+        if missing:
+            raise SettingsError(
+                f"bad setting features.templates: {template!r} reads {missing[0]!r}, neither a view of the feature set "
+                f"nor a column of {where}"
+            )
+
+
 def save_extractor(path: Path, extractor: FeatureExtractor) -> None:
     save_arrays(path, EXTRACTOR_KIND, {"config": extractor.config()}, extractor.state_arrays())
 
@@ -112,6 +151,7 @@ class Featurize(BaseStage):
         return ("prepare",)
 
     def validate(self, cfg) -> None:
+        check_columns(cfg)
         clusters.validate(cfg)  # the word clusters' settings and files, before any stage runs
 
     def config_slice(self, cfg, adapter: ModelAdapter) -> dict:

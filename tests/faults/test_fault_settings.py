@@ -173,3 +173,23 @@ def test_the_command_reports_a_bad_data_line_in_one_line_without_a_traceback(tmp
     assert "Traceback" not in output
     assert f"{train}:5: expected 3 columns, found 2: 'word POS'" in output
     assert not list((tmp_path / "out" / "cache" / "prepare").glob("*"))  # no entry, no temporary folder
+
+
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        (
+            ["dataset=ud_english_ewt_upos", "features=chunking"],
+            r"features.templates: 'pos\[-2\]' reads 'pos'",
+        ),
+        (["features=chunking", "+features.views.up={column: upos, fn: lower}"], r"features.views.up: it reads column 'upos'"),
+        (["features=chunking", "features.numeric=[width]"], r"features.numeric: 'width' is not a column"),
+    ],
+)
+def test_a_feature_set_that_reads_a_column_the_dataset_lacks_is_refused_before_any_stage(overrides, match):
+    from pipeline.stages.featurize import Featurize
+
+    cfg = compose_config(overrides)
+    with pytest.raises(SettingsError, match=match):
+        Featurize().validate(cfg)
+    Featurize().validate(compose_config(["features=chunking"]))  # conll2000 has the POS column
