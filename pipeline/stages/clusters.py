@@ -523,6 +523,8 @@ def validate(cfg) -> None:
     unlabelled = dataset.get("unlabelled") or []
     if isinstance(unlabelled, str):
         unlabelled = [unlabelled]
+    if not isinstance(unlabelled, Sequence) or not all(isinstance(p, str) and p for p in unlabelled):
+        raise SettingsError(f"bad setting dataset.unlabelled={unlabelled!r}: a list of file paths (text or CoNLL pool files)")
     for path in pool_paths(features, list(unlabelled), section(cfg, "data.root")):
         problem = format_problem(path, settings["format"])
         if problem:

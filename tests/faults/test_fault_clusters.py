@@ -128,6 +128,7 @@ def test_every_way_a_clusters_file_can_be_wrong_is_refused_before_any_stage(tmp_
         "unlabelled": [BROWN, f"data.root={tmp_path}", f"+dataset.unlabelled=[{path.name}]"],
     }[setting]
     assert message.format(path=path) in _refused(overrides)
+    assert "bad setting dataset.unlabelled=5: a list of file paths" in _refused([BROWN, "+dataset.unlabelled=5"])
     missing = clusters.PoolFileError("x")
     assert isinstance(missing, FileNotFoundError) and isinstance(missing, SettingsError)  # both ways of catching it
 
