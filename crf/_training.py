@@ -426,6 +426,9 @@ def solve(
     if from_zero and result.iterations == 0 and result.stop_reason.startswith("line search"):
         largest = problem.largest
         where = "" if largest is None else f"; the largest attribute value is {largest[0]:g} ({largest[1]})"
+        c1, c2 = float(params.get("c1") or 0.0), float(params.get("c2") or 0.0)
+        if max(c1, c2) >= 1e6:  # the prior outweighs any data: zero weights are (all but) the optimum
+            where = f"; c1={c1:g}, c2={c2:g}: a strength this large keeps every weight at zero"
         raise TrainingError(
             f"training could not move from its starting weights ({result.stop_reason}): no step lowered the loss{where}"
         )

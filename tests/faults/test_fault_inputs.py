@@ -291,3 +291,12 @@ def test_a_warm_refit_with_too_few_attribute_names_is_one_line():
     model.fit(batch, y, attribute_names=(name for name in names))  # a generator is read once
     with pytest.raises(TypeError, match="attribute_names must be a list of names"):
         model.fit(batch, y, attribute_names="wv")
+
+
+def test_a_strength_too_large_to_move_is_named_as_the_cause():
+    from crf._training import TrainingError
+
+    X = [[{"w": "a"}, {"w": "b"}], [{"w": "b"}]] * 5
+    y = [["A", "B"], ["B"]] * 5
+    with pytest.raises(TrainingError, match=r"c1=0, c2=1e\+300: a strength this large keeps every weight at zero"):
+        CRF(c2=1e300).fit(X, y)
