@@ -18,6 +18,7 @@ used by ``hydra_plugins/crf_optuna_sweeper`` in the launching process; the job s
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -231,10 +232,19 @@ def _checked_values(distribution: BaseDistribution) -> list[Any]:
     return [low] if high == low else [low, high]
 
 
+#: a search space with at most this many combinations of its choices and range ends is checked
+#: whole before a sweep (values that are only bad together, such as trainer=sgd with c1 > 0)
+MAX_CHECKED_COMBINATIONS = 16
+
+
 def checked_trials(space: SearchSpace) -> list[dict[str, Any]]:
     """The searched values of the trials checked before a sweep (:func:`check_trials`): every
-    searched key at each choice or range end of its own, the others at their first."""
+    combination of the searched keys' choices and range ends when there are at most
+    :data:`MAX_CHECKED_COMBINATIONS`, else every key at each of its own with the others at their
+    first."""
     values = {key: _checked_values(distribution) for key, distribution in space.distributions.items()}
+    if math.prod(len(listed) for listed in values.values()) <= MAX_CHECKED_COMBINATIONS:
+        return [dict(zip(values, combination)) for combination in itertools.product(*values.values())]
     first = {key: listed[0] for key, listed in values.items()}
     return [first, *({**first, key: value} for key, listed in values.items() for value in listed[1:])]
 

@@ -154,7 +154,7 @@ def _optuna(tmp_path: Path, params: dict, task: list[str] = (), **settings) -> O
         ({"trainer.c2": "interval(0.1, 1)", "stages": "[train]"}, ["metric=evaluate.test_f1"],
          "hydra.sweeper.metric=evaluate.test_f1: the trials with "
          "trainer.c2=0.1 do not run stage evaluate"),
-        ({"trainer.c2": "interval(0.1, 1)"}, ["dataset=ud_english_ewt_upos", "metric=evaluate.dev_f1"],
+        ({"trainer.c2": "interval(0.1, 1)"}, ["dataset=ud_english_ewt_upos", "features=pos", "metric=evaluate.dev_f1"],
          "hydra.sweeper.metric=evaluate.dev_f1: dataset "
          "ud_english_ewt_upos has no chunks (dataset.scheme=none), so its runs score accuracy, not F1: optimise "
          "evaluate.dev_accuracy"),
@@ -174,12 +174,28 @@ def test_the_optuna_trials_checked_cover_every_choice_and_range_end():
     params = {"trainer": "choice(lbfgs, l1)", "trainer.strength": "interval(0.1, 1)"}
     params["trainer.max_iterations"] = "range(10, 35, 10)"
     space = search.parse_space(params, [])
-    assert search.checked_trials(space) == [
-        {"trainer": "lbfgs", "trainer.strength": 0.1, "trainer.max_iterations": 10},
-        {"trainer": "l1", "trainer.strength": 0.1, "trainer.max_iterations": 10},
-        {"trainer": "lbfgs", "trainer.strength": 1.0, "trainer.max_iterations": 10},
-        {"trainer": "lbfgs", "trainer.strength": 0.1, "trainer.max_iterations": 30},
-    ]
+    checked = search.checked_trials(space)  # 2 x 2 x 2: every combination (values bad only together)
+    assert len(checked) == 8 and {tuple(t.values()) for t in checked} == {
+        (trainer, strength, iterations) for trainer in ("lbfgs", "l1") for strength in (0.1, 1.0) for iterations in (10, 30)
+    }
+    params["trainer.c2"] = "choice(0.1, 1, 10)"  # 24 combinations: each value once, the others at their first
+    wide = search.checked_trials(search.parse_space(params, []))
+    assert len(wide) == 1 + 1 + 1 + 1 + 2 and wide[0] == {
+        "trainer": "lbfgs",
+        "trainer.strength": 0.1,
+        "trainer.max_iterations": 10,
+        "trainer.c2": 0.1,
+    }
+
+
+def test_optuna_values_that_are_bad_only_together_are_refused(tmp_path, caplog):
+    params = {"model.transition_smoothing": "choice(interpolation, add-k)", "model.k": "choice(0.1, 0)"}
+    task = ["model=hmm"]
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        sweeper = _optuna(tmp_path, params, task)
+        line = _refused(lambda: sweeper.sweep(_arguments(tmp_path, task)), caplog)
+    assert "model.transition_smoothing=add-k" in line and "model.k=0" in line
+    assert not list(tmp_path.rglob("optuna.db"))
 
 
 def test_the_default_optuna_space_and_a_test_metric_under_train_dev_pass(tmp_path):
