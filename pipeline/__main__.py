@@ -125,5 +125,47 @@ def main(cfg: DictConfig) -> float | None:
             sys.exit(1)
 
 
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
+
+
+def composition_refusal(argv: list[str]) -> str | None:
+    """One line when the command line's fixed overrides (``argv`` without the program name) cannot
+    be composed with the config (a key the config lacks, a missing config group option), else None.
+
+    Hydra reports these in several lines with exit code 1, and in a multirun before the sweeper
+    (whose preflight checks the swept values) is reached; here they are found first, so that every
+    bad setting ends the same way: one line, exit code 2. Swept values are left to the sweeper's
+    preflight; a command line with a flag other than ``-m``/``--multirun`` (``--cfg``, ``--help``,
+    another config) and one that does not parse are left to Hydra.
+    """
+    if any(arg.startswith("-") and arg not in ("-m", "--multirun") for arg in argv):
+        return None
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from pipeline.sweeps.grid_preflight import composition_problem
+
+    try:
+        overrides = OverridesParser.create().parse_overrides([arg for arg in argv if not arg.startswith("-")])
+    except Exception:
+        return None
+    fixed = [override.input_line for override in overrides if not override.is_sweep_override()]
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+            compose("config", overrides=fixed)
+    except Exception as error:
+        return f"bad setting: {composition_problem(error)}"
+    finally:
+        GlobalHydra.instance().clear()
+    return None
+
+
 if __name__ == "__main__":
+    refusal = composition_refusal(sys.argv[1:])
+    if refusal:
+        logging.basicConfig(format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
+        log.error("%s", refusal)
+        sys.exit(2)
     main()

@@ -135,6 +135,7 @@ def register_best(
     direction: str = "maximize",
     force_alias: bool = False,
     which: str = "the best job",
+    force_declined: str = "",
 ) -> str | None:
     """Register a job's (by default the best job's) MLflow Model as a new version of its
     ``registry.name``, with its dev and test scores (and the sweep's objective ``metric``),
@@ -142,7 +143,8 @@ def register_best(
     to it when it is at least as good as the alias's holder by the same metric on the same
     evaluation data (:mod:`pipeline.tracking.champion`: a job without that metric, such as a
     ``data.final_fit=train+dev`` job without a dev score, never takes it by itself), or with
-    ``force_alias``. ``which`` names the job in the log. Returns ``models:/<name>@<alias>`` when
+    ``force_alias`` (``force_declined``: why a set ``registry.force_alias`` does not apply to this
+    job, tagged on its version). ``which`` names the job in the log. Returns ``models:/<name>@<alias>`` when
     the alias moved, else the version's URI."""
     if not isinstance(best.get("model_uri"), str) or not isinstance(best.get("registry_name"), str):
         log.warning("[sweep %s] %s %s logged no model (or registry name): nothing registered", sweep_id, which, best["run_id"])
@@ -169,7 +171,9 @@ def register_best(
         tags[champion.UNSCORED_TAG] = "data.final_fit=train+dev: no dev score"
     else:
         tags[champion.UNSCORED_TAG] = f"the job has no {metric or f'dev_{score_name}'}"
-    version, moved = tracking.register_model(best["model_uri"], best["registry_name"], alias, tags, standing, force_alias)
+    version, moved = tracking.register_model(
+        best["model_uri"], best["registry_name"], alias, tags, standing, force_alias, force_declined
+    )
     where = f"models:/{best['registry_name']}@{alias}" if moved else f"models:/{best['registry_name']}/{version.version}"
     log.info("[sweep %s] registered %s as %s version %s: %s", sweep_id, which, best["registry_name"], version.version, where)
     return where
@@ -248,16 +252,15 @@ def summarize(
             # registry.force_alias moves the alias to the one model the sweep chose: its best job, or,
             # when it has none, its only train+dev job; among several unranked ones it picks none
             force = bool(registry.get("force_alias", False)) and finished.empty and len(final_fits) == 1
+            declined = ""
             if bool(registry.get("force_alias", False)) and not force:
-                log.warning(
-                    "[sweep %s] registry.force_alias=true moves the alias to the sweep's best job, or to its only "
-                    "train+dev job: the %d train+dev job(s) without a dev score are registered without forcing it",
-                    sweep_id,
-                    len(final_fits),
+                declined = "it moves the alias to the sweep's best job, or to its only train+dev job; this sweep has " + (
+                    "a best job" if not finished.empty else f"{len(final_fits)} train+dev jobs without a dev score"
                 )
+                log.warning("[sweep %s] registry.force_alias=true: %s; none of them is forced", sweep_id, declined)
             which = "a data.final_fit=train+dev job (no dev score)"
             registered = [
-                register_best(job, score_name, sweep_id, registry.alias, metric, direction, force, which)
+                register_best(job, score_name, sweep_id, registry.alias, metric, direction, force, which, declined)
                 for _, job in final_fits.iterrows()
             ]
             registered = [r for r in registered if r]

@@ -412,6 +412,7 @@ def register_model(
     tags: Mapping[str, Any],
     standing: champion.Standing | None = None,
     force_alias: bool = False,
+    force_declined: str = "",
 ) -> tuple[Any, bool]:
     """Register ``model_uri`` as a new version of the registered model ``name`` (created if new).
 
@@ -427,6 +428,8 @@ def register_model(
         is tagged :data:`~pipeline.tracking.champion.UNSCORED_TAG` (why it has none: the value
         ``tags`` gives under that key, else ``no score``).
     standing : what the version was chosen by (None: nothing to compare).
+    force_declined : why ``registry.force_alias=true``, though set, does not apply to this version
+        (its alias decision says so).
 
     Returns
     -------
@@ -444,7 +447,7 @@ def register_model(
     if not alias:
         return version, False
     moved, reason = champion.settle_alias(
-        client, name, alias, version.version, standing, force_alias, mlflow.get_registry_uri(), unscored
+        client, name, alias, version.version, standing, force_alias, mlflow.get_registry_uri(), unscored, force_declined
     )
     (log.info if moved else log.warning)("%s version %s, alias %s: %s", name, version.version, alias, reason)
     return version, moved

@@ -143,6 +143,7 @@ def alias_decision(
     force: bool,
     holder_tags: Mapping[str, str] | None = None,
     unscored: str = "",
+    force_declined: str = "",
 ) -> tuple[bool, str]:
     """Whether the alias moves to the version of standing ``new`` from its current holder (of
     standing ``current``; ``has_holder`` False: the alias is free), and why, in one line (the rule
@@ -157,16 +158,22 @@ def alias_decision(
         (:func:`holder_without_standing`); None counts as a version registered before standings.
     unscored : why the new version has no standing (named in the reason), e.g. ``trained on
         train+dev: no dev score``.
+    force_declined : why ``registry.force_alias=true``, though set, was not applied to this version
+        (named in the reason instead of the hint to force the move).
     """
     if force:
         return True, f"{FORCED} (registry.force_alias=true)"
+    hint = (
+        f"registry.force_alias=true was set but not applied: {force_declined}"
+        if force_declined
+        else "force the move with registry.force_alias=true"
+    )
     if new is None or not math.isfinite(new.value):
         why = f" ({unscored})" if unscored else ""
         if not has_holder:
             return (
                 False,
-                f"kept free: this version has no score to compare{why}, and only a scored version takes the alias; "
-                "force the move with registry.force_alias=true",
+                f"kept free: this version has no score to compare{why}, and only a scored version takes the alias; {hint}",
             )
         return False, f"kept: this version has no score to compare{why}"
     if not has_holder:
@@ -177,7 +184,7 @@ def alias_decision(
             return True, f"moved: the holder records no standing to defend ({what})"
         return (
             False,
-            f"kept: the holder records no standing to compare with ({what}); force the move with registry.force_alias=true",
+            f"kept: the holder records no standing to compare with ({what}); {hint}",
         )
     if (new.metric, new.direction) != (current.metric, current.direction):
         return (
@@ -224,6 +231,7 @@ def settle_alias(
     force: bool,
     registry_uri: str,
     unscored: str = "",
+    force_declined: str = "",
 ) -> tuple[bool, str]:
     """Move ``alias`` of registered model ``name`` to ``version`` (of ``standing``) when
     :func:`alias_decision` says so, as one step, and tag the version with the decision.
@@ -234,7 +242,8 @@ def settle_alias(
     taken again against that version (ties and forced moves go to the later version) and the alias
     set again if this version wins, up to :data:`REPAIR_ROUNDS` times. What remains there: two
     registrations whose read and set interleave exactly (read, read, set, check, set) can still
-    leave the later-set, worse version. ``unscored``: why a version without a standing has none.
+    leave the later-set, worse version. ``unscored``: why a version without a standing has none;
+    ``force_declined``: why a set ``registry.force_alias`` does not apply to it.
 
     Returns
     -------
@@ -249,7 +258,7 @@ def settle_alias(
                 break  # ours (set in an earlier round)
             current = Standing.from_tags(holder.tags) if holder is not None else None
             holder_tags = dict(holder.tags) if holder is not None else None
-            moved, reason = alias_decision(standing, current, holder is not None, force, holder_tags, unscored)
+            moved, reason = alias_decision(standing, current, holder is not None, force, holder_tags, unscored, force_declined)
             later = holder is not None and int(holder.version) > int(version)
             if moved and attempt > 0 and later and (force or not _better(standing, current)):
                 moved, reason = False, "kept: a later version, as good or forced, was registered at the same time"

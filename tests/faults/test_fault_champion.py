@@ -300,7 +300,11 @@ def test_a_sweep_registers_its_train_dev_jobs_each_without_the_alias(local_regis
     assert len(_versions(client, "two")) == 2
     with pytest.raises(MlflowException):
         client.get_model_version_by_alias("two", "champion")
-    assert "registry.force_alias=true moves the alias to the sweep's best job, or to its only train+dev job" in caplog.text
+    assert "registry.force_alias=true: it moves the alias to the sweep's best job, or to its only train+dev job" in caplog.text
+    for version in _versions(client, "two").values():  # R6-7: each version says the force was set and why not applied
+        reason = version[DECISION_TAG]
+        assert "force the move" not in reason, reason
+        assert "registry.force_alias=true was set but not applied: " in reason and "2 train+dev jobs" in reason, reason
 
 
 def test_a_sweep_whose_jobs_lack_its_metric_registers_its_best_scored_job_or_says_why_nothing(local_registry, caplog):

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import forkserver
 import pytest
-from omegaconf import OmegaConf
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
@@ -183,10 +182,9 @@ def test_clusters_a_model_or_stage_would_ignore_or_clash_with_are_refused(tmp_pa
         ("source", "x.txt", "bad setting semi.clusters.source='x.txt'"),
         ("prefixes", [4, 4], "bad setting semi.clusters.prefixes=[4, 4]: 4 is repeated"),
         ("column", "chunk", "bad setting semi.clusters.column='chunk': the label column"),
-    ]:  # keys a config file gives (the command line adds no key to semi.clusters)
-        cfg = compose_config(["+experiment=semi_supervised"])
-        OmegaConf.set_struct(cfg, False)
-        OmegaConf.update(cfg, f"semi.clusters.{key}", value)
+    ]:  # every key of brown.yaml can be set on the command line (R6b-6)
+        shown = "[" + ",".join(str(v) for v in value) + "]" if isinstance(value, list) else value
+        cfg = compose_config(["+experiment=semi_supervised", f"semi.clusters.{key}={shown}"])
         with pytest.raises(SettingsError) as caught:
             validate_settings(cfg, [semi])
         assert message in str(caught.value) and "\n" not in str(caught.value)

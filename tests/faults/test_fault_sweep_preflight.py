@@ -208,6 +208,37 @@ def test_the_default_optuna_space_and_a_test_metric_under_train_dev_pass(tmp_pat
         refit._checked(_arguments(tmp_path, ["data.final_fit=train+dev"]))
 
 
+LACKING = "Could not override 'trainer.c22'. To append to your config use +trainer.c22=1"
+
+
+@pytest.mark.parametrize(
+    ("argv", "refusal"),
+    [
+        (
+            ["-m", "trainer.c2=0.1,1", "trainer.c22=1"],
+            "bad setting: Could not override 'trainer.c22'. To append to your config use +trainer.c22=1",
+        ),
+        (["trainer.c22=1"], "bad setting: Could not override 'trainer.c22'. To append to your config use +trainer.c22=1"),
+        (["trainer=nosuch"], "bad setting: In 'config': Could not find 'trainer/nosuch' (options of trainer: base, "),
+        (["+experiment=nosuch"], "bad setting: In 'config': Could not find 'experiment/nosuch' (options of experiment: "),
+        (["+experiment=semi_supervised", "semi.clusters.nosuch=1"], "bad setting: Could not override 'semi.clusters.nosuch'."),
+        # composable: left to the run's and the sweeper's checks
+        (["-m", "trainer.c2=0.1,1", "trainer.c1=0"], None),
+        (["-m", "trainer.c22=0.1,1"], None),  # swept: the grid preflight names its job
+        (["+experiment=semi_supervised", "semi.clusters.prefixes=[4,6]", "semi.clusters.offsets=[0]"], None),  # R6b-6
+        (["--cfg", "job", "trainer.c22=1"], None),  # Hydra's own flags: Hydra reports
+    ],
+)
+def test_the_command_line_is_composed_before_hydra_runs(argv, refusal):
+    from pipeline.__main__ import composition_refusal
+
+    found = composition_refusal(argv)
+    if refusal is None:
+        assert found is None
+    else:
+        assert found is not None and found.startswith(refusal) and "\n" not in found, found
+
+
 def _multirun(tmp_path: Path, *overrides: str):
     env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
     env.pop("MLFLOW_TRACKING_URI", None)
@@ -227,6 +258,8 @@ def _multirun(tmp_path: Path, *overrides: str):
     [
         (["trainer=lbfgs,nosuch"], "Could not find 'trainer/nosuch' (options of trainer:"),
         (["hydra/sweeper=optuna", "~hydra.sweeper.params", "trainer.c2=choice(0.1,nan)"], "choice value nan is not a finite"),
+        # a fixed key the config lacks: Hydra would refuse it before the sweeper, in six lines (R6b-5)
+        (["trainer.c2=0.1,1", "trainer.c22=1"], "bad setting: Could not override 'trainer.c22'. To append"),
     ],
 )
 def test_the_command_refuses_a_bad_sweep_in_one_line_with_no_parent_run(tmp_path, overrides, line):
