@@ -91,6 +91,7 @@ def gather(sweep_id: str, experiment: str, tag: str = "sweep_id", metric: str | 
             "train_fraction": runs.get("params.data.train_fraction"),
             "final_fit": runs.get("params.data.final_fit"),
             "evaluation": _evaluation_keys(runs),
+            "started": runs["start_time"],
         }
     )
     if metric:
@@ -98,6 +99,15 @@ def gather(sweep_id: str, experiment: str, tag: str = "sweep_id", metric: str | 
         table.insert(table.columns.get_loc("dev_score"), "objective", _numbers(runs, f"metrics.{key}") if key else np.nan)
     table.attrs["score"] = score.split(".", 1)[1].removeprefix("dev_")  # "f1" or "accuracy"
     return table.sort_values(["trainer", "strength"], ignore_index=True)
+
+
+def best_job(finished: pd.DataFrame, rank: str, direction: str = "maximize") -> pd.Series:
+    """The row of ``finished`` (jobs with a value in column ``rank``) with the best value in the
+    ``direction`` (``maximize`` or ``minimize``); among tied jobs the one started first, as Optuna
+    names its earliest trial of the best value (its ``best_trial``)."""
+    values = pd.to_numeric(finished[rank], errors="coerce")
+    best = values.min() if direction == "minimize" else values.max()
+    return finished[values == best].sort_values("started", kind="stable").iloc[0]
 
 
 def plot(table: pd.DataFrame, path: Path, score_name: str) -> None:
@@ -223,12 +233,12 @@ def summarize(
     with tempfile.TemporaryDirectory() as folder:
         folder = Path(folder)
         table.to_csv(folder / "sweep_summary.csv", index=False)
-        hidden = ["run_id", "model_uri", "registry_name", "evaluation"]
+        hidden = ["run_id", "model_uri", "registry_name", "evaluation", "started"]
         if not (table.final_fit == "train+dev").any():
             hidden.append("final_fit")
         text = markdown_table(table.drop(columns=hidden))
         if not finished.empty:
-            best = finished.loc[finished[rank].idxmin() if direction == "minimize" else finished[rank].idxmax()]
+            best = best_job(finished, rank, direction)
             by = f"by {metric} ({direction}, {best['objective']:.4g})" if metric else "on dev"
             text += (
                 f"\n\nbest {by}: trainer={best['trainer']} c1={best['c1']:g} c2={best['c2']:g} "

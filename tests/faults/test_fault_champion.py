@@ -15,6 +15,7 @@ import pytest
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 import mlflow  # noqa: E402
+import pandas as pd  # noqa: E402
 from mlflow.entities import Param  # noqa: E402
 from mlflow.exceptions import MlflowException  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
@@ -326,3 +327,13 @@ def test_a_sweep_whose_jobs_lack_its_metric_registers_its_best_scored_job_or_say
     _summarize(client, experiment, "none", metric="evaluate.dev_f1")
     assert client.search_model_versions("name = 'none'") == []
     assert "no finished job has the sweep's metric evaluate.dev_f1: no best job: nothing registered" in caplog.text
+
+
+def test_tied_jobs_name_the_one_started_first_as_optuna_names_its_best_trial():
+    # two trials tied on dev: the summary's best (and so the registered job) is the earlier one,
+    # as Optuna's best_trial is, whatever order the table sorts them in (by trainer and strength)
+    started = pd.to_datetime(["2026-01-01 10:00:02", "2026-01-01 10:00:00", "2026-01-01 10:00:01"])
+    jobs = pd.DataFrame({"run_id": ["late", "early", "worse"], "dev_score": [68.9685, 68.9685, 60.0], "started": started})
+    assert summary.best_job(jobs, "dev_score")["run_id"] == "early"
+    assert summary.best_job(jobs.iloc[::-1], "dev_score")["run_id"] == "early"
+    assert summary.best_job(jobs, "dev_score", "minimize")["run_id"] == "worse"
