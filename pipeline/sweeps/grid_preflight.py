@@ -30,8 +30,8 @@ BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 def composition_problem(error: BaseException) -> str:
     """Hydra's (multi-line) error on composing a config as one line: its first line and, for a
     missing config group option, the group's options (``Could not find 'trainer/nosuch'
-    (options of trainer: base, lbfgs, ...)``), without the search path and the hint on
-    HYDRA_FULL_ERROR."""
+    (options of trainer: base, lbfgs, ...)``), or OmegaConf's, prefixed by the key it names, without
+    the search path and the hint on HYDRA_FULL_ERROR."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     if not lines:
         return type(error).__name__
@@ -47,7 +47,8 @@ def composition_problem(error: BaseException) -> str:
         return f"{first} (options of {group}: {', '.join(options)})"
     if first.startswith("Could not override") and len(lines) > 1 and lines[1].startswith("To append"):  # a key the config lacks
         return f"{first} {lines[1]}"
-    return first
+    where = next((line.removeprefix("full_key:").strip() for line in lines[1:] if line.startswith("full_key:")), "")
+    return f"{where}: {first}" if where and where not in first else first
 
 
 MAX_RANGE = 100_000  # values of a range that is listed (a grid's, an Optuna choice of floats): more is a typo
