@@ -50,7 +50,7 @@ import pandas as pd
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from crf import metrics
-from crf.bundle import ModelBundle, TokenError, check_tokens, load_bundle
+from crf.bundle import CLOSED_SET, ModelBundle, TokenError, check_tokens, load_bundle
 from pipeline.apps.formats import (
     OUTPUT_FORMATS,
     TOKENISATIONS,
@@ -236,17 +236,28 @@ def check_gold_column(corpus: Corpus, bundle: ModelBundle, input_path) -> None:
         )
 
 
+def tag_like(cells: pd.Series) -> bool:
+    """Whether a column's cells look like a tag set rather than words: at most
+    :data:`crf.bundle.CLOSED_SET` distinct values, each used twice on average or more (a text's
+    words repeat far less: 100 tokens of English hold about 65 distinct words)."""
+    distinct = cells.nunique()
+    return distinct <= CLOSED_SET and 2 * distinct <= len(cells)
+
+
 def check_column_order(corpus: Corpus, bundles: Sequence[ModelBundle], needed: Sequence[str], input_path) -> None:
     """Refuse a file whose columns were taken by position (a CoNLL file of two or more columns
     without a header) when a column read into a model's input holds under half values the model
-    saw there, and either another column's training values match it better (POS tags read as
-    words, words read as POS tags) or that input is a closed set (:meth:`ModelBundle.known_values`).
-    Otherwise the model would be fed words as tags, with no gold column to show it; a column that
-    holds new words of the right kind (text of another domain) is tagged."""
+    saw there, and either another column's training values or the model's labels match it better
+    (POS tags read as words, words read as POS tags, chunk tags read as POS tags), or that input
+    is a closed set (:meth:`ModelBundle.known_values`; for a model that records no counts, a
+    column of at most :data:`~crf.bundle.CLOSED_SET` training values fed a :func:`tag_like`
+    column). Otherwise the model would be fed words as tags, with no gold column to show it; a
+    column that holds new words of the right kind (text of another domain) is tagged."""
     if not corpus.by_position:
         return
     for bundle in bundles:
         known = bundle.known_values()
+        labels = {str(label) for label in bundle.labels}
         for column, (values, closed) in known.items():
             if column not in needed:
                 continue  # filled by an earlier model of the chain
@@ -256,11 +267,14 @@ def check_column_order(corpus: Corpus, bundles: Sequence[ModelBundle], needed: S
             own = float(cells.isin(values).mean())
             if own >= MIN_KNOWN:
                 continue
-            others = {other: float(cells.isin(seen).mean()) for other, (seen, _) in known.items() if other != column}
-            better = max(others, key=others.get) if others else None
-            if better is not None and others[better] > own:
-                why = f"and {100 * others[better]:.0f}% values it saw in column {better!r}"
-            elif closed:
+            others = {
+                f"in column {other!r}": float(cells.isin(seen).mean()) for other, (seen, _) in known.items() if other != column
+            }
+            others["as its labels"] = float(cells.isin(labels).mean())
+            better = max(others, key=others.get)
+            if others[better] > own:
+                why = f"and {100 * others[better]:.0f}% values it saw {better}"
+            elif closed or (len(values) <= CLOSED_SET and tag_like(cells)):
                 why = f"of a set of {len(values)}"
             else:
                 continue

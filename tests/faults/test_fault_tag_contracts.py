@@ -532,6 +532,14 @@ def test_swapped_columns_without_gold_are_refused_for_a_model_that_reads_a_tag_s
             run_tag(_settings(bundle, swapped, target))
         assert not target.exists()
         assert run_tag(_settings(bundle, named, target))["tokens"] == sum(map(len, sentences))
+    # the POS column dropped (``w chunk``: the model's labels read as POS tags), or a tag set the model
+    # never saw in its place (UD's UPOS for Penn tags): refused by the CRF too, whose columns keep no counts
+    for name, tags in (("chunks", [r[2] for s in sentences for r in s]), ("upos", ["DET", "NOUN", "VERB", "ADP"])):
+        wrong = [[(w, tags[(i + t) % len(tags)]) for t, (w, _, _) in enumerate(s)] for i, s in enumerate(sentences)]
+        target = tmp_path / f"{name}.conll"
+        with pytest.raises(TagError, match=r"the column read as 'pos' holds 0% values the model saw there"):
+            run_tag(_settings(crf_bundle, _write_conll(tmp_path / f"{name}_in.conll", wrong), target))
+        assert not target.exists()
     # text of another domain, in the right order: new words are no sign of a wrong order
     unseen = [[(f"novel{i}x{t}", p) for t, (_, p, _) in enumerate(s)] for i, s in enumerate(sentences)]
     other_domain = _write_conll(tmp_path / "other.conll", unseen)
