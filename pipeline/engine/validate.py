@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import difflib
 import numbers
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -32,6 +33,29 @@ DATASET_KEYS = {
 }  # fmt: skip
 DATASET_REQUIRED = {"name", "format", "columns", "label", "files"}
 SWEEP_SUMMARIES = ("grid", "comparison", "active_learning", "semi_supervised")
+
+#: settings that are switches: true or false and nothing else (Hydra reads ``true``/``false`` as
+#: booleans; ``no``, ``off`` or ``0`` stay what they are, and a string would count as true)
+SWITCHES = (
+    "force",
+    "data.download",
+    "featurize.log_matrices",
+    "sweep.summarize",
+    "registry.force_alias",
+    "registry.sweep",
+    "registry.register",
+    "model.all_possible_states",
+    "model.all_possible_transitions",
+    "dataset.hmm.capitalization",
+    "dataset.hmm.correction_propagation",
+    "features.bos_eos",
+    "features.padding",
+)
+
+# what the model registry takes (MLflow's rules): an alias of letters, digits, _ and -, but not
+# "latest" or v<N>, which name versions; a model name that is not blank and holds no / or :
+_ALIAS = re.compile(r"[\w\-]{1,255}")
+_RESERVED_ALIAS = re.compile(r"latest|v\d+", re.IGNORECASE)
 
 
 class SettingsError(ValueError):
@@ -82,6 +106,27 @@ def _check_run(cfg: DictConfig) -> None:
     summary = section(cfg, "sweep.summary")
     if summary not in SWEEP_SUMMARIES:
         raise SettingsError(f"bad setting sweep.summary={summary!r}: one of {', '.join(SWEEP_SUMMARIES)}")
+    for key in SWITCHES:
+        value = OmegaConf.select(cfg, key, default=None)
+        if value is not None and not isinstance(value, bool):
+            raise SettingsError(f"bad setting {key}={value!r}: true or false")
+    _check_registry(cfg)
+
+
+def _check_registry(cfg: DictConfig) -> None:
+    """``registry.name`` and ``registry.alias`` (null: none) as the model registry will take them,
+    so that a run is not refused by the registry after it trained."""
+    if OmegaConf.select(cfg, "registry", default=None) is None:
+        return
+    name, alias = OmegaConf.select(cfg, "registry.name", default=None), OmegaConf.select(cfg, "registry.alias", default=None)
+    if not isinstance(name, str) or not name.strip() or "/" in name or ":" in name:
+        raise SettingsError(f"bad setting registry.name={name!r}: a registered model's name (not blank, no '/' or ':')")
+    if alias is None:
+        return
+    if not isinstance(alias, str) or not _ALIAS.fullmatch(alias):
+        raise SettingsError(f"bad setting registry.alias={alias!r}: letters, digits, '_' and '-' (at most 255; null: no alias)")
+    if _RESERVED_ALIAS.fullmatch(alias):
+        raise SettingsError(f"bad setting registry.alias={alias!r}: the registry reserves 'latest' and v<N> for versions")
 
 
 def _check_dataset(cfg: DictConfig) -> None:

@@ -337,3 +337,31 @@ def test_tied_jobs_name_the_one_started_first_as_optuna_names_its_best_trial():
     assert summary.best_job(jobs, "dev_score")["run_id"] == "early"
     assert summary.best_job(jobs.iloc[::-1], "dev_score")["run_id"] == "early"
     assert summary.best_job(jobs, "dev_score", "minimize")["run_id"] == "worse"
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        # a switch written as a word would be a non-empty string, true to Python: "no" forced the alias (F1)
+        ("registry.force_alias=no", "bad setting registry.force_alias='no': true or false"),
+        ("registry.register=maybe", "bad setting registry.register='maybe': true or false"),
+        ("registry.sweep=1", "bad setting registry.sweep=1: true or false"),
+        ("force=no", "bad setting force='no': true or false"),
+        ("data.download=off", "bad setting data.download='off': true or false"),
+        # what the registry refuses or reads otherwise, found before any stage instead of after training (F2)
+        ("registry.alias=v2", "bad setting registry.alias='v2': the registry reserves 'latest' and v<N>"),
+        ("registry.alias=Latest", "bad setting registry.alias='Latest': the registry reserves"),
+        ("registry.alias=''", "bad setting registry.alias='': letters, digits"),
+        ("registry.alias='a b'", "bad setting registry.alias='a b': letters, digits"),
+        ("registry.name=''", "bad setting registry.name='': a registered model's name"),
+        ("registry.name=a/b", "bad setting registry.name='a/b': a registered model's name"),
+    ],
+)
+def test_registry_settings_and_switches_are_checked_before_any_stage(override, message):
+    from pipeline.engine.validate import SettingsError, validate_settings
+
+    with pytest.raises(SettingsError) as caught:
+        validate_settings(compose_config([override]))
+    assert str(caught.value).startswith(message) and "\n" not in str(caught.value), caught.value
+    for good in ("registry.force_alias=true", "registry.alias=null", "registry.alias=best-2", "registry.name=my_model"):
+        validate_settings(compose_config([good]))
