@@ -666,7 +666,7 @@ class _LiftedPruned:
     counts over the listed edges between filled slots only: a token with c candidates after
     tokens with a and b has a * b * c edges, where the padded tables hold (K + 1) * K * K. In log
     space (constrained windows, segment confidence) forward does too. (Viterbi over a pruned
-    lattice runs in a compiled kernel over the same listed edges: :meth:`listed_edges`.)"""
+    lattice runs in the compiled kernel of :func:`crf._compiled.viterbi`, over each token's slots.)"""
 
     def __init__(
         self,
