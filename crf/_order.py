@@ -29,6 +29,8 @@ first and last tokens.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ._layout import Layout
@@ -314,7 +316,11 @@ class PrunedLattice(Lattice):
         # the labels before each slot of the previous token, "before the sequence" (L) last: the pair (a, b) a last token closes
         self.closing = np.concatenate([before, np.where(first, L, -1)[:, None]], axis=1)  # (T, K + 1)
         self.first, self.last = first, np.asarray(last, dtype=np.int64)
-        self.index = PrunedEdges.of(labels, before, before2, L)
+
+    @functools.cached_property
+    def index(self) -> PrunedEdges:
+        """The lattice's edges (made when a recursion first needs them: Viterbi runs over the slots)."""
+        return PrunedEdges.of(self.labels, self.before, self.before2, self.structure.n_labels)
 
     @classmethod
     def packed(cls, structure: SecondOrderChain, layout: Layout, candidates: np.ndarray) -> PrunedLattice:
@@ -349,7 +355,7 @@ class PrunedLattice(Lattice):
     def scores(self, tail: np.ndarray) -> tuple:
         blocks, K = self.structure.split(tail), self.n_slots
         operator = PrunedSecondOrderTransitions(
-            blocks["transitions"][None] + blocks["trigrams"], self.labels, self.before, self.before2, self.index
+            blocks["transitions"][None] + blocks["trigrams"], self.labels, self.before, self.before2, lambda: self.index
         )
         start = np.full((K + 1, K), -np.inf)
         start[K] = 0.0  # the start weights are in the first tokens' emissions
