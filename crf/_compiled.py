@@ -192,13 +192,11 @@ def _forward_backward_first_order(
             else:
                 for j in range(n_labels):
                     alpha[t, j] = 0.0
-                current = alpha[t]
-                for i in range(n_labels):
+                for i in range(n_labels):  # (2-d indexing, not row views: a view per row costs more than its work)
                     previous = alpha[t - 1, i]
                     if previous != 0.0:
-                        source = table[i]
                         for j in range(n_labels):
-                            current[j] += previous * source[j]
+                            alpha[t, j] += previous * table[i, j]
                 for j in range(n_labels):
                     alpha[t, j] *= weights[t, j]
                     total += alpha[t, j]
@@ -250,17 +248,15 @@ def _forward_backward_first_order(
                 for i in range(n_labels):
                     source = alpha[t - 1, i] / final
                     if source != 0.0:
-                        target, weight = pending[i], table[i]
                         for j in range(n_labels):
-                            target[j] += source * weight[j] * before[j]
+                            pending[i, j] += source * table[i, j] * before[j]
             for i in range(n_labels):
                 beta[i] = 0.0
             for j in range(n_labels):  # by columns of the table (rows of its transpose): no reduction in the inner loop
                 factor = before[j]
                 if factor != 0.0:
-                    column = table_t[j]
                     for i in range(n_labels):
-                        beta[i] += column[i] * factor
+                        beta[i] += table_t[j, i] * factor
         if not ok:
             log_z[r] = np.nan
             for t in range(n):
