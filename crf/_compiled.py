@@ -71,23 +71,22 @@ def _viterbi(emissions, table, start, end, offsets, slots, before, before2, stat
                 following[s] = -np.inf
                 pointers[s] = 0
             reach = width  # the targets (j, k) of a source (i, j) past k = reach - 1 have empty slots k
-            if slots is not None:  # this token's weights, for the sources that hold a finite score
+            if slots is not None:
                 reach = 0
                 for k in range(width):
                     if slots[t, k] >= 0:
                         reach = k + 1
-                for s in range(n_states):
-                    if delta[s] == -np.inf:
-                        continue
-                    a, b = before2[t, s // width], before[t, s % width]
-                    for k in range(reach):
-                        c = slots[t, k]
-                        weights[s, k] = table[a, b, c] if a >= 0 and b >= 0 and c >= 0 else -np.inf
             for s in range(n_states):  # source by source: the inner loop over a run has no branch
                 value_in = delta[s]
-                if slots is not None:
+                if slots is not None:  # this source's weights (none: its edges are all -inf)
                     if value_in == -np.inf:  # (most pair states are empty)
                         continue
+                    a, b = before2[t, s // width], before[t, s % width]
+                    if a < 0 or b < 0:
+                        continue
+                    for k in range(reach):
+                        c = slots[t, k]
+                        weights[s, k] = table[a, b, c] if c >= 0 else -np.inf
                 base = (s % middle) * width
                 for k in range(reach):
                     value = value_in + weights[s, k]
