@@ -23,7 +23,7 @@ _lock = threading.Lock()
 _compiled: dict[str, object] = {}
 
 
-def _viterbi(emissions, table, start, end, offsets, slots, before, before2, states, scores):  # pragma: no cover - compiled
+def _viterbi(emissions, table, start, end, offsets, slots, states, scores):  # pragma: no cover - compiled
     """Best state path of every sequence, into ``states`` (T,) and ``scores`` (N,): the one
     max-plus recursion of a first-order chain and of a pruned second-order lattice.
 
@@ -32,13 +32,14 @@ def _viterbi(emissions, table, start, end, offsets, slots, before, before2, stat
     token leads into ``width`` consecutive states from ``(s % middle) * width``, scored by row s
     of a (S, width) weight table.
 
-    - First order (``slots``, ``before``, ``before2`` None): states are labels (S = L, middle 1,
-      width L) and the weight table is ``table`` (L, L) [previous, current] at every token.
-    - Pruned second order: ``slots`` (T, K) the label in each slot of each token (-1: empty),
-      ``before`` (T, K) the previous token's, ``before2`` (T, K + 1) the labels that can precede
-      those (see :class:`crf._transitions.PrunedSecondOrderTransitions`); states (i, j) =
-      ``i * K + j`` (S = (K + 1) K, middle K, width K), and the edge from (i, j) of token t - 1
-      into (j, k) of token t scores ``table[before2[t, i], before[t, j], slots[t, k]]``
+    - First order (``slots`` None): states are labels (S = L, middle 1, width L) and the weight
+      table is ``table`` (L, L) [previous, current] at every token.
+    - Pruned second order: ``slots`` = (labels, before, before2): ``labels`` (T, K) the label in
+      each slot of each token (-1: empty), ``before`` (T, K) the previous token's, ``before2``
+      (T, K + 1) the labels that can precede those (see
+      :class:`crf._transitions.PrunedSecondOrderTransitions`); states (i, j) = ``i * K + j``
+      (S = (K + 1) K, middle K, width K), and the edge from (i, j) of token t - 1 into (j, k) of
+      token t scores ``table[before2[t, i], before[t, j], labels[t, k]]``
       (``table`` (L + 1, L, L)), -inf where a slot is empty.
 
     Ties go to the lowest source state (for a second-order target, the lowest slot two back) and
@@ -50,7 +51,8 @@ def _viterbi(emissions, table, start, end, offsets, slots, before, before2, stat
         width, middle = n_states, 1
         weights = table.reshape((n_states, n_states))  # (a reshape types as the other branch's weights)
     else:
-        width = middle = slots.shape[1]
+        labels, before, before2 = slots
+        width = middle = labels.shape[1]
         weights = np.empty((n_states, width))
     longest = 0
     for n in range(offsets.size - 1):
@@ -74,7 +76,7 @@ def _viterbi(emissions, table, start, end, offsets, slots, before, before2, stat
             if slots is not None:
                 reach = 0
                 for k in range(width):
-                    if slots[t, k] >= 0:
+                    if labels[t, k] >= 0:
                         reach = k + 1
             for s in range(n_states):  # source by source: the inner loop over a run has no branch
                 value_in = delta[s]
@@ -85,7 +87,7 @@ def _viterbi(emissions, table, start, end, offsets, slots, before, before2, stat
                     if a < 0 or b < 0:
                         continue
                     for k in range(reach):
-                        c = slots[t, k]
+                        c = labels[t, k]
                         weights[s, k] = table[a, b, c] if c >= 0 else -np.inf
                 base = (s % middle) * width
                 for k in range(reach):
@@ -382,8 +384,9 @@ def viterbi(
     emissions, offsets = _floats(emissions), np.asarray(offsets, dtype=np.int64)
     states = np.zeros(emissions.shape[0], dtype=np.int64)
     scores = np.empty(offsets.size - 1)
-    slots = (None, None, None) if slots is None else tuple(np.asarray(a, dtype=np.int64) for a in slots)
-    _kernel("_viterbi")(emissions, _contiguous(transitions), _floats(start), _floats(end), offsets, *slots, states, scores)
+    if slots is not None:
+        slots = tuple(np.ascontiguousarray(a, dtype=np.int64) for a in slots)
+    _kernel("_viterbi")(emissions, _contiguous(transitions), _floats(start), _floats(end), offsets, slots, states, scores)
     return states, scores
 
 

@@ -86,8 +86,7 @@ def test_the_kernels_run_the_same_as_plain_python():
     emissions, transitions, start, end = random_chain(9, 4, lengths)
     labels, scores = _compiled.viterbi(emissions, transitions, start, end, _offsets(lengths))
     plain_labels, plain_scores = np.zeros_like(labels), np.empty_like(scores)
-    no_slots = (None,) * 3
-    _compiled._viterbi(emissions, transitions, start, end, _offsets(lengths), *no_slots, plain_labels, plain_scores)
+    _compiled._viterbi(emissions, transitions, start, end, _offsets(lengths), None, plain_labels, plain_scores)
     np.testing.assert_array_equal(labels, plain_labels)
     np.testing.assert_array_equal(scores, plain_scores)
     # the same kernel over a pruned second-order lattice
@@ -95,7 +94,7 @@ def test_the_kernels_run_the_same_as_plain_python():
     slots = (operator.labels, operator.before, operator.before2)
     compiled_states, compiled_scores = _compiled.viterbi(states, operator.scores, start, end, _offsets(lengths), slots)
     plain_states, plain_scores = np.zeros_like(compiled_states), np.empty_like(compiled_scores)
-    _compiled._viterbi(states, operator.scores, start, end, _offsets(lengths), *slots, plain_states, plain_scores)
+    _compiled._viterbi(states, operator.scores, start, end, _offsets(lengths), slots, plain_states, plain_scores)
     np.testing.assert_array_equal(compiled_states, plain_states)
     np.testing.assert_array_equal(compiled_scores, plain_scores)
 
