@@ -33,7 +33,7 @@ import functools
 
 import numpy as np
 
-from ._layout import Layout
+from ._layout import Layout, positions_within
 from ._transitions import PrunedEdges, PrunedSecondOrderTransitions, SecondOrderTransitions
 
 #: above this many labels, fitting exact second order (order 2 without ``pruning_threshold``) warns
@@ -302,9 +302,11 @@ class PrunedLattice(Lattice):
         sequence); ``last`` the last token of every sequence."""
         super().__init__(structure, None, candidates)
         L, T = structure.n_labels, candidates.shape[0]
-        self.n_slots = K = max(1, int(candidates.sum(axis=1).max())) if T else 1
-        order = np.argsort(~candidates, axis=1, kind="stable")[:, :K]  # candidate labels first, in label order
-        labels = np.where(np.take_along_axis(candidates, order, axis=1), order, -1)
+        counts = np.count_nonzero(candidates, axis=1)
+        self.n_slots = K = max(1, int(counts.max())) if T else 1
+        rows, columns = np.nonzero(candidates)  # candidate labels first, in label order, then -1
+        labels = np.full((T, K), -1, dtype=np.int64)
+        labels[rows, positions_within(counts)] = columns
         first = previous < 0
         before = np.where(first[:, None], -1, labels[np.maximum(previous, 0)])
         before2 = np.full((T, K + 1), -1, dtype=np.int64)
