@@ -468,16 +468,17 @@ def viterbi(emissions, transitions, start, end, lengths, allowed=None) -> tuple[
 
     With ``allowed`` (T, L) the best among the allowed paths (score -inf if there is none).
     Ties go to the lowest label (as in CRFsuite). A first-order chain (an (L, L) matrix) and a
-    pruned second-order lattice (its listed edges, tokens in input order) run in the compiled
-    kernels of :mod:`crf._compiled`; other transition operators (exact second order) through the
+    pruned second-order lattice (its slots, tokens in input order) run in the one compiled
+    Viterbi kernel of :mod:`crf._compiled`; other transition operators (exact second order) through the
     max-product semiring of the shared recursion."""
     operator = _operator(transitions)
     if type(operator) is FirstOrderTransitions:
         emissions = _masked(np.asarray(emissions, dtype=np.float64), allowed, operator)
         return _compiled.viterbi(emissions, operator.scores, start, end, _checked_offsets(lengths, emissions))
-    if type(operator) is PrunedSecondOrderTransitions:  # the compiled kernel over the lattice's listed edges
+    if type(operator) is PrunedSecondOrderTransitions:  # the same kernel over each token's slots
         emissions = _masked(np.asarray(emissions, dtype=np.float64), allowed, operator)
-        return _compiled.viterbi_listed(emissions, start, end, _checked_offsets(lengths, emissions), operator.listed_edges())
+        slots = (operator.labels, operator.before, operator.before2)
+        return _compiled.viterbi(emissions, operator.scores, start, end, _checked_offsets(lengths, emissions), slots)
     states, scores = _best_paths(emissions, operator, start, end, lengths, allowed, MaxSemiring)
     return states[:, 0], scores[:, 0]
 

@@ -1,4 +1,4 @@
-"""Compiled kernels for per-call work: first-order and pruned second-order Viterbi, sparse emission scores.
+"""Compiled kernels for per-call work: Viterbi (first order and pruned second order), sparse emission scores.
 
 One call tags one sentence or a whole batch, sequence after sequence, with no Python work per
 token or per step: the regime (one sentence, one long sequence) where NumPy's per-call overhead
@@ -23,68 +23,37 @@ _lock = threading.Lock()
 _compiled: dict[str, object] = {}
 
 
-def _viterbi_first_order(emissions, transitions, start, end, offsets, labels, scores):  # pragma: no cover - compiled
-    """Best path of every sequence of a first-order chain, into ``labels`` (T,) and ``scores`` (N,).
+def _viterbi(emissions, table, start, end, offsets, slots, states, scores):  # pragma: no cover - compiled
+    """Best state path of every sequence, into ``states`` (T,) and ``scores`` (N,): the one
+    max-plus recursion of a first-order chain and of a pruned second-order lattice.
 
-    ``emissions`` (T, L), ``transitions`` (L, L) indexed [previous, current], ``start``/``end``
-    (L,), ``offsets`` (N + 1,). Log-space max-plus; ties go to the lowest label (as CRFsuite's);
-    a sequence with no finite path scores -inf (labels 0 where nothing is better)."""
-    n_labels = emissions.shape[1]
-    longest = 0
-    for n in range(offsets.size - 1):
-        longest = max(longest, offsets[n + 1] - offsets[n])
-    back = np.zeros((max(longest, 1), n_labels), dtype=np.int64)
-    delta = np.empty(n_labels)
-    following = np.empty(n_labels)
-    for n in range(offsets.size - 1):
-        first, stop = offsets[n], offsets[n + 1]
-        if stop <= first:
-            scores[n] = 0.0
-            continue
-        for j in range(n_labels):
-            delta[j] = start[j] + emissions[first, j]
-        for t in range(first + 1, stop):
-            pointers = back[t - first]
-            for j in range(n_labels):
-                following[j] = delta[0] + transitions[0, j]
-                pointers[j] = 0
-            for i in range(1, n_labels):  # row by row: the inner loop over labels has no branch
-                source = delta[i]
-                for j in range(n_labels):
-                    value = source + transitions[i, j]
-                    better = value > following[j]
-                    following[j] = value if better else following[j]
-                    pointers[j] = i if better else pointers[j]
-            for j in range(n_labels):
-                delta[j] = following[j] + emissions[t, j]
-        best = delta[0] + end[0]
-        arg = 0
-        for j in range(1, n_labels):
-            value = delta[j] + end[j]
-            if value > best:
-                best = value
-                arg = j
-        scores[n] = best
-        labels[stop - 1] = arg
-        for t in range(stop - 1, first, -1):
-            arg = back[t - first, arg]
-            labels[t - 1] = arg
+    ``emissions`` (T, S) per-state log scores (sequences one after another), ``start``/``end``
+    (S,), ``offsets`` (N + 1,). The edges into a token are runs: each state s of the previous
+    token leads into ``width`` consecutive states from ``(s % middle) * width``, scored by row s
+    of a (S, width) weight table.
 
+    - First order (``slots`` None): states are labels (S = L, middle 1, width L) and the weight
+      table is ``table`` (L, L) [previous, current] at every token.
+    - Pruned second order: ``slots`` = (labels, before, before2): ``labels`` (T, K) the label in
+      each slot of each token (-1: empty), ``before`` (T, K) the previous token's, ``before2``
+      (T, K + 1) the labels that can precede those (see
+      :class:`crf._transitions.PrunedSecondOrderTransitions`); states (i, j) = ``i * K + j``
+      (S = (K + 1) K, middle K, width K), and the edge from (i, j) of token t - 1 into (j, k) of
+      token t scores ``table[before2[t, i], before[t, j], labels[t, k]]``
+      (``table`` (L + 1, L, L)), -inf where a slot is empty.
 
-def _viterbi_listed_edges(
-    emissions, start, end, offsets, edge_start, source, target, weights, states, scores
-):  # pragma: no cover - compiled
-    """Best state path of every sequence of a pruned second-order lattice (tokens in input order),
-    into ``states`` (T,) and ``scores`` (N,).
-
-    ``emissions`` (T, S) per-state log scores (states (i, j) of slot pairs), ``start``/``end``
-    (S,), ``offsets`` (N + 1,); the edges into token t are
-    ``edge_start[t]:edge_start[t + 1]``, each from state ``source`` of token t - 1 into state
-    ``target`` of token t with log score ``weights`` (E,), ordered by target, then source.
-    Max-plus; among equal sums the first listed edge wins (the lowest slot two back) and the
-    best last state is the lowest among equals, as in the shared max-product recursion. A
-    sequence with no finite path scores -inf (its states are then 0, where nothing is better)."""
+    Ties go to the lowest source state (for a second-order target, the lowest slot two back) and
+    the best last state is the lowest among equals; a state no edge reaches with a finite score
+    keeps pointer 0, and a sequence with no finite path scores -inf (its states 0 where nothing is
+    better). Scores are summed as ``(delta[source] + weight) + emission``."""
     n_states = emissions.shape[1]
+    if slots is None:  # first order (None: Numba compiles this case apart, with the pruned branches cut out)
+        width, middle = n_states, 1
+        weights = table.reshape((n_states, n_states))  # (a reshape types as the other branch's weights)
+    else:
+        labels, before, before2 = slots
+        width = middle = labels.shape[1]
+        weights = np.empty((n_states, width))
     longest = 0
     for n in range(offsets.size - 1):
         longest = max(longest, offsets[n + 1] - offsets[n])
@@ -103,11 +72,29 @@ def _viterbi_listed_edges(
             for s in range(n_states):
                 following[s] = -np.inf
                 pointers[s] = 0
-            for e in range(edge_start[t], edge_start[t + 1]):
-                value = delta[source[e]] + weights[e]
-                if value > following[target[e]]:
-                    following[target[e]] = value
-                    pointers[target[e]] = source[e]
+            reach = width  # the targets (j, k) of a source (i, j) past k = reach - 1 have empty slots k
+            if slots is not None:
+                reach = 0
+                for k in range(width):
+                    if labels[t, k] >= 0:
+                        reach = k + 1
+            for s in range(n_states):  # source by source: the inner loop over a run has no branch
+                value_in = delta[s]
+                if slots is not None:  # this source's weights (none: its edges are all -inf)
+                    if value_in == -np.inf:  # (most pair states are empty)
+                        continue
+                    a, b = before2[t, s // width], before[t, s % width]
+                    if a < 0 or b < 0:
+                        continue
+                    for k in range(reach):
+                        c = labels[t, k]
+                        weights[s, k] = table[a, b, c] if c >= 0 else -np.inf
+                base = (s % middle) * width
+                for k in range(reach):
+                    value = value_in + weights[s, k]
+                    better = value > following[base + k]
+                    following[base + k] = value if better else following[base + k]
+                    pointers[base + k] = s if better else pointers[base + k]
             for s in range(n_states):
                 delta[s] = following[s] + emissions[t, s]
         best = delta[0] + end[0]
@@ -206,13 +193,11 @@ def _forward_backward_first_order(
             else:
                 for j in range(n_labels):
                     alpha[t, j] = 0.0
-                current = alpha[t]
-                for i in range(n_labels):
+                for i in range(n_labels):  # (2-d indexing, not row views: a view per row costs more than its work)
                     previous = alpha[t - 1, i]
                     if previous != 0.0:
-                        source = table[i]
                         for j in range(n_labels):
-                            current[j] += previous * source[j]
+                            alpha[t, j] += previous * table[i, j]
                 for j in range(n_labels):
                     alpha[t, j] *= weights[t, j]
                     total += alpha[t, j]
@@ -264,17 +249,15 @@ def _forward_backward_first_order(
                 for i in range(n_labels):
                     source = alpha[t - 1, i] / final
                     if source != 0.0:
-                        target, weight = pending[i], table[i]
                         for j in range(n_labels):
-                            target[j] += source * weight[j] * before[j]
+                            pending[i, j] += source * table[i, j] * before[j]
             for i in range(n_labels):
                 beta[i] = 0.0
             for j in range(n_labels):  # by columns of the table (rows of its transpose): no reduction in the inner loop
                 factor = before[j]
                 if factor != 0.0:
-                    column = table_t[j]
                     for i in range(n_labels):
-                        beta[i] += column[i] * factor
+                        beta[i] += table_t[j, i] * factor
         if not ok:
             log_z[r] = np.nan
             for t in range(n):
@@ -377,50 +360,41 @@ def _kernel(name: str):
     return _compiled[name]
 
 
-def viterbi(emissions: np.ndarray, transitions: np.ndarray, start, end, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Best label sequence of every sequence of a first-order chain.
+def viterbi(
+    emissions: np.ndarray, transitions: np.ndarray, start, end, offsets: np.ndarray, slots: tuple | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Best state sequence of every sequence of a first-order chain or a pruned second-order lattice.
 
     Parameters
     ----------
-    emissions : (T, L) float array, log scores of every token (sequences one after another).
-    transitions : (L, L) float array, indexed [previous, current].
-    start, end : (L,) float arrays, scores of the first and last label of a sequence.
+    emissions : (T, S) float array, log scores of every token's states (sequences one after another).
+    transitions : (L, L) float array indexed [previous, current] (first order, S = L); with
+        ``slots``, the (L + 1, L, L) label-triple scores of the pruned lattice.
+    start, end : (S,) float arrays, scores of the first and last state of a sequence.
     offsets : (N + 1,) int array, where each sequence starts in ``emissions`` and where the last ends.
+    slots : None (first order), or (labels (T, K), before (T, K), before2 (T, K + 1)) int arrays
+        of a :class:`crf._transitions.PrunedSecondOrderTransitions` (tokens in input order;
+        S = (K + 1) K).
 
     Returns
     -------
-    labels : (T,) int64, the best path's labels; ties go to the lowest label id.
+    states : (T,) int64, the best path's states (labels for first order); ties go to the lowest state id.
     scores : (N,) float64, the best path's score (-inf if no path has a finite score).
     """
     emissions, offsets = _floats(emissions), np.asarray(offsets, dtype=np.int64)
-    labels = np.zeros(emissions.shape[0], dtype=np.int64)
-    scores = np.empty(offsets.size - 1)
-    _kernel("_viterbi_first_order")(emissions, _floats(transitions), _floats(start), _floats(end), offsets, labels, scores)
-    return labels, scores
-
-
-def viterbi_listed(emissions, start, end, offsets, edges: tuple) -> tuple[np.ndarray, np.ndarray]:
-    """Best state path of every sequence of a pruned second-order lattice (see
-    :func:`_viterbi_listed_edges`): ``edges`` = (start (T + 1,), source (E,), target (E,), log
-    score (E,)) of the edges into every token, token by token (tokens in input order). Returns
-    (states (T,) int64, scores (N,) float64)."""
-    emissions, offsets = _floats(emissions), np.asarray(offsets, dtype=np.int64)
-    edge_start, source, target, weights = edges
     states = np.zeros(emissions.shape[0], dtype=np.int64)
     scores = np.empty(offsets.size - 1)
-    _kernel("_viterbi_listed_edges")(
-        emissions,
-        _floats(start),
-        _floats(end),
-        offsets,
-        np.asarray(edge_start, dtype=np.int64),
-        np.asarray(source, dtype=np.int64),
-        np.asarray(target, dtype=np.int64),
-        _floats(weights),
-        states,
-        scores,
-    )
+    if slots is not None:
+        slots = tuple(np.ascontiguousarray(a, dtype=np.int64) for a in slots)
+    _kernel("_viterbi")(emissions, _contiguous(transitions), _floats(start), _floats(end), offsets, slots, states, scores)
     return states, scores
+
+
+def _contiguous(array) -> np.ndarray:
+    """``array`` as C-contiguous float64 (a copy only if it is not already)."""
+    if type(array) is np.ndarray and array.dtype == np.float64 and array.flags.c_contiguous:
+        return array
+    return np.ascontiguousarray(array, dtype=np.float64)
 
 
 def _floats(array) -> np.ndarray:

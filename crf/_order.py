@@ -29,9 +29,11 @@ first and last tokens.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
-from ._layout import Layout
+from ._layout import Layout, positions_within
 from ._transitions import PrunedEdges, PrunedSecondOrderTransitions, SecondOrderTransitions
 
 #: above this many labels, fitting exact second order (order 2 without ``pruning_threshold``) warns
@@ -300,9 +302,11 @@ class PrunedLattice(Lattice):
         sequence); ``last`` the last token of every sequence."""
         super().__init__(structure, None, candidates)
         L, T = structure.n_labels, candidates.shape[0]
-        self.n_slots = K = max(1, int(candidates.sum(axis=1).max())) if T else 1
-        order = np.argsort(~candidates, axis=1, kind="stable")[:, :K]  # candidate labels first, in label order
-        labels = np.where(np.take_along_axis(candidates, order, axis=1), order, -1)
+        counts = np.count_nonzero(candidates, axis=1)
+        self.n_slots = K = max(1, int(counts.max())) if T else 1
+        rows, columns = np.nonzero(candidates)  # candidate labels first, in label order, then -1
+        labels = np.full((T, K), -1, dtype=np.int64)
+        labels[rows, positions_within(counts)] = columns
         first = previous < 0
         before = np.where(first[:, None], -1, labels[np.maximum(previous, 0)])
         before2 = np.full((T, K + 1), -1, dtype=np.int64)
@@ -314,7 +318,11 @@ class PrunedLattice(Lattice):
         # the labels before each slot of the previous token, "before the sequence" (L) last: the pair (a, b) a last token closes
         self.closing = np.concatenate([before, np.where(first, L, -1)[:, None]], axis=1)  # (T, K + 1)
         self.first, self.last = first, np.asarray(last, dtype=np.int64)
-        self.index = PrunedEdges.of(labels, before, before2, L)
+
+    @functools.cached_property
+    def index(self) -> PrunedEdges:
+        """The lattice's edges (made when a recursion first needs them: Viterbi runs over the slots)."""
+        return PrunedEdges.of(self.labels, self.before, self.before2, self.structure.n_labels)
 
     @classmethod
     def packed(cls, structure: SecondOrderChain, layout: Layout, candidates: np.ndarray) -> PrunedLattice:
@@ -349,7 +357,7 @@ class PrunedLattice(Lattice):
     def scores(self, tail: np.ndarray) -> tuple:
         blocks, K = self.structure.split(tail), self.n_slots
         operator = PrunedSecondOrderTransitions(
-            blocks["transitions"][None] + blocks["trigrams"], self.labels, self.before, self.before2, self.index
+            blocks["transitions"][None] + blocks["trigrams"], self.labels, self.before, self.before2, lambda: self.index
         )
         start = np.full((K + 1, K), -np.inf)
         start[K] = 0.0  # the start weights are in the first tokens' emissions

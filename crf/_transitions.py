@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from typing import Protocol
 
 import numpy as np
@@ -558,17 +559,25 @@ class PrunedSecondOrderTransitions:
         labels: np.ndarray,
         before: np.ndarray,
         before2: np.ndarray,
-        index: PrunedEdges | None = None,
+        index: PrunedEdges | Callable[[], PrunedEdges] | None = None,
     ) -> None:
         self.scores = np.asarray(scores, dtype=np.float64)
         self.labels, self.before, self.before2 = labels, before, before2
-        self.n_labels = L = self.scores.shape[1]
+        self.n_labels = self.scores.shape[1]
         self.n_slots = K = labels.shape[1]
         if before.shape != labels.shape or before2.shape != (labels.shape[0], K + 1):
             raise ValueError(f"slot labels of shapes {labels.shape}, {before.shape}, {before2.shape} do not agree")
         self.n_states = (K + 1) * K
         self.shape = self.scores.shape
-        self.index = PrunedEdges.of(labels, before, before2, L) if index is None else index
+        self._index = index
+
+    @functools.cached_property
+    def index(self) -> PrunedEdges:
+        """The lattice's edges (:class:`PrunedEdges`), made or taken from the given ``index`` (or its
+        callable) when first needed: Viterbi runs over the slots without them."""
+        if self._index is None:
+            return PrunedEdges.of(self.labels, self.before, self.before2, self.n_labels)
+        return self._index() if callable(self._index) else self._index
 
     def take(self, index: np.ndarray) -> PrunedSecondOrderTransitions:
         return PrunedSecondOrderTransitions(
@@ -666,7 +675,7 @@ class _LiftedPruned:
     counts over the listed edges between filled slots only: a token with c candidates after
     tokens with a and b has a * b * c edges, where the padded tables hold (K + 1) * K * K. In log
     space (constrained windows, segment confidence) forward does too. (Viterbi over a pruned
-    lattice runs in a compiled kernel over the same listed edges: :meth:`listed_edges`.)"""
+    lattice runs in the compiled kernel of :func:`crf._compiled.viterbi`, over each token's slots.)"""
 
     def __init__(
         self,

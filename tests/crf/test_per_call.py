@@ -86,9 +86,17 @@ def test_the_kernels_run_the_same_as_plain_python():
     emissions, transitions, start, end = random_chain(9, 4, lengths)
     labels, scores = _compiled.viterbi(emissions, transitions, start, end, _offsets(lengths))
     plain_labels, plain_scores = np.zeros_like(labels), np.empty_like(scores)
-    _compiled._viterbi_first_order(emissions, transitions, start, end, _offsets(lengths), plain_labels, plain_scores)
+    _compiled._viterbi(emissions, transitions, start, end, _offsets(lengths), None, plain_labels, plain_scores)
     np.testing.assert_array_equal(labels, plain_labels)
     np.testing.assert_array_equal(scores, plain_scores)
+    # the same kernel over a pruned second-order lattice
+    states, operator, start, end, _ = _pruned_lattice(np.random.default_rng(4), 5, lengths)
+    slots = (operator.labels, operator.before, operator.before2)
+    compiled_states, compiled_scores = _compiled.viterbi(states, operator.scores, start, end, _offsets(lengths), slots)
+    plain_states, plain_scores = np.zeros_like(compiled_states), np.empty_like(compiled_scores)
+    _compiled._viterbi(states, operator.scores, start, end, _offsets(lengths), slots, plain_states, plain_scores)
+    np.testing.assert_array_equal(compiled_states, plain_states)
+    np.testing.assert_array_equal(compiled_scores, plain_scores)
 
 
 def test_rows_times_dense_gives_the_bits_of_the_sparse_product():
@@ -236,26 +244,34 @@ def test_one_sequence_sgd_step_is_the_general_objective():
         np.testing.assert_allclose(np.concatenate([gradient.ravel(), tail_gradient]), expected_gradient, rtol=1e-10, atol=1e-12)
 
 
+def _pruned_lattice(rng, n_labels: int, lengths, integers: bool = True):
+    """(state emissions (T, S), operator, start, end, candidates (T, L)) of a random pruned
+    second-order lattice in input order; with ``integers``, integer scores (exact ties)."""
+    from crf._order import SecondOrderChain
+
+    structure = SecondOrderChain(n_labels)
+    rounding = np.round if integers else (lambda x: x)
+    tail = rounding(2 * rng.normal(size=structure.tail_size))
+    emissions = rounding(2 * rng.normal(size=(sum(lengths), n_labels)))
+    candidates = rng.random(emissions.shape) < 0.5
+    candidates[np.arange(sum(lengths)), rng.integers(0, n_labels, sum(lengths))] = True
+    lattice = structure.lattice_in_order(_offsets(lengths), candidates)
+    operator, start, end = lattice.scores(tail)
+    return lattice.emissions(emissions, tail), operator, start, end, candidates
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_compiled_pruned_viterbi_is_the_shared_max_product_recursion(seed):
-    """Viterbi over a pruned second-order lattice (the compiled kernel over its listed edges)
-    gives the shared max-product recursion's paths and scores, with exact ties (integer scores:
-    the lowest slot two back wins, then the lowest last state) and disallowed labels, down to a
-    sequence with no allowed path (score -inf, the recursion's pointers)."""
-    from crf._order import SecondOrderChain
+    """Viterbi over a pruned second-order lattice (the compiled kernel over its slots) gives the
+    shared max-product recursion's paths and scores, with exact ties (integer scores: the lowest
+    slot two back wins, then the lowest last state) and disallowed labels, down to a sequence
+    with no allowed path (score -inf, the recursion's pointers)."""
     from crf._semirings import MaxSemiring
 
     rng = np.random.default_rng(seed)
-    L, lengths = 5, [6, 2, 4, 1, 5, 3]
-    structure = SecondOrderChain(L)
-    tail = np.round(2 * rng.normal(size=structure.tail_size))
-    emissions = np.round(2 * rng.normal(size=(sum(lengths), L)))
-    candidates = rng.random(emissions.shape) < 0.5
-    candidates[np.arange(sum(lengths)), rng.integers(0, L, sum(lengths))] = True
-    lattice = structure.lattice_in_order(_offsets(lengths), candidates)
-    states = lattice.emissions(emissions, tail)
-    operator, start, end = lattice.scores(tail)
-    allowed = rng.random(emissions.shape) < 0.8
+    lengths = [6, 2, 4, 1, 5, 3]
+    states, operator, start, end, candidates = _pruned_lattice(rng, 5, lengths)
+    allowed = rng.random(candidates.shape) < 0.8
     allowed[6:8] = False  # the second sequence has no allowed path
     for mask in (None, allowed):
         ours, ours_scores = chain.viterbi(states, operator, start, end, lengths, allowed=mask)
@@ -263,6 +279,48 @@ def test_compiled_pruned_viterbi_is_the_shared_max_product_recursion(seed):
         np.testing.assert_array_equal(ours, shared[:, 0])
         np.testing.assert_allclose(ours_scores, shared_scores[:, 0], rtol=0, atol=1e-12)
     assert np.isneginf(ours_scores[1]) and np.isfinite(ours_scores[0])
+
+
+def _listed_edge_viterbi(emissions, start, end, offsets, edges):
+    """The pruned lattice's Viterbi as the former kernel ran it, over the operator's listed edges
+    (``listed_edges()``: ordered by target, then source; the first listed edge wins a tie)."""
+    edge_start, source, target, weights = edges
+    states, scores = np.zeros(emissions.shape[0], dtype=np.int64), np.empty(offsets.size - 1)
+    for n, (first, stop) in enumerate(zip(offsets[:-1], offsets[1:])):
+        delta = start + emissions[first]
+        back = np.zeros((stop - first, emissions.shape[1]), dtype=np.int64)
+        for t in range(first + 1, stop):
+            following = np.full(emissions.shape[1], -np.inf)
+            for e in range(edge_start[t], edge_start[t + 1]):
+                value = delta[source[e]] + weights[e]
+                if value > following[target[e]]:
+                    following[target[e]], back[t - first, target[e]] = value, source[e]
+            delta = following + emissions[t]
+        arg = int(np.argmax(delta + end))
+        scores[n], states[stop - 1] = (delta + end)[arg], arg
+        for t in range(stop - 1, first, -1):
+            arg = back[t - first, arg]
+            states[t - 1] = arg
+    return states, scores
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_one_viterbi_kernel_gives_the_former_listed_edge_kernels_bits(seed):
+    """The one Viterbi kernel over a pruned lattice's slots gives the bits (states and scores)
+    of the former kernel over its listed edges, with ties (integer scores), real scores, and
+    disallowed labels."""
+    rng = np.random.default_rng(seed)
+    lengths = [7, 1, 3, 5, 2, 9]
+    offsets = _offsets(lengths)
+    for integers in (True, False):
+        states, operator, start, end, candidates = _pruned_lattice(rng, 6, lengths, integers)
+        allowed = rng.random(candidates.shape) < 0.85
+        for mask in (None, allowed):
+            masked = chain._masked(states, mask, operator)
+            ours, ours_scores = chain.viterbi(states, operator, start, end, lengths, allowed=mask)
+            former, former_scores = _listed_edge_viterbi(masked, start, end, offsets, operator.listed_edges())
+            np.testing.assert_array_equal(ours, former)
+            np.testing.assert_array_equal(ours_scores, former_scores)
 
 
 def test_pruned_second_order_viterbi_is_the_best_path_of_the_lattice():

@@ -501,3 +501,24 @@ def test_filled_edges_of_a_pruned_lattice_are_the_nonzero_entries_of_the_mask(se
     np.testing.assert_array_equal(target, t * S + j * K + k)
     np.testing.assert_array_equal(triple, taken.edges[t, i, j, k])
     np.testing.assert_array_equal(start, np.concatenate([[0], np.cumsum(np.bincount(t, minlength=3))]))
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_pruned_lattice_slots_list_candidates_in_label_order_and_make_their_index_when_needed(seed):
+    """Each token's slots hold its candidate labels in label order, then -1 (K = the most
+    candidates of a token); the lattice's edge index is made only when a recursion asks for it,
+    and the operator shares the lattice's."""
+    from crf._order import SecondOrderChain
+
+    rng = np.random.default_rng(seed)
+    L, lengths = 5, [4, 1, 6]
+    candidates = rng.random((sum(lengths), L)) < 0.4
+    candidates[np.arange(sum(lengths)), rng.integers(0, L, sum(lengths))] = True
+    structure = SecondOrderChain(L)
+    lattice = structure.lattice_in_order(np.concatenate([[0], np.cumsum(lengths)]), candidates)
+    K = candidates.sum(axis=1).max()
+    expected = np.array([np.concatenate([np.flatnonzero(row), np.full(K - row.sum(), -1)]) for row in candidates])
+    np.testing.assert_array_equal(lattice.labels, expected)
+    operator, _, _ = lattice.scores(rng.normal(size=structure.tail_size))
+    assert "index" not in lattice.__dict__ and "index" not in operator.__dict__
+    assert operator.index is lattice.index
