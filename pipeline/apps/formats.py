@@ -346,6 +346,13 @@ def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
     return record
 
 
+def _json_integer(text: str) -> int | float:
+    """A JSON integer; one of more digits than Python converts (4,300) as a float (inf), as a
+    JSON number past a float's range is read, so that a key the reader does not use cannot make
+    the line unreadable (a token value must be a string either way)."""
+    return int(text) if len(text.lstrip("-")) <= 4000 else float(text)
+
+
 def _read_jsonl(path: Path, columns: list[str]) -> Corpus:
     """``{"tokens": [...]}`` per line; every value a non-empty string (checked with its position)."""
     values: dict[str, list[str]] = {c: [] for c in columns}
@@ -354,9 +361,11 @@ def _read_jsonl(path: Path, columns: list[str]) -> Corpus:
         if not line.strip():
             continue
         try:
-            record = json.loads(line, object_pairs_hook=_unique_keys)
+            record = json.loads(line, object_pairs_hook=_unique_keys, parse_int=_json_integer)
         except json.JSONDecodeError as err:
             raise DataFormatError(path, number, f"not valid JSON ({err.msg})") from None
+        except RecursionError:
+            raise DataFormatError(path, number, "not valid JSON here (arrays or objects nested too deeply)") from None
         except _DuplicateKey as err:
             raise DataFormatError(path, number, f"the key {err.key!r} appears more than once in one object") from None
         sentence = record.get("tokens") if isinstance(record, dict) else None

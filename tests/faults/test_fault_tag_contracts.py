@@ -444,6 +444,21 @@ def test_a_jsonl_key_given_twice_is_refused(chunker, tmp_path):
     assert not (tmp_path / "out.jsonl").exists()
 
 
+def test_a_jsonl_line_python_cannot_decode_is_named_or_read(chunker, tmp_path):
+    source = tmp_path / "in.jsonl"
+    # nesting deeper than the decoder recurses: one line naming the file and line, not a RecursionError
+    source.write_text('{"tokens": [{"pos": "DT"}]}\n{"tokens": ' + "[" * 200_000 + "]" * 200_000 + "}\n")
+    with pytest.raises(DataFormatError, match=r"in.jsonl:2: not valid JSON here \(arrays or objects nested too deeply\)"):
+        run_tag(_settings(chunker, source, tmp_path / "out.jsonl"))
+    # an integer of more digits than Python converts, in a key the reader does not use: read
+    source.write_text('{"tokens": [{"pos": "DT"}, {"pos": "NN"}], "n": ' + "9" * 5000 + "}\n")
+    assert run_tag(_settings(chunker, source, tmp_path / "out.jsonl"))["tokens"] == 2
+    # as a token's value it is no string: refused with its position, as any number is
+    source.write_text('{"tokens": [{"pos": ' + "9" * 5000 + "}]}\n")
+    with pytest.raises(DataFormatError, match=r"in.jsonl:1: token 1"):
+        run_tag(_settings(chunker, source, tmp_path / "out2.jsonl"))
+
+
 def test_a_dangling_symbolic_link_is_not_replaced(chunker, tmp_path):
     source = tmp_path / "in.jsonl"
     source.write_text('{"tokens": [{"pos": "DT"}, {"pos": "NN"}, {"pos": "."}]}\n')
