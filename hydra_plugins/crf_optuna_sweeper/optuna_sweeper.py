@@ -59,6 +59,9 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+_ABSENT = object()  # what OmegaConf.select gives for a key the config lacks
+WARM_START_KEYS = ("trainer", "trainer.strength", "trainer.c1", "trainer.c2")  # where a warm-start source may differ
+
 log = logging.getLogger(__name__)
 
 RESULTS_FILE = "optuna_results.yaml"
@@ -114,7 +117,7 @@ class OptunaSweeper(Sweeper):
         enqueue: Sequence[Mapping[str, Any]] | None = None,
         dispatch: str = "auto",
         warm_start: bool = True,
-        warm_start_keys: Sequence[str] = ("trainer", "trainer.strength", "trainer.c1", "trainer.c2"),
+        warm_start_keys: Sequence[str] = WARM_START_KEYS,
         strong_first: bool = True,
     ) -> None:
         super().__init__()
@@ -206,6 +209,10 @@ class OptunaSweeper(Sweeper):
         dispatch = self._dispatch()
         self._check_counts()
         assert self.config is not None
+        given = [key for key in self.warm_start_keys if key not in WARM_START_KEYS]  # the defaults suit the pipeline's config
+        lacking = [key for key in given if OmegaConf.select(self.config, key, default=_ABSENT) is _ABSENT]
+        if lacking:  # a key no config has would make every trial differ from every other: no warm start, silently
+            raise search.SweeperSettingError(f"hydra.sweeper.warm_start_keys: {', '.join(lacking)} is not a key of the config")
         search.check_objective(self.metric, self.direction, self.pruner, OmegaConf.select(self.config, "train.dev_every"))
         if self.config_loader is not None:  # Hydra's: it lists the config groups' options and composes the trials' jobs
             search.check_config_keys(space, self.config, self.config_loader)

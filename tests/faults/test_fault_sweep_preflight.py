@@ -170,6 +170,18 @@ def test_an_optuna_trial_a_single_run_would_refuse_ends_the_sweep_before_any_tri
     assert not list(tmp_path.rglob("optuna.db"))  # no study
 
 
+def test_warm_start_keys_the_config_lacks_are_refused(tmp_path, caplog):
+    # a key no config has: every trial would differ from every finished one in it, so none would warm-start (F7)
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        params = {"trainer.c2": "interval(0.1, 1)"}
+        sweeper = _optuna(tmp_path, params, warm_start_keys=["trainer.c2", "nosuch", "trainer.nosuch"])
+        line = _refused(lambda: sweeper.sweep(_arguments(tmp_path, [])), caplog)
+        assert line.endswith("hydra.sweeper.warm_start_keys: nosuch, trainer.nosuch is not a key of the config"), line
+        assert not list(tmp_path.rglob("optuna.db"))
+        good = _optuna(tmp_path, params, warm_start_keys=["trainer.c2", "trainer.max_iterations", "model.order"])
+        good._checked(_arguments(tmp_path, []))
+
+
 def test_the_optuna_trials_checked_cover_every_choice_and_range_end():
     params = {"trainer": "choice(lbfgs, l1)", "trainer.strength": "interval(0.1, 1)"}
     params["trainer.max_iterations"] = "range(10, 35, 10)"
