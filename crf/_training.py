@@ -182,7 +182,10 @@ def _sequence(values, name: str):
 
 def check_label_sequences(y, what: str = "y") -> None:
     """Refuse a label sequence given as a string (its characters would become labels) or as a set
-    (its labels come in no fixed order)."""
+    (its labels come in no fixed order), and ``y`` itself given as a set (its sequences come in no
+    fixed order: they could not be matched to the data's)."""
+    if isinstance(y, AbstractSet):
+        raise TypeError(f"{what} must be a list of sequences, not a {type(y).__name__}")
     for i, labels in enumerate(y):
         if isinstance(labels, (str, bytes)):
             raise TypeError(f"{what}: sequence {i} is a string ({labels[:20]!r}), not a list of labels (one per token)")

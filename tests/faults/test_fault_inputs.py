@@ -191,6 +191,10 @@ def test_a_set_is_refused_wherever_an_order_is_needed():
     for scoring in (model.score, model.sequence_probability):  # labels in hash order would score at random
         with pytest.raises(TypeError, match="y: sequence 0 is a set"):
             scoring(X, [{"A", "B"}, ["B"]])
+        with pytest.raises(TypeError, match="y must be a list of sequences, not a set"):  # the sequences in hash order
+            scoring(X, {("A", "B"), ("B",)})
+    with pytest.raises(TypeError, match="y must be a list of sequences, not a frozenset"):
+        CRF(max_iterations=5).fit(X, frozenset({("A", "B"), ("B",)}))
     hmm = HMM().fit([["a", "b"], ["b"]], y)
     for bad in ({("a", "b")}, [{"a", "b"}]):
         with pytest.raises(TypeError, match="not sets"):
