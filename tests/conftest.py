@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 import shutil
 import sqlite3
 import tempfile
@@ -12,7 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+# $CRF_DATA_HOME (what the pipeline reads) when set, else ../shared/data beside the checkout: a git worktree
+# elsewhere (or CI) finds the data through the variable instead of skipping every test that needs it
+SHARED_DATA = Path(os.environ.get("CRF_DATA_HOME") or Path(__file__).resolve().parents[2] / "shared" / "data")
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -78,8 +81,6 @@ def tiny_pipeline(tmp_path_factory) -> types.SimpleNamespace:
     shared by the tests that read what it made: ``cfg``, ``results``, ``out`` (output folder), ``uri``
     (tracking URI) and ``parent_id`` (its pipeline run). A test that runs the pipeline again in ``out``
     adds runs: tests look runs up from ``parent_id``, never as "the only run"."""
-    import os
-
     from mlflow.tracking import MlflowClient
     from pipeline_helpers import compose_config, tiny_overrides, write_corpus
 
@@ -100,9 +101,9 @@ def tiny_pipeline(tmp_path_factory) -> types.SimpleNamespace:
 
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
-    """``../shared/data`` beside the checkout; tests needing it skip when it is absent."""
+    """``$CRF_DATA_HOME`` or ``../shared/data`` beside the checkout; tests needing it skip when it is absent."""
     if not (SHARED_DATA / "conll2000" / "train.txt.gz").is_file():
-        pytest.skip(f"shared data not found at {SHARED_DATA} (expected ../shared/data beside the checkout)")
+        pytest.skip(f"shared data not found at {SHARED_DATA} (set CRF_DATA_HOME or put ../shared/data beside the checkout)")
     return SHARED_DATA
 
 
