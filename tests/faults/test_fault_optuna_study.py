@@ -19,6 +19,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import forkserver
 import pytest
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
@@ -105,7 +106,7 @@ def test_a_trial_left_running_by_a_killed_sweep_is_failed_by_the_next_sweep(tmp_
         """
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PROJECT), str(PROJECT / "tests"), os.environ.get("PYTHONPATH", "")])}
-    killed = subprocess.run([sys.executable, "-c", script], cwd=PROJECT, env=env, capture_output=True, text=True, timeout=300)
+    killed = forkserver.run([sys.executable, "-c", script], cwd=PROJECT, env=env, capture_output=True, text=True, timeout=300)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     (orphan,) = _study(tmp_path).get_trials()
     assert orphan.state == TrialState.RUNNING
