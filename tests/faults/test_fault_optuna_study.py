@@ -19,6 +19,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import dying_job
 import forkserver
 import pytest
 
@@ -154,21 +155,16 @@ def test_only_trials_whose_owner_is_provably_gone_are_failed(tmp_path, caplog):
     assert f"0 ({os.getpid()}@{host}), 3 ({dead_pid}@{host}-elsewhere), 4 (no owner recorded)" in caplog.text
 
 
-def _job_in_a_worker(job: list[str]) -> float:
-    """A trial's job in a joblib (loky) worker process: trial 0's kills its worker, as the out-of-memory killer would."""
-    if f"++hydra.job.env_set.{search.TRIAL_VARIABLE}='0'" in job:
-        os.kill(os.getpid(), signal.SIGKILL)
-    return 1.0
-
-
 class _WorkerLauncher(_Launcher):
-    """Runs each job in a joblib worker process (the loky backend the joblib launcher uses)."""
+    """Runs each job in a joblib worker process (the loky backend the joblib launcher uses); trial 0's job
+    kills its worker, as the out-of-memory killer would (tests/dying_job.py: a module light to import)."""
 
     def launch(self, batch, initial_job_idx):
         from joblib import Parallel, delayed
 
         self.jobs.extend(list(job) for job in batch)
-        values = Parallel(n_jobs=2, backend="loky")(delayed(_job_in_a_worker)(list(job)) for job in batch)
+        trial_0 = f"++hydra.job.env_set.{search.TRIAL_VARIABLE}='0'"
+        values = Parallel(n_jobs=2, backend="loky")(delayed(dying_job.job)(list(job), trial_0) for job in batch)
         return [JobReturn(overrides=list(job), status=JobStatus.COMPLETED, _return_value=v) for job, v in zip(batch, values)]
 
 
