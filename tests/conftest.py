@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 import shutil
 import sqlite3
 import tempfile
@@ -12,7 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+# $CRF_DATA_HOME (what the pipeline reads) when set, else ../shared/data beside the checkout: a git worktree
+# elsewhere (or CI) finds the data through the variable instead of skipping every test that needs it
+SHARED_DATA = Path(os.environ.get("CRF_DATA_HOME") or Path(__file__).resolve().parents[2] / "shared" / "data")
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -78,8 +81,6 @@ def tiny_pipeline(tmp_path_factory) -> types.SimpleNamespace:
     shared by the tests that read what it made: ``cfg``, ``results``, ``out`` (output folder), ``uri``
     (tracking URI) and ``parent_id`` (its pipeline run). A test that runs the pipeline again in ``out``
     adds runs: tests look runs up from ``parent_id``, never as "the only run"."""
-    import os
-
     from mlflow.tracking import MlflowClient
     from pipeline_helpers import compose_config, tiny_overrides, write_corpus
 
@@ -100,9 +101,9 @@ def tiny_pipeline(tmp_path_factory) -> types.SimpleNamespace:
 
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
-    """``../shared/data`` beside the checkout; tests needing it skip when it is absent."""
+    """``$CRF_DATA_HOME`` or ``../shared/data`` beside the checkout; tests needing it skip when it is absent."""
     if not (SHARED_DATA / "conll2000" / "train.txt.gz").is_file():
-        pytest.skip(f"shared data not found at {SHARED_DATA} (expected ../shared/data beside the checkout)")
+        pytest.skip(f"shared data not found at {SHARED_DATA} (set CRF_DATA_HOME or put ../shared/data beside the checkout)")
     return SHARED_DATA
 
 
@@ -190,3 +191,61 @@ def word_class_corpus(seed: int, n: int, n_words: int, lengths: tuple[int, int],
         X.append([{"w": w, "prev": words[i - 1] if i else "<s>"} for i, w in enumerate(words)])
         y.append(labels)
     return X, y
+
+
+# ---- scheduling under xdist (`-n 2 --dist loadfile`): longest files first ------------------------------------------
+#
+# pytest-xdist hands out whole files; by default it orders them by their number of tests, which puts the files of
+# one or two long tests (full-data trainings, servers, multiruns) last, where a 100 s file on one worker leaves the
+# other idle. Workers instead receive the files longest first (greedy longest-processing-time order), estimated from
+# these per-test seconds measured on a quiet 2-core machine (the CI log of the whole suite), 10 s for any other slow
+# test and 0.3 s for any other test. The figures only order the files: a stale one costs some balance, never a result.
+# A run without xdist keeps pytest's own order.
+MEASURED_SECONDS = {
+    "tests/crf/test_references.py::test_core_trained_crf_on_gold": 102,
+    "tests/crf/test_conll2000.py::test_chunk_f1_reaches_93": 101,  # the module fixture trains the model
+    "tests/pipeline/sweeps/test_launchers.py::test_sweep_on_a_two_node_ray_cluster": 88,
+    "tests/pipeline/tracking/test_postgres.py::test_six_parallel_jobs_against_a_postgres_backed_server": 60,
+    "tests/pipeline/sweeps/test_optuna_sweeper.py::test_optuna_sweep_warm_starts_a_trial_from_the_finished_one_nearest_to_it": 52,
+    "tests/pipeline/sweeps/test_launchers.py::test_sweep_through_submitit_with_a_failing_job": 41,
+    "tests/pipeline/tracking/test_registry.py::test_a_sweep_registers_its_best_job_as_champion": 41,
+    "tests/crf/test_crfsuite_format.py::test_conll2000_crfsuite_model_tagged_by_our_crf": 36,
+    "tests/pipeline/tracking/test_mlflow_model.py::test_model_benchmark_measures_the_logged_model_and_reproduces_its_score": 32,
+    "tests/pipeline/apps/test_benchmark.py::test_quick_per_call_rows_are_logged": 31,
+    "tests/pipeline/sweeps/test_optuna_sweeper.py::test_optuna_sweep_end_to_end_with_a_pruned_trial": 31,
+    "tests/crf/test_trainers.py::test_same_chunk_f1_as_python_crfsuite": 20,
+    "tests/pipeline/stages/test_active_learning.py::test_the_experiment_runs_as_a_multirun_and_summarises_the_arms": 28,
+    "tests/pipeline/tracking/test_tracking_live.py::test_hmm_versus_crf_comparison_end_to_end": 27,
+    "tests/pipeline/tracking/test_tracking_live.py::test_sweep_of_two_jobs_in_parallel": 27,
+    "tests/pipeline/engine/test_shared_cache.py::test_a_second_machine_reuses_every_stage_through_the_tracking_server": 25,
+    "tests/pipeline/tracking/test_tracking_live.py::test_a_failing_job_does_not_lose_the_others": 23,
+    "tests/crf/test_crfsuite_format.py::test_conll2000_our_model_tagged_by_crfsuite": 22,
+    "tests/crf/test_upstream_suites.py::test_sklearn_crfsuite_suite_passes_on_crf_pycrfsuite": 20,
+    "tests/crf/test_sklearn.py::test_cross_val_score_in_parallel": 16,  # starts joblib's worker processes
+}
+
+
+def _expected_seconds(item) -> float:
+    base = item.nodeid.split("[", 1)[0]
+    if base in MEASURED_SECONDS:
+        return MEASURED_SECONDS[base]
+    return 10.0 if item.get_closest_marker("slow") else 0.3
+
+
+def pytest_configure(config):
+    """Keep the file order of the collection (below) instead of xdist's order by number of tests."""
+    if getattr(config.option, "dist", "no") == "loadfile":
+        config.option.loadscopereorder = False
+
+
+@pytest.hookimpl(trylast=True)  # after `-m` / `-k` deselected what will not run
+def pytest_collection_modifyitems(config, items):
+    """On an xdist worker, files longest first (by the estimate above), each file's tests in their order; the
+    controller schedules the collection of its workers."""
+    if not hasattr(config, "workerinput"):  # (a worker's own `dist` option reads "no")
+        return
+    seconds: dict[str, float] = {}
+    for item in items:
+        seconds[item.path] = seconds.get(item.path, 0.0) + _expected_seconds(item)
+    position = {id(item): i for i, item in enumerate(items)}
+    items.sort(key=lambda item: (-seconds[item.path], position[id(item)]))

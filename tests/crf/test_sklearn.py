@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pickle
 
+import joblib
 import numpy as np
 import pytest
 from conftest import word_class_corpus
@@ -87,24 +88,33 @@ def test_pickling_keeps_predictions(fitted):
     assert pickle.loads(pickle.dumps(CRF(algorithm="ap"))).algorithm == "ap"
 
 
+# joblib's worker processes are forked from the test process ("multiprocessing" backend): the estimator and
+# the fitted models still travel by pickle between processes, which is what n_jobs needs of an estimator,
+# without the ~13 s that loky's fresh interpreters spend importing SciPy, scikit-learn and the compiled kernels
+# (the command-line tests use the library from fresh interpreters)
+IN_OTHER_PROCESSES = {"backend": "multiprocessing"}
+
+
 def test_cross_val_score_in_parallel():
     X, y = corpus(1)
-    scores = cross_val_score(CRF(max_iterations=30), X, y, cv=3, n_jobs=2)
+    with joblib.parallel_config(**IN_OTHER_PROCESSES):
+        scores = cross_val_score(CRF(max_iterations=30), X, y, cv=3, n_jobs=2)
     assert scores.shape == (3,) and scores.min() > 0.9
 
 
 def test_randomized_and_grid_search_with_a_flat_f1_scorer():
     X, y = corpus(2, n=45)
     scorer = make_scorer(metrics.flat_f1_score, average="weighted", labels=["B-A", "I-A", "B-B"])
-    search = RandomizedSearchCV(
-        CRF(max_iterations=20),
-        {"c1": loguniform(1e-3, 1.0), "c2": loguniform(1e-3, 1.0)},
-        n_iter=3,
-        cv=3,
-        scoring=scorer,
-        n_jobs=2,
-        random_state=0,
-    ).fit(X, y)
+    with joblib.parallel_config(**IN_OTHER_PROCESSES):
+        search = RandomizedSearchCV(
+            CRF(max_iterations=20),
+            {"c1": loguniform(1e-3, 1.0), "c2": loguniform(1e-3, 1.0)},
+            n_iter=3,
+            cv=3,
+            scoring=scorer,
+            n_jobs=2,
+            random_state=0,
+        ).fit(X, y)
     assert 0.8 < search.best_score_ <= 1.0 and set(search.best_params_) == {"c1", "c2"}
     grid = GridSearchCV(
         CRF(max_iterations=10), {"algorithm": ["lbfgs", "ap"]}, cv=2, scoring=metrics.flat_scorer(average="micro")

@@ -19,6 +19,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import dying_job
+import forkserver
 import pytest
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
@@ -105,7 +107,7 @@ def test_a_trial_left_running_by_a_killed_sweep_is_failed_by_the_next_sweep(tmp_
         """
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PROJECT), str(PROJECT / "tests"), os.environ.get("PYTHONPATH", "")])}
-    killed = subprocess.run([sys.executable, "-c", script], cwd=PROJECT, env=env, capture_output=True, text=True, timeout=300)
+    killed = forkserver.run([sys.executable, "-c", script], cwd=PROJECT, env=env, capture_output=True, text=True, timeout=300)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     (orphan,) = _study(tmp_path).get_trials()
     assert orphan.state == TrialState.RUNNING
@@ -153,21 +155,16 @@ def test_only_trials_whose_owner_is_provably_gone_are_failed(tmp_path, caplog):
     assert f"0 ({os.getpid()}@{host}), 3 ({dead_pid}@{host}-elsewhere), 4 (no owner recorded)" in caplog.text
 
 
-def _job_in_a_worker(job: list[str]) -> float:
-    """A trial's job in a joblib (loky) worker process: trial 0's kills its worker, as the out-of-memory killer would."""
-    if f"++hydra.job.env_set.{search.TRIAL_VARIABLE}='0'" in job:
-        os.kill(os.getpid(), signal.SIGKILL)
-    return 1.0
-
-
 class _WorkerLauncher(_Launcher):
-    """Runs each job in a joblib worker process (the loky backend the joblib launcher uses)."""
+    """Runs each job in a joblib worker process (the loky backend the joblib launcher uses); trial 0's job
+    kills its worker, as the out-of-memory killer would (tests/dying_job.py: a module light to import)."""
 
     def launch(self, batch, initial_job_idx):
         from joblib import Parallel, delayed
 
         self.jobs.extend(list(job) for job in batch)
-        values = Parallel(n_jobs=2, backend="loky")(delayed(_job_in_a_worker)(list(job)) for job in batch)
+        trial_0 = f"++hydra.job.env_set.{search.TRIAL_VARIABLE}='0'"
+        values = Parallel(n_jobs=2, backend="loky")(delayed(dying_job.job)(list(job), trial_0) for job in batch)
         return [JobReturn(overrides=list(job), status=JobStatus.COMPLETED, _return_value=v) for job, v in zip(batch, values)]
 
 

@@ -15,10 +15,10 @@ import json
 import math
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
+import forkserver
 import numpy as np
 import pandas as pd
 import pytest
@@ -504,7 +504,7 @@ def test_a_missing_data_file_without_url_is_a_settings_error(tmp_path):
     assert isinstance(info.value, MissingDataError) and "\n" not in str(info.value)
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_") or k == "MLFLOW_DISABLE_TELEMETRY"}
     env["PYTHONPATH"] = str(ROOT)
-    done = subprocess.run(
+    done = forkserver.run(  # a real `python -m pipeline` process, forked with its imports done (tests/forkserver.py)
         [sys.executable, "-m", "pipeline", f"data.root={tmp_path / 'empty'}", "dataset.files.train.url=null",
          "dataset.files.test.url=null", f"paths.output_dir={tmp_path / 'out'}", f"hydra.run.dir={tmp_path / 'hydra'}"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
