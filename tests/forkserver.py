@@ -11,8 +11,9 @@ uncaught exception, ``SystemExit`` or ``KeyboardInterrupt`` (death by SIGINT); n
 and ``atexit`` handlers run at the end. Signals reach it as any process's do.
 
 A plain subprocess is used instead when the command is not ``sys.executable -c|-m``, when the
-environment's ``PYTHONPATH`` does not hold the project (the server's imports would not be the
-child's), when output is not captured, or when ``CRF_TEST_FORKSERVER=0``.
+child would not import the project from this checkout (its ``PYTHONPATH`` must hold the checkout or,
+when the checkout is pip-installed in editable mode, no other copy of the project), when output is
+not captured, or when ``CRF_TEST_FORKSERVER=0``.
 """
 
 from __future__ import annotations
@@ -261,9 +262,27 @@ class Forked:
         return self._read("stdout"), (None if self.merged else self._read("stderr"))
 
 
+def _installed_from_root() -> bool:
+    """Whether this checkout is pip-installed in editable mode (``pip install -e .``, as CI does):
+    then a fresh interpreter imports the project from the same files as the server."""
+    from importlib import metadata
+
+    for distribution in metadata.distributions(name="crf-experiments"):  # the checkout's own egg-info is one
+        info = json.loads(distribution.read_text("direct_url.json") or "{}")
+        if info.get("dir_info", {}).get("editable") and info.get("url") == ROOT.as_uri():
+            return True
+    return False
+
+
+_EDITABLE = _installed_from_root()
+
+
 def _forkable(args, env) -> bool:
+    """A ``python -c|-m`` child whose project imports would be the server's: its ``PYTHONPATH``
+    holds this checkout, or holds no other copy of the project while this checkout is installed."""
     paths = [os.path.abspath(p) for p in (env or os.environ).get("PYTHONPATH", "").split(os.pathsep) if p]
-    return len(args) >= 2 and args[0] == sys.executable and args[1] in ("-c", "-m") and str(ROOT) in paths
+    same = str(ROOT) in paths or (_EDITABLE and not any((Path(p) / "crf").is_dir() for p in paths))
+    return len(args) >= 2 and args[0] == sys.executable and args[1] in ("-c", "-m") and same
 
 
 def popen(args, *, cwd=None, env=None, stdout=None, stderr=None, text=False, start_new_session=False, **rest):
