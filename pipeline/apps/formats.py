@@ -52,6 +52,7 @@ import io
 import json
 import logging
 import re
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -347,10 +348,12 @@ def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
 
 
 def _json_integer(text: str) -> int | float:
-    """A JSON integer; one of more digits than Python converts (4,300) as a float (inf), as a
+    """A JSON integer; one of more digits than Python converts (``sys.get_int_max_str_digits``,
+    4,300 by default) as a float (inf), as a
     JSON number past a float's range is read, so that a key the reader does not use cannot make
     the line unreadable (a token value must be a string either way)."""
-    return int(text) if len(text.lstrip("-")) <= 4000 else float(text)
+    limit = sys.get_int_max_str_digits()  # 0: no limit
+    return int(text) if not limit or len(text.lstrip("-")) <= limit else float(text)
 
 
 def _read_jsonl(path: Path, columns: list[str]) -> Corpus:

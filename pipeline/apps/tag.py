@@ -54,6 +54,7 @@ from crf.bundle import CLOSED_SET, ModelBundle, TokenError, check_tokens, load_b
 from pipeline.apps.formats import (
     OUTPUT_FORMATS,
     TOKENISATIONS,
+    WORDS,
     Corpus,
     Prediction,
     check_conll_cells,
@@ -250,14 +251,15 @@ def check_column_order(corpus: Corpus, bundles: Sequence[ModelBundle], needed: S
     saw there, and either another column's training values or the model's labels match it better
     (POS tags read as words, words read as POS tags, chunk tags read as POS tags), or that input
     is a closed set (:meth:`ModelBundle.known_values`; for a model that records no counts, a
-    column of at most :data:`~crf.bundle.CLOSED_SET` training values fed a :func:`tag_like`
-    column). Otherwise the model would be fed words as tags, with no gold column to show it; a
+    column other than the words of at most :data:`~crf.bundle.CLOSED_SET` training values fed a
+    :func:`tag_like` column). Otherwise the model would be fed words as tags, with no gold column to show it; a
     column that holds new words of the right kind (text of another domain) is tagged."""
     if not corpus.by_position:
         return
     for bundle in bundles:
         known = bundle.known_values()
         labels = {str(label) for label in bundle.labels}
+        words = bundle.source.get("dataset", {}).get("word_column") or WORDS  # words repeat too: never a tag set
         for column, (values, closed) in known.items():
             if column not in needed:
                 continue  # filled by an earlier model of the chain
@@ -274,7 +276,7 @@ def check_column_order(corpus: Corpus, bundles: Sequence[ModelBundle], needed: S
             better = max(others, key=others.get)
             if others[better] > own:
                 why = f"and {100 * others[better]:.0f}% values it saw {better}"
-            elif closed or (len(values) <= CLOSED_SET and tag_like(cells)):
+            elif closed or (column != words and len(values) <= CLOSED_SET and tag_like(cells)):
                 why = f"of a set of {len(values)}"
             else:
                 continue

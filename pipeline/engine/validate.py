@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import difflib
 import numbers
+import posixpath
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -113,14 +114,37 @@ def _check_run(cfg: DictConfig) -> None:
     _check_registry(cfg)
 
 
+def _not_a_unique_path(name: str) -> bool:
+    """Whether the registry would read ``name`` as a path that is not itself ('.', '..x', 'a//b')."""
+    normal = posixpath.normpath(name)
+    return normal != name or normal == "." or normal.startswith("..")
+
+
+def _registers(cfg: DictConfig) -> bool:
+    """Whether the run registers a model: with ``registry.register``, or as a job of a multirun
+    (``hydra.mode``, or Hydra's running config) with ``registry.sweep``."""
+    if OmegaConf.select(cfg, "registry.register", default=False):
+        return True
+    if not OmegaConf.select(cfg, "registry.sweep", default=False):
+        return False
+    mode = OmegaConf.select(cfg, "hydra.mode", default=None)
+    if mode is None:
+        from hydra.core.hydra_config import HydraConfig
+
+        mode = HydraConfig.get().mode if HydraConfig.initialized() else None
+    return getattr(mode, "name", mode) == "MULTIRUN"
+
+
 def _check_registry(cfg: DictConfig) -> None:
     """``registry.name`` and ``registry.alias`` (null: none) as the model registry will take them,
-    so that a run is not refused by the registry after it trained."""
-    if OmegaConf.select(cfg, "registry", default=None) is None:
+    when the run registers a model, so that it is not refused by the registry after it trained."""
+    if OmegaConf.select(cfg, "registry", default=None) is None or not _registers(cfg):
         return
     name, alias = OmegaConf.select(cfg, "registry.name", default=None), OmegaConf.select(cfg, "registry.alias", default=None)
-    if not isinstance(name, str) or not name.strip() or "/" in name or ":" in name:
-        raise SettingsError(f"bad setting registry.name={name!r}: a registered model's name (not blank, no '/' or ':')")
+    if not isinstance(name, str) or not name.strip() or "/" in name or ":" in name or _not_a_unique_path(name):
+        raise SettingsError(
+            f"bad setting registry.name={name!r}: a registered model's name (not blank, no '/' or ':', not '.' or '..')"
+        )
     if alias is None:
         return
     if not isinstance(alias, str) or not _ALIAS.fullmatch(alias):

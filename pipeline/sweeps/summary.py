@@ -22,6 +22,7 @@ from pipeline import tracking
 from pipeline.engine.runner import summary_key
 from pipeline.engine.stage import TRIAL_STATE_TAG
 from pipeline.report import figure, markdown_table, save_figure
+from pipeline.sweeps.trial_environment import TRIAL_TAG
 from pipeline.tracking import champion
 
 log = logging.getLogger(__name__)
@@ -91,6 +92,7 @@ def gather(sweep_id: str, experiment: str, tag: str = "sweep_id", metric: str | 
             "train_fraction": runs.get("params.data.train_fraction"),
             "final_fit": runs.get("params.data.final_fit"),
             "evaluation": _evaluation_keys(runs),
+            "trial": _numbers(runs, f"tags.{TRIAL_TAG}"),
             "started": runs["start_time"],
         }
     )
@@ -103,11 +105,12 @@ def gather(sweep_id: str, experiment: str, tag: str = "sweep_id", metric: str | 
 
 def best_job(finished: pd.DataFrame, rank: str, direction: str = "maximize") -> pd.Series:
     """The row of ``finished`` (jobs with a value in column ``rank``) with the best value in the
-    ``direction`` (``maximize`` or ``minimize``); among tied jobs the one started first, as Optuna
-    names its earliest trial of the best value (its ``best_trial``)."""
+    ``direction`` (``maximize`` or ``minimize``); among tied jobs the lowest Optuna trial number, as
+    the sweeper names its best trial, else (a grid) the one started first."""
     values = pd.to_numeric(finished[rank], errors="coerce")
     best = values.min() if direction == "minimize" else values.max()
-    return finished[values == best].sort_values("started", kind="stable").iloc[0]
+    order = [column for column in ("trial", "started") if column in finished]
+    return finished[values == best].sort_values(order, kind="stable", na_position="last").iloc[0]
 
 
 def plot(table: pd.DataFrame, path: Path, score_name: str) -> None:
@@ -233,7 +236,7 @@ def summarize(
     with tempfile.TemporaryDirectory() as folder:
         folder = Path(folder)
         table.to_csv(folder / "sweep_summary.csv", index=False)
-        hidden = ["run_id", "model_uri", "registry_name", "evaluation", "started"]
+        hidden = ["run_id", "model_uri", "registry_name", "evaluation", "trial", "started"]
         if not (table.final_fit == "train+dev").any():
             hidden.append("final_fit")
         text = markdown_table(table.drop(columns=hidden))

@@ -337,6 +337,9 @@ def test_tied_jobs_name_the_one_started_first_as_optuna_names_its_best_trial():
     assert summary.best_job(jobs, "dev_score")["run_id"] == "early"
     assert summary.best_job(jobs.iloc[::-1], "dev_score")["run_id"] == "early"
     assert summary.best_job(jobs, "dev_score", "minimize")["run_id"] == "worse"
+    # Optuna's trials: the lowest trial number, even when a later trial's run started first (parallel jobs)
+    trials = jobs.assign(trial=[0.0, 1.0, 2.0])
+    assert summary.best_job(trials, "dev_score")["run_id"] == "late"
 
 
 @pytest.mark.parametrize(
@@ -355,13 +358,16 @@ def test_tied_jobs_name_the_one_started_first_as_optuna_names_its_best_trial():
         ("registry.alias='a b'", "bad setting registry.alias='a b': letters, digits"),
         ("registry.name=''", "bad setting registry.name='': a registered model's name"),
         ("registry.name=a/b", "bad setting registry.name='a/b': a registered model's name"),
+        ("registry.name=..", "bad setting registry.name='..': a registered model's name"),
     ],
 )
 def test_registry_settings_and_switches_are_checked_before_any_stage(override, message):
     from pipeline.engine.validate import SettingsError, validate_settings
 
     with pytest.raises(SettingsError) as caught:
-        validate_settings(compose_config([override]))
+        validate_settings(compose_config(["registry.register=true", override]))
     assert str(caught.value).startswith(message) and "\n" not in str(caught.value), caught.value
     for good in ("registry.force_alias=true", "registry.alias=null", "registry.alias=best-2", "registry.name=my_model"):
-        validate_settings(compose_config([good]))
+        validate_settings(compose_config([good, "registry.register=true"]))
+    if override.startswith(("registry.alias", "registry.name")):  # a run that registers nothing is not refused by them
+        validate_settings(compose_config([override]))

@@ -559,6 +559,10 @@ def test_swapped_columns_without_gold_are_refused_for_a_model_that_reads_a_tag_s
     unseen = [[(f"novel{i}x{t}", p) for t, (_, p, _) in enumerate(s)] for i, s in enumerate(sentences)]
     other_domain = _write_conll(tmp_path / "other.conll", unseen)
     assert run_tag(_settings(crf_bundle, other_domain, tmp_path / "crf_other.conll"))["tokens"] == sum(map(len, sentences))
+    # new words that repeat (a small vocabulary, like a tag set's): the word column is never taken for a tag set
+    repeated = [[(f"novel{t % 3}", p) for t, (_, p, _) in enumerate(s)] for s in sentences]
+    again = _write_conll(tmp_path / "again.conll", repeated)
+    assert run_tag(_settings(crf_bundle, again, tmp_path / "crf_again.conll"))["tokens"] == sum(map(len, sentences))
     rng = np.random.default_rng(7)
     words = [[f"w{rng.integers(0, 300)}" for _ in s] for s in train]  # a word model: few uses per word
     word_hmm = HMM(order=1).fit(words, [[r[2] for r in s] for s in train])
