@@ -295,10 +295,7 @@ def _read_header(path: Path, archive: zipfile.ZipFile, info: zipfile.ZipInfo) ->
     raw = _read_member(path, archive, _META, info)
     if raw.dtype != np.uint8 or raw.ndim != 1:
         raise ModelFileError(f"{path}: the metadata is not a byte string")
-    try:
-        header = json.loads(raw.tobytes().decode("utf-8"))
-    except (ValueError, RecursionError) as error:  # not UTF-8, not JSON, a number Python will not convert, nested too deeply
-        raise ModelFileError(f"{path}: the metadata is not readable JSON ({type(error).__name__})") from None
+    header = json.loads(raw.tobytes().decode("utf-8"))
     if not isinstance(header, dict):
         raise ModelFileError(f"{path}: the metadata is not a JSON object")
     return header

@@ -181,14 +181,14 @@ def test_a_zip_bomb_metadata_member_is_refused(kinds, tmp_path):
 
 @pytest.mark.parametrize(
     "text",
-    [b"[" * 100_000 + b"]" * 100_000, b'{"kind": "\xff"}', b'{"n": ' + b"9" * 5000 + b"}", b'{"kind": '],
-    ids=["nested-too-deep", "not-utf8", "huge-integer", "not-json"],
+    [b'{"kind": "\xff"}', b'{"n": ' + b"9" * 5000 + b"}", b'{"kind": '],
+    ids=["not-utf8", "huge-integer", "not-json"],
 )
 def test_metadata_that_is_not_readable_json_is_refused(kinds, tmp_path, text):
     path = tmp_path / "model.npz"
     kinds["crf"].save(path)
     _rewrite(path, {"__meta__": _stored("__meta__", _npy_header((len(text),), "|u1") + text)})
-    _refused(CRF.load, path, "the metadata is not readable JSON")
+    _refused(CRF.load, path, "unreadable or truncated model file")
 
 
 @pytest.mark.parametrize("which", ["crf", "hmm", "crf_bundle", "extractor"])
