@@ -43,7 +43,7 @@ DOC = """
     c1 : float, default=0.0
         [lbfgs] L1 coefficient: loss = NLL + c1 |w|_1 + c2 ||w||^2.
     c2 : float, default=1.0
-        [lbfgs, l2sgd] L2 coefficient (l2sgd needs c2 > 0).
+        [lbfgs, l2sgd] L2 coefficient, at most 1e12 (l2sgd needs c2 > 0).
     max_iterations : int or None, default=None
         Iterations (epochs for the online algorithms); None: the algorithm's default (lbfgs: no
         limit, l2sgd: 1000, ap/pa/arow: 100).
@@ -196,6 +196,12 @@ class Settings:
     boundary: bool  # start/end weights: boundary_transitions, resolved
 
 
+# the largest L2 strength: far above it no training set moves the weights from zero (the optimum
+# |w| ~ |gradient| / 2 c2 changes the loss by less than its float64 rounding); a large c1 simply gives
+# zero weights, the exact optimum, so it has no such bound
+MAX_C2 = 1e12
+
+
 def _number(name: str, value, low: float = 0.0, strict: bool = False, integer: bool = False):
     kind = numbers.Integral if integer else numbers.Real
     if isinstance(value, bool) or not isinstance(value, kind):
@@ -237,6 +243,11 @@ def validate(p: dict, defaults: dict) -> Settings:
         raise ValueError(f"unknown algorithm {algorithm!r}: use one of {', '.join(map(repr, ALGORITHMS))}")
     for name in ("c1", "c2", "min_freq"):
         _number(name, p[name])
+    if p["c2"] > MAX_C2:
+        raise ValueError(
+            f"c2={p['c2']:g} is above {MAX_C2:g}: a prior this strong keeps every weight at (all but) zero, whatever "
+            "the data (useful strengths are about 1e-4 to 1e3)"
+        )
     for name in ("calibration_eta", "c", "variance", "gamma"):
         _number(name, p[name], strict=True)
     if p["learning_rate"] is not None:

@@ -22,6 +22,9 @@ A stage (:class:`Stage`; :class:`BaseStage` gives the defaults) is an object wit
   a few input rows as its example (:class:`LoggedModel`), or None;
 - ``validate(cfg)``: refuse its settings when they cannot work, before any stage runs
   (``pipeline.engine.validate.SettingsError``, one line naming the setting);
+- ``metric_names(cfg, adapter)``: glob patterns (:func:`fnmatch.fnmatchcase`) that every metric
+  its run returns under ``cfg`` matches, so that a sweep's objective is checked before any job
+  runs; None: not declared (any name);
 - ``run(context) -> metrics``.
 
 The stages are listed once, in :data:`STAGE_MODULES` (each module holds a ``STAGE``); the runner
@@ -139,6 +142,8 @@ class Stage(Protocol):
 
     def validate(self, cfg: DictConfig) -> None: ...
 
+    def metric_names(self, cfg: DictConfig, adapter: ModelAdapter) -> tuple[str, ...] | None: ...
+
     def run(self, context: StageContext) -> dict: ...
 
 
@@ -175,6 +180,9 @@ class BaseStage:
         return None
 
     def validate(self, cfg: DictConfig) -> None:
+        return None
+
+    def metric_names(self, cfg: DictConfig, adapter: ModelAdapter) -> tuple[str, ...] | None:
         return None
 
     def run(self, context: StageContext) -> dict:

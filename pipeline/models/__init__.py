@@ -15,6 +15,8 @@ the defaults) declares:
 - ``artifacts``: which of the training stage's files are logged to MLflow; ``volatile``: which of
   them differ between identical runs (measured times);
 - ``trainer_tag(cfg)``: the ``trainer`` tag of the pipeline run;
+- ``metrics``: glob patterns that every metric name ``fit`` returns matches (None: not declared),
+  so that a sweep's objective ``train.<name>`` is checked before any job runs;
 - ``fit(context, data) -> metrics``: train on the prepared data and write, into ``context.out``,
   the self-contained tagger as :data:`BUNDLE_FILE` (a :class:`crf.ModelBundle` whose part is the
   kind's :class:`crf.bundle.BundledModel`, registered with :func:`crf.bundle.register_kind`):
@@ -59,6 +61,7 @@ class ModelAdapter(Protocol):
     artifacts: tuple[str, ...]
     volatile: tuple[str, ...]
     warm_starts: bool
+    metrics: tuple[str, ...] | None  # glob patterns of fit's metrics (the train stage's); None: not declared
 
     def validate(self, cfg: Mapping) -> None: ...
 
@@ -85,6 +88,7 @@ class BaseAdapter:
     artifacts: tuple[str, ...] = (BUNDLE_FILE,)
     volatile: tuple[str, ...] = ()
     warm_starts: bool = False
+    metrics: tuple[str, ...] | None = None
 
     def validate(self, cfg: Mapping) -> None:
         return None

@@ -203,6 +203,10 @@ class CRFAdapter(BaseAdapter):
     upstream = ("prepare", "featurize")
     artifacts = ("model.npz", BUNDLE_FILE, "history.csv", "learning_curve.png")
     volatile = ("history.csv",)  # the iterations' times
+    metrics = (
+        "train_seconds", "model_bytes", "iterations", "evaluations", "nonzero_weights", STOPPED_AT_CAP, "final_loss",
+        "pruner_iterations", "pruned_mass_per_token",
+    )  # fmt: skip
 
     def known_keys(self, section: str) -> frozenset[str]:
         return frozenset(CRF().get_params()) | frozenset(CONFIG_ONLY) if section in ("model", "trainer") else frozenset()

@@ -36,6 +36,7 @@ class HMMAdapter(BaseAdapter):
     name = "hmm"
     upstream = ("prepare",)
     artifacts = ("model.npz", BUNDLE_FILE, "hmm.json")
+    metrics = ("train_seconds", "model_bytes", "labels", "hidden_labels", "vocabulary", "suffixes", "lambda_*")
 
     def known_keys(self, section: str) -> frozenset[str]:
         return frozenset(HMM().get_params()) | {"name", "adapter", "observation"} if section == "model" else frozenset()

@@ -402,6 +402,12 @@ def rounds_frame(rounds: list[Round]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+# the metrics of :meth:`ActiveLearning.run` (the last round's, and the curve's area and times)
+RESULT_METRICS = (
+    "labelled_tokens", "labelled_sentences", "dev_score", "test_score", "rounds", "aulc_test", "refit_seconds", "query_seconds",
+)  # fmt: skip
+
+
 class ActiveLearning(BaseStage):
     """One simulated active-learning run (one arm, one seed) of the CRF on the featurized splits."""
 
@@ -427,6 +433,9 @@ class ActiveLearning(BaseStage):
 
     def volatile(self, adapter: ModelAdapter) -> tuple[str, ...]:
         return (CURVE_FILE,)  # its refit and query seconds
+
+    def metric_names(self, cfg, adapter: ModelAdapter) -> tuple[str, ...]:
+        return RESULT_METRICS
 
     def config_slice(self, cfg, adapter: ModelAdapter) -> dict:
         section = OmegaConf.to_container(cfg.active_learning, resolve=True)

@@ -44,7 +44,7 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from crf import metrics, single_threaded_blas
-from crf.bundle import ModelBundle, Tagged, load_bundle
+from crf.bundle import ModelBundle, Tagged, load_bundle, normalize_scheme
 from pipeline.engine.stage import BaseStage, StageContext
 from pipeline.models import BUNDLE_FILE, ModelAdapter
 from pipeline.report import figure, save_figure, write_json
@@ -55,6 +55,13 @@ from pipeline.stages.prepare import read_prepared
 log = logging.getLogger(__name__)
 
 SCORED_SPLITS = ("dev", "test")
+# the names of :func:`score_split`'s figures after ``<split>_`` (glob patterns: a type's or a field's name in place of *)
+TOKEN_METRICS = ("tag_tokens_per_second", "accuracy", "calibration_error", "unknown_rate", "known_accuracy", "unknown_accuracy")
+CHUNK_METRICS = (
+    "precision", "recall", "f1", "f1_*", "token_error", "sequence_error", "seen_sequences", "unseen_f1", "unseen_f1_*",
+    "unseen_token_error", "unseen_sequence_error", "*_confidence_ap", "*_calibration_error",
+)  # fmt: skip
+CORRECTION_METRICS = ("correction_*",)
 # the .gz tables: zlib's default level (faster than gzip's 9 for nearly the same size) and no time
 # stamp (the same run writes the same bytes)
 GZIP = {"method": "gzip", "compresslevel": 6, "mtime": 0}
@@ -304,6 +311,16 @@ class Evaluate(BaseStage):
             raise SettingsError(
                 f"bad setting evaluate.correction_propagation={fields['correction_propagation']!r}: true or false"
             )
+
+    def metric_names(self, cfg, adapter: ModelAdapter) -> tuple[str, ...]:
+        """:data:`TOKEN_METRICS` of each scored split; with chunks (a dataset scheme other than
+        none) :data:`CHUNK_METRICS`, and :data:`CORRECTION_METRICS` when correction propagation is on."""
+        names = TOKEN_METRICS
+        if normalize_scheme(OmegaConf.select(cfg, "dataset.scheme", default=None)) != "none":
+            names += CHUNK_METRICS
+            if self.config_slice(cfg, adapter)["evaluate"]["fields"]["correction_propagation"]:
+                names += CORRECTION_METRICS
+        return tuple(f"{split}_{name}" for split in SCORED_SPLITS for name in names)
 
     def config_slice(self, cfg, adapter: ModelAdapter) -> dict:
         evaluate_cfg = OmegaConf.to_container(cfg.evaluate, resolve=True)

@@ -109,6 +109,11 @@ class Prepare(BaseStage):
     def validate(self, cfg) -> None:
         final_fit_splits({"train": [], "dev": []}, final_fit(cfg))
 
+    def metric_names(self, cfg, adapter: ModelAdapter) -> tuple[str, ...]:
+        """The statistics of :meth:`run`: sizes and OOV rates per split, label counts."""
+        per_split = tuple(f"{split}_{name}" for split in SPLITS for name in ("sentences", "tokens", "oov_rate"))
+        return (*per_split, "n_labels", "dev_unseen_labels", "test_unseen_labels")
+
     def config_slice(self, cfg, adapter: ModelAdapter) -> dict:
         """What the output depends on (the data root is not: the files' checksums are). The
         default ``data.final_fit=train`` is left out, so the keys of earlier runs still hold."""

@@ -43,6 +43,9 @@ class Train(BaseStage):
     def volatile(self, adapter: ModelAdapter) -> tuple[str, ...]:
         return tuple(adapter.volatile)
 
+    def metric_names(self, cfg, adapter: ModelAdapter) -> tuple[str, ...] | None:
+        return None if adapter.metrics is None else tuple(adapter.metrics)
+
     def logged_model(self, inputs: Mapping[str, Path], folder: Path) -> LoggedModel | None:
         """The adapter's bundle, with the first test sentences as the example."""
         path = folder / BUNDLE_FILE

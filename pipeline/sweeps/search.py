@@ -18,6 +18,7 @@ used by ``hydra_plugins/crf_optuna_sweeper`` in the launching process; the job s
 
 from __future__ import annotations
 
+import fnmatch
 import itertools
 import math
 import re
@@ -249,12 +250,22 @@ def checked_trials(space: SearchSpace) -> list[dict[str, Any]]:
     return [first, *({**first, key: value} for key, listed in values.items() for value in listed[1:])]
 
 
+def stage_metric_names(job: Any, stage: str) -> tuple[str, ...] | None:
+    """The glob patterns of the metrics that ``stage`` returns in ``job`` (a composed config), as the
+    stage declares them (:meth:`pipeline.engine.stage.Stage.metric_names`; None: not declared)."""
+    from pipeline.engine.stage import load_stages
+    from pipeline.models import load_adapter
+
+    return load_stages()[stage].metric_names(job, load_adapter(job.model))
+
+
 def check_trials(space: SearchSpace, config: Any, loader: Any, metric: str | None) -> None:
     """Compose and check the jobs of the trials of :func:`checked_trials` as their runs will check
     them before their first stage (:func:`pipeline.sweeps.grid_preflight.check_job`: the stages
     each will run and their own checks, the fixed settings included), and check that the sweep's
-    objective exists in each: ``metric`` (null: the dev score) is a metric of a stage the job runs,
-    an F1 needs a dataset with chunks (a scheme other than none), and a dev score needs a dev
+    objective exists in each: ``metric`` (null: the dev score) is a metric of a stage the job runs
+    (one the stage declares, where it declares them: ``evaluate.nosuch`` is refused), an F1 needs
+    a dataset with chunks (a scheme other than none), and a dev score needs a dev
     split, which a ``data.final_fit=train+dev`` run has not.
     SweeperSettingError (one line) otherwise: so ``trainer.c2=choice(0.1, -1)`` or
     ``data.final_fit=nosuch`` is refused before any trial runs, not by a trial's job."""
@@ -280,6 +291,12 @@ def check_trials(space: SearchSpace, config: Any, loader: Any, metric: str | Non
             raise SweeperSettingError(
                 f"hydra.sweeper.metric={metric}: dataset {OmegaConf.select(job, 'dataset.name')} has no chunks (dataset.scheme="
                 f"none), so its runs score accuracy, not F1: optimise {stage}.{name.replace('f1', 'accuracy', 1)}"
+            )
+        declared = None if metric is None else stage_metric_names(job, stage)
+        if declared is not None and not any(fnmatch.fnmatchcase(name, pattern) for pattern in declared):
+            raise SweeperSettingError(
+                f"hydra.sweeper.metric={metric}: stage {stage} logs no metric {name} in the trials with {searched} "
+                f"(its metrics: {', '.join(declared)}; * is a type's or field's name)"
             )
         if (metric is None or name in DEV_SCORES) and final_fit(job) != "train":
             raise SweeperSettingError(

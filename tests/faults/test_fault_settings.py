@@ -22,6 +22,10 @@ from pipeline.engine.validate import SettingsError, validate_settings  # noqa: E
         (["trainer.c2=abc"], "bad setting trainer.c2='abc': c2 must be a number"),
         (["trainer.c2=-1"], "bad setting trainer.c2=-1: c2 must be a finite number >= 0"),
         (["trainer.c2=nan"], "bad setting trainer.c2=nan: c2 must be a finite number"),
+        # a strength no data can move the weights against is refused before any stage, not at training (R6b-3)
+        (["trainer.c2=1e300"], "bad setting trainer.c2=1e+300: c2=1e+300 is above 1e+12: a prior this strong keeps"),
+        (["trainer=sgd", "trainer.c2=1e13"], "c2=1e+13 is above 1e+12"),
+        (["trainer=elasticnet", "trainer.strength=1e300"], "c2=1e+300 is above 1e+12"),
         (["trainer=l1", "trainer.strength=-0.5"], "bad setting trainer.c1=-0.5"),
         (["trainer.max_iterations=-1"], "bad setting trainer.max_iterations=-1: max_iterations must be a finite number >= 1"),
         (["trainer.max_iterations=2.5"], "max_iterations must be an integer"),
@@ -48,6 +52,25 @@ def test_bad_settings_fail_with_one_line_naming_them(overrides, message):
         validate_settings(compose_config(overrides))
     text = str(caught.value)
     assert message in text and "\n" not in text
+
+
+def test_the_library_refuses_a_strength_no_data_can_move_before_any_iteration(tmp_path):
+    from crf import CRF, pycrfsuite
+
+    X, y = [[{"w=a": 1.0}, {"w=b": 1.0}]] * 3, [["A", "B"]] * 3
+    iterations = []
+    with pytest.raises(ValueError, match=r"c2=1e\+13 is above 1e\+12"):
+        CRF(c2=1e13, callback=iterations.append).fit(X, y)
+    assert iterations == []
+    assert CRF(c2=1e12, max_iterations=3).fit(X, y).n_iter_ >= 1  # the bound itself trains
+    assert CRF(c1=1e300, c2=0).fit(X, y).n_active_features_ == 0  # an L1 prior this strong: zero weights, the exact optimum
+    trainer = pycrfsuite.Trainer(verbose=False)
+    for xseq, yseq in zip(X, y):
+        trainer.append(xseq, yseq)
+    trainer.set_params({"c2": 1e300})
+    with pytest.raises(ValueError, match=r"c2=1e\+300 is above 1e\+12"):
+        trainer.train(str(tmp_path / "model.crfsuite"))
+    assert not list(tmp_path.iterdir())
 
 
 @pytest.mark.parametrize("group", ["model", "trainer"])

@@ -6,6 +6,7 @@ one line, exit code 2, no sweep parent run, no Optuna study."""
 
 from __future__ import annotations
 
+import fnmatch
 import logging
 import os
 import sys
@@ -24,6 +25,7 @@ from omegaconf import open_dict  # noqa: E402
 from pipeline_helpers import CONF_DIR, tiny_overrides  # noqa: E402
 
 from hydra_plugins.crf_optuna_sweeper.optuna_sweeper import OptunaSweeper  # noqa: E402
+from pipeline.engine.stage import load_stages  # noqa: E402
 from pipeline.sweeps import search  # noqa: E402
 from pipeline.sweeps.grid_preflight import BASIC_SWEEPER, check_grid_jobs, composition_problem  # noqa: E402
 
@@ -144,6 +146,8 @@ def _optuna(tmp_path: Path, params: dict, task: list[str] = (), **settings) -> O
         # a value a run refuses, searched or fixed
         ({"trainer.c2": "choice(0.1, -1)"}, [], "the trials with trainer.c2=-1: bad setting trainer.c2=-1"),
         ({"trainer.c2": "interval(-1, 1)"}, [], "the trials with trainer.c2=-1.0: bad setting trainer.c2=-1.0"),
+        ({"trainer.c2": "tag(log, interval(0.01, 1e300))"}, [], "the trials with trainer.c2=1e+300: bad setting "
+         "trainer.c2=1e+300: c2=1e+300 is above 1e+12"),
         ({"evaluate.calibration_bins": "range(0, 20, 10)"}, [], "the trials with evaluate.calibration_bins=0: bad setting"),
         ({"trainer.c2": "interval(0.1, 1)", "data.final_fit": "nosuch"}, [], "data.final_fit='nosuch': one of train, train+dev"),
         ({"trainer.c2": "interval(0.1, 1)"}, ["evaluate.calibration_bins=0"], "bad setting evaluate.calibration_bins=0"),
@@ -158,6 +162,15 @@ def _optuna(tmp_path: Path, params: dict, task: list[str] = (), **settings) -> O
          "hydra.sweeper.metric=evaluate.dev_f1: dataset "
          "ud_english_ewt_upos has no chunks (dataset.scheme=none), so its runs score accuracy, not F1: optimise "
          "evaluate.dev_accuracy"),
+        # a metric the stage does not log (F4), with the pruner off: the pruner's own check does not see it
+        ({"trainer.c2": "interval(0.1, 1)"}, ["metric=evaluate.nosuch"], "hydra.sweeper.metric=evaluate.nosuch: "
+         "stage evaluate logs no metric nosuch in the trials with trainer.c2=0.1 (its metrics: dev_tag_tokens_per_second"),
+        ({"trainer.c2": "interval(0.1, 1)"}, ["metric=train.dev_f1"], "stage train logs no metric dev_f1"),
+        ({"model.order": "choice(1, 2)"}, ["model=hmm", "metric=train.iterations"], "stage train logs no metric "
+         "iterations in the trials with model.order=1 (its metrics: train_seconds, model_bytes, labels"),
+        ({"trainer.c2": "interval(0.1, 1)"}, ["metric=prepare.dev_f1"], "stage prepare logs no metric dev_f1"),
+        ({"trainer.c2": "interval(0.1, 1)"}, ["metric=evaluate.test_correction_fixes"],
+         "stage evaluate logs no metric test_correction_fixes"),
     ],
 )  # fmt: skip
 def test_an_optuna_trial_a_single_run_would_refuse_ends_the_sweep_before_any_trial(tmp_path, caplog, params, task, message):
@@ -218,6 +231,50 @@ def test_the_default_optuna_space_and_a_test_metric_under_train_dev_pass(tmp_pat
         # a sweep may optimise a test metric of train+dev refits (the user's choice; nothing is missing)
         refit = _optuna(tmp_path, {"trainer.c2": "interval(0.1, 1)"}, ["data.final_fit=train+dev"], metric="evaluate.test_f1")
         refit._checked(_arguments(tmp_path, ["data.final_fit=train+dev"]))
+        # a chunk type's F1 and a correction figure are metrics the evaluate stage declares
+        _optuna(tmp_path, {"trainer.c2": "interval(0.1, 1)"}, metric="evaluate.dev_f1_NP")._checked(_arguments(tmp_path, []))
+        task = ["+dataset.evaluate.correction_propagation=true"]
+        corrections = _optuna(tmp_path, {"trainer.c2": "interval(0.1, 1)"}, task, metric="evaluate.dev_correction_fixes")
+        corrections._checked(_arguments(tmp_path, task))
+
+
+@pytest.mark.parametrize(
+    "task",
+    [
+        ["+dataset.evaluate.correction_propagation=true", "+dataset.evaluate.confidence_field=NP", "model.order=2"]
+        + ["model.pruning_threshold=0.001"],
+        ["model=hmm"],
+        ["dataset.scheme=none"],
+    ],
+)
+def test_every_metric_a_stage_returns_is_one_it_declares(tmp_path, task):
+    # the sweep preflight refuses an objective by the stages' declarations: a metric they leave out would be refused wrongly
+    from pipeline_helpers import compose_config, seed_store, write_corpus
+
+    from pipeline.__main__ import run_pipeline
+    from pipeline.models import load_adapter
+
+    out = tmp_path / "out"
+    seed_store(out)
+    data = write_corpus(tmp_path / "data", n_train=60, n_test=20)
+    cfg = compose_config(tiny_overrides(data, out) + task + ["trainer.max_iterations=5"])
+    results = run_pipeline(cfg)
+    adapter = load_adapter(cfg.model)
+    stages = load_stages()
+    names: dict[str, list[str]] = {}
+    for key in results:
+        stage, _, name = key.partition(".")
+        if stage in stages:
+            names.setdefault(stage, []).append(name)
+    assert {"prepare", "train", "evaluate"} <= set(names)
+    for stage, logged in names.items():
+        declared = stages[stage].metric_names(cfg, adapter)
+        if declared is None:
+            continue
+        undeclared = [name for name in logged if not any(fnmatch.fnmatchcase(name, pattern) for pattern in declared)]
+        assert not undeclared, (stage, undeclared)
+    if "model.pruning_threshold=0.001" in task:  # the optional figures were made, so the check above saw them
+        assert {"train.pruned_mass_per_token", "evaluate.dev_correction_fixes", "evaluate.test_NP_confidence_ap"} <= set(results)
 
 
 LACKING = "Could not override 'trainer.c22'. To append to your config use +trainer.c22=1"
