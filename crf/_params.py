@@ -200,6 +200,7 @@ class Settings:
 # |w| ~ |gradient| / 2 c2 changes the loss by less than its float64 rounding); a large c1 simply gives
 # zero weights, the exact optimum, so it has no such bound
 MAX_C2 = 1e12
+MIN_SGD_C2 = 1e-100  # l2sgd's smallest L2 strength: its steps divide by it
 
 
 def _number(name: str, value, low: float = 0.0, strict: bool = False, integer: bool = False):
@@ -298,6 +299,8 @@ def validate(p: dict, defaults: dict) -> Settings:
             raise ValueError("pruning_threshold prunes a second-order model: it needs order=2")
     if algorithm == "l2sgd" and p["c2"] <= 0:
         raise ValueError("algorithm='l2sgd' needs c2 > 0 (its step size is 1 / (lambda t) with lambda = 2 c2 / N)")
+    if algorithm == "l2sgd" and p["c2"] < MIN_SGD_C2:  # 1 / lambda would overflow float64
+        raise ValueError(f"algorithm='l2sgd' needs c2 >= {MIN_SGD_C2:g}, got {p['c2']:g} (its step size is 1 / (lambda t))")
     for name, algorithms in _SPECIFIC.items():
         if algorithm not in algorithms and p[name] != defaults[name]:
             raise ValueError(f"{name}={p[name]!r} does not apply to algorithm={algorithm!r} (only {', '.join(algorithms)})")

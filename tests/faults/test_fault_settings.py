@@ -25,6 +25,7 @@ from pipeline.engine.validate import SettingsError, validate_settings  # noqa: E
         # a strength no data can move the weights against is refused before any stage, not at training (R6b-3)
         (["trainer.c2=1e300"], "bad setting trainer.c2=1e+300: c2=1e+300 is above 1e+12: a prior this strong keeps"),
         (["trainer=sgd", "trainer.c2=1e13"], "c2=1e+13 is above 1e+12"),
+        (["trainer=sgd", "trainer.c2=5e-324"], "algorithm='l2sgd' needs c2 >= 1e-100, got 4.94066e-324"),
         (["trainer=elasticnet", "trainer.strength=1e300"], "c2=1e+300 is above 1e+12"),
         (["trainer=l1", "trainer.strength=-0.5"], "bad setting trainer.c1=-0.5"),
         (["trainer.max_iterations=-1"], "bad setting trainer.max_iterations=-1: max_iterations must be a finite number >= 1"),
