@@ -31,6 +31,7 @@ from ._warm import PreviousFit
 from .attributes import AttributeIndex
 from .batch import SequenceBatch, check_label_names, check_labels, label_classes
 from .crfsuite import unstorable_name
+from .io import writable_target
 
 log = logging.getLogger("crf.model")
 
@@ -212,7 +213,8 @@ def check_names_encodable(names: Sequence, what: str) -> None:
 
 def check_model_filename(path, what: str = "model_filename") -> None:
     """Refuse, before training, a model file path (``what`` names the setting) that cannot be
-    written: a folder, or a file in a folder that does not exist."""
+    written: a folder, a file in a folder that does not exist, a dangling symbolic link, or what is
+    not a regular file (:func:`crf.io.writable_target`)."""
     if path is None:
         return
     target = os.fspath(path)
@@ -221,6 +223,22 @@ def check_model_filename(path, what: str = "model_filename") -> None:
     folder = os.path.dirname(os.path.abspath(target))
     if not os.path.isdir(folder):
         raise FileNotFoundError(f"{what}: there is no folder {folder!r} to write the model to")
+    try:
+        writable_target(target)
+    except OSError as error:
+        raise type(error)(f"{what}: {error}") from None
+
+
+def _check_dev_labels_known(flat: np.ndarray, offsets: np.ndarray) -> None:
+    """Refuse a None (unknown) label in ``y_dev`` (flat (T,), sequences at ``offsets`` (N + 1,)):
+    dev labels are scored, and a score counts known labels only."""
+    unknown = np.flatnonzero(np.equal(np.asarray(flat, dtype=object), None))
+    if len(unknown):
+        sequence = int(np.searchsorted(offsets, unknown[0], side="right") - 1)
+        raise ValueError(
+            f"y_dev: sequence {sequence}, token {int(unknown[0] - offsets[sequence])} is None (unknown): "
+            "dev labels are scored, so every one must be known (None marks an unknown label in y only)"
+        )
 
 
 def _check_call(X, y, X_dev, y_dev, attribute_names, params: dict, settings: hyper.Settings) -> np.ndarray:
@@ -329,6 +347,7 @@ def training_problem(
         label_codes(y_dev, dev_batch, classes, what="_dev")  # lengths, per sequence
         dev_flat = flat_labels(y_dev)
         check_labels(dev_flat, unknown=True)
+        _check_dev_labels_known(dev_flat, dev_batch.offsets)
         check_label_names([*classes, *label_classes(dev_flat, unknown=True)], "y_dev")
         dev = (dev_batch, y_dev)
     check_names_encodable(classes, "label")

@@ -663,11 +663,17 @@ class ModelBundle:
         if fixed is None:
             return None
         n = offsets.size - 1
+        if isinstance(fixed, (Mapping, str, bytes)) or not isinstance(fixed, (Sequence, np.ndarray)):
+            raise ValueError(f"fixed must be a list with one dict (or None) per sentence, not {type(fixed).__name__}")
         if len(fixed) != n:
             raise ValueError(f"fixed has {len(fixed)} entries for {n} sentences")
         index = {label: i for i, label in enumerate(self.labels)}
         rows, labels = [], []
         for i, constraints in enumerate(fixed):
+            if constraints is not None and not isinstance(constraints, Mapping):
+                raise ValueError(
+                    f"fixed: sentence {i}: a dict of {{token position: label}} (or None), not {type(constraints).__name__}"
+                )
             for position, label in dict(constraints or {}).items():
                 position = check_position(position, i, int(offsets[i + 1] - offsets[i]))
                 if label not in index:

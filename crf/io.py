@@ -426,6 +426,22 @@ def column(sentences: list[Sentence], index: int) -> list[list[str]]:
 # --- writing ---
 
 
+def writable_target(path: str | os.PathLike) -> Path:
+    """The file that :func:`atomic_write` to ``path`` replaces (a symbolic link's target), checked
+    before any work: the errors :func:`atomic_write` raises for a dangling link (or a loop), a
+    folder, or what is not a regular file."""
+    path = Path(path)
+    if path.is_symlink():
+        if not path.exists():
+            raise FileNotFoundError(f"{path}: a symbolic link to {os.readlink(path)}, which does not exist; not written")
+        path = Path(os.path.realpath(path))
+    if path.is_dir():
+        raise IsADirectoryError(f"{path}: a folder; not written")
+    if path.exists() and not path.is_file():  # the rename would replace a device (/dev/null) or a pipe
+        raise OSError(f"{path}: not a regular file (a device or a pipe), which the rename would replace; not written")
+    return path
+
+
 def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> None:
     """Call ``write(handle)`` on a temporary file beside ``path``, flush it to disk and rename it
     into place: readers see the old file or the complete new one, never a partial write.
@@ -460,15 +476,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -
         rename would replace it), or the file system refused a step (nothing partial is left at
         ``path``).
     """
-    path = Path(path)
-    if path.is_symlink():
-        if not path.exists():
-            raise FileNotFoundError(f"{path}: a symbolic link to {os.readlink(path)}, which does not exist; not written")
-        path = Path(os.path.realpath(path))
-    if path.is_dir():
-        raise IsADirectoryError(f"{path}: a folder; not written")
-    if path.exists() and not path.is_file():  # the rename would replace a device (/dev/null) or a pipe
-        raise OSError(f"{path}: not a regular file (a device or a pipe), which the rename would replace; not written")
+    path = writable_target(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = _create_temporary(path)
     try:

@@ -245,17 +245,17 @@ def tag_like(cells: pd.Series) -> bool:
     return distinct <= CLOSED_SET and 2 * distinct <= len(cells)
 
 
-def check_column_order(corpus: Corpus, bundles: Sequence[ModelBundle], needed: Sequence[str], input_path) -> None:
-    """Refuse a file whose columns were taken by position (a CoNLL file of two or more columns
-    without a header) when a column read into a model's input holds under half values the model
+def check_input_columns(corpus: Corpus, bundles: Sequence[ModelBundle], needed: Sequence[str], input_path) -> None:
+    """Refuse a file when a column read into a model's input holds under half values the model
     saw there, and either another column's training values or the model's labels match it better
     (POS tags read as words, words read as POS tags, chunk tags read as POS tags), or that input
     is a closed set (:meth:`ModelBundle.known_values`; for a model that records no counts, a
     column other than the words of at most :data:`~crf.bundle.CLOSED_SET` training values fed a
-    :func:`tag_like` column). Otherwise the model would be fed words as tags, with no gold column to show it; a
-    column that holds new words of the right kind (text of another domain) is tagged."""
-    if not corpus.by_position:
-        return
+    :func:`tag_like` column). Otherwise the model would be fed words as tags, with no gold column
+    to show it; a column that holds new words of the right kind (text of another domain) is tagged.
+    Columns taken by position (a CoNLL file of two or more columns without a header) are then in
+    the wrong order; named ones (CoNLL-U, JSONL, a header) hold another kind of value than their
+    name says (UPOS as ``pos``, CoNLL-U's ``_`` for an XPOS it does not give)."""
     for bundle in bundles:
         known = bundle.known_values()
         labels = {str(label) for label in bundle.labels}
@@ -276,15 +276,21 @@ def check_column_order(corpus: Corpus, bundles: Sequence[ModelBundle], needed: S
             better = max(others, key=others.get)
             if others[better] > own:
                 why = f"and {100 * others[better]:.0f}% values it saw {better}"
-            elif closed or (column != words and len(values) <= CLOSED_SET and tag_like(cells)):
+            elif (closed and (corpus.by_position or column != words)) or (
+                column != words and len(values) <= CLOSED_SET and tag_like(cells)
+            ):  # a named words column is words, however few the model saw
                 why = f"of a set of {len(values)}"
             else:
                 continue
             examples = ", ".join(repr(v) for v in cells[~cells.isin(values)].unique()[:3])
+            if corpus.by_position:
+                fix = "its columns are not in the order the model expects; name them (as they are) with a first line "
+                fix += "'# global.columns = <names>'"
+            else:
+                fix = f"the file's {column!r} is not the kind of value the model was trained on there"
             raise TagError(
                 f"input {input_path}: the column read as {column!r} holds {100 * own:.0f}% values the model saw there in "
-                f"training ({why}; not {examples}, ...): its columns are not in the order the model expects; name "
-                "them (as they are) with a first line '# global.columns = <names>'"
+                f"training ({why}; not {examples}, ...): {fix}"
             )
 
 
@@ -349,12 +355,12 @@ def text_tokenisation(choice: str, bundle: ModelBundle, reference: str) -> str:
     return recorded
 
 
-def check_output(output: str | Path, input_path: Path) -> None:
+def check_output(output: str | Path, input_path: Path, models: Sequence[str] = ()) -> None:
     """Before any work: ``output`` must name a regular file that can be written (atomically: a new
     file in its folder renamed over it). Refused: a folder (or a name ending in ``/``), a device,
     pipe or socket (``/dev/null`` would be replaced by a file), a missing or read-only folder, a
-    read-only file, the input file itself, a dangling symbolic link (writing would replace the
-    link; a link to a file is written through)."""
+    read-only file, the input file itself, a model file of ``models`` (the model references), a
+    dangling symbolic link (writing would replace the link; a link to a file is written through)."""
     output_path = Path(output)
     if output_path.is_symlink():  # written through (crf.io.atomic_write): check its target's place
         if not output_path.exists():
@@ -369,6 +375,9 @@ def check_output(output: str | Path, input_path: Path) -> None:
         raise TagError(f"output {output_path}: the folder {folder} does not exist")
     if output_path.exists() and input_path.exists() and output_path.resolve() == input_path.resolve():
         raise TagError(f"output {output_path}: is the input file; name another file")
+    for model in models:
+        if output_path.exists() and Path(model).is_file() and output_path.resolve() == Path(model).resolve():
+            raise TagError(f"output {output_path}: is the model file (model={model}); name another file")
     if output_path.exists() and not (output_path.stat().st_mode & 0o222):
         raise TagError(f"output {output_path}: the file is read-only")
     if not (folder.stat().st_mode & 0o222):
@@ -424,7 +433,7 @@ def run_tag(cfg: Mapping) -> dict:
         raise IsADirectoryError(f"input {input_path}: is a directory; name a file")
     if not input_path.is_file():
         raise FileNotFoundError(f"input {input_path}: no such file")
-    check_output(str(cfg["output"]), input_path)
+    check_output(str(cfg["output"]), input_path, references)
     aliases = dict(cfg.get("column_aliases") or {})
     tracking_uri, registry_uri = cfg.get("tracking_uri"), cfg.get("registry_uri")
     import_plugins(cfg.get("plugins") or [])
@@ -454,7 +463,7 @@ def run_tag(cfg: Mapping) -> dict:
         check_tokens({c: corpus.columns[c] for c in needed}, corpus.offsets, base=1)
     except TokenError as err:
         raise TagError(f"input {input_path}: {err}") from None
-    check_column_order(corpus, bundles, needed, input_path)
+    check_input_columns(corpus, bundles, needed, input_path)
     check_gold_column(corpus, bundles[-1], input_path)
     log.info("read %d sentences, %d tokens (%s) from %s", corpus.lengths.size, int(corpus.lengths.sum()), fmt, input_path)
     if out_format == "conll":

@@ -177,13 +177,15 @@ def register_best(
     if best.get("evaluation"):
         tags[champion.EVALUATION_RUN_TAG] = str(best["evaluation"])
     value = best["objective"] if metric else best["dev_score"]
+    # the name a single run's summary gives the same figure (evaluate.dev_f1 -> dev_f1), so that equal metrics compare
+    judged_by = (summary_key(metric) or metric) if metric else f"dev_{score_name}"
     standing = None
     if _shown(value) != "none":
-        standing = champion.Standing(metric or f"dev_{score_name}", float(value), direction, str(best["evaluation"]))
+        standing = champion.Standing(judged_by, float(value), direction, str(best["evaluation"]))
     elif _final_fit(best) == "train+dev":
         tags[champion.UNSCORED_TAG] = "data.final_fit=train+dev: no dev score"
     else:
-        tags[champion.UNSCORED_TAG] = f"the job has no {metric or f'dev_{score_name}'}"
+        tags[champion.UNSCORED_TAG] = f"the job has no {judged_by}"
     version, moved = tracking.register_model(
         best["model_uri"], best["registry_name"], alias, tags, standing, force_alias, force_declined
     )

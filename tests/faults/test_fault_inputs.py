@@ -297,6 +297,38 @@ def test_a_warm_refit_with_too_few_attribute_names_is_one_line():
         model.fit(batch, y, attribute_names="wv")
 
 
+def test_an_unknown_dev_label_is_refused_before_the_first_iteration():
+    # None (unknown) is a partial label in y; y_dev is scored, so it failed at the first dev evaluation (G1)
+    X = [[{"w": "the"}, {"w": "dog"}], [{"w": "a"}, {"w": "cat"}]] * 3
+    y = [["D", "N"], ["D", "N"]] * 3
+    iterations = []
+    for y_dev, where in (([[None, "N"], ["D", "N"]], "sequence 0, token 0"), ([["D", "N"], ["D", None]], "sequence 1, token 1")):
+        with pytest.raises(ValueError, match=rf"^y_dev: {where} is None \(unknown\): dev labels are scored"):
+            CRF(max_iterations=5, dev_every=1, callback=iterations.append).fit(X, y, X[:2], y_dev)
+    assert iterations == []
+    partial = [[None, "N"], ["D", "N"]] + y[2:]
+    assert CRF(max_iterations=5, dev_every=1).fit(X, partial, X[:2], y[:2]).n_iter_ >= 1  # None in y stays allowed
+
+
+def test_a_model_file_path_a_write_would_refuse_is_refused_before_training(tmp_path):
+    # a dangling link or a loop was refused after the last iteration, and the fit thrown away (G2)
+    X = [[{"w": "the"}, {"w": "dog"}]] * 3
+    y = [["D", "N"]] * 3
+    (tmp_path / "dangling.crfsuite").symlink_to(tmp_path / "absent.crfsuite")
+    (tmp_path / "loop1").symlink_to(tmp_path / "loop2")
+    (tmp_path / "loop2").symlink_to(tmp_path / "loop1")
+    for name in ("dangling.crfsuite", "loop1"):
+        iterations = []
+        with pytest.raises(FileNotFoundError, match=rf"^model_filename: .*{name}: a symbolic link to .*, which does not exist"):
+            CRF(max_iterations=5, model_filename=str(tmp_path / name), callback=iterations.append).fit(X, y)
+        assert iterations == []
+    assert not (tmp_path / "absent.crfsuite").exists()
+    (tmp_path / "real.crfsuite").write_bytes(b"")
+    (tmp_path / "live.crfsuite").symlink_to(tmp_path / "real.crfsuite")
+    CRF(max_iterations=3, model_filename=str(tmp_path / "live.crfsuite")).fit(X, y)  # a link to a file is written through
+    assert (tmp_path / "live.crfsuite").is_symlink() and (tmp_path / "real.crfsuite").stat().st_size > 0
+
+
 def test_a_strength_too_large_to_move_is_named_as_the_cause():
     X = [[{"w": "a"}, {"w": "b"}], [{"w": "b"}]] * 5
     y = [["A", "B"], ["B"]] * 5

@@ -391,6 +391,17 @@ def test_fixed_positions_must_be_integers_in_range(chunker, position):
     assert mask[[0, 2]].all() and mask[1].tolist() == [c == other for c in bundle.labels]  # token 1, not a rounded or truthy 1
 
 
+@pytest.mark.parametrize("fixed", [{0: "B-NP"}, "B-NP", [{1}], [[(1, "B-NP")]], 5])
+def test_fixed_must_be_a_list_of_one_dict_per_sentence(chunker, fixed):
+    # a dict for the list was read as its keys: sentence 0 got the "constraint" 0, and the label was silently not fixed (G3)
+    bundle = load_bundle(chunker)
+    with pytest.raises(ValueError, match=r"^fixed(: sentence 0: a dict of \{token position: label\}| must be a list)"):
+        bundle.tag([["DT", "NN", "."]], fixed=fixed)
+    label = bundle.labels[0]
+    assert bundle.tag([["DT", "NN", "."]], fixed=({0: label},))[0]["labels"][0] == label  # a tuple is a list
+    assert bundle.tag([["DT", "NN", "."]], fixed=[None])[0]["labels"] == bundle.tag([["DT", "NN", "."]])[0]["labels"]
+
+
 def test_a_column_that_appears_twice_is_refused_with_the_served_models_message(chunker):
     bundle = load_bundle(chunker)
     frame = pd.DataFrame([[0, "DT", "DT"], [0, "NN", "NN"]], columns=["sentence", "pos", "pos"])
@@ -476,6 +487,48 @@ def test_a_dangling_symbolic_link_is_not_replaced(chunker, tmp_path):
     live.symlink_to(target)
     run_tag(_settings(chunker, source, live))
     assert live.is_symlink() and json.loads(target.read_text())["tokens"] == ["DT", "NN", "."]  # one column: strings
+
+
+def test_the_output_may_not_be_a_model_file_of_the_command(chunker, tmp_path):
+    # the model was overwritten by the tagged text, exit 0 (G5)
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"tokens": [{"pos": "DT"}, {"pos": "NN"}]}\n')
+    model = tmp_path / "model.npz"
+    model.write_bytes(chunker.read_bytes())
+    link = tmp_path / "link.npz"
+    link.symlink_to(model)
+    for output, models in ((model, str(model)), (link, str(model)), (model, [str(chunker), str(link)])):
+        with pytest.raises(TagError, match=r"is the model file \(model=.*\); name another file"):
+            run_tag({**_settings(chunker, source, output), "models": models})
+    assert model.read_bytes() == chunker.read_bytes()
+
+
+def test_a_named_column_holding_another_kind_of_value_is_refused(chunker, train, tmp_path):
+    # named columns were trusted: UPOS given as pos, or CoNLL-U's "_" for a missing XPOS, was chunked silently (G6)
+    sentences = _corpus(4, 7)
+    upos = {"DT": "DET", "NN": "NOUN", "NNS": "NOUN", "JJ": "ADJ", "VBD": "VERB", "VBZ": "VERB", "IN": "ADP", ".": "PUNCT"}
+    tokens = [[{"w": w, "pos": upos.get(p, "X")} for w, p, _ in s] for s in sentences]
+    jsonl = tmp_path / "upos.jsonl"
+    jsonl.write_text("".join(json.dumps({"tokens": t}) + "\n" for t in tokens))
+    header = _write_conll(
+        tmp_path / "upos.conll", [[(w, upos.get(p, "X")) for w, p, _ in s] for s in sentences], "# global.columns = w pos"
+    )
+    missing = tmp_path / "noxpos.conllu"
+    missing.write_text(
+        "\n".join(
+            "\n".join(f"{i + 1}\t{w}\t_\t{upos.get(p, 'X')}\t_\t_\t0\t_\t_\t_" for i, (w, p, _) in enumerate(s)) + "\n"
+            for s in sentences
+        )
+    )
+    for source in (jsonl, header, missing):
+        with pytest.raises(
+            TagError, match=r"the column read as 'pos' holds 0% values the model saw there .*is not the kind of value"
+        ):
+            run_tag(_settings(chunker, source, tmp_path / "out.jsonl"))
+    assert not (tmp_path / "out.jsonl").exists()
+    right = tmp_path / "xpos.jsonl"  # the same file with the model's own tag set is tagged
+    right.write_text("".join(json.dumps({"tokens": [{"w": w, "pos": p} for w, p, _ in s]}) + "\n" for s in sentences))
+    assert run_tag(_settings(chunker, right, tmp_path / "out.jsonl"))["tokens"] == sum(len(s) for s in sentences)
 
 
 def test_an_hmm_chunker_tags_its_own_datasets_conll_file(tmp_path):
