@@ -28,7 +28,7 @@ from ._objective import Objective, ParameterLayout
 from ._order import chain_structure, exact_second_order_cost
 from ._parallel import release_free_memory, single_threaded_blas
 from ._warm import PreviousFit
-from .attributes import AttributeIndex
+from .attributes import TOO_LARGE, AttributeIndex
 from .batch import SequenceBatch, check_label_names, check_labels, label_classes
 from .crfsuite import unstorable_name
 from .io import writable_target
@@ -40,9 +40,6 @@ log = logging.getLogger("crf.model")
 #: indicators, a constant 5 on every token already cost SGD and the perceptron 8 points of
 #: training accuracy on CoNLL-2000 chunking features
 LARGE_VALUE = 1.0
-#: attribute values of at least this magnitude are refused: their products with the weights lose
-#: the 0/1 indicators' contributions to rounding, and from about 1e150 their squares overflow
-TOO_LARGE = 1e10
 
 
 class TrainingError(RuntimeError):
@@ -121,6 +118,17 @@ def check_finite(batch: SequenceBatch, names=None, what: str = "") -> None:
     if bad.size:
         where = entry_position(batch, int(bad[0]), names)
         raise ValueError(f"{what}{where} has the non-finite value {batch.X.data[bad[0]]} ({bad.size} such values)")
+
+
+def check_taggable(batch: SequenceBatch, names=None, what: str = "") -> None:
+    """Refuse a value no model can tag: non-finite (:func:`check_finite`), or of magnitude
+    :data:`TOO_LARGE` or more, the limit of training too: one such score outweighs every other in
+    the chain's sums, and the rest of its sequence becomes noise."""
+    check_finite(batch, names, what)
+    large = np.flatnonzero(np.abs(batch.X.data) >= TOO_LARGE)
+    if large.size:
+        where = entry_position(batch, int(large[0]), names)
+        raise ValueError(f"{what}{where} has the value {batch.X.data[large[0]]:g}, too large to tag (the limit is {TOO_LARGE:g})")
 
 
 def _largest_value(batch: SequenceBatch, names=None) -> tuple[float, str] | None:
@@ -361,11 +369,7 @@ def training_problem(
             f"{largest[1]} has the value {largest[0]:g}, too large to train on (the limit is {TOO_LARGE:g}): scale it"
         )
     if dev is not None:
-        dev_largest = _largest_value(dev[0], attributes)
-        if dev_largest is not None and abs(dev_largest[0]) >= TOO_LARGE:
-            raise ValueError(
-                f"X_dev: {dev_largest[1]} has the value {dev_largest[0]:g}, too large to tag (the limit is {TOO_LARGE:g})"
-            )
+        check_taggable(dev[0], attributes, "X_dev: ")
     if largest is not None and abs(largest[0]) > LARGE_VALUE and params["algorithm"] != "lbfgs":
         message = (
             f"{largest[1]} has the value {largest[0]:g}: algorithm={params['algorithm']!r} steps in the attributes' "

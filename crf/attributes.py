@@ -38,6 +38,10 @@ from .batch import SequenceBatch, offsets_from_lengths
 
 # kinds of tokens and of dict values
 _LIST, _DICT, _STR, _OTHER = 0, 1, 2, 3
+#: attribute values of at least this magnitude are refused, in training and in tagging: their
+#: products with the weights lose the 0/1 indicators' contributions to rounding, and from about
+#: 1e150 their squares overflow
+TOO_LARGE = 1e10
 _TOKEN_KIND = {list: _LIST, tuple: _LIST, dict: _DICT, str: _STR, bytes: _STR}
 _TEXT, _NUMBER, _RARE = 0, 1, 2
 _VALUE_TYPES = PyObjectHashTable(8)  # exact types of the common dict values, looked up a batch at a time
@@ -430,6 +434,8 @@ def sequence_entries(
     weights = np.ones(len(columns))
     if numbers:
         weights[numbered] = numbers
+        if np.abs(weights).max() >= TOO_LARGE:  # the general path says where
+            return None
     return np.array(ends, dtype=np.int64), np.array(columns, dtype=np.int64), weights
 
 

@@ -40,7 +40,7 @@ import pandas as pd
 import scipy.sparse as sp
 
 from ._persist import ModelFileError, check_unique, checked_array
-from .attributes import AttributeIndex  # noqa: F401  (re-exported: python-crfsuite-style input)
+from .attributes import TOO_LARGE, AttributeIndex  # noqa: F401  (AttributeIndex re-exported: python-crfsuite-style input)
 from .batch import SequenceBatch, offsets_from_lengths
 from .io import DataFormatError, Sentence, _decoded_lines
 
@@ -371,6 +371,11 @@ class _Corpus:
     position: np.ndarray  # (T,) index of each token within its sentence
     length: np.ndarray  # (T,) length of each token's sentence
 
+    def where(self, token: int) -> str:
+        """``sentence s, token t`` of the flat token index ``token``."""
+        sentence = int(np.searchsorted(np.cumsum(self.lengths), token, side="right"))
+        return f"sentence {sentence}, token {int(self.position[token])}"
+
 
 def _corpus(sentences: Sequence[Sentence], names: Sequence[str], needed: set[str]) -> _Corpus:
     if len(sentences) == 0:
@@ -681,7 +686,13 @@ class FeatureExtractor:
             bad = np.flatnonzero(~np.isfinite(parsed))
             if bad.size:
                 raise ValueError(
-                    f"numeric column {name!r}: token {int(bad[0])} has the non-numeric value {corpus.columns[name][bad[0]]!r}"
+                    f"numeric column {name!r}: {corpus.where(bad[0])} has the non-numeric value {corpus.columns[name][bad[0]]!r}"
+                )
+            large = np.flatnonzero(np.abs(parsed) >= TOO_LARGE)
+            if large.size:  # one such score drowns the rest of its sentence
+                raise ValueError(
+                    f"numeric column {name!r}: {corpus.where(large[0])} has the value {parsed[large[0]]:g}, too large "
+                    f"(the limit is {TOO_LARGE:g}): scale it"
                 )
             table[parsed != 0.0, k] = base
             weights[k] = parsed

@@ -34,7 +34,7 @@ from ._segments import SegmentQueries
 from ._training import (
     TrainingError,
     TrainingProblem,
-    check_finite,
+    check_taggable,
     flat_labels,
     label_codes,
     label_sequences,
@@ -297,11 +297,13 @@ class CRF(SegmentQueries, UncertaintyQueries, FeatureTables, BaseEstimator):
         if isinstance(X, SequenceBatch):
             if X.n_attributes != self.n_attributes_:
                 raise ValueError(f"batch has {X.n_attributes} attributes, the model was fitted on {self.n_attributes_}")
-            check_finite(X)
+            check_taggable(X, self.__dict__.get("_attributes"))
             return X
         if getattr(self, "attribute_index_", None) is None:
             raise ValueError("this model was fitted on a SequenceBatch: pass a SequenceBatch")
-        return self.attribute_index_.transform(X)
+        batch = self.attribute_index_.transform(X)
+        check_taggable(batch, self.__dict__.get("_attributes"))
+        return batch
 
     # --- training ------------------------------------------------------------------------
 

@@ -136,7 +136,8 @@ def _flat_item(item, position: int | str) -> dict[str, float]:
             raise ValueError(f"{where}: attribute {name!r} has the non-finite value {value}")
         if abs(value) >= TOO_LARGE:
             raise ValueError(
-                f"{where}: attribute {name!r} has the value {value:g}, too large to train on (the limit is {TOO_LARGE:g})"
+                f"{where}: attribute {name!r} has the value {value:g}, too large to train on or to tag "
+                f"(the limit is {TOO_LARGE:g})"
             )
         flat[name] = flat.get(name, 0.0) + value
     return flat
@@ -1364,7 +1365,16 @@ class Tagger:
             attributes = np.fromiter(map(self._columns.get, names, repeat(-1)), dtype=np.int64, count=len(names))
             known = attributes >= 0
             ends = np.concatenate([[0], np.cumsum(known)])[counts]
-            entries = ends, attributes[known], np.array(weights, dtype=np.float64)[known]
+            values = np.array(weights, dtype=np.float64)
+            # a value no model can tag (the training limit): its score would drown the rest of the sequence
+            bad = np.flatnonzero(known & ~(np.abs(values) < TOO_LARGE))
+            if bad.size:
+                item = int(np.searchsorted(counts, bad[0], side="right"))
+                raise ValueError(
+                    f"item {item}: attribute {names[bad[0]]!r} has the value {values[bad[0]]:g}, too large to tag "
+                    f"(the limit is {TOO_LARGE:g})"
+                )
+            entries = ends, attributes[known], values[known]
         # every state feature of every known attribute, in item order: value * weight added to
         # its label's score, in the order CRFsuite's tagger adds them
         emissions = _compiled.state_feature_emissions(*entries, self._state_first, self._state_label, self._state_weight, L)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import re
 import warnings
 
 import numpy as np
@@ -327,6 +328,39 @@ def test_a_model_file_path_a_write_would_refuse_is_refused_before_training(tmp_p
     (tmp_path / "live.crfsuite").symlink_to(tmp_path / "real.crfsuite")
     CRF(max_iterations=3, model_filename=str(tmp_path / "live.crfsuite")).fit(X, y)  # a link to a file is written through
     assert (tmp_path / "live.crfsuite").is_symlink() and (tmp_path / "real.crfsuite").stat().st_size > 0
+
+
+@pytest.mark.parametrize("value", [1e10, -1e12, 1e300])
+def test_a_value_too_large_to_train_on_is_too_large_to_tag_on_every_path(tmp_path, value):
+    # one such score drowned the rest of its sentence: tagged without a word, exit 0 (G8)
+    from crf import pycrfsuite
+    from crf.batch import SequenceBatch
+    from crf.features import FeatureExtractor
+
+    X = [[{"a": 1.0, "n": 2.0}, {"b": 1.0}]] * 4
+    y = [["D", "N"]] * 4
+    model = CRF(max_iterations=5, model_filename=str(tmp_path / "m.crfsuite")).fit(X, y)
+    bad = [{"a": 1.0}, {"b": 1.0, "n": value}]
+    message = re.escape(f"sequence 0, token 1: attribute 'n' has the value {value:g}, too large to tag (the limit is 1e+10)")
+    for call in (model.predict, model.predict_marginals, model.predict_segments):
+        with pytest.raises(ValueError, match=message):
+            call([bad])
+    batch = model.attribute_index_.transform([bad[:1] + [{"b": 1.0, "n": 1.0}]])
+    matrix = batch.X.copy()
+    matrix.data[matrix.indices == model.attributes_.index("n")] = value
+    with pytest.raises(ValueError, match=message):
+        model.predict(SequenceBatch(matrix, batch.offsets))
+    # an attribute the model never saw adds nothing
+    assert list(model.predict([[{"a": 1.0}, {"b": 1.0, "zz": value}]])[0]) == ["D", "N"]
+    tagger = pycrfsuite.Tagger()
+    tagger.open(str(tmp_path / "m.crfsuite"))
+    with pytest.raises(ValueError, match=r"item 1: attribute 'n' has the value .*too large to .*tag \(the limit is 1e\+10\)"):
+        tagger.tag(bad)
+    assert tagger.tag([{"a": 1.0}, {"b": 1.0}]) == ["D", "N"]
+    extractor = FeatureExtractor(columns=["w", "score"], templates=["w[0]"], numeric=["score"], bos_eos=False)
+    extractor.fit_transform([[("a", "0.5"), ("b", "-2")]])
+    with pytest.raises(ValueError, match=r"numeric column 'score': sentence 1, token 0 has the value .*too large \(the limit"):
+        extractor.transform([[("a", "1")], [("b", repr(value))]])
 
 
 def test_a_strength_too_large_to_move_is_named_as_the_cause():
