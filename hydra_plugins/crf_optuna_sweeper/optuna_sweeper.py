@@ -137,6 +137,7 @@ class OptunaSweeper(Sweeper):
         self.hydra_context: HydraContext | None = None
         self.config: DictConfig | None = None
         self.config_loader: Any = None  # Hydra's, to list the config groups' options (None: not checked)
+        self._evaluation: dict[str, str] | None = None  # the data the trials are scored on (_evaluation_data)
         self.launcher = None
         self.owner: dict[str, str] | None = None  # this process, recorded on each trial it asks
 
@@ -217,6 +218,7 @@ class OptunaSweeper(Sweeper):
         if self.config_loader is not None:  # Hydra's: it lists the config groups' options and composes the trials' jobs
             search.check_config_keys(space, self.config, self.config_loader)
             search.check_trials(space, self.config, self.config_loader, self.metric)
+            self._evaluation = self._evaluation_data(space)
         search.build_sampler(self.sampler, self.seed)
         search.build_pruner(self.pruner)
         url = search.storage_url(self.storage, OmegaConf.select(self.config, "paths.output_dir", default="outputs"))
@@ -262,6 +264,8 @@ class OptunaSweeper(Sweeper):
         )
         self._check_study(study, space, search.redacted(url))
         study.set_user_attr("metric", self.metric)  # what the jobs report and return
+        if self._evaluation is not None:  # the data the objective is measured on: a resume on other data is refused
+            study.set_user_attr("evaluation", self._evaluation)
         study.set_user_attr("pruner", dict(self.pruner))  # the jobs build the same pruner
         return study
 
@@ -276,6 +280,16 @@ class OptunaSweeper(Sweeper):
             )
         self._check_resumed(study, space, where)
 
+    def _evaluation_data(self, space: Any) -> dict[str, str]:
+        """The data the trials' objective is measured on: the dataset name and its evaluation key
+        (:func:`pipeline.tracking.champion.evaluation_key`: files, columns, label, dev split) of the
+        job the sweep's fixed settings compose."""
+        from pipeline.tracking.champion import evaluation_key
+
+        job = self.config_loader.load_sweep_config(self.config, list(space.fixed))
+        dataset = OmegaConf.to_container(job.dataset, resolve=True)
+        return {"dataset": str(dataset.get("name")), "key": evaluation_key(dataset)}
+
     def _check_resumed(self, study: Any, space: Any, where: str) -> None:
         from optuna.distributions import check_distribution_compatibility
 
@@ -287,6 +301,16 @@ class OptunaSweeper(Sweeper):
             raise SweeperSettingError(
                 f"study {name!r} in {where} optimises {before}, not {self.metric or 'the dev score'}: "
                 "choose another hydra.sweeper.study_name"
+            )
+        before = study.user_attrs.get("evaluation")
+        if isinstance(before, dict) and self._evaluation is not None and before.get("key") != self._evaluation["key"]:
+            changed = (
+                "its files, columns or dev split" if before.get("dataset") == self._evaluation["dataset"] else "another dataset"
+            )
+            raise SweeperSettingError(
+                f"study {name!r} in {where} measured its trials on dataset {before.get('dataset')} ({before.get('key')}), "
+                f"this sweep on {self._evaluation['dataset']} ({self._evaluation['key']}: {changed}), so their scores do not "
+                "compare: choose another hydra.sweeper.study_name"
             )
         for trial in study.get_trials(deepcopy=False):
             for key, before in trial.distributions.items():

@@ -195,6 +195,27 @@ def test_warm_start_keys_the_config_lacks_are_refused(tmp_path, caplog):
         good._checked(_arguments(tmp_path, []))
 
 
+def test_a_study_resumed_on_other_evaluation_data_is_refused(tmp_path, caplog):
+    # the sampler learnt from scores that do not compare, and the study's best trial was of other data (G7)
+    params = {"trainer.c2": "interval(0.1, 1)"}
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        first = _optuna(tmp_path, params, study_name="s")
+        space, _, _, url, storage = first._checked(_arguments(tmp_path, []))
+        first._open_study(space, url, storage)
+        for task, changed in (
+            (["dataset.dev_split.seed=14"], "its files, columns or dev split"),
+            (["dataset.name=other"], "another dataset"),
+        ):
+            other = _optuna(tmp_path, params, task, study_name="s")
+            line = _refused(lambda other=other, task=task: other.sweep(_arguments(tmp_path, task)), caplog)
+            assert "study 's' in sqlite:///" in line and "measured its trials on dataset conll2000 (" in line, line
+            assert f"{changed}), so their scores do not compare: choose another hydra.sweeper.study_name" in line, line
+        # the same evaluation data on a smaller training fraction resumes the study
+        _optuna(tmp_path, params, ["data.train_fraction=0.5"], study_name="s")._checked(
+            _arguments(tmp_path, ["data.train_fraction=0.5"])
+        )
+
+
 def test_the_optuna_trials_checked_cover_every_choice_and_range_end():
     params = {"trainer": "choice(lbfgs, l1)", "trainer.strength": "interval(0.1, 1)"}
     params["trainer.max_iterations"] = "range(10, 35, 10)"
