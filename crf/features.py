@@ -432,6 +432,9 @@ class FeatureExtractor:
 
     def __post_init__(self) -> None:
         self.columns = list(self.columns)
+        for name in ("bos_eos", "padding"):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                raise ValueError(f"{name}={getattr(self, name)!r} must be true or false")
         self._specs: dict[str, ViewSpec] = {name: ViewSpec(column=name) for name in self.columns}
         for name, spec in dict(self.views).items():
             spec = ViewSpec(**dict(spec))
@@ -448,6 +451,8 @@ class FeatureExtractor:
                 raise ValueError(f"view {name!r}: the number of folds n={spec.n!r} must be 0 (10) or a whole number >= 2")
             if spec.fn == "cluster" and (not isinstance(spec.n, int) or spec.n < 0):
                 raise ValueError(f"view {name!r}: prefix length n={spec.n!r} must be a whole number >= 0")
+            if not isinstance(spec.lowercase, (bool, np.bool_)):  # "no" would read as true
+                raise ValueError(f"view {name!r}: lowercase={spec.lowercase!r} must be true or false")
             self._specs[name] = spec
         self._templates = [parse_template(t) for t in self.templates]
         for template in self._templates:

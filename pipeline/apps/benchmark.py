@@ -60,6 +60,10 @@ FIGURES = [
 ]
 
 
+# the benchmark's true-or-false settings
+SWITCHES = ("quick", "growth_enabled", "all_possible_transitions", "boundary_transitions", "per_call.enabled", "per_call.served")
+
+
 def run_worker(spec: dict) -> dict:
     """Run one measurement in a fresh process and return its figures."""
     with tempfile.TemporaryDirectory() as folder:
@@ -77,6 +81,10 @@ def _settings(cfg: DictConfig) -> dict:
     b = OmegaConf.to_container(cfg.benchmark, resolve=True)
     if b["input"] not in INPUTS:
         raise ValueError(f"benchmark.input={b['input']!r}: one of {', '.join(INPUTS)}")
+    for key in SWITCHES:  # "no" would read as true
+        value = OmegaConf.select(cfg, f"benchmark.{key}", default=False)
+        if not isinstance(value, bool):
+            raise ValueError(f"benchmark.{key}={value!r}: true or false")
     if b["quick"]:
         b.update(repetitions=1, train_fraction=0.1, max_iterations=10, tag_repeats=1)
         b["growth"].update(iterations=5, repetitions=1, fractions=[0.05, 0.1], repeats=[2])

@@ -426,6 +426,9 @@ def run_tag(cfg: Mapping) -> dict:
         raise TagError("model=[] names no model")
     if not cfg.get("input") or not cfg.get("output") or "???" in (cfg.get("input"), cfg.get("output")):
         raise TagError("set input=<file> and output=<file>")
+    marginals = cfg.get("marginals", False)
+    if not isinstance(marginals, bool):  # "no" would read as true
+        raise TagError(f"marginals={marginals!r}: true or false")
     input_path, output_path = Path(cfg["input"]), Path(cfg["output"])
     fmt = detect_format(input_path, str(cfg.get("format", "auto")))
     out_format = detect_format(output_path, str(cfg.get("output_format", "auto")), OUTPUT_FORMATS)
@@ -469,7 +472,7 @@ def run_tag(cfg: Mapping) -> dict:
     if out_format == "conll":
         check_conll_cells(corpus, {output_column(b): b.labels for b in bundles})
     predictions = tag_corpus(bundles, corpus, aliases)
-    write_output(output_path, out_format, corpus, predictions, bool(cfg.get("marginals", False)))
+    write_output(output_path, out_format, corpus, predictions, marginals)
     log.info("wrote %s (%s)", output_path, out_format)
     summary = {"sentences": int(corpus.lengths.size), "tokens": int(corpus.lengths.sum())}
     if corpus.gold is not None:

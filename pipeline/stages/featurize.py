@@ -74,7 +74,7 @@ def build_extractor(features: Mapping, columns: Sequence[str]) -> FeatureExtract
             "column": spec.get("column", "w"),
             "fn": "lexicon",
             "path": str(paths[name]),
-            "lowercase": bool(spec.get("lowercase", False)),
+            "lowercase": spec.get("lowercase", False),  # checked by the extractor: "no" is not true
         }
         templates += [f"{name}[{offset}]" for offset in features.get("lexicon_offsets", [0])]
     return FeatureExtractor(
@@ -82,10 +82,22 @@ def build_extractor(features: Mapping, columns: Sequence[str]) -> FeatureExtract
         templates=templates,
         views=views,
         numeric=list(features.get("numeric") or []),
-        bos_eos=bool(features.get("bos_eos", True)),
-        padding=bool(features.get("padding", False)),
+        bos_eos=features.get("bos_eos", True),
+        padding=features.get("padding", False),
         min_count=int(features.get("min_count", 1)),
     )
+
+
+def check_switches(cfg) -> None:
+    """Refuse (:class:`SettingsError`, one line) a view's or lexicon's ``lowercase`` that is not true
+    or false: ``lowercase=no`` would read as true."""
+    from pipeline.engine.validate import SettingsError
+
+    for group in ("views", "lexicons"):
+        for name, spec in dict(OmegaConf.select(cfg, f"features.{group}", default=None) or {}).items():
+            value = spec.get("lowercase", False) if isinstance(spec, Mapping) else False
+            if not isinstance(value, bool):
+                raise SettingsError(f"bad setting features.{group}.{name}.lowercase={value!r}: true or false")
 
 
 def check_columns(cfg) -> None:
@@ -151,6 +163,7 @@ class Featurize(BaseStage):
         return ("prepare",)
 
     def validate(self, cfg) -> None:
+        check_switches(cfg)
         check_columns(cfg)
         clusters.validate(cfg)  # the word clusters' settings and files, before any stage runs
 

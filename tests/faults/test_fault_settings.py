@@ -13,6 +13,7 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 from pipeline_helpers import CONF_DIR, compose_config, tiny_overrides, write_corpus  # noqa: E402
 
+from crf.features import FeatureExtractor  # noqa: E402
 from pipeline.engine.validate import SettingsError, validate_settings  # noqa: E402
 
 
@@ -53,6 +54,28 @@ def test_bad_settings_fail_with_one_line_naming_them(overrides, message):
         validate_settings(compose_config(overrides))
     text = str(caught.value)
     assert message in text and "\n" not in text
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["dataset=anystyle", "features=references", "features.lexicons.months.lowercase=no"],
+         "bad setting features.lexicons.months.lowercase='no': true or false"),
+        (["+features.views.suffix.lowercase=0", "+features.views.suffix.column=w"],
+         "bad setting features.views.suffix.lowercase=0"),
+    ],
+)  # fmt: skip
+def test_every_switch_of_a_stage_is_true_or_false_before_any_stage(overrides, message):
+    # every switch is true or false, not only the listed ones: a lexicon's lowercase=no was read as true (G9)
+    from pipeline.engine.runner import validated_plan
+
+    with pytest.raises(SettingsError) as caught:
+        validated_plan(compose_config(overrides))
+    assert message in str(caught.value)
+    with pytest.raises(ValueError, match=r"view 'x': lowercase='no' must be true or false"):
+        FeatureExtractor(columns=["w"], templates=["x[0]"], views={"x": {"column": "w", "lowercase": "no"}})
+    with pytest.raises(ValueError, match=r"padding='no' must be true or false"):
+        FeatureExtractor(columns=["w"], templates=["w[0]"], padding="no")
 
 
 def test_the_library_refuses_a_strength_no_data_can_move_before_any_iteration(tmp_path):

@@ -503,6 +503,16 @@ def test_the_output_may_not_be_a_model_file_of_the_command(chunker, tmp_path):
     assert model.read_bytes() == chunker.read_bytes()
 
 
+@pytest.mark.parametrize("value", ["no", "false", 0, None])
+def test_the_marginals_switch_is_true_or_false(chunker, tmp_path, value):
+    # marginals=no wrote a marginal column after every label, where a script reads the label (G9)
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"tokens": [{"pos": "DT"}, {"pos": "NN"}]}\n')
+    with pytest.raises(TagError, match=rf"^marginals={value!r}: true or false$"):
+        run_tag({**_settings(chunker, source, tmp_path / "out.conll"), "marginals": value})
+    assert not (tmp_path / "out.conll").exists()
+
+
 def test_a_named_column_holding_another_kind_of_value_is_refused(chunker, train, tmp_path):
     # named columns were trusted: UPOS given as pos, or CoNLL-U's "_" for a missing XPOS, was chunked silently (G6)
     sentences = _corpus(4, 7)
