@@ -135,7 +135,9 @@ def checked_array(
 def weight_beyond_bound(weights: np.ndarray) -> str:
     """What to say of ``weights`` whose largest magnitude exceeds :data:`MAX_ABS_WEIGHT`."""
     value = weights.ravel()[int(np.argmax(np.abs(weights).ravel()))]
-    return f"the weight {value:g}, beyond +-{MAX_ABS_WEIGHT:g} (no trained CRF has one; scores that large lose all precision)"
+    return (
+        f"the weight {value:g}, beyond +-{MAX_ABS_WEIGHT:g} (training refuses such weights; scores that large lose all precision)"
+    )
 
 
 def check_unique(path: str | os.PathLike, what: str, values, error: type[ModelFileError] | None = None) -> None:

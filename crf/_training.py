@@ -27,6 +27,7 @@ from . import _params as hyper
 from ._objective import Objective, ParameterLayout
 from ._order import chain_structure, exact_second_order_cost
 from ._parallel import release_free_memory, single_threaded_blas
+from ._persist import MAX_ABS_WEIGHT
 from ._warm import PreviousFit
 from .attributes import TOO_LARGE, AttributeIndex
 from .batch import SequenceBatch, check_label_names, check_labels, label_classes
@@ -457,6 +458,16 @@ def solve(
             where = f"; c1={c1:g}, c2={c2:g}: a strength this large keeps every weight at zero"
         raise TrainingError(
             f"training could not move from its starting weights ({result.stop_reason}): no step lowered the loss{where}"
+        )
+    largest = float(np.max(np.abs(result.theta))) if result.theta.size else 0.0
+    if largest > MAX_ABS_WEIGHT:  # a model no file can hold (the bound that refuses tampered files)
+        raise TrainingError(
+            f"training drove a weight to {largest:g}, beyond the +-{MAX_ABS_WEIGHT:g} a model file holds: with c1=c2=0 "
+            "data that some attribute separates has no finite optimum; set c2 > 0 (1e-6 is enough) or scale tiny attribute "
+            "values up"
+            if not (params.get("c1") or params.get("c2"))
+            else f"training drove a weight to {largest:g}, beyond the +-{MAX_ABS_WEIGHT:g} a model file holds: raise c2 or "
+            "scale tiny attribute values up"
         )
     return result
 

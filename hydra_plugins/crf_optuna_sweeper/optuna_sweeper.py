@@ -222,6 +222,10 @@ class OptunaSweeper(Sweeper):
         search.build_sampler(self.sampler, self.seed)
         search.build_pruner(self.pruner)
         url = search.storage_url(self.storage, OmegaConf.select(self.config, "paths.output_dir", default="outputs"))
+        if OmegaConf.select(self.config, "tracking", default=None) is not None:
+            from pipeline.tracking import registry_uri, tracking_uri
+
+            search.check_storage_apart(url, {"tracking": tracking_uri(self.config), "registry": registry_uri(self.config)})
         try:
             storage = search.open_storage(url)
         except Exception as error:  # a database that cannot be reached, a driver not installed, a bad URL

@@ -536,6 +536,34 @@ def storage_url(storage: str | None, output_dir: str | Path) -> str:
     return url
 
 
+def _same_database(first: str, second: str) -> bool:
+    """Whether two SQLAlchemy URLs name one database (one SQLite file, or one server's database
+    whatever the driver); False for what is no database URL (an ``http://`` tracking server)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        a, b = make_url(first), make_url(second)
+    except (ArgumentError, ValueError):
+        return False
+    if a.get_backend_name() != b.get_backend_name():
+        return False
+    if a.get_backend_name() == "sqlite":
+        return bool(a.database and b.database) and Path(a.database).resolve() == Path(b.database).resolve()
+    return (a.host, a.port, a.database) == (b.host, b.port, b.database)
+
+
+def check_storage_apart(url: str, stores: Mapping[str, str]) -> None:
+    """Refuse (one line) a study storage ``url`` that is the database of one of MLflow's ``stores``
+    ({what: URI}): Optuna's tables and schema version would break that store for good."""
+    for what, uri in stores.items():
+        if _same_database(url, uri):
+            raise SweeperSettingError(
+                f"hydra.sweeper.storage={redacted(url)}: is the database of MLflow's {what} store, which Optuna's tables "
+                "would break; name another database (by default the study lives in optuna.db beside the store)"
+            )
+
+
 def open_storage(url: str) -> optuna.storages.RDBStorage:
     """Optuna's SQL storage at ``url``; a SQLite file (and its folder) is created if new, and waits
     up to a minute for a lock (the sweeper and its jobs write to it at the same time)."""

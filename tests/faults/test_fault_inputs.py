@@ -222,8 +222,13 @@ def test_large_attribute_values_train_as_well_as_small_ones(c1):
             model = CRF(c1=c1, c2=0.1, max_iterations=300, epsilon=1e-7).fit(big, y)
         assert model.training_log_[-1]["loss"] <= base + 1e-3, value
         assert model.score(big, y) == 1.0
+    # SGD steps in the attributes' own units: warned before training, its weights blow up, and the fit says so (not a
+    # model that cannot be saved)
+    from crf._training import TrainingError
+
     with pytest.warns(RuntimeWarning, match="algorithm='l2sgd' steps in the attributes' own units"):
-        CRF(algorithm="l2sgd", max_iterations=2).fit(big, y)
+        with pytest.raises(TrainingError, match=r"training drove a weight to .*, beyond the \+-1e\+06 a model file holds"):
+            CRF(algorithm="l2sgd", max_iterations=2).fit(big, y)
 
 
 def test_the_solver_reaches_the_same_minimum_in_rescaled_units():
@@ -361,6 +366,21 @@ def test_a_value_too_large_to_train_on_is_too_large_to_tag_on_every_path(tmp_pat
     extractor.fit_transform([[("a", "0.5"), ("b", "-2")]])
     with pytest.raises(ValueError, match=r"numeric column 'score': sentence 1, token 0 has the value .*too large \(the limit"):
         extractor.transform([[("a", "1")], [("b", repr(value))]])
+
+
+def test_a_fit_never_ends_in_weights_no_model_file_may_hold(tmp_path):
+    # unregularised on separable data of tiny values: a weight of 3.95e6 that save then refused (G10)
+    from crf._training import TrainingError
+
+    X = [[{"v": 1e-7}], [{"v": -1e-7}]] * 5
+    y = [["A"], ["B"]] * 5
+    with pytest.raises(
+        TrainingError, match=r"^training drove a weight to [\d.e+]+, beyond the \+-1e\+06 a model file holds: with c1=c2=0"
+    ):
+        CRF(c2=0.0, max_iterations=200).fit(X, y)
+    model = CRF(c2=1e-12, max_iterations=200).fit(X, y)  # a little regularisation: a model that saves and loads
+    model.save(tmp_path / "m.npz")
+    assert [list(p) for p in CRF.load(tmp_path / "m.npz").predict(X)] == [list(p) for p in model.predict(X)]
 
 
 def test_a_strength_too_large_to_move_is_named_as_the_cause():

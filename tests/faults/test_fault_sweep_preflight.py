@@ -216,6 +216,29 @@ def test_a_study_resumed_on_other_evaluation_data_is_refused(tmp_path, caplog):
         )
 
 
+def test_a_study_storage_that_is_the_mlflow_store_is_refused_before_anything_is_written(tmp_path, caplog, monkeypatch):
+    # Optuna's tables and schema version in MLflow's database left the store unusable for good (G11)
+    params = {"trainer.c2": "interval(0.1, 1)"}
+    store = tmp_path / "out" / "mlflow.db"  # the local tracking store of tiny_overrides' output folder
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        for storage in (f"sqlite:///{store}", f"sqlite:///{tmp_path}/out/../out/mlflow.db"):
+            sweeper = _optuna(tmp_path, params, storage=storage)
+            line = _refused(lambda sweeper=sweeper: sweeper.sweep(_arguments(tmp_path, [])), caplog)
+            assert line.endswith(
+                "is the database of MLflow's tracking store, which Optuna's tables would break; name another "
+                "database (by default the study lives in optuna.db beside the store)"
+            ), line
+        assert not store.exists()
+        monkeypatch.setenv("MLFLOW_REGISTRY_URI", f"sqlite:///{tmp_path / 'registry.db'}")
+        sweeper = _optuna(tmp_path, params, storage=f"sqlite:///{tmp_path / 'registry.db'}")
+        assert "MLflow's registry store" in _refused(lambda: sweeper.sweep(_arguments(tmp_path, [])), caplog)
+        assert not (tmp_path / "registry.db").exists()
+        _optuna(tmp_path, params, storage=f"sqlite:///{tmp_path / 'study.db'}")._checked(_arguments(tmp_path, []))
+    assert search._same_database("postgresql+psycopg://u:p@db:5432/mlflow", "postgresql://u@db:5432/mlflow")
+    assert not search._same_database("postgresql+psycopg://u@db:5432/optuna", "postgresql://u@db:5432/mlflow")
+    assert not search._same_database("sqlite:////x/optuna.db", "http://127.0.0.1:5000")
+
+
 def test_the_optuna_trials_checked_cover_every_choice_and_range_end():
     params = {"trainer": "choice(lbfgs, l1)", "trainer.strength": "interval(0.1, 1)"}
     params["trainer.max_iterations"] = "range(10, 35, 10)"
