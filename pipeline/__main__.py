@@ -21,11 +21,12 @@ import errno
 import logging
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 import hydra
 import mlflow
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from crf.io import DataFormatError
 from crf.model import TrainingError
@@ -154,11 +155,31 @@ def composition_refusal(argv: list[str]) -> str | None:
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
-            compose("config", overrides=fixed)
+            cfg = compose("config", overrides=fixed)
     except Exception as error:
         return f"bad setting: {composition_problem(error)}"
     finally:
         GlobalHydra.instance().clear()
+    for key in ("paths.output_dir", "paths.cache_dir"):  # Hydra makes its run folder in the first
+        try:
+            folder = OmegaConf.select(cfg, key, default=None)
+        except Exception:  # an interpolation only Hydra's run resolves: left to the run's own checks
+            continue
+        problem = None if folder is None else folder_problem(Path(str(folder)))
+        if problem:
+            return f"bad setting {key}={folder}: {problem}"
+    return None
+
+
+def folder_problem(folder: Path) -> str | None:
+    """Why ``folder`` (or a folder above it) cannot hold the run's outputs: a dangling symbolic link
+    (making the folder would fail, or write where the link points), or a file; None if it can."""
+    for path in (folder, *folder.parents):
+        if path.is_symlink() and not path.exists():
+            which = "a symbolic link" if path == folder else f"{path} in it is a symbolic link"
+            return f"{which} to {os.readlink(path)}, which does not exist; name a folder"
+        if path.exists() and not path.is_dir():
+            return f"{path} is a file, not a folder"
     return None
 
 

@@ -354,6 +354,34 @@ def test_the_command_line_is_composed_before_hydra_runs(argv, refusal):
         assert found is not None and found.startswith(refusal) and "\n" not in found, found
 
 
+def test_an_output_folder_that_cannot_be_made_is_refused_before_hydra_runs(tmp_path, monkeypatch):
+    # a dangling link as the output folder ended in Hydra's 26-line FileExistsError, or in FAILED runs for the cache (G12)
+    from pipeline.__main__ import composition_refusal
+
+    (tmp_path / "out").symlink_to(tmp_path / "nowhere")
+    (tmp_path / "out2").mkdir()
+    (tmp_path / "out2" / "cache").symlink_to(tmp_path / "nocache")
+    (tmp_path / "file").write_text("")
+    cases = {
+        "out": f"bad setting paths.output_dir={tmp_path}/out: a symbolic link to {tmp_path}/nowhere, which does not exist; "
+        "name a folder",
+        "out2": f"bad setting paths.cache_dir={tmp_path}/out2/cache: a symbolic link to {tmp_path}/nocache, which does not",
+        "out/sub": f"bad setting paths.output_dir={tmp_path}/out/sub: {tmp_path}/out in it is a symbolic link to",
+        "file": f"bad setting paths.output_dir={tmp_path}/file: {tmp_path}/file is a file, not a folder",
+    }
+    for folder, refusal in cases.items():
+        for argv in (
+            [f"paths.output_dir={tmp_path / folder}"],
+            ["-m", f"paths.output_dir={tmp_path / folder}", "trainer.c2=1,2"],
+        ):
+            found = composition_refusal(argv)
+            assert found is not None and found.startswith(refusal), found
+    monkeypatch.setenv("CRF_OUTPUT_DIR", str(tmp_path / "out"))  # the default output folder reads it
+    assert composition_refusal([]).startswith(cases["out"])
+    monkeypatch.setenv("CRF_OUTPUT_DIR", str(tmp_path / "new" / "folder"))  # folders yet to be made are fine
+    assert composition_refusal([]) is None and not (tmp_path / "new").exists()
+
+
 def _multirun(tmp_path: Path, *overrides: str):
     env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
     env.pop("MLFLOW_TRACKING_URI", None)
