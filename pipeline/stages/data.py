@@ -82,7 +82,7 @@ def resolve_files(dataset: Mapping, root: str | os.PathLike, download: bool = Tr
         expected = spec.get("sha256")
         if expected:
             actual = text_sha256(path)
-            if actual != expected:
+            if actual != str(expected).strip().lower():  # hex digits: either case
                 raise ChecksumError(
                     f"{path}: SHA-256 of its text is {actual}, expected {expected} (corrupt or a different version)"
                 )
