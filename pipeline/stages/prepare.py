@@ -107,7 +107,15 @@ class Prepare(BaseStage):
     summary_prefix = "data."  # the pipeline run shows the data statistics as data.train_tokens, ...
 
     def validate(self, cfg) -> None:
+        """The final-fit setting, and download URLs of the web only (a ``file://`` URL would copy
+        any file the process can read into the data root)."""
+        from pipeline.engine.validate import SettingsError
+
         final_fit_splits({"train": [], "dev": []}, final_fit(cfg))
+        for split, spec in dict(OmegaConf.select(cfg, "dataset.files", default=None) or {}).items():
+            url = spec.get("url") if hasattr(spec, "get") else None
+            if url is not None and not str(url).lower().startswith(("http://", "https://")):
+                raise SettingsError(f"bad setting dataset.files.{split}.url={url!r}: a download URL must be http:// or https://")
 
     def metric_names(self, cfg, adapter: ModelAdapter) -> tuple[str, ...]:
         """The statistics of :meth:`run`: sizes and OOV rates per split, label counts."""

@@ -78,6 +78,28 @@ def test_every_switch_of_a_stage_is_true_or_false_before_any_stage(overrides, me
         FeatureExtractor(columns=["w"], templates=["w[0]"], padding="no")
 
 
+def test_a_download_url_off_the_web_is_refused_before_any_stage():
+    # a file:// URL copied /etc/passwd into the data root as a "download" (hostile round 8, a note)
+    from pipeline.engine.runner import validated_plan
+
+    for url in ("file:///etc/passwd", "ftp://host/train.txt.gz", "/etc/passwd"):
+        with pytest.raises(SettingsError, match=rf"^bad setting dataset.files.train.url='{url}': a download URL must be http"):
+            validated_plan(compose_config([f"dataset.files.train.url={url}"]))
+    validated_plan(compose_config(["dataset.files.train.url=null"]))  # no URL: a missing file is not downloaded
+
+
+def test_a_checksum_in_upper_case_hex_is_the_same_checksum(tmp_path):
+    from pipeline.stages.data import ChecksumError, resolve_files, text_sha256
+
+    root = write_corpus(tmp_path / "data", n_train=5, n_test=2)
+    digest = text_sha256(root / "conll2000" / "train.txt.gz")
+    dataset = {"name": "toy", "files": {"train": {"path": "conll2000/train.txt.gz", "sha256": digest.upper()}}}
+    assert resolve_files(dataset, root, download=False)["train"] == root / "conll2000" / "train.txt.gz"
+    dataset["files"]["train"]["sha256"] = "0" * 64
+    with pytest.raises(ChecksumError, match="expected 0000"):
+        resolve_files(dataset, root, download=False)
+
+
 def test_the_library_refuses_a_strength_no_data_can_move_before_any_iteration(tmp_path):
     from crf import CRF, pycrfsuite
 
