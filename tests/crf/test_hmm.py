@@ -226,6 +226,7 @@ def test_input_errors():
         HMM(capitalization=True, emission_smoothing="add-k").fit([["a"]], [["A"]])
 
 
+@pytest.mark.slow  # trains on the full EWT training set, twice on each side
 def test_tnt_on_ewt_upos_is_at_least_as_accurate_as_nltk(shared_data):
     """The issue's bar: UD English EWT UPOS, same training data, both TnT variants of NLTK."""
     nltk_tnt = pytest.importorskip("nltk.tag.tnt")

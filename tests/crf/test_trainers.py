@@ -230,7 +230,9 @@ def test_online_epsilon_stops_early():
 
 # --- against python-crfsuite on CoNLL-2000 ---------------------------------------------------
 
-TRAIN_SENTENCES = 2000  # a slice of the training set keeps each comparison to a few minutes
+# the first 1,000 training sentences (23,719 tokens, 70,073 attributes): both tools from the same start on the
+# same model, a meaningful F1 (88-91 here, 93 on the whole set) at 0.4 times the CPU of 2,000 sentences
+TRAIN_SENTENCES = 1000
 
 
 @pytest.fixture(scope="module")
