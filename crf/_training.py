@@ -125,9 +125,9 @@ def check_taggable(batch: SequenceBatch, names=None, what: str = "") -> None:
     """Refuse a value no model can tag: non-finite (:func:`check_finite`), or of magnitude
     :data:`TOO_LARGE` or more, the limit of training too: one such score outweighs every other in
     the chain's sums, and the rest of its sequence becomes noise."""
-    check_finite(batch, names, what)
-    large = np.flatnonzero(np.abs(batch.X.data) >= TOO_LARGE)
+    large = np.flatnonzero(~(np.abs(batch.X.data) < TOO_LARGE))  # one pass: NaN and infinities fail it too
     if large.size:
+        check_finite(batch, names, what)  # the non-finite message first, where there is one
         where = entry_position(batch, int(large[0]), names)
         raise ValueError(f"{what}{where} has the value {batch.X.data[large[0]]:g}, too large to tag (the limit is {TOO_LARGE:g})")
 
@@ -460,16 +460,27 @@ def solve(
             f"training could not move from its starting weights ({result.stop_reason}): no step lowered the loss{where}"
         )
     largest = float(np.max(np.abs(result.theta))) if result.theta.size else 0.0
-    if largest > MAX_ABS_WEIGHT:  # a model no file can hold (the bound that refuses tampered files)
-        raise TrainingError(
-            f"training drove a weight to {largest:g}, beyond the +-{MAX_ABS_WEIGHT:g} a model file holds: with c1=c2=0 "
-            "data that some attribute separates has no finite optimum; set c2 > 0 (1e-6 is enough) or scale tiny attribute "
-            "values up"
-            if not (params.get("c1") or params.get("c2"))
-            else f"training drove a weight to {largest:g}, beyond the +-{MAX_ABS_WEIGHT:g} a model file holds: raise c2 or "
-            "scale tiny attribute values up"
-        )
+    if not largest <= MAX_ABS_WEIGHT:  # a model no file can hold (the bound that refuses tampered files), or NaN
+        raise TrainingError(f"training drove a weight to {largest:g}, beyond the +-{MAX_ABS_WEIGHT:g} a model file holds: "
+                            + _weight_advice(problem, params))  # fmt: skip
     return result
+
+
+def _weight_advice(problem: TrainingProblem, params: dict) -> str:
+    """What to change when training drove a weight beyond what a model file holds: the cause that
+    the settings and the largest attribute value point to."""
+    algorithm = params["algorithm"]
+    value, where = problem.largest if problem.largest is not None else (0.0, "")
+    if algorithm != "lbfgs" and abs(value) > LARGE_VALUE:
+        return (
+            f"{where} has the value {value:g}, and algorithm={algorithm!r} steps in the attributes' own units; scale such "
+            "values to about [-1, 1], or train with algorithm='lbfgs'"
+        )
+    if algorithm == "lbfgs" and not (params.get("c1") or params.get("c2")):
+        return "with c1=c2=0, data that some attribute separates has no finite optimum; set c2 > 0 (1e-6 is enough)"
+    if algorithm in ("lbfgs", "l2sgd"):
+        return "raise c2" + (f", or scale the attribute values up (the largest is {abs(value):g})" if abs(value) < 1 else "")
+    return "scale the attribute values to about [-1, 1], or train with algorithm='lbfgs' and c2 > 0"
 
 
 def weight_scale(problem: TrainingProblem) -> np.ndarray | None:

@@ -407,13 +407,13 @@ def sequence_entries(
                             if found is not None:
                                 column(found)
                     elif value_kind is float or value_kind is int:
-                        if type(key) is not str or value - value != 0:  # NaN and infinities: the general path says where
-                            return None
+                        if type(key) is not str or not -TOO_LARGE < value < TOO_LARGE:  # NaN, infinities, too large:
+                            return None  # the general path says where
                         found = column_of(key)
                         if found is not None and value:
                             if value != 1:
                                 numbered.append(len(columns))
-                                numbers.append(float(value))  # OverflowError: the general path says where
+                                numbers.append(float(value))
                             column(found)
                     else:
                         return None
@@ -434,8 +434,6 @@ def sequence_entries(
     weights = np.ones(len(columns))
     if numbers:
         weights[numbered] = numbers
-        if np.abs(weights).max() >= TOO_LARGE:  # the general path says where
-            return None
     return np.array(ends, dtype=np.int64), np.array(columns, dtype=np.int64), weights
 
 

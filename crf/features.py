@@ -362,6 +362,11 @@ def parse_template(text: str) -> _Template:
     return _Template(text.strip(), cells)
 
 
+def _is_flag(value) -> bool:
+    """True or False, or the integers 1 and 0 (as extractors saved before switches were checked may hold)."""
+    return isinstance(value, (bool, np.bool_)) or (isinstance(value, (int, np.integer)) and value in (0, 1))
+
+
 @dataclass
 class _Corpus:
     """Token-level arrays of a corpus: one object array per input column, plus positions."""
@@ -433,8 +438,9 @@ class FeatureExtractor:
     def __post_init__(self) -> None:
         self.columns = list(self.columns)
         for name in ("bos_eos", "padding"):
-            if not isinstance(getattr(self, name), (bool, np.bool_)):
+            if not _is_flag(getattr(self, name)):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be true or false")
+            setattr(self, name, bool(getattr(self, name)))
         self._specs: dict[str, ViewSpec] = {name: ViewSpec(column=name) for name in self.columns}
         for name, spec in dict(self.views).items():
             spec = ViewSpec(**dict(spec))
@@ -451,8 +457,9 @@ class FeatureExtractor:
                 raise ValueError(f"view {name!r}: the number of folds n={spec.n!r} must be 0 (10) or a whole number >= 2")
             if spec.fn == "cluster" and (not isinstance(spec.n, int) or spec.n < 0):
                 raise ValueError(f"view {name!r}: prefix length n={spec.n!r} must be a whole number >= 0")
-            if not isinstance(spec.lowercase, (bool, np.bool_)):  # "no" would read as true
+            if not _is_flag(spec.lowercase):  # "no" would read as true
                 raise ValueError(f"view {name!r}: lowercase={spec.lowercase!r} must be true or false")
+            spec.lowercase = bool(spec.lowercase)
             self._specs[name] = spec
         self._templates = [parse_template(t) for t in self.templates]
         for template in self._templates:

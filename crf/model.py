@@ -342,8 +342,8 @@ class CRF(SegmentQueries, UncertaintyQueries, FeatureTables, BaseEstimator):
         ValueError, TypeError
             A bad parameter, input or warm-start source, naming it, before any training.
         TrainingError
-            Training could not move from its starting point although that was not the minimum
-            (the message says why).
+            Training could not move from its starting point although that was not the minimum,
+            or drove a weight beyond what a model file holds (1e6); the message says why.
         """
         began = time.perf_counter()
         params = self.get_params()
@@ -457,8 +457,9 @@ class CRF(SegmentQueries, UncertaintyQueries, FeatureTables, BaseEstimator):
         NotFittedCRFError
             Before ``fit``.
         ValueError
-            A SequenceBatch whose number of attributes is not the model's, or with a non-finite
-            value; a list input to a model fitted on a SequenceBatch.
+            A SequenceBatch whose number of attributes is not the model's; a non-finite value, or
+            one of 1e10 or more (too large to tag, as to train on); a list input to a model fitted
+            on a SequenceBatch.
         """
         self._check_fitted()
         batch = self._batch(X)

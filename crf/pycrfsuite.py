@@ -1339,7 +1339,7 @@ class Tagger:
         ValueError
             No model is open.
         TypeError, ValueError
-            An item python-crfsuite would refuse (naming it).
+            An item python-crfsuite would refuse (naming it), or a value of 1e10 or more (too large to tag).
         """
         L = len(self._opened().labels)
         # items of the common shapes are read in one pass (known attributes only), others checked first
@@ -1366,14 +1366,6 @@ class Tagger:
             known = attributes >= 0
             ends = np.concatenate([[0], np.cumsum(known)])[counts]
             values = np.array(weights, dtype=np.float64)
-            # a value no model can tag (the training limit): its score would drown the rest of the sequence
-            bad = np.flatnonzero(known & ~(np.abs(values) < TOO_LARGE))
-            if bad.size:
-                item = int(np.searchsorted(counts, bad[0], side="right"))
-                raise ValueError(
-                    f"item {item}: attribute {names[bad[0]]!r} has the value {values[bad[0]]:g}, too large to tag "
-                    f"(the limit is {TOO_LARGE:g})"
-                )
             entries = ends, attributes[known], values[known]
         # every state feature of every known attribute, in item order: value * weight added to
         # its label's score, in the order CRFsuite's tagger adds them

@@ -307,6 +307,13 @@ class OptunaSweeper(Sweeper):
                 "choose another hydra.sweeper.study_name"
             )
         before = study.user_attrs.get("evaluation")
+        if before is None and self._evaluation is not None and study.get_trials(deepcopy=False):
+            log.warning(
+                "study %r records no evaluation data (made by an earlier version): its trials are taken to be scored on "
+                "dataset %s, as this sweep's are",
+                name,
+                self._evaluation["dataset"],
+            )
         if isinstance(before, dict) and self._evaluation is not None and before.get("key") != self._evaluation["key"]:
             changed = (
                 "its files, columns or dev split" if before.get("dataset") == self._evaluation["dataset"] else "another dataset"

@@ -159,6 +159,10 @@ def main(cfg: DictConfig) -> None:
         raise ValueError("say which model to measure: model_benchmark.model=runs:/<run id>/model or models:/<name>@champion")
     if int(settings.repetitions) < 1:
         raise ValueError(f"model_benchmark.repetitions must be at least 1, got {settings.repetitions}")
+    for key in ("model_benchmark.served", "data.download"):  # "no" would read as true
+        value = OmegaConf.select(cfg, key, default=False)
+        if not isinstance(value, bool):
+            raise ValueError(f"{key}={value!r}: true or false")
     tracking.setup(cfg)
     model_uri = str(settings.model)
     began = time.perf_counter()

@@ -355,11 +355,11 @@ def text_tokenisation(choice: str, bundle: ModelBundle, reference: str) -> str:
     return recorded
 
 
-def check_output(output: str | Path, input_path: Path, models: Sequence[str] = ()) -> None:
+def check_output(output: str | Path, input_path: Path, models: Sequence[str | Path] = ()) -> None:
     """Before any work: ``output`` must name a regular file that can be written (atomically: a new
     file in its folder renamed over it). Refused: a folder (or a name ending in ``/``), a device,
     pipe or socket (``/dev/null`` would be replaced by a file), a missing or read-only folder, a
-    read-only file, the input file itself, a model file of ``models`` (the model references), a
+    read-only file, the input file itself, a model file of ``models`` (the bundles' local paths), a
     dangling symbolic link (writing would replace the link; a link to a file is written through)."""
     output_path = Path(output)
     if output_path.is_symlink():  # written through (crf.io.atomic_write): check its target's place
@@ -436,11 +436,13 @@ def run_tag(cfg: Mapping) -> dict:
         raise IsADirectoryError(f"input {input_path}: is a directory; name a file")
     if not input_path.is_file():
         raise FileNotFoundError(f"input {input_path}: no such file")
-    check_output(str(cfg["output"]), input_path, references)
+    check_output(str(cfg["output"]), input_path)
     aliases = dict(cfg.get("column_aliases") or {})
     tracking_uri, registry_uri = cfg.get("tracking_uri"), cfg.get("registry_uri")
     import_plugins(cfg.get("plugins") or [])
-    bundles = [load_bundle(resolve_model(r, tracking_uri, registry_uri)) for r in references]
+    local = [resolve_model(r, tracking_uri, registry_uri) for r in references]
+    check_output(str(cfg["output"]), input_path, local)  # the bundle files themselves (a folder or ~ resolved)
+    bundles = [load_bundle(path) for path in local]
     for reference, bundle in zip(references, bundles):
         log.info("model %s: %s over %s -> %r (%d labels, scheme %s)", reference, bundle.kind, bundle.input_columns,
                  output_column(bundle), len(bundle.labels), bundle.scheme)  # fmt: skip

@@ -78,9 +78,18 @@ def evaluation_key(dataset: Mapping[str, Any], file_digests: Mapping[str, str] |
     files = {}
     for split, spec in dict(dataset.get("files") or {}).items():
         digest = (file_digests or {}).get(f"file:{split}")
-        files[split] = {"content": digest} if digest else {"path": spec.get("path"), "sha256": spec.get("sha256")}
+        checksum = spec.get("sha256")  # hex digits in either case are one checksum
+        files[split] = {"content": digest} if digest else {"path": spec.get("path"), "sha256": checksum and str(checksum).lower()}
     picked["files"] = files
     return hashlib.sha256(json.dumps(picked, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _metric_name(metric: str) -> str:
+    """One name per figure: a sweep's ``<stage>.<name>`` as a run's summary names it
+    (``evaluate.dev_f1`` -> ``dev_f1``, as versions registered by earlier sweeps recorded it)."""
+    from pipeline.engine.runner import summary_key
+
+    return (summary_key(metric) or metric) if "." in metric else metric
 
 
 @dataclass(frozen=True)
@@ -186,7 +195,7 @@ def alias_decision(
             False,
             f"kept: the holder records no standing to compare with ({what}); {hint}",
         )
-    if (new.metric, new.direction) != (current.metric, current.direction):
+    if (_metric_name(new.metric), new.direction) != (_metric_name(current.metric), current.direction):
         return (
             False,
             f"kept: the holder was chosen by {current.metric} ({current.direction}), "

@@ -333,6 +333,18 @@ def test_a_sweep_whose_jobs_lack_its_metric_registers_its_best_scored_job_or_say
     assert "no finished job has the sweep's metric evaluate.dev_f1: no best job: nothing registered" in caplog.text
 
 
+def test_a_holder_registered_under_a_stage_metric_name_compares_with_the_summary_name():
+    # versions registered by earlier sweeps recorded evaluate.dev_f1; new ones record dev_f1 (G4): one figure
+    from pipeline.tracking.champion import alias_decision
+
+    legacy = Standing("evaluate.dev_f1", 85.0, "maximize", "e1")
+    assert alias_decision(Standing("dev_f1", 86.0, "maximize", "e1"), legacy, True, False)[0]
+    kept, why = alias_decision(Standing("dev_f1", 84.0, "maximize", "e1"), legacy, True, False)
+    assert not kept and why.startswith("kept: dev_f1 84 is worse"), why
+    kept, why = alias_decision(Standing("dev_accuracy", 99.0, "maximize", "e1"), legacy, True, False)
+    assert not kept and "chosen by evaluate.dev_f1" in why, why
+
+
 def test_tied_jobs_name_the_one_started_first_as_optuna_names_its_best_trial():
     # two trials tied on dev: the summary's best (and so the registered job) is the earlier one,
     # as Optuna's best_trial is, whatever order the table sorts them in (by trainer and strength)

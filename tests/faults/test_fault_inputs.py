@@ -350,6 +350,9 @@ def test_a_value_too_large_to_train_on_is_too_large_to_tag_on_every_path(tmp_pat
     for call in (model.predict, model.predict_marginals, model.predict_segments):
         with pytest.raises(ValueError, match=message):
             call([bad])
+    for call in (model.predict_single, model.predict_marginals_single, model.tagger_.tag):  # the per-call paths
+        with pytest.raises(ValueError, match=message):
+            call(bad)
     batch = model.attribute_index_.transform([bad[:1] + [{"b": 1.0, "n": 1.0}]])
     matrix = batch.X.copy()
     matrix.data[matrix.indices == model.attributes_.index("n")] = value
@@ -381,6 +384,14 @@ def test_a_fit_never_ends_in_weights_no_model_file_may_hold(tmp_path):
     model = CRF(c2=1e-12, max_iterations=200).fit(X, y)  # a little regularisation: a model that saves and loads
     model.save(tmp_path / "m.npz")
     assert [list(p) for p in CRF.load(tmp_path / "m.npz").predict(X)] == [list(p) for p in model.predict(X)]
+    # the perceptron steps in the attributes' own units: large values are the cause it names (c2 does not apply to it)
+    rng = np.random.default_rng(0)
+    X = [[{"w": str(rng.integers(3)), "big": float(v)} for v in 1e8 * (rng.random(6) - 0.5)] for _ in range(40)]
+    y = [["A" if token["w"] == "0" else "B" for token in sequence] for sequence in X]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the warning before training says the same
+        with pytest.raises(TrainingError, match=r"attribute 'big' has the value .*, and algorithm='ap' steps in the attributes'"):
+            CRF(algorithm="ap", max_iterations=10).fit(X, y)
 
 
 def test_a_strength_too_large_to_move_is_named_as_the_cause():

@@ -489,16 +489,19 @@ def test_a_dangling_symbolic_link_is_not_replaced(chunker, tmp_path):
     assert live.is_symlink() and json.loads(target.read_text())["tokens"] == ["DT", "NN", "."]  # one column: strings
 
 
-def test_the_output_may_not_be_a_model_file_of_the_command(chunker, tmp_path):
-    # the model was overwritten by the tagged text, exit 0 (G5)
+def test_the_output_may_not_be_a_model_file_of_the_command(chunker, tmp_path, monkeypatch):
+    # the model was overwritten by the tagged text, exit 0 (G5); a folder holding it, or ~, named it too
     source = tmp_path / "in.jsonl"
     source.write_text('{"tokens": [{"pos": "DT"}, {"pos": "NN"}]}\n')
-    model = tmp_path / "model.npz"
+    model = tmp_path / "run" / "bundle.npz"
+    model.parent.mkdir()
     model.write_bytes(chunker.read_bytes())
     link = tmp_path / "link.npz"
     link.symlink_to(model)
-    for output, models in ((model, str(model)), (link, str(model)), (model, [str(chunker), str(link)])):
-        with pytest.raises(TagError, match=r"is the model file \(model=.*\); name another file"):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    cases = [(model, str(model)), (link, str(model)), (model, [str(chunker), str(link)]), (model, str(model.parent))]
+    for output, models in [*cases, (model, "~/run/bundle.npz"), (model, "~/run")]:
+        with pytest.raises(TagError, match=r"is the model file \(model=.*\.npz\); name another file"):
             run_tag({**_settings(chunker, source, output), "models": models})
     assert model.read_bytes() == chunker.read_bytes()
 
