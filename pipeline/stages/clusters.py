@@ -186,9 +186,15 @@ def checked_file(setting: str, given: str | Path, what: str, root: str | Path | 
     raise PoolFileError(f"bad setting {setting}: {problem}{relative}")
 
 
-def pool_paths(features: Mapping, unlabelled: Sequence[str] | None = None, data_root: str | Path | None = None) -> list[Path]:
+def pool_paths(
+    features: Mapping,
+    unlabelled: Sequence[str] | None = None,
+    data_root: str | Path | None = None,
+    name: str = "features.clusters",
+) -> list[Path]:
     """The pool files: ``features.clusters.pool`` (relative paths against the project root) and the
-    dataset's ``unlabelled`` files (relative paths against the data root), in that order.
+    dataset's ``unlabelled`` files (relative paths against the data root), in that order; ``name``
+    is the clusters setting's name in messages (``semi.clusters`` for the semi-supervised stage's).
 
     Raises
     ------
@@ -198,7 +204,7 @@ def pool_paths(features: Mapping, unlabelled: Sequence[str] | None = None, data_
     """
     settings = settings_of(features.get("clusters")) or {"pool": []}
     root = Path(data_root) if data_root is not None else Path.cwd()
-    found = [checked_file("features.clusters.pool", given, "pool file") for given in settings["pool"]]
+    found = [checked_file(f"{name}.pool", given, "pool file") for given in settings["pool"]]
     return found + [checked_file("dataset.unlabelled", given, "pool file", root) for given in unlabelled or []]
 
 
@@ -533,8 +539,9 @@ def validate(cfg) -> None:
 
 def validate_semi(cfg) -> None:
     """Check the semi-supervised stage's clusters: ``semi.clusters`` (the ``crf_clusters`` arm's
-    clustering of the training split's words: its ``source`` and ``pool`` cannot be set) and the
-    features it trains with (clusters learned from a pool there would be left out of every arm).
+    clustering of the training split's words plus the ``pool`` files, or a ``source`` paths file:
+    the same file checks as :func:`validate`'s, named ``semi.clusters.*``) and the features it
+    trains with (clusters learned from a pool there would be left out of every arm).
 
     Raises
     ------
@@ -545,14 +552,15 @@ def validate_semi(cfg) -> None:
 
     semi = section(cfg, "semi") if "semi" in cfg else {}
     block = dict((semi or {}).get("clusters") or {})
-    for key in ("source", "pool"):
-        if key in block and block[key] != DEFAULTS[key]:
-            raise SettingsError(
-                f"bad setting semi.clusters.{key}={block[key]!r}: the crf_clusters arm clusters the training split's words "
-                "only (leave it out)"
-            )
-    settings = settings_of({**block, "source": AUTO}, "semi.clusters")
+    settings = settings_of(block, "semi.clusters")
     _columns_checked([("semi.clusters.column", settings["column"])], section(cfg, "dataset"))
+    if settings["source"] != AUTO:
+        _paths_file_checked("semi.clusters.source", settings["source"])
+    else:
+        for path in pool_paths({"clusters": settings}, name="semi.clusters"):
+            problem = format_problem(path, settings["format"])
+            if problem:
+                raise SettingsError(f"bad setting semi.clusters.format={settings['format']!r}: pool file {path}: {problem}")
     features = section(cfg, "features")
     if isinstance(features, Mapping) and is_auto(features):
         raise SettingsError(

@@ -18,7 +18,8 @@ Arms (the names in the metric names ``test_<score>_<arm>``):
   (the other tokens unknown: partial labels); the round kept is the best on dev (round 0 is
   ``crf``);
 - ``crf_clusters``: the supervised CRF with Brown cluster features learned from the whole training
-  split's words (labelled and unlabelled; cached by the pool's content, :mod:`pipeline.stages.clusters`).
+  split's words (labelled and unlabelled) plus the files of ``semi.clusters.pool`` (cached by the
+  pool's content, :mod:`pipeline.stages.clusters`), or read from a paths file ``semi.clusters.source``.
 
 Config slice: the ``semi`` section (:data:`DEFAULTS`), the features, the trainer (not its threads),
 the CRF model settings and the dataset's HMM observation. Input: the prepare stage's folder.
@@ -173,6 +174,19 @@ class SemiSupervised(BaseStage):
             "observation": str(OmegaConf.select(cfg, "dataset.hmm.observation", default="w")),
         }
 
+    def external_inputs(self, config, settings) -> dict[str, str]:
+        """SHA-256 of the files the ``crf_clusters`` arm reads (``semi.clusters.source`` or its
+        ``pool`` files): editing one invalidates the cached job."""
+        from pipeline.engine.cache import file_sha256
+        from pipeline.stages import clusters
+
+        block = (OmegaConf.to_container(config.semi, resolve=True) if "semi" in config else {}).get("clusters") or {}
+        chosen = clusters.settings_of({**clusters.DEFAULTS, **dict(block)}, "semi.clusters")
+        if chosen["source"] != clusters.AUTO:
+            return {"clusters:source": file_sha256(clusters.resolved(chosen["source"]))}
+        files = clusters.pool_paths({"clusters": chosen}, name="semi.clusters")
+        return {f"pool:{i}": file_sha256(path) for i, path in enumerate(files)}
+
     def settings(self, cfg, adapter: ModelAdapter) -> dict:
         from pipeline.models import default_threads
 
@@ -290,9 +304,12 @@ class Experiment:
             log.info("[semi] crf: dev %.4f (%.0f s)", self.score("dev", out["crf"][0]), seconds["crf"])
         if "crf_clusters" in wanted:
             began = time.perf_counter()
-            block = {**clusters.DEFAULTS, **dict(self.settings["clusters"]), "source": clusters.AUTO}
-            words = self.data.column("train", clusters.word_column({"clusters": block}, self.data.word_column))
-            paths_file, _ = clusters.learn(self.cache_dir, clusters.settings_of(block), words, [], "semi.clusters")
+            block = clusters.settings_of({**clusters.DEFAULTS, **dict(self.settings["clusters"])}, "semi.clusters")
+            paths_file = None  # a source paths file: the views read it (clusters.expanded)
+            if block["source"] == clusters.AUTO:  # learned from the training words and the pool files
+                words = self.data.column("train", clusters.word_column({"clusters": block}, self.data.word_column))
+                files = clusters.pool_paths({"clusters": block}, name="semi.clusters")
+                paths_file, _ = clusters.learn(self.cache_dir, block, words, files, "semi.clusters")
             with_clusters = clusters.expanded({**features, "clusters": block}, paths_file)
             batch = self.batches(with_clusters)
             model = self.crf_model().fit(batch["train"].subset(self.labelled), [y[i] for i in self.labelled])

@@ -174,12 +174,16 @@ def test_clusters_a_model_or_stage_would_ignore_or_clash_with_are_refused(tmp_pa
     validate_settings(compose_config(["model=hmm"]))
     # a feature set with its own cluster views: a clusters mapping would add views of the same names
     assert "has its own views brown4, brown6, brown10, brown20" in _refused(["features=chunking_clusters", BROWN])
-    # the semi-supervised stage: its crf_clusters arm clusters the training words with semi.clusters
+    # the semi-supervised stage: its crf_clusters arm clusters the training words and semi.clusters.pool
+    # with semi.clusters, or reads semi.clusters.source: their files are checked as features.clusters' are
     semi = load_stages()["semi_supervised"]
     validate_settings(compose_config(["+experiment=semi_supervised"]), [semi])
+    files = _files(tmp_path)
     for key, value, message in [
-        ("pool", ["x.txt"], "bad setting semi.clusters.pool=['x.txt']: the crf_clusters arm clusters"),
-        ("source", "x.txt", "bad setting semi.clusters.source='x.txt'"),
+        ("pool", [files["missing"]], f"bad setting semi.clusters.pool: no pool file {files['missing']}"),
+        ("pool", [files["text"]], f"bad setting semi.clusters.format='conll': pool file {files['text']}: line 2 has 5"),
+        ("source", files["missing"], f"bad setting semi.clusters.source: no word-cluster paths file {files['missing']}"),
+        ("source", files["conll"], f"bad setting semi.clusters.source: paths file {files['conll']}: line 1: expected"),
         ("prefixes", [4, 4], "bad setting semi.clusters.prefixes=[4, 4]: 4 is repeated"),
         ("column", "chunk", "bad setting semi.clusters.column='chunk': the label column"),
     ]:  # every key of brown.yaml can be set on the command line (R6b-6)
@@ -188,6 +192,9 @@ def test_clusters_a_model_or_stage_would_ignore_or_clash_with_are_refused(tmp_pa
         with pytest.raises(SettingsError) as caught:
             validate_settings(cfg, [semi])
         assert message in str(caught.value) and "\n" not in str(caught.value)
+    text_pool = [f"semi.clusters.pool=[{files['text']}]", "semi.clusters.format=text"]
+    for good in ([f"semi.clusters.pool=[{files['conll']}]"], text_pool, [f"semi.clusters.source={files['paths']}"]):
+        validate_settings(compose_config(["+experiment=semi_supervised", *good]), [semi])
     message = "bad setting features.clusters: the semi_supervised stage does not learn the feature set's clusters"
     assert message in _refused(["+experiment=semi_supervised", BROWN], ("semi_supervised",))
     paths = tmp_path / "paths.txt"

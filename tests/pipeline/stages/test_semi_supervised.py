@@ -108,3 +108,34 @@ def test_the_experiment_runs_every_arm_and_the_summary_compares_them(tmp_path, m
     assert {"semi_supervised.md", "semi_supervised.csv", "tests.csv", "jobs.csv", "learning_curves.png"} <= names
     table = pd.read_csv(client.download_artifacts(parent, "semi_supervised.csv", str(tmp_path)))
     assert set(table["arm"]) == set(semi.ARMS) and set(table["fraction"]) == {0.05, 0.2}
+
+
+def test_the_clusters_arm_learns_from_the_pool_files_or_reads_a_paths_file(tmp_path):
+    from pipeline.__main__ import run_pipeline
+    from pipeline.engine.stage import load_stages
+
+    data = write_corpus(tmp_path / "data", n_train=60, n_test=20)
+    out = tmp_path / "out"
+    seed_store(out)
+    pool = tmp_path / "pool.txt"
+    pool.write_text("the zebra sees a quagga .\na quagga runs .\n")  # words the corpus never has
+    base = tiny_overrides(data, out) + ["+experiment=semi_supervised", "hydra.mode=RUN", "semi.arms=[crf,crf_clusters]",
+                                        "semi.clusters.n_clusters=4", "semi.clusters.format=text"]  # fmt: skip
+    pooled = base + [f"semi.clusters.pool=[{pool}]"]
+    result = run_pipeline(compose_config(pooled))
+    assert 0 <= result["semi_supervised.test_f1_crf_clusters"] <= 100
+    learned = sorted((out / "cache" / "clusters").glob("*/clusters.txt"))
+    assert len(learned) == 1 and {"zebra", "quagga"} <= {line.split("\t")[1] for line in learned[0].read_text().splitlines()}
+    stage = load_stages()["semi_supervised"]
+    hashed = stage.external_inputs(compose_config(pooled), None)
+    assert set(hashed) == {"pool:0"} and stage.external_inputs(compose_config(base), None) == {}  # no pool: keys as before
+    pool.write_text("the okapi sees a quagga .\n")  # an edited pool: a new job key and new clusters
+    assert stage.external_inputs(compose_config(pooled), None) != hashed
+    run_pipeline(compose_config(pooled))
+    assert len(list((out / "cache" / "clusters").glob("*/clusters.txt"))) == 2
+    paths = tmp_path / "paths.txt"  # a precomputed paths file: read as it is, nothing clustered
+    paths.write_text(learned[0].read_text())
+    given = base + [f"semi.clusters.source={paths}"]
+    assert run_pipeline(compose_config(given))["semi_supervised.test_f1_crf_clusters"] >= 0
+    assert len(list((out / "cache" / "clusters").glob("*/clusters.txt"))) == 2
+    assert set(stage.external_inputs(compose_config(given), None)) == {"clusters:source"}
