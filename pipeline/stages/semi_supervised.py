@@ -162,6 +162,19 @@ class SemiSupervised(BaseStage):
 
         clusters.validate_semi(cfg)  # semi.clusters and the features' clusters
 
+    def metric_names(self, cfg, adapter: ModelAdapter) -> tuple[str, ...]:
+        """The metrics of :meth:`run`: the split's sizes, each arm's dev and test scores (``*``: f1 or
+        accuracy) and seconds, and the rounds kept."""
+        per_arm = tuple(f"{name}_{arm}" for arm in ARMS for name in ("dev_*", "test_*", "seconds"))
+        return (
+            "labelled_sentences",
+            "labelled_tokens",
+            "unlabelled_sentences",
+            *per_arm,
+            "hmm_em_iterations",
+            "self_training_rounds",
+        )
+
     def config_slice(self, cfg, adapter: ModelAdapter) -> dict:
         section = OmegaConf.to_container(cfg.semi, resolve=True) if "semi" in cfg else {}
         trainer = OmegaConf.to_container(cfg.trainer, resolve=True)

@@ -5,6 +5,8 @@ tiny corpus (metrics per arm and fraction, paired tests, the curves plot)."""
 
 from __future__ import annotations
 
+import fnmatch
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -88,6 +90,9 @@ def test_the_experiment_runs_every_arm_and_the_summary_compares_them(tmp_path, m
         assert result["semi_supervised.dev_f1_hmm_em"] >= result["semi_supervised.dev_f1_hmm"]  # by construction
         assert result["semi_supervised.dev_f1_crf_self_training"] >= result["semi_supervised.dev_f1_crf"]
         assert all(0 <= result[f"semi_supervised.test_f1_{arm}"] <= 100 for arm in semi.ARMS)
+        declared = semi.STAGE.metric_names(cfg, None)  # a sweep's objective is checked against these
+        logged = [key.partition(".")[2] for key in result if key.startswith("semi_supervised.")]
+        assert logged and all(any(fnmatch.fnmatchcase(name, pattern) for pattern in declared) for name in logged), logged
     again = run_pipeline(compose_config(base + ["semi.fraction=0.05", "semi.seed=0"]))  # a cached job
     assert again["semi_supervised.test_f1_crf"] == results[0.05, 0]["semi_supervised.test_f1_crf"]
     mlflow.set_tracking_uri(f"sqlite:///{store}")
