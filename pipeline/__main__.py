@@ -160,6 +160,12 @@ def composition_refusal(argv: list[str]) -> str | None:
         return f"bad setting: {composition_problem(error)}"
     finally:
         GlobalHydra.instance().clear()
+    from pipeline.tracking import tracking_uri
+
+    try:
+        tracking_uri(cfg)  # the variable and the setting name one store
+    except SettingsError as error:
+        return str(error)
     for key in ("paths.output_dir", "paths.cache_dir"):  # Hydra makes its run folder in the first
         try:
             folder = OmegaConf.select(cfg, key, default=None)

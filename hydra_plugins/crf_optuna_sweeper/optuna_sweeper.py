@@ -223,9 +223,14 @@ class OptunaSweeper(Sweeper):
         search.build_pruner(self.pruner)
         url = search.storage_url(self.storage, OmegaConf.select(self.config, "paths.output_dir", default="outputs"))
         if OmegaConf.select(self.config, "tracking", default=None) is not None:
+            from pipeline.engine.validate import SettingsError
             from pipeline.tracking import registry_uri, tracking_uri
 
-            search.check_storage_apart(url, {"tracking": tracking_uri(self.config), "registry": registry_uri(self.config)})
+            try:
+                stores = {"tracking": tracking_uri(self.config), "registry": registry_uri(self.config)}
+            except SettingsError as error:  # two stores named
+                raise search.SweeperSettingError(str(error)) from None
+            search.check_storage_apart(url, stores)
         try:
             storage = search.open_storage(url)
         except Exception as error:  # a database that cannot be reached, a driver not installed, a bad URL

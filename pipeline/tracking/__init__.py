@@ -1,9 +1,10 @@
 """MLflow set-up shared by every entry point: where the store is, and what a run records.
 
-Store resolution: ``MLFLOW_TRACKING_URI`` when set wins; else ``tracking.uri`` from the config
-(``tracking=server`` points at a tracking server); else a SQLite store at an absolute path under
-the output folder, ``sqlite:///<outputs>/mlflow.db`` with artifacts beside it. An HTTP store is
-checked before any work starts, so an unreachable server fails at once.
+Store resolution: ``MLFLOW_TRACKING_URI`` when set, else ``tracking.uri`` from the config
+(``tracking=server`` points at a tracking server; both set to different stores is refused), else a
+SQLite store at an absolute path under the output folder, ``sqlite:///<outputs>/mlflow.db`` with
+artifacts beside it. An HTTP store is checked before any work starts, so an unreachable server
+fails at once.
 """
 
 from __future__ import annotations
@@ -57,10 +58,19 @@ def output_root(cfg: Mapping) -> Path:
 
 
 def tracking_uri(cfg: Mapping) -> str:
+    """The tracking store: ``MLFLOW_TRACKING_URI``, else ``tracking.uri``, else the SQLite store
+    under the output folder. Both set to different stores is refused (SettingsError, one line):
+    which one a run or a ``models:/`` lookup reads must never be left to a rule the user cannot see."""
     env = os.environ.get("MLFLOW_TRACKING_URI")
+    configured = cfg["tracking"].get("uri")
+    if env and configured and str(configured) != env:
+        from pipeline.engine.validate import SettingsError
+
+        raise SettingsError(
+            f"MLFLOW_TRACKING_URI={env} and tracking.uri={configured} name two stores: unset the variable or drop the setting"
+        )
     if env:
         return env
-    configured = cfg["tracking"].get("uri")
     if configured:
         return str(configured)
     return f"sqlite:///{output_root(cfg) / 'mlflow.db'}"

@@ -26,6 +26,7 @@ from pipeline_helpers import CONF_DIR, tiny_overrides  # noqa: E402
 
 from hydra_plugins.crf_optuna_sweeper.optuna_sweeper import OptunaSweeper  # noqa: E402
 from pipeline.engine.stage import load_stages  # noqa: E402
+from pipeline.engine.validate import SettingsError  # noqa: E402
 from pipeline.sweeps import search  # noqa: E402
 from pipeline.sweeps.grid_preflight import BASIC_SWEEPER, check_grid_jobs, composition_problem  # noqa: E402
 
@@ -380,6 +381,30 @@ def test_an_output_folder_that_cannot_be_made_is_refused_before_hydra_runs(tmp_p
     assert composition_refusal([]).startswith(cases["out"])
     monkeypatch.setenv("CRF_OUTPUT_DIR", str(tmp_path / "new" / "folder"))  # folders yet to be made are fine
     assert composition_refusal([]) is None and not (tmp_path / "new").exists()
+
+
+def test_a_tracking_store_named_twice_differently_is_refused(tmp_path, monkeypatch, caplog):
+    # tracking.uri=B on the command line lost silently to MLFLOW_TRACKING_URI=A: a models:/ lookup read A's champion (G15)
+    from pipeline_helpers import compose_config
+
+    from pipeline.__main__ import composition_refusal
+    from pipeline.tracking import tracking_uri
+
+    a, b = f"sqlite:///{tmp_path / 'a.db'}", f"sqlite:///{tmp_path / 'b.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", a)
+    line = f"MLFLOW_TRACKING_URI={a} and tracking.uri={b} name two stores: unset the variable or drop the setting"
+    assert composition_refusal([f"tracking.uri={b}"]) == line
+    assert composition_refusal(["-m", f"tracking.uri={b}", "trainer.c2=1,2"]) == line
+    assert (
+        composition_refusal([f"tracking.uri={a}"]) is None and composition_refusal([]) is None
+    )  # one store, or the variable alone
+    with pytest.raises(SettingsError, match="name two stores"):
+        tracking_uri(compose_config(["tracking=server"]))  # a config's own uri counts too
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        sweeper = _optuna(tmp_path, {"trainer.c2": "interval(0.1, 1)"}, [f"tracking.uri={b}"])
+        assert _refused(lambda: sweeper.sweep(_arguments(tmp_path, [f"tracking.uri={b}"])), caplog) == line
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    assert tracking_uri(compose_config([f"tracking.uri={b}"])) == b
 
 
 def _multirun(tmp_path: Path, *overrides: str):
