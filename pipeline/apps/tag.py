@@ -192,6 +192,34 @@ def file_columns(bundles: Sequence[ModelBundle], aliases: Mapping[str, str]) -> 
     return needed
 
 
+def check_chain_columns(bundles: Sequence[ModelBundle], aliases: Mapping[str, str], references: Sequence[str]) -> None:
+    """Refuse a chain in which a model reads a column an earlier model fills (directly or through
+    ``aliases``) with labels of another kind than it saw there in training: under half of the
+    earlier model's labels are values the later one knows in that column (UPOS labels fed as
+    ``pos`` to a PTB-tag chunker). The same rule as :func:`check_input_columns` for file columns."""
+    filled: dict[str, int] = {}  # column -> the chain position of the model that fills it
+    for position, bundle in enumerate(bundles):
+        known = bundle.known_values()
+        for column in bundle.input_columns:
+            if column not in filled or column not in known:
+                continue
+            source = bundles[filled[column]]
+            labels = [str(label) for label in source.labels]
+            share = sum(label in known[column][0] for label in labels) / max(1, len(labels))
+            if share < MIN_KNOWN:
+                via = output_column(source)
+                how = f" (column_aliases {via}={column})" if via != column else ""
+                examples = ", ".join(repr(label) for label in labels if label not in known[column][0])
+                raise TagError(
+                    f"model {position + 1} of the chain ({references[position]}) reads {column!r} from model "
+                    f"{filled[column] + 1} ({references[filled[column]]}), its {via!r}{how}, but {100 * share:.0f}% of those "
+                    f"labels are values it saw there in training (not {examples[:80]}, ...): the chain feeds it another tag set"
+                )
+        column = output_column(bundle)
+        for name in {column, aliases.get(column, column)}:
+            filled[name] = position
+
+
 def tag_corpus(bundles: Sequence[ModelBundle], corpus: Corpus, aliases: Mapping[str, str]) -> list[Prediction]:
     """Run the chain on ``corpus``; each model's labels join ``corpus.columns`` for the next."""
     predictions = []
@@ -447,6 +475,7 @@ def run_tag(cfg: Mapping) -> dict:
         log.info("model %s: %s over %s -> %r (%d labels, scheme %s)", reference, bundle.kind, bundle.input_columns,
                  output_column(bundle), len(bundle.labels), bundle.scheme)  # fmt: skip
     needed = file_columns(bundles, aliases)
+    check_chain_columns(bundles, aliases, references)
     choice = str(cfg.get("tokenize", "auto"))
     if choice not in ("auto", *TOKENISATIONS):  # refused whatever the format, as every setting is
         raise TagError(f"tokenize={choice!r}; one of auto, {', '.join(TOKENISATIONS)}")

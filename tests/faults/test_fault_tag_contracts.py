@@ -506,6 +506,30 @@ def test_the_output_may_not_be_a_model_file_of_the_command(chunker, tmp_path, mo
     assert model.read_bytes() == chunker.read_bytes()
 
 
+def test_a_chain_that_feeds_a_model_another_tag_set_is_refused(chunker, train, tmp_path):
+    # UPOS predictions aliased to pos were chunked silently, while the same values in a file are refused (G13)
+    upos = {"DT": "DET", "NN": "NOUN", "NNS": "NOUN", "JJ": "ADJ", "VBD": "VERB", "VBZ": "VERB", "IN": "ADP", ".": "PUNCT"}
+    words = [[w for w, _, _ in s] for s in train]
+
+    def tagger(name: str, tags: list[list[str]]) -> Path:
+        model = HMM(order=1).fit(words, tags)
+        source = {"dataset": {"name": "toy", "label": name, "tokenisation": "punct"}}
+        return _save(ModelBundle(BundledHMM(model, "w"), scheme="none", source=source), tmp_path / f"{name}.npz")
+
+    upos_tagger = tagger("upos", [[upos.get(p, "X") for _, p, _ in s] for s in train])
+    xpos_tagger = tagger("xpos", [[p for _, p, _ in s] for s in train])
+    source = tmp_path / "in.txt"
+    source.write_text(" ".join(words[0]) + "\n")
+    settings = {**_settings(f"[{upos_tagger},{chunker}]", source, tmp_path / "out.conll"), "format": "text"}
+    settings["models"] = [str(upos_tagger), str(chunker)]
+    refusal = r"model 2 of the chain \(.*hmm.npz\) reads 'pos' from model 1 \(.*upos.npz\), its 'upos' "
+    with pytest.raises(TagError, match=refusal + r"\(column_aliases upos=pos\), but 0%"):
+        run_tag({**settings, "column_aliases": {"upos": "pos"}})
+    assert not (tmp_path / "out.conll").exists()
+    # the model's own tag set, through the default xpos -> pos alias: chained and tagged
+    assert run_tag({**settings, "models": [str(xpos_tagger), str(chunker)]})["tokens"] == len(words[0])
+
+
 @pytest.mark.parametrize("value", ["no", "false", 0, None])
 def test_the_marginals_switch_is_true_or_false(chunker, tmp_path, value):
     # marginals=no wrote a marginal column after every label, where a script reads the label (G9)
