@@ -460,6 +460,10 @@ def solve(
             f"training could not move from its starting weights ({result.stop_reason}): no step lowered the loss{where}"
         )
     largest = float(np.max(np.abs(result.theta))) if result.theta.size else 0.0
+    if largest == 0.0 and float(params.get("c1") or 0.0) > 0:  # the exact optimum, but rarely what was meant
+        log.warning(
+            "every weight is zero: c1=%g outweighs every attribute's evidence, so the model predicts one label", params["c1"]
+        )
     if not largest <= MAX_ABS_WEIGHT:  # a model no file can hold (the bound that refuses tampered files), or NaN
         raise TrainingError(f"training drove a weight to {largest:g}, beyond the +-{MAX_ABS_WEIGHT:g} a model file holds: "
                             + _weight_advice(problem, params))  # fmt: skip
