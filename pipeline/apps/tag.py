@@ -246,6 +246,7 @@ def tag_corpus(bundles: Sequence[ModelBundle], corpus: Corpus, aliases: Mapping[
 #: the least share of a gold column's values that must be labels the model knows before it is
 #: scored, and of a closed-set input column's values (a tag set) that it saw there in training
 MIN_KNOWN = 0.5
+WARN_KNOWN = 0.9  # a tag-set column with fewer known values than this is tagged with a warning
 
 
 def check_gold_column(corpus: Corpus, bundle: ModelBundle, input_path) -> None:
@@ -295,7 +296,16 @@ def check_input_columns(corpus: Corpus, bundles: Sequence[ModelBundle], needed: 
             if not len(cells):
                 continue
             own = float(cells.isin(values).mean())
+            tag_set = (closed and (corpus.by_position or column != words)) or (
+                column != words and len(values) <= CLOSED_SET and tag_like(cells)
+            )  # a named words column is words, however few the model saw
             if own >= MIN_KNOWN:
+                if tag_set and own < WARN_KNOWN:  # tagged, but a tag set the model half knows is worth a look
+                    unseen = ", ".join(repr(v) for v in cells[~cells.isin(values)].unique()[:3])
+                    log.warning(
+                        "input %s: %.0f%% of the column %r are values the model never saw there in training (%s, ...)",
+                        input_path, 100 * (1 - own), column, unseen,
+                    )  # fmt: skip
                 continue
             others = {
                 f"in column {other!r}": float(cells.isin(seen).mean()) for other, (seen, _) in known.items() if other != column
@@ -304,9 +314,7 @@ def check_input_columns(corpus: Corpus, bundles: Sequence[ModelBundle], needed: 
             better = max(others, key=others.get)
             if others[better] > own:
                 why = f"and {100 * others[better]:.0f}% values it saw {better}"
-            elif (closed and (corpus.by_position or column != words)) or (
-                column != words and len(values) <= CLOSED_SET and tag_like(cells)
-            ):  # a named words column is words, however few the model saw
+            elif tag_set:
                 why = f"of a set of {len(values)}"
             else:
                 continue

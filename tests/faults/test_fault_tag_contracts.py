@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
@@ -540,7 +541,7 @@ def test_the_marginals_switch_is_true_or_false(chunker, tmp_path, value):
     assert not (tmp_path / "out.conll").exists()
 
 
-def test_a_named_column_holding_another_kind_of_value_is_refused(chunker, train, tmp_path):
+def test_a_named_column_holding_another_kind_of_value_is_refused(chunker, train, tmp_path, caplog):
     # named columns were trusted: UPOS given as pos, or CoNLL-U's "_" for a missing XPOS, was chunked silently (G6)
     sentences = _corpus(4, 7)
     upos = {"DT": "DET", "NN": "NOUN", "NNS": "NOUN", "JJ": "ADJ", "VBD": "VERB", "VBZ": "VERB", "IN": "ADP", ".": "PUNCT"}
@@ -566,6 +567,15 @@ def test_a_named_column_holding_another_kind_of_value_is_refused(chunker, train,
     right = tmp_path / "xpos.jsonl"  # the same file with the model's own tag set is tagged
     right.write_text("".join(json.dumps({"tokens": [{"w": w, "pos": p} for w, p, _ in s]}) + "\n" for s in sentences))
     assert run_tag(_settings(chunker, right, tmp_path / "out.jsonl"))["tokens"] == sum(len(s) for s in sentences)
+    # a fifth of the tags unknown ('_'): tagged, with a warning that names the share and the values
+    tokens = [[{"w": w, "pos": "_" if i % 5 == 0 else p} for i, (w, p, _) in enumerate(s)] for s in sentences]
+    partly = tmp_path / "partly.jsonl"
+    partly.write_text("".join(json.dumps({"tokens": t}) + "\n" for t in tokens))
+    with caplog.at_level(logging.WARNING, logger="pipeline.apps.tag"):
+        run_tag(_settings(chunker, partly, tmp_path / "out.jsonl"))
+    assert re.search(
+        r"partly.jsonl: \d+% of the column 'pos' are values the model never saw there in training \('_'", caplog.text
+    )
 
 
 def test_an_hmm_chunker_tags_its_own_datasets_conll_file(tmp_path):
