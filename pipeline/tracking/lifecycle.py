@@ -69,6 +69,9 @@ def prepare_store(uri: str) -> None:
         MlflowClient(uri).search_experiments(max_results=1)  # opening the store creates its tables
 
 
+START_TOLERANCE = 2.0  # seconds between two readings of one process's start time (see owner_gone)
+
+
 def process_start(pid: int) -> str:
     """When process ``pid`` started, in seconds since the epoch to 1/100 s (the resolution the
     system keeps; the same text in every process that asks); ``unknown`` where that cannot be read."""
@@ -93,9 +96,19 @@ def owner_gone(tags: dict[str, str]) -> bool:
     if not process_alive(int(pid)):
         return True
     recorded, current = tags.get(PROCESS_START_TAG, UNKNOWN), process_start(int(pid))
-    if "." not in recorded:  # unknown, or clock ticks after boot (recorded by earlier versions): cannot tell
+    if "." not in recorded or current == UNKNOWN:  # unknown, or clock ticks after boot (earlier versions): cannot tell
         return False
-    return current != UNKNOWN and recorded != current
+    return not same_start(recorded, current)
+
+
+def same_start(first: str, second: str) -> bool:
+    """Whether two readings of :func:`process_start` are of one process. The system derives a start
+    time from its boot time, which moves when the clock is adjusted, so one process can read a
+    second apart; a PID reused within :data:`START_TOLERANCE` seconds is far less likely."""
+    try:
+        return abs(float(first) - float(second)) <= START_TOLERANCE
+    except ValueError:  # unknown
+        return first == second
 
 
 def mark_stranded(client: MlflowClient) -> list[str]:
@@ -114,6 +127,8 @@ def mark_stranded(client: MlflowClient) -> list[str]:
     ended = []
     for run in running:
         if owner_gone(run.data.tags):
+            if client.get_run(run.info.run_id).info.status != "RUNNING":
+                continue  # its process ended it (FINISHED, KILLED) after the search, then exited: not stranded
             reason = f"process {run.data.tags[OWNER_TAG]} died"
             client.set_tag(run.info.run_id, END_REASON_TAG, reason)
             client.set_terminated(run.info.run_id, "FAILED")
@@ -134,7 +149,7 @@ def _own_running_runs(client: MlflowClient) -> list[str]:
         run_view_type=ViewType.ALL,
         max_results=10000,
     )
-    return [r.info.run_id for r in runs if r.data.tags.get(PROCESS_START_TAG) == tags[PROCESS_START_TAG]]
+    return [r.info.run_id for r in runs if same_start(r.data.tags.get(PROCESS_START_TAG, UNKNOWN), tags[PROCESS_START_TAG])]
 
 
 def _active_run_ids() -> list[str]:
