@@ -1365,8 +1365,7 @@ class Tagger:
             attributes = np.fromiter(map(self._columns.get, names, repeat(-1)), dtype=np.int64, count=len(names))
             known = attributes >= 0
             ends = np.concatenate([[0], np.cumsum(known)])[counts]
-            values = np.array(weights, dtype=np.float64)
-            entries = ends, attributes[known], values[known]
+            entries = ends, attributes[known], np.array(weights, dtype=np.float64)[known]
         # every state feature of every known attribute, in item order: value * weight added to
         # its label's score, in the order CRFsuite's tagger adds them
         emissions = _compiled.state_feature_emissions(*entries, self._state_first, self._state_label, self._state_weight, L)

@@ -36,6 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 from pipeline import tracking
 from pipeline.apps.bench_worker import INPUTS
 from pipeline.apps.per_call_benchmark import per_call_table
+from pipeline.engine.validate import non_switch
 from pipeline.report import figure, markdown_table, save_figure
 
 log = logging.getLogger(__name__)
@@ -81,10 +82,9 @@ def _settings(cfg: DictConfig) -> dict:
     b = OmegaConf.to_container(cfg.benchmark, resolve=True)
     if b["input"] not in INPUTS:
         raise ValueError(f"benchmark.input={b['input']!r}: one of {', '.join(INPUTS)}")
-    for key in SWITCHES:  # "no" would read as true
-        value = OmegaConf.select(cfg, f"benchmark.{key}", default=False)
-        if not isinstance(value, bool):
-            raise ValueError(f"benchmark.{key}={value!r}: true or false")
+    problem = non_switch(cfg, [f"benchmark.{key}" for key in SWITCHES])  # "no" would read as true
+    if problem:
+        raise ValueError(problem)
     if b["quick"]:
         b.update(repetitions=1, train_fraction=0.1, max_iterations=10, tag_repeats=1)
         b["growth"].update(iterations=5, repetitions=1, fractions=[0.05, 0.1], repeats=[2])

@@ -43,6 +43,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from crf import metrics
 from pipeline import tracking
+from pipeline.engine.validate import non_switch
 from pipeline.report import markdown_table
 from pipeline.stages.data import load_dataset
 from pipeline.tracking.mlflow_model import SENTENCE
@@ -159,10 +160,9 @@ def main(cfg: DictConfig) -> None:
         raise ValueError("say which model to measure: model_benchmark.model=runs:/<run id>/model or models:/<name>@champion")
     if int(settings.repetitions) < 1:
         raise ValueError(f"model_benchmark.repetitions must be at least 1, got {settings.repetitions}")
-    for key in ("model_benchmark.served", "data.download"):  # "no" would read as true
-        value = OmegaConf.select(cfg, key, default=False)
-        if not isinstance(value, bool):
-            raise ValueError(f"{key}={value!r}: true or false")
+    problem = non_switch(cfg, ("model_benchmark.served", "data.download"))  # "no" would read as true
+    if problem:
+        raise ValueError(problem)
     tracking.setup(cfg)
     model_uri = str(settings.model)
     began = time.perf_counter()

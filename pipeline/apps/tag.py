@@ -391,12 +391,21 @@ def text_tokenisation(choice: str, bundle: ModelBundle, reference: str) -> str:
     return recorded
 
 
-def check_output(output: str | Path, input_path: Path, models: Sequence[str | Path] = ()) -> None:
+def check_not_a_model(output: str | Path, models: Sequence[Path]) -> None:
+    """Refuse an output that is one of the bundle files the command reads (``models``: their local
+    paths, a folder or ``~`` resolved), through a link or not: writing it would destroy the model."""
+    output_path = Path(output)
+    for model in models:
+        if output_path.exists() and model.is_file() and output_path.resolve() == model.resolve():
+            raise TagError(f"output {output_path}: is the model file (model={model}); name another file")
+
+
+def check_output(output: str | Path, input_path: Path) -> None:
     """Before any work: ``output`` must name a regular file that can be written (atomically: a new
     file in its folder renamed over it). Refused: a folder (or a name ending in ``/``), a device,
     pipe or socket (``/dev/null`` would be replaced by a file), a missing or read-only folder, a
-    read-only file, the input file itself, a model file of ``models`` (the bundles' local paths), a
-    dangling symbolic link (writing would replace the link; a link to a file is written through)."""
+    read-only file, the input file itself, a dangling symbolic link (writing would replace the
+    link; a link to a file is written through)."""
     output_path = Path(output)
     if output_path.is_symlink():  # written through (crf.io.atomic_write): check its target's place
         if not output_path.exists():
@@ -411,9 +420,6 @@ def check_output(output: str | Path, input_path: Path, models: Sequence[str | Pa
         raise TagError(f"output {output_path}: the folder {folder} does not exist")
     if output_path.exists() and input_path.exists() and output_path.resolve() == input_path.resolve():
         raise TagError(f"output {output_path}: is the input file; name another file")
-    for model in models:
-        if output_path.exists() and Path(model).is_file() and output_path.resolve() == Path(model).resolve():
-            raise TagError(f"output {output_path}: is the model file (model={model}); name another file")
     if output_path.exists() and not (output_path.stat().st_mode & 0o222):
         raise TagError(f"output {output_path}: the file is read-only")
     if not (folder.stat().st_mode & 0o222):
@@ -477,7 +483,7 @@ def run_tag(cfg: Mapping) -> dict:
     tracking_uri, registry_uri = cfg.get("tracking_uri"), cfg.get("registry_uri")
     import_plugins(cfg.get("plugins") or [])
     local = [resolve_model(r, tracking_uri, registry_uri) for r in references]
-    check_output(str(cfg["output"]), input_path, local)  # the bundle files themselves (a folder or ~ resolved)
+    check_not_a_model(cfg["output"], local)
     bundles = [load_bundle(path) for path in local]
     for reference, bundle in zip(references, bundles):
         log.info("model %s: %s over %s -> %r (%d labels, scheme %s)", reference, bundle.kind, bundle.input_columns,

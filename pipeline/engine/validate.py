@@ -107,11 +107,20 @@ def _check_run(cfg: DictConfig) -> None:
     summary = section(cfg, "sweep.summary")
     if summary not in SWEEP_SUMMARIES:
         raise SettingsError(f"bad setting sweep.summary={summary!r}: one of {', '.join(SWEEP_SUMMARIES)}")
-    for key in SWITCHES:
+    problem = non_switch(cfg, SWITCHES)
+    if problem:
+        raise SettingsError(f"bad setting {problem}")
+    _check_registry(cfg)
+
+
+def non_switch(cfg: DictConfig, keys: Iterable[str]) -> str | None:
+    """``key=value: true or false`` for the first of ``keys`` that is set to anything but true or
+    false (a string such as ``no`` would count as true); None when every one is a switch or unset."""
+    for key in keys:
         value = OmegaConf.select(cfg, key, default=None)
         if value is not None and not isinstance(value, bool):
-            raise SettingsError(f"bad setting {key}={value!r}: true or false")
-    _check_registry(cfg)
+            return f"{key}={value!r}: true or false"
+    return None
 
 
 def _not_a_unique_path(name: str) -> bool:

@@ -91,13 +91,16 @@ def build_extractor(features: Mapping, columns: Sequence[str]) -> FeatureExtract
 def check_switches(cfg) -> None:
     """Refuse (:class:`SettingsError`, one line) a view's or lexicon's ``lowercase`` that is not true
     or false: ``lowercase=no`` would read as true."""
-    from pipeline.engine.validate import SettingsError
+    from pipeline.engine.validate import SettingsError, non_switch
 
-    for group in ("views", "lexicons"):
-        for name, spec in dict(OmegaConf.select(cfg, f"features.{group}", default=None) or {}).items():
-            value = spec.get("lowercase", False) if isinstance(spec, Mapping) else False
-            if not isinstance(value, bool):
-                raise SettingsError(f"bad setting features.{group}.{name}.lowercase={value!r}: true or false")
+    keys = [
+        f"features.{group}.{name}.lowercase"
+        for group in ("views", "lexicons")
+        for name in dict(OmegaConf.select(cfg, f"features.{group}", default=None) or {})
+    ]
+    problem = non_switch(cfg, keys)
+    if problem:
+        raise SettingsError(f"bad setting {problem}")
 
 
 def check_columns(cfg) -> None:
