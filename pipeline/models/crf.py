@@ -29,7 +29,7 @@ from crf import CRF, IterationInfo, ModelBundle, metrics, parameter_applies
 from crf.model import BundledCRF
 from pipeline.engine.validate import SettingsError, section, unknown_keys, where
 from pipeline.models import BUNDLE_FILE, METRICS_FILE, WARM_START_INPUT, BaseAdapter, bundle_source, default_threads
-from pipeline.report import figure, save_figure
+from pipeline.report import figure, log_scale, save_figure
 from pipeline.stages.featurize import load_batch, load_extractor
 
 log = logging.getLogger(__name__)
@@ -160,7 +160,7 @@ def plot_learning_curve(history: pd.DataFrame, path: Path) -> None:
     ax.plot(history["iteration"], history["loss"], color="tab:blue")
     ax.set_xlabel("iteration")
     ax.set_ylabel("regularised loss", color="tab:blue")
-    ax.set_yscale("log")
+    log_scale(ax, "y")
     dev_columns = [c for c in ("dev_f1", "dev_accuracy") if c in history]
     if dev_columns:
         other = ax.twinx()

@@ -33,7 +33,7 @@ from mlflow.tracking import MlflowClient
 
 from crf import metrics
 from pipeline import tracking
-from pipeline.report import figure, markdown_table, save_figure
+from pipeline.report import figure, log_scale, markdown_table, save_figure
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +155,7 @@ def plot_learning_curve(table: pd.DataFrame, path: Path, chunked: bool) -> None:
         for model, part in table.groupby("model"):
             part = part.sort_values("train_tokens")
             ax.plot(part["train_tokens"], part[score], "o-", label=f"{model[:-1].upper()} order {model[-1]}")
-        ax.set_xscale("log")
+        log_scale(ax, "x")
         ax.set_xlabel("training tokens (seeded subsets of the training sentences)")
         ax.set_ylabel(f"test {'chunk F1' if score == 'f1' else 'token accuracy'} (%)")
         ax.grid(alpha=0.3)

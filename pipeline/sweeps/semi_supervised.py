@@ -26,7 +26,7 @@ from mlflow.tracking import MlflowClient
 
 from crf import metrics
 from pipeline import tracking
-from pipeline.report import figure, markdown_table, save_figure
+from pipeline.report import figure, log_scale, markdown_table, save_figure
 from pipeline.stages.semi_supervised import ARMS, PREDICTIONS_FILE, SUPERVISED
 
 log = logging.getLogger(__name__)
@@ -148,7 +148,7 @@ def plot_curves(table: pd.DataFrame, path: Path, score: str) -> None:
         part = table[table["arm"] == arm].sort_values("fraction")
         line = ax.plot(part["fraction"], part["test_mean"], "o-", label=arm)[0]
         ax.fill_between(part["fraction"], part["test_min"], part["test_max"], color=line.get_color(), alpha=0.15)
-    ax.set_xscale("log")
+    log_scale(ax, "x")
     ax.set_xlabel("labelled fraction of the training sentences (the rest unlabelled)")
     ax.set_ylabel(f"test {'chunk F1' if score == 'f1' else 'token accuracy'} (mean, range over seeds)")
     ax.grid(alpha=0.3)

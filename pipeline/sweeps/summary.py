@@ -21,7 +21,7 @@ from omegaconf import DictConfig
 from pipeline import tracking
 from pipeline.engine.runner import summary_key
 from pipeline.engine.stage import TRIAL_STATE_TAG
-from pipeline.report import figure, markdown_table, save_figure
+from pipeline.report import figure, log_scale, markdown_table, save_figure
 from pipeline.sweeps.trial_environment import TRIAL_TAG
 from pipeline.tracking import champion
 
@@ -124,12 +124,12 @@ def plot(table: pd.DataFrame, path: Path, score_name: str) -> None:
         right.plot(x, part["nonzero_weights"], "o-", label=trainer)
     for ax, label in ((left, f"dev {score_name}"), (right, "non-zero weights")):
         if by_strength:
-            ax.set_xscale("log")
+            log_scale(ax, "x")
         ax.set_xlabel("regularisation strength (c1 or c2)" if by_strength else "job")
         ax.set_ylabel(label)
         ax.legend()
     if (pd.to_numeric(finished["nonzero_weights"], errors="coerce") > 0).any():
-        right.set_yscale("log")
+        log_scale(right, "y")
     save_figure(fig, path)
 
 

@@ -249,6 +249,20 @@ def test_markdown_table_formats_cells():
     assert second == ["False", "", "", "95.88", "2.5"]
 
 
+def test_log_axes_are_labelled_in_plain_numbers():
+    """Within one decade and across many, the labels are numbers, never TeX (``$10^{3}$``)."""
+    from pipeline.report import figure, log_scale
+
+    for low, high, expected in ((370.0, 3700.0, {"400", "1000", "2000"}), (0.01, 1e4, {"1e\u221202", "1", "10000"})):
+        fig, (ax,) = figure(6.5, 4)
+        ax.plot([1, 30], [high, low])
+        log_scale(ax, "y")
+        fig.canvas.draw()
+        labels = {t.get_text() for t in ax.yaxis.get_majorticklabels() + ax.yaxis.get_minorticklabels()} - {""}
+        assert expected <= labels and not any("$" in label for label in labels), labels
+        assert ax.get_yscale() == "log"
+
+
 def test_unknown_dataset_format_names_the_known_ones(tmp_path):
     with pytest.raises(ValueError, match=r"unknown format 'xml'.*conll.*conllu"):
         read_split(tmp_path / "x.xml", {"name": "refs", "format": "xml", "columns": ["w"]})
