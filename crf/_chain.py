@@ -13,6 +13,10 @@ One forward and one backward recursion (over the time-major :class:`Layout`) ser
 through a semiring of :mod:`crf._semirings` and a transition operator of :mod:`crf._transitions`;
 neither is inspected here. Messages are kept normalised per row with the log of the normaliser
 accumulated, so the true log message is ``semiring.to_log(value) + cumulative log normaliser``.
+Where one call would otherwise pay NumPy's per-step overhead, the compiled kernels of
+:mod:`crf._compiled` run instead, each the one implementation of its recursion for the chains it
+takes: first-order forward-backward, Viterbi (first order and pruned second order), and the
+log-space forward and backward (a pruned lattice's tagging messages, constrained windows).
 
 Constraints: ``allowed`` (T, L) boolean masks (True = the label is allowed at that token) give
 the emissions of disallowed labels the semiring's zero (a log score of -inf), so decoding and
