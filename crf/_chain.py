@@ -13,6 +13,10 @@ One forward and one backward recursion (over the time-major :class:`Layout`) ser
 through a semiring of :mod:`crf._semirings` and a transition operator of :mod:`crf._transitions`;
 neither is inspected here. Messages are kept normalised per row with the log of the normaliser
 accumulated, so the true log message is ``semiring.to_log(value) + cumulative log normaliser``.
+Where one call would otherwise pay NumPy's per-step overhead, the compiled kernels of
+:mod:`crf._compiled` run instead, each the one implementation of its recursion for the chains it
+takes: first-order forward-backward, Viterbi (first order and pruned second order), and the
+log-space forward and backward (a pruned lattice's tagging messages, constrained windows).
 
 Constraints: ``allowed`` (T, L) boolean masks (True = the label is allowed at that token) give
 the emissions of disallowed labels the semiring's zero (a log score of -inf), so decoding and
@@ -300,6 +304,10 @@ def forward_backward(
     (a quarter of the work when only marginals are wanted, as in tagging) are skipped and
     ``transition_counts`` is None.
 
+    A pruned second-order lattice without counts (tagging: marginals, messages; tokens in input
+    order, the default semiring) runs in the compiled log-space forward and backward of
+    :mod:`crf._compiled` instead: exact, with no fallback.
+
     ``emissions_again``, a function returning the same packed emissions anew, lets the recursion
     use ``emissions`` (packed, float64, no ``allowed``) as its working memory instead of a copy:
     its values are then lost, and the function is called only if some sequences must be
@@ -309,6 +317,10 @@ def forward_backward(
         raise ValueError("emissions_again needs packed float64 emissions and no allowed mask")
     emissions = np.asarray(emissions, dtype=np.float64)
     layout, operator = _layout(lengths), _operator(transitions)
+    if type(operator) is PrunedSecondOrderTransitions and semiring is ScaledSemiring and not (counts or packed):
+        # tagging over a pruned lattice (marginals, segment confidence): the compiled log-space
+        # recursions over each token's slots, exact with no fallback
+        return _pruned_posterior(_masked(emissions, allowed, operator), operator, start, end, layout, keep_messages)
 
     def gather() -> np.ndarray:
         source = _masked(emissions, allowed, operator)
@@ -368,6 +380,35 @@ def forward_backward(
             if values is not None:
                 setattr(result, name, layout.unpack(values))
     return result
+
+
+def _slots(operator) -> tuple | None:
+    """The per-token slot labels of a pruned lattice for :mod:`crf._compiled`'s kernels (None: first order)."""
+    return (operator.labels, operator.before, operator.before2) if type(operator) is PrunedSecondOrderTransitions else None
+
+
+def _pruned_posterior(emissions, operator, start, end, layout: Layout, keep_messages: bool) -> Posterior:
+    """:func:`forward_backward`'s results (no counts, tokens in input order) of a pruned lattice,
+    from the compiled log-space forward and backward recursions."""
+    offsets = np.concatenate([[0], np.cumsum(layout.lengths)])
+    slots = _slots(operator)
+    final, log_alpha = _compiled.log_forward(emissions, operator.scores, start, offsets[:-1], offsets, slots, keep=True)
+    log_beta = _compiled.log_backward(emissions, operator.scores, end, offsets, slots)
+    log_z = _log_sum_exp(final + np.asarray(end, dtype=np.float64))
+    # an impossible sequence (log Z -inf) gets zero marginals, as from the log-space fallback
+    log_norm = np.where(np.isfinite(log_z), log_z, np.inf)[np.repeat(np.arange(layout.lengths.size), layout.lengths)]
+    marginals = np.exp(log_alpha + log_beta - log_norm[:, None])
+    if not keep_messages:
+        log_alpha = log_beta = None
+    return Posterior(log_z, marginals, None, log_alpha, log_beta)
+
+
+def _log_sum_exp(values: np.ndarray) -> np.ndarray:
+    """log sum exp of the rows of ``values`` (n, S), -inf for a row of -inf."""
+    top = values.max(axis=1) if values.shape[1] else np.full(values.shape[0], -np.inf)
+    safe = np.where(np.isfinite(top), top, 0.0)
+    with np.errstate(divide="ignore"):
+        return np.log(np.exp(values - safe[:, None]).sum(axis=1)) + safe
 
 
 def log_partition(emissions, transitions, start, end, lengths, allowed=None) -> np.ndarray:
@@ -543,6 +584,11 @@ def constrained_log_probability(
     ``first[k]`` on; its allowed-label masks are ``allowed[window_offsets[k]:window_offsets[k+1]]``
     (a (W, L) boolean array over all windows, or (W, S) per state; a per-label mask of a
     pair-state chain allows every state of the label). Returns (K,) log probabilities.
+
+    A first-order chain and a pruned second-order lattice run all windows in the one compiled
+    log-space forward of :func:`crf._compiled.log_forward` (tokens in input order; the one that
+    computes a pruned lattice's tagging messages); other operators (exact second order) through
+    the shared recursion in the log semiring.
     """
     sequence = np.asarray(sequence, dtype=np.int64)
     first = np.asarray(first, dtype=np.int64)
@@ -555,6 +601,16 @@ def constrained_log_probability(
     allowed = np.asarray(allowed, dtype=bool)
     if allowed.shape[1:] != emissions.shape[1:]:  # per label: every state of the label
         allowed = operator.label_mask(allowed, window_tokens)
+    if type(operator) in (FirstOrderTransitions, PrunedSecondOrderTransitions):
+        # the compiled log-space forward over all windows at once (tokens in input order)
+        if np.any(widths <= 0):
+            raise ValueError("a window has no tokens")
+        emissions = np.asarray(emissions, dtype=np.float64)
+        final, _ = _compiled.log_forward(
+            emissions, operator.scores, start, starts, window_offsets, _slots(operator), allowed, log_alpha, first > 0
+        )
+        closing = _log_sum_exp(final + log_beta[starts + widths - 1])
+        return closing - log_z[sequence]
     masked = np.where(allowed, emissions[window_tokens], -np.inf)
     column_top, lifted_operator = operator.lift(semiring)
     # the incoming message of each window, folded into its first token's emissions

@@ -1,4 +1,6 @@
-"""Compiled kernels for per-call work: Viterbi (first order and pruned second order), sparse emission scores.
+"""Compiled kernels for per-call work: Viterbi (first order and pruned second order), the log-space
+forward and backward recursions (a pruned second-order lattice's tagging messages and marginals;
+the constrained windows of segment confidence, first order or pruned), sparse emission scores.
 
 One call tags one sentence or a whole batch, sequence after sequence, with no Python work per
 token or per step: the regime (one sentence, one long sequence) where NumPy's per-call overhead
@@ -109,6 +111,138 @@ def _viterbi(emissions, table, start, end, offsets, slots, states, scores):  # p
         for t in range(stop - 1, first, -1):
             arg = back[t - first, arg]
             states[t - 1] = arg
+
+
+def _log_forward(
+    emissions, table, start, slots, first, window_offsets, allowed, entering, incoming, final, messages
+):  # pragma: no cover - compiled
+    """Sum-product forward recursion in log space over runs of consecutive tokens (whole
+    sequences, or windows of them with per-state constraints): the one log-space forward of a
+    first-order chain and of a pruned second-order lattice.
+
+    ``emissions`` (T, S) per-state log scores (tokens in input order); ``table`` and ``slots`` as
+    in :func:`_viterbi` (edges into a token are runs of ``width`` consecutive target states from
+    ``(s % middle) * width`` per source state s). Run r covers the ``window_offsets[r + 1] -
+    window_offsets[r]`` tokens from ``first[r]``. Its first token's message is ``start`` plus the
+    emissions or, with ``entering[r]``, the forward step from ``incoming[first[r] - 1]`` (S,) (the
+    log message of the token before the run). Where ``allowed`` (W, S) has rows (W: all runs'
+    tokens), a state it disallows at a token of a run gets -inf (before the step to the next
+    token). Writes each run's last log message into ``final`` (R, S) and, where ``messages`` has
+    rows, every token's into ``messages`` (W, S). Each target's log-sum-exp over its incoming
+    edges is accumulated edge by edge (source by source) with a running maximum."""
+    n_states = emissions.shape[1]
+    if slots is None:  # first order
+        width, middle = n_states, 1
+        weights = table.reshape((n_states, n_states))
+    else:
+        labels, before, before2 = slots
+        width = middle = labels.shape[1]
+        weights = np.empty((n_states, width))
+    masked = allowed.shape[0] > 0
+    keep = messages.shape[0] > 0
+    current = np.empty(n_states)
+    source = np.empty(n_states)
+    top = np.empty(n_states)
+    total = np.empty(n_states)
+    for r in range(first.size):
+        row = window_offsets[r]
+        for s in range(n_states):
+            current[s] = -np.inf
+        for u in range(window_offsets[r + 1] - row):
+            t = first[r] + u
+            if u == 0 and not entering[r]:
+                for s in range(n_states):
+                    current[s] = start[s] + emissions[t, s]
+            else:
+                for s in range(n_states):
+                    source[s] = incoming[t - 1, s] if u == 0 else current[s]
+                    top[s] = -np.inf
+                    total[s] = 0.0
+                reach = width  # past reach - 1 the slots k of this token are empty
+                if slots is not None:
+                    reach = 0
+                    for k in range(width):
+                        if labels[t, k] >= 0:
+                            reach = k + 1
+                for s in range(n_states):
+                    value_in = source[s]
+                    if value_in == -np.inf:
+                        continue
+                    if slots is not None:
+                        a, b = before2[t, s // width], before[t, s % width]
+                        if a < 0 or b < 0:
+                            continue
+                        for k in range(reach):
+                            c = labels[t, k]
+                            weights[s, k] = table[a, b, c] if c >= 0 else -np.inf
+                    base = (s % middle) * width
+                    for k in range(reach):
+                        value = value_in + weights[s, k]
+                        target = base + k
+                        if value > top[target]:
+                            total[target] = total[target] * np.exp(top[target] - value) + 1.0
+                            top[target] = value
+                        elif value > -np.inf:
+                            total[target] += np.exp(value - top[target])
+                for s in range(n_states):
+                    current[s] = (top[s] + np.log(total[s]) if top[s] > -np.inf else -np.inf) + emissions[t, s]
+            if masked:
+                for s in range(n_states):
+                    if not allowed[row + u, s]:
+                        current[s] = -np.inf
+            if keep:
+                for s in range(n_states):
+                    messages[row + u, s] = current[s]
+        for s in range(n_states):
+            final[r, s] = current[s]
+
+
+def _log_backward(emissions, table, end, slots, offsets, log_beta):  # pragma: no cover - compiled
+    """Sum-product backward recursion in log space of every sequence (``offsets`` (N + 1,)), the
+    edges as in :func:`_log_forward`: ``log_beta`` (T, S) gets, for each token's states, the log
+    sum over everything after the token (its own emission excluded), ``end`` included."""
+    n_states = emissions.shape[1]
+    if slots is None:  # first order
+        width, middle = n_states, 1
+        weights = table.reshape((n_states, n_states))
+    else:
+        labels, before, before2 = slots
+        width = middle = labels.shape[1]
+        weights = np.empty((n_states, width))
+    values = np.empty(width)
+    for n in range(offsets.size - 1):
+        first, stop = offsets[n], offsets[n + 1]
+        if stop <= first:
+            continue
+        for s in range(n_states):
+            log_beta[stop - 1, s] = end[s]
+        for t in range(stop - 1, first, -1):
+            reach = width
+            if slots is not None:
+                reach = 0
+                for k in range(width):
+                    if labels[t, k] >= 0:
+                        reach = k + 1
+            for s in range(n_states):
+                log_beta[t - 1, s] = -np.inf
+                if slots is not None:
+                    a, b = before2[t, s // width], before[t, s % width]
+                    if a < 0 or b < 0:
+                        continue
+                    for k in range(reach):
+                        c = labels[t, k]
+                        weights[s, k] = table[a, b, c] if c >= 0 else -np.inf
+                base = (s % middle) * width
+                best = -np.inf
+                for k in range(reach):
+                    values[k] = weights[s, k] + emissions[t, base + k] + log_beta[t, base + k]
+                    best = max(best, values[k])
+                if best == -np.inf:
+                    continue
+                total = 0.0
+                for k in range(reach):
+                    total += np.exp(values[k] - best)
+                log_beta[t - 1, s] = best + np.log(total)
 
 
 def _sparse_times_dense(indptr, indices, data, weights, out):  # pragma: no cover - compiled
@@ -504,3 +638,71 @@ def sparse_times_dense(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray
         out,
     )
     return out
+
+
+def _slot_arrays(slots: tuple | None) -> tuple | None:
+    return None if slots is None else tuple(np.ascontiguousarray(a, dtype=np.int64) for a in slots)
+
+
+def log_forward(
+    emissions: np.ndarray,
+    transitions: np.ndarray,
+    start,
+    first: np.ndarray,
+    window_offsets: np.ndarray,
+    slots: tuple | None = None,
+    allowed: np.ndarray | None = None,
+    incoming: np.ndarray | None = None,
+    entering: np.ndarray | None = None,
+    keep: bool = False,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Log-space forward messages over runs of tokens (:func:`_log_forward`).
+
+    Parameters
+    ----------
+    emissions : (T, S) float array, log scores of every token's states (tokens in input order).
+    transitions : (L, L) float array [previous, current] (first order, S = L); with ``slots``,
+        the (L + 1, L, L) label-triple scores of a pruned second-order lattice.
+    start : (S,) float array, scores of a sequence's first state.
+    first : (R,) int array, the first token (index into ``emissions``) of every run.
+    window_offsets : (R + 1,) int array, where each run's tokens start among all runs' (W in all).
+    slots : None (first order), or (labels (T, K), before (T, K), before2 (T, K + 1)) int arrays of
+        a :class:`crf._transitions.PrunedSecondOrderTransitions` (S = (K + 1) K).
+    allowed : (W, S) bool array or None, the states each run's tokens may take.
+    incoming : (T, S) float array or None, the log forward messages the runs with ``entering`` start from.
+    entering : (R,) bool array or None (none), whether run r starts from ``incoming[first[r] - 1]``
+        rather than from ``start``.
+    keep : bool, whether to return every token's message.
+
+    Returns
+    -------
+    final : (R, S) float64, each run's last log message (-inf: no allowed path).
+    messages : (W, S) float64 with ``keep``, else None.
+    """
+    emissions = _contiguous(emissions)
+    first = np.asarray(first, dtype=np.int64)
+    window_offsets = np.asarray(window_offsets, dtype=np.int64)
+    n_states = emissions.shape[1]
+    final = np.empty((first.size, n_states))
+    messages = np.empty((int(window_offsets[-1]) if keep else 0, n_states))
+    allowed = np.zeros((0, n_states), dtype=np.bool_) if allowed is None else np.ascontiguousarray(allowed, dtype=np.bool_)
+    incoming = np.empty((0, n_states)) if incoming is None else _contiguous(incoming)
+    entering = np.zeros(first.size, dtype=np.bool_) if entering is None else np.ascontiguousarray(entering, dtype=np.bool_)
+    _kernel("_log_forward")(
+        emissions, _contiguous(transitions), _floats(start), _slot_arrays(slots), first, window_offsets, allowed, entering,
+        incoming, final, messages,
+    )  # fmt: skip
+    return final, messages if keep else None
+
+
+def log_backward(
+    emissions: np.ndarray, transitions: np.ndarray, end, offsets: np.ndarray, slots: tuple | None = None
+) -> np.ndarray:
+    """Log-space backward messages (T, S) of every sequence at ``offsets`` (N + 1,) (:func:`_log_backward`);
+    the other arguments as :func:`log_forward`'s, ``end`` (S,) the scores of a sequence's last state."""
+    emissions = _contiguous(emissions)
+    log_beta = np.empty(emissions.shape)
+    _kernel("_log_backward")(
+        emissions, _contiguous(transitions), _floats(end), _slot_arrays(slots), np.asarray(offsets, dtype=np.int64), log_beta
+    )
+    return log_beta

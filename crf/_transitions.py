@@ -674,7 +674,8 @@ class _LiftedPruned:
     In the scaled semiring (training), a step of consecutive rows runs forward, backward and
     counts over the listed edges between filled slots only: a token with c candidates after
     tokens with a and b has a * b * c edges, where the padded tables hold (K + 1) * K * K. In log
-    space (constrained windows, segment confidence) forward does too. (Viterbi over a pruned
+    space (the log-space fallback, entropy) forward does too; constrained windows and tagging
+    without counts run in the compiled kernels of :mod:`crf._compiled`. (Viterbi over a pruned
     lattice runs in the compiled kernel of :func:`crf._compiled.viterbi`, over each token's slots.)"""
 
     def __init__(

@@ -11,7 +11,8 @@ writes it; python-crfsuite reads it), medians of ``repetitions`` alternating run
 - one long sequence (``long_sentences`` training sentences joined) against the same tokens as
   sentences, on this project's side: training seconds at a fixed iteration count, and tagging;
 - ``algorithm="l2sgd"`` for ``sgd_epochs`` epochs on both sides: seconds and final loss;
-- pruned second-order tagging against first-order tagging of the same test set (this project);
+- pruned second-order tagging, and chunk confidence (``predict_segments``), against first order's
+  on the same test set (this project);
 - the compiled kernels' first call in a fresh process (Numba's import and cache load, or
   compilation when no cache exists) and Numba's installed size;
 - with ``served``: a tagger bundle (the feature config's extractor, the same training sentences
@@ -225,6 +226,8 @@ def measure(spec: dict) -> list[dict]:
     second.fit(x_train, y_train)
     a, b, _, _ = _median_pair(lambda: first.predict(x_test), lambda: second.predict(x_test), reps, warm=True)
     row("pruned order 2 vs order 1: tagging the test set", a, b, b / a, "s", "cost <= 2x")
+    a, b, _, _ = _median_pair(lambda: first.predict_segments(x_test), lambda: second.predict_segments(x_test), reps, warm=True)
+    row("pruned order 2 vs order 1: chunk confidence (predict_segments) on the test set", a, b, b / a, "s", "cost <= 2x")
 
     if spec.get("served"):
         latency = served_latency(spec, data, train, test)

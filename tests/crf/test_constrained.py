@@ -104,6 +104,58 @@ def test_large_weights_with_constraints_fall_back_exactly():
             assert scaled.log_z[i] == pytest.approx(logsumexp(scores), rel=1e-12)
 
 
+@pytest.mark.parametrize("scale", [1.0, 300.0])
+def test_windows_of_a_first_order_chain_match_enumeration_at_any_scale(scale):
+    """The compiled log-space forward over all windows at once (whole sequences, first and last
+    tokens, an impossible window; a window of a sequence of probability 0) against enumeration,
+    with weights of hundreds of nats (windows of probability e^-1000 keep their log); per-label and per-state masks
+    of a chain over hidden labels (states 2L, state s carrying label s % L) give the same."""
+    lengths, L = [1, 4, 5, 3], 3
+    emissions, transitions, start, end = random_chain(21, L, lengths, scale=scale)
+    emissions[2, :] = -np.inf  # sequence 1 has no path
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    # messages in log space: the scaled recursion's are -inf below 1e-308 of a step's largest
+    exact = {"keep_messages": True, "semiring": chain.LogSemiring}
+    posterior = chain.forward_backward(emissions, transitions, start, end, lengths, **exact)
+    rng = np.random.default_rng(int(scale))
+    sequence, first, masks, expected = [], [], [], []
+    for i, (a, b) in enumerate(sequence_slices(lengths)):
+        paths, scores = enumerate_paths(emissions[a:b], transitions, start, end)
+        for s, width in {(0, b - a), (0, 1), (b - a - 1, 1), (int(rng.integers(0, b - a)), 1)}:
+            for impossible in (False, True):
+                allowed = rng.random((width, L)) < 0.6
+                allowed[np.arange(width), rng.integers(0, L, width)] = True
+                allowed[0] &= not impossible
+                keep = allowed[np.arange(width), paths[:, s : s + width]].all(axis=1)
+                total = logsumexp(scores)
+                expected.append(logsumexp(scores[keep]) - total if keep.any() and np.isfinite(total) else -np.inf)
+                sequence.append(i)
+                first.append(s)
+                masks.append(allowed)
+    window_offsets = np.concatenate([[0], np.cumsum([len(m) for m in masks])])
+    windows = (offsets, np.array(sequence), np.array(first), np.concatenate(masks), window_offsets)
+    with np.errstate(invalid="ignore"):
+        got = chain.constrained_log_probability(
+            posterior.log_alpha, posterior.log_beta, posterior.log_z, emissions, transitions, start, *windows
+        )
+    expected = np.array(expected)
+    impossible = np.isneginf(expected) | np.isin(np.array(sequence), [1])
+    assert impossible.any() and (~impossible).any()
+    assert np.all(np.isneginf(got[np.isneginf(expected) & ~np.isin(np.array(sequence), [1])]))
+    assert np.all(~np.isfinite(got[np.array(sequence) == 1]))  # -inf or NaN: the sequence itself has probability 0
+    np.testing.assert_allclose(got[~impossible], expected[~impossible], rtol=1e-10, atol=1e-10)
+    # the same chain over 2L hidden labels (two copies of every label), per-state masks
+    hidden = np.tile(transitions, (2, 2)) - np.log(2.0)
+    hidden_emissions, hidden_start, hidden_end = np.tile(emissions, 2), np.tile(start, 2), np.tile(end, 2)
+    doubled = chain.forward_backward(hidden_emissions, hidden, hidden_start, hidden_end, lengths, **exact)
+    with np.errstate(invalid="ignore"):
+        again = chain.constrained_log_probability(
+            doubled.log_alpha, doubled.log_beta, doubled.log_z, hidden_emissions, hidden, hidden_start,
+            *windows[:3], np.tile(windows[3], 2), windows[4],
+        )  # fmt: skip
+    np.testing.assert_allclose(again[~impossible], got[~impossible], rtol=1e-10, atol=1e-10)
+
+
 def test_impossible_constraint():
     emissions, transitions, start, end = random_chain(5, 3, [4, 2])
     allowed = np.ones((6, 3), dtype=bool)

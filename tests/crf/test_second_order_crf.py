@@ -237,11 +237,26 @@ def test_fitted_second_order_model_matches_enumeration(second, data):
         assert second.best_path_margin([X[i]])[0] == pytest.approx(top[0] - top[1], abs=1e-10)
 
 
-def test_segment_confidence_is_the_window_probability(second, data):
+@pytest.fixture(scope="module")
+def pruned(data):
+    (X, y, _), _ = data
+    return CRF(order=2, pruning_threshold=0.05, c2=0.1, max_iterations=40).fit(X, y)
+
+
+@pytest.mark.parametrize("kind", ["exact", "pruned"])
+def test_segment_confidence_is_the_window_probability(second, pruned, data, kind):
+    """Each chunk's confidence is its window's probability over every labelling (over the
+    candidate labels of a pruned model: the compiled log-space recursions)."""
     _, (X, _, _) = data
     X = [x[:6] for x in X[:3]]
-    segments = second.predict_segments(X)
-    emissions, _ = second.emissions(X)
+    model = second if kind == "exact" else pruned
+    segments = model.predict_segments(X)
+    emissions, batch = model.emissions(X)
+    if kind == "pruned":
+        keep = model.pruner_.candidates(batch.X, batch.lengths, model.pruning_threshold)
+        assert not keep.all()  # the pruning matters here
+        emissions = np.where(keep, emissions, -np.inf)
+    second = model
     blocks = {name: getattr(second, attr) for name, attr in {
         "transitions": "transitions_", "start": "start_weights_", "end": "end_weights_",
         "trigrams": "trigram_weights_", "pair_end": "pair_end_weights_",
@@ -264,6 +279,76 @@ def test_segment_confidence_is_the_window_probability(second, data):
             same = chunks["sequence"][(chunks["start"] == row.start) & (chunks["end"] == row.end)].to_numpy()
             keep = inside & np.isin(np.arange(len(paths)), same)
             assert row.confidence == pytest.approx(np.exp(logsumexp(scores[keep]) - logsumexp(scores)), abs=1e-9)
+    assert (segments["confidence"] < 1 - 1e-6).any()  # not every window is certain
+
+
+@pytest.mark.parametrize("seed,scale", [(0, 1.5), (1, 1.5), (2, 1.5), (3, 200.0)])
+def test_compiled_pruned_recursions_match_enumeration_and_the_numpy_recursion(seed, scale):
+    """Tagging over a pruned lattice runs the compiled log-space forward and backward
+    (:func:`crf._compiled.log_forward`, :func:`crf._compiled.log_backward`): log Z, messages and
+    marginals equal the shared NumPy recursion's (in log space) and the enumeration of the
+    candidate paths; constrained windows (the compiled forward over all windows at once) equal
+    enumeration and the NumPy recursion's windows of the exact second-order chain over the
+    candidate-masked emissions. An impossible window and an impossible sequence included; weights
+    of hundreds of nats (``scale``) too."""
+    rng = np.random.default_rng(seed)
+    L, lengths = 4, [1, 2, 5, 4, 3, 6]
+    structure, tail, blocks = _random_tail(seed + 40, L, scale=scale)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    T = int(offsets[-1])
+    emissions = rng.normal(scale=scale, size=(T, L))
+    candidates = rng.random((T, L)) < 0.5
+    candidates[np.arange(T), rng.integers(0, L, T)] = True
+    emissions[offsets[3] + 1] = -np.inf  # sequence 3 has no path
+    lattice = structure.lattice_in_order(offsets, candidates)
+    states = lattice.emissions(emissions, tail)
+    operator, start, end = lattice.scores(tail)
+    assert candidates.sum() < 0.75 * candidates.size  # most tokens are pruned
+    compiled = chain.forward_backward(states, operator, start, end, lengths, keep_messages=True, counts=False)
+    in_numpy = chain.forward_backward(
+        states, operator, start, end, lengths, keep_messages=True, counts=False, semiring=chain.LogSemiring
+    )
+    assert compiled.log_z[3] == -np.inf and not compiled.marginals[offsets[3] : offsets[4]].any()
+    np.testing.assert_allclose(compiled.log_z, in_numpy.log_z, rtol=1e-12)
+    for name in ("marginals", "log_alpha", "log_beta"):
+        np.testing.assert_allclose(getattr(compiled, name), getattr(in_numpy, name), rtol=1e-11, atol=1e-12, err_msg=name)
+    node = lattice.label_marginals(compiled.marginals)
+    sequence, first, masks, expected = [], [], [], []
+    for i, (a, b) in enumerate(zip(offsets[:-1], offsets[1:])):
+        paths, scores = _enumerate(emissions[a:b], blocks, allowed=candidates[a:b])
+        assert compiled.log_z[i] == pytest.approx(logsumexp(scores), rel=1e-12)
+        if i == 3:
+            continue
+        p = np.exp(scores - logsumexp(scores))
+        expected_node = np.stack([np.bincount(paths[:, t], weights=p, minlength=L) for t in range(b - a)])
+        np.testing.assert_allclose(node[a:b], expected_node, atol=1e-12)
+        for w in range(4):
+            s = int(rng.integers(0, b - a))
+            width = int(rng.integers(1, b - a - s + 1))
+            allowed = rng.random((width, L)) < 0.6
+            if w == 3 and i == 2:
+                allowed[:] = False  # no allowed path
+            keep = allowed[np.arange(width), paths[:, s : s + width]].all(axis=1)
+            expected.append(logsumexp(scores[keep]) - logsumexp(scores) if keep.any() else -np.inf)
+            sequence.append(i)
+            first.append(s)
+            masks.append(allowed)
+    window_offsets = np.concatenate([[0], np.cumsum([len(m) for m in masks])])
+    windows = (offsets, np.array(sequence), np.array(first), np.concatenate(masks), window_offsets)
+    got = chain.constrained_log_probability(
+        compiled.log_alpha, compiled.log_beta, compiled.log_z, states, operator, start, *windows
+    )
+    exact_operator, exact_start, exact_end = structure.scores(tail)
+    exact_states = structure.state_emissions(np.where(candidates, emissions, -np.inf))
+    exact = chain.forward_backward(
+        exact_states, exact_operator, exact_start, exact_end, lengths, keep_messages=True, semiring=chain.LogSemiring
+    )
+    reference = chain.constrained_log_probability(
+        exact.log_alpha, exact.log_beta, exact.log_z, exact_states, exact_operator, exact_start, *windows
+    )
+    assert np.any(np.isneginf(got)) and np.all(np.isneginf(got) == np.isneginf(reference))
+    np.testing.assert_allclose(got, reference, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-10)
 
 
 def test_second_order_learns_and_round_trips(second, data, tmp_path):
