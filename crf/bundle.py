@@ -47,6 +47,11 @@ log = logging.getLogger(__name__)
 #: an observed column whose training values number at most this many is a closed set (a tag set:
 #: 17 to 50 POS tags, 23 chunk tags); a word vocabulary of a model worth tagging with is larger
 CLOSED_SET = 100
+#: the least share of an input column's cells that the model saw in that column in training: a
+#: tag-set column below it is refused (it holds another kind of value); below WARN_KNOWN, warned of
+MIN_KNOWN = 0.5
+WARN_KNOWN = 0.9
+WORDS = "w"  # the word column of the pipeline's data sets, when a bundle's source names none
 KIND = "crf.TaggerBundle"  # the kind its files carry (the class was once named so)
 SCHEMES = ("iob1", "iob2", "iobes", "none")
 CHUNK_ELEMENTS = 4_000_000  # tokens x states per recursion call (about 8 bytes each, a few arrays)
@@ -211,6 +216,37 @@ def check_sentences(sentences: object) -> None:
             raise ValueError(
                 f"sentence {number} must be a list of tokens, got {what} (a sentence of one token: [token], not token)"
             )
+
+
+def tag_like(cells: pd.Series) -> bool:
+    """Whether a column's cells look like a tag set rather than words: at most :data:`CLOSED_SET`
+    distinct values, each used twice on average or more (a text's words repeat far less: 100
+    tokens of English hold about 65 distinct words)."""
+    distinct = cells.nunique()
+    return distinct <= CLOSED_SET and 2 * distinct <= len(cells)
+
+
+@dataclass(frozen=True)
+class ColumnFinding:
+    """What :meth:`ModelBundle.column_findings` found in one input column.
+
+    ``known``: the share (0-1) of its cells that the model saw in that column in training;
+    ``unseen``: up to three of its values the model never saw there; ``refusal``: why it cannot be
+    tagged (``"of a set of 42"``, ``"and 80% values it saw in column 'w'"``), or None when it is
+    a tag set the model half knows, worth a warning only."""
+
+    column: str
+    known: float
+    unseen: tuple
+    refusal: str | None
+
+    def examples(self) -> str:
+        return ", ".join(repr(v) for v in self.unseen)
+
+
+class ColumnValueError(ValueError):
+    """An input column that holds another kind of value than the model saw there in training
+    (:meth:`ModelBundle.check_column_values`)."""
 
 
 def check_unique_columns(names: Sequence) -> None:
@@ -465,6 +501,7 @@ class ModelBundle:
         missing = [c for c in part.columns if c not in self.input_columns]
         if missing:
             raise ValueError(f"the model reads columns {missing}, which input_columns {self.input_columns} lack")
+        self._known: dict[str, tuple[pd.Index, bool]] | None = None  # :meth:`_known_index`, made on first use
 
     def known_values(self) -> dict[str, tuple[set, bool]]:
         """The values each input column held in training, where the part records them.
@@ -475,9 +512,97 @@ class ModelBundle:
             Column name -> (its values in training, whether they are a closed set such as a tag
             set); empty when the part does not record them.
         """
-        values = getattr(self.part, "training_values", None)
-        known = values() if callable(values) else {}
-        return {str(c): ({str(v) for v in vocabulary}, bool(closed)) for c, (vocabulary, closed) in known.items()}
+        return {column: (set(values), closed) for column, (values, closed) in self._known_index().items()}
+
+    def _known_index(self) -> dict[str, tuple[pd.Index, bool]]:
+        """:meth:`known_values` as indexes (their hash tables made once per bundle)."""
+        if self._known is None:
+            values = getattr(self.part, "training_values", None)
+            known = values() if callable(values) else {}
+            self._known = {
+                str(c): (pd.Index(sorted({str(v) for v in vocabulary}), dtype=object), bool(closed))
+                for c, (vocabulary, closed) in known.items()
+            }
+        return self._known
+
+    def column_findings(
+        self, columns: Mapping[str, np.ndarray], by_position: bool = False, words: str | None = None
+    ) -> list[ColumnFinding]:
+        """The input columns that hold another kind of value than the model saw there in training.
+
+        A column is refused when under :data:`MIN_KNOWN` of its cells are values the model saw in
+        it, and either another column's training values or the model's labels match it better
+        (POS tags given as words, words as POS tags, chunk tags as POS tags), or it is a tag set:
+        a closed set the part records (:meth:`known_values`), or a column other than the words of
+        at most :data:`CLOSED_SET` training values whose cells look like a tag set
+        (:func:`tag_like`) or are too few to tell (under twice that many). A tag set of which
+        under :data:`WARN_KNOWN` is known is reported without a refusal. A column of new words
+        (text of another domain) is not reported.
+
+        Parameters
+        ----------
+        columns : mapping of str to ndarray of shape (T,)
+            Token columns; those the part records no training values for are skipped.
+        by_position : bool, default=False
+            The columns were taken by position (a file without names): a closed set is then a tag
+            set even in the word column's place.
+        words : str, optional
+            The word column (never a tag set, however few words the model saw); default the
+            source's ``dataset.word_column``, else ``"w"``.
+
+        Returns
+        -------
+        list of ColumnFinding
+            In the order of :meth:`known_values`.
+        """
+        known = self._known_index()
+        labels = pd.Index(sorted(set(self.labels)), dtype=object)
+        words = words or self.source.get("dataset", {}).get("word_column") or WORDS
+        found = []
+        for column, (values, closed) in known.items():
+            if column not in columns or not len(columns[column]):
+                continue
+            cells = pd.Series(columns[column], dtype=object)
+            seen = values.get_indexer(cells) >= 0
+            own = float(seen.mean())
+            unseen = tuple(cells[~seen].unique()[:3])
+            few = len(values) <= CLOSED_SET and (tag_like(cells) or len(cells) < 2 * CLOSED_SET)
+            tag_set = (closed and (by_position or column != words)) or (column != words and few)
+            if own >= MIN_KNOWN:
+                if tag_set and own < WARN_KNOWN:
+                    found.append(ColumnFinding(column, own, unseen, None))
+                continue
+            others = {f"in column {o!r}": float((v.get_indexer(cells) >= 0).mean()) for o, (v, _) in known.items() if o != column}
+            others["as its labels"] = float((labels.get_indexer(cells) >= 0).mean())
+            better = max(others, key=others.get)
+            if others[better] > own:
+                found.append(ColumnFinding(column, own, unseen, f"and {100 * others[better]:.0f}% values it saw {better}"))
+            elif tag_set:
+                found.append(ColumnFinding(column, own, unseen, f"of a set of {len(values)}"))
+        return found
+
+    def check_column_values(self, columns: Mapping[str, np.ndarray]) -> None:
+        """Refuse token columns of another kind than the model saw there (:meth:`column_findings`:
+        UPOS tags given as ``pos`` to a chunker that read Penn Treebank tags, words as tags);
+        log a warning for a tag-set column of which the model knows under :data:`WARN_KNOWN`.
+
+        Raises
+        ------
+        ColumnValueError
+            The first refused column, named with its share of known values and examples. It is a ValueError.
+        """
+        for finding in self.column_findings(columns):
+            share = 100 * finding.known
+            if finding.refusal is None:
+                log.warning(
+                    "%.0f%% of the column %r are values the model never saw there in training (%s, ...)",
+                    100 - share, finding.column, finding.examples(),
+                )  # fmt: skip
+                continue
+            raise ColumnValueError(
+                f"the column {finding.column!r} holds {share:.0f}% values the model saw there in training ({finding.refusal}; "
+                f"not {finding.examples()}, ...): it is not the kind of value the model was trained on there"
+            )
 
     # --- persistence ----------------------------------------------------------------------
 
@@ -702,6 +827,7 @@ class ModelBundle:
                 )
             values = np.fromiter(tokens, dtype=object, count=len(tokens))  # never a 2-D array of list tokens
             check_tokens({self.input_columns[0]: values}, offsets)
+            self.check_column_values({self.input_columns[0]: values})
             return {self.input_columns[0]: values}, lengths
         is_dict = np.fromiter((isinstance(token, Mapping) for token in tokens), dtype=bool, count=len(tokens))
         if not is_dict.all():
@@ -722,6 +848,7 @@ class ModelBundle:
                     f"the model needs input columns {self.input_columns}; missing {missing} (given {given})"
                 ) from None
         check_tokens(columns, offsets)
+        self.check_column_values(columns)
         return columns, lengths
 
     def tag(self, sentences: Sequence, fixed: Sequence[Mapping[int, str] | None] | None = None) -> list[dict]:
@@ -752,6 +879,8 @@ class ModelBundle:
         TokenError
             A token that is not a non-empty string without whitespace (:func:`check_tokens`),
             naming sentence and token, counted from 0. It is a ValueError.
+        ColumnValueError
+            A column of another kind of value than the model saw there (:meth:`check_column_values`).
         ValueError
             A missing input column; plain strings for a model that reads several columns;
             ``fixed`` with the wrong number of entries, a token index out of range or an unknown label.
@@ -811,6 +940,8 @@ class ModelBundle:
         TokenError
             A bad token, as :meth:`tag` checks them (sentences and tokens counted from 0 in the
             order of the rows).
+        ColumnValueError
+            A column of another kind of value than the model saw there, as :meth:`tag` checks them.
         ValueError
             A missing column, or a sentence id that reappears after another one.
             Also: a column that appears more than once (:func:`check_unique_columns`, the served
@@ -836,6 +967,7 @@ class ModelBundle:
         offsets = np.concatenate([[0], change, [ids.size]])
         columns = {c: frame[c].to_numpy(dtype=object) for c in self.input_columns}
         check_tokens(columns, offsets)  # numbers are refused, not read as their text
+        self.check_column_values(columns)
         result = self.tag_arrays(columns, np.diff(offsets))
         out["label"] = np.array(self.labels, dtype=object)[result.codes]
         out["marginal"] = result.marginals

@@ -160,10 +160,12 @@ def composition_refusal(argv: list[str]) -> str | None:
         return f"bad setting: {composition_problem(error)}"
     finally:
         GlobalHydra.instance().clear()
-    from pipeline.tracking import tracking_uri
+    from pipeline.tracking import registry_uri, tracking_uri
 
     try:
         tracking_uri(cfg)  # the variable and the setting name one store
+        if OmegaConf.select(cfg, "registry.register", default=False) is True:
+            registry_uri(cfg)  # and MLFLOW_REGISTRY_URI, where the run registers its model
     except SettingsError as error:
         return str(error)
     for key in ("paths.output_dir", "paths.cache_dir"):  # Hydra makes its run folder in the first

@@ -50,7 +50,7 @@ import pandas as pd
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from crf import metrics
-from crf.bundle import CLOSED_SET, ModelBundle, TokenError, check_tokens, load_bundle
+from crf.bundle import MIN_KNOWN, ModelBundle, TokenError, check_tokens, load_bundle
 from pipeline.apps.formats import (
     OUTPUT_FORMATS,
     TOKENISATIONS,
@@ -107,6 +107,8 @@ def resolve_model(reference: str, tracking_uri: str | None = None, registry_uri:
                 tracking.check_store_exists(store)
         except (FileNotFoundError, tracking.TrackingUnavailable) as err:
             raise TagError(f"model {reference!r}: {err}") from None
+        store = tracking_uri if (registry_uri or tracking_uri) == tracking_uri else f"{tracking_uri} (registry {registry_uri})"
+        log.info("model %s: from the store %s", reference, store)
         with tracking.using_store(tracking_uri, registry_uri):
             local = _download(reference)
     return local if local.is_file() else _bundle_in(local, reference)
@@ -243,90 +245,58 @@ def tag_corpus(bundles: Sequence[ModelBundle], corpus: Corpus, aliases: Mapping[
     return predictions
 
 
-#: the least share of a gold column's values that must be labels the model knows before it is
-#: scored, and of a closed-set input column's values (a tag set) that it saw there in training
-MIN_KNOWN = 0.5
-WARN_KNOWN = 0.9  # a tag-set column with fewer known values than this is tagged with a warning
-
-
 def check_gold_column(corpus: Corpus, bundle: ModelBundle, input_path) -> None:
-    """Refuse to score against a column that does not hold the model's labels: a file whose
-    columns were taken by position (no header) in another order than the training data's would
-    otherwise be scored against words or tags ("accuracy 0.00")."""
+    """Refuse to score against a column that does not hold the model's labels: under
+    :data:`~crf.bundle.MIN_KNOWN` of its cells are labels the model knows, or, for a chunk
+    scheme, of its cells outside ``O`` (an NER column is mostly ``O``, as a chunk column is
+    not). A file whose columns were taken by position (no header) in another order than the
+    training data's would otherwise be scored against words, tags or another task's labels
+    ("accuracy 0.00")."""
     if corpus.gold is None or not len(corpus.gold):
         return
     gold = pd.Series(corpus.gold, dtype=object)
     known = gold.isin(set(bundle.labels) | set(map(str, bundle.labels)))
-    if known.mean() < MIN_KNOWN:
+    shares = {"": float(known.mean())}
+    inside = gold != "O"
+    if bundle.scheme != "none" and inside.any():
+        shares[" of its cells outside 'O'"] = float(known[inside].mean())
+    which = min(shares, key=shares.get)
+    if shares[which] < MIN_KNOWN:
         examples = ", ".join(repr(v) for v in gold[~known].unique()[:3])
         raise TagError(
-            f"input {input_path}: the column read as the gold labels holds {100 * known.mean():.0f}% labels the model knows "
-            f"(not {examples}, ...): its columns are not in the order the model expects; name them with a first line "
+            f"input {input_path}: the column read as the gold labels holds{which} {100 * shares[which]:.0f}% labels the model "
+            f"knows (not {examples}, ...): its columns are not in the order the model expects; name them with a first line "
             "'# global.columns = <names>'"
         )
 
 
-def tag_like(cells: pd.Series) -> bool:
-    """Whether a column's cells look like a tag set rather than words: at most
-    :data:`crf.bundle.CLOSED_SET` distinct values, each used twice on average or more (a text's
-    words repeat far less: 100 tokens of English hold about 65 distinct words)."""
-    distinct = cells.nunique()
-    return distinct <= CLOSED_SET and 2 * distinct <= len(cells)
-
-
 def check_input_columns(corpus: Corpus, bundles: Sequence[ModelBundle], needed: Sequence[str], input_path) -> None:
-    """Refuse a file when a column read into a model's input holds under half values the model
-    saw there, and either another column's training values or the model's labels match it better
-    (POS tags read as words, words read as POS tags, chunk tags read as POS tags), or that input
-    is a closed set (:meth:`ModelBundle.known_values`; for a model that records no counts, a
-    column other than the words of at most :data:`~crf.bundle.CLOSED_SET` training values fed a
-    :func:`tag_like` column). Otherwise the model would be fed words as tags, with no gold column
-    to show it; a column that holds new words of the right kind (text of another domain) is tagged.
-    Columns taken by position (a CoNLL file of two or more columns without a header) are then in
-    the wrong order; named ones (CoNLL-U, JSONL, a header) hold another kind of value than their
-    name says (UPOS as ``pos``, CoNLL-U's ``_`` for an XPOS it does not give)."""
+    """Refuse a file when a column read into a model's input holds another kind of value than the
+    model saw there in training (:meth:`crf.bundle.ModelBundle.column_findings`, the check that
+    :meth:`~crf.bundle.ModelBundle.tag`, ``tag_frame`` and the served model make too): POS tags
+    read as words, words read as POS tags, chunk tags or UPOS read as Penn Treebank tags. Columns
+    taken by position (a CoNLL file of two or more columns without a header) are then in the wrong
+    order; named ones (CoNLL-U, JSONL, a header) hold another kind of value than their name says
+    (UPOS as ``pos``, CoNLL-U's ``_`` for an XPOS it does not give). A tag-set column the model
+    half knows is tagged with a warning; a column of new words (text of another domain) is tagged."""
     for bundle in bundles:
-        known = bundle.known_values()
-        labels = {str(label) for label in bundle.labels}
-        words = bundle.source.get("dataset", {}).get("word_column") or WORDS  # words repeat too: never a tag set
-        for column, (values, closed) in known.items():
-            if column not in needed:
-                continue  # filled by an earlier model of the chain
-            cells = pd.Series(corpus.columns[column], dtype=object)
-            if not len(cells):
+        words = bundle.source.get("dataset", {}).get("word_column") or WORDS
+        columns = {c: corpus.columns[c] for c in needed if c in corpus.columns}  # others: filled by an earlier model
+        for finding in bundle.column_findings(columns, by_position=corpus.by_position, words=words):
+            if finding.refusal is None:
+                log.warning(
+                    "input %s: %.0f%% of the column %r are values the model never saw there in training (%s, ...)",
+                    input_path, 100 * (1 - finding.known), finding.column, finding.examples(),
+                )  # fmt: skip
                 continue
-            own = float(cells.isin(values).mean())
-            tag_set = (closed and (corpus.by_position or column != words)) or (
-                column != words and len(values) <= CLOSED_SET and tag_like(cells)
-            )  # a named words column is words, however few the model saw
-            if own >= MIN_KNOWN:
-                if tag_set and own < WARN_KNOWN:  # tagged, but a tag set the model half knows is worth a look
-                    unseen = ", ".join(repr(v) for v in cells[~cells.isin(values)].unique()[:3])
-                    log.warning(
-                        "input %s: %.0f%% of the column %r are values the model never saw there in training (%s, ...)",
-                        input_path, 100 * (1 - own), column, unseen,
-                    )  # fmt: skip
-                continue
-            others = {
-                f"in column {other!r}": float(cells.isin(seen).mean()) for other, (seen, _) in known.items() if other != column
-            }
-            others["as its labels"] = float(cells.isin(labels).mean())
-            better = max(others, key=others.get)
-            if others[better] > own:
-                why = f"and {100 * others[better]:.0f}% values it saw {better}"
-            elif tag_set:
-                why = f"of a set of {len(values)}"
-            else:
-                continue
-            examples = ", ".join(repr(v) for v in cells[~cells.isin(values)].unique()[:3])
             if corpus.by_position:
                 fix = "its columns are not in the order the model expects; name them (as they are) with a first line "
                 fix += "'# global.columns = <names>'"
             else:
-                fix = f"the file's {column!r} is not the kind of value the model was trained on there"
+                fix = f"the file's {finding.column!r} is not the kind of value the model was trained on there"
             raise TagError(
-                f"input {input_path}: the column read as {column!r} holds {100 * own:.0f}% values the model saw there in "
-                f"training ({why}; not {examples}, ...): {fix}"
+                f"input {input_path}: the column read as {finding.column!r} holds {100 * finding.known:.0f}% values the model "
+                f"saw there in training ({finding.refusal}; not {finding.examples()}, ...): {fix}"
             )
 
 

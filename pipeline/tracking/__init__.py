@@ -78,8 +78,19 @@ def tracking_uri(cfg: Mapping) -> str:
 
 def registry_uri(cfg: Mapping) -> str:
     """The Model Registry's store: ``MLFLOW_REGISTRY_URI`` when set, else the tracking store (as the
-    pipeline registers models: MLflow's registry follows the tracking URI unless that variable is set)."""
-    return os.environ.get("MLFLOW_REGISTRY_URI") or tracking_uri(cfg)
+    pipeline registers models: MLflow's registry follows the tracking URI unless that variable is set).
+    The variable naming another store than ``tracking.uri`` is refused (SettingsError, one line), as
+    :func:`tracking_uri` refuses ``MLFLOW_TRACKING_URI``: a setting names the store of both."""
+    env = os.environ.get("MLFLOW_REGISTRY_URI")
+    configured = cfg["tracking"].get("uri")
+    if env and configured and str(configured) != env:
+        from pipeline.engine.validate import SettingsError
+
+        raise SettingsError(
+            f"MLFLOW_REGISTRY_URI={env} and tracking.uri={configured} name two stores for the Model Registry: "
+            "unset the variable or drop the setting"
+        )
+    return env or tracking_uri(cfg)
 
 
 def sqlite_path(uri: str) -> Path | None:

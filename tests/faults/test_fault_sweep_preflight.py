@@ -388,7 +388,7 @@ def test_a_tracking_store_named_twice_differently_is_refused(tmp_path, monkeypat
     from pipeline_helpers import compose_config
 
     from pipeline.__main__ import composition_refusal
-    from pipeline.tracking import tracking_uri
+    from pipeline.tracking import registry_uri, tracking_uri
 
     a, b = f"sqlite:///{tmp_path / 'a.db'}", f"sqlite:///{tmp_path / 'b.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", a)
@@ -405,6 +405,17 @@ def test_a_tracking_store_named_twice_differently_is_refused(tmp_path, monkeypat
         assert _refused(lambda: sweeper.sweep(_arguments(tmp_path, [f"tracking.uri={b}"])), caplog) == line
     monkeypatch.delenv("MLFLOW_TRACKING_URI")
     assert tracking_uri(compose_config([f"tracking.uri={b}"])) == b
+    # the same through MLFLOW_REGISTRY_URI: a models:/ lookup read the variable's registry, not tracking.uri's (H1)
+    monkeypatch.setenv("MLFLOW_REGISTRY_URI", a)
+    line = f"MLFLOW_REGISTRY_URI={a} and tracking.uri={b} name two stores for the Model Registry: "
+    line += "unset the variable or drop the setting"
+    with pytest.raises(SettingsError) as info:
+        registry_uri(compose_config([f"tracking.uri={b}"]))
+    assert str(info.value) == line
+    assert composition_refusal([f"tracking.uri={b}", "registry.register=true"]) == line
+    assert composition_refusal([f"tracking.uri={b}"]) is None  # a run that registers nothing reads no registry
+    assert registry_uri(compose_config([])) == a  # the variable alone: a registry apart, as MLflow has it
+    assert registry_uri(compose_config([f"tracking.uri={a}"])) == a
 
 
 def _multirun(tmp_path: Path, *overrides: str):

@@ -625,9 +625,9 @@ def test_a_data_file_that_is_a_directory_is_a_settings_error(tmp_path):
     assert isinstance(info.value, IsADirectoryError) and "\n" not in str(info.value)
 
 
-def test_swapped_columns_without_gold_are_refused_for_a_model_that_reads_a_tag_set(chunker, train, tmp_path):
-    """A header-less ``pos w`` file taken by the layout as ``w pos``: no gold column shows it, but
-    the column read as ``pos`` holds few of the tags the model saw there (HMM and CRF alike)."""
+@pytest.fixture(scope="module")
+def crf_chunker(train, tmp_path_factory) -> Path:
+    """A CRF chunker over words and POS tags (its columns keep no counts: none is a closed set)."""
     from crf import CRF
     from crf.features import FeatureExtractor
     from crf.model import BundledCRF
@@ -636,7 +636,15 @@ def test_swapped_columns_without_gold_are_refused_for_a_model_that_reads_a_tag_s
     model = CRF(max_iterations=20).fit(extractor.transform(train), [[r[2] for r in s] for s in train],
                                        attribute_names=extractor.attribute_names())  # fmt: skip
     source = {"dataset": {"name": "toy", "columns": LAYOUT, "label": "chunk", "scheme": "IOB2", "tokenisation": "punct"}}
-    crf_bundle = _save(ModelBundle(BundledCRF(extractor, model), scheme="iob2", source=source), tmp_path / "crf.npz")
+    bundle = ModelBundle(BundledCRF(extractor, model), scheme="iob2", source=source)
+    return _save(bundle, tmp_path_factory.mktemp("c") / "crf.npz")
+
+
+def test_swapped_columns_without_gold_are_refused_for_a_model_that_reads_a_tag_set(chunker, crf_chunker, train, tmp_path):
+    """A header-less ``pos w`` file taken by the layout as ``w pos``: no gold column shows it, but
+    the column read as ``pos`` holds few of the tags the model saw there (HMM and CRF alike)."""
+    source = {"dataset": {"name": "toy", "columns": LAYOUT, "label": "chunk", "scheme": "IOB2", "tokenisation": "punct"}}
+    crf_bundle = crf_chunker
     assert load_bundle(chunker).known_values()["pos"][1]  # the HMM's observed tag set: closed
     sentences = _corpus(8, 6)
     swapped = _write_conll(tmp_path / "in.conll", [[(p, w) for w, p, _ in s] for s in sentences])
@@ -669,3 +677,58 @@ def test_swapped_columns_without_gold_are_refused_for_a_model_that_reads_a_tag_s
     word_bundle = _save(ModelBundle(BundledHMM(word_hmm, "w"), scheme="iob2", source=source), tmp_path / "words.npz")
     assert not load_bundle(word_bundle).known_values()["w"][1]
     assert run_tag(_settings(word_bundle, other_domain, tmp_path / "hmm_other.conll"))["tokens"] == sum(map(len, sentences))
+
+
+UPOS_SENTENCE = [("He", "PRON"), ("reckons", "VERB"), ("the", "DET"), ("current", "ADJ"), ("account", "NOUN"),
+                 ("deficit", "NOUN"), ("will", "AUX"), ("narrow", "VERB"), (".", "PUNCT")]  # fmt: skip
+
+
+def test_one_short_sentence_of_another_tag_set_is_refused_by_every_way_in(chunker, crf_chunker, train, tmp_path):
+    """UPOS tags as ``pos`` in one short sentence (too short to look like a tag set by its repeats)
+    are refused by the tag command (named columns), ``ModelBundle.tag``, ``tag_frame`` and the served
+    model's input check alike, for the CRF (no closed sets recorded) and the HMM; the same sentence
+    with the model's own tag set is tagged everywhere (H4, H5)."""
+    from crf.bundle import ColumnValueError
+
+    served_tag, ModelInputError = mlflow_model.tag, mlflow_model.ModelInputError
+    tags = [r[1] for r in train[0]]
+    penn = [(w, tags[t % len(tags)]) for t, (w, _) in enumerate(UPOS_SENTENCE)]  # tags the models saw in 'pos'
+    for number, path in enumerate((crf_chunker, chunker)):
+        bundle = load_bundle(path)
+        for tokens, refused in ((UPOS_SENTENCE, True), (penn, False)):
+            target = tmp_path / f"out{number}{refused}.conll"
+            named = tmp_path / f"in{number}{refused}.jsonl"
+            named.write_text(json.dumps({"tokens": [{"w": w, "pos": p} for w, p in tokens]}) + "\n")
+            sentence = [{"w": w, "pos": p} for w, p in tokens]
+            frame = pd.DataFrame({"sentence": 0, "w": [w for w, _ in tokens], "pos": [p for _, p in tokens]})
+            if not refused:
+                assert run_tag(_settings(path, named, target))["tokens"] == len(tokens)
+                assert len(bundle.tag([sentence])[0]["labels"]) == len(tokens)
+                assert len(bundle.tag_frame(frame)) == len(served_tag(bundle, frame)) == len(tokens)
+                continue
+            with pytest.raises(TagError, match=r"the column read as 'pos' holds 0% values the model saw there.*'PRON'"):
+                run_tag(_settings(path, named, target))
+            assert not target.exists()
+            message = r"^the column 'pos' holds 0% values the model saw there in training \(of a set of \d+; not 'PRON'"
+            with pytest.raises(ColumnValueError, match=message):
+                bundle.tag([sentence])
+            with pytest.raises(ColumnValueError, match=message):
+                bundle.tag_frame(frame)
+            with pytest.raises(ModelInputError, match=message[1:]):
+                served_tag(bundle, frame)
+
+
+def test_a_gold_column_of_another_tasks_labels_is_not_scored(chunker, crf_chunker, tmp_path):
+    """A header-less ``w pos ner`` file: its third column, read as the chunk labels, is mostly
+    ``O`` (a label of both tag sets) and B-ORG/I-ORG elsewhere, so most of its cells are labels
+    the chunker knows; none of those outside ``O`` is. Refused, not scored (H3)."""
+    sentences = _corpus(8, 11)
+    ner = [[(w, p, "B-ORG" if t == 1 else "I-ORG" if t == 2 else "O") for t, (w, p, _) in enumerate(s)] for s in sentences]
+    source = _write_conll(tmp_path / "ner.conll", ner)
+    for number, path in enumerate((chunker, crf_chunker)):
+        target = tmp_path / f"out{number}.conll"
+        with pytest.raises(TagError, match=r"gold labels holds of its cells outside 'O' 0% labels the model knows \(not 'B-ORG'"):
+            run_tag(_settings(path, source, target))
+        assert not target.exists()
+        chunks = _write_conll(tmp_path / f"chunks{number}.conll", sentences)  # the chunk column itself: scored
+        assert run_tag(_settings(path, chunks, target))["accuracy"] > 0

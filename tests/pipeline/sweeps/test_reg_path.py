@@ -44,6 +44,8 @@ def test_path_settings_are_checked_before_any_work(tmp_path):
         run_path(compose_config(base + ["model=hmm"]))
     with pytest.raises(SettingsError, match="trainer.algorithm=pa: a regularisation path needs a trainer that warm-starts"):
         run_path(compose_config(base + ["trainer.algorithm=pa"]))
+    with pytest.raises(SettingsError, match=r"path.strengths: at strength 1e\+300, .*c2=1e\+300 is above 1e\+12"):
+        run_path(compose_config(base + ["path.strengths=[1e300,1]"]))  # each point as a run's c2 is checked
     assert not (tmp_path / "cache").exists()
 
 
