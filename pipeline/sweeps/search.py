@@ -5,7 +5,8 @@ The search space is written in Hydra's own sweep grammar, one entry per config k
 
 - ``choice(lbfgs, l1, elasticnet)`` or ``lbfgs,l1,elasticnet``: a categorical (config groups too);
 - ``interval(0.1, 0.9)``: a float drawn uniformly from [low, high]; ``tag(log, interval(0.001, 10))``
-  on a log scale; ``tag(int, interval(1, 100))`` an integer (``tag(int, log, ...)`` both);
+  on a log scale; ``tag(int, interval(1, 100))`` or Hydra's ``int(interval(1, 100))`` an integer
+  (``tag(int, log, ...)`` both);
 - ``range(10, 100, 10)``: integers start, start + step, ... below stop (Python's ``range``); a
   float range is a categorical of its values;
 - a plain value (``trainer.threads: 1``): the same for every trial.
@@ -89,7 +90,8 @@ def _distribution(override: Override) -> BaseDistribution:
             raise SweeperSettingError(f"{key}: interval({low:g}, {high:g}) is empty: the low end must be below the high end")
         if "log" in tags and low <= 0:
             raise SweeperSettingError(f"{key}: a log-scale interval needs a positive low end, not {low:g}")
-        if "int" in tags:
+        integral = all(isinstance(end, int) and not isinstance(end, bool) for end in (sweep.start, sweep.end))
+        if "int" in tags or integral:  # tag(int, interval(a, b)), or Hydra's own int(interval(a, b)): int ends
             if low != int(low) or high != int(high):
                 raise SweeperSettingError(f"{key}: tag(int, interval({low:g}, {high:g})) needs whole-number ends")
             return IntDistribution(int(low), int(high), log="log" in tags)

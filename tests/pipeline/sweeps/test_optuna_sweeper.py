@@ -53,6 +53,10 @@ def test_search_space_in_hydras_sweep_grammar():
     logged = search.parse_space({"trainer.c2": "tag(log, interval(0.001, 10))"}, []).distributions["trainer.c2"]
     assert logged == FloatDistribution(0.001, 10.0, log=True)
     assert search.parse_space({}, ["x=range(0.25, 1, 0.25)"]).distributions["x"] == CategoricalDistribution([0.25, 0.5, 0.75])
+    hydras = search.parse_space({}, ["x=int(interval(2, 4))", "y=tag(log, int(interval(2, 40)))", "z=float(interval(2, 4))"])
+    assert hydras.distributions == {  # Hydra's own cast of an interval: integer ends make an integer search
+        "x": IntDistribution(2, 4), "y": IntDistribution(2, 40, log=True), "z": FloatDistribution(2.0, 4.0)
+    }  # fmt: skip
 
 
 @pytest.mark.parametrize(
