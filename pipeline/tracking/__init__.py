@@ -10,6 +10,7 @@ fails at once.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import logging
 import os
@@ -341,9 +342,16 @@ def tagger_metadata(input_columns: Sequence[str]) -> dict[str, Any]:
 
 def requirements() -> list[str]:
     """The pinned packages the served model imports (the ``crf`` package itself is shipped as code)."""
+    return list(_installed_versions())
+
+
+@functools.cache
+def _installed_versions() -> tuple[str, ...]:
+    """What :func:`requirements` pins, read once per process (a search of every installed
+    package's metadata each time: about 0.1 s)."""
     from importlib.metadata import version
 
-    return [f"{name}=={version(name)}" for name in ("mlflow", "numpy", "scipy", "pandas")]
+    return tuple(f"{name}=={version(name)}" for name in ("mlflow", "numpy", "scipy", "pandas"))
 
 
 def log_tagger_model(bundle_path: Path, example: Callable[[list[str]], pd.DataFrame | None] = lambda columns: None) -> str:
