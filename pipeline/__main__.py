@@ -50,9 +50,10 @@ _STORE_WRITE_ERRORS = (
 )
 
 
-def unwritable(error: BaseException) -> str | None:
+def unwritable(error: BaseException, store: str | None = None) -> str | None:
     """One line describing ``error`` when it (or an error it was raised from) means the output
-    folder or the store cannot be written; None for any other error."""
+    folder or the store (``store``, default MLflow's current tracking URI) cannot be written;
+    None for any other error."""
     for link in error_chain(error):
         if isinstance(link, OSError) and (
             isinstance(link, PermissionError) or link.errno in (errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EACCES)
@@ -62,7 +63,7 @@ def unwritable(error: BaseException) -> str | None:
         lines = [line for line in str(link).splitlines() if any(m in line.lower() for m in _STORE_WRITE_ERRORS)]
         if lines:
             what = lines[0].split(") ", 1)[-1] if lines[0].startswith("(") else lines[0]  # "(sqlite3.OperationalError) ..."
-            return f"cannot write the tracking store {mlflow.get_tracking_uri()} ({what.strip()[:200]})"
+            return f"cannot write the tracking store {store or mlflow.get_tracking_uri()} ({what.strip()[:200]})"
     return None
 
 
@@ -98,6 +99,16 @@ class _ReportedOnce(logging.Filter):
         return not (record.exc_info and record.exc_info[1] is not None and unwritable(record.exc_info[1]))
 
 
+def tracking_store(cfg: DictConfig) -> str | None:
+    """The run's tracking URI, or None when its settings name none that can be used."""
+    from pipeline.tracking import tracking_uri
+
+    try:
+        return tracking_uri(cfg)
+    except Exception:  # noqa: BLE001 - only for a message: the run's own checks report the settings
+        return None
+
+
 @hydra.main(version_base=None, config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
     logging.getLogger("mlflow.store.db.utils").addFilter(_ReportedOnce())
@@ -117,7 +128,7 @@ def main(cfg: DictConfig) -> float | None:
             log.error("%s", error)  # the one line says what and where: a traceback adds nothing
             sys.exit(2)
         except Exception as error:
-            problem = unwritable(error)
+            problem = unwritable(error, tracking_store(cfg))
             if problem is None:
                 raise
             log.error(
@@ -160,14 +171,20 @@ def composition_refusal(argv: list[str]) -> str | None:
         return f"bad setting: {composition_problem(error)}"
     finally:
         GlobalHydra.instance().clear()
-    from pipeline.tracking import registry_uri, tracking_uri
+    from crf.io import writable_target
+    from pipeline.tracking import registry_uri, sqlite_path, tracking_uri
 
     try:
-        tracking_uri(cfg)  # the variable and the setting name one store
+        store = tracking_uri(cfg)  # the variable and the setting name one store
         if OmegaConf.select(cfg, "registry.register", default=False) is True:
             registry_uri(cfg)  # and MLFLOW_REGISTRY_URI, where the run registers its model
     except SettingsError as error:
         return str(error)
+    if sqlite_path(store) is not None:
+        try:
+            writable_target(sqlite_path(store))  # a dangling link or a folder: SQLite cannot open it
+        except OSError as error:
+            return f"bad setting: the tracking store {store}: {str(error).removesuffix('; not written')}; name a file"
     for key in ("paths.output_dir", "paths.cache_dir"):  # Hydra makes its run folder in the first
         try:
             folder = OmegaConf.select(cfg, key, default=None)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import fnmatch
 import logging
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -416,6 +417,25 @@ def test_a_tracking_store_named_twice_differently_is_refused(tmp_path, monkeypat
     assert composition_refusal([f"tracking.uri={b}"]) is None  # a run that registers nothing reads no registry
     assert registry_uri(compose_config([])) == a  # the variable alone: a registry apart, as MLflow has it
     assert registry_uri(compose_config([f"tracking.uri={a}"])) == a
+
+
+def test_a_tracking_store_that_sqlite_cannot_open_is_a_settings_line(tmp_path, monkeypatch):
+    """A store file that is a dangling link (its folder missing) or a folder: one line naming it,
+    before Hydra runs, not 100 s of MLflow's retries and a message naming another store (H7)."""
+    from pipeline.__main__ import composition_refusal, unwritable
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    (tmp_path / "dang.db").symlink_to(tmp_path / "nowhere" / "x.db")
+    (tmp_path / "folder.db").mkdir()
+    for name, problem in (("dang.db", "a symbolic link to .*nowhere/x.db, which does not exist; name a file"),
+                          ("folder.db", "a folder; name a file")):  # fmt: skip
+        uri = f"sqlite:///{tmp_path / name}"
+        found = composition_refusal([f"tracking.uri={uri}", f"paths.output_dir={tmp_path / 'out'}"])
+        assert found is not None and re.match(rf"bad setting: the tracking store {re.escape(uri)}: .*{problem}$", found), found
+    assert composition_refusal([f"tracking.uri=sqlite:///{tmp_path / 'new' / 'x.db'}"]) is None  # its folder is made
+    store_error = RuntimeError("(sqlite3.OperationalError) unable to open database file")
+    expected = "cannot write the tracking store sqlite:///mine.db (unable to open database file)"
+    assert unwritable(store_error, "sqlite:///mine.db") == expected
 
 
 def _multirun(tmp_path: Path, *overrides: str):
