@@ -268,20 +268,30 @@ def check_trials(space: SearchSpace, config: Any, loader: Any, metric: str | Non
     objective exists in each: ``metric`` (null: the dev score) is a metric of a stage the job runs
     (one the stage declares, where it declares them: ``evaluate.nosuch`` is refused), an F1 needs
     a dataset with chunks (a scheme other than none), and a dev score needs a dev
-    split, which a ``data.final_fit=train+dev`` run has not.
+    split, which a ``data.final_fit=train+dev`` run has not; and every trial is scored on the same
+    data (:func:`pipeline.tracking.champion.evaluation_key`).
     SweeperSettingError (one line) otherwise: so ``trainer.c2=choice(0.1, -1)`` or
     ``data.final_fit=nosuch`` is refused before any trial runs, not by a trial's job."""
     from crf.bundle import normalize_scheme
     from pipeline.engine.validate import SettingsError
     from pipeline.stages.prepare import final_fit
     from pipeline.sweeps.grid_preflight import check_job
+    from pipeline.tracking.champion import evaluation_key
 
+    evaluations: dict[str, str] = {}  # evaluation key -> the first trials scored on that data
     for values in checked_trials(space):
         searched = " ".join(trial_overrides(values))
         try:
             job, order = check_job(loader, config, [*space.fixed, *trial_overrides(values)])
         except SettingsError as error:
             raise SweeperSettingError(f"the trials with {searched}: {error}") from None
+        evaluations.setdefault(evaluation_key(OmegaConf.to_container(job.dataset, resolve=True)), searched)
+        if len(evaluations) > 1:
+            first = next(iter(evaluations.values()))
+            raise SweeperSettingError(
+                f"the trials with {first} and those with {searched} are scored on different data (the dataset, its files, "
+                "columns, label or dev split differ), so their scores do not compare: search one evaluation data per study"
+            )
         stage, _, name = (metric or ".dev score").rpartition(".")
         if metric is not None and stage not in order:
             raise SweeperSettingError(

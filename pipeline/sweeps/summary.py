@@ -103,6 +103,14 @@ def gather(sweep_id: str, experiment: str, tag: str = "sweep_id", metric: str | 
     return table.sort_values(["trainer", "strength"], ignore_index=True)
 
 
+def _varied_settings(jobs: pd.DataFrame, experiment: str) -> str:
+    """The dataset settings that differ between ``jobs`` (by the run parameters they logged)."""
+    ids = ", ".join(f"'{run_id}'" for run_id in jobs.run_id)
+    runs = mlflow.search_runs(experiment_names=[experiment], filter_string=f"attributes.run_id IN ({ids})")
+    columns = [c for c in runs.columns if c.startswith("params.dataset.") and runs[c].nunique(dropna=False) > 1]
+    return ", ".join(f"{c.removeprefix('params.')}={'/'.join(sorted(map(str, runs[c].unique())))}" for c in columns)
+
+
 def best_job(finished: pd.DataFrame, rank: str, direction: str = "maximize") -> pd.Series:
     """The row of ``finished`` (jobs with a value in column ``rank``) with the best value in the
     ``direction`` (``maximize`` or ``minimize``); among tied jobs the lowest Optuna trial number, as
@@ -224,7 +232,16 @@ def summarize(
     finished = done.dropna(subset=[rank])
     final_fits = done[done[rank].isna() & (done.final_fit == "train+dev")]  # no dev score: nothing to rank them by
     register = registry is not None and bool(registry.sweep)
-    if finished.empty and not done.empty:
+    evaluations = finished.evaluation[finished.evaluation != ""].unique()
+    if len(evaluations) > 1:  # dev scores of other dev sets (or datasets) do not compare: no job is "best"
+        varied = _varied_settings(finished, experiment)
+        log.warning(
+            "[sweep %s] its finished jobs were scored on %d different evaluation data (the dataset, its files, columns, label "
+            "or dev split differ%s): they are not ranked against each other, so no best job is named%s",
+            sweep_id, len(evaluations), f": {varied}" if varied else "", " and none is registered" if register else "",
+        )  # fmt: skip
+        finished = finished.iloc[:0]
+    if finished.empty and not done.empty and len(evaluations) <= 1:
         wanted = f"the sweep's metric {metric}" if metric else f"a dev score (dev_{score_name})"
         log.warning(
             "[sweep %s] no finished job has %s: no best job%s",

@@ -232,11 +232,14 @@ def test_a_scoreless_holder_that_took_the_alias_without_force_is_replaced_by_a_s
     assert "registered by an older version of the pipeline" in client.get_model_version("legacy", "2").tags[DECISION_TAG]
 
 
-def _sweep_job(client, experiment, model, sweep, c2, final_fit="train", dev=None, status="FINISHED", name="sweep"):
-    """A finished (or ``status``) pipeline run of sweep ``sweep`` whose model is ``model``."""
-    tags = {"sweep_id": sweep, "stage": "pipeline", "trainer": "lbfgs", "model_uri": model.as_uri(), EVALUATION_RUN_TAG: "e1"}
+def _sweep_job(client, experiment, model, sweep, c2, final_fit="train", dev=None, status="FINISHED", name="sweep", seed=13):
+    """A finished (or ``status``) pipeline run of sweep ``sweep`` whose model is ``model`` (scored on
+    the dev split of ``seed``: its evaluation key)."""
+    tags = {"sweep_id": sweep, "stage": "pipeline", "trainer": "lbfgs", "model_uri": model.as_uri()}
+    tags[EVALUATION_RUN_TAG] = "e1" if seed == 13 else f"e{seed}"
     run = client.create_run(experiment, tags=tags)
     params = {"trainer.c1": "0.0", "trainer.c2": str(c2), "registry.name": name, "dataset.name": "conll2000"}
+    params["dataset.dev_split.seed"] = str(seed)
     params |= {"data.train_fraction": "1.0", "data.final_fit": final_fit}
     client.log_batch(run.info.run_id, params=[Param(k, v) for k, v in params.items()])
     if status == "FINISHED":
@@ -387,3 +390,20 @@ def test_registry_settings_and_switches_are_checked_before_any_stage(override, m
         validate_settings(compose_config([good, "registry.register=true"]))
     if override.startswith(("registry.alias", "registry.name")):  # a run that registers nothing is not refused by them
         validate_settings(compose_config([override]))
+
+
+def test_a_sweep_whose_jobs_were_scored_on_different_dev_sets_names_no_best_and_registers_nothing(local_registry, caplog):
+    """A grid over ``dataset.dev_split.seed``: its dev scores do not compare, so no job is the best
+    and none is registered; the log names the setting that differs (H9)."""
+    caplog.set_level(logging.INFO, logger="pipeline")
+    client, model = local_registry
+    experiment = client.create_experiment("crf")
+    _sweep_job(client, experiment, model, "seeds", 1.0, dev=81.0, name="seeds", seed=13)
+    _sweep_job(client, experiment, model, "seeds", 1.0, dev=80.0, name="seeds", seed=14)
+    tags = _summarize(client, experiment, "seeds")
+    assert client.search_model_versions("name = 'seeds'") == [] and "best_run_id" not in tags
+    assert "finished jobs were scored on 2 different evaluation data" in caplog.text
+    assert "dataset.dev_split.seed=13/14" in caplog.text and "none is registered" in caplog.text
+    _sweep_job(client, experiment, model, "same", 1.0, dev=80.0, name="same", seed=14)  # one dev set: ranked as ever
+    _sweep_job(client, experiment, model, "same", 0.1, dev=82.0, name="same", seed=14)
+    assert "best_run_id" in _summarize(client, experiment, "same")

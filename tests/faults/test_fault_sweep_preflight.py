@@ -173,6 +173,9 @@ def _optuna(tmp_path: Path, params: dict, task: list[str] = (), **settings) -> O
         ({"trainer.c2": "interval(0.1, 1)"}, ["metric=prepare.dev_f1"], "stage prepare logs no metric dev_f1"),
         ({"trainer.c2": "interval(0.1, 1)"}, ["metric=evaluate.test_correction_fixes"],
          "stage evaluate logs no metric test_correction_fixes"),
+        # trials scored on other data: their scores do not compare (H9)
+        ({"trainer.c2": "interval(0.1, 1)", "dataset.dev_split.seed": "choice(13, 14)"}, [], "the trials with trainer.c2=0.1 "
+         "dataset.dev_split.seed=13 and those with trainer.c2=0.1 dataset.dev_split.seed=14 are scored on different data"),
     ],
 )  # fmt: skip
 def test_an_optuna_trial_a_single_run_would_refuse_ends_the_sweep_before_any_trial(tmp_path, caplog, params, task, message):
