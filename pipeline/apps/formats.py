@@ -94,6 +94,7 @@ _TOKEN = re.compile(
     | \w+(?=n['’]t\b)                   # do|n't, ca|n't, is|n't: the word before the clitic
     | n['’]t\b                          # the clitic itself
     | ['’](?:s|re|ve|ll|d|m)\b          # 's 're 've 'll 'd 'm
+    | (?:can(?=not\b)|(?:gon|wan)(?=na\b)|got(?=ta\b)|(?:gim|lem)(?=me\b))  # can|not, gon|na, got|ta, gim|me
     | [A-Za-z](?:\.[A-Za-z])+\.?(?:-\w+)*  # abbreviations written with dots: U.S., e.g., a.m, B.A.T, U.S.-made
     | (?-i:(?:{_ABBREVIATIONS})\.)(?:-\w+)*(?!\s*$)  # Mr., Inc., Sept., Calif.-based (a final period split off)
     | (?-i:[A-Z]\.(?=\s+[A-Z]))         # an initial before a name: J. Smith
@@ -116,7 +117,8 @@ def tokenize(line: str, how: str = "punct") -> list[str]:
     names with ``&`` (``AT&T``), abbreviations with their period (``U.S.``, ``Mr.``, ``Inc.``,
     ``Sept.``; a known abbreviation, an initial before a name, or any word whose period is followed
     by a lowercase word or a comma; a period at the end of the line is split off), e-mail and web
-    addresses whole, clitics split off (``do n't``, ``it 's``, ``we 're``), each other punctuation
+    addresses whole, clitics split off (``do n't``, ``it 's``, ``we 're``; ``can not``, ``gon na``,
+    ``wan na``, ``got ta``, ``gim me``, ``lem me``, as the Penn Treebank and EWT split them), each other punctuation
     character alone (runs of ``.!?``, ``--`` and emoticons whole; ``5%`` is ``5 %``); quotes stay as
     written (PTB's ````''`` conversion is not done). ``how="whitespace"``: the line split on
     whitespace (``Trinkoff,`` stays one token), as AnyStyle's training sequences were."""
