@@ -52,6 +52,7 @@ CLOSED_SET = 100
 MIN_KNOWN = 0.5
 WARN_KNOWN = 0.9
 WORDS = "w"  # the word column of the pipeline's data sets, when a bundle's source names none
+FRAME_OUTPUTS = ("label", "marginal", "segment_confidence")  # the columns ModelBundle.tag_frame adds
 KIND = "crf.TaggerBundle"  # the kind its files carry (the class was once named so)
 SCHEMES = ("iob1", "iob2", "iobes", "none")
 CHUNK_ELEMENTS = 4_000_000  # tokens x states per recursion call (about 8 bytes each, a few arrays)
@@ -943,11 +944,16 @@ class ModelBundle:
         ColumnValueError
             A column of another kind of value than the model saw there, as :meth:`tag` checks them.
         ValueError
-            A missing column, or a sentence id that reappears after another one.
+            A missing column, a column named as an output (``label``, ``marginal``,
+            ``segment_confidence``), or a sentence id that reappears after another one.
             Also: a column that appears more than once (:func:`check_unique_columns`, the served
             model's check).
         """
         check_unique_columns(frame.columns)
+        written = [c for c in FRAME_OUTPUTS if c in frame.columns]
+        if written:  # it would be replaced by the prediction: gold labels sent as "label" would come back as the model's
+            raise ValueError(f"the input has a column {written[0]!r}, which tag_frame writes (its outputs: "
+                             f"{', '.join(FRAME_OUTPUTS)}): rename it")  # fmt: skip
         missing = [c for c in [sentence, *self.input_columns] if c not in frame.columns]
         if missing:
             raise ValueError(

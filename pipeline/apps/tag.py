@@ -23,7 +23,8 @@ plain text is split as the first model's training tokens were made (``tokenize``
 :func:`text_tokenisation`); every token passes :func:`crf.bundle.check_tokens`. With gold labels
 in the input (the column named as the last model's label column) the last model's token accuracy
 (and chunk precision, recall and F1 for chunk schemes) is logged and returned, all in percent
-(0-100, as conlleval prints them).
+(0-100, as conlleval prints them); a placeholder column (every cell ``_``, or ``O`` for a chunk
+scheme) is not scored.
 
 Every problem with the settings, the output place, the model or the input is found before any
 tagging: the command then logs one line and exits with status 2, leaving no output file.
@@ -245,20 +246,25 @@ def tag_corpus(bundles: Sequence[ModelBundle], corpus: Corpus, aliases: Mapping[
     return predictions
 
 
-def check_gold_column(corpus: Corpus, bundle: ModelBundle, input_path) -> None:
-    """Refuse to score against a column that does not hold the model's labels: under
-    :data:`~crf.bundle.MIN_KNOWN` of its cells are labels the model knows, or, for a chunk
-    scheme, of its cells outside ``O`` (an NER column is mostly ``O``, as a chunk column is
-    not). A file whose columns were taken by position (no header) in another order than the
-    training data's would otherwise be scored against words, tags or another task's labels
-    ("accuracy 0.00")."""
+def check_gold_column(corpus: Corpus, bundle: ModelBundle, input_path) -> bool:
+    """Whether the gold column is scored. Not when it is a placeholder: every cell CoNLL's ``_``,
+    or, for a chunk scheme, ``O`` (the dummy label column CRF++- and CRFsuite-style input carries;
+    an info line says so). Refused (TagError) when it does not hold the model's labels: under
+    :data:`~crf.bundle.MIN_KNOWN` of its cells are labels the model knows, or, for a chunk scheme,
+    of its cells outside ``O`` (an NER column is mostly ``O``, as a chunk column is not). A file
+    whose columns were taken by position (no header) in another order than the training data's
+    would otherwise be scored against words, tags or another task's labels ("accuracy 0.00")."""
     if corpus.gold is None or not len(corpus.gold):
-        return
+        return False
     gold = pd.Series(corpus.gold, dtype=object)
+    inside = gold != "O"
+    placeholder = "_" if (gold == "_").all() else "O" if bundle.scheme != "none" and not inside.any() else None
+    if placeholder is not None:
+        log.info("input %s: every cell of the gold column is %r: taken as a placeholder, not scored", input_path, placeholder)
+        return False
     known = gold.isin(set(bundle.labels) | set(map(str, bundle.labels)))
     shares = {"": float(known.mean())}
-    inside = gold != "O"
-    if bundle.scheme != "none" and inside.any():
+    if bundle.scheme != "none":
         shares[" of its cells outside 'O'"] = float(known[inside].mean())
     which = min(shares, key=shares.get)
     if shares[which] < MIN_KNOWN:
@@ -268,6 +274,7 @@ def check_gold_column(corpus: Corpus, bundle: ModelBundle, input_path) -> None:
             f"knows (not {examples}, ...): its columns are not in the order the model expects; name them with a first line "
             "'# global.columns = <names>'"
         )
+    return True
 
 
 def check_input_columns(corpus: Corpus, bundles: Sequence[ModelBundle], needed: Sequence[str], input_path) -> None:
@@ -482,7 +489,7 @@ def run_tag(cfg: Mapping) -> dict:
     except TokenError as err:
         raise TagError(f"input {input_path}: {err}") from None
     check_input_columns(corpus, bundles, needed, input_path)
-    check_gold_column(corpus, bundles[-1], input_path)
+    scored = check_gold_column(corpus, bundles[-1], input_path)
     log.info("read %d sentences, %d tokens (%s) from %s", corpus.lengths.size, int(corpus.lengths.sum()), fmt, input_path)
     if out_format == "conll":
         check_conll_cells(corpus, {output_column(b): b.labels for b in bundles})
@@ -490,7 +497,7 @@ def run_tag(cfg: Mapping) -> dict:
     write_output(output_path, out_format, corpus, predictions, marginals)
     log.info("wrote %s (%s)", output_path, out_format)
     summary = {"sentences": int(corpus.lengths.size), "tokens": int(corpus.lengths.sum())}
-    if corpus.gold is not None:
+    if scored:
         scores = score(bundles[-1], corpus, predictions[-1])
         log.info("against the gold column (percent): %s", ", ".join(f"{k} {v:.2f}" for k, v in scores.items()))
         summary.update(scores)

@@ -732,3 +732,35 @@ def test_a_gold_column_of_another_tasks_labels_is_not_scored(chunker, crf_chunke
         assert not target.exists()
         chunks = _write_conll(tmp_path / f"chunks{number}.conll", sentences)  # the chunk column itself: scored
         assert run_tag(_settings(path, chunks, target))["accuracy"] > 0
+
+
+def test_a_placeholder_gold_column_is_tagged_and_not_scored(chunker, tmp_path, caplog):
+    """The dummy label column of CRF++/CRFsuite-style input (every cell ``O``, or CoNLL's ``_``) is
+    no gold: tagged and written, not scored (all ``O`` was "accuracy 13.38, f1 0.00"; all ``_``
+    a refusal that blamed the column order) (H11)."""
+    caplog.set_level(logging.INFO, logger="pipeline")
+    sentences = _corpus(8, 12)
+    for dummy in ("O", "_"):
+        source = _write_conll(tmp_path / f"dummy{dummy}.conll", [[(w, p, dummy) for w, p, _ in s] for s in sentences])
+        target = tmp_path / f"out{dummy}.conll"
+        summary = run_tag(_settings(chunker, source, target))
+        assert "accuracy" not in summary and summary["tokens"] == sum(map(len, sentences))
+        assert f"every cell of the gold column is {dummy!r}: taken as a placeholder, not scored" in caplog.text
+        assert [[r[2] for r in s] for s in read_conll(target)] == [[dummy] * len(s) for s in sentences]  # written as given
+    mostly = [[(w, p, "O" if (i, t) != (0, 0) else c) for t, (w, p, c) in enumerate(s)] for i, s in enumerate(sentences)]
+    assert "accuracy" in run_tag(_settings(chunker, _write_conll(tmp_path / "one.conll", mostly), tmp_path / "o.conll"))
+
+
+def test_an_input_column_named_as_an_output_is_refused_not_overwritten(crf_chunker):
+    """A frame carrying gold labels as ``label`` got the predictions back under that name, the gold
+    gone (and ``marginal``, ``segment_confidence`` alike): refused by tag_frame and the served model (H10)."""
+    bundle = load_bundle(crf_chunker)
+    words = [("He", "PRP"), ("reckons", "VBZ"), ("the", "DT"), ("deficit", "NN")]
+    for name in ("label", "marginal", "segment_confidence"):
+        frame = pd.DataFrame({"sentence": 0, "w": [w for w, _ in words], "pos": [p for _, p in words], name: "GOLD"})
+        with pytest.raises(ValueError, match=rf"^the input has a column '{name}', which tag_frame writes .*: rename it$"):
+            bundle.tag_frame(frame)
+        with pytest.raises(mlflow_model.ModelInputError, match=rf"a column '{name}', which tag_frame writes"):
+            mlflow_model.tag(bundle, frame)
+    frame = pd.DataFrame({"sentence": 0, "w": [w for w, _ in words], "pos": [p for _, p in words], "chunk": "GOLD"})
+    assert bundle.tag_frame(frame)["chunk"].tolist() == ["GOLD"] * len(words)  # other extra columns pass through
