@@ -205,7 +205,7 @@ MEASURED_SECONDS = {
     "tests/crf/test_references.py::test_core_trained_crf_on_gold": 102,
     "tests/crf/test_conll2000.py::test_chunk_f1_reaches_93": 101,  # the module fixture trains the model
     "tests/pipeline/sweeps/test_launchers.py::test_sweep_on_a_two_node_ray_cluster": 88,
-    "tests/pipeline/tracking/test_postgres.py::test_six_parallel_jobs_against_a_postgres_backed_server": 60,
+    "tests/pipeline/tracking/test_postgres.py::test_parallel_jobs_against_a_postgres_backed_server": 35,
     "tests/pipeline/sweeps/test_optuna_sweeper.py::test_optuna_sweep_warm_starts_a_trial_from_the_finished_one_nearest_to_it": 52,
     "tests/pipeline/sweeps/test_launchers.py::test_sweep_through_submitit_with_a_failing_job": 41,
     "tests/pipeline/tracking/test_registry.py::test_a_sweep_registers_its_best_job_as_champion": 41,
