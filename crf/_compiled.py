@@ -25,6 +25,35 @@ _lock = threading.Lock()
 _compiled: dict[str, object] = {}
 
 
+def _reach(labels, t, width):  # pragma: no cover - compiled
+    """How many slots of token ``t`` of a pruned lattice to visit: past the last filled one of its
+    ``width`` slots (``labels`` (T, K), -1 where empty) they are all empty."""
+    reach = 0
+    for k in range(width):
+        if labels[t, k] >= 0:
+            reach = k + 1
+    return reach
+
+
+def _source_weights(table, labels, before, before2, t, s, reach, weights):  # pragma: no cover - compiled
+    """Row ``s`` of ``weights`` (S, K): the scores of the edges from state s = (i, j) of token
+    ``t - 1`` of a pruned lattice into the first ``reach`` slots k of token ``t`` (``table[before2[t,
+    i], before[t, j], labels[t, k]]``, -inf into an empty slot; see :func:`_viterbi`). False, and
+    the row left as it was, when slot i or j is empty: the state has no edges."""
+    width = labels.shape[1]
+    a, b = before2[t, s // width], before[t, s % width]
+    if a < 0 or b < 0:
+        return False
+    for k in range(reach):
+        c = labels[t, k]
+        weights[s, k] = table[a, b, c] if c >= 0 else -np.inf
+    return True
+
+
+#: the helpers the kernels call, compiled (once) before the first kernel is
+_HELPERS = ("_reach", "_source_weights")
+
+
 def _viterbi(emissions, table, start, end, offsets, slots, states, scores):  # pragma: no cover - compiled
     """Best state path of every sequence, into ``states`` (T,) and ``scores`` (N,): the one
     max-plus recursion of a first-order chain and of a pruned second-order lattice.
@@ -76,21 +105,14 @@ def _viterbi(emissions, table, start, end, offsets, slots, states, scores):  # p
                 pointers[s] = 0
             reach = width  # the targets (j, k) of a source (i, j) past k = reach - 1 have empty slots k
             if slots is not None:
-                reach = 0
-                for k in range(width):
-                    if labels[t, k] >= 0:
-                        reach = k + 1
+                reach = _reach(labels, t, width)
             for s in range(n_states):  # source by source: the inner loop over a run has no branch
                 value_in = delta[s]
                 if slots is not None:  # this source's weights (none: its edges are all -inf)
                     if value_in == -np.inf:  # (most pair states are empty)
                         continue
-                    a, b = before2[t, s // width], before[t, s % width]
-                    if a < 0 or b < 0:
+                    if not _source_weights(table, labels, before, before2, t, s, reach, weights):
                         continue
-                    for k in range(reach):
-                        c = labels[t, k]
-                        weights[s, k] = table[a, b, c] if c >= 0 else -np.inf
                 base = (s % middle) * width
                 for k in range(reach):
                     value = value_in + weights[s, k]
@@ -160,21 +182,14 @@ def _log_forward(
                     total[s] = 0.0
                 reach = width  # past reach - 1 the slots k of this token are empty
                 if slots is not None:
-                    reach = 0
-                    for k in range(width):
-                        if labels[t, k] >= 0:
-                            reach = k + 1
+                    reach = _reach(labels, t, width)
                 for s in range(n_states):
                     value_in = source[s]
                     if value_in == -np.inf:
                         continue
                     if slots is not None:
-                        a, b = before2[t, s // width], before[t, s % width]
-                        if a < 0 or b < 0:
+                        if not _source_weights(table, labels, before, before2, t, s, reach, weights):
                             continue
-                        for k in range(reach):
-                            c = labels[t, k]
-                            weights[s, k] = table[a, b, c] if c >= 0 else -np.inf
                     base = (s % middle) * width
                     for k in range(reach):
                         value = value_in + weights[s, k]
@@ -219,19 +234,12 @@ def _log_backward(emissions, table, end, slots, offsets, log_beta):  # pragma: n
         for t in range(stop - 1, first, -1):
             reach = width
             if slots is not None:
-                reach = 0
-                for k in range(width):
-                    if labels[t, k] >= 0:
-                        reach = k + 1
+                reach = _reach(labels, t, width)
             for s in range(n_states):
                 log_beta[t - 1, s] = -np.inf
                 if slots is not None:
-                    a, b = before2[t, s // width], before[t, s % width]
-                    if a < 0 or b < 0:
+                    if not _source_weights(table, labels, before, before2, t, s, reach, weights):
                         continue
-                    for k in range(reach):
-                        c = labels[t, k]
-                        weights[s, k] = table[a, b, c] if c >= 0 else -np.inf
                 base = (s % middle) * width
                 best = -np.inf
                 for k in range(reach):
@@ -490,6 +498,10 @@ def _kernel(name: str):
                 log.warning("numba is not installed: %s runs as plain Python (slow)", name)
                 _compiled[name] = function
             else:
+                for helper in _HELPERS:  # a kernel resolves the helpers it calls when it is compiled
+                    if helper not in _compiled:  # inlined into each kernel: the same code as written out there
+                        inlined = numba.njit(cache=True, nogil=True, inline="always")(globals()[helper])
+                        _compiled[helper] = globals()[helper] = inlined
                 _compiled[name] = numba.njit(cache=True, nogil=True)(function)
     return _compiled[name]
 
