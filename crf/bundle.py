@@ -51,6 +51,7 @@ CLOSED_SET = 100
 #: tag-set column below it is refused (it holds another kind of value); below WARN_KNOWN, warned of
 MIN_KNOWN = 0.5
 WARN_KNOWN = 0.9
+MIN_EVIDENCE = 5  # a column is refused on at least this many cells the model never saw there (a few are no evidence)
 WORDS = "w"  # the word column of the pipeline's data sets, when a bundle's source names none
 FRAME_OUTPUTS = ("label", "marginal", "segment_confidence")  # the columns ModelBundle.tag_frame adds
 KIND = "crf.TaggerBundle"  # the kind its files carry (the class was once named so)
@@ -536,9 +537,10 @@ class ModelBundle:
         (POS tags given as words, words as POS tags, chunk tags as POS tags), or it is a tag set:
         a closed set the part records (:meth:`known_values`), or a column other than the words of
         at most :data:`CLOSED_SET` training values whose cells look like a tag set
-        (:func:`tag_like`) or are too few to tell (under twice that many). A tag set of which
-        under :data:`WARN_KNOWN` is known is reported without a refusal. A column of new words
-        (text of another domain) is not reported.
+        (:func:`tag_like`) or are too few to tell (under twice that many). Fewer than
+        :data:`MIN_EVIDENCE` unseen cells are no evidence (one or two tags a small model never
+        saw): never refused. A tag set of which under :data:`WARN_KNOWN` is known is reported
+        without a refusal. A column of new words (text of another domain) is not reported.
 
         Parameters
         ----------
@@ -569,7 +571,7 @@ class ModelBundle:
             unseen = tuple(cells[~seen].unique()[:3])
             few = len(values) <= CLOSED_SET and (tag_like(cells) or len(cells) < 2 * CLOSED_SET)
             tag_set = (closed and (by_position or column != words)) or (column != words and few)
-            if own >= MIN_KNOWN:
+            if own >= MIN_KNOWN or int((~seen).sum()) < MIN_EVIDENCE:
                 if tag_set and own < WARN_KNOWN:
                     found.append(ColumnFinding(column, own, unseen, None))
                 continue

@@ -764,3 +764,22 @@ def test_an_input_column_named_as_an_output_is_refused_not_overwritten(crf_chunk
             mlflow_model.tag(bundle, frame)
     frame = pd.DataFrame({"sentence": 0, "w": [w for w, _ in words], "pos": [p for _, p in words], "chunk": "GOLD"})
     assert bundle.tag_frame(frame)["chunk"].tolist() == ["GOLD"] * len(words)  # other extra columns pass through
+
+
+def test_a_few_tags_the_model_never_saw_are_tagged_with_a_warning_not_refused(crf_chunker, train, caplog):
+    """One to four cells of values a small model never saw in 'pos' (real PTB tags it lacks, or one
+    word that is also a label) are no evidence of another kind of value: tagged, with a warning;
+    five such cells are (H12)."""
+    from crf.bundle import MIN_EVIDENCE, ColumnValueError
+
+    bundle = load_bundle(crf_chunker)
+    seen = bundle.known_values()["pos"][0]
+    unseen = [f"T{k}" for k in range(MIN_EVIDENCE)]
+    assert not set(unseen) & seen
+    for count in range(1, MIN_EVIDENCE):
+        caplog.clear()
+        sentence = [{"w": "up", "pos": tag} for tag in unseen[:count]]
+        assert len(bundle.tag([sentence])[0]["labels"]) == count
+        assert "of the column 'pos' are values the model never saw there in training" in caplog.text
+    with pytest.raises(ColumnValueError, match="the column 'pos' holds 0% values"):
+        bundle.tag([[{"w": "up", "pos": tag} for tag in unseen]])
