@@ -13,7 +13,7 @@ import logging
 import os
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
@@ -181,7 +181,7 @@ def _merge_attributes(previous: PreviousFit, index: AttributeIndex, batch: Seque
 def _sequence(values, name: str):
     """``values`` as a sized sequence: a SequenceBatch or a list as it is, any other iterable (a
     generator, as sklearn-crfsuite accepts) read into a list once."""
-    if isinstance(values, AbstractSet):  # no order: its sequences could not be matched to labels or results
+    if isinstance(values, (AbstractSet, Mapping)):  # a set has no order; a dict would be read as its keys
         raise TypeError(f"{name} must be a list of sequences, not a {type(values).__name__}")
     if isinstance(values, (SequenceBatch, list, tuple, np.ndarray)) or hasattr(values, "__len__"):
         return values
@@ -191,15 +191,15 @@ def _sequence(values, name: str):
 
 
 def check_label_sequences(y, what: str = "y") -> None:
-    """Refuse a label sequence given as a string (its characters would become labels) or as a set
-    (its labels come in no fixed order), and ``y`` itself given as a set (its sequences come in no
-    fixed order: they could not be matched to the data's)."""
-    if isinstance(y, AbstractSet):
+    """Refuse a label sequence given as a string (its characters would become labels), a set (its
+    labels come in no fixed order) or a dict (its keys would become labels), and ``y`` itself given
+    as a set or a dict (its sequences could not be matched to the data's)."""
+    if isinstance(y, (AbstractSet, Mapping)):
         raise TypeError(f"{what} must be a list of sequences, not a {type(y).__name__}")
     for i, labels in enumerate(y):
         if isinstance(labels, (str, bytes)):
             raise TypeError(f"{what}: sequence {i} is a string ({labels[:20]!r}), not a list of labels (one per token)")
-        if isinstance(labels, AbstractSet):
+        if isinstance(labels, (AbstractSet, Mapping)):
             raise TypeError(f"{what}: sequence {i} is a {type(labels).__name__}, not a list of labels (one per token, in order)")
 
 

@@ -258,11 +258,17 @@ def _dict_tokens(tokens: list, rows: np.ndarray, at: Callable[[int], _At]) -> tu
     return all_rows[order], np.fromiter(all_names, dtype=object, count=len(all_names))[order], all_weights[order]
 
 
+def check_sequence_container(sequences: object) -> None:
+    """Refuse ``X`` given as a string, a dict (read as its keys) or a set (no order: its sequences
+    could not be matched to labels or results): TypeError, one line."""
+    if isinstance(sequences, (str, bytes, Mapping, AbstractSet)):
+        raise TypeError(f"X must be a list of sequences of tokens, not a {type(sequences).__name__}")
+
+
 def _sequence_list(sequences: Iterable[Sequence]) -> tuple[list, np.ndarray]:
     """``X`` as a list of sequences and their lengths (N,), checking its shape (a set has no order,
     so neither ``X`` nor one of its sequences may be one)."""
-    if isinstance(sequences, (str, bytes, Mapping, AbstractSet)):
-        raise TypeError(f"X must be a list of sequences of tokens, not a {type(sequences).__name__}")
+    check_sequence_container(sequences)
     sequences = list(sequences)
     kinds = map(type, sequences)
     bad = [i for i, kind in enumerate(kinds) if _TOKEN_KIND.get(kind) in (_DICT, _STR) or issubclass(kind, AbstractSet)]

@@ -45,7 +45,7 @@ from ._training import (
 from ._training_log import TrainingLog, training_log
 from ._uncertainty import UncertaintyQueries
 from ._warm import PreviousFit
-from .attributes import sequence_entries
+from .attributes import check_sequence_container, sequence_entries
 from .batch import SequenceBatch
 from .bundle import prefixed, register_kind
 from .features import FeatureExtractor
@@ -594,6 +594,7 @@ class CRF(SegmentQueries, UncertaintyQueries, FeatureTables, BaseEstimator):
         self._check_fitted()
         if isinstance(X, SequenceBatch):
             return query(X) if X.n_sequences else []
+        check_sequence_container(X)
         kept = [i for i, sequence in enumerate(X) if len(sequence)]
         out: list = [[] for _ in range(len(X))]
         if kept:

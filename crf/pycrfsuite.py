@@ -216,8 +216,9 @@ def _check_storable(items: list, labels: list[str], sequence: int) -> None:
 
 
 def _labels(yseq, what: str = "yseq") -> list[str]:
-    """``yseq`` as a list of ``str`` labels (``bytes`` are decoded as UTF-8)."""
-    if isinstance(yseq, (str, bytes, AbstractSet)) or not isinstance(yseq, Iterable):  # a set: no order
+    """``yseq`` as a list of ``str`` labels (``bytes`` are decoded as UTF-8; ValueError naming the
+    item when they are not UTF-8)."""
+    if isinstance(yseq, (str, bytes, AbstractSet, Mapping)) or not isinstance(yseq, Iterable):  # a set: no order
         raise TypeError(f"{what} must be a list of label strings, not a {type(yseq).__name__}")
     labels = list(yseq)
     try:
@@ -225,7 +226,10 @@ def _labels(yseq, what: str = "yseq") -> list[str]:
     except TypeError:
         for t, label in enumerate(labels):
             if isinstance(label, bytes):
-                labels[t] = label.decode("utf-8")
+                try:
+                    labels[t] = label.decode("utf-8")
+                except UnicodeDecodeError:
+                    raise ValueError(f"{what}[{t}]: the label {label!r} is not valid UTF-8") from None
             elif not isinstance(label, str):
                 raise TypeError(f"{what}[{t}] is {label!r}: labels must be strings") from None
     return labels
@@ -897,7 +901,7 @@ class BaseTrainer:
         """
         sequence = len(self._xseqs)
         items = _items(xseq, sequence)
-        labels = _labels(yseq)
+        labels = _labels(yseq, f"sequence {sequence}: yseq")
         if len(items) != len(labels):
             raise ValueError(f"the numbers of items and labels differ: {len(items)} items, {len(labels)} labels")
         if not items:

@@ -169,6 +169,32 @@ def test_a_value_too_large_to_train_on_is_reported_with_its_position_not_turned_
     assert model.n_iter_ > 0 and model.score([[{"a": 1e3}, {"b": 1.0}]], [["A", "B"]]) == 1.0
 
 
+def test_a_dict_is_refused_where_a_list_of_sequences_or_labels_is_needed():
+    """A dict as a label sequence was read as its keys (labels 't0', 't1'), and a dict of
+    sequences failed with a bare TypeError: refused in one line, as a set is, by CRF.fit (y and
+    y_dev), predict and python-crfsuite's Trainer (H14); a label that is bytes but not UTF-8 is
+    named with its sequence and item (H15)."""
+    from crf import pycrfsuite
+
+    X = [[{"w": "a"}, {"w": "b"}], [{"w": "b"}]]
+    y = [["A", "B"], ["B"]]
+    with pytest.raises(TypeError, match="^y: sequence 0 is a dict, not a list of labels"):
+        CRF(max_iterations=5).fit(X, [{"t0": "A", "t1": "B"}, ["B"]])
+    with pytest.raises(TypeError, match="^y_dev: sequence 0 is a dict, not a list of labels"):
+        CRF(max_iterations=5).fit(X, y, X_dev=X[:1], y_dev=[{"a": "A", "b": "B"}])
+    with pytest.raises(TypeError, match="^y must be a list of sequences, not a dict"):
+        CRF(max_iterations=5).fit(X, dict(enumerate(y)))
+    model = CRF(max_iterations=5).fit(X, y)
+    with pytest.raises(TypeError, match="X must be a list of sequences.*, not a dict"):
+        model.predict(dict(enumerate(X)))
+    trainer = pycrfsuite.Trainer(verbose=False)
+    with pytest.raises(TypeError, match="yseq must be a list of label strings, not a dict"):
+        trainer.append(X[0], {"t0": "A", "t1": "B"})
+    trainer.append(X[1], ["B"])
+    with pytest.raises(ValueError, match=r"^sequence 1: yseq\[0\]: the label b'\\xff' is not valid UTF-8$"):
+        trainer.append(X[0], [b"\xff", b"B"])
+
+
 def test_a_set_is_refused_wherever_an_order_is_needed():
     """A set of sequences, of tokens or of labels has no order: its items would be matched to
     labels and results in hash order. A token's attributes may be a set (they are a bag)."""
