@@ -99,6 +99,24 @@ def _fail(study: Any, trial: Any) -> None:
         pass
 
 
+#: the study user attribute of each sweeping process (:meth:`OptunaSweeper._record_sweeper`), by owner
+SWEEPER_ATTR = "crf.sweeper."
+
+
+def _gone_sweepers(sweepers: list[dict], began: Any) -> list[dict[str, str]]:
+    """The owner tags of the sweeps (records of :meth:`OptunaSweeper._record_sweeper`) that had the
+    study open when a trial began (``began``, a datetime), when there are some and every one of them
+    is known to be gone (:func:`pipeline.tracking.lifecycle.owner_gone`); else an empty list."""
+    from pipeline.tracking.lifecycle import OWNER_TAG, PROCESS_START_TAG, owner_gone
+
+    if began is None:
+        return []
+    start = began.timestamp()
+    holders = [v for v in sweepers if isinstance(v.get("since"), (int, float)) and v["since"] <= start and OWNER_TAG in v]
+    tags = [{key: str(v[key]) for key in (OWNER_TAG, PROCESS_START_TAG) if key in v} for v in holders]
+    return tags if tags and all(owner_gone(t) for t in tags) else []
+
+
 class OptunaSweeper(Sweeper):
     """See the module docstring."""
 
@@ -353,6 +371,7 @@ class OptunaSweeper(Sweeper):
             log.error("%s", error)
             sys.exit(2)
         self._fail_orphans(study, storage)
+        self._record_sweeper(study)
         started = len(study.get_trials(deepcopy=False))  # a resumed study's earlier trials are not this sweep's
         if started:  # seeded as before, the sampler's random draws would replay the earlier sweeps' settings
             study.sampler = search.build_sampler(self.sampler, search.derived_seed(self.seed, 1 + started))
@@ -383,15 +402,26 @@ class OptunaSweeper(Sweeper):
         self._report(study, url, sweep_dir)
         return returns
 
+    def _record_sweeper(self, study: Any) -> None:
+        """Record this process on the study before it asks a trial (user attribute
+        ``crf.sweeper.<pid>@<host>``: its owner tags and since when it sweeps): a trial asked by a
+        sweep killed before it recorded the trial's owner is then known to be that sweep's."""
+        from pipeline.tracking.lifecycle import OWNER_TAG, owner_tags
+
+        self.owner = self.owner or owner_tags()
+        study.set_user_attr(SWEEPER_ATTR + self.owner[OWNER_TAG], {**self.owner, "since": time.time()})
+
     def _fail_orphans(self, study: Any, storage: Any) -> list[int]:
         """Tell the study FAIL for each RUNNING trial whose sweeper process is gone (killed, e.g. by
         SIGKILL, so it never told the study how the trial ended), as the next start on the host
         ends such a trial's MLflow runs FAILED: a trial records its owner (``crf.owner = <pid>@<host>``
         and ``crf.process_start``) when it is asked, and it is failed only when that process ran
         on this host and its PID no longer runs or belongs to a process started at another time
-        (:func:`pipeline.tracking.lifecycle.owner_gone`). A RUNNING trial of another host, or with
-        no owner recorded, may belong to a live sweep of a shared study: it is left as it is, and
-        logged. The numbers of the trials failed."""
+        (:func:`pipeline.tracking.lifecycle.owner_gone`). A trial with no owner recorded (its sweep
+        was killed between asking it and recording it) is failed when every sweep that had the
+        study open when the trial started (:meth:`_record_sweeper`) is gone so. A RUNNING trial of
+        another host, or of a sweep that may be live, is left as it is, and logged. The numbers of
+        the trials failed."""
         from optuna.exceptions import UpdateFinishedTrialError
         from optuna.trial import TrialState
 
@@ -399,13 +429,20 @@ class OptunaSweeper(Sweeper):
 
         failed, left = [], []
         study_id = storage.get_study_id_from_name(study.study_name)
+        sweepers = [v for k, v in study.user_attrs.items() if k.startswith(SWEEPER_ATTR) and isinstance(v, dict)]
         for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             owner = trial.user_attrs.get(OWNER_TAG)
             recorded = {key: str(trial.user_attrs[key]) for key in (OWNER_TAG, PROCESS_START_TAG) if key in trial.user_attrs}
+            reason = f"process {owner} died"
+            if owner is None:  # asked by a sweep killed before it recorded the owner?
+                gone = _gone_sweepers(sweepers, trial.datetime_start)
+                if gone:
+                    recorded = gone[-1]
+                    owners = ", ".join(t[OWNER_TAG] for t in gone)
+                    reason = f"no owner recorded, and the sweeps that had the study open then ({owners}) died"
             if not owner_gone(recorded):
                 left.append(f"{trial.number} ({owner or 'no owner recorded'})")
                 continue
-            reason = f"process {owner} died"
             try:
                 trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, trial.number)
                 storage.set_trial_user_attr(trial_id, "error", reason)

@@ -36,7 +36,7 @@ from optuna.distributions import CategoricalDistribution  # noqa: E402
 from optuna.trial import TrialState  # noqa: E402
 from pipeline_helpers import CONF_DIR, seed_store, tiny_overrides  # noqa: E402
 
-from hydra_plugins.crf_optuna_sweeper.optuna_sweeper import OptunaSweeper  # noqa: E402
+from hydra_plugins.crf_optuna_sweeper.optuna_sweeper import SWEEPER_ATTR, OptunaSweeper  # noqa: E402
 from pipeline.sweeps import search  # noqa: E402
 from pipeline.tracking.lifecycle import OWNER_TAG, PROCESS_START_TAG, owner_tags, process_start  # noqa: E402
 
@@ -153,6 +153,41 @@ def test_only_trials_whose_owner_is_provably_gone_are_failed(tmp_path, caplog):
     }
     assert states[5:] == [TrialState.COMPLETE]  # the sweep ran its own trial
     assert f"0 ({os.getpid()}@{host}), 3 ({dead_pid}@{host}-elsewhere), 4 (no owner recorded)" in caplog.text
+
+
+def test_a_trial_asked_by_a_sweep_killed_before_it_recorded_the_owner_is_failed(tmp_path, caplog):
+    """A SIGKILL between asking a trial and recording its owner left it RUNNING with no owner,
+    forever (H13): a sweep records itself on the study first, so the next sweep fails a trial
+    without an owner when every sweep that had the study open when it began is gone; a live one
+    (this process) may still record it, so then it is left."""
+    import time
+
+    host = socket.gethostname()
+    dead_pid, dead_start = _dead_process()
+    dead = {OWNER_TAG: f"{dead_pid}@{host}", PROCESS_START_TAG: dead_start}
+    for name, sweepers, expected in (
+        ("dead", [dead], TrialState.FAIL),
+        ("dead and live", [dead, owner_tags()], TrialState.RUNNING),
+        ("other host", [{**dead, OWNER_TAG: f"{dead_pid}@{host}-elsewhere"}], TrialState.RUNNING),
+    ):
+        folder = tmp_path / name.replace(" ", "_")
+        folder.mkdir()
+        study = _study(folder)
+        for record in sweepers:
+            study.set_user_attr(SWEEPER_ATTR + record[OWNER_TAG], {**record, "since": time.time() - 1})
+        study.ask({"x": CategoricalDistribution(["a", "b"])})  # killed before the owner was recorded
+        caplog.clear()
+        caplog.set_level(logging.INFO)
+        _sweeper(folder).sweep([])
+        trials = _study(folder).get_trials()
+        assert [t.state for t in trials] == [expected, TrialState.COMPLETE], name
+        if expected == TrialState.FAIL:
+            reason = f"no owner recorded, and the sweeps that had the study open then ({dead_pid}@{host}) died"
+            assert trials[0].user_attrs["error"] == reason
+        else:
+            assert "0 (no owner recorded)" in caplog.text, name
+    recorded = _study(tmp_path / "dead").user_attrs[SWEEPER_ATTR + owner_tags()[OWNER_TAG]]  # the sweep that just ran
+    assert recorded[OWNER_TAG] == owner_tags()[OWNER_TAG] and recorded["since"] <= time.time()
 
 
 class _WorkerLauncher(_Launcher):
