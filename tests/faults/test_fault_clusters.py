@@ -66,6 +66,12 @@ def _passes(overrides: list[str]) -> None:
         (["features.clusters.column=null"], "bad setting features.clusters.column=None"),
         (["features.clusters.source=''"], "bad setting features.clusters.source=''"),
         (["features.clusters.pool=[null]"], "bad setting features.clusters.pool=[None]: a list of text files"),
+        (["features.clusters.templates='brown4[0]'"], "bad setting features.clusters.templates='brown4[0]': a list of templates"),
+        (["features.clusters.templates=['']"], "bad setting features.clusters.templates=['']: a list of templates"),
+        (["features.clusters.templates=['w[0]|pos[0]']"], "template 'w[0]|pos[0]' reads no cluster view (brown10, brown20"),
+        (["features.clusters.templates=['brown5[0]']"], "template 'brown5[0]' reads no cluster view"),
+        (["features.clusters.templates=['brown4[0]|pos[0]','brown4[0]|pos[0]']"], "'brown4[0]|pos[0]' is repeated"),
+        (["features.clusters.templates=['brown6[1]']"], "template 'brown6[1]' is made already by prefixes and offsets"),
     ],
 )
 def test_every_clusters_setting_is_checked_before_any_stage(overrides, message):
@@ -75,6 +81,12 @@ def test_every_clusters_setting_is_checked_before_any_stage(overrides, message):
 def test_the_settings_the_shipped_configs_use_pass_and_mean_what_they_say():
     _passes([BROWN])
     _passes([BROWN, "features.clusters.column=pos", "features.clusters.prefixes=[0,1000]"])
+    _passes([BROWN, "features.clusters.templates=['brown4[-1]|brown4[0]','brown6[0]|pos[0]']", "features.clusters.offsets=[0]"])
+    # conjunctions come after the per-offset templates, in the order given; without the clusters' file none is made
+    settings = clusters.settings_of({"prefixes": [4], "offsets": [0], "templates": ["brown4[-1]|brown4[0]", "brown4[0]|w[0]"]})
+    made = clusters.expanded({"templates": ["w[0]"], "views": {}, "clusters": settings}, "paths.txt")
+    assert made["templates"] == ["w[0]", "brown4[0]", "brown4[-1]|brown4[0]", "brown4[0]|w[0]"]
+    assert clusters.expanded({"templates": ["w[0]"], "views": {}, "clusters": settings}, None)["templates"] == ["w[0]"]
     with pytest.raises(SettingsError, match=r"unknown setting\(s\) \['n_cluster'\]"):
         clusters.settings_of({"n_cluster": 5})
     # a prefix at least as long as every path is the whole path, as 0 is (documented in brown.yaml)
