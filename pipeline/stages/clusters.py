@@ -514,6 +514,27 @@ def _columns_checked(checks: Sequence[tuple[str, str]], dataset: Mapping) -> Non
             )
 
 
+def _template_views_checked(setting: str, settings: Mapping[str, Any], features: Mapping, dataset: Mapping) -> None:
+    """Refuse a ``templates`` entry that reads a name neither a ``brown<n>`` view of ``prefixes``, a
+    view or lexicon of the feature set nor a dataset column (``brown4[0]|pos[0]`` on a dataset
+    without ``pos``), or that does not parse."""
+    from crf.features import parse_template
+
+    known = {f"brown{n}" for n in settings["prefixes"]} | set(dict(features.get("views") or {}))
+    known |= set(dict(features.get("lexicons") or {})) | {str(c) for c in dataset.get("columns") or []}
+    for template in settings["templates"]:
+        try:
+            cells = parse_template(template).cells
+        except ValueError as error:
+            raise SettingsError(f"bad setting {setting}: {error}") from None
+        missing = [view for view, _ in cells if view not in known]
+        if missing:
+            raise SettingsError(
+                f"bad setting {setting}: {template!r} reads {missing[0]!r}, neither a cluster view, a view of the feature "
+                f"set nor a column of dataset {dataset.get('name')!r}"
+            )
+
+
 def validate(cfg) -> None:
     """Check the word clusters a run's features ask for, before any stage runs: the settings
     (:func:`settings_of`), the word column (a dataset column, not the label), the views they add
@@ -548,6 +569,7 @@ def validate(cfg) -> None:
                 f"{', '.join(taken)}; give it features.clusters=auto or a paths file instead of a clusters mapping"
             )
         _columns_checked([("features.clusters.column", settings["column"])], dataset)
+        _template_views_checked("features.clusters.templates", settings, features, dataset)
         if settings["source"] != AUTO:
             _paths_file_checked("features.clusters.source", settings["source"])
             return
@@ -583,6 +605,9 @@ def validate_semi(cfg) -> None:
     block = dict((semi or {}).get("clusters") or {})
     settings = settings_of(block, "semi.clusters")
     _columns_checked([("semi.clusters.column", settings["column"])], section(cfg, "dataset"))
+    features = section(cfg, "features")
+    if isinstance(features, Mapping):
+        _template_views_checked("semi.clusters.templates", settings, features, section(cfg, "dataset"))
     if settings["source"] != AUTO:
         _paths_file_checked("semi.clusters.source", settings["source"])
     else:
@@ -590,7 +615,6 @@ def validate_semi(cfg) -> None:
             problem = format_problem(path, settings["format"])
             if problem:
                 raise SettingsError(f"bad setting semi.clusters.format={settings['format']!r}: pool file {path}: {problem}")
-    features = section(cfg, "features")
     if isinstance(features, Mapping) and is_auto(features):
         raise SettingsError(
             "bad setting features.clusters: the semi_supervised stage does not learn the feature set's clusters "

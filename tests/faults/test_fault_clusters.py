@@ -73,6 +73,8 @@ def _passes(overrides: list[str]) -> None:
         (["features.clusters.templates=['brown5[0]']"], "template 'brown5[0]' reads no cluster view"),
         (["features.clusters.templates=['brown4[0]|pos[0]','brown4[0]|pos[0]']"], "'brown4[0]|pos[0]' is repeated"),
         (["features.clusters.templates=['brown6[1]']"], "template 'brown6[1]' is made already by prefixes and offsets"),
+        (["features.clusters.templates=['brown4[0]|lemma[0]']"], "'brown4[0]|lemma[0]' reads 'lemma', neither a cluster view"),
+        (["features.clusters.templates=['brown4[x]']"], "bad setting features.clusters.templates: "),
     ],
 )
 def test_every_clusters_setting_is_checked_before_any_stage(overrides, message):
@@ -83,6 +85,11 @@ def test_the_settings_the_shipped_configs_use_pass_and_mean_what_they_say(tmp_pa
     _passes([BROWN])
     _passes([BROWN, "features.clusters.column=pos", "features.clusters.prefixes=[0,1000]"])
     _passes([BROWN, "features.clusters.templates=['brown4[-1]|brown4[0]','brown6[0]|pos[0]']", "features.clusters.offsets=[0]"])
+    _passes(["+features/clusters=brown_pos"])  # the CoNLL-2000 preset: offsets -1..1, clusters x POS
+    refused = _refused(["dataset=bc5cdr", "features=bio_ner", "+features/clusters=brown_pos"])
+    assert "features.clusters.templates: 'brown4[0]|pos[0]' reads 'pos'" in refused
+    semi = ["+experiment=semi_supervised", "dataset=bc5cdr", "features=bio_ner", "features/clusters@semi.clusters=brown_pos"]
+    assert "semi.clusters.templates: 'brown4[0]|pos[0]' reads 'pos'" in _refused(semi, ("semi_supervised",))
     # conjunctions come after the per-offset templates, in the order given; without the clusters' file none is made
     settings = clusters.settings_of({"prefixes": [4], "offsets": [0], "templates": ["brown4[-1]|brown4[0]", "brown4[0]|w[0]"]})
     made = clusters.expanded({"templates": ["w[0]"], "views": {}, "clusters": settings}, "paths.txt")
