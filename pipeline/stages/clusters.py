@@ -16,7 +16,8 @@ How a features config asks for clusters (``features.clusters``):
 - a mapping (``+features/clusters=brown``, ``conf/features/clusters/brown.yaml``): a ``source``
   (``auto`` or a paths file) and the clustering settings; it adds the views ``brown<n>`` (the first
   ``n`` bits of the word's path for each of ``prefixes``) over the word column with a template
-  at each of ``offsets``, to any feature set.
+  at each of ``offsets``, plus the ``templates`` given (conjunctions that read a ``brown<n>`` view,
+  such as ``brown4[-1]|brown4[0]``), to any feature set.
 
 A word without a path (not in the pool, or rarer than ``min_count``) gets no cluster attribute.
 Pool files: ``format: conll`` (CoNLL-style columns, the word first, blank line between
@@ -66,6 +67,7 @@ DEFAULTS: dict[str, Any] = {
     "column": "w",  # the word column the views read
     "prefixes": [4, 6, 10, 20],  # path prefix lengths, one view brown<n> each
     "offsets": [-2, -1, 0, 1, 2],  # template offsets of every view
+    "templates": [],  # more templates, each reading a view brown<n> of prefixes (conjunctions: brown4[-1]|brown4[0])
 }
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -90,6 +92,31 @@ def _whole_numbers(name: str, value: Any, least: int | None, what: str) -> list[
     if repeated:
         raise SettingsError(f"bad setting {name}={list(value)!r}: {repeated[0]} is repeated (each value once)")
     return list(value)
+
+
+def _templates(name: str, value: Any, prefixes: Sequence[int], offsets: Sequence[int]) -> list[str]:
+    """``value`` as a list of distinct template strings, each reading at least one view ``brown<n>``
+    of ``prefixes`` (a template without one is no cluster feature and would stay when the clusters
+    are left out) and none a ``brown<n>[offset]`` that ``offsets`` already gives (its attributes
+    would be made twice), else a SettingsError naming ``name``. The template syntax itself (and the other
+    views a template reads) is checked by the feature extractor."""
+    value = [] if value is None else value
+    if not isinstance(value, (list, tuple)) or any(not isinstance(t, str) or not t.strip() for t in value):
+        raise SettingsError(f"bad setting {name}={value!r}: a list of templates such as 'brown4[-1]|brown4[0]'")
+    views = {f"brown{n}" for n in prefixes}
+    for template in value:
+        if not _reads(template, views):
+            raise SettingsError(
+                f"bad setting {name}: template {template!r} reads no cluster view ({', '.join(sorted(views))}, from prefixes)"
+            )
+    repeated = sorted({t for t in value if list(value).count(t) > 1})
+    if repeated:
+        raise SettingsError(f"bad setting {name}: template {repeated[0]!r} is repeated (each once)")
+    given = {f"brown{n}[{o}]" for n in prefixes for o in offsets}
+    for template in value:
+        if template.replace(" ", "") in given:
+            raise SettingsError(f"bad setting {name}: template {template!r} is made already by prefixes and offsets")
+    return [str(t) for t in value]
 
 
 def settings_of(value: Any, name: str = "features.clusters") -> dict[str, Any] | None:
@@ -133,6 +160,7 @@ def settings_of(value: Any, name: str = "features.clusters") -> dict[str, Any] |
         f"{name}.prefixes", settings["prefixes"], 0, "whole numbers >= 0 (0, or more bits than a path has: the whole path)"
     )
     settings["offsets"] = _whole_numbers(f"{name}.offsets", settings["offsets"], None, "whole numbers (token offsets)")
+    settings["templates"] = _templates(f"{name}.templates", settings["templates"], settings["prefixes"], settings["offsets"])
     pool = settings["pool"]
     pool = [] if pool is None else [pool] if isinstance(pool, str) else pool
     if not isinstance(pool, (list, tuple)) or any(not isinstance(p, str) or not p.strip() for p in pool):
@@ -343,6 +371,7 @@ def expanded(features: Mapping, paths_file: str | Path | None) -> dict:
         name = f"brown{n}"
         views[name] = {"column": settings["column"], "fn": "cluster", "path": str(source), "n": int(n)}
         templates += [f"{name}[{offset}]" for offset in settings["offsets"]]
+    templates += settings["templates"]
     features["views"], features["templates"] = views, templates
     return features
 
@@ -485,6 +514,27 @@ def _columns_checked(checks: Sequence[tuple[str, str]], dataset: Mapping) -> Non
             )
 
 
+def _template_views_checked(setting: str, settings: Mapping[str, Any], features: Mapping, dataset: Mapping) -> None:
+    """Refuse a ``templates`` entry that reads a name neither a ``brown<n>`` view of ``prefixes``, a
+    view or lexicon of the feature set nor a dataset column (``brown4[0]|pos[0]`` on a dataset
+    without ``pos``), or that does not parse."""
+    from crf.features import parse_template
+
+    known = {f"brown{n}" for n in settings["prefixes"]} | set(dict(features.get("views") or {}))
+    known |= set(dict(features.get("lexicons") or {})) | {str(c) for c in dataset.get("columns") or []}
+    for template in settings["templates"]:
+        try:
+            cells = parse_template(template).cells
+        except ValueError as error:
+            raise SettingsError(f"bad setting {setting}: {error}") from None
+        missing = [view for view, _ in cells if view not in known]
+        if missing:
+            raise SettingsError(
+                f"bad setting {setting}: {template!r} reads {missing[0]!r}, neither a cluster view, a view of the feature "
+                f"set nor a column of dataset {dataset.get('name')!r}"
+            )
+
+
 def validate(cfg) -> None:
     """Check the word clusters a run's features ask for, before any stage runs: the settings
     (:func:`settings_of`), the word column (a dataset column, not the label), the views they add
@@ -519,6 +569,7 @@ def validate(cfg) -> None:
                 f"{', '.join(taken)}; give it features.clusters=auto or a paths file instead of a clusters mapping"
             )
         _columns_checked([("features.clusters.column", settings["column"])], dataset)
+        _template_views_checked("features.clusters.templates", settings, features, dataset)
         if settings["source"] != AUTO:
             _paths_file_checked("features.clusters.source", settings["source"])
             return
@@ -554,6 +605,9 @@ def validate_semi(cfg) -> None:
     block = dict((semi or {}).get("clusters") or {})
     settings = settings_of(block, "semi.clusters")
     _columns_checked([("semi.clusters.column", settings["column"])], section(cfg, "dataset"))
+    features = section(cfg, "features")
+    if isinstance(features, Mapping):
+        _template_views_checked("semi.clusters.templates", settings, features, section(cfg, "dataset"))
     if settings["source"] != AUTO:
         _paths_file_checked("semi.clusters.source", settings["source"])
     else:
@@ -561,7 +615,6 @@ def validate_semi(cfg) -> None:
             problem = format_problem(path, settings["format"])
             if problem:
                 raise SettingsError(f"bad setting semi.clusters.format={settings['format']!r}: pool file {path}: {problem}")
-    features = section(cfg, "features")
     if isinstance(features, Mapping) and is_auto(features):
         raise SettingsError(
             "bad setting features.clusters: the semi_supervised stage does not learn the feature set's clusters "

@@ -24,6 +24,7 @@ from crf.io import DataFormatError  # noqa: E402
 from pipeline.engine.stage import load_stages  # noqa: E402
 from pipeline.engine.validate import SettingsError, validate_settings  # noqa: E402
 from pipeline.stages import clusters  # noqa: E402
+from pipeline.stages.featurize import build_extractor  # noqa: E402
 
 BROWN = "+features/clusters=brown"
 WORDS = [["the", "dog", "runs"], ["a", "cat", "runs"], ["the", "cat", "sees", "a", "dog"]]
@@ -66,15 +67,46 @@ def _passes(overrides: list[str]) -> None:
         (["features.clusters.column=null"], "bad setting features.clusters.column=None"),
         (["features.clusters.source=''"], "bad setting features.clusters.source=''"),
         (["features.clusters.pool=[null]"], "bad setting features.clusters.pool=[None]: a list of text files"),
+        (["features.clusters.templates='brown4[0]'"], "bad setting features.clusters.templates='brown4[0]': a list of templates"),
+        (["features.clusters.templates=['']"], "bad setting features.clusters.templates=['']: a list of templates"),
+        (["features.clusters.templates=['w[0]|pos[0]']"], "template 'w[0]|pos[0]' reads no cluster view (brown10, brown20"),
+        (["features.clusters.templates=['brown5[0]']"], "template 'brown5[0]' reads no cluster view"),
+        (["features.clusters.templates=['brown4[0]|pos[0]','brown4[0]|pos[0]']"], "'brown4[0]|pos[0]' is repeated"),
+        (["features.clusters.templates=['brown6[1]']"], "template 'brown6[1]' is made already by prefixes and offsets"),
+        (["features.clusters.templates=['brown4[0]|lemma[0]']"], "'brown4[0]|lemma[0]' reads 'lemma', neither a cluster view"),
+        (["features.clusters.templates=['brown4[x]']"], "bad setting features.clusters.templates: "),
     ],
 )
 def test_every_clusters_setting_is_checked_before_any_stage(overrides, message):
     assert message in _refused([BROWN, *overrides])
 
 
-def test_the_settings_the_shipped_configs_use_pass_and_mean_what_they_say():
+def test_the_settings_the_shipped_configs_use_pass_and_mean_what_they_say(tmp_path):
     _passes([BROWN])
     _passes([BROWN, "features.clusters.column=pos", "features.clusters.prefixes=[0,1000]"])
+    _passes([BROWN, "features.clusters.templates=['brown4[-1]|brown4[0]','brown6[0]|pos[0]']", "features.clusters.offsets=[0]"])
+    _passes(["+features/clusters=brown_pos"])  # the CoNLL-2000 preset: offsets -1..1, clusters x POS
+    refused = _refused(["dataset=bc5cdr", "features=bio_ner", "+features/clusters=brown_pos"])
+    assert "features.clusters.templates: 'brown4[0]|pos[0]' reads 'pos'" in refused
+    semi = ["+experiment=semi_supervised", "dataset=bc5cdr", "features=bio_ner", "features/clusters@semi.clusters=brown_pos"]
+    assert "semi.clusters.templates: 'brown4[0]|pos[0]' reads 'pos'" in _refused(semi, ("semi_supervised",))
+    # conjunctions come after the per-offset templates, in the order given; without the clusters' file none is made
+    settings = clusters.settings_of({"prefixes": [4], "offsets": [0], "templates": ["brown4[-1]|brown4[0]", "brown4[0]|w[0]"]})
+    made = clusters.expanded({"templates": ["w[0]"], "views": {}, "clusters": settings}, "paths.txt")
+    assert made["templates"] == ["w[0]", "brown4[0]", "brown4[-1]|brown4[0]", "brown4[0]|w[0]"]
+    assert clusters.expanded({"templates": ["w[0]"], "views": {}, "clusters": settings}, None)["templates"] == ["w[0]"]
+    paths_file = tmp_path / "paths.txt"
+    paths_file.write_text("0110\tthe\t2\n1011\tdog\t1\n")
+    made = clusters.expanded({"templates": [], "views": {}, "bos_eos": False, "clusters": settings}, paths_file)
+    extractor = build_extractor(made, ["w", "y"]).fit([[("the", "O"), ("dog", "O"), ("cat", "O")]])
+    # "cat" has no path: no brown4[0] and no conjunction reading it
+    assert sorted(extractor.attribute_names().tolist()) == [
+        "brown4[-1]|brown4[0]=0110|1011",
+        "brown4[0]=0110",
+        "brown4[0]=1011",
+        "brown4[0]|w[0]=0110|the",
+        "brown4[0]|w[0]=1011|dog",
+    ]
     with pytest.raises(SettingsError, match=r"unknown setting\(s\) \['n_cluster'\]"):
         clusters.settings_of({"n_cluster": 5})
     # a prefix at least as long as every path is the whole path, as 0 is (documented in brown.yaml)
