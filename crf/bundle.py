@@ -504,6 +504,7 @@ class ModelBundle:
         if missing:
             raise ValueError(f"the model reads columns {missing}, which input_columns {self.input_columns} lack")
         self._known: dict[str, tuple[pd.Index, bool]] | None = None  # :meth:`_known_index`, made on first use
+        self._labels_index: pd.Index | None = None  # :meth:`_label_index`, made on first use
 
     def known_values(self) -> dict[str, tuple[set, bool]]:
         """The values each input column held in training, where the part records them.
@@ -533,13 +534,16 @@ class ModelBundle:
         """The input columns that hold another kind of value than the model saw there in training.
 
         A column is refused when under :data:`MIN_KNOWN` of its cells are values the model saw in
-        it, and either another column's training values or the model's labels match it better
-        (POS tags given as words, words as POS tags, chunk tags as POS tags), or it is a tag set:
-        a closed set the part records (:meth:`known_values`), or a column other than the words of
-        at most :data:`CLOSED_SET` training values whose cells look like a tag set
-        (:func:`tag_like`) or are too few to tell (under twice that many). Fewer than
-        :data:`MIN_EVIDENCE` unseen cells are no evidence (one or two tags a small model never
-        saw): never refused. A tag set of which under :data:`WARN_KNOWN` is known is reported
+        it, and either another column's training values or the model's labels match more of its
+        cells (two at least: POS tags given as words, words as POS tags, chunk tags as POS tags),
+        or it is a tag set with at least :data:`MIN_EVIDENCE` cells the model never saw there (fewer,
+        such as one or two real tags a small model lacks, are no evidence). A tag set is a closed
+        set the part records (:meth:`known_values`), or a column other than the words of at most
+        :data:`CLOSED_SET` training values whose cells look like a tag set (:func:`tag_like`) or,
+        where the bundle names its word column (``source.dataset.word_column``, or ``w`` among
+        ``source.dataset.columns``, as the pipeline's do) or the columns came by position, are too
+        few to tell (under twice that many). A tag
+        set of which under :data:`WARN_KNOWN` is known, and one that is not refused, are reported
         without a refusal. A column of new words (text of another domain) is not reported.
 
         Parameters
@@ -559,8 +563,9 @@ class ModelBundle:
             In the order of :meth:`known_values`.
         """
         known = self._known_index()
-        labels = pd.Index(sorted(set(self.labels)), dtype=object)
-        words = words or self.source.get("dataset", {}).get("word_column") or WORDS
+        dataset = self.source.get("dataset", {})
+        recorded = dataset.get("word_column") or (WORDS if WORDS in (dataset.get("columns") or []) else None)
+        words = words or recorded or WORDS
         found = []
         for column, (values, closed) in known.items():
             if column not in columns or not len(columns[column]):
@@ -569,20 +574,31 @@ class ModelBundle:
             seen = values.get_indexer(cells) >= 0
             own = float(seen.mean())
             unseen = tuple(cells[~seen].unique()[:3])
-            few = len(values) <= CLOSED_SET and (tag_like(cells) or len(cells) < 2 * CLOSED_SET)
+            # too few cells to look like a tag set: judged by the model's vocabulary, where the bundle names its words
+            short = bool(words if by_position else recorded) and len(cells) < 2 * CLOSED_SET
+            few = len(values) <= CLOSED_SET and (tag_like(cells) or short)
             tag_set = (closed and (by_position or column != words)) or (column != words and few)
-            if own >= MIN_KNOWN or int((~seen).sum()) < MIN_EVIDENCE:
+            if own >= MIN_KNOWN:
                 if tag_set and own < WARN_KNOWN:
                     found.append(ColumnFinding(column, own, unseen, None))
                 continue
-            others = {f"in column {o!r}": float((v.get_indexer(cells) >= 0).mean()) for o, (v, _) in known.items() if o != column}
-            others["as its labels"] = float((labels.get_indexer(cells) >= 0).mean())
-            better = max(others, key=others.get)
-            if others[better] > own:
-                found.append(ColumnFinding(column, own, unseen, f"and {100 * others[better]:.0f}% values it saw {better}"))
-            elif tag_set:
+            others = {f"in column {o!r}": v.get_indexer(cells) >= 0 for o, (v, _) in known.items() if o != column}
+            others["as its labels"] = self._label_index().get_indexer(cells) >= 0
+            better = max(others, key=lambda name: others[name].sum())
+            share = float(others[better].mean())
+            if share > own and int(others[better].sum()) >= 2:  # two cells of another column's kind: evidence
+                found.append(ColumnFinding(column, own, unseen, f"and {100 * share:.0f}% values it saw {better}"))
+            elif tag_set and int((~seen).sum()) >= MIN_EVIDENCE:
                 found.append(ColumnFinding(column, own, unseen, f"of a set of {len(values)}"))
+            elif tag_set:
+                found.append(ColumnFinding(column, own, unseen, None))
         return found
+
+    def _label_index(self) -> pd.Index:
+        """The model's labels as an index (its hash table made once per bundle)."""
+        if self._labels_index is None:
+            self._labels_index = pd.Index(sorted(set(self.labels)), dtype=object)
+        return self._labels_index
 
     def check_column_values(self, columns: Mapping[str, np.ndarray]) -> None:
         """Refuse token columns of another kind than the model saw there (:meth:`column_findings`:

@@ -176,8 +176,9 @@ def composition_refusal(argv: list[str]) -> str | None:
 
     try:
         store = tracking_uri(cfg)  # the variable and the setting name one store
-        if OmegaConf.select(cfg, "registry.register", default=False) is True:
-            registry_uri(cfg)  # and MLFLOW_REGISTRY_URI, where the run registers its model
+        multirun = any(arg in ("-m", "--multirun") for arg in argv)
+        if OmegaConf.select(cfg, "registry.sweep" if multirun else "registry.register", default=False) is True:
+            registry_uri(cfg)  # and MLFLOW_REGISTRY_URI, where the run (or the sweep) registers its model
     except SettingsError as error:
         return str(error)
     if sqlite_path(store) is not None:

@@ -271,8 +271,8 @@ def check_gold_column(corpus: Corpus, bundle: ModelBundle, input_path) -> bool:
         examples = ", ".join(repr(v) for v in gold[~known].unique()[:3])
         raise TagError(
             f"input {input_path}: the column read as the gold labels holds{which} {100 * shares[which]:.0f}% labels the model "
-            f"knows (not {examples}, ...): its columns are not in the order the model expects; name them with a first line "
-            "'# global.columns = <names>'"
+            f"knows (not {examples}, ...): its columns are not in the order the model expects (name them with a first line "
+            "'# global.columns = <names>'), or it holds another tag set or scheme than the model's"
         )
     return True
 

@@ -134,11 +134,13 @@ def load_adapter(model: Mapping[str, Any]) -> ModelAdapter:
 
 def bundle_source(data: Dataset, config: Mapping, **extra: Any) -> dict:
     """What a bundle records of its origin: the prepared dataset's name, columns, label column
-    (the column the model predicts), scheme and (when known) tokenisation, the stage's config
-    slice, and ``extra``."""
+    (the column the model predicts), scheme and (when known) tokenisation and word column, the
+    stage's config slice, and ``extra``."""
     dataset = {"name": data.name, "columns": list(data.columns), "label": data.label, "scheme": data.scheme}
     if getattr(data, "tokenisation", None):  # how its word tokens were made: the tag command splits text alike
         dataset["tokenisation"] = data.tokenisation
+    if getattr(data, "word_column", None):  # its words: never taken for a tag set, however few the model saw
+        dataset["word_column"] = data.word_column
     return {"dataset": dataset, **{k: v for k, v in dict(config).items()}, **extra}
 
 

@@ -102,10 +102,8 @@ def check_path(cfg: DictConfig, adapter: ModelAdapter, order: list[str]) -> list
     if "train" not in order:
         raise SettingsError(f"bad setting stages={list(cfg.stages)}: a regularisation path trains (add train or evaluate)")
     for strength in strengths:  # each point's trainer as the run's own settings check takes it (c2 at most 1e12, ...)
-        point = copy.deepcopy(cfg)
-        OmegaConf.update(point, "trainer.strength", strength, merge=False)
         try:
-            adapter.validate(point)
+            adapter.validate(point_config(cfg, strength))
         except SettingsError as error:
             raise SettingsError(f"bad setting path.strengths: at strength {strength:g}, {error}") from None
     return strengths

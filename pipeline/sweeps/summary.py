@@ -232,15 +232,16 @@ def summarize(
     finished = done.dropna(subset=[rank])
     final_fits = done[done[rank].isna() & (done.final_fit == "train+dev")]  # no dev score: nothing to rank them by
     register = registry is not None and bool(registry.sweep)
-    evaluations = finished.evaluation[finished.evaluation != ""].unique()
+    scored = finished  # plotted whatever is chosen
+    evaluations = done.evaluation[done.evaluation != ""].unique()
     if len(evaluations) > 1:  # dev scores of other dev sets (or datasets) do not compare: no job is "best"
-        varied = _varied_settings(finished, experiment)
+        varied = _varied_settings(done, experiment)
         log.warning(
             "[sweep %s] its finished jobs were scored on %d different evaluation data (the dataset, its files, columns, label "
             "or dev split differ%s): they are not ranked against each other, so no best job is named%s",
             sweep_id, len(evaluations), f": {varied}" if varied else "", " and none is registered" if register else "",
         )  # fmt: skip
-        finished = finished.iloc[:0]
+        finished, final_fits = finished.iloc[:0], final_fits.iloc[:0]
     if finished.empty and not done.empty and len(evaluations) <= 1:
         wanted = f"the sweep's metric {metric}" if metric else f"a dev score (dev_{score_name})"
         log.warning(
@@ -279,6 +280,7 @@ def summarize(
                 if registered and parent_run_id:
                     client.set_tag(parent_run_id, "registered_model", registered)
                     text += f"\nregistered: {registered}"
+        if not scored.empty:
             plot(table, folder / "sweep.png", score_name)
         if register and not final_fits.empty:
             # registry.force_alias moves the alias to the one model the sweep chose: its best job, or,

@@ -400,7 +400,8 @@ def test_a_sweep_whose_jobs_were_scored_on_different_dev_sets_names_no_best_and_
     experiment = client.create_experiment("crf")
     _sweep_job(client, experiment, model, "seeds", 1.0, dev=81.0, name="seeds", seed=13)
     _sweep_job(client, experiment, model, "seeds", 1.0, dev=80.0, name="seeds", seed=14)
-    tags = _summarize(client, experiment, "seeds")
+    _sweep_job(client, experiment, model, "seeds", 0.1, "train+dev", name="seeds", seed=14)  # nor its train+dev job
+    tags = _summarize(client, experiment, "seeds", force=True)
     assert client.search_model_versions("name = 'seeds'") == [] and "best_run_id" not in tags
     assert "finished jobs were scored on 2 different evaluation data" in caplog.text
     assert "dataset.dev_split.seed=13/14" in caplog.text and "none is registered" in caplog.text

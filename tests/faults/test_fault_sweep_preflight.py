@@ -418,6 +418,8 @@ def test_a_tracking_store_named_twice_differently_is_refused(tmp_path, monkeypat
     assert str(info.value) == line
     assert composition_refusal([f"tracking.uri={b}", "registry.register=true"]) == line
     assert composition_refusal([f"tracking.uri={b}"]) is None  # a run that registers nothing reads no registry
+    assert composition_refusal(["-m", f"tracking.uri={b}", "trainer.c2=1,2"]) == line  # a sweep registers its best job
+    assert composition_refusal(["-m", f"tracking.uri={b}", "trainer.c2=1,2", "registry.sweep=false"]) is None
     assert registry_uri(compose_config([])) == a  # the variable alone: a registry apart, as MLflow has it
     assert registry_uri(compose_config([f"tracking.uri={a}"])) == a
 

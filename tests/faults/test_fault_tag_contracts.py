@@ -783,3 +783,19 @@ def test_a_few_tags_the_model_never_saw_are_tagged_with_a_warning_not_refused(cr
         assert "of the column 'pos' are values the model never saw there in training" in caplog.text
     with pytest.raises(ColumnValueError, match="the column 'pos' holds 0% values"):
         bundle.tag([[{"w": "up", "pos": tag} for tag in unseen]])
+    # a few cells that another column's values match are evidence: words and tags swapped, 4 tokens
+    swapped = [{"w": r[1], "pos": r[0]} for r in train[0][:4]]
+    with pytest.raises(ColumnValueError, match=r"values it saw in column"):
+        bundle.tag([swapped])
+    # a bundle that names no word column (built by hand, words in 'word'): new words are words, never refused
+    from crf import CRF
+    from crf.features import FeatureExtractor
+    from crf.model import BundledCRF
+
+    rows = [[(r[0], r[2]) for r in s] for s in train]
+    extractor = FeatureExtractor(columns=["word", "chunk"], templates=["word[0]"]).fit(rows)
+    model = CRF(max_iterations=5).fit(extractor.transform(rows), [[r[1] for r in s] for s in rows],
+                                      attribute_names=extractor.attribute_names())  # fmt: skip
+    assert len(extractor.vocabulary_["word"]) <= 100  # a small vocabulary, as a tag set's
+    plain = ModelBundle(BundledCRF(extractor, model), scheme="iob2")
+    assert len(plain.tag([["novel", "words", "of", "another", "domain", "entirely", "here"]])[0]["labels"]) == 7

@@ -109,8 +109,9 @@ def test_quick_per_call_rows_are_logged(tiny):
     cfg = _config(data_root, out / "per_call", "benchmark.growth_enabled=false", "benchmark.per_call.enabled=true")
     benchmark.main(cfg)
     table = pd.read_csv(out / "per_call" / "benchmark" / "conll2000-batch" / "per_call.csv")
-    assert len(table) == 14 and (table.ours > 0).all()
+    assert len(table) == 15 and (table.ours > 0).all()
     assert table.path.str.contains("Tagger.tag").any() and table.path.str.contains("l2sgd final loss").any()
+    assert table.path.str.contains(r"chunk confidence \(predict_segments\)").any()  # pruned order 2 against order 1
     served = table[table.path.str.contains("served model")]  # latencies of a real `mlflow models serve`
     assert len(served) == 2 and (served.unit == "ms").all()
     apis = table[table.path.str.contains("API")]
