@@ -112,7 +112,11 @@ def _gone_sweepers(sweepers: list[dict], began: Any) -> list[dict[str, str]]:
     if began is None:
         return []
     start = began.timestamp()
-    holders = [v for v in sweepers if isinstance(v.get("since"), (int, float)) and v["since"] <= start and OWNER_TAG in v]
+    holders = [
+        v for v in sweepers
+        if isinstance(v.get("since"), (int, float)) and v["since"] <= start and OWNER_TAG in v
+        and not (isinstance(v.get("closed"), (int, float)) and v["closed"] < start)  # ended before the trial began
+    ]  # fmt: skip
     tags = [{key: str(v[key]) for key in (OWNER_TAG, PROCESS_START_TAG) if key in v} for v in holders]
     return tags if tags and all(owner_gone(t) for t in tags) else []
 
@@ -158,6 +162,7 @@ class OptunaSweeper(Sweeper):
         self._evaluation: dict[str, str] | None = None  # the data the trials are scored on (_evaluation_data)
         self.launcher = None
         self.owner: dict[str, str] | None = None  # this process, recorded on each trial it asks
+        self._record: dict[str, Any] | None = None  # this process on the study (_record_sweeper)
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.hydra_context, self.config = hydra_context, config
@@ -400,6 +405,7 @@ class OptunaSweeper(Sweeper):
         else:
             returns = self._run_batches(study, space, sweep_dir)
         self._report(study, url, sweep_dir)
+        self._close_record(study)
         return returns
 
     def _record_sweeper(self, study: Any) -> None:
@@ -409,7 +415,15 @@ class OptunaSweeper(Sweeper):
         from pipeline.tracking.lifecycle import OWNER_TAG, owner_tags
 
         self.owner = self.owner or owner_tags()
-        study.set_user_attr(SWEEPER_ATTR + self.owner[OWNER_TAG], {**self.owner, "since": time.time()})
+        self._record = {**self.owner, "since": time.time()}
+        study.set_user_attr(SWEEPER_ATTR + self.owner[OWNER_TAG], self._record)
+
+    def _close_record(self, study: Any) -> None:
+        """Mark this process's record (:meth:`_record_sweeper`) ended: it asked no trial after now."""
+        from pipeline.tracking.lifecycle import OWNER_TAG
+
+        if self.owner is not None and self._record is not None:
+            study.set_user_attr(SWEEPER_ATTR + self.owner[OWNER_TAG], {**self._record, "closed": time.time()})
 
     def _fail_orphans(self, study: Any, storage: Any) -> list[int]:
         """Tell the study FAIL for each RUNNING trial whose sweeper process is gone (killed, e.g. by

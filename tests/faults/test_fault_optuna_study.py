@@ -187,7 +187,15 @@ def test_a_trial_asked_by_a_sweep_killed_before_it_recorded_the_owner_is_failed(
         else:
             assert "0 (no owner recorded)" in caplog.text, name
     recorded = _study(tmp_path / "dead").user_attrs[SWEEPER_ATTR + owner_tags()[OWNER_TAG]]  # the sweep that just ran
-    assert recorded[OWNER_TAG] == owner_tags()[OWNER_TAG] and recorded["since"] <= time.time()
+    assert recorded[OWNER_TAG] == owner_tags()[OWNER_TAG] and recorded["since"] <= recorded["closed"] <= time.time()
+    # a sweep that ended before a trial began is not one of those that may have asked it
+    study = _study(tmp_path / "dead")
+    study.set_user_attr(SWEEPER_ATTR + "ended", {**owner_tags(), "since": time.time() - 10, "closed": time.time() - 5})
+    study.ask({"x": CategoricalDistribution(["a", "b"])})
+    caplog.clear()
+    _sweeper(tmp_path / "dead").sweep([])
+    last = _study(tmp_path / "dead").get_trials()[-2]
+    assert last.state == TrialState.FAIL and last.user_attrs["error"].endswith(f"({dead_pid}@{host}) died")
 
 
 class _WorkerLauncher(_Launcher):
