@@ -542,9 +542,9 @@ class ModelBundle:
         :data:`CLOSED_SET` training values whose cells look like a tag set (:func:`tag_like`) or,
         where the bundle names its word column (``source.dataset.word_column``, or ``w`` among
         ``source.dataset.columns``, as the pipeline's do) or the columns came by position, are too
-        few to tell (under twice that many). A tag
-        set of which under :data:`WARN_KNOWN` is known, and one that is not refused, are reported
-        without a refusal. A column of new words (text of another domain) is not reported.
+        few to tell (under twice that many). A tag set of which under :data:`WARN_KNOWN` is known,
+        and one that is not refused, are reported without a refusal. A column of new words (text
+        of another domain) is not reported.
 
         Parameters
         ----------
