@@ -83,6 +83,21 @@ def where(message: str, sections: Mapping[str, Mapping]) -> str:
     return f"bad setting: {message}"
 
 
+def check_template_names(setting: str, templates: Iterable, known: set[str], what: str) -> None:
+    """Refuse (SettingsError naming ``setting``) a feature template that does not parse or reads a
+    name outside ``known`` (views, lexicons, columns); ``what`` says what the known names are."""
+    from crf.features import parse_template
+
+    for template in templates:
+        try:
+            cells = parse_template(str(template)).cells
+        except ValueError as error:
+            raise SettingsError(f"bad setting {setting}: {error}") from None
+        missing = [view for view, _ in cells if view not in known]
+        if missing:
+            raise SettingsError(f"bad setting {setting}: {template!r} reads {missing[0]!r}, neither {what}")
+
+
 def unknown_keys(section: str, values: Mapping, known: Iterable[str]) -> None:
     """A SettingsError naming the first key of ``values`` that is not ``known`` (with the nearest
     known key as a suggestion): a misspelt or invented key would otherwise be ignored quietly."""

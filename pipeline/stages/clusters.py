@@ -50,7 +50,7 @@ from typing import Any
 from crf.clusters import brown_clusters, count_bigrams, iter_words, write_paths
 from crf.io import DataFormatError, _decoded_lines
 from pipeline.engine.cache import StageCache, code_digest, file_sha256
-from pipeline.engine.validate import SettingsError
+from pipeline.engine.validate import SettingsError, check_template_names
 
 log = logging.getLogger(__name__)
 
@@ -518,21 +518,10 @@ def _template_views_checked(setting: str, settings: Mapping[str, Any], features:
     """Refuse a ``templates`` entry that reads a name neither a ``brown<n>`` view of ``prefixes``, a
     view or lexicon of the feature set nor a dataset column (``brown4[0]|pos[0]`` on a dataset
     without ``pos``), or that does not parse."""
-    from crf.features import parse_template
-
     known = {f"brown{n}" for n in settings["prefixes"]} | set(dict(features.get("views") or {}))
     known |= set(dict(features.get("lexicons") or {})) | {str(c) for c in dataset.get("columns") or []}
-    for template in settings["templates"]:
-        try:
-            cells = parse_template(template).cells
-        except ValueError as error:
-            raise SettingsError(f"bad setting {setting}: {error}") from None
-        missing = [view for view, _ in cells if view not in known]
-        if missing:
-            raise SettingsError(
-                f"bad setting {setting}: {template!r} reads {missing[0]!r}, neither a cluster view, a view of the feature "
-                f"set nor a column of dataset {dataset.get('name')!r}"
-            )
+    what = f"a cluster view, a view of the feature set nor a column of dataset {dataset.get('name')!r}"
+    check_template_names(setting, settings["templates"], known, what)
 
 
 def validate(cfg) -> None:

@@ -22,10 +22,10 @@ from omegaconf.errors import OmegaConfBaseException
 
 from crf import ModelFileError, load_arrays, save_arrays
 from crf.batch import SequenceBatch
-from crf.features import FeatureExtractor, parse_template
+from crf.features import FeatureExtractor
 from pipeline.engine.cache import file_sha256
 from pipeline.engine.stage import BaseStage, StageContext
-from pipeline.engine.validate import SettingsError
+from pipeline.engine.validate import SettingsError, check_template_names
 from pipeline.report import write_json
 from pipeline.stages import clusters
 from pipeline.stages.prepare import SPLITS, read_prepared
@@ -127,17 +127,9 @@ def check_columns(cfg) -> None:
         if name not in columns:
             raise SettingsError(f"bad setting features.numeric: {name!r} is not a column of {where}")
     known = set(columns) | set(views) | set(lexicons)
-    for template in features.get("templates") or []:
-        try:
-            cells = parse_template(str(template)).cells
-        except ValueError as error:
-            raise SettingsError(f"bad setting features.templates: {error}") from None
-        missing = [view for view, _ in cells if view not in known]
-        if missing:
-            raise SettingsError(
-                f"bad setting features.templates: {template!r} reads {missing[0]!r}, neither a view of the feature set "
-                f"nor a column of {where}"
-            )
+    check_template_names(
+        "features.templates", features.get("templates") or [], known, f"a view of the feature set nor a column of {where}"
+    )
 
 
 def save_extractor(path: Path, extractor: FeatureExtractor) -> None:
