@@ -444,6 +444,8 @@ def solve(
     frozen = problem.layout.n_state + np.flatnonzero(~problem.trainable)
     from_zero = theta0 is None
     theta0 = np.zeros(problem.layout.size) if theta0 is None else theta0
+    if settings.algorithm != "lbfgs":  # steps in the attributes' units: stop at the first epoch no file could hold
+        callback = _bounded(callback, problem, params)
     began = time.perf_counter()
     with single_threaded_blas():
         result = SOLVERS[settings.algorithm](problem, params, theta0, stopping, frozen, callback, candidates)
@@ -465,9 +467,32 @@ def solve(
             "every weight is zero: c1=%g outweighs every attribute's evidence, so the model predicts one label", params["c1"]
         )
     if not largest <= MAX_ABS_WEIGHT:  # a model no file can hold (the bound that refuses tampered files), or NaN
-        raise TrainingError(f"training drove a weight to {largest:g}, beyond the +-{MAX_ABS_WEIGHT:g} a model file holds: "
-                            + _weight_advice(problem, params))  # fmt: skip
+        raise _beyond_bound(largest, problem, params)
     return result
+
+
+def _beyond_bound(largest: float, problem: TrainingProblem, params: dict, epoch: int | None = None) -> TrainingError:
+    when = "" if epoch is None else f" at epoch {epoch}"
+    return TrainingError(
+        f"training drove a weight to {largest:g}{when}, beyond the +-{MAX_ABS_WEIGHT:g} a model file holds: "
+        + _weight_advice(problem, params)
+    )
+
+
+def _bounded(callback: Callable | None, problem: TrainingProblem, params: dict) -> Callable:
+    """``callback`` after a check of each epoch's weights: the online and SGD trainers step in the
+    attributes' own units, so a huge attribute value shows in the first epoch's weights, and
+    training stops there instead of running every epoch towards a model no file can hold."""
+
+    def checked(info: optimize.IterationInfo) -> None:
+        if info.theta is not None and info.theta.size:
+            largest = float(np.max(np.abs(info.theta)))
+            if not largest <= MAX_ABS_WEIGHT:
+                raise _beyond_bound(largest, problem, params, info.iteration)
+        if callback is not None:
+            callback(info)
+
+    return checked
 
 
 def _weight_advice(problem: TrainingProblem, params: dict) -> str:

@@ -257,6 +257,30 @@ def test_large_attribute_values_train_as_well_as_small_ones(c1):
             CRF(algorithm="l2sgd", max_iterations=2).fit(big, y)
 
 
+@pytest.mark.parametrize("algorithm", ["ap", "l2sgd"])
+def test_a_weight_no_file_holds_stops_training_at_its_first_epoch(algorithm, tmp_path):
+    """The perceptron and SGD step in the attributes' units: an attribute value of 5e9 shows in the
+    first epoch's weights, and training stops there (not after every epoch), in ``CRF.fit`` and in
+    python-crfsuite's ``Trainer.train`` alike; nothing is written."""
+    from crf import pycrfsuite
+    from crf._training import TrainingError
+
+    X = [[{"w": "the", "v": 5e9}, {"w": "dog", "v": -5e9}], [{"w": "a", "v": 3e9}, {"w": "cat"}]] * 3
+    y = [["D", "N"], ["N", "D"]] * 3
+    seen = []
+    with pytest.warns(RuntimeWarning, match="steps in the attributes' own units"):
+        with pytest.raises(TrainingError, match=r"^training drove a weight to [\d.e+]+ at epoch 1, beyond the \+-1e\+06"):
+            CRF(algorithm=algorithm, max_iterations=30, callback=seen.append).fit(X, y)
+    assert seen == []
+    trainer = pycrfsuite.Trainer(verbose=False, algorithm="ap" if algorithm == "ap" else "l2sgd")
+    trainer.set_params({"max_iterations": 30})
+    for xseq, yseq in zip(X, y):
+        trainer.append(xseq, yseq)
+    with pytest.warns(RuntimeWarning), pytest.raises(TrainingError, match="at epoch 1, beyond"):
+        trainer.train(str(tmp_path / "m.crfsuite"))
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_the_solver_reaches_the_same_minimum_in_rescaled_units():
     from crf import _optimize as optimize
 
