@@ -13,6 +13,7 @@ from __future__ import annotations
 import gzip
 import os
 import secrets
+import stat
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -49,12 +50,27 @@ class DataFormatError(ValueError):
         super().__init__(f"{self.path}:{line}: {problem}")
 
 
+def special_file_kind(path: str | os.PathLike) -> str | None:
+    """What ``path`` is when it exists but is neither a regular file nor a directory (``"a named
+    pipe (FIFO)"``, a socket or a device); None otherwise."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    kinds = ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"))  # fmt: skip
+    return next((name for test, name in kinds if test(mode)), None)
+
+
 def _opener(path: Path) -> Callable:
     """``gzip.open`` for a gzip file, else ``open``; IsADirectoryError for a folder,
     FileNotFoundError for a missing file."""
     if path.is_dir():
         raise IsADirectoryError(f"{path}: is a directory, expected a data file")
     if not path.is_file():
+        kind = special_file_kind(path)
+        if kind is not None:
+            raise OSError(f"{path}: is {kind}, not a regular file: expected a data file")
         raise FileNotFoundError(f"{path}: no such file")
     with open(path, "rb") as probe:
         return gzip.open if probe.read(2) == _GZIP_MAGIC else open

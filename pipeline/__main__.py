@@ -186,6 +186,9 @@ def composition_refusal(argv: list[str]) -> str | None:
             writable_target(sqlite_path(store))  # a dangling link or a folder: SQLite cannot open it
         except OSError as error:
             return f"bad setting: the tracking store {store}: {str(error).removesuffix('; not written')}; name a file"
+    problem = _data_problem(cfg)
+    if problem:
+        return problem
     for key in ("paths.output_dir", "paths.cache_dir"):  # Hydra makes its run folder in the first
         try:
             folder = OmegaConf.select(cfg, key, default=None)
@@ -195,6 +198,23 @@ def composition_refusal(argv: list[str]) -> str | None:
         if problem:
             return f"bad setting {key}={folder}: {problem}"
     return None
+
+
+def _data_problem(cfg: DictConfig) -> str | None:
+    """The one line for dataset files that no download can provide (missing without a URL, a
+    directory, a named pipe), so that the run is refused before it opens; None when they are
+    there, downloadable, or named through settings only a run resolves."""
+    from pipeline.stages.data import unavailable_files
+
+    try:
+        dataset = OmegaConf.to_container(cfg.dataset, resolve=True) if "dataset" in cfg else None
+        root, download = OmegaConf.select(cfg, "data.root"), bool(OmegaConf.select(cfg, "data.download", default=True))
+    except Exception:  # an interpolation only Hydra's run resolves: left to the run's own checks
+        return None
+    if not isinstance(dataset, dict) or not isinstance(dataset.get("files"), dict) or root is None:
+        return None
+    problem = unavailable_files(dataset, str(root), download)
+    return None if problem is None else str(problem)
 
 
 def folder_problem(folder: Path) -> str | None:

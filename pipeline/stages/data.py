@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from crf.io import Sentence, atomic_write, read_blocks, read_conll, read_conllu, read_xml_sequences
+from crf.io import Sentence, atomic_write, read_blocks, read_conll, read_conllu, read_xml_sequences, special_file_kind
 from pipeline.engine.validate import SettingsError
 
 DATA_HOME_VARIABLE = "CRF_DATA_HOME"
@@ -31,6 +31,10 @@ class MissingDataError(SettingsError):
 
 class DataPathIsADirectory(MissingDataError, IsADirectoryError):
     """A dataset file's path that is a directory: a settings error (one line, exit 2)."""
+
+
+class DataPathNotAFile(MissingDataError):
+    """A dataset file's path that is a named pipe, socket or device: a settings error (one line, exit 2)."""
 
 
 class ChecksumError(SettingsError):
@@ -57,23 +61,49 @@ def _download(url: str, target: Path, timeout: float) -> None:
         atomic_write(target, lambda out: shutil.copyfileobj(response, out))
 
 
+def unavailable_files(dataset: Mapping, root: str | os.PathLike, download: bool = True) -> MissingDataError | None:
+    """The error for files of ``dataset`` under ``root`` that no download can provide: a directory,
+    a named pipe, socket or device, or a missing file with no download (``download`` false or no
+    URL); None when every file is on disk or downloadable. Reads no file and downloads nothing, so
+    that a run can be refused before it starts."""
+    root = Path(root).absolute()
+    missing = []
+    for split, spec in dataset["files"].items():
+        path, what = root / spec["path"], f"the {split} file of dataset {dataset.get('name')!r}"
+        if path.is_dir():
+            return DataPathIsADirectory(f"{path}: is a directory, expected {what}")
+        kind = special_file_kind(path)
+        if kind is not None:
+            return DataPathNotAFile(f"{path}: is {kind}, not a regular file: expected {what}")
+        if not path.is_file() and not (download and spec.get("url")):
+            missing.append(f"{path} (no download configured)" if download else f"{path}")
+    return _missing_files(dataset, root, missing) if missing else None
+
+
+def _missing_files(dataset: Mapping, root: Path, failures: list[str]) -> MissingDataError:
+    return MissingDataError(
+        f"dataset {dataset.get('name', '?')!r}: missing files under data root {root}: {'; '.join(failures)}. "
+        f"Point the data root at a local copy: export {DATA_HOME_VARIABLE}=/path/to/data "
+        f"(or pass data.root=/path/to/data), with the files at the paths above relative to it."
+    )
+
+
 def resolve_files(dataset: Mapping, root: str | os.PathLike, download: bool = True, timeout: float = 30.0) -> dict[str, Path]:
     """Paths of every file of ``dataset`` under ``root``, downloading and verifying missing ones.
 
-    Raises :class:`MissingDataError` naming every file that could not be had, and
-    :class:`ChecksumError` for a file whose content does not match.
+    Raises :class:`MissingDataError` naming every file that could not be had (before any download
+    when some file cannot be had at all: :func:`unavailable_files`), and :class:`ChecksumError`
+    for a file whose content does not match.
     """
+    problem = unavailable_files(dataset, root, download)
+    if problem is not None:
+        raise problem
     root = Path(root).absolute()
     paths: dict[str, Path] = {}
     failures: list[str] = []
     for split, spec in dataset["files"].items():
         path = root / spec["path"]
-        if path.is_dir():
-            raise DataPathIsADirectory(f"{path}: is a directory, expected the {split} file of dataset {dataset.get('name')!r}")
         if not path.is_file():
-            if not download or not spec.get("url"):
-                failures.append(f"{path} (no download configured)" if download else f"{path}")
-                continue
             try:
                 _download(spec["url"], path, timeout)
             except (urllib.error.URLError, OSError, TimeoutError) as err:
@@ -88,12 +118,7 @@ def resolve_files(dataset: Mapping, root: str | os.PathLike, download: bool = Tr
                 )
         paths[split] = path
     if failures:
-        listing = "; ".join(failures)
-        raise MissingDataError(
-            f"dataset {dataset.get('name', '?')!r}: missing files under data root {root}: {listing}. "
-            f"Point the data root at a local copy: export {DATA_HOME_VARIABLE}=/path/to/data "
-            f"(or pass data.root=/path/to/data), with the files at the paths above relative to it."
-        )
+        raise _missing_files(dataset, root, failures)
     return paths
 
 

@@ -606,13 +606,34 @@ def test_a_missing_data_file_without_url_is_a_settings_error(tmp_path):
     env["PYTHONPATH"] = str(ROOT)
     done = forkserver.run(  # a real `python -m pipeline` process, forked with its imports done (tests/forkserver.py)
         [sys.executable, "-m", "pipeline", f"data.root={tmp_path / 'empty'}", "dataset.files.train.url=null",
-         "dataset.files.test.url=null", f"paths.output_dir={tmp_path / 'out'}", f"hydra.run.dir={tmp_path / 'hydra'}"],
+         "dataset.files.test.url=null", f"paths.output_dir={tmp_path / 'out'}", f"hydra.run.dir={tmp_path / 'hydra'}",
+         f"tracking.uri=sqlite:///{tmp_path / 'runs.db'}"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     text = done.stdout + done.stderr
     assert done.returncode == 2 and "Traceback" not in text, text
     errors = [line for line in text.splitlines() if "[ERROR]" in line]
     assert len(errors) == 1 and "no download configured" in errors[0], text
+    assert not (tmp_path / "runs.db").exists()  # refused before a run opened: no FAILED run left in the store
+
+
+def test_a_data_file_that_is_a_named_pipe_is_refused_before_a_run_opens(tmp_path):
+    """A FIFO (or device) where a data file should be was reported as "missing"; now the refusal says
+    what it is, and the command line is refused before any run or download starts."""
+    from pipeline.__main__ import composition_refusal
+
+    (tmp_path / "conll2000").mkdir()
+    os.mkfifo(tmp_path / "conll2000" / "test.txt.gz")
+    (tmp_path / "conll2000" / "train.txt.gz").write_bytes(b"")
+    expected = f"{tmp_path / 'conll2000' / 'test.txt.gz'}: is a named pipe (FIFO), not a regular file: expected the test file"
+    assert composition_refusal([f"data.root={tmp_path}"]).startswith(expected)
+    dataset = {"name": "conll2000", "files": {"test": {"path": "conll2000/test.txt.gz", "url": "https://example.invalid/t"}}}
+    with pytest.raises(SettingsError, match="^" + re.escape(expected)):
+        resolve_files(dataset, tmp_path, download=True)
+    with pytest.raises(OSError, match="is a named pipe \\(FIFO\\), not a regular file"):
+        read_conll(tmp_path / "conll2000" / "test.txt.gz")
+    missing = composition_refusal([f"data.root={tmp_path / 'empty'}", "dataset.files.train.url=null"])
+    assert "train.txt.gz (no download configured)" in missing and "test.txt.gz" not in missing  # the test file downloads
 
 
 def test_a_data_file_that_is_a_directory_is_a_settings_error(tmp_path):
