@@ -181,6 +181,12 @@ class OptunaSweeper(Sweeper):
         for name in ("warm_start", "strong_first"):
             if not isinstance(getattr(self, name), bool):
                 raise SweeperSettingError(f"hydra.sweeper.{name}={getattr(self, name)!r}: true or false")
+        name = self.study_name
+        if name is not None and (not str(name).strip() or str(name) != str(name).strip() or len(str(name)) > 512):
+            raise SweeperSettingError(  # Optuna's storages hold names of at most 512 characters
+                f"hydra.sweeper.study_name={name!r}: a name of 1 to 512 characters without surrounding blanks, "
+                "or null (a new study named after the sweep)"
+            )
         startup = self.sampler.get("n_startup_trials", 10)
         if isinstance(startup, bool) or not isinstance(startup, int) or startup < 0:
             raise SweeperSettingError(f"hydra.sweeper.sampler.n_startup_trials={startup!r}: a whole number, at least 0")
