@@ -610,7 +610,7 @@ def constrained_log_probability(
             emissions, operator.scores, start, starts, window_offsets, _slots(operator), allowed, log_alpha, first > 0
         )
         closing = _log_sum_exp(final + log_beta[starts + widths - 1])
-        return closing - log_z[sequence]
+        return _log_share(closing, log_z[sequence])
     masked = np.where(allowed, emissions[window_tokens], -np.inf)
     column_top, lifted_operator = operator.lift(semiring)
     # the incoming message of each window, folded into its first token's emissions
@@ -629,5 +629,12 @@ def constrained_log_probability(
     last = layout.last_rows()
     window_last_token = window_tokens[window_offsets[1:] - 1][layout.order]
     closing = semiring.plus(semiring.times(alpha[last], log_beta[window_last_token]), axis=1)
-    by_rank = log_scale[last] + closing - log_z[sequence[layout.order]]
+    by_rank = _log_share(log_scale[last] + closing, log_z[sequence[layout.order]])
     return layout.unrank(by_rank)
+
+
+def _log_share(log_part: np.ndarray, log_z: np.ndarray) -> np.ndarray:
+    """log(part / Z) per window: -inf (probability 0) where the sequence itself is impossible
+    (log Z = -inf), not the NaN of -inf - -inf."""
+    with np.errstate(invalid="ignore"):
+        return np.where(np.isneginf(log_z), -np.inf, log_part - log_z)
