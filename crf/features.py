@@ -362,6 +362,23 @@ def parse_template(text: str) -> _Template:
     return _Template(text.strip(), cells)
 
 
+def repeated_template(templates: Sequence[str]) -> tuple[str, str] | None:
+    """The first two of ``templates`` that read the same cells (in any order or spacing, such as
+    ``"w[0]|w[1]"`` and ``"w[1] | w[0]"``): each would make the same features under two names,
+    counting their evidence twice against the prior; None when all differ. Templates that do not
+    parse are left to :func:`parse_template`."""
+    seen: dict[frozenset, str] = {}
+    for text in templates:
+        try:
+            key = frozenset(parse_template(str(text)).cells)
+        except ValueError:
+            continue
+        if key in seen:
+            return seen[key], str(text)
+        seen[key] = str(text)
+    return None
+
+
 def _is_flag(value) -> bool:
     """True or False, or the integers 1 and 0 (as extractors saved before switches were checked may hold)."""
     return isinstance(value, (bool, np.bool_)) or (isinstance(value, (int, np.integer)) and value in (0, 1))
@@ -591,7 +608,7 @@ class FeatureExtractor:
         ------
         ValueError
             No sentences, an empty sentence or a token row with fewer cells than ``columns``
-            (naming sentence and token).
+            (naming sentence and token); two templates that read the same cells.
         DataFormatError
             A bad lexicon or cluster file (read on first use).
 
@@ -603,6 +620,9 @@ class FeatureExtractor:
         sentences), so the training data does not see its own mentions; on other data it matches
         the whole lexicon.
         """
+        repeated = repeated_template([t.name for t in self._templates])
+        if repeated is not None:
+            raise ValueError(f"templates {repeated[0]!r} and {repeated[1]!r} read the same cells: keep one")
         mention_views = [v for v in self._used_views() if self._specs[v].fn in _MENTION_FUNCTIONS]
         corpus = self._read(sentences, extra={self._specs[v].label for v in mention_views})
         self._fit_marks = {}

@@ -85,8 +85,9 @@ def where(message: str, sections: Mapping[str, Mapping]) -> str:
 
 def check_template_names(setting: str, templates: Iterable, known: set[str], what: str) -> None:
     """Refuse (SettingsError naming ``setting``) a feature template that does not parse or reads a
-    name outside ``known`` (views, lexicons, columns); ``what`` says what the known names are."""
-    from crf.features import parse_template
+    name outside ``known`` (views, lexicons, columns), and two that read the same cells
+    (:func:`crf.features.repeated_template`); ``what`` says what the known names are."""
+    from crf.features import parse_template, repeated_template
 
     for template in templates:
         try:
@@ -96,6 +97,10 @@ def check_template_names(setting: str, templates: Iterable, known: set[str], wha
         missing = [view for view, _ in cells if view not in known]
         if missing:
             raise SettingsError(f"bad setting {setting}: {template!r} reads {missing[0]!r}, neither {what}")
+    repeated = repeated_template(list(templates))
+    if repeated is not None:
+        first, second = repeated
+        raise SettingsError(f"bad setting {setting}: templates {first!r} and {second!r} read the same cells (keep one)")
 
 
 def unknown_keys(section: str, values: Mapping, known: Iterable[str]) -> None:

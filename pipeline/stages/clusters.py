@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from crf.clusters import brown_clusters, count_bigrams, iter_words, write_paths
+from crf.features import repeated_template
 from crf.io import DataFormatError, _decoded_lines
 from pipeline.engine.cache import StageCache, code_digest, file_sha256
 from pipeline.engine.validate import SettingsError, check_template_names
@@ -109,13 +110,12 @@ def _templates(name: str, value: Any, prefixes: Sequence[int], offsets: Sequence
             raise SettingsError(
                 f"bad setting {name}: template {template!r} reads no cluster view ({', '.join(sorted(views))}, from prefixes)"
             )
-    repeated = sorted({t for t in value if list(value).count(t) > 1})
-    if repeated:
-        raise SettingsError(f"bad setting {name}: template {repeated[0]!r} is repeated (each once)")
-    given = {f"brown{n}[{o}]" for n in prefixes for o in offsets}
-    for template in value:
-        if template.replace(" ", "") in given:
-            raise SettingsError(f"bad setting {name}: template {template!r} is made already by prefixes and offsets")
+    given = [f"brown{n}[{o}]" for n in prefixes for o in offsets]
+    repeated = repeated_template([*given, *value])
+    if repeated is not None and repeated[0] in given:
+        raise SettingsError(f"bad setting {name}: template {repeated[1]!r} is made already by prefixes and offsets")
+    if repeated is not None:
+        raise SettingsError(f"bad setting {name}: templates {repeated[0]!r} and {repeated[1]!r} read the same cells (keep one)")
     return [str(t) for t in value]
 
 
@@ -378,7 +378,7 @@ def expanded(features: Mapping, paths_file: str | Path | None) -> dict:
 
 def _reads(template: str, names: set[str]) -> bool:
     """Whether a template reads any of the views ``names``."""
-    return any(part.split("[")[0] in names for part in template.split("|"))
+    return any(part.split("[")[0].strip() in names for part in template.split("|"))
 
 
 def with_clusters(

@@ -145,3 +145,15 @@ def test_short_token_rows_are_reported():
     extractor = FeatureExtractor(columns=["w", "pos"], templates=["w[0]"]).fit(SENTENCES)
     with pytest.raises(ValueError, match=r"sentence 1, token 1: 1 columns, the extractor expects 2"):
         extractor.transform([[("a", "b")], [("c", "d"), ("e",)]])
+
+
+@pytest.mark.parametrize("second", ["w[0]", " w[ 0 ] ", "w[0]|w[0]"])
+def test_two_templates_reading_the_same_cells_are_refused_at_fit(second):
+    """They would make every feature twice under two names, its evidence counted twice against the
+    prior; a conjunction in another order reads the same cells too."""
+    sentences = [[("a",), ("b",)]]
+    with pytest.raises(ValueError, match=r"^templates 'w\[0\]' and .* read the same cells: keep one"):
+        FeatureExtractor(columns=["w"], templates=["w[0]", "w[-1]", second]).fit(sentences)
+    with pytest.raises(ValueError, match="read the same cells"):
+        FeatureExtractor(columns=["w"], templates=["w[-1]|w[0]", "w[0]|w[-1]"]).fit(sentences)
+    FeatureExtractor(columns=["w"], templates=["w[0]", "w[-1]", "w[-1]|w[0]", "w[0]|w[1]"]).fit(sentences)

@@ -71,10 +71,22 @@ def _passes(overrides: list[str]) -> None:
         (["features.clusters.templates=['']"], "bad setting features.clusters.templates=['']: a list of templates"),
         (["features.clusters.templates=['w[0]|pos[0]']"], "template 'w[0]|pos[0]' reads no cluster view (brown10, brown20"),
         (["features.clusters.templates=['brown5[0]']"], "template 'brown5[0]' reads no cluster view"),
-        (["features.clusters.templates=['brown4[0]|pos[0]','brown4[0]|pos[0]']"], "'brown4[0]|pos[0]' is repeated"),
+        (
+            ["features.clusters.templates=['brown4[0]|pos[0]','brown4[0]|pos[0]']"],
+            "'brown4[0]|pos[0]' and 'brown4[0]|pos[0]' read the same cells",
+        ),
+        (
+            ["features.clusters.templates=['brown4[0]|pos[0]','pos[0] | brown4[ 0 ]']"],
+            "'brown4[0]|pos[0]' and 'pos[0] | brown4[ 0 ]' read the same",
+        ),
         (["features.clusters.templates=['brown6[1]']"], "template 'brown6[1]' is made already by prefixes and offsets"),
+        (["features.clusters.templates=['brown6[ 1 ]']"], "template 'brown6[ 1 ]' is made already by prefixes and offsets"),
         (["features.clusters.templates=['brown4[0]|lemma[0]']"], "'brown4[0]|lemma[0]' reads 'lemma', neither a cluster view"),
         (["features.clusters.templates=['brown4[x]']"], "bad setting features.clusters.templates: "),
+        (
+            ["features.templates=['w[0]','w[-1]|w[0]','w[0] | w[-1]']"],
+            "features.templates: templates 'w[-1]|w[0]' and 'w[0] | w[-1]'",
+        ),
     ],
 )
 def test_every_clusters_setting_is_checked_before_any_stage(overrides, message):
