@@ -298,7 +298,15 @@ def _previous_fit(previous: PreviousFit | None, X, attribute_names, boundary: bo
 
 
 def training_problem(
-    X, y, X_dev, y_dev, attribute_names: Sequence[str] | None, params: dict, defaults: dict, previous: PreviousFit | None
+    X,
+    y,
+    X_dev,
+    y_dev,
+    attribute_names: Sequence[str] | None,
+    params: dict,
+    defaults: dict,
+    previous: PreviousFit | None,
+    label_order: Sequence | None = None,
 ) -> TrainingProblem:
     """Check one ``fit`` call and turn it into a :class:`TrainingProblem`; nothing is trained.
 
@@ -308,6 +316,9 @@ def training_problem(
     params : the estimator's ``get_params()``.
     defaults : the estimator's constructor defaults (see :func:`crf._params.validate`).
     previous : the fitted model a warm start begins from, or None.
+    label_order : the order of the labels, which must be those of ``y`` (a pruner takes its
+        second-order model's); None: the labels of ``y`` in order of first appearance, a warm
+        start's old ones first.
 
     Returns
     -------
@@ -333,6 +344,10 @@ def training_problem(
     if previous is not None:
         check_label_names([*previous.classes, *classes], "warm_start")  # '1' then 1: a type changed by mistake
         classes = previous.merged_classes(classes)
+    if label_order is not None:
+        if len(label_order) != len(classes) or set(label_order) != set(classes):
+            raise ValueError(f"label_order {list(label_order)!r} is not an order of the labels {classes!r}")
+        classes = list(label_order)
     if isinstance(X, SequenceBatch):
         batch, attribute_index = X, None
         check_finite(batch, attribute_names)

@@ -345,10 +345,14 @@ class CRF(SegmentQueries, UncertaintyQueries, FeatureTables, BaseEstimator):
             Training could not move from its starting point although that was not the minimum,
             or drove a weight beyond what a model file holds (1e6); the message says why.
         """
+        return self._fit(X, y, X_dev, y_dev, attribute_names)
+
+    def _fit(self, X, y, X_dev=None, y_dev=None, attribute_names=None, label_order: Sequence | None = None) -> CRF:
+        """:meth:`fit`, with the labels in ``label_order`` when given (a pruner takes its model's)."""
         began = time.perf_counter()
         params = self.get_params()
         previous = PreviousFit.of(self) if self.warm_start and self._fitted() else None
-        problem = training_problem(X, y, X_dev, y_dev, attribute_names, params, _DEFAULTS, previous)
+        problem = training_problem(X, y, X_dev, y_dev, attribute_names, params, _DEFAULTS, previous, label_order)
         pruner, candidates, pruned_mass = self._pruning(problem)
         start = problem.start or (PreviousFit.of(pruner) if pruner is not None else None)
         theta0 = None if start is None else start.theta(problem.layout, problem.trainable, problem.classes)
@@ -393,7 +397,8 @@ class CRF(SegmentQueries, UncertaintyQueries, FeatureTables, BaseEstimator):
         pruner = CRF(**settings) if old is None else copy.copy(old).set_params(**{**settings, "warm_start": True})
         began = time.perf_counter()
         batch, y = problem.batch, label_sequences(problem)
-        pruner.fit(batch, y, attribute_names=problem.attributes)
+        # in the model's label order (a warm start's merged labels), which the candidates' columns follow
+        pruner._fit(batch, y, attribute_names=problem.attributes, label_order=problem.classes)
         log.info("pruning model (first order): %d iterations, %.1fs", pruner.n_iter_, time.perf_counter() - began)
         pruner.warm_start = False
         candidates = pruner.candidates(batch.X, batch.lengths, self.pruning_threshold)

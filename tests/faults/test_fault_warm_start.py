@@ -77,6 +77,27 @@ def test_a_pruned_second_order_warm_refit_from_a_first_order_model_trains():
     assert model.score(X, y) == pytest.approx(cold.score(X, y), abs=0.02)
 
 
+@pytest.mark.parametrize("previous_order", [1, 2])
+def test_a_pruned_warm_refit_whose_data_lists_the_labels_in_another_order_matches_the_cold_fit(previous_order, tmp_path):
+    """The pruner was fitted cold in the new data's label order while the model kept the old order
+    first: its candidate columns then named the wrong labels (a silently wrong model that saved but
+    could not be loaded). Now the pruner takes the model's label order."""
+    labels = ("A", "B", "C", "D")
+    X, y = _data(labels=labels)
+    first = [{"w": w} for w in ("the", "cat", "sat", "on")]
+    old = CRF(c2=0.5, order=previous_order).fit([first, *X], [list(labels), *y])
+    new_X, new_y = [first, *X[::-1]], [list(labels[::-1]), *y[::-1]]  # first appearance D, C, B, A
+    old.set_params(order=2, pruning_threshold=0.05, warm_start=True)
+    warm = old.fit(new_X, new_y)
+    cold = CRF(c2=0.5, order=2, pruning_threshold=0.05).fit(new_X, new_y)
+    assert warm.classes_ == list(labels) and cold.classes_ == list(labels[::-1])
+    assert warm.pruner_.classes_ == warm.classes_
+    assert _loss(warm) == pytest.approx(_loss(cold), rel=1e-4)
+    assert warm.predict(X).tolist() == cold.predict(X).tolist()
+    warm.save(tmp_path / "warm.npz")
+    assert CRF.load(tmp_path / "warm.npz").predict(X).tolist() == cold.predict(X).tolist()
+
+
 def test_labels_that_print_like_the_fitted_ones_are_refused_before_training(tmp_path):
     X, y = _data(labels=("1", "2", "3"))
     model = CRF(c2=0.5).fit(X, y)
