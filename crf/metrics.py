@@ -113,15 +113,43 @@ def chunks(sequences: Sequence[Sequence[str]]) -> pd.DataFrame:
     return _chunks_flat(flat, offsets)
 
 
+def _neighbours(flat: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, ...]:
+    """(tags, types, previous tags, previous types, first token of a sequence) per token of ``flat``
+    (n,), the previous token of a sequence's first being ``O``."""
+    tags, types = _tag_arrays(flat)
+    first = np.zeros(flat.size, dtype=bool)
+    first[offsets[:-1][offsets[:-1] < flat.size]] = True
+    return tags, types, np.where(first, "O", np.roll(tags, 1)), np.where(first, "_", np.roll(types, 1)), first
+
+
+def chunk_head_tags(sequences: Sequence[Sequence[str]]) -> np.ndarray:
+    """The tag each chunk of ``sequences`` begins with, in order (as :func:`chunks` finds them).
+
+    In IOB2 every chunk begins with ``B`` (IOBES: ``B`` or ``S``); a chunk that begins with ``I``
+    is IOB1's way of writing it (``B`` only between two chunks of one type), or an error.
+
+    Parameters
+    ----------
+    sequences : sequence of sequences of str
+        Label sequences.
+
+    Returns
+    -------
+    ndarray of str, shape (n_chunks,)
+        ``"B"``, ``"I"``, ``"E"`` or ``"S"`` per chunk.
+    """
+    flat, offsets = _flatten(sequences)
+    if flat.size == 0:
+        return np.array([], dtype=object)
+    tags, types, prev_tags, prev_types, _ = _neighbours(flat, offsets)
+    return tags[chunk_start(prev_tags, tags, prev_types, types)]
+
+
 def _chunks_flat(flat: np.ndarray, offsets: np.ndarray) -> pd.DataFrame:
     n = flat.size
     if n == 0:
         return pd.DataFrame({"sequence": [], "start": [], "end": [], "type": []})
-    tags, types = _tag_arrays(flat)
-    first = np.zeros(n, dtype=bool)
-    first[offsets[:-1][offsets[:-1] < n]] = True
-    prev_tags = np.where(first, "O", np.roll(tags, 1))
-    prev_types = np.where(first, "_", np.roll(types, 1))
+    tags, types, prev_tags, prev_types, first = _neighbours(flat, offsets)
     starts = np.flatnonzero(chunk_start(prev_tags, tags, prev_types, types))
     closes = np.zeros(n + 1, dtype=bool)
     closes[:n] = chunk_end(prev_tags, tags, prev_types, types) | first

@@ -67,6 +67,9 @@ from pipeline.models import BUNDLE_FILE
 
 log = logging.getLogger(__name__)
 
+#: the share of gold chunks beginning with ``I-`` above which a gold column is taken for IOB1 (an
+#: IOB2 file has none; a few may be annotation slips)
+IOB1_SHARE = 0.05
 _URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:/")  # runs:/..., models:/..., s3://..., mlflow-artifacts:/...
 
 
@@ -274,6 +277,15 @@ def check_gold_column(corpus: Corpus, bundle: ModelBundle, input_path) -> bool:
             f"knows (not {examples}, ...): its columns are not in the order the model expects (name them with a first line "
             "'# global.columns = <names>'), or it holds another tag set or scheme than the model's"
         )
+    if str(bundle.scheme).upper() == "IOB2":
+        heads = metrics.chunk_head_tags(corpus.sentences(corpus.gold))
+        inside_first = int((heads == "I").sum())
+        if inside_first > IOB1_SHARE * heads.size:  # IOB1 gold: every token accuracy would be off (chunks score alike)
+            raise TagError(
+                f"input {input_path}: {inside_first} of the {heads.size} chunks of the gold column begin with 'I-' "
+                "(IOB1, where 'B-' only separates two chunks of one type); the model's labels are IOB2: convert the "
+                "column to IOB2 (every chunk begins with 'B-') to score it"
+            )
     return True
 
 

@@ -772,6 +772,25 @@ def test_a_placeholder_gold_column_is_tagged_and_not_scored(chunker, tmp_path, c
     assert "accuracy" in run_tag(_settings(chunker, _write_conll(tmp_path / "one.conll", mostly), tmp_path / "o.conll"))
 
 
+def test_a_gold_column_in_iob1_is_refused_for_an_iob2_model(chunker, tmp_path):
+    """IOB1 gold (a chunk begins with ``I-`` unless it follows one of its type) holds only labels the
+    model knows, so it passed the known-label rule and was scored: chunk F1 alike, token accuracy 42
+    points low. Now refused, naming the scheme (K5); the same chunks in IOB2 are scored."""
+    from crf.metrics import chunk_head_tags, chunks
+
+    sentences = _corpus(8, 12)
+    iob2 = [[c for _, _, c in s] for s in sentences]
+    iob1 = [[("B" if t and c[2:] == s[t - 1][2:] and s[t - 1] != "O" and c[0] == "B" else "I") + c[1:] if c != "O" else c
+             for t, c in enumerate(s)] for s in iob2]  # fmt: skip
+    assert chunks(iob1).equals(chunks(iob2)) and (chunk_head_tags(iob1) == "I").mean() > 0.5
+    assert (chunk_head_tags(iob2) != "I").all()
+    source = _write_conll(tmp_path / "iob1.conll", [[(w, p, c) for (w, p, _), c in zip(s, l)] for s, l in zip(sentences, iob1)])
+    with pytest.raises(TagError, match=r"chunks of the gold column begin with 'I-' \(IOB1, .*convert the column to IOB2"):
+        run_tag(_settings(chunker, source, tmp_path / "out1.conll"))
+    assert not (tmp_path / "out1.conll").exists()
+    assert "accuracy" in run_tag(_settings(chunker, _write_conll(tmp_path / "iob2.conll", sentences), tmp_path / "out2.conll"))
+
+
 def test_an_input_column_named_as_an_output_is_refused_not_overwritten(crf_chunker):
     """A frame carrying gold labels as ``label`` got the predictions back under that name, the gold
     gone (and ``marginal``, ``segment_confidence`` alike): refused by tag_frame and the served model (H10)."""
