@@ -513,9 +513,11 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -
 
 def _create_temporary(path: Path) -> tuple[int, str]:
     """(descriptor, name) of a new hidden file beside ``path``, created exclusively with mode
-    ``0o666`` less the umask (``tempfile.mkstemp`` would create it ``0o600``)."""
+    ``0o666`` less the umask (``tempfile.mkstemp`` would create it ``0o600``). The name is kept
+    within the 255 bytes a file name may have, however long ``path``'s own name is."""
+    stem = os.fsdecode(os.fsencode(path.name)[: 255 - len(".." + secrets.token_hex(6) + ".tmp")])
     for _ in range(100):
-        name = str(path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp")
+        name = str(path.parent / f".{stem}.{secrets.token_hex(6)}.tmp")
         try:
             return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666), name
         except FileExistsError:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import gzip
+import os
 
 import pytest
 
-from crf.io import DataFormatError, read_conll, read_conllu, read_xml_sequences
+from crf.io import DataFormatError, atomic_write, read_conll, read_conllu, read_xml_sequences
 
 
 def test_reads_conll_columns_and_skips_docstart(tmp_path):
@@ -342,3 +343,12 @@ def test_directive_lines_only_where_named(tmp_path):
     assert read_conll(path)[0] == [("#", "id", "1"), ("#", "SYM", "O")]
     with pytest.raises(ValueError, match="comment_prefix"):
         read_conll(path, comment_prefix="")
+
+
+@pytest.mark.parametrize("name", ["m" * 251 + ".npz", "é" * 125 + ".txt", "m" * 240 + "é" * 3])
+def test_a_file_name_near_the_length_limit_is_written(tmp_path, name):
+    """The temporary file beside the target had the target's name plus 18 bytes, so a legal name of
+    238 to 255 bytes failed after the work was done (after training, for a model file)."""
+    assert len(os.fsencode(name)) <= 255
+    atomic_write(tmp_path / name, lambda out: out.write(b"data"))
+    assert (tmp_path / name).read_bytes() == b"data" and [p.name for p in tmp_path.iterdir()] == [name]
