@@ -178,16 +178,25 @@ def _merge_attributes(previous: PreviousFit, index: AttributeIndex, batch: Seque
     return SequenceBatch(X, batch.offsets)
 
 
-def _sequence(values, name: str):
-    """``values`` as a sized sequence: a SequenceBatch or a list as it is, any other iterable (a
-    generator, as sklearn-crfsuite accepts) read into a list once."""
+def as_sequence_list(values, name: str):
+    """``values`` as a sized sequence of sized sequences: a SequenceBatch as it is, any other
+    iterable (a generator, as sklearn-crfsuite accepts) read into a list once, and so is each of its
+    sequences given as an iterator."""
     if isinstance(values, (AbstractSet, Mapping)):  # a set has no order; a dict would be read as its keys
         raise TypeError(f"{name} must be a list of sequences, not a {type(values).__name__}")
-    if isinstance(values, (SequenceBatch, list, tuple, np.ndarray)) or hasattr(values, "__len__"):
+    if isinstance(values, SequenceBatch):
         return values
-    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
-        raise TypeError(f"{name} must be a list of sequences, not a {type(values).__name__}")
-    return list(values)
+    if not hasattr(values, "__len__"):
+        if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+            raise TypeError(f"{name} must be a list of sequences, not a {type(values).__name__}")
+        values = list(values)
+    if any(_unsized(item) for item in values):  # a sequence given as an iterator: read once, as Trainer.append does
+        values = [list(item) if _unsized(item) else item for item in values]
+    return values
+
+
+def _unsized(item) -> bool:
+    return not hasattr(item, "__len__") and hasattr(item, "__iter__") and not isinstance(item, (str, bytes, Mapping))
 
 
 def check_label_sequences(y, what: str = "y") -> None:
@@ -330,13 +339,13 @@ def training_problem(
         A bad parameter, input, label or warm-start source, named in one line.
     """
     settings = hyper.validate(params, defaults)
-    X, y = _sequence(X, "X"), _sequence(y, "y")
+    X, y = as_sequence_list(X, "X"), as_sequence_list(y, "y")
     if attribute_names is not None:  # read once: a generator of names would be empty the second time
         if isinstance(attribute_names, (str, bytes)):
             raise TypeError("attribute_names must be a list of names, one per column of X, not a string")
         attribute_names = list(attribute_names)
     if X_dev is not None and y_dev is not None:
-        X_dev, y_dev = _sequence(X_dev, "X_dev"), _sequence(y_dev, "y_dev")
+        X_dev, y_dev = as_sequence_list(X_dev, "X_dev"), as_sequence_list(y_dev, "y_dev")
     flat = _check_call(X, y, X_dev, y_dev, attribute_names, params, settings)
     boundary = settings.boundary
     previous = _previous_fit(previous, X, attribute_names, boundary)

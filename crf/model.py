@@ -34,6 +34,7 @@ from ._segments import SegmentQueries
 from ._training import (
     TrainingError,
     TrainingProblem,
+    as_sequence_list,
     check_taggable,
     flat_labels,
     label_codes,
@@ -600,6 +601,7 @@ class CRF(SegmentQueries, UncertaintyQueries, FeatureTables, BaseEstimator):
         if isinstance(X, SequenceBatch):
             return query(X) if X.n_sequences else []
         check_sequence_container(X)
+        X = as_sequence_list(X, "X")
         kept = [i for i, sequence in enumerate(X) if len(sequence)]
         out: list = [[] for _ in range(len(X))]
         if kept:
@@ -929,6 +931,7 @@ class CRF(SegmentQueries, UncertaintyQueries, FeatureTables, BaseEstimator):
             ``y`` and ``X`` differ in their number of sequences or tokens; or as :meth:`emissions`.
         """
         predicted = self._predict_lists(X)
+        y = as_sequence_list(y, "y")
         gold = flat_labels(y)
         known = np.array([label is not None for label in gold], dtype=bool)
         if known.all():

@@ -344,7 +344,13 @@ def test_a_value_no_training_can_use_is_refused_with_its_attribute(value, error)
 def test_sequences_may_come_from_any_iterable():
     X, y = _data()
     model = CRF(c2=0.5).fit((x for x in X), iter(y), (x for x in X[:5]), iter(y[:5]))
-    assert model.predict(X[:3]).tolist() == CRF(c2=0.5).fit(X, y).predict(X[:3]).tolist()
+    expected = CRF(c2=0.5).fit(X, y).predict(X[:3]).tolist()
+    assert model.predict(X[:3]).tolist() == expected
+    # each sequence an iterator too, as sklearn-crfsuite and Trainer.append take them (K2: a bare "has no len()")
+    inner = CRF(c2=0.5).fit([iter(x) for x in X], [iter(labels) for labels in y], [iter(x) for x in X[:5]], map(iter, y[:5]))
+    assert inner.predict([iter(x) for x in X[:3]]).tolist() == expected
+    assert inner.score((iter(x) for x in X), [iter(labels) for labels in y]) == inner.score(X, y)
+    assert len(inner.predict_marginals([iter(x) for x in X[:3]])) == 3
 
 
 def test_attribute_names_must_name_every_column_of_a_batch():
