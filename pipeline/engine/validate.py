@@ -201,8 +201,46 @@ def _check_dataset(cfg: DictConfig) -> None:
         raise SettingsError(f"bad setting dataset.columns={columns!r}: a list of column names")
     if len(set(columns)) != len(columns):
         raise SettingsError(f"bad setting dataset.columns={columns!r}: a column name is repeated")
-    if dataset["label"] not in columns:
-        raise SettingsError(f"bad setting dataset.label={dataset['label']!r}: not one of the columns {columns}")
+    label = dataset["label"]
+    if label not in columns:
+        raise SettingsError(f"bad setting dataset.label={label!r}: not one of the columns {columns}")
+    word = dataset.get("word_column", "w" if "w" in columns else None)
+    if label == word:
+        raise SettingsError(f"bad setting dataset.label={label!r}: the word column, which the model reads; name a label column")
+    observation = OmegaConf.select(cfg, "dataset.hmm.observation", default=None)
+    if observation is not None and observation not in columns:
+        raise SettingsError(f"bad setting dataset.hmm.observation={observation!r}: not one of the columns {columns}")
+    _check_dev_split(dataset.get("dev_split"))
+    prefix = dataset.get("comment_prefix")
+    if prefix is not None and (not isinstance(prefix, str) or not prefix):
+        raise SettingsError(f"bad setting dataset.comment_prefix={prefix!r}: a non-empty string, or null for none")
+
+
+def check_hmm_observation(cfg: DictConfig, key: str) -> None:
+    """Refuse an HMM observation (the setting ``key``) that is not a dataset column or is its label
+    column: the HMM would observe its own answers."""
+    observation, label = OmegaConf.select(cfg, key, default=None), OmegaConf.select(cfg, "dataset.label", default=None)
+    columns = list(OmegaConf.select(cfg, "dataset.columns", default=None) or [])
+    if columns and observation not in columns:
+        raise SettingsError(f"bad setting {key}={observation!r}: not one of the dataset's columns {columns}")
+    if observation == label:
+        raise SettingsError(f"bad setting {key}={observation!r}: the label column; the HMM would observe its own answers")
+
+
+def _check_dev_split(rule: Any) -> None:
+    """A dev split carved from train (``fraction`` in (0, 1) and an integer ``seed``), or none."""
+    if rule is None:
+        return
+    if not isinstance(rule, Mapping) or set(rule) != {"fraction", "seed"}:
+        raise SettingsError(f"bad setting dataset.dev_split={rule!r}: fraction and seed, or null (the dataset's dev file)")
+    fraction, seed = rule["fraction"], rule["seed"]
+    if isinstance(fraction, bool) or not isinstance(fraction, numbers.Real) or not 0 < fraction < 1:
+        raise SettingsError(
+            f"bad setting dataset.dev_split.fraction={fraction!r}: the share of the training sentences held out, "
+            "between 0 and 1 (exclusive)"
+        )
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise SettingsError(f"bad setting dataset.dev_split.seed={seed!r}: must be an integer")
 
 
 def added_keys(overrides: Sequence[str]) -> list[str]:

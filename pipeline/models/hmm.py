@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 
 from crf import HMM, ModelBundle
 from crf.hmm import BundledHMM
-from pipeline.engine.validate import SettingsError, section, unknown_keys, where
+from pipeline.engine.validate import SettingsError, check_hmm_observation, section, unknown_keys, where
 from pipeline.models import BUNDLE_FILE, BaseAdapter, bundle_source, default_threads
 from pipeline.report import write_json
 
@@ -58,6 +58,7 @@ class HMMAdapter(BaseAdapter):
             raise SettingsError(
                 f"bad setting model.k={k!r}: add-k smoothing needs k > 0 (k = 0 gives unseen events probability 0)"
             )
+        check_hmm_observation(cfg, "model.observation")
         clusters = OmegaConf.select(cfg, "features.clusters", default=None)
         if clusters is not None:
             raise SettingsError(

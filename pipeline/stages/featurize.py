@@ -130,6 +130,31 @@ def check_columns(cfg) -> None:
     check_template_names(
         "features.templates", features.get("templates") or [], known, f"a view of the feature set nor a column of {where}"
     )
+    label = OmegaConf.select(cfg, "dataset.label", default=None)
+    reads = _label_reader(features, views, lexicons, label)
+    if reads is not None:
+        raise SettingsError(
+            f"bad setting {reads} reads the label column {label!r} of {where}: the model would be given its answers "
+            "(name another dataset.label, or drop it from the features)"
+        )
+
+
+def _label_reader(features: Mapping, views: Mapping, lexicons: Mapping, label: str | None) -> str | None:
+    """The first feature setting that reads the column ``label`` at tagging time (a view or lexicon
+    over it, a numeric attribute of it, a template cell naming it), or None. A ``mentions`` view
+    names the label column as the source of its lexicon: it reads it in training only."""
+    if label is None:
+        return None
+    for kind, entries, default in (("views", views, None), ("lexicons", lexicons, "w")):
+        for name, spec in entries.items():
+            if isinstance(spec, Mapping) and spec.get("column", default) == label:
+                return f"features.{kind}.{name}"
+    if label in (features.get("numeric") or []):
+        return "features.numeric"
+    for template in features.get("templates") or []:
+        if any(part.split("[")[0].strip() == label for part in str(template).split("|")):
+            return f"features.templates ({template!r})"
+    return None
 
 
 def save_extractor(path: Path, extractor: FeatureExtractor) -> None:

@@ -152,7 +152,10 @@ class SemiSupervised(BaseStage):
         return ("semi.json",)  # its seconds
 
     def validate(self, cfg) -> None:
-        from pipeline.engine.validate import SettingsError
+        from pipeline.engine.validate import SettingsError, check_hmm_observation
+
+        if OmegaConf.select(cfg, "dataset.hmm.observation", default=None) is not None:
+            check_hmm_observation(cfg, "dataset.hmm.observation")  # the hmm arms observe it
 
         try:
             settings_of(OmegaConf.to_container(cfg.semi, resolve=True) if "semi" in cfg else {})

@@ -1,0 +1,72 @@
+"""Settings that would hand a model its own answers, or carve a dev set that cannot be, are refused
+with one line before any stage: a feature reading the label column, an HMM observing it, the label
+set to the word column, a dev split outside (0, 1) or with a seed that is no integer."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+from pipeline_helpers import compose_config  # noqa: E402
+
+from pipeline.engine.stage import load_stages  # noqa: E402
+from pipeline.engine.validate import SettingsError, validate_settings  # noqa: E402
+
+
+def _refused(overrides: list[str], stages: tuple[str, ...] = ("prepare", "featurize", "train")) -> str:
+    everything = load_stages()
+    with pytest.raises(SettingsError) as caught:
+        validate_settings(compose_config(overrides), [everything[name] for name in stages])
+    assert "\n" not in str(caught.value)
+    return str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["dataset.label=pos"], "features.templates ('pos[-2]') reads the label column 'pos' of dataset 'conll2000'"),
+        (["features.numeric=[chunk]"], "bad setting features.numeric reads the label column 'chunk'"),
+        (
+            ["+features.views.tag={column: chunk}", "features.templates=['w[0]','tag[0]']"],
+            "features.views.tag reads the label column",
+        ),
+        (["features.templates=['w[0]','w[0] | chunk[-1]']"], "features.templates ('w[0] | chunk[-1]') reads the label column"),
+        (["dataset.label=w"], "bad setting dataset.label='w': the word column, which the model reads"),
+        (
+            ["model=hmm", "dataset.hmm.observation=chunk"],
+            "model.observation='chunk': the label column; the HMM would",
+        ),
+        (["model=hmm", "model.observation=nosuch"], "bad setting model.observation='nosuch': not one of the dataset's columns"),
+        (["dataset.dev_split.fraction=1"], "dataset.dev_split.fraction=1: the share of the training sentences held out, between"),
+        (["dataset.dev_split.fraction=0"], "bad setting dataset.dev_split.fraction=0: "),
+        (["dataset.dev_split.fraction=-0.5"], "bad setting dataset.dev_split.fraction=-0.5: "),
+        (["dataset.dev_split.fraction=nan"], "bad setting dataset.dev_split.fraction=nan: "),
+        (["dataset.dev_split.seed=abc"], "bad setting dataset.dev_split.seed='abc': must be an integer"),
+        (["~dataset.dev_split.seed"], "bad setting dataset.dev_split={'fraction': 0.1}: fraction and seed"),
+        (["dataset.comment_prefix=''"], "bad setting dataset.comment_prefix='': a non-empty string, or null for none"),
+    ],
+)
+def test_a_setting_that_hands_the_model_its_answers_or_no_dev_set_is_refused(overrides, message):
+    assert message in _refused(overrides)
+
+
+def test_the_shipped_datasets_and_their_feature_sets_pass():
+    stages = [load_stages()[name] for name in ("prepare", "featurize", "train")]
+    for overrides in (
+        [],
+        ["model=hmm"],
+        ["dataset=bc5cdr", "features=bio_ner"],
+        ["dataset=ud_english_ewt_upos", "features=pos"],
+        ["dataset=anystyle", "features=references"],
+        ["dataset.dev_split.fraction=0.5", "dataset.dev_split.seed=3"],
+    ):
+        validate_settings(compose_config(overrides), stages)
+
+
+def test_the_semi_supervised_hmm_arms_may_not_observe_the_label():
+    semi = load_stages()["semi_supervised"]
+    with pytest.raises(SettingsError, match=r"^bad setting dataset.hmm.observation='chunk': the label column"):
+        semi.validate(compose_config(["+experiment=semi_supervised", "dataset.hmm.observation=chunk"]))
