@@ -200,6 +200,11 @@ def load_dataset(dataset: Mapping, root: str | os.PathLike, download: bool = Tru
         if not rule:
             raise ValueError(f"dataset {dataset['name']!r} has no dev file and no dev_split rule")
         kept, held = seeded_split(len(splits["train"]), float(rule["fraction"]), int(rule["seed"]))
+        if not kept.size:
+            raise SettingsError(
+                f"bad setting dataset.dev_split.fraction={rule['fraction']}: dataset {dataset['name']!r} has "
+                f"{len(splits['train'])} training sentence(s), and the dev split would leave none to train on"
+            )
         train = splits["train"]
         splits["train"] = [train[i] for i in kept]
         splits["dev"] = [train[i] for i in held]

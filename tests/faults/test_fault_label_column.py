@@ -70,3 +70,19 @@ def test_the_semi_supervised_hmm_arms_may_not_observe_the_label():
     semi = load_stages()["semi_supervised"]
     with pytest.raises(SettingsError, match=r"^bad setting dataset.hmm.observation='chunk': the label column"):
         semi.validate(compose_config(["+experiment=semi_supervised", "dataset.hmm.observation=chunk"]))
+
+
+def test_a_dev_split_that_leaves_no_training_sentence_is_a_settings_error(tmp_path):
+    """One training sentence and a dev split: the split took it, and featurising the empty training
+    set ended in "no sentences given" with a traceback."""
+    from pipeline.stages.data import load_dataset
+
+    (tmp_path / "t").mkdir()
+    for split in ("train", "test"):
+        (tmp_path / "t" / f"{split}.txt").write_text("a B-NP\nb I-NP\n")
+    dataset = {
+        "name": "t", "format": "conll", "columns": ["w", "chunk"], "label": "chunk", "dev_split": {"fraction": 0.1, "seed": 1},
+        "files": {"train": {"path": "t/train.txt"}, "test": {"path": "t/test.txt"}},
+    }  # fmt: skip
+    with pytest.raises(SettingsError, match=r"^bad setting dataset.dev_split.fraction=0.1: dataset 't' has 1 training sentence"):
+        load_dataset(dataset, tmp_path)
