@@ -235,7 +235,8 @@ def read_input(
     if fmt == "text":
         if columns != [WORDS]:
             raise ValueError(f"{path}: plain text gives words only (column {WORDS!r}), but the model needs the columns {columns}")
-        sentences = [tokenize(line, tokenisation) for _, line in _decoded_lines(path)]
+        # one sentence per line, whatever ends the lines: CR alone (old Mac exports), U+2028/U+2029, NEL
+        sentences = [tokenize(part, tokenisation) for _, line in _decoded_lines(path) for part in line.splitlines()]
         sentences = [s for s in sentences if s]
         if not sentences:
             raise DataFormatError(path, 1, "no text (the file is empty or blank)")

@@ -118,6 +118,17 @@ def test_text_is_split_as_the_model_was_trained(word_tagger, tmp_path, dataset, 
     assert ("Trinkoff," in tokens) == (expected == "whitespace")
 
 
+@pytest.mark.parametrize("end", ["\r", "\r\n", "\u2028", "\u2029", "\x85"])
+def test_plain_text_lines_end_at_any_line_end(word_tagger, tmp_path, end):
+    """A file with CR line ends (or Unicode line separators) was read as one sentence (K6)."""
+    bundle = word_tagger(tmp_path / "b.npz", {"name": "mine", "label": "chunk", "tokenisation": "whitespace"})
+    text = tmp_path / "lines.txt"
+    text.write_bytes(end.join(["He saw it", "", "The dog ran", "It is"]).encode() + end.encode())
+    summary = run_tag(_settings(bundle, text, tmp_path / "out.jsonl", format="text"))
+    assert _tokens_written(tmp_path / "out.jsonl") == [["He", "saw", "it"], ["The", "dog", "ran"], ["It", "is"]]
+    assert summary["tokens"] == 8
+
+
 @pytest.mark.parametrize(
     "text, tokens",
     [
