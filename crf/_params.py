@@ -223,7 +223,8 @@ def validate(p: dict, defaults: dict) -> Settings:
 
     Parameters
     ----------
-    p : a :class:`crf.CRF`'s ``get_params()``.
+    p : a :class:`crf.CRF`'s ``get_params()``; a parameter given as None is set to its default
+        here (in place), as sklearn-crfsuite reads None.
     defaults : the constructor's defaults ({parameter: default}; crf.CRF's signature is the one
         source of defaults): a parameter specific to other algorithms must keep its default.
 
@@ -239,6 +240,9 @@ def validate(p: dict, defaults: dict) -> Settings:
     ValueError
         Naming the first bad parameter.
     """
+    for name, default in defaults.items():
+        if p.get(name) is None and default is not None:
+            p[name] = default  # None means "the default", as every parameter of sklearn-crfsuite's signature
     algorithm = p["algorithm"]
     if algorithm not in ALGORITHMS:
         raise ValueError(f"unknown algorithm {algorithm!r}: use one of {', '.join(map(repr, ALGORITHMS))}")
@@ -303,7 +307,10 @@ def validate(p: dict, defaults: dict) -> Settings:
         raise ValueError(f"algorithm='l2sgd' needs c2 >= {MIN_SGD_C2:g}, got {p['c2']:g} (its step size is 1 / (lambda t))")
     for name, algorithms in _SPECIFIC.items():
         if algorithm not in algorithms and p[name] != defaults[name]:
-            raise ValueError(f"{name}={p[name]!r} does not apply to algorithm={algorithm!r} (only {', '.join(algorithms)})")
+            raise ValueError(
+                f"{name}={p[name]!r} does not apply to algorithm={algorithm!r} (only {', '.join(algorithms)}): "
+                f"set {name}=None (its default, {defaults[name]!r})"
+            )
     for name, algorithms in _STOPPING.items():
         if algorithm not in algorithms and p[name] is not None and name != "period":
             log.warning("%s=%r is not used by algorithm=%r (only %s)", name, p[name], algorithm, ", ".join(algorithms))

@@ -289,3 +289,24 @@ def test_parameter_applies_agrees_with_what_fit_refuses():
             else:
                 with pytest.raises(ValueError, match=f"{name}=.* does not apply to algorithm='{algorithm}'"):
                     model.fit(X, y)
+
+
+def test_none_means_the_default_for_every_parameter_as_in_sklearn_crfsuite():
+    """sklearn-crfsuite's signature defaults every parameter to None ("not set"): ``c2=None`` was
+    refused as "must be a number", and switching a fitted model to ``ap`` asked to unset c2 with no
+    way to do it but the default's value (K4)."""
+    import inspect
+
+    import sklearn_crfsuite
+
+    X, y = [[{"w": "a"}, {"w": "b"}], [{"w": "c"}, {"w": "b"}]] * 3, [["A", "B"]] * 6
+    shared = [name for name in inspect.signature(sklearn_crfsuite.CRF).parameters if name in inspect.signature(CRF).parameters]
+    assert {"c1", "c2", "algorithm", "num_memories", "linesearch", "period"} <= set(shared)
+    everything_none = CRF(**dict.fromkeys(shared)).fit(X, y)
+    defaults = CRF().fit(X, y)
+    np.testing.assert_array_equal(everything_none.state_weights_, defaults.state_weights_)
+    assert everything_none.get_params()["c2"] is None  # kept as given, as scikit-learn's clone needs
+    model = CRF(c2=0.5, max_iterations=5).fit(X, y)
+    with pytest.raises(ValueError, match=r"^c2=0.5 does not apply to algorithm='ap' \(only lbfgs, l2sgd\): set c2=None"):
+        model.set_params(algorithm="ap").fit(X, y)
+    assert model.set_params(algorithm="ap", c2=None).fit(X, y).predict(X[:1]).tolist() == [["A", "B"]]
