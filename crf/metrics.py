@@ -122,33 +122,51 @@ def _neighbours(flat: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, ...]
     return tags, types, np.where(first, "O", np.roll(tags, 1)), np.where(first, "_", np.roll(types, 1)), first
 
 
-def chunk_head_tags(sequences: Sequence[Sequence[str]]) -> np.ndarray:
-    """The tag each chunk of ``sequences`` begins with, in order (as :func:`chunks` finds them).
+def scheme_violations(sequences: Sequence[Sequence[str]], scheme: str) -> tuple[int, int]:
+    """How many chunks of ``sequences`` (as :func:`chunks` finds them) are not written as ``scheme``
+    writes them, and how many chunks there are.
 
-    In IOB2 every chunk begins with ``B`` (IOBES: ``B`` or ``S``); a chunk that begins with ``I``
-    is IOB1's way of writing it (``B`` only between two chunks of one type), or an error.
+    IOB2 begins every chunk with ``B``; IOBES writes a one-token chunk ``S`` and a longer one
+    ``B`` ... ``E``; IOB1 begins a chunk with ``B`` only right after a chunk of its type. Gold
+    labels in another scheme than a model's hold only labels it knows, and score the same chunks,
+    but a token accuracy that is off by the chunks written otherwise.
 
     Parameters
     ----------
     sequences : sequence of sequences of str
         Label sequences.
+    scheme : str
+        ``"iob1"``, ``"iob2"`` or ``"iobes"`` (any case).
 
     Returns
     -------
-    ndarray of str, shape (n_chunks,)
-        ``"B"``, ``"I"``, ``"E"`` or ``"S"`` per chunk.
+    (int, int)
+        (chunks not in ``scheme``, chunks).
     """
     flat, offsets = _flatten(sequences)
     if flat.size == 0:
-        return np.array([], dtype=object)
-    tags, types, prev_tags, prev_types, _ = _neighbours(flat, offsets)
-    return tags[chunk_start(prev_tags, tags, prev_types, types)]
+        return 0, 0
+    starts, ends, tags, types, prev_tags, prev_types = _spans(flat, offsets)
+    head, last, single = tags[starts], tags[ends - 1], ends - starts == 1
+    scheme = scheme.lower()
+    if scheme == "iobes":
+        bad = np.where(single, head != "S", (head != "B") | (last != "E"))
+    elif scheme in ("iob1", "iob2"):
+        foreign = np.isin(head, ["E", "S"]) | np.isin(last, ["E", "S"])  # IOBES' tags
+        if scheme == "iob2":
+            bad = foreign | (head != "B")
+        else:
+            after_same_type = np.isin(prev_tags[starts], ["B", "I"]) & (prev_types[starts] == types[starts])
+            bad = foreign | ((head == "B") != after_same_type)
+    else:
+        raise ValueError(f"scheme {scheme!r}: one of iob1, iob2, iobes")
+    return int(bad.sum()), int(starts.size)
 
 
-def _chunks_flat(flat: np.ndarray, offsets: np.ndarray) -> pd.DataFrame:
+def _spans(flat: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, ...]:
+    """(chunk starts, chunk ends (exclusive), then :func:`_neighbours`' tags, types, previous tags
+    and previous types per token) of the non-empty ``flat`` labels."""
     n = flat.size
-    if n == 0:
-        return pd.DataFrame({"sequence": [], "start": [], "end": [], "type": []})
     tags, types, prev_tags, prev_types, first = _neighbours(flat, offsets)
     starts = np.flatnonzero(chunk_start(prev_tags, tags, prev_types, types))
     closes = np.zeros(n + 1, dtype=bool)
@@ -156,6 +174,14 @@ def _chunks_flat(flat: np.ndarray, offsets: np.ndarray) -> pd.DataFrame:
     closes[n] = True
     close_at = np.flatnonzero(closes)
     ends = close_at[np.searchsorted(close_at, starts, side="right")]
+    return starts, ends, tags, types, prev_tags, prev_types
+
+
+def _chunks_flat(flat: np.ndarray, offsets: np.ndarray) -> pd.DataFrame:
+    n = flat.size
+    if n == 0:
+        return pd.DataFrame({"sequence": [], "start": [], "end": [], "type": []})
+    starts, ends, _, types, _, _ = _spans(flat, offsets)
     sequence = np.searchsorted(offsets, starts, side="right") - 1
     return pd.DataFrame(
         {

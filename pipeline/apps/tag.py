@@ -51,7 +51,7 @@ import pandas as pd
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from crf import metrics
-from crf.bundle import MIN_KNOWN, ModelBundle, TokenError, check_tokens, load_bundle
+from crf.bundle import MIN_KNOWN, ModelBundle, TokenError, check_tokens, load_bundle, normalize_scheme
 from pipeline.apps.formats import (
     OUTPUT_FORMATS,
     TOKENISATIONS,
@@ -67,9 +67,15 @@ from pipeline.models import BUNDLE_FILE
 
 log = logging.getLogger(__name__)
 
-#: the share of gold chunks beginning with ``I-`` above which a gold column is taken for IOB1 (an
-#: IOB2 file has none; a few may be annotation slips)
-IOB1_SHARE = 0.05
+#: the share of gold chunks not written in the model's scheme above which the gold column is taken
+#: for another scheme (IOB1 against IOB2, say: a file in the model's scheme has none; a few may be
+#: annotation slips)
+OTHER_SCHEME_SHARE = 0.05
+SCHEME_RULES = {
+    "iob2": "every chunk begins with 'B-'",
+    "iob1": "'B-' begins a chunk only right after one of its type",
+    "iobes": "'S-' for a one-token chunk, 'B-' ... 'E-' for a longer one",
+}
 _URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:/")  # runs:/..., models:/..., s3://..., mlflow-artifacts:/...
 
 
@@ -277,14 +283,14 @@ def check_gold_column(corpus: Corpus, bundle: ModelBundle, input_path) -> bool:
             f"knows (not {examples}, ...): its columns are not in the order the model expects (name them with a first line "
             "'# global.columns = <names>'), or it holds another tag set or scheme than the model's"
         )
-    if str(bundle.scheme).upper() == "IOB2":
-        heads = metrics.chunk_head_tags(corpus.sentences(corpus.gold))
-        inside_first = int((heads == "I").sum())
-        if inside_first > IOB1_SHARE * heads.size:  # IOB1 gold: every token accuracy would be off (chunks score alike)
+    scheme = normalize_scheme(bundle.scheme)
+    if scheme != "none":
+        bad, total = metrics.scheme_violations(corpus.sentences(corpus.gold), scheme)
+        if bad > OTHER_SCHEME_SHARE * total:  # the chunks score alike, the token accuracy would be off
             raise TagError(
-                f"input {input_path}: {inside_first} of the {heads.size} chunks of the gold column begin with 'I-' "
-                "(IOB1, where 'B-' only separates two chunks of one type); the model's labels are IOB2: convert the "
-                "column to IOB2 (every chunk begins with 'B-') to score it"
+                f"input {input_path}: {bad} of the {total} chunks of the gold column are not written as "
+                f"{scheme.upper()} writes them ({SCHEME_RULES[scheme]}), the model's scheme: convert the column to "
+                f"{scheme.upper()} to score it"
             )
     return True
 

@@ -130,3 +130,27 @@ def test_scorers_for_model_selection():
     assert scorers.flat_accuracy(model, X, y) == 1.0 and scorers.sequence_accuracy(model, X, y) == 1.0
     f1 = metrics.flat_scorer(metrics.flat_f1_score, average="macro")
     assert f1(model, X, y) == 1.0
+
+
+def test_scheme_violations_count_the_chunks_written_in_another_scheme():
+    """The same three chunks (NP 'the dog', NP 'it', VP 'ran') written in each scheme: each is
+    clean in its own and counted where another scheme writes them otherwise."""
+    from crf.metrics import scheme_violations
+
+    written = {
+        "iob2": [["B-NP", "I-NP", "B-NP", "B-VP", "O"]],
+        "iob1": [["I-NP", "I-NP", "B-NP", "I-VP", "O"]],
+        "iobes": [["B-NP", "E-NP", "S-NP", "S-VP", "O"]],
+    }
+    expected = {  # (scheme of the labels, scheme judged by) -> chunks not written that way
+        ("iob2", "iob1"): 2, ("iob2", "iobes"): 3, ("iob1", "iob2"): 2, ("iob1", "iobes"): 3,
+        ("iobes", "iob2"): 3, ("iobes", "iob1"): 3,
+    }  # fmt: skip
+    for source, labels in written.items():
+        assert metrics.chunks(labels).equals(metrics.chunks(written["iob2"]))
+        for judge in written:
+            assert scheme_violations(labels, judge) == (expected.get((source, judge), 0), 3), (source, judge)
+    assert scheme_violations([], "iob2") == (0, 0)
+    assert scheme_violations([["O", "O"]], "IOBES") == (0, 0)
+    with pytest.raises(ValueError, match="one of iob1, iob2, iobes"):
+        scheme_violations(written["iob2"], "bilou")
