@@ -186,7 +186,7 @@ def composition_refusal(argv: list[str]) -> str | None:
             writable_target(sqlite_path(store))  # a dangling link or a folder: SQLite cannot open it
         except OSError as error:
             return f"bad setting: the tracking store {store}: {str(error).removesuffix('; not written')}; name a file"
-    problem = _data_problem(cfg)
+    problem = None if multirun else _data_problem(cfg)  # a sweep's own preflight checks its settings first
     if problem:
         return problem
     for key in ("paths.output_dir", "paths.cache_dir"):  # Hydra makes its run folder in the first
