@@ -518,6 +518,13 @@ def check_objective(metric: str | None, direction: str, pruner: Mapping[str, Any
         if summary_key(metric) is None:  # the sweep's summary ranks the jobs by their pipeline runs' metrics
             shown = ", ".join(name for name, stage in load_stages().items() if stage.summary_prefix is not None)
             raise SweeperSettingError(f"hydra.sweeper.metric={metric}: a metric of one of the stages {shown}, as <stage>.<name>")
+    stage, _, name = (metric or ".").rpartition(".")
+    if name.startswith("test_"):
+        raise SweeperSettingError(
+            f"hydra.sweeper.metric={metric}: a score on the test set, which a search must not see (the chosen model's "
+            f"test score would be optimistic, and it would be registered by it): optimise the dev score "
+            f"({stage}.dev_{name.removeprefix('test_')}) and report the chosen job's test score"
+        )
     dev_score = metric is None or metric.rsplit(".", 1)[1] in DEV_SCORES
     if dev_score and direction != "maximize":
         raise SweeperSettingError(f"hydra.sweeper.direction={direction}: the dev score ({metric or 'default'}) is maximised")

@@ -157,9 +157,14 @@ def _optuna(tmp_path: Path, params: dict, task: list[str] = (), **settings) -> O
         ({"trainer.c2": "interval(0.1, 1)"}, ["data.final_fit=train+dev"], "data.final_fit=train+dev: such a run has no "
          "dev split"),
         ({"trainer.c2": "interval(0.1, 1)", "data.final_fit": "choice(train, train+dev)"}, [], "such a run has no dev split"),
-        ({"trainer.c2": "interval(0.1, 1)", "stages": "[train]"}, ["metric=evaluate.test_f1"],
-         "hydra.sweeper.metric=evaluate.test_f1: the trials with "
+        ({"trainer.c2": "interval(0.1, 1)", "stages": "[train]"}, ["metric=evaluate.dev_f1"],
+         "hydra.sweeper.metric=evaluate.dev_f1: the trials with "
          "trainer.c2=0.1 do not run stage evaluate"),
+        # a search tuned on the test set (K9), whatever the refit
+        ({"trainer.c2": "interval(0.1, 1)"}, ["metric=evaluate.test_f1"], "hydra.sweeper.metric=evaluate.test_f1: a score "
+         "on the test set, which a search must not see"),
+        ({"trainer.c2": "interval(0.1, 1)"}, ["data.final_fit=train+dev", "metric=evaluate.test_accuracy"],
+         "optimise the dev score (evaluate.dev_accuracy)"),
         ({"trainer.c2": "interval(0.1, 1)"}, ["dataset=ud_english_ewt_upos", "features=pos", "metric=evaluate.dev_f1"],
          "hydra.sweeper.metric=evaluate.dev_f1: dataset "
          "ud_english_ewt_upos has no chunks (dataset.scheme=none), so its runs score accuracy, not F1: optimise "
@@ -171,8 +176,8 @@ def _optuna(tmp_path: Path, params: dict, task: list[str] = (), **settings) -> O
         ({"model.order": "choice(1, 2)"}, ["model=hmm", "metric=train.iterations"], "stage train logs no metric "
          "iterations in the trials with model.order=1 (its metrics: train_seconds, model_bytes, labels"),
         ({"trainer.c2": "interval(0.1, 1)"}, ["metric=prepare.dev_f1"], "stage prepare logs no metric dev_f1"),
-        ({"trainer.c2": "interval(0.1, 1)"}, ["metric=evaluate.test_correction_fixes"],
-         "stage evaluate logs no metric test_correction_fixes"),
+        ({"trainer.c2": "interval(0.1, 1)"}, ["metric=evaluate.dev_correction_fixes"],
+         "stage evaluate logs no metric dev_correction_fixes"),
         # trials scored on other data: their scores do not compare (H9)
         ({"trainer.c2": "interval(0.1, 1)", "dataset.dev_split.seed": "choice(13, 14)"}, [], "the trials with trainer.c2=0.1 "
          "dataset.dev_split.seed=13 and those with trainer.c2=0.1 dataset.dev_split.seed=14 are scored on different data"),
@@ -272,13 +277,16 @@ def test_optuna_values_that_are_bad_only_together_are_refused(tmp_path, caplog):
     assert not list(tmp_path.rglob("optuna.db"))
 
 
-def test_the_default_optuna_space_and_a_test_metric_under_train_dev_pass(tmp_path):
+def test_the_default_optuna_space_and_other_objectives_pass(tmp_path):
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         space = {"trainer": "choice(lbfgs, l1, elasticnet)", "trainer.strength": "tag(log, interval(0.01, 10))"}
         default = _optuna(tmp_path, space)
         default._checked(_arguments(tmp_path, []))
-        # a sweep may optimise a test metric of train+dev refits (the user's choice; nothing is missing)
-        refit = _optuna(tmp_path, {"trainer.c2": "interval(0.1, 1)"}, ["data.final_fit=train+dev"], metric="evaluate.test_f1")
+        # a cost to minimise, of train+dev refits (no dev score is needed)
+        refit = _optuna(
+            tmp_path, {"trainer.c2": "interval(0.1, 1)"}, ["data.final_fit=train+dev"], metric="train.train_seconds",
+            direction="minimize",
+        )  # fmt: skip
         refit._checked(_arguments(tmp_path, ["data.final_fit=train+dev"]))
         # a chunk type's F1 and a correction figure are metrics the evaluate stage declares
         _optuna(tmp_path, {"trainer.c2": "interval(0.1, 1)"}, metric="evaluate.dev_f1_NP")._checked(_arguments(tmp_path, []))
