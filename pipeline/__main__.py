@@ -177,6 +177,13 @@ def composition_refusal(argv: list[str]) -> str | None:
     try:
         store = tracking_uri(cfg)  # the variable and the setting name one store
         multirun = any(arg in ("-m", "--multirun") for arg in argv)
+        registers, sweep_registers = (OmegaConf.select(cfg, f"registry.{k}", default=False) for k in ("register", "sweep"))
+        if multirun and registers is True and sweep_registers is not True:
+            return (
+                "bad setting registry.register=true: in a multirun the sweep registers its best job on dev "
+                "(registry.sweep=true), and its jobs register nothing themselves; set registry.sweep=true, or run the "
+                "chosen settings as a single run with registry.register=true"
+            )
         if OmegaConf.select(cfg, "registry.sweep" if multirun else "registry.register", default=False) is True:
             registry_uri(cfg)  # and MLFLOW_REGISTRY_URI, where the run (or the sweep) registers its model
     except SettingsError as error:

@@ -1,6 +1,7 @@
-"""Settings that would hand a model its own answers, or carve a dev set that cannot be, are refused
-with one line before any stage: a feature reading the label column, an HMM observing it, the label
-set to the word column, a dev split outside (0, 1) or with a seed that is no integer."""
+"""Settings that would hand a model its own answers, carve a dev set that cannot be, or ask for what
+a run will not do are refused with one line before any stage: a feature reading the label column,
+an HMM observing it, the label set to the word column, a dev split outside (0, 1) or with a seed
+that is no integer, a multirun whose jobs are asked to register with the sweep's registration off."""
 
 from __future__ import annotations
 
@@ -86,3 +87,15 @@ def test_a_dev_split_that_leaves_no_training_sentence_is_a_settings_error(tmp_pa
     }  # fmt: skip
     with pytest.raises(SettingsError, match=r"^bad setting dataset.dev_split.fraction=0.1: dataset 't' has 1 training sentence"):
         load_dataset(dataset, tmp_path)
+
+
+def test_a_multirun_asked_to_register_with_the_sweeps_registration_off_is_refused():
+    """Every job of such a multirun skipped registering (a sweep registers its best job itself), and
+    the sweep did not either: nothing was registered, without a word (K12)."""
+    from pipeline.__main__ import composition_refusal
+
+    refused = composition_refusal(["-m", "trainer.c2=0.01,1", "registry.register=true", "registry.sweep=false"])
+    assert refused.startswith("bad setting registry.register=true: in a multirun the sweep registers its best job on dev")
+    assert composition_refusal(["-m", "trainer.c2=0.01,1", "registry.register=true"]) is None  # the sweep registers
+    assert composition_refusal(["-m", "trainer.c2=0.01,1", "registry.sweep=false"]) is None  # nothing asked
+    assert composition_refusal(["registry.register=true", "registry.sweep=false"]) is None  # a single run registers
