@@ -62,16 +62,35 @@ def special_file_kind(path: str | os.PathLike) -> str | None:
     return next((name for test, name in kinds if test(mode)), None)
 
 
-def _opener(path: Path) -> Callable:
-    """``gzip.open`` for a gzip file, else ``open``; IsADirectoryError for a folder,
-    FileNotFoundError for a missing file."""
+def check_input_file(path: str | os.PathLike, what: str = "") -> None:
+    """Refuse a path that cannot be read as a data file, in one line that starts with ``what``
+    and the path.
+
+    Raises
+    ------
+    IsADirectoryError
+        A folder.
+    OSError
+        A named pipe, socket or device.
+    FileNotFoundError
+        Nothing there (a dangling symbolic link is named as one).
+    """
+    path = Path(path)
     if path.is_dir():
-        raise IsADirectoryError(f"{path}: is a directory, expected a data file")
-    if not path.is_file():
-        kind = special_file_kind(path)
-        if kind is not None:
-            raise OSError(f"{path}: is {kind}, not a regular file: expected a data file")
-        raise FileNotFoundError(f"{path}: no such file")
+        raise IsADirectoryError(f"{what}{path}: is a directory, expected a data file")
+    if path.is_file():
+        return
+    kind = special_file_kind(path)
+    if kind is not None:
+        raise OSError(f"{what}{path}: is {kind}, not a regular file: expected a data file")
+    if path.is_symlink():
+        raise FileNotFoundError(f"{what}{path}: a symbolic link to {os.readlink(path)}, which does not exist (no such file)")
+    raise FileNotFoundError(f"{what}{path}: no such file")
+
+
+def _opener(path: Path) -> Callable:
+    """``gzip.open`` for a gzip file, else ``open``; the errors of :func:`check_input_file`."""
+    check_input_file(path)
     with open(path, "rb") as probe:
         return gzip.open if probe.read(2) == _GZIP_MAGIC else open
 

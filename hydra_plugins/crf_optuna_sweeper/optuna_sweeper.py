@@ -181,6 +181,9 @@ class OptunaSweeper(Sweeper):
         for name in ("warm_start", "strong_first"):
             if not isinstance(getattr(self, name), bool):
                 raise SweeperSettingError(f"hydra.sweeper.{name}={getattr(self, name)!r}: true or false")
+        seed = self.seed
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32):
+            raise SweeperSettingError(f"hydra.sweeper.seed={seed!r}: a whole number from 0 to 2**32 - 1, or null")
         name = self.study_name
         if name is not None and (not str(name).strip() or str(name) != str(name).strip() or len(str(name)) > 512):
             raise SweeperSettingError(  # Optuna's storages hold names of at most 512 characters

@@ -60,7 +60,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from crf.io import CONLLU_COLUMNS, DataFormatError, _decoded_lines, atomic_write, read_conll, read_conllu
+from crf.io import CONLLU_COLUMNS, DataFormatError, _decoded_lines, atomic_write, check_input_file, read_conll, read_conllu
 from pipeline.report import dumps
 
 log = logging.getLogger(__name__)
@@ -190,10 +190,7 @@ def read_input(
     a CoNLL file's columns, see :func:`conll_names`); ``tokenisation``: how text is split
     (:func:`tokenize`)."""
     path = Path(path)
-    if path.is_dir():
-        raise IsADirectoryError(f"input {path}: is a directory, expected a file")
-    if not path.is_file():
-        raise FileNotFoundError(f"input {path}: no such file")
+    check_input_file(path, "input ")
     columns = list(columns)
     if fmt == "conll":
         header = _conll_header(path)

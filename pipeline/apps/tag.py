@@ -52,6 +52,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from crf import metrics
 from crf.bundle import MIN_KNOWN, ModelBundle, TokenError, check_tokens, load_bundle, normalize_scheme
+from crf.io import check_input_file
 from pipeline.apps.formats import (
     OUTPUT_FORMATS,
     TOKENISATIONS,
@@ -406,8 +407,10 @@ def check_output(output: str | Path, input_path: Path) -> None:
         if not output_path.exists():
             raise TagError(f"output {output}: a symbolic link to {os.readlink(output_path)}, which does not exist; name a file")
         output_path = Path(os.path.realpath(output_path))
-    if output_path.is_dir() or str(output).endswith(("/", os.sep)):
+    if output_path.is_dir():
         raise TagError(f"output {output}: is a directory; name a file")
+    if str(output).endswith(("/", os.sep)):
+        raise TagError(f"output {output}: names a folder (it ends with '/'); name a file")
     if output_path.exists() and not output_path.is_file():
         raise TagError(f"output {output_path}: not a regular file (a device, pipe or socket); name a file")
     folder = output_path.parent if str(output_path.parent) else Path(".")
@@ -469,10 +472,7 @@ def run_tag(cfg: Mapping) -> dict:
     input_path, output_path = Path(cfg["input"]), Path(cfg["output"])
     fmt = detect_format(input_path, str(cfg.get("format", "auto")))
     out_format = detect_format(output_path, str(cfg.get("output_format", "auto")), OUTPUT_FORMATS)
-    if input_path.is_dir():
-        raise IsADirectoryError(f"input {input_path}: is a directory; name a file")
-    if not input_path.is_file():
-        raise FileNotFoundError(f"input {input_path}: no such file")
+    check_input_file(input_path, "input ")
     check_output(str(cfg["output"]), input_path)
     aliases = dict(cfg.get("column_aliases") or {})
     tracking_uri, registry_uri = cfg.get("tracking_uri"), cfg.get("registry_uri")

@@ -75,6 +75,8 @@ def unavailable_files(dataset: Mapping, root: str | os.PathLike, download: bool 
         kind = special_file_kind(path)
         if kind is not None:
             return DataPathNotAFile(f"{path}: is {kind}, not a regular file: expected {what}")
+        if path.is_symlink() and not path.exists():
+            return MissingDataError(f"{path}: a symbolic link to {os.readlink(path)}, which does not exist: expected {what}")
         if not path.is_file() and not (download and spec.get("url")):
             missing.append(f"{path} (no download configured)" if download else f"{path}")
     return _missing_files(dataset, root, missing) if missing else None

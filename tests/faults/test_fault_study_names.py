@@ -1,4 +1,4 @@
-"""A blank or unusable Optuna study name is a settings error, found before the sweep begins."""
+"""A blank or unusable Optuna study name or seed is a settings error, found before the sweep begins."""
 
 from __future__ import annotations
 
@@ -20,3 +20,14 @@ def test_a_blank_or_overlong_study_name_is_refused(name):
 @pytest.mark.parametrize("name", [None, "pos-sweep", "x" * 512, 7])
 def test_usable_study_names_pass(name):
     OptunaSweeper(params={"trainer.strength": "interval(0.1, 1)"}, study_name=name)._check_counts()
+
+
+@pytest.mark.parametrize("seed", [1.5, -1, 2**32, True, "3"])
+def test_a_seed_the_sampler_cannot_take_is_refused_by_its_name(seed):
+    """``seed=1.5`` was refused by the sampler as "Cannot cast scalar from dtype('float64')", under
+    hydra.sweeper.sampler (K11)."""
+    sweeper = OptunaSweeper(params={"trainer.strength": "interval(0.1, 1)"}, seed=seed)
+    with pytest.raises(SweeperSettingError, match=r"^hydra\.sweeper\.seed=.*: a whole number from 0 to 2\*\*32 - 1, or null"):
+        sweeper._check_counts()
+    for good in (None, 0, 2**32 - 1):
+        OptunaSweeper(params={"trainer.strength": "interval(0.1, 1)"}, seed=good)._check_counts()

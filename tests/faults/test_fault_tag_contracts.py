@@ -647,6 +647,24 @@ def test_a_data_file_that_is_a_named_pipe_is_refused_before_a_run_opens(tmp_path
     assert "train.txt.gz (no download configured)" in missing and "test.txt.gz" not in missing  # the test file downloads
 
 
+def test_an_input_that_is_a_pipe_or_a_dangling_link_is_named_as_such(chunker, tmp_path):
+    """Both were "no such file" (the pipe exists); a dangling link as a data file was "missing (no
+    download configured)"; an output name ending in '/' was "is a directory" (K11)."""
+    from pipeline.stages.data import unavailable_files
+
+    os.mkfifo(tmp_path / "pipe.conll")
+    (tmp_path / "link.conll").symlink_to(tmp_path / "nowhere.conll")
+    with pytest.raises(OSError, match=r"^input .*pipe.conll: is a named pipe \(FIFO\), not a regular file"):
+        run_tag(_settings(chunker, tmp_path / "pipe.conll", tmp_path / "out.conll"))
+    with pytest.raises(FileNotFoundError, match=r"^input .*link.conll: a symbolic link to .*nowhere.conll, which does not exist"):
+        run_tag(_settings(chunker, tmp_path / "link.conll", tmp_path / "out.conll"))
+    source = _write_conll(tmp_path / "in.conll", _corpus(2, 5))
+    with pytest.raises(TagError, match=r"names a folder \(it ends with '/'\); name a file"):
+        run_tag(_settings(chunker, source, f"{tmp_path}/newdir/"))
+    dataset = {"name": "toy", "files": {"train": {"path": "link.conll", "url": "https://example.invalid/t"}}}
+    assert "link.conll: a symbolic link to" in str(unavailable_files(dataset, tmp_path))
+
+
 def test_a_data_file_that_is_a_directory_is_a_settings_error(tmp_path):
     """It was an IsADirectoryError with a traceback; now the settings line (exit 2), still an IsADirectoryError."""
     (tmp_path / "toy" / "train.txt").mkdir(parents=True)
