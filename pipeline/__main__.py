@@ -146,9 +146,10 @@ def composition_refusal(argv: list[str]) -> str | None:
 
     Hydra reports these in several lines with exit code 1, and in a multirun before the sweeper
     (whose preflight checks the swept values) is reached; here they are found first, so that every
-    bad setting ends the same way: one line, exit code 2. Swept values are left to the sweeper's
+    bad setting ends the same way: one line, exit code 2; an override that does not parse
+    (``trainer.c2=choice()``) is named in one line too. Swept values are left to the sweeper's
     preflight; a command line with a flag other than ``-m``/``--multirun`` (``--cfg``, ``--help``,
-    another config) and one that does not parse are left to Hydra.
+    another config) is left to Hydra.
     """
     if any(arg.startswith("-") and arg not in ("-m", "--multirun") for arg in argv):
         return None
@@ -158,10 +159,11 @@ def composition_refusal(argv: list[str]) -> str | None:
 
     from pipeline.sweeps.grid_preflight import composition_problem
 
+    arguments = [arg for arg in argv if not arg.startswith("-")]
     try:
-        overrides = OverridesParser.create().parse_overrides([arg for arg in argv if not arg.startswith("-")])
+        overrides = OverridesParser.create().parse_overrides(arguments)
     except Exception:
-        return None
+        return _parse_problem(arguments)
     fixed = [override.input_line for override in overrides if not override.is_sweep_override()]
     GlobalHydra.instance().clear()
     try:
@@ -204,6 +206,20 @@ def composition_refusal(argv: list[str]) -> str | None:
         problem = None if folder is None else folder_problem(Path(str(folder)))
         if problem:
             return f"bad setting {key}={folder}: {problem}"
+    return None
+
+
+def _parse_problem(arguments: list[str]) -> str | None:
+    """One line naming the first of ``arguments`` that Hydra's override grammar refuses, and why."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    for argument in arguments:
+        try:
+            parser.parse_overrides([argument])
+        except Exception as error:  # noqa: BLE001 - Hydra's parse errors come as several types
+            why = [line for line in str(error).splitlines() if line and not line.startswith(("See https:", "Error parsing"))]
+            return f"bad setting {argument}: {'; '.join(why) or type(error).__name__} (see Hydra's override grammar)"
     return None
 
 

@@ -99,3 +99,21 @@ def test_a_multirun_asked_to_register_with_the_sweeps_registration_off_is_refuse
     assert composition_refusal(["-m", "trainer.c2=0.01,1", "registry.register=true"]) is None  # the sweep registers
     assert composition_refusal(["-m", "trainer.c2=0.01,1", "registry.sweep=false"]) is None  # nothing asked
     assert composition_refusal(["registry.register=true", "registry.sweep=false"]) is None  # a single run registers
+
+
+@pytest.mark.parametrize(
+    ("argument", "why"),
+    [
+        ("trainer.c2=choice()", "empty choice is not legal"),
+        ("trainer.c2=interval(1)", "missing a required argument: 'end'"),
+        ("features.templates=[w[0]]", "no viable alternative at input '[w['"),
+    ],
+)
+def test_an_override_that_does_not_parse_is_named_in_one_line(argument, why):
+    """Hydra printed its grammar error in four lines with exit code 1 (K11); now the one line names
+    the override."""
+    from pipeline.__main__ import composition_refusal
+
+    for argv in (["-m", "trainer.c1=0,1", argument], [argument]):
+        refused = composition_refusal(argv)
+        assert refused.startswith(f"bad setting {argument}: ") and why in refused and "\n" not in refused
