@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import itertools
 import os
 import shutil
@@ -57,50 +56,16 @@ def _mlflow_schema_from_a_template():
         shutil.rmtree(folder, ignore_errors=True)
 
 
-class _YamlParsedOnce(types.ModuleType):
-    """PyYAML as OmegaConf sees it, with ``load`` remembering what each text parsed to."""
-
-    def __init__(self, yaml_module):
-        super().__init__("yaml")
-        self._yaml, self._parsed = yaml_module, {}
-
-    def __getattr__(self, name):
-        return getattr(self._yaml, name)
-
-    def load(self, stream, Loader):  # noqa: N803 (PyYAML's name)
-        text = stream if isinstance(stream, (str, bytes)) else stream.read()
-        # OmegaConf makes its loader class anew on every call: the same class by name and definition
-        key = (Loader.__module__, Loader.__qualname__, text)
-        if key not in self._parsed:
-            self._parsed[key] = self._yaml.load(text, Loader=Loader)
-        return copy.deepcopy(self._parsed[key])
-
-
 @pytest.fixture(scope="session", autouse=True)
 def _cheaper_hydra_compositions():
-    """Two costs of every Hydra composition (0.15-0.2 CPU-s each; the fast tier composes hundreds) that
-    repeat the same work, cut for this test process (child processes are not affected):
+    """Hydra compositions in this test process take the shortcuts of
+    :func:`pipeline_helpers.composition_shortcuts` (YAML parsed once per text, the ConfigStore shared):
+    about a quarter less CPU per composition, the same composed config. Child processes are not
+    affected (the fork server is a fresh interpreter)."""
+    from pipeline_helpers import composition_shortcuts
 
-    - each config file is parsed from YAML once: OmegaConf's ``load`` (which Hydra calls for each file
-      of each composition) gets a copy of the Python objects the same text parsed to before, then
-      builds its config from them as usual. The key is the text itself, so an edited or new file
-      parses afresh; Hydra's search, defaults, merging and overrides run every time.
-    - the copy of the config repository that each composition makes shares the one ``ConfigStore``
-      instead of deep-copying it (about 12 ms): what a new repository holds (``ConfigStore.instance()``),
-      and the store hands out copies of its configs (``ConfigStore.load``), so nothing can change it.
-
-    About a quarter of a composition's CPU time; a composed config is the same as without them."""
-    import omegaconf.omegaconf as omegaconf_module
-    from hydra._internal.core_plugins.structured_config_source import StructuredConfigSource
-
-    original = omegaconf_module.yaml
-    omegaconf_module.yaml = _YamlParsedOnce(original)
-    StructuredConfigSource.__deepcopy__ = lambda self, memo: copy.copy(self)  # (its other fields: two strings)
-    try:
+    with composition_shortcuts(True):
         yield
-    finally:
-        omegaconf_module.yaml = original
-        del StructuredConfigSource.__deepcopy__
 
 
 AMBIENT = (

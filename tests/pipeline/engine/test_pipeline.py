@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 from mlflow.tracking import MlflowClient  # noqa: E402
-from pipeline_helpers import CONF_DIR, compose_config, tiny_overrides, write_corpus  # noqa: E402
+from pipeline_helpers import CONF_DIR, compose_config, composition_shortcuts, tiny_overrides, write_corpus  # noqa: E402
 
 from pipeline.__main__ import run_pipeline  # noqa: E402
 from pipeline.engine.cache import StageCache  # noqa: E402
@@ -78,6 +78,26 @@ def test_experiments_and_benchmark_compose():
     assert ewt.model.observation == "w" and ewt.model.capitalization is True
     versus = experiments["hmm_vs_crf"]
     assert versus.stages == ["train", "evaluate"] and versus.comparison.bootstrap_samples >= 1000
+
+
+def test_the_test_sessions_composition_shortcuts_compose_the_same_configs():
+    """The tests compose with :func:`pipeline_helpers.composition_shortcuts` on (tests/conftest.py):
+    every config composes to the same as with plain Hydra, Hydra's own node included."""
+    from hydra import compose, initialize_config_dir
+
+    cases = [
+        ("config", ["trainer=l1", "model.order=2"], True),
+        ("config", ["hydra/sweeper=optuna", "+experiment=reg_path", "data.root=/x"], True),
+        ("config", ["model=hmm", "dataset=ud_english_ewt_upos"], False),
+        ("benchmark", [], False),
+    ]
+    composed = {}
+    for on in (False, True, True):  # (the second time from what the first parsed)
+        with composition_shortcuts(on), initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+            composed.setdefault(on, []).append(
+                [OmegaConf.to_yaml(compose(config_name=n, overrides=o, return_hydra_config=h)) for n, o, h in cases]
+            )
+    assert composed[True] == [composed[False][0]] * 2
 
 
 def test_stage_cache_hits_misses_and_is_atomic(tmp_path):
