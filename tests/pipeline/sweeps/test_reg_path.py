@@ -60,7 +60,7 @@ def _cold_iterations(cfg, tags: dict[str, dict[str, str]]) -> int:
 
 
 def test_path_of_three_points_warm_starts_and_summarises_like_a_grid(tmp_path):
-    data_root = write_corpus(tmp_path / "data", n_train=60, n_test=20)  # (five fits to convergence: half the tiny corpus)
+    data_root = write_corpus(tmp_path / "data")
     out = tmp_path / "out"
     seed_store(out)
     common = tiny_overrides(data_root, out) + ["trainer.max_iterations=200"]  # no point stops at the cap
