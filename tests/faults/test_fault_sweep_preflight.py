@@ -6,6 +6,7 @@ one line, exit code 2, no sweep parent run, no Optuna study."""
 
 from __future__ import annotations
 
+import copy
 import fnmatch
 import logging
 import os
@@ -48,10 +49,18 @@ def _refused(call, caplog) -> str:
     return errors[0]
 
 
-def _grid(task: list[str], tmp_path: Path):
+@pytest.fixture(scope="module")
+def grid_base(tmp_path_factory):
+    """The config of ``python -m pipeline -m`` on the tiny overrides before its task is set, composed once:
+    the grid's jobs are composed from the task (``hydra.overrides.task``), which each test sets on a copy."""
+    root = tmp_path_factory.mktemp("grid")
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        return compose(config_name="config", overrides=tiny_overrides(root / "data", root / "out"), return_hydra_config=True)
+
+
+def _grid(task: list[str], base):
     """The config Hydra hands to ``on_multirun_start`` for ``python -m pipeline -m <task>``."""
-    overrides = tiny_overrides(tmp_path / "data", tmp_path / "out")
-    config = compose(config_name="config", overrides=overrides, return_hydra_config=True)
+    config = copy.deepcopy(base)
     with open_dict(config):
         config.hydra.overrides.task = task
         config.hydra.sweeper = {"_target_": BASIC_SWEEPER, "max_batch_size": None, "params": {}}
@@ -88,13 +97,13 @@ def _grid(task: list[str], tmp_path: Path):
         (["trainer.c2=interval(0,1)"], "bad sweep trainer.c2=interval(0, 1): a grid (Hydra's basic sweeper) runs listed values"),
     ],
 )  # fmt: skip
-def test_a_grid_job_a_single_run_would_refuse_ends_the_sweep_before_any_job(tmp_path, caplog, task, message):
+def test_a_grid_job_a_single_run_would_refuse_ends_the_sweep_before_any_job(grid_base, caplog, task, message):
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        line = _refused(lambda: check_grid_jobs(_grid(task, tmp_path)), caplog)
+        line = _refused(lambda: check_grid_jobs(_grid(task, grid_base)), caplog)
     assert message in line
 
 
-def test_a_grid_of_good_jobs_passes(tmp_path, caplog):
+def test_a_grid_of_good_jobs_passes(grid_base, caplog):
     """Nothing a grid can run is refused: a glob of a group's options, train+dev jobs (a grid may
     refit: nothing needs their dev score), a float range, a path."""
     tasks = [
@@ -105,7 +114,7 @@ def test_a_grid_of_good_jobs_passes(tmp_path, caplog):
     ]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None), caplog.at_level(logging.WARNING):
         for task in tasks:
-            check_grid_jobs(_grid(task, tmp_path))
+            check_grid_jobs(_grid(task, grid_base))
     assert not caplog.records
 
 

@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 from mlflow.tracking import MlflowClient  # noqa: E402
-from pipeline_helpers import CONF_DIR, compose_config, tiny_overrides, write_corpus  # noqa: E402
+from pipeline_helpers import CONF_DIR, compose_config, composition_shortcuts, tiny_overrides, write_corpus  # noqa: E402
 
 from pipeline.__main__ import run_pipeline  # noqa: E402
 from pipeline.engine.cache import StageCache  # noqa: E402
@@ -52,7 +52,8 @@ def test_every_shipped_config_composes_and_resolves(group):
         # a config may ask for a setting the user must give (a word-cluster paths file); any other
         # missing value fails the resolution below
         missing = [key for key in REQUIRED_SETTINGS if _is_missing(cfg, key)]
-        cfg = compose_config([f"{group}={option}", *(f"{key}=/abs/file.txt" for key in missing)])
+        if missing:  # (composed again only then: with no setting to add it is the same config)
+            cfg = compose_config([f"{group}={option}", *(f"{key}=/abs/file.txt" for key in missing)])
         resolved = OmegaConf.to_container(cfg, resolve=True)
         assert resolved[group]["name" if group != "tracking" else "experiment"]
         if group == "trainer":
@@ -60,10 +61,10 @@ def test_every_shipped_config_composes_and_resolves(group):
 
 
 def test_experiments_and_benchmark_compose():
-    for experiment in _options("experiment"):
-        cfg = compose_config([f"+experiment={experiment}"])
+    experiments = {experiment: compose_config([f"+experiment={experiment}"]) for experiment in _options("experiment")}
+    for cfg in experiments.values():
         OmegaConf.to_container(cfg, resolve=True)
-    sweep = compose_config(["+experiment=reg_sweep"])
+    sweep = experiments["reg_sweep"]
     assert sweep.trainer.threads == 1
     elastic = compose_config(["trainer=elasticnet", "trainer.strength=0.5", "trainer.l2_ratio=0.2"])
     assert elastic.trainer.c1 == 0.5 and elastic.trainer.c2 == pytest.approx(0.1)
@@ -75,8 +76,28 @@ def test_experiments_and_benchmark_compose():
     assert compose_config(["model=hmm"]).model.observation == "pos"
     ewt = compose_config(["model=hmm", "dataset=ud_english_ewt_upos"])
     assert ewt.model.observation == "w" and ewt.model.capitalization is True
-    versus = compose_config(["+experiment=hmm_vs_crf"])
+    versus = experiments["hmm_vs_crf"]
     assert versus.stages == ["train", "evaluate"] and versus.comparison.bootstrap_samples >= 1000
+
+
+def test_the_test_sessions_composition_shortcuts_compose_the_same_configs():
+    """The tests compose with :func:`pipeline_helpers.composition_shortcuts` on (tests/conftest.py):
+    every config composes to the same as with plain Hydra, Hydra's own node included."""
+    from hydra import compose, initialize_config_dir
+
+    cases = [
+        ("config", ["trainer=l1", "model.order=2"], True),
+        ("config", ["hydra/sweeper=optuna", "+experiment=reg_path", "data.root=/x"], True),
+        ("config", ["model=hmm", "dataset=ud_english_ewt_upos"], False),
+        ("benchmark", [], False),
+    ]
+    composed = {}
+    for on in (False, True, True):  # (the second time from what the first parsed)
+        with composition_shortcuts(on), initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+            composed.setdefault(on, []).append(
+                [OmegaConf.to_yaml(compose(config_name=n, overrides=o, return_hydra_config=h)) for n, o, h in cases]
+            )
+    assert composed[True] == [composed[False][0]] * 2
 
 
 def test_stage_cache_hits_misses_and_is_atomic(tmp_path):
