@@ -548,10 +548,15 @@ class OptunaSweeper(Sweeper):
             self.validate_batch_is_legal(batch)
             return self.launcher.launch(batch, initial_job_idx=index)
         except BrokenExecutor as error:  # a worker process died (SIGKILL, the out-of-memory killer, a crash)
-            if SWEEP_STOPPING.is_set():  # the sweep is being stopped: its workers go with it
+            if SWEEP_STOPPING.is_set():  # the sweep is being stopped: its workers go with it, as asked
                 for trial in trials:
                     _fail(study, trial)
-                raise
+                log.error(
+                    "stopped by SIGTERM: the worker process of trial(s) %s ended with it (%s); their runs end FAILED",
+                    ", ".join(str(t.number) for t in trials),
+                    _worker_death(error).split("(", 1)[-1].split(";", 1)[0],
+                )
+                raise SystemExit(1) from None
             died = WorkerDied(_worker_death(error))
             log.warning("trial(s) %s: %s; the sweep goes on", ", ".join(str(t.number) for t in trials), died)
             return [JobReturn(overrides=list(job), status=JobStatus.FAILED, _return_value=died) for job in batch]

@@ -247,6 +247,42 @@ def test_a_sweep_whose_workers_keep_dying_stops_with_one_line(tmp_path, caplog):
     assert "\n" not in error
 
 
+class _SignalledLauncher(_Launcher):
+    """A SIGTERM reaches the sweep while its trial runs: the worker dies of it (K10)."""
+
+    def launch(self, batch, initial_job_idx):
+        from joblib.externals.loky.process_executor import TerminatedWorkerError
+
+        from pipeline.sweeps.sigterm import SWEEP_STOPPING
+
+        self.jobs.extend(list(job) for job in batch)
+        SWEEP_STOPPING.set()  # as the sweep's SIGTERM handler does
+        raise TerminatedWorkerError(
+            "A worker process managed by the executor was unexpectedly terminated. This could be caused by a "
+            "segmentation fault ... The exit codes of the workers are {SIGTERM(-15)}"
+        )
+
+
+def test_a_sweep_stopped_by_sigterm_while_a_trial_runs_ends_in_one_line(tmp_path, caplog):
+    """It printed joblib's 40-line TerminatedWorkerError with its advice about segmentation faults."""
+    from pipeline.sweeps.sigterm import SWEEP_STOPPING
+
+    sweeper = _sweeper(tmp_path, n_trials=3)
+    sweeper.launcher = _SignalledLauncher()
+    try:
+        with pytest.raises(SystemExit) as ended:
+            sweeper.sweep([])
+    finally:
+        SWEEP_STOPPING.clear()
+    assert ended.value.code == 1 and len(sweeper.launcher.jobs) == 1  # no further trial
+    assert [t.state for t in _study(tmp_path).get_trials()] == [TrialState.FAIL]
+    (error,) = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert (
+        error
+        == "stopped by SIGTERM: the worker process of trial(s) 0 ended with it (exit codes {SIGTERM(-15)}); their runs end FAILED"
+    )
+
+
 def _composed(overrides: list[str], tmp_path: Path):
     """The multirun's config (the optuna sweeper, the tiny corpus) as the sweep callback gets it."""
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
