@@ -69,9 +69,9 @@ from pipeline.models import BUNDLE_FILE
 log = logging.getLogger(__name__)
 
 #: the share of gold chunks not written in the model's scheme above which the gold column is taken
-#: for another scheme (IOB1 against IOB2, say: a file in the model's scheme has none; a few may be
-#: annotation slips)
-OTHER_SCHEME_SHARE = 0.05
+#: for another scheme: IOB1 against IOB2 writes most chunks otherwise (all but those right after a
+#: chunk of their type), IOBES against IOB2 every one; gold with annotation slips, far fewer
+OTHER_SCHEME_SHARE = 0.5
 SCHEME_RULES = {
     "iob2": "every chunk begins with 'B-'",
     "iob1": "'B-' begins a chunk only right after one of its type",

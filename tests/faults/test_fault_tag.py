@@ -367,7 +367,7 @@ def test_output_places_refused_before_the_model_is_even_loaded(run, tmp_path, mo
     with pytest.raises(TagError, match="not a regular file"):
         run_tag(_settings(bundle, source, "/dev/null", output_format="jsonl"))  # atomic_write would replace the device
     assert Path("/dev/null").is_char_device()
-    with pytest.raises(TagError, match="is a directory"):
+    with pytest.raises(TagError, match=r"names a folder \(it ends with '/'\); name a file"):
         run_tag(_settings(bundle, source, f"{tmp_path / 'new'}/"))
     with pytest.raises(TagError, match="is the input file"):
         run_tag(_settings(bundle, source, source, output_format="jsonl"))
