@@ -134,6 +134,15 @@ DOC = """
         suggests ``pruning_threshold=0.01``.
 """
 
+# the parameters of sklearn-crfsuite's CRF, each None there by default, meaning "not set": here too
+# (this project's own, such as random_state and dev_every, keep their meaning of None)
+SKLEARN_CRFSUITE_PARAMETERS = (
+    "algorithm", "min_freq", "all_possible_states", "all_possible_transitions", "c1", "c2", "max_iterations",
+    "num_memories", "epsilon", "period", "delta", "linesearch", "max_linesearch", "calibration_eta", "calibration_rate",
+    "calibration_samples", "calibration_candidates", "calibration_max_trials", "pa_type", "c", "error_sensitive",
+    "averaging", "variance", "gamma", "verbose", "model_filename", "keep_tempfiles", "trainer_cls",
+)  # fmt: skip
+
 # parameters that only mean something for some algorithms (their defaults are the constructor's:
 # crf.CRF's signature is the one source of defaults)
 _SPECIFIC = {
@@ -223,8 +232,8 @@ def validate(p: dict, defaults: dict) -> Settings:
 
     Parameters
     ----------
-    p : a :class:`crf.CRF`'s ``get_params()``; a parameter given as None is set to its default
-        here (in place), as sklearn-crfsuite reads None.
+    p : a :class:`crf.CRF`'s ``get_params()``; a parameter of sklearn-crfsuite's signature given
+        as None is set to its default here (in place), as sklearn-crfsuite reads None ("not set").
     defaults : the constructor's defaults ({parameter: default}; crf.CRF's signature is the one
         source of defaults): a parameter specific to other algorithms must keep its default.
 
@@ -240,9 +249,9 @@ def validate(p: dict, defaults: dict) -> Settings:
     ValueError
         Naming the first bad parameter.
     """
-    for name, default in defaults.items():
-        if p.get(name) is None and default is not None:
-            p[name] = default  # None means "the default", as every parameter of sklearn-crfsuite's signature
+    for name in SKLEARN_CRFSUITE_PARAMETERS:
+        if p.get(name) is None and defaults.get(name) is not None:
+            p[name] = defaults[name]  # sklearn-crfsuite's None: "not set"
     algorithm = p["algorithm"]
     if algorithm not in ALGORITHMS:
         raise ValueError(f"unknown algorithm {algorithm!r}: use one of {', '.join(map(repr, ALGORITHMS))}")

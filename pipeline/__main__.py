@@ -236,7 +236,10 @@ def _data_problem(cfg: DictConfig) -> str | None:
         return None
     if not isinstance(dataset, dict) or not isinstance(dataset.get("files"), dict) or root is None:
         return None
-    problem = unavailable_files(dataset, str(root), download)
+    try:
+        problem = unavailable_files(dataset, str(root), download)
+    except (TypeError, KeyError, AttributeError):  # a malformed files entry: the run's own checks name it
+        return None
     return None if problem is None else str(problem)
 
 

@@ -552,7 +552,7 @@ class OptunaSweeper(Sweeper):
                 for trial in trials:
                     _fail(study, trial)
                 log.error(
-                    "stopped by SIGTERM: the worker process of trial(s) %s ended with it (%s); their runs end FAILED",
+                    "stopped by SIGTERM: the worker process of trial(s) %s ended with it (%s); the trials are marked FAIL",
                     ", ".join(str(t.number) for t in trials),
                     _worker_death(error).split("(", 1)[-1].split(";", 1)[0],
                 )

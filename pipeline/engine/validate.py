@@ -227,13 +227,23 @@ def check_hmm_observation(cfg: DictConfig, key: str) -> None:
         raise SettingsError(f"bad setting {key}={observation!r}: the label column; the HMM would observe its own answers")
 
 
+def _number_of(value: Any, kind: type) -> Any:
+    """``value`` read as ``kind`` when it is text that spells one (as the data stage reads it), else as it is."""
+    if isinstance(value, str):
+        try:
+            return kind(value)
+        except ValueError:
+            return value
+    return value
+
+
 def _check_dev_split(rule: Any) -> None:
     """A dev split carved from train (``fraction`` in (0, 1) and an integer ``seed``), or none."""
     if rule is None:
         return
     if not isinstance(rule, Mapping) or set(rule) != {"fraction", "seed"}:
         raise SettingsError(f"bad setting dataset.dev_split={rule!r}: fraction and seed, or null (the dataset's dev file)")
-    fraction, seed = rule["fraction"], rule["seed"]
+    fraction, seed = _number_of(rule["fraction"], float), _number_of(rule["seed"], int)  # from ${oc.env:...}: text
     if isinstance(fraction, bool) or not isinstance(fraction, numbers.Real) or not 0 < fraction < 1:
         raise SettingsError(
             f"bad setting dataset.dev_split.fraction={fraction!r}: the share of the training sentences held out, "

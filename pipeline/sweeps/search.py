@@ -522,8 +522,8 @@ def check_objective(metric: str | None, direction: str, pruner: Mapping[str, Any
     if name.startswith("test_"):
         raise SweeperSettingError(
             f"hydra.sweeper.metric={metric}: a score on the test set, which a search must not see (the chosen model's "
-            f"test score would be optimistic, and it would be registered by it): optimise the dev score "
-            f"({stage}.dev_{name.removeprefix('test_')}) and report the chosen job's test score"
+            "test score would be optimistic, and it would be registered by it): optimise a dev score (null: the dev "
+            "score, or e.g. evaluate.dev_accuracy) and report the chosen job's test score"
         )
     dev_score = metric is None or metric.rsplit(".", 1)[1] in DEV_SCORES
     if dev_score and direction != "maximize":

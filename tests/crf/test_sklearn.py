@@ -300,8 +300,11 @@ def test_none_means_the_default_for_every_parameter_as_in_sklearn_crfsuite():
     import sklearn_crfsuite
 
     X, y = [[{"w": "a"}, {"w": "b"}], [{"w": "c"}, {"w": "b"}]] * 3, [["A", "B"]] * 6
-    shared = [name for name in inspect.signature(sklearn_crfsuite.CRF).parameters if name in inspect.signature(CRF).parameters]
-    assert {"c1", "c2", "algorithm", "num_memories", "linesearch", "period"} <= set(shared)
+    from crf._params import SKLEARN_CRFSUITE_PARAMETERS
+
+    theirs = list(inspect.signature(sklearn_crfsuite.CRF).parameters)
+    assert sorted(SKLEARN_CRFSUITE_PARAMETERS) == sorted(theirs)
+    shared = [name for name in theirs if name in inspect.signature(CRF).parameters]
     everything_none = CRF(**dict.fromkeys(shared)).fit(X, y)
     defaults = CRF().fit(X, y)
     np.testing.assert_array_equal(everything_none.state_weights_, defaults.state_weights_)
@@ -310,3 +313,10 @@ def test_none_means_the_default_for_every_parameter_as_in_sklearn_crfsuite():
     with pytest.raises(ValueError, match=r"^c2=0.5 does not apply to algorithm='ap' \(only lbfgs, l2sgd\): set c2=None"):
         model.set_params(algorithm="ap").fit(X, y)
     assert model.set_params(algorithm="ap", c2=None).fit(X, y).predict(X[:1]).tolist() == [["A", "B"]]
+    # this project's own parameters keep their None: random_state=None shuffles afresh on every fit
+    data = [[{"w": w, "n": w[0]} for w in s.split()] for s in ("a b c d", "b c a", "c a b d", "d a c")] * 5
+    labels = [[w.upper() for w in s.split()] for s in ("a b c d", "b c a", "c a b d", "d a c")] * 5
+    fits = [CRF(algorithm="ap", random_state=None, max_iterations=2).fit(data, labels).state_weights_ for _ in range(4)]
+    assert any(not np.array_equal(fits[0], other) for other in fits[1:])
+    with pytest.raises(ValueError, match="dev_every"):
+        CRF(dev_every=None).fit(X, y)

@@ -277,9 +277,9 @@ def test_a_sweep_stopped_by_sigterm_while_a_trial_runs_ends_in_one_line(tmp_path
     assert ended.value.code == 1 and len(sweeper.launcher.jobs) == 1  # no further trial
     assert [t.state for t in _study(tmp_path).get_trials()] == [TrialState.FAIL]
     (error,) = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
-    assert (
-        error
-        == "stopped by SIGTERM: the worker process of trial(s) 0 ended with it (exit codes {SIGTERM(-15)}); their runs end FAILED"
+    assert error == (
+        "stopped by SIGTERM: the worker process of trial(s) 0 ended with it (exit codes {SIGTERM(-15)}); "
+        "the trials are marked FAIL"
     )
 
 

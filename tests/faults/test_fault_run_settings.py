@@ -63,6 +63,7 @@ def test_the_shipped_datasets_and_their_feature_sets_pass():
         ["dataset=ud_english_ewt_upos", "features=pos"],
         ["dataset=anystyle", "features=references"],
         ["dataset.dev_split.fraction=0.5", "dataset.dev_split.seed=3"],
+        ["dataset.dev_split.fraction='0.2'", "dataset.dev_split.seed='7'"],  # text, as ${oc.env:...} gives it
     ):
         validate_settings(compose_config(overrides), stages)
 

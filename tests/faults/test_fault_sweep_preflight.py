@@ -173,7 +173,7 @@ def _optuna(tmp_path: Path, params: dict, task: list[str] = (), **settings) -> O
         ({"trainer.c2": "interval(0.1, 1)"}, ["metric=evaluate.test_f1"], "hydra.sweeper.metric=evaluate.test_f1: a score "
          "on the test set, which a search must not see"),
         ({"trainer.c2": "interval(0.1, 1)"}, ["data.final_fit=train+dev", "metric=evaluate.test_accuracy"],
-         "optimise the dev score (evaluate.dev_accuracy)"),
+         "hydra.sweeper.metric=evaluate.test_accuracy: a score on the test set"),
         ({"trainer.c2": "interval(0.1, 1)"}, ["dataset=ud_english_ewt_upos", "features=pos", "metric=evaluate.dev_f1"],
          "hydra.sweeper.metric=evaluate.dev_f1: dataset "
          "ud_english_ewt_upos has no chunks (dataset.scheme=none), so its runs score accuracy, not F1: optimise "
