@@ -179,9 +179,27 @@ def _merge_attributes(previous: PreviousFit, index: AttributeIndex, batch: Seque
 
 
 def as_sequence_list(values, name: str):
-    """``values`` as a sized sequence of sized sequences: a SequenceBatch as it is, any other
-    iterable (a generator, as sklearn-crfsuite accepts) read into a list once, and so is each of its
-    sequences given as an iterator."""
+    """``values`` as a sized sequence of sized sequences, read once.
+
+    Parameters
+    ----------
+    values : SequenceBatch or iterable of sequences
+        ``X`` or ``y`` of a call. A SequenceBatch and a sized container are kept; any other iterable
+        (a generator, as sklearn-crfsuite accepts) is read into a list, and so is each sequence
+        given as an iterator.
+    name : str
+        The argument's name, for the message.
+
+    Returns
+    -------
+    SequenceBatch or sequence
+        ``values``, or a list of its sequences.
+
+    Raises
+    ------
+    TypeError
+        A set or a mapping (no order, or read as its keys), a string, or no iterable at all.
+    """
     if isinstance(values, (AbstractSet, Mapping)):  # a set has no order; a dict would be read as its keys
         raise TypeError(f"{name} must be a list of sequences, not a {type(values).__name__}")
     if isinstance(values, SequenceBatch):

@@ -363,10 +363,22 @@ def parse_template(text: str) -> _Template:
 
 
 def repeated_template(templates: Sequence[str]) -> tuple[str, str] | None:
-    """The first two of ``templates`` that read the same cells (in any order or spacing, such as
-    ``"w[0]|w[1]"`` and ``"w[1] | w[0]"``): each would make the same features under two names,
-    counting their evidence twice against the prior; None when all differ. Templates that do not
-    parse are left to :func:`parse_template`."""
+    """The first two of ``templates`` that read the same cells, in any order or spacing.
+
+    Two such templates (``"w[0]|w[1]"`` and ``"w[1] | w[0]"``) make the same features under two
+    names, counting their evidence twice against the prior.
+
+    Parameters
+    ----------
+    templates : sequence of str
+        Templates as :func:`parse_template` reads them; those that do not parse are skipped (it
+        names them).
+
+    Returns
+    -------
+    tuple of (str, str) or None
+        The earlier and the later of the first such pair; None when all differ.
+    """
     seen: dict[frozenset, str] = {}
     for text in templates:
         try:

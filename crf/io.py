@@ -51,8 +51,19 @@ class DataFormatError(ValueError):
 
 
 def special_file_kind(path: str | os.PathLike) -> str | None:
-    """What ``path`` is when it exists but is neither a regular file nor a directory (``"a named
-    pipe (FIFO)"``, a socket or a device); None otherwise."""
+    """What ``path`` is when it exists but is neither a regular file nor a directory.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        Any path (a symbolic link is followed).
+
+    Returns
+    -------
+    str or None
+        ``"a named pipe (FIFO)"``, ``"a socket"``, ``"a character device"`` or ``"a block
+        device"``; None for anything else (a file, a folder, nothing).
+    """
     try:
         mode = os.stat(path).st_mode
     except OSError:
@@ -62,9 +73,17 @@ def special_file_kind(path: str | os.PathLike) -> str | None:
     return next((name for test, name in kinds if test(mode)), None)
 
 
-def check_input_file(path: str | os.PathLike, what: str = "") -> None:
-    """Refuse a path that cannot be read as a data file, in one line that starts with ``what``
-    and the path.
+def check_input_file(path: str | os.PathLike, what: str = "", expected: str = "a data file") -> None:
+    """Refuse a path that cannot be read as a data file, in one line.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The file to read.
+    what : str, default=""
+        Put before the path in the message (``"input "``).
+    expected : str, default="a data file"
+        What the path should be, for the message.
 
     Raises
     ------
@@ -77,12 +96,12 @@ def check_input_file(path: str | os.PathLike, what: str = "") -> None:
     """
     path = Path(path)
     if path.is_dir():
-        raise IsADirectoryError(f"{what}{path}: is a directory, expected a data file")
+        raise IsADirectoryError(f"{what}{path}: is a directory, expected {expected}")
     if path.is_file():
         return
     kind = special_file_kind(path)
     if kind is not None:
-        raise OSError(f"{what}{path}: is {kind}, not a regular file: expected a data file")
+        raise OSError(f"{what}{path}: is {kind}, not a regular file: expected {expected}")
     if path.is_symlink():
         raise FileNotFoundError(f"{what}{path}: a symbolic link to {os.readlink(path)}, which does not exist (no such file)")
     raise FileNotFoundError(f"{what}{path}: no such file")

@@ -217,8 +217,21 @@ def _check_dataset(cfg: DictConfig) -> None:
 
 
 def check_hmm_observation(cfg: DictConfig, key: str) -> None:
-    """Refuse an HMM observation (the setting ``key``) that is not a dataset column or is its label
-    column: the HMM would observe its own answers."""
+    """Refuse an HMM observation that is not a dataset column, or that is its label column (the HMM
+    would observe its own answers).
+
+    Parameters
+    ----------
+    cfg : DictConfig
+        The run's composed config.
+    key : str
+        The setting that names the observed column (``model.observation``, ``dataset.hmm.observation``).
+
+    Raises
+    ------
+    SettingsError
+        Naming ``key`` and its value.
+    """
     observation, label = OmegaConf.select(cfg, key, default=None), OmegaConf.select(cfg, "dataset.label", default=None)
     columns = list(OmegaConf.select(cfg, "dataset.columns", default=None) or [])
     if columns and observation not in columns:

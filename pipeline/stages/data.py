@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from crf.io import Sentence, atomic_write, read_blocks, read_conll, read_conllu, read_xml_sequences, special_file_kind
+from crf.io import Sentence, atomic_write, check_input_file, read_blocks, read_conll, read_conllu, read_xml_sequences
 from pipeline.engine.validate import SettingsError
 
 DATA_HOME_VARIABLE = "CRF_DATA_HOME"
@@ -62,23 +62,40 @@ def _download(url: str, target: Path, timeout: float) -> None:
 
 
 def unavailable_files(dataset: Mapping, root: str | os.PathLike, download: bool = True) -> MissingDataError | None:
-    """The error for files of ``dataset`` under ``root`` that no download can provide: a directory,
-    a named pipe, socket or device, or a missing file with no download (``download`` false or no
-    URL); None when every file is on disk or downloadable. Reads no file and downloads nothing, so
-    that a run can be refused before it starts."""
+    """The error for files of ``dataset`` that no download can provide; reads no file and
+    downloads nothing, so that a run can be refused before it starts.
+
+    Parameters
+    ----------
+    dataset : mapping
+        A dataset config (its ``name`` and ``files``: split -> ``path`` and optional ``url``).
+    root : str or os.PathLike
+        The data root the paths are under.
+    download : bool, default=True
+        Whether missing files with a URL will be downloaded.
+
+    Returns
+    -------
+    MissingDataError or None
+        For a directory, a named pipe, socket or device, a dangling symbolic link, or missing files
+        with no download (``download`` false or no URL); None when every file is on disk or
+        downloadable.
+    """
     root = Path(root).absolute()
     missing = []
     for split, spec in dataset["files"].items():
-        path, what = root / spec["path"], f"the {split} file of dataset {dataset.get('name')!r}"
-        if path.is_dir():
-            return DataPathIsADirectory(f"{path}: is a directory, expected {what}")
-        kind = special_file_kind(path)
-        if kind is not None:
-            return DataPathNotAFile(f"{path}: is {kind}, not a regular file: expected {what}")
-        if path.is_symlink() and not path.exists():
-            return MissingDataError(f"{path}: a symbolic link to {os.readlink(path)}, which does not exist: expected {what}")
-        if not path.is_file() and not (download and spec.get("url")):
-            missing.append(f"{path} (no download configured)" if download else f"{path}")
+        path = root / spec["path"]
+        try:
+            check_input_file(path, expected=f"the {split} file of dataset {dataset.get('name')!r}")
+        except IsADirectoryError as error:
+            return DataPathIsADirectory(str(error))
+        except FileNotFoundError as error:
+            if path.is_symlink():
+                return MissingDataError(str(error))
+            if not (download and spec.get("url")):
+                missing.append(f"{path} (no download configured)" if download else f"{path}")
+        except OSError as error:
+            return DataPathNotAFile(str(error))
     return _missing_files(dataset, root, missing) if missing else None
 
 
