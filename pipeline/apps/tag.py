@@ -387,13 +387,24 @@ def text_tokenisation(choice: str, bundle: ModelBundle, reference: str) -> str:
     return recorded
 
 
-def check_not_a_model(output: str | Path, models: Sequence[Path]) -> None:
+def check_not_a_model(output: str | Path, models: Sequence[Path], stores: Sequence[str | None] = ()) -> None:
     """Refuse an output that is one of the bundle files the command reads (``models``: their local
-    paths, a folder or ``~`` resolved), through a link or not: writing it would destroy the model."""
+    paths, a folder or ``~`` resolved), or a file of a SQLite tracking store it reads them from
+    (``stores``: URIs; the database and its journal files), through a link or not: writing it
+    would destroy the model, or every run and registered model of the store."""
+    from pipeline.tracking import sqlite_path
+
     output_path = Path(output)
+    if not output_path.exists():
+        return
     for model in models:
-        if output_path.exists() and model.is_file() and output_path.resolve() == model.resolve():
+        if model.is_file() and output_path.resolve() == model.resolve():
             raise TagError(f"output {output_path}: is the model file (model={model}); name another file")
+    for store in filter(None, stores):
+        database = sqlite_path(store)
+        files = [] if database is None else [Path(f"{database}{end}") for end in ("", "-wal", "-journal", "-shm")]
+        if any(f.exists() and output_path.resolve() == f.resolve() for f in files):
+            raise TagError(f"output {output_path}: is a file of the tracking store {store}; name another file")
 
 
 def check_output(output: str | Path, input_path: Path) -> None:
@@ -478,7 +489,7 @@ def run_tag(cfg: Mapping) -> dict:
     tracking_uri, registry_uri = cfg.get("tracking_uri"), cfg.get("registry_uri")
     import_plugins(cfg.get("plugins") or [])
     local = [resolve_model(r, tracking_uri, registry_uri) for r in references]
-    check_not_a_model(cfg["output"], local)
+    check_not_a_model(cfg["output"], local, [tracking_uri, registry_uri])
     bundles = [load_bundle(path) for path in local]
     for reference, bundle in zip(references, bundles):
         log.info("model %s: %s over %s -> %r (%d labels, scheme %s)", reference, bundle.kind, bundle.input_columns,

@@ -518,6 +518,22 @@ def test_the_output_may_not_be_a_model_file_of_the_command(chunker, tmp_path, mo
     assert model.read_bytes() == chunker.read_bytes()
 
 
+def test_the_output_may_not_be_a_file_of_the_store_the_model_is_read_from(chunker, tmp_path):
+    """``output=<the store's mlflow.db>`` replaced the tracking database with the tagged text, exit 0 (K17)."""
+    from pipeline.apps.tag import check_not_a_model
+
+    store = tmp_path / "mlflow.db"
+    for name in ("mlflow.db", "mlflow.db-wal"):
+        (tmp_path / name).write_bytes(b"SQLite format 3\x00")
+        with pytest.raises(TagError, match=r"is a file of the tracking store sqlite:///.*mlflow.db; name another file"):
+            check_not_a_model(tmp_path / name, [chunker], [None, f"sqlite:///{store}"])
+    (tmp_path / "link.db").symlink_to(store)
+    with pytest.raises(TagError, match="is a file of the tracking store"):
+        check_not_a_model(tmp_path / "link.db", [chunker], [f"sqlite:///{store}"])
+    check_not_a_model(tmp_path / "other.conll", [chunker], [f"sqlite:///{store}"])  # a new file: fine
+    assert store.read_bytes() == b"SQLite format 3\x00"
+
+
 def test_a_chain_that_feeds_a_model_another_tag_set_is_refused(chunker, train, tmp_path):
     # UPOS predictions aliased to pos were chunked silently, while the same values in a file are refused (G13)
     upos = {"DT": "DET", "NN": "NOUN", "NNS": "NOUN", "JJ": "ADJ", "VBD": "VERB", "VBZ": "VERB", "IN": "ADP", ".": "PUNCT"}
