@@ -24,7 +24,7 @@ from crf.io import read_conll
 from pipeline.engine.cache import file_sha256
 from pipeline.engine.stage import BaseStage, StageContext
 from pipeline.report import write_json
-from pipeline.stages.data import Dataset, final_fit_splits, load_dataset, resolve_files, statistics, subset
+from pipeline.stages.data import READERS, Dataset, final_fit_splits, load_dataset, resolve_files, statistics, subset
 
 if TYPE_CHECKING:  # annotations only: the adapter's module is not this stage's code
     from pipeline.models import ModelAdapter
@@ -112,6 +112,9 @@ class Prepare(BaseStage):
         from pipeline.engine.validate import SettingsError
 
         final_fit_splits({"train": [], "dev": []}, final_fit(cfg))
+        data_format = OmegaConf.select(cfg, "dataset.format", default=None)
+        if data_format not in READERS:
+            raise SettingsError(f"bad setting dataset.format={data_format!r}: one of {', '.join(sorted(READERS))}")
         for split, spec in dict(OmegaConf.select(cfg, "dataset.files", default=None) or {}).items():
             url = spec.get("url") if hasattr(spec, "get") else None
             if url is not None and not str(url).lower().startswith(("http://", "https://")):
