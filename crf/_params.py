@@ -48,7 +48,7 @@ DOC = """
         Iterations (epochs for the online algorithms); None: the algorithm's default (lbfgs: no
         limit, l2sgd: 1000, ap/pa/arow: 100).
     num_memories : int, default=6
-        [lbfgs] L-BFGS history.
+        [lbfgs] L-BFGS history (pairs of weight vectors kept), at most 1000.
     epsilon : float or None, default=None
         [lbfgs] stop when ||g|| / max(1, ||w||) < epsilon (default 1e-5); [ap, pa, arow] stop
         when the epoch's loss divided by the number of sequences is below epsilon (default 0).
@@ -209,6 +209,8 @@ class Settings:
 # |w| ~ |gradient| / 2 c2 changes the loss by less than its float64 rounding); a large c1 simply gives
 # zero weights, the exact optimum, so it has no such bound
 MAX_C2 = 1e12
+# the longest L-BFGS history: 2 x 1000 weight vectors is already gigabytes for a large model
+MAX_MEMORIES = 1000
 MIN_SGD_C2 = 1e-100  # l2sgd's smallest L2 strength: its steps divide by it
 
 
@@ -269,6 +271,11 @@ def validate(p: dict, defaults: dict) -> Settings:
     _number("calibration_rate", p["calibration_rate"], low=1.0, strict=True)
     for name in ("num_memories", "period", "max_linesearch", "batch_size", "calibration_samples"):
         _number(name, p[name], low=1, integer=True)
+    if p["num_memories"] > MAX_MEMORIES:  # two weight vectors per pair: memory, not accuracy, is what grows
+        raise ValueError(
+            f"num_memories={p['num_memories']} is above {MAX_MEMORIES}: L-BFGS keeps two weight vectors per pair "
+            "(CRFsuite's default is 6; more than about 20 rarely helps)"
+        )
     for name in ("calibration_candidates", "calibration_max_trials"):
         _number(name, p[name], low=1, integer=True)
     _number("dev_every", p["dev_every"], integer=True)

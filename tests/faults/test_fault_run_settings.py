@@ -49,6 +49,7 @@ def _refused(overrides: list[str], stages: tuple[str, ...] = ("prepare", "featur
         (["~dataset.dev_split.seed"], "bad setting dataset.dev_split={'fraction': 0.1}: fraction and seed"),
         (["dataset.comment_prefix=''"], "bad setting dataset.comment_prefix='': a non-empty string, or null for none"),
         (["dataset.format=nosuch"], "bad setting dataset.format='nosuch': one of conll, conllu, xml_sequences"),
+        (["trainer.num_memories=1000000000000"], "num_memories=1000000000000 is above 1000: L-BFGS keeps two weight"),
     ],
 )
 def test_a_setting_that_hands_the_model_its_answers_or_no_dev_set_is_refused(overrides, message):
