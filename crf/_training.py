@@ -585,10 +585,11 @@ def weight_scale(problem: TrainingProblem) -> np.ndarray | None:
     return np.concatenate([state, np.ones(layout.size - layout.n_state)])
 
 
-def _warm_or_cold(objective, theta0: np.ndarray, params: dict, frozen: np.ndarray) -> np.ndarray:
-    """``theta0`` (a warm start's weights), or zero weights (the non-features' kept) when the
-    regularised objective is lower there: weights carried over from data whose values had
-    another scale can start so far off that the solver would stop long before the optimum."""
+def _warm_or_cold(objective, theta0: np.ndarray, params: dict, frozen: np.ndarray, source: str) -> np.ndarray:
+    """``theta0`` (a warm start's weights, or a pruned model's first-order pruner's: ``source``
+    says which), or zero weights (the non-features' kept) when the regularised objective is lower
+    there: weights carried over from data whose values had another scale can start so far off
+    that the solver would stop long before the optimum."""
     if not np.any(theta0):
         return theta0
     cold = np.zeros_like(theta0)
@@ -599,9 +600,11 @@ def _warm_or_cold(objective, theta0: np.ndarray, params: dict, frozen: np.ndarra
 
     warm_loss, cold_loss = total(theta0), total(cold)
     if not warm_loss <= cold_loss:
-        log.warning(
-            "warm start: the previous weights fit this data worse than zero weights (objective %.6g against %.6g): "
-            "training starts from zero weights",
+        log.log(
+            logging.WARNING if source == "warm start" else logging.INFO,
+            "%s: its weights fit this data worse than zero weights (objective %.6g against %.6g): training starts from "
+            "zero weights",
+            source,
             warm_loss,
             cold_loss,
         )
@@ -615,7 +618,7 @@ def _lbfgs(problem, params, theta0, stopping, frozen, callback, candidates):
     release_free_memory()  # what building it freed, before the iterations add their working memory
     result = optimize.lbfgs(
         objective,
-        _warm_or_cold(objective, theta0, params, frozen),
+        _warm_or_cold(objective, theta0, params, frozen, "warm start" if problem.start is not None else "the pruner's start"),
         params["c1"],
         params["c2"],
         stopping,

@@ -8,6 +8,7 @@ python-crfsuite's ``Trainer.append`` is checked before training starts.
 
 from __future__ import annotations
 
+import logging
 import unicodedata
 from decimal import Decimal
 from fractions import Fraction
@@ -96,6 +97,18 @@ def test_a_pruned_warm_refit_whose_data_lists_the_labels_in_another_order_matche
     assert warm.predict(X).tolist() == cold.predict(X).tolist()
     warm.save(tmp_path / "warm.npz")
     assert CRF.load(tmp_path / "warm.npz").predict(X).tolist() == cold.predict(X).tolist()
+
+
+def test_a_cold_pruned_fit_does_not_warn_about_a_warm_start(caplog):
+    """A cold pruned second-order fit starts from its pruner's weights; when zero weights fit better
+    it warned "warm start: the previous weights ..." though no warm start was asked for (K18)."""
+    rng, labels = np.random.default_rng(0), [f"L{i}" for i in range(8)]
+    y = [[labels[int(i)] for i in rng.integers(0, 8, 6)] for _ in range(80)]
+    X = [[{f"h={label if rng.random() < 0.5 else 'x'}": 1.0} for label in sequence] for sequence in y]
+    caplog.set_level(logging.INFO, logger="crf")
+    CRF(order=2, pruning_threshold=0.05, max_iterations=5).fit(X, y)
+    assert "the pruner's start: its weights fit this data worse than zero weights" in caplog.text
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING and "worse than zero" in r.getMessage()]
 
 
 def test_labels_that_print_like_the_fitted_ones_are_refused_before_training(tmp_path):
