@@ -131,6 +131,9 @@ def shown_value(value: object, width: int = 60) -> str:
 _SURROGATE = re.compile("[\ud800-\udfff]")  # half of a UTF-16 pair: no UTF-8 writer takes it
 
 
+_BYTE_ORDER_MARK = "\ufeff"
+
+
 def token_problem(value: object) -> str | None:
     """Why ``value`` cannot be a token, or None: a token is a non-empty string without whitespace
     (every training reader splits tokens on whitespace, so a model never saw one that holds it).
@@ -143,7 +146,8 @@ def token_problem(value: object) -> str | None:
     Returns
     -------
     str or None
-        The reason it is refused (not a non-empty ``str``, whitespace, a lone surrogate), or None.
+        The reason it is refused (not a non-empty ``str``, whitespace, a lone surrogate, a leading
+        byte-order mark), or None.
     """
     if not isinstance(value, str) or value == "":
         return f"a token must be a non-empty string, got {shown_value(value)}"
@@ -151,6 +155,11 @@ def token_problem(value: object) -> str | None:
         return f"a token must not hold whitespace (a space, tab or line break), got {shown_value(value)}"
     if _SURROGATE.search(value):
         return f"a token must be text that UTF-8 can write (it holds a lone surrogate), got {shown_value(value)}"
+    if value.startswith(_BYTE_ORDER_MARK):
+        return (
+            f"a token must not begin with U+FEFF (a byte-order mark, which readers drop at the start of a file), "
+            f"got {shown_value(value)}"
+        )
     return None
 
 
@@ -183,7 +192,7 @@ def check_tokens(columns: Mapping[str, np.ndarray], offsets: np.ndarray, base: i
         series = pd.Series(values, dtype=object)
         if pd.api.types.infer_dtype(values, skipna=False) == "string":
             bad = (series.str.len() == 0) | series.str.contains(r"\s", regex=True)  # \s: what str.split() splits on
-            bad |= series.str.contains(_SURROGATE.pattern, regex=True)
+            bad |= series.str.contains(_SURROGATE.pattern, regex=True) | series.str.startswith(_BYTE_ORDER_MARK)
             if not bad.any():
                 continue
             index = int(np.argmax(bad.to_numpy()))
