@@ -302,7 +302,7 @@ class CRF(SegmentQueries, UncertaintyQueries, FeatureTables, BaseEstimator):
             return X
         if getattr(self, "attribute_index_", None) is None:
             raise ValueError("this model was fitted on a SequenceBatch: pass a SequenceBatch")
-        batch = self.attribute_index_.transform(X)
+        batch = self.attribute_index_.transform(as_sequence_list(X, "X"))
         check_taggable(batch, self.__dict__.get("_attributes"))
         return batch
 

@@ -52,7 +52,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from crf import metrics
 from crf.bundle import MIN_KNOWN, ModelBundle, TokenError, check_tokens, load_bundle, normalize_scheme
-from crf.io import check_input_file
+from crf.io import check_input_file, special_file_kind
 from pipeline.apps.formats import (
     OUTPUT_FORMATS,
     TOKENISATIONS,
@@ -103,6 +103,8 @@ def resolve_model(reference: str, tracking_uri: str | None = None, registry_uri:
         return path
     if path.is_dir():
         return _bundle_in(path, reference)
+    if special_file_kind(path) is not None:
+        raise TagError(f"model {reference!r}: is {special_file_kind(path)}, not a model file")
     if not _URI.match(reference) or reference.startswith("file:/"):
         raise TagError(
             f"model {reference!r}: no such file or folder, and not an MLflow URI "
@@ -426,7 +428,8 @@ def check_output(output: str | Path, input_path: Path) -> None:
         raise TagError(f"output {output_path}: not a regular file (a device, pipe or socket); name a file")
     folder = output_path.parent if str(output_path.parent) else Path(".")
     if not folder.is_dir():
-        raise TagError(f"output {output_path}: the folder {folder} does not exist")
+        what = "is a file, not a folder" if folder.exists() else "does not exist"
+        raise TagError(f"output {output_path}: the folder {folder} {what}")
     if output_path.exists() and input_path.exists() and output_path.resolve() == input_path.resolve():
         raise TagError(f"output {output_path}: is the input file; name another file")
     if output_path.exists() and not (output_path.stat().st_mode & 0o222):

@@ -680,6 +680,11 @@ def test_an_input_that_is_a_pipe_or_a_dangling_link_is_named_as_such(chunker, tm
         run_tag(_settings(chunker, source, f"{tmp_path}/newdir/"))
     dataset = {"name": "toy", "files": {"train": {"path": "link.conll", "url": "https://example.invalid/t"}}}
     assert "link.conll: a symbolic link to" in str(unavailable_files(dataset, tmp_path))
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(TagError, match=r"the folder .*afile is a file, not a folder"):
+        run_tag(_settings(chunker, source, tmp_path / "afile" / "x.conll"))
+    with pytest.raises(TagError, match=r"^model '.*pipe.conll': is a named pipe \(FIFO\), not a model file"):
+        run_tag(_settings(tmp_path / "pipe.conll", source, tmp_path / "out.conll"))
 
 
 def test_a_data_file_that_is_a_directory_is_a_settings_error(tmp_path):

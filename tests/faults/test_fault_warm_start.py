@@ -364,6 +364,8 @@ def test_sequences_may_come_from_any_iterable():
     assert inner.predict([iter(x) for x in X[:3]]).tolist() == expected
     assert inner.score((iter(x) for x in X), [iter(labels) for labels in y]) == inner.score(X, y)
     assert len(inner.predict_marginals([iter(x) for x in X[:3]])) == 3
+    assert inner.predict_segments([iter(x) for x in X[:3]]).equals(inner.predict_segments(X[:3]))
+    assert inner.uncertainty([iter(x) for x in X[:3]]).frame().equals(inner.uncertainty(X[:3]).frame())
 
 
 def test_attribute_names_must_name_every_column_of_a_batch():
