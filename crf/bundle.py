@@ -163,6 +163,41 @@ def token_problem(value: object) -> str | None:
     return None
 
 
+def sentence_offsets(ids: np.ndarray, column: str) -> np.ndarray:
+    """The sentence offsets of token rows whose sentence ids are ``ids``: each sentence's rows must
+    be contiguous (in any order of ids); the one rule of :meth:`ModelBundle.tag_frame` and the
+    MLflow Model.
+
+    Parameters
+    ----------
+    ids : ndarray of shape (T,)
+        The sentence id of each row (hashable values).
+    column : str
+        The id column's name, for the message.
+
+    Returns
+    -------
+    ndarray of shape (N + 1,), int64
+        Where each sentence's rows begin, then T.
+
+    Raises
+    ------
+    ValueError
+        An id that reappears after another one, naming the row.
+    """
+    codes, _ = pd.factorize(pd.Series(ids, dtype=object), use_na_sentinel=False)
+    change = np.flatnonzero(codes[1:] != codes[:-1]) + 1
+    starts = codes[np.concatenate([[0], change])] if codes.size else codes
+    if np.unique(starts).size != starts.size:  # an id seen before starts a run again
+        first_seen = np.zeros(starts.size, dtype=bool)
+        first_seen[np.unique(starts, return_index=True)[1]] = True
+        row = int(np.concatenate([[0], change])[np.argmin(first_seen)])
+        raise ValueError(
+            f"row {row}: {column!r} {ids[row]!r} reappears after {ids[row - 1]!r}: the rows of each sentence must be contiguous"
+        )
+    return np.concatenate([[0], change, [codes.size]]).astype(np.int64)
+
+
 def check_tokens(columns: Mapping[str, np.ndarray], offsets: np.ndarray, base: int = 0) -> None:
     """The one check of tokens before tagging (the tag command, :meth:`ModelBundle.tag`,
     :meth:`ModelBundle.tag_frame` and the MLflow Model use it): every value of ``columns``
@@ -993,11 +1028,7 @@ class ModelBundle:
             if self.scheme != "none":
                 out["segment_confidence"] = pd.Series(dtype=np.float64)
             return out
-        ids, uniques = pd.factorize(frame[sentence], use_na_sentinel=False)
-        change = np.flatnonzero(ids[1:] != ids[:-1]) + 1
-        if change.size + 1 != len(uniques):
-            raise ValueError(f"the rows of each {sentence!r} must be contiguous (a sentence id reappears after another one)")
-        offsets = np.concatenate([[0], change, [ids.size]])
+        offsets = sentence_offsets(frame[sentence].to_numpy(dtype=object), sentence)
         columns = {c: frame[c].to_numpy(dtype=object) for c in self.input_columns}
         check_tokens(columns, offsets)  # numbers are refused, not read as their text
         self.check_column_values(columns)
@@ -1005,7 +1036,7 @@ class ModelBundle:
         out["label"] = np.array(self.labels, dtype=object)[result.codes]
         out["marginal"] = result.marginals
         if result.segments is not None:
-            confidence = np.full(ids.size, np.nan)
+            confidence = np.full(len(frame), np.nan)
             seg = result.segments
             widths = (seg["end"] - seg["start"]).to_numpy()
             first = offsets[seg["sequence"].to_numpy()] + seg["start"].to_numpy()

@@ -43,7 +43,7 @@ import pandas as pd
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import INTERNAL_ERROR, INVALID_PARAMETER_VALUE
 
-from crf.bundle import ModelBundle, TokenError, check_sentences, check_tokens, check_unique_columns, load_bundle
+from crf.bundle import ModelBundle, TokenError, check_sentences, check_tokens, check_unique_columns, load_bundle, sentence_offsets
 
 log = logging.getLogger(__name__)
 
@@ -186,15 +186,11 @@ def check_frame(frame: pd.DataFrame, columns: Sequence[str]) -> None:
     if not integral.all():
         row = int(np.argmin(integral))
         raise ModelInputError(f"row {row}: the {SENTENCE!r} id {_shown(ids[row])} is not an integer")
-    values = np.array([int(v) for v in ids], dtype=np.int64)
-    decreasing = np.flatnonzero(values[1:] < values[:-1])
-    if decreasing.size:
-        row = int(decreasing[0]) + 1
-        raise ModelInputError(
-            f"row {row}: {SENTENCE!r} {values[row]} after {values[row - 1]}: the ids must not decrease "
-            "(the rows of a sentence together, sentences in order)"
-        )
-    offsets = np.concatenate([[0], np.flatnonzero(values[1:] != values[:-1]) + 1, [values.size]])
+    values = np.array([int(v) for v in ids], dtype=object)
+    try:  # the rule of ModelBundle.tag_frame: each sentence's rows together
+        offsets = sentence_offsets(values, SENTENCE)
+    except ValueError as err:
+        raise ModelInputError(str(err)) from None
     try:  # the one token check of the bundle and the tag command
         check_tokens({c: frame[c].to_numpy(dtype=object) for c in columns}, offsets)
     except TokenError as err:

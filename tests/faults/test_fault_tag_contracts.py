@@ -843,6 +843,24 @@ def test_a_gold_column_in_iob1_is_refused_for_an_iob2_model(chunker, tmp_path):
     assert "accuracy" in run_tag(_settings(chunker, _write_conll(tmp_path / "iob2.conll", sentences), tmp_path / "out2.conll"))
 
 
+def test_sentence_ids_follow_one_rule_in_tag_frame_and_the_served_model(chunker):
+    """Descending ids were tagged by tag_frame and refused by the served model, and interleaved ids
+    were refused by both in different words (K14): one rule, each sentence's rows together."""
+    bundle = load_bundle(chunker)
+    tokens = ["DT", "NN", "VBD", "DT", "NN", "."]
+    descending = pd.DataFrame({"sentence": [1, 1, 1, 0, 0, 0], "pos": tokens})
+    ascending = pd.DataFrame({"sentence": [0, 0, 0, 1, 1, 1], "pos": tokens})
+    expected = bundle.tag_frame(ascending)["label"].tolist()
+    assert bundle.tag_frame(descending)["label"].tolist() == expected
+    assert mlflow_model.tag(bundle, descending)["label"].tolist() == expected
+    interleaved = pd.DataFrame({"sentence": [0, 0, 1, 1, 0, 0], "pos": tokens})
+    message = r"^row 4: 'sentence' 0 reappears after 1: the rows of each sentence must be contiguous$"
+    with pytest.raises(ValueError, match=message):
+        bundle.tag_frame(interleaved)
+    with pytest.raises(mlflow_model.ModelInputError, match=message):
+        mlflow_model.tag(bundle, interleaved)
+
+
 def test_an_input_column_named_as_an_output_is_refused_not_overwritten(crf_chunker):
     """A frame carrying gold labels as ``label`` got the predictions back under that name, the gold
     gone (and ``marginal``, ``segment_confidence`` alike): refused by tag_frame and the served model (H10)."""

@@ -95,7 +95,7 @@ BAD = {
     "number token": (_split([[0, 12, "CD"]]), "row 0 (sentence 0), column 'w': a token must be a non-empty string, got int 12"),
     "null token": (_split([[0, "the", None]]), "column 'pos': a token must be a non-empty string, got null"),
     "NaN token": (b'{"dataframe_split": {"columns": ["sentence", "w", "pos"], "data": [[0, NaN, "DT"]]}}', "got null"),
-    "decreasing ids": (_split([[1, "the", "DT"], [0, "dog", "NN"]]), "row 1: 'sentence' 0 after 1"),
+    "interleaved ids": (_split([[0, "the", "DT"], [1, "dog", "NN"], [0, "ran", "VBD"]]), "row 2: 'sentence' 0 reappears after 1"),
     "text id": (_split([["one", "the", "DT"]]), "is not an integer"),
 }
 
