@@ -208,6 +208,10 @@ def _sentences(
     saw_any_line = False
     for number, line in _decoded_lines(path):
         saw_any_line = True
+        if "\r" in line:  # whitespace to the cell split: lines that end in CR alone would read as one
+            raise DataFormatError(
+                path, number, "a carriage return inside a line: the file's lines end in CR alone; convert them to LF"
+            )
         if not line.strip():
             if current:
                 sentences.append(current)

@@ -352,3 +352,14 @@ def test_a_file_name_near_the_length_limit_is_written(tmp_path, name):
     assert len(os.fsencode(name)) <= 255
     atomic_write(tmp_path / name, lambda out: out.write(b"data"))
     assert (tmp_path / name).read_bytes() == b"data" and [p.name for p in tmp_path.iterdir()] == [name]
+
+
+def test_a_conll_file_with_cr_line_ends_is_named_not_read_as_one_line(tmp_path):
+    """CR is whitespace to the cell split, so such a file was one line of thousands of cells, and
+    the advice was to name its columns (K11); CRLF files read as LF ones."""
+    cr, crlf = tmp_path / "cr.conll", tmp_path / "crlf.conll"
+    cr.write_bytes(b"a DT B-NP\rb NN I-NP\r\rc VB B-VP\r")
+    crlf.write_bytes(b"a DT B-NP\r\nb NN I-NP\r\n\r\nc VB B-VP\r\n")
+    with pytest.raises(DataFormatError, match=r"cr.conll:1: a carriage return inside a line: the file's lines end in CR alone"):
+        read_conll(cr)
+    assert read_conll(crlf) == [[("a", "DT", "B-NP"), ("b", "NN", "I-NP")], [("c", "VB", "B-VP")]]
