@@ -294,11 +294,15 @@ def _command_line(cfg: DictConfig) -> list[str]:
 _OPTIONAL = {"dataset": DATASET_KEYS}
 
 
+# mappings of named entries, where a '+' adds an entry (+features.views.lower={column: w, fn: lower})
+_NAMED_ENTRIES = ("features.views", "features.lexicons")
+
+
 def _check_added_keys(cfg: DictConfig, adapter) -> None:
     for key in added_keys(_command_line(cfg)):
         section, _, name = key.partition(".")
         optional = set(_OPTIONAL.get(section, ())) | set(adapter.known_keys(section))
-        if name.split(".", 1)[0] in optional:
+        if name.split(".", 1)[0] in optional or key.rsplit(".", 1)[0] in _NAMED_ENTRIES:
             continue
         parent = OmegaConf.select(cfg, key.rsplit(".", 1)[0], default=None)
         known = [k for k in (parent.keys() if isinstance(parent, DictConfig) else []) if k != name.rsplit(".", 1)[-1]]

@@ -120,3 +120,23 @@ def test_an_override_that_does_not_parse_is_named_in_one_line(argument, why):
     for argv in (["-m", "trainer.c1=0,1", argument], [argument]):
         refused = composition_refusal(argv)
         assert refused.startswith(f"bad setting {argument}: ") and why in refused and "\n" not in refused
+
+
+def test_a_view_or_lexicon_is_added_with_a_plus_as_named_data():
+    """``+features.views.cv=...`` was refused as "features has no key 'views.cv'" right after Hydra
+    had said to use '+' (K15); a view adds an entry, as a template does. The view is still
+    checked: one over the label column is refused."""
+    from hydra import compose, initialize_config_dir
+    from pipeline_helpers import CONF_DIR
+
+    def composed(overrides):
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+            return compose(config_name="config", overrides=overrides, return_hydra_config=True)
+
+    stages = [load_stages()[name] for name in ("prepare", "featurize", "train")]
+    added = ["+features.views.cv={column: w, fn: lower}", "features.templates=['w[0]','cv[-1]']"]
+    validate_settings(composed(added), stages)
+    with pytest.raises(SettingsError, match="features.views.lab reads the label column 'chunk'"):
+        validate_settings(composed(["+features.views.lab={column: chunk}", "features.templates=['lab[0]']"]), stages)
+    with pytest.raises(SettingsError, match=r"^bad setting \+trainer.c22: trainer has no key 'c22'"):
+        validate_settings(composed(["+trainer.c22=1"]), stages)
