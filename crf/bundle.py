@@ -185,17 +185,15 @@ def sentence_offsets(ids: np.ndarray, column: str) -> np.ndarray:
     ValueError
         An id that reappears after another one, naming the row.
     """
-    codes, _ = pd.factorize(pd.Series(ids, dtype=object), use_na_sentinel=False)
-    change = np.flatnonzero(codes[1:] != codes[:-1]) + 1
-    starts = codes[np.concatenate([[0], change])] if codes.size else codes
-    if np.unique(starts).size != starts.size:  # an id seen before starts a run again
-        first_seen = np.zeros(starts.size, dtype=bool)
-        first_seen[np.unique(starts, return_index=True)[1]] = True
-        row = int(np.concatenate([[0], change])[np.argmin(first_seen)])
+    codes, _ = pd.factorize(pd.Series(ids, dtype=object), use_na_sentinel=False)  # numbered in order of appearance
+    runs = np.flatnonzero(np.diff(codes, prepend=-1) != 0)  # where each run of one id begins
+    again = np.flatnonzero(codes[runs] != np.arange(runs.size))  # a run whose id is not new: it was seen before
+    if again.size:
+        row = int(runs[again[0]])
         raise ValueError(
             f"row {row}: {column!r} {ids[row]!r} reappears after {ids[row - 1]!r}: the rows of each sentence must be contiguous"
         )
-    return np.concatenate([[0], change, [codes.size]]).astype(np.int64)
+    return np.append(runs, codes.size).astype(np.int64)
 
 
 def check_tokens(columns: Mapping[str, np.ndarray], offsets: np.ndarray, base: int = 0) -> None:

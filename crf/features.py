@@ -362,6 +362,13 @@ def parse_template(text: str) -> _Template:
     return _Template(text.strip(), cells)
 
 
+def template_views(text: str) -> list[str]:
+    """The names a template's cells read (``"w[-1] | pos[0]"`` -> ``["w", "pos"]``), read leniently:
+    a cell that is not of the form ``name[offset]`` gives what stands before its ``[``
+    (:func:`parse_template` names such a cell as an error)."""
+    return [part.split("[")[0].strip() for part in str(text).split("|")]
+
+
 def repeated_template(templates: Sequence[str]) -> tuple[str, str] | None:
     """The first two of ``templates`` that read the same cells, in any order or spacing.
 

@@ -557,7 +557,7 @@ def _create_temporary(path: Path) -> tuple[int, str]:
     """(descriptor, name) of a new hidden file beside ``path``, created exclusively with mode
     ``0o666`` less the umask (``tempfile.mkstemp`` would create it ``0o600``). The name is kept
     within the 255 bytes a file name may have, however long ``path``'s own name is."""
-    stem = os.fsdecode(os.fsencode(path.name)[: 255 - len(".." + secrets.token_hex(6) + ".tmp")])
+    stem = os.fsdecode(os.fsencode(path.name)[: 255 - len(".." + "0" * 12 + ".tmp")])  # . stem . 12 hex digits .tmp
     for _ in range(100):
         name = str(path.parent / f".{stem}.{secrets.token_hex(6)}.tmp")
         try:

@@ -113,15 +113,6 @@ def chunks(sequences: Sequence[Sequence[str]]) -> pd.DataFrame:
     return _chunks_flat(flat, offsets)
 
 
-def _neighbours(flat: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, ...]:
-    """(tags, types, previous tags, previous types, first token of a sequence) per token of ``flat``
-    (n,), the previous token of a sequence's first being ``O``."""
-    tags, types = _tag_arrays(flat)
-    first = np.zeros(flat.size, dtype=bool)
-    first[offsets[:-1][offsets[:-1] < flat.size]] = True
-    return tags, types, np.where(first, "O", np.roll(tags, 1)), np.where(first, "_", np.roll(types, 1)), first
-
-
 def scheme_violations(sequences: Sequence[Sequence[str]], scheme: str) -> tuple[int, int]:
     """How many chunks of ``sequences`` (as :func:`chunks` finds them) are not written as ``scheme``
     writes them, and how many chunks there are.
@@ -164,10 +155,13 @@ def scheme_violations(sequences: Sequence[Sequence[str]], scheme: str) -> tuple[
 
 
 def _spans(flat: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, ...]:
-    """(chunk starts, chunk ends (exclusive), then :func:`_neighbours`' tags, types, previous tags
-    and previous types per token) of the non-empty ``flat`` labels."""
+    """(chunk starts, chunk ends (exclusive), then per token of the non-empty ``flat`` labels (n,):
+    tags, types, previous tags and previous types, the previous token of a sequence's first being ``O``)."""
     n = flat.size
-    tags, types, prev_tags, prev_types, first = _neighbours(flat, offsets)
+    tags, types = _tag_arrays(flat)
+    first = np.zeros(n, dtype=bool)
+    first[offsets[:-1][offsets[:-1] < n]] = True
+    prev_tags, prev_types = np.where(first, "O", np.roll(tags, 1)), np.where(first, "_", np.roll(types, 1))
     starts = np.flatnonzero(chunk_start(prev_tags, tags, prev_types, types))
     closes = np.zeros(n + 1, dtype=bool)
     closes[:n] = chunk_end(prev_tags, tags, prev_types, types) | first

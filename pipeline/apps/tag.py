@@ -268,15 +268,15 @@ def check_gold_column(corpus: Corpus, bundle: ModelBundle, input_path) -> bool:
     would otherwise be scored against words, tags or another task's labels ("accuracy 0.00")."""
     if corpus.gold is None or not len(corpus.gold):
         return False
-    gold = pd.Series(corpus.gold, dtype=object)
+    gold, scheme = pd.Series(corpus.gold, dtype=object), normalize_scheme(bundle.scheme)
     inside = gold != "O"
-    placeholder = "_" if (gold == "_").all() else "O" if bundle.scheme != "none" and not inside.any() else None
+    placeholder = "_" if (gold == "_").all() else "O" if scheme != "none" and not inside.any() else None
     if placeholder is not None:
         log.info("input %s: every cell of the gold column is %r: taken as a placeholder, not scored", input_path, placeholder)
         return False
     known = gold.isin(set(bundle.labels) | set(map(str, bundle.labels)))
     shares = {"": float(known.mean())}
-    if bundle.scheme != "none":
+    if scheme != "none":
         shares[" of its cells outside 'O'"] = float(known[inside].mean())
     which = min(shares, key=shares.get)
     if shares[which] < MIN_KNOWN:
@@ -286,7 +286,6 @@ def check_gold_column(corpus: Corpus, bundle: ModelBundle, input_path) -> bool:
             f"knows (not {examples}, ...): its columns are not in the order the model expects (name them with a first line "
             "'# global.columns = <names>'), or it holds another tag set or scheme than the model's"
         )
-    scheme = normalize_scheme(bundle.scheme)
     if scheme != "none":
         bad, total = metrics.scheme_violations(corpus.sentences(corpus.gold), scheme)
         if bad > OTHER_SCHEME_SHARE * total:  # the chunks score alike, the token accuracy would be off

@@ -89,6 +89,7 @@ def check_template_names(setting: str, templates: Iterable, known: set[str], wha
     (:func:`crf.features.repeated_template`); ``what`` says what the known names are."""
     from crf.features import parse_template, repeated_template
 
+    templates = list(templates)
     for template in templates:
         try:
             cells = parse_template(str(template)).cells
@@ -97,7 +98,7 @@ def check_template_names(setting: str, templates: Iterable, known: set[str], wha
         missing = [view for view, _ in cells if view not in known]
         if missing:
             raise SettingsError(f"bad setting {setting}: {template!r} reads {missing[0]!r}, neither {what}")
-    repeated = repeated_template(list(templates))
+    repeated = repeated_template(templates)
     if repeated is not None:
         first, second = repeated
         raise SettingsError(f"bad setting {setting}: templates {first!r} and {second!r} read the same cells (keep one)")

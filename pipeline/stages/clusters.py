@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from crf.clusters import brown_clusters, count_bigrams, iter_words, write_paths
-from crf.features import repeated_template
+from crf.features import repeated_template, template_views
 from crf.io import DataFormatError, _decoded_lines
 from pipeline.engine.cache import StageCache, code_digest, file_sha256
 from pipeline.engine.validate import SettingsError, check_template_names
@@ -378,7 +378,7 @@ def expanded(features: Mapping, paths_file: str | Path | None) -> dict:
 
 def _reads(template: str, names: set[str]) -> bool:
     """Whether a template reads any of the views ``names``."""
-    return any(part.split("[")[0].strip() in names for part in template.split("|"))
+    return any(view in names for view in template_views(template))
 
 
 def with_clusters(

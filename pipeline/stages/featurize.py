@@ -22,7 +22,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from crf import ModelFileError, load_arrays, save_arrays
 from crf.batch import SequenceBatch
-from crf.features import FeatureExtractor
+from crf.features import FeatureExtractor, template_views
 from pipeline.engine.cache import file_sha256
 from pipeline.engine.stage import BaseStage, StageContext
 from pipeline.engine.validate import SettingsError, check_template_names
@@ -152,7 +152,7 @@ def _label_reader(features: Mapping, views: Mapping, lexicons: Mapping, label: s
     if label in (features.get("numeric") or []):
         return "features.numeric"
     for template in features.get("templates") or []:
-        if any(part.split("[")[0].strip() == label for part in str(template).split("|")):
+        if label in template_views(template):
             return f"features.templates ({template!r})"
     return None
 
