@@ -195,7 +195,9 @@ def composition_refusal(argv: list[str]) -> str | None:
             writable_target(sqlite_path(store))  # a dangling link or a folder: SQLite cannot open it
         except OSError as error:
             return f"bad setting: the tracking store {store}: {str(error).removesuffix('; not written')}; name a file"
-    problem = None if multirun else _data_problem(cfg)  # a sweep's own preflight checks its settings first
+    from pipeline.stages.data import config_data_problem
+
+    problem = None if multirun else config_data_problem(cfg)  # a sweep checks its jobs' data after their settings
     if problem:
         return problem
     for key in ("paths.output_dir", "paths.cache_dir"):  # Hydra makes its run folder in the first
@@ -221,26 +223,6 @@ def _parse_problem(arguments: list[str]) -> str | None:
             why = [line for line in str(error).splitlines() if line and not line.startswith(("See https:", "Error parsing"))]
             return f"bad setting {argument}: {'; '.join(why) or type(error).__name__} (see Hydra's override grammar)"
     return None
-
-
-def _data_problem(cfg: DictConfig) -> str | None:
-    """The one line for dataset files that no download can provide (missing without a URL, a
-    directory, a named pipe), so that the run is refused before it opens; None when they are
-    there, downloadable, or named through settings only a run resolves."""
-    from pipeline.stages.data import unavailable_files
-
-    try:
-        dataset = OmegaConf.to_container(cfg.dataset, resolve=True) if "dataset" in cfg else None
-        root, download = OmegaConf.select(cfg, "data.root"), bool(OmegaConf.select(cfg, "data.download", default=True))
-    except Exception:  # an interpolation only Hydra's run resolves: left to the run's own checks
-        return None
-    if not isinstance(dataset, dict) or not isinstance(dataset.get("files"), dict) or root is None:
-        return None
-    try:
-        problem = unavailable_files(dataset, str(root), download)
-    except (TypeError, KeyError, AttributeError):  # a malformed files entry: the run's own checks name it
-        return None
-    return None if problem is None else str(problem)
 
 
 def folder_problem(folder: Path) -> str | None:

@@ -16,6 +16,7 @@ import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -97,6 +98,27 @@ def unavailable_files(dataset: Mapping, root: str | os.PathLike, download: bool 
         except OSError as error:
             return DataPathNotAFile(str(error))
     return _missing_files(dataset, root, missing) if missing else None
+
+
+def config_data_problem(cfg: Any) -> str | None:
+    """One line for the dataset files of a composed run config (``cfg``: its ``dataset`` and
+    ``data.root``/``data.download``) that no download can provide (:func:`unavailable_files`), so
+    that a run or a sweep is refused before it opens; None when they are there, downloadable, or
+    named through settings only a run resolves (an interpolation of Hydra's run)."""
+    from omegaconf import OmegaConf
+
+    try:
+        dataset = OmegaConf.to_container(cfg.dataset, resolve=True) if "dataset" in cfg else None
+        root, download = OmegaConf.select(cfg, "data.root"), bool(OmegaConf.select(cfg, "data.download", default=True))
+    except Exception:  # an interpolation only Hydra's run resolves: left to the run's own checks
+        return None
+    if not isinstance(dataset, dict) or not isinstance(dataset.get("files"), dict) or root is None:
+        return None
+    try:
+        problem = unavailable_files(dataset, str(root), download)
+    except (TypeError, KeyError, AttributeError):  # a malformed files entry: the run's own checks name it
+        return None
+    return None if problem is None else str(problem)
 
 
 def _missing_files(dataset: Mapping, root: Path, failures: list[str]) -> MissingDataError:

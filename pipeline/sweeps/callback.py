@@ -76,7 +76,7 @@ def check_sweeper_settings(config: DictConfig) -> None:
     target = OmegaConf.select(config, "hydra.sweeper._target_", default=None)
     if not target:
         return
-    check_grid_jobs(config)  # the basic sweeper's grid: every job's settings
+    jobs = check_grid_jobs(config)  # the basic sweeper's grid: every job's settings
     try:
         sweeper = _locate(str(target))  # hydra.utils.get_class would log its own multi-line error first
     except Exception as error:
@@ -84,12 +84,37 @@ def check_sweeper_settings(config: DictConfig) -> None:
         sys.exit(2)
     check_sweeper_instantiates(config, str(target))
     check = getattr(sweeper, "preflight", None)
-    if not callable(check):
-        return
-    try:
-        check(config)  # exits (code 2) on a refused setting
-    except Exception as error:  # a fault of the check itself: the sweeper checks again as it starts
-        log.warning("could not check the sweeper's settings before the sweep: %s: %s", type(error).__name__, error)
+    if callable(check):
+        try:
+            check(config)  # exits (code 2) on a refused setting
+        except Exception as error:  # a fault of the check itself: the sweeper checks again as it starts
+            log.warning("could not check the sweeper's settings before the sweep: %s: %s", type(error).__name__, error)
+    check_sweep_data(config, jobs)
+
+
+DATA_KEYS = ("dataset", "data.root", "data.download")  # swept keys (or their parents) that choose a job's data files
+
+
+def check_sweep_data(config: DictConfig, jobs: list[tuple[list[str], DictConfig]] | None) -> None:
+    """Exit (code 2, one line naming the job) if a job of the sweep names dataset files that no
+    download can provide (:func:`pipeline.stages.data.config_data_problem`), so that the sweep is
+    refused before its parent run exists, not by each job in turn. ``jobs``: the grid's jobs
+    (:func:`pipeline.sweeps.grid_preflight.check_grid_jobs`), each checked; None for another sweeper,
+    whose jobs share the multirun's data unless it sweeps a key of :data:`DATA_KEYS` (then each job
+    checks its own as it starts)."""
+    from pipeline.stages.data import config_data_problem
+
+    if jobs is None:
+        if any(key == k or key.startswith(k + ".") for key in swept(config) for k in DATA_KEYS):
+            return
+        jobs = [([], config)]
+    for number, (overrides, job) in enumerate(jobs):
+        problem = config_data_problem(job)
+        if problem is None:
+            continue
+        where = f"sweep job #{number} ({' '.join(overrides)}): " if overrides else ""
+        log.error("%s%s; no job was run", where, problem.rstrip("."))
+        sys.exit(2)
 
 
 def _one_line(error: BaseException) -> str:

@@ -143,28 +143,37 @@ def check_job(loader: Any, config: DictConfig, overrides: list[str]) -> tuple[Di
     return job, order
 
 
-def check_grid_jobs(config: DictConfig) -> None:
+def check_grid_jobs(config: DictConfig) -> list[tuple[list[str], DictConfig]] | None:
     """Exit (code 2, one line) if a job of the basic sweeper's grid cannot be composed or has a
-    setting that cannot work (:func:`check_job`), or the grid cannot be expanded; do nothing for
-    other sweepers, or outside a Hydra app (no config loader to compose jobs)."""
+    setting that cannot work (:func:`check_job`), or the grid cannot be expanded.
+
+    Returns
+    -------
+    list of (list of str, DictConfig), or None
+        Each job's overrides and composed config, in the sweep's order (a job whose check itself
+        failed is left out: it checks its settings again as it starts); None for other sweepers, or
+        outside a Hydra app (no config loader to compose jobs).
+    """
     from hydra.core.global_hydra import GlobalHydra
 
     if OmegaConf.select(config, "hydra.sweeper._target_", default=None) != BASIC_SWEEPER:
-        return
+        return None
     hydra = GlobalHydra.instance()
     if not hydra.is_initialized():
-        return
+        return None
     loader = hydra.config_loader()
     try:
         jobs = grid_jobs(config, loader)
     except SettingsError as error:
         log.error("%s; no job was run", error)
         sys.exit(2)
+    composed = []
     for number, job in enumerate(jobs):
         try:
-            check_job(loader, config, list(job))
+            composed.append((list(job), check_job(loader, config, list(job))[0]))
         except SettingsError as error:
             log.error("sweep job #%d (%s): %s; no job was run", number, " ".join(job), error)
             sys.exit(2)
         except Exception as error:  # a fault of the check itself: the job checks its settings again as it starts
             log.warning("sweep job #%d (%s) not checked: %s: %s", number, " ".join(job), type(error).__name__, error)
+    return composed
