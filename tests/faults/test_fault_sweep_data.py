@@ -58,7 +58,8 @@ def test_a_grid_job_whose_data_file_is_missing_ends_the_sweep_before_its_parent_
         config = _multirun(data_root, tmp_path / "out", [missing])
         line = _refused(lambda: SweepTracking().on_multirun_start(config), caplog)
     assert line.startswith("sweep job #1 (") and "dataset.files.train.path=conll2000/nosuch.txt.gz" in line, line
-    assert f"missing files under data root {data_root}: {data_root / 'conll2000' / 'nosuch.txt.gz'}." in line and line.endswith("; no job was run")
+    assert f"missing files under data root {data_root}: {data_root / 'conll2000' / 'nosuch.txt.gz'}." in line
+    assert line.endswith("; no job was run")
     assert not (tmp_path / "out").exists()  # no store, so no parent run
 
 
