@@ -44,7 +44,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import re
 import sys
 import time
 import uuid
@@ -82,8 +81,9 @@ class WorkerDied(RuntimeError):
 
 def _worker_death(error: BaseException) -> str:
     """One line on why a launcher's worker pool broke (joblib's TerminatedWorkerError names the exit codes)."""
-    codes = re.search(r"exit codes of the workers are (\{[^}]*\})", str(error))
-    how = f"exit codes {codes.group(1)}" if codes else " ".join(str(error).split())[:200] or type(error).__name__
+    from pipeline.sweeps.sigterm import worker_exit
+
+    how = worker_exit(error)
     return f"its worker process died before the job reported ({how}; a kill, e.g. by the out-of-memory killer, or a crash)"
 
 
@@ -542,7 +542,7 @@ class OptunaSweeper(Sweeper):
     def _launch(self, study: Any, trials: Sequence[Any], batch: list[list[str]], index: int) -> Sequence[JobReturn]:
         """The jobs of ``trials`` through the launcher; if the launcher fails (or is interrupted)
         the trials are told FAIL, since their jobs will not report, and the error goes on."""
-        from pipeline.sweeps.sigterm import SWEEP_STOPPING
+        from pipeline.sweeps.sigterm import SWEEP_STOPPING, worker_exit
 
         try:
             self.validate_batch_is_legal(batch)
@@ -554,7 +554,7 @@ class OptunaSweeper(Sweeper):
                 log.error(
                     "stopped by SIGTERM: the worker process of trial(s) %s ended with it (%s); the trials are marked FAIL",
                     ", ".join(str(t.number) for t in trials),
-                    _worker_death(error).split("(", 1)[-1].split(";", 1)[0],
+                    worker_exit(error),
                 )
                 raise SystemExit(1) from None
             died = WorkerDied(_worker_death(error))

@@ -25,6 +25,10 @@ from pipeline.engine.validate import SettingsError
 log = logging.getLogger(__name__)
 
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+GRID_SWEEPERS = (
+    BASIC_SWEEPER,
+    "hydra_plugins.crf_grid_sweeper.grid_sweeper.GridSweeper",
+)  # the project's default is a BasicSweeper
 
 
 def composition_problem(error: BaseException) -> str:
@@ -156,7 +160,7 @@ def check_grid_jobs(config: DictConfig) -> list[tuple[list[str], DictConfig]] | 
     """
     from hydra.core.global_hydra import GlobalHydra
 
-    if OmegaConf.select(config, "hydra.sweeper._target_", default=None) != BASIC_SWEEPER:
+    if OmegaConf.select(config, "hydra.sweeper._target_", default=None) not in GRID_SWEEPERS:
         return None
     hydra = GlobalHydra.instance()
     if not hydra.is_initialized():

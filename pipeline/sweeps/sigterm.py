@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import threading
 from collections.abc import Callable
@@ -39,6 +40,13 @@ def descendants(pid: int) -> list[int]:
         return [child.pid for child in psutil.Process(pid).children(recursive=True)]
     except psutil.Error:
         return []
+
+
+def worker_exit(error: BaseException) -> str:
+    """How a launcher's worker process ended, from joblib's ``TerminatedWorkerError`` (which names
+    the exit codes: ``exit codes {SIGTERM(-15)}``), in one line; else the error's own first words."""
+    codes = re.search(r"exit codes of the workers are (\{[^}]*\})", str(error))
+    return f"exit codes {codes.group(1)}" if codes else " ".join(str(error).split())[:200] or type(error).__name__
 
 
 class SweepSigterm:

@@ -1,0 +1,90 @@
+"""The default grid sweeper ends in one line when a job's worker process dies: a SIGTERM that came as
+the workers started, or a kill (the out-of-memory killer); Hydra printed joblib's 40-line
+TerminatedWorkerError traceback."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.utils import JobReturn, JobStatus
+from hydra.types import HydraContext
+from joblib.externals.loky.process_executor import TerminatedWorkerError
+from omegaconf import OmegaConf
+from pipeline_helpers import CONF_DIR
+
+from hydra_plugins.crf_grid_sweeper.grid_sweeper import GridSweeper
+from pipeline.sweeps.sigterm import SWEEP_STOPPING
+
+WORKER_DIED = (
+    "A worker process managed by the executor was unexpectedly terminated. This could be caused by a segmentation fault "
+    "while calling the function or by an excessive memory usage causing the Operating System to kill the worker.\n\n"
+    "The exit codes of the workers are {SIGTERM(-15), SIGKILL(-9)}"
+)
+
+
+class _Launcher:
+    """Keeps the jobs it is given; its workers die (``error``) or each job returns 1.0."""
+
+    def __init__(self, error: BaseException | None = None) -> None:
+        self.error, self.jobs = error, []
+
+    def launch(self, batch, initial_job_idx):
+        self.jobs.extend(list(job) for job in batch)
+        if self.error is not None:
+            raise self.error
+        return [JobReturn(overrides=list(job), status=JobStatus.COMPLETED, _return_value=1.0) for job in batch]
+
+
+class _Loader:
+    """What the sweeper's override parser asks of Hydra's config loader: nothing, for plain values."""
+
+
+def _sweeper(tmp_path, launcher: _Launcher) -> GridSweeper:
+    sweeper = GridSweeper(max_batch_size=None, params=None)
+    sweeper.config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path / "sweep")}}})
+    sweeper.launcher = launcher
+    sweeper.hydra_context = HydraContext(config_loader=_Loader(), callbacks=None)
+    sweeper.validate_batch_is_legal = lambda batch: None  # composing needs Hydra's loader; the jobs are not what is tested
+    return sweeper
+
+
+def _error_line(caplog) -> str:
+    (line,) = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    return line
+
+
+@pytest.mark.parametrize(
+    ("stopping", "expected"),
+    [
+        (True, "stopped by SIGTERM: the jobs' worker processes ended with it (exit codes {SIGTERM(-15), SIGKILL(-9)})"),
+        (False, "a job's worker process died (exit codes {SIGTERM(-15), SIGKILL(-9)}; a kill, e.g. by the out-of-memory "
+         "killer, or a crash): the sweep stops; if it is memory, lower hydra.launcher.n_jobs or the training data"),
+    ],
+)  # fmt: skip
+def test_a_dead_worker_ends_the_grid_in_one_line(tmp_path, caplog, stopping, expected):
+    sweeper = _sweeper(tmp_path, _Launcher(TerminatedWorkerError(WORKER_DIED)))
+    if stopping:
+        SWEEP_STOPPING.set()  # as the sweep's SIGTERM handler does
+    try:
+        with caplog.at_level(logging.ERROR), pytest.raises(SystemExit) as ended:
+            sweeper.sweep(["trainer.c2=0.1,1"])
+    finally:
+        SWEEP_STOPPING.clear()
+    assert ended.value.code == 1 and _error_line(caplog) == expected
+
+
+def test_the_grid_sweeper_runs_every_combination_and_other_errors_go_on(tmp_path):
+    launcher = _Launcher()
+    returns = _sweeper(tmp_path, launcher).sweep(["trainer.c2=0.1,1", "data.train_fraction=0.5"])
+    assert launcher.jobs == [["trainer.c2=0.1", "data.train_fraction=0.5"], ["trainer.c2=1", "data.train_fraction=0.5"]]
+    assert [r.return_value for batch in returns for r in batch] == [1.0, 1.0]
+    with pytest.raises(ValueError, match="not a worker's death"):
+        _sweeper(tmp_path, _Launcher(ValueError("not a worker's death"))).sweep(["trainer.c2=0.1"])
+
+
+def test_the_pipeline_sweeps_with_the_grid_sweeper_by_default():
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        config = compose(config_name="config", return_hydra_config=True)
+    assert config.hydra.sweeper._target_ == "hydra_plugins.crf_grid_sweeper.grid_sweeper.GridSweeper"
