@@ -9,7 +9,8 @@ Token rules (those of ``pycrfsuite.ItemSequence``, checked against python-crfsui
   (``True`` is 1.0, ``False`` is 0.0: the attribute is in the vocabulary but adds nothing);
 - a nested dict ``{k: {j: v}}`` is ``k:j`` read with the same rules (``k:j:v`` for a string);
 - a list, tuple or set of strings ``{k: [a, b]}`` is ``k:a`` and ``k:b``, weight 1 each
-  (python-crfsuite itself rejects tuples there).
+  (python-crfsuite itself rejects tuples there); a set's members are read in sorted order, as
+  are those of a set given as a token, so that nothing depends on Python's hash seed.
 
 A token that repeats an attribute adds the weights (as CRFsuite does). NaN and infinite weights
 are rejected with their position.
@@ -146,8 +147,9 @@ def _expand(name: str, value, where: _At) -> Iterable[tuple[str, float]]:
         for key, inner in value.items():
             yield from _expand(f"{name}:{_text(key, where)}", inner, where)
     elif isinstance(value, (list, tuple, set, frozenset)):
-        for item in value:
-            yield f"{name}:{_text(item, f'{where}: attribute {name!r}')}", 1.0
+        names = [f"{name}:{_text(item, f'{where}: attribute {name!r}')}" for item in value]
+        for each in sorted(names) if isinstance(value, AbstractSet) else names:  # a set's own order follows the hash seed
+            yield each, 1.0
     else:
         raise TypeError(
             f"{where}: attribute {name!r} has a value of type {type(value).__name__}; "
@@ -163,8 +165,9 @@ def _token_items(token, where: _At) -> Iterable[tuple[str, float]]:
         for key, value in token.items():
             yield from _expand(_text(key, where), value, where)
     elif isinstance(token, Iterable):
-        for name in token:
-            yield _text(name, where), 1.0
+        names = [_text(name, where) for name in token]
+        for name in sorted(names) if isinstance(token, AbstractSet) else names:  # a set's own order follows the hash seed
+            yield name, 1.0
     else:
         raise TypeError(f"{where}: a token must be a dict or a list of attribute strings, not {type(token).__name__}")
 

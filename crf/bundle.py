@@ -163,15 +163,25 @@ def token_problem(value: object) -> str | None:
     return None
 
 
+def _integral_id(value: object) -> bool:
+    """An integer that fits 64 bits, or a float with such an integer value (1.0); not a boolean."""
+    if isinstance(value, (bool, np.bool_)):
+        return False
+    if isinstance(value, (float, np.floating)) and not float(value).is_integer():
+        return False
+    return isinstance(value, (int, np.integer, float, np.floating)) and -(2**63) <= int(value) < 2**63
+
+
 def sentence_offsets(ids: np.ndarray, column: str) -> np.ndarray:
-    """The sentence offsets of token rows whose sentence ids are ``ids``: each sentence's rows must
-    be contiguous (in any order of ids); the one rule of :meth:`ModelBundle.tag_frame` and the
-    MLflow Model.
+    """The sentence offsets of token rows whose sentence ids are ``ids``: the one rule of
+    :meth:`ModelBundle.tag_frame` and the MLflow Model. Every id is an integer (or a float with
+    an integer value) of at most 64 bits, not a missing value or a boolean, and each sentence's
+    rows are contiguous (in any order of ids).
 
     Parameters
     ----------
     ids : ndarray of shape (T,)
-        The sentence id of each row (hashable values).
+        The sentence id of each row.
     column : str
         The id column's name, for the message.
 
@@ -183,15 +193,30 @@ def sentence_offsets(ids: np.ndarray, column: str) -> np.ndarray:
     Raises
     ------
     ValueError
-        An id that reappears after another one, naming the row.
+        A missing id, one that is not an integer, or an id that reappears after another one,
+        naming the row (counted from 0).
     """
-    codes, _ = pd.factorize(pd.Series(ids, dtype=object), use_na_sentinel=False)  # numbered in order of appearance
+    ids = np.asarray(ids, dtype=object).reshape(-1)
+    absent = pd.isna(pd.Series(ids, dtype=object)).to_numpy()
+    if absent.any():
+        row = int(np.argmax(absent))
+        raise ValueError(f"row {row}: the {column!r} id is {shown_value(ids[row])}")
+    integral = np.fromiter((_integral_id(v) for v in ids), dtype=bool, count=ids.size)
+    if not integral.all():
+        row = int(np.argmin(integral))
+        wide = isinstance(ids[row], (int, np.integer)) and not isinstance(ids[row], (bool, np.bool_))
+        raise ValueError(
+            f"row {row}: the {column!r} id {shown_value(ids[row])} is not an integer" + (" of at most 64 bits" if wide else "")
+        )
+    values = np.fromiter((int(v) for v in ids), dtype=np.int64, count=ids.size)
+    codes, _ = pd.factorize(values)  # numbered in order of appearance
     runs = np.flatnonzero(np.diff(codes, prepend=-1) != 0)  # where each run of one id begins
     again = np.flatnonzero(codes[runs] != np.arange(runs.size))  # a run whose id is not new: it was seen before
     if again.size:
         row = int(runs[again[0]])
         raise ValueError(
-            f"row {row}: {column!r} {ids[row]!r} reappears after {ids[row - 1]!r}: the rows of each sentence must be contiguous"
+            f"row {row}: {column!r} {int(values[row])} reappears after {int(values[row - 1])}: the rows of each sentence "
+            "must be contiguous"
         )
     return np.append(runs, codes.size).astype(np.int64)
 
@@ -984,7 +1009,7 @@ class ModelBundle:
         Parameters
         ----------
         frame : pandas.DataFrame
-            A sentence id column (the rows of a sentence contiguous and in order) and the input
+            A sentence id column (integers; the rows of each sentence contiguous) and the input
             columns (token strings).
         sentence : str, default="sentence"
             The name of the sentence id column.
@@ -1005,7 +1030,8 @@ class ModelBundle:
             A column of another kind of value than the model saw there, as :meth:`tag` checks them.
         ValueError
             A missing column, a column named as an output (``label``, ``marginal``,
-            ``segment_confidence``), or a sentence id that reappears after another one.
+            ``segment_confidence``), or a sentence id that is missing, not an integer, or
+            reappears after another one (:func:`sentence_offsets`).
             Also: a column that appears more than once (:func:`check_unique_columns`, the served
             model's check).
         """

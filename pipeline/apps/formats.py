@@ -22,7 +22,8 @@ optional gold label column. Readers (``format``; ``auto`` picks by extension, ``
   strings (words: a model that reads ``w`` alone) or objects ``{column: value}``. The value of
   each column the model reads must be a string: anything else (null, a number, a list, a
   boolean, an empty string) and a key given twice in one object are refused naming line, token
-  and column. Other keys are not read (JSONL input is not scored, so a label key is ignored too).
+  and column. The label column's key, given for every token (or for none), holds the gold labels,
+  checked the same way; other keys are not read.
 - ``text`` (``.txt`` only when asked): one sentence per line of words, split by :func:`tokenize`
   as the model's training tokens were made (``whitespace`` or ``punct``).
 
@@ -228,7 +229,7 @@ def read_input(
             raise ValueError(f"{path}: CoNLL-U gives the columns {sorted(data)}, the model also needs {missing}")
         return Corpus(data, lengths, data.get(gold) if gold else None, columns)
     if fmt == "jsonl":
-        return _read_jsonl(path, columns)
+        return _read_jsonl(path, columns, gold)
     if fmt == "text":
         if columns != [WORDS]:
             raise ValueError(f"{path}: plain text gives words only (column {WORDS!r}), but the model needs the columns {columns}")
@@ -356,9 +357,12 @@ def _json_integer(text: str) -> int | float:
     return int(text) if not limit or len(text.lstrip("-")) <= limit else float(text)
 
 
-def _read_jsonl(path: Path, columns: list[str]) -> Corpus:
-    """``{"tokens": [...]}`` per line; every value a non-empty string (checked with its position)."""
+def _read_jsonl(path: Path, columns: list[str], gold: str | None = None) -> Corpus:
+    """``{"tokens": [...]}`` per line; every value a non-empty string (checked with its position).
+    The label column ``gold``, when the token objects give it (all of them, or none), is the gold."""
     values: dict[str, list[str]] = {c: [] for c in columns}
+    golds: list[str] = []
+    with_gold: bool | None = None  # whether the tokens give the gold column: as the first token does
     lengths: list[int] = []
     for number, line in _decoded_lines(path):
         if not line.strip():
@@ -375,6 +379,16 @@ def _read_jsonl(path: Path, columns: list[str]) -> Corpus:
         if not isinstance(sentence, list) or not sentence:
             raise DataFormatError(path, number, 'expected an object with a non-empty list "tokens"')
         for position, token in enumerate(sentence, start=1):
+            if gold is not None and isinstance(token, (dict, str)):
+                has = isinstance(token, dict) and gold in token
+                with_gold = has if with_gold is None else with_gold
+                if has != with_gold:
+                    raise DataFormatError(
+                        path, number, f"token {position} {'gives' if has else 'lacks'} the label column {gold!r}, which the "
+                        f"first token {'lacks' if has else 'gives'}: give the gold labels for every token or for none",
+                    )  # fmt: skip
+                if has:
+                    golds.append(_jsonl_value(path, number, position, gold, token[gold]))
             if isinstance(token, dict):
                 missing = [c for c in columns if c not in token]
                 if missing:
@@ -398,7 +412,7 @@ def _read_jsonl(path: Path, columns: list[str]) -> Corpus:
     if not lengths:
         raise DataFormatError(path, 1, "no sentences (the file is empty or blank)")
     data = {c: np.array(v, dtype=object) for c, v in values.items()}
-    return Corpus(data, np.array(lengths, dtype=np.int64), None, columns)
+    return Corpus(data, np.array(lengths, dtype=np.int64), np.array(golds, dtype=object) if with_gold else None, columns)
 
 
 @dataclass
@@ -487,8 +501,9 @@ def jsonl_line(record: Mapping) -> str:
 
 
 def write_jsonl(path: str | Path, corpus: Corpus, predictions: Sequence[Prediction]) -> None:
-    """One object per sentence: ``tokens`` (strings for one input column, else objects),
-    ``labels``/``marginals``/``segments`` of the last model, ``columns`` {column: labels} of all."""
+    """One object per sentence: ``tokens`` (strings for one input column, else objects), ``gold``
+    (the gold labels, if read), ``labels``/``marginals``/``segments`` of the last model,
+    ``columns`` {column: labels} of all."""
     offsets = corpus.offsets
     if len(corpus.token_columns) == 1:
         tokens = corpus.sentences(corpus.columns[corpus.token_columns[0]])
@@ -510,9 +525,11 @@ def write_jsonl(path: str | Path, corpus: Corpus, predictions: Sequence[Predicti
                     "confidence": round(float(row.confidence), 6),
                 }
             )
+    gold = None if corpus.gold is None else corpus.sentences(corpus.gold)
     text = io.StringIO()
     for i, sentence in enumerate(tokens):
-        record = {"tokens": sentence, "labels": labels[last.column][i], "marginals": marginals[i]}
+        record = {"tokens": sentence, **({} if gold is None else {"gold": gold[i]})}
+        record.update(labels=labels[last.column][i], marginals=marginals[i])
         if last.segments is not None:
             record["segments"] = segments[i]
         if len(predictions) > 1:

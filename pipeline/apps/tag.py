@@ -261,11 +261,13 @@ def tag_corpus(bundles: Sequence[ModelBundle], corpus: Corpus, aliases: Mapping[
 def check_gold_column(corpus: Corpus, bundle: ModelBundle, input_path) -> bool:
     """Whether the gold column is scored. Not when it is a placeholder: every cell CoNLL's ``_``,
     or, for a chunk scheme, ``O`` (the dummy label column CRF++- and CRFsuite-style input carries;
-    an info line says so). Refused (TagError) when it does not hold the model's labels: under
+    an info line says so). Refused (TagError) when some but not all of its cells are ``_`` (no
+    label), and when it does not hold the model's labels: under
     :data:`~crf.bundle.MIN_KNOWN` of its cells are labels the model knows, or, for a chunk scheme,
     of its cells outside ``O`` (an NER column is mostly ``O``, as a chunk column is not). A file
     whose columns were taken by position (no header) in another order than the training data's
-    would otherwise be scored against words, tags or another task's labels ("accuracy 0.00")."""
+    would otherwise be scored against words, tags or another task's labels ("accuracy 0.00").
+    Labels the model does not know are scored as errors, with a warning that counts them."""
     if corpus.gold is None or not len(corpus.gold):
         return False
     gold, scheme = pd.Series(corpus.gold, dtype=object), normalize_scheme(bundle.scheme)
@@ -274,6 +276,15 @@ def check_gold_column(corpus: Corpus, bundle: ModelBundle, input_path) -> bool:
     if placeholder is not None:
         log.info("input %s: every cell of the gold column is %r: taken as a placeholder, not scored", input_path, placeholder)
         return False
+    blank = gold == "_"
+    if blank.any():  # CoNLL's "no value": a cell scored as a wrong answer would lower every figure
+        first = int(np.argmax(blank.to_numpy()))
+        sentence = int(np.searchsorted(corpus.offsets, first, side="right")) - 1
+        raise TagError(
+            f"input {input_path}: {int(blank.sum())} of the {len(gold)} cells of the gold column are '_' (no label), the first "
+            f"at sentence {sentence + 1}, token {first - int(corpus.offsets[sentence]) + 1}: a gold column is scored only "
+            "when every cell holds a label; fill them, or give the file without its gold column"
+        )
     known = gold.isin(set(bundle.labels) | set(map(str, bundle.labels)))
     shares = {"": float(known.mean())}
     if scheme != "none":
@@ -286,6 +297,13 @@ def check_gold_column(corpus: Corpus, bundle: ModelBundle, input_path) -> bool:
             f"knows (not {examples}, ...): its columns are not in the order the model expects (name them with a first line "
             "'# global.columns = <names>'), or it holds another tag set or scheme than the model's"
         )
+    if not known.all():  # a label the training data lacked (a rare type), or slips: counted as errors, and said so
+        log.warning(
+            "input %s: %d of the %d cells of the gold column (%.1f%%) are labels the model does not know (%s): "
+            "they count as errors in the scores",
+            input_path, int((~known).sum()), len(gold), 100 * float((~known).mean()),
+            ", ".join(repr(v) for v in gold[~known].unique()[:3]) + (", ..." if gold[~known].nunique() > 3 else ""),
+        )  # fmt: skip
     if scheme != "none":
         bad, total = metrics.scheme_violations(corpus.sentences(corpus.gold), scheme)
         if bad > OTHER_SCHEME_SHARE * total:  # the chunks score alike, the token accuracy would be off

@@ -151,20 +151,11 @@ def as_frame(model_input: Any, columns: Sequence[str]) -> pd.DataFrame:
     )
 
 
-def _is_integral(value: Any) -> bool:
-    """An integer that fits 64 bits, or a float with such an integer value (1.0); not a boolean."""
-    if isinstance(value, (bool, np.bool_)):
-        return False
-    if isinstance(value, (float, np.floating)) and not float(value).is_integer():
-        return False
-    return isinstance(value, (int, np.integer, float, np.floating)) and -(2**63) <= int(value) < 2**63
-
-
 def check_frame(frame: pd.DataFrame, columns: Sequence[str]) -> None:
     """Refuse (ModelInputError, rows counted from 0) a frame the model cannot tag: no rows, a
-    missing column, a sentence id that is missing, not an integer or smaller than the one
-    before (the rows of a sentence contiguous, sentences in order), a token that is not a
-    non-empty string without whitespace (:func:`crf.bundle.check_tokens`)."""
+    missing column, a sentence id that is missing or not an integer, or whose sentence's rows
+    are not contiguous (:func:`crf.bundle.sentence_offsets`, the rule of ``tag_frame``), a token
+    that is not a non-empty string without whitespace (:func:`crf.bundle.check_tokens`)."""
     try:  # the bundle's own check (ModelBundle.tag_frame makes it too)
         check_unique_columns(frame.columns)
     except ValueError as err:
@@ -177,25 +168,15 @@ def check_frame(frame: pd.DataFrame, columns: Sequence[str]) -> None:
         )
     if len(frame) == 0:
         raise ModelInputError("the input has no rows (no tokens to tag)")
-    ids = frame[SENTENCE].to_numpy(dtype=object)
-    absent = pd.isna(frame[SENTENCE]).to_numpy()
-    if absent.any():
-        row = int(np.argmax(absent))
-        raise ModelInputError(f"row {row}: the {SENTENCE!r} id is {_shown(ids[row])}")
-    integral = np.fromiter((_is_integral(v) for v in ids), dtype=bool, count=ids.size)
-    if not integral.all():
-        row = int(np.argmin(integral))
-        raise ModelInputError(f"row {row}: the {SENTENCE!r} id {_shown(ids[row])} is not an integer")
-    values = np.array([int(v) for v in ids], dtype=object)
-    try:  # the rule of ModelBundle.tag_frame: each sentence's rows together
-        offsets = sentence_offsets(values, SENTENCE)
+    try:  # the rule of ModelBundle.tag_frame: integer ids, each sentence's rows together
+        offsets = sentence_offsets(frame[SENTENCE].to_numpy(dtype=object), SENTENCE)
     except ValueError as err:
         raise ModelInputError(str(err)) from None
     try:  # the one token check of the bundle and the tag command
         check_tokens({c: frame[c].to_numpy(dtype=object) for c in columns}, offsets)
     except TokenError as err:
         raise ModelInputError(
-            f"row {err.index} (sentence {values[err.index]}), column {err.column!r}: {err.problem} "
+            f"row {err.index} (sentence {int(frame[SENTENCE].iloc[err.index])}), column {err.column!r}: {err.problem} "
             f"(token {err.token} of the sentence, counted from 0)"
         ) from None
 

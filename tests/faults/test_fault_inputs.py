@@ -232,6 +232,24 @@ def test_a_set_is_refused_wherever_an_order_is_needed():
         hmm.score([["a", "b"], ["b"]], [{"A", "B"}, ["B"]])
 
 
+def test_a_set_of_attributes_is_read_in_sorted_order_so_no_fit_depends_on_the_hash_seed(tmp_path):
+    """A token's attributes given as a set, or a dict value given as one, were read in hash order:
+    the attribute numbering, the model file's bytes and the last digits of the marginals changed
+    with PYTHONHASHSEED (L1). Their members are now read sorted, as if listed so."""
+    candidates = ([f"v{i}", f"u{j}", f"t{i + j}"] for i in range(50) for j in range(50))
+    members = next(m for m in candidates if list(set(m)) != sorted(m))  # a set whose own order is not the sorted one
+    X_set = [[{"w": "a", "d": set(members)}, {"w": "b"}], [frozenset(f"x={m}" for m in members), {"w": "b"}]]
+    X_sorted = [[{"w": "a", "d": sorted(members)}, {"w": "b"}], [sorted(f"x={m}" for m in members), {"w": "b"}]]
+    y = [["A", "B"], ["A", "B"]]
+    files = []
+    for name, X in (("set", X_set), ("sorted", X_sorted)):
+        model = CRF(max_iterations=5, c2=0.1).fit(X, y)
+        model.save(tmp_path / f"{name}.npz")
+        files.append((tmp_path / f"{name}.npz").read_bytes())
+        assert list(model.attributes_[:4]) == ["w:a", *sorted(f"d:{m}" for m in members)]
+    assert files[0] == files[1]
+
+
 @pytest.mark.parametrize("c1", [0.0, 0.05])
 def test_large_attribute_values_train_as_well_as_small_ones(c1):
     """A constant on every token is a bias in other units: whatever its size, L-BFGS and OWL-QN

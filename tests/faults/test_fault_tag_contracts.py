@@ -909,3 +909,69 @@ def test_a_few_tags_the_model_never_saw_are_tagged_with_a_warning_not_refused(cr
     assert len(extractor.vocabulary_["word"]) <= 100  # a small vocabulary, as a tag set's
     plain = ModelBundle(BundledCRF(extractor, model), scheme="iob2")
     assert len(plain.tag([["novel", "words", "of", "another", "domain", "entirely", "here"]])[0]["labels"]) == 7
+
+
+@pytest.mark.parametrize(
+    ("ids", "message"),
+    [
+        ([0, 0, 0, 0, 1, np.nan], r"^row 5: the 'sentence' id is null \(a missing value\)$"),  # was a sentence of its own
+        ([0, 0, 0, np.nan, 0, 0], r"^row 3: the 'sentence' id is null \(a missing value\)$"),  # was "0.0 reappears after nan"
+        (["a", "a", "a", "b", "b", "b"], r"^row 0: the 'sentence' id str 'a' is not an integer$"),
+        ([False, False, False, True, True, True], r"^row 0: the 'sentence' id bool False is not an integer$"),
+        ([0.5, 0.5, 0.5, 0.7, 0.7, 0.7], r"^row 0: the 'sentence' id float 0.5 is not an integer$"),
+        ([0, 0, 0, "0", "0", "0"], r"^row 3: the 'sentence' id str '0' is not an integer$"),
+        ([2**70] * 6, r"^row 0: the 'sentence' id int 1180591620717411303424 is not an integer of at most 64 bits$"),
+    ],
+)
+def test_tag_frame_and_the_served_model_take_the_same_sentence_ids(chunker, ids, message):
+    """tag_frame tagged a token whose sentence id is missing as a sentence of its own, and took text,
+    boolean, fractional and 70-bit ids that the served model refused (L4): one check of ids for both."""
+    bundle = load_bundle(chunker)
+    frame = pd.DataFrame({"sentence": pd.Series(ids, dtype=object), "pos": ["DT", "NN", "VBD", "DT", "NN", "."]})
+    with pytest.raises(ValueError, match=message):
+        bundle.tag_frame(frame)
+    with pytest.raises(mlflow_model.ModelInputError, match=message):
+        mlflow_model.tag(bundle, frame)
+    whole = pd.DataFrame({"sentence": [3.0, 3.0, 3.0, 1, 1, 1], "pos": ["DT", "NN", "VBD", "DT", "NN", "."]})
+    assert bundle.tag_frame(whole)["label"].tolist() == mlflow_model.tag(bundle, whole)["label"].tolist()
+
+
+def test_a_gold_column_with_blank_cells_is_refused_and_unknown_labels_are_counted(chunker, tmp_path, caplog):
+    """A gold column with some '_' cells, or labels the model never saw, was scored silently, each
+    such cell a wrong answer (accuracy 84 and 67 where the labelled cells scored 95; L2)."""
+    sentences = _corpus(6, 21)
+    blank = [[(w, p, "_" if (i, t) in {(1, 2), (4, 0)} else c) for t, (w, p, c) in enumerate(s)] for i, s in enumerate(sentences)]
+    source = _write_conll(tmp_path / "blank.conll", blank)
+    with pytest.raises(TagError, match=r"2 of the \d+ cells of the gold column are '_' \(no label\), the first at sentence 2, "
+                       r"token 3: a gold column is scored only when every cell holds a label"):  # fmt: skip
+        run_tag(_settings(chunker, source, tmp_path / "blank.out"))
+    assert not (tmp_path / "blank.out").exists()
+    unknown = [[(w, p, "B-FOO" if t == 0 else c) for t, (w, p, c) in enumerate(s)] for s in sentences]
+    with caplog.at_level(logging.WARNING):
+        summary = run_tag(_settings(chunker, _write_conll(tmp_path / "foo.conll", unknown), tmp_path / "foo.out"))
+    tokens = sum(map(len, sentences))
+    (line,) = [r.getMessage() for r in caplog.records if "labels the model does not know" in r.getMessage()]
+    share = f"({100 * 6 / tokens:.1f}%)"
+    assert f"6 of the {tokens} cells of the gold column {share} are labels the model does not know ('B-FOO')" in line
+    assert "accuracy" in summary and summary["tokens"] == tokens
+
+
+def test_jsonl_tokens_that_give_the_label_column_are_scored_and_keep_it(chunker, tmp_path):
+    """Token objects carrying the label column (``{"pos": ..., "chunk": ...}``) were tagged without
+    scoring and the gold key dropped from the output (L3): JSONL names its columns, so the label
+    column's key is the gold, scored as the same sentences given as CoNLL are, and written back."""
+    sentences = _corpus(6, 22)
+    conll = run_tag(_settings(chunker, _write_conll(tmp_path / "s.conll", sentences), tmp_path / "s.out.conll"))
+    lines = [json.dumps({"tokens": [{"w": w, "pos": p, "chunk": c} for w, p, c in s]}) for s in sentences]
+    (tmp_path / "s.jsonl").write_text("\n".join(lines) + "\n")
+    summary = run_tag(_settings(chunker, tmp_path / "s.jsonl", tmp_path / "s.out.jsonl"))
+    assert summary["accuracy"] == conll["accuracy"] and summary["f1"] == conll["f1"]
+    records = [json.loads(line) for line in (tmp_path / "s.out.jsonl").read_text().splitlines()]
+    assert [r["gold"] for r in records] == [[c for _, _, c in s] for s in sentences]
+    half = lines[:1] + [json.dumps({"tokens": [{"w": w, "pos": p} for w, p, _ in sentences[1]]})]
+    (tmp_path / "half.jsonl").write_text("\n".join(half) + "\n")
+    with pytest.raises(DataFormatError, match=r"half.jsonl:2: token 1 lacks the label column 'chunk', which the first token"):
+        run_tag(_settings(chunker, tmp_path / "half.jsonl", tmp_path / "half.out.jsonl"))
+    plain = [json.dumps({"tokens": [{"w": w, "pos": p} for w, p, _ in s]}) for s in sentences]
+    (tmp_path / "plain.jsonl").write_text("\n".join(plain) + "\n")
+    assert "accuracy" not in run_tag(_settings(chunker, tmp_path / "plain.jsonl", tmp_path / "plain.out.jsonl"))
