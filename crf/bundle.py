@@ -172,11 +172,42 @@ def _integral_id(value: object) -> bool:
     return isinstance(value, (int, np.integer, float, np.floating)) and -(2**63) <= int(value) < 2**63
 
 
+def _plain(value: object) -> object:
+    """A NumPy scalar as the Python value it holds (its repr without ``np.int64(...)``)."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def _checked_ids(ids: np.ndarray, column: str) -> np.ndarray:
+    """``ids`` (T,) objects as int64 (integers) or as objects (strings), or ValueError naming the
+    first that is missing, not an integer, or not of the first id's kind."""
+    absent = pd.isna(pd.Series(ids, dtype=object)).to_numpy()
+    if absent.any():
+        row = int(np.argmax(absent))
+        raise ValueError(f"row {row}: the {column!r} id is {shown_value(ids[row])}")
+    text = np.fromiter((type(v) is str for v in ids), dtype=bool, count=ids.size)
+    if text[0]:
+        if not text.all():
+            row = int(np.argmin(text))
+            raise ValueError(f"row {row}: the {column!r} id {shown_value(ids[row])} is not a string, as the first id is: "
+                             "give every sentence id as an integer, or every one as a string")  # fmt: skip
+        return ids
+    integral = np.fromiter((_integral_id(v) for v in ids), dtype=bool, count=ids.size)
+    if not integral.all():
+        row = int(np.argmin(integral))
+        value = ids[row]
+        why = (
+            " of at most 64 bits" if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+            else ", as the first id is: give every sentence id as an integer, or every one as a string" if text[row] else ""
+        )  # fmt: skip
+        raise ValueError(f"row {row}: the {column!r} id {shown_value(value)} is not an integer{why}")
+    return np.fromiter((int(v) for v in ids), dtype=np.int64, count=ids.size)
+
+
 def sentence_offsets(ids: np.ndarray, column: str) -> np.ndarray:
     """The sentence offsets of token rows whose sentence ids are ``ids``: the one rule of
-    :meth:`ModelBundle.tag_frame` and the MLflow Model. Every id is an integer (or a float with
-    an integer value) of at most 64 bits, not a missing value or a boolean, and each sentence's
-    rows are contiguous (in any order of ids).
+    :meth:`ModelBundle.tag_frame` and the MLflow Model. The ids are all integers (a float with an
+    integer value counts; at most 64 bits; not booleans) or all strings, none missing, and each
+    sentence's rows are contiguous (in any order of ids).
 
     Parameters
     ----------
@@ -193,30 +224,26 @@ def sentence_offsets(ids: np.ndarray, column: str) -> np.ndarray:
     Raises
     ------
     ValueError
-        A missing id, one that is not an integer, or an id that reappears after another one,
-        naming the row (counted from 0).
+        A missing id, one of another kind than the first (or an integer of more than 64 bits, a
+        fraction, a boolean), or an id that reappears after another one, naming the row (counted
+        from 0).
     """
-    ids = np.asarray(ids, dtype=object).reshape(-1)
-    absent = pd.isna(pd.Series(ids, dtype=object)).to_numpy()
-    if absent.any():
-        row = int(np.argmax(absent))
-        raise ValueError(f"row {row}: the {column!r} id is {shown_value(ids[row])}")
-    integral = np.fromiter((_integral_id(v) for v in ids), dtype=bool, count=ids.size)
-    if not integral.all():
-        row = int(np.argmin(integral))
-        wide = isinstance(ids[row], (int, np.integer)) and not isinstance(ids[row], (bool, np.bool_))
-        raise ValueError(
-            f"row {row}: the {column!r} id {shown_value(ids[row])} is not an integer" + (" of at most 64 bits" if wide else "")
-        )
-    values = np.fromiter((int(v) for v in ids), dtype=np.int64, count=ids.size)
+    raw = np.asarray(ids).reshape(-1)
+    with np.errstate(invalid="ignore"):
+        if raw.dtype.kind in "iu" and (raw.size == 0 or raw.max() < 2**63):  # the usual integer column: nothing to check
+            values = raw.astype(np.int64)
+        elif raw.dtype.kind == "f" and np.all((raw == np.floor(raw)) & (raw >= -(2.0**63)) & (raw < 2.0**63)):  # no NaN either
+            values = raw.astype(np.int64)
+        else:  # objects, or a float or unsigned column with a bad value: each value checked, the first bad one named
+            values = _checked_ids(raw.astype(object), column)
     codes, _ = pd.factorize(values)  # numbered in order of appearance
     runs = np.flatnonzero(np.diff(codes, prepend=-1) != 0)  # where each run of one id begins
     again = np.flatnonzero(codes[runs] != np.arange(runs.size))  # a run whose id is not new: it was seen before
     if again.size:
         row = int(runs[again[0]])
         raise ValueError(
-            f"row {row}: {column!r} {int(values[row])} reappears after {int(values[row - 1])}: the rows of each sentence "
-            "must be contiguous"
+            f"row {row}: {column!r} {_plain(values[row])!r} reappears after {_plain(values[row - 1])!r}: the rows of each "
+            "sentence must be contiguous"
         )
     return np.append(runs, codes.size).astype(np.int64)
 
@@ -1009,7 +1036,7 @@ class ModelBundle:
         Parameters
         ----------
         frame : pandas.DataFrame
-            A sentence id column (integers; the rows of each sentence contiguous) and the input
+            A sentence id column (integers or strings; each sentence's rows together) and the input
             columns (token strings).
         sentence : str, default="sentence"
             The name of the sentence id column.
@@ -1030,8 +1057,8 @@ class ModelBundle:
             A column of another kind of value than the model saw there, as :meth:`tag` checks them.
         ValueError
             A missing column, a column named as an output (``label``, ``marginal``,
-            ``segment_confidence``), or a sentence id that is missing, not an integer, or
-            reappears after another one (:func:`sentence_offsets`).
+            ``segment_confidence``), or a sentence id that is missing, of another kind than the
+            first, or that reappears after another one (:func:`sentence_offsets`).
             Also: a column that appears more than once (:func:`check_unique_columns`, the served
             model's check).
         """
@@ -1052,7 +1079,7 @@ class ModelBundle:
             if self.scheme != "none":
                 out["segment_confidence"] = pd.Series(dtype=np.float64)
             return out
-        offsets = sentence_offsets(frame[sentence].to_numpy(dtype=object), sentence)
+        offsets = sentence_offsets(frame[sentence].to_numpy(), sentence)
         columns = {c: frame[c].to_numpy(dtype=object) for c in self.input_columns}
         check_tokens(columns, offsets)  # numbers are refused, not read as their text
         self.check_column_values(columns)

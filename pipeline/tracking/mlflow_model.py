@@ -169,7 +169,7 @@ def check_frame(frame: pd.DataFrame, columns: Sequence[str]) -> None:
     if len(frame) == 0:
         raise ModelInputError("the input has no rows (no tokens to tag)")
     try:  # the rule of ModelBundle.tag_frame: integer ids, each sentence's rows together
-        offsets = sentence_offsets(frame[SENTENCE].to_numpy(dtype=object), SENTENCE)
+        offsets = sentence_offsets(frame[SENTENCE].to_numpy(), SENTENCE)
     except ValueError as err:
         raise ModelInputError(str(err)) from None
     try:  # the one token check of the bundle and the tag command

@@ -452,7 +452,7 @@ BAD_REQUESTS = {
     "empty-token": (_split(["sentence", "w", "pos"], [[0, "", "DT"]]), "column 'w': .* non-empty string"),
     "reappearing-id": (_rows([0, "a", "DT"], [1, "b", "NN"], [0, "c", "NN"]), "row 2: 'sentence' 0 reappears after 1"),
     "null-id": (_split(["sentence", "w", "pos"], [[0, "a", "DT"], [None, "b", "NN"]]), "row 1: the 'sentence' id is null"),
-    "text-id": (_split(["sentence", "w", "pos"], [["s1", "a", "DT"]]), "row 0: the 'sentence' id str 's1' is not an integer"),
+    "mixed-id": (_rows([0, "a", "DT"], ["0", "b", "NN"]), "row 1: the 'sentence' id str '0' is not an integer, as the first"),
     "fraction-id": (_split(["sentence", "w", "pos"], [[0.5, "a", "DT"]]), "id float 0.5 is not an integer"),
     "bool-id": (_split(["sentence", "w", "pos"], [[True, "a", "DT"]]), "is not an integer"),
     "huge-id": (_rows([2**70, "a", "DT"]), "is not an integer"),

@@ -916,24 +916,27 @@ def test_a_few_tags_the_model_never_saw_are_tagged_with_a_warning_not_refused(cr
     [
         ([0, 0, 0, 0, 1, np.nan], r"^row 5: the 'sentence' id is null \(a missing value\)$"),  # was a sentence of its own
         ([0, 0, 0, np.nan, 0, 0], r"^row 3: the 'sentence' id is null \(a missing value\)$"),  # was "0.0 reappears after nan"
-        (["a", "a", "a", "b", "b", "b"], r"^row 0: the 'sentence' id str 'a' is not an integer$"),
         ([False, False, False, True, True, True], r"^row 0: the 'sentence' id bool False is not an integer$"),
         ([0.5, 0.5, 0.5, 0.7, 0.7, 0.7], r"^row 0: the 'sentence' id float 0.5 is not an integer$"),
-        ([0, 0, 0, "0", "0", "0"], r"^row 3: the 'sentence' id str '0' is not an integer$"),
+        ([0, 0, 0, "0", "0", "0"], r"^row 3: the 'sentence' id str '0' is not an integer, as the first id is: give every"),
+        (["0", "0", "0", 0, 0, 0], r"^row 3: the 'sentence' id int 0 is not a string, as the first id is: give every"),
         ([2**70] * 6, r"^row 0: the 'sentence' id int 1180591620717411303424 is not an integer of at most 64 bits$"),
     ],
 )
 def test_tag_frame_and_the_served_model_take_the_same_sentence_ids(chunker, ids, message):
     """tag_frame tagged a token whose sentence id is missing as a sentence of its own, and took text,
-    boolean, fractional and 70-bit ids that the served model refused (L4): one check of ids for both."""
+    boolean, fractional and 70-bit ids that the served model refused (L4): one check of ids for both,
+    which takes integers (1.0 included) or strings, and refuses a mix of the two."""
     bundle = load_bundle(chunker)
     frame = pd.DataFrame({"sentence": pd.Series(ids, dtype=object), "pos": ["DT", "NN", "VBD", "DT", "NN", "."]})
     with pytest.raises(ValueError, match=message):
         bundle.tag_frame(frame)
     with pytest.raises(mlflow_model.ModelInputError, match=message):
         mlflow_model.tag(bundle, frame)
-    whole = pd.DataFrame({"sentence": [3.0, 3.0, 3.0, 1, 1, 1], "pos": ["DT", "NN", "VBD", "DT", "NN", "."]})
-    assert bundle.tag_frame(whole)["label"].tolist() == mlflow_model.tag(bundle, whole)["label"].tolist()
+    expected = bundle.tag_frame(pd.DataFrame({"sentence": [0, 0, 0, 1, 1, 1], "pos": frame["pos"]}))["label"].tolist()
+    for good in ([3.0, 3.0, 3.0, 1, 1, 1], ["s3", "s3", "s3", "s1", "s1", "s1"]):
+        whole = pd.DataFrame({"sentence": pd.Series(good, dtype=object), "pos": frame["pos"]})
+        assert bundle.tag_frame(whole)["label"].tolist() == mlflow_model.tag(bundle, whole)["label"].tolist() == expected
 
 
 def test_a_gold_column_with_blank_cells_is_refused_and_unknown_labels_are_counted(chunker, tmp_path, caplog):

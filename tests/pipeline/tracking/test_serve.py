@@ -96,7 +96,7 @@ BAD = {
     "null token": (_split([[0, "the", None]]), "column 'pos': a token must be a non-empty string, got null"),
     "NaN token": (b'{"dataframe_split": {"columns": ["sentence", "w", "pos"], "data": [[0, NaN, "DT"]]}}', "got null"),
     "interleaved ids": (_split([[0, "the", "DT"], [1, "dog", "NN"], [0, "ran", "VBD"]]), "row 2: 'sentence' 0 reappears after 1"),
-    "text id": (_split([["one", "the", "DT"]]), "is not an integer"),
+    "mixed ids": (_split([["one", "the", "DT"], [2, "dog", "NN"]]), "row 1: the 'sentence' id int 2 is not a string"),
 }
 
 
