@@ -503,9 +503,26 @@ def check_strength(space: SearchSpace) -> None:
         raise SweeperSettingError(f"{conflict} (to search c1 or c2 instead, drop the default space: '~hydra.sweeper.params')")
 
 
+SCORE_WORDS = frozenset({"accuracy", "f1", "precision", "recall", "ap", "score", "aulc"})  # higher is better
+COST_WORDS = frozenset({"error", "loss", "seconds", "bytes", "rate"})  # lower is better
+
+
+def metric_direction(name: str) -> str | None:
+    """The direction in which a stage metric gets better, from the words of its name: "maximize"
+    for a score (``dev_f1``, ``dev_NP_confidence_ap``, ``dev_tag_tokens_per_second``), "minimize"
+    for an error, rate or cost (``dev_token_error``, ``dev_unknown_rate``, ``train_seconds``,
+    ``model_bytes``); None for a count or anything else (either direction may be wanted)."""
+    words = name.split("_")
+    if "per" in words[:-1] and words[words.index("per") + 1] == "second":  # a throughput
+        return "maximize"
+    score, cost = bool(SCORE_WORDS.intersection(words)), bool(COST_WORDS.intersection(words))
+    return "maximize" if score and not cost else "minimize" if cost and not score else None
+
+
 def check_objective(metric: str | None, direction: str, pruner: Mapping[str, Any] | None, dev_every: int | None) -> None:
     """The objective and pruning settings agree: a known direction; the dev score (``metric``
-    null, or ``<stage>.dev_f1``/``<stage>.dev_accuracy``) is maximised; pruning compares the dev
+    null, or ``<stage>.dev_f1``/``<stage>.dev_accuracy``) is maximised, and so is any score,
+    while an error, rate or cost is minimised (:func:`metric_direction`); pruning compares the dev
     score during training, so it needs that metric and dev scores (``train.dev_every`` > 0)."""
     if direction not in ("maximize", "minimize"):
         raise SweeperSettingError(f"hydra.sweeper.direction={direction!r}: maximize or minimize")
@@ -528,6 +545,13 @@ def check_objective(metric: str | None, direction: str, pruner: Mapping[str, Any
     dev_score = metric is None or metric.rsplit(".", 1)[1] in DEV_SCORES
     if dev_score and direction != "maximize":
         raise SweeperSettingError(f"hydra.sweeper.direction={direction}: the dev score ({metric or 'default'}) is maximised")
+    better = metric_direction(name) if metric is not None else None
+    if better is not None and direction != better:  # the sweep would choose (and register) the worst job
+        raise SweeperSettingError(
+            f"hydra.sweeper.direction={direction}: {metric} is {'maximised' if better == 'maximize' else 'minimised'} "
+            f"({'a score: higher' if better == 'maximize' else 'an error, rate or cost: lower'} is better); set "
+            f"hydra.sweeper.direction={better}"
+        )
     if prunes(pruner):
         if not dev_score:
             raise SweeperSettingError(

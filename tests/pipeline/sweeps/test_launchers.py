@@ -181,8 +181,11 @@ def test_sweep_through_submitit_with_a_failing_job(tmp_path):
         pytest.skip("hydra-submitit-launcher is not installed (pip install -e .[cluster])")
     data_root = write_corpus(tmp_path / "data", n_train=60, n_test=20)
     out = tmp_path / "out"
-    # the third job cannot read its data: it fails after its run has started; the others are kept
-    bad = tmp_path / "missing"
+    # the third job's data cannot be read (a cut-off gzip file, found as it is read, not before the sweep): it fails
+    # after its run has started; the others are kept
+    bad = write_corpus(tmp_path / "bad", n_train=60, n_test=20)
+    train = bad / "conll2000" / "train.txt.gz"
+    train.write_bytes(train.read_bytes()[:-40])
     command = _pipeline_command(data_root, out, ["hydra/launcher=submitit_here"], [f"data.root={data_root},{data_root},{bad}"])
     env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
     env.pop("MLFLOW_TRACKING_URI", None)
