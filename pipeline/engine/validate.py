@@ -117,8 +117,8 @@ def unknown_keys(section: str, values: Mapping, known: Iterable[str]) -> None:
 
 def _check_run(cfg: DictConfig) -> None:
     seed = section(cfg, "seed")
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
-        raise SettingsError(f"bad setting seed={seed!r}: must be an integer")
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+        raise SettingsError(f"bad setting seed={seed!r}: must be an integer >= 0 (NumPy's generators take no other)")
     fraction = section(cfg, "data.train_fraction")
     if isinstance(fraction, bool) or not isinstance(fraction, numbers.Real) or not 0 < fraction <= 1:
         raise SettingsError(f"bad setting data.train_fraction={fraction!r}: must be a number in (0, 1]")
@@ -263,8 +263,8 @@ def _check_dev_split(rule: Any) -> None:
             f"bad setting dataset.dev_split.fraction={fraction!r}: the share of the training sentences held out, "
             "between 0 and 1 (exclusive)"
         )
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
-        raise SettingsError(f"bad setting dataset.dev_split.seed={seed!r}: must be an integer")
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+        raise SettingsError(f"bad setting dataset.dev_split.seed={seed!r}: must be an integer >= 0")
 
 
 def added_keys(overrides: Sequence[str]) -> list[str]:

@@ -1,7 +1,8 @@
 """Settings that would hand a model its own answers, carve a dev set that cannot be, or ask for what
 a run will not do are refused with one line before any stage: a feature reading the label column,
 an HMM observing it, the label set to the word column, a dev split outside (0, 1) or with a seed
-that is no integer, a multirun whose jobs are asked to register with the sweep's registration off."""
+that is no integer, a multirun whose jobs are asked to register with the sweep's registration off,
+a negative seed, a feature set that reads nothing."""
 
 from __future__ import annotations
 
@@ -50,6 +51,10 @@ def _refused(overrides: list[str], stages: tuple[str, ...] = ("prepare", "featur
         (["dataset.comment_prefix=''"], "bad setting dataset.comment_prefix='': a non-empty string, or null for none"),
         (["dataset.format=nosuch"], "bad setting dataset.format='nosuch': one of conll, conllu, xml_sequences"),
         (["trainer.num_memories=1000000000000"], "num_memories=1000000000000 is above 1000: L-BFGS keeps two weight"),
+        # settings that failed inside a stage (hostile round 11: L6, L7)
+        (["seed=-1"], "bad setting seed=-1: must be an integer >= 0"),
+        (["dataset.dev_split.seed=-3"], "bad setting dataset.dev_split.seed=-3: must be an integer >= 0"),
+        (["features.templates=[]"], "bad setting features.templates=[]: the feature set has no template and no numeric column"),
     ],
 )
 def test_a_setting_that_hands_the_model_its_answers_or_no_dev_set_is_refused(overrides, message):
