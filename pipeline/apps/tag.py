@@ -406,12 +406,16 @@ def text_tokenisation(choice: str, bundle: ModelBundle, reference: str) -> str:
     return recorded
 
 
+SQLITE_MAGIC = b"SQLite format 3\x00"  # the first bytes of every SQLite database file
+
+
 def check_not_a_model(output: str | Path, models: Sequence[Path], stores: Sequence[str | None] = ()) -> None:
-    """Refuse an output that is one of the bundle files the command reads (``models``: their local
-    paths, a folder or ``~`` resolved), or a file of a SQLite tracking store it reads them from
-    (``stores``: URIs; the database and its journal files), through a link or not: writing it
-    would destroy the model, or every run and registered model of the store."""
-    from pipeline.tracking import sqlite_path
+    """Refuse an existing output that is one of the bundle files the command reads (``models``:
+    their local paths, a folder or ``~`` resolved), a file of a SQLite tracking store it reads them
+    from (``stores``: URIs; the database and its journal files) or of that store's artifact folder
+    or stage cache, or any SQLite database (an Optuna study's storage), through a link or not:
+    writing it would destroy the model, or runs, registered models or a study."""
+    from pipeline.tracking import ARTIFACTS, sqlite_path
 
     output_path = Path(output)
     if not output_path.exists():
@@ -419,11 +423,24 @@ def check_not_a_model(output: str | Path, models: Sequence[Path], stores: Sequen
     for model in models:
         if model.is_file() and output_path.resolve() == model.resolve():
             raise TagError(f"output {output_path}: is the model file (model={model}); name another file")
+    target = output_path.resolve()
     for store in filter(None, stores):
         database = sqlite_path(store)
-        files = [] if database is None else [Path(f"{database}{end}") for end in ("", "-wal", "-journal", "-shm")]
-        if any(f.exists() and output_path.resolve() == f.resolve() for f in files):
+        if database is None:
+            continue
+        files = [Path(f"{database}{end}") for end in ("", "-wal", "-journal", "-shm")]
+        if any(f.exists() and target == f.resolve() for f in files):
             raise TagError(f"output {output_path}: is a file of the tracking store {store}; name another file")
+        for folder, what in ((ARTIFACTS, "artifact store"), ("cache", "stage cache")):  # beside a local store, by default
+            root = (Path(database).parent / folder).resolve()
+            if target.is_relative_to(root):
+                raise TagError(f"output {output_path}: is a file in the {what} of the tracking store {store} ({root}); "
+                               "name a file outside it")  # fmt: skip
+    if target.is_file():
+        with open(target, "rb") as existing:
+            if existing.read(len(SQLITE_MAGIC)) == SQLITE_MAGIC:  # an Optuna study's storage, another tracking store
+                raise TagError(f"output {output_path}: is an SQLite database (an Optuna study's storage or a tracking "
+                               "store, say), which the output would replace; name another file")  # fmt: skip
 
 
 def check_output(output: str | Path, input_path: Path) -> None:

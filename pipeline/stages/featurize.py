@@ -105,9 +105,9 @@ def check_switches(cfg) -> None:
 
 def check_columns(cfg) -> None:
     """Refuse (:class:`SettingsError`, one line) a feature set that reads nothing (no template and
-    no numeric column), or that reads a column the dataset lacks: a view or lexicon over it, a numeric attribute of it, or a template over a name that is
-    neither one of its views nor a dataset column (``features=chunking`` reads ``pos``, which
-    ``ud_english_ewt_upos`` has not)."""
+    no numeric column), or that reads a column the dataset lacks: a view or lexicon over it, a
+    numeric attribute of it, or a template over a name that is neither one of its views nor a
+    dataset column (``features=chunking`` reads ``pos``, which ``ud_english_ewt_upos`` has not)."""
     try:
         features = OmegaConf.to_container(cfg.features, resolve=True)
     except OmegaConfBaseException:  # a mandatory value left unset (a clusters file): named by its own check

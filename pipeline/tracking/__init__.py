@@ -41,6 +41,7 @@ from pipeline.tracking import (
 )
 
 log = logging.getLogger(__name__)
+ARTIFACTS = "mlartifacts"  # a local (SQLite) store's artifact folder, beside its database
 
 # SWEEP_PARENT_VARIABLE: how a sweep's launching process tells its jobs (in other processes) where to
 # attach their runs; it, the engine's tag names and ``flatten`` are defined by the engine's run store
@@ -175,7 +176,7 @@ def setup(cfg: Mapping) -> str:
     if client.get_experiment_by_name(name) is None:
         location = None
         if uri.startswith("sqlite:///"):
-            location = (output_root(cfg) / "mlartifacts").as_uri()
+            location = (output_root(cfg) / ARTIFACTS).as_uri()
         try:
             client.create_experiment(name, artifact_location=location)
         except mlflow.exceptions.MlflowException:

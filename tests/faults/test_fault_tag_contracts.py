@@ -535,6 +535,32 @@ def test_the_output_may_not_be_a_file_of_the_store_the_model_is_read_from(chunke
     assert store.read_bytes() == b"SQLite format 3\x00"
 
 
+def test_the_output_may_not_be_a_study_or_a_file_of_the_stores_artifacts_or_cache(chunker, tmp_path):
+    """The Optuna storage beside the store (``optuna.db``), a registered model's ``MLmodel`` file
+    and a cached bundle were replaced by the tagged text, exit 0 (L8)."""
+    import optuna
+
+    from pipeline.apps.tag import check_not_a_model
+
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'optuna.db'}", study_name="s")
+    study.enqueue_trial({"x": 1.0})
+    before = (tmp_path / "optuna.db").read_bytes()
+    with pytest.raises(TagError, match=r"optuna.db: is an SQLite database \(an Optuna study's storage or a tracking store"):
+        check_not_a_model(tmp_path / "optuna.db", [chunker], [None])  # any SQLite file, whatever the store
+    for folder, what in (("mlartifacts", "artifact store"), ("cache", "stage cache")):
+        inside = tmp_path / folder / "1" / "models" / "m-1" / "artifacts" / "MLmodel"
+        inside.parent.mkdir(parents=True)
+        inside.write_text("artifact_path: model\n")
+        with pytest.raises(TagError, match=rf"is a file in the {what} of the tracking store {re.escape(store)} "):
+            check_not_a_model(inside, [chunker], [store])
+    source = _write_conll(tmp_path / "in.conll", _corpus(2, 5))
+    with pytest.raises(TagError, match="is an SQLite database"):
+        run_tag(_settings(chunker, source, tmp_path / "optuna.db"))
+    assert (tmp_path / "optuna.db").read_bytes() == before
+    check_not_a_model(tmp_path / "tagged.conll", [chunker], [store])  # a new file beside the store: fine
+
+
 def test_a_chain_that_feeds_a_model_another_tag_set_is_refused(chunker, train, tmp_path):
     # UPOS predictions aliased to pos were chunked silently, while the same values in a file are refused (G13)
     upos = {"DT": "DET", "NN": "NOUN", "NNS": "NOUN", "JJ": "ADJ", "VBD": "VERB", "VBZ": "VERB", "IN": "ADP", ".": "PUNCT"}
