@@ -7,6 +7,10 @@ and Hydra printed its 40-line traceback, with advice about segmentation faults. 
 in one line saying what happened (exit code 1); the sweep callback's exit handler then ends the
 runs of jobs whose process is gone and the sweep's parent run, with the summary of the jobs that
 finished.
+
+The basic sweeper does the work: it is wrapped, not subclassed, because Hydra's plugin discovery
+may execute its module again, and a subclass of the first class object would then fail in the
+second one's ``__init__``.
 """
 
 from __future__ import annotations
@@ -16,19 +20,35 @@ import sys
 from concurrent.futures import BrokenExecutor
 from typing import Any
 
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.plugins.sweeper import Sweeper
 
 log = logging.getLogger(__name__)
 
 
-class GridSweeper(BasicSweeper):
-    """Hydra's :class:`BasicSweeper` (same settings: ``max_batch_size``, ``params``); see the module docstring."""
+class GridSweeper(Sweeper):
+    """Hydra's ``BasicSweeper`` with the same settings (see the module docstring).
+
+    Parameters
+    ----------
+    max_batch_size : int or None
+        Jobs launched at a time (None: all of them).
+    params : dict of str to str, or None
+        Swept values by key, as on the command line.
+    """
+
+    def __init__(self, max_batch_size: int | None = None, params: dict[str, str] | None = None) -> None:
+        from hydra._internal.core_plugins.basic_sweeper import BasicSweeper  # the class the module now holds
+
+        self.grid = BasicSweeper(max_batch_size=max_batch_size, params=params)
+
+    def setup(self, *, hydra_context: Any, task_function: Any, config: Any) -> None:
+        self.grid.setup(hydra_context=hydra_context, task_function=task_function, config=config)
 
     def sweep(self, arguments: list[str]) -> Any:
         from pipeline.sweeps.sigterm import SWEEP_STOPPING, worker_exit
 
         try:
-            return super().sweep(arguments)
+            return self.grid.sweep(arguments)
         except BrokenExecutor as error:
             if SWEEP_STOPPING.is_set():  # the sweep is being stopped: its workers go with it, as asked
                 log.error("stopped by SIGTERM: the jobs' worker processes ended with it (%s)", worker_exit(error))

@@ -216,7 +216,10 @@ class SweepTracking(Callback):
         return summarize(self.sweep_id, self.parent_run_id, self.experiment, registry, metric=metric, direction=direction)
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
-        self._close("FINISHED")
+        if self._close("FINISHED") == "stopped":  # the sweeper ran to its end, but a SIGTERM came first: no success
+            log.error("[sweep %s] stopped by SIGTERM as it ended: its parent run is FAILED and nothing was registered",
+                      self.sweep_id)  # fmt: skip
+            sys.exit(1)
 
     def __getstate__(self) -> dict:
         # Hydra hands the callbacks to the jobs: the signal handling (its timer, the previous handler) stays here
@@ -225,15 +228,17 @@ class SweepTracking(Callback):
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state, sigterm=None)
 
-    def _close(self, status: str) -> None:
+    def _close(self, status: str) -> str | None:
+        """End the sweep (:meth:`_end`) with ``status``, or FAILED if a SIGTERM stopped it ("stopped" is returned then)."""
         if self.closed or self.parent_run_id is None:
-            return
+            return None
         self.closed = True
+        stopped = None
         if self.sigterm is not None:  # a SIGTERM during the summary gets a grace period of its own
             self.sigterm.pause()
         if SWEEP_STOPPING.is_set():  # the sweeper launched no further job: the sweep did not run to its end
             SWEEP_STOPPING.clear()
-            status = "FAILED"
+            status, stopped = "FAILED", "stopped"
             try:
                 MlflowClient().set_tag(self.parent_run_id, END_REASON_TAG, "stopped by SIGTERM")
             except Exception as error:
@@ -243,6 +248,7 @@ class SweepTracking(Callback):
         finally:
             if self.sigterm is not None:
                 self.sigterm.release()
+        return stopped
 
     def _end(self, status: str) -> None:
         """Summarise the sweep (registering its best job only when it ran to its end) and end the parent run."""

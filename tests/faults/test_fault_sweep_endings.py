@@ -1,6 +1,7 @@
-"""The default grid sweeper ends in one line when a job's worker process dies: a SIGTERM that came as
-the workers started, or a kill (the out-of-memory killer); Hydra printed joblib's 40-line
-TerminatedWorkerError traceback."""
+"""How a sweep ends when it does not run to its end: the default grid sweeper ends in one line when
+a job's worker process dies (a SIGTERM that came as the workers started, or a kill by the
+out-of-memory killer), where Hydra printed joblib's 40-line TerminatedWorkerError traceback; and a
+SIGTERM that comes after the last job ends the command with a failure, not a success."""
 
 from __future__ import annotations
 
@@ -42,11 +43,13 @@ class _Loader:
 
 
 def _sweeper(tmp_path, launcher: _Launcher) -> GridSweeper:
+    """The sweeper as after Hydra's setup, with ``launcher``."""
     sweeper = GridSweeper(max_batch_size=None, params=None)
-    sweeper.config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path / "sweep")}}})
-    sweeper.launcher = launcher
-    sweeper.hydra_context = HydraContext(config_loader=_Loader(), callbacks=None)
-    sweeper.validate_batch_is_legal = lambda batch: None  # composing needs Hydra's loader; the jobs are not what is tested
+    grid = sweeper.grid  # Hydra's basic sweeper, which does the work
+    grid.config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path / "sweep")}}})
+    grid.launcher = launcher
+    grid.hydra_context = HydraContext(config_loader=_Loader(), callbacks=None)
+    grid.validate_batch_is_legal = lambda batch: None  # composing needs Hydra's loader; the jobs are not what is tested
     return sweeper
 
 
@@ -76,6 +79,11 @@ def test_a_dead_worker_ends_the_grid_in_one_line(tmp_path, caplog, stopping, exp
 
 
 def test_the_grid_sweeper_runs_every_combination_and_other_errors_go_on(tmp_path):
+    import importlib
+
+    import hydra._internal.core_plugins.basic_sweeper as basic
+
+    importlib.reload(basic)  # as Hydra's plugin discovery may do: a second BasicSweeper class
     launcher = _Launcher()
     returns = _sweeper(tmp_path, launcher).sweep(["trainer.c2=0.1,1", "data.train_fraction=0.5"])
     assert launcher.jobs == [["trainer.c2=0.1", "data.train_fraction=0.5"], ["trainer.c2=1", "data.train_fraction=0.5"]]
@@ -88,3 +96,33 @@ def test_the_pipeline_sweeps_with_the_grid_sweeper_by_default():
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         config = compose(config_name="config", return_hydra_config=True)
     assert config.hydra.sweeper._target_ == "hydra_plugins.crf_grid_sweeper.grid_sweeper.GridSweeper"
+
+
+def test_a_sigterm_as_the_sweep_ends_is_no_success(tmp_path, monkeypatch, caplog):
+    """A SIGTERM that came after the last job, before the sweep's end (its summary, its registration),
+    ended the command with exit status 0 and "best on dev: ..." as its last line, though nothing was
+    registered and the parent run was FAILED (L9): it ends in one line, exit status 1."""
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    from pipeline.sweeps.callback import SweepTracking
+    from pipeline.tracking.lifecycle import END_REASON_TAG
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = mlflow.set_experiment("sweeps")
+    client = MlflowClient()
+    parent = client.create_run(experiment.experiment_id, tags={"stage": "sweep"})
+    callback = SweepTracking()
+    callback.parent_run_id, callback.sweep_id, callback.experiment = parent.info.run_id, "s1", "sweeps"
+    callback.summarize_at_end = False
+    SWEEP_STOPPING.set()  # as the sweep's SIGTERM handler does
+    try:
+        with caplog.at_level(logging.ERROR), pytest.raises(SystemExit) as ended:
+            callback.on_multirun_end(config=None)
+    finally:
+        SWEEP_STOPPING.clear()
+    assert ended.value.code == 1
+    assert _error_line(caplog) == "[sweep s1] stopped by SIGTERM as it ended: its parent run is FAILED and nothing was registered"
+    run = client.get_run(parent.info.run_id)
+    assert run.info.status == "FAILED" and run.data.tags[END_REASON_TAG] == "stopped by SIGTERM"
