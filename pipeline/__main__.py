@@ -28,11 +28,9 @@ import hydra
 import mlflow
 from omegaconf import DictConfig, OmegaConf
 
-from crf.io import DataFormatError
-from crf.model import TrainingError
 from pipeline.engine import runner
 from pipeline.engine.runner import TrialHooks, objective_value
-from pipeline.engine.validate import SettingsError
+from pipeline.engine.validate import ONE_LINE_ERRORS, SettingsError
 from pipeline.sweeps.trial_environment import METRIC_VARIABLE
 from pipeline.sweeps.trial_stopping import trial_from_environment
 from pipeline.tracking.lifecycle import ending_runs_on_signal, error_chain
@@ -122,7 +120,7 @@ def main(cfg: DictConfig) -> float | None:
             else:
                 results = run_pipeline(cfg, trial)
             return objective_value(results, os.environ.get(METRIC_VARIABLE) or None)
-        except (SettingsError, DataFormatError, TrainingError) as error:
+        except ONE_LINE_ERRORS as error:
             if _in_multirun():
                 raise  # Hydra records the job as failed and the sweep goes on
             log.error("%s", error)  # the one line says what and where: a traceback adds nothing

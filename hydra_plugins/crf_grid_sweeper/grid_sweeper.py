@@ -6,7 +6,9 @@ run; the out-of-memory killer; a crash), the launcher (joblib's) raises ``Termin
 and Hydra printed its 40-line traceback, with advice about segmentation faults. Here the sweep ends
 in one line saying what happened (exit code 1); the sweep callback's exit handler then ends the
 runs of jobs whose process is gone and the sweep's parent run, with the summary of the jobs that
-finished.
+finished. A job that fails with one of the errors a single run reports in one line (a data
+file's checksum or a bad line in it) ends the sweep with that line and exit status 2, as it ends a
+single run, after the other jobs of its batch (Hydra names the job's overrides first).
 
 The basic sweeper does the work: it is wrapped, not subclassed, because Hydra's plugin discovery
 may execute its module again, and a subclass of the first class object would then fail in the
@@ -45,10 +47,14 @@ class GridSweeper(Sweeper):
         self.grid.setup(hydra_context=hydra_context, task_function=task_function, config=config)
 
     def sweep(self, arguments: list[str]) -> Any:
+        from pipeline.engine.validate import ONE_LINE_ERRORS
         from pipeline.sweeps.sigterm import SWEEP_STOPPING, worker_exit
 
         try:
             return self.grid.sweep(arguments)
+        except ONE_LINE_ERRORS as error:  # a job's own one-line error (a data file's checksum, a bad line): as a single run ends
+            log.error("%s", error)
+            sys.exit(2)
         except BrokenExecutor as error:
             if SWEEP_STOPPING.is_set():  # the sweep is being stopped: its workers go with it, as asked
                 log.error("stopped by SIGTERM: the jobs' worker processes ended with it (%s)", worker_exit(error))

@@ -24,6 +24,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from crf.bundle import normalize_scheme
+from crf.io import DataFormatError
+from crf.model import TrainingError
 from pipeline.models import load_adapter
 
 _CONFIG_NAMES = {"n_threads": "threads"}  # estimator parameter -> its key in the config, where they differ
@@ -61,6 +63,11 @@ _RESERVED_ALIAS = re.compile(r"latest|v\d+", re.IGNORECASE)
 
 class SettingsError(ValueError):
     """A setting that cannot work; the message is one line naming it and its value."""
+
+
+# the errors whose one line says what and where (a setting, a data file's line, a fit that cannot go
+# on): a single run ends with that line and exit status 2, and so does a grid sweep whose job raised one
+ONE_LINE_ERRORS = (SettingsError, DataFormatError, TrainingError)
 
 
 def section(cfg: DictConfig, name: str) -> Any:

@@ -98,6 +98,23 @@ def test_the_pipeline_sweeps_with_the_grid_sweeper_by_default():
     assert config.hydra.sweeper._target_ == "hydra_plugins.crf_grid_sweeper.grid_sweeper.GridSweeper"
 
 
+def test_a_jobs_one_line_error_ends_the_grid_as_it_ends_a_single_run(tmp_path, caplog):
+    """A grid job whose data file failed its checksum ended the sweep in Hydra's 25-line traceback
+    (exit 1), where a single run says it in one line (exit 2; L10)."""
+    from pipeline.stages.data import ChecksumError
+
+    error = ChecksumError("data/train.txt: SHA-256 of its text is 8f82..., expected 91a4... (corrupt or a different version)")
+
+    class _Failing(_Launcher):
+        def launch(self, batch, initial_job_idx):
+            self.jobs.extend(list(job) for job in batch)
+            return [JobReturn(overrides=list(job), status=JobStatus.FAILED, _return_value=error) for job in batch]
+
+    with caplog.at_level(logging.ERROR), pytest.raises(SystemExit) as ended:
+        _sweeper(tmp_path, _Failing()).sweep(["trainer.c2=0.1,1"])
+    assert ended.value.code == 2 and _error_line(caplog) == str(error)
+
+
 def test_a_sigterm_as_the_sweep_ends_is_no_success(tmp_path, monkeypatch, caplog):
     """A SIGTERM that came after the last job, before the sweep's end (its summary, its registration),
     ended the command with exit status 0 and "best on dev: ..." as its last line, though nothing was
