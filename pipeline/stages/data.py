@@ -9,6 +9,7 @@ how to carve a dev split when there is none.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
 import urllib.error
@@ -24,6 +25,7 @@ from crf.io import Sentence, atomic_write, check_input_file, read_blocks, read_c
 from pipeline.engine.validate import SettingsError
 
 DATA_HOME_VARIABLE = "CRF_DATA_HOME"
+log = logging.getLogger(__name__)
 
 
 class MissingDataError(SettingsError):
@@ -102,9 +104,10 @@ def unavailable_files(dataset: Mapping, root: str | os.PathLike, download: bool 
 
 def config_data_problem(cfg: Any) -> str | None:
     """One line for the dataset files of a composed run config (``cfg``: its ``dataset`` and
-    ``data.root``/``data.download``) that no download can provide (:func:`unavailable_files`), so
-    that a run or a sweep is refused before it opens; None when they are there, downloadable, or
-    named through settings only a run resolves (an interpolation of Hydra's run)."""
+    ``data.root``/``data.download``) that no download can provide (:func:`unavailable_files`), or
+    two splits that name one file, so that a run or a sweep is refused before it opens; None when
+    they are there, downloadable, or named through settings only a run resolves (an
+    interpolation of Hydra's run)."""
     from omegaconf import OmegaConf
 
     try:
@@ -116,9 +119,20 @@ def config_data_problem(cfg: Any) -> str | None:
         return None
     try:
         problem = unavailable_files(dataset, str(root), download)
+        files = {split: Path(str(root)) / spec["path"] for split, spec in dataset["files"].items()}
     except (TypeError, KeyError, AttributeError):  # a malformed files entry: the run's own checks name it
         return None
-    return None if problem is None else str(problem)
+    if problem is not None:
+        return str(problem)
+    there = [(split, path) for split, path in files.items() if path.exists()]
+    for i, (split, path) in enumerate(there):
+        same = next((other for other, where in there[:i] if os.path.samefile(where, path)), None)
+        if same is not None:  # checked again, by content, as the run reads them (check_disjoint)
+            return (
+                f"dataset {dataset.get('name')!r}: the {same} and {split} files are the same file ({path}): {split} scores "
+                f"would be {same} scores; name another file (dataset.files.{split}.path)"
+            )
+    return None
 
 
 def _missing_files(dataset: Mapping, root: Path, failures: list[str]) -> MissingDataError:
@@ -233,6 +247,7 @@ def load_dataset(dataset: Mapping, root: str | os.PathLike, download: bool = Tru
     ``carve_dev``: the speed benchmark trains on the whole training file, as CRFsuite's does)."""
     paths = resolve_files(dataset, root, download)
     splits = {split: read_split(path, dataset) for split, path in paths.items()}
+    check_disjoint(dataset.get("name"), splits, paths)
     columns = list(dataset["columns"])
     if dataset["label"] not in columns:
         raise ValueError(f"dataset {dataset['name']!r}: label column {dataset['label']!r} is not among {columns}")
@@ -251,6 +266,34 @@ def load_dataset(dataset: Mapping, root: str | os.PathLike, download: bool = Tru
         splits["dev"] = [train[i] for i in held]
     scheme = dataset.get("scheme", "none")
     return Dataset(dataset["name"], splits, columns, dataset["label"], scheme, word_column(dataset), tokenisation(dataset))
+
+
+SHARED_REFUSED, SHARED_WARNED = 0.5, 0.2  # shares of an evaluation split's sentences found in an earlier split
+
+
+def check_disjoint(name: str | None, splits: Mapping[str, list], paths: Mapping[str, Path]) -> None:
+    """Refuse (SettingsError) an evaluation split (dev, test) of which at least half the sentences
+    (:data:`SHARED_REFUSED`) also occur in an earlier split of ``splits`` (train, then dev), as read
+    from the files ``paths``: a dev file that is the test file, a test file that is the training
+    file; its scores would measure memory, or tune on the test set. A smaller share above
+    :data:`SHARED_WARNED` is a warning with the count (repeated short sentences are common)."""
+    keys = {split: [tuple(map(tuple, sentence)) for sentence in sentences] for split, sentences in splits.items()}
+    order = [split for split in ("train", "dev", "test") if split in keys]
+    for i, later in enumerate(order[1:], start=1):
+        for earlier in order[:i]:
+            seen = set(keys[earlier])
+            shared = sum(key in seen for key in keys[later])
+            total = len(keys[later])
+            if not total or shared < SHARED_WARNED * total:
+                continue
+            what = (f"dataset {name!r}: {shared} of the {total} sentences of the {later} file {paths[later]} "
+                    f"({100 * shared / total:.0f}%) also occur in the {earlier} file {paths[earlier]}")  # fmt: skip
+            if shared >= SHARED_REFUSED * total:
+                raise SettingsError(
+                    f"{what}: {later} scores would measure memory, not generalisation; name disjoint files "
+                    f"(dataset.files.{later}.path)"
+                )
+            log.warning("%s: its scores are partly on sentences seen before", what)
 
 
 # how a dataset format's word tokens were made: XML sequences split each field's text on whitespace
