@@ -413,8 +413,10 @@ class OptunaSweeper(Sweeper):
             returns = self._run_async(study, space, sweep_dir)
         else:
             returns = self._run_batches(study, space, sweep_dir)
-        self._report(study, url, sweep_dir)
+        completed = self._report(study, url, sweep_dir)
         self._close_record(study)
+        if not completed:  # nothing to choose or register: as for a grid whose jobs all failed, no success
+            raise SystemExit(1)
         return returns
 
     def _record_sweeper(self, study: Any) -> None:
@@ -671,9 +673,10 @@ class OptunaSweeper(Sweeper):
         log.info("trial %d (%s): %s %.4f", trial.number, what, self.metric or "dev score", float(value))
         return "COMPLETE"
 
-    def _report(self, study: Any, url: str, sweep_dir: Path) -> None:
+    def _report(self, study: Any, url: str, sweep_dir: Path) -> bool:
         """This sweep's best trial and the count of each state of its trials (and the study's best
-        when another sweep of it did better), logged and written to ``optuna_results.yaml``."""
+        when another sweep of it did better), logged and written to ``optuna_results.yaml``; False
+        when no trial of this sweep completed (an error line says so)."""
         from optuna.trial import TrialState
 
         from pipeline.sweeps import search
@@ -706,9 +709,10 @@ class OptunaSweeper(Sweeper):
                 ", ".join(f"{n} {k}" for k, n in counts.items()),
             )
         else:
-            log.warning("no trial completed (%s)", ", ".join(f"{n} {k}" for k, n in counts.items()))
+            log.error("no trial completed (%s): the sweep has no result", ", ".join(f"{n} {k}" for k, n in counts.items()))
         OmegaConf.save(OmegaConf.create(results), sweep_dir / RESULTS_FILE)
         self._record_on_parent_run(study.study_name, url, sweep_dir / RESULTS_FILE)
+        return bool(complete)
 
     def _record_on_parent_run(self, study_name: str, url: str, results: Path | None = None) -> None:
         """Tag the sweep's MLflow parent run (made by the project's sweep callback, which leaves its id

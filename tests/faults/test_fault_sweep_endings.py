@@ -143,3 +143,16 @@ def test_a_sigterm_as_the_sweep_ends_is_no_success(tmp_path, monkeypatch, caplog
     assert _error_line(caplog) == "[sweep s1] stopped by SIGTERM as it ended: its parent run is FAILED and nothing was registered"
     run = client.get_run(parent.info.run_id)
     assert run.info.status == "FAILED" and run.data.tags[END_REASON_TAG] == "stopped by SIGTERM"
+
+
+def test_an_optuna_sweep_in_which_no_trial_completed_is_no_success(tmp_path, caplog):
+    """Two trials whose worker processes were killed (as by the out-of-memory killer: fewer than the
+    three in a row that stop a sweep): "no trial completed" was a warning and the exit status 0 (L12)."""
+    from test_fault_optuna_study import _DyingLauncher, _study, _sweeper
+
+    sweeper = _sweeper(tmp_path, n_trials=2)
+    sweeper.launcher = _DyingLauncher()
+    with caplog.at_level(logging.ERROR), pytest.raises(SystemExit) as ended:
+        sweeper.sweep([])
+    assert ended.value.code == 1 and len(_study(tmp_path).get_trials()) == 2
+    assert _error_line(caplog) == "no trial completed (0 complete, 0 pruned, 2 fail): the sweep has no result"
