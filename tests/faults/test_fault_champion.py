@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import threading
 from pathlib import Path
 
@@ -74,9 +75,11 @@ def test_the_champion_alias_only_moves_to_a_model_at_least_as_good_on_the_same_d
     assert "other evaluation data" in other.tags[DECISION_TAG]
     assert str(client.get_model_version_by_alias("tiny", "champion").version) == "1"
 
-    # the dev split is carved from the train file: training on the test file (dev carved from it,
-    # scores far higher) is other evaluation data, as is another column layout under the same label
-    for version, extra in (("4", "dataset.files.train.path=conll2000/test.txt.gz"), ("5", "dataset.columns=[w,chunk,pos]")):
+    # the dev split is carved from the train file: another training file (another dev carved from it)
+    # is other evaluation data, as is another column layout under the same label
+    other_train = write_corpus(tmp_path / "other", n_train=80, n_test=1, seed=5) / "conll2000" / "train.txt.gz"
+    shutil.copy(other_train, tmp_path / "data" / "conll2000" / "other.txt.gz")
+    for version, extra in (("4", "dataset.files.train.path=conll2000/other.txt.gz"), ("5", "dataset.columns=[w,chunk,pos]")):
         run(extra)
         other = client.get_model_version("tiny", version)
         assert "other evaluation data" in other.tags[DECISION_TAG], extra

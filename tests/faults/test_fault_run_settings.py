@@ -87,8 +87,8 @@ def test_a_dev_split_that_leaves_no_training_sentence_is_a_settings_error(tmp_pa
     from pipeline.stages.data import load_dataset
 
     (tmp_path / "t").mkdir()
-    for split in ("train", "test"):
-        (tmp_path / "t" / f"{split}.txt").write_text("a B-NP\nb I-NP\n")
+    for split, word in (("train", "a"), ("test", "c")):
+        (tmp_path / "t" / f"{split}.txt").write_text(f"{word} B-NP\nb I-NP\n")
     dataset = {
         "name": "t", "format": "conll", "columns": ["w", "chunk"], "label": "chunk", "dev_split": {"fraction": 0.1, "seed": 1},
         "files": {"train": {"path": "t/train.txt"}, "test": {"path": "t/test.txt"}},
