@@ -57,6 +57,30 @@ def _mlflow_schema_from_a_template():
 
 
 @pytest.fixture(scope="session", autouse=True)
+def _sqlite_commits_without_waiting_for_the_disk():
+    """SQLite databases opened through SQLAlchemy in this test process (MLflow's stores, Optuna's studies)
+    commit without waiting for the disk (``PRAGMA synchronous=OFF``): a tiny pipeline run makes about 120
+    commits, each a ~5 ms wait for the disk to sync (about 0.7 s of a 2.3 s run), and the tests read
+    nothing of it. Only durability after a power loss or an operating-system crash differs; what a commit
+    writes, the locks between processes and what a killed process leaves are the same. Child processes
+    (which the tests about processes start) are not affected and sync as users' processes do."""
+    import sqlite3
+
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    def no_sync(connection, _record) -> None:
+        if isinstance(connection, sqlite3.Connection):
+            connection.execute("PRAGMA synchronous=OFF")
+
+    event.listen(Engine, "connect", no_sync)
+    try:
+        yield
+    finally:
+        event.remove(Engine, "connect", no_sync)
+
+
+@pytest.fixture(scope="session", autouse=True)
 def _cheaper_hydra_compositions():
     """Hydra compositions in this test process take the shortcuts of
     :func:`pipeline_helpers.composition_shortcuts` (YAML parsed once per text, the ConfigStore shared):
@@ -210,9 +234,10 @@ def word_class_corpus(seed: int, n: int, n_words: int, lengths: tuple[int, int],
 # pytest-xdist hands out whole files; by default it orders them by their number of tests, which puts the files of
 # one or two long tests (full-data trainings, servers, multiruns) last, where a 100 s file on one worker leaves the
 # other idle. Workers instead receive the files longest first (greedy longest-processing-time order), estimated from
-# these per-test seconds measured on a quiet 2-core machine (the CI log of the whole suite), 10 s for any other slow
-# test and 0.3 s for any other test. The figures only order the files: a stale one costs some balance, never a result.
-# A run without xdist keeps pytest's own order.
+# these per-test seconds measured on a quiet 2-core machine (the CI log of the whole suite) and 10 s for any other slow
+# test; a test that is not slow costs its file's share of FAST_FILE_SECONDS below, or 0.05 s in a file not listed
+# there. The figures only order the files: a stale one costs some balance, never a result. A run without xdist keeps
+# pytest's own order.
 MEASURED_SECONDS = {
     "tests/crf/test_references.py::test_core_trained_crf_on_gold": 102,
     "tests/crf/test_conll2000.py::test_chunk_f1_reaches_93": 101,  # the module fixture trains the model
@@ -237,11 +262,68 @@ MEASURED_SECONDS = {
 }
 
 
+# The tests that are not slow, per file: (CPU-seconds of all of them, how many there are), measured with the fast tier
+# (`-m "not slow"`) on two workers; files under 1 s are not listed (their tests average 0.02 s). Counting every fast
+# test as alike put files of a few long tests (a pipeline run each) last, where one left a worker busy 15 s alone.
+FAST_FILE_SECONDS = {
+    "tests/faults/test_fault_sweep_preflight.py": (37.0, 62),
+    "tests/faults/test_fault_champion.py": (22.9, 23),
+    "tests/pipeline/engine/test_pipeline.py": (16.1, 16),
+    "tests/crf/test_second_order_crf.py": (15.5, 50),
+    "tests/pipeline/apps/test_benchmark.py": (14.8, 7),
+    "tests/pipeline/sweeps/test_reg_path.py": (14.1, 3),
+    "tests/faults/test_fault_tag_contracts.py": (13.6, 86),
+    "tests/faults/test_fault_clusters.py": (12.9, 48),
+    "tests/pipeline/models/test_adapters.py": (11.8, 6),
+    "tests/crf/test_sklearn.py": (11.4, 38),
+    "tests/pipeline/apps/test_tag_command.py": (11.2, 15),
+    "tests/faults/test_fault_optuna_study.py": (11.2, 21),
+    "tests/faults/test_fault_degenerate.py": (10.8, 6),
+    "tests/pipeline/engine/test_cache_keys.py": (10.6, 8),
+    "tests/faults/test_fault_pipeline.py": (10.0, 4),
+    "tests/pipeline/sweeps/test_optuna_sweeper.py": (9.8, 54),
+    "tests/faults/test_fault_tracking.py": (9.8, 22),
+    "tests/faults/test_fault_settings.py": (9.4, 58),
+    "tests/faults/test_fault_model_files.py": (9.1, 114),
+    "tests/pipeline/stages/test_semi_supervised.py": (6.7, 6),
+    "tests/faults/test_fault_tag.py": (6.4, 61),
+    "tests/pipeline/stages/test_final_fit.py": (6.1, 4),
+    "tests/pipeline/engine/test_run_pages.py": (4.5, 5),
+    "tests/pipeline/stages/test_evaluate_fields.py": (4.3, 10),
+    "tests/faults/test_fault_run_settings.py": (4.2, 24),
+    "tests/faults/test_fault_warm_start.py": (4.2, 60),
+    "tests/crf/test_hmm.py": (4.0, 23),
+    "tests/crf/test_chain.py": (3.4, 53),
+    "tests/pipeline/models/test_second_order_pipeline.py": (3.2, 4),
+    "tests/crf/test_per_call.py": (3.1, 25),
+    "tests/crf/test_bundle.py": (3.0, 19),
+    "tests/crf/test_clusters.py": (2.6, 10),
+    "tests/pipeline/sweeps/test_grid_preflight.py": (2.5, 5),
+    "tests/pipeline/stages/test_ner_datasets.py": (2.3, 4),
+    "tests/pipeline/stages/test_clusters_stage.py": (2.3, 6),
+    "tests/faults/test_fault_inputs.py": (2.0, 40),
+    "tests/test_import_cycles.py": (1.7, 6),
+    "tests/pipeline/sweeps/test_launchers.py": (1.6, 3),
+    "tests/crf/test_partial_labels.py": (1.5, 9),
+    "tests/pipeline/engine/test_run_store.py": (1.3, 4),
+    "tests/pipeline/stages/test_active_learning.py": (1.2, 11),
+    "tests/pipeline/tracking/test_mlflow_model.py": (1.1, 5),
+    "tests/crf/test_pycrfsuite.py": (1.1, 50),
+    # files new on main (measured there in one process; test_fault_objective.py's figure includes that process's imports)
+    "tests/faults/test_fault_sweep_data.py": (3.6, 4),
+    "tests/faults/test_fault_objective.py": (2.3, 19),
+    "tests/faults/test_fault_sweep_endings.py": (1.2, 7),
+}
+
+
 def _expected_seconds(item) -> float:
     base = item.nodeid.split("[", 1)[0]
     if base in MEASURED_SECONDS:
         return MEASURED_SECONDS[base]
-    return 10.0 if item.get_closest_marker("slow") else 0.3
+    if item.get_closest_marker("slow"):
+        return 10.0
+    seconds, count = FAST_FILE_SECONDS.get(item.nodeid.split("::", 1)[0], (0.05, 1))
+    return seconds / count
 
 
 def pytest_configure(config):
