@@ -219,6 +219,14 @@ def _check_dataset(cfg: DictConfig) -> None:
     if observation is not None and observation not in columns:
         raise SettingsError(f"bad setting dataset.hmm.observation={observation!r}: not one of the columns {columns}")
     _check_dev_split(dataset.get("dev_split"))
+    files = dataset.get("files")
+    dev_file = files.get("dev") if isinstance(files, Mapping) else None
+    if dataset.get("dev_split") is not None and dev_file is not None:  # the split would be ignored
+        where = dev_file.get("path") if isinstance(dev_file, Mapping) else dev_file
+        raise SettingsError(
+            f"bad setting dataset.dev_split: dataset {dataset.get('name')!r} has a dev file ({where}), which is its dev "
+            "split; set dataset.files.dev=null as well to carve the dev split from the training file instead"
+        )
     prefix = dataset.get("comment_prefix")
     if prefix is not None and (not isinstance(prefix, str) or not prefix):
         raise SettingsError(f"bad setting dataset.comment_prefix={prefix!r}: a non-empty string, or null for none")

@@ -64,6 +64,12 @@ def _download(url: str, target: Path, timeout: float) -> None:
         atomic_write(target, lambda out: shutil.copyfileobj(response, out))
 
 
+def dataset_files(dataset: Mapping) -> dict[str, Mapping]:
+    """The files of ``dataset`` by split (``files``: split -> ``path`` and optional ``url`` and
+    ``sha256``), without a split set to null (``dataset.files.dev=null``: no dev file)."""
+    return {split: spec for split, spec in dataset["files"].items() if spec is not None}
+
+
 def unavailable_files(dataset: Mapping, root: str | os.PathLike, download: bool = True) -> MissingDataError | None:
     """The error for files of ``dataset`` that no download can provide; reads no file and
     downloads nothing, so that a run can be refused before it starts.
@@ -86,7 +92,7 @@ def unavailable_files(dataset: Mapping, root: str | os.PathLike, download: bool 
     """
     root = Path(root).absolute()
     missing = []
-    for split, spec in dataset["files"].items():
+    for split, spec in dataset_files(dataset).items():
         path = root / spec["path"]
         try:
             check_input_file(path, expected=f"the {split} file of dataset {dataset.get('name')!r}")
@@ -119,7 +125,7 @@ def config_data_problem(cfg: Any) -> str | None:
         return None
     try:
         problem = unavailable_files(dataset, str(root), download)
-        files = {split: Path(str(root)) / spec["path"] for split, spec in dataset["files"].items()}
+        files = {split: Path(str(root)) / spec["path"] for split, spec in dataset_files(dataset).items()}
     except (TypeError, KeyError, AttributeError):  # a malformed files entry: the run's own checks name it
         return None
     if problem is not None:
@@ -156,7 +162,7 @@ def resolve_files(dataset: Mapping, root: str | os.PathLike, download: bool = Tr
     root = Path(root).absolute()
     paths: dict[str, Path] = {}
     failures: list[str] = []
-    for split, spec in dataset["files"].items():
+    for split, spec in dataset_files(dataset).items():
         path = root / spec["path"]
         if not path.is_file():
             try:

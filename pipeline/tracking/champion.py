@@ -77,6 +77,8 @@ def evaluation_key(dataset: Mapping[str, Any], file_digests: Mapping[str, str] |
     picked = {k: v for k, v in dataset.items() if k not in _NOT_EVALUATION and k != "files"}
     files = {}
     for split, spec in dict(dataset.get("files") or {}).items():
+        if spec is None:  # dataset.files.<split>=null: no such file
+            continue
         digest = (file_digests or {}).get(f"file:{split}")
         checksum = spec.get("sha256")  # hex digits in either case are one checksum
         files[split] = {"content": digest} if digest else {"path": spec.get("path"), "sha256": checksum and str(checksum).lower()}

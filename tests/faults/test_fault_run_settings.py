@@ -55,6 +55,11 @@ def _refused(overrides: list[str], stages: tuple[str, ...] = ("prepare", "featur
         (["seed=-1"], "bad setting seed=-1: must be an integer >= 0"),
         (["dataset.dev_split.seed=-3"], "bad setting dataset.dev_split.seed=-3: must be an integer >= 0"),
         (["features.templates=[]"], "bad setting features.templates=[]: the feature set has no template and no numeric column"),
+        # a dev split beside a dev file was ignored, while the run's name and keys changed (L15)
+        (
+            ["dataset=ud_english_ewt_upos", "features=pos", "dataset.dev_split={fraction: 0.1, seed: 1}"],
+            "bad setting dataset.dev_split: dataset 'ud_english_ewt_upos' has a dev file (ud_english_ewt/en_ewt-ud-dev.conllu)",
+        ),
     ],
 )
 def test_a_setting_that_hands_the_model_its_answers_or_no_dev_set_is_refused(overrides, message):
@@ -71,6 +76,7 @@ def test_the_shipped_datasets_and_their_feature_sets_pass():
         ["dataset=anystyle", "features=references"],
         ["dataset.dev_split.fraction=0.5", "dataset.dev_split.seed=3"],
         ["dataset.dev_split.fraction='0.2'", "dataset.dev_split.seed='7'"],  # text, as ${oc.env:...} gives it
+        ["dataset=ud_english_ewt_upos", "features=pos", "dataset.dev_split={fraction: 0.1, seed: 1}", "dataset.files.dev=null"],
     ):
         validate_settings(compose_config(overrides), stages)
 
@@ -145,3 +151,20 @@ def test_a_view_or_lexicon_is_added_with_a_plus_as_named_data():
         validate_settings(composed(["+features.views.lab={column: chunk}", "features.templates=['lab[0]']"]), stages)
     with pytest.raises(SettingsError, match=r"^bad setting \+trainer.c22: trainer has no key 'c22'"):
         validate_settings(composed(["+trainer.c22=1"]), stages)
+
+
+def test_a_split_set_to_null_has_no_file(tmp_path):
+    """``dataset.files.dev=null`` (to carve the dev split from train instead) read as "no dev file",
+    not as a file entry without a path (a TypeError inside prepare)."""
+    from pipeline_helpers import write_corpus
+
+    from pipeline.stages.data import config_data_problem, load_dataset
+
+    root = write_corpus(tmp_path / "data", n_train=20, n_test=5)
+    checksums = ["dataset.files.train.sha256=null", "dataset.files.test.sha256=null"]
+    cfg = compose_config([f"data.root={root}", "data.download=false", "+dataset.files.dev=null", *checksums])
+    assert config_data_problem(cfg) is None
+    from omegaconf import OmegaConf
+
+    data = load_dataset(OmegaConf.to_container(cfg.dataset, resolve=True), root, download=False)
+    assert len(data.splits["dev"]) + len(data.splits["train"]) == 20 and len(data.splits["test"]) == 5
