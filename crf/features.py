@@ -294,6 +294,11 @@ def _is_head(word: str, loose: bool) -> bool:
     return not loose or (word.lower() not in _NOT_HEADS and not _ROMAN.match(word))
 
 
+class NumericValueError(ValueError):
+    """A cell of a numeric feature column that is no finite number, or too large; names the column,
+    the sentence and the token (counted from 0)."""
+
+
 @dataclass
 class ViewSpec:
     """How to compute one view: ``fn`` applied to ``column`` (``n`` for affixes and lengths).
@@ -736,12 +741,12 @@ class FeatureExtractor:
             parsed = pd.to_numeric(pd.Series(corpus.columns[name]), errors="coerce").to_numpy(dtype=np.float64)
             bad = np.flatnonzero(~np.isfinite(parsed))
             if bad.size:
-                raise ValueError(
+                raise NumericValueError(
                     f"numeric column {name!r}: {corpus.where(bad[0])} has the non-numeric value {corpus.columns[name][bad[0]]!r}"
                 )
             large = np.flatnonzero(np.abs(parsed) >= TOO_LARGE)
             if large.size:  # one such score drowns the rest of its sentence
-                raise ValueError(
+                raise NumericValueError(
                     f"numeric column {name!r}: {corpus.where(large[0])} has the value {parsed[large[0]]:g}, too large "
                     f"(the limit is {TOO_LARGE:g}): scale it"
                 )

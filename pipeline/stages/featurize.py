@@ -10,8 +10,9 @@ directory. Output folder: ``extractor.npz`` (the fitted vocabulary, see
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,7 +23,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from crf import ModelFileError, load_arrays, save_arrays
 from crf.batch import SequenceBatch
-from crf.features import FeatureExtractor, template_views
+from crf.features import FeatureExtractor, NumericValueError, template_views
 from pipeline.engine.cache import file_sha256
 from pipeline.engine.stage import BaseStage, StageContext
 from pipeline.engine.validate import SettingsError, check_template_names
@@ -238,12 +239,14 @@ class Featurize(BaseStage):
             features = clusters.expanded(features, None)
         clusters.copy_paths_file(features, out)
         extractor = build_extractor(features, data.columns)
-        extractor.fit(data.splits["train"])
+        with _numeric_cells("train", data.name):
+            extractor.fit(data.splits["train"])
         save_extractor(out / "extractor.npz", extractor)
         metrics = {"attributes": extractor.n_attributes}
         for split in (s for s in SPLITS if data.splits[s]):  # data.final_fit=train+dev: no dev split, no dev matrix
             began = time.perf_counter()
-            batch = extractor.transform(data.splits[split])
+            with _numeric_cells(split, data.name):
+                batch = extractor.transform(data.splits[split])
             metrics[f"{split}_feature_seconds"] = time.perf_counter() - began
             sp.save_npz(out / f"X_{split}.npz", batch.X, compressed=False)
             np.save(out / f"offsets_{split}.npy", batch.offsets)
@@ -251,6 +254,19 @@ class Featurize(BaseStage):
             metrics[f"{split}_attributes_per_token"] = batch.X.nnz / max(batch.n_tokens, 1)
         write_json(out / "features.json", metrics)
         return metrics
+
+
+@contextlib.contextmanager
+def _numeric_cells(split: str, dataset: str) -> Iterator[None]:
+    """A numeric feature column's bad cell (NumericValueError), found before any training, as a
+    one-line error naming the split (exit status 2), not a traceback."""
+    try:
+        yield
+    except NumericValueError as error:
+        raise SettingsError(
+            f"the {split} split of dataset {dataset!r} (as prepared): {error}; fix the file, or leave the column out of "
+            "features.numeric"
+        ) from None
 
 
 STAGE = Featurize()
