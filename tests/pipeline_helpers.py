@@ -144,3 +144,17 @@ def composition_shortcuts(on: bool):
             StructuredConfigSource.__deepcopy__ = saved_copy
         elif "__deepcopy__" in StructuredConfigSource.__dict__:
             del StructuredConfigSource.__deepcopy__
+
+
+def refused_line(call, caplog) -> str:
+    """The one line (ERROR, and no WARNING beside it) that ``call()`` logs as it exits with code 2."""
+    import logging
+
+    import pytest
+
+    caplog.clear()
+    with caplog.at_level(logging.WARNING), pytest.raises(SystemExit) as ended:
+        call()
+    lines = [r.getMessage() for r in caplog.records if r.levelname in ("ERROR", "WARNING")]
+    assert ended.value.code == 2 and len(lines) == 1 and "\n" not in lines[0], lines
+    return lines[0]

@@ -35,12 +35,6 @@ from pipeline.tracking.champion import (  # noqa: E402
 )
 
 
-@pytest.fixture(autouse=True)
-def _no_ambient_tracking(monkeypatch):
-    for name in ("MLFLOW_TRACKING_URI", "CRF_SWEEP_PARENT_RUN_ID", "CRF_SWEEP_ID"):
-        monkeypatch.delenv(name, raising=False)
-
-
 def _registering_runs(tmp_path):
     """``run(*overrides)``: one tiny pipeline run that registers its model as ``tiny``; the
     registry's client after it."""

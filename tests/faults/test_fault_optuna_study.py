@@ -44,12 +44,6 @@ PROJECT = Path(__file__).resolve().parents[2]
 SPACE = {"x": "choice(a, b)"}
 
 
-@pytest.fixture(autouse=True)
-def _no_ambient_tracking(monkeypatch):
-    for name in ("MLFLOW_TRACKING_URI", "CRF_SWEEP_PARENT_RUN_ID", "CRF_SWEEP_ID"):
-        monkeypatch.delenv(name, raising=False)
-
-
 class _Launcher:
     """Runs no job: each returns 1.0 at once, and the overrides it was given are kept."""
 

@@ -24,12 +24,6 @@ from pipeline.engine.cache import MANIFEST  # noqa: E402
 STAGES = ("prepare", "featurize", "train", "evaluate")
 
 
-@pytest.fixture(autouse=True)
-def _no_ambient_tracking(monkeypatch):
-    for variable in ("MLFLOW_TRACKING_URI", "CRF_SWEEP_PARENT_RUN_ID", "CRF_SWEEP_ID"):
-        monkeypatch.delenv(variable, raising=False)
-
-
 @pytest.fixture(scope="module")
 def data_root(tmp_path_factory) -> Path:
     return write_corpus(tmp_path_factory.mktemp("faults") / "data", n_train=40, n_test=10)

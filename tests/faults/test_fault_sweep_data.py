@@ -14,16 +14,10 @@ import optuna  # noqa: E402
 import pytest  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 from omegaconf import open_dict  # noqa: E402
-from pipeline_helpers import CONF_DIR, tiny_overrides, write_corpus  # noqa: E402
+from pipeline_helpers import CONF_DIR, refused_line, tiny_overrides, write_corpus  # noqa: E402
 
 from pipeline.sweeps.callback import SweepTracking, check_sweeper_settings  # noqa: E402
 from pipeline.sweeps.grid_preflight import BASIC_SWEEPER  # noqa: E402
-
-
-@pytest.fixture(autouse=True)
-def _no_ambient_tracking(monkeypatch):
-    for name in ("MLFLOW_TRACKING_URI", "CRF_SWEEP_PARENT_RUN_ID", "CRF_SWEEP_ID"):
-        monkeypatch.delenv(name, raising=False)
 
 
 @pytest.fixture(scope="module")
@@ -43,20 +37,11 @@ def _multirun(root, out, task: list[str], sweeper: str = "basic"):
     return config
 
 
-def _refused(call, caplog) -> str:
-    caplog.clear()
-    with caplog.at_level(logging.WARNING), pytest.raises(SystemExit) as ended:
-        call()
-    lines = [r.getMessage() for r in caplog.records if r.levelname in ("ERROR", "WARNING")]
-    assert ended.value.code == 2 and len(lines) == 1 and "\n" not in lines[0], lines
-    return lines[0]
-
-
 def test_a_grid_job_whose_data_file_is_missing_ends_the_sweep_before_its_parent_run(data_root, tmp_path, caplog):
     missing = "dataset.files.train.path=conll2000/train.txt.gz,conll2000/nosuch.txt.gz"
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         config = _multirun(data_root, tmp_path / "out", [missing])
-        line = _refused(lambda: SweepTracking().on_multirun_start(config), caplog)
+        line = refused_line(lambda: SweepTracking().on_multirun_start(config), caplog)
     assert line.startswith("sweep job #1 (") and "dataset.files.train.path=conll2000/nosuch.txt.gz" in line, line
     assert f"missing files under data root {data_root}: {data_root / 'conll2000' / 'nosuch.txt.gz'}." in line
     assert line.endswith("; no job was run")
@@ -67,14 +52,14 @@ def test_a_grid_job_whose_data_file_is_a_folder_is_named(data_root, tmp_path, ca
     (data_root / "conll2000" / "folder.txt").mkdir(exist_ok=True)
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         config = _multirun(data_root, tmp_path / "out", ["dataset.files.test.path=conll2000/folder.txt,conll2000/test.txt.gz"])
-        line = _refused(lambda: check_sweeper_settings(config), caplog)
+        line = refused_line(lambda: check_sweeper_settings(config), caplog)
     assert line.startswith("sweep job #0 (") and "folder.txt" in line and "is a directory" in line, line
 
 
 def test_an_optuna_sweep_on_missing_data_ends_before_its_parent_run(tmp_path, caplog):
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         config = _multirun(tmp_path / "empty", tmp_path / "out", [], sweeper="optuna")
-        line = _refused(lambda: SweepTracking().on_multirun_start(config), caplog)
+        line = refused_line(lambda: SweepTracking().on_multirun_start(config), caplog)
     assert line.startswith("dataset 'conll2000': missing files under data root") and "no job was run" in line, line
     assert not (tmp_path / "out" / "mlflow.db").exists()  # no store, so no parent run
     studies = optuna.get_all_study_summaries(f"sqlite:///{tmp_path / 'out' / 'optuna.db'}")  # the storage its check opened

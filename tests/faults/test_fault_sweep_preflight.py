@@ -24,29 +24,13 @@ from hydra.core.global_hydra import GlobalHydra  # noqa: E402
 from mlflow.entities import ViewType  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 from omegaconf import open_dict  # noqa: E402
-from pipeline_helpers import CONF_DIR, tiny_overrides  # noqa: E402
+from pipeline_helpers import CONF_DIR, refused_line, tiny_overrides  # noqa: E402
 
 from hydra_plugins.crf_optuna_sweeper.optuna_sweeper import OptunaSweeper  # noqa: E402
 from pipeline.engine.stage import load_stages  # noqa: E402
 from pipeline.engine.validate import SettingsError  # noqa: E402
 from pipeline.sweeps import search  # noqa: E402
 from pipeline.sweeps.grid_preflight import BASIC_SWEEPER, check_grid_jobs, composition_problem  # noqa: E402
-
-
-@pytest.fixture(autouse=True)
-def _no_ambient_tracking(monkeypatch):
-    for name in ("MLFLOW_TRACKING_URI", "CRF_SWEEP_PARENT_RUN_ID", "CRF_SWEEP_ID"):
-        monkeypatch.delenv(name, raising=False)
-
-
-def _refused(call, caplog) -> str:
-    """The one ERROR line ``call()`` logs as it exits with code 2."""
-    caplog.clear()
-    with caplog.at_level(logging.WARNING), pytest.raises(SystemExit) as ended:
-        call()
-    errors = [r.getMessage() for r in caplog.records if r.levelname in ("ERROR", "WARNING")]
-    assert ended.value.code == 2 and len(errors) == 1 and "\n" not in errors[0], errors
-    return errors[0]
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +83,7 @@ def _grid(task: list[str], base):
 )  # fmt: skip
 def test_a_grid_job_a_single_run_would_refuse_ends_the_sweep_before_any_job(grid_base, caplog, task, message):
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        line = _refused(lambda: check_grid_jobs(_grid(task, grid_base)), caplog)
+        line = refused_line(lambda: check_grid_jobs(_grid(task, grid_base)), caplog)
     assert message in line
 
 
@@ -197,24 +181,24 @@ def test_an_optuna_trial_a_single_run_would_refuse_ends_the_sweep_before_any_tri
     task = [t for t in task if not t.startswith("metric=")]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         sweeper = _optuna(tmp_path, params, task, metric=metric)
-        line = _refused(lambda: sweeper.sweep(_arguments(tmp_path, task)), caplog)
+        line = refused_line(lambda: sweeper.sweep(_arguments(tmp_path, task)), caplog)
     assert message in line
     assert not list(tmp_path.rglob("optuna.db"))  # no study
 
 
-def test_warm_start_keys_the_config_lacks_are_refused(tmp_path, caplog):
+def test_warm_start_keys_the_config_lacks_arerefused_line(tmp_path, caplog):
     # a key no config has: every trial would differ from every finished one in it, so none would warm-start (F7)
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         params = {"trainer.c2": "interval(0.1, 1)"}
         sweeper = _optuna(tmp_path, params, warm_start_keys=["trainer.c2", "nosuch", "trainer.nosuch"])
-        line = _refused(lambda: sweeper.sweep(_arguments(tmp_path, [])), caplog)
+        line = refused_line(lambda: sweeper.sweep(_arguments(tmp_path, [])), caplog)
         assert line.endswith("hydra.sweeper.warm_start_keys: nosuch, trainer.nosuch is not a key of the config"), line
         assert not list(tmp_path.rglob("optuna.db"))
         good = _optuna(tmp_path, params, warm_start_keys=["trainer.c2", "trainer.max_iterations", "model.order"])
         good._checked(_arguments(tmp_path, []))
 
 
-def test_a_study_resumed_on_other_evaluation_data_is_refused(tmp_path, caplog):
+def test_a_study_resumed_on_other_evaluation_data_isrefused_line(tmp_path, caplog):
     # the sampler learnt from scores that do not compare, and the study's best trial was of other data (G7)
     params = {"trainer.c2": "interval(0.1, 1)"}
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
@@ -226,7 +210,7 @@ def test_a_study_resumed_on_other_evaluation_data_is_refused(tmp_path, caplog):
             (["dataset.name=other"], "another dataset"),
         ):
             other = _optuna(tmp_path, params, task, study_name="s")
-            line = _refused(lambda other=other, task=task: other.sweep(_arguments(tmp_path, task)), caplog)
+            line = refused_line(lambda other=other, task=task: other.sweep(_arguments(tmp_path, task)), caplog)
             assert "study 's' in sqlite:///" in line and "measured its trials on dataset conll2000 (" in line, line
             assert f"{changed}), so their scores do not compare: choose another hydra.sweeper.study_name" in line, line
         # the same evaluation data on a smaller training fraction resumes the study
@@ -242,7 +226,7 @@ def test_a_study_storage_that_is_the_mlflow_store_is_refused_before_anything_is_
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         for storage in (f"sqlite:///{store}", f"sqlite:///{tmp_path}/out/../out/mlflow.db"):
             sweeper = _optuna(tmp_path, params, storage=storage)
-            line = _refused(lambda sweeper=sweeper: sweeper.sweep(_arguments(tmp_path, [])), caplog)
+            line = refused_line(lambda sweeper=sweeper: sweeper.sweep(_arguments(tmp_path, [])), caplog)
             assert line.endswith(
                 "is the database of MLflow's tracking store, which Optuna's tables would break; name another "
                 "database (by default the study lives in optuna.db beside the store)"
@@ -250,7 +234,7 @@ def test_a_study_storage_that_is_the_mlflow_store_is_refused_before_anything_is_
         assert not store.exists()
         monkeypatch.setenv("MLFLOW_REGISTRY_URI", f"sqlite:///{tmp_path / 'registry.db'}")
         sweeper = _optuna(tmp_path, params, storage=f"sqlite:///{tmp_path / 'registry.db'}")
-        assert "MLflow's registry store" in _refused(lambda: sweeper.sweep(_arguments(tmp_path, [])), caplog)
+        assert "MLflow's registry store" in refused_line(lambda: sweeper.sweep(_arguments(tmp_path, [])), caplog)
         assert not (tmp_path / "registry.db").exists()
         _optuna(tmp_path, params, storage=f"sqlite:///{tmp_path / 'study.db'}")._checked(_arguments(tmp_path, []))
     assert search._same_database("postgresql+psycopg://u:p@db:5432/mlflow", "postgresql://u@db:5432/mlflow")
@@ -276,12 +260,12 @@ def test_the_optuna_trials_checked_cover_every_choice_and_range_end():
     }
 
 
-def test_optuna_values_that_are_bad_only_together_are_refused(tmp_path, caplog):
+def test_optuna_values_that_are_bad_only_together_arerefused_line(tmp_path, caplog):
     params = {"model.transition_smoothing": "choice(interpolation, add-k)", "model.k": "choice(0.1, 0)"}
     task = ["model=hmm"]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         sweeper = _optuna(tmp_path, params, task)
-        line = _refused(lambda: sweeper.sweep(_arguments(tmp_path, task)), caplog)
+        line = refused_line(lambda: sweeper.sweep(_arguments(tmp_path, task)), caplog)
     assert "model.transition_smoothing=add-k" in line and "model.k=0" in line
     assert not list(tmp_path.rglob("optuna.db"))
 
@@ -404,7 +388,7 @@ def test_an_output_folder_that_cannot_be_made_is_refused_before_hydra_runs(tmp_p
     assert composition_refusal([]) is None and not (tmp_path / "new").exists()
 
 
-def test_a_tracking_store_named_twice_differently_is_refused(tmp_path, monkeypatch, caplog):
+def test_a_tracking_store_named_twice_differently_isrefused_line(tmp_path, monkeypatch, caplog):
     # tracking.uri=B on the command line lost silently to MLFLOW_TRACKING_URI=A: a models:/ lookup read A's champion (G15)
     from pipeline_helpers import compose_config
 
@@ -423,7 +407,7 @@ def test_a_tracking_store_named_twice_differently_is_refused(tmp_path, monkeypat
         tracking_uri(compose_config(["tracking=server"]))  # a config's own uri counts too
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         sweeper = _optuna(tmp_path, {"trainer.c2": "interval(0.1, 1)"}, [f"tracking.uri={b}"])
-        assert _refused(lambda: sweeper.sweep(_arguments(tmp_path, [f"tracking.uri={b}"])), caplog) == line
+        assert refused_line(lambda: sweeper.sweep(_arguments(tmp_path, [f"tracking.uri={b}"])), caplog) == line
     monkeypatch.delenv("MLFLOW_TRACKING_URI")
     assert tracking_uri(compose_config([f"tracking.uri={b}"])) == b
     # the same through MLFLOW_REGISTRY_URI: a models:/ lookup read the variable's registry, not tracking.uri's (H1)

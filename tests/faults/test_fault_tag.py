@@ -49,12 +49,6 @@ def strict_loads(text: str):
     return json.loads(text, parse_constant=_refuse_constant)
 
 
-@pytest.fixture(autouse=True)
-def _no_ambient_tracking(monkeypatch):
-    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI", "CRF_SWEEP_PARENT_RUN_ID", "CRF_SWEEP_ID"):
-        monkeypatch.delenv(name, raising=False)
-
-
 @pytest.fixture(scope="module")
 def run(tiny_pipeline):
     """The session's tiny pipeline run, every stage (conftest): (output folder, store URI, bundle path,

@@ -39,12 +39,6 @@ ROOT = Path(__file__).resolve().parents[2]
 LAYOUT = ["w", "pos", "chunk"]
 
 
-@pytest.fixture(autouse=True)
-def _no_ambient_tracking(monkeypatch):
-    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI", "CRF_SWEEP_PARENT_RUN_ID", "CRF_SWEEP_ID"):
-        monkeypatch.delenv(name, raising=False)
-
-
 def _corpus(n: int, seed: int) -> list[list[tuple[str, str, str]]]:
     rng = np.random.default_rng(seed)
     return [make_sentence(rng) for _ in range(n)]

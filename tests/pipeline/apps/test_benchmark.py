@@ -30,11 +30,6 @@ TUTORIAL_KEYS = {
 NEIGHBOUR_KEYS = {"word.lower()", "word.istitle()", "word.isupper()", "postag", "postag[:2]"}
 
 
-@pytest.fixture(autouse=True)
-def _no_ambient_tracking_uri(monkeypatch):
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-
-
 @pytest.fixture
 def forked_workers(monkeypatch):
     """Benchmark workers forked from the test fork server instead of fresh interpreters: the same

@@ -23,13 +23,6 @@ from pipeline.stages.data import MissingDataError, load_dataset, read_split  # n
 from pipeline.tracking import TrackingUnavailable, tracking_uri  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def _no_ambient_tracking_uri(monkeypatch):
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    monkeypatch.delenv("CRF_SWEEP_PARENT_RUN_ID", raising=False)
-    monkeypatch.delenv("CRF_SWEEP_ID", raising=False)
-
-
 def _options(group: str) -> list[str]:
     return sorted(p.stem for p in (Path(CONF_DIR) / group).glob("*.yaml"))
 

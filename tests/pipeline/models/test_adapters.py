@@ -24,12 +24,6 @@ from pipeline.models.crf import CRFAdapter  # noqa: E402
 from pipeline.models.hmm import HMMAdapter  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def _no_ambient_tracking(monkeypatch):
-    for name in ("MLFLOW_TRACKING_URI", "CRF_SWEEP_PARENT_RUN_ID", "CRF_SWEEP_ID"):
-        monkeypatch.delenv(name, raising=False)
-
-
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     return write_corpus(tmp_path_factory.mktemp("adapters") / "data", n_train=60, n_test=20)

@@ -29,12 +29,6 @@ from pipeline.stages.prepare import STAGE as PREPARE  # noqa: E402
 from pipeline.stages.prepare import read_prepared  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def _no_ambient_tracking(monkeypatch):
-    for name in ("MLFLOW_TRACKING_URI", "CRF_SWEEP_PARENT_RUN_ID", "CRF_SWEEP_ID"):
-        monkeypatch.delenv(name, raising=False)
-
-
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
     return write_corpus(tmp_path_factory.mktemp("final_fit") / "data", n_train=50, n_test=15)

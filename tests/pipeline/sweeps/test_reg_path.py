@@ -22,12 +22,6 @@ from pipeline.stages.prepare import read_prepared  # noqa: E402
 from pipeline.sweeps.path import path_strengths, run_path  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def _no_ambient_tracking(monkeypatch):
-    for name in ("MLFLOW_TRACKING_URI", "CRF_SWEEP_PARENT_RUN_ID", "CRF_SWEEP_ID"):
-        monkeypatch.delenv(name, raising=False)
-
-
 def test_path_settings_are_checked_before_any_work(tmp_path):
     base = ["+experiment=reg_path", f"paths.output_dir={tmp_path}"]
     assert path_strengths(compose_config(base + ["path.strengths=[0.1,10,1]"])) == [10.0, 1.0, 0.1]  # strongest first

@@ -28,12 +28,6 @@ from pipeline.tracking import tracking_uri  # noqa: E402
 from pipeline.tracking.mlflow_model import sentences_frame  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def _no_ambient_tracking(monkeypatch):
-    for name in ("MLFLOW_TRACKING_URI", "CRF_SWEEP_PARENT_RUN_ID", "CRF_SWEEP_ID"):
-        monkeypatch.delenv(name, raising=False)
-
-
 def _runs(client: MlflowClient, parent_id: str) -> dict:
     experiment = client.get_run(parent_id).info.experiment_id
     runs = client.search_runs([experiment], filter_string=f"tags.mlflow.parentRunId = '{parent_id}'")

@@ -24,12 +24,6 @@ PROJECT = Path(__file__).resolve().parents[3]
 EXAMPLE = pd.DataFrame({"sentence": [0, 0, 0, 0], "w": ["the", "dog", "sees", "."], "pos": ["DT", "NN", "VB", "."]})
 
 
-@pytest.fixture(autouse=True)
-def _no_ambient_tracking(monkeypatch):
-    for name in ("MLFLOW_TRACKING_URI", "CRF_SWEEP_PARENT_RUN_ID", "CRF_SWEEP_ID"):
-        monkeypatch.delenv(name, raising=False)
-
-
 @pytest.mark.slow
 def test_a_sweep_registers_its_best_job_as_champion(tmp_path):
     data_root = write_corpus(tmp_path / "data", n_train=60, n_test=20)
