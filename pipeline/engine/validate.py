@@ -220,6 +220,9 @@ def _check_dataset(cfg: DictConfig) -> None:
         raise SettingsError(f"bad setting dataset.hmm.observation={observation!r}: not one of the columns {columns}")
     _check_dev_split(dataset.get("dev_split"))
     files = dataset.get("files")
+    for split in ("train", "test") if isinstance(files, Mapping) else ():
+        if files.get(split) is None:  # null, or not given: every run reads both
+            raise SettingsError(f"bad setting dataset.files.{split}=null: dataset {dataset.get('name')!r} needs a {split} file")
     dev_file = files.get("dev") if isinstance(files, Mapping) else None
     if dataset.get("dev_split") is not None and dev_file is not None:  # the split would be ignored
         where = dev_file.get("path") if isinstance(dev_file, Mapping) else dev_file

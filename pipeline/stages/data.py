@@ -274,32 +274,38 @@ def load_dataset(dataset: Mapping, root: str | os.PathLike, download: bool = Tru
     return Dataset(dataset["name"], splits, columns, dataset["label"], scheme, word_column(dataset), tokenisation(dataset))
 
 
-SHARED_WARNED = 0.2  # the share of an evaluation split's sentences found in an earlier split that is warned about
+SHARED_REFUSED, SHARED_WARNED = 0.9, 0.2  # shares of an evaluation split's sentences found in an earlier split
+SHARED_MIN_TOKENS = 3  # shorter sentences ("Thanks !", one-word items) repeat by nature, and are not counted
 
 
 def check_disjoint(name: str | None, splits: Mapping[str, list], paths: Mapping[str, Path]) -> None:
-    """Refuse (SettingsError) an evaluation split (dev, test) that holds the same sentences as an
-    earlier split of ``splits`` (train, then dev), as read from the files ``paths``: a dev file that
-    is a copy of the test file, a test file that is the training file; its scores would measure
-    memory, or tune on the test set. Warn when a share above :data:`SHARED_WARNED` of its sentences
-    occur in an earlier split (short sentences repeat in some data: a warning, not a refusal)."""
-    keys = {split: [tuple(map(tuple, sentence)) for sentence in sentences] for split, sentences in splits.items()}
+    """Refuse (SettingsError) an evaluation split (dev, test) of which nearly every sentence
+    (:data:`SHARED_REFUSED`) also occurs in an earlier split of ``splits`` (train, then dev), as
+    read from the files ``paths``: a dev file that is (a copy of) the test file, a test file cut
+    from the training file; its scores would measure memory, or tune on the test set. Warn from
+    :data:`SHARED_WARNED` on (repeats happen in some data, so a share is not a refusal). Only
+    sentences of :data:`SHARED_MIN_TOKENS` tokens or more count: shorter ones repeat by nature."""
+    keys = {
+        split: [tuple(map(tuple, sentence)) for sentence in sentences if len(sentence) >= SHARED_MIN_TOKENS]
+        for split, sentences in splits.items()
+    }
     order = [split for split in ("train", "dev", "test") if split in keys]
     for i, later in enumerate(order[1:], start=1):
         for earlier in order[:i]:
-            if keys[later] == keys[earlier]:
-                raise SettingsError(
-                    f"dataset {name!r}: the {later} file {paths[later]} holds the same sentences as the {earlier} file "
-                    f"{paths[earlier]}: {later} scores would be {earlier} scores; name another file (dataset.files.{later}.path)"
-                )
             seen = set(keys[earlier])
             shared, total = sum(key in seen for key in keys[later]), len(keys[later])
-            if total and shared >= SHARED_WARNED * total:
-                log.warning(
-                    "dataset %r: %d of the %d sentences of the %s file %s (%.0f%%) also occur in the %s file %s: its scores "
-                    "are partly on sentences seen before",
-                    name, shared, total, later, paths[later], 100 * shared / total, earlier, paths[earlier],
-                )  # fmt: skip
+            if not total or shared < SHARED_WARNED * total:
+                continue
+            share = f"{shared} of the {total} sentences of {SHARED_MIN_TOKENS}+ tokens ({100 * shared / total:.0f}%)"
+            what = (
+                f"dataset {name!r}: {share} of the {later} file {paths[later]} also occur in the {earlier} file {paths[earlier]}"
+            )
+            if shared >= SHARED_REFUSED * total:
+                raise SettingsError(
+                    f"{what}: {later} scores would measure memory, not generalisation; name another file "
+                    f"(dataset.files.{later}.path)"
+                )
+            log.warning("%s: those sentences were seen before, which raises its scores", what)
 
 
 # how a dataset format's word tokens were made: XML sequences split each field's text on whitespace

@@ -60,6 +60,8 @@ def _refused(overrides: list[str], stages: tuple[str, ...] = ("prepare", "featur
             ["dataset=ud_english_ewt_upos", "features=pos", "dataset.dev_split={fraction: 0.1, seed: 1}"],
             "bad setting dataset.dev_split: dataset 'ud_english_ewt_upos' has a dev file (ud_english_ewt/en_ewt-ud-dev.conllu)",
         ),
+        (["dataset.files.test=null"], "bad setting dataset.files.test=null: dataset 'conll2000' needs a test file"),  # L19
+        (["dataset.files.train=null"], "bad setting dataset.files.train=null: dataset 'conll2000' needs a train file"),
     ],
 )
 def test_a_setting_that_hands_the_model_its_answers_or_no_dev_set_is_refused(overrides, message):
