@@ -164,6 +164,11 @@ def _token_items(token, where: _At) -> Iterable[tuple[str, float]]:
     if isinstance(token, Mapping):
         for key, value in token.items():
             yield from _expand(_text(key, where), value, where)
+    elif hasattr(token, "keys") and hasattr(token, "items"):  # a pandas Series: read as a list, its names would be lost
+        raise TypeError(
+            f"{where} is a {type(token).__name__}: a token must be a dict or a list of attribute strings "
+            "(give a pandas row as row.to_dict())"
+        )
     elif isinstance(token, Iterable):
         names = [_text(name, where) for name in token]
         for name in sorted(names) if isinstance(token, AbstractSet) else names:  # a set's own order follows the hash seed

@@ -184,7 +184,7 @@ def _checked_ids(ids: np.ndarray, column: str) -> np.ndarray:
     if absent.any():
         row = int(np.argmax(absent))
         raise ValueError(f"row {row}: the {column!r} id is {shown_value(ids[row])}")
-    text = np.fromiter((type(v) is str for v in ids), dtype=bool, count=ids.size)
+    text = np.fromiter((isinstance(v, str) for v in ids), dtype=bool, count=ids.size)  # NumPy's str_ too
     if text[0]:
         if not text.all():
             row = int(np.argmin(text))
@@ -195,11 +195,12 @@ def _checked_ids(ids: np.ndarray, column: str) -> np.ndarray:
     if not integral.all():
         row = int(np.argmin(integral))
         value = ids[row]
-        why = (
-            " of at most 64 bits" if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
-            else ", as the first id is: give every sentence id as an integer, or every one as a string" if text[row] else ""
-        )  # fmt: skip
-        raise ValueError(f"row {row}: the {column!r} id {shown_value(value)} is not an integer{why}")
+        if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+            why = "is beyond the range of a signed 64-bit integer"
+        else:
+            why = "is not an integer" + (", as the first id is: give every sentence id as an integer, or every one as a string"
+                                         if text[row] else "")  # fmt: skip
+        raise ValueError(f"row {row}: the {column!r} id {shown_value(value)} {why}")
     return np.fromiter((int(v) for v in ids), dtype=np.int64, count=ids.size)
 
 

@@ -33,8 +33,8 @@ def corpus(tmp_path):
     return root, dataset, root / "conll2000" / "train.txt.gz"
 
 
-def _rows(n: int, separator: str = " ", end: str = "") -> str:
-    rng = np.random.default_rng(1)
+def _rows(n: int, separator: str = " ", end: str = "", seed: int = 1) -> str:
+    rng = np.random.default_rng(seed)
     return "".join("".join(separator.join(row) + end + "\n" for row in make_sentence(rng)) + "\n" for _ in range(n))
 
 
@@ -50,7 +50,7 @@ def test_trailing_tab_is_not_a_column(corpus):
     root, dataset, train = corpus
     dataset["separator"] = "\t"
     train.write_bytes(gzip.compress(_rows(50, "\t", end="\t").encode()))
-    (root / "conll2000" / "test.txt.gz").write_bytes(gzip.compress(_rows(5, "\t").encode()))
+    (root / "conll2000" / "test.txt.gz").write_bytes(gzip.compress(_rows(5, "\t", seed=2).encode()))  # not training sentences
     data = load_dataset(dataset, root, download=False)
     assert {len(row) for s in data.splits["train"] for row in s} == {3}
 
@@ -248,6 +248,23 @@ def test_a_set_of_attributes_is_read_in_sorted_order_so_no_fit_depends_on_the_ha
         files.append((tmp_path / f"{name}.npz").read_bytes())
         assert list(model.attributes_[:4]) == ["w:a", *sorted(f"d:{m}" for m in members)]
     assert files[0] == files[1]
+
+
+def test_a_pandas_row_as_a_token_is_refused_not_read_as_a_list_of_its_values():
+    """``row[["w", "pos"]]`` (a Series) was read as the list of its values: ``w:the`` became ``the``
+    and two columns with one value merged, silently (L16)."""
+    import pandas as pd
+
+    from crf import pycrfsuite
+
+    frame = pd.DataFrame({"w": ["the", "dog"], "pos": ["DT", "NN"]})
+    rows = [row for _, row in frame.iterrows()]
+    with pytest.raises(TypeError, match=r"sequence 0, token 0 is a Series: a token must be a dict .*row.to_dict\(\)"):
+        CRF(max_iterations=5).fit([rows], [["A", "B"]])
+    with pytest.raises(TypeError, match=r"is a Series: a token must be a dict"):
+        pycrfsuite.ItemSequence(rows)
+    model = CRF(max_iterations=5).fit([[row.to_dict() for row in rows]], [["A", "B"]])
+    assert sorted(model.attributes_) == ["pos:DT", "pos:NN", "w:dog", "w:the"]
 
 
 @pytest.mark.parametrize("c1", [0.0, 0.05])

@@ -940,7 +940,7 @@ def test_a_few_tags_the_model_never_saw_are_tagged_with_a_warning_not_refused(cr
         ([0.5, 0.5, 0.5, 0.7, 0.7, 0.7], r"^row 0: the 'sentence' id float 0.5 is not an integer$"),
         ([0, 0, 0, "0", "0", "0"], r"^row 3: the 'sentence' id str '0' is not an integer, as the first id is: give every"),
         (["0", "0", "0", 0, 0, 0], r"^row 3: the 'sentence' id int 0 is not a string, as the first id is: give every"),
-        ([2**70] * 6, r"^row 0: the 'sentence' id int 1180591620717411303424 is not an integer of at most 64 bits$"),
+        ([2**70] * 6, r"^row 0: the 'sentence' id int 1180591620717411303424 is beyond the range of a signed 64-bit integer$"),
     ],
 )
 def test_tag_frame_and_the_served_model_take_the_same_sentence_ids(chunker, ids, message):

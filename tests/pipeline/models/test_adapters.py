@@ -124,7 +124,8 @@ def test_a_new_dataset_is_one_config_file_in_a_folder_of_its_own(tmp_path):
         lines = []
         for k in range(n):
             person = str(rng.choice(names))
-            lines += [f"# sentence {k}", f"{person}\tNNP\tB-PER", f"{rng.choice(verbs)}\tVBZ\tO", "#\tSYM\tO", ""]
+            ending = ["#\tSYM\tO"] + ([".\t.\tO"] if split == "train" else [])  # test sentences are not training ones
+            lines += [f"# sentence {k}", f"{person}\tNNP\tB-PER", f"{rng.choice(verbs)}\tVBZ\tO", *ending, ""]
         (folder / f"{split}.tsv").write_text("\n".join(lines))
     for model in ("crf", "hmm"):
         overrides = tiny_overrides(tmp_path / "data", tmp_path / "out") + [
@@ -136,7 +137,7 @@ def test_a_new_dataset_is_one_config_file_in_a_folder_of_its_own(tmp_path):
             f"model={model}",
         ]
         results = run_pipeline(compose_config(overrides))
-        assert results["prepare.train_tokens"] == 3 * 64  # the "#" header lines are not tokens, the word "#" is
+        assert results["prepare.train_tokens"] == 4 * 64  # the "#" header lines are not tokens, the word "#" is
         assert results["evaluate.test_f1"] == 100.0 and "evaluate.test_known_accuracy" in results
 
 
