@@ -184,7 +184,11 @@ def composition_refusal(argv: list[str]) -> str | None:
                 "(registry.sweep=true), and its jobs register nothing themselves; set registry.sweep=true, or run the "
                 "chosen settings as a single run with registry.register=true"
             )
-        if OmegaConf.select(cfg, "registry.sweep" if multirun else "registry.register", default=False) is True:
+        registering = OmegaConf.select(cfg, "registry.sweep" if multirun else "registry.register", default=False) is True
+        if OmegaConf.select(cfg, "registry.force_alias", default=False) is True and not registering:
+            which = "registry.sweep=true (the sweep registers its best job)" if multirun else "registry.register=true"
+            return f"bad setting registry.force_alias=true: it moves the alias to the model this command registers; set {which}"
+        if registering:
             registry_uri(cfg)  # and MLFLOW_REGISTRY_URI, where the run (or the sweep) registers its model
     except SettingsError as error:
         return str(error)

@@ -49,6 +49,7 @@ What a reader gets back is what was meant:
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 import logging
@@ -488,8 +489,7 @@ def write_conll(path: str | Path, corpus: Corpus, predictions: Sequence[Predicti
     for a, b in zip(offsets[:-1], offsets[1:]):
         text.write("\n".join(lines[a:b]))
         text.write("\n\n")
-    data = text.getvalue().encode("utf-8")
-    atomic_write(path, lambda out: out.write(data))
+    _write_text(path, text.getvalue())
 
 
 def jsonl_line(record: Mapping) -> str:
@@ -536,7 +536,15 @@ def write_jsonl(path: str | Path, corpus: Corpus, predictions: Sequence[Predicti
             record["columns"] = {column: values[i] for column, values in labels.items()}
         text.write(jsonl_line(record))
         text.write("\n")
-    data = text.getvalue().encode("utf-8")
+    _write_text(path, text.getvalue())
+
+
+def _write_text(path: str | Path, text: str) -> None:
+    """``text`` as UTF-8 at ``path``, atomically; gzip-compressed when the name ends in ``.gz`` (as
+    inputs so named are read), with no time stamp in the header, so that one output is one file."""
+    data = text.encode("utf-8")
+    if str(path).endswith(".gz"):
+        data = gzip.compress(data, mtime=0)
     atomic_write(path, lambda out: out.write(data))
 
 

@@ -341,6 +341,17 @@ LACKING = "Could not override 'trainer.c22'. To append to your config use +train
         (["trainer=nosuch"], "bad setting: In 'config': Could not find 'trainer/nosuch' (options of trainer: base, "),
         (["+experiment=nosuch"], "bad setting: In 'config': Could not find 'experiment/nosuch' (options of experiment: "),
         (["+experiment=semi_supervised", "semi.clusters.nosuch=1"], "bad setting: Could not override 'semi.clusters.nosuch'."),
+        # a forced alias move with nothing registered did nothing, silently (L20)
+        (
+            ["registry.force_alias=true"],
+            "bad setting registry.force_alias=true: it moves the alias to the model this command "
+            "registers; set registry.register=true",
+        ),
+        (
+            ["-m", "trainer.c2=0.1,1", "registry.force_alias=true", "registry.sweep=false"],
+            "bad setting registry.force_alias=true",
+        ),
+        (["registry.force_alias=true", "registry.register=true", "registry.name=x"], None),
         # composable: left to the run's and the sweeper's checks
         (["-m", "trainer.c2=0.1,1", "trainer.c1=0"], None),
         (["-m", "trainer.c22=0.1,1"], None),  # swept: the grid preflight names its job

@@ -998,3 +998,16 @@ def test_jsonl_tokens_that_give_the_label_column_are_scored_and_keep_it(chunker,
     plain = [json.dumps({"tokens": [{"w": w, "pos": p} for w, p, _ in s]}) for s in sentences]
     (tmp_path / "plain.jsonl").write_text("\n".join(plain) + "\n")
     assert "accuracy" not in run_tag(_settings(chunker, tmp_path / "plain.jsonl", tmp_path / "plain.out.jsonl"))
+
+
+def test_an_output_named_gz_is_compressed(chunker, tmp_path):
+    """``output=out.conll.gz`` was plain text under a .gz name, which zcat refuses (L18)."""
+    import gzip
+
+    source = _write_conll(tmp_path / "in.conll", _corpus(3, 7))
+    for name in ("out.conll", "out.jsonl"):
+        run_tag(_settings(chunker, source, tmp_path / name))
+        run_tag(_settings(chunker, source, tmp_path / f"{name}.gz"))
+        packed = (tmp_path / f"{name}.gz").read_bytes()
+        assert packed[:2] == b"\x1f\x8b" and gzip.decompress(packed) == (tmp_path / name).read_bytes()
+    assert [s for s in read_conll(tmp_path / "out.conll.gz")] == [s for s in read_conll(tmp_path / "out.conll")]

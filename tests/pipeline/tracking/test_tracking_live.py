@@ -105,9 +105,11 @@ def test_sweep_of_two_jobs_in_parallel(tmp_path):
 @pytest.mark.slow
 def test_a_failing_job_does_not_lose_the_others(tmp_path):
     data_root = write_corpus(tmp_path / "data", n_train=60, n_test=20)
-    # the second job's test file is missing: it fails once its run has started (a bad setting would
-    # stop the whole sweep before any job: tests/pipeline/sweeps/test_grid_preflight.py)
-    done = _multirun(tmp_path, data_root, ["dataset.files.test.path=conll2000/test.txt.gz,conll2000/missing.txt.gz"])
+    # the second job's test file is cut off: it fails once its run has started, as the file is read (a
+    # bad setting or a missing file would stop the whole sweep before any job: tests/faults/test_fault_sweep_data.py)
+    test_file = data_root / "conll2000" / "test.txt.gz"
+    (data_root / "conll2000" / "cut.txt.gz").write_bytes(test_file.read_bytes()[:-40])
+    done = _multirun(tmp_path, data_root, ["dataset.files.test.path=conll2000/test.txt.gz,conll2000/cut.txt.gz"])
     assert done.returncode != 0  # Hydra reports the failure ...
     client, sweep, jobs = _sweep_runs(tmp_path)
     statuses = sorted(j.info.status for j in jobs)
