@@ -107,6 +107,9 @@ class TokenError(ValueError):
         self.column, self.value, self.problem = column, value, problem
         super().__init__(f"sentence {sentence}, token {token}, column {column!r}: {problem}")
 
+    def __reduce__(self) -> tuple:  # pickled with its own arguments (it may cross to another process)
+        return type(self), (self.index, self.sentence, self.token, self.column, self.value, self.problem)
+
 
 def shown_value(value: object, width: int = 60) -> str:
     """A refused value for a message: ``null`` for a missing one (None, NaN), else its type and a short repr.

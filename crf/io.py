@@ -49,6 +49,11 @@ class DataFormatError(ValueError):
         self.problem = problem
         super().__init__(f"{self.path}:{line}: {problem}")
 
+    def __reduce__(self) -> tuple:
+        # pickled with its own arguments: a job's error crosses to the sweep's process (joblib), and an
+        # error that cannot be unpickled there breaks the worker pool and stops the other jobs with it
+        return type(self), (self.path, self.line, self.problem)
+
 
 def special_file_kind(path: str | os.PathLike) -> str | None:
     """What ``path`` is when it exists but is neither a regular file nor a directory.

@@ -84,6 +84,9 @@ class TrainingStopped(Exception):
         super().__init__(message)
         self.iteration, self.metric, self.value = iteration, metric, value
 
+    def __reduce__(self) -> tuple:  # pickled with its own arguments (a job's error crosses to the sweep's process)
+        return type(self), (str(self), self.iteration, self.metric, self.value)
+
 
 def frozen(mapping: Mapping[str, Any]) -> DictConfig:
     """A read-only, closed DictConfig of ``mapping``: reading or writing another key raises."""

@@ -83,6 +83,9 @@ class TrialPruned(TrainingStopped):
         super().__init__(message, iteration, metric, value)
         self.trial = trial
 
+    def __reduce__(self) -> tuple:
+        return type(self), (self.trial, self.iteration, self.metric, self.value)
+
 
 def trial_environment() -> dict[str, str] | None:
     """{storage, study, trial} when this process runs an Optuna trial's job, else None."""

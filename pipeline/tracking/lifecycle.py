@@ -168,6 +168,9 @@ class Terminated(BaseException):
         super().__init__(f"terminated by {signal.Signals(signum).name}")
         self.signum = signum
 
+    def __reduce__(self) -> tuple:  # pickled with its own argument (a job's error crosses to the sweep's process)
+        return type(self), (self.signum,)
+
 
 def _mark_killed(run_ids: list[str], reason: str) -> None:
     """End ``run_ids`` and this process's other RUNNING runs as KILLED with ``reason``."""

@@ -156,3 +156,35 @@ def test_an_optuna_sweep_in_which_no_trial_completed_is_no_success(tmp_path, cap
         sweeper.sweep([])
     assert ended.value.code == 1 and len(_study(tmp_path).get_trials()) == 2
     assert _error_line(caplog) == "no trial completed (0 complete, 0 pruned, 2 fail): the sweep has no result"
+
+
+def test_every_error_a_job_can_raise_crosses_to_the_sweeps_process():
+    """A job's DataFormatError could not be unpickled in the sweep's process: joblib broke its worker
+    pool, the sibling job was killed with it (FAILED), and the sweep blamed "a worker process died".
+    The project's exceptions are pickled with their own arguments and come back the same."""
+    import pickle
+    import signal
+
+    from crf.bundle import TokenError
+    from crf.features import NumericValueError
+    from crf.io import DataFormatError
+    from crf.model import TrainingError
+    from pipeline.engine.stage import TrainingStopped
+    from pipeline.engine.validate import SettingsError
+    from pipeline.stages.clusters import PoolFileError
+    from pipeline.stages.data import ChecksumError, DataPathIsADirectory, MissingDataError
+    from pipeline.sweeps.trial_stopping import TrialPruned
+    from pipeline.tracking.lifecycle import Terminated
+
+    errors = [
+        DataFormatError("data/x.conll", 7, "2 columns, expected 3"),
+        TokenError(4, 1, 2, "w", None, "a token must be a non-empty string"),
+        TrainingStopped("pruned", 12, "dev_f1", 81.5),
+        TrialPruned(3, 12, "dev_f1", 81.5),
+        Terminated(signal.SIGTERM),
+        *(cls("one line") for cls in (SettingsError, MissingDataError, ChecksumError, DataPathIsADirectory, PoolFileError,
+                                      TrainingError, NumericValueError)),
+    ]  # fmt: skip
+    for error in errors:
+        back = pickle.loads(pickle.dumps(error))
+        assert type(back) is type(error) and str(back) == str(error) and vars(back) == vars(error), error
