@@ -109,6 +109,9 @@ def _no_ambient_store(monkeypatch):
     which the pipeline honours, so a later run would write to the earlier test's store."""
     for name in AMBIENT:
         monkeypatch.delenv(name, raising=False)
+    yield
+    for name in AMBIENT:  # set during the test by MLflow's setters (not through monkeypatch): leave none to the next fixture
+        os.environ.pop(name, None)
 
 
 @pytest.fixture(scope="session")

@@ -24,7 +24,6 @@ from crf import metrics  # noqa: E402
 from crf.bundle import load_bundle  # noqa: E402
 from pipeline.__main__ import run_pipeline  # noqa: E402
 from pipeline.stages.prepare import read_prepared  # noqa: E402
-from pipeline.tracking import tracking_uri  # noqa: E402
 from pipeline.tracking.mlflow_model import sentences_frame  # noqa: E402
 
 
@@ -43,8 +42,8 @@ def _latest_pipeline(client: MlflowClient):
 def logged(tiny_pipeline):
     """The session's tiny pipeline run (conftest): (results, client, parent run, its stage runs, config)."""
     cfg, results = tiny_pipeline.cfg, tiny_pipeline.results
-    client = MlflowClient(tracking_uri(cfg))
-    mlflow.set_tracking_uri(tracking_uri(cfg))
+    client = MlflowClient(tiny_pipeline.uri)  # its store, whatever the environment says now
+    mlflow.set_tracking_uri(tiny_pipeline.uri)
     os.environ.pop("MLFLOW_TRACKING_URI", None)  # MLflow exports it; do not leak it to later tests
     parent = client.get_run(tiny_pipeline.parent_id)
     return results, client, parent, _runs(client, parent.info.run_id), cfg
