@@ -276,16 +276,8 @@ def check_gold_column(corpus: Corpus, bundle: ModelBundle, input_path) -> bool:
     if placeholder is not None:
         log.info("input %s: every cell of the gold column is %r: taken as a placeholder, not scored", input_path, placeholder)
         return False
-    blank = gold == "_"
-    if blank.any():  # CoNLL's "no value": a cell scored as a wrong answer would lower every figure
-        first = int(np.argmax(blank.to_numpy()))
-        sentence = int(np.searchsorted(corpus.offsets, first, side="right")) - 1
-        raise TagError(
-            f"input {input_path}: {int(blank.sum())} of the {len(gold)} cells of the gold column are '_' (no label), the first "
-            f"at sentence {sentence + 1}, token {first - int(corpus.offsets[sentence]) + 1}: a gold column is scored only "
-            "when every cell holds a label; fill them, or give the file without its gold column"
-        )
-    known = gold.isin(set(bundle.labels) | set(map(str, bundle.labels)))
+    labels = set(bundle.labels) | set(map(str, bundle.labels))
+    known = gold.isin(labels)
     shares = {"": float(known.mean())}
     if scheme != "none":
         shares[" of its cells outside 'O'"] = float(known[inside].mean())
@@ -296,6 +288,15 @@ def check_gold_column(corpus: Corpus, bundle: ModelBundle, input_path) -> bool:
             f"input {input_path}: the column read as the gold labels holds{which} {100 * shares[which]:.0f}% labels the model "
             f"knows (not {examples}, ...): its columns are not in the order the model expects (name them with a first line "
             "'# global.columns = <names>'), or it holds another tag set or scheme than the model's"
+        )
+    blank = (gold == "_") & ("_" not in labels)
+    if blank.any():  # CoNLL's "no value": a cell scored as a wrong answer would lower every figure
+        first = int(np.argmax(blank.to_numpy()))
+        sentence = int(np.searchsorted(corpus.offsets, first, side="right")) - 1
+        raise TagError(
+            f"input {input_path}: {int(blank.sum())} of the {len(gold)} cells of the gold column are '_' (no label), the first "
+            f"at sentence {sentence + 1}, token {first - int(corpus.offsets[sentence]) + 1}: a gold column is scored only "
+            "when every cell holds a label; fill them, or tag without scoring (score=false)"
         )
     if not known.all():  # a label the training data lacked (a rare type), or slips: counted as errors, and said so
         log.warning(
@@ -555,7 +556,10 @@ def run_tag(cfg: Mapping) -> dict:
     except TokenError as err:
         raise TagError(f"input {input_path}: {err}") from None
     check_input_columns(corpus, bundles, needed, input_path)
-    scored = check_gold_column(corpus, bundles[-1], input_path)
+    scoring = cfg.get("score", True)
+    if not isinstance(scoring, bool):  # "no" would read as true
+        raise TagError(f"score={scoring!r}: true or false")
+    scored = scoring and check_gold_column(corpus, bundles[-1], input_path)
     log.info("read %d sentences, %d tokens (%s) from %s", corpus.lengths.size, int(corpus.lengths.sum()), fmt, input_path)
     if out_format == "conll":
         check_conll_cells(corpus, {output_column(b): b.labels for b in bundles})

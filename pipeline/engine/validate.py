@@ -223,6 +223,11 @@ def _check_dataset(cfg: DictConfig) -> None:
     for split in ("train", "test") if isinstance(files, Mapping) else ():
         if files.get(split) is None:  # null, or not given: every run reads both
             raise SettingsError(f"bad setting dataset.files.{split}=null: dataset {dataset.get('name')!r} needs a {split} file")
+    if isinstance(files, Mapping) and "dev" in files and files["dev"] is None and dataset.get("dev_split") is None:
+        raise SettingsError(
+            f"bad setting dataset.files.dev=null: dataset {dataset.get('name')!r} would have no dev split; set "
+            "dataset.dev_split={fraction: 0.1, seed: 1} as well to carve one from the training file"
+        )
     dev_file = files.get("dev") if isinstance(files, Mapping) else None
     if dataset.get("dev_split") is not None and dev_file is not None:  # the split would be ignored
         where = dev_file.get("path") if isinstance(dev_file, Mapping) else dev_file

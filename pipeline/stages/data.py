@@ -279,33 +279,34 @@ SHARED_MIN_TOKENS = 3  # shorter sentences ("Thanks !", one-word items) repeat b
 
 
 def check_disjoint(name: str | None, splits: Mapping[str, list], paths: Mapping[str, Path]) -> None:
-    """Refuse (SettingsError) an evaluation split (dev, test) of which nearly every sentence
-    (:data:`SHARED_REFUSED`) also occurs in an earlier split of ``splits`` (train, then dev), as
-    read from the files ``paths``: a dev file that is (a copy of) the test file, a test file cut
-    from the training file; its scores would measure memory, or tune on the test set. Warn from
-    :data:`SHARED_WARNED` on (repeats happen in some data, so a share is not a refusal). Only
+    """Refuse (SettingsError) two splits of ``splits`` (train, dev, test; read from the files
+    ``paths``) of which one has nearly all its sentences (:data:`SHARED_REFUSED`) in the other: a
+    dev file that is (a copy of, or cut from) the test file, a test file cut from the training file;
+    scores would measure memory, or tune on the test set. Warn from :data:`SHARED_WARNED` of an
+    evaluation split's sentences on (repeats happen in some data, so a share is not a refusal). Only
     sentences of :data:`SHARED_MIN_TOKENS` tokens or more count: shorter ones repeat by nature."""
     keys = {
         split: [tuple(map(tuple, sentence)) for sentence in sentences if len(sentence) >= SHARED_MIN_TOKENS]
         for split, sentences in splits.items()
     }
     order = [split for split in ("train", "dev", "test") if split in keys]
-    for i, later in enumerate(order[1:], start=1):
-        for earlier in order[:i]:
-            seen = set(keys[earlier])
-            shared, total = sum(key in seen for key in keys[later]), len(keys[later])
-            if not total or shared < SHARED_WARNED * total:
-                continue
-            share = f"{shared} of the {total} sentences of {SHARED_MIN_TOKENS}+ tokens ({100 * shared / total:.0f}%)"
-            what = (
-                f"dataset {name!r}: {share} of the {later} file {paths[later]} also occur in the {earlier} file {paths[earlier]}"
+    forward = [(later, earlier) for i, later in enumerate(order) for earlier in order[:i]]
+    warnings = []
+    for part, whole in forward + [(b, a) for a, b in forward]:  # either may be cut from the other (a dev file from test)
+        seen = set(keys[whole])
+        shared, total = sum(key in seen for key in keys[part]), len(keys[part])
+        if not total or shared < SHARED_WARNED * total:
+            continue
+        share = f"{shared} of the {total} sentences of {SHARED_MIN_TOKENS}+ tokens ({100 * shared / total:.0f}%)"
+        what = f"dataset {name!r}: {share} of the {part} file {paths[part]} also occur in the {whole} file {paths[whole]}"
+        if shared >= SHARED_REFUSED * total:
+            raise SettingsError(
+                f"{what}: scores on one would measure memory, not generalisation; name another file (dataset.files.{part}.path)"
             )
-            if shared >= SHARED_REFUSED * total:
-                raise SettingsError(
-                    f"{what}: {later} scores would measure memory, not generalisation; name another file "
-                    f"(dataset.files.{later}.path)"
-                )
-            log.warning("%s: those sentences were seen before, which raises its scores", what)
+        if part != "train":  # said from the evaluation split's side
+            warnings.append(what)
+    for what in warnings:  # once no pair is refused
+        log.warning("%s: those sentences were seen before, which raises its scores", what)
 
 
 # how a dataset format's word tokens were made: XML sequences split each field's text on whitespace

@@ -113,10 +113,10 @@ def check_columns(cfg) -> None:
         features = OmegaConf.to_container(cfg.features, resolve=True)
     except OmegaConfBaseException:  # a mandatory value left unset (a clusters file): named by its own check
         features = OmegaConf.to_container(cfg.features, resolve=False)
-    if isinstance(features, Mapping) and not (features.get("templates") or features.get("numeric")):
+    if isinstance(features, Mapping) and not (features.get("templates") or features.get("numeric") or features.get("clusters")):
         raise SettingsError(
-            f"bad setting features.templates={features.get('templates')!r}: the feature set has no template and no numeric "
-            "column, so the model would read nothing of its input"
+            f"bad setting features.templates={features.get('templates')!r}: the feature set has no template, numeric column "
+            "or word clusters, so the model would read nothing of its input"
         )
     columns = [str(c) for c in (OmegaConf.select(cfg, "dataset.columns", default=None) or [])]
     if not columns or not isinstance(features, Mapping):

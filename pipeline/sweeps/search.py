@@ -536,7 +536,7 @@ def check_objective(metric: str | None, direction: str, pruner: Mapping[str, Any
             shown = ", ".join(name for name, stage in load_stages().items() if stage.summary_prefix is not None)
             raise SweeperSettingError(f"hydra.sweeper.metric={metric}: a metric of one of the stages {shown}, as <stage>.<name>")
     stage, _, name = (metric or ".").rpartition(".")
-    if name.startswith("test_"):
+    if "test" in name.split("_"):  # test_f1, aulc_test, test_f1_crf: scores on the test set
         raise SweeperSettingError(
             f"hydra.sweeper.metric={metric}: a score on the test set, which a search must not see (the chosen model's "
             "test score would be optimistic, and it would be registered by it): optimise a dev score (null: the dev "

@@ -5,21 +5,22 @@ nothing of ours is pickled) with the tagger bundle (``crf.bundle``, one checksum
 the artifact ``bundle`` and the ``crf`` package as code. ``mlflow.pyfunc.load_model(uri)`` and
 ``mlflow models serve`` then tag:
 
-- a long DataFrame: one row per token, a ``sentence`` id column (integers, never decreasing: the
-  rows of a sentence together and sentences in order) and the model's input columns (e.g. ``w``,
+- a long DataFrame: one row per token, a ``sentence`` id column (all integers or all strings; the
+  rows of each sentence together) and the model's input columns (e.g. ``w``,
   ``pos``); the answer is the same rows with ``label`` (str), ``marginal`` (probability of that
   label) and, for chunk/entity schemes, ``segment_confidence`` (probability of the whole predicted
   chunk the token is in, None outside);
 - a list of sentences, each a list of token dicts ``{column: value}``: the same long answer, with
   ``sentence`` the position of the sentence in the list.
 
-A request the model cannot use (no rows, a missing column, a sentence id that is missing, not an
-integer or decreasing, a token that is not a non-empty string without whitespace: null, NaN, a
-number, a list, ``"a b"``; the check :func:`crf.bundle.check_tokens` of the bundle and the tag command)
-raises :class:`ModelInputError`: ``mlflow models serve`` answers HTTP 400 with a one-line
-``message`` naming the row, column and problem, and no stack trace. The answer is strict JSON: a
-marginal or confidence that is not a number (outside any chunk, or a sentence the model gives
-probability 0) is None (``null``), never NaN.
+A request the model cannot use (no rows, a missing column, a sentence id that is missing or of
+another kind than the first, a sentence whose rows are apart, a token that is not a non-empty
+string without whitespace: null, NaN, a number, a list, ``"a b"``; the check
+:func:`crf.bundle.check_tokens` of the bundle and the tag command) raises
+:class:`ModelInputError`: ``mlflow models serve`` answers HTTP 400 with a one-line ``message``
+naming the row, column and problem, and no stack trace. The answer is strict JSON: a marginal or
+confidence that is not a number (outside any chunk, or a sentence the model gives probability 0)
+is None (``null``), never NaN.
 
 The model has no MLflow input schema (its columns are in the MLmodel ``metadata``:
 ``sentence_column``, ``input_columns``): MLflow's schema check would refuse bad requests before
@@ -153,7 +154,7 @@ def as_frame(model_input: Any, columns: Sequence[str]) -> pd.DataFrame:
 
 def check_frame(frame: pd.DataFrame, columns: Sequence[str]) -> None:
     """Refuse (ModelInputError, rows counted from 0) a frame the model cannot tag: no rows, a
-    missing column, a sentence id that is missing or not an integer, or whose sentence's rows
+    missing column, a sentence id that is missing or of another kind than the first, or whose sentence's rows
     are not contiguous (:func:`crf.bundle.sentence_offsets`, the rule of ``tag_frame``), a token
     that is not a non-empty string without whitespace (:func:`crf.bundle.check_tokens`)."""
     try:  # the bundle's own check (ModelBundle.tag_frame makes it too)
@@ -168,7 +169,7 @@ def check_frame(frame: pd.DataFrame, columns: Sequence[str]) -> None:
         )
     if len(frame) == 0:
         raise ModelInputError("the input has no rows (no tokens to tag)")
-    try:  # the rule of ModelBundle.tag_frame: integer ids, each sentence's rows together
+    try:  # the rule of ModelBundle.tag_frame: integer or string ids, each sentence's rows together
         offsets = sentence_offsets(frame[SENTENCE].to_numpy(), SENTENCE)
     except ValueError as err:
         raise ModelInputError(str(err)) from None
@@ -176,7 +177,7 @@ def check_frame(frame: pd.DataFrame, columns: Sequence[str]) -> None:
         check_tokens({c: frame[c].to_numpy(dtype=object) for c in columns}, offsets)
     except TokenError as err:
         raise ModelInputError(
-            f"row {err.index} (sentence {int(frame[SENTENCE].iloc[err.index])}), column {err.column!r}: {err.problem} "
+            f"row {err.index} (sentence {frame[SENTENCE].iloc[err.index]!s}), column {err.column!r}: {err.problem} "
             f"(token {err.token} of the sentence, counted from 0)"
         ) from None
 

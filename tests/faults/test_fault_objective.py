@@ -47,3 +47,9 @@ def test_the_dev_score_is_still_maximised():
     with pytest.raises(SweeperSettingError, match=r"the dev score \(default\) is maximised"):
         check_objective(None, "minimize", {"kind": "none"}, 10)
     assert search.metric_direction("dev_accuracy") == "maximize"
+
+
+@pytest.mark.parametrize("metric", ["evaluate.test_f1", "active_learning.aulc_test", "semi_supervised.test_f1_crf"])
+def test_a_test_set_score_is_no_objective_wherever_its_name_says_test(metric):
+    with pytest.raises(SweeperSettingError, match="a score on the test set, which a search must not see"):
+        check_objective(metric, "maximize", {"kind": "none"}, 10)

@@ -54,13 +54,18 @@ def _refused(overrides: list[str], stages: tuple[str, ...] = ("prepare", "featur
         # settings that failed inside a stage (hostile round 11: L6, L7)
         (["seed=-1"], "bad setting seed=-1: must be an integer >= 0"),
         (["dataset.dev_split.seed=-3"], "bad setting dataset.dev_split.seed=-3: must be an integer >= 0"),
-        (["features.templates=[]"], "bad setting features.templates=[]: the feature set has no template and no numeric column"),
+        (["features.templates=[]"], "bad setting features.templates=[]: the feature set has no template, numeric column or word"),
         # a dev split beside a dev file was ignored, while the run's name and keys changed (L15)
         (
             ["dataset=ud_english_ewt_upos", "features=pos", "dataset.dev_split={fraction: 0.1, seed: 1}"],
             "bad setting dataset.dev_split: dataset 'ud_english_ewt_upos' has a dev file (ud_english_ewt/en_ewt-ud-dev.conllu)",
         ),
         (["dataset.files.test=null"], "bad setting dataset.files.test=null: dataset 'conll2000' needs a test file"),  # L19
+        (
+            ["dataset=bc5cdr", "features=bio_ner", "dataset.files.dev=null"],
+            "bad setting dataset.files.dev=null: dataset "
+            "'bc5cdr' would have no dev split; set dataset.dev_split={fraction: 0.1, seed: 1} as well",
+        ),
         (["dataset.files.train=null"], "bad setting dataset.files.train=null: dataset 'conll2000' needs a train file"),
     ],
 )

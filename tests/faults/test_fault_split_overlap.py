@@ -43,7 +43,7 @@ def test_a_copy_of_an_earlier_split_is_refused_as_the_run_reads_it(data_root, tm
     cfg, dataset = _dataset(data_root, f"dataset.files.test.path={tmp_path / 'copy.txt.gz'}")
     assert config_data_problem(cfg) is None  # another file: found by content
     message = r"^dataset 'conll2000': 30 of the 30 sentences of 3\+ tokens \(100%\) of the test file .*copy.txt.gz also occur "
-    with pytest.raises(SettingsError, match=message + r"in the train file .*train.txt.gz: test scores would measure memory"):
+    with pytest.raises(SettingsError, match=message + r"in the train file .*train.txt.gz: scores on one would measure memory"):
         load_dataset(dataset, data_root, download=False)
 
 
@@ -65,6 +65,9 @@ def test_a_split_mostly_seen_before_is_refused_and_a_share_is_warned_about(caplo
         SettingsError, match=r"9 of the 10 sentences of 3\+ tokens \(90%\) of the test file test.txt also occur in the dev file"
     ):
         check_disjoint("toy", {"train": train, "test": fresh, "dev": fresh[1:]}, paths)  # dev comes before test
+    with pytest.raises(SettingsError, match=r"5 of the 5 sentences of 3\+ tokens \(100%\) of the dev file dev.txt also occur in "
+                       r"the test file test.txt: .*\(dataset.files.dev.path\)"):  # fmt: skip
+        check_disjoint("toy", {"train": train, "dev": fresh[:5], "test": fresh}, paths)  # a dev file cut from the test file
     with caplog.at_level(logging.WARNING):
         check_disjoint("toy", {"train": train, "test": train[:3] + fresh[:7]}, paths)
         check_disjoint("toy", {"train": train, "test": train[:1] + fresh[:9]}, paths)  # 10%: as in shipped data, silent

@@ -186,7 +186,7 @@ def test_an_optuna_trial_a_single_run_would_refuse_ends_the_sweep_before_any_tri
     assert not list(tmp_path.rglob("optuna.db"))  # no study
 
 
-def test_warm_start_keys_the_config_lacks_arerefused_line(tmp_path, caplog):
+def test_warm_start_keys_the_config_lacks_are_refused(tmp_path, caplog):
     # a key no config has: every trial would differ from every finished one in it, so none would warm-start (F7)
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         params = {"trainer.c2": "interval(0.1, 1)"}
@@ -198,7 +198,7 @@ def test_warm_start_keys_the_config_lacks_arerefused_line(tmp_path, caplog):
         good._checked(_arguments(tmp_path, []))
 
 
-def test_a_study_resumed_on_other_evaluation_data_isrefused_line(tmp_path, caplog):
+def test_a_study_resumed_on_other_evaluation_data_is_refused(tmp_path, caplog):
     # the sampler learnt from scores that do not compare, and the study's best trial was of other data (G7)
     params = {"trainer.c2": "interval(0.1, 1)"}
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
@@ -260,7 +260,7 @@ def test_the_optuna_trials_checked_cover_every_choice_and_range_end():
     }
 
 
-def test_optuna_values_that_are_bad_only_together_arerefused_line(tmp_path, caplog):
+def test_optuna_values_that_are_bad_only_together_are_refused(tmp_path, caplog):
     params = {"model.transition_smoothing": "choice(interpolation, add-k)", "model.k": "choice(0.1, 0)"}
     task = ["model=hmm"]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
@@ -399,7 +399,7 @@ def test_an_output_folder_that_cannot_be_made_is_refused_before_hydra_runs(tmp_p
     assert composition_refusal([]) is None and not (tmp_path / "new").exists()
 
 
-def test_a_tracking_store_named_twice_differently_isrefused_line(tmp_path, monkeypatch, caplog):
+def test_a_tracking_store_named_twice_differently_is_refused(tmp_path, monkeypatch, caplog):
     # tracking.uri=B on the command line lost silently to MLFLOW_TRACKING_URI=A: a models:/ lookup read A's champion (G15)
     from pipeline_helpers import compose_config
 

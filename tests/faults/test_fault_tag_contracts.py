@@ -957,6 +957,9 @@ def test_tag_frame_and_the_served_model_take_the_same_sentence_ids(chunker, ids,
     for good in ([3.0, 3.0, 3.0, 1, 1, 1], ["s3", "s3", "s3", "s1", "s1", "s1"]):
         whole = pd.DataFrame({"sentence": pd.Series(good, dtype=object), "pos": frame["pos"]})
         assert bundle.tag_frame(whole)["label"].tolist() == mlflow_model.tag(bundle, whole)["label"].tolist() == expected
+    bad_token = pd.DataFrame({"sentence": ["s1", "s1"], "pos": ["DT", ""]})  # a string id in the bad token's message
+    with pytest.raises(mlflow_model.ModelInputError, match=r"^row 1 \(sentence s1\), column 'pos': "):
+        mlflow_model.tag(bundle, bad_token)
 
 
 def test_a_gold_column_with_blank_cells_is_refused_and_unknown_labels_are_counted(chunker, tmp_path, caplog):
@@ -969,6 +972,13 @@ def test_a_gold_column_with_blank_cells_is_refused_and_unknown_labels_are_counte
                        r"token 3: a gold column is scored only when every cell holds a label"):  # fmt: skip
         run_tag(_settings(chunker, source, tmp_path / "blank.out"))
     assert not (tmp_path / "blank.out").exists()
+    summary = run_tag(_settings(chunker, source, tmp_path / "blank.out", score=False))  # a partly annotated file, tagged
+    assert "accuracy" not in summary and (tmp_path / "blank.out").exists()
+    with pytest.raises(TagError, match=r"^score='no': true or false"):
+        run_tag(_settings(chunker, source, tmp_path / "blank.out", score="no"))
+    swapped = [[(p, c, w) for w, p, c in s] for s in blank]  # columns out of order: named as such, not as blank cells
+    with pytest.raises(TagError, match=r"its columns are not in the order the model expects"):
+        run_tag(_settings(chunker, _write_conll(tmp_path / "swapped.conll", swapped), tmp_path / "swapped.out"))
     unknown = [[(w, p, "B-FOO" if t == 0 else c) for t, (w, p, c) in enumerate(s)] for s in sentences]
     with caplog.at_level(logging.WARNING):
         summary = run_tag(_settings(chunker, _write_conll(tmp_path / "foo.conll", unknown), tmp_path / "foo.out"))
