@@ -203,6 +203,9 @@ def _terminated_in(error: BaseException | None) -> Terminated | None:
 # and fail. Remote stores (MLflow's REST client, artifact uploads) hold no such lock.
 STORE_MODULES = ("sqlalchemy.", "sqlite3", "mlflow.store.", "optuna.storages.")
 REMOTE_STORE_MODULES = ("mlflow.store.tracking.rest_store", "mlflow.store.model_registry.rest_store", "mlflow.store.artifact.")
+# the import system: a signal raised there is ignored when it runs as a weakref callback (a module
+# lock's), or leaves a module half imported; the handler waits for the stopper's resend instead
+IMPORT_MODULES = ("importlib._bootstrap", "_frozen_importlib")
 RESEND_SECONDS = 0.05  # how often a signal that waits is sent again to the main thread
 # a process still running this long after the first signal exits at once (a store call that does not
 # return, code that catches the exception): its runs stay RUNNING until the next start marks them
@@ -286,11 +289,13 @@ def _exit_later(signum: int, seconds: float, after: str, waiting: Callable[[], b
 
 def _inside_store_call(frame: FrameType | None, quiet: tuple = ()) -> bool:
     """Whether ``frame`` (the main thread's, where a signal arrived) or a caller of it runs code of
-    a local store (SQLAlchemy, sqlite3, MLflow's database and file stores, Optuna's storages), or
-    one of the code objects ``quiet``."""
+    a local store (SQLAlchemy, sqlite3, MLflow's database and file stores, Optuna's storages), of
+    the import system (:data:`IMPORT_MODULES`), or one of the code objects ``quiet``."""
     while frame is not None:
         name = frame.f_globals.get("__name__", "")
-        if frame.f_code in quiet or (name.startswith(STORE_MODULES) and not name.startswith(REMOTE_STORE_MODULES)):
+        if frame.f_code in quiet or name.startswith(IMPORT_MODULES):
+            return True
+        if name.startswith(STORE_MODULES) and not name.startswith(REMOTE_STORE_MODULES):
             return True
         frame = frame.f_back
     return False
