@@ -274,7 +274,7 @@ def load_dataset(dataset: Mapping, root: str | os.PathLike, download: bool = Tru
     return Dataset(dataset["name"], splits, columns, dataset["label"], scheme, word_column(dataset), tokenisation(dataset))
 
 
-SHARED_REFUSED, SHARED_WARNED = 0.9, 0.2  # shares of an evaluation split's sentences found in an earlier split
+SHARED_REFUSED, SHARED_WARNED = 0.9, 0.2  # shares of one split's sentences found in another (check_disjoint)
 SHARED_MIN_TOKENS = 3  # shorter sentences ("Thanks !", one-word items) repeat by nature, and are not counted
 
 
