@@ -34,8 +34,9 @@ GRID_SWEEPERS = (
 def composition_problem(error: BaseException) -> str:
     """Hydra's (multi-line) error on composing a config as one line: its first line and, for a
     missing config group option, the group's options (``Could not find 'trainer/nosuch'
-    (options of trainer: base, lbfgs, ...)``), or OmegaConf's, prefixed by the key it names, without
-    the search path and the hint on HYDRA_FULL_ERROR."""
+    (options of trainer: base, lbfgs, ...)``), for a key the config lacks, where a ``+`` may add it
+    (Hydra's advice to use one is refused in most sections), or OmegaConf's, prefixed by the key it
+    names, without the search path and the hint on HYDRA_FULL_ERROR."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     if not lines:
         return type(error).__name__
@@ -50,7 +51,11 @@ def composition_problem(error: BaseException) -> str:
     if group is not None:
         return f"{first} (options of {group}: {', '.join(options)})"
     if first.startswith("Could not override") and len(lines) > 1 and lines[1].startswith("To append"):  # a key the config lacks
-        return f"{first} {lines[1]}"
+        plus = lines[1].removeprefix("To append to your config use").strip()  # Hydra's advice, true only in some sections
+        return (
+            f"{first.rstrip('.')}: the config has no such key (a misspelling?); {plus} adds it only where new keys are "
+            "taken (a model's own parameters, feature views and lexicons, a dataset's optional keys)"
+        )
     where = next((line.removeprefix("full_key:").strip() for line in lines[1:] if line.startswith("full_key:")), "")
     return f"{where}: {first}" if where and where not in first else first
 
