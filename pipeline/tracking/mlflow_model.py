@@ -44,12 +44,20 @@ import pandas as pd
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import INTERNAL_ERROR, INVALID_PARAMETER_VALUE
 
-from crf.bundle import ModelBundle, TokenError, check_sentences, check_tokens, check_unique_columns, load_bundle, sentence_offsets
+from crf.bundle import (
+    ModelBundle,
+    TokenError,
+    check_sentences,
+    check_tokens,
+    check_unique_columns,
+    load_bundle,
+    sentence_offsets,
+    shown_value,
+)
 
 log = logging.getLogger(__name__)
 
 SENTENCE = "sentence"  # the column that says which sentence a token row belongs to
-SHOWN = 60  # characters of a refused value quoted in a message
 
 
 class OneLineError(MlflowException):
@@ -87,15 +95,6 @@ class TaggingFailed(OneLineError):
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason, INTERNAL_ERROR)
-
-
-def _shown(value: Any) -> str:
-    """A refused value for a message: ``null`` for a missing one (JSON null arrives as None or NaN),
-    else its type and a short repr."""
-    if value is None or (isinstance(value, (float, np.floating)) and np.isnan(value)):
-        return "null (a missing value)"
-    text = repr(value)
-    return f"{type(value).__name__} " + (text if len(text) <= SHOWN else text[: SHOWN - 3] + "...")
 
 
 def sentences_frame(sentences: Sequence[Sequence[dict]], columns: Sequence[str]) -> pd.DataFrame:
@@ -148,7 +147,7 @@ def as_frame(model_input: Any, columns: Sequence[str]) -> pd.DataFrame:
             raise ModelInputError(str(err)) from None
     raise ModelInputError(
         f"expected a table (columns {SENTENCE!r}, {', '.join(map(repr, columns))}) or a list of sentences of token "
-        f"objects, got {_shown(model_input)}"
+        f"objects, got {shown_value(model_input)}"
     )
 
 
