@@ -299,6 +299,36 @@ class NumericValueError(ValueError):
     the sentence and the token (counted from 0)."""
 
 
+def numeric_cells(cells: Sequence) -> tuple[np.ndarray, tuple[int, str] | None]:
+    """The values of a ``numeric`` column's cells, and its first bad cell.
+
+    A cell is read as pandas reads a number (``pd.to_numeric``); it is bad when it is no finite
+    number, or when its size is :data:`TOO_LARGE` or more (one such score drowns the rest of its
+    sentence).
+
+    Parameters
+    ----------
+    cells : sequence of str or number, length T
+        The column's cells, in token order.
+
+    Returns
+    -------
+    values : ndarray of shape (T,), float64
+        The parsed values (NaN where a cell is not a number).
+    bad : (int, str) or None
+        The index of the first bad cell and what is wrong with it ("has the non-numeric value
+        'x'", or "has the value 1e+12, too large ..."), or None when every cell is good.
+    """
+    values = pd.to_numeric(pd.Series(cells, dtype=object), errors="coerce").to_numpy(dtype=np.float64)
+    wrong = np.flatnonzero(~np.isfinite(values))
+    if wrong.size:
+        return values, (int(wrong[0]), f"has the non-numeric value {cells[int(wrong[0])]!r}")
+    large = np.flatnonzero(np.abs(values) >= TOO_LARGE)
+    if large.size:
+        return values, (int(large[0]), f"has the value {values[large[0]]:g}, too large (the limit is {TOO_LARGE:g}): scale it")
+    return values, None
+
+
 @dataclass
 class ViewSpec:
     """How to compute one view: ``fn`` applied to ``column`` (``n`` for affixes and lengths).
@@ -738,18 +768,9 @@ class FeatureExtractor:
             table[found, k] = base + slot[found]
             base += fitted.size
         for k, name in enumerate(self.numeric, start=len(self._templates)):
-            parsed = pd.to_numeric(pd.Series(corpus.columns[name]), errors="coerce").to_numpy(dtype=np.float64)
-            bad = np.flatnonzero(~np.isfinite(parsed))
-            if bad.size:
-                raise NumericValueError(
-                    f"numeric column {name!r}: {corpus.where(bad[0])} has the non-numeric value {corpus.columns[name][bad[0]]!r}"
-                )
-            large = np.flatnonzero(np.abs(parsed) >= TOO_LARGE)
-            if large.size:  # one such score drowns the rest of its sentence
-                raise NumericValueError(
-                    f"numeric column {name!r}: {corpus.where(large[0])} has the value {parsed[large[0]]:g}, too large "
-                    f"(the limit is {TOO_LARGE:g}): scale it"
-                )
+            parsed, bad = numeric_cells(corpus.columns[name])
+            if bad is not None:
+                raise NumericValueError(f"numeric column {name!r}: {corpus.where(bad[0])} {bad[1]}")
             table[parsed != 0.0, k] = base
             weights[k] = parsed
             base += 1

@@ -204,10 +204,11 @@ def _sentences(
     parse: Callable[[int, str], tuple[str, ...] | None],
     what: str,
     boundary: Callable[[], None] = lambda: None,
+    token_lines: list[int] | None = None,
 ) -> list[Sentence]:
     """Group a file's token lines into sentences: blank lines end sentences (and call
     ``boundary()``), ``parse(number, line)`` turns a line into a token row (None: skip the line)
-    or raises DataFormatError."""
+    or raises DataFormatError. ``token_lines``, when given, gets each token row's line number."""
     sentences: list[Sentence] = []
     current: Sentence = []
     saw_any_line = False
@@ -226,6 +227,8 @@ def _sentences(
         row = parse(number, line)
         if row is not None:
             current.append(row)
+            if token_lines is not None:
+                token_lines.append(number)
     if current:
         sentences.append(current)
     if not saw_any_line:
@@ -244,6 +247,7 @@ def read_conll(
     separator: str | None = None,
     comment_prefix: str | None = None,
     document_marker: str | None = DOCSTART,
+    token_lines: list[int] | None = None,
 ) -> list[Sentence]:
     """Read a CoNLL column file: one token per line, columns split by ``separator``.
 
@@ -274,6 +278,9 @@ def read_conll(
         Marks comment lines before a sentence's first token line (see above); None: no comments.
     document_marker : str or None, default="-DOCSTART-"
         The first cell of document boundary lines (see above); None: none.
+    token_lines : list of int, optional
+        When given, the 1-based line number of each token row is appended to it, in reading order
+        (to name the line of a cell that a later check refuses).
 
     Returns
     -------
@@ -316,13 +323,13 @@ def read_conll(
     def boundary() -> None:
         at_sentence_start[0] = True
 
-    return _sentences(path, parse, "token", boundary)
+    return _sentences(path, parse, "token", boundary, token_lines)
 
 
 CONLLU_COLUMNS = ("id", "form", "lemma", "upos", "xpos", "feats", "head", "deprel", "deps", "misc")
 
 
-def read_conllu(path: str | os.PathLike) -> list[Sentence]:
+def read_conllu(path: str | os.PathLike, token_lines: list[int] | None = None) -> list[Sentence]:
     """Read the word lines of a CoNLL-U file as 10-column token rows.
 
     Comment lines (``#``), multiword-token lines (ID ``3-4``) and empty nodes (ID ``8.1``) are
@@ -333,6 +340,8 @@ def read_conllu(path: str | os.PathLike) -> list[Sentence]:
     ----------
     path : str or os.PathLike
         A UTF-8 CoNLL-U file, plain or gzip.
+    token_lines : list of int, optional
+        When given, the 1-based line number of each word row is appended to it, in reading order.
 
     Returns
     -------
@@ -363,7 +372,7 @@ def read_conllu(path: str | os.PathLike) -> list[Sentence]:
             raise DataFormatError(path, number, f"word ID {token_id!r} is not an integer")
         return cells
 
-    return _sentences(path, parse, "word")
+    return _sentences(path, parse, "word", token_lines=token_lines)
 
 
 def read_xml_sequences(path: str | os.PathLike, root: str = "dataset", sequence: str = "sequence") -> list[Sentence]:

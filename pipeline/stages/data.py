@@ -14,14 +14,24 @@ import os
 import shutil
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from crf.io import Sentence, atomic_write, check_input_file, read_blocks, read_conll, read_conllu, read_xml_sequences
+from crf.features import numeric_cells
+from crf.io import (
+    DataFormatError,
+    Sentence,
+    atomic_write,
+    check_input_file,
+    read_blocks,
+    read_conll,
+    read_conllu,
+    read_xml_sequences,
+)
 from pipeline.engine.validate import SettingsError
 
 DATA_HOME_VARIABLE = "CRF_DATA_HOME"
@@ -208,7 +218,7 @@ class Dataset:
         return [[row[i] for row in sentence] for sentence in self.splits[split]]
 
 
-def read_conll_dataset(path: Path, dataset: Mapping) -> list[Sentence]:
+def read_conll_dataset(path: Path, dataset: Mapping, token_lines: list[int] | None = None) -> list[Sentence]:
     """A ``conll`` dataset file: ``separator`` (None: any whitespace), and lines that look like
     directives only where the dataset says so: ``comment_prefix`` (sentence-header comment lines,
     e.g. ``#``; default none) and ``document_marker`` (e.g. CoNLL-2003's ``-DOCSTART-``; default
@@ -220,24 +230,56 @@ def read_conll_dataset(path: Path, dataset: Mapping) -> list[Sentence]:
         separator=dataset.get("separator"),
         comment_prefix=dataset.get("comment_prefix"),
         document_marker=dataset.get("document_marker"),
+        token_lines=token_lines,
     )
 
 
-# dataset ``format`` -> reader(path, dataset config) -> sentences; a new file format is one entry.
-# CoNLL-U defines its comments (``#`` lines before a sentence) and has no document marker.
-READERS: dict[str, Callable[[Path, Mapping], list[Sentence]]] = {
+# dataset ``format`` -> reader(path, dataset config, token_lines) -> sentences; a new file format is
+# one entry. ``token_lines`` (a list, or None) gets each token's line number where the format has
+# lines. CoNLL-U defines its comments (``#`` lines before a sentence) and has no document marker.
+READERS: dict[str, Callable[[Path, Mapping, list[int] | None], list[Sentence]]] = {
     "conll": read_conll_dataset,
-    "conllu": lambda path, dataset: read_conllu(path),
-    "xml_sequences": lambda path, dataset: read_xml_sequences(path),
+    "conllu": lambda path, dataset, token_lines=None: read_conllu(path, token_lines=token_lines),
+    "xml_sequences": lambda path, dataset, token_lines=None: read_xml_sequences(path),
 }
 
 
-def read_split(path: Path, dataset: Mapping) -> list[Sentence]:
-    """The sentences of one file of ``dataset``, read by the reader of its ``format``."""
+def read_split(path: Path, dataset: Mapping, token_lines: list[int] | None = None) -> list[Sentence]:
+    """The sentences of one file of ``dataset``, read by the reader of its ``format``
+    (``token_lines``: see :data:`READERS`)."""
     reader = READERS.get(dataset["format"])
     if reader is None:
         raise ValueError(f"dataset {dataset.get('name')!r}: unknown format {dataset['format']!r} (one of {sorted(READERS)})")
-    return reader(path, dataset)
+    return reader(path, dataset, token_lines)
+
+
+def check_numeric_columns(
+    dataset: Mapping, splits: Mapping[str, list], paths: Mapping[str, Path], numeric: Sequence[str]
+) -> None:
+    """Refuse a cell of a ``numeric`` column that is no finite number, or too large
+    (:func:`crf.features.numeric_cells`), in any sentence of the files as read (before a training
+    subset is drawn: a bad cell is found whichever sentences a run samples). Raises DataFormatError
+    naming the file and line (the sentence and token in formats without lines)."""
+    columns = list(dataset["columns"])
+    for name in numeric:
+        if name not in columns:  # the featurize stage's settings check names it
+            continue
+        index = columns.index(name)
+        for split, sentences in splits.items():
+            cells = [row[index] for sentence in sentences for row in sentence]
+            _, bad = numeric_cells(cells)
+            if bad is None:
+                continue
+            token, problem = bad
+            token_lines: list[int] = []
+            read_split(paths[split], dataset, token_lines)
+            problem = f"numeric column {name!r} (features.numeric) {problem}"
+            if len(token_lines) == len(cells):
+                raise DataFormatError(paths[split], token_lines[token], problem)
+            lengths = np.fromiter((len(s) for s in sentences), dtype=np.int64, count=len(sentences))
+            sentence = int(np.searchsorted(np.cumsum(lengths), token, side="right"))
+            where = f"sentence {sentence + 1}, token {token - int(lengths[:sentence].sum()) + 1}"
+            raise SettingsError(f"{paths[split]}: {where}: {problem}")
 
 
 def seeded_split(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -248,15 +290,20 @@ def seeded_split(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.nda
     return kept, held
 
 
-def load_dataset(dataset: Mapping, root: str | os.PathLike, download: bool = True, carve_dev: bool = True) -> Dataset:
+def load_dataset(
+    dataset: Mapping, root: str | os.PathLike, download: bool = True, carve_dev: bool = True, numeric: Sequence[str] = ()
+) -> Dataset:
     """Read every split of ``dataset``; carve ``dev`` from ``train`` when configured (and
-    ``carve_dev``: the speed benchmark trains on the whole training file, as CRFsuite's does)."""
+    ``carve_dev``: the speed benchmark trains on the whole training file, as CRFsuite's does).
+    The ``numeric`` columns (``features.numeric``) are checked in every sentence of every file
+    (:func:`check_numeric_columns`)."""
     paths = resolve_files(dataset, root, download)
     splits = {split: read_split(path, dataset) for split, path in paths.items()}
     check_disjoint(dataset.get("name"), splits, paths)
     columns = list(dataset["columns"])
     if dataset["label"] not in columns:
         raise ValueError(f"dataset {dataset['name']!r}: label column {dataset['label']!r} is not among {columns}")
+    check_numeric_columns(dataset, splits, paths, numeric)
     if "dev" not in splits and carve_dev:
         rule = dataset.get("dev_split")
         if not rule:

@@ -127,15 +127,18 @@ class Prepare(BaseStage):
 
     def config_slice(self, cfg, adapter: ModelAdapter) -> dict:
         """What the output depends on (the data root is not: the files' checksums are). The
-        default ``data.final_fit=train`` is left out, so the keys of earlier runs still hold."""
+        default ``data.final_fit=train`` and an empty ``features.numeric`` are left out, so the
+        keys of earlier runs still hold."""
         dataset = OmegaConf.to_container(cfg.dataset, resolve=True)
         dataset.pop("evaluate", None)  # how the evaluate stage scores this dataset: its own key hashes it
         fit = final_fit(cfg)
+        numeric = list(OmegaConf.select(cfg, "features.numeric", default=None) or [])
         return {
             "dataset": dataset,
             "train_fraction": cfg.data.train_fraction,
             "seed": cfg.seed,
             **({"final_fit": fit} if fit != "train" else {}),
+            **({"numeric": numeric} if numeric else {}),  # checked in every file's every sentence
         }
 
     def settings(self, cfg, adapter: ModelAdapter) -> dict:
@@ -152,7 +155,8 @@ class Prepare(BaseStage):
     def run(self, context: StageContext) -> dict:
         config, out = context.config, context.out
         dataset = OmegaConf.to_container(config.dataset)
-        data = load_dataset(dataset, context.settings.root, download=context.settings.download)
+        numeric = list(config.get("numeric") or [])
+        data = load_dataset(dataset, context.settings.root, download=context.settings.download, numeric=numeric)
         data.splits["train"] = subset(data.splits["train"], float(config.train_fraction), int(config.seed))
         data.splits = final_fit_splits(data.splits, str(config.get("final_fit", "train")))
         for split in SPLITS:
