@@ -954,8 +954,11 @@ def test_tag_frame_and_the_served_model_take_the_same_sentence_ids(chunker, ids,
     with pytest.raises(mlflow_model.ModelInputError, match=message):
         mlflow_model.tag(bundle, frame)
     expected = bundle.tag_frame(pd.DataFrame({"sentence": [0, 0, 0, 1, 1, 1], "pos": frame["pos"]}))["label"].tolist()
-    for good in ([3.0, 3.0, 3.0, 1, 1, 1], ["s3", "s3", "s3", "s1", "s1", "s1"]):
-        whole = pd.DataFrame({"sentence": pd.Series(good, dtype=object), "pos": frame["pos"]})
+    categories = (pd.Categorical(["s3", "s3", "s3", "s1", "s1", "s1"]), pd.Categorical([3, 3, 3, 1, 1, 1]))  # L4's residual
+    for good in ([3.0, 3.0, 3.0, 1, 1, 1], ["s3", "s3", "s3", "s1", "s1", "s1"], *categories):
+        whole = pd.DataFrame(
+            {"sentence": good if isinstance(good, pd.Categorical) else pd.Series(good, dtype=object), "pos": frame["pos"]}
+        )
         assert bundle.tag_frame(whole)["label"].tolist() == mlflow_model.tag(bundle, whole)["label"].tolist() == expected
     bad_token = pd.DataFrame({"sentence": ["s1", "s1"], "pos": ["DT", ""]})  # a string id in the bad token's message
     with pytest.raises(mlflow_model.ModelInputError, match=r"^row 1 \(sentence s1\), column 'pos': "):
