@@ -77,6 +77,7 @@ def check_sweeper_settings(config: DictConfig) -> None:
     if not target:
         return
     jobs = check_grid_jobs(config)  # the basic sweeper's grid: every job's settings
+    check_sweep_data(config, jobs)  # before the sweeper's own check, which may create a study's storage file
     try:
         sweeper = _locate(str(target))  # hydra.utils.get_class would log its own multi-line error first
     except Exception as error:
@@ -89,7 +90,6 @@ def check_sweeper_settings(config: DictConfig) -> None:
             check(config)  # exits (code 2) on a refused setting
         except Exception as error:  # a fault of the check itself: the sweeper checks again as it starts
             log.warning("could not check the sweeper's settings before the sweep: %s: %s", type(error).__name__, error)
-    check_sweep_data(config, jobs)
 
 
 DATA_KEYS = ("dataset", "data.root", "data.download")  # swept keys (or their parents) that choose a job's data files
