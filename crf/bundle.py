@@ -183,6 +183,14 @@ def _plain(value: object) -> object:
 def _checked_ids(ids: np.ndarray, column: str) -> np.ndarray:
     """``ids`` (T,) objects as int64 (integers) or as objects (strings), or ValueError naming the
     first that is missing, not an integer, or not of the first id's kind."""
+    kind = pd.api.types.infer_dtype(ids, skipna=False)  # one pass in C: the usual columns need no per-row check
+    if kind == "string":
+        return ids
+    if kind == "integer":
+        try:
+            return ids.astype(np.int64)
+        except OverflowError:  # beyond 64 bits: the scan below names the row
+            pass
     absent = pd.isna(pd.Series(ids, dtype=object)).to_numpy()
     if absent.any():
         row = int(np.argmax(absent))
