@@ -410,13 +410,36 @@ def text_tokenisation(choice: str, bundle: ModelBundle, reference: str) -> str:
 SQLITE_MAGIC = b"SQLite format 3\x00"  # the first bytes of every SQLite database file
 
 
-def check_not_a_model(output: str | Path, models: Sequence[Path], stores: Sequence[str | None] = ()) -> None:
+def _artifact_roots(store: str, database: Path) -> list[Path]:
+    """The local folders of the artifacts of a SQLite tracking store's experiments (their
+    ``artifact_location``, read from the store; nothing for a store that does not exist yet, which
+    a client would create), and the default layout's folder beside the database."""
+    from urllib.parse import unquote, urlparse
+
+    from pipeline.tracking import ARTIFACTS
+
+    roots = [database.parent / ARTIFACTS]
+    if database.is_file():
+        from mlflow.entities import ViewType
+        from mlflow.tracking import MlflowClient
+
+        for experiment in MlflowClient(tracking_uri=store).search_experiments(view_type=ViewType.ALL):
+            location = urlparse(experiment.artifact_location or "")
+            if location.scheme in ("", "file") and location.path:
+                roots.append(Path(unquote(location.path)))
+    return roots
+
+
+def check_not_a_model(
+    output: str | Path, models: Sequence[Path], stores: Sequence[str | None] = (), cache_dir: str | Path | None = None
+) -> None:
     """Refuse an existing output that is one of the bundle files the command reads (``models``:
     their local paths, a folder or ``~`` resolved), a file of a SQLite tracking store it reads them
-    from (``stores``: URIs; the database and its journal files) or of that store's artifact folder
-    or stage cache, or any SQLite database (an Optuna study's storage), through a link or not:
-    writing it would destroy the model, or runs, registered models or a study."""
-    from pipeline.tracking import ARTIFACTS, sqlite_path
+    from (``stores``: URIs; the database and its journal files) or of that store's artifact folders
+    (its experiments' artifact locations), a file of the stage cache (``cache_dir``,
+    ``paths.cache_dir``), or any SQLite database (an Optuna study's storage), through a link or
+    not: writing it would destroy the model, or runs, registered models or a study."""
+    from pipeline.tracking import sqlite_path
 
     output_path = Path(output)
     if not output_path.exists():
@@ -432,11 +455,12 @@ def check_not_a_model(output: str | Path, models: Sequence[Path], stores: Sequen
         files = [Path(f"{database}{end}") for end in ("", "-wal", "-journal", "-shm")]
         if any(f.exists() and target == f.resolve() for f in files):
             raise TagError(f"output {output_path}: is a file of the tracking store {store}; name another file")
-        for folder, what in ((ARTIFACTS, "artifact store"), ("cache", "stage cache")):  # beside a local store, by default
-            root = (Path(database).parent / folder).resolve()
-            if target.is_relative_to(root):
-                raise TagError(f"output {output_path}: is a file in the {what} of the tracking store {store} ({root}); "
-                               "name a file outside it")  # fmt: skip
+        for root in _artifact_roots(store, Path(database)):
+            if target.is_relative_to(root.resolve()):
+                raise TagError(f"output {output_path}: is a file in the artifact store of the tracking store {store} "
+                               f"({root}); name a file outside it")  # fmt: skip
+    if cache_dir is not None and target.is_relative_to(Path(cache_dir).resolve()):
+        raise TagError(f"output {output_path}: is a file in the stage cache ({cache_dir}, paths.cache_dir); name another file")
     if target.is_file():
         with open(target, "rb") as existing:
             if existing.read(len(SQLITE_MAGIC)) == SQLITE_MAGIC:  # an Optuna study's storage, another tracking store
@@ -527,7 +551,7 @@ def run_tag(cfg: Mapping) -> dict:
     tracking_uri, registry_uri = cfg.get("tracking_uri"), cfg.get("registry_uri")
     import_plugins(cfg.get("plugins") or [])
     local = [resolve_model(r, tracking_uri, registry_uri) for r in references]
-    check_not_a_model(cfg["output"], local, [tracking_uri, registry_uri])
+    check_not_a_model(cfg["output"], local, [tracking_uri, registry_uri], (cfg.get("paths") or {}).get("cache_dir"))
     bundles = [load_bundle(path) for path in local]
     for reference, bundle in zip(references, bundles):
         log.info("model %s: %s over %s -> %r (%d labels, scheme %s)", reference, bundle.kind, bundle.input_columns,

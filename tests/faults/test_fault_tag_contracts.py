@@ -542,17 +542,44 @@ def test_the_output_may_not_be_a_study_or_a_file_of_the_stores_artifacts_or_cach
     before = (tmp_path / "optuna.db").read_bytes()
     with pytest.raises(TagError, match=r"optuna.db: is an SQLite database \(an Optuna study's storage or a tracking store"):
         check_not_a_model(tmp_path / "optuna.db", [chunker], [None])  # any SQLite file, whatever the store
-    for folder, what in (("mlartifacts", "artifact store"), ("cache", "stage cache")):
-        inside = tmp_path / folder / "1" / "models" / "m-1" / "artifacts" / "MLmodel"
-        inside.parent.mkdir(parents=True)
-        inside.write_text("artifact_path: model\n")
-        with pytest.raises(TagError, match=rf"is a file in the {what} of the tracking store {re.escape(store)} "):
-            check_not_a_model(inside, [chunker], [store])
+    inside = tmp_path / "mlartifacts" / "1" / "models" / "m-1" / "artifacts" / "MLmodel"  # the default layout
+    inside.parent.mkdir(parents=True)
+    inside.write_text("artifact_path: model\n")
+    with pytest.raises(TagError, match=rf"is a file in the artifact store of the tracking store {re.escape(store)} "):
+        check_not_a_model(inside, [chunker], [store])
+    cached = tmp_path / "out" / "cache" / "train" / "k" / "bundle.npz"
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(b"PK")
+    with pytest.raises(TagError, match=r"is a file in the stage cache \(.*paths.cache_dir\); name another file$"):
+        check_not_a_model(cached, [chunker], [store], tmp_path / "out" / "cache")
+    check_not_a_model(cached, [chunker], [store])  # another run's cache folder: not this command's
     source = _write_conll(tmp_path / "in.conll", _corpus(2, 5))
     with pytest.raises(TagError, match="is an SQLite database"):
         run_tag(_settings(chunker, source, tmp_path / "optuna.db"))
     assert (tmp_path / "optuna.db").read_bytes() == before
     check_not_a_model(tmp_path / "tagged.conll", [chunker], [store])  # a new file beside the store: fine
+
+
+def test_the_output_may_not_be_in_an_experiments_artifact_folder_wherever_it_is(chunker, tmp_path):
+    """The artifact and cache folders were taken to be beside the database, which holds for the
+    default layout only: a store elsewhere left its experiments' real artifact folder unguarded
+    (review 3). The store's own artifact locations are guarded, wherever they are."""
+    import mlflow
+
+    from pipeline.apps.tag import check_not_a_model
+
+    (tmp_path / "db").mkdir()
+    store = f"sqlite:///{tmp_path / 'db' / 'mlflow.db'}"
+    mlflow.MlflowClient(tracking_uri=store).create_experiment("e", artifact_location=(tmp_path / "elsewhere").as_uri())
+    logged = tmp_path / "elsewhere" / "run" / "artifacts" / "MLmodel"
+    logged.parent.mkdir(parents=True)
+    logged.write_text("artifact_path: model\n")
+    with pytest.raises(TagError, match=rf"is a file in the artifact store of the tracking store .* \({tmp_path / 'elsewhere'}\)"):
+        check_not_a_model(logged, [chunker], [store])
+    beside = tmp_path / "db" / "cache" / "notes.txt"  # a folder named cache beside the database: nobody's cache
+    beside.parent.mkdir()
+    beside.write_text("x")
+    check_not_a_model(beside, [chunker], [store])
 
 
 def test_a_chain_that_feeds_a_model_another_tag_set_is_refused(chunker, train, tmp_path):
