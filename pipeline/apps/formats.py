@@ -358,9 +358,26 @@ def _json_integer(text: str) -> int | float:
     return int(text) if not limit or len(text.lstrip("-")) <= limit else float(text)
 
 
+def _listed_gold(path: Path, number: int, record: dict, sentence: list, gold: str | None) -> list | None:
+    """A line's sentence-level ``"gold"`` list (as :func:`write_jsonl` writes the gold labels it
+    read), when the model has a label column ``gold``: one label per token, and the tokens do not
+    give them too; None without one."""
+    if gold is None or "gold" not in record:
+        return None
+    listed = record["gold"]
+    if not isinstance(listed, list) or len(listed) != len(sentence):
+        got = f"a list of {len(listed)}" if isinstance(listed, list) else _json_kind(listed)
+        raise DataFormatError(path, number, f'"gold" must be a list of one label per token ({len(sentence)}), got {got}')
+    if any(isinstance(token, dict) and gold in token for token in sentence):
+        raise DataFormatError(path, number, f'the gold labels are given twice: in "gold" and in the tokens\' {gold!r}; give one')
+    return listed
+
+
 def _read_jsonl(path: Path, columns: list[str], gold: str | None = None) -> Corpus:
     """``{"tokens": [...]}`` per line; every value a non-empty string (checked with its position).
-    The label column ``gold``, when the token objects give it (all of them, or none), is the gold."""
+    The gold labels, when given for all sentences or none: the label column ``gold`` in every token
+    object, or a sentence-level ``"gold"`` list of one label per token (as :func:`write_jsonl`
+    writes them)."""
     values: dict[str, list[str]] = {c: [] for c in columns}
     golds: list[str] = []
     with_gold: bool | None = None  # whether the tokens give the gold column: as the first token does
@@ -379,9 +396,10 @@ def _read_jsonl(path: Path, columns: list[str], gold: str | None = None) -> Corp
         sentence = record.get("tokens") if isinstance(record, dict) else None
         if not isinstance(sentence, list) or not sentence:
             raise DataFormatError(path, number, 'expected an object with a non-empty list "tokens"')
+        listed = _listed_gold(path, number, record, sentence, gold)
         for position, token in enumerate(sentence, start=1):
             if gold is not None and isinstance(token, (dict, str)):
-                has = isinstance(token, dict) and gold in token
+                has = listed is not None or (isinstance(token, dict) and gold in token)
                 with_gold = has if with_gold is None else with_gold
                 if has != with_gold:
                     raise DataFormatError(
@@ -389,7 +407,8 @@ def _read_jsonl(path: Path, columns: list[str], gold: str | None = None) -> Corp
                         f"first token {'lacks' if has else 'gives'}: give the gold labels for every token or for none",
                     )  # fmt: skip
                 if has:
-                    golds.append(_jsonl_value(path, number, position, gold, token[gold]))
+                    value = listed[position - 1] if listed is not None else token[gold]
+                    golds.append(_jsonl_value(path, number, position, gold, value))
             if isinstance(token, dict):
                 missing = [c for c in columns if c not in token]
                 if missing:

@@ -1040,6 +1040,27 @@ def test_jsonl_tokens_that_give_the_label_column_are_scored_and_keep_it(chunker,
     assert "accuracy" not in run_tag(_settings(chunker, tmp_path / "plain.jsonl", tmp_path / "plain.out.jsonl"))
 
 
+def test_the_commands_own_jsonl_output_is_read_with_its_gold(chunker, tmp_path):
+    """The command wrote the gold it read as a sentence-level "gold" list, where it did not read
+    it: tagging its own output again dropped the gold and printed no scores (review 11). A
+    "gold" list of one label per token is read, and the gold given twice is refused."""
+    sentences = _corpus(6, 23)
+    first = run_tag(_settings(chunker, _write_conll(tmp_path / "s.conll", sentences), tmp_path / "once.jsonl"))
+    again = run_tag(_settings(chunker, tmp_path / "once.jsonl", tmp_path / "twice.jsonl"))
+    assert again["accuracy"] == first["accuracy"] and again["f1"] == first["f1"]
+    once, twice = ([json.loads(line) for line in (tmp_path / n).read_text().splitlines()] for n in ("once.jsonl", "twice.jsonl"))
+    assert [(r["gold"], r["labels"]) for r in twice] == [(r["gold"], r["labels"]) for r in once]
+    record = json.loads((tmp_path / "once.jsonl").read_text().splitlines()[0])
+    for bad, match in (
+        ({"gold": record["gold"][:-1]}, r'"gold" must be a list of one label per token \(6\), got a list of 5$'),
+        ({"gold": "B-NP"}, r'"gold" must be a list of one label per token \(6\), got string "B-NP"$'),
+        ({"tokens": [{**t, "chunk": "O"} for t in record["tokens"]]}, r'the gold labels are given twice: in "gold" and in'),
+    ):
+        (tmp_path / "bad.jsonl").write_text(json.dumps({**record, **bad}) + "\n")
+        with pytest.raises(DataFormatError, match=r"bad.jsonl:1: " + match):
+            run_tag(_settings(chunker, tmp_path / "bad.jsonl", tmp_path / "bad.out.jsonl"))
+
+
 def test_an_output_named_gz_is_compressed(chunker, tmp_path):
     """``output=out.conll.gz`` was plain text under a .gz name, which zcat refuses (L18)."""
     import gzip
