@@ -112,7 +112,7 @@ def sentences_frame(sentences: Sequence[Sequence[dict]], columns: Sequence[str])
                 )
     lengths = [len(sentence) for sentence in sentences]
     tokens = [token for sentence in sentences for token in sentence]
-    frame = pd.DataFrame.from_records(tokens)[list(columns)]
+    frame = pd.DataFrame(tokens, dtype=object)[list(columns)]  # (see as_frame on dtype=object)
     frame.insert(0, SENTENCE, pd.RangeIndex(len(lengths)).repeat(lengths))
     return frame
 
@@ -126,18 +126,20 @@ def is_sentence_list(model_input: Any) -> bool:
 
 def as_frame(model_input: Any, columns: Sequence[str]) -> pd.DataFrame:
     """The long frame of any accepted input: a DataFrame, a list of sentences of token dicts, a
-    list of token records (with ``sentence``) or a mapping of columns; else ModelInputError."""
+    list of token records (with ``sentence``) or a mapping of columns; else ModelInputError.
+    Built as columns of Python objects: pandas' default text columns (pyarrow) cannot hold every
+    string (a lone surrogate), and the token check, not the table's constructor, names a bad one."""
     if isinstance(model_input, np.ndarray):
         model_input = model_input.tolist()
     if isinstance(model_input, pd.DataFrame):
         return model_input
     if isinstance(model_input, list) and model_input and all(isinstance(t, dict) for t in model_input):
-        return pd.DataFrame.from_records(model_input)
+        return pd.DataFrame(model_input, dtype=object)
     if is_sentence_list(model_input):
         return sentences_frame(model_input, columns)
     if isinstance(model_input, dict):
         try:
-            return pd.DataFrame(model_input)
+            return pd.DataFrame(model_input, dtype=object)
         except (ValueError, TypeError) as err:
             raise ModelInputError(f"cannot read the columns as a table: {str(err).splitlines()[0]}") from None
     if isinstance(model_input, list) and model_input and any(isinstance(s, (list, tuple)) for s in model_input):

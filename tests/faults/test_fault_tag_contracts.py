@@ -340,6 +340,13 @@ def test_bad_tokens_are_refused_alike_everywhere(chunker, tmp_path, name):
         bundle.tag_frame(frame)
     with pytest.raises(mlflow_model.ModelInputError, match=r"row 5 \(sentence 1\), column 'pos': a token must.*token 2"):
         mlflow_model.tag(bundle, frame)
+    # the served model's other inputs: a list of sentences of token dicts, token records, a dict of
+    # columns (a lone surrogate was a 500 from pandas' text column before the check; M1)
+    records = frame.to_dict("records")
+    columns = {"sentence": frame["sentence"].tolist(), "pos": frame["pos"].tolist()}
+    for request in ([[{"pos": t} for t in s] for s in sentences], records, columns):
+        with pytest.raises(mlflow_model.ModelInputError, match=r"row 5 \(sentence 1\), column 'pos': a token must.*token 2"):
+            mlflow_model.tag(bundle, request)
     if name in ("space", "tab"):  # the only bad tokens JSON and the JSONL reader let through
         source = tmp_path / "in.jsonl"
         source.write_text("".join(json.dumps({"tokens": [{"pos": t} for t in s]}) + "\n" for s in sentences))
