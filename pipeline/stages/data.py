@@ -9,6 +9,7 @@ how to carve a dev split when there is none.
 from __future__ import annotations
 
 import hashlib
+import http.client
 import logging
 import os
 import shutil
@@ -177,7 +178,7 @@ def resolve_files(dataset: Mapping, root: str | os.PathLike, download: bool = Tr
         if not path.is_file():
             try:
                 _download(spec["url"], path, timeout)
-            except (urllib.error.URLError, OSError, TimeoutError) as err:
+            except (urllib.error.URLError, OSError, TimeoutError, http.client.HTTPException, ValueError) as err:
                 failures.append(f"{path} (download from {spec['url']} failed: {getattr(err, 'reason', err)})")
                 continue
         expected = spec.get("sha256")

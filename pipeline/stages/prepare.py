@@ -17,6 +17,7 @@ import logging
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 from omegaconf import OmegaConf
 
@@ -119,6 +120,11 @@ class Prepare(BaseStage):
             url = spec.get("url") if hasattr(spec, "get") else None
             if url is not None and not str(url).lower().startswith(("http://", "https://")):
                 raise SettingsError(f"bad setting dataset.files.{split}.url={url!r}: a download URL must be http:// or https://")
+            if url is not None and (not urlsplit(str(url)).hostname or any(c <= " " or c == "\x7f" for c in str(url))):
+                raise SettingsError(
+                    f"bad setting dataset.files.{split}.url={url!r}: a download URL needs a host name and no spaces or control "
+                    "characters (write a space as %20)"
+                )
 
     def metric_names(self, cfg, adapter: ModelAdapter) -> tuple[str, ...]:
         """The statistics of :meth:`run`: sizes and OOV rates per split, label counts."""
