@@ -147,6 +147,30 @@ def holder_without_standing(tags: Mapping[str, str]) -> tuple[str, bool]:
     return what, True
 
 
+def standing_from_run(client: Any, holder: Any, standing: Standing) -> Standing | None:
+    """The standing of an alias ``holder`` whose version tags record none, read back from its run:
+    the run's value of ``standing``'s metric and the run's evaluation key (its
+    :data:`EVALUATION_RUN_TAG`), so that a holder whose standing tags were removed is still compared
+    (it would otherwise count as a version with nothing to defend). None when the version says why it
+    has no score, was forced into the alias, or its run (gone, or never logged) lacks the metric or
+    the key."""
+    tags = dict(holder.tags)
+    if tags.get(UNSCORED_TAG) or tags.get(FINAL_FIT_TAG) == "train+dev" or tags.get(DECISION_TAG, "").startswith(FORCED):
+        return None
+    run_id = tags.get("run_id") or getattr(holder, "run_id", None)  # the pipeline run (a version tag), else MLflow's
+    if not run_id:
+        return None
+    try:
+        run = client.get_run(run_id)
+    except MlflowException:
+        return None
+    value = run.data.metrics.get(_metric_name(standing.metric))
+    evaluation = run.data.tags.get(EVALUATION_RUN_TAG)
+    if value is None or not evaluation:
+        return None
+    return Standing(standing.metric, float(value), standing.direction, evaluation)
+
+
 def alias_decision(
     new: Standing | None,
     current: Standing | None,
@@ -268,6 +292,8 @@ def settle_alias(
             if holder is not None and str(holder.version) == version:
                 break  # ours (set in an earlier round)
             current = Standing.from_tags(holder.tags) if holder is not None else None
+            if holder is not None and current is None and standing is not None:
+                current = standing_from_run(client, holder, standing)
             holder_tags = dict(holder.tags) if holder is not None else None
             moved, reason = alias_decision(standing, current, holder is not None, force, holder_tags, unscored, force_declined)
             later = holder is not None and int(holder.version) > int(version)
