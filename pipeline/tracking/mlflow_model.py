@@ -22,6 +22,10 @@ naming the row, column and problem, and no stack trace. The answer is strict JSO
 confidence that is not a number (outside any chunk, or a sentence the model gives probability 0)
 is None (``null``), never NaN.
 
+Of MLflow's request formats, ``dataframe_split`` and ``dataframe_records`` hand the values over as
+sent. ``instances`` and ``inputs`` go through NumPy first, which writes a number or ``true`` in a
+column of text as text (``7`` becomes the token ``"7"``): those cannot be told from text here.
+
 The model has no MLflow input schema (its columns are in the MLmodel ``metadata``:
 ``sentence_column``, ``input_columns``): MLflow's schema check would refuse bad requests before
 this code sees them, with a message that echoes the whole request over several lines, and would
@@ -124,6 +128,22 @@ def is_sentence_list(model_input: Any) -> bool:
     )
 
 
+def _scalar(value: Any) -> Any:
+    """A value that MLflow's reading of an ``inputs`` or ``instances`` request wrapped as a 0-d
+    NumPy array, unwrapped (so that the checks name the value sent); any other value as it is."""
+    return value.item() if isinstance(value, np.ndarray) and value.ndim == 0 else value
+
+
+def _cells(column: Any) -> Any:
+    """A column of a mapping of columns with its 0-d array cells unwrapped (:func:`_scalar`):
+    MLflow reads an ``instances`` request with a null among text values as such a column."""
+    if not (isinstance(column, np.ndarray) and column.dtype == object and column.ndim == 1):
+        return column
+    cells = np.empty(column.size, dtype=object)
+    cells[:] = [_scalar(value) for value in column]
+    return cells
+
+
 def as_frame(model_input: Any, columns: Sequence[str]) -> pd.DataFrame:
     """The long frame of any accepted input: a DataFrame, a list of sentences of token dicts, a
     list of token records (with ``sentence``) or a mapping of columns; else ModelInputError.
@@ -134,12 +154,12 @@ def as_frame(model_input: Any, columns: Sequence[str]) -> pd.DataFrame:
     if isinstance(model_input, pd.DataFrame):
         return model_input
     if isinstance(model_input, list) and model_input and all(isinstance(t, dict) for t in model_input):
-        return pd.DataFrame(model_input, dtype=object)
+        return pd.DataFrame([{k: _scalar(v) for k, v in t.items()} for t in model_input], dtype=object)
     if is_sentence_list(model_input):
         return sentences_frame(model_input, columns)
     if isinstance(model_input, dict):
         try:
-            return pd.DataFrame(model_input, dtype=object)
+            return pd.DataFrame({k: _cells(v) for k, v in model_input.items()}, dtype=object)
         except (ValueError, TypeError) as err:
             raise ModelInputError(f"cannot read the columns as a table: {str(err).splitlines()[0]}") from None
     if isinstance(model_input, list) and model_input and any(isinstance(s, (list, tuple)) for s in model_input):

@@ -1079,3 +1079,21 @@ def test_an_output_named_gz_is_compressed(chunker, tmp_path):
         packed = (tmp_path / f"{name}.gz").read_bytes()
         assert packed[:2] == b"\x1f\x8b" and gzip.decompress(packed) == (tmp_path / name).read_bytes()
     assert [s for s in read_conll(tmp_path / "out.conll.gz")] == [s for s in read_conll(tmp_path / "out.conll")]
+
+
+def test_mlflows_instances_and_inputs_requests_are_read_as_sent(chunker):
+    """MLflow reads ``instances`` and ``inputs`` requests through NumPy, wrapping values as 0-d
+    arrays: a valid ``inputs`` list of records was refused ("id ndarray array(0) is not an
+    integer") and a null token was blamed on another row and value (M4)."""
+    from mlflow.utils.proto_json_utils import parse_tf_serving_input
+
+    bundle = load_bundle(chunker)
+    rows = [{"sentence": 0, "pos": "DT"}, {"sentence": 0, "pos": "NN"}, {"sentence": 1, "pos": "VBZ"}]
+    expected = bundle.tag_frame(pd.DataFrame(rows))["label"].tolist()
+    for request in ({"inputs": rows}, {"instances": rows}):
+        assert mlflow_model.tag(bundle, parse_tf_serving_input(request))["label"].tolist() == expected
+    with_null = [*rows[:2], {"sentence": 1, "pos": None}]
+    for request in ({"inputs": with_null}, {"instances": with_null}):
+        message = r"^row 2 \(sentence 1\), column 'pos': a token must be a non-empty string, got null \(a missing value\)"
+        with pytest.raises(mlflow_model.ModelInputError, match=message):
+            mlflow_model.tag(bundle, parse_tf_serving_input(request))
