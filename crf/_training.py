@@ -230,6 +230,25 @@ def check_label_sequences(y, what: str = "y") -> None:
             raise TypeError(f"{what}: sequence {i} is a {type(labels).__name__}, not a list of labels (one per token, in order)")
 
 
+def checked_attribute_names(attribute_names: object) -> list[str]:
+    """``fit``'s ``attribute_names`` as a list, or TypeError/ValueError naming the argument and the
+    position: an ordered collection (not a string, set or mapping: column j is named by the j-th
+    name) of non-empty strings that UTF-8 can write."""
+    if isinstance(attribute_names, (str, bytes)):
+        raise TypeError("attribute_names must be a list of names, one per column of X, not a string")
+    if isinstance(attribute_names, (AbstractSet, Mapping)):
+        raise TypeError(
+            f"attribute_names is a {type(attribute_names).__name__}, whose order is arbitrary: pass a list, "
+            "column j named by its j-th name"
+        )
+    names = list(attribute_names)
+    for i, name in enumerate(names):
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"attribute_names {i}: {name!r} is not a non-empty string")
+    check_names_encodable(names, "attribute_names")
+    return names
+
+
 def check_names_encodable(names: Sequence, what: str) -> None:
     """Refuse a label or attribute name that UTF-8 cannot write (a lone surrogate such as
     ``'\\ud800'``): neither a model file nor a CRFsuite file could hold it. One join and encode
@@ -359,9 +378,7 @@ def training_problem(
     settings = hyper.validate(params, defaults)
     X, y = as_sequence_list(X, "X"), as_sequence_list(y, "y")
     if attribute_names is not None:  # read once: a generator of names would be empty the second time
-        if isinstance(attribute_names, (str, bytes)):
-            raise TypeError("attribute_names must be a list of names, one per column of X, not a string")
-        attribute_names = list(attribute_names)
+        attribute_names = checked_attribute_names(attribute_names)
     if X_dev is not None and y_dev is not None:
         X_dev, y_dev = as_sequence_list(X_dev, "X_dev"), as_sequence_list(y_dev, "y_dev")
     flat = _check_call(X, y, X_dev, y_dev, attribute_names, params, settings)
