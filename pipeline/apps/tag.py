@@ -437,8 +437,10 @@ def check_not_a_model(
     their local paths, a folder or ``~`` resolved), a file of a SQLite tracking store it reads them
     from (``stores``: URIs; the database and its journal files) or of that store's artifact folders
     (its experiments' artifact locations), a file of the stage cache (``cache_dir``,
-    ``paths.cache_dir``), or any SQLite database (an Optuna study's storage), through a link or
-    not: writing it would destroy the model, or runs, registered models or a study."""
+    ``paths.cache_dir``, and any cache a model is read from), or any SQLite database (an Optuna
+    study's storage), through a link or not: writing it would destroy the model, or runs,
+    registered models or a study."""
+    from pipeline.engine.cache import MANIFEST
     from pipeline.tracking import sqlite_path
 
     output_path = Path(output)
@@ -452,7 +454,7 @@ def check_not_a_model(
         database = sqlite_path(store)
         if database is None:
             continue
-        files = [Path(f"{database}{end}") for end in ("", "-wal", "-journal", "-shm")]
+        files = [Path(f"{database}{end}") for end in ("", "-wal", "-journal", "-shm", ".lock", ".registry.lock")]
         if any(f.exists() and target == f.resolve() for f in files):
             raise TagError(f"output {output_path}: is a file of the tracking store {store}; name another file")
         for root in _artifact_roots(store, Path(database)):
@@ -461,6 +463,11 @@ def check_not_a_model(
                                f"({root}); name a file outside it")  # fmt: skip
     if cache_dir is not None and target.is_relative_to(Path(cache_dir).resolve()):
         raise TagError(f"output {output_path}: is a file in the stage cache ({cache_dir}, paths.cache_dir); name another file")
+    for model in models:  # a model read from a stage cache entry (<cache>/<stage>/<key>/, with its manifest): that cache
+        entry = model if model.is_dir() else model.parent
+        if (entry / MANIFEST).is_file() and target.is_relative_to(entry.parent.parent.resolve()):
+            raise TagError(f"output {output_path}: is a file in the stage cache {entry.parent.parent} that the model "
+                           f"{model} is read from; name another file")  # fmt: skip
     if target.is_file():
         with open(target, "rb") as existing:
             if existing.read(len(SQLITE_MAGIC)) == SQLITE_MAGIC:  # an Optuna study's storage, another tracking store

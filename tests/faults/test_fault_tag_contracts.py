@@ -1097,3 +1097,31 @@ def test_mlflows_instances_and_inputs_requests_are_read_as_sent(chunker):
         message = r"^row 2 \(sentence 1\), column 'pos': a token must be a non-empty string, got null \(a missing value\)"
         with pytest.raises(mlflow_model.ModelInputError, match=message):
             mlflow_model.tag(bundle, parse_tf_serving_input(request))
+
+
+def test_the_output_may_not_be_in_the_stage_cache_a_model_is_read_from(chunker, tmp_path):
+    """Given a bundle from a stage cache (the path each run prints), the command overwrote another
+    cached bundle or a stage's manifest of that cache (M6), and the registry's lock file beside the
+    store: the cache a model is read from is guarded as ``paths.cache_dir`` is."""
+    import shutil
+
+    from pipeline.apps.tag import check_not_a_model
+    from pipeline.engine.cache import MANIFEST
+
+    cache = tmp_path / "elsewhere" / "cache"
+    ours, other = cache / "train" / "k1", cache / "train" / "k2"
+    for entry in (ours, other):
+        entry.mkdir(parents=True)
+        (entry / MANIFEST).write_text("{}")
+    shutil.copy(chunker, ours / "bundle.npz")
+    (other / "bundle.npz").write_bytes(b"PK")
+    for output in (other / "bundle.npz", other / MANIFEST, cache / "prepare.json"):
+        output.touch()
+        with pytest.raises(TagError, match=rf"is a file in the stage cache {re.escape(str(cache))} that the model .* is read"):
+            check_not_a_model(output, [ours / "bundle.npz"], [None])
+    check_not_a_model(other / "bundle.npz", [chunker], [None])  # a model read from elsewhere: not its cache
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    for lock in ("mlflow.db.lock", "mlflow.db.registry.lock"):
+        (tmp_path / lock).touch()
+        with pytest.raises(TagError, match=r"is a file of the tracking store"):
+            check_not_a_model(tmp_path / lock, [chunker], [store])
