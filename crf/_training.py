@@ -464,6 +464,11 @@ def training_problem(
 
 def _dev_batch(X_dev, n_attributes: int, attribute_index: AttributeIndex | None) -> SequenceBatch:
     if isinstance(X_dev, SequenceBatch):
+        if attribute_index is not None:  # a batch's columns have no names to match the attributes by
+            raise ValueError(
+                "the training data are token features (dicts or attribute names), read by name: pass X_dev the same way, "
+                "not as a SequenceBatch"
+            )
         if X_dev.n_attributes != n_attributes:
             raise ValueError(f"X_dev has {X_dev.n_attributes} attributes, the training batch {n_attributes}")
         check_finite(X_dev, what="X_dev: ")

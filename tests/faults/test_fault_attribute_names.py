@@ -49,3 +49,14 @@ def test_a_list_or_array_of_names_names_the_columns_in_order(tmp_path):
         tagger = Tagger()
         tagger.open(str(tmp_path / "m.crfsuite"))
         assert tagger.tag([{"c": 1.0}, {"d": 1.0}]) == ["C", "D"] and tagger.tag([{"a": 1.0}, {"b": 1.0}]) == ["A", "B"]
+
+
+def test_a_dev_batch_beside_token_features_is_refused():
+    """Dict training data with X_dev as a SequenceBatch: the batch's columns were read by position as
+    the attributes in order of first appearance, so the dev score was of other features (M7)."""
+    X = [[{"c": 1.0}, {"b": 1.0}], [{"a": 1.0}, {"c": 1.0}]]
+    y = [["C", "B"], ["A", "C"]]
+    dev = SequenceBatch(sp.identity(4, format="csr")[:, :3], np.array([0, 2, 4]))
+    with pytest.raises(ValueError, match=r"^the training data are token features .*: pass X_dev the same way, not as a Sequence"):
+        CRF(max_iterations=5).fit(X, y, X_dev=dev, y_dev=[["A", "B"], ["C", "A"]])
+    CRF(max_iterations=5).fit(X, y, X_dev=X, y_dev=y)
