@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import itertools
 import os
 import shutil
@@ -330,9 +331,19 @@ def _expected_seconds(item) -> float:
 
 
 def pytest_configure(config):
-    """Keep the file order of the collection (below) instead of xdist's order by number of tests."""
+    """Keep the file order of the collection (below) instead of xdist's order by number of tests. The test process
+    runs Python's cyclic garbage collector after every 50,000 new objects instead of 700 (see GC_THRESHOLDS)."""
     if getattr(config.option, "dist", "no") == "loadfile":
         config.option.loadscopereorder = False
+    if os.environ.get("CRF_TEST_GC", "1") != "0":
+        gc.set_threshold(*GC_THRESHOLDS)
+
+
+# A test process holds about 600,000 objects (MLflow, SQLAlchemy, pandas, scikit-learn, Hydra), and its pipeline runs
+# allocate many more: at Python's default (700, 10, 10) the young-generation collections took about 0.11 CPU-s of a
+# 1.6 CPU-s tiny pipeline run (74 of them), at (50,000, 20, 20) about 0.04 (one). Only when unreachable cycles are
+# freed changes, never what a test computes; child processes keep the default. CRF_TEST_GC=0 keeps the default here too.
+GC_THRESHOLDS = (50_000, 20, 20)
 
 
 @pytest.hookimpl(trylast=True)  # after `-m` / `-k` deselected what will not run
