@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import itertools
 import os
 import shutil
@@ -237,30 +238,34 @@ def word_class_corpus(seed: int, n: int, n_words: int, lengths: tuple[int, int],
 # pytest-xdist hands out whole files; by default it orders them by their number of tests, which puts the files of
 # one or two long tests (full-data trainings, servers, multiruns) last, where a 100 s file on one worker leaves the
 # other idle. Workers instead receive the files longest first (greedy longest-processing-time order), estimated from
-# these per-test seconds measured on a quiet 2-core machine (the CI log of the whole suite) and 10 s for any other slow
-# test; a test that is not slow costs its file's share of FAST_FILE_SECONDS below, or 0.05 s in a file not listed
-# there. The figures only order the files: a stale one costs some balance, never a result. A run without xdist keeps
-# pytest's own order.
+# these per-test seconds measured on a quiet 2-core machine (the CI log of the whole suite, scaled by the CPU-s a
+# test's change saved) and 10 s for any other slow test; a test that is not slow costs its file's share of
+# FAST_FILE_SECONDS below, or 0.05 s in a file not listed there. The figures only order the files: a stale one costs
+# some balance, never a result. A run without xdist keeps pytest's own order.
 MEASURED_SECONDS = {
-    "tests/crf/test_references.py::test_core_trained_crf_on_gold": 102,
-    "tests/crf/test_conll2000.py::test_chunk_f1_reaches_93": 101,  # the module fixture trains the model
-    "tests/pipeline/sweeps/test_launchers.py::test_sweep_on_a_two_node_ray_cluster": 88,
-    "tests/pipeline/tracking/test_postgres.py::test_parallel_jobs_against_a_postgres_backed_server": 35,
-    "tests/pipeline/sweeps/test_optuna_sweeper.py::test_optuna_sweep_warm_starts_a_trial_from_the_finished_one_nearest_to_it": 52,
-    "tests/pipeline/sweeps/test_launchers.py::test_sweep_through_submitit_with_a_failing_job": 41,
-    "tests/pipeline/tracking/test_registry.py::test_a_sweep_registers_its_best_job_as_champion": 41,
-    "tests/crf/test_crfsuite_format.py::test_conll2000_crfsuite_model_tagged_by_our_crf": 12,  # 2,000 sentences: 36 s on all
-    "tests/pipeline/tracking/test_mlflow_model.py::test_model_benchmark_measures_the_logged_model_and_reproduces_its_score": 32,
-    "tests/pipeline/apps/test_benchmark.py::test_quick_per_call_rows_are_logged": 31,
-    "tests/pipeline/sweeps/test_optuna_sweeper.py::test_optuna_sweep_end_to_end_with_a_pruned_trial": 31,
-    "tests/crf/test_trainers.py::test_same_chunk_f1_as_python_crfsuite": 8,  # 1,000 sentences: 20 s on 2,000
-    "tests/pipeline/stages/test_active_learning.py::test_the_experiment_runs_as_a_multirun_and_summarises_the_arms": 28,
-    "tests/pipeline/tracking/test_tracking_live.py::test_hmm_versus_crf_comparison_end_to_end": 27,
-    "tests/pipeline/tracking/test_tracking_live.py::test_sweep_of_two_jobs_in_parallel": 27,
-    "tests/pipeline/engine/test_shared_cache.py::test_a_second_machine_reuses_every_stage_through_the_tracking_server": 25,
+    "tests/pipeline/sweeps/test_launchers.py::test_sweep_on_a_two_node_ray_cluster": 91,
+    "tests/crf/test_references.py::test_core_trained_crf_on_gold": 75,
+    "tests/crf/test_conll2000.py::test_chunk_f1_reaches_93": 72,  # the module fixture trains the model
+    "tests/pipeline/tracking/test_postgres.py::test_parallel_jobs_against_a_postgres_backed_server": 55,
+    "tests/pipeline/sweeps/test_optuna_sweeper.py::test_optuna_sweep_end_to_end_with_a_pruned_trial": 45,
+    "tests/pipeline/sweeps/test_launchers.py::test_sweep_through_submitit_with_a_failing_job": 36,
+    "tests/crf/test_upstream_suites.py::test_sklearn_crfsuite_suite_passes_against_crf": 36,  # with the module fixture
+    "tests/pipeline/tracking/test_tracking_live.py::test_sweep_of_two_jobs_in_parallel": 28,
+    "tests/crf/test_upstream_suites.py::test_sklearn_crfsuite_suite_passes_on_crf_pycrfsuite": 26,
+    "tests/pipeline/sweeps/test_optuna_sweeper.py::test_optuna_sweep_warm_starts_a_trial_from_the_finished_one_nearest_to_it": 25,
+    "tests/pipeline/tracking/test_mlflow_model.py::test_model_benchmark_measures_the_logged_model_and_reproduces_its_score": 24,
     "tests/pipeline/tracking/test_tracking_live.py::test_a_failing_job_does_not_lose_the_others": 23,
+    "tests/pipeline/engine/test_shared_cache.py::test_a_second_machine_reuses_every_stage_through_the_tracking_server": 22,
+    "tests/faults/test_fault_tracking.py::"
+    "test_sigterm_to_a_joblib_sweeps_process_group_ends_every_run_and_summarises_the_sweep": 20,
+    "tests/pipeline/tracking/test_tracking_live.py::test_hmm_versus_crf_comparison_end_to_end": 18,
+    "tests/pipeline/apps/test_benchmark.py::test_quick_per_call_rows_are_logged": 17,
+    "tests/pipeline/tracking/test_serve.py::test_served_model_answers_like_predict_in_strict_json": 14,  # with the module fixture
+    "tests/pipeline/stages/test_active_learning.py::test_the_experiment_runs_as_a_multirun_and_summarises_the_arms": 14,
+    "tests/crf/test_crfsuite_format.py::test_conll2000_crfsuite_model_tagged_by_our_crf": 12,  # 2,000 sentences: 36 s on all
+    "tests/pipeline/tracking/test_registry.py::test_a_sweep_registers_its_best_job_as_champion": 10,
+    "tests/crf/test_trainers.py::test_same_chunk_f1_as_python_crfsuite": 8,  # 1,000 sentences: 20 s on 2,000
     "tests/crf/test_crfsuite_format.py::test_conll2000_our_model_tagged_by_crfsuite": 6,  # (22 s on all)
-    "tests/crf/test_upstream_suites.py::test_sklearn_crfsuite_suite_passes_on_crf_pycrfsuite": 20,
     "tests/crf/test_sklearn.py::test_cross_val_score_in_parallel": 16,  # starts joblib's worker processes
 }
 
@@ -330,9 +335,19 @@ def _expected_seconds(item) -> float:
 
 
 def pytest_configure(config):
-    """Keep the file order of the collection (below) instead of xdist's order by number of tests."""
+    """Keep the file order of the collection (below) instead of xdist's order by number of tests. The test process
+    runs Python's cyclic garbage collector after every 50,000 new objects instead of 700 (see GC_THRESHOLDS)."""
     if getattr(config.option, "dist", "no") == "loadfile":
         config.option.loadscopereorder = False
+    if os.environ.get("CRF_TEST_GC", "1") != "0":
+        gc.set_threshold(*GC_THRESHOLDS)
+
+
+# A test process holds about 600,000 objects (MLflow, SQLAlchemy, pandas, scikit-learn, Hydra), and its pipeline runs
+# allocate many more: at Python's default (700, 10, 10) the young-generation collections took about 0.11 CPU-s of a
+# 1.6 CPU-s tiny pipeline run (74 of them), at (50,000, 20, 20) about 0.04 (one). Only when unreachable cycles are
+# freed changes, never what a test computes; child processes keep the default. CRF_TEST_GC=0 keeps the default here too.
+GC_THRESHOLDS = (50_000, 20, 20)
 
 
 @pytest.hookimpl(trylast=True)  # after `-m` / `-k` deselected what will not run

@@ -300,6 +300,11 @@ def _forkable(args, env) -> bool:
     return len(args) >= 2 and args[0] == sys.executable and args[1] in ("-c", "-m") and same
 
 
+def forks(args, env=None) -> bool:
+    """Whether :func:`popen` (with ``stdout=PIPE``) forks ``args`` from the server rather than starting a fresh interpreter."""
+    return _forkable(args, env) and _server() is not None
+
+
 def popen(args, *, cwd=None, env=None, stdout=None, stderr=None, text=False, start_new_session=False, **rest):
     """:class:`subprocess.Popen` (output captured to files: ``stdout=PIPE``, ``stderr=PIPE`` or ``STDOUT``)."""
     server = _server() if _forkable(args, env) and stdout == subprocess.PIPE and not rest else None

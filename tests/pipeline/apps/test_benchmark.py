@@ -97,9 +97,14 @@ def test_quick_run_of_each_input_path_logs_results(tiny, path, request):
 
 
 @pytest.mark.slow
-def test_quick_per_call_rows_are_logged(tiny):
+def test_quick_per_call_rows_are_logged(tiny, forked_workers, monkeypatch):
     """The per-call part: every row measured on both sides where it has two, logged to MLflow; the
-    served model's latencies (p50, p99) are there."""
+    served model's latencies (p50, p99) are there. Its measuring process (``python -m
+    pipeline.apps.per_call_benchmark``) and the benchmark's workers are forked from the test fork
+    server, as in the tests above; the served model is a real ``mlflow models serve``."""
+    from pipeline.apps import per_call_benchmark
+
+    monkeypatch.setattr(per_call_benchmark, "subprocess", types.SimpleNamespace(run=forkserver.run))
     data_root, out = tiny
     cfg = _config(data_root, out / "per_call", "benchmark.growth_enabled=false", "benchmark.per_call.enabled=true")
     benchmark.main(cfg)

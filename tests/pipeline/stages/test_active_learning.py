@@ -145,6 +145,9 @@ def test_the_experiment_runs_as_a_multirun_and_summarises_the_arms(tmp_path):
         f"data.root={data}", "data.download=false", "dataset.files.train.sha256=null", "dataset.files.test.sha256=null",
         "active_learning.arm=full,random,least_confidence,partial_unknown", "active_learning.seed=0,1",
         "active_learning.rounds=3", "active_learning.batch_tokens=100", "active_learning.initial_fraction=0.05",
+        # the jobs in the sweep's process (Hydra's basic launcher) rather than a joblib pool of two fresh interpreters
+        # (about 12 CPU-s of imports): the summary reads the jobs' runs, whatever ran them
+        "hydra/launcher=basic",
     ]  # fmt: skip
     done = forkserver.run(command, capture_output=True, text=True, timeout=900, cwd=tmp_path,
                           env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"})  # fmt: skip

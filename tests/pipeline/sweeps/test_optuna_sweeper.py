@@ -668,6 +668,10 @@ def test_optuna_sweep_warm_starts_a_trial_from_the_finished_one_nearest_to_it(tm
         "hydra/sweeper=optuna",
         "hydra.sweeper.n_trials=3",
         "hydra.sweeper.n_jobs=1",
+        # the jobs in the sweep's own process, one after another (Hydra's basic launcher): the warm start goes through
+        # the study and the stage cache, whatever runs the jobs; a joblib worker pool (two fresh interpreters importing
+        # the pipeline, about 12 CPU-s) is tested by the pruned sweep above
+        "hydra/launcher=basic",
         "hydra.sweeper.study_name=warm",
         "hydra.sweeper.enqueue=[{trainer:lbfgs,trainer.strength:1.0},{trainer:lbfgs,trainer.strength:0.1},{trainer:l1,trainer.strength:1.0}]",
         "hydra/sweeper/pruner=none",

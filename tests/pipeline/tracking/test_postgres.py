@@ -18,6 +18,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import forkserver
 import pytest
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
@@ -89,7 +90,8 @@ def test_parallel_jobs_against_a_postgres_backed_server(tmp_path):
             command += ["trainer.max_iterations=15", f"hydra.launcher.n_jobs={JOBS}"]
             env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
             env.pop("MLFLOW_TRACKING_URI", None)
-            done = subprocess.run(command, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=1200)
+            # the sweep's process forked from the test's server (its imports made once); its jobs are joblib's workers
+            done = forkserver.run(command, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=1200)
             assert done.returncode == 0, done.stderr[-4000:]
             client = MlflowClient(url)
             experiment = client.get_experiment_by_name("crf").experiment_id

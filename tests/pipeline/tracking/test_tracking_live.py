@@ -55,7 +55,10 @@ def test_pipeline_against_a_live_tracking_server(tmp_path, mlflow_server, monkey
     assert list((tmp_path / "artifacts").rglob("model.npz"))
 
 
-def _multirun(tmp_path: Path, data_root: Path, sweep: list[str]) -> subprocess.CompletedProcess:
+JOBLIB_TWO_AT_A_TIME = ("hydra/launcher=joblib", "hydra.launcher.n_jobs=2")
+
+
+def _multirun(tmp_path: Path, data_root: Path, sweep: list[str], launcher=JOBLIB_TWO_AT_A_TIME) -> subprocess.CompletedProcess:
     env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
     env.pop("MLFLOW_TRACKING_URI", None)
     command = [
@@ -66,8 +69,7 @@ def _multirun(tmp_path: Path, data_root: Path, sweep: list[str]) -> subprocess.C
         *sweep,
         *tiny_overrides(data_root, tmp_path / "out"),
         "trainer.threads=1",
-        "hydra/launcher=joblib",
-        "hydra.launcher.n_jobs=2",
+        *launcher,
     ]
     return forkserver.run(command, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=600)
 
@@ -122,11 +124,14 @@ def test_a_failing_job_does_not_lose_the_others(tmp_path):
 
 @pytest.mark.slow
 def test_hmm_versus_crf_comparison_end_to_end(tmp_path):
-    """experiment=hmm_vs_crf on a small sample: both families at both orders on the same data, in
-    parallel, and the comparison (table, significance for each pair that changes one factor,
-    per-label F1, learning curve) on the parent run."""
+    """experiment=hmm_vs_crf on a small sample: both families at both orders on the same data, and
+    the comparison (table, significance for each pair that changes one factor, per-label F1,
+    learning curve) on the parent run. The jobs run one after another in the sweep's process
+    (Hydra's basic launcher): the comparison reads the jobs' runs, whatever ran them, and a joblib
+    pool (two fresh interpreters importing the pipeline, about 12 CPU-s) is tested above."""
     data_root = write_corpus(tmp_path / "data", n_train=80, n_test=30)
-    done = _multirun(tmp_path, data_root, ["+experiment=hmm_vs_crf", "data.train_fraction=1.0"])
+    sweep = ["+experiment=hmm_vs_crf", "data.train_fraction=1.0"]
+    done = _multirun(tmp_path, data_root, sweep, launcher=["hydra/launcher=basic"])
     assert done.returncode == 0, done.stderr[-3000:]
     client, sweep, jobs = _sweep_runs(tmp_path)
     arms = {(j.data.tags["model"], int(j.data.params["model.order"])): j for j in jobs}
