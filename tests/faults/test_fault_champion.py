@@ -91,10 +91,10 @@ def test_the_champion_alias_only_moves_to_a_model_at_least_as_good_on_the_same_d
 # --- registrations finishing together (N20): deciding and moving the alias is one step
 
 
-def _register(value: float, source: Path):
-    """Register ``source`` as a version of ``race`` of dev_f1 ``value`` (all on one evaluation key)."""
-    standing = Standing("dev_f1", value, "maximize", "e1")
-    version, _ = register_model(source.as_uri(), "race", "champion", {"dev_f1": str(value)}, standing)
+def _register(value: float, source: Path, evaluation: str = "e1", name: str = "race"):
+    """Register ``source`` as a version of ``name`` of dev_f1 ``value`` on the evaluation key ``evaluation``."""
+    standing = Standing("dev_f1", value, "maximize", evaluation)
+    version, _ = register_model(source.as_uri(), name, "champion", {"dev_f1": str(value)}, standing)
     return str(version.version)
 
 
@@ -411,3 +411,62 @@ def test_a_sweep_whose_jobs_were_scored_on_different_dev_sets_names_no_best_and_
     _sweep_job(client, experiment, model, "same", 1.0, dev=80.0, name="same", seed=14)  # one dev set: ranked as ever
     _sweep_job(client, experiment, model, "same", 0.1, dev=82.0, name="same", seed=14)
     assert "best_run_id" in _summarize(client, experiment, "same")
+
+
+# A holder of ``@champion`` whose standing tags were removed (by a user tidying tags, say) was read as
+# a version registered without a dev score and lost the alias to a worse version (86.31 against its
+# 88.48; M3). Its standing is read back from its run, and the rule applies as usual.
+
+
+def _holder_without_standing_tags(client, model, dev_f1: float | None, evaluation: str | None = "e1") -> None:
+    """Version 1 of ``m``, holding ``champion``: its run logged ``dev_f1`` (None: no such metric)
+    on evaluation data ``evaluation``, and its version keeps only a decision and a dev accuracy."""
+    run_id = client.create_run(client.create_experiment("holders")).info.run_id
+    if dev_f1 is not None:
+        client.log_metric(run_id, "dev_f1", dev_f1)
+    if evaluation:
+        client.set_tag(run_id, EVALUATION_RUN_TAG, evaluation)
+    client.set_terminated(run_id)
+    client.create_registered_model("m")
+    tags = {DECISION_TAG: "moved: no version held the alias", "dev_accuracy": "95.1"}
+    client.create_model_version("m", model.as_uri(), run_id=run_id, tags=tags)
+    client.set_registered_model_alias("m", "champion", "1")
+
+
+def test_a_holder_whose_standing_tags_were_removed_is_compared_by_its_run(local_registry):
+    client, model = local_registry
+    _holder_without_standing_tags(client, model, 88.48)
+    assert _register(86.31, model, name="m") == "2"
+    assert str(client.get_model_version_by_alias("m", "champion").version) == "1"
+    assert (
+        client.get_model_version("m", "2").tags[DECISION_TAG] == "kept: dev_f1 86.31 is worse than the holder's 88.48 (version 1)"
+    )
+    assert _register(86.31, model, evaluation="e2", name="m") == "3"  # other evaluation data: not comparable, kept
+    assert (
+        client.get_model_version("m", "3").tags[DECISION_TAG].startswith("kept: the holder was scored on other evaluation data")
+    )
+    assert _register(90.0, model, name="m") == "4"
+    assert str(client.get_model_version_by_alias("m", "champion").version) == "4"
+
+
+@pytest.mark.parametrize("dev_f1, evaluation", [(None, "e1"), (88.48, None)])
+def test_a_holder_whose_run_has_no_score_to_read_back_is_replaced_as_before(local_registry, dev_f1, evaluation):
+    """A holder that took the alias under an earlier rule with no score (nothing in its run either)
+    still has nothing to defend: a scored version takes the alias."""
+    client, model = local_registry
+    _holder_without_standing_tags(client, model, dev_f1, evaluation)
+    assert _register(60.0, model, name="m") == "2"
+    assert str(client.get_model_version_by_alias("m", "champion").version) == "2"
+    assert client.get_model_version("m", "2").tags[DECISION_TAG].startswith("moved: the holder records no standing to defend")
+
+
+def test_a_pipeline_version_whose_tags_were_tidied_keeps_the_alias_against_a_worse_run(tmp_path):
+    """M3's case through the pipeline: the standing tags and ``dev_f1`` removed from version 1."""
+    run = _registering_runs(tmp_path)
+    client = run()
+    first = client.get_model_version("tiny", "1")
+    for key in [k for k in first.tags if k.startswith("standing.") or k == "dev_f1"]:
+        client.delete_model_version_tag("tiny", "1", key)
+    run("data.train_fraction=0.1", "trainer.c2=300")  # a quick, worse model
+    assert str(client.get_model_version_by_alias("tiny", "champion").version) == "1"
+    assert client.get_model_version("tiny", "2").tags[DECISION_TAG].startswith("kept: dev_f1 ")
