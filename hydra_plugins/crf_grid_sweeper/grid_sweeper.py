@@ -27,6 +27,28 @@ from hydra.plugins.sweeper import Sweeper
 log = logging.getLogger(__name__)
 
 
+class SweepStopped(Exception):
+    """The sweep was signalled (SIGTERM) before a batch of its jobs started: none of them is launched."""
+
+
+class StopAwareLauncher:
+    """A launcher that starts no batch once the sweep is being stopped (raises :class:`SweepStopped`,
+    whose line :meth:`GridSweeper.sweep` writes); everything else is the wrapped launcher's."""
+
+    def __init__(self, launcher: Any) -> None:
+        self.launcher = launcher
+
+    def launch(self, job_overrides: Any, initial_job_idx: int) -> Any:
+        from pipeline.sweeps.sigterm import SWEEP_STOPPING
+
+        if SWEEP_STOPPING.is_set():
+            raise SweepStopped(f"jobs #{initial_job_idx} to #{initial_job_idx + len(job_overrides) - 1}")
+        return self.launcher.launch(job_overrides, initial_job_idx=initial_job_idx)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.launcher, name)
+
+
 class GridSweeper(Sweeper):
     """Hydra's ``BasicSweeper`` with the same settings (see the module docstring).
 
@@ -45,6 +67,7 @@ class GridSweeper(Sweeper):
 
     def setup(self, *, hydra_context: Any, task_function: Any, config: Any) -> None:
         self.grid.setup(hydra_context=hydra_context, task_function=task_function, config=config)
+        self.grid.launcher = StopAwareLauncher(self.grid.launcher)
 
     def sweep(self, arguments: list[str]) -> Any:
         from pipeline.engine.validate import ONE_LINE_ERRORS
@@ -52,6 +75,9 @@ class GridSweeper(Sweeper):
 
         try:
             return self.grid.sweep(arguments)
+        except SweepStopped as stopped:
+            log.error("stopped by SIGTERM before %s started: they were not launched", stopped)
+            sys.exit(1)
         except ONE_LINE_ERRORS as error:  # a job's own one-line error (a data file's checksum, a bad line): as a single run ends
             log.error("%s", error)
             sys.exit(2)

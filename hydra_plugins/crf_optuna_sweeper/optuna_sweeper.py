@@ -79,6 +79,10 @@ class WorkerDied(RuntimeError):
     """A trial's job ended with the launcher's worker process, before it could report."""
 
 
+class NotLaunched(RuntimeError):
+    """A trial asked before the sweep was stopped, whose job was not started."""
+
+
 def _worker_death(error: BaseException) -> str:
     """One line on why a launcher's worker pool broke (joblib's TerminatedWorkerError names the exit codes)."""
     from pipeline.sweeps.sigterm import worker_exit
@@ -548,6 +552,9 @@ class OptunaSweeper(Sweeper):
 
         try:
             self.validate_batch_is_legal(batch)
+            if SWEEP_STOPPING.is_set():  # the signal came after these trials were asked: their jobs are not started
+                stopped = NotLaunched("the sweep was stopped by SIGTERM before this trial's job started")
+                return [JobReturn(overrides=list(job), status=JobStatus.FAILED, _return_value=stopped) for job in batch]
             return self.launcher.launch(batch, initial_job_idx=index)
         except BrokenExecutor as error:  # a worker process died (SIGKILL, the out-of-memory killer, a crash)
             if SWEEP_STOPPING.is_set():  # the sweep is being stopped: its workers go with it, as asked
@@ -569,7 +576,12 @@ class OptunaSweeper(Sweeper):
 
     def _check_failures(self, outcomes: list[str], sweep_dir: Path) -> None:
         """End the sweep (exit code 1, one line) once its first ``n_jobs`` trials, and every one
-        since, failed: a setting that no job can run is the usual cause."""
+        since, failed: a setting that no job can run is the usual cause. Not once the sweep is
+        being stopped (its trials fail for that)."""
+        from pipeline.sweeps.sigterm import SWEEP_STOPPING
+
+        if SWEEP_STOPPING.is_set():
+            return
         # a trial whose worker process died (DIED) says nothing about the settings; a run of them does
         if len(outcomes) >= WORKER_DEATHS and all(outcome == "DIED" for outcome in outcomes[-WORKER_DEATHS:]):
             log.error(

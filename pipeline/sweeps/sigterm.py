@@ -4,10 +4,11 @@ Stopping the launching process at once would have joblib kill its workers while 
 runs. So, from :meth:`SweepSigterm.install` (the sweep's start) to :meth:`SweepSigterm.release`
 (its end), the first SIGTERM
 
-1. sets :data:`SWEEP_STOPPING` (a sweeper launches no further job) and sends the signal on to this
-   process's descendants (the joblib workers end their runs and exit; signalled with the process
-   group, ``kill -TERM -- -<pgid>``, they already had it: a worker acts on its first signal only);
-   the launcher fails as its jobs do;
+1. sets :data:`SWEEP_STOPPING` (a sweeper launches no further job: each checks it just before a
+   launch) and sends the signal on to this process's descendants (the joblib workers end their runs
+   and exit; signalled with the process group, ``kill -TERM -- -<pgid>``, they already had it: a
+   worker acts on its first signal only), and, until step 2, to any descendant that starts later (a
+   job whose launch was under way as the signal came); the launcher fails as its jobs do;
 2. if the sweep is still there :data:`SIGTERM_GRACE_SECONDS` later, a
    :class:`pipeline.tracking.lifecycle.Stopper` sends SIGTERM again to the main thread, which stops
    the sweep as Ctrl-C does (``KeyboardInterrupt``).
@@ -22,6 +23,7 @@ import os
 import re
 import signal
 import threading
+import time
 from collections.abc import Callable
 
 import psutil
@@ -47,6 +49,22 @@ def worker_exit(error: BaseException) -> str:
     the exit codes: ``exit codes {SIGTERM(-15)}``), in one line; else the error's own first words."""
     codes = re.search(r"exit codes of the workers are (\{[^}]*\})", str(error))
     return f"exit codes {codes.group(1)}" if codes else " ".join(str(error).split())[:200] or type(error).__name__
+
+
+PASS_ON_SECONDS = 0.2  # how often a signalled sweep looks for descendants that started after the signal
+
+
+def _pass_on(signum: int, signalled: set[int]) -> set[int]:
+    """Send ``signum`` to this process's descendants not in ``signalled``; ``signalled`` with them."""
+    for pid in descendants(os.getpid()):
+        if pid in signalled:
+            continue
+        signalled.add(pid)
+        try:
+            os.kill(pid, signum)
+        except OSError:
+            pass  # gone meanwhile
+    return signalled
 
 
 class SweepSigterm:
@@ -75,11 +93,17 @@ class SweepSigterm:
         log.warning("[sweep %s] SIGTERM: passed on to the jobs; stopping in %g s", self.sweep_id, SIGTERM_GRACE_SECONDS)
         SWEEP_STOPPING.set()
         self.stopper = Stopper(signum, SIGTERM_GRACE_SECONDS)  # then sends SIGTERM again
-        for pid in descendants(os.getpid()):
-            try:
-                os.kill(pid, signum)
-            except OSError:
-                pass  # gone meanwhile
+        signalled = _pass_on(signum, set())
+        stopper = self.stopper
+        later = threading.Thread(target=self._pass_on_later, args=(signum, signalled, stopper), name="pass-on", daemon=True)
+        later.start()
+
+    def _pass_on_later(self, signum: int, signalled: set[int], stopper: Stopper) -> None:
+        """Step 1 for the descendants that start after the signal, until step 2 or a pause."""
+        while self.stopper is stopper and stopper.is_alive():  # the stopper ends at step 2
+            time.sleep(PASS_ON_SECONDS)
+            if self.stopper is stopper:
+                _pass_on(signum, signalled)
 
     def pause(self) -> None:
         """Cancel step 2: the sweep is ending on its own (a SIGTERM from now on starts at step 1)."""

@@ -225,7 +225,7 @@ def exit_now(signum: int, message: str) -> NoReturn:
 
 
 class Stopper(threading.Thread):
-    """The helper thread of a signalled process (the only one; the sweep's launcher uses it too).
+    """The helper thread of a signalled process (the sweep's launcher uses it too).
 
     Every :data:`RESEND_SECONDS` it sends ``signum`` again to the main thread while ``waiting()``
     is true (a signal sent to the process may land on another thread, and a main thread blocked in

@@ -34,7 +34,7 @@ from mlflow.tracking import MlflowClient  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 from optuna.distributions import CategoricalDistribution  # noqa: E402
 from optuna.trial import TrialState  # noqa: E402
-from pipeline_helpers import CONF_DIR, seed_store, tiny_overrides  # noqa: E402
+from pipeline_helpers import CONF_DIR, seed_store, tiny_overrides, write_corpus  # noqa: E402
 
 from hydra_plugins.crf_optuna_sweeper.optuna_sweeper import SWEEPER_ATTR, OptunaSweeper  # noqa: E402
 from pipeline.sweeps import search  # noqa: E402
@@ -352,6 +352,7 @@ def test_a_refused_sweeper_setting_leaves_no_parent_run(tmp_path, caplog, overri
     from pipeline.sweeps.callback import SweepTracking
 
     (tmp_path / "file").write_text("a file where a folder should be")
+    write_corpus(tmp_path / "data", n_train=10, n_test=5)  # the data is there: the sweeper's settings are what is refused
     store = seed_store(tmp_path / "out")
     config = _composed([o.replace("{tmp}", str(tmp_path)) for o in overrides], tmp_path)
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):

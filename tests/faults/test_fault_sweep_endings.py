@@ -15,7 +15,7 @@ from joblib.externals.loky.process_executor import TerminatedWorkerError
 from omegaconf import OmegaConf
 from pipeline_helpers import CONF_DIR
 
-from hydra_plugins.crf_grid_sweeper.grid_sweeper import GridSweeper
+from hydra_plugins.crf_grid_sweeper.grid_sweeper import GridSweeper, StopAwareLauncher
 from pipeline.sweeps.sigterm import SWEEP_STOPPING
 
 WORKER_DIED = (
@@ -188,3 +188,31 @@ def test_every_error_a_job_can_raise_crosses_to_the_sweeps_process():
     for error in errors:
         back = pickle.loads(pickle.dumps(error))
         assert type(back) is type(error) and str(back) == str(error) and vars(back) == vars(error), error
+
+
+def test_no_job_is_launched_once_the_sweep_is_being_stopped(tmp_path, caplog):
+    """A SIGTERM that came after a grid's or an Optuna trial's jobs were decided on but before they
+    started: the jobs were launched after the signal, unsignalled (M8). Both sweepers check just
+    before a launch."""
+    from hydra_plugins.crf_optuna_sweeper.optuna_sweeper import NotLaunched, OptunaSweeper
+
+    launcher = _Launcher()
+    sweeper = _sweeper(tmp_path, launcher)
+    sweeper.grid.launcher = StopAwareLauncher(launcher)  # as GridSweeper.setup wraps Hydra's launcher
+    optuna = OptunaSweeper()
+    optuna.launcher, optuna.validate_batch_is_legal = launcher, lambda batch: None
+    SWEEP_STOPPING.set()  # as the sweep's SIGTERM handler does
+    try:
+        with caplog.at_level(logging.ERROR), pytest.raises(SystemExit) as ended:
+            sweeper.sweep(["trainer.c2=0.1,1"])
+        (result,) = optuna._launch(None, [None], [["trainer.c2=0.5"]], 3)
+    finally:
+        SWEEP_STOPPING.clear()
+    assert ended.value.code == 1
+    assert _error_line(caplog) == "stopped by SIGTERM before jobs #0 to #1 started: they were not launched"
+    assert result.status == JobStatus.FAILED and isinstance(result._return_value, NotLaunched)
+    assert launcher.jobs == []
+    going_on = _sweeper(tmp_path, launcher)
+    going_on.grid.launcher = StopAwareLauncher(launcher)
+    going_on.sweep(["trainer.c2=0.1,1"])  # not stopping: launched
+    assert launcher.jobs == [["trainer.c2=0.1"], ["trainer.c2=1"]]

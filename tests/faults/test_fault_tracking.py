@@ -701,6 +701,31 @@ for grace, times in [(0.5, 1), (60.0, 2)]:
 """
 
 
+_A_JOB_STARTED_AFTER_THE_SIGTERM = """
+import os, signal, subprocess, sys, time
+from pipeline.sweeps import sigterm
+
+job = "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(7)); print(1, flush=True); time.sleep(60)"
+sigterm.SIGTERM_GRACE_SECONDS = 20.0
+launcher = sigterm.SweepSigterm("test")
+launcher.install()
+os.kill(os.getpid(), signal.SIGTERM)  # step 1: nothing to pass on yet
+late = subprocess.Popen([sys.executable, "-S", "-c", job], stdout=subprocess.PIPE)  # a job whose launch was under way
+late.stdout.readline()  # its handler is set
+print("late job", late.wait(timeout=15), flush=True)
+launcher.release()
+sigterm.SWEEP_STOPPING.clear()
+"""
+
+
+def test_a_job_that_starts_after_the_sigterm_gets_it_too(tmp_path):
+    """A job whose launch was under way as the signal came started unsignalled and ran to its end,
+    its runs FINISHED, in a sweep being stopped (M8): the launcher passes the signal on to the
+    processes that start during the grace period too."""
+    done = _python(tmp_path, _A_JOB_STARTED_AFTER_THE_SIGTERM)
+    assert done.stdout.splitlines() == ["late job 7"], done.stdout + done.stderr
+
+
 def test_sigterm_to_a_sweeps_launching_process_alone_passes_it_on_then_stops_as_ctrl_c_does(tmp_path):
     """The launcher (a :class:`SweepSigterm`, without Hydra) sends the signal on to its child
     processes at once and launches no further job; it stops as Ctrl-C does (KeyboardInterrupt) when
