@@ -177,15 +177,17 @@ def test_a_split_set_to_null_has_no_file(tmp_path):
     assert len(data.splits["dev"]) + len(data.splits["train"]) == 20 and len(data.splits["test"]) == 5
 
 
-def test_a_bad_numeric_cell_is_one_line_naming_the_split_before_training(tmp_path):
+def test_a_bad_numeric_cell_is_one_line_naming_the_file_and_line_before_training(tmp_path):
     """A numeric feature column holding 'nan', '1_0' or text ended the run in a 33-line traceback
-    from featurize (L13): one line (a settings error, exit status 2) naming the split."""
+    from featurize (L13): one line (a data error, exit status 2) naming the file and line, from the
+    prepare stage that reads the file."""
     from pipeline_helpers import tiny_overrides, write_corpus
 
+    from crf.io import DataFormatError
     from pipeline.__main__ import run_pipeline
 
     root = write_corpus(tmp_path / "data", n_train=10, n_test=5)
     cfg = compose_config([*tiny_overrides(root, tmp_path / "out"), "features.numeric=[pos]", "stages=[featurize]"])
-    where = r"^the train split of dataset 'conll2000' \(as prepared\): numeric column 'pos': sentence 0, token 0 has the "
-    with pytest.raises(SettingsError, match=where + r"non-numeric value '\w+'; fix the file, or leave the column out"):
+    where = r"train\.txt\.gz:1: numeric column 'pos' \(features\.numeric\) has the non-numeric value '\w+'$"
+    with pytest.raises(DataFormatError, match=where):
         run_pipeline(cfg)
