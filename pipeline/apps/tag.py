@@ -430,6 +430,23 @@ def _artifact_roots(store: str, database: Path) -> list[Path]:
     return roots
 
 
+def _cache_entry_of(path: Path) -> Path | None:
+    """The stage cache entry (a folder whose manifest names its stage and key) that holds ``path``
+    (a resolved file path) within the three folders above it, or None."""
+    import json
+
+    from pipeline.engine.cache import MANIFEST
+
+    for folder in list(path.parents)[:3]:
+        try:
+            manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(manifest, dict) and {"stage", "key", "files"} <= manifest.keys():
+            return folder
+    return None
+
+
 def check_not_a_model(
     output: str | Path, models: Sequence[Path], stores: Sequence[str | None] = (), cache_dir: str | Path | None = None
 ) -> None:
@@ -437,7 +454,7 @@ def check_not_a_model(
     their local paths, a folder or ``~`` resolved), a file of a SQLite tracking store it reads them
     from (``stores``: URIs; the database and its journal files) or of that store's artifact folders
     (its experiments' artifact locations), a file of the stage cache (``cache_dir``,
-    ``paths.cache_dir``, and any cache a model is read from), or any SQLite database (an Optuna
+    ``paths.cache_dir``, any cache a model is read from, any cache entry), or any SQLite database (an Optuna
     study's storage), through a link or not: writing it would destroy the model, or runs,
     registered models or a study."""
     from pipeline.engine.cache import MANIFEST
@@ -468,6 +485,9 @@ def check_not_a_model(
         if (entry / MANIFEST).is_file() and target.is_relative_to(entry.parent.parent.resolve()):
             raise TagError(f"output {output_path}: is a file in the stage cache {entry.parent.parent} that the model "
                            f"{model} is read from; name another file")  # fmt: skip
+    entry = _cache_entry_of(target)
+    if entry is not None:  # any stage's cache entry, wherever its cache is (another store's, another output folder's)
+        raise TagError(f"output {output_path}: is a file of the stage cache entry {entry}; name another file")
     if target.is_file():
         with open(target, "rb") as existing:
             if existing.read(len(SQLITE_MAGIC)) == SQLITE_MAGIC:  # an Optuna study's storage, another tracking store

@@ -1119,7 +1119,11 @@ def test_the_output_may_not_be_in_the_stage_cache_a_model_is_read_from(chunker, 
         output.touch()
         with pytest.raises(TagError, match=rf"is a file in the stage cache {re.escape(str(cache))} that the model .* is read"):
             check_not_a_model(output, [ours / "bundle.npz"], [None])
-    check_not_a_model(other / "bundle.npz", [chunker], [None])  # a model read from elsewhere: not its cache
+    (other / MANIFEST).write_text('{"stage": "train", "key": "k2", "files": {}}')  # the manifest a cache writes
+    with pytest.raises(TagError, match=rf"is a file of the stage cache entry {re.escape(str(other))}; name another file$"):
+        check_not_a_model(other / "bundle.npz", [chunker], [None])  # whatever model is read: any cache entry (M6's residual)
+    (other / MANIFEST).write_text("{}")
+    check_not_a_model(other / "bundle.npz", [chunker], [None])  # a folder that is no cache entry, a model from elsewhere
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     for lock in ("mlflow.db.lock", "mlflow.db.registry.lock"):
         (tmp_path / lock).touch()
