@@ -449,7 +449,8 @@ class CRF(SegmentQueries, UncertaintyQueries, FeatureTables, BaseEstimator):
             Each sequence a list of tokens, each token a dict ``{attribute: value}`` or a list of
             attribute strings (value 1), as for :meth:`fit`; or a :class:`~crf.batch.SequenceBatch`
             of N sequences, T tokens in all, with the model's A attributes (a model fitted on a
-            SequenceBatch takes only SequenceBatch input). Attributes the model never saw are ignored.
+            SequenceBatch takes only SequenceBatch input; a batch's columns are read in ``attributes_`` order,
+            by position). Attributes the model never saw are ignored.
 
         Returns
         -------
@@ -483,7 +484,8 @@ class CRF(SegmentQueries, UncertaintyQueries, FeatureTables, BaseEstimator):
             Each sequence a list of tokens, each token a dict ``{attribute: value}`` or a list of
             attribute strings (value 1), as for :meth:`fit`; or a :class:`~crf.batch.SequenceBatch`
             of N sequences, T tokens in all, with the model's A attributes (a model fitted on a
-            SequenceBatch takes only SequenceBatch input). Attributes the model never saw are ignored.
+            SequenceBatch takes only SequenceBatch input; a batch's columns are read in ``attributes_`` order,
+            by position). Attributes the model never saw are ignored.
 
         Returns
         -------
@@ -622,7 +624,8 @@ class CRF(SegmentQueries, UncertaintyQueries, FeatureTables, BaseEstimator):
             Each sequence a list of tokens, each token a dict ``{attribute: value}`` or a list of
             attribute strings (value 1), as for :meth:`fit`; or a :class:`~crf.batch.SequenceBatch`
             of N sequences, T tokens in all, with the model's A attributes (a model fitted on a
-            SequenceBatch takes only SequenceBatch input). Attributes the model never saw are ignored.
+            SequenceBatch takes only SequenceBatch input; a batch's columns are read in ``attributes_`` order,
+            by position). Attributes the model never saw are ignored.
 
         Returns
         -------
@@ -650,7 +653,8 @@ class CRF(SegmentQueries, UncertaintyQueries, FeatureTables, BaseEstimator):
             Each sequence a list of tokens, each token a dict ``{attribute: value}`` or a list of
             attribute strings (value 1), as for :meth:`fit`; or a :class:`~crf.batch.SequenceBatch`
             of N sequences, T tokens in all, with the model's A attributes (a model fitted on a
-            SequenceBatch takes only SequenceBatch input). Attributes the model never saw are ignored.
+            SequenceBatch takes only SequenceBatch input; a batch's columns are read in ``attributes_`` order,
+            by position). Attributes the model never saw are ignored.
             Every sequence must have at least one token.
 
         Returns
@@ -742,7 +746,8 @@ class CRF(SegmentQueries, UncertaintyQueries, FeatureTables, BaseEstimator):
             Each sequence a list of tokens, each token a dict ``{attribute: value}`` or a list of
             attribute strings (value 1), as for :meth:`fit`; or a :class:`~crf.batch.SequenceBatch`
             of N sequences, T tokens in all, with the model's A attributes (a model fitted on a
-            SequenceBatch takes only SequenceBatch input). Attributes the model never saw are ignored.
+            SequenceBatch takes only SequenceBatch input; a batch's columns are read in ``attributes_`` order,
+            by position). Attributes the model never saw are ignored.
 
         Returns
         -------
@@ -768,7 +773,8 @@ class CRF(SegmentQueries, UncertaintyQueries, FeatureTables, BaseEstimator):
             Each sequence a list of tokens, each token a dict ``{attribute: value}`` or a list of
             attribute strings (value 1), as for :meth:`fit`; or a :class:`~crf.batch.SequenceBatch`
             of N sequences, T tokens in all, with the model's A attributes (a model fitted on a
-            SequenceBatch takes only SequenceBatch input). Attributes the model never saw are ignored.
+            SequenceBatch takes only SequenceBatch input; a batch's columns are read in ``attributes_`` order,
+            by position). Attributes the model never saw are ignored.
         keep_messages : bool, default=False
             Keep the per-state log messages on the posterior, for :meth:`segments_of` to reuse.
 
@@ -809,7 +815,8 @@ class CRF(SegmentQueries, UncertaintyQueries, FeatureTables, BaseEstimator):
             Each sequence a list of tokens, each token a dict ``{attribute: value}`` or a list of
             attribute strings (value 1), as for :meth:`fit`; or a :class:`~crf.batch.SequenceBatch`
             of N sequences, T tokens in all, with the model's A attributes (a model fitted on a
-            SequenceBatch takes only SequenceBatch input). Attributes the model never saw are ignored.
+            SequenceBatch takes only SequenceBatch input; a batch's columns are read in ``attributes_`` order,
+            by position). Attributes the model never saw are ignored.
 
         Returns
         -------
@@ -855,7 +862,8 @@ class CRF(SegmentQueries, UncertaintyQueries, FeatureTables, BaseEstimator):
             Each sequence a list of tokens, each token a dict ``{attribute: value}`` or a list of
             attribute strings (value 1), as for :meth:`fit`; or a :class:`~crf.batch.SequenceBatch`
             of N sequences, T tokens in all, with the model's A attributes (a model fitted on a
-            SequenceBatch takes only SequenceBatch input). Attributes the model never saw are ignored.
+            SequenceBatch takes only SequenceBatch input; a batch's columns are read in ``attributes_`` order,
+            by position). Attributes the model never saw are ignored.
 
         Returns
         -------
@@ -879,7 +887,8 @@ class CRF(SegmentQueries, UncertaintyQueries, FeatureTables, BaseEstimator):
             Each sequence a list of tokens, each token a dict ``{attribute: value}`` or a list of
             attribute strings (value 1), as for :meth:`fit`; or a :class:`~crf.batch.SequenceBatch`
             of N sequences, T tokens in all, with the model's A attributes (a model fitted on a
-            SequenceBatch takes only SequenceBatch input). Attributes the model never saw are ignored.
+            SequenceBatch takes only SequenceBatch input; a batch's columns are read in ``attributes_`` order,
+            by position). Attributes the model never saw are ignored.
         y : list of N label sequences
             One label from ``classes_`` per token of ``X``.
 
@@ -914,7 +923,8 @@ class CRF(SegmentQueries, UncertaintyQueries, FeatureTables, BaseEstimator):
             Each sequence a list of tokens, each token a dict ``{attribute: value}`` or a list of
             attribute strings (value 1), as for :meth:`fit`; or a :class:`~crf.batch.SequenceBatch`
             of N sequences, T tokens in all, with the model's A attributes (a model fitted on a
-            SequenceBatch takes only SequenceBatch input). Attributes the model never saw are ignored.
+            SequenceBatch takes only SequenceBatch input; a batch's columns are read in ``attributes_`` order,
+            by position). Attributes the model never saw are ignored.
         y : list of N label sequences
             The gold labels, one per token; a label of None (unknown) is left out.
 
