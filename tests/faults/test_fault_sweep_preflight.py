@@ -24,7 +24,7 @@ from hydra.core.global_hydra import GlobalHydra  # noqa: E402
 from mlflow.entities import ViewType  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 from omegaconf import open_dict  # noqa: E402
-from pipeline_helpers import CONF_DIR, refused_line, tiny_overrides  # noqa: E402
+from pipeline_helpers import CONF_DIR, refused_line, tiny_overrides, write_corpus  # noqa: E402
 
 from hydra_plugins.crf_optuna_sweeper.optuna_sweeper import OptunaSweeper  # noqa: E402
 from pipeline.engine.stage import load_stages  # noqa: E402
@@ -482,6 +482,7 @@ def _multirun(tmp_path: Path, *overrides: str):
     ],
 )
 def test_the_command_refuses_a_bad_sweep_in_one_line_with_no_parent_run(tmp_path, overrides, line):
+    write_corpus(tmp_path / "data", n_train=10, n_test=5)  # the data is there: the sweep's settings are what is refused
     done = _multirun(tmp_path, *overrides)
     output = done.stdout + done.stderr
     assert done.returncode == 2, output
