@@ -99,7 +99,8 @@ class ChunkWindows:
             a = self.after
             leaving = transitions[tail[a]] + emissions[stop[a]] + log_beta[stop[a]]
             closing[a] = logsumexp(np.where(self.after_masks[a], leaving, -np.inf), axis=1)
-        return opening + total + closing - posterior.log_z[self.chunks["sequence"].to_numpy(np.int64)]
+            # a sentence of probability 0 (log_z -inf) gets NaN, as the recursion gives it
+            return opening + total + closing - posterior.log_z[self.chunks["sequence"].to_numpy(np.int64)]
 
 
 class SegmentQueries:

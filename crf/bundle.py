@@ -411,6 +411,19 @@ class Tagged:
         """(N,) bool: the sentence has a decoded path of nonzero probability."""
         return np.isfinite(self.scores)
 
+    def warn_impossible(self, consequence: str, numbers: np.ndarray | None = None, fixed: bool = False) -> np.ndarray:
+        """Log a warning when some sentences have no labelling of nonzero probability, saying what
+        became of their labels (``consequence``); return their positions (n,). ``numbers`` (N,): the
+        sentence numbers to name (default: positions from 0); ``fixed``: under fixed labels."""
+        impossible = np.flatnonzero(~self.possible)
+        if impossible.size:
+            first = impossible[0] if numbers is None else numbers[impossible[0]]
+            log.warning(
+                "%d of %d sentences have no labelling of nonzero probability under the model%s (first: sentence %d): %s",
+                impossible.size, self.scores.size, " and the fixed labels" if fixed else "", first, consequence,
+            )  # fmt: skip
+        return impossible
+
 
 def _groups(lengths: np.ndarray, n_states: int) -> list[tuple[int, int]]:
     """Contiguous sentence ranges of at most ``CHUNK_ELEMENTS`` tokens x states (a longer single
@@ -853,11 +866,6 @@ class ModelBundle:
                 self._tag_group(
                     columns, lengths, offsets, allowed, first, last, codes, token_marginals, segments, scores, marginals
                 )
-        impossible = np.flatnonzero(~np.isfinite(scores))
-        if impossible.size:
-            log.debug(
-                "%d of %d sentences have no path of nonzero probability (first: %d)", impossible.size, scores.size, impossible[0]
-            )
         frame = None
         if chunked:
             frame = pd.concat(segments, ignore_index=True)
@@ -1024,12 +1032,7 @@ class ModelBundle:
         if kept.size == 0:
             return out
         result = self.tag_arrays(columns, lengths[kept], allowed)
-        impossible = np.flatnonzero(~result.possible)
-        if impossible.size:
-            log.warning(
-                "%d of %d sentences have no labelling of nonzero probability%s (first: sentence %d): their labels are None",
-                impossible.size, kept.size, " under the fixed labels" if fixed is not None else "", kept[impossible[0]],
-            )  # fmt: skip
+        result.warn_impossible("their labels are None", kept, fixed=fixed is not None)
         classes = np.array(self.labels, dtype=object)
         for j, (i, a, b) in enumerate(zip(kept, offsets[kept], offsets[kept + 1])):
             # no labelling of nonzero probability (under the fixed labels): none is reported
@@ -1056,9 +1059,10 @@ class ModelBundle:
         Returns
         -------
         pandas.DataFrame
-            A copy (same index and row order) with ``label`` and ``marginal`` (the probability of
-            the label) added, and ``segment_confidence`` (the probability of the token's chunk;
-            NaN outside chunks) for chunk schemes.
+            A copy (same index and row order) with ``label`` (missing, with a warning, for a sentence of
+            probability 0 under the model) and ``marginal`` (the probability of the label) added,
+            and ``segment_confidence`` (the probability of the token's chunk; NaN outside chunks)
+            for chunk schemes.
 
         Raises
         ------
@@ -1096,7 +1100,10 @@ class ModelBundle:
         check_tokens(columns, offsets)  # numbers are refused, not read as their text
         self.check_column_values(columns)
         result = self.tag_arrays(columns, np.diff(offsets))
-        out["label"] = np.array(self.labels, dtype=object)[result.codes]
+        labels = np.array(self.labels, dtype=object)[result.codes]
+        result.warn_impossible("their rows' labels are None")
+        labels[np.repeat(~result.possible, np.diff(offsets))] = None
+        out["label"] = labels
         out["marginal"] = result.marginals
         if result.segments is not None:
             confidence = np.full(len(frame), np.nan)

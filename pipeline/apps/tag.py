@@ -241,6 +241,10 @@ def tag_corpus(bundles: Sequence[ModelBundle], corpus: Corpus, aliases: Mapping[
     for bundle in bundles:
         began = time.perf_counter()
         result = bundle.tag_arrays(corpus.columns, corpus.lengths)
+        result.warn_impossible(  # numbered from 1, as the input's errors are
+            f"{bundle.kind}'s labels for them are an arbitrary path, written only to keep the file whole",
+            np.arange(1, len(corpus.lengths) + 1),
+        )
         labels = np.array(bundle.labels, dtype=object)[result.codes]
         column = output_column(bundle)
         for name in {column, aliases.get(column, column)}:

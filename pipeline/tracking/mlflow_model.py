@@ -7,9 +7,10 @@ the artifact ``bundle`` and the ``crf`` package as code. ``mlflow.pyfunc.load_mo
 
 - a long DataFrame: one row per token, a ``sentence`` id column (all integers or all strings; the
   rows of each sentence together) and the model's input columns (e.g. ``w``,
-  ``pos``); the answer is the same rows with ``label`` (str), ``marginal`` (probability of that
-  label) and, for chunk/entity schemes, ``segment_confidence`` (probability of the whole predicted
-  chunk the token is in, None outside);
+  ``pos``); the answer is the same rows with ``label`` (str; null, with a warning, in a sentence
+  the model gives probability 0), ``marginal`` (probability of that label) and, for chunk/entity
+  schemes, ``segment_confidence`` (probability of the whole predicted chunk the token is in, None
+  outside);
 - a list of sentences, each a list of token dicts ``{column: value}``: the same long answer, with
   ``sentence`` the position of the sentence in the list.
 

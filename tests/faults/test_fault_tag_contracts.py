@@ -1129,3 +1129,28 @@ def test_the_output_may_not_be_in_the_stage_cache_a_model_is_read_from(chunker, 
         (tmp_path / lock).touch()
         with pytest.raises(TagError, match=r"is a file of the tracking store"):
             check_not_a_model(tmp_path / lock, [chunker], [store])
+
+
+def test_a_sentence_of_probability_zero_gets_no_label_or_a_warning_by_every_way_in(word_tagger, tmp_path, caplog):
+    """The toy corpus never has a verb chunk before the final '.', and its interpolation weights are
+    (0, 1): under this HMM "the dog runs ." has probability 0, so any labelling is arbitrary. `tag`
+    gave None; `tag_frame` (the served model's way) and the tag command wrote the arbitrary path,
+    with a debug line only."""
+    bundle = load_bundle(word_tagger(tmp_path / "b.npz", {"name": "mine", "label": "chunk", "tokenisation": "punct"}))
+    impossible, fine = ["the", "dog", "runs", "."], ["the", "dog", "."]
+    assert bundle.tag([fine])[0]["labels"] == ["B-NP", "I-NP", "O"]
+    with caplog.at_level(logging.WARNING):
+        assert bundle.tag([fine, impossible])[1]["labels"] == [None] * 4
+    assert "1 of 2 sentences have no labelling of nonzero probability under the model (first: sentence 1)" in caplog.text
+    frame = pd.DataFrame({"sentence": [0] * 3 + [1] * 4, "w": fine + impossible})
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        labels = bundle.tag_frame(frame)["label"]
+    assert labels[:3].tolist() == ["B-NP", "I-NP", "O"] and labels[3:].isna().all()
+    assert "(first: sentence 1): their rows' labels are None" in caplog.text
+    text = tmp_path / "in.txt"
+    text.write_text(" ".join(fine) + "\n" + " ".join(impossible) + "\n")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        run_tag(_settings(tmp_path / "b.npz", text, tmp_path / "out.jsonl", format="text"))
+    assert "1 of 2 sentences have no labelling of nonzero probability under the model (first: sentence 2): hmm's" in caplog.text
