@@ -1,9 +1,9 @@
 """A NumPy/SciPy linear-chain CRF: exact inference, L-BFGS/OWL-QN/SGD training, partial labels,
 active-learning queries, metrics, an HMM baseline, and CRFsuite's file format and Python APIs.
 
-This package is a library of its own: it imports NumPy, SciPy, pandas, scikit-learn and the
-standard library. Its names are imported on first use, so importing one module (``crf.io``) does
-not import the others.
+This package is a library of its own: it imports NumPy, SciPy, pandas, scikit-learn, Numba (its
+compiled kernels), threadpoolctl and the standard library. Its names are imported on first use, so
+importing one module (``crf.io``) does not import the others.
 
 Public modules: ``crf.model`` (:class:`CRF`), ``crf.hmm`` (:class:`HMM`), ``crf.features``,
 ``crf.attributes``, ``crf.batch``, ``crf.io``, ``crf.metrics``, ``crf.scorers``, ``crf.bundle``,

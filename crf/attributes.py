@@ -179,7 +179,7 @@ def _token_items(token, where: _At) -> Iterable[tuple[str, float]]:
 
 def _all_str(items: Sequence) -> bool:
     """Whether every item is a ``str``: ``str.join`` accepts nothing else (C-level passes over
-    chunks of 65,536 items, so the joined text stays small)."""
+    blocks of 65,536 items, so the joined text stays small)."""
     try:
         for start in range(0, len(items), 1 << 16):
             "".join(items[start : start + (1 << 16)])
@@ -477,6 +477,7 @@ class AttributeIndex:
 
     @property
     def index_(self) -> dict[str, int]:
+        """The fitted vocabulary: attribute name -> column index."""
         return self._index
 
     @index_.setter

@@ -53,14 +53,17 @@ class SequenceBatch:
 
     @property
     def n_sequences(self) -> int:
+        """How many sequences (N)."""
         return self.offsets.size - 1
 
     @property
     def n_tokens(self) -> int:
+        """How many tokens in all (T, the rows of ``X``)."""
         return int(self.X.shape[0])
 
     @property
     def n_attributes(self) -> int:
+        """How many attribute columns (A, the columns of ``X``)."""
         return int(self.X.shape[1])
 
     def __len__(self) -> int:

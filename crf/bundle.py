@@ -724,6 +724,11 @@ class ModelBundle:
         UPOS tags given as ``pos`` to a chunker that read Penn Treebank tags, words as tags);
         log a warning for a tag-set column of which the model knows under :data:`WARN_KNOWN`.
 
+        Parameters
+        ----------
+        columns : mapping of str to ndarray of shape (T,)
+            The input columns' token strings (columns the model does not read are ignored).
+
         Raises
         ------
         ColumnValueError

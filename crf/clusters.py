@@ -13,7 +13,7 @@ Prefixes of 4, 6, 10 and 20 bits are the usual features (Koo et al. 2008; Ratino
 The statistics are the bigram counts of the sentences, each framed by a boundary word that starts
 and ends it (the empty string ``""``: sentence-initial and -final words get a context; it is
 clustered like a word, takes one of the classes, and gets no path). They are a sparse matrix
-counted over a stream of sentences in chunks: a pool larger than memory is read once, never held.
+counted over a stream of sentences in blocks: a pool larger than memory is read once, never held.
 The merge losses of all active pairs are kept in an ``(m+1, m+1)`` matrix and updated after each
 merge in ``O(m^2)`` (Liang's update: for the other pairs only the terms of the merged classes
 change), by small Numba kernels that take logarithms of non-zero counts only.
@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
-from .io import DataFormatError, _decoded_lines, atomic_write
+from .io import DataFormatError, atomic_write, decoded_lines
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ class BigramCounts:
 
     Attributes
     ----------
-    words: (V,) str array, the vocabulary (in the order met, chunk by chunk); ``words[0]`` is the
+    words: (V,) str array, the vocabulary (in the order met, block by block); ``words[0]`` is the
         sentence boundary ``""``.
     counts: (V,) int64, how often each word occurs (the boundary: twice per sentence).
     bigrams: (V, V) CSR int64 matrix, ``bigrams[a, b]`` = how often ``b`` directly follows ``a``
@@ -64,10 +64,10 @@ class BigramCounts:
         return int(self.counts[1:].sum())
 
 
-def count_bigrams(sentences: Iterable[Sequence[str]], chunk_tokens: int = 200_000) -> BigramCounts:
+def count_bigrams(sentences: Iterable[Sequence[str]], block_tokens: int = 200_000) -> BigramCounts:
     """Count words and within-sentence bigrams over a stream of sentences (lists of words).
 
-    ``sentences`` may be a generator: it is read once, in chunks of about ``chunk_tokens`` tokens,
+    ``sentences`` may be a generator: it is read once, in blocks of about ``block_tokens`` tokens,
     and only the distinct words and distinct bigrams are kept. A sentence may also be a row list
     of a CoNLL file (tuples): then its first cell is the word.
     """
@@ -91,12 +91,12 @@ def count_bigrams(sentences: Iterable[Sequence[str]], chunk_tokens: int = 200_00
         follows = np.ones(codes.size, dtype=bool)
         follows[np.asarray(starts, dtype=np.int64)] = False  # a sentence's first token follows nothing
         right = np.flatnonzero(follows)
-        chunk = sp.csr_matrix((np.ones(right.size, dtype=np.int64), (codes[right - 1], codes[right])), shape=(size, size))
+        block = sp.csr_matrix((np.ones(right.size, dtype=np.int64), (codes[right - 1], codes[right])), shape=(size, size))
         if bigrams is not None:
             bigrams.resize((size, size))
-            chunk = chunk + bigrams
-        chunk.sum_duplicates()
-        bigrams = chunk
+            block = block + bigrams
+        block.sum_duplicates()
+        bigrams = block
         tokens.clear()
         starts.clear()
 
@@ -108,7 +108,7 @@ def count_bigrams(sentences: Iterable[Sequence[str]], chunk_tokens: int = 200_00
         tokens.append(BOUNDARY)
         tokens.extend(sentence if isinstance(first, str) else (row[0] for row in sentence))
         tokens.append(BOUNDARY)
-        if len(tokens) >= chunk_tokens:
+        if len(tokens) >= block_tokens:
             flush()
     flush()
     if len(index) == 1:
@@ -390,7 +390,7 @@ def read_paths(path: str | os.PathLike) -> dict[str, str]:
     if not path.is_file():
         raise DataFormatError(path, 1, "a word-cluster paths file is expected, not a folder or other non-file")
     clusters: dict[str, str] = {}
-    for number, line in _decoded_lines(path):
+    for number, line in decoded_lines(path):
         if not line.strip():
             continue
         parts = line.rstrip("\r").split("\t")
@@ -427,7 +427,7 @@ def iter_words(paths: Sequence[str | os.PathLike]) -> Iterator[list[str]]:
         conllu = str(file).endswith((".conllu", ".conllu.gz"))
         words: list[str] = []
         seen = False
-        for number, line in _decoded_lines(file):
+        for number, line in decoded_lines(file):
             if conllu:
                 if line.startswith("#"):
                     continue

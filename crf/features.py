@@ -42,7 +42,7 @@ import scipy.sparse as sp
 from ._persist import ModelFileError, check_unique, checked_array
 from .attributes import TOO_LARGE, AttributeIndex  # noqa: F401  (AttributeIndex re-exported: python-crfsuite-style input)
 from .batch import SequenceBatch, offsets_from_lengths
-from .io import DataFormatError, Sentence, _decoded_lines
+from .io import DataFormatError, Sentence, decoded_lines
 
 BOS, EOS = "__BOS__", "__EOS__"
 
@@ -706,6 +706,7 @@ class FeatureExtractor:
 
     @property
     def n_attributes(self) -> int:
+        """How many attribute columns :meth:`transform` gives (template keys, numeric columns, BOS/EOS)."""
         self._check_fitted()
         return int(sum(k.size for k in self.template_keys_)) + len(self.numeric) + (2 if self.bos_eos else 0)
 
@@ -1053,7 +1054,7 @@ def read_lexicon(path: str | os.PathLike, lowercase: bool = False) -> dict[tuple
         A missing path, or a folder.
     """
     entries: dict[tuple[str, ...], str] = {}
-    for number, line in _decoded_lines(path):
+    for number, line in decoded_lines(path):
         if not line.strip() or line.startswith("#"):
             continue
         text, _, kind = line.partition("\t")

@@ -96,7 +96,7 @@ class EMIteration:
 
 
 class HMM:
-    """Hidden Markov model tagger of order 1 or 2, decoded with the CRF's chain recursions.
+    """Hidden Markov model of order 1 or 2 (a sequence labeller), decoded with the CRF's chain recursions.
 
     ``order``, the smoothing choices, ``capitalization`` and ``k`` are checked by :meth:`fit`
     (ValueError naming the bad one), not by the constructor. With ``capitalization`` the label
@@ -184,7 +184,15 @@ class HMM:
         """
         return {name: getattr(self, name) for name in _PARAMS}
 
-    def _check_params(self) -> None:
+    def check_params(self) -> None:
+        """Refuse settings that cannot work (an order other than 1 or 2, an unknown smoothing, a
+        negative ``k``...) before any counting; :meth:`fit` calls it first.
+
+        Raises
+        ------
+        ValueError
+            Naming the parameter and the value given.
+        """
         if self.order not in (1, 2):
             raise ValueError(f"order must be 1 or 2, got {self.order!r}")
         if self.transition_smoothing not in _TRANSITION_SMOOTHING:
@@ -232,7 +240,7 @@ class HMM:
         TypeError
             Strings instead of lists of tokens; a label that is neither a string nor an integer.
         """
-        self._check_params()
+        self.check_params()
         words, lengths = self._flatten(X)
         labels, label_lengths = self._flatten(y, "y")
         if not np.array_equal(lengths, label_lengths):
@@ -760,7 +768,7 @@ class HMM:
         if "chunk_elements" in params:  # its earlier name, in files written before
             params["block_elements"] = params.pop("chunk_elements")
         model = cls(**params)
-        model._check_params()
+        model.check_params()
         if not isinstance(model.max_suffix, int) or isinstance(model.max_suffix, bool) or model.max_suffix < 0:
             raise ModelFileError(f"{path}: parameter max_suffix {model.max_suffix!r} is not a suffix length")
         block = model.block_elements

@@ -166,8 +166,26 @@ def _read_bytes(path: str | os.PathLike) -> bytes:
     return b"".join(read_blocks(path))
 
 
-def _decoded_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
-    """Yield (1-based line number, line without its newline), reading gzip transparently."""
+def decoded_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
+    """The lines of a UTF-8 text file, gzip-compressed or not, as the readers here see them.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The file; gzip (told by its first two bytes, whatever its name) is decompressed.
+
+    Yields
+    ------
+    tuple of (int, str)
+        The 1-based line number and the line without its line end (a UTF-8 byte-order mark at the
+        start of the file dropped).
+
+    Raises
+    ------
+    DataFormatError
+        Naming the file and line: text that is not UTF-8 (UTF-16 named as such), a truncated or
+        damaged gzip stream, an unreadable file.
+    """
     path = Path(path)
     opener = _opener(path)
     number = 0
@@ -212,7 +230,7 @@ def _sentences(
     sentences: list[Sentence] = []
     current: Sentence = []
     saw_any_line = False
-    for number, line in _decoded_lines(path):
+    for number, line in decoded_lines(path):
         saw_any_line = True
         if "\r" in line:  # whitespace to the cell split: lines that end in CR alone would read as one
             raise DataFormatError(

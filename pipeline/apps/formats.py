@@ -62,7 +62,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from crf.io import CONLLU_COLUMNS, DataFormatError, _decoded_lines, atomic_write, check_input_file, read_conll, read_conllu
+from crf.io import CONLLU_COLUMNS, DataFormatError, atomic_write, check_input_file, decoded_lines, read_conll, read_conllu
 from pipeline.report import dumps
 
 log = logging.getLogger(__name__)
@@ -235,7 +235,7 @@ def read_input(
         if columns != [WORDS]:
             raise ValueError(f"{path}: plain text gives words only (column {WORDS!r}), but the model needs the columns {columns}")
         # one sentence per line, whatever ends the lines: CR alone (old Mac exports), U+2028/U+2029, NEL
-        sentences = [tokenize(part, tokenisation) for _, line in _decoded_lines(path) for part in line.splitlines()]
+        sentences = [tokenize(part, tokenisation) for _, line in decoded_lines(path) for part in line.splitlines()]
         sentences = [s for s in sentences if s]
         if not sentences:
             raise DataFormatError(path, 1, "no text (the file is empty or blank)")
@@ -266,7 +266,7 @@ def _skip_non_words(path: Path, data: dict[str, np.ndarray], lengths: np.ndarray
 
 def _conll_header(path: Path) -> list[str] | None:
     """The column names of a CoNLL file's first line ``# global.columns = w pos chunk``, or None."""
-    for number, line in _decoded_lines(path):
+    for number, line in decoded_lines(path):
         if not line.strip():
             continue
         if not line.startswith(HEADER):
@@ -382,7 +382,7 @@ def _read_jsonl(path: Path, columns: list[str], gold: str | None = None) -> Corp
     golds: list[str] = []
     with_gold: bool | None = None  # whether the tokens give the gold column: as the first token does
     lengths: list[int] = []
-    for number, line in _decoded_lines(path):
+    for number, line in decoded_lines(path):
         if not line.strip():
             continue
         try:

@@ -16,7 +16,7 @@ writes it; python-crfsuite reads it), medians of ``repetitions`` alternating run
 - the compiled kernels' first call in a fresh process (Numba's import and cache load, or
   compilation when no cache exists) and Numba's installed size;
 - with ``served``: a tagger bundle (the feature config's extractor, the same training sentences
-  and iterations) logged as the pipeline's MLflow Model (:func:`pipeline.tracking.log_tagger_model`,
+  and iterations) logged as the pipeline's MLflow Model (:func:`pipeline.tracking.log_bundle_model`,
   into a throw-away SQLite store), served by ``mlflow models serve`` on 127.0.0.1, and
   ``served_requests`` one-sentence requests (test sentences in turn, each a ``dataframe_split``
   long frame, JSON encoding and decoding and a new HTTP connection included) after
@@ -126,7 +126,7 @@ def served_latency(spec: dict, data, train: list, test: list) -> dict[str, float
         try:
             experiment = mlflow.create_experiment("per-call-served-model")  # not the caller's (MLFLOW_EXPERIMENT_ID)
             with mlflow.start_run(experiment_id=experiment, run_name="per-call-served-model"):
-                uri = tracking.log_tagger_model(bundle_path, lambda columns: frames[0])
+                uri = tracking.log_bundle_model(bundle_path, lambda columns: frames[0])
             loaded = mlflow.pyfunc.load_model(uri)
             in_process = latencies(loaded.predict)
             with served(uri, float(spec["serve_timeout"])) as url:

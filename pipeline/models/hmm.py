@@ -49,7 +49,7 @@ class HMMAdapter(BaseAdapter):
         if k is not None and (isinstance(k, bool) or not isinstance(k, numbers.Real)):
             raise SettingsError(f"bad setting model.k={k!r}: must be a number")
         try:
-            build_hmm(model, threads=None)._check_params()
+            build_hmm(model, threads=None).check_params()
         except (TypeError, ValueError) as error:  # TypeError: a string compared with a number
             raise SettingsError(where(str(error), {"model": model})) from None
         if ADD_K in (model.get("transition_smoothing"), model.get("emission_smoothing")) and not (

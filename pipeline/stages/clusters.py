@@ -49,7 +49,7 @@ from typing import Any
 
 from crf.clusters import brown_clusters, count_bigrams, iter_words, write_paths
 from crf.features import repeated_template, template_views
-from crf.io import DataFormatError, _decoded_lines
+from crf.io import DataFormatError, decoded_lines
 from pipeline.engine.cache import StageCache, code_digest, file_sha256
 from pipeline.engine.validate import SettingsError, check_template_names
 
@@ -240,7 +240,7 @@ def text_sentences(path: str | Path) -> Iterator[list[str]]:
     """The sentences of a plain-text file, a sentence a line (tokens split on whitespace; blank
     lines skipped), streamed; a file without a word raises ValueError naming it."""
     seen = False
-    for _, line in _decoded_lines(path):
+    for _, line in decoded_lines(path):
         words = line.split()
         if words:
             seen = True
@@ -445,7 +445,7 @@ def format_problem(path: Path, file_format: str) -> str | None:
         return "a CoNLL-U file, not a sentence a line (set features.clusters.format=conll)" if file_format == "text" else None
     widths: list[tuple[int, int]] = []  # (line number, cells) of the non-blank lines
     blank = False  # a blank line between them (CoNLL's sentence break)
-    for number, line in _decoded_lines(path):
+    for number, line in decoded_lines(path):
         if number > SNIFF_LINES:
             break
         cells = line.split()
@@ -479,7 +479,7 @@ def paths_problem(path: Path) -> str | None:
     crf.io.DataFormatError
         The file cannot be read (a broken gzip file, not UTF-8), naming it.
     """
-    for number, line in _decoded_lines(path):
+    for number, line in decoded_lines(path):
         if number > SNIFF_LINES:
             break
         if not line.strip():

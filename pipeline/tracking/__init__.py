@@ -233,7 +233,7 @@ def stage_run(client: MlflowClient, pipeline_run: Any, stage: str) -> Any | None
 
 
 def handoff_lines(client: MlflowClient, uri: str, pipeline_run_id: str, stage: str, bundle: Path) -> list[str]:
-    """How to use a finished pipeline run's tagger elsewhere, each line a URI that
+    """How to use a finished pipeline run's model elsewhere, each line a URI that
     ``mlflow.pyfunc.load_model`` accepts (in that store) or a path.
 
     Parameters
@@ -316,7 +316,7 @@ def run_note(scores: Mapping[str, float], handoff: Sequence[str], cached: int, s
     return "\n".join(lines)
 
 
-# the models-from-code file of the tagger's MLflow Model, and the library it runs (shipped as code)
+# the models-from-code file of the bundle's MLflow Model, and the library it runs (shipped as code)
 MODEL_CODE = Path(__file__).resolve().with_name("mlflow_model.py")
 LIBRARY = Path(__file__).resolve().parents[2] / "crf"
 MODEL_NAME = "model"  # the logged model's name inside its run
@@ -324,18 +324,18 @@ DIGEST_CHARS = 36  # the longest dataset digest MLflow stores
 LOG_INPUT_ATTEMPTS = 3
 
 
-def tagger_signature(input_columns: Sequence[str], chunked: bool) -> ModelSignature:
+def bundle_signature(input_columns: Sequence[str], chunked: bool) -> ModelSignature:
     """Outputs: label, marginal and, for chunk/entity schemes, segment_confidence (null outside a
     chunk). No input schema: the model checks its input itself and answers a bad request with a
     one-line reason (see ``pipeline/tracking/mlflow_model.py``); the input columns are in the model's
-    metadata (:func:`tagger_metadata`) and its input example."""
+    metadata (:func:`bundle_metadata`) and its input example."""
     outputs = [ColSpec("string", "label"), ColSpec("double", "marginal")]
     if chunked:
         outputs.append(ColSpec("double", "segment_confidence", required=False))
     return ModelSignature(inputs=None, outputs=Schema(outputs))
 
 
-def tagger_metadata(input_columns: Sequence[str]) -> dict[str, Any]:
+def bundle_metadata(input_columns: Sequence[str]) -> dict[str, Any]:
     """What the logged model reads, recorded in its MLmodel file: the sentence id column and the
     token columns (strings), one row per token."""
     return {"sentence_column": "sentence", "input_columns": list(input_columns)}
@@ -355,8 +355,8 @@ def _installed_versions() -> tuple[str, ...]:
     return tuple(f"{name}=={version(name)}" for name in ("mlflow", "numpy", "scipy", "pandas"))
 
 
-def log_tagger_model(bundle_path: Path, example: Callable[[list[str]], pd.DataFrame | None] = lambda columns: None) -> str:
-    """Log the tagger bundle at ``bundle_path`` as a pyfunc MLflow Model in the active run; its URI.
+def log_bundle_model(bundle_path: Path, example: Callable[[list[str]], pd.DataFrame | None] = lambda columns: None) -> str:
+    """Log the model bundle at ``bundle_path`` as a pyfunc MLflow Model in the active run; its URI.
 
     Models-from-code: ``pipeline/tracking/mlflow_model.py`` is the model, the bundle its artifact,
     the ``crf`` package its code (and the module of a model kind defined elsewhere, imported when
@@ -381,8 +381,8 @@ def log_tagger_model(bundle_path: Path, example: Callable[[list[str]], pd.DataFr
         artifacts={"bundle": str(bundle_path)},
         code_paths=code,
         model_config=config or None,
-        signature=tagger_signature(bundle.input_columns, bundle.scheme != "none"),
-        metadata=tagger_metadata(bundle.input_columns),
+        signature=bundle_signature(bundle.input_columns, bundle.scheme != "none"),
+        metadata=bundle_metadata(bundle.input_columns),
         input_example=example(list(bundle.input_columns)),
         pip_requirements=requirements(),
     )

@@ -1,6 +1,6 @@
 """A trained tagger as an MLflow Model: the models-from-code file of the pipeline's pyfunc model.
 
-``pipeline.tracking.log_tagger_model`` logs this file as ``python_model`` (MLflow runs it on load;
+``pipeline.tracking.log_bundle_model`` logs this file as ``python_model`` (MLflow runs it on load;
 nothing of ours is pickled) with the tagger bundle (``crf.bundle``, one checksummed ``.npz``) as
 the artifact ``bundle`` and the ``crf`` package as code. ``mlflow.pyfunc.load_model(uri)`` and
 ``mlflow models serve`` then tag:

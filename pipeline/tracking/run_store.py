@@ -103,7 +103,7 @@ class MlflowRunStore(RunStore):
         return CachedRun(source.info.run_id, source.data.tags.get(tracking.MODEL_URI_TAG))
 
     def log_model(self, model: LoggedModel) -> str:
-        return tracking.log_tagger_model(model.bundle, model.example)
+        return tracking.log_bundle_model(model.bundle, model.example)
 
     def link_model(self, run_id: str, model_uri: str) -> None:
         tracking.link_model(self.client(), run_id, model_uri)

@@ -97,13 +97,13 @@ def test_merges_match_brute_force_greedy_search(window):
 def test_counting_streams_in_chunks_and_min_count():
     sentences = TINY * 7
     whole = count_bigrams(sentences)
-    chunked = count_bigrams((s for s in sentences), chunk_tokens=4)
-    assert sorted(whole.words.tolist()) == sorted(chunked.words.tolist())
-    a, b = np.argsort(whole.words), np.argsort(chunked.words)
-    assert np.array_equal(whole.counts[a], chunked.counts[b])
-    assert (whole.bigrams[a][:, a] != chunked.bigrams[b][:, b]).nnz == 0
+    blocked = count_bigrams((s for s in sentences), block_tokens=4)
+    assert sorted(whole.words.tolist()) == sorted(blocked.words.tolist())
+    a, b = np.argsort(whole.words), np.argsort(blocked.words)
+    assert np.array_equal(whole.counts[a], blocked.counts[b])
+    assert (whole.bigrams[a][:, a] != blocked.bigrams[b][:, b]).nnz == 0
     assert whole.bigrams.sum() == sum(len(s) + 1 for s in sentences)  # with the boundaries
-    assert brown_clusters(chunked, n_clusters=3) == brown_clusters(iter(sentences), n_clusters=3)
+    assert brown_clusters(blocked, n_clusters=3) == brown_clusters(iter(sentences), n_clusters=3)
     windowed = brown_clusters(sentences, n_clusters=4)  # final classes: {""}, {a, the}, {cat, dog}, {runs, sleeps}
     assert len(set(windowed.values())) == 3
     assert windowed["a"] == windowed["the"] and windowed["cat"] == windowed["dog"] and windowed["runs"] == windowed["sleeps"]
