@@ -14,14 +14,37 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import forkserver
+import psutil
 
 from pipeline.apps.model_benchmark import free_port
 
 
+def _tree_cpu_seconds(pid: int) -> float:
+    """CPU-seconds used by ``pid`` and its descendants, living or waited for."""
+    try:
+        processes = [psutil.Process(pid)]
+        processes += processes[0].children(recursive=True)
+    except psutil.Error:
+        return 0.0
+    total = 0.0
+    for process in processes:
+        try:
+            times = process.cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system + times.children_user + times.children_system
+    return total
+
+
 @contextlib.contextmanager
-def background_server(command: list[str], url: str, probe: str, log_path: Path, env: dict, timeout: float = 120) -> Iterator[str]:
+def background_server(
+    command: list[str], url: str, probe: str, log_path: Path, env: dict, stall_seconds: float = 60
+) -> Iterator[str]:
     """Run ``command`` in its own process session, yield ``url`` once ``url + probe`` answers 200,
     and stop the whole session (SIGTERM, then SIGKILL) at the end; its output goes to ``log_path``.
+    It fails when the process ends first, or when its process tree has used no CPU for
+    ``stall_seconds`` without answering (a hang): no wall-clock limit counts its start and imports,
+    which take minutes on a loaded machine.
     A ``python -m`` command is forked from the test fork server (:mod:`forkserver`: the command
     line's imports made once, about 3 CPU-s for ``mlflow server``); what it starts (uvicorn, the
     scoring server) are fresh interpreters as ever."""
@@ -38,7 +61,7 @@ def background_server(command: list[str], url: str, probe: str, log_path: Path, 
             shutil.copyfile(output, log_path)
         return log_path.read_text()
 
-    deadline = time.time() + timeout
+    progress = (_tree_cpu_seconds(process.pid), time.monotonic())  # CPU-s used, and when that last grew
     try:
         while True:
             try:
@@ -47,8 +70,12 @@ def background_server(command: list[str], url: str, probe: str, log_path: Path, 
                         break
             except OSError:
                 pass
-            if process.poll() is not None or time.time() > deadline:
-                raise RuntimeError(f"{' '.join(command[2:5])} did not start:\n{log_text()[-3000:]}")
+            used = _tree_cpu_seconds(process.pid)
+            if used > progress[0] + 0.05:
+                progress = (used, time.monotonic())
+            if process.poll() is not None or time.monotonic() - progress[1] > stall_seconds:
+                how = "ended" if process.poll() is not None else f"used no CPU for {stall_seconds:g} s"
+                raise RuntimeError(f"{' '.join(command[2:5])} did not start ({how}):\n{log_text()[-3000:]}")
             time.sleep(0.5)
         yield url
     finally:
@@ -62,9 +89,7 @@ def background_server(command: list[str], url: str, probe: str, log_path: Path, 
 
 
 @contextlib.contextmanager
-def mlflow_server(
-    backend_store_uri: str, artifacts: Path, log_path: Path, workers: int = 1, timeout: float = 120
-) -> Iterator[str]:
+def mlflow_server(backend_store_uri: str, artifacts: Path, log_path: Path, workers: int = 1) -> Iterator[str]:
     """Start ``mlflow server`` with ``backend_store_uri`` and the proxied artifact root
     ``artifacts``; yield its URL once ``/health`` answers; stop it at the end."""
     port = free_port()
@@ -72,5 +97,5 @@ def mlflow_server(
     env.pop("MLFLOW_TRACKING_URI", None)
     command = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers)]
     command += ["--backend-store-uri", backend_store_uri, "--artifacts-destination", str(artifacts)]
-    with background_server(command, f"http://127.0.0.1:{port}", "/health", log_path, env, timeout) as url:
+    with background_server(command, f"http://127.0.0.1:{port}", "/health", log_path, env) as url:
         yield url
