@@ -94,8 +94,13 @@ class FeatureTables:
 
     @property
     def size_(self) -> int | None:
-        """Model size in bytes: the size of the file :meth:`save` writes."""
-        return model_file.size_in_bytes(self) if self._fitted() else None
+        """Model size in bytes: the size of the file :meth:`save` writes (measured by writing it
+        once per fit, on the first read; a name ending in ``_``, so the next fit clears it)."""
+        if not self._fitted():
+            return None
+        if "_size_" not in self.__dict__:
+            self.__dict__["_size_"] = model_file.size_in_bytes(self)
+        return self.__dict__["_size_"]
 
     @property
     def n_active_features_(self) -> int:

@@ -320,3 +320,15 @@ def test_none_means_the_default_for_every_parameter_as_in_sklearn_crfsuite():
     assert any(not np.array_equal(fits[0], other) for other in fits[1:])
     with pytest.raises(ValueError, match="dev_every"):
         CRF(dev_every=None).fit(X, y)
+
+
+def test_size_is_the_saved_files_size_and_follows_a_refit(tmp_path):
+    """``size_`` is measured once per fit (it writes the file): a refit on other data measures again."""
+    X, y = corpus(1, 20)
+    model = CRF(max_iterations=5).fit(X, y)
+    model.save(tmp_path / "small.npz")
+    assert model.size_ == (tmp_path / "small.npz").stat().st_size == model.size_
+    X, y = corpus(2, 60)
+    model.fit(X + [[{f"new{i}": 1.0 for i in range(40)}]], y + [[y[0][0]]])
+    model.save(tmp_path / "large.npz")
+    assert model.size_ == (tmp_path / "large.npz").stat().st_size > (tmp_path / "small.npz").stat().st_size
