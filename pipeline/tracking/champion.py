@@ -114,11 +114,14 @@ class Standing:
 
     @classmethod
     def from_tags(cls, tags: Mapping[str, str]) -> Standing | None:
-        """The standing a version's tags record, or None (a version registered before standings)."""
+        """The standing a version's tags record, or None (a version registered before standings, or
+        tags edited into something no score is: a value that is not a finite number, an unknown
+        direction; a NaN would compare as neither better nor worse and hold the alias for good)."""
         try:
-            return cls(tags[METRIC_TAG], float(tags[VALUE_TAG]), tags[DIRECTION_TAG], tags[EVALUATION_TAG])
+            standing = cls(tags[METRIC_TAG], float(tags[VALUE_TAG]), tags[DIRECTION_TAG], tags[EVALUATION_TAG])
         except (KeyError, ValueError):
             return None
+        return standing if math.isfinite(standing.value) and standing.direction in ("maximize", "minimize") else None
 
     def at_least_as_good_as(self, other: Standing) -> bool:
         if self.direction == "minimize":
@@ -166,7 +169,7 @@ def standing_from_run(client: Any, holder: Any, standing: Standing) -> Standing 
         return None
     value = run.data.metrics.get(_metric_name(standing.metric))
     evaluation = run.data.tags.get(EVALUATION_RUN_TAG)
-    if value is None or not evaluation:
+    if value is None or not math.isfinite(value) or not evaluation:
         return None
     return Standing(standing.metric, float(value), standing.direction, evaluation)
 
