@@ -443,7 +443,8 @@ class BundledModel(Protocol):
 
     ``kind`` names it in the file; ``labels`` (L,); ``n_states`` (S) of its chain (at most: it
     sizes the groups of sentences), the operator mapping states to labels (modulo L); ``columns``
-    the token columns its scores read;
+    the token columns its scores read; optionally ``numeric_columns``, those of them read as
+    numbers (:meth:`ModelBundle.check_numeric_cells`);
     ``scores(columns, lengths)`` the chain's inputs for sentences given as flat token columns:
     (emissions (T, S), transition scores (L, L) or an operator of :mod:`crf._transitions`, start
     (S,), end (S,)); ``parts()`` the JSON metadata and arrays it is saved as (keys of its own),
@@ -719,6 +720,37 @@ class ModelBundle:
             self._labels_index = pd.Index(sorted(set(self.labels)), dtype=object)
         return self._labels_index
 
+    def check_numeric_cells(self, columns: Mapping[str, np.ndarray], offsets: np.ndarray, base: int = 0) -> None:
+        """Refuse a cell of a numeric feature column (a CRF's ``features.numeric``) that is no finite
+        number or is too large (:func:`crf.features.numeric_cells`, the check of training data), with
+        its position counted as :func:`check_tokens` counts it.
+
+        Parameters
+        ----------
+        columns : mapping of str to ndarray of shape (T,)
+            The input columns' cells (columns the model does not read as numbers are ignored).
+        offsets : ndarray of shape (N + 1,), int
+            Sentence offsets into the T tokens.
+        base : int, default=0
+            What the first sentence and token are counted as in the message.
+
+        Raises
+        ------
+        NumericValueError
+            The first bad cell: its sentence, token and column. It is a ValueError.
+        """
+        from .features import NumericValueError, numeric_cells
+
+        for name in getattr(self.part, "numeric_columns", ()):
+            if name not in columns or len(columns[name]) == 0:
+                continue
+            _, bad = numeric_cells(columns[name])
+            if bad is not None:
+                token, problem = bad
+                sentence = int(np.searchsorted(offsets, token, side="right")) - 1
+                where = f"sentence {sentence + base}, token {token - int(offsets[sentence]) + base}"
+                raise NumericValueError(f"{where}, numeric column {name!r} {problem}")
+
     def check_column_values(self, columns: Mapping[str, np.ndarray]) -> None:
         """Refuse token columns of another kind than the model saw there (:meth:`column_findings`:
         UPOS tags given as ``pos`` to a chunker that read Penn Treebank tags, words as tags);
@@ -965,6 +997,7 @@ class ModelBundle:
                 )
             values = np.fromiter(tokens, dtype=object, count=len(tokens))  # never a 2-D array of list tokens
             check_tokens({self.input_columns[0]: values}, offsets)
+            self.check_numeric_cells({self.input_columns[0]: values}, offsets)
             self.check_column_values({self.input_columns[0]: values})
             return {self.input_columns[0]: values}, lengths
         is_dict = np.fromiter((isinstance(token, Mapping) for token in tokens), dtype=bool, count=len(tokens))
@@ -986,6 +1019,7 @@ class ModelBundle:
                     f"the model needs input columns {self.input_columns}; missing {missing} (given {given})"
                 ) from None
         check_tokens(columns, offsets)
+        self.check_numeric_cells(columns, offsets)
         self.check_column_values(columns)
         return columns, lengths
 
@@ -1103,6 +1137,7 @@ class ModelBundle:
         offsets = sentence_offsets(frame[sentence].to_numpy(), sentence)
         columns = {c: frame[c].to_numpy(dtype=object) for c in self.input_columns}
         check_tokens(columns, offsets)  # numbers are refused, not read as their text
+        self.check_numeric_cells(columns, offsets)
         self.check_column_values(columns)
         result = self.tag_arrays(columns, np.diff(offsets))
         labels = np.array(self.labels, dtype=object)[result.codes]

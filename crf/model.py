@@ -1031,6 +1031,7 @@ class BundledCRF:
         slots = min(MAX_CANDIDATES, len(self.labels)) if model.__dict__.get("pruner_") is not None else None
         self.n_states = model._structure().n_states if slots is None else (slots + 1) * slots
         self.columns = extractor.input_columns()
+        self.numeric_columns = list(extractor.numeric)  # read as numbers (ModelBundle.check_numeric_cells)
 
     def training_values(self) -> dict[str, tuple[np.ndarray, bool]]:
         """The values each input column that a template reads as it is held in training (the

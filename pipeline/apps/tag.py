@@ -52,6 +52,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from crf import metrics
 from crf.bundle import MIN_KNOWN, ModelBundle, TokenError, check_tokens, load_bundle, normalize_scheme
+from crf.features import NumericValueError
 from crf.io import check_input_file, special_file_kind
 from pipeline.apps.formats import (
     OUTPUT_FORMATS,
@@ -606,9 +607,11 @@ def run_tag(cfg: Mapping) -> dict:
         layout=training_layout(bundles, needed),
         tokenisation=tokenisation,
     )
-    try:  # the check ModelBundle.tag and the MLflow Model make, counted from 1 as in the file
+    try:  # the checks ModelBundle.tag and the MLflow Model make, counted from 1 as in the file
         check_tokens({c: corpus.columns[c] for c in needed}, corpus.offsets, base=1)
-    except TokenError as err:
+        for bundle in bundles:
+            bundle.check_numeric_cells(corpus.columns, corpus.offsets, base=1)
+    except (TokenError, NumericValueError) as err:
         raise TagError(f"input {input_path}: {err}") from None
     check_input_columns(corpus, bundles, needed, input_path)
     scoring = cfg.get("score", True)

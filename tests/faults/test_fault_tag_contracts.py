@@ -1154,3 +1154,35 @@ def test_a_sentence_of_probability_zero_gets_no_label_or_a_warning_by_every_way_
     with caplog.at_level(logging.WARNING):
         run_tag(_settings(tmp_path / "b.npz", text, tmp_path / "out.jsonl", format="text"))
     assert "1 of 2 sentences have no labelling of nonzero probability under the model (first: sentence 2): hmm's" in caplog.text
+
+
+def test_a_bad_numeric_cell_is_named_alike_by_every_way_in(tmp_path):
+    """The tag command named a bad numeric cell from the featuriser, counted from 0 and without the
+    file ("sentence 1, token 1" for the file's sentence 2, token 2: in its own counting, a good
+    cell), while its token check counts from 1 and names the file."""
+    from crf import CRF
+    from crf.features import FeatureExtractor, NumericValueError
+    from crf.model import BundledCRF
+
+    train = [[("He", "0.2", "B-NP"), ("says", "0.4", "B-VP")], [("She", "0.3", "B-NP"), ("nods", "1", "B-VP")]] * 5
+    extractor = FeatureExtractor(columns=["w", "num", "chunk"], templates=["w[0]"], numeric=["num"]).fit(train)
+    model = CRF(max_iterations=10).fit(extractor.transform(train), [[r[2] for r in s] for s in train])
+    source = {"dataset": {"name": "toy", "columns": ["w", "num", "chunk"], "label": "chunk", "tokenisation": "punct"}}
+    bundle = _save(ModelBundle(BundledCRF(extractor, model), scheme="iob2", source=source), tmp_path / "num.npz")
+    loaded = load_bundle(bundle)
+    sentences = [
+        [{"w": "He", "num": "0.2"}, {"w": "says", "num": "0.4"}],
+        [{"w": "She", "num": "0.3"}, {"w": "nods", "num": "nan"}],
+    ]
+    message = "sentence 1, token 1, numeric column 'num' has the non-numeric value 'nan'"
+    with pytest.raises(NumericValueError, match=re.escape(message)):
+        loaded.tag(sentences)
+    frame = pd.DataFrame([{"sentence": i, **token} for i, s in enumerate(sentences) for token in s])
+    with pytest.raises(NumericValueError, match=re.escape(message)):
+        loaded.tag_frame(frame)
+    with pytest.raises(mlflow_model.ModelInputError, match=re.escape(message)):
+        mlflow_model.tag(loaded, frame)
+    source_file = _write_conll(tmp_path / "in.conll", [[("He", "0.2"), ("says", "0.4")], [("She", "0.3"), ("nods", "nan")]])
+    with pytest.raises(TagError, match=re.escape(f"input {source_file}: sentence 2, token 2, numeric column 'num' has the")):
+        run_tag(_settings(bundle, source_file, tmp_path / "out.jsonl"))
+    assert not (tmp_path / "out.jsonl").exists()
