@@ -428,7 +428,12 @@ def _artifact_roots(store: str, database: Path) -> list[Path]:
         from mlflow.entities import ViewType
         from mlflow.tracking import MlflowClient
 
-        for experiment in MlflowClient(tracking_uri=store).search_experiments(view_type=ViewType.ALL):
+        try:
+            experiments = MlflowClient(tracking_uri=store).search_experiments(view_type=ViewType.ALL)
+        except Exception as error:  # not a store MLflow can read (damaged, another program's): the default layout only
+            log.debug("store %s: its experiments cannot be read (%s)", store, error)
+            experiments = []
+        for experiment in experiments:
             location = urlparse(experiment.artifact_location or "")
             if location.scheme in ("", "file") and location.path:
                 roots.append(Path(unquote(location.path)))
@@ -455,21 +460,20 @@ def _cache_entry_of(path: Path) -> Path | None:
 def check_not_a_model(
     output: str | Path, models: Sequence[Path], stores: Sequence[str | None] = (), cache_dir: str | Path | None = None
 ) -> None:
-    """Refuse an existing output that is one of the bundle files the command reads (``models``:
-    their local paths, a folder or ``~`` resolved), a file of a SQLite tracking store it reads them
-    from (``stores``: URIs; the database and its journal files) or of that store's artifact folders
-    (its experiments' artifact locations), a file of the stage cache (``cache_dir``,
-    ``paths.cache_dir``, any cache a model is read from, any cache entry), or any SQLite database (an Optuna
-    study's storage), through a link or not: writing it would destroy the model, or runs,
-    registered models or a study."""
+    """Refuse an output that is one of the bundle files the command reads (``models``: their local
+    paths, a folder or ``~`` resolved), a file of a SQLite tracking store it reads them from
+    (``stores``: URIs; the database and its journal files, existing or not) or in that store's
+    artifact folders (its experiments' artifact locations), a file in the stage cache
+    (``cache_dir``, ``paths.cache_dir``, any cache a model is read from, any cache entry), or any
+    SQLite database (an Optuna study's storage), through a link or not, new or existing: writing it
+    would destroy the model, or runs, registered models or a study, or put a file into a cache
+    entry or an artifact folder that the next run would find damaged."""
     from pipeline.engine.cache import MANIFEST
     from pipeline.tracking import sqlite_path
 
     output_path = Path(output)
-    if not output_path.exists():
-        return
     for model in models:
-        if model.is_file() and output_path.resolve() == model.resolve():
+        if model.is_file() and output_path.exists() and output_path.resolve() == model.resolve():
             raise TagError(f"output {output_path}: is the model file (model={model}); name another file")
     target = output_path.resolve()
     for store in filter(None, stores):
@@ -477,7 +481,7 @@ def check_not_a_model(
         if database is None:
             continue
         files = [Path(f"{database}{end}") for end in ("", "-wal", "-journal", "-shm", ".lock", ".registry.lock")]
-        if any(f.exists() and target == f.resolve() for f in files):
+        if any(target == f.resolve() for f in files):
             raise TagError(f"output {output_path}: is a file of the tracking store {store}; name another file")
         for root in _artifact_roots(store, Path(database)):
             if target.is_relative_to(root.resolve()):

@@ -1186,3 +1186,31 @@ def test_a_bad_numeric_cell_is_named_alike_by_every_way_in(tmp_path):
     with pytest.raises(TagError, match=re.escape(f"input {source_file}: sentence 2, token 2, numeric column 'num' has the")):
         run_tag(_settings(bundle, source_file, tmp_path / "out.jsonl"))
     assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_a_new_output_file_inside_a_cache_entry_an_artifact_folder_or_beside_the_store_is_refused(chunker, tmp_path):
+    """Only existing files were checked: a new file written into the model's cache entry made the
+    next pipeline run find that entry damaged (a file its manifest does not list), move it aside and
+    train again; a new ``mlflow.db-journal`` or a new file in the artifact folders went in as well."""
+    from pipeline.apps.tag import check_not_a_model
+    from pipeline.engine.cache import MANIFEST
+
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    entry = tmp_path / "elsewhere" / "cache" / "train" / "0123abcd"
+    entry.mkdir(parents=True)
+    (entry / MANIFEST).write_text(json.dumps({"stage": "train", "key": "0123abcd", "files": {}}))
+    cases = {
+        entry / "tagged.jsonl": "is a file of the stage cache entry",
+        tmp_path / "out" / "cache" / "train" / "new.jsonl": r"is a file in the stage cache \(",
+        tmp_path / "mlflow.db-journal": "is a file of the tracking store",
+        tmp_path / "mlartifacts" / "1" / "new.jsonl": "is a file in the artifact store of the tracking store",
+    }
+    for path, message in cases.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with pytest.raises(TagError, match=message):
+            check_not_a_model(path, [chunker], [store], tmp_path / "out" / "cache")
+        assert not path.exists()
+    source = _write_conll(tmp_path / "in.conll", _corpus(2, 5))
+    with pytest.raises(TagError, match="is a file of the stage cache entry"):
+        run_tag(_settings(chunker, source, entry / "tagged.jsonl"))
+    assert sorted(p.name for p in entry.iterdir()) == [MANIFEST]
