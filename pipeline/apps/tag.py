@@ -504,13 +504,31 @@ def check_not_a_model(
                                "store, say), which the output would replace; name another file")  # fmt: skip
 
 
+def _system_place(path: Path) -> str | None:
+    """The ``/dev`` or ``/proc`` path that ``path``, its folder or a link on its way leads through
+    (``/dev/stdout`` -> ``/proc/self/fd/1``), or None."""
+    current, hops = Path(os.path.abspath(path)), 0
+    while True:
+        for place in (current, Path(os.path.realpath(current.parent))):
+            if place.parts[1:2] in (("dev",), ("proc",)):
+                return str(place if place == current else current)
+        if not current.is_symlink() or hops == 40:
+            return None
+        current, hops = Path(os.path.abspath(current.parent / os.readlink(current))), hops + 1
+
+
 def check_output(output: str | Path, input_path: Path) -> None:
     """Before any work: ``output`` must name a regular file that can be written (atomically: a new
     file in its folder renamed over it). Refused: a folder (or a name ending in ``/``), a device,
-    pipe or socket (``/dev/null`` would be replaced by a file), a missing or read-only folder, a
+    pipe or socket (``/dev/null`` would be replaced by a file), anything in or linked through
+    ``/dev`` or ``/proc`` (``/dev/stdout`` redirected to a file would replace that file), a missing or read-only folder, a
     read-only file, the input file itself, a dangling symbolic link (writing would replace the
     link; a link to a file is written through)."""
     output_path = Path(output)
+    special = _system_place(output_path)
+    if special is not None:  # /dev/stdout: a file behind it (a shell's >> redirect) would be replaced whole
+        raise TagError(f"output {output}: is {special}, a stream or device, not a file; name a file (the output is "
+                       "written whole, by replacing the file)")  # fmt: skip
     if output_path.is_symlink():  # written through (crf.io.atomic_write): check its target's place
         if not output_path.exists():
             raise TagError(f"output {output}: a symbolic link to {os.readlink(output_path)}, which does not exist; name a file")

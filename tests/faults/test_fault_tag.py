@@ -358,9 +358,15 @@ def test_output_places_refused_before_the_model_is_even_loaded(run, tmp_path, mo
     with pytest.raises(TagError, match="the file is read-only"):
         run_tag(_settings(bundle, source, locked))
     assert locked.read_text() == "keep me\n"
-    with pytest.raises(TagError, match="not a regular file"):
+    with pytest.raises(TagError, match="is /dev/null, a stream or device, not a file"):
         run_tag(_settings(bundle, source, "/dev/null", output_format="jsonl"))  # atomic_write would replace the device
     assert Path("/dev/null").is_char_device()
+    # /dev/stdout of a shell's `>> log.txt` leads to log.txt, which was replaced whole by the output
+    (tmp_path / "stdout").symlink_to("/dev/stdout")
+    for stream in ("/dev/stdout", "/proc/self/fd/1", tmp_path / "stdout"):
+        with pytest.raises(TagError, match=r"is (/dev/stdout|/proc/self/fd/1), a stream or device, not a file; name a file"):
+            run_tag(_settings(bundle, source, stream, output_format="jsonl"))
+    (tmp_path / "stdout").unlink()
     with pytest.raises(TagError, match=r"names a folder \(it ends with '/'\); name a file"):
         run_tag(_settings(bundle, source, f"{tmp_path / 'new'}/"))
     with pytest.raises(TagError, match="is the input file"):
