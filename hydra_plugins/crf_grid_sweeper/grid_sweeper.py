@@ -71,23 +71,29 @@ class GridSweeper(Sweeper):
 
     def sweep(self, arguments: list[str]) -> Any:
         from pipeline.engine.validate import ONE_LINE_ERRORS
-        from pipeline.sweeps.sigterm import SWEEP_STOPPING, worker_exit
+        from pipeline.sweeps.sigterm import STOPPED_EXIT, SWEEP_STOPPING, worker_exit
 
         try:
             return self.grid.sweep(arguments)
         except SweepStopped as stopped:
             log.error("stopped by SIGTERM before %s started: they were not launched", stopped)
-            sys.exit(1)
+            sys.exit(STOPPED_EXIT)
         except ONE_LINE_ERRORS as error:  # a job's own one-line error (a data file's checksum, a bad line): as a single run ends
             log.error("%s", error)
             sys.exit(2)
         except BrokenExecutor as error:
             if SWEEP_STOPPING.is_set():  # the sweep is being stopped: its workers go with it, as asked
                 log.error("stopped by SIGTERM: the jobs' worker processes ended with it (%s)", worker_exit(error))
-            else:
-                log.error(
-                    "a job's worker process died (%s; a kill, e.g. by the out-of-memory killer, or a crash): the sweep stops; "
-                    "if it is memory, lower hydra.launcher.n_jobs or the training data",
-                    worker_exit(error),
-                )
+                sys.exit(STOPPED_EXIT)
+            log.error(
+                "a job's worker process died (%s; a kill, e.g. by the out-of-memory killer, or a crash): the sweep stops; "
+                "if it is memory, lower hydra.launcher.n_jobs or the training data",
+                worker_exit(error),
+            )
             sys.exit(1)
+        except Exception as error:
+            if SWEEP_STOPPING.is_set():  # joblib's own errors as its workers go (its executor shut down): no traceback
+                first = str(error).splitlines()[0] if str(error) else ""
+                log.error("stopped by SIGTERM: the launcher ended with it (%s: %s)", type(error).__name__, first[:200])
+                sys.exit(STOPPED_EXIT)
+            raise

@@ -548,7 +548,7 @@ class OptunaSweeper(Sweeper):
     def _launch(self, study: Any, trials: Sequence[Any], batch: list[list[str]], index: int) -> Sequence[JobReturn]:
         """The jobs of ``trials`` through the launcher; if the launcher fails (or is interrupted)
         the trials are told FAIL, since their jobs will not report, and the error goes on."""
-        from pipeline.sweeps.sigterm import SWEEP_STOPPING, worker_exit
+        from pipeline.sweeps.sigterm import STOPPED_EXIT, SWEEP_STOPPING, worker_exit
 
         try:
             self.validate_batch_is_legal(batch)
@@ -565,10 +565,21 @@ class OptunaSweeper(Sweeper):
                     ", ".join(str(t.number) for t in trials),
                     worker_exit(error),
                 )
-                raise SystemExit(1) from None
+                raise SystemExit(STOPPED_EXIT) from None
             died = WorkerDied(_worker_death(error))
             log.warning("trial(s) %s: %s; the sweep goes on", ", ".join(str(t.number) for t in trials), died)
             return [JobReturn(overrides=list(job), status=JobStatus.FAILED, _return_value=died) for job in batch]
+        except Exception as error:
+            for trial in trials:
+                _fail(study, trial)
+            if SWEEP_STOPPING.is_set():  # joblib's own errors as its workers go (its executor shut down): no traceback
+                first = str(error).splitlines()[0] if str(error) else ""
+                log.error(
+                    "stopped by SIGTERM: the launcher of trial(s) %s ended with it (%s: %s); the trials are marked FAIL",
+                    ", ".join(str(t.number) for t in trials), type(error).__name__, first[:200],
+                )  # fmt: skip
+                raise SystemExit(STOPPED_EXIT) from None
+            raise
         except BaseException:
             for trial in trials:
                 _fail(study, trial)

@@ -15,6 +15,7 @@ failing job does not lose the others' results. SIGTERM to the launching process 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import sys
@@ -30,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from pipeline import tracking
 from pipeline.sweeps.cluster import job_environment, pass_to_jobs
 from pipeline.sweeps.grid_preflight import check_grid_jobs
-from pipeline.sweeps.sigterm import SWEEP_STOPPING, SweepSigterm
+from pipeline.sweeps.sigterm import STOPPED_EXIT, SWEEP_STOPPING, SweepSigterm
 from pipeline.sweeps.summary import summarize
 from pipeline.tracking import SWEEP_ID_VARIABLE, SWEEP_PARENT_VARIABLE, lifecycle
 from pipeline.tracking.lifecycle import END_REASON_TAG
@@ -213,13 +214,16 @@ class SweepTracking(Callback):
             return semi_supervised.summarize(self.sweep_id, self.parent_run_id, self.experiment, self.comparison)
         metric, direction = self.objective
         registry = self.registry if register else None
-        return summarize(self.sweep_id, self.parent_run_id, self.experiment, registry, metric=metric, direction=direction)
+        return summarize(
+            self.sweep_id, self.parent_run_id, self.experiment, registry, metric=metric, direction=direction,
+            stopping=SWEEP_STOPPING.is_set,
+        )  # fmt: skip
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         if self._close("FINISHED") == "stopped":  # the sweeper ran to its end, but a SIGTERM came first: no success
             log.error("[sweep %s] stopped by SIGTERM as it ended: its parent run is FAILED and nothing was registered",
                       self.sweep_id)  # fmt: skip
-            sys.exit(1)
+            sys.exit(STOPPED_EXIT)
 
     def __getstate__(self) -> dict:
         # Hydra hands the callbacks to the jobs: the signal handling (its timer, the previous handler) stays here
@@ -248,6 +252,9 @@ class SweepTracking(Callback):
         finally:
             if self.sigterm is not None:
                 self.sigterm.release()
+        if SWEEP_STOPPING.is_set():  # the signal came during the summary
+            SWEEP_STOPPING.clear()
+            stopped = "stopped"
         return stopped
 
     def _end(self, status: str) -> None:
@@ -286,6 +293,10 @@ class SweepTracking(Callback):
             status = "FAILED"
             raise
         finally:
+            if SWEEP_STOPPING.is_set() and status == "FINISHED":  # a SIGTERM during the summary: no finished sweep
+                status = "FAILED"
+                with contextlib.suppress(Exception):
+                    MlflowClient().set_tag(self.parent_run_id, END_REASON_TAG, "stopped by SIGTERM")
             MlflowClient().set_terminated(self.parent_run_id, status)
             os.environ.pop(SWEEP_PARENT_VARIABLE, None)
             os.environ.pop(SWEEP_ID_VARIABLE, None)

@@ -33,6 +33,7 @@ from pipeline.tracking.lifecycle import Stopper
 log = logging.getLogger(__name__)
 
 SIGTERM_GRACE_SECONDS = 10.0  # how long a signalled sweep waits for its jobs before it stops
+STOPPED_EXIT = 128 + signal.SIGTERM  # the exit status of a sweep stopped by SIGTERM, whichever way it ends (as a single run's)
 SWEEP_STOPPING = threading.Event()  # set on SIGTERM: a sweeper launches no further job
 
 

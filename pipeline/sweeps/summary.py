@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import mlflow
@@ -202,6 +203,14 @@ def register_best(
     return where
 
 
+def _still_registering(stopping: Callable[[], bool] | None, sweep_id: str) -> bool:
+    """Whether the sweep may still register: not once it is being stopped."""
+    if stopping is not None and stopping():
+        log.warning("[sweep %s] stopped by SIGTERM during its summary: nothing is registered", sweep_id)
+        return False
+    return True
+
+
 def summarize(
     sweep_id: str,
     parent_run_id: str | None,
@@ -210,9 +219,11 @@ def summarize(
     tag: str = "sweep_id",
     metric: str | None = None,
     direction: str = "maximize",
+    stopping: Callable[[], bool] | None = None,
 ) -> pd.DataFrame:
     """Build the sweep table and plot, log them to the parent run and the best setting to the console;
-    with ``registry.sweep``, register the best job's model (see :func:`register_best`). The best is
+    with ``registry.sweep``, register the best job's model (see :func:`register_best`), unless
+    ``stopping()`` says, just before, that the sweep is being stopped (a SIGTERM during the summary). The best is
     chosen among finished jobs only (not failed, nor pruned trials): the largest dev score, or the
     sweeper's objective ``metric`` in its ``direction`` (``maximize`` or ``minimize``).
     ``tag``: see :func:`gather`.
@@ -274,7 +285,7 @@ def summarize(
                 client.set_tag(parent_run_id, "best_run_id", best["run_id"])
                 if metric:
                     client.log_metric(parent_run_id, "best_objective", float(best["objective"]))
-            if register:
+            if register and _still_registering(stopping, sweep_id):
                 force = bool(registry.get("force_alias", False))
                 registered = register_best(best, score_name, sweep_id, registry.alias, metric, direction, force)
                 if registered and parent_run_id:
@@ -282,7 +293,7 @@ def summarize(
                     text += f"\nregistered: {registered}"
         if not scored.empty:
             plot(table, folder / "sweep.png", score_name)
-        if register and not final_fits.empty:
+        if register and not final_fits.empty and _still_registering(stopping, sweep_id):
             # registry.force_alias moves the alias to the one model the sweep chose: its best job, or,
             # when it has none, its only train+dev job; among several unranked ones it picks none
             force = bool(registry.get("force_alias", False)) and finished.empty and len(final_fits) == 1

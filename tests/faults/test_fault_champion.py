@@ -486,3 +486,38 @@ def test_a_holder_whose_standing_tags_were_edited_into_no_score_is_compared_by_i
     assert str(client.get_model_version_by_alias("m", "champion").version) == "1"
     assert _register(90.0, model, name="m") == "3"
     assert str(client.get_model_version_by_alias("m", "champion").version) == "3"
+
+
+def test_a_sigterm_during_the_sweeps_summary_registers_nothing_and_ends_it_stopped(local_registry, monkeypatch, caplog):
+    """The signal came after the last job, while the summary ran: the sweep's end had already been
+    decided a success, so it registered the best job, moved ``@champion`` and exited 0."""
+    import signal
+
+    from pipeline.sweeps.callback import SweepTracking
+    from pipeline.sweeps.sigterm import SWEEP_STOPPING
+    from pipeline.tracking.lifecycle import END_REASON_TAG
+
+    client, model = local_registry
+    experiment = client.create_experiment("crf")
+    _sweep_job(client, experiment, model, "late", 1.0, dev=75.0, name="late")
+    callback = SweepTracking()
+    callback.sweep_id, callback.experiment = "late", "crf"
+    callback.parent_run_id = client.create_run(experiment, tags={"stage": "sweep"}).info.run_id
+    callback.registry = OmegaConf.create({"sweep": True, "alias": "champion", "force_alias": False})
+    chosen = summary.best_job
+
+    def signalled_meanwhile(*args, **kwargs):
+        SWEEP_STOPPING.set()  # as the sweep's SIGTERM handler does
+        return chosen(*args, **kwargs)
+
+    monkeypatch.setattr(summary, "best_job", signalled_meanwhile)
+    try:
+        with pytest.raises(SystemExit) as ended:
+            callback.on_multirun_end(config=None)
+    finally:
+        SWEEP_STOPPING.clear()
+    assert ended.value.code == 128 + signal.SIGTERM
+    assert client.search_model_versions("name = 'late'") == []
+    assert "stopped by SIGTERM during its summary: nothing is registered" in caplog.text
+    parent = client.get_run(callback.parent_run_id)
+    assert parent.info.status == "FAILED" and parent.data.tags[END_REASON_TAG] == "stopped by SIGTERM"

@@ -268,7 +268,7 @@ def test_a_sweep_stopped_by_sigterm_while_a_trial_runs_ends_in_one_line(tmp_path
             sweeper.sweep([])
     finally:
         SWEEP_STOPPING.clear()
-    assert ended.value.code == 1 and len(sweeper.launcher.jobs) == 1  # no further trial
+    assert ended.value.code == 128 + signal.SIGTERM and len(sweeper.launcher.jobs) == 1  # no further trial
     assert [t.state for t in _study(tmp_path).get_trials()] == [TrialState.FAIL]
     (error,) = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert error == (

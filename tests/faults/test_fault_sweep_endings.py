@@ -6,6 +6,7 @@ SIGTERM that comes after the last job ends the command with a failure, not a suc
 from __future__ import annotations
 
 import logging
+import signal
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -75,7 +76,7 @@ def test_a_dead_worker_ends_the_grid_in_one_line(tmp_path, caplog, stopping, exp
             sweeper.sweep(["trainer.c2=0.1,1"])
     finally:
         SWEEP_STOPPING.clear()
-    assert ended.value.code == 1 and _error_line(caplog) == expected
+    assert ended.value.code == (128 + signal.SIGTERM if stopping else 1) and _error_line(caplog) == expected
 
 
 def test_the_grid_sweeper_runs_every_combination_and_other_errors_go_on(tmp_path):
@@ -118,7 +119,7 @@ def test_a_jobs_one_line_error_ends_the_grid_as_it_ends_a_single_run(tmp_path, c
 def test_a_sigterm_as_the_sweep_ends_is_no_success(tmp_path, monkeypatch, caplog):
     """A SIGTERM that came after the last job, before the sweep's end (its summary, its registration),
     ended the command with exit status 0 and "best on dev: ..." as its last line, though nothing was
-    registered and the parent run was FAILED (L9): it ends in one line, exit status 1."""
+    registered and the parent run was FAILED (L9): it ends in one line, with a stopped sweep's exit status (143)."""
     import mlflow
     from mlflow.tracking import MlflowClient
 
@@ -139,7 +140,7 @@ def test_a_sigterm_as_the_sweep_ends_is_no_success(tmp_path, monkeypatch, caplog
             callback.on_multirun_end(config=None)
     finally:
         SWEEP_STOPPING.clear()
-    assert ended.value.code == 1
+    assert ended.value.code == 128 + signal.SIGTERM
     assert _error_line(caplog) == "[sweep s1] stopped by SIGTERM as it ended: its parent run is FAILED and nothing was registered"
     run = client.get_run(parent.info.run_id)
     assert run.info.status == "FAILED" and run.data.tags[END_REASON_TAG] == "stopped by SIGTERM"
@@ -208,7 +209,7 @@ def test_no_job_is_launched_once_the_sweep_is_being_stopped(tmp_path, caplog):
         (result,) = optuna._launch(None, [None], [["trainer.c2=0.5"]], 3)
     finally:
         SWEEP_STOPPING.clear()
-    assert ended.value.code == 1
+    assert ended.value.code == 128 + signal.SIGTERM
     assert _error_line(caplog) == "stopped by SIGTERM before jobs #0 to #1 started: they were not launched"
     assert result.status == JobStatus.FAILED and isinstance(result._return_value, NotLaunched)
     assert launcher.jobs == []
@@ -216,3 +217,23 @@ def test_no_job_is_launched_once_the_sweep_is_being_stopped(tmp_path, caplog):
     going_on.grid.launcher = StopAwareLauncher(launcher)
     going_on.sweep(["trainer.c2=0.1,1"])  # not stopping: launched
     assert launcher.jobs == [["trainer.c2=0.1"], ["trainer.c2=1"]]
+
+
+def test_a_launcher_error_while_the_sweep_is_stopped_is_one_line(tmp_path, caplog):
+    """joblib's own errors as its workers go (its executor shut down) ended a signalled sweep with two
+    chained tracebacks and exit status 1."""
+    error = RuntimeError("The executor underlying Parallel has been shutdown. This is likely due to\nmore")
+    sweeper = _sweeper(tmp_path, _Launcher(error))
+    SWEEP_STOPPING.set()  # as the sweep's SIGTERM handler does
+    try:
+        with caplog.at_level(logging.ERROR), pytest.raises(SystemExit) as ended:
+            sweeper.sweep(["trainer.c2=0.1,1"])
+    finally:
+        SWEEP_STOPPING.clear()
+    assert ended.value.code == 128 + signal.SIGTERM
+    assert _error_line(caplog) == (
+        "stopped by SIGTERM: the launcher ended with it (RuntimeError: The executor underlying Parallel has been shutdown. "
+        "This is likely due to)"
+    )
+    with pytest.raises(RuntimeError, match="The executor underlying"):  # not being stopped: the error as it is
+        _sweeper(tmp_path, _Launcher(error)).sweep(["trainer.c2=0.1,1"])
