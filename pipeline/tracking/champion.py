@@ -129,9 +129,10 @@ class Standing:
         return self.value >= other.value
 
 
-def holder_without_standing(tags: Mapping[str, str]) -> tuple[str, bool]:
+def holder_without_standing(tags: Mapping[str, str], run_gone: bool = False) -> tuple[str, bool]:
     """What an alias holder that records no standing is, from its version ``tags``: (a few words
-    naming it, whether it may be replaced by a version with a standing).
+    naming it, whether it may be replaced by a version with a standing). ``run_gone``: its run can
+    no longer be read (deleted for good), so a score it was registered with cannot be read back.
 
     A version registered before versions recorded standings has no :data:`DECISION_TAG`: kept (it
     may be good; nothing says). One registered by this rule without a score was either forced
@@ -147,7 +148,25 @@ def holder_without_standing(tags: Mapping[str, str]) -> tuple[str, bool]:
         what = "registered without a dev score"
     if tags[DECISION_TAG].startswith(FORCED):
         return f"{what}, put there by registry.force_alias=true", False
+    if run_gone and what == "registered without a dev score":  # nothing says it had no score: it may have had one
+        return (
+            "its standing tags were removed and its run is gone, so the score it may have been registered with cannot be read",
+            False,
+        )
     return what, True
+
+
+def holder_run_gone(client: Any, holder: Any) -> bool:
+    """Whether the pipeline run an alias ``holder`` names (its ``run_id`` version tag, else MLflow's
+    run id) can no longer be read: deleted for good (``mlflow gc``). False for a version of no run."""
+    run_id = dict(holder.tags).get("run_id") or getattr(holder, "run_id", None)
+    if not run_id:
+        return False
+    try:
+        client.get_run(run_id)
+    except MlflowException:
+        return True
+    return False
 
 
 def standing_from_run(client: Any, holder: Any, standing: Standing) -> Standing | None:
@@ -182,6 +201,7 @@ def alias_decision(
     holder_tags: Mapping[str, str] | None = None,
     unscored: str = "",
     force_declined: str = "",
+    holder_run_gone: bool = False,
 ) -> tuple[bool, str]:
     """Whether the alias moves to the version of standing ``new`` from its current holder (of
     standing ``current``; ``has_holder`` False: the alias is free), and why, in one line (the rule
@@ -198,6 +218,7 @@ def alias_decision(
         train+dev: no dev score``.
     force_declined : why ``registry.force_alias=true``, though set, was not applied to this version
         (named in the reason instead of the hint to force the move).
+    holder_run_gone : the holder's run can no longer be read (:func:`holder_run_gone`).
     """
     if force:
         return True, f"{FORCED} (registry.force_alias=true)"
@@ -217,7 +238,7 @@ def alias_decision(
     if not has_holder:
         return True, "moved: no version held the alias"
     if current is None:
-        what, replaceable = holder_without_standing(holder_tags if holder_tags is not None else {})
+        what, replaceable = holder_without_standing(holder_tags if holder_tags is not None else {}, holder_run_gone)
         if replaceable:
             return True, f"moved: the holder records no standing to defend ({what})"
         return (
@@ -295,10 +316,14 @@ def settle_alias(
             if holder is not None and str(holder.version) == version:
                 break  # ours (set in an earlier round)
             current = Standing.from_tags(holder.tags) if holder is not None else None
+            gone = False
             if holder is not None and current is None and standing is not None:
                 current = standing_from_run(client, holder, standing)
+                gone = current is None and holder_run_gone(client, holder)
             holder_tags = dict(holder.tags) if holder is not None else None
-            moved, reason = alias_decision(standing, current, holder is not None, force, holder_tags, unscored, force_declined)
+            moved, reason = alias_decision(
+                standing, current, holder is not None, force, holder_tags, unscored, force_declined, gone
+            )
             later = holder is not None and int(holder.version) > int(version)
             if moved and attempt > 0 and later and (force or not _better(standing, current)):
                 moved, reason = False, "kept: a later version, as good or forced, was registered at the same time"

@@ -521,3 +521,20 @@ def test_a_sigterm_during_the_sweeps_summary_registers_nothing_and_ends_it_stopp
     assert "stopped by SIGTERM during its summary: nothing is registered" in caplog.text
     parent = client.get_run(callback.parent_run_id)
     assert parent.info.status == "FAILED" and parent.data.tags[END_REASON_TAG] == "stopped by SIGTERM"
+
+
+def test_a_holder_whose_standing_tags_were_removed_and_whose_run_is_gone_keeps_the_alias(local_registry):
+    """With the run purged too (``mlflow gc``), the holder was filed as "registered without a dev
+    score" and a worse version took the alias; a holder that nothing says was scoreless is kept."""
+    client, model = local_registry
+    _holder_without_standing_tags(client, model, 88.48)
+    client.set_model_version_tag("m", "1", "run_id", "0" * 32)  # the pipeline run it names: no longer in the store
+    assert champion.holder_run_gone(client, client.get_model_version("m", "1"))
+    assert _register(60.0, model, name="m") == "2"
+    assert str(client.get_model_version_by_alias("m", "champion").version) == "1"
+    assert client.get_model_version("m", "2").tags[DECISION_TAG].startswith(
+        "kept: the holder records no standing to compare with (its standing tags were removed and its run is gone"
+    )
+    standing = Standing("dev_f1", 50.0, "maximize", "e1")
+    version, _ = register_model(model.as_uri(), "m", "champion", {}, standing, True)  # forcing still moves it
+    assert str(client.get_model_version_by_alias("m", "champion").version) == str(version.version) == "3"
