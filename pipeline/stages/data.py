@@ -121,9 +121,10 @@ def unavailable_files(dataset: Mapping, root: str | os.PathLike, download: bool 
 
 def config_data_problem(cfg: Any) -> str | None:
     """One line for the dataset files of a composed run config (``cfg``: its ``dataset`` and
-    ``data.root``/``data.download``) that no download can provide (:func:`unavailable_files`), or
-    two splits that name one file, so that a run or a sweep is refused before it opens; None when
-    they are there, downloadable, or named through settings only a run resolves (an
+    ``data.root``/``data.download``) that no download can provide (:func:`unavailable_files`), that
+    a download tried here failed to provide (missing files with a URL are fetched now, not once a
+    run is open), or two splits that name one file, so that a run or a sweep is refused before it
+    opens; None when they are there, or named through settings only a run resolves (an
     interpolation of Hydra's run)."""
     from omegaconf import OmegaConf
 
@@ -141,6 +142,11 @@ def config_data_problem(cfg: Any) -> str | None:
         return None
     if problem is not None:
         return str(problem)
+    if download and not all(path.exists() for path in files.values()):
+        try:
+            resolve_files(dataset, str(root), download=True)
+        except (MissingDataError, ChecksumError) as error:
+            return str(error)
     there = [(split, path) for split, path in files.items() if path.exists()]
     for i, (split, path) in enumerate(there):
         same = next((other for other, where in there[:i] if os.path.samefile(where, path)), None)

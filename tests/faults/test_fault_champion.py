@@ -532,8 +532,10 @@ def test_a_holder_whose_standing_tags_were_removed_and_whose_run_is_gone_keeps_t
     assert champion.holder_run_gone(client, client.get_model_version("m", "1"))
     assert _register(60.0, model, name="m") == "2"
     assert str(client.get_model_version_by_alias("m", "champion").version) == "1"
-    assert client.get_model_version("m", "2").tags[DECISION_TAG].startswith(
-        "kept: the holder records no standing to compare with (its standing tags were removed and its run is gone"
+    assert (
+        client.get_model_version("m", "2")
+        .tags[DECISION_TAG]
+        .startswith("kept: the holder records no standing to compare with (its standing tags were removed and its run is gone")
     )
     standing = Standing("dev_f1", 50.0, "maximize", "e1")
     version, _ = register_model(model.as_uri(), "m", "champion", {}, standing, True)  # forcing still moves it
