@@ -309,8 +309,9 @@ def read_conll(
     ------
     DataFormatError
         Naming the file and the 1-based line: a line with another number of columns, an empty
-        cell or no cell; an empty file; a file with no token lines; text that is not UTF-8 (a
-        UTF-16 file is named as such); a truncated or corrupt gzip stream.
+        cell or no cell, a cell holding whitespace (with a ``separator``: a no-break space, say);
+        an empty file; a file with no token lines; text that is not UTF-8 (a UTF-16 file is named
+        as such); a truncated or corrupt gzip stream.
     FileNotFoundError, IsADirectoryError
         A missing path, or a folder.
     ValueError
@@ -335,6 +336,13 @@ def read_conll(
             raise DataFormatError(path, number, f"expected {expected[0]} columns, found {len(cells)}: {line!r}")
         if any(cell == "" for cell in cells):
             raise DataFormatError(path, number, f"empty column in {line!r}")
+        if separator and "".join(cells) != "".join(line.split()):  # a cell holding whitespace (U+00A0 too): no token does
+            column, cell = next((i, c) for i, c in enumerate(cells, start=1) if any(ch.isspace() for ch in c))
+            space = next(ch for ch in cell if ch.isspace())
+            raise DataFormatError(
+                path, number, f"column {column} holds whitespace (U+{ord(space):04X}) in {cell!r}: a token holds none (text "
+                "is split into tokens at whitespace when tagged); replace it"
+            )
         at_sentence_start[0] = False
         return cells
 

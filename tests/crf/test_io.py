@@ -20,8 +20,19 @@ def test_reads_conll_columns_and_skips_docstart(tmp_path):
 def test_reads_gzip_and_tabs(tmp_path):
     path = tmp_path / "a.txt.gz"
     with gzip.open(path, "wt", encoding="utf-8") as out:
-        out.write("New York\tNNP\tB-LOC\nis\tVBZ\tO\n")
-    assert read_conll(path, separator="\t") == [[("New York", "NNP", "B-LOC"), ("is", "VBZ", "O")]]
+        out.write("York\tNNP\tB-LOC\nis\tVBZ\tO\n")
+    assert read_conll(path, separator="\t") == [[("York", "NNP", "B-LOC"), ("is", "VBZ", "O")]]
+
+
+@pytest.mark.parametrize("cell", ["New York", "10\u00a0mg", "line\u2028sep", "end "])
+def test_a_tab_separated_cell_holding_whitespace_is_refused_where_it_is_read(tmp_path, cell):
+    """Trained on as one token, it could never be tagged: the tag command splits text at whitespace,
+    and the served model and ``ModelBundle.tag`` refuse such a token (their one token check)."""
+    path = tmp_path / "a.tsv"
+    path.write_text(f"He\tB-X\n{cell}\tO\n", encoding="utf-8")
+    space = next(ch for ch in cell if ch.isspace())
+    with pytest.raises(DataFormatError, match=rf"a.tsv:2: column 1 holds whitespace \(U\+{ord(space):04X}\) in "):
+        read_conll(path, separator="\t")
 
 
 @pytest.mark.parametrize(
@@ -268,8 +279,8 @@ def test_a_directory_is_reported_as_a_directory(tmp_path, reader):
 
 def test_trailing_separators_are_not_columns(tmp_path):
     path = tmp_path / "tabs.tsv"
-    path.write_text("New York\tNNP\tB-LOC\t\nis\tVBZ\tO\t\t\n", encoding="utf-8")
-    assert read_conll(path, n_columns=3, separator="\t") == [[("New York", "NNP", "B-LOC"), ("is", "VBZ", "O")]]
+    path.write_text("York\tNNP\tB-LOC\t\nis\tVBZ\tO\t\t\n", encoding="utf-8")
+    assert read_conll(path, n_columns=3, separator="\t") == [[("York", "NNP", "B-LOC"), ("is", "VBZ", "O")]]
     inner = tmp_path / "inner.tsv"
     inner.write_text("a\t\tO\n", encoding="utf-8")  # an empty cell inside the row is still an error
     with pytest.raises(DataFormatError, match="inner.tsv:1: empty column"):
