@@ -340,8 +340,10 @@ def read_conll(
             column, cell = next((i, c) for i, c in enumerate(cells, start=1) if any(ch.isspace() for ch in c))
             space = next(ch for ch in cell if ch.isspace())
             raise DataFormatError(
-                path, number, f"column {column} holds whitespace (U+{ord(space):04X}) in {cell!r}: a token holds none (text "
-                "is split into tokens at whitespace when tagged); replace it"
+                path,
+                number,
+                f"column {column} holds whitespace (U+{ord(space):04X}) in {cell!r}: a token holds none (text "
+                "is split into tokens at whitespace when tagged); replace it",
             )
         at_sentence_start[0] = False
         return cells

@@ -172,7 +172,7 @@ def composition_refusal(argv: list[str]) -> str | None:
     finally:
         GlobalHydra.instance().clear()
     from crf.io import writable_target
-    from pipeline.tracking import registry_uri, sqlite_path, tracking_uri
+    from pipeline.tracking import registry_uri, sqlite_path, store_problem, tracking_uri
 
     try:
         store = tracking_uri(cfg)  # the variable and the setting name one store
@@ -197,6 +197,9 @@ def composition_refusal(argv: list[str]) -> str | None:
             writable_target(sqlite_path(store))  # a dangling link or a folder: SQLite cannot open it
         except OSError as error:
             return f"bad setting: the tracking store {store}: {str(error).removesuffix('; not written')}; name a file"
+    problem = store_problem(store)
+    if problem:
+        return f"bad setting: the tracking store {store} (tracking.uri or MLFLOW_TRACKING_URI): {problem}"
     from pipeline.stages.data import config_data_problem
 
     problem = None if multirun else config_data_problem(cfg)  # a sweep checks its jobs' data after their settings

@@ -412,9 +412,6 @@ def text_tokenisation(choice: str, bundle: ModelBundle, reference: str) -> str:
     return recorded
 
 
-SQLITE_MAGIC = b"SQLite format 3\x00"  # the first bytes of every SQLite database file
-
-
 def _artifact_roots(store: str, database: Path) -> list[Path]:
     """The local folders of the artifacts of a SQLite tracking store's experiments (their
     ``artifact_location``, read from the store; nothing for a store that does not exist yet, which
@@ -469,7 +466,7 @@ def check_not_a_model(
     would destroy the model, or runs, registered models or a study, or put a file into a cache
     entry or an artifact folder that the next run would find damaged."""
     from pipeline.engine.cache import MANIFEST
-    from pipeline.tracking import sqlite_path
+    from pipeline.tracking import SQLITE_MAGIC, sqlite_path
 
     output_path = Path(output)
     for model in models:

@@ -14,9 +14,11 @@ import functools
 import hashlib
 import logging
 import os
+import sqlite3
 import subprocess
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -98,6 +100,37 @@ def registry_uri(cfg: Mapping) -> str:
 def sqlite_path(uri: str) -> Path | None:
     """The database file of a ``sqlite:///`` URI (None for other stores)."""
     return Path(uri[len("sqlite:///") :]) if uri.startswith("sqlite:///") else None
+
+
+STORE_SCHEMES = ("", "file", "sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks", "databricks-uc", "uc")
+SQLITE_MAGIC = b"SQLite format 3\x00"  # the first bytes of every SQLite database file
+
+
+def store_problem(uri: str) -> str | None:
+    """Why ``uri`` cannot be the pipeline's tracking store, in a few words, or None: a scheme MLflow
+    has no store for, or an existing SQLite path that is not an MLflow store (another kind of file,
+    or another program's database, an Optuna study's say, into which MLflow would write its tables).
+    An empty file or database is a new store."""
+    scheme = urllib.parse.urlparse(uri).scheme.split("+", 1)[0]
+    if len(scheme) > 1 and scheme not in STORE_SCHEMES:  # one letter: a Windows drive
+        return f"MLflow has no tracking store for the scheme {scheme!r} (sqlite:///, file:, http(s)://, postgresql:// ...)"
+    database = sqlite_path(uri)
+    if database is None or not database.is_file() or database.stat().st_size == 0:
+        return None
+    with open(database, "rb") as file:
+        if file.read(len(SQLITE_MAGIC)) != SQLITE_MAGIC:
+            return f"{database} is not an SQLite database; name an MLflow store or a new file"
+    try:
+        with contextlib.closing(sqlite3.connect(f"{database.absolute().as_uri()}?mode=ro", uri=True)) as connection:
+            tables = {name for (name,) in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    except sqlite3.Error as error:
+        return f"{database} cannot be read as an SQLite database ({error})"
+    if tables and not {"experiments", "runs"} <= tables:
+        return (
+            f"{database} is another program's database (tables {', '.join(sorted(tables)[:4])}, ...; an Optuna study's "
+            "storage, say), not an MLflow store, and MLflow would write its tables into it; name a store or a new file"
+        )
+    return None
 
 
 def check_store_exists(uri: str) -> None:

@@ -191,3 +191,38 @@ def test_a_bad_numeric_cell_is_one_line_naming_the_file_and_line_before_training
     where = r"train\.txt\.gz:1: numeric column 'pos' \(features\.numeric\) has the non-numeric value '\w+'$"
     with pytest.raises(DataFormatError, match=where):
         run_pipeline(cfg)
+
+
+def test_a_tracking_store_that_is_another_programs_file_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+    """``tracking.uri`` at an Optuna study's database (or another program's, or a text file) started
+    MLflow's schema migration in it: MLflow's tables written into the study's database, then a
+    110-line alembic traceback, exit 1. An unknown scheme was a 46-line traceback."""
+    import sqlite3
+
+    import optuna
+
+    from pipeline.__main__ import composition_refusal
+    from pipeline.tracking.lifecycle import prepare_store
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    optuna.create_study(storage=f"sqlite:///{tmp_path / 'optuna.db'}", study_name="s")
+    (tmp_path / "notes.db").write_text("not a database\n")
+
+    def tables() -> set[str]:
+        with sqlite3.connect(tmp_path / "optuna.db") as connection:
+            return {name for (name,) in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+
+    before = tables()
+    for argv in (
+        [f"tracking.uri=sqlite:///{tmp_path / 'optuna.db'}"],
+        ["-m", "trainer.c2=0.1,1", f"tracking.uri=sqlite:///{tmp_path / 'optuna.db'}"],
+    ):
+        refused = composition_refusal(argv)
+        assert refused.startswith(f"bad setting: the tracking store sqlite:///{tmp_path / 'optuna.db'} (tracking.uri or ")
+        assert "is another program's database (tables alembic_version, studies" in refused and "\n" not in refused
+    assert tables() == before and "experiments" not in before
+    assert "is not an SQLite database" in composition_refusal([f"tracking.uri=sqlite:///{tmp_path / 'notes.db'}"])
+    assert "MLflow has no tracking store for the scheme 'nosuch'" in composition_refusal(["tracking.uri=nosuch://x/y"])
+    prepare_store(f"sqlite:///{tmp_path / 'mlflow.db'}")  # an MLflow store, and a new file: fine
+    for store in ("mlflow.db", "new.db"):
+        assert composition_refusal([f"tracking.uri=sqlite:///{tmp_path / store}"]) is None
