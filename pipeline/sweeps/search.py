@@ -565,7 +565,8 @@ def check_objective(metric: str | None, direction: str, pruner: Mapping[str, Any
 def storage_url(storage: str | None, output_dir: str | Path) -> str:
     """The study's storage: ``storage`` when given (a SQLAlchemy URL: ``sqlite:///...``,
     ``postgresql+psycopg://...``), else ``sqlite:///<output_dir>/optuna.db`` beside the MLflow
-    store; a relative SQLite path is made absolute (the jobs may run in other folders)."""
+    store; a relative SQLite path is made absolute (the jobs may run in other folders), and a given
+    one must be in an existing folder."""
     url = storage or f"sqlite:///{Path(output_dir).absolute() / 'optuna.db'}"
     if not isinstance(url, str) or "://" not in url:
         raise SweeperSettingError(f"hydra.sweeper.storage={storage!r}: a database URL such as sqlite:////abs/path/optuna.db")
@@ -573,6 +574,10 @@ def storage_url(storage: str | None, output_dir: str | Path) -> str:
         path = url[len("sqlite:///") :]
         if path in ("", ":memory:"):
             raise SweeperSettingError(f"hydra.sweeper.storage={storage!r}: the jobs cannot reach an in-memory study; name a file")
+        folder = Path(path).absolute().parent
+        if storage and not folder.exists():  # a misspelt path would be made, folders and all (the default's folder is made)
+            raise SweeperSettingError(f"hydra.sweeper.storage={storage!r}: the folder {folder} does not exist; create it or "
+                                      "name another")  # fmt: skip
         url = f"sqlite:///{Path(path).absolute()}"
     elif url.startswith("sqlite:"):
         raise SweeperSettingError(f"hydra.sweeper.storage={storage!r}: a SQLite study lives in a file (sqlite:///<path>)")

@@ -340,6 +340,7 @@ def test_a_search_space_of_known_options_and_keys_passes(tmp_path):
         (["hydra.sweeper.n_trials=0"], "hydra.sweeper.n_trials=0: a whole number, at least 1"),
         (["hydra.sweeper.storage=foo://bar"], "hydra.sweeper.storage: cannot open foo://bar (NoSuchModuleError"),
         (["hydra.sweeper.storage=sqlite:///{tmp}/file/optuna.db"], "hydra.sweeper.storage: cannot open sqlite:///"),
+        (["hydra.sweeper.storage=sqlite:///{tmp}/nosuch/optuna.db"], "hydra.sweeper.storage='sqlite:///"),
         (["+hydra.sweeper.params.model='choice(crf, nosuch)'"], "model=nosuch: config group model has no option 'nosuch'"),
         (["hydra.sweeper.dispatch=sometimes"], "hydra.sweeper.dispatch='sometimes': auto, async or batch"),
         (["+hydra.sweeper.nosuch=1"], "hydra.sweeper: the sweeper hydra_plugins.crf_optuna_sweeper.optuna_sweeper.OptunaSweeper"),
