@@ -454,6 +454,23 @@ def _cache_entry_of(path: Path) -> Path | None:
     return None
 
 
+def _holds_cache_entries(folder: Path, looked_at: int = 50) -> bool:
+    """Whether ``folder`` holds stage cache entries (a stage's folder) or folders of them (a cache's
+    root), judged by the first ``looked_at`` subfolders of each."""
+    from pipeline.engine.cache import MANIFEST
+
+    def subfolders(path: Path) -> list[Path]:
+        try:
+            return [child for _, child in zip(range(looked_at), (c for c in path.iterdir() if c.is_dir()))]
+        except OSError:
+            return []
+
+    children = subfolders(folder)
+    if any((child / MANIFEST).is_file() for child in children):
+        return True
+    return any((grandchild / MANIFEST).is_file() for child in children for grandchild in subfolders(child))
+
+
 def check_not_a_model(
     output: str | Path, models: Sequence[Path], stores: Sequence[str | None] = (), cache_dir: str | Path | None = None
 ) -> None:
@@ -494,6 +511,9 @@ def check_not_a_model(
     entry = _cache_entry_of(target)
     if entry is not None:  # any stage's cache entry, wherever its cache is (another store's, another output folder's)
         raise TagError(f"output {output_path}: is a file of the stage cache entry {entry}; name another file")
+    if _holds_cache_entries(target.parent):  # a stage's folder of entries, or a cache's folder of stages
+        raise TagError(f"output {output_path}: is a file in a stage cache ({target.parent} holds cache entries); name "
+                       "another file")  # fmt: skip
     if target.is_file():
         with open(target, "rb") as existing:
             if existing.read(len(SQLITE_MAGIC)) == SQLITE_MAGIC:  # an Optuna study's storage, another tracking store
