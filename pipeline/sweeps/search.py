@@ -22,6 +22,7 @@ from __future__ import annotations
 import fnmatch
 import itertools
 import math
+import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -566,7 +567,7 @@ def storage_url(storage: str | None, output_dir: str | Path) -> str:
     """The study's storage: ``storage`` when given (a SQLAlchemy URL: ``sqlite:///...``,
     ``postgresql+psycopg://...``), else ``sqlite:///<output_dir>/optuna.db`` beside the MLflow
     store; a relative SQLite path is made absolute (the jobs may run in other folders), and a given
-    one must be in an existing folder."""
+    one must be in an existing folder or the output folder (``output_dir``, which the run makes)."""
     url = storage or f"sqlite:///{Path(output_dir).absolute() / 'optuna.db'}"
     if not isinstance(url, str) or "://" not in url:
         raise SweeperSettingError(f"hydra.sweeper.storage={storage!r}: a database URL such as sqlite:////abs/path/optuna.db")
@@ -574,8 +575,9 @@ def storage_url(storage: str | None, output_dir: str | Path) -> str:
         path = url[len("sqlite:///") :]
         if path in ("", ":memory:"):
             raise SweeperSettingError(f"hydra.sweeper.storage={storage!r}: the jobs cannot reach an in-memory study; name a file")
-        folder = Path(path).absolute().parent
-        if storage and not folder.exists():  # a misspelt path would be made, folders and all (the default's folder is made)
+        folder = Path(os.path.abspath(path)).parent
+        made = Path(os.path.abspath(output_dir))  # the run's output folder, made by the run
+        if storage and not folder.exists() and folder != made:  # a misspelt path would be made, folders and all
             raise SweeperSettingError(f"hydra.sweeper.storage={storage!r}: the folder {folder} does not exist; create it or "
                                       "name another")  # fmt: skip
         url = f"sqlite:///{Path(path).absolute()}"

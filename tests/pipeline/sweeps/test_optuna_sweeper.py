@@ -159,6 +159,7 @@ def test_storage_defaults_beside_the_mlflow_store(tmp_path, monkeypatch):
     assert search.storage_url(None, "outputs") == f"sqlite:///{tmp_path / 'outputs' / 'optuna.db'}"
     with pytest.raises(SweeperSettingError, match=r"studies does not exist; create it or name another"):
         search.storage_url("sqlite:///studies/a.db", "outputs")  # a given storage's folder is not made
+    assert search.storage_url("sqlite:///outputs/s.db", "outputs") == f"sqlite:///{tmp_path / 'outputs' / 's.db'}"  # run-made
     (tmp_path / "studies").mkdir()
     assert search.storage_url("sqlite:///studies/a.db", "outputs") == f"sqlite:///{tmp_path / 'studies' / 'a.db'}"
     assert search.storage_url("postgresql+psycopg://u:secret@db:5432/optuna", "x").endswith("@db:5432/optuna")
