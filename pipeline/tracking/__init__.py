@@ -98,11 +98,11 @@ def registry_uri(cfg: Mapping) -> str:
 
 
 def sqlite_path(uri: str) -> Path | None:
-    """The database file of a ``sqlite:///`` URI (None for other stores)."""
-    return Path(uri[len("sqlite:///") :]) if uri.startswith("sqlite:///") else None
+    """The database file of a ``sqlite:///`` URI, without its query (``?timeout=20``); None for other stores."""
+    return Path(uri[len("sqlite:///") :].split("?", 1)[0]) if uri.startswith("sqlite:///") else None
 
 
-STORE_SCHEMES = ("", "file", "sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks", "databricks-uc", "uc")
+STORE_SCHEMES = ("sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks", "databricks-uc", "uc")
 SQLITE_MAGIC = b"SQLite format 3\x00"  # the first bytes of every SQLite database file
 
 
@@ -111,9 +111,19 @@ def store_problem(uri: str) -> str | None:
     has no store for, or an existing SQLite path that is not an MLflow store (another kind of file,
     or another program's database, an Optuna study's say, into which MLflow would write its tables).
     An empty file or database is a new store."""
-    scheme = urllib.parse.urlparse(uri).scheme.split("+", 1)[0]
-    if len(scheme) > 1 and scheme not in STORE_SCHEMES:  # one letter: a Windows drive
-        return f"MLflow has no tracking store for the scheme {scheme!r} (sqlite:///, file:, http(s)://, postgresql:// ...)"
+    if uri in ("databricks", "databricks-uc", "uc"):
+        return None
+    written = uri.split(":", 1)[0] if "://" in uri else ""
+    scheme = written.split("+", 1)[0]
+    if scheme in ("", "file"):  # a folder of runs (a bare path too)
+        return (
+            "MLflow 3 no longer opens a file store (a folder of runs); name a database, e.g. sqlite:///<folder>/mlflow.db "
+            "(`mlflow migrate-filestore` converts an old one)"
+        )
+    if written != written.lower():  # SQLAlchemy knows no upper-case dialect
+        return f"write the scheme {written!r} in lower case"
+    if scheme not in STORE_SCHEMES:
+        return f"MLflow has no tracking store for the scheme {scheme!r} (sqlite:///, http(s)://, postgresql:// ...)"
     database = sqlite_path(uri)
     if database is None or not database.is_file() or database.stat().st_size == 0:
         return None

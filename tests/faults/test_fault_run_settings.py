@@ -223,6 +223,12 @@ def test_a_tracking_store_that_is_another_programs_file_is_refused_before_anythi
     assert tables() == before and "experiments" not in before
     assert "is not an SQLite database" in composition_refusal([f"tracking.uri=sqlite:///{tmp_path / 'notes.db'}"])
     assert "MLflow has no tracking store for the scheme 'nosuch'" in composition_refusal(["tracking.uri=nosuch://x/y"])
+    # spellings that reached MLflow all the same: a query string, an upper-case scheme; a file store, which MLflow 3 refuses
+    assert "another program's database" in composition_refusal([f"tracking.uri='sqlite:///{tmp_path / 'optuna.db'}?timeout=20'"])
+    assert "write the scheme 'SQLITE' in lower case" in composition_refusal([f"tracking.uri=SQLITE:///{tmp_path / 'x.db'}"])
+    for folder in (f"file://{tmp_path / 'mlruns'}", str(tmp_path / "mlruns")):
+        assert "MLflow 3 no longer opens a file store" in composition_refusal([f"tracking.uri={folder}"])
+    assert tables() == before
     prepare_store(f"sqlite:///{tmp_path / 'mlflow.db'}")  # an MLflow store, and a new file: fine
     for store in ("mlflow.db", "new.db"):
         assert composition_refusal([f"tracking.uri=sqlite:///{tmp_path / store}"]) is None
