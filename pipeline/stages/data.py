@@ -8,6 +8,7 @@ how to carve a dev split when there is none.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.client
 import logging
@@ -145,7 +146,7 @@ def config_data_problem(cfg: Any) -> str | None:
     if download and not all(path.exists() for path in files.values()):
         try:
             resolve_files(dataset, str(root), download=True)
-        except (MissingDataError, ChecksumError) as error:
+        except (MissingDataError, ChecksumError, DataFormatError) as error:
             return str(error)
     there = [(split, path) for split, path in files.items() if path.exists()]
     for i, (split, path) in enumerate(there):
@@ -181,18 +182,25 @@ def resolve_files(dataset: Mapping, root: str | os.PathLike, download: bool = Tr
     failures: list[str] = []
     for split, spec in dataset_files(dataset).items():
         path = root / spec["path"]
-        if not path.is_file():
+        fetched = not path.is_file()
+        if fetched:
             try:
                 _download(spec["url"], path, timeout)
+                read_split(path, dataset)  # what the download gave must read as the dataset's files do
             except (urllib.error.URLError, OSError, TimeoutError, http.client.HTTPException, ValueError) as err:
+                with contextlib.suppress(OSError):  # not left for the next run to take as the file
+                    path.unlink()
                 failures.append(f"{path} (download from {spec['url']} failed: {getattr(err, 'reason', err)})")
                 continue
         expected = spec.get("sha256")
         if expected:
             actual = text_sha256(path)
             if actual != str(expected).strip().lower():  # hex digits: either case
+                if fetched:  # not left for the next run to take as the file
+                    path.unlink()
                 raise ChecksumError(
                     f"{path}: SHA-256 of its text is {actual}, expected {expected} (corrupt or a different version)"
+                    + (f"; the download from {spec['url']} was removed" if fetched else "")
                 )
         paths[split] = path
     if failures:

@@ -4,6 +4,9 @@ refused with the settings, and any URL error of a download is the one-line missi
 
 from __future__ import annotations
 
+import gzip
+import re
+
 import pytest
 from pipeline_helpers import compose_config
 
@@ -30,8 +33,6 @@ def test_a_download_that_fails_refuses_the_run_before_it_opens(tmp_path):
     """A missing file whose URL could not be fetched (connection refused) was downloaded only inside
     the run: a single run left a FAILED run in the store, and a grid its parent and every job's run.
     The download is tried with the settings check, before any run opens; a file it fetches stays."""
-    import http.server
-    import threading
 
     from pipeline.apps.model_benchmark import free_port
     from pipeline.stages.data import config_data_problem
@@ -47,21 +48,66 @@ def test_a_download_that_fails_refuses_the_run_before_it_opens(tmp_path):
 
     served = tmp_path / "served"
     served.mkdir()
-    (served / "train.txt.gz").write_bytes(b"\x1f\x8b")  # what the server hands out, whatever it is
+    good = gzip.compress(b"He PRP B-NP\nsays VBZ B-VP\n\n")
+    (served / "train.txt.gz").write_bytes(good)
+
+    server, base = _serving(served)
+    try:
+        url = f"{base}/train.txt.gz"
+        assert config_data_problem(compose_config([*overrides[:1], f"dataset.files.train.url={url}", *overrides[2:]])) is None
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert (tmp_path / "conll2000" / "train.txt.gz").read_bytes() == good  # fetched before any run
+
+
+def _serving(folder):
+    """A loopback HTTP server of ``folder``'s files; its base URL (shut down by the caller)."""
+    import http.server
+    import threading
 
     class Quiet(http.server.SimpleHTTPRequestHandler):
         def __init__(self, *args, **kwargs):
-            super().__init__(*args, directory=str(served), **kwargs)
+            super().__init__(*args, directory=str(folder), **kwargs)
 
         def log_message(self, *args):
             pass
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+@pytest.mark.parametrize(
+    "content, sha256, problem",
+    [
+        (b"<!DOCTYPE html><html>moved</html>\n", None, "download from .* failed: .*train.txt.gz:1: "),  # HTML for a .gz
+        (None, None, "download from .* failed: .*train.txt.gz:.*truncated or corrupt gzip"),  # cut short
+        (None, "0" * 64, "download from .* failed: .*train.txt.gz:.*truncated or corrupt gzip"),  # with a checksum set
+        ("good", "0" * 64, r"SHA-256 of its text is [0-9a-f]{64}, expected 0{64} .*; the download from .* was removed"),
+    ],
+)
+def test_a_download_that_gives_bad_content_refuses_the_run_and_is_not_kept(tmp_path, content, sha256, problem):
+    """What a URL served was checked only as the run read it: HTML or a cut-short gzip opened runs
+    (left FAILED), a checksum on a truncated gzip was a 19-line traceback, and the bad file stayed in
+    the data root, taken as the data by every later run even once the URL was fixed."""
+
+    from pipeline.stages.data import config_data_problem
+
+    served = tmp_path / "served"
+    served.mkdir()
+    whole = gzip.compress(b"He PRP B-NP\nsays VBZ B-VP\n\n")
+    body = whole if content == "good" else whole[: len(whole) // 2] if content is None else content
+    (served / "train.txt.gz").write_bytes(body)
+    (tmp_path / "data" / "conll2000").mkdir(parents=True)
+    (tmp_path / "data" / "conll2000" / "test.txt.gz").write_bytes(whole)
+    server, base = _serving(served)
     try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/train.txt.gz"
-        assert config_data_problem(compose_config([*overrides[:1], f"dataset.files.train.url={url}", *overrides[2:]])) is None
+        overrides = [f"data.root={tmp_path / 'data'}", f"dataset.files.train.url={base}/train.txt.gz"]
+        overrides += [f"dataset.files.train.sha256={sha256 or 'null'}", "dataset.files.test.sha256=null"]
+        problem_line = config_data_problem(compose_config(overrides))
     finally:
         server.shutdown()
         server.server_close()
-    assert (tmp_path / "conll2000" / "train.txt.gz").read_bytes() == b"\x1f\x8b"  # fetched before any run
+    assert problem_line is not None and "\n" not in problem_line and re.search(problem, problem_line), problem_line
+    assert not (tmp_path / "data" / "conll2000" / "train.txt.gz").exists()  # the next run downloads it again
