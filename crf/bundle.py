@@ -1079,6 +1079,8 @@ class ModelBundle:
             out[i]["marginals"] = result.marginals[a:b].tolist()
         if result.segments is not None:
             for row in result.segments.itertuples(index=False):
+                if not result.possible[row.sequence]:  # no labelling, so no chunks either
+                    continue
                 out[kept[row.sequence]]["segments"].append(
                     {"start": int(row.start), "end": int(row.end), "type": str(row.type), "confidence": float(row.confidence)}
                 )

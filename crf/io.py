@@ -207,6 +207,15 @@ def decoded_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
         raise _unreadable(path, number, err, opener) from None
 
 
+def _check_no_byte_order_mark(path, number: int, cells: tuple[str, ...]) -> None:
+    """Refuse a cell that begins with U+FEFF past the file's start (files joined with their marks):
+    no token may (:func:`crf.bundle.check_tokens`), so a model trained on it could not tag its data."""
+    for column, cell in enumerate(cells, start=1):
+        if cell.startswith(_BOM):
+            raise DataFormatError(path, number, f"column {column} begins with U+FEFF (a byte-order mark, as where files "
+                                  f"were joined) in {cell!r}: remove it")  # fmt: skip
+
+
 def _cells(line: str, separator: str | None) -> tuple[str, ...]:
     """The cells of a token line; trailing empty cells (a final tab or separator) are dropped."""
     if separator is None:
@@ -336,6 +345,8 @@ def read_conll(
             raise DataFormatError(path, number, f"expected {expected[0]} columns, found {len(cells)}: {line!r}")
         if any(cell == "" for cell in cells):
             raise DataFormatError(path, number, f"empty column in {line!r}")
+        if _BOM in line:
+            _check_no_byte_order_mark(path, number, cells)
         if separator and "".join(cells) != "".join(line.split()):  # a cell holding whitespace (U+00A0 too): no token does
             column, cell = next((i, c) for i, c in enumerate(cells, start=1) if any(ch.isspace() for ch in c))
             space = next(ch for ch in cell if ch.isspace())
@@ -398,6 +409,8 @@ def read_conllu(path: str | os.PathLike, token_lines: list[int] | None = None) -
             return None
         if not token_id.isdigit():
             raise DataFormatError(path, number, f"word ID {token_id!r} is not an integer")
+        if _BOM in line:
+            _check_no_byte_order_mark(path, number, cells)
         return cells
 
     return _sentences(path, parse, "word", token_lines=token_lines)

@@ -24,6 +24,21 @@ def test_reads_gzip_and_tabs(tmp_path):
     assert read_conll(path, separator="\t") == [[("York", "NNP", "B-LOC"), ("is", "VBZ", "O")]]
 
 
+def test_a_cell_that_begins_with_a_byte_order_mark_past_the_files_start_is_refused(tmp_path):
+    """Files joined with their marks: the mark begins a later sentence's first word, which was trained
+    on as a token that the model then refused to tag (its one token check). At the file's start it is dropped."""
+    path = tmp_path / "joined.txt"
+    path.write_text("\ufeffHe PRP B-NP\n\n\ufeffShe PRP B-NP\n", encoding="utf-8")
+    with pytest.raises(DataFormatError, match=r"joined.txt:3: column 1 begins with U\+FEFF .* in '\\ufeffShe': remove it"):
+        read_conll(path)
+    path.write_text("\ufeffHe PRP B-NP\n", encoding="utf-8")
+    assert read_conll(path) == [[("He", "PRP", "B-NP")]]
+    conllu = tmp_path / "joined.conllu"
+    conllu.write_bytes(CONLLU_WORD + b"\n\n" + CONLLU_WORD.replace(b"\tThe\t", b"\t\xef\xbb\xbfThe\t") + b"\n")
+    with pytest.raises(DataFormatError, match=r"joined.conllu:3: column 2 begins with U\+FEFF"):
+        read_conllu(conllu)
+
+
 @pytest.mark.parametrize("cell", ["New York", "10\u00a0mg", "line\u2028sep", "end "])
 def test_a_tab_separated_cell_holding_whitespace_is_refused_where_it_is_read(tmp_path, cell):
     """Trained on as one token, it could never be tagged: the tag command splits text at whitespace,

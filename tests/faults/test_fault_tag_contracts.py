@@ -1140,7 +1140,8 @@ def test_a_sentence_of_probability_zero_gets_no_label_or_a_warning_by_every_way_
     impossible, fine = ["the", "dog", "runs", "."], ["the", "dog", "."]
     assert bundle.tag([fine])[0]["labels"] == ["B-NP", "I-NP", "O"]
     with caplog.at_level(logging.WARNING):
-        assert bundle.tag([fine, impossible])[1]["labels"] == [None] * 4
+        tagged = bundle.tag([fine, impossible])[1]
+    assert tagged["labels"] == [None] * 4 and tagged["segments"] == []  # no labelling, so no chunks either
     assert "1 of 2 sentences have no labelling of nonzero probability under the model (first: sentence 1)" in caplog.text
     frame = pd.DataFrame({"sentence": [0] * 3 + [1] * 4, "w": fine + impossible})
     caplog.clear()
