@@ -129,10 +129,10 @@ class Standing:
         return self.value >= other.value
 
 
-def holder_without_standing(tags: Mapping[str, str], run_gone: bool = False) -> tuple[str, bool]:
+def holder_without_standing(tags: Mapping[str, str], unreadable: str | None = None) -> tuple[str, bool]:
     """What an alias holder that records no standing is, from its version ``tags``: (a few words
-    naming it, whether it may be replaced by a version with a standing). ``run_gone``: its run can
-    no longer be read (deleted for good), so a score it was registered with cannot be read back.
+    naming it, whether it may be replaced by a version with a standing). ``unreadable``: why a score
+    it may have been registered with cannot be read back from its run (:func:`holder_unreadable`).
 
     A version registered before versions recorded standings has no :data:`DECISION_TAG`: kept (it
     may be good; nothing says). One registered by this rule without a score was either forced
@@ -148,25 +148,26 @@ def holder_without_standing(tags: Mapping[str, str], run_gone: bool = False) -> 
         what = "registered without a dev score"
     if tags[DECISION_TAG].startswith(FORCED):
         return f"{what}, put there by registry.force_alias=true", False
-    if run_gone and what == "registered without a dev score":  # nothing says it had no score: it may have had one
-        return (
-            "its standing tags were removed and its run is gone, so the score it may have been registered with cannot be read",
-            False,
-        )
+    if unreadable and what == "registered without a dev score":  # nothing says it had no score: it may have had one
+        return f"its standing tags were removed and {unreadable}", False
     return what, True
 
 
-def holder_run_gone(client: Any, holder: Any) -> bool:
-    """Whether the pipeline run an alias ``holder`` names (its ``run_id`` version tag, else MLflow's
-    run id) can no longer be read: deleted for good (``mlflow gc``). False for a version of no run."""
+def holder_unreadable(client: Any, holder: Any, standing: Standing) -> str | None:
+    """Why the score of an alias ``holder`` without standing tags cannot be read back from the
+    pipeline run it names (its ``run_id`` version tag, else MLflow's run id), though it may have had
+    one: the run is gone (``mlflow gc``), or it logged ``standing``'s metric but no longer records
+    the evaluation data it was scored on. None for a version of no run, or a run with no such score."""
     run_id = dict(holder.tags).get("run_id") or getattr(holder, "run_id", None)
     if not run_id:
-        return False
+        return None
     try:
-        client.get_run(run_id)
+        run = client.get_run(run_id)
     except MlflowException:
-        return True
-    return False
+        return "its run is gone, so the score it may have been registered with cannot be read"
+    if _metric_name(standing.metric) in run.data.metrics and not run.data.tags.get(EVALUATION_RUN_TAG):
+        return "its run's tag of the data it was scored on was removed, so its score compares with nothing"
+    return None
 
 
 def standing_from_run(client: Any, holder: Any, standing: Standing) -> Standing | None:
@@ -201,7 +202,7 @@ def alias_decision(
     holder_tags: Mapping[str, str] | None = None,
     unscored: str = "",
     force_declined: str = "",
-    holder_run_gone: bool = False,
+    holder_unreadable: str | None = None,
 ) -> tuple[bool, str]:
     """Whether the alias moves to the version of standing ``new`` from its current holder (of
     standing ``current``; ``has_holder`` False: the alias is free), and why, in one line (the rule
@@ -218,7 +219,7 @@ def alias_decision(
         train+dev: no dev score``.
     force_declined : why ``registry.force_alias=true``, though set, was not applied to this version
         (named in the reason instead of the hint to force the move).
-    holder_run_gone : the holder's run can no longer be read (:func:`holder_run_gone`).
+    holder_unreadable : why the holder's score cannot be read from its run (:func:`holder_unreadable`).
     """
     if force:
         return True, f"{FORCED} (registry.force_alias=true)"
@@ -238,7 +239,7 @@ def alias_decision(
     if not has_holder:
         return True, "moved: no version held the alias"
     if current is None:
-        what, replaceable = holder_without_standing(holder_tags if holder_tags is not None else {}, holder_run_gone)
+        what, replaceable = holder_without_standing(holder_tags if holder_tags is not None else {}, holder_unreadable)
         if replaceable:
             return True, f"moved: the holder records no standing to defend ({what})"
         return (
@@ -316,13 +317,13 @@ def settle_alias(
             if holder is not None and str(holder.version) == version:
                 break  # ours (set in an earlier round)
             current = Standing.from_tags(holder.tags) if holder is not None else None
-            gone = False
+            unreadable = None
             if holder is not None and current is None and standing is not None:
                 current = standing_from_run(client, holder, standing)
-                gone = current is None and holder_run_gone(client, holder)
+                unreadable = holder_unreadable(client, holder, standing) if current is None else None
             holder_tags = dict(holder.tags) if holder is not None else None
             moved, reason = alias_decision(
-                standing, current, holder is not None, force, holder_tags, unscored, force_declined, gone
+                standing, current, holder is not None, force, holder_tags, unscored, force_declined, unreadable
             )
             later = holder is not None and int(holder.version) > int(version)
             if moved and attempt > 0 and later and (force or not _better(standing, current)):

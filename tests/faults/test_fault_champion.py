@@ -449,15 +449,30 @@ def test_a_holder_whose_standing_tags_were_removed_is_compared_by_its_run(local_
     assert str(client.get_model_version_by_alias("m", "champion").version) == "4"
 
 
-@pytest.mark.parametrize("dev_f1, evaluation", [(None, "e1"), (88.48, None)])
-def test_a_holder_whose_run_has_no_score_to_read_back_is_replaced_as_before(local_registry, dev_f1, evaluation):
+def test_a_holder_whose_run_has_no_score_to_read_back_is_replaced_as_before(local_registry):
     """A holder that took the alias under an earlier rule with no score (nothing in its run either)
     still has nothing to defend: a scored version takes the alias."""
     client, model = local_registry
-    _holder_without_standing_tags(client, model, dev_f1, evaluation)
+    _holder_without_standing_tags(client, model, None, "e1")
     assert _register(60.0, model, name="m") == "2"
     assert str(client.get_model_version_by_alias("m", "champion").version) == "2"
     assert client.get_model_version("m", "2").tags[DECISION_TAG].startswith("moved: the holder records no standing to defend")
+
+
+def test_a_holder_whose_run_has_a_score_but_no_evaluation_key_keeps_the_alias(local_registry):
+    """Its run's dev F1 (88.48) without the tag of the data it was scored on: filed as scoreless, it
+    lost the alias to a worse version (60.0). Its score compares with nothing, so it is kept."""
+    client, model = local_registry
+    _holder_without_standing_tags(client, model, 88.48, None)
+    assert _register(60.0, model, name="m") == "2"
+    assert str(client.get_model_version_by_alias("m", "champion").version) == "1"
+    assert (
+        client.get_model_version("m", "2")
+        .tags[DECISION_TAG]
+        .startswith(
+            "kept: the holder records no standing to compare with (its standing tags were removed and its run's tag of the data"
+        )
+    )
 
 
 def test_a_pipeline_version_whose_tags_were_tidied_keeps_the_alias_against_a_worse_run(tmp_path):
@@ -529,7 +544,8 @@ def test_a_holder_whose_standing_tags_were_removed_and_whose_run_is_gone_keeps_t
     client, model = local_registry
     _holder_without_standing_tags(client, model, 88.48)
     client.set_model_version_tag("m", "1", "run_id", "0" * 32)  # the pipeline run it names: no longer in the store
-    assert champion.holder_run_gone(client, client.get_model_version("m", "1"))
+    standing = Standing("dev_f1", 60.0, "maximize", "e1")
+    assert "its run is gone" in champion.holder_unreadable(client, client.get_model_version("m", "1"), standing)
     assert _register(60.0, model, name="m") == "2"
     assert str(client.get_model_version_by_alias("m", "champion").version) == "1"
     assert (
