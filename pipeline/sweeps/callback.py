@@ -221,9 +221,18 @@ class SweepTracking(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         if self._close("FINISHED") == "stopped":  # the sweeper ran to its end, but a SIGTERM came first: no success
-            log.error("[sweep %s] stopped by SIGTERM as it ended: its parent run is FAILED and nothing was registered",
-                      self.sweep_id)  # fmt: skip
+            registered = self._registered()  # the signal came as the registration ran: it is not undone
+            what = f"{registered} had been registered as the signal came" if registered else "nothing was registered"
+            log.error("[sweep %s] stopped by SIGTERM as it ended: its parent run is FAILED and %s", self.sweep_id, what)
             sys.exit(STOPPED_EXIT)
+
+    def _registered(self) -> str | None:
+        """The model the sweep registered (its parent run's ``registered_model`` tag), if any."""
+        try:
+            return MlflowClient().get_run(self.parent_run_id).data.tags.get("registered_model")
+        except Exception as error:  # the store failed: the summary's own lines say what it did
+            log.warning("[sweep %s] could not read the parent run: %s", self.sweep_id, error)
+            return None
 
     def __getstate__(self) -> dict:
         # Hydra hands the callbacks to the jobs: the signal handling (its timer, the previous handler) stays here

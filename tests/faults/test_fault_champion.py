@@ -556,3 +556,37 @@ def test_a_holder_whose_standing_tags_were_removed_and_whose_run_is_gone_keeps_t
     standing = Standing("dev_f1", 50.0, "maximize", "e1")
     version, _ = register_model(model.as_uri(), "m", "champion", {}, standing, True)  # forcing still moves it
     assert str(client.get_model_version_by_alias("m", "champion").version) == str(version.version) == "3"
+
+
+def test_a_sigterm_that_comes_as_the_sweep_registers_is_named_with_what_was_registered(local_registry, monkeypatch, caplog):
+    """A signal during the registration itself let it finish (a version and the alias), and the
+    sweep's last line then said "nothing was registered"."""
+    from pipeline.sweeps.callback import SweepTracking
+    from pipeline.sweeps.sigterm import SWEEP_STOPPING
+
+    client, model = local_registry
+    experiment = client.create_experiment("crf")
+    _sweep_job(client, experiment, model, "late", 1.0, dev=75.0, name="late")
+    callback = SweepTracking()
+    callback.sweep_id, callback.experiment = "late", "crf"
+    callback.parent_run_id = client.create_run(experiment, tags={"stage": "sweep"}).info.run_id
+    callback.registry = OmegaConf.create({"sweep": True, "alias": "champion", "force_alias": False})
+    registering = summary.register_best
+
+    def signalled_meanwhile(*args, **kwargs):
+        uri = registering(*args, **kwargs)
+        SWEEP_STOPPING.set()  # as the sweep's SIGTERM handler does
+        return uri
+
+    monkeypatch.setattr(summary, "register_best", signalled_meanwhile)
+    try:
+        with caplog.at_level(logging.ERROR), pytest.raises(SystemExit) as ended:
+            callback.on_multirun_end(config=None)
+    finally:
+        SWEEP_STOPPING.clear()
+    assert ended.value.code == 143 and [str(v.version) for v in client.search_model_versions("name = 'late'")] == ["1"]
+    (line,) = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert (
+        line == "[sweep late] stopped by SIGTERM as it ended: its parent run is FAILED and models:/late@champion had been "
+        "registered as the signal came"
+    )
