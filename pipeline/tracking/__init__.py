@@ -133,14 +133,27 @@ def store_problem(uri: str) -> str | None:
     try:
         with contextlib.closing(sqlite3.connect(f"{database.absolute().as_uri()}?mode=ro", uri=True)) as connection:
             tables = {name for (name,) in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            versions = (
+                {row[0] for row in connection.execute("SELECT version_num FROM alembic_version")}
+                if "alembic_version" in tables
+                else set()
+            )
     except sqlite3.Error as error:
         return f"{database} cannot be read as an SQLite database ({error})"
-    if tables and not {"experiments", "runs"} <= tables:
+    if tables and not (versions and versions <= mlflow_schema_versions()):  # MLflow's schema: its migrations' revisions
         return (
             f"{database} is another program's database (tables {', '.join(sorted(tables)[:4])}, ...; an Optuna study's "
             "storage, say), not an MLflow store, and MLflow would write its tables into it; name a store or a new file"
         )
     return None
+
+
+@functools.cache
+def mlflow_schema_versions() -> frozenset[str]:
+    """The schema versions of MLflow's SQL stores (the revisions of its database migrations)."""
+    from mlflow.store.db_migrations import versions
+
+    return frozenset(path.name.split("_", 1)[0] for path in Path(versions.__path__[0]).glob("[0-9a-f]*_*.py"))
 
 
 def check_store_exists(uri: str) -> None:

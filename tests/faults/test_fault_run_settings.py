@@ -197,6 +197,7 @@ def test_a_tracking_store_that_is_another_programs_file_is_refused_before_anythi
     """``tracking.uri`` at an Optuna study's database (or another program's, or a text file) started
     MLflow's schema migration in it: MLflow's tables written into the study's database, then a
     110-line alembic traceback, exit 1. An unknown scheme was a 46-line traceback."""
+    import contextlib
     import sqlite3
 
     import optuna
@@ -229,6 +230,9 @@ def test_a_tracking_store_that_is_another_programs_file_is_refused_before_anythi
     for folder in (f"file://{tmp_path / 'mlruns'}", str(tmp_path / "mlruns")):
         assert "MLflow 3 no longer opens a file store" in composition_refusal([f"tracking.uri={folder}"])
     assert tables() == before
+    with contextlib.closing(sqlite3.connect(tmp_path / "alike.db")) as alike:  # MLflow's table names, not its schema
+        alike.executescript("CREATE TABLE experiments (x); CREATE TABLE runs (x); CREATE TABLE alembic_version (version_num);")
+    assert "another program's database" in composition_refusal([f"tracking.uri=sqlite:///{tmp_path / 'alike.db'}"])
     prepare_store(f"sqlite:///{tmp_path / 'mlflow.db'}")  # an MLflow store, and a new file: fine
     for store in ("mlflow.db", "new.db"):
         assert composition_refusal([f"tracking.uri=sqlite:///{tmp_path / store}"]) is None
