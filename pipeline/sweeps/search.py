@@ -47,6 +47,7 @@ from pipeline.sweeps.trial_environment import (
     TRIAL_VARIABLE,
     WARM_START_VARIABLE,
 )
+from pipeline.tracking.champion import metric_direction
 
 __all__ = ["METRIC_VARIABLE", "STORAGE_VARIABLE", "STUDY_VARIABLE", "TRIAL_VARIABLE", "WARM_START_VARIABLE"]
 
@@ -502,22 +503,6 @@ def check_strength(space: SearchSpace) -> None:
     conflict = strength_conflict([*space.fixed, *(f"{key}=<searched>" for key in space.distributions)])
     if conflict:
         raise SweeperSettingError(f"{conflict} (to search c1 or c2 instead, drop the default space: '~hydra.sweeper.params')")
-
-
-SCORE_WORDS = frozenset({"accuracy", "f1", "precision", "recall", "ap", "score", "aulc"})  # higher is better
-COST_WORDS = frozenset({"error", "loss", "seconds", "bytes", "rate"})  # lower is better
-
-
-def metric_direction(name: str) -> str | None:
-    """The direction in which a stage metric gets better, from the words of its name: "maximize"
-    for a score (``dev_f1``, ``dev_NP_confidence_ap``, ``dev_tag_tokens_per_second``), "minimize"
-    for an error, rate or cost (``dev_token_error``, ``dev_unknown_rate``, ``train_seconds``,
-    ``model_bytes``); None for a count or anything else (either direction may be wanted)."""
-    words = name.split("_")
-    if "per" in words[:-1] and words[words.index("per") + 1] == "second":  # a throughput
-        return "maximize"
-    score, cost = bool(SCORE_WORDS.intersection(words)), bool(COST_WORDS.intersection(words))
-    return "maximize" if score and not cost else "minimize" if cost and not score else None
 
 
 def check_objective(metric: str | None, direction: str, pruner: Mapping[str, Any] | None, dev_every: int | None) -> None:

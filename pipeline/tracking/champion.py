@@ -94,6 +94,22 @@ def _metric_name(metric: str) -> str:
     return (summary_key(metric) or metric) if "." in metric else metric
 
 
+SCORE_WORDS = frozenset({"accuracy", "f1", "precision", "recall", "ap", "score", "aulc"})  # higher is better
+COST_WORDS = frozenset({"error", "loss", "seconds", "bytes", "rate"})  # lower is better
+
+
+def metric_direction(name: str) -> str | None:
+    """The direction in which a stage metric gets better, from the words of its name: "maximize"
+    for a score (``dev_f1``, ``dev_NP_confidence_ap``, ``dev_tag_tokens_per_second``), "minimize"
+    for an error, rate or cost (``dev_token_error``, ``dev_unknown_rate``, ``train_seconds``,
+    ``model_bytes``); None for a count or anything else (either direction may be wanted)."""
+    words = name.split("_")
+    if "per" in words[:-1] and words[words.index("per") + 1] == "second":  # a throughput
+        return "maximize"
+    score, cost = bool(SCORE_WORDS.intersection(words)), bool(COST_WORDS.intersection(words))
+    return "maximize" if score and not cost else "minimize" if cost and not score else None
+
+
 @dataclass(frozen=True)
 class Standing:
     """What a registered model was chosen by: ``metric`` (e.g. ``dev_f1``) had ``value`` on the
@@ -115,13 +131,20 @@ class Standing:
     @classmethod
     def from_tags(cls, tags: Mapping[str, str]) -> Standing | None:
         """The standing a version's tags record, or None (a version registered before standings, or
-        tags edited into something no score is: a value that is not a finite number, an unknown
-        direction; a NaN would compare as neither better nor worse and hold the alias for good)."""
+        tags edited into what no registration records: a value that is not a finite number, an
+        unknown direction, a test-set score, a score minimised; a NaN would compare as neither better
+        nor worse, and the others hold the alias against every normal version, for good)."""
         try:
             standing = cls(tags[METRIC_TAG], float(tags[VALUE_TAG]), tags[DIRECTION_TAG], tags[EVALUATION_TAG])
         except (KeyError, ValueError):
             return None
-        return standing if math.isfinite(standing.value) and standing.direction in ("maximize", "minimize") else None
+        if not math.isfinite(standing.value) or standing.direction not in ("maximize", "minimize"):
+            return None
+        name = _metric_name(standing.metric)
+        better = metric_direction(name)
+        if "test" in name.split("_") or (better is not None and better != standing.direction):
+            return None  # what no registration records (a test score, a score minimised): edited, judged by its run
+        return standing
 
     def at_least_as_good_as(self, other: Standing) -> bool:
         if self.direction == "minimize":

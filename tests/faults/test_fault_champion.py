@@ -487,13 +487,17 @@ def test_a_pipeline_version_whose_tags_were_tidied_keeps_the_alias_against_a_wor
     assert client.get_model_version("tiny", "2").tags[DECISION_TAG].startswith("kept: dev_f1 ")
 
 
-@pytest.mark.parametrize("value, direction", [("nan", "maximize"), ("inf", "maximize"), ("88.48", "sideways")])
-def test_a_holder_whose_standing_tags_were_edited_into_no_score_is_compared_by_its_run(local_registry, value, direction):
+@pytest.mark.parametrize(
+    "value, direction, metric",
+    [("nan", "maximize", "dev_f1"), ("inf", "maximize", "dev_f1"), ("88.48", "sideways", "dev_f1"),
+     ("88.48", "minimize", "dev_f1"), ("88.48", "maximize", "test_f1"), ("88.48", "minimize", "evaluate.dev_f1")],
+)  # fmt: skip
+def test_a_holder_whose_standing_tags_were_edited_into_no_score_is_compared_by_its_run(local_registry, value, direction, metric):
     """A holder's ``standing.value`` set to ``nan`` compared as neither better nor worse: every later
     version was kept ("worse than the holder's nan"), so only force could move the alias."""
     client, model = local_registry
     _holder_without_standing_tags(client, model, 88.48)  # version 1, its run's dev_f1 88.48 on e1
-    tampered = {champion.METRIC_TAG: "dev_f1", champion.VALUE_TAG: value, champion.DIRECTION_TAG: direction}
+    tampered = {champion.METRIC_TAG: metric, champion.VALUE_TAG: value, champion.DIRECTION_TAG: direction}
     for key, text in {**tampered, champion.EVALUATION_TAG: "e1"}.items():
         client.set_model_version_tag("m", "1", key, text)
     assert champion.Standing.from_tags(client.get_model_version("m", "1").tags) is None
