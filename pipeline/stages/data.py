@@ -184,6 +184,7 @@ def resolve_files(dataset: Mapping, root: str | os.PathLike, download: bool = Tr
         path = root / spec["path"]
         fetched = not path.is_file()
         if fetched:
+            log.info("downloading %s to %s", spec["url"], path)
             try:
                 _download(spec["url"], path, timeout)
                 read_split(path, dataset)  # what the download gave must read as the dataset's files do
