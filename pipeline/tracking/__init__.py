@@ -18,7 +18,6 @@ import sqlite3
 import subprocess
 import time
 import urllib.error
-import urllib.parse
 import urllib.request
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
