@@ -100,6 +100,7 @@ def _register(value: float, source: Path, evaluation: str = "e1", name: str = "r
 
 @pytest.fixture
 def local_registry(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # experiments made here keep their artifacts (sweep summaries) in ./mlruns: not the checkout's
     database = seed_store(tmp_path / "store")
     uri = f"sqlite:///{database}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)

@@ -127,6 +127,7 @@ def test_a_sigterm_as_the_sweep_ends_is_no_success(tmp_path, monkeypatch, caplog
     from pipeline.tracking.lifecycle import END_REASON_TAG
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.chdir(tmp_path)  # the experiment's artifacts go to ./mlruns: not the checkout's
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
     experiment = mlflow.set_experiment("sweeps")
     client = MlflowClient()

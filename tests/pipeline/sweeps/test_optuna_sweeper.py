@@ -846,6 +846,7 @@ def test_the_summary_and_champion_follow_the_sweepers_metric_and_direction(tmp_p
 
     uri = f"sqlite:///{seed_store(tmp_path)}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.chdir(tmp_path)  # the experiment's artifacts go to ./mlruns: not the checkout's
     mlflow.set_tracking_uri(uri)
     client = MlflowClient(uri)
     experiment = client.create_experiment("crf")
