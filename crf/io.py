@@ -216,6 +216,17 @@ def _check_no_byte_order_mark(path, number: int, cells: tuple[str, ...]) -> None
                                   f"were joined) in {cell!r}: remove it")  # fmt: skip
 
 
+def _check_no_whitespace(path, number: int, line: str, cells: tuple[str, ...]) -> None:
+    """Refuse a cell (of a line cut at a separator such as a tab) that holds whitespace, U+00A0
+    included: no token may (:func:`crf.bundle.check_tokens`: text is split into tokens at
+    whitespace when tagged), so a model trained on it could not tag its data."""
+    if "".join(cells) != "".join(line.split()):
+        column, cell = next((i, c) for i, c in enumerate(cells, start=1) if any(ch.isspace() for ch in c))
+        space = next(ch for ch in cell if ch.isspace())
+        raise DataFormatError(path, number, f"column {column} holds whitespace (U+{ord(space):04X}) in {cell!r}: a token "
+                              "holds none (text is split into tokens at whitespace when tagged); replace it")  # fmt: skip
+
+
 def _cells(line: str, separator: str | None) -> tuple[str, ...]:
     """The cells of a token line; trailing empty cells (a final tab or separator) are dropped."""
     if separator is None:
@@ -347,15 +358,8 @@ def read_conll(
             raise DataFormatError(path, number, f"empty column in {line!r}")
         if _BOM in line:
             _check_no_byte_order_mark(path, number, cells)
-        if separator and "".join(cells) != "".join(line.split()):  # a cell holding whitespace (U+00A0 too): no token does
-            column, cell = next((i, c) for i, c in enumerate(cells, start=1) if any(ch.isspace() for ch in c))
-            space = next(ch for ch in cell if ch.isspace())
-            raise DataFormatError(
-                path,
-                number,
-                f"column {column} holds whitespace (U+{ord(space):04X}) in {cell!r}: a token holds none (text "
-                "is split into tokens at whitespace when tagged); replace it",
-            )
+        if separator:
+            _check_no_whitespace(path, number, line, cells)
         at_sentence_start[0] = False
         return cells
 
@@ -411,6 +415,7 @@ def read_conllu(path: str | os.PathLike, token_lines: list[int] | None = None) -
             raise DataFormatError(path, number, f"word ID {token_id!r} is not an integer")
         if _BOM in line:
             _check_no_byte_order_mark(path, number, cells)
+        _check_no_whitespace(path, number, line, cells)
         return cells
 
     return _sentences(path, parse, "word", token_lines=token_lines)

@@ -188,10 +188,11 @@ def composition_refusal(argv: list[str]) -> str | None:
         if OmegaConf.select(cfg, "registry.force_alias", default=False) is True and not registering:
             which = "registry.sweep=true (the sweep registers its best job)" if multirun else "registry.register=true"
             return f"bad setting registry.force_alias=true: it moves the alias to the model this command registers; set {which}"
-        if registering:
-            registry_uri(cfg)  # and MLFLOW_REGISTRY_URI, where the run (or the sweep) registers its model
+        registry = registry_uri(cfg) if registering else None  # and MLFLOW_REGISTRY_URI, where the model is registered
     except SettingsError as error:
         return str(error)
+    if registry is not None and registry != store and store_problem(registry):
+        return f"bad setting: the registry store {registry} (MLFLOW_REGISTRY_URI): {store_problem(registry)}"
     if sqlite_path(store) is not None:
         try:
             writable_target(sqlite_path(store))  # a dangling link or a folder: SQLite cannot open it

@@ -14,6 +14,7 @@ import functools
 import hashlib
 import logging
 import os
+import re
 import sqlite3
 import subprocess
 import time
@@ -96,9 +97,15 @@ def registry_uri(cfg: Mapping) -> str:
     return env or tracking_uri(cfg)
 
 
+_SQLITE_URI = re.compile(r"^sqlite(\+[a-z0-9_]+)?:///(?:file:)?([^?]+)")
+
+
 def sqlite_path(uri: str) -> Path | None:
-    """The database file of a ``sqlite:///`` URI, without its query (``?timeout=20``); None for other stores."""
-    return Path(uri[len("sqlite:///") :].split("?", 1)[0]) if uri.startswith("sqlite:///") else None
+    """The database file of a SQLite URI, however SQLAlchemy may spell it (``sqlite:///``, a driver
+    as in ``sqlite+pysqlite:///``, a ``file:`` filename, a query such as ``?timeout=20``); None for
+    other stores and for an in-memory database."""
+    found = _SQLITE_URI.match(uri)
+    return Path(found.group(2)) if found and found.group(2) != ":memory:" else None
 
 
 STORE_SCHEMES = ("sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks", "databricks-uc", "uc")
@@ -123,6 +130,17 @@ def store_problem(uri: str) -> str | None:
         return f"write the scheme {written!r} in lower case"
     if scheme not in STORE_SCHEMES:
         return f"MLflow has no tracking store for the scheme {scheme!r} (sqlite:///, http(s)://, postgresql:// ...)"
+    if scheme == "sqlite" and sqlite_path(uri) is None:
+        return "an in-memory SQLite database, whose runs and models vanish with the process; name a file (sqlite:///<path>)"
+    if scheme in ("postgresql", "mysql", "mssql"):
+        try:  # the database driver the URI names (psycopg2 by default for postgresql://), loaded as MLflow would
+            import sqlalchemy
+
+            sqlalchemy.engine.make_url(uri).get_dialect().import_dbapi()
+        except ImportError as error:
+            return f"its database driver is not installed ({error}); install it, or name one that is (e.g. postgresql+psycopg://)"
+        except Exception as error:  # noqa: BLE001 - SQLAlchemy's URL errors come as several types
+            return f"not a database URL SQLAlchemy reads ({type(error).__name__}: {error})"
     database = sqlite_path(uri)
     if database is None or not database.is_file() or database.stat().st_size == 0:
         return None
@@ -160,12 +178,15 @@ def check_store_exists(uri: str) -> None:
     ``mlflow.db`` (a stray file, and a confusing "not found" afterwards). Raise FileNotFoundError
     naming the file and how the pipeline chooses it; check an HTTP store with :func:`check_reachable`."""
     path = sqlite_path(uri)
-    if path is not None and not path.is_file():
+    if path is not None and (not path.is_file() or path.stat().st_size == 0):  # an empty file holds no model to read
         raise FileNotFoundError(
             f"no MLflow store at {path} ({uri}). The pipeline writes its store under paths.output_dir "
             "(default ./outputs of the folder it ran in): run this command there, or name the store with "
             "paths.output_dir=<that folder>, tracking.uri=<its URI> or MLFLOW_TRACKING_URI"
         )
+    problem = store_problem(uri)
+    if problem is not None:  # MLflow would write its tables into another program's database as it opened it
+        raise TrackingUnavailable(f"the store {uri}: {problem}")
     check_reachable(uri)
 
 

@@ -48,6 +48,10 @@ def test_a_tab_separated_cell_holding_whitespace_is_refused_where_it_is_read(tmp
     space = next(ch for ch in cell if ch.isspace())
     with pytest.raises(DataFormatError, match=rf"a.tsv:2: column 1 holds whitespace \(U\+{ord(space):04X}\) in "):
         read_conll(path, separator="\t")
+    conllu = tmp_path / "a.conllu"  # tab-separated too: its FORM column
+    conllu.write_bytes(CONLLU_WORD + b"\n\n" + CONLLU_WORD.replace(b"\tThe\t", f"\t{cell}\t".encode()) + b"\n")
+    with pytest.raises(DataFormatError, match=rf"a.conllu:3: column 2 holds whitespace \(U\+{ord(space):04X}\) in "):
+        read_conllu(conllu)
 
 
 @pytest.mark.parametrize(

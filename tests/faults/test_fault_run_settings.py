@@ -198,11 +198,13 @@ def test_a_tracking_store_that_is_another_programs_file_is_refused_before_anythi
     MLflow's schema migration in it: MLflow's tables written into the study's database, then a
     110-line alembic traceback, exit 1. An unknown scheme was a 46-line traceback."""
     import contextlib
+    import importlib.util
     import sqlite3
 
     import optuna
 
     from pipeline.__main__ import composition_refusal
+    from pipeline.tracking import TrackingUnavailable, check_store_exists
     from pipeline.tracking.lifecycle import prepare_store
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
@@ -229,6 +231,21 @@ def test_a_tracking_store_that_is_another_programs_file_is_refused_before_anythi
     assert "write the scheme 'SQLITE' in lower case" in composition_refusal([f"tracking.uri=SQLITE:///{tmp_path / 'x.db'}"])
     for folder in (f"file://{tmp_path / 'mlruns'}", str(tmp_path / "mlruns")):
         assert "MLflow 3 no longer opens a file store" in composition_refusal([f"tracking.uri={folder}"])
+    for spelling in (f"sqlite+pysqlite:///{tmp_path / 'optuna.db'}", f"'sqlite:///file:{tmp_path / 'optuna.db'}?uri=true'"):
+        assert "another program's database" in composition_refusal([f"tracking.uri={spelling}"]), spelling
+    assert "an in-memory SQLite database" in composition_refusal(["tracking.uri=sqlite://"])
+    if importlib.util.find_spec("MySQLdb") is None:  # mysql:// loads mysqlclient, which the project does not install
+        assert "its database driver is not installed" in composition_refusal(["tracking.uri=mysql://u@127.0.0.1:1/m"])
+    monkeypatch.setenv("MLFLOW_REGISTRY_URI", f"sqlite:///{tmp_path / 'optuna.db'}")  # where the run registers its model
+    registering = composition_refusal(["registry.register=true", f"paths.output_dir={tmp_path / 'out'}"])
+    assert registering.startswith("bad setting: the registry store") and "another program's database" in registering
+    monkeypatch.delenv("MLFLOW_REGISTRY_URI")
+    with pytest.raises(TrackingUnavailable, match="another program's database"):  # the tag command reads models from it
+        check_store_exists(f"sqlite:///{tmp_path / 'optuna.db'}")
+    (tmp_path / "empty.db").write_bytes(b"")  # a new store to write, but none to read a model from: not made into one
+    with pytest.raises(FileNotFoundError, match="no MLflow store at"):
+        check_store_exists(f"sqlite:///{tmp_path / 'empty.db'}")
+    assert (tmp_path / "empty.db").stat().st_size == 0
     assert tables() == before
     with contextlib.closing(sqlite3.connect(tmp_path / "alike.db")) as alike:  # MLflow's table names, not its schema
         alike.executescript("CREATE TABLE experiments (x); CREATE TABLE runs (x); CREATE TABLE alembic_version (version_num);")
