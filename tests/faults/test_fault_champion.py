@@ -508,22 +508,29 @@ def test_a_holder_whose_standing_tags_were_edited_into_no_score_is_compared_by_i
     assert str(client.get_model_version_by_alias("m", "champion").version) == "3"
 
 
-def test_a_sigterm_during_the_sweeps_summary_registers_nothing_and_ends_it_stopped(local_registry, monkeypatch, caplog):
-    """The signal came after the last job, while the summary ran: the sweep's end had already been
-    decided a success, so it registered the best job, moved ``@champion`` and exited 0."""
-    import signal
-
+def _finished_sweep(client, model):
+    """The callback of sweep ``late`` whose one job (dev F1 75) finished: it registers as ``late``."""
     from pipeline.sweeps.callback import SweepTracking
-    from pipeline.sweeps.sigterm import SWEEP_STOPPING
-    from pipeline.tracking.lifecycle import END_REASON_TAG
 
-    client, model = local_registry
     experiment = client.create_experiment("crf")
     _sweep_job(client, experiment, model, "late", 1.0, dev=75.0, name="late")
     callback = SweepTracking()
     callback.sweep_id, callback.experiment = "late", "crf"
     callback.parent_run_id = client.create_run(experiment, tags={"stage": "sweep"}).info.run_id
     callback.registry = OmegaConf.create({"sweep": True, "alias": "champion", "force_alias": False})
+    return callback
+
+
+def test_a_sigterm_during_the_sweeps_summary_registers_nothing_and_ends_it_stopped(local_registry, monkeypatch, caplog):
+    """The signal came after the last job, while the summary ran: the sweep's end had already been
+    decided a success, so it registered the best job, moved ``@champion`` and exited 0."""
+    import signal
+
+    from pipeline.sweeps.sigterm import SWEEP_STOPPING
+    from pipeline.tracking.lifecycle import END_REASON_TAG
+
+    client, model = local_registry
+    callback = _finished_sweep(client, model)
     chosen = summary.best_job
 
     def signalled_meanwhile(*args, **kwargs):
@@ -566,16 +573,10 @@ def test_a_holder_whose_standing_tags_were_removed_and_whose_run_is_gone_keeps_t
 def test_a_sigterm_that_comes_as_the_sweep_registers_is_named_with_what_was_registered(local_registry, monkeypatch, caplog):
     """A signal during the registration itself let it finish (a version and the alias), and the
     sweep's last line then said "nothing was registered"."""
-    from pipeline.sweeps.callback import SweepTracking
     from pipeline.sweeps.sigterm import SWEEP_STOPPING
 
     client, model = local_registry
-    experiment = client.create_experiment("crf")
-    _sweep_job(client, experiment, model, "late", 1.0, dev=75.0, name="late")
-    callback = SweepTracking()
-    callback.sweep_id, callback.experiment = "late", "crf"
-    callback.parent_run_id = client.create_run(experiment, tags={"stage": "sweep"}).info.run_id
-    callback.registry = OmegaConf.create({"sweep": True, "alias": "champion", "force_alias": False})
+    callback = _finished_sweep(client, model)
     registering = summary.register_best
 
     def signalled_meanwhile(*args, **kwargs):
