@@ -418,10 +418,10 @@ def _artifact_roots(store: str, database: Path) -> list[Path]:
     a client would create), and the default layout's folder beside the database."""
     from urllib.parse import unquote, urlparse
 
-    from pipeline.tracking import ARTIFACTS
+    from pipeline.tracking import ARTIFACTS, store_problem
 
     roots = [database.parent / ARTIFACTS]
-    if database.is_file():
+    if database.is_file() and store_problem(store) is None:  # MLflow would retry a damaged file for minutes
         from mlflow.entities import ViewType
         from mlflow.tracking import MlflowClient
 
