@@ -191,8 +191,9 @@ def composition_refusal(argv: list[str]) -> str | None:
         registry = registry_uri(cfg) if registering else None  # and MLFLOW_REGISTRY_URI, where the model is registered
     except SettingsError as error:
         return str(error)
-    if registry is not None and registry != store and store_problem(registry):
-        return f"bad setting: the registry store {registry} (MLFLOW_REGISTRY_URI): {store_problem(registry)}"
+    problem = store_problem(registry) if registry is not None and registry != store else None
+    if problem:
+        return f"bad setting: the registry store {registry} (MLFLOW_REGISTRY_URI): {problem}"
     if sqlite_path(store) is not None:
         try:
             writable_target(sqlite_path(store))  # a dangling link or a folder: SQLite cannot open it
