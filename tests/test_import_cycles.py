@@ -181,3 +181,19 @@ def test_the_engine_imports_no_store_and_no_sweeper():
     ]
     assert len(via) > 6 and "pipeline.engine.runner" in via  # the walk saw the engine
     assert not found, "\n".join(found)
+
+
+def test_the_engine_names_no_stage():
+    """The engine's own modules import no stage module and no dataset code: the stages come from the
+    list in ``pipeline.stages`` and tell the engine what it needs (their inputs, files and metrics)."""
+    modules = _modules("pipeline", ROOT)
+    engine = [name for name in modules if name.startswith("pipeline.engine.")]
+    found = [
+        f"{name} imports {imported}"
+        for name in sorted(engine)
+        for imported in sorted(imported_names(modules[name], name))
+        if imported.startswith("pipeline.stages")
+    ]
+    assert "pipeline.engine.runner" in engine and not found, "\n".join(found)
+    source = modules["pipeline.engine.stage"].read_text()
+    assert "pipeline.stages.prepare" not in source  # the stage list lives with the stages

@@ -1,6 +1,6 @@
 """A stage added from outside the pipeline (the README's "Extend it: a stage"): the label
 distribution of each prepared split. One module; running it needs its name in
-``pipeline.engine.stage.STAGE_MODULES`` (tests/pipeline/models/test_adapters.py patches that tuple)."""
+``pipeline.stages.STAGE_MODULES`` (tests/pipeline/models/test_adapters.py patches that tuple)."""
 
 from __future__ import annotations
 

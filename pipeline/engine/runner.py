@@ -32,7 +32,6 @@ from pipeline.engine.store import CACHE_SOURCE_TAG, MODEL_URI_TAG, SWEEP_PARENT_
 from pipeline.engine.validate import SettingsError, validate_settings
 from pipeline.models import METRICS_FILE, SWEEP_ID_VARIABLE, WARM_START_INPUT, ModelAdapter, load_adapter
 from pipeline.report import write_json
-from pipeline.stages.data import ChecksumError, MissingDataError, resolve_files
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +47,7 @@ class StageOutput:
     metrics: dict
     model_uri: str | None = None  # the logged model of the stage's declared bundle (an MLflow Model's URI)
     external: dict | None = None  # hashes of the files it read from outside the pipeline (the dataset)
+    input_files: dict | None = None  # those files, by the same keys, where the stage can name them
     bundle: Path | None = None  # its tagger bundle logged as a model
     seconds: float = 0.0  # wall time of the stage run, cache lookup and logging to the store included
     key: str | None = None  # its entry in the stage cache
@@ -271,6 +271,7 @@ def run_stage(
         output.bundle = None if logged_model is None else logged_model.bundle
         output.seconds = time.perf_counter() - began
         output.key = key
+        output.input_files = stage.input_files(config, settings) if external else None
         store.log_metrics({"seconds": output.seconds})
         return output
 
@@ -287,26 +288,22 @@ def swept_overrides() -> list[str]:
     return named_overrides(list(hydra_cfg.overrides.task), swept_keys(hydra_cfg))
 
 
-def log_dataset(cfg: DictConfig, file_hashes: dict[str, str], store: RunStore) -> None:
+def log_dataset(cfg: DictConfig, outputs: Mapping[str, StageOutput], store: RunStore) -> None:
     """The dataset the stages read (their external input files) as the open run's input.
 
     Parameters
     ----------
     cfg : DictConfig
-        The run's composed config (``dataset``, ``data.root``).
-    file_hashes : dict of str to str
-        The SHA-256 of each external input file the stages read.
+        The run's composed config (``dataset.name``).
+    outputs : mapping of str to StageOutput
+        The stages' outputs: the hashes of the external input files each read, and those files.
     store : RunStore
         The store of the open run.
     """
-    if not file_hashes:
-        return
-    try:
-        files = resolve_files(OmegaConf.to_container(cfg.dataset, resolve=True), cfg.data.root, download=False)
-    except (MissingDataError, ChecksumError) as err:
-        log.warning("dataset not logged as the run's input: %s", err)
-        return
-    store.log_dataset(str(cfg.dataset.name), files, file_hashes)
+    file_hashes = {k: v for o in outputs.values() for k, v in (o.external or {}).items()}
+    files = {k: v for o in outputs.values() for k, v in (o.input_files or {}).items()}
+    if file_hashes and files:
+        store.log_dataset(str(cfg.dataset.name), files, file_hashes)
 
 
 def register_single_run(
@@ -610,7 +607,7 @@ def pipeline_run(
         store.log_metrics(headline)  # first, so they head the run page's metrics
         store.log_metrics({k: v for k, v in numbers.items() if k not in headline})
         file_hashes = {k: v for o in outputs.values() for k, v in (o.external or {}).items()}
-        log_dataset(cfg, file_hashes, store)
+        log_dataset(cfg, outputs, store)
         evaluation = store.tag_evaluation(OmegaConf.to_container(cfg.dataset, resolve=True), file_hashes)
         models = [o.model_uri for o in outputs.values() if o.model_uri]
         if models:

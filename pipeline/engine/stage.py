@@ -9,6 +9,8 @@ A stage (:class:`Stage`; :class:`BaseStage` gives the defaults) is an object wit
   dev is scored, where the data files are); given to the stage, never hashed;
 - ``upstream(adapter)``: the stages whose output folders it reads;
 - ``external_inputs(config, settings)``: hashes of files from outside the pipeline (the dataset);
+  ``input_files(config, settings)``: those files by the same keys, for the run's record of its
+  dataset (what it can name without downloading);
 - ``code_modules(adapter)``: the modules whose source (with the project modules they import, but
   not the engine's or tracking's) is hashed into its key;
 - ``artifacts(settings, adapter)``: glob patterns of its files logged to MLflow (the rest stay in
@@ -27,8 +29,9 @@ A stage (:class:`Stage`; :class:`BaseStage` gives the defaults) is an object wit
   runs; None: not declared (any name);
 - ``run(context) -> metrics``.
 
-The stages are listed once, in :data:`STAGE_MODULES` (each module holds a ``STAGE``); the runner
-iterates over them and knows none by name: what it needs of a stage is in the contract above (a
+The stages are listed once, in ``pipeline.stages.STAGE_MODULES`` (each module holds a ``STAGE``);
+the engine knows only that package (:data:`STAGE_PACKAGE`), and the runner iterates over the
+stages and knows none by name: what it needs of a stage is in the contract above (a
 caller that warm-starts a stage, a regularisation path or a sweep trial, names it).
 A dev reporter (an Optuna trial's, given by ``pipeline.__main__``) may stop a training early by
 raising :class:`TrainingStopped`.
@@ -46,15 +49,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipeline.models import ModelAdapter
 
-# the stages in the order they run; a stage's upstream stages come before it
-STAGE_MODULES = (
-    "pipeline.stages.prepare",
-    "pipeline.stages.featurize",
-    "pipeline.stages.train",
-    "pipeline.stages.evaluate",
-    "pipeline.stages.active_learning",
-    "pipeline.stages.semi_supervised",
-)
+STAGE_PACKAGE = "pipeline.stages"  # its STAGE_MODULES: the stage modules, in running order
 
 StepLogger = Callable[[list[tuple[int, dict[str, float]]]], None]
 # dev scores during training, (iteration, {"dev_f1": ..., "dev_accuracy": ...}): in an Optuna trial's
@@ -135,6 +130,8 @@ class Stage(Protocol):
 
     def external_inputs(self, config: DictConfig, settings: DictConfig) -> dict[str, str]: ...
 
+    def input_files(self, config: DictConfig, settings: DictConfig) -> dict[str, Path]: ...
+
     def code_modules(self, adapter: ModelAdapter) -> tuple[str, ...]: ...
 
     def artifacts(self, settings: DictConfig, adapter: ModelAdapter) -> tuple[str, ...]: ...
@@ -170,6 +167,9 @@ class BaseStage:
     def external_inputs(self, config: DictConfig, settings: DictConfig) -> dict[str, str]:
         return {}
 
+    def input_files(self, config: DictConfig, settings: DictConfig) -> dict[str, Path]:
+        return {}
+
     def code_modules(self, adapter: ModelAdapter) -> tuple[str, ...]:
         return (type(self).__module__,)
 
@@ -198,7 +198,8 @@ def load_stages() -> dict[str, Stage]:
     Returns
     -------
     dict of str to Stage
-        {name: stage} of :data:`STAGE_MODULES`' stages, in running order.
+        {name: stage} of the stages of :data:`STAGE_PACKAGE`, in running order.
     """
-    stages = [importlib.import_module(module).STAGE for module in STAGE_MODULES]
+    modules = importlib.import_module(STAGE_PACKAGE).STAGE_MODULES
+    stages = [importlib.import_module(module).STAGE for module in modules]
     return {stage.name: stage for stage in stages}

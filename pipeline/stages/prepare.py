@@ -25,7 +25,7 @@ from crf.io import read_conll
 from pipeline.engine.cache import file_sha256
 from pipeline.engine.stage import BaseStage, StageContext
 from pipeline.report import write_json
-from pipeline.stages.data import READERS, Dataset, final_fit_splits, load_dataset, resolve_files, statistics, subset
+from pipeline.stages.data import READERS, ChecksumError, Dataset, MissingDataError, final_fit_splits, load_dataset, resolve_files, statistics, subset
 
 if TYPE_CHECKING:  # annotations only: the adapter's module is not this stage's code
     from pipeline.models import ModelAdapter
@@ -157,6 +157,16 @@ class Prepare(BaseStage):
         """SHA-256 of every dataset file (downloaded first if missing): an edited file is a new input."""
         paths = resolve_files(OmegaConf.to_container(config.dataset), settings.root, download=settings.download)
         return {f"file:{split}": file_sha256(path) for split, path in paths.items()}
+
+    def input_files(self, config, settings) -> dict[str, Path]:
+        """The dataset files by the keys of :meth:`external_inputs`; none (with a warning) where they
+        are no longer there or no longer match their checksums."""
+        try:
+            paths = resolve_files(OmegaConf.to_container(config.dataset, resolve=True), settings.root, download=False)
+        except (MissingDataError, ChecksumError) as err:
+            log.warning("dataset not logged as the run's input: %s", err)
+            return {}
+        return {f"file:{split}": path for split, path in paths.items()}
 
     def run(self, context: StageContext) -> dict:
         config, out = context.config, context.out

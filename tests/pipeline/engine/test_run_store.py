@@ -242,7 +242,7 @@ def test_a_run_through_the_memory_store_records_what_mlflow_recorded(tiny_pipeli
     assert {step for step, _, _ in train["steps"]}  # the cached training history, re-logged as steps
     assert pipeline["tags"][MODEL_URI_TAG] == train["tags"][MODEL_URI_TAG]
     assert store.links == [(pipeline["id"], train["tags"][MODEL_URI_TAG])]
-    assert pipeline["dataset"][0] == "conll2000" and pipeline["dataset"][1] == ["test", "train"]
+    assert pipeline["dataset"][0] == "conll2000" and pipeline["dataset"][1] == ["file:test", "file:train"]
     scores, handoff, cached, stages = pipeline["note"]
     assert scores and cached == stages == 4 and handoff[0] == f"train run of {pipeline['id']}"
     assert not store.registered and not store.failed

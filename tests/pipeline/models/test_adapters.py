@@ -145,9 +145,9 @@ def test_a_new_stage_is_one_module_named_in_the_stage_list(corpus, tmp_path, mon
     """A stage from outside the pipeline (tests/toy_stage.py) runs after its upstream stage, is
     cached and keyed like the others, and logs its metrics and artifact, once its module is named
     in STAGE_MODULES (the one line a new stage adds there)."""
-    import pipeline.engine.stage as stage_contract
+    import pipeline.stages as stage_package
 
-    monkeypatch.setattr(stage_contract, "STAGE_MODULES", (*stage_contract.STAGE_MODULES, "toy_stage"))
+    monkeypatch.setattr(stage_package, "STAGE_MODULES", (*stage_package.STAGE_MODULES, "toy_stage"))
     out = tmp_path / "out"
     overrides = tiny_overrides(corpus, out) + ["stages=[label_counts]"]
     results = run_pipeline(compose_config(overrides))
