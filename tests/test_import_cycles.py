@@ -4,7 +4,7 @@ The graph is read from the source with :mod:`ast`: module-level and function-loc
 ``import a.b``, ``from a import b`` (an edge to the submodule ``a.b`` when it is one, else to ``a``)
 and relative ``from . import x``. ``from crf import CRF`` also counts as an import of the module
 that defines ``CRF`` (``crf`` imports its names on first use, from its ``_EXPORTS`` table).
-Imports under ``if TYPE_CHECKING:`` never run and are left out. Importing ``a.b`` runs the package
+Imports under ``if TYPE_CHECKING:`` count as well: annotations are part of the design. Importing ``a.b`` runs the package
 ``a`` first; that implicit step is not an edge (a package that imports its own submodules would
 otherwise always be a cycle), an explicit ``from a import name`` is.
 """
@@ -31,22 +31,6 @@ def _modules(package: str, root: Path) -> dict[str, Path]:
     return found
 
 
-def _runtime_nodes(tree: ast.AST):
-    """Every node of ``tree`` except those under ``if TYPE_CHECKING:``."""
-    pending = [tree]
-    while pending:
-        node = pending.pop()
-        yield node
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If):
-                test = child.test
-                name = test.id if isinstance(test, ast.Name) else test.attr if isinstance(test, ast.Attribute) else None
-                if name == "TYPE_CHECKING":
-                    pending.extend(child.orelse)
-                    continue
-            pending.append(child)
-
-
 def _lazy_exports(init: Path) -> dict[str, str]:
     """A package's ``_EXPORTS`` table ({name: submodule}), empty when it has none."""
     for node in ast.parse(init.read_bytes()).body:
@@ -62,7 +46,7 @@ def import_graph(package: str, root: Path = ROOT) -> dict[str, set[str]]:
     for name, path in modules.items():
         base = name if path.name == "__init__.py" else name.rpartition(".")[0]
         targets: set[str] = set()
-        for node in _runtime_nodes(ast.parse(path.read_bytes(), filename=str(path))):
+        for node in ast.walk(ast.parse(path.read_bytes(), filename=str(path))):
             if isinstance(node, ast.Import):
                 targets.update(alias.name for alias in node.names)
             elif isinstance(node, ast.ImportFrom):
@@ -136,7 +120,7 @@ def imported_names(path: Path, name: str) -> set[str]:
     not, function-local ones too (``from a import b`` gives ``a`` and ``a.b``)."""
     base = name if path.name == "__init__.py" else name.rpartition(".")[0]
     names: set[str] = set()
-    for node in _runtime_nodes(ast.parse(path.read_bytes(), filename=str(path))):
+    for node in ast.walk(ast.parse(path.read_bytes(), filename=str(path))):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):

@@ -27,10 +27,22 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipeline.engine.cache import StageCache, code_digest
 from pipeline.engine.logs import name_overrides, named_overrides, swept_keys
-from pipeline.engine.stage import TRIAL_STATE_TAG, DevReporter, Stage, StageContext, TrainingStopped, frozen, load_stages
+from pipeline.engine.stage import (
+    METRICS_FILE,
+    SWEEP_ID_VARIABLE,
+    TRIAL_STATE_TAG,
+    WARM_START_INPUT,
+    DevReporter,
+    ModelAdapter,
+    Stage,
+    StageContext,
+    TrainingStopped,
+    frozen,
+    load_adapter,
+    load_stages,
+)
 from pipeline.engine.store import CACHE_SOURCE_TAG, MODEL_URI_TAG, SWEEP_PARENT_VARIABLE, RunStore, Standing, flatten
 from pipeline.engine.validate import SettingsError, validate_settings
-from pipeline.models import METRICS_FILE, SWEEP_ID_VARIABLE, WARM_START_INPUT, ModelAdapter, load_adapter
 from pipeline.report import write_json
 
 log = logging.getLogger(__name__)

@@ -26,7 +26,7 @@ from omegaconf.errors import OmegaConfBaseException
 from crf.bundle import normalize_scheme
 from crf.io import DataFormatError
 from crf.model import TrainingError
-from pipeline.models import load_adapter
+from pipeline.engine.stage import load_adapter
 
 _CONFIG_NAMES = {"n_threads": "threads"}  # estimator parameter -> its key in the config, where they differ
 # every key a dataset config may have (pipeline/stages/data.py and the stages read them; hmm and crf: model defaults)

@@ -25,7 +25,17 @@ from crf.io import read_conll
 from pipeline.engine.cache import file_sha256
 from pipeline.engine.stage import BaseStage, StageContext
 from pipeline.report import write_json
-from pipeline.stages.data import READERS, ChecksumError, Dataset, MissingDataError, final_fit_splits, load_dataset, resolve_files, statistics, subset
+from pipeline.stages.data import (
+    READERS,
+    ChecksumError,
+    Dataset,
+    MissingDataError,
+    final_fit_splits,
+    load_dataset,
+    resolve_files,
+    statistics,
+    subset,
+)
 
 if TYPE_CHECKING:  # annotations only: the adapter's module is not this stage's code
     from pipeline.models import ModelAdapter

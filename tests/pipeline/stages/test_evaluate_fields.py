@@ -16,8 +16,8 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 from mlflow.tracking import MlflowClient  # noqa: E402
 from pipeline_helpers import compose_config  # noqa: E402
+from reference_strings import write_references  # noqa: E402
 from sklearn.metrics import average_precision_score  # noqa: E402
-from test_references import write_references  # noqa: E402
 
 from crf import HMM, ModelBundle, metrics  # noqa: E402
 from crf.hmm import BundledHMM  # noqa: E402
