@@ -142,7 +142,12 @@ def store_problem(uri: str) -> str | None:
         except Exception as error:  # noqa: BLE001 - SQLAlchemy's URL errors come as several types
             return f"not a database URL SQLAlchemy reads ({type(error).__name__}: {error})"
     database = sqlite_path(uri)
-    if database is None or not database.is_file() or database.stat().st_size == 0:
+    if database is None:
+        return None
+    # the file as it will be once the store's folder is made: ``new/../x.db`` is ``x.db`` then,
+    # though the system cannot walk ``..`` out of a folder that does not exist yet
+    database = Path(os.path.realpath(database))
+    if not database.is_file() or database.stat().st_size == 0:
         return None
     with open(database, "rb") as file:
         if file.read(len(SQLITE_MAGIC)) != SQLITE_MAGIC:

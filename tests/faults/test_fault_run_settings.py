@@ -231,8 +231,13 @@ def test_a_tracking_store_that_is_another_programs_file_is_refused_before_anythi
     assert "write the scheme 'SQLITE' in lower case" in composition_refusal([f"tracking.uri=SQLITE:///{tmp_path / 'x.db'}"])
     for folder in (f"file://{tmp_path / 'mlruns'}", str(tmp_path / "mlruns")):
         assert "MLflow 3 no longer opens a file store" in composition_refusal([f"tracking.uri={folder}"])
-    for spelling in (f"sqlite+pysqlite:///{tmp_path / 'optuna.db'}", f"'sqlite:///file:{tmp_path / 'optuna.db'}?uri=true'"):
+    for spelling in (
+        f"sqlite+pysqlite:///{tmp_path / 'optuna.db'}",
+        f"'sqlite:///file:{tmp_path / 'optuna.db'}?uri=true'",
+        f"sqlite:///{tmp_path / 'new' / '..' / 'optuna.db'}",  # the store's folder is made first, then ``..`` walks out of it
+    ):
         assert "another program's database" in composition_refusal([f"tracking.uri={spelling}"]), spelling
+    assert not (tmp_path / "new").exists()
     assert "an in-memory SQLite database" in composition_refusal(["tracking.uri=sqlite://"])
     if importlib.util.find_spec("MySQLdb") is None:  # mysql:// loads mysqlclient, which the project does not install
         assert "its database driver is not installed" in composition_refusal(["tracking.uri=mysql://u@127.0.0.1:1/m"])
