@@ -207,6 +207,19 @@ def composition_refusal(argv: list[str]) -> str | None:
     problem = None if multirun else config_data_problem(cfg)  # a sweep checks its jobs' data after their settings
     if problem:
         return problem
+    if multirun:
+        from pipeline.sweeps.cluster import UNPASSABLE, unpassable
+
+        for key in ("paths.output_dir", "data.root"):  # a sweep hands them to its jobs as absolute paths
+            try:
+                folder = OmegaConf.select(cfg, key, default=None)
+            except Exception:  # an interpolation only Hydra's run resolves: left to the sweep's own checks
+                continue
+            if folder is not None and unpassable(Path(str(folder)).absolute()):
+                return (
+                    f"bad setting {key}={folder}: a sweep gives its jobs this folder in their environment, which "
+                    f"cannot carry {UNPASSABLE}; choose a folder without"
+                )
     for key in ("paths.output_dir", "paths.cache_dir"):  # Hydra makes its run folder in the first
         try:
             folder = OmegaConf.select(cfg, key, default=None)

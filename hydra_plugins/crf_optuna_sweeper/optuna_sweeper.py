@@ -176,6 +176,7 @@ class OptunaSweeper(Sweeper):
         )
 
     def _check_counts(self) -> None:
+        from pipeline.sweeps.cluster import UNPASSABLE, unpassable
         from pipeline.sweeps.search import SweeperSettingError
 
         for name in ("n_trials", "n_jobs"):
@@ -193,6 +194,11 @@ class OptunaSweeper(Sweeper):
             raise SweeperSettingError(  # Optuna's storages hold names of at most 512 characters
                 f"hydra.sweeper.study_name={name!r}: a name of 1 to 512 characters without surrounding blanks, "
                 "or null (a new study named after the sweep)"
+            )
+        if name is not None and unpassable(name):
+            raise SweeperSettingError(
+                f"hydra.sweeper.study_name={name!r}: the trials' jobs are given it in their environment, which cannot "
+                f"carry {UNPASSABLE}; choose a name without"
             )
         startup = self.sampler.get("n_startup_trials", 10)
         if isinstance(startup, bool) or not isinstance(startup, int) or startup < 0:
@@ -258,6 +264,13 @@ class OptunaSweeper(Sweeper):
         search.build_sampler(self.sampler, self.seed)
         search.build_pruner(self.pruner)
         url = search.storage_url(self.storage, OmegaConf.select(self.config, "paths.output_dir", default="outputs"))
+        from pipeline.sweeps.cluster import UNPASSABLE, unpassable
+
+        if unpassable(url):  # the trials' jobs open the study through their environment
+            raise search.SweeperSettingError(
+                f"hydra.sweeper.storage={search.redacted(url)!r}: the trials' jobs are given it in their environment, "
+                f"which cannot carry {UNPASSABLE}; choose one without"
+            )
         if OmegaConf.select(self.config, "tracking", default=None) is not None:
             from pipeline.engine.validate import SettingsError
             from pipeline.tracking import registry_uri, tracking_uri

@@ -39,15 +39,22 @@ def job_environment(config: DictConfig, parent_run_id: str, sweep_id: str) -> di
     }
 
 
+def unpassable(value: object) -> bool:
+    """Whether ``value`` cannot reach the jobs' environment (:func:`pass_to_jobs`): it holds ``'``, a
+    backslash, ``$`` or a line break, which a quoted Hydra override cannot carry as they are."""
+    return _UNSAFE.search(str(value)) is not None
+
+
+UNPASSABLE = "', \\, $ or a line break"  # what unpassable() finds, for messages
+
+
 def pass_to_jobs(config: DictConfig, variables: Mapping[str, str]) -> None:
     """Make every job of the multirun whose (master) ``config`` this is run with ``variables`` set in
     its environment. Call it before the sweeper launches (a callback's ``on_multirun_start``)."""
     overrides = []
     for name, value in variables.items():
-        if not _NAME.match(name) or _UNSAFE.search(str(value)):
-            raise ValueError(
-                f"cannot pass {name}={value!r} to the jobs: names are identifiers, values without ', \\, $ or newlines"
-            )
+        if not _NAME.match(name) or unpassable(value):
+            raise ValueError(f"cannot pass {name}={value!r} to the jobs: names are identifiers, values without {UNPASSABLE}")
         overrides.append(f"++hydra.job.env_set.{name}='{value}'")
     with read_write(config.hydra.overrides):
         kept = [o for o in config.hydra.overrides.hydra if not any(o.startswith(f"++hydra.job.env_set.{n}=") for n in variables)]

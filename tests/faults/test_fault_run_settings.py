@@ -255,6 +255,10 @@ def test_a_tracking_store_that_is_another_programs_file_is_refused_before_anythi
     with contextlib.closing(sqlite3.connect(tmp_path / "alike.db")) as alike:  # MLflow's table names, not its schema
         alike.executescript("CREATE TABLE experiments (x); CREATE TABLE runs (x); CREATE TABLE alembic_version (version_num);")
     assert "another program's database" in composition_refusal([f"tracking.uri=sqlite:///{tmp_path / 'alike.db'}"])
+    for key in ("paths.output_dir", "data.root"):  # a sweep passes both to its jobs' environment, which a quote cannot reach
+        refused = composition_refusal(["-m", "trainer.c2=0.1,1", f'{key}="{tmp_path}/it\'s"'])
+        assert refused.startswith(f"bad setting {key}=") and "cannot carry" in refused, refused
+        assert "cannot carry" not in (composition_refusal([f'{key}="{tmp_path}/it\'s"']) or "")  # a single run is given none
     prepare_store(f"sqlite:///{tmp_path / 'mlflow.db'}")  # an MLflow store, and a new file: fine
     for store in ("mlflow.db", "new.db"):
         assert composition_refusal([f"tracking.uri=sqlite:///{tmp_path / store}"]) is None

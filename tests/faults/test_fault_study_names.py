@@ -17,7 +17,17 @@ def test_a_blank_or_overlong_study_name_is_refused(name):
         sweeper._check_counts()
 
 
-@pytest.mark.parametrize("name", [None, "pos-sweep", "x" * 512, 7])
+@pytest.mark.parametrize("name", ["it's", "a\\b", "a$b", "a${x}"])
+def test_a_study_name_the_jobs_cannot_be_given_is_refused_before_the_sweep(name):
+    """The trials' jobs learn the study's name from their environment, through a quoted Hydra
+    override: ``it's`` was refused only as the first trial was handed out, with a traceback, a
+    FAILED parent run and the study already made."""
+    sweeper = OptunaSweeper(params={"trainer.strength": "interval(0.1, 1)"}, study_name=name)
+    with pytest.raises(SweeperSettingError, match=r"^hydra\.sweeper\.study_name=.*: the trials' jobs are given it"):
+        sweeper._check_counts()
+
+
+@pytest.mark.parametrize("name", [None, "pos-sweep", "x" * 512, 7, "an études sweep, 2nd (v2.1)"])
 def test_usable_study_names_pass(name):
     OptunaSweeper(params={"trainer.strength": "interval(0.1, 1)"}, study_name=name)._check_counts()
 

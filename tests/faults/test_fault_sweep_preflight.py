@@ -240,6 +240,11 @@ def test_a_study_storage_that_is_the_mlflow_store_is_refused_before_anything_is_
         assert "MLflow's registry store" in refused_line(lambda: sweeper.sweep(_arguments(tmp_path, [])), caplog)
         assert not (tmp_path / "registry.db").exists()
         _optuna(tmp_path, params, storage=f"sqlite:///{tmp_path / 'study.db'}")._checked(_arguments(tmp_path, []))
+        # the trials' jobs open the storage named in their environment, which a quote cannot reach
+        sweeper = _optuna(tmp_path, params, storage=f"sqlite:///{tmp_path}/it's.db")
+        line = refused_line(lambda: sweeper.sweep(_arguments(tmp_path, [])), caplog)
+        assert "hydra.sweeper.storage=" in line and "the trials' jobs are given it in their environment" in line, line
+        assert not (tmp_path / "it's.db").exists()
     assert search._same_database("postgresql+psycopg://u:p@db:5432/mlflow", "postgresql://u@db:5432/mlflow")
     assert not search._same_database("postgresql+psycopg://u@db:5432/optuna", "postgresql://u@db:5432/mlflow")
     assert not search._same_database("sqlite:////x/optuna.db", "http://127.0.0.1:5000")
