@@ -162,6 +162,13 @@ def composition_refusal(argv: list[str]) -> str | None:
         overrides = OverridesParser.create().parse_overrides(arguments)
     except Exception:
         return _parse_problem(arguments)
+    for override in overrides:
+        if override.is_sweep_override() and override.is_hydra_override():  # Hydra refuses it only as the sweep starts
+            return (
+                f"bad setting {override.input_line}: a sweep over one of Hydra's own settings; a search space key is "
+                f"swept as a plain override ({override.key_or_group.removeprefix('hydra.sweeper.params.')}=...) or "
+                "listed in hydra.sweeper.params={...}"
+            )
     fixed = [override.input_line for override in overrides if not override.is_sweep_override()]
     GlobalHydra.instance().clear()
     try:

@@ -140,6 +140,20 @@ def test_an_override_that_does_not_parse_is_named_in_one_line(argument, why):
         assert refused.startswith(f"bad setting {argument}: ") and why in refused and "\n" not in refused
 
 
+def test_a_sweep_over_a_hydra_setting_is_named_in_one_line():
+    """``+hydra.sweeper.params.model.order=interval(1,2)`` (one key added to an Optuna search space
+    the way other keys are added) was Hydra's 3-line "Sweeping over Hydra's configuration is not
+    supported", exit 1, as the sweep started."""
+    from pipeline.__main__ import composition_refusal
+
+    for argument in ("+hydra.sweeper.params.model.order=interval(1,2)", "hydra.sweeper.n_trials=1,2"):
+        refused = composition_refusal(["-m", "hydra/sweeper=optuna", argument])
+        assert refused.startswith(f"bad setting {argument}: a sweep over one of Hydra's own settings"), refused
+        assert "\n" not in refused
+    assert "model.order=..." in composition_refusal(["-m", "+hydra.sweeper.params.model.order=interval(1,2)"])
+    assert composition_refusal(["-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=2", "model.order=choice(1,2)"]) is None
+
+
 def test_a_view_or_lexicon_is_added_with_a_plus_as_named_data():
     """``+features.views.cv=...`` was refused as "features has no key 'views.cv'" right after Hydra
     had said to use '+' (K15); a view adds an entry, as a template does. The view is still
