@@ -176,45 +176,73 @@ def holder_without_standing(tags: Mapping[str, str], unreadable: str | None = No
     return what, True
 
 
+def _holder_run(client: Any, holder: Any) -> tuple[str | None, Any]:
+    """(the run id an alias ``holder`` names: its ``run_id`` version tag, else MLflow's; the run, or
+    None when it is gone)."""
+    run_id = dict(holder.tags).get("run_id") or getattr(holder, "run_id", None)
+    if not run_id:
+        return None, None
+    try:
+        return run_id, client.get_run(run_id)
+    except MlflowException:
+        return run_id, None
+
+
+def _score_when_registered(client: Any, run: Any, holder: Any, metric: str) -> float | None:
+    """The last value of ``metric`` that ``run`` logged up to the moment ``holder`` was registered
+    (a value logged later, by hand, is not what it was chosen by); its latest value where the version
+    records no time; None when it logged none."""
+    if metric not in run.data.metrics:
+        return None
+    registered = getattr(holder, "creation_timestamp", None)
+    if not isinstance(registered, int):
+        return float(run.data.metrics[metric])
+    history = [m for m in client.get_metric_history(run.info.run_id, metric) if m.timestamp <= registered]
+    if not history:
+        return None
+    return float(max(history, key=lambda m: (m.timestamp, m.step)).value)
+
+
 def holder_unreadable(client: Any, holder: Any, standing: Standing) -> str | None:
     """Why the score of an alias ``holder`` without standing tags cannot be read back from the
     pipeline run it names (its ``run_id`` version tag, else MLflow's run id), though it may have had
-    one: the run is gone (``mlflow gc``), or it logged ``standing``'s metric but no longer records
-    the evaluation data it was scored on. None for a version of no run, or a run with no such score."""
-    run_id = dict(holder.tags).get("run_id") or getattr(holder, "run_id", None)
+    one: the run is gone (``mlflow gc``), it logged ``standing``'s metric but no longer records the
+    evaluation data it was scored on, or the value it logged is not a number. None for a version of
+    no run, or a run with no such score."""
+    run_id, run = _holder_run(client, holder)
     if not run_id:
         return None
-    try:
-        run = client.get_run(run_id)
-    except MlflowException:
+    if run is None:
         return "its run is gone, so the score it may have been registered with cannot be read"
-    if _metric_name(standing.metric) in run.data.metrics and not run.data.tags.get(EVALUATION_RUN_TAG):
+    metric = _metric_name(standing.metric)
+    if metric not in run.data.metrics:
+        return None
+    if not run.data.tags.get(EVALUATION_RUN_TAG):
         return "its run's tag of the data it was scored on was removed, so its score compares with nothing"
+    value = _score_when_registered(client, run, holder, metric)
+    if value is None or not math.isfinite(value):
+        return f"its run's {metric} reads {value} as it was registered, so its score cannot be compared"
     return None
 
 
 def standing_from_run(client: Any, holder: Any, standing: Standing) -> Standing | None:
     """The standing of an alias ``holder`` whose version tags record none, read back from its run:
-    the run's value of ``standing``'s metric and the run's evaluation key (its
-    :data:`EVALUATION_RUN_TAG`), so that a holder whose standing tags were removed is still compared
-    (it would otherwise count as a version with nothing to defend). None when the version says why it
-    has no score, was forced into the alias, or its run (gone, or never logged) lacks the metric or
-    the key."""
+    the run's value of ``standing``'s metric as the version was registered and the run's evaluation
+    key (its :data:`EVALUATION_RUN_TAG`), so that a holder whose standing tags were removed is still
+    compared (it would otherwise count as a version with nothing to defend). None when the version
+    says why it has no score, was forced into the alias, or its run (gone, or never logged) lacks a
+    finite value of the metric or the key."""
     tags = dict(holder.tags)
     if tags.get(UNSCORED_TAG) or tags.get(FINAL_FIT_TAG) == "train+dev" or tags.get(DECISION_TAG, "").startswith(FORCED):
         return None
-    run_id = tags.get("run_id") or getattr(holder, "run_id", None)  # the pipeline run (a version tag), else MLflow's
-    if not run_id:
+    _, run = _holder_run(client, holder)
+    if run is None:
         return None
-    try:
-        run = client.get_run(run_id)
-    except MlflowException:
-        return None
-    value = run.data.metrics.get(_metric_name(standing.metric))
+    value = _score_when_registered(client, run, holder, _metric_name(standing.metric))
     evaluation = run.data.tags.get(EVALUATION_RUN_TAG)
     if value is None or not math.isfinite(value) or not evaluation:
         return None
-    return Standing(standing.metric, float(value), standing.direction, evaluation)
+    return Standing(standing.metric, value, standing.direction, evaluation)
 
 
 def alias_decision(

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import shutil
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -548,6 +550,39 @@ def test_a_sigterm_during_the_sweeps_summary_registers_nothing_and_ends_it_stopp
     assert "stopped by SIGTERM during its summary: nothing is registered" in caplog.text
     parent = client.get_run(callback.parent_run_id)
     assert parent.info.status == "FAILED" and parent.data.tags[END_REASON_TAG] == "stopped by SIGTERM"
+
+
+def test_a_holder_judged_by_its_run_is_judged_by_the_score_it_was_registered_with(local_registry):
+    """The holder's standing tags removed and its run's dev F1 logged again as NaN: it was filed as
+    "registered without a dev score" and a worse version (66.29 against 85.09) took the alias. A
+    value logged after the registration is not what the holder was chosen by, either way."""
+    client, model = local_registry
+    _holder_without_standing_tags(client, model, 85.09)
+    holder = client.get_model_version("m", "1")
+    time.sleep(0.01)  # the edits come after the registration
+    run_id = holder.run_id
+    client.log_metric(run_id, "dev_f1", float("nan"), timestamp=holder.creation_timestamp + 5)
+    assert math.isnan(client.get_run(run_id).data.metrics["dev_f1"])
+    assert _register(66.29, model, name="m") == "2"
+    assert str(client.get_model_version_by_alias("m", "champion").version) == "1"
+    assert (
+        client.get_model_version("m", "2").tags[DECISION_TAG] == "kept: dev_f1 66.29 is worse than the holder's 85.09 (version 1)"
+    )
+    client.log_metric(run_id, "dev_f1", 10.0, timestamp=holder.creation_timestamp + 10)  # nor a worse value logged later
+    assert _register(66.29, model, name="m") == "3"
+    assert str(client.get_model_version_by_alias("m", "champion").version) == "1"
+
+
+def test_a_holder_whose_run_logged_its_score_as_nan_keeps_the_alias(local_registry):
+    """A run that logged its score as NaN has no score to compare: the holder is kept, as when its
+    run is gone."""
+    client, model = local_registry
+    standing = Standing("dev_f1", 60.0, "maximize", "e1")
+    _holder_without_standing_tags(client, model, float("nan"))
+    reason = champion.holder_unreadable(client, client.get_model_version("m", "1"), standing)
+    assert reason == "its run's dev_f1 reads nan as it was registered, so its score cannot be compared"
+    assert _register(60.0, model, name="m") == "2"
+    assert str(client.get_model_version_by_alias("m", "champion").version) == "1"
 
 
 def test_a_holder_whose_standing_tags_were_removed_and_whose_run_is_gone_keeps_the_alias(local_registry):
