@@ -472,16 +472,21 @@ def _holds_cache_entries(folder: Path, looked_at: int = 50) -> bool:
 
 
 def check_not_a_model(
-    output: str | Path, models: Sequence[Path], stores: Sequence[str | None] = (), cache_dir: str | Path | None = None
+    output: str | Path,
+    models: Sequence[Path],
+    stores: Sequence[str | None] = (),
+    cache_dir: str | Path | None = None,
+    data_root: str | Path | None = None,
 ) -> None:
     """Refuse an output that is one of the bundle files the command reads (``models``: their local
     paths, a folder or ``~`` resolved), a file of a SQLite tracking store it reads them from
     (``stores``: URIs; the database and its journal files, existing or not) or in that store's
     artifact folders (its experiments' artifact locations), a file in the stage cache
-    (``cache_dir``, ``paths.cache_dir``, any cache a model is read from, any cache entry), or any
-    SQLite database (an Optuna study's storage), through a link or not, new or existing: writing it
-    would destroy the model, or runs, registered models or a study, or put a file into a cache
-    entry or an artifact folder that the next run would find damaged."""
+    (``cache_dir``, ``paths.cache_dir``, any cache a model is read from, any cache entry), a file in
+    the data root (``data_root``, ``data.root``, where the datasets are), or any SQLite database (an
+    Optuna study's storage), through a link or not, new or existing: writing it would destroy the
+    model, a dataset, or runs, registered models or a study, or put a file into a cache entry or an
+    artifact folder that the next run would find damaged."""
     from pipeline.engine.cache import MANIFEST
     from pipeline.tracking import SQLITE_MAGIC, sqlite_path
 
@@ -501,6 +506,9 @@ def check_not_a_model(
             if target.is_relative_to(root.resolve()):
                 raise TagError(f"output {output_path}: is a file in the artifact store of the tracking store {store} "
                                f"({root}); name a file outside it")  # fmt: skip
+    if data_root is not None and target.is_relative_to(Path(data_root).resolve()):
+        raise TagError(f"output {output_path}: is a file in the data root ({data_root}, data.root), where the datasets "
+                       "are; name a file outside it")  # fmt: skip
     if cache_dir is not None and target.is_relative_to(Path(cache_dir).resolve()):
         raise TagError(f"output {output_path}: is a file in the stage cache ({cache_dir}, paths.cache_dir); name another file")
     for model in models:  # a model read from a stage cache entry (<cache>/<stage>/<key>/, with its manifest): that cache
@@ -622,7 +630,13 @@ def run_tag(cfg: Mapping) -> dict:
     tracking_uri, registry_uri = cfg.get("tracking_uri"), cfg.get("registry_uri")
     import_plugins(cfg.get("plugins") or [])
     local = [resolve_model(r, tracking_uri, registry_uri) for r in references]
-    check_not_a_model(cfg["output"], local, [tracking_uri, registry_uri], (cfg.get("paths") or {}).get("cache_dir"))
+    check_not_a_model(
+        cfg["output"],
+        local,
+        [tracking_uri, registry_uri],
+        (cfg.get("paths") or {}).get("cache_dir"),
+        (cfg.get("data") or {}).get("root"),
+    )
     bundles = [load_bundle(path) for path in local]
     for reference, bundle in zip(references, bundles):
         log.info("model %s: %s over %s -> %r (%d labels, scheme %s)", reference, bundle.kind, bundle.input_columns,

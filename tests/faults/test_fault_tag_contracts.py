@@ -567,6 +567,26 @@ def test_the_output_may_not_be_a_study_or_a_file_of_the_stores_artifacts_or_cach
     check_not_a_model(tmp_path / "tagged.conll", [chunker], [store])  # a new file beside the store: fine
 
 
+def test_the_output_may_not_be_a_file_of_the_data_root(chunker, tmp_path):
+    """``output=<data.root>/conll2000/test.txt.gz`` replaced the test set with the tagged text,
+    exit 0; the next run read other data (or failed on its column count)."""
+    from pipeline.apps.tag import check_not_a_model
+
+    root = tmp_path / "data"
+    dataset = root / "conll2000" / "test.txt.gz"
+    dataset.parent.mkdir(parents=True)
+    dataset.write_bytes(b"gold")
+    (tmp_path / "to-data").symlink_to(root)
+    for output in (dataset, root / "conll2000" / "new.conll", tmp_path / "to-data" / "conll2000" / "test.txt.gz"):
+        with pytest.raises(TagError, match=r"is a file in the data root \(.*data, data.root\), where the datasets are"):
+            check_not_a_model(output, [chunker], [None], None, str(root))
+    source = _write_conll(tmp_path / "in.conll", _corpus(2, 5))
+    with pytest.raises(TagError, match="is a file in the data root"):
+        run_tag({**_settings(chunker, source, dataset), "data": {"root": str(root)}})
+    assert dataset.read_bytes() == b"gold"
+    check_not_a_model(tmp_path / "tagged.conll", [chunker], [None], None, str(root))  # beside it: fine
+
+
 def test_the_output_may_not_be_in_an_experiments_artifact_folder_wherever_it_is(chunker, tmp_path):
     """The artifact and cache folders were taken to be beside the database, which holds for the
     default layout only: a store elsewhere left its experiments' real artifact folder unguarded
