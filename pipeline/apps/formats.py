@@ -382,6 +382,7 @@ def _read_jsonl(path: Path, columns: list[str], gold: str | None = None) -> Corp
     golds: list[str] = []
     with_gold: bool | None = None  # whether the tokens give the gold column: as the first token does
     lengths: list[int] = []
+    unread: tuple[int, list[str]] | None = None  # the first line whose tokens hold keys nothing reads, and those keys
     for number, line in decoded_lines(path):
         if not line.strip():
             continue
@@ -410,6 +411,8 @@ def _read_jsonl(path: Path, columns: list[str], gold: str | None = None) -> Corp
                     value = listed[position - 1] if listed is not None else token[gold]
                     golds.append(_jsonl_value(path, number, position, gold, value))
             if isinstance(token, dict):
+                if unread is None and set(token) - {*columns, gold}:
+                    unread = number, sorted(set(token) - {*columns, gold})
                 missing = [c for c in columns if c not in token]
                 if missing:
                     raise DataFormatError(
@@ -431,6 +434,11 @@ def _read_jsonl(path: Path, columns: list[str], gold: str | None = None) -> Corp
         lengths.append(len(sentence))
     if not lengths:
         raise DataFormatError(path, 1, "no sentences (the file is empty or blank)")
+    if unread is not None:  # gold labels under another key than the label column would go unscored without a word
+        log.warning(
+            "%s:%d: token keys %s are not read and not written back (the model reads %s%s)", path, unread[0],
+            unread[1], columns, "" if gold is None else f"; gold labels are read from {gold!r}",
+        )  # fmt: skip
     data = {c: np.array(v, dtype=object) for c, v in values.items()}
     return Corpus(data, np.array(lengths, dtype=np.int64), np.array(golds, dtype=object) if with_gold else None, columns)
 

@@ -1067,6 +1067,25 @@ def test_jsonl_tokens_that_give_the_label_column_are_scored_and_keep_it(chunker,
     assert "accuracy" not in run_tag(_settings(chunker, tmp_path / "plain.jsonl", tmp_path / "plain.out.jsonl"))
 
 
+def test_jsonl_token_keys_nothing_reads_are_named_in_a_warning(chunker, tmp_path, caplog):
+    """Gold labels under ``label`` (an output's name, not the model's label column ``chunk``) were
+    dropped from the output and left unscored without a word."""
+    sentences = _corpus(2, 5)
+    lines = [json.dumps({"tokens": [{"w": w, "pos": p, "label": c} for w, p, c in s]}) for s in sentences]
+    (tmp_path / "l.jsonl").write_text("\n".join(lines) + "\n")
+    with caplog.at_level(logging.WARNING, logger="pipeline.apps.formats"):
+        summary = run_tag(_settings(chunker, tmp_path / "l.jsonl", tmp_path / "l.out.jsonl"))
+    assert "accuracy" not in summary
+    assert "l.jsonl:1: token keys ['label', 'w'] are not read and not written back (the model reads ['pos']" in caplog.text
+    assert "gold labels are read from 'chunk'" in caplog.text
+    caplog.clear()
+    plain = [json.dumps({"tokens": [{"pos": p, "chunk": c} for _, p, c in s]}) for s in sentences]
+    (tmp_path / "p.jsonl").write_text("\n".join(plain) + "\n")
+    with caplog.at_level(logging.WARNING, logger="pipeline.apps.formats"):
+        run_tag(_settings(chunker, tmp_path / "p.jsonl", tmp_path / "p.out.jsonl"))
+    assert "not read" not in caplog.text
+
+
 def test_the_commands_own_jsonl_output_is_read_with_its_gold(chunker, tmp_path):
     """The command wrote the gold it read as a sentence-level "gold" list, where it did not read
     it: tagging its own output again dropped the gold and printed no scores (review 11). A
