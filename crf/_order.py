@@ -44,6 +44,15 @@ EXACT_SECOND_ORDER_LABELS = 20
 #: at 49 labels, more at fewer labels, where the L^3 work weighs less against the rest)
 EXACT_SECOND_ORDER_SECONDS = 6e-9
 
+# the fitted attribute of a crf.CRF that holds each block of the tail of label n-gram weights
+TAIL_ATTRIBUTES = {
+    "transitions": "transitions_",
+    "start": "start_weights_",
+    "end": "end_weights_",
+    "trigrams": "trigram_weights_",
+    "pair_end": "pair_end_weights_",
+}
+
 
 def exact_second_order_cost(n_labels: int, n_tokens: int) -> str | None:
     """A warning for an exact second-order fit over more than :data:`EXACT_SECOND_ORDER_LABELS`

@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from ._objective import ParameterLayout
+from ._order import TAIL_ATTRIBUTES, chain_structure
 from .batch import SequenceBatch
 
 
@@ -41,10 +42,10 @@ class PreviousFit:
     def of(cls, model) -> PreviousFit:
         """The weights and vocabularies of the fitted ``model`` (a :class:`crf.CRF`)."""
         names = model.attributes_
-        structure = model._structure()  # of the fitted weights' order, whatever ``order`` says now
-        tail = structure.split(model._tail())
+        structure = chain_structure(model.fitted_order, len(model.classes_))  # whatever ``order`` says now
+        tail = {name: getattr(model, TAIL_ATTRIBUTES[name]) for name in structure.blocks}
         return cls(
-            tail={name: np.array(block, dtype=np.float64) for name, block in tail.items()},
+            tail={name: np.array(block, dtype=np.float64).reshape(structure.blocks[name]) for name, block in tail.items()},
             pruner=model.__dict__.get("pruner_"),
             attribute_index=model.__dict__.get("attribute_index_"),
             classes=list(model.classes_),

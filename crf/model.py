@@ -26,7 +26,7 @@ from . import _model_file as model_file
 from . import _optimize as optimize
 from . import _params as hyper
 from ._feature_tables import FeatureTables
-from ._order import ChainStructure, chain_structure
+from ._order import TAIL_ATTRIBUTES, ChainStructure, chain_structure
 from ._parallel import Workers, contiguous_parts, single_threaded_blas, thread_count
 from ._path_scores import path_scores
 from ._persist import ModelFileError
@@ -61,15 +61,6 @@ _FITTED_PRIVATE = ("_classes", "_attributes", "_training_log")
 #: the most candidate labels marginal pruning keeps at a token (crf.CRF's pruning_threshold): the
 #: pruned second-order lattice costs O(K^3) per token for K candidates
 MAX_CANDIDATES = 6
-
-# the fitted attribute of each block of the tail of label n-gram weights (see crf._order)
-TAIL_ATTRIBUTES = {
-    "transitions": "transitions_",
-    "start": "start_weights_",
-    "end": "end_weights_",
-    "trigrams": "trigram_weights_",
-    "pair_end": "pair_end_weights_",
-}
 
 
 class NotFittedCRFError(NotFittedError, RuntimeError):
