@@ -331,6 +331,12 @@ class OptunaSweeper(Sweeper):
         """A resumed ``study`` optimises in this sweep's direction, its metric and a compatible space."""
         from pipeline.sweeps.search import SweeperSettingError
 
+        if len(study.directions) != 1:  # another program's multi-objective study: one metric cannot continue it
+            raise SweeperSettingError(
+                f"study {study.study_name!r} in {where} optimises {len(study.directions)} objectives "
+                f"({', '.join(d.name.lower() for d in study.directions)}), not one metric: choose another "
+                "hydra.sweeper.study_name"
+            )
         if study.direction.name.lower() != self.direction:
             raise SweeperSettingError(
                 f"study {study.study_name!r} in {where} was created to {study.direction.name.lower()}, "

@@ -222,6 +222,21 @@ def test_a_study_resumed_on_other_evaluation_data_is_refused(tmp_path, caplog):
         )
 
 
+def test_a_multi_objective_study_resumed_by_name_is_refused_before_anything_is_written(tmp_path, caplog):
+    # another program's study of two objectives: the sweep made its parent run, then Optuna's
+    # "A single direction cannot be retrieved from a multi-objective study" failed it (R17)
+    import optuna
+
+    params = {"trainer.c2": "interval(0.1, 1)"}
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        _, _, _, url, storage = _optuna(tmp_path, params, study_name="fresh")._checked(_arguments(tmp_path, []))
+        optuna.create_study(storage=storage, study_name="multi", directions=["maximize", "minimize"])
+        sweeper = _optuna(tmp_path, params, study_name="multi")
+        line = refused_line(lambda: sweeper.sweep(_arguments(tmp_path, [])), caplog)
+    assert "study 'multi' in sqlite:///" in line and "optimises 2 objectives (maximize, minimize), not one metric" in line, line
+    assert not (tmp_path / "out" / "mlflow.db").exists()
+
+
 def test_a_study_storage_that_is_the_mlflow_store_is_refused_before_anything_is_written(tmp_path, caplog, monkeypatch):
     # Optuna's tables and schema version in MLflow's database left the store unusable for good (G11)
     params = {"trainer.c2": "interval(0.1, 1)"}
