@@ -1,5 +1,5 @@
 """What the pipeline writes for people and programs to read: Markdown tables (pandas + tabulate),
-matplotlib figures, and strict JSON.
+matplotlib figures, strict JSON, and URLs without their passwords.
 
 Strict JSON for what other programs read: the stages' JSON files and the tag command's JSONL.
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -101,3 +102,12 @@ def write_json(path: str | Path, value: Any, indent: int | None = 1) -> None:
     """Write ``value`` as strict JSON to ``path``, atomically (a reader never sees half a file)."""
     data = (dumps(value, indent=indent) + "\n").encode("utf-8")
     atomic_write(path, lambda out: out.write(data))
+
+
+_PASSWORD = re.compile(r"(://[^:/@\s]+):[^@/\s]*@")  # scheme://user:password@host: the password
+
+
+def redacted(text: str) -> str:
+    """``text`` with the password of every URL in it (``scheme://user:password@``) as ``***``, for
+    logs, run parameters and results files."""
+    return _PASSWORD.sub(r"\1:***@", str(text))

@@ -35,6 +35,7 @@ from crf.io import (
     read_xml_sequences,
 )
 from pipeline.engine.validate import SettingsError
+from pipeline.report import redacted
 
 DATA_HOME_VARIABLE = "CRF_DATA_HOME"
 log = logging.getLogger(__name__)
@@ -184,14 +185,15 @@ def resolve_files(dataset: Mapping, root: str | os.PathLike, download: bool = Tr
         path = root / spec["path"]
         fetched = not path.is_file()
         if fetched:
-            log.info("downloading %s to %s", spec["url"], path)
+            log.info("downloading %s to %s", redacted(spec["url"]), path)
             try:
                 _download(spec["url"], path, timeout)
                 read_split(path, dataset)  # what the download gave must read as the dataset's files do
             except (urllib.error.URLError, OSError, TimeoutError, http.client.HTTPException, ValueError) as err:
                 with contextlib.suppress(OSError):  # not left for the next run to take as the file
                     path.unlink()
-                failures.append(f"{path} (download from {spec['url']} failed: {getattr(err, 'reason', err)})")
+                why = redacted(str(getattr(err, "reason", err)))
+                failures.append(f"{path} (download from {redacted(spec['url'])} failed: {why})")
                 continue
         expected = spec.get("sha256")
         if expected:
@@ -201,7 +203,7 @@ def resolve_files(dataset: Mapping, root: str | os.PathLike, download: bool = Tr
                     path.unlink()
                 raise ChecksumError(
                     f"{path}: SHA-256 of its text is {actual}, expected {expected} (corrupt or a different version)"
-                    + (f"; the download from {spec['url']} was removed" if fetched else "")
+                    + (f"; the download from {redacted(spec['url'])} was removed" if fetched else "")
                 )
         paths[split] = path
     if failures:

@@ -36,6 +36,7 @@ from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, Overrid
 from omegaconf import OmegaConf
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 
+from pipeline.report import redacted
 from pipeline.sweeps.grid_preflight import MAX_RANGE, range_problem
 from pipeline.sweeps.optuna_pruners import HeldMedianPruner, HeldPercentilePruner
 from pipeline.sweeps.trial_environment import (
@@ -607,8 +608,3 @@ def open_storage(url: str) -> optuna.storages.RDBStorage:
         Path(url[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
         engine = {"connect_args": {"timeout": 60}}
     return optuna.storages.RDBStorage(url, engine_kwargs=engine)
-
-
-def redacted(url: str) -> str:
-    """``url`` without its password (for logs and results files)."""
-    return re.sub(r"(://[^:/@]+):[^@/]*@", r"\1:***@", url)

@@ -37,6 +37,7 @@ from mlflow.types import ColSpec, Schema  # noqa: E402
 
 from pipeline.engine.store import CACHE_SOURCE_TAG, MODEL_URI_TAG, SWEEP_PARENT_VARIABLE, flatten  # noqa: E402
 from pipeline.models import SWEEP_ID_VARIABLE  # noqa: E402
+from pipeline.report import redacted  # noqa: E402
 from pipeline.tracking import (
     champion,
     lifecycle,  # noqa: E402
@@ -284,8 +285,9 @@ def source_tags() -> dict[str, str]:
 
 
 def log_params(params: Mapping[str, Any]) -> None:
-    """Log params (``log_batch`` splits them into MLflow's per-call limits itself)."""
-    mlflow.log_params(dict(params))
+    """Log params (``log_batch`` splits them into MLflow's per-call limits itself), a URL's password
+    as ``***`` (a dataset's download URL may hold one)."""
+    mlflow.log_params({key: redacted(value) if isinstance(value, str) else value for key, value in params.items()})
 
 
 def store_hint(uri: str, run_id: str, experiment_id: str) -> str:

@@ -61,6 +61,33 @@ def test_a_download_that_fails_refuses_the_run_before_it_opens(tmp_path):
     assert (tmp_path / "conll2000" / "train.txt.gz").read_bytes() == good  # fetched before any run
 
 
+def test_a_download_urls_password_is_neither_logged_nor_stored(tmp_path, caplog):
+    """``http://user:s3cret@host/...`` was printed whole in the run's one-line error (and would be a
+    run parameter and in the logged config.yaml): the password is ``***`` in all of them."""
+    from mlflow.tracking import MlflowClient
+    from pipeline_helpers import tiny_overrides, write_corpus
+
+    from pipeline.__main__ import run_pipeline
+    from pipeline.apps.model_benchmark import free_port
+
+    dataset = {"name": "toy", "files": {"train": {"path": "t.gz", "url": f"http://user:s3cret@127.0.0.1:{free_port()}/t.gz"}}}
+    with pytest.raises(MissingDataError) as refused:
+        resolve_files(dataset, tmp_path, download=True)
+    assert "http://user:***@127.0.0.1:" in str(refused.value) and "s3cret" not in str(refused.value) + caplog.text
+    corpus = write_corpus(tmp_path / "data")
+    out = tmp_path / "out"
+    overrides = [*tiny_overrides(corpus, out), "stages=[prepare]", "dataset.files.train.url=https://user:s3cret@example.org/t.gz"]
+    run_pipeline(compose_config(overrides))
+    client = MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    params = [value for run in runs for value in run.data.params.values()]
+    assert "https://user:***@example.org/t.gz" in params and not any("s3cret" in value for value in params)
+    pipeline = next(run for run in runs if run.data.tags.get("stage") == "pipeline")
+    config = client.download_artifacts(pipeline.info.run_id, "config.yaml", str(tmp_path))
+    text = open(config).read()
+    assert "user:***@example.org" in text and "s3cret" not in text
+
+
 def _serving(folder):
     """A loopback HTTP server of ``folder``'s files; its base URL (shut down by the caller)."""
     import http.server
