@@ -61,6 +61,7 @@ def to_arrays(model) -> tuple[dict, dict[str, np.ndarray]]:
         # the file does not keep model_filename, which made "unset" mean "no start/end weights"
         params["boundary_transitions"] = False
     params["order"] = model.fitted_order  # the weights' order, whatever ``order`` was set to since
+    params["pruning_threshold"] = model.__dict__.get("pruning_threshold_")  # the fitted pruning, likewise
     meta = {
         "params": params,
         "classes": list(model.classes_),
@@ -141,7 +142,7 @@ def _from_arrays(cls: type, meta: dict, arrays: dict[str, np.ndarray], path):
         check_table_size(path, f"the trigram weights of {L:,} labels", (L + 1) * L * L, stored)
         for name, (attribute, shape) in _second_order_blocks(L).items():
             setattr(model, attribute, checked_array(path, arrays, name, "f", shape, finite=True, bounded=True).astype(np.float64))
-    model.pruner_, model.pruned_mass_ = None, None
+    model.pruner_, model.pruned_mass_, model.pruning_threshold_ = None, None, None
     if model.pruning_threshold is not None:
         if not isinstance(meta.get("pruner"), dict):
             raise ModelFileError(f"{path}: a pruned second-order model without its pruning model")
@@ -149,6 +150,7 @@ def _from_arrays(cls: type, meta: dict, arrays: dict[str, np.ndarray], path):
         model.pruner_ = _from_arrays(cls, meta["pruner"], inner, f"{path} (pruning model)")
         if model.pruner_.order != 1 or list(model.pruner_.classes_) != list(classes) or model.pruner_.n_attributes_ != A:
             raise ModelFileError(f"{path}: the pruning model is not a first-order model of the same labels and attributes")
+        model.pruning_threshold_ = float(model.pruning_threshold)
     state = np.zeros((A, L))
     if meta["sparse"]:
         index = checked_array(path, arrays, "feature_index", "iu", (None,)).astype(np.int64)

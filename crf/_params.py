@@ -128,7 +128,9 @@ DOC = """
         tag the second-order model over those candidates only (MarMoT's pruning), at O(K^3) per
         token for K candidates. The likelihood is then over the pruned lattice (an approximation:
         ``pruned_mass_`` reports the first-order marginal mass pruned away in training), and
-        every query (marginals, probabilities, k-best) is over the candidates. Exact second order
+        every query (marginals, probabilities, k-best) is over the candidates, chosen by the
+        threshold of the fit (``pruning_threshold_``: setting ``pruning_threshold`` anew changes
+        nothing until the next fit, nor what ``save`` writes). Exact second order
         over more than 20 labels is slow (O(L^3) per token: about 19x first order's time per
         iteration at 49 labels): ``fit`` then warns with the expected time per iteration and
         suggests ``pruning_threshold=0.01``.

@@ -375,6 +375,8 @@ class CRF(SegmentQueries, UncertaintyQueries, FeatureTables, BaseEstimator):
         self.feature_index_ = layout.feature_index
         self.pruner_ = pruner
         self.pruned_mass_ = pruned_mass
+        # the threshold the candidates are chosen by, as fitted: ``pruning_threshold`` may be set anew
+        self.pruning_threshold_ = None if pruner is None else float(self.pruning_threshold)
 
     def _pruning(self, problem: TrainingProblem) -> tuple[CRF | None, np.ndarray | None, float | None]:
         """(the first-order model whose marginals choose the candidate labels of a pruned
@@ -504,7 +506,7 @@ class CRF(SegmentQueries, UncertaintyQueries, FeatureTables, BaseEstimator):
         over the candidates its pruner keeps."""
         candidates = None
         if self.__dict__.get("pruner_") is not None:
-            candidates = self.pruner_.candidates(X, lengths, self.pruning_threshold)
+            candidates = self.pruner_.candidates(X, lengths, self.pruning_threshold_)
         offsets = np.concatenate([[0], np.cumsum(lengths)])
         lattice, tail = self._structure().lattice_in_order(offsets, candidates), self._tail()
         return lattice.emissions(emissions, tail), lattice.scores(tail)

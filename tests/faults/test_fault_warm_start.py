@@ -78,6 +78,39 @@ def test_a_pruned_second_order_warm_refit_from_a_first_order_model_trains():
     assert model.score(X, y) == pytest.approx(cold.score(X, y), abs=0.02)
 
 
+@pytest.mark.parametrize(
+    ("fitted", "changed"),
+    [
+        ({}, {"order": 2, "pruning_threshold": 0.01}),  # first order, then pruned second order
+        ({"order": 2}, {"pruning_threshold": 0.01}),  # exact second order, then pruned
+        ({"order": 2, "pruning_threshold": 0.01}, {"pruning_threshold": None}),  # pruned, then exact
+        ({"order": 2, "pruning_threshold": 0.01}, {"order": 1, "pruning_threshold": None}),
+        ({"order": 2, "pruning_threshold": 0.01}, {"pruning_threshold": 0.3}),
+    ],
+)
+def test_settings_changed_after_a_fit_change_neither_its_predictions_nor_its_file(fitted, changed, tmp_path):
+    """``set_params(order=2, pruning_threshold=0.01)`` on a fitted first-order model saved a file
+    ``CRF.load`` refused ("a pruned second-order model without its pruning model"), and a pruned
+    model set to ``pruning_threshold=None`` failed in ``predict`` with a TypeError, with no refit or
+    after a refused one: until the next fit, the fitted model is what it was fitted as."""
+    X, y = _data()
+    model = CRF(c2=0.5, **fitted).fit(X, y)
+    before = model.predict_marginals(X)
+
+    def same(marginals) -> bool:
+        return len(marginals) == len(before) and all(np.array_equal(a, b) for a, b in zip(marginals, before))
+
+    model.set_params(**changed)
+    assert same(model.predict_marginals(X))
+    with pytest.raises(ValueError):  # a refit refused before its first iteration changes nothing either
+        model.fit([[{"w": float("nan")}]], [["A"]])
+    assert same(model.predict_marginals(X))
+    model.save(tmp_path / "m.npz")
+    loaded = CRF.load(tmp_path / "m.npz")
+    assert same(loaded.predict_marginals(X))
+    assert (loaded.order, loaded.pruning_threshold) == (model.fitted_order, model.pruning_threshold_)
+
+
 @pytest.mark.parametrize("previous_order", [1, 2])
 def test_a_pruned_warm_refit_whose_data_lists_the_labels_in_another_order_matches_the_cold_fit(previous_order, tmp_path):
     """The pruner was fitted cold in the new data's label order while the model kept the old order
