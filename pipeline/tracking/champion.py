@@ -188,27 +188,38 @@ def _holder_run(client: Any, holder: Any) -> tuple[str | None, Any]:
         return run_id, None
 
 
-def _score_when_registered(client: Any, run: Any, holder: Any, metric: str) -> float | None:
-    """The last value of ``metric`` that ``run`` logged up to the moment ``holder`` was registered
-    (a value logged later, by hand, is not what it was chosen by); its latest value where the version
-    records no time; None when it logged none."""
+def _score_when_registered(client: Any, run: Any, holder: Any, metric: str) -> tuple[float | None, str | None]:
+    """(the value of ``metric`` that ``run`` had logged when ``holder`` was registered, or None; why
+    that value cannot be compared, or None). A value logged after the registration is not what the
+    holder was chosen by; values that differ before it (one logged later with an earlier time, by
+    hand) leave it unknown. The latest value where the version records no time."""
     if metric not in run.data.metrics:
-        return None
+        return None, None
     registered = getattr(holder, "creation_timestamp", None)
     if not isinstance(registered, int):
-        return float(run.data.metrics[metric])
-    history = [m for m in client.get_metric_history(run.info.run_id, metric) if m.timestamp <= registered]
-    if not history:
-        return None
-    return float(max(history, key=lambda m: (m.timestamp, m.step)).value)
+        values = [float(run.data.metrics[metric])]
+    else:
+        values = [float(m.value) for m in client.get_metric_history(run.info.run_id, metric) if m.timestamp <= registered]
+    if not values:
+        return None, None
+    if len({repr(v) for v in values}) > 1:
+        shown = ", ".join(f"{v:g}" for v in values[:4])
+        return (
+            None,
+            f"its run logged {metric} {len(values)} times before it was registered ({shown}), so the one it was "
+            "chosen by is not known",
+        )
+    if not math.isfinite(values[0]):
+        return None, f"its run's {metric} reads {values[0]} as it was registered, so its score cannot be compared"
+    return values[0], None
 
 
 def holder_unreadable(client: Any, holder: Any, standing: Standing) -> str | None:
     """Why the score of an alias ``holder`` without standing tags cannot be read back from the
     pipeline run it names (its ``run_id`` version tag, else MLflow's run id), though it may have had
     one: the run is gone (``mlflow gc``), it logged ``standing``'s metric but no longer records the
-    evaluation data it was scored on, or the value it logged is not a number. None for a version of
-    no run, or a run with no such score."""
+    evaluation data it was scored on, or the value it was registered with is not a number or not
+    known (:func:`_score_when_registered`). None for a version of no run, or a run with no such score."""
     run_id, run = _holder_run(client, holder)
     if not run_id:
         return None
@@ -219,28 +230,25 @@ def holder_unreadable(client: Any, holder: Any, standing: Standing) -> str | Non
         return None
     if not run.data.tags.get(EVALUATION_RUN_TAG):
         return "its run's tag of the data it was scored on was removed, so its score compares with nothing"
-    value = _score_when_registered(client, run, holder, metric)
-    if value is None or not math.isfinite(value):
-        return f"its run's {metric} reads {value} as it was registered, so its score cannot be compared"
-    return None
+    return _score_when_registered(client, run, holder, metric)[1]
 
 
 def standing_from_run(client: Any, holder: Any, standing: Standing) -> Standing | None:
     """The standing of an alias ``holder`` whose version tags record none, read back from its run:
     the run's value of ``standing``'s metric as the version was registered and the run's evaluation
     key (its :data:`EVALUATION_RUN_TAG`), so that a holder whose standing tags were removed is still
-    compared (it would otherwise count as a version with nothing to defend). None when the version
-    says why it has no score, was forced into the alias, or its run (gone, or never logged) lacks a
-    finite value of the metric or the key."""
+    compared (it would otherwise count as a version with nothing to defend), whether it took the
+    alias by the rule or by force. None when the version says why it has no score, or its run
+    (gone, or never logged) lacks a known, finite value of the metric or the key."""
     tags = dict(holder.tags)
-    if tags.get(UNSCORED_TAG) or tags.get(FINAL_FIT_TAG) == "train+dev" or tags.get(DECISION_TAG, "").startswith(FORCED):
+    if tags.get(UNSCORED_TAG) or tags.get(FINAL_FIT_TAG) == "train+dev":
         return None
     _, run = _holder_run(client, holder)
     if run is None:
         return None
-    value = _score_when_registered(client, run, holder, _metric_name(standing.metric))
+    value, _ = _score_when_registered(client, run, holder, _metric_name(standing.metric))
     evaluation = run.data.tags.get(EVALUATION_RUN_TAG)
-    if value is None or not math.isfinite(value) or not evaluation:
+    if value is None or not evaluation:
         return None
     return Standing(standing.metric, value, standing.direction, evaluation)
 

@@ -573,6 +573,36 @@ def test_a_holder_judged_by_its_run_is_judged_by_the_score_it_was_registered_wit
     assert str(client.get_model_version_by_alias("m", "champion").version) == "1"
 
 
+def test_a_forced_holder_whose_standing_tags_were_removed_is_judged_by_its_runs_score(local_registry):
+    """A holder put there by registry.force_alias=true with a dev score (66.29), its standing tags
+    then removed, kept the alias against a better version (85.09) for good, "registered without a
+    dev score", which was false."""
+    client, model = local_registry
+    _holder_without_standing_tags(client, model, 66.29)
+    client.set_model_version_tag("m", "1", DECISION_TAG, f"{champion.FORCED} (registry.force_alias=true)")
+    assert _register(60.0, model, name="m") == "2"  # worse: kept
+    assert str(client.get_model_version_by_alias("m", "champion").version) == "1"
+    assert _register(85.09, model, name="m") == "3"
+    assert str(client.get_model_version_by_alias("m", "champion").version) == "3"
+    assert (
+        client.get_model_version("m", "3").tags[DECISION_TAG] == "moved: dev_f1 85.09 is at least the holder's 66.29 (version 1)"
+    )
+
+
+def test_a_score_logged_later_with_an_earlier_time_leaves_the_holder_in_place(local_registry):
+    """Its run's dev_f1 logged again as 1.0, dated 1 ms before the registration: a worse version
+    (66.29 against 85.09) took the alias, "at least the holder's 1"."""
+    client, model = local_registry
+    _holder_without_standing_tags(client, model, 85.09)
+    holder = client.get_model_version("m", "1")
+    client.log_metric(holder.run_id, "dev_f1", 1.0, timestamp=holder.creation_timestamp - 1)
+    assert _register(66.29, model, name="m") == "2"
+    assert str(client.get_model_version_by_alias("m", "champion").version) == "1"
+    decision = client.get_model_version("m", "2").tags[DECISION_TAG]
+    assert decision.startswith("kept: the holder records no standing to compare with (its standing tags were removed and")
+    assert "its run logged dev_f1 2 times before it was registered (85.09, 1)" in decision
+
+
 def test_a_holder_whose_run_logged_its_score_as_nan_keeps_the_alias(local_registry):
     """A run that logged its score as NaN has no score to compare: the holder is kept, as when its
     run is gone."""
