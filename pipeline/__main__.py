@@ -31,6 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from pipeline.engine import runner
 from pipeline.engine.runner import TrialHooks, objective_value
 from pipeline.engine.validate import ONE_LINE_ERRORS, SettingsError
+from pipeline.report import redacted
 from pipeline.sweeps.trial_environment import METRIC_VARIABLE
 from pipeline.sweeps.trial_stopping import trial_from_environment
 from pipeline.tracking.lifecycle import ending_runs_on_signal, error_chain
@@ -123,7 +124,7 @@ def main(cfg: DictConfig) -> float | None:
         except ONE_LINE_ERRORS as error:
             if _in_multirun():
                 raise  # Hydra records the job as failed and the sweep goes on
-            log.error("%s", error)  # the one line says what and where: a traceback adds nothing
+            log.error("%s", redacted(str(error)))  # the one line says what and where: a traceback adds nothing
             sys.exit(2)
         except Exception as error:
             problem = unwritable(error, tracking_store(cfg))
@@ -209,6 +210,13 @@ def composition_refusal(argv: list[str]) -> str | None:
     problem = store_problem(store)
     if problem:
         return f"bad setting: the tracking store {store} (tracking.uri or MLFLOW_TRACKING_URI): {problem}"
+    from pipeline.tracking import TrackingUnavailable, check_reachable
+
+    for uri in dict.fromkeys(filter(None, (store, registry))):  # a server or database that does not answer
+        try:
+            check_reachable(uri)
+        except TrackingUnavailable as error:
+            return str(error)
     from pipeline.stages.data import config_data_problem
 
     problem = None if multirun else config_data_problem(cfg)  # a sweep checks its jobs' data after their settings
@@ -268,6 +276,6 @@ if __name__ == "__main__":
     refusal = composition_refusal(sys.argv[1:])
     if refusal:
         logging.basicConfig(format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
-        log.error("%s", refusal)
+        log.error("%s", redacted(refusal))  # a store's URL may hold a password
         sys.exit(2)
     main()

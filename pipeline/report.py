@@ -104,10 +104,19 @@ def write_json(path: str | Path, value: Any, indent: int | None = 1) -> None:
     atomic_write(path, lambda out: out.write(data))
 
 
-_PASSWORD = re.compile(r"(://[^:/@\s]+):[^@/\s]*@")  # scheme://user:password@host: the password
+# scheme://userinfo@: up to the last "@" of the word, so that a password holding a raw "@" or "/"
+# is covered too (a path with "@" in it is hidden along with it, which only costs a log's detail)
+_USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)([^\s/]\S*)@")
+
+
+def _hidden(found: re.Match) -> str:
+    user, colon, _ = found.group(2).partition(":")
+    shown = f"{user}:***" if colon and user and not set(user) & {"/", "@"} else "***"  # a user alone may be a token
+    return f"{found.group(1)}{shown}@"
 
 
 def redacted(text: str) -> str:
-    """``text`` with the password of every URL in it (``scheme://user:password@``) as ``***``, for
-    logs, run parameters and results files."""
-    return _PASSWORD.sub(r"\1:***@", str(text))
+    """``text`` with the secret of every URL in it hidden: ``scheme://user:password@`` becomes
+    ``scheme://user:***@``, and a user name alone (an access token) ``scheme://***@``; for logs, run
+    parameters and results files."""
+    return _USERINFO.sub(_hidden, str(text))

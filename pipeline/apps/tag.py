@@ -66,6 +66,7 @@ from pipeline.apps.formats import (
     write_output,
 )
 from pipeline.models import BUNDLE_FILE
+from pipeline.report import redacted
 
 log = logging.getLogger(__name__)
 
@@ -696,7 +697,7 @@ def main(cfg: DictConfig) -> None:
         settings["registry_uri"] = registry_uri(cfg)
         run_tag(settings)
     except (ValueError, OSError) as err:  # TagError, DataFormatError, ModelFileError, OutputFormatError, ...
-        log.error("%s", " ".join(str(err).split()) or type(err).__name__)
+        log.error("%s", redacted(" ".join(str(err).split())) or type(err).__name__)  # a store URL may hold a password
         sys.exit(2)
 
 

@@ -9,6 +9,7 @@ fails at once.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import functools
 import hashlib
@@ -19,6 +20,7 @@ import sqlite3
 import subprocess
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -224,18 +226,49 @@ def using_store(tracking: str, registry: str | None = None) -> Iterator[None]:
 
 
 def check_reachable(uri: str, timeout: float = 5.0) -> None:
-    """For an HTTP store, GET /health; raise TrackingUnavailable with a clear message if it fails."""
-    if not uri.startswith(("http://", "https://")):
+    """Check that a remote store answers: for an HTTP store GET /health (with the user and
+    password the URL holds, as basic authentication), for a database server a connection (given
+    ``timeout`` seconds); raise TrackingUnavailable, in one line with the password as ``***``, if
+    it does not. A local store is not checked."""
+    if uri.startswith(("http://", "https://")):
+        parts = urllib.parse.urlsplit(uri)
+        request = urllib.request.Request(
+            urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2])).rstrip("/") + "/health"
+        )
+        if parts.username is not None:  # urllib takes no credentials from the URL itself
+            secret = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
+            request.add_header("Authorization", "Basic " + base64.b64encode(secret.encode()).decode())
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                if response.status != 200:
+                    raise TrackingUnavailable(f"MLflow tracking server {redacted(uri)} answered {response.status} on /health")
+        except (urllib.error.URLError, OSError, ValueError) as err:
+            raise TrackingUnavailable(
+                f"MLflow tracking server {redacted(uri)} is not reachable ({redacted(str(getattr(err, 'reason', err)))}). "
+                "Start it (see README: mlflow server ...), fix tracking.uri, or unset MLFLOW_TRACKING_URI to use the "
+                "local store."
+            ) from None
+        return
+    scheme = uri.split(":", 1)[0].split("+", 1)[0]
+    if scheme not in ("postgresql", "mysql"):
+        return
+    import sqlalchemy
+
+    try:
+        engine = sqlalchemy.create_engine(uri, connect_args={"connect_timeout": max(1, round(timeout))})
+    except Exception:  # noqa: BLE001 - a URL or driver problem: store_problem names those
         return
     try:
-        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout) as response:
-            if response.status != 200:
-                raise TrackingUnavailable(f"MLflow tracking server {uri} answered {response.status} on /health")
-    except (urllib.error.URLError, OSError) as err:
+        with engine.connect():
+            pass
+    except Exception as error:  # noqa: BLE001 - SQLAlchemy wraps each driver's own errors
+        first = redacted((str(getattr(error, "orig", None) or error).strip().splitlines() or [""])[0])[:300]
         raise TrackingUnavailable(
-            f"MLflow tracking server {uri} is not reachable ({getattr(err, 'reason', err)}). Start it "
-            f"(see README: mlflow server ...), fix tracking.uri, or unset MLFLOW_TRACKING_URI to use the local store."
+            f"the database server of {redacted(uri)} cannot be reached ({type(error).__name__}: {first}); start it or "
+            "fix tracking.uri (or MLFLOW_TRACKING_URI)"
         ) from None
+    finally:
+        engine.dispose()
 
 
 def setup(cfg: Mapping) -> str:

@@ -1,0 +1,81 @@
+"""A URL's password never reaches a log line, a run parameter or a results file, and a remote store
+that does not answer is one line before anything runs (round 18: a tracking server's URL with a
+password was printed whole in a 19-line traceback; a database server that did not answer made
+MLflow retry for 107 s, then a 198-line traceback)."""
+
+from __future__ import annotations
+
+import base64
+import http.server
+import threading
+
+import pytest
+
+from pipeline.report import redacted
+from pipeline.tracking import TrackingUnavailable, check_reachable
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("http://user:s3cret@127.0.0.1:1/x.gz", "http://user:***@127.0.0.1:1/x.gz"),
+        ("http://:s3cret@host/x", "http://***@host/x"),  # no user name
+        ("https://s3cret@host/x", "https://***@host/x"),  # an access token as the user name
+        ("http://u:s3/cret@host:1/t.gz", "http://u:***@host:1/t.gz"),  # a raw "/" in the password
+        ("http://u:s3@cret@host:1/t.gz", "http://u:***@host:1/t.gz"),  # a raw "@" in it
+        ("postgresql+psycopg://u:s3cret@db:5432/optuna", "postgresql+psycopg://u:***@db:5432/optuna"),
+        ("sqlite:////tmp/a@b/mlflow.db", "sqlite:////tmp/a@b/mlflow.db"),  # a path, no secret
+        ("see http://host/x and write to a@b.org", "see http://host/x and write to a@b.org"),
+    ],
+)
+def test_the_secret_of_every_url_is_hidden(url, shown):
+    assert redacted(url) == shown
+
+
+def test_an_unreachable_tracking_server_is_one_line_without_its_password():
+    from pipeline.__main__ import composition_refusal
+    from pipeline.apps.model_benchmark import free_port
+
+    port = free_port()  # nothing listens there
+    refused = composition_refusal([f"tracking.uri=http://u:s3cret@127.0.0.1:{port}"])
+    assert refused is not None and "\n" not in refused and "is not reachable" in refused, refused
+    assert "s3cret" not in redacted(refused) and f"http://u:***@127.0.0.1:{port}" in redacted(refused)
+    with pytest.raises(TrackingUnavailable) as unreachable:
+        check_reachable(f"http://u:s3cret@127.0.0.1:{port}")
+    assert "s3cret" not in str(unreachable.value)
+
+
+def test_a_database_server_that_does_not_answer_is_one_line_at_once():
+    pytest.importorskip("psycopg")
+    from pipeline.apps.model_benchmark import free_port
+
+    with pytest.raises(TrackingUnavailable, match=r"^the database server of postgresql\+psycopg://u:\*\*\*@127\.0\.0\.1:"):
+        check_reachable(f"postgresql+psycopg://u:s3cret@127.0.0.1:{free_port()}/db", timeout=2)
+
+
+def test_a_tracking_server_behind_basic_authentication_is_reached_with_the_urls_credentials():
+    """urllib takes no credentials from a URL: the check resolved ``u:pw@127.0.0.1`` as a host name
+    and refused a server MLflow itself reaches."""
+    seen = []
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the standard library's name
+            seen.append((self.path, self.headers.get("Authorization")))
+            good = self.headers.get("Authorization") == "Basic " + base64.b64encode(b"u:p@ss").decode()
+            self.send_response(200 if good else 401)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        port = server.server_address[1]
+        check_reachable(f"http://u:p%40ss@127.0.0.1:{port}")
+        assert seen[-1][0] == "/health"
+        with pytest.raises(TrackingUnavailable, match="not reachable|answered 401"):
+            check_reachable(f"http://u:wrong@127.0.0.1:{port}")
+    finally:
+        server.shutdown()
+        server.server_close()
