@@ -253,6 +253,20 @@ def standing_from_run(client: Any, holder: Any, standing: Standing) -> Standing 
     return Standing(standing.metric, value, standing.direction, evaluation)
 
 
+def standing_doubt(client: Any, holder: Any, current: Standing) -> str | None:
+    """Why the standing an alias ``holder``'s tags record (``current``) disagrees with the score its
+    run had logged when it was registered (a standing tag edited by hand), or None: they agree, or
+    the run gives no such score to compare with."""
+    _, run = _holder_run(client, holder)
+    if run is None:
+        return None
+    metric = _metric_name(current.metric)
+    value, _ = _score_when_registered(client, run, holder, metric)
+    if value is None or math.isclose(value, current.value, rel_tol=1e-9, abs_tol=1e-12):
+        return None
+    return f"its tags say {metric} {current.value:.6g}, but its run had logged {value:.6g} when it was registered"
+
+
 def alias_decision(
     new: Standing | None,
     current: Standing | None,
@@ -262,6 +276,7 @@ def alias_decision(
     unscored: str = "",
     force_declined: str = "",
     holder_unreadable: str | None = None,
+    holder_doubt: str | None = None,
 ) -> tuple[bool, str]:
     """Whether the alias moves to the version of standing ``new`` from its current holder (of
     standing ``current``; ``has_holder`` False: the alias is free), and why, in one line (the rule
@@ -279,6 +294,8 @@ def alias_decision(
     force_declined : why ``registry.force_alias=true``, though set, was not applied to this version
         (named in the reason instead of the hint to force the move).
     holder_unreadable : why the holder's score cannot be read from its run (:func:`holder_unreadable`).
+    holder_doubt : why the holder's recorded standing disagrees with its run (:func:`standing_doubt`):
+        the alias then stays unless forced.
     """
     if force:
         return True, f"{FORCED} (registry.force_alias=true)"
@@ -297,6 +314,8 @@ def alias_decision(
         return False, f"kept: this version has no score to compare{why}"
     if not has_holder:
         return True, "moved: no version held the alias"
+    if holder_doubt:
+        return False, f"kept: the holder's recorded standing cannot be trusted ({holder_doubt}); {hint}"
     if current is None:
         what, replaceable = holder_without_standing(holder_tags if holder_tags is not None else {}, holder_unreadable)
         if replaceable:
@@ -376,13 +395,15 @@ def settle_alias(
             if holder is not None and str(holder.version) == version:
                 break  # ours (set in an earlier round)
             current = Standing.from_tags(holder.tags) if holder is not None else None
-            unreadable = None
+            unreadable = doubt = None
             if holder is not None and current is None and standing is not None:
                 current = standing_from_run(client, holder, standing)
                 unreadable = holder_unreadable(client, holder, standing) if current is None else None
+            elif holder is not None and current is not None and not force:
+                doubt = standing_doubt(client, holder, current)
             holder_tags = dict(holder.tags) if holder is not None else None
             moved, reason = alias_decision(
-                standing, current, holder is not None, force, holder_tags, unscored, force_declined, unreadable
+                standing, current, holder is not None, force, holder_tags, unscored, force_declined, unreadable, doubt
             )
             later = holder is not None and int(holder.version) > int(version)
             if moved and attempt > 0 and later and (force or not _better(standing, current)):

@@ -603,6 +603,23 @@ def test_a_score_logged_later_with_an_earlier_time_leaves_the_holder_in_place(lo
     assert "its run logged dev_f1 2 times before it was registered (85.09, 1)" in decision
 
 
+def test_a_holder_whose_standing_value_was_edited_keeps_the_alias(local_registry):
+    """One tag edit, the holder's ``standing.value`` 85.09 -> 1.0 (its run still says 85.09), let a
+    worse version take the alias: "at least the holder's 1" (R18-3)."""
+    client, model = local_registry
+    _holder_without_standing_tags(client, model, 85.09)
+    for key, value in Standing("dev_f1", 1.0, "maximize", "e1").tags().items():
+        client.set_model_version_tag("m", "1", key, value)
+    assert _register(66.29, model, name="m") == "2"
+    assert str(client.get_model_version_by_alias("m", "champion").version) == "1"
+    decision = client.get_model_version("m", "2").tags[DECISION_TAG]
+    assert decision.startswith("kept: the holder's recorded standing cannot be trusted (its tags say dev_f1 1, but its run")
+    assert "had logged 85.09 when it was registered)" in decision
+    client.set_model_version_tag("m", "1", champion.VALUE_TAG, repr(85.09))  # the tags agree with the run again
+    assert _register(90.0, model, name="m") == "3"
+    assert str(client.get_model_version_by_alias("m", "champion").version) == "3"
+
+
 def test_a_holder_whose_run_logged_its_score_as_nan_keeps_the_alias(local_registry):
     """A run that logged its score as NaN has no score to compare: the holder is kept, as when its
     run is gone."""
