@@ -486,7 +486,10 @@ def build_sampler(settings: Mapping[str, Any] | None, seed: int | None) -> optun
 
 def build_pruner(settings: Mapping[str, Any] | None) -> optuna.pruners.BasePruner:
     """The pruner of ``hydra.sweeper.pruner`` (``kind``: one of :data:`PRUNERS`; the other keys are
-    the pruner's arguments; steps are training iterations)."""
+    the pruner's arguments; steps are training iterations). ``kind: none`` takes no arguments: those
+    a pruner group left beside it (``hydra.sweeper.pruner.kind=none`` over the median's) are ignored."""
+    if not prunes(settings):
+        return optuna.pruners.NopPruner()
     return _build("pruner", PRUNERS, settings, "none")
 
 
@@ -543,7 +546,7 @@ def check_objective(metric: str | None, direction: str, pruner: Mapping[str, Any
         if not dev_score:
             raise SweeperSettingError(
                 f"hydra.sweeper.pruner compares the dev score during training, but the metric is {metric}: "
-                "set hydra.sweeper.pruner.kind=none or optimise the dev score"
+                "choose hydra/sweeper/pruner=none (or set hydra.sweeper.pruner.kind=none) or optimise the dev score"
             )
         if not dev_every:
             raise SweeperSettingError("pruning needs dev scores during training: set train.dev_every > 0 (e.g. 10)")

@@ -114,6 +114,19 @@ def test_every_shipped_pruner_builds(pruner):
     assert isinstance(search.build_pruner(settings), search.PRUNERS[pruner])
 
 
+def test_kind_none_over_another_pruners_settings_builds_no_pruner():
+    """``hydra.sweeper.pruner.kind=none`` (what the objective check's message said to set) kept the
+    median's settings beside it and was refused: "NopPruner() takes no arguments" (R18-4)."""
+    settings = _sweeper_config(["hydra.sweeper.pruner.kind=none"])["pruner"]
+    assert set(settings) > {"kind"} and not search.prunes(settings)
+    assert isinstance(search.build_pruner(settings), search.optuna.pruners.NopPruner)
+    with pytest.raises(
+        search.SweeperSettingError, match=r"choose hydra/sweeper/pruner=none \(or set hydra.sweeper.pruner.kind=none\)"
+    ):
+        search.check_objective("train.train_seconds", "minimize", _sweeper_config([])["pruner"], 10)
+    search.check_objective("train.train_seconds", "minimize", settings, 10)
+
+
 def test_every_shipped_sampler_builds_and_the_default_space_is_the_grids():
     for sampler in ("tpe", "random"):
         settings = _sweeper_config([f"hydra/sweeper/sampler={sampler}"])["sampler"]
