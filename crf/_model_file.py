@@ -61,7 +61,9 @@ def to_arrays(model) -> tuple[dict, dict[str, np.ndarray]]:
         # the file does not keep model_filename, which made "unset" mean "no start/end weights"
         params["boundary_transitions"] = False
     params["order"] = model.fitted_order  # the weights' order, whatever ``order`` was set to since
-    params["pruning_threshold"] = model.__dict__.get("pruning_threshold_")  # the fitted pruning, likewise
+    # the fitted pruning, likewise (a model pickled before ``pruning_threshold_`` was kept has only the parameter)
+    pruned = model.__dict__.get("pruner_") is not None
+    params["pruning_threshold"] = model.__dict__.get("pruning_threshold_", model.pruning_threshold) if pruned else None
     meta = {
         "params": params,
         "classes": list(model.classes_),

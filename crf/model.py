@@ -506,7 +506,8 @@ class CRF(SegmentQueries, UncertaintyQueries, FeatureTables, BaseEstimator):
         over the candidates its pruner keeps."""
         candidates = None
         if self.__dict__.get("pruner_") is not None:
-            candidates = self.pruner_.candidates(X, lengths, self.pruning_threshold_)
+            # a model pickled before ``pruning_threshold_`` was kept has only the parameter
+            candidates = self.pruner_.candidates(X, lengths, self.__dict__.get("pruning_threshold_", self.pruning_threshold))
         offsets = np.concatenate([[0], np.cumsum(lengths)])
         lattice, tail = self._structure().lattice_in_order(offsets, candidates), self._tail()
         return lattice.emissions(emissions, tail), lattice.scores(tail)

@@ -99,7 +99,6 @@ def frozen(mapping: Mapping[str, Any]) -> DictConfig:
 class ModelAdapter(Protocol):
     """The contract of a model adapter: everything the pipeline knows about one kind of model.
 
-
     The adapter is chosen once, from ``cfg.model.adapter`` (a dotted path ``module.Class`` in
     ``conf/model/<name>.yaml``). Adding a model kind is one new adapter module and one YAML file; the
     runner and the stages do not change. An adapter (:class:`ModelAdapter`; :class:`BaseAdapter` gives
