@@ -278,6 +278,8 @@ def setup(cfg: Mapping) -> str:
     if uri.startswith("sqlite:///"):
         Path(uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
     lifecycle.prepare_store(uri)  # a fresh SQLite store's schema, under a lock
+    if redacted(uri) != uri:  # MLflow prints each run's page with the store's URL as given, password and all
+        os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
     before = os.environ.get("MLFLOW_TRACKING_URI")
     mlflow.set_tracking_uri(uri)
     # MLflow also exports the URI as MLFLOW_TRACKING_URI, which would then win over the next config
@@ -326,6 +328,7 @@ def log_params(params: Mapping[str, Any]) -> None:
 def store_hint(uri: str, run_id: str, experiment_id: str) -> str:
     """How a user opens ``run_id``'s page: for a local store the ``mlflow ui`` command and the page's
     URL on its default port; else the page's URL on the server."""
+    uri = redacted(uri)  # a printed line: no password
     if uri.startswith(("http://", "https://")):
         return f"{uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
     return f"mlflow ui --backend-store-uri {uri}, then http://127.0.0.1:5000/#/experiments/{experiment_id}/runs/{run_id}"
@@ -384,7 +387,7 @@ def handoff_lines(client: MlflowClient, uri: str, pipeline_run_id: str, stage: s
             lines.append(f"{stage} run: runs:/{files_run(client, child).info.run_id}/{MODEL_NAME}")
     lines.append(f"bundle: {bundle}")
     model = model_uri or str(bundle)
-    lines.append(f"tag: python -m pipeline.tag model={model} input=<file> output=<file> tracking.uri={uri}")
+    lines.append(f"tag: python -m pipeline.tag model={model} input=<file> output=<file> tracking.uri={redacted(uri)}")
     return lines
 
 

@@ -79,3 +79,13 @@ def test_a_tracking_server_behind_basic_authentication_is_reached_with_the_urls_
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_the_lines_a_run_prints_name_its_store_without_the_password():
+    """A run on ``http://u:pw@host`` printed the password in its run-page lines (ours and MLflow's
+    own "View run" lines) and in the run's description (round 19)."""
+    from pipeline.tracking import store_hint
+
+    line = store_hint("http://u:s3cret@127.0.0.1:5000", "r1", "1")
+    assert line == "http://u:***@127.0.0.1:5000/#/experiments/1/runs/r1"
+    assert "s3cret" not in store_hint("postgresql://u:s3cret@db/mlflow", "r1", "1")
