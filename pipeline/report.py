@@ -115,8 +115,13 @@ def _hidden(found: re.Match) -> str:
     return f"{found.group(1)}{shown}@"
 
 
+# a query parameter that names a secret: ?token=..., &api_key=..., &X-Amz-Signature=..., &password=...
+_SECRET_QUERY = re.compile(r"([?&][^=&#\s]*(?:token|key|secret|passw|pwd|sig|auth|credential)[^=&#\s]*=)[^&#\s]*", re.I)
+
+
 def redacted(text: str) -> str:
     """``text`` with the secret of every URL in it hidden: ``scheme://user:password@`` becomes
-    ``scheme://user:***@``, and a user name alone (an access token) ``scheme://***@``; for logs, run
-    parameters and results files."""
-    return _USERINFO.sub(_hidden, str(text))
+    ``scheme://user:***@``, a user name alone (an access token) ``scheme://***@``, and the value of
+    a query parameter named like a secret (``?token=``, ``&api_key=``, ``&X-Amz-Signature=``) ``***``;
+    for logs, run parameters and results files."""
+    return _SECRET_QUERY.sub(r"\1***", _USERINFO.sub(_hidden, str(text)))

@@ -123,7 +123,7 @@ def resolve_model(reference: str, tracking_uri: str | None = None, registry_uri:
         except (FileNotFoundError, tracking.TrackingUnavailable) as err:
             raise TagError(f"model {reference!r}: {err}") from None
         store = tracking_uri if (registry_uri or tracking_uri) == tracking_uri else f"{tracking_uri} (registry {registry_uri})"
-        log.info("model %s: from the store %s", reference, store)
+        log.info("model %s: from the store %s", reference, redacted(store))
         with tracking.using_store(tracking_uri, registry_uri):
             local = _download(reference)
     return local if local.is_file() else _bundle_in(local, reference)

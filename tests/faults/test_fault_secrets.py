@@ -24,6 +24,10 @@ from pipeline.tracking import TrackingUnavailable, check_reachable
         ("http://u:s3/cret@host:1/t.gz", "http://u:***@host:1/t.gz"),  # a raw "/" in the password
         ("http://u:s3@cret@host:1/t.gz", "http://u:***@host:1/t.gz"),  # a raw "@" in it
         ("postgresql+psycopg://u:s3cret@db:5432/optuna", "postgresql+psycopg://u:***@db:5432/optuna"),
+        ("http://h/t.gz?token=s3cret", "http://h/t.gz?token=***"),  # a secret in the query
+        ("https://h/t.gz?v=2&X-Amz-Signature=s3cret&x=1", "https://h/t.gz?v=2&X-Amz-Signature=***&x=1"),
+        ("https://h/t.gz?api_key=s3cret#part", "https://h/t.gz?api_key=***#part"),
+        ("https://h/t.gz?page=2&lang=en", "https://h/t.gz?page=2&lang=en"),  # no secret named
         ("sqlite:////tmp/a@b/mlflow.db", "sqlite:////tmp/a@b/mlflow.db"),  # a path, no secret
         ("see http://host/x and write to a@b.org", "see http://host/x and write to a@b.org"),
     ],
