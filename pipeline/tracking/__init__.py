@@ -44,6 +44,7 @@ from pipeline.tracking import (
     champion,
     lifecycle,  # noqa: E402
 )
+from pipeline.tracking.lifecycle import sqlite_path  # noqa: E402
 
 log = logging.getLogger(__name__)
 ARTIFACTS = "mlartifacts"  # a local (SQLite) store's artifact folder, beside its database
@@ -98,17 +99,6 @@ def registry_uri(cfg: Mapping) -> str:
             "unset the variable or drop the setting"
         )
     return env or tracking_uri(cfg)
-
-
-_SQLITE_URI = re.compile(r"^sqlite(\+[a-z0-9_]+)?:///(?:file:)?([^?]+)")
-
-
-def sqlite_path(uri: str) -> Path | None:
-    """The database file of a SQLite URI, however SQLAlchemy may spell it (``sqlite:///``, a driver
-    as in ``sqlite+pysqlite:///``, a ``file:`` filename, a query such as ``?timeout=20``); None for
-    other stores and for an in-memory database."""
-    found = _SQLITE_URI.match(uri)
-    return Path(found.group(2)) if found and found.group(2) != ":memory:" else None
 
 
 STORE_SCHEMES = ("sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks", "databricks-uc", "uc")
@@ -275,8 +265,8 @@ def setup(cfg: Mapping) -> str:
     """Point MLflow at the configured store and experiment; return the tracking URI."""
     uri = tracking_uri(cfg)
     check_reachable(uri)
-    if uri.startswith("sqlite:///"):
-        Path(uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
+    if sqlite_path(uri) is not None:
+        sqlite_path(uri).parent.mkdir(parents=True, exist_ok=True)
     lifecycle.prepare_store(uri)  # a fresh SQLite store's schema, under a lock
     if redacted(uri) != uri:  # MLflow prints each run's page with the store's URL as given, password and all
         os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
@@ -292,7 +282,7 @@ def setup(cfg: Mapping) -> str:
     client = MlflowClient(uri)
     if client.get_experiment_by_name(name) is None:
         location = None
-        if uri.startswith("sqlite:///"):
+        if sqlite_path(uri) is not None:
             location = (output_root(cfg) / ARTIFACTS).as_uri()
         try:
             client.create_experiment(name, artifact_location=location)

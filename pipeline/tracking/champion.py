@@ -34,11 +34,12 @@ import logging
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from filelock import FileLock
 from mlflow.exceptions import MlflowException
+
+from pipeline.tracking.lifecycle import sqlite_path
 
 log = logging.getLogger(__name__)
 
@@ -345,10 +346,10 @@ def registry_lock(registry_uri: str) -> Iterator[bool]:
     """Hold ``<database>.registry.lock`` beside a ``sqlite:///`` registry's database (an ``flock``:
     every process and thread on this machine that registers into it waits its turn); yields
     whether a lock is held (False: another kind of store, nothing held)."""
-    if not registry_uri.startswith("sqlite:///"):
+    database = sqlite_path(registry_uri)
+    if database is None:
         yield False
         return
-    database = Path(registry_uri[len("sqlite:///") :])
     with FileLock(database.with_name(database.name + ".registry.lock")):
         yield True
 

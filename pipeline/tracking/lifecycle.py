@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import socket
 import threading
@@ -47,9 +48,15 @@ END_REASON_TAG = "crf.end_reason"
 UNKNOWN = "unknown"
 
 
+_SQLITE_URI = re.compile(r"^sqlite(\+[a-z0-9_]+)?:///(?:file:)?([^?]+)")
+
+
 def sqlite_path(uri: str) -> Path | None:
-    """The database file of a ``sqlite:///`` URI, else None."""
-    return Path(uri[len("sqlite:///") :]) if uri.startswith("sqlite:///") else None
+    """The database file of a SQLite URI, however SQLAlchemy may spell it (``sqlite:///``, a driver
+    as in ``sqlite+pysqlite:///``, a ``file:`` filename, a query such as ``?timeout=20``); None for
+    other stores and for an in-memory database."""
+    found = _SQLITE_URI.match(uri)
+    return Path(found.group(2)) if found and found.group(2) != ":memory:" else None
 
 
 @contextmanager
