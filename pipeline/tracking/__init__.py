@@ -15,7 +15,6 @@ import functools
 import hashlib
 import logging
 import os
-import re
 import sqlite3
 import subprocess
 import time
