@@ -13,9 +13,12 @@ numbers and lists.
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import re
+import urllib.parse
+import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -125,3 +128,17 @@ def redacted(text: str) -> str:
     a query parameter named like a secret (``?token=``, ``&api_key=``, ``&X-Amz-Signature=``) ``***``;
     for logs, run parameters and results files."""
     return _SECRET_QUERY.sub(r"\1***", _USERINFO.sub(_hidden, str(text)))
+
+
+def request_with_credentials(url: str) -> urllib.request.Request:
+    """An HTTP request for ``url`` that sends the user and password the URL holds
+    (``https://user:password@host/...``, percent-encoded as URLs write them) as basic
+    authentication, and the URL without them: urllib itself takes none from the URL (it reads
+    ``password@host`` as a port)."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.username is None:
+        return urllib.request.Request(url)
+    request = urllib.request.Request(urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2])))
+    secret = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
+    request.add_header("Authorization", "Basic " + base64.b64encode(secret.encode()).decode())
+    return request

@@ -9,7 +9,6 @@ fails at once.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import functools
 import hashlib
@@ -38,7 +37,7 @@ from mlflow.types import ColSpec, Schema  # noqa: E402
 
 from pipeline.engine.store import CACHE_SOURCE_TAG, MODEL_URI_TAG, SWEEP_PARENT_VARIABLE, flatten  # noqa: E402
 from pipeline.models import SWEEP_ID_VARIABLE  # noqa: E402
-from pipeline.report import redacted  # noqa: E402
+from pipeline.report import redacted, request_with_credentials  # noqa: E402
 from pipeline.tracking import (
     champion,
     lifecycle,  # noqa: E402
@@ -221,12 +220,7 @@ def check_reachable(uri: str, timeout: float = 5.0) -> None:
     it does not. A local store is not checked."""
     if uri.startswith(("http://", "https://")):
         parts = urllib.parse.urlsplit(uri)
-        request = urllib.request.Request(
-            urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2])).rstrip("/") + "/health"
-        )
-        if parts.username is not None:  # urllib takes no credentials from the URL itself
-            secret = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
-            request.add_header("Authorization", "Basic " + base64.b64encode(secret.encode()).decode())
+        request = request_with_credentials(urllib.parse.urlunsplit(parts._replace(path=parts.path.rstrip("/") + "/health")))
         try:
             with urllib.request.urlopen(request, timeout=timeout) as response:
                 if response.status != 200:

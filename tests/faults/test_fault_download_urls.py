@@ -88,14 +88,21 @@ def test_a_download_urls_password_is_neither_logged_nor_stored(tmp_path, caplog)
     assert "user:***@example.org" in text and "s3cret" not in text
 
 
-def _serving(folder):
-    """A loopback HTTP server of ``folder``'s files; its base URL (shut down by the caller)."""
+def _serving(folder, authorization=None):
+    """A loopback HTTP server of ``folder``'s files (answering 401 to a request without the
+    ``Authorization`` header ``authorization``, when given); its base URL (shut down by the caller)."""
     import http.server
     import threading
 
     class Quiet(http.server.SimpleHTTPRequestHandler):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, directory=str(folder), **kwargs)
+
+        def do_GET(self):
+            if authorization is not None and self.headers.get("Authorization") != authorization:
+                self.send_error(401, "Unauthorized")
+                return
+            super().do_GET()
 
         def log_message(self, *args):
             pass
@@ -138,3 +145,34 @@ def test_a_download_that_gives_bad_content_refuses_the_run_and_is_not_kept(tmp_p
         server.server_close()
     assert problem_line is not None and "\n" not in problem_line and re.search(problem, problem_line), problem_line
     assert not (tmp_path / "data" / "conll2000" / "train.txt.gz").exists()  # the next run downloads it again
+
+
+def test_a_download_url_with_a_user_and_password_sends_them_as_basic_authentication(tmp_path, caplog):
+    """urllib takes no credentials from a URL: ``http://user:pass@host:port/...`` failed with
+    "nonnumeric port". The user and password (percent-decoded) go as basic authentication; a wrong
+    password is the one-line missing-file error, with the password as ``***``."""
+    import base64
+
+    from pipeline.stages.data import config_data_problem
+
+    served = tmp_path / "served"
+    served.mkdir()
+    good = gzip.compress(b"He PRP B-NP\nsays VBZ B-VP\n\n")
+    (served / "train.txt.gz").write_bytes(good)
+    (tmp_path / "data" / "conll2000").mkdir(parents=True)
+    (tmp_path / "data" / "conll2000" / "test.txt.gz").write_bytes(good)
+    server, base = _serving(served, "Basic " + base64.b64encode(b"me:p@ss/w").decode())
+    host = base.removeprefix("http://")
+    overrides = [f"data.root={tmp_path / 'data'}", "dataset.files.train.sha256=null", "dataset.files.test.sha256=null"]
+    try:
+        wrong = config_data_problem(compose_config([*overrides, f"dataset.files.train.url=http://me:Wr0ng@{host}/train.txt.gz"]))
+        assert not (tmp_path / "data" / "conll2000" / "train.txt.gz").exists()
+        right = config_data_problem(compose_config([*overrides, f"dataset.files.train.url=http://me:p%40ss%2Fw@{host}/train.txt.gz"]))
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert wrong is not None and "\n" not in wrong, wrong
+    assert re.search(r"download from http://me:\*\*\*@127.0.0.1:\d+/train.txt.gz failed: Unauthorized", wrong), wrong
+    assert right is None
+    assert (tmp_path / "data" / "conll2000" / "train.txt.gz").read_bytes() == good
+    assert "Wr0ng" not in wrong + caplog.text and "p%40ss" not in caplog.text
