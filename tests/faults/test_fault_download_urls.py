@@ -167,7 +167,9 @@ def test_a_download_url_with_a_user_and_password_sends_them_as_basic_authenticat
     try:
         wrong = config_data_problem(compose_config([*overrides, f"dataset.files.train.url=http://me:Wr0ng@{host}/train.txt.gz"]))
         assert not (tmp_path / "data" / "conll2000" / "train.txt.gz").exists()
-        right = config_data_problem(compose_config([*overrides, f"dataset.files.train.url=http://me:p%40ss%2Fw@{host}/train.txt.gz"]))
+        right = config_data_problem(
+            compose_config([*overrides, f"dataset.files.train.url=http://me:p%40ss%2Fw@{host}/train.txt.gz"])
+        )
     finally:
         server.shutdown()
         server.server_close()
