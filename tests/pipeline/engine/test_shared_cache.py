@@ -92,7 +92,7 @@ def test_tracking_store_publishes_fetches_and_tags(tmp_path, monkeypatch):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     mlflow.set_tracking_uri(uri)
-    mlflow.set_experiment("remote")
+    mlflow.set_experiment(experiment_id=mlflow.create_experiment("remote", (tmp_path / "artifacts").as_uri()))
     store, key = remote_cache.TrackingStore(), "k" * 64
     with mlflow.start_run(tags={"stage": "featurize", "cache_key": key}) as source:
         StageCache(tmp_path / "one", remote=store).build("featurize", key, _produce)

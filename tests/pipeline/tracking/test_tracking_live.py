@@ -170,7 +170,7 @@ def test_comparison_reads_a_cached_evaluate_stage_from_the_run_that_computed_it(
     fetch its test predictions from the run named by its cache-source tag (it failed on AnyStyle)."""
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    mlflow.set_experiment("compare")
+    mlflow.set_experiment(experiment_id=mlflow.create_experiment("compare", (tmp_path / "artifacts").as_uri()))
     predictions = tmp_path / "predictions_test.tsv.gz"
     pd.DataFrame({"sentence": [0, 0], "token": [0, 1], "gold": ["B-NP", "O"], "predicted": ["B-NP", "O"]}).to_csv(
         predictions, sep="\t", index=False
