@@ -19,7 +19,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-import scipy.sparse as sp
 
 from . import _online as online
 from . import _optimize as optimize
@@ -164,18 +163,6 @@ def check_crfsuite_names(names: Sequence, what: str) -> None:
         problem = unstorable_name(name.item() if isinstance(name, np.generic) else name)
         if problem is not None:
             raise ValueError(f"model_filename: {what} {i} ({repr(name)[:40]}) {problem}")
-
-
-def _merge_attributes(previous: PreviousFit, index: AttributeIndex, batch: SequenceBatch) -> SequenceBatch:
-    """``batch`` (under the new data's own attribute ``index``) moved into the columns of the old
-    attributes followed by the new ones; ``index`` becomes that merged one."""
-    merged, columns = previous.merged_names(index.names().tolist())
-    X = batch.X.copy()
-    X.indices = columns[X.indices].astype(X.indices.dtype)
-    X = sp.csr_matrix((X.data, X.indices, X.indptr), shape=(X.shape[0], len(merged)))
-    X.sort_indices()
-    index.index_ = dict(zip(merged, range(len(merged))))
-    return SequenceBatch(X, batch.offsets)
 
 
 def as_sequence_list(values, name: str):
@@ -405,8 +392,6 @@ def training_problem(
     else:
         attribute_index = AttributeIndex()
         batch = attribute_index.fit_transform(X)
-        if previous is not None:
-            batch = _merge_attributes(previous, attribute_index, batch)
         attributes = [str(a) for a in attribute_index.names()]
     codes = label_codes(y, batch, classes)
     dev = None

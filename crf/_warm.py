@@ -1,14 +1,17 @@
 """Warm starts: the weights of a fitted CRF carried into the parameter layout of a new fit.
 
-A new fit may bring attributes and labels the old one never saw. Old attributes keep their
-columns (old ones first, new ones after, in order of first appearance). The labels are the new
-data's, as in a cold fit: the old ones it still has first (in their old order), then the new ones;
-an old label the new data lacks is dropped (as a class it would take probability mass, so the fit
-would not reach the cold fit's optimum). The new fit's features are what its own data and
-settings make, as in a cold fit; an old weight starts where the new layout still has its feature
-(state weights by attribute and label, label n-gram weights by their labels), every other weight
-starts at zero. The objective is convex, so a warm start reaches the cold fit's optimum, only in
-fewer iterations.
+A new fit may bring attributes and labels the old one never saw, and lack some it had. Its
+attributes are the new data's, as in a cold fit (in order of first appearance; a SequenceBatch's
+columns as given); an old attribute's weights go to the column of the same name, and those of an
+attribute the new data lacks are dropped (with ``all_possible_states`` they would otherwise be
+features no data term touches, kept at their old values). Columns without names match by
+position. The labels are the new data's too: the old ones it still has first (in their old
+order), then the new ones; an old label the new data lacks is dropped (as a class it would take
+probability mass, so the fit would not reach the cold fit's optimum). The new fit's features are
+what its own data and settings make, as in a cold fit; an old weight starts where the new layout
+still has its feature (state weights by attribute and label, label n-gram weights by their
+labels), every other weight starts at zero. The objective is convex, so a warm start reaches the
+cold fit's optimum, only in fewer iterations.
 """
 
 from __future__ import annotations
@@ -73,40 +76,31 @@ class PreviousFit:
             return np.arange(len(self.classes), dtype=np.int64)
         return pd.Index(list(classes), dtype=object).get_indexer(pd.Index(self.classes, dtype=object)).astype(np.int64)
 
-    def merged_names(self, new_names: Sequence[str]) -> tuple[list[str], np.ndarray]:
-        """(the old attribute names then the new ones they lack, the column of each of
-        ``new_names`` (A_new,) in that merged order)."""
-        old = pd.Index(self.attribute_names or [])
-        new = pd.Index(list(new_names))
-        fresh = new[~new.isin(old)]
-        merged = old.append(fresh)
-        return merged.tolist(), merged.get_indexer(new).astype(np.int64)
+    def attribute_places(self, names: Sequence[str] | None) -> np.ndarray:
+        """(A_old,) int64: the column of each old attribute among the new fit's attribute
+        ``names`` (A_new,), -1 for one the new fit lacks; by name when both fits name their
+        attributes, else by position (the first A_old columns)."""
+        if names is None or self.attribute_names is None:
+            return np.arange(self.n_attributes, dtype=np.int64)
+        return pd.Index([str(n) for n in names]).get_indexer(pd.Index(self.attribute_names)).astype(np.int64)
 
     def check_batch(self, batch: SequenceBatch, attribute_names: Sequence[str] | None) -> None:
-        """A SequenceBatch must keep the old columns: the same attributes in the first A_old
-        columns (an extractor that only appends), checked by name. A model whose attributes have
-        names (fitted on feature dicts, or on a batch with ``attribute_names``) needs them again:
-        columns without names could be in any order, and the refit model could no longer read
-        feature dicts."""
+        """A SequenceBatch's columns must be matched to the old ones: by name when the fitted
+        model's attributes have names (fitted on feature dicts, or on a batch with
+        ``attribute_names``), which it then needs again (columns without names could be in any
+        order, and the refit model could no longer read feature dicts); by position when neither
+        has names, so the batch keeps the old columns first (an extractor that only appends)."""
         if attribute_names is None and self.attribute_names is not None:
             raise ValueError(
                 "warm_start: the fitted model's attributes have names, but this SequenceBatch comes without "
                 "attribute_names, so its columns cannot be matched to the model's weights; pass attribute_names "
-                "(the extractor's column names, the model's attributes_ first)"
+                "(the extractor's column names)"
             )
-        if batch.n_attributes < self.n_attributes:
+        if self.attribute_names is None and batch.n_attributes < self.n_attributes:
             raise ValueError(
                 f"warm_start: the batch has {batch.n_attributes} attribute columns, fewer than the {self.n_attributes} "
                 "of the fitted model; transform the new data with the same extractor"
             )
-        if attribute_names is not None and self.attribute_names is not None:
-            head = [str(n) for n in list(attribute_names)[: self.n_attributes]]
-            if head != self.attribute_names:
-                where = next(i for i, (a, b) in enumerate(zip(head, self.attribute_names)) if a != b)
-                raise ValueError(
-                    f"warm_start: attribute column {where} is {head[where]!r} now but was {self.attribute_names[where]!r}; "
-                    "the new batch must keep the old columns (transform it with the same extractor)"
-                )
 
     def _places(self, new_shape: tuple, old_shape: tuple, labels: np.ndarray) -> tuple[tuple, tuple]:
         """(old index, new index): where the old block's entries that the new block keeps go in a
@@ -132,28 +126,39 @@ class PreviousFit:
                 out.append((name, old[take], places))
         return out
 
-    def theta(self, params: ParameterLayout, trainable: np.ndarray | None = None, classes: Sequence | None = None) -> np.ndarray:
+    def theta(
+        self,
+        params: ParameterLayout,
+        trainable: np.ndarray | None = None,
+        classes: Sequence | None = None,
+        attributes: Sequence[str] | None = None,
+    ) -> np.ndarray:
         """The starting weights (params.size,): the old weights where the new layout has a place
         for them (its state features, and the label n-gram weights that ``trainable`` (tail_size,)
         marks), zeros elsewhere. ``classes`` (L,) are the new fit's labels (None: the old ones
-        first, in order). The new layout is the new fit's alone, so a warm start reaches the cold
-        fit's optimum: old features that the new data or settings no longer make are dropped, not
-        kept."""
-        A_old = self.state.shape[0]
+        first, in order); ``attributes`` (A,) its attribute names (None: the old columns first,
+        in order; see :meth:`attribute_places`). The new layout is the new fit's alone, so a warm
+        start reaches the cold fit's optimum: old features that the new data or settings no
+        longer make are dropped, not kept."""
         L = params.n_labels
         labels = self.label_places(classes)  # (L_old,) new index of each old label, -1 if dropped
+        places = self.attribute_places(attributes)  # (A_old,) new column of each old attribute, -1 if gone
         theta = np.zeros(params.size)
         if params.feature_index is None:
             state = theta[: params.n_state].reshape(params.n_attributes, L)
-            kept = np.flatnonzero(labels >= 0)
-            state[:A_old, labels[kept]] = self.state[:, kept]
+            kept_labels, kept_attributes = np.flatnonzero(labels >= 0), np.flatnonzero(places >= 0)
+            state[np.ix_(places[kept_attributes], labels[kept_labels])] = self.state[np.ix_(kept_attributes, kept_labels)]
         else:
-            attributes, new_labels = np.divmod(params.feature_index, L)
+            new_attributes, new_labels = np.divmod(params.feature_index, L)
             old_label = np.full(L, -1, dtype=np.int64)  # (L,) old index of each new label, -1 if new
             kept = np.flatnonzero(labels >= 0)
             old_label[labels[kept]] = kept
-            old = (attributes < A_old) & (old_label[new_labels] >= 0)
-            theta[: params.n_state][old] = self.state[attributes[old], old_label[new_labels[old]]]
+            old_attribute = np.full(params.n_attributes, -1, dtype=np.int64)  # (A,) old column of each, -1 if new
+            kept = np.flatnonzero(places >= 0)
+            old_attribute[places[kept]] = kept
+            rows, columns = old_attribute[new_attributes], old_label[new_labels]
+            old = (rows >= 0) & (columns >= 0)
+            theta[: params.n_state][old] = self.state[rows[old], columns[old]]
         blocks = params.tail_blocks(theta)
         for name, old, places in self._blocks(params.chain, labels):
             blocks[name][places] = old

@@ -324,10 +324,11 @@ class CRF(SegmentQueries, UncertaintyQueries, FeatureTables, BaseEstimator):
         Returns
         -------
         CRF
-            self. With ``warm_start=True`` a fitted model's weights are the starting point: its
-            attributes keep their columns, new ones are added after them with weights starting at
-            zero (a SequenceBatch must keep the old columns); the labels are those of ``y``, old
-            ones first, and an old label that ``y`` lacks is dropped, as in a cold fit.
+            self. With ``warm_start=True`` a fitted model's weights are the starting point: the
+            attributes and labels are those of the new data, as in a cold fit (old labels first);
+            an old attribute's weights go to the attribute of the same name (a SequenceBatch
+            without names keeps the old columns first), new ones start at zero, and an old
+            attribute or label that the new data lacks is dropped.
 
         Raises
         ------
@@ -347,7 +348,7 @@ class CRF(SegmentQueries, UncertaintyQueries, FeatureTables, BaseEstimator):
         problem = training_problem(X, y, X_dev, y_dev, attribute_names, params, _DEFAULTS, previous, label_order)
         pruner, candidates, pruned_mass = self._pruning(problem)
         start = problem.start or (PreviousFit.of(pruner) if pruner is not None else None)
-        theta0 = None if start is None else start.theta(problem.layout, problem.trainable, problem.classes)
+        theta0 = None if start is None else start.theta(problem.layout, problem.trainable, problem.classes, problem.attributes)
         result = solve(problem, params, theta0, self._iteration_callback(problem, pruner), candidates)
         with self._replacing_fitted_state():
             self._set_fitted(problem, result.theta, pruner, pruned_mass)

@@ -226,6 +226,40 @@ def test_a_warm_refit_with_new_attributes_reaches_the_cold_fits_optimum():
     _same_optimum(model, cold)
 
 
+@pytest.mark.parametrize("all_possible_states", [False, True])
+def test_an_attribute_the_new_data_lacks_leaves_no_feature_and_no_weight(all_possible_states):
+    """A warm refit kept the old attributes in its vocabulary: with ``all_possible_states`` every
+    (old attribute, label) stayed a feature no data term touches, at its old weight (without a
+    prior: exactly, changing predictions on any input that has the attribute)."""
+    X, y = _data(extra=True)  # attributes w, prev, new
+    X2, y2 = _data(seed=1)  # no "new"
+    model = CRF(c1=0, c2=0, max_iterations=40, all_possible_states=all_possible_states).fit(X, y)
+    assert any(attribute == "new" for attribute, _ in model.state_features_)
+    model.set_params(warm_start=True).fit(X2, y2)
+    cold = CRF(c1=0, c2=0, max_iterations=40, all_possible_states=all_possible_states).fit(X2, y2)
+    assert "new" not in model.attributes_ and model.attributes_ == cold.attributes_
+    assert not any(attribute == "new" for attribute, _ in model.state_features_)
+    with_new = [[{**token, "new": 1.0} for token in sentence] for sentence in X2]
+    assert model.predict(with_new).tolist() == model.predict(X2).tolist()  # "new" is read by nothing
+    assert model.n_attributes_ == cold.n_attributes_
+
+
+def test_a_named_batch_warm_refit_matches_the_old_columns_by_name():
+    """Named columns in another order, and one column fewer, reach the cold fit's optimum."""
+    X, y = _data(extra=True)
+    model = CRF(c2=0.5).fit(X, y)
+    fresh = CRF(c2=0.5).fit(X, y)
+    names = list(fresh.attributes_)
+    order = np.r_[len(names) - 1 : 0 : -1]  # reversed, without the first attribute
+    kept = [names[i] for i in order]
+    batch = fresh.attribute_index_.transform(X)
+    shuffled = type(batch)(batch.X[:, order].tocsr(), batch.offsets)
+    model.set_params(warm_start=True).fit(shuffled, y, attribute_names=kept)
+    cold = CRF(c2=0.5).fit(shuffled, y, attribute_names=kept)
+    _same_optimum(model, cold)
+    assert model.attributes_ == kept and model.predict(shuffled).tolist() == cold.predict(shuffled).tolist()
+
+
 @pytest.mark.parametrize(
     "change, error",
     [
