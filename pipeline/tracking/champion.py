@@ -254,15 +254,36 @@ def standing_from_run(client: Any, holder: Any, standing: Standing) -> Standing 
     return Standing(standing.metric, value, standing.direction, evaluation)
 
 
+def _shown_score(tags: Mapping[str, str], metric: str) -> tuple[str, float] | None:
+    """(tag, value) of the version tag that shows ``metric``'s score (``dev_f1``, or a sweep's
+    ``evaluate.dev_f1``; written rounded, ``.4f`` or ``.6g``), or None when there is none or it is no
+    number."""
+    for key, text in tags.items():
+        if key.startswith("standing.") or _metric_name(key) != metric:
+            continue
+        try:
+            return key, float(text)
+        except ValueError:
+            continue
+    return None
+
+
 def standing_doubt(client: Any, holder: Any, current: Standing) -> str | None:
-    """Why the standing an alias ``holder``'s tags record (``current``) disagrees with the score its
-    run had logged when it was registered (a standing tag edited by hand), or None: they agree, or
-    the run gives no such score to compare with."""
+    """Why the standing an alias ``holder``'s tags record (``current``) cannot be trusted (a tag
+    edited by hand), or None. It is doubted when the version's own tag of the score (``dev_f1``)
+    shows another value, and when the run it names had logged another value when it was
+    registered, several differing ones, or one that is not a number. A run that is gone, or that
+    logged no such score, leaves the tags to speak for themselves."""
+    metric = _metric_name(current.metric)
+    shown = _shown_score(dict(holder.tags), metric)
+    if shown is not None and not math.isclose(shown[1], current.value, rel_tol=1e-5, abs_tol=1e-4):  # shown rounded
+        return f"its tags say {metric} {current.value:.6g}, but its tag {shown[0]} says {shown[1]:.6g}"
     _, run = _holder_run(client, holder)
     if run is None:
         return None
-    metric = _metric_name(current.metric)
-    value, _ = _score_when_registered(client, run, holder, metric)
+    value, why = _score_when_registered(client, run, holder, metric)
+    if why is not None:
+        return why
     if value is None or math.isclose(value, current.value, rel_tol=1e-9, abs_tol=1e-12):
         return None
     return f"its tags say {metric} {current.value:.6g}, but its run had logged {value:.6g} when it was registered"

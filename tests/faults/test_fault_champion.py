@@ -620,6 +620,58 @@ def test_a_holder_whose_standing_value_was_edited_keeps_the_alias(local_registry
     assert str(client.get_model_version_by_alias("m", "champion").version) == "3"
 
 
+def _holder_with_edited_standing(client, model, edit: str) -> None:
+    """Version 1 of ``m``, holding ``champion`` with dev_f1 85.09 (its run, its ``dev_f1`` tag and
+    its standing tags), then its ``standing.value`` edited to 50 and one more edit: ``edit``."""
+    _holder_without_standing_tags(client, model, 85.09)
+    holder = client.get_model_version("m", "1")
+    client.set_model_version_tag("m", "1", "run_id", holder.run_id)
+    client.set_model_version_tag("m", "1", "dev_f1", "85.0900")
+    for key, value in Standing("dev_f1", 50.0, "maximize", "e1").tags().items():
+        client.set_model_version_tag("m", "1", key, value)
+    if edit in ("backdated", "backdated and dev_f1 tag"):  # a second value, dated before the registration
+        client.log_metric(holder.run_id, "dev_f1", 50.0, timestamp=holder.creation_timestamp - 60_000)
+    if edit == "run_id tag deleted":
+        client.delete_model_version_tag("m", "1", "run_id")
+    if edit == "run_id tag of a missing run":
+        client.set_model_version_tag("m", "1", "run_id", "0" * 32)
+    if edit == "backdated and dev_f1 tag":
+        client.set_model_version_tag("m", "1", "dev_f1", "50.0000")
+
+
+@pytest.mark.parametrize(
+    "edit", ["backdated", "run_id tag deleted", "run_id tag of a missing run", "backdated and dev_f1 tag", "none"]
+)
+def test_a_holder_whose_standing_value_was_edited_along_with_another_tag_keeps_the_alias(local_registry, edit):
+    """``standing.value`` edited down (85.09 -> 50) plus one more edit (a back-dated score in its run,
+    its ``run_id`` tag deleted or pointed at a missing run) let a worse version (66.29) take the alias,
+    "at least the holder's 50", while the holder's own ``dev_f1`` tag still said 85.09 (R20-1)."""
+    client, model = local_registry
+    _holder_with_edited_standing(client, model, edit)
+    assert _register(66.29, model, name="m") == "2"
+    assert str(client.get_model_version_by_alias("m", "champion").version) == "1", edit
+    decision = client.get_model_version("m", "2").tags[DECISION_TAG]
+    assert decision.startswith("kept: the holder's recorded standing cannot be trusted ("), decision
+    if edit == "backdated and dev_f1 tag":
+        assert "its run logged dev_f1 2 times before it was registered" in decision
+    elif edit != "none":
+        assert "its tags say dev_f1 50, but its tag dev_f1 says 85.09" in decision
+
+
+def test_a_holder_whose_run_is_gone_is_judged_by_tags_that_agree(local_registry):
+    """The run purged (``mlflow gc``) with the version's tags intact: they still speak for it."""
+    client, model = local_registry
+    _holder_without_standing_tags(client, model, 85.09)
+    client.set_model_version_tag("m", "1", "run_id", "0" * 32)
+    client.set_model_version_tag("m", "1", "dev_f1", "85.0900")
+    for key, value in Standing("dev_f1", 85.09, "maximize", "e1").tags().items():
+        client.set_model_version_tag("m", "1", key, value)
+    assert _register(66.29, model, name="m") == "2"
+    assert client.get_model_version("m", "2").tags[DECISION_TAG] == "kept: dev_f1 66.29 is worse than the holder's 85.09 (version 1)"
+    assert _register(90.0, model, name="m") == "3"
+    assert str(client.get_model_version_by_alias("m", "champion").version) == "3"
+
+
 def test_a_holder_whose_run_logged_its_score_as_nan_keeps_the_alias(local_registry):
     """A run that logged its score as NaN has no score to compare: the holder is kept, as when its
     run is gone."""
