@@ -118,16 +118,25 @@ def _hidden(found: re.Match) -> str:
     return f"{found.group(1)}{shown}@"
 
 
-# a query parameter that names a secret: ?token=..., &api_key=..., &X-Amz-Signature=..., &password=...
-_SECRET_QUERY = re.compile(r"([?&][^=&#\s]*(?:token|key|secret|passw|pwd|sig|auth|credential)[^=&#\s]*=)[^&#\s]*", re.I)
+# a query parameter: ?name=value or &name=value
+_QUERY_PARAMETER = re.compile(r"([?&;])([^=&;#\s]*)=([^&;#\s]*)")
+# a parameter name (percent-decoded, as the server reads it) that names a secret: token, api_key,
+# X-Amz-Signature, password, pass, pw, pwd, session, jwt, auth, credential, ...
+_SECRET_NAME = re.compile(r"token|key|secret|pass|pw|sig|auth|credential|session|jwt|bearer|cookie", re.I)
+
+
+def _hidden_value(found: re.Match) -> str:
+    secret = _SECRET_NAME.search(urllib.parse.unquote_plus(found.group(2)))
+    return f"{found.group(1)}{found.group(2)}=***" if secret else found.group(0)
 
 
 def redacted(text: str) -> str:
     """``text`` with the secret of every URL in it hidden: ``scheme://user:password@`` becomes
     ``scheme://user:***@``, a user name alone (an access token) ``scheme://***@``, and the value of
-    a query parameter named like a secret (``?token=``, ``&api_key=``, ``&X-Amz-Signature=``) ``***``;
+    a query parameter whose name (percent-decoded) holds a word of a secret (``?token=``,
+    ``&api_key=``, ``&X-Amz-Signature=``, ``?pass=``, ``?pw=``, ``?session=``, ``?jwt=``) ``***``;
     for logs, run parameters and results files."""
-    return _SECRET_QUERY.sub(r"\1***", _USERINFO.sub(_hidden, str(text)))
+    return _QUERY_PARAMETER.sub(_hidden_value, _USERINFO.sub(_hidden, str(text)))
 
 
 def request_with_credentials(url: str) -> urllib.request.Request:

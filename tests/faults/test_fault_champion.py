@@ -667,7 +667,8 @@ def test_a_holder_whose_run_is_gone_is_judged_by_tags_that_agree(local_registry)
     for key, value in Standing("dev_f1", 85.09, "maximize", "e1").tags().items():
         client.set_model_version_tag("m", "1", key, value)
     assert _register(66.29, model, name="m") == "2"
-    assert client.get_model_version("m", "2").tags[DECISION_TAG] == "kept: dev_f1 66.29 is worse than the holder's 85.09 (version 1)"
+    decision = client.get_model_version("m", "2").tags[DECISION_TAG]
+    assert decision == "kept: dev_f1 66.29 is worse than the holder's 85.09 (version 1)"
     assert _register(90.0, model, name="m") == "3"
     assert str(client.get_model_version_by_alias("m", "champion").version) == "3"
 

@@ -28,6 +28,11 @@ from pipeline.tracking import TrackingUnavailable, check_reachable
         ("https://h/t.gz?v=2&X-Amz-Signature=s3cret&x=1", "https://h/t.gz?v=2&X-Amz-Signature=***&x=1"),
         ("https://h/t.gz?api_key=s3cret#part", "https://h/t.gz?api_key=***#part"),
         ("https://h/t.gz?page=2&lang=en", "https://h/t.gz?page=2&lang=en"),  # no secret named
+        # other names of a password or token, and a name percent-encoded (the server decodes it: "token")
+        (
+            "http://h/t?pass=a1&pw=b2&session=c3&jwt=d4&%74oken=e5&v=1",
+            "http://h/t?pass=***&pw=***&session=***&jwt=***&%74oken=***&v=1",
+        ),
         ("sqlite:////tmp/a@b/mlflow.db", "sqlite:////tmp/a@b/mlflow.db"),  # a path, no secret
         ("see http://host/x and write to a@b.org", "see http://host/x and write to a@b.org"),
     ],
