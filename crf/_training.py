@@ -283,6 +283,28 @@ def _check_dev_labels_known(flat: np.ndarray, offsets: np.ndarray) -> None:
         )
 
 
+def _check_dev_labels_trained(dev_classes: Sequence, classes: Sequence) -> None:
+    """Refuse a ``y_dev`` none of whose labels (``dev_classes``) is a label of ``y`` (``classes``):
+    every dev token would count as an error (labels coded another way, say ``0``/``1`` for
+    ``'B-NP'``/``'I-NP'``); warn about the dev labels that ``y`` lacks, which no model of it can predict."""
+
+    def shown(labels: Sequence) -> str:
+        return ", ".join(repr(label)[:40] for label in labels[:3]) + (", ..." if len(labels) > 3 else "")
+
+    known = set(classes)
+    unseen = [label for label in dev_classes if label not in known]
+    if not unseen:
+        return
+    if len(unseen) == len(dev_classes):
+        raise ValueError(
+            f"y_dev: none of its labels ({shown(unseen)}) is a label of y ({shown(list(classes))}): "
+            "code the dev labels as the training labels are"
+        )
+    message = f"y_dev has {len(unseen)} label(s) that y lacks ({shown(unseen)}): no model of y predicts them"
+    log.warning("%s", message)
+    warnings.warn(message, RuntimeWarning, stacklevel=5)
+
+
 def _check_call(X, y, X_dev, y_dev, attribute_names, params: dict, settings: hyper.Settings) -> np.ndarray:
     """The checks that need no featurisation; returns the flat training labels (T,)."""
     if (X_dev is None) != (y_dev is None):
@@ -401,7 +423,9 @@ def training_problem(
         dev_flat = flat_labels(y_dev)
         check_labels(dev_flat, unknown=True)
         _check_dev_labels_known(dev_flat, dev_batch.offsets)
-        check_label_names([*classes, *label_classes(dev_flat, unknown=True)], "y_dev")
+        dev_classes = label_classes(dev_flat, unknown=True)
+        check_label_names([*classes, *dev_classes], "y_dev")
+        _check_dev_labels_trained(dev_classes, classes)
         dev = (dev_batch, y_dev)
     check_names_encodable(classes, "label")
     check_names_encodable(attributes or [], "attribute")

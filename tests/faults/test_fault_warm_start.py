@@ -260,6 +260,19 @@ def test_a_named_batch_warm_refit_matches_the_old_columns_by_name():
     assert model.attributes_ == kept and model.predict(shuffled).tolist() == cold.predict(shuffled).tolist()
 
 
+def test_dev_labels_none_of_which_was_trained_on_are_refused_and_some_are_named():
+    """``y_dev`` coded another way (integers for string labels, lower case) trained without a word
+    and logged dev accuracy 0 at every iteration (round 20's note)."""
+    X, y = _data()
+    counting = Counting()
+    for coded in ([[0] * len(s) for s in y[:5]], [[label.lower() for label in s] for s in y[:5]]):
+        with pytest.raises(ValueError, match=r"^y_dev: none of its labels \(.*\) is a label of y \('A', '"):
+            CRF(callback=counting).fit(X, y, X[:5], coded)
+    assert counting.calls == 0
+    with pytest.warns(RuntimeWarning, match=r"y_dev has 1 label\(s\) that y lacks \('Z'\)"):
+        CRF(max_iterations=2).fit(X, y, X[:5], [[*s[:-1], "Z"] for s in y[:5]])
+
+
 @pytest.mark.parametrize(
     "change, error",
     [
