@@ -143,11 +143,12 @@ def request_with_credentials(url: str) -> urllib.request.Request:
     """An HTTP request for ``url`` that sends the user and password the URL holds
     (``https://user:password@host/...``, percent-encoded as URLs write them) as basic
     authentication, and the URL without them: urllib itself takes none from the URL (it reads
-    ``password@host`` as a port)."""
+    ``password@host`` as a port). They go to that URL only: a redirect is followed without them
+    (urllib would otherwise hand them to whatever host the redirect names)."""
     parts = urllib.parse.urlsplit(url)
     if parts.username is None:
         return urllib.request.Request(url)
     request = urllib.request.Request(urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2])))
     secret = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
-    request.add_header("Authorization", "Basic " + base64.b64encode(secret.encode()).decode())
+    request.add_unredirected_header("Authorization", "Basic " + base64.b64encode(secret.encode()).decode())
     return request

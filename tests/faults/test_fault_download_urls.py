@@ -178,3 +178,40 @@ def test_a_download_url_with_a_user_and_password_sends_them_as_basic_authenticat
     assert right is None
     assert (tmp_path / "data" / "conll2000" / "train.txt.gz").read_bytes() == good
     assert "Wr0ng" not in wrong + caplog.text and "p%40ss" not in caplog.text
+
+
+def test_a_redirect_is_followed_without_the_urls_credentials(tmp_path):
+    """urllib carried the Authorization header of ``http://user:pass@a/...`` to the host a redirect
+    named (round 21): the credentials go to the URL's own host only."""
+    import base64
+    import http.server
+    import threading
+
+    seen = []
+
+    class Recording(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            seen.append(self.headers.get("Authorization"))
+            if self.path == "/moved.gz":
+                self.send_response(302)
+                self.send_header("Location", f"http://localhost:{self.server.server_address[1]}/train.txt.gz")
+                self.end_headers()
+                return
+            self.send_error(404)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Recording)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    dataset = {
+        "name": "toy",
+        "files": {"train": {"path": "t.gz", "url": f"http://me:s3cret@127.0.0.1:{server.server_address[1]}/moved.gz"}},
+    }
+    try:
+        with pytest.raises(MissingDataError, match="failed: Not Found"):
+            resolve_files(dataset, tmp_path, download=True)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert seen == ["Basic " + base64.b64encode(b"me:s3cret").decode(), None]
