@@ -139,6 +139,24 @@ def redacted(text: str) -> str:
     return _QUERY_PARAMETER.sub(_hidden_value, _USERINFO.sub(_hidden, str(text)))
 
 
+def authority_problem(url: str) -> str | None:
+    """Why the ``host:port`` part of an http(s) ``url`` is not one, in a few words that quote none of
+    it, or None. A user or password holding a raw ``/``, ``?`` or ``#`` ends that part early, so
+    urllib would take what comes before the character for a port and quote it in its error: the
+    password's first characters."""
+    parts = urllib.parse.urlsplit(url)
+    try:
+        _ = parts.port
+    except ValueError:
+        return (
+            "its host:port part is no host and port number (a '/', '?', '#' or '@' in a user or password must be "
+            "percent-encoded: %2F, %3F, %23, %40)"
+        )
+    if not parts.hostname:
+        return "it names no host"
+    return None
+
+
 def request_with_credentials(url: str) -> urllib.request.Request:
     """An HTTP request for ``url`` that sends the user and password the URL holds
     (``https://user:password@host/...``, percent-encoded as URLs write them) as basic

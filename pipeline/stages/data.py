@@ -35,7 +35,7 @@ from crf.io import (
     read_xml_sequences,
 )
 from pipeline.engine.validate import SettingsError
-from pipeline.report import redacted, request_with_credentials
+from pipeline.report import authority_problem, redacted, request_with_credentials
 
 DATA_HOME_VARIABLE = "CRF_DATA_HOME"
 log = logging.getLogger(__name__)
@@ -74,6 +74,11 @@ def text_sha256(path: Path) -> str:
 def _download(url: str, target: Path, timeout: float) -> None:
     """Fetch ``url`` (with the user and password it may hold, as basic authentication) into
     ``target`` atomically, with the permissions an ordinary write gives."""
+    if not url.lower().startswith(("http://", "https://")):  # file:// would copy any file the process can read
+        raise ValueError("a download URL must be http:// or https://")
+    problem = authority_problem(url)
+    if problem is not None:
+        raise ValueError(problem)
     with urllib.request.urlopen(request_with_credentials(url), timeout=timeout) as response:
         atomic_write(target, lambda out: shutil.copyfileobj(response, out))
 

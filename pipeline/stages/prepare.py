@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 from crf.io import read_conll
 from pipeline.engine.cache import file_sha256
 from pipeline.engine.stage import BaseStage, StageContext
-from pipeline.report import write_json
+from pipeline.report import authority_problem, redacted, write_json
 from pipeline.stages.data import (
     READERS,
     ChecksumError,
@@ -129,12 +129,16 @@ class Prepare(BaseStage):
         for split, spec in dict(OmegaConf.select(cfg, "dataset.files", default=None) or {}).items():
             url = spec.get("url") if hasattr(spec, "get") else None
             if url is not None and not str(url).lower().startswith(("http://", "https://")):
-                raise SettingsError(f"bad setting dataset.files.{split}.url={url!r}: a download URL must be http:// or https://")
+                raise SettingsError(
+                    f"bad setting dataset.files.{split}.url={redacted(url)!r}: a download URL must be http:// or https://"
+                )
             if url is not None and (not urlsplit(str(url)).hostname or any(c <= " " or c == "\x7f" for c in str(url))):
                 raise SettingsError(
-                    f"bad setting dataset.files.{split}.url={url!r}: a download URL needs a host name and no spaces or control "
-                    "characters (write a space as %20)"
+                    f"bad setting dataset.files.{split}.url={redacted(url)!r}: a download URL needs a host name and no spaces "
+                    "or control characters (write a space as %20)"
                 )
+            if url is not None and authority_problem(str(url)) is not None:
+                raise SettingsError(f"bad setting dataset.files.{split}.url={redacted(url)!r}: {authority_problem(str(url))}")
 
     def metric_names(self, cfg, adapter: ModelAdapter) -> tuple[str, ...]:
         """The statistics of :meth:`run`: sizes and OOV rates per split, label counts."""

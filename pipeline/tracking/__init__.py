@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import http.client
 import logging
 import os
 import sqlite3
@@ -37,7 +38,7 @@ from mlflow.types import ColSpec, Schema  # noqa: E402
 
 from pipeline.engine.store import CACHE_SOURCE_TAG, MODEL_URI_TAG, SWEEP_PARENT_VARIABLE, flatten  # noqa: E402
 from pipeline.models import SWEEP_ID_VARIABLE  # noqa: E402
-from pipeline.report import redacted, request_with_credentials  # noqa: E402
+from pipeline.report import authority_problem, redacted, request_with_credentials  # noqa: E402
 from pipeline.tracking import (
     champion,
     lifecycle,  # noqa: E402
@@ -121,6 +122,12 @@ def store_problem(uri: str) -> str | None:
         return f"write the scheme {written!r} in lower case"
     if scheme not in STORE_SCHEMES:
         return f"MLflow has no tracking store for the scheme {scheme!r} (sqlite:///, http(s)://, postgresql:// ...)"
+    if scheme in ("http", "https"):
+        parts = urllib.parse.urlsplit(uri)
+        if authority_problem(uri) is not None:
+            return f"not a server URL: {authority_problem(uri)}"
+        if parts.query or parts.fragment:  # MLflow appends its API paths to the URL as written
+            return "a tracking server URL takes no query or fragment (a token goes in MLFLOW_TRACKING_TOKEN)"
     if scheme == "sqlite" and sqlite_path(uri) is None:
         return "an in-memory SQLite database, whose runs and models vanish with the process; name a file (sqlite:///<path>)"
     if scheme in ("postgresql", "mysql", "mssql"):
@@ -225,7 +232,7 @@ def check_reachable(uri: str, timeout: float = 5.0) -> None:
             with urllib.request.urlopen(request, timeout=timeout) as response:
                 if response.status != 200:
                     raise TrackingUnavailable(f"MLflow tracking server {redacted(uri)} answered {response.status} on /health")
-        except (urllib.error.URLError, OSError, ValueError) as err:
+        except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as err:
             raise TrackingUnavailable(
                 f"MLflow tracking server {redacted(uri)} is not reachable ({redacted(str(getattr(err, 'reason', err)))}). "
                 "Start it (see README: mlflow server ...), fix tracking.uri, or unset MLFLOW_TRACKING_URI to use the "

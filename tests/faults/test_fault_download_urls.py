@@ -215,3 +215,14 @@ def test_a_redirect_is_followed_without_the_urls_credentials(tmp_path):
         server.shutdown()
         server.server_close()
     assert seen == ["Basic " + base64.b64encode(b"me:s3cret").decode(), None]
+
+
+def test_a_file_url_copies_nothing_into_the_data_root(tmp_path):
+    """The settings check refuses ``file://`` URLs, but the download ran first (in the pre-run data
+    check) and copied the file into the data root (round 21's clean-up found the gap)."""
+    source = tmp_path / "elsewhere.txt.gz"
+    source.write_bytes(gzip.compress(b"He PRP B-NP\n\n"))
+    dataset = {"name": "toy", "files": {"train": {"path": "copy.txt.gz", "url": source.as_uri()}}}
+    with pytest.raises(MissingDataError, match="a download URL must be http:// or https://"):
+        resolve_files(dataset, tmp_path / "data", download=True)
+    assert not (tmp_path / "data" / "copy.txt.gz").exists()

@@ -98,3 +98,30 @@ def test_the_lines_a_run_prints_name_its_store_without_the_password():
     line = store_hint("http://u:s3cret@127.0.0.1:5000", "r1", "1")
     assert line == "http://u:***@127.0.0.1:5000/#/experiments/1/runs/r1"
     assert "s3cret" not in store_hint("postgresql://u:s3cret@db/mlflow", "r1", "1")
+
+
+@pytest.mark.parametrize("password", ["Prefix0/tail", "Prefix0?tail", "Prefix0#tail"])
+def test_a_url_whose_password_ends_its_host_part_early_is_refused_without_quoting_it(password, tmp_path):
+    """A raw ``/``, ``?`` or ``#`` in a password ends the URL's host part there: urllib took what came
+    before for a port and quoted it (``nonnumeric port: 'Prefix0'``), in a traceback for the tracking
+    store and in the one-line error of a download (round 21)."""
+    from pipeline.__main__ import composition_refusal
+    from pipeline.stages.data import MissingDataError, resolve_files
+
+    refused = composition_refusal(["tracking=server", f"tracking.uri='http://u:{password}@127.0.0.1:1'"])
+    assert refused is not None and "\n" not in refused and "percent-encoded: %2F, %3F, %23, %40" in refused, refused
+    assert "Prefix0" not in redacted(refused)
+    dataset = {"name": "toy", "files": {"train": {"path": "t.gz", "url": f"http://u:{password}@127.0.0.1:1/t.gz"}}}
+    with pytest.raises(MissingDataError, match="percent-encoded") as missing:
+        resolve_files(dataset, tmp_path, download=True)
+    assert "Prefix0" not in str(missing.value)
+
+
+def test_a_tracking_server_url_with_a_query_is_refused():
+    """MLflow appends its API paths to the URL as written (``/?token=x/api/2.0/...``), got the UI's
+    HTML back and failed in a traceback naming the token (round 21)."""
+    from pipeline.__main__ import composition_refusal
+
+    refused = composition_refusal(["tracking=server", "tracking.uri='http://127.0.0.1:1/?token=s3cret'"])
+    assert refused is not None and refused.endswith("takes no query or fragment (a token goes in MLFLOW_TRACKING_TOKEN)")
+    assert "s3cret" not in redacted(refused)
