@@ -272,14 +272,17 @@ def standing_doubt(client: Any, holder: Any, current: Standing) -> str | None:
     """Why the standing an alias ``holder``'s tags record (``current``) cannot be trusted (a tag
     edited by hand), or None. It is doubted when the version's own tag of the score (``dev_f1``)
     shows another value, and when the run it names had logged another value when it was
-    registered, several differing ones, or one that is not a number. A run that is gone, or that
-    logged no such score, leaves the tags to speak for themselves."""
+    registered, several differing ones, or one that is not a number. A run that is gone leaves
+    the tags to speak for themselves only when its score tag confirms the standing; a run that
+    logged no such score, or a version of no run, leaves them to speak as they are."""
     metric = _metric_name(current.metric)
     shown = _shown_score(dict(holder.tags), metric)
     if shown is not None and not math.isclose(shown[1], current.value, rel_tol=1e-5, abs_tol=1e-4):  # shown rounded
         return f"its tags say {metric} {current.value:.6g}, but its tag {shown[0]} says {shown[1]:.6g}"
-    _, run = _holder_run(client, holder)
+    run_id, run = _holder_run(client, holder)
     if run is None:
+        if run_id and shown is None:
+            return f"the run it names ({run_id}) is gone and no tag of its {metric} confirms its standing"
         return None
     value, why = _score_when_registered(client, run, holder, metric)
     if why is not None:

@@ -637,10 +637,21 @@ def _holder_with_edited_standing(client, model, edit: str) -> None:
         client.set_model_version_tag("m", "1", "run_id", "0" * 32)
     if edit == "backdated and dev_f1 tag":
         client.set_model_version_tag("m", "1", "dev_f1", "50.0000")
+    if edit == "dev_f1 tag deleted and run_id tag of a missing run":
+        client.delete_model_version_tag("m", "1", "dev_f1")
+        client.set_model_version_tag("m", "1", "run_id", "0" * 32)
 
 
 @pytest.mark.parametrize(
-    "edit", ["backdated", "run_id tag deleted", "run_id tag of a missing run", "backdated and dev_f1 tag", "none"]
+    "edit",
+    [
+        "backdated",
+        "run_id tag deleted",
+        "run_id tag of a missing run",
+        "backdated and dev_f1 tag",
+        "dev_f1 tag deleted and run_id tag of a missing run",
+        "none",
+    ],
 )
 def test_a_holder_whose_standing_value_was_edited_along_with_another_tag_keeps_the_alias(local_registry, edit):
     """``standing.value`` edited down (85.09 -> 50) plus one more edit (a back-dated score in its run,
@@ -654,6 +665,8 @@ def test_a_holder_whose_standing_value_was_edited_along_with_another_tag_keeps_t
     assert decision.startswith("kept: the holder's recorded standing cannot be trusted ("), decision
     if edit == "backdated and dev_f1 tag":
         assert "its run logged dev_f1 2 times before it was registered" in decision
+    elif edit == "dev_f1 tag deleted and run_id tag of a missing run":  # round 21
+        assert f"the run it names ({'0' * 32}) is gone and no tag of its dev_f1 confirms its standing" in decision
     elif edit != "none":
         assert "its tags say dev_f1 50, but its tag dev_f1 says 85.09" in decision
 
