@@ -158,3 +158,28 @@ def refused_line(call, caplog) -> str:
     lines = [r.getMessage() for r in caplog.records if r.levelname in ("ERROR", "WARNING")]
     assert ended.value.code == 2 and len(lines) == 1 and "\n" not in lines[0], lines
     return lines[0]
+
+
+def serving_files(folder: Path, authorization: str | None = None):
+    """A loopback HTTP server of ``folder``'s files (answering 401 to a request without the
+    ``Authorization`` header ``authorization``, when given): (the server, its base URL); the caller
+    shuts it down."""
+    import http.server
+    import threading
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, directory=str(folder), **kwargs)
+
+        def do_GET(self):
+            if authorization is not None and self.headers.get("Authorization") != authorization:
+                self.send_error(401, "Unauthorized")
+                return
+            super().do_GET()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"

@@ -124,7 +124,8 @@ def served_latency(spec: dict, data, train: list, test: list) -> dict[str, float
         bundle.save(bundle_path)
         mlflow.set_tracking_uri(f"sqlite:///{Path(folder) / 'mlflow.db'}")
         try:
-            experiment = mlflow.create_experiment("per-call-served-model")  # not the caller's (MLFLOW_EXPERIMENT_ID)
+            # not the caller's experiment (MLFLOW_EXPERIMENT_ID); its artifacts in the temporary folder, not ./mlruns
+            experiment = mlflow.create_experiment("per-call-served-model", (Path(folder) / "artifacts").as_uri())
             with mlflow.start_run(experiment_id=experiment, run_name="per-call-served-model"):
                 uri = tracking.log_bundle_model(bundle_path, lambda columns: frames[0])
             loaded = mlflow.pyfunc.load_model(uri)

@@ -8,7 +8,7 @@ import gzip
 import re
 
 import pytest
-from pipeline_helpers import compose_config
+from pipeline_helpers import compose_config, serving_files
 
 from pipeline.engine.validate import SettingsError
 from pipeline.stages.data import MissingDataError, resolve_files
@@ -51,7 +51,7 @@ def test_a_download_that_fails_refuses_the_run_before_it_opens(tmp_path):
     good = gzip.compress(b"He PRP B-NP\nsays VBZ B-VP\n\n")
     (served / "train.txt.gz").write_bytes(good)
 
-    server, base = _serving(served)
+    server, base = serving_files(served)
     try:
         url = f"{base}/train.txt.gz"
         assert config_data_problem(compose_config([*overrides[:1], f"dataset.files.train.url={url}", *overrides[2:]])) is None
@@ -88,30 +88,6 @@ def test_a_download_urls_password_is_neither_logged_nor_stored(tmp_path, caplog)
     assert "user:***@example.org" in text and "s3cret" not in text
 
 
-def _serving(folder, authorization=None):
-    """A loopback HTTP server of ``folder``'s files (answering 401 to a request without the
-    ``Authorization`` header ``authorization``, when given); its base URL (shut down by the caller)."""
-    import http.server
-    import threading
-
-    class Quiet(http.server.SimpleHTTPRequestHandler):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, directory=str(folder), **kwargs)
-
-        def do_GET(self):
-            if authorization is not None and self.headers.get("Authorization") != authorization:
-                self.send_error(401, "Unauthorized")
-                return
-            super().do_GET()
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server, f"http://127.0.0.1:{server.server_address[1]}"
-
-
 @pytest.mark.parametrize(
     "content, sha256, problem",
     [
@@ -135,7 +111,7 @@ def test_a_download_that_gives_bad_content_refuses_the_run_and_is_not_kept(tmp_p
     (served / "train.txt.gz").write_bytes(body)
     (tmp_path / "data" / "conll2000").mkdir(parents=True)
     (tmp_path / "data" / "conll2000" / "test.txt.gz").write_bytes(whole)
-    server, base = _serving(served)
+    server, base = serving_files(served)
     try:
         overrides = [f"data.root={tmp_path / 'data'}", f"dataset.files.train.url={base}/train.txt.gz"]
         overrides += [f"dataset.files.train.sha256={sha256 or 'null'}", "dataset.files.test.sha256=null"]
@@ -161,7 +137,7 @@ def test_a_download_url_with_a_user_and_password_sends_them_as_basic_authenticat
     (served / "train.txt.gz").write_bytes(good)
     (tmp_path / "data" / "conll2000").mkdir(parents=True)
     (tmp_path / "data" / "conll2000" / "test.txt.gz").write_bytes(good)
-    server, base = _serving(served, "Basic " + base64.b64encode(b"me:p@ss/w").decode())
+    server, base = serving_files(served, "Basic " + base64.b64encode(b"me:p@ss/w").decode())
     host = base.removeprefix("http://")
     overrides = [f"data.root={tmp_path / 'data'}", "dataset.files.train.sha256=null", "dataset.files.test.sha256=null"]
     try:

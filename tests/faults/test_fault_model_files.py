@@ -23,7 +23,7 @@ import pytest
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
-from pipeline_helpers import make_sentence  # noqa: E402
+from pipeline_helpers import make_sentence, serving_files  # noqa: E402
 
 from crf import CRF, HMM, FeatureExtractor, ModelBundle, ModelFileError, load_bundle  # noqa: E402
 from crf._persist import load_arrays, save_arrays  # noqa: E402
@@ -796,7 +796,12 @@ def test_a_download_gets_the_mode_of_an_ordinary_write(tmp_path, umask):
     source.write_bytes(b"data\n")
     umask(0o022)
     target = tmp_path / "data" / "train.txt"
-    _download(source.as_uri(), target, timeout=5)
+    server, base = serving_files(tmp_path)
+    try:
+        _download(f"{base}/source.txt", target, timeout=5)
+    finally:
+        server.shutdown()
+        server.server_close()
     assert target.read_bytes() == b"data\n" and _mode(target) == 0o644
     assert sorted(p.name for p in target.parent.iterdir()) == ["train.txt"]
 
