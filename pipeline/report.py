@@ -110,6 +110,8 @@ def write_json(path: str | Path, value: Any, indent: int | None = 1) -> None:
 # scheme://userinfo@: up to the last "@" of the word, so that a password holding a raw "@" or "/"
 # is covered too (a path with "@" in it is hidden along with it, which only costs a log's detail)
 _USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)([^\s/]\S*)@")
+# and a user or password holding a raw space or tab: up to the last "@" before any "/" on the line
+_SPACED_USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)([^\s/@][^/\n]*?[ \t][^/\n]*)@")
 
 
 def _hidden(found: re.Match) -> str:
@@ -118,8 +120,8 @@ def _hidden(found: re.Match) -> str:
     return f"{found.group(1)}{shown}@"
 
 
-# a query parameter: ?name=value or &name=value
-_QUERY_PARAMETER = re.compile(r"([?&;])([^=&;#\s]*)=([^&;#\s]*)")
+# a query parameter: ?name=value or &name=value (or a fragment's, #access_token=value)
+_QUERY_PARAMETER = re.compile(r"([?&;#])([^=&;#\s]*)=([^&;#\s]*)")
 # a parameter name (percent-decoded, as the server reads it) that names a secret: token, api_key,
 # X-Amz-Signature, password, pass, pw, pwd, session, jwt, auth, credential, ...
 _SECRET_NAME = re.compile(r"token|key|secret|pass|pw|sig|auth|credential|session|jwt|bearer|cookie", re.I)
@@ -136,24 +138,28 @@ def redacted(text: str) -> str:
     a query parameter whose name (percent-decoded) holds a word of a secret (``?token=``,
     ``&api_key=``, ``&X-Amz-Signature=``, ``?pass=``, ``?pw=``, ``?session=``, ``?jwt=``) ``***``;
     for logs, run parameters and results files."""
-    return _QUERY_PARAMETER.sub(_hidden_value, _USERINFO.sub(_hidden, str(text)))
+    hidden = _USERINFO.sub(_hidden, _SPACED_USERINFO.sub(_hidden, str(text)))
+    return _QUERY_PARAMETER.sub(_hidden_value, hidden)
 
 
 def authority_problem(url: str) -> str | None:
-    """Why the ``host:port`` part of an http(s) ``url`` is not one, in a few words that quote none of
-    it, or None. A user or password holding a raw ``/``, ``?`` or ``#`` ends that part early, so
-    urllib would take what comes before the character for a port and quote it in its error: the
-    password's first characters."""
-    parts = urllib.parse.urlsplit(url)
-    try:
-        _ = parts.port
+    """Why an http(s) ``url`` cannot be requested, in a few words that quote none of it, or None: its
+    ``host:port`` part is not one (a user or password holding a raw ``/``, ``?`` or ``#`` ends that
+    part early, so urllib would take what comes before the character for a port and quote it in
+    its error: the password's first characters; a raw ``[`` or ``]`` reads as an IPv6 address), or
+    it holds whitespace or a control character."""
+    try:  # urllib's errors quote the part they could not read: the password's first characters
+        parts = urllib.parse.urlsplit(url)
+        _, host = parts.port, parts.hostname
     except ValueError:
         return (
-            "its host:port part is no host and port number (a '/', '?', '#' or '@' in a user or password must be "
-            "percent-encoded: %2F, %3F, %23, %40)"
+            "its host:port part is no host and port number (a '/', '?', '#', '@', '[' or ']' in a user or password "
+            "must be percent-encoded: %2F, %3F, %23, %40, %5B, %5D)"
         )
-    if not parts.hostname:
+    if not host:
         return "it names no host"
+    if any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in url):
+        return "it holds a space or control character (write a space as %20)"
     return None
 
 

@@ -123,9 +123,9 @@ def store_problem(uri: str) -> str | None:
     if scheme not in STORE_SCHEMES:
         return f"MLflow has no tracking store for the scheme {scheme!r} (sqlite:///, http(s)://, postgresql:// ...)"
     if scheme in ("http", "https"):
-        parts = urllib.parse.urlsplit(uri)
         if authority_problem(uri) is not None:
             return f"not a server URL: {authority_problem(uri)}"
+        parts = urllib.parse.urlsplit(uri)
         if parts.query or parts.fragment:  # MLflow appends its API paths to the URL as written
             return "a tracking server URL takes no query or fragment (a token goes in MLFLOW_TRACKING_TOKEN)"
     if scheme == "sqlite" and sqlite_path(uri) is None:

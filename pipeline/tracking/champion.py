@@ -39,6 +39,7 @@ from typing import Any
 from filelock import FileLock
 from mlflow.exceptions import MlflowException
 
+from pipeline.engine.store import MODEL_URI_TAG
 from pipeline.tracking.lifecycle import sqlite_path
 
 log = logging.getLogger(__name__)
@@ -177,16 +178,24 @@ def holder_without_standing(tags: Mapping[str, str], unreadable: str | None = No
     return what, True
 
 
-def _holder_run(client: Any, holder: Any) -> tuple[str | None, Any]:
+def _holder_run(client: Any, holder: Any) -> tuple[str | None, Any, str | None]:
     """(the run id an alias ``holder`` names: its ``run_id`` version tag, else MLflow's; the run, or
-    None when it is gone)."""
+    None when it is gone; why that run is not the holder's, or None). A version of a logged model
+    (its source ``models:/m-...``, which no client can edit) belongs to a run whose
+    :data:`MODEL_URI_TAG` names that model: a pipeline run names the model it logged or reused."""
     run_id = dict(holder.tags).get("run_id") or getattr(holder, "run_id", None)
     if not run_id:
-        return None, None
+        return None, None, None
     try:
-        return run_id, client.get_run(run_id)
+        run = client.get_run(run_id)
     except MlflowException:
-        return run_id, None
+        return run_id, None, None
+    source = str(getattr(holder, "source", "") or "")
+    named = run.data.tags.get(MODEL_URI_TAG)
+    if source.startswith("models:/") and named != source:
+        what = f"names the model {named}" if named else "names no model"
+        return run_id, run, f"the run it names ({run_id}) {what}, not its own {source}"
+    return run_id, run, None
 
 
 def _score_when_registered(client: Any, run: Any, holder: Any, metric: str) -> tuple[float | None, str | None]:
@@ -221,11 +230,13 @@ def holder_unreadable(client: Any, holder: Any, standing: Standing) -> str | Non
     one: the run is gone (``mlflow gc``), it logged ``standing``'s metric but no longer records the
     evaluation data it was scored on, or the value it was registered with is not a number or not
     known (:func:`_score_when_registered`). None for a version of no run, or a run with no such score."""
-    run_id, run = _holder_run(client, holder)
+    run_id, run, foreign = _holder_run(client, holder)
     if not run_id:
         return None
     if run is None:
         return "its run is gone, so the score it may have been registered with cannot be read"
+    if foreign:
+        return foreign
     metric = _metric_name(standing.metric)
     if metric not in run.data.metrics:
         return None
@@ -244,8 +255,8 @@ def standing_from_run(client: Any, holder: Any, standing: Standing) -> Standing 
     tags = dict(holder.tags)
     if tags.get(UNSCORED_TAG) or tags.get(FINAL_FIT_TAG) == "train+dev":
         return None
-    _, run = _holder_run(client, holder)
-    if run is None:
+    _, run, foreign = _holder_run(client, holder)
+    if run is None or foreign:
         return None
     value, _ = _score_when_registered(client, run, holder, _metric_name(standing.metric))
     evaluation = run.data.tags.get(EVALUATION_RUN_TAG)
@@ -279,7 +290,9 @@ def standing_doubt(client: Any, holder: Any, current: Standing) -> str | None:
     shown = _shown_score(dict(holder.tags), metric)
     if shown is not None and not math.isclose(shown[1], current.value, rel_tol=1e-5, abs_tol=1e-4):  # shown rounded
         return f"its tags say {metric} {current.value:.6g}, but its tag {shown[0]} says {shown[1]:.6g}"
-    run_id, run = _holder_run(client, holder)
+    run_id, run, foreign = _holder_run(client, holder)
+    if foreign:
+        return foreign
     if run is None:
         if run_id and shown is None:
             return f"the run it names ({run_id}) is gone and no tag of its {metric} confirms its standing"

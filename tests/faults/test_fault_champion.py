@@ -490,6 +490,37 @@ def test_a_pipeline_version_whose_tags_were_tidied_keeps_the_alias_against_a_wor
     assert client.get_model_version("tiny", "2").tags[DECISION_TAG].startswith("kept: dev_f1 ")
 
 
+def test_a_holder_whose_run_id_tag_names_another_run_keeps_the_alias(tmp_path):
+    """``standing.value`` edited, the ``dev_f1`` tag deleted and the ``run_id`` tag pointed at a run
+    that exists but logged no dev score (the pipeline's own featurize run), or every tag pointed at
+    a real, worse pipeline run: a worse model took the alias (R22-1). The run must name the
+    version's model (its source, which no client can edit)."""
+    run = _registering_runs(tmp_path)
+    client = run()
+    first = client.get_model_version("tiny", "1")
+    run("data.train_fraction=0.1", "trainer.c2=300")  # version 2: worse, kept
+    worse = client.get_model_version("tiny", "2")
+    featurize = client.search_runs(
+        [client.get_run(first.tags["run_id"]).info.experiment_id],
+        filter_string=f"tags.stage = 'featurize' and tags.mlflow.parentRunId = '{first.tags['run_id']}'",
+    )[0]
+    client.delete_model_version_tag("tiny", "1", "dev_f1")
+    client.set_model_version_tag("tiny", "1", champion.VALUE_TAG, "50.0")
+    client.set_model_version_tag("tiny", "1", "run_id", featurize.info.run_id)
+    run("data.train_fraction=0.1", "trainer.c2=300")  # version 3
+    assert str(client.get_model_version_by_alias("tiny", "champion").version) == "1"
+    assert (
+        f"the run it names ({featurize.info.run_id}) names no model, not its own models:/"
+        in (client.get_model_version("tiny", "3").tags[DECISION_TAG])
+    )
+    for key in (champion.VALUE_TAG, "dev_f1", "run_id"):  # a consistent lie: every tag of version 2
+        client.set_model_version_tag("tiny", "1", key, worse.tags[key])
+    run("data.train_fraction=0.1", "trainer.c2=300")  # version 4: as good as the tags now say
+    assert str(client.get_model_version_by_alias("tiny", "champion").version) == "1"
+    decision = client.get_model_version("tiny", "4").tags[DECISION_TAG]
+    assert f"names the model {worse.source}, not its own {first.source}" in decision
+
+
 @pytest.mark.parametrize(
     "value, direction, metric",
     [("nan", "maximize", "dev_f1"), ("inf", "maximize", "dev_f1"), ("88.48", "sideways", "dev_f1"),
