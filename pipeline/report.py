@@ -134,10 +134,11 @@ def _hidden_value(found: re.Match) -> str:
 
 def redacted(text: str) -> str:
     """``text`` with the secret of every URL in it hidden: ``scheme://user:password@`` becomes
-    ``scheme://user:***@``, a user name alone (an access token) ``scheme://***@``, and the value of
-    a query parameter whose name (percent-decoded) holds a word of a secret (``?token=``,
-    ``&api_key=``, ``&X-Amz-Signature=``, ``?pass=``, ``?pw=``, ``?session=``, ``?jwt=``) ``***``;
-    for logs, run parameters and results files."""
+    ``scheme://user:***@`` (a password holding a raw ``/``, ``@`` or space included), a user name
+    alone (an access token) ``scheme://***@``, and the value of a query or fragment parameter whose
+    name (percent-decoded) holds a word of a secret (``?token=``, ``&api_key=``,
+    ``&X-Amz-Signature=``, ``?pass=``, ``?pw=``, ``?session=``, ``#access_token=``) ``***``; for
+    logs, run parameters and results files."""
     hidden = _USERINFO.sub(_hidden, _SPACED_USERINFO.sub(_hidden, str(text)))
     return _QUERY_PARAMETER.sub(_hidden_value, hidden)
 
