@@ -192,6 +192,11 @@ class Featurize(BaseStage):
         check_switches(cfg)
         check_columns(cfg)
         clusters.validate(cfg)  # the word clusters' settings and files, before any stage runs
+        features = OmegaConf.to_container(cfg.features, resolve=True)
+        try:  # the lexicons' and file views' files (learned clusters' file does not exist yet: left out)
+            lexicon_files(clusters.expanded(features, None))
+        except FileNotFoundError as error:
+            raise SettingsError(f"bad setting features: {error}") from None
 
     def config_slice(self, cfg, adapter: ModelAdapter) -> dict:
         features = OmegaConf.to_container(cfg.features, resolve=True)

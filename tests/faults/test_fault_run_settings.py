@@ -7,6 +7,7 @@ a negative seed, a feature set that reads nothing."""
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
@@ -276,3 +277,20 @@ def test_a_tracking_store_that_is_another_programs_file_is_refused_before_anythi
     prepare_store(f"sqlite:///{tmp_path / 'mlflow.db'}")  # an MLflow store, and a new file: fine
     for store in ("mlflow.db", "new.db"):
         assert composition_refusal([f"tracking.uri=sqlite:///{tmp_path / store}"]) is None
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("+features.lexicons.loc={path: /nonexistent/loc.txt}", "bad setting features: lexicon 'loc': no file /nonexistent/"),
+        ("+features.lexicons.loc={path: /tmp}", "bad setting features: lexicon 'loc': no file /tmp"),  # a folder
+        ("+features.views.br4={column: w, fn: cluster, path: /nonexistent/p.txt, n: 4}", "bad setting features: view br4: no"),
+    ],
+)
+def test_a_missing_lexicon_or_view_file_is_a_settings_error(override, message):
+    """It was found only as the featurize stage's key was computed, after a run opened and prepare
+    ran: a traceback, a FAILED run, and in a sweep FAILED jobs or an Optuna study (round 23)."""
+    from pipeline.engine.runner import validated_plan
+
+    with pytest.raises(SettingsError, match="^" + re.escape(message)):
+        validated_plan(compose_config(["features=ner", override]))

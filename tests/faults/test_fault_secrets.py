@@ -30,6 +30,8 @@ from pipeline.tracking import TrackingUnavailable, check_reachable
         ("https://h/t.gz?api_key=s3cret#part", "https://h/t.gz?api_key=***#part"),
         ("https://h/t.gz?page=2&lang=en", "https://h/t.gz?page=2&lang=en"),  # no secret named
         ("http://u:horse battery@h:1/t.gz", "http://u:***@h:1/t.gz"),  # a space in the password (round 22)
+        ("http://u:horse\u00a0battery@h:1/t.gz", "http://u:***@h:1/t.gz"),  # a no-break space (round 23)
+        ("postgresql://u:a\u3000b@h:1/db", "postgresql://u:***@h:1/db"),  # an ideographic space
         ("View run at: http://u:a b@h:1/#/runs/1 ok", "View run at: http://u:***@h:1/#/runs/1 ok"),
         ("http://h/t#access_token=s3cret&x=1", "http://h/t#access_token=***&x=1"),  # a token in the fragment
         # other names of a password or token, and a name percent-encoded (the server decodes it: "token")
