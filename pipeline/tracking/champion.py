@@ -283,9 +283,11 @@ def standing_doubt(client: Any, holder: Any, current: Standing) -> str | None:
     """Why the standing an alias ``holder``'s tags record (``current``) cannot be trusted (a tag
     edited by hand), or None. It is doubted when the version's own tag of the score (``dev_f1``)
     shows another value, and when the run it names had logged another value when it was
-    registered, several differing ones, or one that is not a number. A run that is gone leaves
-    the tags to speak for themselves only when its score tag confirms the standing; a run that
-    logged no such score, or a version of no run, leaves them to speak as they are."""
+    registered, several differing ones, or one that is not a number, and when the pipeline run
+    that logged its model (found from MLflow's own run id of the version) had logged another value.
+    A run that is gone leaves the tags to speak for themselves only when its score tag confirms
+    the standing; a run that logged no such score, or a version of no run, leaves them to speak
+    as they are."""
     metric = _metric_name(current.metric)
     shown = _shown_score(dict(holder.tags), metric)
     if shown is not None and not math.isclose(shown[1], current.value, rel_tol=1e-5, abs_tol=1e-4):  # shown rounded
@@ -300,9 +302,29 @@ def standing_doubt(client: Any, holder: Any, current: Standing) -> str | None:
     value, why = _score_when_registered(client, run, holder, metric)
     if why is not None:
         return why
-    if value is None or math.isclose(value, current.value, rel_tol=1e-9, abs_tol=1e-12):
+    if value is not None and not math.isclose(value, current.value, rel_tol=1e-9, abs_tol=1e-12):
+        return f"its tags say {metric} {current.value:.6g}, but its run had logged {value:.6g} when it was registered"
+    logged = _score_of_the_models_run(client, holder, metric)
+    if logged is not None and not math.isclose(logged, current.value, rel_tol=1e-9, abs_tol=1e-12):
+        return f"its tags say {metric} {current.value:.6g}, but the run that logged its model had logged {logged:.6g}"
+    return None
+
+
+def _score_of_the_models_run(client: Any, holder: Any, metric: str) -> float | None:
+    """The one value of ``metric`` logged, by the time ``holder`` was registered, by the pipeline
+    run that logged its model: the parent of MLflow's own ``run_id`` of the version (a stage run;
+    no client can edit it, unlike the ``run_id`` tag), else that run itself. None when neither
+    gives one value (gone, no such metric, or several values)."""
+    run_id = getattr(holder, "run_id", None)
+    if not run_id:
         return None
-    return f"its tags say {metric} {current.value:.6g}, but its run had logged {value:.6g} when it was registered"
+    try:
+        run = client.get_run(run_id)
+        parent = run.data.tags.get("mlflow.parentRunId")
+        run = client.get_run(parent) if parent else run
+    except MlflowException:
+        return None
+    return _score_when_registered(client, run, holder, metric)[0]
 
 
 def alias_decision(

@@ -521,6 +521,27 @@ def test_a_holder_whose_run_id_tag_names_another_run_keeps_the_alias(tmp_path):
     assert f"names the model {worse.source}, not its own {first.source}" in decision
 
 
+def test_a_holder_whose_run_id_tag_names_a_later_run_of_its_model_keeps_the_alias(tmp_path):
+    """A later run that reused the holder's model (a cache hit) names the same model but logged its
+    dev score after the registration: with ``standing.value`` edited and the ``dev_f1`` tag deleted,
+    the ``run_id`` tag pointed there let a worse model take the alias (R23-1). The pipeline run that
+    logged the model (found from MLflow's own run id of the version) still says what it scored."""
+    run = _registering_runs(tmp_path)
+    client = run()
+    first = client.get_model_version("tiny", "1")
+    run("registry.register=false")  # the same settings: every stage a cache hit, the same model
+    experiment = client.get_run(first.tags["run_id"]).info.experiment_id
+    later = client.search_runs([experiment], "tags.stage = 'pipeline'", order_by=["attributes.start_time DESC"])[0]
+    assert later.info.run_id != first.tags["run_id"] and later.data.tags["model_uri"] == first.source
+    client.delete_model_version_tag("tiny", "1", "dev_f1")
+    client.set_model_version_tag("tiny", "1", champion.VALUE_TAG, "50.0")
+    client.set_model_version_tag("tiny", "1", "run_id", later.info.run_id)
+    run("data.train_fraction=0.1", "trainer.c2=300")  # version 2: worse
+    assert str(client.get_model_version_by_alias("tiny", "champion").version) == "1"
+    decision = client.get_model_version("tiny", "2").tags[DECISION_TAG]
+    assert "its tags say dev_f1 50, but the run that logged its model had logged" in decision, decision
+
+
 @pytest.mark.parametrize(
     "value, direction, metric",
     [("nan", "maximize", "dev_f1"), ("inf", "maximize", "dev_f1"), ("88.48", "sideways", "dev_f1"),
