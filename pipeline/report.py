@@ -110,9 +110,10 @@ def write_json(path: str | Path, value: Any, indent: int | None = 1) -> None:
 # scheme://userinfo@: up to the last "@" of the word, so that a password holding a raw "@" or "/"
 # is covered too (a path with "@" in it is hidden along with it, which only costs a log's detail)
 _USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)([^\s/]\S*)@")
-# and a user or password holding a raw space (any: a tab, a no-break space): up to the last "@"
-# before any "/" on the line
-_SPACED_USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)([^\s/@][^/\n]*?[^\S\n][^/\n]*)@")
+# and a user or password holding a raw space (any: a tab, a no-break space): up to the last "@" on
+# the line, so that a raw "/" beside the space is covered too (a line with a URL, a space and a
+# later "@", an e-mail address, loses that stretch as well: only a log's detail)
+_SPACED_USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)([^\s@][^\n]*?[^\S\n][^\n]*)@")
 
 
 def _hidden(found: re.Match) -> str:

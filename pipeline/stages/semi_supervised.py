@@ -91,6 +91,14 @@ def settings_of(section: dict) -> dict[str, Any]:
             or settings[key] < (1 if key == "hmm_order" else 0)
         ):
             raise ValueError(f"semi.{key}={settings[key]!r}: a whole number >= {1 if key == 'hmm_order' else 0}")
+    if settings["hmm_order"] > 2:
+        raise ValueError(f"semi.hmm_order={settings['hmm_order']!r}: 1 or 2 (the HMM's orders)")
+    k = settings["hmm_k"]
+    if isinstance(k, bool) or not isinstance(k, (int, float)) or not 0 <= k < float("inf"):
+        raise ValueError(f"semi.hmm_k={k!r}: a finite add-k constant >= 0")
+    seed = settings["seed"]
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"semi.seed={seed!r}: a whole number >= 0")
     return settings
 
 

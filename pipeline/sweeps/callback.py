@@ -74,6 +74,7 @@ def check_sweeper_settings(config: DictConfig) -> None:
     sweepers are left to themselves."""
     from hydra._internal.utils import _locate
 
+    check_comparison_settings(config)
     target = OmegaConf.select(config, "hydra.sweeper._target_", default=None)
     if not target:
         return
@@ -91,6 +92,16 @@ def check_sweeper_settings(config: DictConfig) -> None:
             check(config)  # exits (code 2) on a refused setting
         except Exception as error:  # a fault of the check itself: the sweeper checks again as it starts
             log.warning("could not check the sweeper's settings before the sweep: %s: %s", type(error).__name__, error)
+
+
+def check_comparison_settings(config: DictConfig) -> None:
+    """Exit (code 2, one line) when the summary's comparison settings (``comparison``, as
+    ``+experiment=hmm_vs_crf`` sets them) cannot work: the summary reads them only after every job ran."""
+    for key, least in (("bootstrap_samples", 1), ("seed", 0)):
+        value = OmegaConf.select(config, f"comparison.{key}", default=None)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
+            log.error("bad setting comparison.%s=%r: a whole number >= %d", key, value, least)
+            sys.exit(2)
 
 
 DATA_KEYS = ("dataset", "data.root", "data.download")  # swept keys (or their parents) that choose a job's data files

@@ -229,20 +229,27 @@ def holder_unreadable(client: Any, holder: Any, standing: Standing) -> str | Non
     pipeline run it names (its ``run_id`` version tag, else MLflow's run id), though it may have had
     one: the run is gone (``mlflow gc``), it logged ``standing``'s metric but no longer records the
     evaluation data it was scored on, or the value it was registered with is not a number or not
-    known (:func:`_score_when_registered`). None for a version of no run, or a run with no such score."""
+    known (:func:`_score_when_registered`); or its own score tag (``dev_f1``), or the run that logged
+    its model, shows a score its run does not give back. None when nothing shows it had one."""
+    metric = _metric_name(standing.metric)
     run_id, run, foreign = _holder_run(client, holder)
-    if not run_id:
-        return None
-    if run is None:
+    if run_id and run is None:
         return "its run is gone, so the score it may have been registered with cannot be read"
     if foreign:
         return foreign
-    metric = _metric_name(standing.metric)
-    if metric not in run.data.metrics:
-        return None
-    if not run.data.tags.get(EVALUATION_RUN_TAG):
-        return "its run's tag of the data it was scored on was removed, so its score compares with nothing"
-    return _score_when_registered(client, run, holder, metric)[1]
+    if run is not None and metric in run.data.metrics:
+        if not run.data.tags.get(EVALUATION_RUN_TAG):
+            return "its run's tag of the data it was scored on was removed, so its score compares with nothing"
+        why = _score_when_registered(client, run, holder, metric)[1]
+        if why is not None:
+            return why
+    shown = _shown_score(dict(holder.tags), metric)  # the version's own tag, and the run that logged its model
+    if shown is not None:
+        return f"its tag {shown[0]} shows a score ({shown[1]:.6g}) that its run does not give back"
+    logged = _score_of_the_models_run(client, holder, metric)
+    if logged is not None:
+        return f"the run that logged its model had logged {metric} {logged:.6g}"
+    return None
 
 
 def standing_from_run(client: Any, holder: Any, standing: Standing) -> Standing | None:

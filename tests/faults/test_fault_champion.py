@@ -542,6 +542,34 @@ def test_a_holder_whose_run_id_tag_names_a_later_run_of_its_model_keeps_the_alia
     assert "its tags say dev_f1 50, but the run that logged its model had logged" in decision, decision
 
 
+@pytest.mark.parametrize("edit", ["standing.value deleted", "standing.value nan", "standing.direction minimize"])
+def test_a_holder_whose_standing_tags_were_spoiled_keeps_the_alias_when_its_score_shows_elsewhere(tmp_path, edit):
+    """Its standing tags made unreadable and its ``run_id`` tag pointed at a later run of its model
+    (which logged its score after the registration): filed as "registered without a dev score", it
+    lost the alias to a worse version, though its ``dev_f1`` tag still said 85.09 (R24-1)."""
+    run = _registering_runs(tmp_path)
+    client = run()
+    first = client.get_model_version("tiny", "1")
+    run("registry.register=false")  # a later run of the same model
+    experiment = client.get_run(first.tags["run_id"]).info.experiment_id
+    later = client.search_runs([experiment], "tags.stage = 'pipeline'", order_by=["attributes.start_time DESC"])[0]
+    if edit == "standing.value deleted":
+        client.delete_model_version_tag("tiny", "1", champion.VALUE_TAG)
+    elif edit == "standing.value nan":
+        client.set_model_version_tag("tiny", "1", champion.VALUE_TAG, "nan")
+    else:
+        client.set_model_version_tag("tiny", "1", champion.DIRECTION_TAG, "minimize")
+    client.set_model_version_tag("tiny", "1", "run_id", later.info.run_id)
+    run("data.train_fraction=0.1", "trainer.c2=300")  # version 2: worse
+    assert str(client.get_model_version_by_alias("tiny", "champion").version) == "1"
+    decision = client.get_model_version("tiny", "2").tags[DECISION_TAG]
+    assert decision.startswith("kept: the holder records no standing to compare with"), decision
+    client.delete_model_version_tag("tiny", "1", "dev_f1")  # the run that logged its model still shows it
+    run("data.train_fraction=0.1", "trainer.c2=300")  # version 3
+    assert str(client.get_model_version_by_alias("tiny", "champion").version) == "1"
+    assert "the run that logged its model had logged dev_f1" in client.get_model_version("tiny", "3").tags[DECISION_TAG]
+
+
 @pytest.mark.parametrize(
     "value, direction, metric",
     [("nan", "maximize", "dev_f1"), ("inf", "maximize", "dev_f1"), ("88.48", "sideways", "dev_f1"),

@@ -294,3 +294,32 @@ def test_a_missing_lexicon_or_view_file_is_a_settings_error(override, message):
 
     with pytest.raises(SettingsError, match="^" + re.escape(message)):
         validated_plan(compose_config(["features=ner", override]))
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("semi.hmm_order=5", "semi.hmm_order=5: 1 or 2"),
+        ("semi.hmm_k=-1", "semi.hmm_k=-1: a finite add-k constant >= 0"),
+        ("semi.hmm_k=abc", "semi.hmm_k='abc': a finite add-k constant >= 0"),
+        ("semi.seed=abc", "semi.seed='abc': a whole number >= 0"),
+    ],
+)
+def test_semi_supervised_settings_the_hmm_would_refuse_are_refused_before_any_run(override, message):
+    """They passed the settings check and failed in a traceback once the sweep's parent run and the
+    jobs' runs were open, all left FAILED (round 24)."""
+    from pipeline.engine.runner import validated_plan
+
+    with pytest.raises(SettingsError, match=re.escape(message)):
+        validated_plan(compose_config(["+experiment=semi_supervised", override]))
+
+
+@pytest.mark.parametrize("override", ["comparison.bootstrap_samples=-1", "comparison.seed=abc"])
+def test_comparison_settings_are_refused_before_the_sweep(override, caplog):
+    """``comparison.bootstrap_samples=-1`` ran every job, then the summary failed: the parent run
+    FAILED, exit status 0 (round 24)."""
+    from pipeline.sweeps.callback import check_sweeper_settings
+
+    with pytest.raises(SystemExit) as ended:
+        check_sweeper_settings(compose_config(["+experiment=hmm_vs_crf", override]))
+    assert ended.value.code == 2 and f"bad setting {override.split('=')[0]}=" in caplog.text

@@ -40,7 +40,9 @@ from pipeline.tracking import TrackingUnavailable, check_reachable
             "http://h/t?pass=***&pw=***&session=***&jwt=***&%74oken=***&v=1",
         ),
         ("sqlite:////tmp/a@b/mlflow.db", "sqlite:////tmp/a@b/mlflow.db"),  # a path, no secret
-        ("see http://host/x and write to a@b.org", "see http://host/x and write to a@b.org"),
+        ("see http://host/x and write to a@b.org", "see http://***@b.org"),  # read as a spaced password: over-hidden
+        ("http://host/x then http://h/y", "http://host/x then http://h/y"),  # no "@": nothing to hide
+        ("http://u:horse Batt/Stap1e@h:1/t.gz", "http://u:***@h:1/t.gz"),  # a space and a "/" (round 24)
     ],
 )
 def test_the_secret_of_every_url_is_hidden(url, shown):
