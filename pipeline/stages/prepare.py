@@ -137,8 +137,9 @@ class Prepare(BaseStage):
                     f"bad setting dataset.files.{split}.url={redacted(url)!r}: a download URL needs a host name and no spaces "
                     "or control characters (write a space as %20)"
                 )
-            if url is not None and authority_problem(str(url)) is not None:
-                raise SettingsError(f"bad setting dataset.files.{split}.url={redacted(url)!r}: {authority_problem(str(url))}")
+            problem = authority_problem(str(url)) if url is not None else None
+            if problem is not None:
+                raise SettingsError(f"bad setting dataset.files.{split}.url={redacted(url)!r}: {problem}")
 
     def metric_names(self, cfg, adapter: ModelAdapter) -> tuple[str, ...]:
         """The statistics of :meth:`run`: sizes and OOV rates per split, label counts."""

@@ -123,8 +123,9 @@ def store_problem(uri: str) -> str | None:
     if scheme not in STORE_SCHEMES:
         return f"MLflow has no tracking store for the scheme {scheme!r} (sqlite:///, http(s)://, postgresql:// ...)"
     if scheme in ("http", "https"):
-        if authority_problem(uri) is not None:
-            return f"not a server URL: {authority_problem(uri)}"
+        problem = authority_problem(uri)
+        if problem is not None:
+            return f"not a server URL: {problem}"
         parts = urllib.parse.urlsplit(uri)
         if parts.query or parts.fragment:  # MLflow appends its API paths to the URL as written
             return "a tracking server URL takes no query or fragment (a token goes in MLFLOW_TRACKING_TOKEN)"
@@ -265,8 +266,9 @@ def setup(cfg: Mapping) -> str:
     """Point MLflow at the configured store and experiment; return the tracking URI."""
     uri = tracking_uri(cfg)
     check_reachable(uri)
-    if sqlite_path(uri) is not None:
-        sqlite_path(uri).parent.mkdir(parents=True, exist_ok=True)
+    database = sqlite_path(uri)
+    if database is not None:
+        database.parent.mkdir(parents=True, exist_ok=True)
     lifecycle.prepare_store(uri)  # a fresh SQLite store's schema, under a lock
     if redacted(uri) != uri:  # MLflow prints each run's page with the store's URL as given, password and all
         os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
@@ -282,7 +284,7 @@ def setup(cfg: Mapping) -> str:
     client = MlflowClient(uri)
     if client.get_experiment_by_name(name) is None:
         location = None
-        if sqlite_path(uri) is not None:
+        if database is not None:
             location = (output_root(cfg) / ARTIFACTS).as_uri()
         try:
             client.create_experiment(name, artifact_location=location)
