@@ -114,6 +114,9 @@ _USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)([^\s/]\S*)@")
 # the line, so that a raw "/" beside the space is covered too (a line with a URL, a space and a
 # later "@", an e-mail address, loses that stretch as well: only a log's detail)
 _SPACED_USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)([^\s@][^\n]*?[^\S\n][^\n]*)@")
+# and one broken by a raw line break (an environment variable can hold one): the rest of the line,
+# then the next line's first word, when that word ends in "@"
+_BROKEN_USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)([^\s@][^\n@]*\n[^\s@]*)@")
 
 
 def _hidden(found: re.Match) -> str:
@@ -136,12 +139,12 @@ def _hidden_value(found: re.Match) -> str:
 
 def redacted(text: str) -> str:
     """``text`` with the secret of every URL in it hidden: ``scheme://user:password@`` becomes
-    ``scheme://user:***@`` (a password holding a raw ``/``, ``@`` or space included), a user name
+    ``scheme://user:***@`` (a password holding a raw ``/``, ``@``, space or line break included), a user name
     alone (an access token) ``scheme://***@``, and the value of a query or fragment parameter whose
     name (percent-decoded) holds a word of a secret (``?token=``, ``&api_key=``,
     ``&X-Amz-Signature=``, ``?pass=``, ``?pw=``, ``?session=``, ``#access_token=``) ``***``; for
     logs, run parameters and results files."""
-    hidden = _USERINFO.sub(_hidden, _SPACED_USERINFO.sub(_hidden, str(text)))
+    hidden = _USERINFO.sub(_hidden, _SPACED_USERINFO.sub(_hidden, _BROKEN_USERINFO.sub(_hidden, str(text))))
     return _QUERY_PARAMETER.sub(_hidden_value, hidden)
 
 

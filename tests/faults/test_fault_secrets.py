@@ -43,6 +43,9 @@ from pipeline.tracking import TrackingUnavailable, check_reachable
         ("see http://host/x and write to a@b.org", "see http://***@b.org"),  # read as a spaced password: over-hidden
         ("http://host/x then http://h/y", "http://host/x then http://h/y"),  # no "@": nothing to hide
         ("http://u:horse Batt/Stap1e@h:1/t.gz", "http://u:***@h:1/t.gz"),  # a space and a "/" (round 24)
+        ("http://u:horse\nStap1e@h:1/t.gz", "http://u:***@h:1/t.gz"),  # a line break (an environment variable)
+        ("store http://u:horse Batt\nStap1e@h:1 (x)", "store http://u:***@h:1 (x)"),
+        ("see http://host/x\n  email: a@b.org", "see http://host/x\n  email: a@b.org"),  # the next line: no secret
     ],
 )
 def test_the_secret_of_every_url_is_hidden(url, shown):
@@ -134,6 +137,18 @@ def test_a_url_whose_password_breaks_it_is_refused_without_quoting_it(password, 
     with pytest.raises(MissingDataError, match=re.escape(problem)) as missing:
         resolve_files(dataset, tmp_path, download=True)
     assert "Prefix0" not in redacted(str(missing.value))
+
+
+def test_a_tracking_uri_whose_password_holds_a_line_break_is_refused_in_one_line_without_it(monkeypatch):
+    """An environment variable can hold a raw line break: the refusal's URL then spanned two lines,
+    and the second showed the rest of the password (round 24)."""
+    from pipeline.__main__ import composition_refusal
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://u:horse\nPrefix0@127.0.0.1:1")
+    refused = composition_refusal([])
+    assert refused is not None and "a space or control character" in refused, refused
+    shown = redacted(refused)
+    assert "\n" not in shown and "Prefix0" not in shown and "horse" not in shown, shown
 
 
 def test_a_tracking_server_url_with_a_query_is_refused():
