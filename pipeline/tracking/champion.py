@@ -13,11 +13,12 @@ without one (a ``data.final_fit=train+dev`` fit has no dev score) records why in
 - a version with one takes a free alias, and a held one when it is at least as good as the
   holder by the same metric on the same evaluation data (ties move forward).
 
-The holder is judged by its run, found from what MLflow recorded as it was registered (which no
-client can edit), never by its version tags (:func:`holder_standing`): the pipeline run that logged its model, the one
-value of the metric that run had logged by then, and the evaluation data that run names. A holder
-whose standing cannot be read so (its run is gone, it logged no such score or several, a train+dev
-fit forced there, a version registered by hand) keeps the alias until a move is forced.
+The holder is judged by the runs that name its model, found from what MLflow recorded as it was
+registered (its ``models:/m-...`` source, which no client can edit), never by its version tags
+(:func:`holder_standing`): the one value of the metric those runs had logged by then on the new
+version's evaluation data. A holder whose score there is not known so (its runs are gone, logged
+no such score or differing ones, scored it on other data only; a train+dev fit forced there; a
+version registered by hand) keeps the alias until a move is forced.
 
 Otherwise the alias stays, and the new version's tags (:data:`DECISION_TAG`) and the log say why.
 
@@ -39,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from filelock import FileLock
+from mlflow.entities import ViewType
 from mlflow.exceptions import MlflowException
 
 from pipeline.engine.store import MODEL_URI_TAG
@@ -138,73 +140,63 @@ class Standing:
         return self.value >= other.value
 
 
-def _models_run(client: Any, holder: Any) -> tuple[Any, str | None]:
-    """(the pipeline run that logged the model of version ``holder``, or None; why there is none).
-
-    It is found from what MLflow recorded as the version was registered, which no client can edit:
-    the version's ``run_id`` (the stage run that logged the model; its parent is the pipeline run,
-    else it is that run) and, for a version of a logged model, its ``source`` (``models:/m-...``),
-    which that run's :data:`MODEL_URI_TAG` must name."""
-    run_id = getattr(holder, "run_id", None)
-    if not run_id:
-        return None, "MLflow records no run of it"
-    try:
-        run = client.get_run(run_id)
-        parent = run.data.tags.get("mlflow.parentRunId")
-        run = client.get_run(parent) if parent else run
-    except MlflowException:
-        return None, f"its run ({run_id}) is gone"
+def _runs_of_the_model(client: Any, holder: Any) -> list[Any]:
+    """The runs that name the model of version ``holder``. A version of a logged model has a source
+    ``models:/m-...`` that no client can edit: every run whose :data:`MODEL_URI_TAG` names it (the
+    pipeline runs that logged or reused it, and their stage runs). Another version (registered from
+    a run's artifacts or a file): the run MLflow records for it, and that run's parent."""
     source = str(getattr(holder, "source", "") or "")
-    named = run.data.tags.get(MODEL_URI_TAG)
-    if source.startswith("models:/") and named != source:
-        what = f"the model {named}" if named else "no model"
-        return None, f"its run ({run.info.run_id}) names {what}, not its own {source}"
-    return run, None
-
-
-def _score_when_registered(client: Any, run: Any, holder: Any, metric: str) -> tuple[float | None, str | None]:
-    """(the value of ``metric`` that ``run`` had logged when ``holder`` was registered, or None; why
-    there is none). A value logged after the registration is not what the holder was chosen by;
-    values that differ before it (one logged later with an earlier time, by hand) leave it
-    unknown. The latest value where the version records no time."""
-    if metric not in run.data.metrics:
-        return None, f"its run logged no {metric}"
-    registered = getattr(holder, "creation_timestamp", None)
-    if not isinstance(registered, int):
-        values = [float(run.data.metrics[metric])]
-    else:
-        values = [float(m.value) for m in client.get_metric_history(run.info.run_id, metric) if m.timestamp <= registered]
-    if not values:
-        return None, f"its run logged no {metric} before it was registered"
-    if len({repr(v) for v in values}) > 1:
-        shown = ", ".join(f"{v:g}" for v in values[:4])
-        return None, f"its run logged {metric} {len(values)} times before it was registered ({shown})"
-    if not math.isfinite(values[0]):
-        return None, f"its run's {metric} reads {values[0]}"
-    return values[0], None
+    if source.startswith("models:/"):
+        experiments = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ALL)]
+        found = f"tags.`{MODEL_URI_TAG}` = '{source}'"
+        return list(client.search_runs(experiments, found, run_view_type=ViewType.ALL, max_results=10000))
+    runs, run_id = [], getattr(holder, "run_id", None)
+    while run_id and len(runs) < 2:
+        try:
+            runs.append(client.get_run(run_id))
+        except MlflowException:
+            break
+        run_id = runs[-1].data.tags.get("mlflow.parentRunId")
+    return runs
 
 
 def holder_standing(client: Any, holder: Any, like: Standing) -> tuple[Standing | None, str | None]:
-    """The standing of alias ``holder`` by ``like``'s metric and direction, read from the pipeline
-    run that logged its model (:func:`_models_run`): the one value of the metric that run had
-    logged when the version was registered, on the evaluation data its :data:`EVALUATION_RUN_TAG`
-    names. The version's own tags are never read: a tag edited by hand changes nothing.
+    """The standing of alias ``holder`` by ``like``'s metric on ``like``'s evaluation data, read from
+    the runs that name its model (:func:`_runs_of_the_model`) and tag that evaluation data
+    (:data:`EVALUATION_RUN_TAG`): the one value of the metric they had logged when the version was
+    registered. Values logged later are not what it was chosen by; values that differ (one logged
+    by hand, back-dated) leave it unknown. The version's own tags are never read: a tag edited by
+    hand changes nothing.
 
     Returns
     -------
-    (the standing, None), or (None, why it cannot be read: no such run, no single finite value
-    before the registration, or no record of the data it was scored on)
+    (the standing, None), or (None, why it is not known)
     """
-    run, why = _models_run(client, holder)
-    if run is None:
-        return None, why
-    value, why = _score_when_registered(client, run, holder, _metric_name(like.metric))
-    if value is None:
-        return None, why
-    evaluation = run.data.tags.get(EVALUATION_RUN_TAG)
-    if not evaluation:
-        return None, "its run no longer records the data it was scored on"
-    return Standing(like.metric, value, like.direction, evaluation), None
+    metric = _metric_name(like.metric)
+    runs = _runs_of_the_model(client, holder)
+    if not runs:
+        return None, "no run names its model (gone, or it was registered by hand)"
+    scored = [r for r in runs if metric in r.data.metrics and r.data.tags.get(EVALUATION_RUN_TAG)]
+    if not scored:
+        return None, f"no run of its model logged {metric} on evaluation data it names"
+    same = [r for r in scored if r.data.tags[EVALUATION_RUN_TAG] == like.evaluation]
+    if not same:
+        return None, "its model was scored on other evaluation data (files, columns, label, scheme or dev split differ)"
+    registered = getattr(holder, "creation_timestamp", None)
+    values = []
+    for run in same:
+        history = client.get_metric_history(run.info.run_id, metric)
+        values += [m.value for m in history if not isinstance(registered, int) or m.timestamp <= registered]
+    distinct = list(dict.fromkeys(repr(float(v)) for v in values))
+    if not distinct:
+        return None, f"no run of its model had logged {metric} on this evaluation data when it was registered"
+    if len(distinct) > 1:
+        shown = ", ".join(f"{float(v):g}" for v in distinct[:4])
+        return None, f"the runs of its model had logged {len(distinct)} different values of {metric} by then ({shown})"
+    value = float(distinct[0])
+    if not math.isfinite(value):
+        return None, f"its runs' {metric} reads {value}"
+    return Standing(like.metric, value, like.direction, like.evaluation), None
 
 
 def alias_decision(
@@ -250,7 +242,7 @@ def alias_decision(
         return True, "moved: no version held the alias"
     if current is None:
         why = f" ({unreadable})" if unreadable else ""
-        return False, f"kept: the holder's {new.metric} cannot be read from the run that logged its model{why}; {hint}"
+        return False, f"kept: the holder's {new.metric} on this evaluation data is not known{why}; {hint}"
     if not new.evaluation or new.evaluation != current.evaluation:
         return False, "kept: the holder was scored on other evaluation data (files, columns, label, scheme or dev split differ)"
     if not new.at_least_as_good_as(current):

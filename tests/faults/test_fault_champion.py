@@ -216,7 +216,7 @@ def test_a_train_dev_version_is_registered_with_its_tags_and_takes_the_alias_onl
 
     run("trainer.c2=0.5")  # a scored version cannot be compared with it: kept, and the reason says why
     reason = client.get_model_version("tiny", "5").tags[DECISION_TAG]
-    assert reason.startswith("kept: the holder's dev_f1 cannot be read from the run that logged its model (its run logged no")
+    assert reason.startswith("kept: the holder's dev_f1 on this evaluation data is not known (no run of its model")
     assert str(client.get_model_version_by_alias("tiny", "champion").version) == "4"
 
 
@@ -229,7 +229,7 @@ def test_a_holder_registered_without_a_score_is_not_replaced_unless_forced(local
     assert _register(67.04, model) == "2"
     assert str(client.get_model_version_by_alias("race", "champion").version) == "1"
     reason = client.get_model_version("race", "2").tags[DECISION_TAG]
-    assert reason.startswith("kept: the holder's dev_f1 cannot be read from the run that logged its model (MLflow records no run")
+    assert reason.startswith("kept: the holder's dev_f1 on this evaluation data is not known (no run names its model")
     version, _ = register_model(model.as_uri(), "race", "champion", {}, Standing("dev_f1", 50.0, "maximize", "e1"), True)
     assert str(client.get_model_version_by_alias("race", "champion").version) == str(version.version) == "3"
 
@@ -475,11 +475,11 @@ def test_the_holder_is_judged_by_its_run_whatever_its_version_tags_say(local_reg
 RUN_EDITS = {  # what the holder's run (dev_f1 85.09 on e1) says, and why its score cannot be read
     "a second value, back-dated": (
         lambda client, run_id, registered: client.log_metric(run_id, "dev_f1", 1.0, timestamp=registered - 1),
-        "its run logged dev_f1 2 times before it was registered (85.09, 1)",
+        "the runs of its model had logged 2 different values of dev_f1 by then (85.09, 1)",
     ),
     "its evaluation tag removed": (
         lambda client, run_id, registered: client.delete_tag(run_id, EVALUATION_RUN_TAG),
-        "its run no longer records the data it was scored on",
+        "no run of its model logged dev_f1 on evaluation data it names",
     ),
 }
 
@@ -495,7 +495,7 @@ def test_a_holder_whose_run_cannot_say_what_it_scored_keeps_the_alias_until_a_mo
     assert str(client.get_model_version_by_alias("m", "champion").version) == "1"
     decision = client.get_model_version("m", "2").tags[DECISION_TAG]
     assert decision == (
-        f"kept: the holder's dev_f1 cannot be read from the run that logged its model ({why}); "
+        f"kept: the holder's dev_f1 on this evaluation data is not known ({why}); "
         "force the move with registry.force_alias=true (version 1)"
     )
     version, _ = register_model(model.as_uri(), "m", "champion", {}, Standing("dev_f1", 50.0, "maximize", "e1"), True)
@@ -505,10 +505,13 @@ def test_a_holder_whose_run_cannot_say_what_it_scored_keeps_the_alias_until_a_mo
 @pytest.mark.parametrize(
     "holder, why",
     [
-        ("no score", "its run logged no dev_f1"),  # a train+dev fit, forced there, or a score by another metric
-        ("nan", "its run's dev_f1 reads nan"),
-        ("no run", "MLflow records no run of it"),  # registered by hand from a file
-        ("run gone", f"its run ({'0' * 32}) is gone"),  # purged (mlflow gc)
+        (
+            "no score",
+            "no run of its model logged dev_f1 on evaluation data it names",
+        ),  # a train+dev fit, forced there, or a score by another metric
+        ("nan", "its runs' dev_f1 reads nan"),
+        ("no run", "no run names its model (gone, or it was registered by hand)"),  # registered by hand from a file
+        ("run gone", "no run names its model (gone, or it was registered by hand)"),  # purged (mlflow gc)
     ],
 )
 def test_a_holder_without_a_readable_score_keeps_the_alias(local_registry, holder, why):
@@ -522,7 +525,7 @@ def test_a_holder_without_a_readable_score_keeps_the_alias(local_registry, holde
         client.set_registered_model_alias("m", "champion", "1")
     assert _register(90.0, model, name="m") == "2"
     assert str(client.get_model_version_by_alias("m", "champion").version) == "1"
-    assert f"cannot be read from the run that logged its model ({why})" in client.get_model_version("m", "2").tags[DECISION_TAG]
+    assert f"on this evaluation data is not known ({why})" in client.get_model_version("m", "2").tags[DECISION_TAG]
 
 
 def test_a_holder_is_judged_by_the_score_its_run_had_when_it_was_registered(local_registry):
@@ -580,6 +583,27 @@ def test_a_pipeline_holder_keeps_the_alias_whatever_its_version_tags_are_edited_
         assert decision.startswith("kept: dev_f1 ") and f"worse than the holder's {score:.6g}" in decision, decision
     run()  # as good as the holder: moves
     assert str(client.get_model_version_by_alias("tiny", "champion").version) == "7"
+
+
+def test_a_model_first_logged_by_a_train_only_run_is_judged_by_the_run_that_scored_it(tmp_path):
+    """A ``stages=[train]`` run logged the model; a full run (a cache hit) scored and registered it.
+    MLflow's run of the version is then the train-only run, which logged no dev score: with the
+    version's ``standing.value`` and ``dev_f1`` tags deleted and its ``run_id`` tag pointed there,
+    a worse version took the alias (R25-1)."""
+    run = _registering_runs(tmp_path)
+    run("stages=[train]", "registry.register=false")
+    client = run()  # version 1: the same model, scored
+    first = client.get_model_version("tiny", "1")
+    train_only = client.get_run(client.get_run(first.run_id).data.tags["mlflow.parentRunId"])
+    assert train_only.info.run_id != first.tags["run_id"] and "dev_f1" not in train_only.data.metrics
+    client.delete_model_version_tag("tiny", "1", champion.VALUE_TAG)
+    client.delete_model_version_tag("tiny", "1", "dev_f1")
+    client.set_model_version_tag("tiny", "1", "run_id", train_only.info.run_id)
+    run("data.train_fraction=0.1", "trainer.c2=300")  # version 2: worse
+    assert str(client.get_model_version_by_alias("tiny", "champion").version) == "1"
+    assert "worse than the holder's" in client.get_model_version("tiny", "2").tags[DECISION_TAG]
+    run()  # as good: moves
+    assert str(client.get_model_version_by_alias("tiny", "champion").version) == "3"
 
 
 def _finished_sweep(client, model):

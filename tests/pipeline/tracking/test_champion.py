@@ -84,7 +84,7 @@ def test_a_standing_is_written_as_version_tags():
         (_standing(86.0), _standing(85.91), True, False, True, "at least"),
         (_standing(67.04), _standing(85.91), True, True, True, "forced"),
         (_standing(67.04), None, False, False, True, "no version held"),
-        (_standing(90.0), None, True, False, False, "cannot be read from the run that logged its model"),
+        (_standing(90.0), None, True, False, False, "on this evaluation data is not known"),
         (_standing(90.0, evaluation="e2"), _standing(85.91), True, False, False, "other evaluation data"),
         (_standing(90.0, evaluation=""), _standing(85.91, evaluation=""), True, False, False, "other evaluation data"),
         (_standing(0.02, "cal", "minimize"), _standing(0.03, "cal", "minimize"), True, False, True, "at least"),
@@ -101,9 +101,9 @@ def test_the_alias_only_moves_forward(new, current, has_holder, force, moves, re
 
 
 def test_a_holder_whose_score_cannot_be_read_keeps_the_alias_and_the_reason_says_why():
-    moved, why = alias_decision(_standing(70.0), None, True, False, unreadable="its run logged no dev_f1")
+    moved, why = alias_decision(_standing(70.0), None, True, False, unreadable="no run names its model")
     assert not moved
     assert why == (
-        "kept: the holder's dev_f1 cannot be read from the run that logged its model (its run logged no dev_f1); "
+        "kept: the holder's dev_f1 on this evaluation data is not known (no run names its model); "
         "force the move with registry.force_alias=true"
     )
