@@ -193,16 +193,18 @@ class HMM:
         ValueError
             Naming the parameter and the value given.
         """
-        if self.order not in (1, 2):
+        if isinstance(self.order, (bool, np.bool_)) or self.order not in (1, 2):
             raise ValueError(f"order must be 1 or 2, got {self.order!r}")
         if self.transition_smoothing not in _TRANSITION_SMOOTHING:
             raise ValueError(f"transition_smoothing must be one of {_TRANSITION_SMOOTHING}, got {self.transition_smoothing!r}")
         if self.emission_smoothing not in _EMISSION_SMOOTHING:
             raise ValueError(f"emission_smoothing must be one of {_EMISSION_SMOOTHING}, got {self.emission_smoothing!r}")
+        if not isinstance(self.capitalization, (bool, np.bool_)):  # "no" or "false" would read as true
+            raise ValueError(f"capitalization must be True or False, got {self.capitalization!r}")
         if self.capitalization and self.emission_smoothing != "suffix":
             raise ValueError("capitalization=True needs emission_smoothing='suffix'")
-        if not self.k >= 0:
-            raise ValueError(f"k must be >= 0, got {self.k!r}")
+        if isinstance(self.k, (bool, np.bool_)) or not isinstance(self.k, (int, float, np.number)) or not self.k >= 0:
+            raise ValueError(f"k must be a number >= 0, got {self.k!r}")
 
     # --- training ---------------------------------------------------------------------------
 

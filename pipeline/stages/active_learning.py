@@ -173,6 +173,8 @@ class Settings:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ValueError(f"active_learning.{name}={value!r}: an integer")
+        if self.seed < 0:  # NumPy's generators take none
+            raise ValueError(f"active_learning.seed={self.seed!r}: a whole number >= 0")
         for name in ("initial_fraction", "threshold"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -185,8 +187,9 @@ class Settings:
             raise ValueError(f"active_learning.initial_fraction={self.initial_fraction!r}: a fraction in (0, 1]")
         if self.batch_tokens < 1 or self.rounds < 0 or self.n_best < 1:
             raise ValueError("active_learning: batch_tokens and n_best must be at least 1, rounds at least 0")
-        if self.token_budget is not None and self.token_budget < 1:
-            raise ValueError(f"active_learning.token_budget={self.token_budget!r}: at least 1, or null")
+        budget = self.token_budget
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
+            raise ValueError(f"active_learning.token_budget={budget!r}: a whole number >= 1, or null")
         if not 0 < self.threshold <= 1:
             raise ValueError(f"active_learning.threshold={self.threshold!r}: a probability in (0, 1]")
 

@@ -97,7 +97,13 @@ def check_sweeper_settings(config: DictConfig) -> None:
 def check_comparison_settings(config: DictConfig) -> None:
     """Exit (code 2, one line) when the summary's comparison settings (``comparison``, as
     ``+experiment=hmm_vs_crf`` sets them) cannot work: the summary reads them only after every job ran."""
-    for key, least in (("bootstrap_samples", 1), ("seed", 0)):
+    least_of = {"bootstrap_samples": 1, "seed": 0, "top_labels": 1}
+    settings = OmegaConf.select(config, "comparison", default=None)
+    unknown = sorted(set(settings) - set(least_of)) if isinstance(settings, DictConfig) else []
+    if unknown:  # a misspelt key would be ignored, its default used
+        log.error("bad setting comparison.%s: no such setting (comparison has %s)", unknown[0], ", ".join(least_of))
+        sys.exit(2)
+    for key, least in least_of.items():
         value = OmegaConf.select(config, f"comparison.{key}", default=None)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
             log.error("bad setting comparison.%s=%r: a whole number >= %d", key, value, least)

@@ -216,6 +216,11 @@ def test_save_load_round_trip_and_bad_files(tmp_path):
 def test_input_errors():
     with pytest.raises(ValueError, match="order must be 1 or 2"):
         HMM(order=3).fit([["a"]], [["A"]])
+    for text in ("no", "false", 0.5):  # a string read as a switch would be true: the capitalised model, silently
+        with pytest.raises(ValueError, match="capitalization must be True or False"):
+            HMM(capitalization=text).fit([["a"]], [["A"]])
+    with pytest.raises(ValueError, match="k must be a number >= 0"):
+        HMM(k="abc").fit([["a"]], [["A"]])
     with pytest.raises(ValueError, match="differ in length at sequence 1"):
         HMM().fit([["a"], ["b", "c"]], [["A"], ["B"]])
     with pytest.raises(ValueError, match="non-empty"):

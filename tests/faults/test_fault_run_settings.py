@@ -314,7 +314,11 @@ def test_semi_supervised_settings_the_hmm_would_refuse_are_refused_before_any_ru
         validated_plan(compose_config(["+experiment=semi_supervised", override]))
 
 
-@pytest.mark.parametrize("override", ["comparison.bootstrap_samples=-1", "comparison.seed=abc"])
+@pytest.mark.parametrize(
+    "override",
+    ["comparison.bootstrap_samples=-1", "comparison.seed=abc", "comparison.top_labels=abc", "comparison.top_labels=-1",
+     "+comparison.top_label=5"],
+)  # fmt: skip
 def test_comparison_settings_are_refused_before_the_sweep(override, caplog):
     """``comparison.bootstrap_samples=-1`` ran every job, then the summary failed: the parent run
     FAILED, exit status 0 (round 24)."""
@@ -322,4 +326,4 @@ def test_comparison_settings_are_refused_before_the_sweep(override, caplog):
 
     with pytest.raises(SystemExit) as ended:
         check_sweeper_settings(compose_config(["+experiment=hmm_vs_crf", override]))
-    assert ended.value.code == 2 and f"bad setting {override.split('=')[0]}=" in caplog.text
+    assert ended.value.code == 2 and f"bad setting {override.split('=')[0].lstrip('+')}" in caplog.text

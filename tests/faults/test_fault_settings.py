@@ -40,6 +40,7 @@ from pipeline.engine.validate import SettingsError, validate_settings  # noqa: E
         (["model=hmm", "model.transition_smoothing=add-k", "model.k=0"], "bad setting model.k=0: add-k smoothing needs k > 0"),
         (["model=hmm", "model.k=abc"], "bad setting model.k='abc': must be a number"),
         (["model=hmm", "model.order=3"], "bad setting model.order=3: order must be 1 or 2"),
+        (["model=hmm", "model.capitalization=no"], "bad setting model.capitalization='no': capitalization must be True or False"),
         (["model=hmm", "model.emission_smoothing=kneser-ney"], "bad setting model.emission_smoothing='kneser-ney'"),
         (["model=hmm", "model.rare_threshold=-1"], "bad setting model.rare_threshold=-1"),
         (["model.adapter=pipeline.models.nothing.Adapter"], "bad setting model.adapter"),
@@ -162,6 +163,8 @@ def _compose_with_overrides(overrides: list[str]):
         (["stages=[active_learning]", "active_learning.arm=bogus"], "active_learning.arm='bogus'"),
         (["stages=[active_learning]", "active_learning.batch_tokens=abc"], "active_learning.batch_tokens='abc'"),
         (["stages=[active_learning]", "+active_learning.rnds=3"], "did you mean active_learning.rounds?"),
+        (["stages=[active_learning]", "active_learning.seed=-1"], "active_learning.seed=-1: a whole number >= 0"),
+        (["stages=[active_learning]", "active_learning.token_budget=abc"], "active_learning.token_budget='abc'"),
         (["evaluate.calibration_bins=0"], "bad setting evaluate.calibration_bins=0"),
         (["stages=[nothing]"], "unknown stage 'nothing'"),
         # the strength sets c1 and c2: an l1 run with c2 set would train elastic net, recorded as l1 at strength 1
