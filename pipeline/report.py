@@ -125,16 +125,20 @@ def _hidden(found: re.Match) -> str:
     return f"{found.group(1)}{shown}@"
 
 
-# a query parameter: ?name=value or &name=value (or a fragment's, #access_token=value)
-_QUERY_PARAMETER = re.compile(r"([?&;#])([^=&;#\s]*)=([^&;#\s]*)")
+# a query parameter: ?name=value or &name=value (or a fragment's, #access_token=value); a ";" may
+# separate parameters (older servers) or belong to the value (servers that split on "&" only)
+_QUERY_PARAMETER = re.compile(r"([?&;#])([^=&;#\s]*)=([^&#\s]*)")
 # a parameter name (percent-decoded, as the server reads it) that names a secret: token, api_key,
 # X-Amz-Signature, password, pass, pw, pwd, session, jwt, auth, credential, ...
 _SECRET_NAME = re.compile(r"token|key|secret|pass|pw|sig|auth|credential|session|jwt|bearer|cookie", re.I)
 
 
 def _hidden_value(found: re.Match) -> str:
-    secret = _SECRET_NAME.search(urllib.parse.unquote_plus(found.group(2)))
-    return f"{found.group(1)}{found.group(2)}=***" if secret else found.group(0)
+    start, name, value = found.groups()
+    if _SECRET_NAME.search(urllib.parse.unquote_plus(name)):
+        return f"{start}{name}=***"  # all of it, a ";" included
+    head, semicolon, rest = value.partition(";")
+    return f"{start}{name}={head}" + (_QUERY_PARAMETER.sub(_hidden_value, semicolon + rest) if semicolon else "")
 
 
 def redacted(text: str) -> str:
@@ -148,6 +152,13 @@ def redacted(text: str) -> str:
     return _QUERY_PARAMETER.sub(_hidden_value, hidden)
 
 
+def shown_url(url: str) -> str:
+    """``url`` as a message quotes it: :func:`redacted`, and cut at its first whitespace (a URL that
+    holds one is refused, and a secret's value would go on past it)."""
+    shown = redacted(url)
+    return shown if shown.split() == [shown] else (shown.split() or [""])[0] + " ..."
+
+
 def authority_problem(url: str) -> str | None:
     """Why an http(s) ``url`` cannot be requested, in a few words that quote none of it, or None: its
     ``host:port`` part is not one (a user or password holding a raw ``/``, ``?`` or ``#`` ends that
@@ -159,8 +170,8 @@ def authority_problem(url: str) -> str | None:
         _, host = parts.port, parts.hostname
     except ValueError:
         return (
-            "its host:port part is no host and port number (a '/', '?', '#', '@', '[' or ']' in a user or password "
-            "must be percent-encoded: %2F, %3F, %23, %40, %5B, %5D)"
+            "its host:port part is no host and port number (a '/', '?', '#', '[', ']' or at sign in a user or password "
+            "must be percent-encoded: %2F, %3F, %23, %5B, %5D, %40)"
         )
     if not host:
         return "it names no host"

@@ -264,11 +264,12 @@ class OptunaSweeper(Sweeper):
         search.build_sampler(self.sampler, self.seed)
         search.build_pruner(self.pruner)
         url = search.storage_url(self.storage, OmegaConf.select(self.config, "paths.output_dir", default="outputs"))
+        from pipeline.report import shown_url
         from pipeline.sweeps.cluster import UNPASSABLE, unpassable
 
         if unpassable(url):  # the trials' jobs open the study through their environment
             raise search.SweeperSettingError(
-                f"hydra.sweeper.storage={search.redacted(url)!r}: the trials' jobs are given it in their environment, "
+                f"hydra.sweeper.storage={shown_url(url)!r}: the trials' jobs are given it in their environment, "
                 f"which cannot carry {UNPASSABLE}; choose one without"
             )
         if OmegaConf.select(self.config, "tracking", default=None) is not None:
@@ -285,7 +286,7 @@ class OptunaSweeper(Sweeper):
         except Exception as error:  # a database that cannot be reached, a driver not installed, a bad URL
             first = (str(error).strip().splitlines() or [""])[0]
             why = f"{type(error).__name__}: {search.redacted(first)[:300]}"
-            raise search.SweeperSettingError(f"hydra.sweeper.storage: cannot open {search.redacted(url)} ({why})") from None
+            raise search.SweeperSettingError(f"hydra.sweeper.storage: cannot open {shown_url(url)} ({why})") from None
         if self.study_name is not None:  # a study resumed by name: checked before the sweep changes anything
             try:
                 storage.get_study_id_from_name(str(self.study_name))

@@ -35,7 +35,7 @@ from crf.io import (
     read_xml_sequences,
 )
 from pipeline.engine.validate import SettingsError
-from pipeline.report import authority_problem, redacted, request_with_credentials
+from pipeline.report import authority_problem, redacted, request_with_credentials, shown_url
 
 DATA_HOME_VARIABLE = "CRF_DATA_HOME"
 log = logging.getLogger(__name__)
@@ -191,7 +191,7 @@ def resolve_files(dataset: Mapping, root: str | os.PathLike, download: bool = Tr
         path = root / spec["path"]
         fetched = not path.is_file()
         if fetched:
-            log.info("downloading %s to %s", redacted(spec["url"]), path)
+            log.info("downloading %s to %s", shown_url(spec["url"]), path)
             try:
                 _download(spec["url"], path, timeout)
                 read_split(path, dataset)  # what the download gave must read as the dataset's files do
@@ -199,7 +199,7 @@ def resolve_files(dataset: Mapping, root: str | os.PathLike, download: bool = Tr
                 with contextlib.suppress(OSError):  # not left for the next run to take as the file
                     path.unlink()
                 why = redacted(str(getattr(err, "reason", err)))
-                failures.append(f"{path} (download from {redacted(spec['url'])} failed: {why})")
+                failures.append(f"{path} (download from {shown_url(spec['url'])} failed: {why})")
                 continue
         expected = spec.get("sha256")
         if expected:
@@ -209,7 +209,7 @@ def resolve_files(dataset: Mapping, root: str | os.PathLike, download: bool = Tr
                     path.unlink()
                 raise ChecksumError(
                     f"{path}: SHA-256 of its text is {actual}, expected {expected} (corrupt or a different version)"
-                    + (f"; the download from {redacted(spec['url'])} was removed" if fetched else "")
+                    + (f"; the download from {shown_url(spec['url'])} was removed" if fetched else "")
                 )
         paths[split] = path
     if failures:

@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 from crf.io import read_conll
 from pipeline.engine.cache import file_sha256
 from pipeline.engine.stage import BaseStage, StageContext
-from pipeline.report import authority_problem, redacted, write_json
+from pipeline.report import authority_problem, shown_url, write_json
 from pipeline.stages.data import (
     READERS,
     ChecksumError,
@@ -130,16 +130,16 @@ class Prepare(BaseStage):
             url = spec.get("url") if hasattr(spec, "get") else None
             if url is not None and not str(url).lower().startswith(("http://", "https://")):
                 raise SettingsError(
-                    f"bad setting dataset.files.{split}.url={redacted(url)!r}: a download URL must be http:// or https://"
+                    f"bad setting dataset.files.{split}.url={shown_url(str(url))!r}: a download URL must be http:// or https://"
                 )
             if url is not None and (not urlsplit(str(url)).hostname or any(c <= " " or c == "\x7f" for c in str(url))):
                 raise SettingsError(
-                    f"bad setting dataset.files.{split}.url={redacted(url)!r}: a download URL needs a host name and no spaces "
-                    "or control characters (write a space as %20)"
+                    f"bad setting dataset.files.{split}.url={shown_url(str(url))!r}: a download URL needs a host name and "
+                    "no spaces or control characters (write a space as %20)"
                 )
             problem = authority_problem(str(url)) if url is not None else None
             if problem is not None:
-                raise SettingsError(f"bad setting dataset.files.{split}.url={redacted(url)!r}: {problem}")
+                raise SettingsError(f"bad setting dataset.files.{split}.url={shown_url(str(url))!r}: {problem}")
 
     def metric_names(self, cfg, adapter: ModelAdapter) -> tuple[str, ...]:
         """The statistics of :meth:`run`: sizes and OOV rates per split, label counts."""

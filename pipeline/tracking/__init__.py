@@ -38,7 +38,7 @@ from mlflow.types import ColSpec, Schema  # noqa: E402
 
 from pipeline.engine.store import CACHE_SOURCE_TAG, MODEL_URI_TAG, SWEEP_PARENT_VARIABLE, flatten  # noqa: E402
 from pipeline.models import SWEEP_ID_VARIABLE  # noqa: E402
-from pipeline.report import authority_problem, redacted, request_with_credentials  # noqa: E402
+from pipeline.report import authority_problem, redacted, request_with_credentials, shown_url  # noqa: E402
 from pipeline.tracking import (
     champion,
     lifecycle,  # noqa: E402
@@ -190,7 +190,7 @@ def check_store_exists(uri: str) -> None:
         )
     problem = store_problem(uri)
     if problem is not None:  # MLflow would write its tables into another program's database as it opened it
-        raise TrackingUnavailable(f"the store {uri}: {problem}")
+        raise TrackingUnavailable(f"the store {shown_url(uri)}: {problem}")
     check_reachable(uri)
 
 

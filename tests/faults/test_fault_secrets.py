@@ -46,6 +46,9 @@ from pipeline.tracking import TrackingUnavailable, check_reachable
         ("http://u:horse\nStap1e@h:1/t.gz", "http://u:***@h:1/t.gz"),  # a line break (an environment variable)
         ("store http://u:horse Batt\nStap1e@h:1 (x)", "store http://u:***@h:1 (x)"),
         ("see http://host/x\n  email: a@b.org", "see http://host/x\n  email: a@b.org"),  # the next line: no secret
+        ("http://h/t?token=abc;SeCr3t&v=1", "http://h/t?token=***&v=1"),  # a ";" in the value: sent as part of it (round 25)
+        ("http://h/t?v=1;token=SeCr3t&w=2", "http://h/t?v=1;token=***&w=2"),  # a ";" between parameters
+        ("http://h/t?v=1;w=2", "http://h/t?v=1;w=2"),
     ],
 )
 def test_the_secret_of_every_url_is_hidden(url, shown):
@@ -149,6 +152,21 @@ def test_a_tracking_uri_whose_password_holds_a_line_break_is_refused_in_one_line
     assert refused is not None and "a space or control character" in refused, refused
     shown = redacted(refused)
     assert "\n" not in shown and "Prefix0" not in shown and "horse" not in shown, shown
+
+
+def test_a_refused_url_with_a_space_in_its_secret_is_quoted_without_the_rest_of_it(tmp_path, monkeypatch):
+    """A token's value stops at a raw space in free text, so every refusal of such a URL quoted what
+    follows the space (round 25): a URL a message quotes is cut at its first whitespace."""
+    from pipeline.__main__ import composition_refusal
+    from pipeline.stages.data import MissingDataError, resolve_files
+
+    dataset = {"name": "toy", "files": {"train": {"path": "t.gz", "url": "http://127.0.0.1:1/t.gz?token=abc SeCr3t"}}}
+    with pytest.raises(MissingDataError) as missing:
+        resolve_files(dataset, tmp_path, download=True)
+    assert "SeCr3t" not in redacted(str(missing.value)) and "token=*** ..." in str(missing.value)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://u:horse Batt@127.0.0.1:1/?token=abc SeCr3t")
+    refused = composition_refusal([])
+    assert refused is not None and "SeCr3t" not in redacted(refused) and "horse" not in redacted(refused), refused
 
 
 def test_a_tracking_server_url_with_a_query_is_refused():
