@@ -4,11 +4,12 @@ import hydra
 from omegaconf import DictConfig
 
 from pipeline.apps import benchmark as app
+from pipeline.apps import run_checked
 
 
 @hydra.main(version_base=None, config_path="../conf", config_name="benchmark")
 def main(cfg: DictConfig) -> None:
-    app.main(cfg)
+    run_checked(app.check_settings, app.main, cfg)
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ from pipeline.stages.data import load_dataset, subset
 from pipeline.stages.featurize import build_extractor
 
 INPUTS = ("batch", "strings", "dicts")
+TOOLS = ("ours", "crfsuite", "ours_pycrfsuite")  # ours_pycrfsuite: python-crfsuite's API over this project
 CHUNK = 1000  # sentences converted to attribute lists at a time (bounds the temporary CSR batches)
 
 
@@ -254,7 +255,7 @@ def measure(spec: dict) -> dict:
         items = [pycrfsuite.ItemSequence(xseq) for xseq in x_test] if path == "batch" else x_test
         tag = lambda: [tagger.tag(item) for item in items]  # noqa: E731
     else:
-        raise ValueError(f"unknown tool {tool!r}")
+        raise ValueError(f"unknown tool {tool!r}: one of {', '.join(TOOLS)}")
     result["seconds_per_iteration"] = result["train_seconds"] / max(result["iterations"], 1)
 
     times = []

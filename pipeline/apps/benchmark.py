@@ -34,9 +34,9 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline import tracking
-from pipeline.apps.bench_worker import INPUTS
+from pipeline.apps.bench_worker import INPUTS, TOOLS
 from pipeline.apps.per_call_benchmark import per_call_table
-from pipeline.engine.validate import non_switch
+from pipeline.engine.validate import non_switch, non_whole_number
 from pipeline.report import figure, markdown_table, save_figure
 
 log = logging.getLogger(__name__)
@@ -62,6 +62,10 @@ FIGURES = [
 
 
 # the benchmark's true-or-false settings
+# counts and their least values (max_iterations may also be null: CRFsuite's own stopping rule)
+COUNTS = {"repetitions": 1, "tag_repeats": 1, "max_iterations": 1, "growth.iterations": 1, "growth.repetitions": 1}
+COUNTS |= {f"per_call.{key}": 1 for key in ("train_sentences", "iterations", "long_sentences", "long_iterations")}
+COUNTS |= {"per_call.sgd_epochs": 1, "per_call.served_requests": 1, "per_call.served_warmup": 0, "per_call.serve_timeout": 1}
 SWITCHES = ("quick", "growth_enabled", "all_possible_transitions", "boundary_transitions", "per_call.enabled", "per_call.served")
 
 
@@ -78,13 +82,28 @@ def run_worker(spec: dict) -> dict:
         return json.loads(out_path.read_text())
 
 
-def _settings(cfg: DictConfig) -> dict:
+def check_settings(cfg: DictConfig) -> None:
+    """Refuse (ValueError, one line naming the setting) what the benchmark could not run or would
+    misreport: an unknown tool or input, a count below 1, a switch that is not true or false."""
     b = OmegaConf.to_container(cfg.benchmark, resolve=True)
+    tools = b.get("tools")
+    if not isinstance(tools, list) or not tools or len(set(map(str, tools))) != len(tools) or set(tools) - set(TOOLS):
+        raise ValueError(f"benchmark.tools={tools!r}: different tools of {', '.join(TOOLS)}")
     if b["input"] not in INPUTS:
         raise ValueError(f"benchmark.input={b['input']!r}: one of {', '.join(INPUTS)}")
-    problem = non_switch(cfg, [f"benchmark.{key}" for key in SWITCHES])  # "no" would read as true
+    problem = non_switch(cfg, [f"benchmark.{key}" for key in SWITCHES]) or non_whole_number(
+        cfg, {f"benchmark.{key}": least for key, least in COUNTS.items()}
+    )  # "no" would read as true; 0 repetitions would report nothing
     if problem:
         raise ValueError(problem)
+    fraction = b.get("train_fraction")
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
+        raise ValueError(f"benchmark.train_fraction={fraction!r}: a number in (0, 1]")
+
+
+def _settings(cfg: DictConfig) -> dict:
+    check_settings(cfg)
+    b = OmegaConf.to_container(cfg.benchmark, resolve=True)
     if b["quick"]:
         b.update(repetitions=1, train_fraction=0.1, max_iterations=10, tag_repeats=1)
         b["growth"].update(iterations=5, repetitions=1, fractions=[0.05, 0.1], repeats=[2])

@@ -19,10 +19,11 @@ from pathlib import Path
 import mlflow
 import numpy as np
 import pandas as pd
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from crf import HMM
 from pipeline import tracking
+from pipeline.engine.validate import check_hmm_observation, non_whole_number
 from pipeline.report import markdown_table
 from pipeline.stages.data import load_dataset
 
@@ -48,6 +49,18 @@ def _nltk(X, y, X_test, capitalization: bool):
     began = time.perf_counter()
     predicted = model.tagdata(X_test)
     return trained, time.perf_counter() - began, [t for s in predicted for _, t in s]
+
+
+def check_settings(cfg: DictConfig) -> None:
+    """Refuse (ValueError naming the setting) a repetition count below 1, an observation that is no
+    column of the dataset (or its label), and capitalisation options that are not true or false."""
+    problem = non_whole_number(cfg, {"hmm_benchmark.repetitions": 1})
+    if problem:
+        raise ValueError(problem)
+    check_hmm_observation(cfg, "hmm_benchmark.observation")
+    options = OmegaConf.select(cfg, "hmm_benchmark.capitalization", default=None)
+    if not isinstance(options, ListConfig) or not options or not all(isinstance(o, bool) for o in options):
+        raise ValueError(f"hmm_benchmark.capitalization={options!r}: a list of true and false")
 
 
 def main(cfg: DictConfig) -> None:

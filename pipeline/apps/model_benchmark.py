@@ -43,7 +43,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from crf import metrics
 from pipeline import tracking
-from pipeline.engine.validate import non_switch
+from pipeline.engine.validate import non_switch, non_whole_number
 from pipeline.report import markdown_table
 from pipeline.stages.data import load_dataset
 from pipeline.tracking.mlflow_model import SENTENCE
@@ -154,15 +154,21 @@ def _logged_score(model_uri: str, chunked: bool) -> float:
     return float("nan")
 
 
-def main(cfg: DictConfig) -> None:
-    settings = cfg.model_benchmark
-    if not settings.model:
-        raise ValueError("say which model to measure: model_benchmark.model=runs:/<run id>/model or models:/<name>@champion")
-    if int(settings.repetitions) < 1:
-        raise ValueError(f"model_benchmark.repetitions must be at least 1, got {settings.repetitions}")
-    problem = non_switch(cfg, ("model_benchmark.served", "data.download"))  # "no" would read as true
+def check_settings(cfg: DictConfig) -> None:
+    """Refuse (ValueError naming the setting) a missing model, a count below 1 and a switch that is
+    not true or false."""
+    if not cfg.model_benchmark.model:
+        raise ValueError("model_benchmark.model: say which model to measure (runs:/<run id>/model or models:/<name>@champion)")
+    problem = non_whole_number(cfg, {"model_benchmark.repetitions": 1, "model_benchmark.serve_timeout": 1}) or non_switch(
+        cfg, ("model_benchmark.served", "data.download")
+    )  # "no" would read as true
     if problem:
         raise ValueError(problem)
+
+
+def main(cfg: DictConfig) -> None:
+    check_settings(cfg)
+    settings = cfg.model_benchmark
     tracking.setup(cfg)
     model_uri = str(settings.model)
     began = time.perf_counter()

@@ -151,6 +151,16 @@ def non_switch(cfg: DictConfig, keys: Iterable[str]) -> str | None:
     return None
 
 
+def non_whole_number(cfg: DictConfig, least: Mapping[str, int]) -> str | None:
+    """``key=value: a whole number >= n`` for the first key of ``least`` whose value is not a whole
+    number of at least ``least[key]``; None when each is one or unset."""
+    for key, smallest in least.items():
+        value = OmegaConf.select(cfg, key, default=None)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < smallest):
+            return f"{key}={value!r}: a whole number >= {smallest}"
+    return None
+
+
 def _not_a_unique_path(name: str) -> bool:
     """Whether the registry would read ``name`` as a path that is not itself ('.', '..x', 'a//b')."""
     normal = posixpath.normpath(name)

@@ -153,6 +153,37 @@ def test_unknown_input_path_is_refused(tiny):
         benchmark._settings(_config(data_root, out, "benchmark.input=csv"))
 
 
+@pytest.mark.parametrize(
+    "app, overrides, message",
+    [
+        ("benchmark", ["benchmark.tools=[nosuch]"], "bad setting benchmark.tools=['nosuch']: different tools of ours"),
+        ("benchmark", ["benchmark.tools=[ours,ours]"], "bad setting benchmark.tools=['ours', 'ours']"),
+        ("benchmark", ["benchmark.repetitions=0"], "bad setting benchmark.repetitions=0: a whole number >= 1"),
+        ("benchmark", ["benchmark.per_call.served=no"], "bad setting benchmark.per_call.served='no': true or false"),
+        ("benchmark", ["benchmark.train_fraction=0"], "bad setting benchmark.train_fraction=0: a number in (0, 1]"),
+        ("hmm_benchmark", ["hmm_benchmark.repetitions=0"], "bad setting hmm_benchmark.repetitions=0: a whole number >= 1"),
+        ("hmm_benchmark", ["hmm_benchmark.observation=nosuch"], "bad setting hmm_benchmark.observation='nosuch': not one of"),
+        ("hmm_benchmark", ["hmm_benchmark.capitalization=[no]"], "bad setting hmm_benchmark.capitalization=['no']"),
+        ("model_benchmark", [], "bad setting model_benchmark.model: say which model to measure"),
+        ("model_benchmark", ["model_benchmark.model=x", "model_benchmark.served=no"], "bad setting model_benchmark.served='no'"),
+    ],
+)
+def test_a_benchmark_refuses_a_bad_setting_in_one_line_before_any_work(app, overrides, message, caplog):
+    """``hmm_benchmark.repetitions=0`` and ``observation=nosuch`` gave tracebacks, and
+    ``benchmark.tools=[nosuch]`` failed after its MLflow run opened (round 25)."""
+    import importlib
+
+    from pipeline.apps import run_checked
+
+    with initialize_config_dir(version_base=None, config_dir=CONF_DIR):
+        cfg = compose(config_name=app, overrides=overrides)
+    worked = []
+    with pytest.raises(SystemExit) as ended:
+        run_checked(importlib.import_module(f"pipeline.apps.{app}").check_settings, worked.append, cfg)
+    assert ended.value.code == 2 and not worked
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"][0].startswith(message), caplog.text
+
+
 @pytest.mark.slow
 def test_joint_ewt_label_set_has_over_100_labels(shared_data):
     from pipeline.stages.data import load_dataset
