@@ -164,9 +164,9 @@ def holder_standing(client: Any, holder: Any, like: Standing) -> tuple[Standing 
     """The standing of alias ``holder`` by ``like``'s metric on ``like``'s evaluation data, read from
     the runs that name its model (:func:`_runs_of_the_model`) and tag that evaluation data
     (:data:`EVALUATION_RUN_TAG`): the one value of the metric they had logged when the version was
-    registered. Values logged later are not what it was chosen by; values that differ (one logged
-    by hand, back-dated) leave it unknown. The version's own tags are never read: a tag edited by
-    hand changes nothing.
+    registered (give or take :data:`CLOCK_SKEW_MS`). Values logged later are not what it was chosen
+    by; values that differ (one logged by hand, back-dated) leave it unknown. The version's own tags
+    are never read: a tag edited by hand changes nothing.
 
     Returns
     -------
@@ -186,7 +186,7 @@ def holder_standing(client: Any, holder: Any, like: Standing) -> tuple[Standing 
     values = []
     for run in same:
         history = client.get_metric_history(run.info.run_id, metric)
-        values += [m.value for m in history if not isinstance(registered, int) or m.timestamp <= registered]
+        values += [m.value for m in history if not isinstance(registered, int) or m.timestamp <= registered + CLOCK_SKEW_MS]
     distinct = list(dict.fromkeys(repr(float(v)) for v in values))
     if not distinct:
         return None, f"no run of its model had logged {metric} on this evaluation data when it was registered"
@@ -250,6 +250,10 @@ def alias_decision(
     return True, f"moved: {new.metric} {new.value:.6g} is at least the holder's {current.value:.6g}"
 
 
+# a metric's time is the logging client's clock, a version's the store's: a value logged this long after
+# the registration still counts (on a server whose clock is behind, the score logged just before it
+# would otherwise read as later); a differing value there only leaves the holder's score unknown
+CLOCK_SKEW_MS = 60_000
 REPAIR_ROUNDS = 5  # without a lock: how often a registration re-decides after finding another version set
 
 

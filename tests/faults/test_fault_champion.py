@@ -528,14 +528,31 @@ def test_a_holder_without_a_readable_score_keeps_the_alias(local_registry, holde
     assert f"on this evaluation data is not known ({why})" in client.get_model_version("m", "2").tags[DECISION_TAG]
 
 
+def test_a_score_logged_just_after_the_registration_by_a_client_clock_ahead_still_counts(local_registry):
+    """A tracking server whose clock is behind the client's: the score, logged just before the
+    registration, reads as later by the version's time; it was taken for none, and the alias stuck."""
+    client, model = local_registry
+    run_id = client.create_run(client.create_experiment("ahead")).info.run_id
+    client.set_tag(run_id, EVALUATION_RUN_TAG, "e1")
+    client.create_registered_model("m")
+    version = client.create_model_version("m", model.as_uri(), run_id=run_id)
+    client.log_metric(run_id, "dev_f1", 85.09, timestamp=version.creation_timestamp + 2_000)  # a client 2 s ahead
+    client.set_registered_model_alias("m", "champion", "1")
+    assert _register(66.29, model, name="m") == "2"
+    assert client.get_model_version("m", "2").tags[DECISION_TAG].startswith("kept: dev_f1 66.29 is worse than the holder's 85.09")
+    assert _register(85.09, model, name="m") == "3"
+    assert str(client.get_model_version_by_alias("m", "champion").version) == "3"
+
+
 def test_a_holder_is_judged_by_the_score_its_run_had_when_it_was_registered(local_registry):
     """Its run's dev F1 logged again after the registration (NaN, or worse): not what it was chosen
     by; a worse version (66.29 against 85.09) took the alias."""
     client, model = local_registry
     _holder_with_a_run(client, model, 85.09)
     holder = client.get_model_version("m", "1")
-    client.log_metric(holder.run_id, "dev_f1", float("nan"), timestamp=holder.creation_timestamp + 5)
-    client.log_metric(holder.run_id, "dev_f1", 10.0, timestamp=holder.creation_timestamp + 10)
+    later = holder.creation_timestamp + champion.CLOCK_SKEW_MS
+    client.log_metric(holder.run_id, "dev_f1", float("nan"), timestamp=later + 5)
+    client.log_metric(holder.run_id, "dev_f1", 10.0, timestamp=later + 10)
     assert _register(66.29, model, name="m") == "2"
     assert str(client.get_model_version_by_alias("m", "champion").version) == "1"
     assert (
