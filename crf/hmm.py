@@ -205,6 +205,10 @@ class HMM:
             raise ValueError("capitalization=True needs emission_smoothing='suffix'")
         if isinstance(self.k, (bool, np.bool_)) or not isinstance(self.k, (int, float, np.number)) or not self.k >= 0:
             raise ValueError(f"k must be a number >= 0, got {self.k!r}")
+        for name, least in (("rare_threshold", 0), ("max_suffix", 0), ("block_elements", 1)):
+            value = getattr(self, name)
+            if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < least:
+                raise ValueError(f"{name} must be a whole number >= {least}, got {value!r}")
 
     # --- training ---------------------------------------------------------------------------
 
@@ -682,7 +686,7 @@ class HMM:
         if self.suffix_model_ is not None:
             arrays["unknown_given_label"] = self.unknown_given_label_
         meta = {
-            "params": self.get_params(),
+            "params": {k: v.item() if isinstance(v, np.generic) else v for k, v in self.get_params().items()},  # JSON
             "classes": list(self.classes_),
             "suffix_theta": None if self.suffix_model_ is None else self.suffix_model_.theta,
             "interpolation_weights": None

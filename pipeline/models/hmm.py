@@ -65,10 +65,6 @@ class HMMAdapter(BaseAdapter):
                 "bad setting features.clusters: model=hmm observes one column (model.observation) and uses no features, "
                 "so word clusters would be ignored; drop them (+features/clusters=brown) or use model=crf"
             )
-        for name in ("rare_threshold", "max_suffix"):
-            value = model.get(name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0):
-                raise SettingsError(f"bad setting model.{name}={value!r}: must be an integer >= 0")
 
     def config_slice(self, cfg) -> dict:
         return {"model": OmegaConf.to_container(cfg.model, resolve=True)}

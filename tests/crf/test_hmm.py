@@ -221,6 +221,18 @@ def test_input_errors():
             HMM(capitalization=text).fit([["a"]], [["A"]])
     with pytest.raises(ValueError, match="k must be a number >= 0"):
         HMM(k="abc").fit([["a"]], [["A"]])
+    for name, value in (("max_suffix", -1), ("max_suffix", True), ("rare_threshold", -2), ("block_elements", 0)):
+        with pytest.raises(ValueError, match=f"{name} must be a whole number"):  # -1 read memory never written
+            HMM(**{name: value}).fit([["a"]], [["A"]])
+
+
+def test_numpy_parameter_values_fit_save_and_load(tmp_path):
+    """``np.int64`` and ``np.True_`` settings fitted, then ``save`` failed on JSON (round 26)."""
+    X, y = [["a", "b", "c"], ["b", "c"]], [["A", "B", "A"], ["B", "A"]]
+    model = HMM(order=np.int64(1), max_suffix=np.int64(3), capitalization=np.True_, emission_smoothing="suffix").fit(X, y)
+    model.save(tmp_path / "m.npz")
+    loaded = HMM.load(tmp_path / "m.npz")
+    assert loaded.predict(X) == model.predict(X) and loaded.get_params()["max_suffix"] == 3
     with pytest.raises(ValueError, match="differ in length at sequence 1"):
         HMM().fit([["a"], ["b", "c"]], [["A"], ["B"]])
     with pytest.raises(ValueError, match="non-empty"):
