@@ -66,6 +66,11 @@ FIGURES = [
 COUNTS = {"repetitions": 1, "tag_repeats": 1, "max_iterations": 1, "growth.iterations": 1, "growth.repetitions": 1}
 COUNTS |= {f"per_call.{key}": 1 for key in ("train_sentences", "iterations", "long_sentences", "long_iterations")}
 COUNTS |= {"per_call.sgd_epochs": 1, "per_call.served_requests": 1, "per_call.served_warmup": 0, "per_call.serve_timeout": 1}
+# numbers: (whether a value is one, what it must be); both sides' trainers get them
+NUMBERS = {"train_fraction": (lambda v: 0 < v <= 1, "a number in (0, 1]")}
+NUMBERS |= dict.fromkeys(("c1", "c2", "epsilon", "delta"), (lambda v: 0 <= v < float("inf"), "a finite number >= 0"))
+NUMBERS["per_call.pruning_threshold"] = (lambda v: 0 < v < 1, "a number in (0, 1)")
+COUNTS |= {"period": 1, "num_memories": 1}
 SWITCHES = ("quick", "growth_enabled", "all_possible_transitions", "boundary_transitions", "per_call.enabled", "per_call.served")
 
 
@@ -84,7 +89,8 @@ def run_worker(spec: dict) -> dict:
 
 def check_settings(cfg: DictConfig) -> None:
     """Refuse (ValueError, one line naming the setting) what the benchmark could not run or would
-    misreport: an unknown tool or input, a count below 1, a switch that is not true or false."""
+    misreport: an unknown tool, input or feature set, a count below 1, a number out of its range, a
+    switch that is not true or false."""
     b = OmegaConf.to_container(cfg.benchmark, resolve=True)
     tools = b.get("tools")
     if not isinstance(tools, list) or not tools or len(set(map(str, tools))) != len(tools) or set(tools) - set(TOOLS):
@@ -96,9 +102,12 @@ def check_settings(cfg: DictConfig) -> None:
     )  # "no" would read as true; 0 repetitions would report nothing
     if problem:
         raise ValueError(problem)
-    fraction = b.get("train_fraction")
-    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
-        raise ValueError(f"benchmark.train_fraction={fraction!r}: a number in (0, 1]")
+    if b.get("feature_set") not in ("sparse", "dense"):
+        raise ValueError(f"benchmark.feature_set={b.get('feature_set')!r}: sparse or dense")
+    for key, (fits, what) in NUMBERS.items():
+        value = OmegaConf.select(cfg, f"benchmark.{key}", default=None)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not fits(value):
+            raise ValueError(f"benchmark.{key}={value!r}: {what}")
 
 
 def _settings(cfg: DictConfig) -> dict:

@@ -39,6 +39,7 @@ from pathlib import Path
 import mlflow
 import numpy as np
 import pandas as pd
+from mlflow.exceptions import MlflowException
 from omegaconf import DictConfig, OmegaConf
 
 from crf import metrics
@@ -172,7 +173,11 @@ def main(cfg: DictConfig) -> None:
     tracking.setup(cfg)
     model_uri = str(settings.model)
     began = time.perf_counter()
-    model = mlflow.pyfunc.load_model(model_uri)
+    try:
+        model = mlflow.pyfunc.load_model(model_uri)
+    except (MlflowException, OSError) as error:  # no such model, run or alias: one line, as a bad setting
+        log.error("bad setting model_benchmark.model=%s: %s", model_uri, " ".join(str(error).split())[:300])
+        sys.exit(2)
     load_seconds = time.perf_counter() - began
     bundle = model.unwrap_python_model().bundle
     chunked = bundle.scheme != "none"

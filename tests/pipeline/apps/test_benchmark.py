@@ -161,6 +161,10 @@ def test_unknown_input_path_is_refused(tiny):
         ("benchmark", ["benchmark.repetitions=0"], "bad setting benchmark.repetitions=0: a whole number >= 1"),
         ("benchmark", ["benchmark.per_call.served=no"], "bad setting benchmark.per_call.served='no': true or false"),
         ("benchmark", ["benchmark.train_fraction=0"], "bad setting benchmark.train_fraction=0: a number in (0, 1]"),
+        ("benchmark", ["benchmark.period=0"], "bad setting benchmark.period=0: a whole number >= 1"),
+        ("benchmark", ["benchmark.c2=-1"], "bad setting benchmark.c2=-1: a finite number >= 0"),
+        ("benchmark", ["benchmark.epsilon=abc"], "bad setting benchmark.epsilon='abc'"),
+        ("benchmark", ["benchmark.feature_set=nosuch"], "bad setting benchmark.feature_set='nosuch': sparse or dense"),
         ("hmm_benchmark", ["hmm_benchmark.repetitions=0"], "bad setting hmm_benchmark.repetitions=0: a whole number >= 1"),
         ("hmm_benchmark", ["hmm_benchmark.observation=nosuch"], "bad setting hmm_benchmark.observation='nosuch': not one of"),
         ("hmm_benchmark", ["hmm_benchmark.capitalization=[no]"], "bad setting hmm_benchmark.capitalization=['no']"),
@@ -182,6 +186,23 @@ def test_a_benchmark_refuses_a_bad_setting_in_one_line_before_any_work(app, over
         run_checked(importlib.import_module(f"pipeline.apps.{app}").check_settings, worked.append, cfg)
     assert ended.value.code == 2 and not worked
     assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"][0].startswith(message), caplog.text
+
+
+def test_the_model_benchmark_refuses_a_model_the_store_lacks_in_one_line(tmp_path, caplog):
+    from pipeline.apps import model_benchmark
+
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    overrides = ["model_benchmark.model=models:/nosuch@champion", f"tracking.uri={store}", f"paths.output_dir={tmp_path}"]
+    with initialize_config_dir(version_base=None, config_dir=CONF_DIR):
+        cfg = compose(config_name="model_benchmark", overrides=overrides)
+    try:
+        with pytest.raises(SystemExit) as ended:
+            model_benchmark.main(cfg)
+    finally:  # its setup pointed MLflow at the test's store
+        model_benchmark.mlflow.set_tracking_uri(None)
+        model_benchmark.mlflow.set_registry_uri(None)
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert ended.value.code == 2 and errors[0].startswith("bad setting model_benchmark.model=models:/nosuch@champion: ")
 
 
 @pytest.mark.slow
