@@ -119,10 +119,13 @@ _SPACED_USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)([^\s@][^\n]*?[^\S
 _BROKEN_USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)([^\s@][^\n@]*\n[^\s@]*)@")
 
 
+def _hidden_userinfo(userinfo: str) -> str:
+    user, colon, _ = userinfo.partition(":")
+    return f"{user}:***" if colon and user and not set(user) & {"/", "@"} else "***"  # a user alone may be a token
+
+
 def _hidden(found: re.Match) -> str:
-    user, colon, _ = found.group(2).partition(":")
-    shown = f"{user}:***" if colon and user and not set(user) & {"/", "@"} else "***"  # a user alone may be a token
-    return f"{found.group(1)}{shown}@"
+    return f"{found.group(1)}{_hidden_userinfo(found.group(2))}@"
 
 
 # a query parameter: ?name=value or &name=value (or a fragment's, #access_token=value); a ";" may
@@ -153,8 +156,13 @@ def redacted(text: str) -> str:
 
 
 def shown_url(url: str) -> str:
-    """``url`` as a message quotes it: :func:`redacted`, and cut at its first whitespace (a URL that
-    holds one is refused, and a secret's value would go on past it)."""
+    """``url`` as a message quotes it: its user and password hidden, whatever characters they hold
+    (everything between ``://`` and the URL's last ``@``), then :func:`redacted`, and cut at its
+    first whitespace (a URL that holds one is refused, and a secret's value would go on past it)."""
+    head, sep, rest = str(url).partition("://")
+    if sep and "@" in rest and not rest.startswith("/"):  # "sqlite:////a@b/x" has a path, no user
+        userinfo, _, place = rest.rpartition("@")
+        url = f"{head}{sep}{_hidden_userinfo(userinfo)}@{place}"
     shown = redacted(url)
     return shown if shown.split() == [shown] else (shown.split() or [""])[0] + " ..."
 

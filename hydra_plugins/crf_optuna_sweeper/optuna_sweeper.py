@@ -284,7 +284,7 @@ class OptunaSweeper(Sweeper):
         try:
             storage = search.open_storage(url)
         except Exception as error:  # a database that cannot be reached, a driver not installed, a bad URL
-            first = (str(error).strip().splitlines() or [""])[0]
+            first = (str(error).replace(url, shown_url(url)).strip().splitlines() or [""])[0]  # it may quote the URL
             why = f"{type(error).__name__}: {search.redacted(first)[:300]}"
             raise search.SweeperSettingError(f"hydra.sweeper.storage: cannot open {shown_url(url)} ({why})") from None
         if self.study_name is not None:  # a study resumed by name: checked before the sweep changes anything

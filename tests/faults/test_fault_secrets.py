@@ -142,12 +142,14 @@ def test_a_url_whose_password_breaks_it_is_refused_without_quoting_it(password, 
     assert "Prefix0" not in redacted(str(missing.value))
 
 
-def test_a_tracking_uri_whose_password_holds_a_line_break_is_refused_in_one_line_without_it(monkeypatch):
+@pytest.mark.parametrize("password", ["horse\nPrefix0", "horse\n\nPrefix0", "horse\nBatt Prefix0"])
+def test_a_tracking_uri_whose_password_holds_a_line_break_is_refused_in_one_line_without_it(password, monkeypatch):
     """An environment variable can hold a raw line break: the refusal's URL then spanned two lines,
-    and the second showed the rest of the password (round 24)."""
+    and the second showed the rest of the password (round 24); with two, or a space after one, the
+    first part showed (round 26)."""
     from pipeline.__main__ import composition_refusal
 
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://u:horse\nPrefix0@127.0.0.1:1")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://u:{password}@127.0.0.1:1")
     refused = composition_refusal([])
     assert refused is not None and "a space or control character" in refused, refused
     shown = redacted(refused)
