@@ -203,12 +203,15 @@ class HMM:
             raise ValueError(f"capitalization must be True or False, got {self.capitalization!r}")
         if self.capitalization and self.emission_smoothing != "suffix":
             raise ValueError("capitalization=True needs emission_smoothing='suffix'")
-        if isinstance(self.k, (bool, np.bool_)) or not isinstance(self.k, (int, float, np.number)) or not self.k >= 0:
-            raise ValueError(f"k must be a number >= 0, got {self.k!r}")
-        for name, least in (("rare_threshold", 0), ("max_suffix", 0), ("block_elements", 1)):
+        if isinstance(self.k, (bool, np.bool_)) or not isinstance(self.k, (int, float, np.number)) or not 0 <= self.k < np.inf:
+            raise ValueError(f"k must be a finite number >= 0, got {self.k!r}")
+        for name in ("rare_threshold", "max_suffix"):
             value = getattr(self, name)
-            if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < least:
-                raise ValueError(f"{name} must be a whole number >= {least}, got {value!r}")
+            if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 0:
+                raise ValueError(f"{name} must be a whole number >= 0, got {value!r}")
+        block = self.block_elements
+        if isinstance(block, (bool, np.bool_)) or not isinstance(block, (int, float, np.number)) or not 0 < block < np.inf:
+            raise ValueError(f"block_elements must be a positive number, got {block!r}")
 
     # --- training ---------------------------------------------------------------------------
 
@@ -775,11 +778,6 @@ class HMM:
             params["block_elements"] = params.pop("chunk_elements")
         model = cls(**params)
         model.check_params()
-        if not isinstance(model.max_suffix, int) or isinstance(model.max_suffix, bool) or model.max_suffix < 0:
-            raise ModelFileError(f"{path}: parameter max_suffix {model.max_suffix!r} is not a suffix length")
-        block = model.block_elements
-        if not isinstance(block, (int, float)) or isinstance(block, bool) or not 0 < block < float("inf"):
-            raise ModelFileError(f"{path}: parameter block_elements {block!r} is not a positive number")
         check_thread_count(path, model.n_threads)
         model.classes_ = check_classes(path, meta["classes"])  # strings or integers, as trained (the header is checksummed)
         model.vocabulary_ = arrays_to_strings(arrays["vocabulary_blob"], arrays["vocabulary_offsets"])

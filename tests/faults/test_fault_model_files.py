@@ -488,7 +488,7 @@ HMM_INCONSISTENCIES = {
     "emission-column": (lambda m, a: a["known_emissions_columns"].__setitem__(0, 200), "a column lies outside"),
     "missing-empty-suffix": (_drop_suffix, "lacks the empty suffixes ['C|']"),
     "bad-order": (lambda m, a: m["params"].update(order=3), "order must be 1 or 2"),
-    "negative-max-suffix": (lambda m, a: m["params"].update(max_suffix=-1), "max_suffix -1"),
+    "negative-max-suffix": (lambda m, a: m["params"].update(max_suffix=-1), "max_suffix must be a whole number >= 0, got -1"),
     "n-threads": (lambda m, a: m["params"].update(n_threads=-1), "n_threads -1"),
     "theta": (lambda m, a: m.update(suffix_theta=float("nan")), "suffix_theta nan"),
     "unknown-given-label": (lambda m, a: a.update(unknown_given_label=a["unknown_given_label"][:1]), "'unknown_given_label'"),
