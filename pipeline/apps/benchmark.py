@@ -61,16 +61,16 @@ FIGURES = [
 ]
 
 
-# the benchmark's true-or-false settings
 # counts and their least values (max_iterations may also be null: CRFsuite's own stopping rule)
-COUNTS = {"repetitions": 1, "tag_repeats": 1, "max_iterations": 1, "growth.iterations": 1, "growth.repetitions": 1}
+COUNTS = {"repetitions": 1, "tag_repeats": 1, "max_iterations": 1, "period": 1, "num_memories": 1}
+COUNTS |= {"growth.iterations": 1, "growth.repetitions": 1, "per_call.sgd_epochs": 1, "per_call.serve_timeout": 1}
 COUNTS |= {f"per_call.{key}": 1 for key in ("train_sentences", "iterations", "long_sentences", "long_iterations")}
-COUNTS |= {"per_call.sgd_epochs": 1, "per_call.served_requests": 1, "per_call.served_warmup": 0, "per_call.serve_timeout": 1}
+COUNTS |= {"per_call.served_requests": 1, "per_call.served_warmup": 0}
 # numbers: (whether a value is one, what it must be); both sides' trainers get them
 NUMBERS = {"train_fraction": (lambda v: 0 < v <= 1, "a number in (0, 1]")}
 NUMBERS |= dict.fromkeys(("c1", "c2", "epsilon", "delta"), (lambda v: 0 <= v < float("inf"), "a finite number >= 0"))
 NUMBERS["per_call.pruning_threshold"] = (lambda v: 0 < v < 1, "a number in (0, 1)")
-COUNTS |= {"period": 1, "num_memories": 1}
+# the benchmark's true-or-false settings
 SWITCHES = ("quick", "growth_enabled", "all_possible_transitions", "boundary_transitions", "per_call.enabled", "per_call.served")
 
 
