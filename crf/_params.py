@@ -303,8 +303,8 @@ def validate(p: dict, defaults: dict) -> Settings:
     if p["callback"] is not None and not callable(p["callback"]):
         raise ValueError(f"callback must be callable, got {p['callback']!r}")
     seed = p["random_state"]
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
-        raise ValueError(f"random_state must be an integer or None, got {p['random_state']!r}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0):
+        raise ValueError(f"random_state must be an integer >= 0 or None, got {p['random_state']!r}")  # NumPy's rule
     order = p["order"]
     if isinstance(order, bool) or order not in (1, 2):
         raise ValueError(f"order must be 1 or 2, got {order!r}")

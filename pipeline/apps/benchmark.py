@@ -108,6 +108,23 @@ def check_settings(cfg: DictConfig) -> None:
         value = OmegaConf.select(cfg, f"benchmark.{key}", default=None)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not fits(value):
             raise ValueError(f"benchmark.{key}={value!r}: {what}")
+    _check_growth(b["growth"])
+
+
+def _check_growth(g: dict) -> None:
+    """The cost-growth points: fractions in (0, 1] (1.5 would train on the whole set under its own
+    name), repeats of at least 1, label sets and label features that name config files."""
+    fractions, repeats = g.get("fractions") or [], g.get("repeats") or []
+    if any(isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f <= 1 for f in fractions):
+        raise ValueError(f"benchmark.growth.fractions={fractions!r}: numbers in (0, 1]")
+    if any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in repeats):
+        raise ValueError(f"benchmark.growth.repeats={repeats!r}: whole numbers >= 1")
+    if g.get("label_sets") and not (CONF_DIR / "features" / f"{g.get('label_features')}.yaml").is_file():
+        raise ValueError(f"benchmark.growth.label_features={g.get('label_features')!r}: no such features config")
+    for entry in g.get("label_sets") or []:
+        name = entry if isinstance(entry, str) else entry.get("dataset") if isinstance(entry, dict) else None
+        if not isinstance(name, str) or not (CONF_DIR / "dataset" / f"{name}.yaml").is_file():
+            raise ValueError(f"benchmark.growth.label_sets: {entry!r} names no dataset config")
 
 
 def _settings(cfg: DictConfig) -> dict:

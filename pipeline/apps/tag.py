@@ -54,6 +54,7 @@ from crf import metrics
 from crf.bundle import MIN_KNOWN, ModelBundle, TokenError, check_tokens, load_bundle, normalize_scheme
 from crf.features import NumericValueError
 from crf.io import check_input_file, special_file_kind
+from pipeline.apps import added_setting
 from pipeline.apps.formats import (
     OUTPUT_FORMATS,
     TOKENISATIONS,
@@ -647,6 +648,8 @@ def run_tag(cfg: Mapping) -> dict:
     choice = str(cfg.get("tokenize", "auto"))
     if choice not in ("auto", *TOKENISATIONS):  # refused whatever the format, as every setting is
         raise TagError(f"tokenize={choice!r}; one of auto, {', '.join(TOKENISATIONS)}")
+    if cfg.get("conllu_pos", "xpos") not in ("upos", "xpos"):
+        raise TagError(f"conllu_pos={cfg.get('conllu_pos')!r}; upos or xpos")
     tokenisation = text_tokenisation(choice, bundles[0], references[0]) if fmt == "text" else "punct"
     if fmt == "text":
         log.info("plain text split into %s tokens, as model %s's training data", tokenisation, references[0])
@@ -689,6 +692,10 @@ def run_tag(cfg: Mapping) -> dict:
 def main(cfg: DictConfig) -> None:
     from pipeline.tracking import registry_uri, tracking_uri
 
+    problem = added_setting(cfg, "the tag command")
+    if problem:
+        log.error("%s", redacted(problem))
+        sys.exit(2)
     try:
         settings = OmegaConf.to_container(cfg, resolve=True)
         models = settings.get("models")

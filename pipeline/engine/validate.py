@@ -313,7 +313,7 @@ def added_keys(overrides: Sequence[str]) -> list[str]:
     return keys
 
 
-def _command_line(cfg: DictConfig) -> list[str]:
+def command_line(cfg: DictConfig) -> list[str]:
     """The run's command-line overrides: from ``cfg.hydra`` when composed with it, else from the
     running Hydra app (none outside one)."""
     from hydra.core.hydra_config import HydraConfig
@@ -333,7 +333,7 @@ _NAMED_ENTRIES = ("features.views", "features.lexicons")
 
 
 def _check_added_keys(cfg: DictConfig, adapter) -> None:
-    for key in added_keys(_command_line(cfg)):
+    for key in added_keys(command_line(cfg)):
         section, _, name = key.partition(".")
         optional = set(_OPTIONAL.get(section, ())) | set(adapter.known_keys(section))
         if name.split(".", 1)[0] in optional or key.rsplit(".", 1)[0] in _NAMED_ENTRIES:
@@ -408,7 +408,7 @@ def validate_settings(cfg: DictConfig, stages=()) -> None:
     except ValueError as error:
         raise SettingsError(f"bad setting model.adapter: {error}") from None
     _check_added_keys(cfg, adapter)
-    overrides = _command_line(cfg)
+    overrides = command_line(cfg)
     conflict = strength_conflict(overrides) or _fixed_strength(cfg, overrides)
     if conflict:
         raise SettingsError(conflict)

@@ -424,6 +424,7 @@ def test_invalid_settings_are_refused(data, tmp_path):
         ({"pruning_threshold": 0.1}, "needs order=2"),
         ({"order": 2, "pruning_threshold": 1.5}, "must lie in"),
         ({"order": 2, "model_filename": str(tmp_path / "m.crfsuite")}, "first-order models only"),
+        ({"algorithm": "l2sgd", "random_state": -1}, "random_state must be an integer >= 0"),  # NumPy's bare error
     ):
         with pytest.raises(ValueError, match=message):
             CRF(**settings).fit(X, y)

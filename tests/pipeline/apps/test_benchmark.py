@@ -165,9 +165,14 @@ def test_unknown_input_path_is_refused(tiny):
         ("benchmark", ["benchmark.c2=-1"], "bad setting benchmark.c2=-1: a finite number >= 0"),
         ("benchmark", ["benchmark.epsilon=abc"], "bad setting benchmark.epsilon='abc'"),
         ("benchmark", ["benchmark.feature_set=nosuch"], "bad setting benchmark.feature_set='nosuch': sparse or dense"),
+        ("benchmark", ["benchmark.growth.fractions=[1.5]"], "bad setting benchmark.growth.fractions=[1.5]: numbers in (0, 1]"),
+        ("benchmark", ["benchmark.growth.repeats=[0]"], "bad setting benchmark.growth.repeats=[0]: whole numbers >= 1"),
+        ("benchmark", ["benchmark.growth.label_sets=[nosuch]"], "bad setting benchmark.growth.label_sets: 'nosuch' names no"),
         ("hmm_benchmark", ["hmm_benchmark.repetitions=0"], "bad setting hmm_benchmark.repetitions=0: a whole number >= 1"),
         ("hmm_benchmark", ["hmm_benchmark.observation=nosuch"], "bad setting hmm_benchmark.observation='nosuch': not one of"),
         ("hmm_benchmark", ["hmm_benchmark.capitalization=[no]"], "bad setting hmm_benchmark.capitalization=['no']"),
+        ("benchmark", ["+benchmark.repetiton=5"], "bad setting +benchmark.repetiton: the command has no such setting; did you"),
+        ("hmm_benchmark", ["+nosuch=1"], "bad setting +nosuch: the command has no such setting"),
         ("model_benchmark", [], "bad setting model_benchmark.model: say which model to measure"),
         ("model_benchmark", ["model_benchmark.model=x", "model_benchmark.served=no"], "bad setting model_benchmark.served='no'"),
     ],
@@ -180,7 +185,7 @@ def test_a_benchmark_refuses_a_bad_setting_in_one_line_before_any_work(app, over
     from pipeline.apps import run_checked
 
     with initialize_config_dir(version_base=None, config_dir=CONF_DIR):
-        cfg = compose(config_name=app, overrides=overrides)
+        cfg = compose(config_name=app, overrides=overrides, return_hydra_config=True)  # its command line, as a run has
     worked = []
     with pytest.raises(SystemExit) as ended:
         run_checked(importlib.import_module(f"pipeline.apps.{app}").check_settings, worked.append, cfg)

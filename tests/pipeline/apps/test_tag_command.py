@@ -24,7 +24,7 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 import mlflow  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
-from pipeline_helpers import compose_config, make_sentence, tiny_overrides, write_corpus  # noqa: E402
+from pipeline_helpers import CONF_DIR, compose_config, make_sentence, tiny_overrides, write_corpus  # noqa: E402
 from seqeval.metrics import f1_score, precision_score, recall_score  # noqa: E402
 
 from crf import load_bundle  # noqa: E402
@@ -204,6 +204,25 @@ def test_bad_inputs_give_clear_errors(trained, tmp_path):
     with pytest.raises(FileNotFoundError, match="no such file"):
         run_tag(_settings(str(pos_bundle), tmp_path / "absent.txt", tmp_path / "o.conll", uri))
     assert not (tmp_path / "o.conll").exists()
+
+
+def test_a_setting_added_on_the_command_line_or_out_of_range_is_refused(trained, tmp_path):
+    """``+marginal=true`` (for ``marginals``) was ignored: CoNLL written without the column, exit 0;
+    ``conllu_pos=lemma`` was refused only for CoNLL-U input (round 27)."""
+    from hydra import compose, initialize_config_dir
+
+    from pipeline.apps import added_setting
+
+    _, chunker, uri, _ = trained
+    with initialize_config_dir(version_base=None, config_dir=CONF_DIR):
+        cfg = compose(config_name="tag", overrides=["+marginal=true"], return_hydra_config=True)
+    assert added_setting(cfg, "the tag command") == (
+        "bad setting +marginal: the tag command has no such setting; did you mean marginals?"
+    )
+    source = tmp_path / "in.conll"
+    _write_conll(source, _toy(2, 1))
+    with pytest.raises(TagError, match="conllu_pos='lemma'; upos or xpos"):
+        run_tag(_settings(chunker, source, tmp_path / "o.conll", uri, conllu_pos="lemma"))
 
 
 def test_tokenizer_splits_like_the_penn_treebank():
