@@ -147,7 +147,10 @@ def _runs_of_the_model(client: Any, holder: Any) -> list[Any]:
     a run's artifacts or a file): the run MLflow records for it, and that run's parent."""
     source = str(getattr(holder, "source", "") or "")
     if source.startswith("models:/"):
-        experiments = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ALL)]
+        experiments, page = [], None
+        while page is None or page.token:  # every page: MLflow returns 1,000 experiments at a time
+            page = client.search_experiments(view_type=ViewType.ALL, page_token=page.token if page else None)
+            experiments += [e.experiment_id for e in page]
         found = f"tags.`{MODEL_URI_TAG}` = '{source}'"
         return list(client.search_runs(experiments, found, run_view_type=ViewType.ALL, max_results=10000))
     runs, run_id = [], getattr(holder, "run_id", None)

@@ -107,3 +107,25 @@ def test_a_holder_whose_score_cannot_be_read_keeps_the_alias_and_the_reason_says
         "kept: the holder's dev_f1 on this evaluation data is not known (no run names its model); "
         "force the move with registry.force_alias=true"
     )
+
+
+def test_the_runs_of_a_model_are_searched_in_every_page_of_experiments():
+    """MLflow returns experiments 1,000 at a time: a holder whose runs lie in a later page was kept
+    as one with no readable score."""
+    from types import SimpleNamespace
+
+    from pipeline.tracking.champion import _runs_of_the_model
+
+    class Page(list):
+        def __init__(self, ids, token):
+            super().__init__(SimpleNamespace(experiment_id=i) for i in ids)
+            self.token = token
+
+    pages = {None: Page(["1", "2"], "next"), "next": Page(["3"], None)}
+    searched = []
+    client = SimpleNamespace(
+        search_experiments=lambda view_type, page_token: pages[page_token],
+        search_runs=lambda experiments, found, run_view_type, max_results: searched.append(experiments) or ["run"],
+    )
+    assert _runs_of_the_model(client, SimpleNamespace(source="models:/m-1", run_id=None)) == ["run"]
+    assert searched == [["1", "2", "3"]]
