@@ -668,7 +668,9 @@ class AttributeIndex:
                         table.set_item(name, column)
                     index.update(zip(fresh, range(len(index), len(index) + len(fresh))))
                     codes[unseen] = table.lookup(names[unseen])
-            keep = (codes >= 0) & (entries.values != 0.0)
+            # training data keeps an entry of value 0 as a stored zero: its attribute/label pair is a
+            # feature (CRFsuite makes one, whose weight is trained where the attribute is non-zero)
+            keep = (codes >= 0) & ((entries.values != 0.0) | grow)
             counts.append(np.diff(np.concatenate([[0], np.cumsum(keep)])[entries.starts]))
             columns.append(codes[keep].astype(np.int32))
             values.append(entries.values[keep])

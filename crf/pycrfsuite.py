@@ -38,8 +38,7 @@ raises ValueError where CRFsuite may crash; ``linesearch`` other than ``MoreThue
 ValueError at ``train`` unless ``c1 > 0`` (the estimator's L-BFGS line search is More-Thuente's;
 OWL-QN backtracks, as in CRFsuite). The log has CRFsuite's lines where this trainer knows the
 figures: it leaves out the line-search step, SGD's learning rate per epoch and its calibration
-trials, and its number of features leaves out attributes that only ever have the value 0
-(CRFsuite makes features of them, which keep the weight 0). Labels seen only in the holdout
+trials. Labels seen only in the holdout
 group are not in the model (CRFsuite keeps them, without features); as in CRFsuite, only
 attributes with a non-zero weight are written.
 """

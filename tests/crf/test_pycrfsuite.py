@@ -268,6 +268,26 @@ def test_log_figures_match_python_crfsuite(corpus, tmp_path):
                 assert a[key] == b[key], key
 
 
+def test_an_attribute_of_value_0_makes_a_feature_as_in_python_crfsuite(tmp_path):
+    """``a`` is 0 on every ``Y`` token and 1 on every ``X`` one: CRFsuite makes the pair (a, Y) a
+    feature and trains it below 0; it was no feature here, so the models differed (round 28)."""
+    pycrfsuite = pytest.importorskip("pycrfsuite")
+    X = [[{"a": 1.0, "b": 1.0}, {"a": 0.0, "c": 1.0}], [{"a": False, "c": 1.0}, {"a": True, "b": 1.0}]]
+    y = [["X", "Y"], ["Y", "X"]]
+    weights = []
+    for module in (ours, pycrfsuite):
+        path = tmp_path / f"{module.__name__}.crfsuite"
+        train(module, X, y, path, params={"c2": 1.0, "max_iterations": 100, "epsilon": 1e-8})
+        tagger = module.Tagger()
+        tagger.open(str(path))
+        weights.append(tagger.info().state_features)
+    mine, theirs = weights
+    assert set(mine) == set(theirs) == {("a", "X"), ("a", "Y"), ("b", "X"), ("c", "Y")}
+    assert mine[("a", "Y")] < 0
+    for pair, weight in theirs.items():
+        assert mine[pair] == pytest.approx(weight, abs=1e-5), pair
+
+
 def test_holdout_group_is_evaluated_not_trained(corpus, tmp_path):
     X, y, X_test, y_test = corpus
     groups = [0] * len(X) + [3] * len(X_test)
