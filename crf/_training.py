@@ -454,6 +454,10 @@ def training_problem(
         log.warning("%s", cost)
         warnings.warn(cost, RuntimeWarning, stacklevel=3)
     index = None if params["all_possible_states"] else hyper.feature_index(batch.X, codes, L, params["min_freq"])
+    if batch.X.nnz and not batch.X.data.all():  # stored zeros named their pairs above (as CRFsuite's items do)
+        X = batch.X.copy()  # and would only cost time in every step
+        X.eliminate_zeros()
+        batch = SequenceBatch(X, batch.offsets)
     structure = chain_structure(order, L)
     trainable = structure.trainable(batch.offsets, codes, params["min_freq"], boundary, bool(params["all_possible_transitions"]))
     return TrainingProblem(
