@@ -1,10 +1,12 @@
 """``python -m pipeline.benchmark``: this project's CRF against CRFsuite (:mod:`pipeline.apps.benchmark`)."""
 
+import sys
+
 import hydra
 from omegaconf import DictConfig
 
 from pipeline.apps import benchmark as app
-from pipeline.apps import run_checked
+from pipeline.apps import exit_if_uncomposable, run_checked
 
 
 @hydra.main(version_base=None, config_path="../conf", config_name="benchmark")
@@ -13,4 +15,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    exit_if_uncomposable("benchmark", sys.argv[1:])
     main()

@@ -1,10 +1,12 @@
 """``python -m pipeline.hmm_benchmark``: the HMM against NLTK's TnT (:mod:`pipeline.apps.hmm_benchmark`)."""
 
+import sys
+
 import hydra
 from omegaconf import DictConfig
 
+from pipeline.apps import exit_if_uncomposable, run_checked
 from pipeline.apps import hmm_benchmark as app
-from pipeline.apps import run_checked
 
 
 @hydra.main(version_base=None, config_path="../conf", config_name="hmm_benchmark")
@@ -13,4 +15,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    exit_if_uncomposable("hmm_benchmark", sys.argv[1:])
     main()

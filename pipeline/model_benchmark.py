@@ -1,11 +1,13 @@
 """``python -m pipeline.model_benchmark``: a logged MLflow Model on the paths users take
 (:mod:`pipeline.apps.model_benchmark`)."""
 
+import sys
+
 import hydra
 from omegaconf import DictConfig
 
+from pipeline.apps import exit_if_uncomposable, run_checked
 from pipeline.apps import model_benchmark as app
-from pipeline.apps import run_checked
 
 
 @hydra.main(version_base=None, config_path="../conf", config_name="model_benchmark")
@@ -14,4 +16,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    exit_if_uncomposable("model_benchmark", sys.argv[1:])
     main()

@@ -6,6 +6,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
+from pipeline.apps import exit_if_uncomposable
 from pipeline.apps import tag as app
 
 
@@ -16,4 +17,5 @@ def main(cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     sys.argv = app.renamed(sys.argv)
+    exit_if_uncomposable("tag", sys.argv[1:])
     main()

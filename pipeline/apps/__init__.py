@@ -6,6 +6,7 @@ import difflib
 import logging
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -20,7 +21,7 @@ def added_setting(cfg: DictConfig, what: str) -> str | None:
 
     for override in command_line(cfg):
         key = override.lstrip("+").split("=", 1)[0].strip()
-        if override.startswith("+") and not key.startswith("hydra.") and "/" not in key:  # "/": a config group
+        if override.startswith("+") and not override.startswith("++") and not key.startswith("hydra.") and "/" not in key:
             parent, _, name = key.rpartition(".")
             siblings = OmegaConf.select(cfg, parent, default=None) if parent else cfg
             known = [str(k) for k in (siblings.keys() if isinstance(siblings, DictConfig) else []) if k != name]
@@ -28,6 +29,45 @@ def added_setting(cfg: DictConfig, what: str) -> str | None:
             hint = f"; did you mean {parent + '.' if parent else ''}{near[0]}?" if near else ""
             return f"bad setting +{key}: {what} has no such setting{hint}"
     return None
+
+
+CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
+_ABSENT = object()
+
+
+def exit_if_uncomposable(config_name: str, argv: list[str]) -> None:
+    """Before Hydra runs app ``config_name``: a command line that cannot be composed with its config
+    (a key the config lacks, ``marginal=true`` for ``marginals``; an option a config group lacks; an
+    override that does not parse) ends the command in one line with exit status 2, where Hydra
+    would print several lines and exit 1. A command line with a flag (``--cfg``, ``--help``) is
+    left to Hydra."""
+    if any(arg.startswith("-") for arg in argv):
+        return
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from pipeline.report import redacted
+    from pipeline.sweeps.grid_preflight import composition_problem
+
+    GlobalHydra.instance().clear()
+    problem = None
+    try:
+        with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+            compose(config_name, overrides=list(argv))
+            base = compose(config_name)
+        for override in argv:  # ++key=value adds a key the config lacks, without a word
+            key = override.lstrip("+").split("=", 1)[0].strip()
+            missing = OmegaConf.select(base, key, default=_ABSENT) is _ABSENT
+            if override.startswith("++") and not key.startswith("hydra.") and "/" not in key and missing:
+                problem = f"{override}: the config has no such key (a misspelling?)"
+    except Exception as error:
+        problem = composition_problem(error).split("; +", 1)[0]  # a '+' adds nothing an app reads
+    finally:
+        GlobalHydra.instance().clear()
+    if problem:
+        logging.basicConfig(format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
+        log.error("bad setting: %s", redacted(problem))  # a store's URL may hold a password
+        sys.exit(2)
 
 
 def run_checked(check: Callable[[DictConfig], None], main: Callable[[DictConfig], None], cfg: DictConfig) -> None:

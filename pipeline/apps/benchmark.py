@@ -38,6 +38,7 @@ from pipeline.apps.bench_worker import INPUTS, TOOLS
 from pipeline.apps.per_call_benchmark import per_call_table
 from pipeline.engine.validate import non_switch, non_whole_number
 from pipeline.report import figure, markdown_table, save_figure
+from pipeline.stages.data import dataset_files
 
 log = logging.getLogger(__name__)
 
@@ -108,23 +109,50 @@ def check_settings(cfg: DictConfig) -> None:
         value = OmegaConf.select(cfg, f"benchmark.{key}", default=None)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not fits(value):
             raise ValueError(f"benchmark.{key}={value!r}: {what}")
-    _check_growth(b["growth"])
+    missing = [key for key in COUNTS if key != "max_iterations" and OmegaConf.select(cfg, f"benchmark.{key}") is None]
+    if missing:  # removed with ~ (or set to null)
+        raise ValueError(f"benchmark.{missing[0]}: missing; a whole number >= {COUNTS[missing[0]]}")
+    if b["growth_enabled"]:
+        _check_growth(b["growth"], cfg.data.root, bool(cfg.data.download))
 
 
-def _check_growth(g: dict) -> None:
-    """The cost-growth points: fractions in (0, 1] (1.5 would train on the whole set under its own
-    name), repeats of at least 1, label sets and label features that name config files."""
-    fractions, repeats = g.get("fractions") or [], g.get("repeats") or []
-    if any(isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f <= 1 for f in fractions):
-        raise ValueError(f"benchmark.growth.fractions={fractions!r}: numbers in (0, 1]")
-    if any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in repeats):
-        raise ValueError(f"benchmark.growth.repeats={repeats!r}: whole numbers >= 1")
-    if g.get("label_sets") and not (CONF_DIR / "features" / f"{g.get('label_features')}.yaml").is_file():
+def _config_file(group: str, name: object) -> Path | None:
+    """``conf/<group>/<name>.yaml`` when ``name`` is a plain config name and the file exists."""
+    if not isinstance(name, str) or not name or "/" in name or "\\" in name or name.startswith("."):
+        return None
+    path = CONF_DIR / group / f"{name}.yaml"
+    return path if path.is_file() else None
+
+
+def _check_growth(g: dict, root: str, download: bool) -> None:
+    """The cost-growth points: lists of fractions in (0, 1] (1.5 would train on the whole set under
+    its own name) and of repeats of at least 1; label sets that name dataset configs whose files
+    are under the data root (or can be downloaded) and whose joint labels are their columns, and
+    label features that name a features config."""
+    for key, fits, what in (
+        ("fractions", lambda f: isinstance(f, (int, float)) and not isinstance(f, bool) and 0 < f <= 1, "numbers in (0, 1]"),
+        ("repeats", lambda k: isinstance(k, int) and not isinstance(k, bool) and k >= 1, "whole numbers >= 1"),
+    ):
+        values = g.get(key)
+        if not isinstance(values, list) or not all(fits(v) for v in values):
+            raise ValueError(f"benchmark.growth.{key}={values!r}: a list of {what}")
+    if g.get("label_sets") and _config_file("features", g.get("label_features")) is None:
         raise ValueError(f"benchmark.growth.label_features={g.get('label_features')!r}: no such features config")
     for entry in g.get("label_sets") or []:
         name = entry if isinstance(entry, str) else entry.get("dataset") if isinstance(entry, dict) else None
-        if not isinstance(name, str) or not (CONF_DIR / "dataset" / f"{name}.yaml").is_file():
+        path = _config_file("dataset", name)
+        if path is None:
             raise ValueError(f"benchmark.growth.label_sets: {entry!r} names no dataset config")
+        dataset = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+        joint = list(entry.get("joint_label") or []) if isinstance(entry, dict) else []
+        if set(joint) - set(dataset.get("columns") or []):
+            raise ValueError(f"benchmark.growth.label_sets: {entry!r}: joint_label names columns {name} lacks")
+        for spec in dataset_files(dataset).values():
+            if not (Path(str(root)) / spec["path"]).is_file() and not (download and spec.get("url")):
+                raise ValueError(
+                    f"benchmark.growth.label_sets: {name}'s file {Path(str(root)) / spec['path']} is missing "
+                    "(set benchmark.growth.label_sets=[] to leave label sets out)"
+                )
 
 
 def _settings(cfg: DictConfig) -> dict:

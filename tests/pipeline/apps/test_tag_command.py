@@ -206,6 +206,26 @@ def test_bad_inputs_give_clear_errors(trained, tmp_path):
     assert not (tmp_path / "o.conll").exists()
 
 
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["models=x", "marginal=true"], "bad setting: Could not override 'marginal': the config has no such key"),
+        (["models=x", "++marginal=true"], "bad setting: ++marginal=true: the config has no such key"),
+        (["models=x", "format=text("], "bad setting: "),
+    ],
+)
+def test_a_command_line_the_config_cannot_take_is_one_line_before_hydra(argv, message, caplog):
+    """A key the config lacks, given without '+', got Hydra's several lines and exit 1 (round 28)."""
+    from pipeline.apps import exit_if_uncomposable
+
+    with pytest.raises(SystemExit) as ended:
+        exit_if_uncomposable("tag", argv)
+    assert ended.value.code == 2
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and errors[0].startswith(message) and "\n" not in errors[0], errors
+    exit_if_uncomposable("tag", ["models=x", "++marginals=true"])  # an existing key: taken
+
+
 def test_a_setting_added_on_the_command_line_or_out_of_range_is_refused(trained, tmp_path):
     """``+marginal=true`` (for ``marginals``) was ignored: CoNLL written without the column, exit 0;
     ``conllu_pos=lemma`` was refused only for CoNLL-U input (round 27)."""
