@@ -347,13 +347,17 @@ def validate(p: dict, defaults: dict) -> Settings:
 
 def feature_index(X, labels: np.ndarray, n_labels: int, min_freq: float = 0.0) -> np.ndarray:
     """Flat (A, L) indices (sorted) of the attribute/label pairs seen in ``X`` (T, A) with the
-    labels (T,), keeping those whose frequency (summed attribute values) is at least ``min_freq``.
+    labels (T,), keeping those whose frequency (summed attribute values, as CRFsuite sums them; a
+    stored zero counts as seen) is at least ``min_freq``.
     Tokens whose label is unknown (-1) make no pairs."""
     if labels.size and labels.min() < 0:
         known = np.flatnonzero(labels >= 0)
         return feature_index(X[known], labels[known], n_labels, min_freq)
     n_cells = X.shape[1] * n_labels
-    if min_freq <= 0 and n_cells <= 8 * max(X.nnz, 1 << 20):
+    # CRFsuite keeps a pair whose values sum to at least min_freq: every pair seen, when no value
+    # is negative and min_freq <= 0; else the sums decide (a pair summing below 0 is no feature)
+    every_seen = min_freq <= 0 and (not X.nnz or X.data.min() >= 0)
+    if every_seen and n_cells <= 8 * max(X.nnz, 1 << 20):
         # a mark per (attribute, label) cell, no larger than the int64 keys a sort would need (or
         # 8 MiB): the marked cells come out sorted, without sorting, a block of tokens at a time
         seen = np.zeros(n_cells, dtype=bool)
@@ -364,7 +368,7 @@ def feature_index(X, labels: np.ndarray, n_labels: int, min_freq: float = 0.0) -
             seen[X.indices[begin:end].astype(np.int64) * n_labels + within] = True
         return np.flatnonzero(seen)
     keys = X.indices.astype(np.int64) * n_labels + np.repeat(labels, np.diff(X.indptr))
-    if min_freq <= 0:
+    if every_seen:
         return np.unique(keys)  # no inverse: half the temporary memory of the sort
     pairs, inverse = np.unique(keys, return_inverse=True)
     return pairs[np.bincount(inverse, weights=X.data, minlength=pairs.size) >= min_freq]

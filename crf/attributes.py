@@ -611,7 +611,10 @@ class AttributeIndex:
         Returns
         -------
         SequenceBatch
-            As :meth:`transform` gives under the new vocabulary.
+            As :meth:`transform` gives under the new vocabulary, except that an entry of value 0
+            is kept as a stored zero: training data, in which its attribute/label pair is a
+            feature, as CRFsuite makes one (``CRF.fit`` drops such zeros once it has listed the
+            pairs). :meth:`transform` stores none.
 
         Raises
         ------

@@ -113,7 +113,7 @@ def check_settings(cfg: DictConfig) -> None:
     if missing:  # removed with ~ (or set to null)
         raise ValueError(f"benchmark.{missing[0]}: missing; a whole number >= {COUNTS[missing[0]]}")
     if b["growth_enabled"]:
-        _check_growth(b["growth"], cfg.data.root, bool(cfg.data.download))
+        _check_growth(b["growth"], cfg.data.root)
 
 
 def _config_file(group: str, name: object) -> Path | None:
@@ -124,10 +124,10 @@ def _config_file(group: str, name: object) -> Path | None:
     return path if path.is_file() else None
 
 
-def _check_growth(g: dict, root: str, download: bool) -> None:
+def _check_growth(g: dict, root: str) -> None:
     """The cost-growth points: lists of fractions in (0, 1] (1.5 would train on the whole set under
     its own name) and of repeats of at least 1; label sets that name dataset configs whose files
-    are under the data root (or can be downloaded) and whose joint labels are their columns, and
+    are under the data root and whose joint labels are their columns, and
     label features that name a features config."""
     for key, fits, what in (
         ("fractions", lambda f: isinstance(f, (int, float)) and not isinstance(f, bool) and 0 < f <= 1, "numbers in (0, 1]"),
@@ -148,7 +148,7 @@ def _check_growth(g: dict, root: str, download: bool) -> None:
         if set(joint) - set(dataset.get("columns") or []):
             raise ValueError(f"benchmark.growth.label_sets: {entry!r}: joint_label names columns {name} lacks")
         for spec in dataset_files(dataset).values():
-            if not (Path(str(root)) / spec["path"]).is_file() and not (download and spec.get("url")):
+            if not (Path(str(root)) / spec["path"]).is_file():  # the workers read the data root; they download nothing
                 raise ValueError(
                     f"benchmark.growth.label_sets: {name}'s file {Path(str(root)) / spec['path']} is missing "
                     "(set benchmark.growth.label_sets=[] to leave label sets out)"

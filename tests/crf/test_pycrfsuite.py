@@ -288,6 +288,25 @@ def test_an_attribute_of_value_0_makes_a_feature_as_in_python_crfsuite(tmp_path)
         assert mine[pair] == pytest.approx(weight, abs=1e-5), pair
 
 
+def test_a_pair_whose_values_sum_below_0_is_no_feature_as_in_python_crfsuite(tmp_path):
+    """CRFsuite keeps an attribute/label pair whose values sum to at least ``minfreq`` (0): a pair
+    summing below 0 is no feature. Here every pair seen was one, and the models differed (round 29)."""
+    pycrfsuite = pytest.importorskip("pycrfsuite")
+    X = [[{"n": 1.0, "b": 1.0}, {"n": -0.5, "c": 1.0}], [{"n": -1.0, "c": 1.0}, {"n": 2.0, "b": 1.0}]]
+    y = [["X", "Y"], ["Y", "X"]]
+    weights = []
+    for module in (ours, pycrfsuite):
+        path = tmp_path / f"{module.__name__}.crfsuite"
+        train(module, X, y, path, params={"c2": 1.0, "max_iterations": 100, "epsilon": 1e-8})
+        tagger = module.Tagger()
+        tagger.open(str(path))
+        weights.append(tagger.info().state_features)
+    mine, theirs = weights
+    assert ("n", "Y") not in theirs and set(mine) == set(theirs)
+    for pair, weight in theirs.items():
+        assert mine[pair] == pytest.approx(weight, abs=1e-5), pair
+
+
 def test_holdout_group_is_evaluated_not_trained(corpus, tmp_path):
     X, y, X_test, y_test = corpus
     groups = [0] * len(X) + [3] * len(X_test)
