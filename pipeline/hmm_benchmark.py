@@ -15,5 +15,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    exit_if_uncomposable("hmm_benchmark", sys.argv[1:])
+    exit_if_uncomposable("hmm_benchmark", sys.argv[1:], app.check_settings)
     main()

@@ -16,5 +16,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    exit_if_uncomposable("model_benchmark", sys.argv[1:])
+    exit_if_uncomposable("model_benchmark", sys.argv[1:], app.check_settings)
     main()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import itertools
 import logging
 import sys
 from collections.abc import Callable
@@ -35,39 +36,69 @@ CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
 _ABSENT = object()
 
 
-def exit_if_uncomposable(config_name: str, argv: list[str]) -> None:
+MAX_JOBS_CHECKED = 64  # a multirun's jobs composed and checked before the first runs
+
+
+def exit_if_uncomposable(config_name: str, argv: list[str], check: Callable[[DictConfig], None] | None = None) -> None:
     """Before Hydra runs app ``config_name``: a command line that cannot be composed with its config
     (a key the config lacks, ``marginal=true`` for ``marginals``; an option a config group lacks; an
-    override that does not parse) ends the command in one line with exit status 2, where Hydra
-    would print several lines and exit 1. A command line with a flag (``--cfg``, ``--help``) is
+    override that does not parse), or whose settings ``check`` refuses, ends the command in one
+    line with exit status 2, where Hydra would print several lines and exit 1. With ``-m`` every
+    job of the sweep (its first :data:`MAX_JOBS_CHECKED`) is composed and checked, so that none
+    runs before a later one is refused. A command line with another flag (``--cfg``, ``--help``) is
     left to Hydra."""
-    if any(arg.startswith("-") for arg in argv):
+    if any(arg.startswith("-") and arg not in ("-m", "--multirun") for arg in argv):
         return
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
 
     from pipeline.report import redacted
     from pipeline.sweeps.grid_preflight import composition_problem
 
+    arguments = [arg for arg in argv if not arg.startswith("-")]
     GlobalHydra.instance().clear()
     problem = None
     try:
+        overrides = OverridesParser.create().parse_overrides(arguments)
+        fixed = [o.input_line for o in overrides if not o.is_sweep_override()]
+        swept = [
+            [f"{o.input_line.split('=', 1)[0]}={v}" for v in o.sweep_string_iterator()]
+            for o in overrides
+            if o.is_sweep_override()
+        ]
         with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
-            compose(config_name, overrides=list(argv))
             base = compose(config_name)
-        for override in argv:  # ++key=value adds a key the config lacks, without a word
-            key = override.lstrip("+").split("=", 1)[0].strip()
-            missing = OmegaConf.select(base, key, default=_ABSENT) is _ABSENT
-            if override.startswith("++") and not key.startswith("hydra.") and "/" not in key and missing:
-                problem = f"{override}: the config has no such key (a misspelling?)"
+            for number, job in enumerate(itertools.islice(itertools.product(*swept), MAX_JOBS_CHECKED)):
+                cfg = compose(config_name, overrides=fixed + list(job), return_hydra_config=True)
+                where = f" (job #{number}: {' '.join(job)})" if swept else ""
+                problem = _added_key(base, fixed + list(job)) or added_setting(cfg, "the command")
+                if problem is None and check is not None:
+                    try:
+                        check(cfg)
+                    except ValueError as error:
+                        problem = str(error).removeprefix("bad setting ")
+                if problem:
+                    problem += where
+                    break
     except Exception as error:
         problem = composition_problem(error).split("; +", 1)[0]  # a '+' adds nothing an app reads
     finally:
         GlobalHydra.instance().clear()
     if problem:
         logging.basicConfig(format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
-        log.error("bad setting: %s", redacted(problem))  # a store's URL may hold a password
+        log.error("bad setting: %s", redacted(problem.removeprefix("bad setting ")))  # a store's URL may hold a password
         sys.exit(2)
+
+
+def _added_key(base: DictConfig, overrides: list[str]) -> str | None:
+    """Why a ``++key=value`` among ``overrides`` is refused: it adds a key ``base`` lacks, without a word."""
+    for override in overrides:
+        key = override.lstrip("+").split("=", 1)[0].strip()
+        missing = OmegaConf.select(base, key, default=_ABSENT) is _ABSENT
+        if override.startswith("++") and not key.startswith("hydra.") and "/" not in key and missing:
+            return f"{override}: the config has no such key (a misspelling?)"
+    return None
 
 
 def run_checked(check: Callable[[DictConfig], None], main: Callable[[DictConfig], None], cfg: DictConfig) -> None:

@@ -209,6 +209,23 @@ def test_a_benchmark_refuses_a_bad_setting_in_one_line_before_any_work(app, over
     assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"][0].startswith(message), caplog.text
 
 
+def test_a_multirun_of_the_benchmark_refuses_a_bad_job_before_the_first_runs(caplog):
+    """``-m benchmark.c2=1,-1`` ran all of job #0, then refused job #1; a key the config lacks got
+    Hydra's several lines (round 29)."""
+    from pipeline.apps import exit_if_uncomposable
+
+    for argv, message in (
+        (["-m", "benchmark.growth_enabled=false", "benchmark.c2=1,-1"], "benchmark.c2=-1: a finite number >= 0 (job #1: "),
+        (["-m", "benchmark.repetiton=5"], "Could not override 'benchmark.repetiton': the config has no such key"),
+    ):
+        caplog.clear()
+        with pytest.raises(SystemExit) as ended:
+            exit_if_uncomposable("benchmark", argv, benchmark.check_settings)
+        errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+        assert ended.value.code == 2 and len(errors) == 1 and message in errors[0], errors
+    exit_if_uncomposable("benchmark", ["-m", "benchmark.growth_enabled=false", "benchmark.c2=1,2"], benchmark.check_settings)
+
+
 def test_the_model_benchmark_refuses_a_model_the_store_lacks_in_one_line(tmp_path, caplog):
     from pipeline.apps import model_benchmark
 
