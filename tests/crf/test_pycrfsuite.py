@@ -268,20 +268,25 @@ def test_log_figures_match_python_crfsuite(corpus, tmp_path):
                 assert a[key] == b[key], key
 
 
-def test_an_attribute_of_value_0_makes_a_feature_as_in_python_crfsuite(tmp_path):
-    """``a`` is 0 on every ``Y`` token and 1 on every ``X`` one: CRFsuite makes the pair (a, Y) a
-    feature and trains it below 0; it was no feature here, so the models differed (round 28)."""
+def _state_features_of_both(X, y, folder) -> list[dict]:
+    """The state features (attribute, label) -> weight of the models ours and python-crfsuite
+    train on ``X``, ``y`` with the same settings."""
     pycrfsuite = pytest.importorskip("pycrfsuite")
-    X = [[{"a": 1.0, "b": 1.0}, {"a": 0.0, "c": 1.0}], [{"a": False, "c": 1.0}, {"a": True, "b": 1.0}]]
-    y = [["X", "Y"], ["Y", "X"]]
     weights = []
     for module in (ours, pycrfsuite):
-        path = tmp_path / f"{module.__name__}.crfsuite"
+        path = folder / f"{module.__name__}.crfsuite"
         train(module, X, y, path, params={"c2": 1.0, "max_iterations": 100, "epsilon": 1e-8})
         tagger = module.Tagger()
         tagger.open(str(path))
         weights.append(tagger.info().state_features)
-    mine, theirs = weights
+    return weights
+
+
+def test_an_attribute_of_value_0_makes_a_feature_as_in_python_crfsuite(tmp_path):
+    """``a`` is 0 on every ``Y`` token and 1 on every ``X`` one: CRFsuite makes the pair (a, Y) a
+    feature and trains it below 0; it was no feature here, so the models differed (round 28)."""
+    X = [[{"a": 1.0, "b": 1.0}, {"a": 0.0, "c": 1.0}], [{"a": False, "c": 1.0}, {"a": True, "b": 1.0}]]
+    mine, theirs = _state_features_of_both(X, [["X", "Y"], ["Y", "X"]], tmp_path)
     assert set(mine) == set(theirs) == {("a", "X"), ("a", "Y"), ("b", "X"), ("c", "Y")}
     assert mine[("a", "Y")] < 0
     for pair, weight in theirs.items():
@@ -291,17 +296,8 @@ def test_an_attribute_of_value_0_makes_a_feature_as_in_python_crfsuite(tmp_path)
 def test_a_pair_whose_values_sum_below_0_is_no_feature_as_in_python_crfsuite(tmp_path):
     """CRFsuite keeps an attribute/label pair whose values sum to at least ``minfreq`` (0): a pair
     summing below 0 is no feature. Here every pair seen was one, and the models differed (round 29)."""
-    pycrfsuite = pytest.importorskip("pycrfsuite")
     X = [[{"n": 1.0, "b": 1.0}, {"n": -0.5, "c": 1.0}], [{"n": -1.0, "c": 1.0}, {"n": 2.0, "b": 1.0}]]
-    y = [["X", "Y"], ["Y", "X"]]
-    weights = []
-    for module in (ours, pycrfsuite):
-        path = tmp_path / f"{module.__name__}.crfsuite"
-        train(module, X, y, path, params={"c2": 1.0, "max_iterations": 100, "epsilon": 1e-8})
-        tagger = module.Tagger()
-        tagger.open(str(path))
-        weights.append(tagger.info().state_features)
-    mine, theirs = weights
+    mine, theirs = _state_features_of_both(X, [["X", "Y"], ["Y", "X"]], tmp_path)
     assert ("n", "Y") not in theirs and set(mine) == set(theirs)
     for pair, weight in theirs.items():
         assert mine[pair] == pytest.approx(weight, abs=1e-5), pair
