@@ -31,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from pipeline.engine import runner
 from pipeline.engine.runner import TrialHooks, objective_value
 from pipeline.engine.validate import ONE_LINE_ERRORS, SettingsError
-from pipeline.report import redacted, shown_url
+from pipeline.report import redacted
 from pipeline.sweeps.trial_environment import METRIC_VARIABLE
 from pipeline.sweeps.trial_stopping import trial_from_environment
 from pipeline.tracking.lifecycle import ending_runs_on_signal, error_chain
@@ -179,8 +179,7 @@ def composition_refusal(argv: list[str]) -> str | None:
         return f"bad setting: {composition_problem(error)}"
     finally:
         GlobalHydra.instance().clear()
-    from crf.io import writable_target
-    from pipeline.tracking import registry_uri, sqlite_path, store_problem, tracking_uri
+    from pipeline.tracking import registry_uri, stores_problem, tracking_uri
 
     try:
         store = tracking_uri(cfg)  # the variable and the setting name one store
@@ -199,24 +198,9 @@ def composition_refusal(argv: list[str]) -> str | None:
         registry = registry_uri(cfg) if registering else None  # and MLFLOW_REGISTRY_URI, where the model is registered
     except SettingsError as error:
         return str(error)
-    problem = store_problem(registry) if registry is not None and registry != store else None
+    problem = stores_problem(store, registry)
     if problem:
-        return f"bad setting: the registry store {shown_url(registry)} (MLFLOW_REGISTRY_URI): {problem}"
-    if sqlite_path(store) is not None:
-        try:
-            writable_target(sqlite_path(store))  # a dangling link or a folder: SQLite cannot open it
-        except OSError as error:
-            return f"bad setting: the tracking store {shown_url(store)}: {str(error).removesuffix('; not written')}; name a file"
-    problem = store_problem(store)
-    if problem:
-        return f"bad setting: the tracking store {shown_url(store)} (tracking.uri or MLFLOW_TRACKING_URI): {problem}"
-    from pipeline.tracking import TrackingUnavailable, check_reachable
-
-    for uri in dict.fromkeys(filter(None, (store, registry))):  # a server or database that does not answer
-        try:
-            check_reachable(uri)
-        except TrackingUnavailable as error:
-            return str(error)
+        return problem
     from pipeline.stages.data import config_data_problem
 
     problem = None if multirun else config_data_problem(cfg)  # a sweep checks its jobs' data after their settings

@@ -77,7 +77,7 @@ def exit_if_uncomposable(config_name: str, argv: list[str], check: Callable[[Dic
                     try:
                         check(cfg)
                     except ValueError as error:
-                        problem = str(error).removeprefix("bad setting ")
+                        problem = _without_prefix(str(error))
                 if problem:
                     problem += where
                     break
@@ -87,8 +87,35 @@ def exit_if_uncomposable(config_name: str, argv: list[str], check: Callable[[Dic
         GlobalHydra.instance().clear()
     if problem:
         logging.basicConfig(format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
-        log.error("bad setting: %s", redacted(problem.removeprefix("bad setting ")))  # a store's URL may hold a password
+        log.error("bad setting: %s", redacted(_without_prefix(problem)))  # a store's URL may hold a password
         sys.exit(2)
+
+
+def _without_prefix(problem: str) -> str:
+    """``problem`` without a leading ``bad setting`` (with or without its colon)."""
+    return problem.removeprefix("bad setting: ").removeprefix("bad setting ")
+
+
+def tracked(check: Callable[[DictConfig], None]) -> Callable[[DictConfig], None]:
+    """The settings check of a command that logs to MLflow: ``check``, then the tracking store
+    (:func:`pipeline.tracking.stores_problem`) and the dataset's files (found or downloaded:
+    :func:`pipeline.stages.data.config_data_problem`), each refused in one line (ValueError)."""
+
+    def checked(cfg: DictConfig) -> None:
+        check(cfg)
+        from pipeline.engine.validate import SettingsError
+        from pipeline.stages.data import config_data_problem
+        from pipeline.tracking import stores_problem, tracking_uri
+
+        try:
+            problem = stores_problem(tracking_uri(cfg))
+        except SettingsError as error:
+            problem = str(error)
+        problem = problem or config_data_problem(cfg)
+        if problem:
+            raise ValueError(problem)
+
+    return checked
 
 
 def _added_key(base: DictConfig, overrides: list[str]) -> str | None:
@@ -111,7 +138,9 @@ def run_checked(check: Callable[[DictConfig], None], main: Callable[[DictConfig]
             raise ValueError(problem)
         check(cfg)
     except ValueError as error:
-        text = str(error)
+        from pipeline.report import redacted
+
+        text = redacted(str(error))  # a store's URL may hold a password
         log.error("%s", text if text.startswith("bad setting") else f"bad setting {text}")
         sys.exit(2)
     main(cfg)

@@ -170,6 +170,32 @@ def store_problem(uri: str) -> str | None:
 
 
 @functools.cache
+def stores_problem(store: str, registry: str | None = None) -> str | None:
+    """One line (``bad setting: ...``) on why the tracking ``store`` or the ``registry`` store
+    (None: the tracking store) cannot be used, before a run opens: a scheme MLflow has no store
+    for, a SQLite file that cannot be written or is no MLflow store (:func:`store_problem`), a
+    server or database that does not answer (:func:`check_reachable`); None when both can."""
+    from crf.io import writable_target
+
+    problem = store_problem(registry) if registry is not None and registry != store else None
+    if problem:
+        return f"bad setting: the registry store {shown_url(registry)} (MLFLOW_REGISTRY_URI): {problem}"
+    if sqlite_path(store) is not None:
+        try:
+            writable_target(sqlite_path(store))  # a dangling link or a folder: SQLite cannot open it
+        except OSError as error:
+            return f"bad setting: the tracking store {shown_url(store)}: {str(error).removesuffix('; not written')}; name a file"
+    problem = store_problem(store)
+    if problem:
+        return f"bad setting: the tracking store {shown_url(store)} (tracking.uri or MLFLOW_TRACKING_URI): {problem}"
+    for uri in dict.fromkeys(filter(None, (store, registry))):  # a server or database that does not answer
+        try:
+            check_reachable(uri)
+        except TrackingUnavailable as error:
+            return str(error)
+    return None
+
+
 def mlflow_schema_versions() -> frozenset[str]:
     """The schema versions of MLflow's SQL stores (the revisions of its database migrations)."""
     from mlflow.store.db_migrations import versions

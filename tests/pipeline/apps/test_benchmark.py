@@ -111,7 +111,9 @@ def test_quick_per_call_rows_are_logged(tiny, forked_workers, monkeypatch):
     table = pd.read_csv(out / "per_call" / "benchmark" / "conll2000-batch" / "per_call.csv")
     assert len(table) == 15 and (table.ours > 0).all()
     assert table.path.str.contains("Tagger.tag").any() and table.path.str.contains("l2sgd final loss").any()
-    assert table.path.str.contains(r"chunk confidence \(predict_segments\)").any()  # pruned order 2 against order 1
+    assert table.path.str.contains(
+        r"chunk confidence \(predict_segments\)"
+    ).any()  # order 2 over candidate labels against order 1
     served = table[table.path.str.contains("served model")]  # latencies of a real `mlflow models serve`
     assert len(served) == 2 and (served.unit == "ms").all()
     apis = table[table.path.str.contains("API")]
@@ -191,20 +193,30 @@ def test_unknown_input_path_is_refused(tiny):
         ("hmm_benchmark", ["+nosuch=1"], "bad setting +nosuch: the command has no such setting"),
         ("model_benchmark", [], "bad setting model_benchmark.model: say which model to measure"),
         ("model_benchmark", ["model_benchmark.model=x", "model_benchmark.served=no"], "bad setting model_benchmark.served='no'"),
+        # the tracking store and the dataset's files, checked as the pipeline checks them (round 30)
+        ("benchmark", ["tracking.uri=file:///tmp/mlruns"], "bad setting: the tracking store file:///tmp/mlruns (tracking.uri"),
+        ("hmm_benchmark", ["tracking.uri=/tmp/mlruns"], "bad setting: the tracking store /tmp/mlruns (tracking.uri"),
+        ("model_benchmark", ["model_benchmark.model=x", "tracking.uri=nosuch://x"], "bad setting: the tracking store nosuch://x"),
+        (
+            "hmm_benchmark",
+            ["data.root=/nonexistent", "data.download=false"],
+            "bad setting dataset 'ud_english_ewt_upos': missing",
+        ),
     ],
 )
 def test_a_benchmark_refuses_a_bad_setting_in_one_line_before_any_work(app, overrides, message, caplog):
     """``hmm_benchmark.repetitions=0`` and ``observation=nosuch`` gave tracebacks, and
-    ``benchmark.tools=[nosuch]`` failed after its MLflow run opened (round 25)."""
+    ``benchmark.tools=[nosuch]`` failed after its MLflow run opened (round 25); a file store and
+    missing data files gave tracebacks (round 30)."""
     import importlib
 
-    from pipeline.apps import run_checked
+    from pipeline.apps import run_checked, tracked
 
     with initialize_config_dir(version_base=None, config_dir=CONF_DIR):
         cfg = compose(config_name=app, overrides=overrides, return_hydra_config=True)  # its command line, as a run has
     worked = []
     with pytest.raises(SystemExit) as ended:
-        run_checked(importlib.import_module(f"pipeline.apps.{app}").check_settings, worked.append, cfg)
+        run_checked(tracked(importlib.import_module(f"pipeline.apps.{app}").check_settings), worked.append, cfg)
     assert ended.value.code == 2 and not worked
     assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"][0].startswith(message), caplog.text
 
@@ -212,15 +224,16 @@ def test_a_benchmark_refuses_a_bad_setting_in_one_line_before_any_work(app, over
 def test_a_multirun_of_the_benchmark_refuses_a_bad_job_before_the_first_runs(caplog):
     """``-m benchmark.c2=1,-1`` ran all of job #0, then refused job #1; a key the config lacks got
     Hydra's several lines (round 29)."""
-    from pipeline.apps import exit_if_uncomposable
+    from pipeline.apps import exit_if_uncomposable, tracked
 
     for argv, message in (
         (["-m", "benchmark.growth_enabled=false", "benchmark.c2=1,-1"], "benchmark.c2=-1: a finite number >= 0 (job #1: "),
         (["-m", "benchmark.repetiton=5"], "Could not override 'benchmark.repetiton': the config has no such key"),
+        (["-m", "benchmark.c2=1,2", "tracking.uri=/tmp/mlruns"], "bad setting: the tracking store /tmp/mlruns"),  # round 30
     ):
         caplog.clear()
         with pytest.raises(SystemExit) as ended:
-            exit_if_uncomposable("benchmark", argv, benchmark.check_settings)
+            exit_if_uncomposable("benchmark", argv, tracked(benchmark.check_settings))
         errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
         assert ended.value.code == 2 and len(errors) == 1 and message in errors[0], errors
     exit_if_uncomposable("benchmark", ["-m", "benchmark.growth_enabled=false", "benchmark.c2=1,2"], benchmark.check_settings)
