@@ -15,8 +15,8 @@ neither is inspected here. Messages are kept normalised per row with the log of 
 accumulated, so the true log message is ``semiring.to_log(value) + cumulative log normaliser``.
 Where one call would otherwise pay NumPy's per-step overhead, the compiled kernels of
 :mod:`crf._compiled` run instead, each the one implementation of its recursion for the chains it
-takes: first-order forward-backward, Viterbi (first order and pruned second order), and the
-log-space forward and backward (a pruned lattice's tagging messages, constrained windows).
+takes: first-order forward-backward, Viterbi (first order and second order over candidate labels), and the
+log-space forward and backward (a candidate lattice's tagging messages, constrained windows).
 
 Constraints: ``allowed`` (T, L) boolean masks (True = the label is allowed at that token) give
 the emissions of disallowed labels the semiring's zero (a log score of -inf), so decoding and
@@ -34,7 +34,7 @@ import numpy as np
 from . import _compiled
 from ._layout import Layout
 from ._semirings import KMaxSemiring, LogSemiring, MaxSemiring, ScaledSemiring
-from ._transitions import FirstOrderTransitions, PrunedSecondOrderTransitions, SecondOrderTransitions
+from ._transitions import CandidateSecondOrderTransitions, FirstOrderTransitions, SecondOrderTransitions
 
 __all__ = [
     "KMaxSemiring",
@@ -304,7 +304,7 @@ def forward_backward(
     (a quarter of the work when only marginals are wanted, as in tagging) are skipped and
     ``transition_counts`` is None.
 
-    A pruned second-order lattice without counts (tagging: marginals, messages; tokens in input
+    A candidate second-order lattice without counts (tagging: marginals, messages; tokens in input
     order, the default semiring) runs in the compiled log-space forward and backward of
     :mod:`crf._compiled` instead: exact, with no fallback.
 
@@ -317,10 +317,10 @@ def forward_backward(
         raise ValueError("emissions_again needs packed float64 emissions and no allowed mask")
     emissions = np.asarray(emissions, dtype=np.float64)
     layout, operator = _layout(lengths), _operator(transitions)
-    if type(operator) is PrunedSecondOrderTransitions and semiring is ScaledSemiring and not (counts or packed):
-        # tagging over a pruned lattice (marginals, segment confidence): the compiled log-space
+    if type(operator) is CandidateSecondOrderTransitions and semiring is ScaledSemiring and not (counts or packed):
+        # tagging over a candidate lattice (marginals, segment confidence): the compiled log-space
         # recursions over each token's slots, exact with no fallback
-        return _pruned_posterior(_masked(emissions, allowed, operator), operator, start, end, layout, keep_messages)
+        return _candidate_posterior(_masked(emissions, allowed, operator), operator, start, end, layout, keep_messages)
 
     def gather() -> np.ndarray:
         source = _masked(emissions, allowed, operator)
@@ -383,12 +383,12 @@ def forward_backward(
 
 
 def _slots(operator) -> tuple | None:
-    """The per-token slot labels of a pruned lattice for :mod:`crf._compiled`'s kernels (None: first order)."""
-    return (operator.labels, operator.before, operator.before2) if type(operator) is PrunedSecondOrderTransitions else None
+    """The per-token slot labels of a candidate lattice for :mod:`crf._compiled`'s kernels (None: first order)."""
+    return (operator.labels, operator.before, operator.before2) if type(operator) is CandidateSecondOrderTransitions else None
 
 
-def _pruned_posterior(emissions, operator, start, end, layout: Layout, keep_messages: bool) -> Posterior:
-    """:func:`forward_backward`'s results (no counts, tokens in input order) of a pruned lattice,
+def _candidate_posterior(emissions, operator, start, end, layout: Layout, keep_messages: bool) -> Posterior:
+    """:func:`forward_backward`'s results (no counts, tokens in input order) of a candidate lattice,
     from the compiled log-space forward and backward recursions."""
     offsets = np.concatenate([[0], np.cumsum(layout.lengths)])
     slots = _slots(operator)
@@ -509,14 +509,14 @@ def viterbi(emissions, transitions, start, end, lengths, allowed=None) -> tuple[
 
     With ``allowed`` (T, L) the best among the allowed paths (score -inf if there is none).
     Ties go to the lowest label (as in CRFsuite). A first-order chain (an (L, L) matrix) and a
-    pruned second-order lattice (its slots, tokens in input order) run in the one compiled
+    candidate second-order lattice (its slots, tokens in input order) run in the one compiled
     Viterbi kernel of :mod:`crf._compiled`; other transition operators (exact second order) through the
     max-product semiring of the shared recursion."""
     operator = _operator(transitions)
     if type(operator) is FirstOrderTransitions:
         emissions = _masked(np.asarray(emissions, dtype=np.float64), allowed, operator)
         return _compiled.viterbi(emissions, operator.scores, start, end, _checked_offsets(lengths, emissions))
-    if type(operator) is PrunedSecondOrderTransitions:  # the same kernel over each token's slots
+    if type(operator) is CandidateSecondOrderTransitions:  # the same kernel over each token's slots
         emissions = _masked(np.asarray(emissions, dtype=np.float64), allowed, operator)
         slots = (operator.labels, operator.before, operator.before2)
         return _compiled.viterbi(emissions, operator.scores, start, end, _checked_offsets(lengths, emissions), slots)
@@ -585,9 +585,9 @@ def constrained_log_probability(
     (a (W, L) boolean array over all windows, or (W, S) per state; a per-label mask of a
     pair-state chain allows every state of the label). Returns (K,) log probabilities.
 
-    A first-order chain and a pruned second-order lattice run all windows in the one compiled
+    A first-order chain and a candidate second-order lattice run all windows in the one compiled
     log-space forward of :func:`crf._compiled.log_forward` (tokens in input order; the one that
-    computes a pruned lattice's tagging messages); other operators (exact second order) through
+    computes a candidate lattice's tagging messages); other operators (exact second order) through
     the shared recursion in the log semiring.
     """
     sequence = np.asarray(sequence, dtype=np.int64)
@@ -601,7 +601,7 @@ def constrained_log_probability(
     allowed = np.asarray(allowed, dtype=bool)
     if allowed.shape[1:] != emissions.shape[1:]:  # per label: every state of the label
         allowed = operator.label_mask(allowed, window_tokens)
-    if type(operator) in (FirstOrderTransitions, PrunedSecondOrderTransitions):
+    if type(operator) in (FirstOrderTransitions, CandidateSecondOrderTransitions):
         # the compiled log-space forward over all windows at once (tokens in input order)
         if np.any(widths <= 0):
             raise ValueError("a window has no tokens")

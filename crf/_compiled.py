@@ -1,6 +1,6 @@
-"""Compiled kernels for per-call work: Viterbi (first order and pruned second order), the log-space
-forward and backward recursions (a pruned second-order lattice's tagging messages and marginals;
-the constrained windows of segment confidence, first order or pruned), sparse emission scores.
+"""Compiled kernels for per-call work: Viterbi (first order and second order over candidate labels), the log-space
+forward and backward recursions (a candidate second-order lattice's tagging messages and marginals;
+the constrained windows of segment confidence, first order or over candidate labels), sparse emission scores.
 
 One call tags one sentence or a whole batch, sequence after sequence, with no Python work per
 token or per step: the regime (one sentence, one long sequence) where NumPy's per-call overhead
@@ -26,7 +26,7 @@ _compiled: dict[str, object] = {}
 
 
 def _reach(labels, t, width):  # pragma: no cover - compiled
-    """How many slots of token ``t`` of a pruned lattice to visit: past the last filled one of its
+    """How many slots of token ``t`` of a candidate lattice to visit: past the last filled one of its
     ``width`` slots (``labels`` (T, K), -1 where empty) they are all empty."""
     reach = 0
     for k in range(width):
@@ -37,7 +37,7 @@ def _reach(labels, t, width):  # pragma: no cover - compiled
 
 def _source_weights(table, labels, before, before2, t, s, reach, weights):  # pragma: no cover - compiled
     """Row ``s`` of ``weights`` (S, K): the scores of the edges from state s = (i, j) of token
-    ``t - 1`` of a pruned lattice into the first ``reach`` slots k of token ``t`` (``table[before2[t,
+    ``t - 1`` of a candidate lattice into the first ``reach`` slots k of token ``t`` (``table[before2[t,
     i], before[t, j], labels[t, k]]``, -inf into an empty slot; see :func:`_viterbi`). False, and
     the row left as it was, when slot i or j is empty: the state has no edges."""
     width = labels.shape[1]
@@ -56,7 +56,7 @@ _HELPERS = ("_reach", "_source_weights")
 
 def _viterbi(emissions, table, start, end, offsets, slots, states, scores):  # pragma: no cover - compiled
     """Best state path of every sequence, into ``states`` (T,) and ``scores`` (N,): the one
-    max-plus recursion of a first-order chain and of a pruned second-order lattice.
+    max-plus recursion of a first-order chain and of a candidate second-order lattice.
 
     ``emissions`` (T, S) per-state log scores (sequences one after another), ``start``/``end``
     (S,), ``offsets`` (N + 1,). The edges into a token are runs: each state s of the previous
@@ -65,10 +65,10 @@ def _viterbi(emissions, table, start, end, offsets, slots, states, scores):  # p
 
     - First order (``slots`` None): states are labels (S = L, middle 1, width L) and the weight
       table is ``table`` (L, L) [previous, current] at every token.
-    - Pruned second order: ``slots`` = (labels, before, before2): ``labels`` (T, K) the label in
+    - Second order over candidate labels: ``slots`` = (labels, before, before2): ``labels`` (T, K) the label in
       each slot of each token (-1: empty), ``before`` (T, K) the previous token's, ``before2``
       (T, K + 1) the labels that can precede those (see
-      :class:`crf._transitions.PrunedSecondOrderTransitions`); states (i, j) = ``i * K + j``
+      :class:`crf._transitions.CandidateSecondOrderTransitions`); states (i, j) = ``i * K + j``
       (S = (K + 1) K, middle K, width K), and the edge from (i, j) of token t - 1 into (j, k) of
       token t scores ``table[before2[t, i], before[t, j], labels[t, k]]``
       (``table`` (L + 1, L, L)), -inf where a slot is empty.
@@ -78,7 +78,7 @@ def _viterbi(emissions, table, start, end, offsets, slots, states, scores):  # p
     keeps pointer 0, and a sequence with no finite path scores -inf (its states 0 where nothing is
     better). Scores are summed as ``(delta[source] + weight) + emission``."""
     n_states = emissions.shape[1]
-    if slots is None:  # first order (None: Numba compiles this case apart, with the pruned branches cut out)
+    if slots is None:  # first order (None: Numba compiles this case apart, with the candidate-lattice branches cut out)
         width, middle = n_states, 1
         weights = table.reshape((n_states, n_states))  # (a reshape types as the other branch's weights)
     else:
@@ -140,7 +140,7 @@ def _log_forward(
 ):  # pragma: no cover - compiled
     """Sum-product forward recursion in log space over runs of consecutive tokens (whole
     sequences, or windows of them with per-state constraints): the one log-space forward of a
-    first-order chain and of a pruned second-order lattice.
+    first-order chain and of a candidate second-order lattice.
 
     ``emissions`` (T, S) per-state log scores (tokens in input order); ``table`` and ``slots`` as
     in :func:`_viterbi` (edges into a token are runs of ``width`` consecutive target states from
@@ -509,17 +509,17 @@ def _kernel(name: str):
 def viterbi(
     emissions: np.ndarray, transitions: np.ndarray, start, end, offsets: np.ndarray, slots: tuple | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Best state sequence of every sequence of a first-order chain or a pruned second-order lattice.
+    """Best state sequence of every sequence of a first-order chain or a candidate second-order lattice.
 
     Parameters
     ----------
     emissions : (T, S) float array, log scores of every token's states (sequences one after another).
     transitions : (L, L) float array indexed [previous, current] (first order, S = L); with
-        ``slots``, the (L + 1, L, L) label-triple scores of the pruned lattice.
+        ``slots``, the (L + 1, L, L) label-triple scores of the candidate lattice.
     start, end : (S,) float arrays, scores of the first and last state of a sequence.
     offsets : (N + 1,) int array, where each sequence starts in ``emissions`` and where the last ends.
     slots : None (first order), or (labels (T, K), before (T, K), before2 (T, K + 1)) int arrays
-        of a :class:`crf._transitions.PrunedSecondOrderTransitions` (tokens in input order;
+        of a :class:`crf._transitions.CandidateSecondOrderTransitions` (tokens in input order;
         S = (K + 1) K).
 
     Returns
@@ -674,12 +674,12 @@ def log_forward(
     ----------
     emissions : (T, S) float array, log scores of every token's states (tokens in input order).
     transitions : (L, L) float array [previous, current] (first order, S = L); with ``slots``,
-        the (L + 1, L, L) label-triple scores of a pruned second-order lattice.
+        the (L + 1, L, L) label-triple scores of a candidate second-order lattice.
     start : (S,) float array, scores of a sequence's first state.
     first : (R,) int array, the first token (index into ``emissions``) of every run.
     window_offsets : (R + 1,) int array, where each run's tokens start among all runs' (W in all).
     slots : None (first order), or (labels (T, K), before (T, K), before2 (T, K + 1)) int arrays of
-        a :class:`crf._transitions.PrunedSecondOrderTransitions` (S = (K + 1) K).
+        a :class:`crf._transitions.CandidateSecondOrderTransitions` (S = (K + 1) K).
     allowed : (W, S) bool array or None, the states each run's tokens may take.
     incoming : (T, S) float array or None, the log forward messages the runs with ``entering`` start from.
     entering : (R,) bool array or None (none), whether run r starts from ``incoming[first[r] - 1]``

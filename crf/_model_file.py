@@ -61,9 +61,9 @@ def to_arrays(model) -> tuple[dict, dict[str, np.ndarray]]:
         # the file does not keep model_filename, which made "unset" mean "no start/end weights"
         params["boundary_transitions"] = False
     params["order"] = model.fitted_order  # the weights' order, whatever ``order`` was set to since
-    # the fitted pruning, likewise (a model pickled before ``pruning_threshold_`` was kept has only the parameter)
-    pruned = model.__dict__.get("pruner_") is not None
-    params["pruning_threshold"] = model.__dict__.get("pruning_threshold_", model.pruning_threshold) if pruned else None
+    # the fitted candidate choice, likewise (a model pickled before ``candidate_threshold_`` was kept has only the parameter)
+    restricted = model.__dict__.get("candidate_model_") is not None
+    params["candidate_threshold"] = model.__dict__.get("candidate_threshold_", model.candidate_threshold) if restricted else None
     meta = {
         "params": params,
         "classes": list(model.classes_),
@@ -72,10 +72,10 @@ def to_arrays(model) -> tuple[dict, dict[str, np.ndarray]]:
         "dict_input": getattr(model, "attribute_index_", None) is not None,
     }
     arrays = _arrays(model)
-    pruner = model.__dict__.get("pruner_")
-    if pruner is not None:  # the first-order model that prunes a second-order one
-        meta["pruner"], pruner_arrays = to_arrays(pruner)
-        arrays.update({f"pruner/{k}": v for k, v in pruner_arrays.items()})
+    candidate_model = model.__dict__.get("candidate_model_")
+    if candidate_model is not None:  # the first-order model that chooses a second-order one's candidates
+        meta["candidate_model"], candidate_model_arrays = to_arrays(candidate_model)
+        arrays.update({f"candidate_model/{k}": v for k, v in candidate_model_arrays.items()})
     return meta, arrays
 
 
@@ -120,8 +120,31 @@ def from_arrays(cls: type, meta: dict, arrays: dict[str, np.ndarray], path="mode
         raise ModelFileError(f"{path}: malformed CRF model ({type(err).__name__}: {err})") from None
 
 
+# names that files written by earlier versions use for a second-order model's candidate labels
+_EARLIER_NAMES = {"pruning_threshold": "candidate_threshold", "pruner": "candidate_model"}
+
+
+def _current_names(fields: dict) -> dict:
+    """``fields`` with the names of :data:`_EARLIER_NAMES` replaced (where a file holds both the
+    earlier and the current name of one field, the current one's value is kept)."""
+    earlier = {_EARLIER_NAMES[k]: v for k, v in fields.items() if k in _EARLIER_NAMES}
+    return {**earlier, **{k: v for k, v in fields.items() if k not in _EARLIER_NAMES}}
+
+
+def _with_current_names(meta: dict, arrays: dict[str, np.ndarray]) -> tuple[dict, dict[str, np.ndarray]]:
+    """``meta`` (its parameters too) and ``arrays`` (``pruner/...``) under the current names."""
+    if not isinstance(meta, dict):
+        return meta, arrays
+    meta = _current_names(meta)
+    if isinstance(meta.get("params"), dict):
+        meta["params"] = _current_names(meta["params"])
+    earlier = {"candidate_model/" + k[len("pruner/") :]: v for k, v in arrays.items() if k.startswith("pruner/")}
+    return meta, {**earlier, **{k: v for k, v in arrays.items() if not k.startswith("pruner/")}}
+
+
 def _from_arrays(cls: type, meta: dict, arrays: dict[str, np.ndarray], path):
     known = cls().get_params()
+    meta, arrays = _with_current_names(meta, arrays)
     if not isinstance(meta["params"], dict):
         raise ModelFileError(f"{path}: the parameters are not a JSON object")
     # a file sets hyperparameters only: never where a later fit writes, nor code to call
@@ -144,15 +167,19 @@ def _from_arrays(cls: type, meta: dict, arrays: dict[str, np.ndarray], path):
         check_table_size(path, f"the trigram weights of {L:,} labels", (L + 1) * L * L, stored)
         for name, (attribute, shape) in _second_order_blocks(L).items():
             setattr(model, attribute, checked_array(path, arrays, name, "f", shape, finite=True, bounded=True).astype(np.float64))
-    model.pruner_, model.pruned_mass_, model.pruning_threshold_ = None, None, None
-    if model.pruning_threshold is not None:
-        if not isinstance(meta.get("pruner"), dict):
-            raise ModelFileError(f"{path}: a pruned second-order model without its pruning model")
-        inner = {k[len("pruner/") :]: v for k, v in arrays.items() if k.startswith("pruner/")}
-        model.pruner_ = _from_arrays(cls, meta["pruner"], inner, f"{path} (pruning model)")
-        if model.pruner_.order != 1 or list(model.pruner_.classes_) != list(classes) or model.pruner_.n_attributes_ != A:
-            raise ModelFileError(f"{path}: the pruning model is not a first-order model of the same labels and attributes")
-        model.pruning_threshold_ = float(model.pruning_threshold)
+    model.candidate_model_, model.excluded_mass_, model.candidate_threshold_ = None, None, None
+    if model.candidate_threshold is not None:
+        if not isinstance(meta.get("candidate_model"), dict):
+            raise ModelFileError(f"{path}: a second-order model over candidate labels without its candidate model")
+        inner = {k[len("candidate_model/") :]: v for k, v in arrays.items() if k.startswith("candidate_model/")}
+        model.candidate_model_ = _from_arrays(cls, meta["candidate_model"], inner, f"{path} (candidate model)")
+        if (
+            model.candidate_model_.order != 1
+            or list(model.candidate_model_.classes_) != list(classes)
+            or model.candidate_model_.n_attributes_ != A
+        ):
+            raise ModelFileError(f"{path}: the candidate model is not a first-order model of the same labels and attributes")
+        model.candidate_threshold_ = float(model.candidate_threshold)
     state = np.zeros((A, L))
     if meta["sparse"]:
         index = checked_array(path, arrays, "feature_index", "iu", (None,)).astype(np.int64)

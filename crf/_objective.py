@@ -181,8 +181,8 @@ class _Block:
     """Some fully labelled sequences, stored in their own packed time-major order.
 
     ``candidates`` (T, L) bool (input order), when given, restrict every sum to the paths through
-    the candidate labels of each token (pruning; the gold labels must be among them): the block
-    then contributes ``log Z_pruned(x) - score(y)``, where Z_pruned <= Z sums those paths only.
+    the candidate labels of each token (the gold labels must be among them): the block
+    then contributes ``log Z_candidates(x) - score(y)``, where Z_candidates <= Z sums those paths only.
     The chain runs over the structure's :meth:`~crf._order.ChainStructure.lattice` for them (a
     second-order one over each token's candidates only)."""
 
@@ -367,7 +367,7 @@ class Objective:
         cells = block_cells or self.BLOCK_CELLS
         self.blocks = []
         # with candidates, sequences go into blocks by their largest candidate count (the slots of
-        # their pruned lattice: a block pads every token to its widest one), then by length
+        # their candidate lattice: a block pads every token to its widest one), then by length
         slots = np.zeros(lengths.size, dtype=np.int64)
         if candidates is not None and labels.size:
             counts = candidates.sum(axis=1)

@@ -263,7 +263,7 @@ def _feature_mask(params: ParameterLayout) -> np.ndarray | None:
 
 class _Minibatches:
     """Minibatches of ``batch_size`` sequences taken in the order of ``sequences``, each with
-    its own objective (:class:`_Minibatch`): the general path (any order, pruned lattices,
+    its own objective (:class:`_Minibatch`): the general path (any order, candidate lattices,
     unknown labels)."""
 
     def __init__(self, X, offsets, labels, params, sequences: np.ndarray, batch_size: int, candidates=None) -> None:
@@ -348,7 +348,7 @@ class _Sequences:
     @staticmethod
     def applies(params: ParameterLayout, offsets: np.ndarray, labels: np.ndarray, batch_size: int, candidates) -> bool:
         """Whether the sequences suit this path: one sequence per update, first order, no
-        pruned lattice, every label known and no empty sequence."""
+        candidate lattice, every label known and no empty sequence."""
         labels = np.asarray(labels)
         return (
             batch_size == 1
@@ -573,7 +573,7 @@ def sgd(
     ``max_iterations`` epochs or when the loss improved by less than ``delta`` over ``period``
     epochs, and returns the weights of the epoch with the lowest loss (as CRFsuite does).
     Weights at positions ``frozen`` (transition/start/end weights that are not features) stay 0.
-    ``candidates`` (T, L): the pruned lattice of every token (see :class:`crf._objective.Objective`).
+    ``candidates`` (T, L): the candidate lattice of every token (see :class:`crf._objective.Objective`).
     """
     if c2 <= 0:
         raise ValueError("l2sgd needs c2 > 0 (its step size is 1 / (lambda t) with lambda = 2 c2 / N)")

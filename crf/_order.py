@@ -34,9 +34,9 @@ import functools
 import numpy as np
 
 from ._layout import Layout, positions_within
-from ._transitions import PrunedEdges, PrunedSecondOrderTransitions, SecondOrderTransitions
+from ._transitions import CandidateEdges, CandidateSecondOrderTransitions, SecondOrderTransitions
 
-#: above this many labels, fitting exact second order (order 2 without ``pruning_threshold``) warns
+#: above this many labels, fitting exact second order (order 2 without ``candidate_threshold``) warns
 #: of its cost first: measured per L-BFGS iteration on one thread (synthetic data, 6,000 tokens),
 #: exact second order costs 4.6x first order's time at 10 labels, 12x at 22 and 19x at 49
 EXACT_SECOND_ORDER_LABELS = 20
@@ -57,14 +57,14 @@ TAIL_ATTRIBUTES = {
 def exact_second_order_cost(n_labels: int, n_tokens: int) -> str | None:
     """A warning for an exact second-order fit over more than :data:`EXACT_SECOND_ORDER_LABELS`
     labels: its expected seconds per iteration on one thread (``n_tokens`` tokens, O(L^3) per
-    token) and the pruned alternative; None for fewer labels."""
+    token) and the alternative over candidate labels; None for fewer labels."""
     if n_labels <= EXACT_SECOND_ORDER_LABELS:
         return None
     seconds = EXACT_SECOND_ORDER_SECONDS * n_tokens * n_labels**3
     return (
-        f"order=2 without pruning_threshold is exact second order over {n_labels} labels, O(L^3) per token: "
+        f"order=2 without candidate_threshold is exact second order over {n_labels} labels, O(L^3) per token: "
         f"expect about {seconds:,.0f} s per iteration on one thread for {n_tokens:,} tokens (10-20x first order's "
-        "at 20-50 labels); pruning_threshold=0.01 trains over each token's likely labels only"
+        "at 20-50 labels); candidate_threshold=0.01 trains over each token's likely labels only"
     )
 
 
@@ -150,13 +150,13 @@ class ChainStructure:
         ).astype(np.float64)
 
     def trainable(self, offsets, labels, min_freq: float, boundary: bool, all_transitions: bool) -> np.ndarray:
-        """Which tail weights are features (tail_size,): the n-grams seen at least
-        ``max(min_freq, 1)`` times (all of them with ``all_transitions``); the boundary weights
-        (start, end and their second-order forms) when ``boundary``."""
+        """Which tail weights are features (tail_size,): as CRFsuite chooses transitions, the
+        n-grams seen (or, with ``all_transitions``, every n-gram) that occur at least ``min_freq``
+        times; the boundary weights (start, end and their second-order forms) when ``boundary``."""
         counts = self.split(self.observed_tail(offsets, labels))
         return np.concatenate(
             [
-                (np.ravel(counts[name]) >= max(min_freq, 1)) | all_transitions
+                ((np.ravel(counts[name]) >= 1) | all_transitions) & (np.ravel(counts[name]) >= min_freq)
                 if name in ("transitions", "trigrams")
                 else np.full(counts[name].size, bool(boundary))
                 for name in self.blocks
@@ -165,7 +165,7 @@ class ChainStructure:
 
     def cells_per_token(self, slots: int | None = None) -> int:
         """Working values per token of the chain over :meth:`lattice` (block sizes follow it),
-        for tokens of at most ``slots`` candidate labels (None: unpruned)."""
+        for tokens of at most ``slots`` candidate labels (None: full)."""
         return self.n_states
 
     def lattice(self, layout: Layout, candidates: np.ndarray | None = None) -> Lattice:
@@ -225,11 +225,11 @@ class SecondOrderChain(ChainStructure):
         return 2 * (K + 1) * K
 
     def lattice(self, layout: Layout, candidates: np.ndarray | None = None) -> Lattice:
-        """All label pairs, or with ``candidates`` (T, L) a :class:`PrunedLattice` over them."""
-        return Lattice(self, layout, None) if candidates is None else PrunedLattice.packed(self, layout, candidates)
+        """All label pairs, or with ``candidates`` (T, L) a :class:`CandidateLattice` over them."""
+        return Lattice(self, layout, None) if candidates is None else CandidateLattice.packed(self, layout, candidates)
 
     def lattice_in_order(self, offsets: np.ndarray, candidates: np.ndarray | None = None) -> Lattice:
-        return Lattice(self, None, None) if candidates is None else PrunedLattice.in_order(self, offsets, candidates)
+        return Lattice(self, None, None) if candidates is None else CandidateLattice.in_order(self, offsets, candidates)
 
     def label_marginals(self, marginals: np.ndarray) -> np.ndarray:
         return marginals.reshape(marginals.shape[0], self.n_labels + 1, self.n_labels).sum(axis=1)
@@ -299,9 +299,9 @@ class Lattice:
         return np.stack([marginals[self.layout.first_rows()].sum(axis=0), marginals[self.layout.last_rows()].sum(axis=0)])
 
 
-class PrunedLattice(Lattice):
+class CandidateLattice(Lattice):
     """A second-order chain over each token's candidate labels only (see
-    :class:`crf._transitions.PrunedSecondOrderTransitions`): K slots per token (K: the most
+    :class:`crf._transitions.CandidateSecondOrderTransitions`): K slots per token (K: the most
     candidates a token has), O(K^3) per token. The start and end weights of every (previous,
     current) pair are folded into the emissions of first and last tokens. Tokens in packed order
     (:meth:`packed`, the objective's blocks) or in input order (:meth:`in_order`, tagging)."""
@@ -329,19 +329,19 @@ class PrunedLattice(Lattice):
         self.first, self.last = first, np.asarray(last, dtype=np.int64)
 
     @functools.cached_property
-    def index(self) -> PrunedEdges:
+    def index(self) -> CandidateEdges:
         """The lattice's edges (made when a recursion first needs them: Viterbi runs over the slots)."""
-        return PrunedEdges.of(self.labels, self.before, self.before2, self.structure.n_labels)
+        return CandidateEdges.of(self.labels, self.before, self.before2, self.structure.n_labels)
 
     @classmethod
-    def packed(cls, structure: SecondOrderChain, layout: Layout, candidates: np.ndarray) -> PrunedLattice:
+    def packed(cls, structure: SecondOrderChain, layout: Layout, candidates: np.ndarray) -> CandidateLattice:
         """Over tokens in ``layout``'s packed order (``candidates`` packed too)."""
         step = np.repeat(np.arange(layout.n_steps), layout.n_active)
         previous = np.arange(step.size) - layout.step_start[step] + layout.step_start[np.maximum(step - 1, 0)]
         return cls(structure, candidates, np.where(step > 0, previous, -1), layout.last_rows())
 
     @classmethod
-    def in_order(cls, structure: SecondOrderChain, offsets: np.ndarray, candidates: np.ndarray) -> PrunedLattice:
+    def in_order(cls, structure: SecondOrderChain, offsets: np.ndarray, candidates: np.ndarray) -> CandidateLattice:
         """Over tokens in input order, sequences at ``offsets`` (N + 1,) (none empty)."""
         offsets = np.asarray(offsets, dtype=np.int64)
         previous = np.arange(candidates.shape[0]) - 1
@@ -365,7 +365,7 @@ class PrunedLattice(Lattice):
 
     def scores(self, tail: np.ndarray) -> tuple:
         blocks, K = self.structure.split(tail), self.n_slots
-        operator = PrunedSecondOrderTransitions(
+        operator = CandidateSecondOrderTransitions(
             blocks["transitions"][None] + blocks["trigrams"], self.labels, self.before, self.before2, lambda: self.index
         )
         start = np.full((K + 1, K), -np.inf)

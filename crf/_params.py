@@ -32,9 +32,10 @@ DOC = """
         (SGD with L2 and CRFsuite's learning-rate calibration), ``"ap"`` (averaged perceptron),
         ``"pa"`` (passive-aggressive), ``"arow"`` (adaptive regularisation of weights).
     min_freq : float, default=0.0
-        State and transition features whose frequency in training (summed attribute values) is
-        below ``min_freq`` are left out (a transition needs at least one occurrence; state
-        features are all kept with ``all_possible_states``).
+        State and transition features whose frequency in training (summed attribute values;
+        occurrences of a label pair) is below ``min_freq`` are left out, as CRFsuite leaves them
+        out: the pairs ``all_possible_states`` and ``all_possible_transitions`` add have
+        frequency 0 and so stay only while ``min_freq <= 0``.
     all_possible_states : bool, default=False
         Every attribute with every label (True) or only the pairs seen in training (False,
         CRFsuite's default).
@@ -120,20 +121,20 @@ DOC = """
         [lbfgs, l2sgd for 2] 1 (transitions over label pairs) or 2 (also over label trigrams: the
         chain runs over label pairs, exact, O(L^3) per token; see :mod:`crf._order`). An order-2
         model cannot be written as a CRFsuite file (``model_filename``).
-    pruning_threshold : float or None, default=None
+    candidate_threshold : float or None, default=None
         [order 2] None: exact second order. A number p in (0, 1): first train a first-order
-        model with the same settings (kept as ``pruner_``); at each token keep the labels whose
+        model with the same settings (kept as ``candidate_model_``); at each token keep the labels whose
         first-order marginal is at least p, at most ``crf.model.MAX_CANDIDATES`` of them (the
         most probable; always the most probable one; in training the gold label too); train and
-        tag the second-order model over those candidates only (MarMoT's pruning), at O(K^3) per
-        token for K candidates. The likelihood is then over the pruned lattice (an approximation:
-        ``pruned_mass_`` reports the first-order marginal mass pruned away in training), and
+        tag the second-order model over those candidates only (what MarMoT calls pruning), at O(K^3) per
+        token for K candidates. The likelihood is then over the candidate lattice (an approximation:
+        ``excluded_mass_`` reports the first-order marginal mass left out in training), and
         every query (marginals, probabilities, k-best) is over the candidates, chosen by the
-        threshold of the fit (``pruning_threshold_``: setting ``pruning_threshold`` anew changes
+        threshold of the fit (``candidate_threshold_``: setting ``candidate_threshold`` anew changes
         nothing until the next fit, nor what ``save`` writes). Exact second order
         over more than 20 labels is slow (O(L^3) per token: about 19x first order's time per
         iteration at 49 labels): ``fit`` then warns with the expected time per iteration and
-        suggests ``pruning_threshold=0.01``.
+        suggests ``candidate_threshold=0.01``.
 """
 
 # the parameters of sklearn-crfsuite's CRF, each None there by default, meaning "not set": here too
@@ -312,13 +313,13 @@ def validate(p: dict, defaults: dict) -> Settings:
         raise ValueError(f"order=2 is trained by algorithm='lbfgs' or 'l2sgd', not {algorithm!r}")
     if order == 2 and p["model_filename"] is not None:
         raise ValueError("model_filename writes a CRFsuite model, which holds first-order models only: order=1")
-    threshold = p["pruning_threshold"]
+    threshold = p["candidate_threshold"]
     if threshold is not None:
-        _number("pruning_threshold", threshold, strict=True)
+        _number("candidate_threshold", threshold, strict=True)
         if not threshold < 1:
-            raise ValueError(f"pruning_threshold must lie in (0, 1), got {threshold!r}")
+            raise ValueError(f"candidate_threshold must lie in (0, 1), got {threshold!r}")
         if order != 2:
-            raise ValueError("pruning_threshold prunes a second-order model: it needs order=2")
+            raise ValueError("candidate_threshold restricts a second-order model to candidate labels: it needs order=2")
     if algorithm == "l2sgd" and p["c2"] <= 0:
         raise ValueError("algorithm='l2sgd' needs c2 > 0 (its step size is 1 / (lambda t) with lambda = 2 c2 / N)")
     if algorithm == "l2sgd" and p["c2"] < MIN_SGD_C2:  # 1 / lambda would overflow float64
@@ -345,18 +346,27 @@ def validate(p: dict, defaults: dict) -> Settings:
     )
 
 
-def feature_index(X, labels: np.ndarray, n_labels: int, min_freq: float = 0.0) -> np.ndarray:
-    """Flat (A, L) indices (sorted) of the attribute/label pairs seen in ``X`` (T, A) with the
-    labels (T,), keeping those whose frequency (summed attribute values, as CRFsuite sums them; a
-    stored zero counts as seen) is at least ``min_freq``.
-    Tokens whose label is unknown (-1) make no pairs."""
+def feature_index(X, labels: np.ndarray, n_labels: int, min_freq: float = 0.0, all_states: bool = False) -> np.ndarray | None:
+    """Flat (A, L) indices (sorted) of the attribute/label pairs that are state features, chosen
+    as CRFsuite chooses them: a pair's frequency is the sum of its attribute's values at the
+    tokens of that label in ``X`` (T, A) with ``labels`` (T,) (0 for a pair never seen; a stored
+    zero counts as seen), and a pair is a feature when that frequency is at least ``min_freq``
+    and it was seen or ``all_states`` (CRFsuite's ``possible_states``) adds every pair. None
+    when every pair is a feature (the dense table). Tokens whose label is unknown (-1) make no
+    pairs."""
     if labels.size and labels.min() < 0:
         known = np.flatnonzero(labels >= 0)
-        return feature_index(X[known], labels[known], n_labels, min_freq)
+        return feature_index(X[known], labels[known], n_labels, min_freq, all_states)
     n_cells = X.shape[1] * n_labels
-    # CRFsuite keeps a pair whose values sum to at least min_freq: every pair seen, when no value
-    # is negative and min_freq <= 0; else the sums decide (a pair summing below 0 is no feature)
-    every_seen = min_freq <= 0 and (not X.nnz or X.data.min() >= 0)
+    no_negative = not X.nnz or X.data.min() >= 0
+    if all_states and min_freq <= 0:  # every pair, but those seen whose values sum below min_freq
+        if no_negative:
+            return None
+        pairs, sums = _pair_sums(X, labels, n_labels)
+        dropped = pairs[sums < min_freq]
+        return np.setdiff1d(np.arange(n_cells), dropped, assume_unique=True) if dropped.size else None
+    # (with min_freq > 0 the pairs never seen, of frequency 0, are no features either way)
+    every_seen = min_freq <= 0 and no_negative  # else the sums decide (a pair summing below 0 is no feature)
     if every_seen and n_cells <= 8 * max(X.nnz, 1 << 20):
         # a mark per (attribute, label) cell, no larger than the int64 keys a sort would need (or
         # 8 MiB): the marked cells come out sorted, without sorting, a block of tokens at a time
@@ -367,19 +377,18 @@ def feature_index(X, labels: np.ndarray, n_labels: int, min_freq: float = 0.0) -
             within = np.repeat(labels[first:stop], np.diff(X.indptr[first : stop + 1]))
             seen[X.indices[begin:end].astype(np.int64) * n_labels + within] = True
         return np.flatnonzero(seen)
-    keys = X.indices.astype(np.int64) * n_labels + np.repeat(labels, np.diff(X.indptr))
     if every_seen:
-        return np.unique(keys)  # no inverse: half the temporary memory of the sort
-    pairs, inverse = np.unique(keys, return_inverse=True)
-    return pairs[np.bincount(inverse, weights=X.data, minlength=pairs.size) >= min_freq]
+        return np.unique(_pair_keys(X, labels, n_labels))  # no inverse: half the temporary memory of the sort
+    pairs, sums = _pair_sums(X, labels, n_labels)
+    return pairs[sums >= min_freq]
 
 
-def transition_mask(offsets: np.ndarray, labels: np.ndarray, n_labels: int, min_freq: float, boundary: bool) -> np.ndarray:
-    """Which of the transition, start and end weights (L*L + 2L,) are features: the label pairs
-    seen at least ``max(min_freq, 1)`` times; start and end weights when ``boundary``."""
-    first = np.zeros(labels.size, dtype=bool)
-    first[offsets[:-1][offsets[:-1] < labels.size]] = True
-    edges = np.flatnonzero(~first)
-    edges = edges[(labels[edges - 1] >= 0) & (labels[edges] >= 0)]  # pairs with an unknown label make no feature
-    counts = np.bincount(labels[edges - 1] * n_labels + labels[edges], minlength=n_labels * n_labels)
-    return np.concatenate([counts >= max(min_freq, 1), np.full(2 * n_labels, boundary)])
+def _pair_keys(X, labels: np.ndarray, n_labels: int) -> np.ndarray:
+    """The flat (attribute, label) cell of every stored entry of ``X`` (T, A) (nnz,)."""
+    return X.indices.astype(np.int64) * n_labels + np.repeat(labels, np.diff(X.indptr))
+
+
+def _pair_sums(X, labels: np.ndarray, n_labels: int) -> tuple[np.ndarray, np.ndarray]:
+    """(the flat cells of the pairs seen, sorted; their summed attribute values)."""
+    pairs, inverse = np.unique(_pair_keys(X, labels, n_labels), return_inverse=True)
+    return pairs, np.bincount(inverse, weights=X.data, minlength=pairs.size)

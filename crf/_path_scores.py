@@ -1,4 +1,4 @@
-"""The score of a given labelling under a chain's scores (any order, pruned or not)."""
+"""The score of a given labelling under a chain's scores (any order, over candidate labels or all)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def path_scores(emissions: np.ndarray, scores: tuple, offsets: np.ndarray, codes
     Returns
     -------
     ndarray (N,)
-        The labelling's score; -inf where the chain has no state for it (a pruned lattice).
+        The labelling's score; -inf where the chain has no state for it (a candidate lattice).
     """
     first = np.zeros(codes.size, dtype=bool)
     first[offsets[:-1][offsets[:-1] < codes.size]] = True

@@ -219,7 +219,7 @@ class SegmentQueries:
             found["confidence"] = []
             return found
         if posterior is None or posterior.log_alpha is None or posterior.scores is None:
-            # the chain's scores for these emissions (a pruned model's depend on the batch)
+            # the chain's scores for these emissions (a candidate-lattice model's depend on the batch)
             _, scores = self._chain_of(np.asarray(batch.X @ self.state_weights_), batch.X, batch.lengths)
             posterior = chain.forward_backward(emissions, *scores, batch.lengths, keep_messages=True, counts=False)
             posterior.scores = scores

@@ -224,12 +224,12 @@ class MaxSemiring(LogSemiring):
     def plus(values: np.ndarray, axis: int) -> np.ndarray:
         return values.max(axis=axis)
 
-    # pruning is used for tables of at least this many entries (below, the running maximum costs
+    # terms are skipped for tables of at least this many entries (below, the running maximum costs
     # little more than finding the terms to skip). A block where more than this share of the
     # (row, term) pairs is left beside each row's best term takes the running maximum instead
-    # (there pruning no longer pays: untrained or flat tables)
-    PRUNED_TABLE = 16 * 16
-    PRUNED_SHARE = 0.1
+    # (there skipping no longer pays: untrained or flat tables)
+    SKIP_TABLE = 16 * 16
+    SKIP_SHARE = 0.1
     # candidate arrays (n * m * p sums) up to this size are formed in one step: a few rows (the
     # long tail of a batch, one short sentence) then take one NumPy call instead of m or more
     ONE_STEP_CELLS = 1 << 15
@@ -241,7 +241,7 @@ class MaxSemiring(LogSemiring):
         column (term i never gives more than -inf there). The differences are rounded, so a few
         units in the last place of the table's largest finite entry are added: the bound holds
         for the exact differences (float64). None for a table with NaN or +inf entries, whose
-        NaN sums pruning could not keep."""
+        NaN sums skipping could not keep."""
         if np.isnan(b).any() or np.isposinf(b).any():
             return None
         m, p = b.shape
@@ -256,34 +256,34 @@ class MaxSemiring(LogSemiring):
     def matmul(cls, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """``out[..., n, j] = max_i a[..., n, i] + b[..., i, j]``. No arg max is kept: the back
         pointers of the few entries a best path goes through are found afterwards (``argtop``)."""
-        if cls.prunes(a, b) and a.shape[0] >= b.shape[0]:  # the m * m * p bounds are paid once over
-            return cls.pruned_matmul(a, b, cls.spread(b))
+        if cls.skips_terms(a, b) and a.shape[0] >= b.shape[0]:  # the m * m * p bounds are paid once over
+            return cls.bounded_matmul(a, b, cls.spread(b))
         if a.size * b.shape[-1] <= cls.ONE_STEP_CELLS:
             return (a[..., :, :, None] + b[..., None, :, :]).max(axis=-2)
         return cls._running_max(a, b)
 
     @classmethod
-    def prunes(cls, a: np.ndarray, b: np.ndarray) -> bool:
-        """Whether the operands are of a kind pruning applies to (:meth:`pruned_matmul`: 2-D float64,
-        a table of at least ``PRUNED_TABLE`` entries, more than ``ONE_STEP_CELLS`` sums).
+    def skips_terms(cls, a: np.ndarray, b: np.ndarray) -> bool:
+        """Whether the operands are of a kind term skipping applies to (:meth:`bounded_matmul`: 2-D float64,
+        a table of at least ``SKIP_TABLE`` entries, more than ``ONE_STEP_CELLS`` sums).
         :meth:`matmul` also asks for at least as many rows as the table has, since it works the
         bounds out for each call."""
         return (
             a.ndim == 2
             and b.ndim == 2
             and a.dtype == b.dtype == np.float64
-            and b.size >= cls.PRUNED_TABLE
+            and b.size >= cls.SKIP_TABLE
             and a.size * b.shape[1] > cls.ONE_STEP_CELLS
         )
 
     @classmethod
-    def pruned_matmul(cls, a: np.ndarray, b: np.ndarray, spread: np.ndarray | None) -> np.ndarray:
+    def bounded_matmul(cls, a: np.ndarray, b: np.ndarray, spread: np.ndarray | None) -> np.ndarray:
         """:meth:`matmul` of (n, m) by (m, p) float64 arrays, skipping the terms that cannot matter.
 
         Each row starts from its best term k (largest ``a[n, k]``) and adds only the terms that
         can beat it somewhere: term i is skipped when ``a[n, i] + spread[i, k] < a[n, k]``
         (``spread``: :meth:`spread` of ``b``; a caller with many products by one table works it
-        out once; None: no pruning). Then ``a[n, i] + b[i, j] < a[n, k] + b[k, j]`` holds exactly
+        out once; None: nothing skipped). Then ``a[n, i] + b[i, j] < a[n, k] + b[k, j]`` holds exactly
         for every j, and rounding is monotone, so the result has the same values (only a zero's
         sign may differ, as the maximum of -0.0 and +0.0 depends on the order). In trained models
         most rows keep only their best term."""
@@ -291,13 +291,13 @@ class MaxSemiring(LogSemiring):
             return cls._running_max(a, b)
         m, p = b.shape
         out = np.empty((a.shape[0], p))
-        for rows in _row_blocks(a.shape[0], int(cls.PRUNED_SHARE * m * p) + m + p):  # bounds the candidates
-            cls._pruned(a[rows], b, spread, out[rows])
+        for rows in _row_blocks(a.shape[0], int(cls.SKIP_SHARE * m * p) + m + p):  # bounds the candidates
+            cls._bounded_block(a[rows], b, spread, out[rows])
         return out
 
     @classmethod
-    def _pruned(cls, a: np.ndarray, b: np.ndarray, spread: np.ndarray, out: np.ndarray) -> None:
-        """:meth:`pruned_matmul` of one row block (n, m) into ``out`` (n, p)."""
+    def _bounded_block(cls, a: np.ndarray, b: np.ndarray, spread: np.ndarray, out: np.ndarray) -> None:
+        """:meth:`bounded_matmul` of one row block (n, m) into ``out`` (n, p)."""
         every_row = np.arange(a.shape[0])
         best = a.argmax(axis=1)
         reference = a[every_row, best]
@@ -305,7 +305,7 @@ class MaxSemiring(LogSemiring):
             others = a + spread.T[best] >= reference[:, None]
         others[every_row, best] = False
         others[~(reference > -np.inf)] = False  # nothing finite (or NaN): the best term's row is the answer
-        if np.count_nonzero(others) > cls.PRUNED_SHARE * others.size:  # an untrained or flat table: little to skip
+        if np.count_nonzero(others) > cls.SKIP_SHARE * others.size:  # an untrained or flat table: little to skip
             out[...] = cls._running_max(a, b)
             return
         np.add(reference[:, None], b[best], out=out)
@@ -384,7 +384,7 @@ class KMaxSemiring(MaxSemiring):
     def matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """``a`` values (..., n, m, k), ``b`` weights (..., m, p): (..., n, p, k) values.
 
-        Pruned: a term i whose best entry is not among the k best first entries (for that output)
+        Skipped: a term i whose best entry is not among the k best first entries (for that output)
         cannot contribute, since k pairs (i', 0) beat all its pairs; so the k best terms are chosen
         on first entries alone, and the top k taken over their k * k (term, rank) pairs."""
         k, m = self.k, a.shape[-2]

@@ -371,7 +371,7 @@ def training_problem(
     params : the estimator's ``get_params()``.
     defaults : the estimator's constructor defaults (see :func:`crf._params.validate`).
     previous : the fitted model a warm start begins from, or None.
-    label_order : the order of the labels, which must be those of ``y`` (a pruner takes its
+    label_order : the order of the labels, which must be those of ``y`` (a candidate model takes its
         second-order model's); None: the labels of ``y`` in order of first appearance, a warm
         start's old ones first.
 
@@ -449,11 +449,11 @@ def training_problem(
         warnings.warn(message, RuntimeWarning, stacklevel=3)
     L = len(classes)
     order = params["order"]
-    cost = exact_second_order_cost(L, batch.X.shape[0]) if order == 2 and params["pruning_threshold"] is None else None
+    cost = exact_second_order_cost(L, batch.X.shape[0]) if order == 2 and params["candidate_threshold"] is None else None
     if cost is not None:
         log.warning("%s", cost)
         warnings.warn(cost, RuntimeWarning, stacklevel=3)
-    index = None if params["all_possible_states"] else hyper.feature_index(batch.X, codes, L, params["min_freq"])
+    index = hyper.feature_index(batch.X, codes, L, params["min_freq"], bool(params["all_possible_states"]))
     if batch.X.nnz and not batch.X.data.all():  # stored zeros named their pairs above (as CRFsuite's items do)
         X = batch.X.copy()  # and would only cost time in every step
         X.eliminate_zeros()
@@ -509,7 +509,7 @@ def solve(
     params : the estimator's ``get_params()`` (the solvers' settings).
     theta0 : the starting weights; None: zeros.
     callback : called with every :class:`~crf._optimize.IterationInfo`.
-    candidates : (T, L) bool, a pruned lattice per token (order 2), or None.
+    candidates : (T, L) bool, a candidate lattice per token (order 2), or None.
 
     Returns
     -------
@@ -528,7 +528,7 @@ def solve(
         result = SOLVERS[settings.algorithm](problem, params, theta0, stopping, frozen, callback, candidates)
     log.debug("%s: %d iterations in %.1fs", settings.algorithm, result.iterations, time.perf_counter() - began)
     # from zero weights no step lowering the loss means the data cannot be fitted as given; a warm
-    # start (or the pruner's first-order optimum) may simply begin at the optimum
+    # start (or the candidate model's first-order optimum) may simply begin at the optimum
     if from_zero and result.iterations == 0 and result.stop_reason.startswith("line search"):
         largest = problem.largest
         where = "" if largest is None else f"; the largest attribute value is {largest[0]:g} ({largest[1]})"
@@ -621,7 +621,7 @@ def weight_scale(problem: TrainingProblem) -> np.ndarray | None:
 
 
 def _warm_or_cold(objective, theta0: np.ndarray, params: dict, frozen: np.ndarray, source: str) -> np.ndarray:
-    """``theta0`` (a warm start's weights, or a pruned model's first-order pruner's: ``source``
+    """``theta0`` (a warm start's weights, or a candidate-lattice model's first-order candidate model's: ``source``
     says which), or zero weights (the non-features' kept) when the regularised objective is lower
     there: weights carried over from data whose values had another scale can start so far off
     that the solver would stop long before the optimum."""
@@ -653,7 +653,9 @@ def _lbfgs(problem, params, theta0, stopping, frozen, callback, candidates):
     release_free_memory()  # what building it freed, before the iterations add their working memory
     result = optimize.lbfgs(
         objective,
-        _warm_or_cold(objective, theta0, params, frozen, "warm start" if problem.start is not None else "the pruner's start"),
+        _warm_or_cold(
+            objective, theta0, params, frozen, "warm start" if problem.start is not None else "the candidate model's start"
+        ),
         params["c1"],
         params["c2"],
         stopping,

@@ -28,7 +28,7 @@ class LiftedOperator(Protocol):
     marginals. The recursions
     apply it to the edges into the packed rows ``rows`` of one step through ``at(rows)``: a
     stationary operator is the same for every step (``at`` returns it); one with per-token data
-    (:class:`PrunedSecondOrderTransitions`) gives the operator of those rows."""
+    (:class:`CandidateSecondOrderTransitions`) gives the operator of those rows."""
 
     values: np.ndarray
     count_shape: tuple[int, ...]
@@ -210,20 +210,20 @@ class _LiftedFirstOrder(_Stationary):
         self.values_t = values.T
         self.semiring = semiring
         self._bounds_done = False
-        self._bounds: np.ndarray | None = None  # None once done: a table that cannot be pruned
+        self._bounds: np.ndarray | None = None  # None once done: a table whose terms cannot be skipped
 
     def forward(self, messages: np.ndarray) -> np.ndarray:
-        if self.semiring is MaxSemiring and MaxSemiring.prunes(messages, self.values):
-            spread = self._pruning_bounds(messages.shape[0])
+        if self.semiring is MaxSemiring and MaxSemiring.skips_terms(messages, self.values):
+            spread = self._skip_bounds(messages.shape[0])
             if spread is not None:
-                return MaxSemiring.pruned_matmul(messages, self.values, spread)
+                return MaxSemiring.bounded_matmul(messages, self.values, spread)
         return self.semiring.matmul(messages, self.values)
 
-    def _pruning_bounds(self, rows: int) -> np.ndarray | None:
+    def _skip_bounds(self, rows: int) -> np.ndarray | None:
         """The table's max-product bounds (``MaxSemiring.spread``, m * m * p work), worked out on
         the first step with at least m rows (a batch's first step has the most) and kept for the
-        later steps of this pass; None before (one sentence: not worth it) or for a table that
-        cannot be pruned."""
+        later steps of this pass; None before (one sentence: not worth it) or for a table whose
+        terms cannot be skipped."""
         if not self._bounds_done and rows >= self.values.shape[0]:
             self._bounds, self._bounds_done = MaxSemiring.spread(self.values), True
         return self._bounds
@@ -300,7 +300,7 @@ class SecondOrderTransitions(_StationaryOperator):
 
 
 #: below this fraction of states with a nonzero message, the second-order contractions go by the
-#: active entries (a pruned lattice: per-token candidate labels as -inf emissions) instead of O(L^3)
+#: active entries (a candidate lattice: per-token candidate labels as -inf emissions) instead of O(L^3)
 SPARSE_BELOW = 0.25
 
 
@@ -324,7 +324,7 @@ def _max_by_run(values: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.nd
 
 class _LiftedSecondOrder(_Stationary):
     """The second-order operator bound to a semiring. Dense contractions are batched products
-    over the middle label (O(n L^3)); when few states carry a message (a pruned lattice) and the
+    over the middle label (O(n L^3)); when few states carry a message (a candidate lattice) and the
     semiring's values are single numbers, forward and backward gather the active entries
     instead, grouped by (row, middle label) and reduced by the semiring's ``plus`` (O(active x
     L)), and the expected counts of the scaled semiring are one sparse product. Both give the
@@ -449,8 +449,8 @@ def _filled_edges(previous: np.ndarray, middle: np.ndarray, current: np.ndarray)
     return t[entry], slots[first[t[entry]] + rank], j[entry], k[entry]
 
 
-class PrunedEdges:
-    """The edges into every token of a pruned second-order lattice, scored by label triples.
+class CandidateEdges:
+    """The edges into every token of a candidate second-order lattice, scored by label triples.
 
     ``used`` (U,): the flat (L + 1, L, L) indices of the label triples the lattice's edges carry,
     ascending, with (L + 1) * L * L (one past the table) last where some slot is empty. The
@@ -484,8 +484,8 @@ class PrunedEdges:
         self.shape = (n_tokens, n_slots + 1, n_slots, n_slots)
 
     @classmethod
-    def of(cls, labels: np.ndarray, before: np.ndarray, before2: np.ndarray, n_labels: int) -> PrunedEdges:
-        """From the slot labels of :class:`PrunedSecondOrderTransitions`."""
+    def of(cls, labels: np.ndarray, before: np.ndarray, before2: np.ndarray, n_labels: int) -> CandidateEdges:
+        """From the slot labels of :class:`CandidateSecondOrderTransitions`."""
         L, (T, K) = n_labels, labels.shape
         masks = (before2 >= 0, before >= 0, labels >= 0)
         t, i, j, k = _filled_edges(*masks)  # the filled edges only: the (T, K + 1, K, K) table is mostly empty slots
@@ -504,7 +504,7 @@ class PrunedEdges:
         source, target = (i * K + j).astype(state_type), (j * K + k).astype(state_type)
         return cls(used, empty, masks, start, source, target, position[flat].astype(index_type))
 
-    def take(self, index) -> PrunedEdges:
+    def take(self, index) -> CandidateEdges:
         """The lattice of the tokens ``index`` (integers, in the order given; repeats allowed)."""
         index = np.arange(self.shape[0])[index]
         counts = np.diff(self.start)[index]
@@ -512,7 +512,7 @@ class PrunedEdges:
         np.cumsum(counts, out=start[1:])
         picks = np.repeat(self.start[index] - start[:-1], counts) + np.arange(start[-1])
         filled = tuple(mask[index] for mask in self.filled)
-        return PrunedEdges(self.used, self.empty, filled, start, self.source[picks], self.target[picks], self.triple[picks])
+        return CandidateEdges(self.used, self.empty, filled, start, self.source[picks], self.target[picks], self.triple[picks])
 
     def _tokens(self) -> np.ndarray:
         """The token of every listed edge (E,)."""
@@ -538,8 +538,8 @@ class PrunedEdges:
         return edges
 
 
-class PrunedSecondOrderTransitions:
-    """A second-order chain over each token's candidate labels (a pruned lattice), run by the same
+class CandidateSecondOrderTransitions:
+    """A second-order chain over each token's candidate labels (a candidate lattice), run by the same
     recursions: the states of a token are pairs of *slots* (slot i of the previous token, slot j of
     this one), S = (K + 1) * K of them, slot K of the previous token meaning "before the sequence".
 
@@ -559,7 +559,7 @@ class PrunedSecondOrderTransitions:
         labels: np.ndarray,
         before: np.ndarray,
         before2: np.ndarray,
-        index: PrunedEdges | Callable[[], PrunedEdges] | None = None,
+        index: CandidateEdges | Callable[[], CandidateEdges] | None = None,
     ) -> None:
         self.scores = np.asarray(scores, dtype=np.float64)
         self.labels, self.before, self.before2 = labels, before, before2
@@ -572,15 +572,15 @@ class PrunedSecondOrderTransitions:
         self._index = index
 
     @functools.cached_property
-    def index(self) -> PrunedEdges:
-        """The lattice's edges (:class:`PrunedEdges`), made or taken from the given ``index`` (or its
+    def index(self) -> CandidateEdges:
+        """The lattice's edges (:class:`CandidateEdges`), made or taken from the given ``index`` (or its
         callable) when first needed: Viterbi runs over the slots without them."""
         if self._index is None:
-            return PrunedEdges.of(self.labels, self.before, self.before2, self.n_labels)
+            return CandidateEdges.of(self.labels, self.before, self.before2, self.n_labels)
         return self._index() if callable(self._index) else self._index
 
-    def take(self, index: np.ndarray) -> PrunedSecondOrderTransitions:
-        return PrunedSecondOrderTransitions(
+    def take(self, index: np.ndarray) -> CandidateSecondOrderTransitions:
+        return CandidateSecondOrderTransitions(
             self.scores, self.labels[index], self.before[index], self.before2[index], self.index.take(index)
         )
 
@@ -636,7 +636,7 @@ class PrunedSecondOrderTransitions:
     def listed_edges(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The edges between filled slots token by token: (start (T + 1,), source state (E,) of
         the previous token, target state (E,) of this one, log score (E,)), ordered by target,
-        then source (see :class:`PrunedEdges`)."""
+        then source (see :class:`CandidateEdges`)."""
         index = self.index
         return index.start, index.source, index.target, np.append(self.scores.ravel(), -np.inf)[index.used][index.triple]
 
@@ -644,7 +644,7 @@ class PrunedSecondOrderTransitions:
         """Log scores (T, K + 1, K, K) of the edges into every token, -inf where a slot is empty."""
         return np.append(self.scores.ravel(), -np.inf)[self.index.used][self.index.edges]
 
-    def lift(self, semiring) -> tuple[np.ndarray, _LiftedPruned]:
+    def lift(self, semiring) -> tuple[np.ndarray, _LiftedCandidates]:
         # each state takes out the best of the edges that actually enter it at its token: a bound
         # shared by all first labels a of a pair (b, c) could be set by an a that is no candidate
         # two tokens back and flush every edge that is there, in both passes alike
@@ -659,12 +659,12 @@ class PrunedSecondOrderTransitions:
         column_top = column_top.reshape(T, self.n_states)
         top = column_top[:, : K * K].reshape(T, K, K)
         edge_weights = semiring.weights(edge_scores - column_top.ravel()[target])
-        return column_top, _LiftedPruned(scores, top, edge_weights, self.index, None, semiring, self.shape)
+        return column_top, _LiftedCandidates(scores, top, edge_weights, self.index, None, semiring, self.shape)
 
 
-class _LiftedPruned:
-    """:class:`PrunedSecondOrderTransitions` bound to a semiring: ``scores`` (U,) the log scores of
-    the lattice's used triples (see :class:`PrunedEdges`), ``top`` (T, K, K) [t, j, k] what the
+class _LiftedCandidates:
+    """:class:`CandidateSecondOrderTransitions` bound to a semiring: ``scores`` (U,) the log scores of
+    the lattice's used triples (see :class:`CandidateEdges`), ``top`` (T, K, K) [t, j, k] what the
     lift took out of the edges into state (j, k) of token t, ``edge_weights`` (E,) the lifted
     weights of the listed edges, ``rows`` the packed rows it holds (None: all; ``at`` picks a
     step's) and ``values`` (rows, K + 1, K, K, *V) [row, i, j, k] their lifted edge tables,
@@ -675,7 +675,7 @@ class _LiftedPruned:
     counts over the listed edges between filled slots only: a token with c candidates after
     tokens with a and b has a * b * c edges, where the padded tables hold (K + 1) * K * K. In log
     space (the log-space fallback, entropy) forward does too; constrained windows and tagging
-    without counts run in the compiled kernels of :mod:`crf._compiled`. (Viterbi over a pruned
+    without counts run in the compiled kernels of :mod:`crf._compiled`. (Viterbi over a candidate
     lattice runs in the compiled kernel of :func:`crf._compiled.viterbi`, over each token's slots.)"""
 
     def __init__(
@@ -683,7 +683,7 @@ class _LiftedPruned:
         scores: np.ndarray,
         top: np.ndarray,
         edge_weights: np.ndarray,
-        index: PrunedEdges,
+        index: CandidateEdges,
         rows,
         semiring,
         count_shape: tuple[int, ...],
@@ -702,10 +702,10 @@ class _LiftedPruned:
         rows = slice(None) if self.rows is None else self.rows
         return self.semiring.weights(self.scores[self.index.edges[rows]] - self.top[rows][:, None])
 
-    def at(self, rows) -> _LiftedPruned:
+    def at(self, rows) -> _LiftedCandidates:
         if self.rows is not None:
             raise ValueError("at() selects rows of the whole lattice's operator only")
-        return _LiftedPruned(self.scores, self.top, self.edge_weights, self.index, rows, self.semiring, self.count_shape)
+        return _LiftedCandidates(self.scores, self.top, self.edge_weights, self.index, rows, self.semiring, self.count_shape)
 
     def expand(self, total: np.ndarray) -> np.ndarray:
         size = math.prod(self.count_shape)  # empty slots count into one place past the table, dropped
@@ -728,7 +728,7 @@ class _LiftedPruned:
 
     def _log_spread(self, target: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
         """(n, S) log-sum-exp of the log ``values`` by their flat target into (n, S); the edges
-        into one state are consecutive (see :attr:`PrunedEdges.listed`)."""
+        into one state are consecutive (see :attr:`CandidateEdges.listed`)."""
         out = np.full(n * (self.n_slots + 1) * self.n_slots, -np.inf)
         if values.size:
             first, top = _max_by_run(values, target)

@@ -38,7 +38,7 @@ class PreviousFit:
     start: np.ndarray  # (L_old,)
     end: np.ndarray  # (L_old,)
     tail: dict | None = None  # the tail's blocks by name (see crf._order), second-order ones included
-    pruner: object = None  # the fitted first-order pruning model of a pruned second-order CRF
+    candidate_model: object = None  # the fitted first-order candidate model of a second-order CRF over candidate labels
     attribute_index: object = None  # the fitted model's feature-dict reader (crf.attributes.AttributeIndex), if any
 
     @classmethod
@@ -49,7 +49,7 @@ class PreviousFit:
         tail = {name: getattr(model, TAIL_ATTRIBUTES[name]) for name in structure.blocks}
         return cls(
             tail={name: np.array(block, dtype=np.float64).reshape(structure.blocks[name]) for name, block in tail.items()},
-            pruner=model.__dict__.get("pruner_"),
+            candidate_model=model.__dict__.get("candidate_model_"),
             attribute_index=model.__dict__.get("attribute_index_"),
             classes=list(model.classes_),
             attribute_names=None if names is None else [str(n) for n in names],

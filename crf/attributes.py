@@ -539,7 +539,7 @@ class AttributeIndex:
         ``min_freq``: keep attributes whose weights add up to at least this much in ``sequences``
         (occurrences, for binary attributes); 0 keeps every attribute seen, even one only ever
         weighing 0 (``False``). CRFsuite's ``feature.minfreq`` applies the same sum to each
-        (attribute, label) feature, so with non-negative weights pruning attributes first never
+        (attribute, label) feature, so with non-negative weights dropping attributes first never
         drops a feature it keeps.
 
         Parameters

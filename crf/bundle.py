@@ -10,8 +10,8 @@ holding the part's metadata and arrays under keys of its own. This module knows 
 each kind's code lives with its estimator, and a bundle names its kind.
 
 Tagging runs one path for both kinds of model, on arrays: per-state emission scores (T, S) and a
-transition operator (a CRF: S = L labels, label pairs at order 2, pairs of candidate slots when
-pruned; an HMM: its hidden states), whose ``labels_at``/``label_marginals`` map states to labels, Viterbi
+transition operator (a CRF: S = L labels, label pairs at order 2, pairs of candidate slots over
+candidate labels; an HMM: its hidden states), whose ``labels_at``/``label_marginals`` map states to labels, Viterbi
 and forward-backward of :mod:`crf._chain` under optional allowed-label masks (``fixed`` labels),
 and chunk confidences: the quantity :meth:`crf.CRF.predict_segments` reports, by constrained
 forward-backward. For first-order chains over labels (the CRF, a first-order HMM without

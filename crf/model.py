@@ -58,8 +58,8 @@ log = logging.getLogger(__name__)
 # where the fitted attributes that read None before fit keep their values (see CRF.classes_)
 _FITTED_PRIVATE = ("_classes", "_attributes", "_training_log")
 
-#: the most candidate labels marginal pruning keeps at a token (crf.CRF's pruning_threshold): the
-#: pruned second-order lattice costs O(K^3) per token for K candidates
+#: the most candidate labels the first-order marginals keep at a token (crf.CRF's candidate_threshold): the
+#: candidate second-order lattice costs O(K^3) per token for K candidates
 MAX_CANDIDATES = 6
 
 
@@ -113,7 +113,7 @@ class CRF(SegmentQueries, UncertaintyQueries, FeatureTables, BaseEstimator):
         callback=None,
         warm_start: bool = False,
         order: int = 1,
-        pruning_threshold: float | None = None,
+        candidate_threshold: float | None = None,
     ) -> None:
         # parameters only, as scikit-learn's estimators store them: everything else happens in fit
         self.algorithm = algorithm
@@ -153,7 +153,7 @@ class CRF(SegmentQueries, UncertaintyQueries, FeatureTables, BaseEstimator):
         self.callback = callback
         self.warm_start = warm_start
         self.order = order
-        self.pruning_threshold = pruning_threshold
+        self.candidate_threshold = candidate_threshold
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
@@ -341,17 +341,17 @@ class CRF(SegmentQueries, UncertaintyQueries, FeatureTables, BaseEstimator):
         return self._fit(X, y, X_dev, y_dev, attribute_names)
 
     def _fit(self, X, y, X_dev=None, y_dev=None, attribute_names=None, label_order: Sequence | None = None) -> CRF:
-        """:meth:`fit`, with the labels in ``label_order`` when given (a pruner takes its model's)."""
+        """:meth:`fit`, with the labels in ``label_order`` when given (a candidate model takes its model's)."""
         began = time.perf_counter()
         params = self.get_params()
         previous = PreviousFit.of(self) if self.warm_start and self._fitted() else None
         problem = training_problem(X, y, X_dev, y_dev, attribute_names, params, _DEFAULTS, previous, label_order)
-        pruner, candidates, pruned_mass = self._pruning(problem)
-        start = problem.start or (PreviousFit.of(pruner) if pruner is not None else None)
+        candidate_model, candidates, excluded_mass = self._candidate_choice(problem)
+        start = problem.start or (PreviousFit.of(candidate_model) if candidate_model is not None else None)
         theta0 = None if start is None else start.theta(problem.layout, problem.trainable, problem.classes, problem.attributes)
-        result = solve(problem, params, theta0, self._iteration_callback(problem, pruner), candidates)
+        result = solve(problem, params, theta0, self._iteration_callback(problem, candidate_model), candidates)
         with self._replacing_fitted_state():
-            self._set_fitted(problem, result.theta, pruner, pruned_mass)
+            self._set_fitted(problem, result.theta, candidate_model, excluded_mass)
             self.training_log_ = training_log(result.history)
             self.n_iter_ = result.iterations
             self.n_evaluations_ = result.evaluations
@@ -361,7 +361,9 @@ class CRF(SegmentQueries, UncertaintyQueries, FeatureTables, BaseEstimator):
                 crfsuite.write_crfsuite_model(self, self.model_filename)
         return self
 
-    def _set_fitted(self, problem: TrainingProblem, theta: np.ndarray, pruner: CRF | None, pruned_mass: float | None) -> None:
+    def _set_fitted(
+        self, problem: TrainingProblem, theta: np.ndarray, candidate_model: CRF | None, excluded_mass: float | None
+    ) -> None:
         """Become the model of ``problem`` with the weights ``theta`` (layout.size,)."""
         layout = problem.layout
         self.classes_ = problem.classes
@@ -374,47 +376,47 @@ class CRF(SegmentQueries, UncertaintyQueries, FeatureTables, BaseEstimator):
         for name, values in layout.tail_blocks(theta).items():
             setattr(self, TAIL_ATTRIBUTES[name], np.array(values))
         self.feature_index_ = layout.feature_index
-        self.pruner_ = pruner
-        self.pruned_mass_ = pruned_mass
-        # the threshold the candidates are chosen by, as fitted: ``pruning_threshold`` may be set anew
-        self.pruning_threshold_ = None if pruner is None else float(self.pruning_threshold)
+        self.candidate_model_ = candidate_model
+        self.excluded_mass_ = excluded_mass
+        # the threshold the candidates are chosen by, as fitted: ``candidate_threshold`` may be set anew
+        self.candidate_threshold_ = None if candidate_model is None else float(self.candidate_threshold)
 
-    def _pruning(self, problem: TrainingProblem) -> tuple[CRF | None, np.ndarray | None, float | None]:
-        """(the first-order model whose marginals choose the candidate labels of a pruned
+    def _candidate_choice(self, problem: TrainingProblem) -> tuple[CRF | None, np.ndarray | None, float | None]:
+        """(the first-order model whose marginals choose the candidate labels of a
         second-order model, the candidates (T, L) bool, the first-order mass they leave out), or
-        Nones without ``pruning_threshold``. The pruner has this model's settings at order 1 and
-        is warm-started from the previous fit's pruner when there is one."""
-        if self.pruning_threshold is None:
+        Nones without ``candidate_threshold``. The candidate model has this model's settings at order 1 and
+        is warm-started from the previous fit's candidate model when there is one."""
+        if self.candidate_threshold is None:
             return None, None, None
         settings = {k: v for k, v in self.get_params().items() if k not in ("callback", "model_filename", "verbose")}
-        settings.update(order=1, pruning_threshold=None, warm_start=False)
-        old = problem.start.pruner if problem.start is not None else None
-        pruner = CRF(**settings) if old is None else copy.copy(old).set_params(**{**settings, "warm_start": True})
+        settings.update(order=1, candidate_threshold=None, warm_start=False)
+        old = problem.start.candidate_model if problem.start is not None else None
+        candidate_model = CRF(**settings) if old is None else copy.copy(old).set_params(**{**settings, "warm_start": True})
         began = time.perf_counter()
         batch, y = problem.batch, label_sequences(problem)
         # in the model's label order (a warm start's merged labels), which the candidates' columns follow
-        pruner._fit(batch, y, attribute_names=problem.attributes, label_order=problem.classes)
-        log.info("pruning model (first order): %d iterations, %.1fs", pruner.n_iter_, time.perf_counter() - began)
-        pruner.warm_start = False
-        candidates = pruner.candidates(batch.X, batch.lengths, self.pruning_threshold)
+        candidate_model._fit(batch, y, attribute_names=problem.attributes, label_order=problem.classes)
+        log.info("candidate model (first order): %d iterations, %.1fs", candidate_model.n_iter_, time.perf_counter() - began)
+        candidate_model.warm_start = False
+        candidates = candidate_model.candidates(batch.X, batch.lengths, self.candidate_threshold)
         known = np.flatnonzero(problem.codes >= 0)
         candidates[known, problem.codes[known]] = True  # the gold labels stay in the lattice
-        pruned_mass = pruner.pruned_mass(batch.X, batch.lengths, candidates)
+        excluded_mass = candidate_model.excluded_mass(batch.X, batch.lengths, candidates)
         log.info(
-            "pruning: %.2f candidate labels per token (of %d), first-order mass pruned away %.2e per token",
-            candidates.sum() / max(1, candidates.shape[0]), problem.n_labels, pruned_mass / max(1, candidates.shape[0]),
+            "candidate labels: %.2f per token (of %d), first-order mass left out %.2e per token",
+            candidates.sum() / max(1, candidates.shape[0]), problem.n_labels, excluded_mass / max(1, candidates.shape[0]),
         )  # fmt: skip
-        return pruner, candidates, pruned_mass
+        return candidate_model, candidates, excluded_mass
 
-    def _iteration_callback(self, problem: TrainingProblem, pruner: CRF | None):
+    def _iteration_callback(self, problem: TrainingProblem, candidate_model: CRF | None):
         """The solver's per-iteration callback: dev accuracy every ``dev_every`` iterations (by a
         snapshot of the model at that iteration's weights), the verbose log line, ``callback``."""
         dev = problem.dev
 
         def report(info: optimize.IterationInfo) -> None:
             if dev is not None and self.dev_every and info.iteration % self.dev_every == 0 and info.theta is not None:
-                snapshot = CRF(order=self.order, pruning_threshold=self.pruning_threshold, n_threads=self.n_threads)
-                snapshot._set_fitted(problem, info.theta, pruner, None)
+                snapshot = CRF(order=self.order, candidate_threshold=self.candidate_threshold, n_threads=self.n_threads)
+                snapshot._set_fitted(problem, info.theta, candidate_model, None)
                 info.dev_predictions = snapshot._predict_lists(dev[0])
                 info.dev_accuracy = metrics.token_accuracy(dev[1], info.dev_predictions)
             if self.verbose:
@@ -470,7 +472,7 @@ class CRF(SegmentQueries, UncertaintyQueries, FeatureTables, BaseEstimator):
         """What the chain runs on: per-state emissions, chain scores and the batch.
 
         The states are the labels for order 1, label pairs for order 2 and pairs of candidate
-        slots for a pruned model (see :mod:`crf._order`).
+        slots for a candidate-lattice model (see :mod:`crf._order`).
 
         Parameters
         ----------
@@ -503,12 +505,14 @@ class CRF(SegmentQueries, UncertaintyQueries, FeatureTables, BaseEstimator):
 
     def _chain_of(self, emissions: np.ndarray, X, lengths: np.ndarray) -> tuple[np.ndarray, tuple]:
         """(per-state emissions (T, S), (transitions, start, end)) of the rows ``X`` (T, A) with
-        per-label ``emissions`` (T, L), sequences of ``lengths``; a pruned model's lattice is
-        over the candidates its pruner keeps."""
+        per-label ``emissions`` (T, L), sequences of ``lengths``; a candidate-lattice model's lattice is
+        over the candidates its candidate model keeps."""
         candidates = None
-        if self.__dict__.get("pruner_") is not None:
-            # a model pickled before ``pruning_threshold_`` was kept has only the parameter
-            candidates = self.pruner_.candidates(X, lengths, self.__dict__.get("pruning_threshold_", self.pruning_threshold))
+        if self.__dict__.get("candidate_model_") is not None:
+            # a model pickled before ``candidate_threshold_`` was kept has only the parameter
+            candidates = self.candidate_model_.candidates(
+                X, lengths, self.__dict__.get("candidate_threshold_", self.candidate_threshold)
+            )
         offsets = np.concatenate([[0], np.cumsum(lengths)])
         lattice, tail = self._structure().lattice_in_order(offsets, candidates), self._tail()
         return lattice.emissions(emissions, tail), lattice.scores(tail)
@@ -522,7 +526,7 @@ class CRF(SegmentQueries, UncertaintyQueries, FeatureTables, BaseEstimator):
         return np.concatenate([np.ravel(getattr(self, TAIL_ATTRIBUTES[name])) for name in self._structure().blocks])
 
     def _weights(self):
-        """(transitions or transition operator, start (S,), end (S,)) of the unpruned chain."""
+        """(transitions or transition operator, start (S,), end (S,)) of the full chain."""
         return self._structure().scores(self._tail())
 
     def _label_marginals(self, marginals: np.ndarray, transitions, reduce=np.add) -> np.ndarray:
@@ -530,7 +534,7 @@ class CRF(SegmentQueries, UncertaintyQueries, FeatureTables, BaseEstimator):
         return chain.operator_of(transitions).label_marginals(marginals, len(self.classes_), reduce)
 
     def candidates(self, X, lengths: np.ndarray, threshold: float) -> np.ndarray:
-        """The labels kept at each token by marginal pruning (this model as the pruner).
+        """The labels kept at each token by their first-order marginals (this model as the candidate model).
 
         A label is kept where its marginal under this model is at least ``threshold``, at most
         :data:`MAX_CANDIDATES` of them (the most probable); the most probable label is always kept.
@@ -569,11 +573,11 @@ class CRF(SegmentQueries, UncertaintyQueries, FeatureTables, BaseEstimator):
         marginals = chain.forward_backward(states, *scores, lengths, counts=False).marginals
         return self._label_marginals(marginals, scores[0])
 
-    def pruned_mass(self, X, lengths: np.ndarray, keep: np.ndarray) -> float:
+    def excluded_mass(self, X, lengths: np.ndarray, keep: np.ndarray) -> float:
         """The marginal probability this model gives the labels that ``keep`` drops, summed over tokens.
 
         By the union bound, an upper bound on the probability (under this model) of the paths
-        that leave the pruned lattice, summed over sequences.
+        that leave the candidate lattice, summed over sequences.
 
         Parameters
         ----------
@@ -721,10 +725,10 @@ class CRF(SegmentQueries, UncertaintyQueries, FeatureTables, BaseEstimator):
         path: :func:`crf.attributes.sequence_entries`, then a compiled sparse product). The same
         bits as :meth:`emissions` gives (each token's attributes added in column order, as
         scipy's sparse product adds them). None where the batch path is needed: a model fitted
-        on batches or with a pruning model, an empty sequence, tokens of rare shapes, a token
+        on batches or with a candidate model, an empty sequence, tokens of rare shapes, a token
         that repeats an attribute."""
         index = self.__dict__.get("attribute_index_")
-        if index is None or self.__dict__.get("pruner_") is not None or isinstance(xseq, SequenceBatch):
+        if index is None or self.__dict__.get("candidate_model_") is not None or isinstance(xseq, SequenceBatch):
             return None
         columns = index.index_
         entries = sequence_entries(xseq, columns.get, index.pairs_for(columns))
@@ -863,7 +867,7 @@ class CRF(SegmentQueries, UncertaintyQueries, FeatureTables, BaseEstimator):
         Returns
         -------
         ndarray of shape (N,), float64
-            log Z(x) of every sequence (over the pruned lattice for a pruned model).
+            log Z(x) of every sequence (over the candidate lattice for a candidate-lattice model).
 
         Raises
         ------
@@ -890,7 +894,7 @@ class CRF(SegmentQueries, UncertaintyQueries, FeatureTables, BaseEstimator):
         Returns
         -------
         ndarray of shape (N,), float64
-            p(y | x) of every sequence, in [0, 1] (0 for a labelling a pruned model's lattice
+            p(y | x) of every sequence, in [0, 1] (0 for a labelling a candidate-lattice model's lattice
             leaves out).
 
         Raises
@@ -1022,8 +1026,8 @@ class BundledCRF:
             raise ValueError(f"the extractor has {extractor.n_attributes} attributes, the CRF {model.n_attributes_}")
         self.extractor, self.model = extractor, model
         self.labels = [str(c) for c in model.classes_]
-        # the most states a token can have (a pruned model's depend on its candidates)
-        slots = min(MAX_CANDIDATES, len(self.labels)) if model.__dict__.get("pruner_") is not None else None
+        # the most states a token can have (a candidate-lattice model's depend on its candidates)
+        slots = min(MAX_CANDIDATES, len(self.labels)) if model.__dict__.get("candidate_model_") is not None else None
         self.n_states = model._structure().n_states if slots is None else (slots + 1) * slots
         self.columns = extractor.input_columns()
         self.numeric_columns = list(extractor.numeric)  # read as numbers (ModelBundle.check_numeric_cells)

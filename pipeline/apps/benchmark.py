@@ -16,7 +16,7 @@ fractions of the training data, for the training data repeated 2 and 4 times, an
 of growing size (EWT UPOS 17, XPOS 50, the joint XPOS|UPOS tags over 100).
 
 A third part (``benchmark.per_call``) measures the paths taken one call at a time (one sentence
-through each API, one long sequence, ``l2sgd``, pruned second order; the compiled kernels'
+through each API, one long sequence, ``l2sgd``, second order over candidate labels; the compiled kernels'
 warm-up and install size): see :mod:`pipeline.apps.per_call_benchmark`.
 """
 
@@ -70,7 +70,7 @@ COUNTS |= {"per_call.served_requests": 1, "per_call.served_warmup": 0}
 # numbers: (whether a value is one, what it must be); both sides' trainers get them
 NUMBERS = {"train_fraction": (lambda v: 0 < v <= 1, "a number in (0, 1]")}
 NUMBERS |= dict.fromkeys(("c1", "c2", "epsilon", "delta"), (lambda v: 0 <= v < float("inf"), "a finite number >= 0"))
-NUMBERS["per_call.pruning_threshold"] = (lambda v: 0 < v < 1, "a number in (0, 1)")
+NUMBERS["per_call.candidate_threshold"] = (lambda v: 0 < v < 1, "a number in (0, 1)")
 # the benchmark's true-or-false settings
 SWITCHES = ("quick", "growth_enabled", "all_possible_transitions", "boundary_transitions", "per_call.enabled", "per_call.served")
 

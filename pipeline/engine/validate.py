@@ -34,6 +34,7 @@ DATASET_KEYS = {
     "name", "task", "format", "columns", "label", "scheme", "files", "dev_split", "separator", "comment_prefix",
     "document_marker", "word_column", "hmm", "crf", "evaluate", "unlabelled",
 }  # fmt: skip
+DATASET_CRF_KEYS = {"candidate_threshold"}  # what conf/model/crf.yaml reads of a dataset's crf section
 DATASET_REQUIRED = {"name", "format", "columns", "label", "files"}
 SWEEP_SUMMARIES = ("grid", "comparison", "active_learning", "semi_supervised")
 
@@ -111,13 +112,23 @@ def check_template_names(setting: str, templates: Iterable, known: set[str], wha
         raise SettingsError(f"bad setting {setting}: templates {first!r} and {second!r} read the same cells (keep one)")
 
 
+#: settings of earlier versions under their current names
+RENAMED_KEYS = {"pruning_threshold": "candidate_threshold"}
+
+
+def renamed_key_hint(key: str) -> str:
+    """``; <name> is now called <new name>`` when the last part of ``key`` is a renamed setting, else ''."""
+    last = key.rsplit(".", 1)[-1]
+    return f"; {last} is now called {RENAMED_KEYS[last]}" if last in RENAMED_KEYS else ""
+
+
 def unknown_keys(section: str, values: Mapping, known: Iterable[str]) -> None:
     """A SettingsError naming the first key of ``values`` that is not ``known`` (with the nearest
     known key as a suggestion): a misspelt or invented key would otherwise be ignored quietly."""
     known = sorted(set(known))
     for key in values:
         if key not in known:
-            near = difflib.get_close_matches(str(key), known, n=1)
+            near = [RENAMED_KEYS[key]] if RENAMED_KEYS.get(key) in known else difflib.get_close_matches(str(key), known, n=1)
             hint = f"; did you mean {section}.{near[0]}?" if near else f"; known keys: {', '.join(known)}"
             raise SettingsError(f"bad setting {section}.{key}: {section} has no such key{hint}")
 
@@ -203,6 +214,10 @@ def _check_registry(cfg: DictConfig) -> None:
 def _check_dataset(cfg: DictConfig) -> None:
     dataset = section(cfg, "dataset")
     unknown_keys("dataset", dataset, DATASET_KEYS)
+    crf_defaults = dataset.get("crf") or {}
+    if not isinstance(crf_defaults, Mapping):
+        raise SettingsError(f"bad setting dataset.crf={crf_defaults!r}: a mapping of CRF settings (candidate_threshold)")
+    unknown_keys("dataset.crf", crf_defaults, DATASET_CRF_KEYS)
     missing = sorted(DATASET_REQUIRED - set(dataset))
     if missing:
         needed = ", ".join(sorted(DATASET_REQUIRED))

@@ -6,10 +6,10 @@ Training reads the prepare and featurize folders and writes ``model.npz`` (see `
 ``history.csv`` (one row per iteration: loss, gradient norm, active features, elapsed seconds,
 and dev accuracy/F1 every ``dev_every`` iterations) and ``learning_curve.png``. Each iteration
 is logged (with an estimate of the time left) and sent as step metrics to the tracking run.
-Config slice: ``model`` (``all_possible_states``, ``order``, ``pruning_threshold`` at order 2),
-``trainer`` (without ``threads``) and ``seed``; settings: ``threads`` and ``dev_every``. A pruned
-second-order model also reports its pruning model's iterations and the first-order marginal mass
-pruned away per training token.
+Config slice: ``model`` (``all_possible_states``, ``order``, ``candidate_threshold`` at order 2),
+``trainer`` (without ``threads``) and ``seed``; settings: ``threads`` and ``dev_every``. A
+second-order model over candidate labels also reports its candidate model's iterations and the first-order marginal mass
+left out per training token.
 """
 
 from __future__ import annotations
@@ -44,21 +44,21 @@ CONFIG_ONLY = ("name", "adapter", "strength", "l2_ratio", "threads")
 STOPPED_AT_CAP = "stopped_at_max_iterations"
 
 
-def _first_order_unpruned(model: Mapping) -> dict:
-    """The ``model`` section without ``pruning_threshold`` at order 1: the config's threshold (a
-    dataset's, for order 2) prunes second-order models only, and a first-order model has nothing
-    to prune (nor a different cache key)."""
+def _first_order_full(model: Mapping) -> dict:
+    """The ``model`` section without ``candidate_threshold`` at order 1: the config's threshold (a
+    dataset's, for order 2) restricts second-order models only, and a first-order model has nothing
+    to restrict (nor a different cache key)."""
     model = dict(model)
     if model.get("order", 1) == 1:
-        model.pop("pruning_threshold", None)
+        model.pop("candidate_threshold", None)
     return model
 
 
 def estimator_params(model: Mapping, trainer: Mapping) -> dict:
     """The CRF parameters of the ``model`` and ``trainer`` sections (``model`` wins); ValueError
     naming a key that is neither a parameter nor one of :data:`CONFIG_ONLY`. At ``order`` 1 the
-    ``pruning_threshold`` is left out (see :func:`_first_order_unpruned`)."""
-    merged = {**dict(trainer), **_first_order_unpruned(model)}
+    ``candidate_threshold`` is left out (see :func:`_first_order_full`)."""
+    merged = {**dict(trainer), **_first_order_full(model)}
     known = set(CRF().get_params())
     unknown = sorted(k for k in merged if k not in known and k not in CONFIG_ONLY)
     if unknown:
@@ -178,7 +178,7 @@ LAYOUT_PARAMS = (
     "all_possible_transitions",
     "boundary_transitions",
     "order",
-    "pruning_threshold",
+    "candidate_threshold",
 )
 
 
@@ -205,7 +205,7 @@ class CRFAdapter(BaseAdapter):
     volatile = ("history.csv",)  # the iterations' times
     metrics = (
         "train_seconds", "model_bytes", "iterations", "evaluations", "nonzero_weights", STOPPED_AT_CAP, "final_loss",
-        "pruner_iterations", "pruned_mass_per_token",
+        "candidate_model_iterations", "excluded_mass_per_token",
     )  # fmt: skip
 
     def known_keys(self, section: str) -> frozenset[str]:
@@ -226,7 +226,7 @@ class CRFAdapter(BaseAdapter):
     def config_slice(self, cfg) -> dict:
         trainer = OmegaConf.to_container(cfg.trainer, resolve=True)
         return {
-            "model": _first_order_unpruned(OmegaConf.to_container(cfg.model, resolve=True)),
+            "model": _first_order_full(OmegaConf.to_container(cfg.model, resolve=True)),
             "trainer": {k: v for k, v in trainer.items() if k not in RUNTIME_KEYS},
             "seed": cfg.seed,
         }
@@ -301,10 +301,13 @@ class CRFAdapter(BaseAdapter):
         history.to_csv(out / "history.csv", index=False)
         plot_learning_curve(history, out / "learning_curve.png")
         log.info("%d iterations in %.1fs, stopped by %s", model.n_iter_, seconds, model.stop_reason_)
-        pruning = {}
-        if model.pruner_ is not None:  # the pruned lattice: its size and the first-order mass it leaves out
+        candidate_choice = {}
+        if model.candidate_model_ is not None:  # the candidate lattice: its size and the first-order mass it leaves out
             tokens = max(1, X_train.X.shape[0])
-            pruning = {"pruner_iterations": model.pruner_.n_iter_, "pruned_mass_per_token": model.pruned_mass_ / tokens}
+            candidate_choice = {
+                "candidate_model_iterations": model.candidate_model_.n_iter_,
+                "excluded_mass_per_token": model.excluded_mass_ / tokens,
+            }
         return {
             "train_seconds": seconds,
             "model_bytes": (out / "model.npz").stat().st_size,
@@ -313,5 +316,5 @@ class CRFAdapter(BaseAdapter):
             "nonzero_weights": model.n_active_features_,
             STOPPED_AT_CAP: float(model.stop_reason_ == "max_iterations"),
             **({"final_loss": float(history["loss"].iloc[-1])} if len(history) else {}),
-            **pruning,
+            **candidate_choice,
         }

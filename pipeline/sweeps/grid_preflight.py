@@ -20,7 +20,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline.engine.validate import SettingsError
+from pipeline.engine.validate import SettingsError, renamed_key_hint
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +52,9 @@ def composition_problem(error: BaseException) -> str:
         return f"{first} (options of {group}: {', '.join(options)})"
     if first.startswith("Could not override") and len(lines) > 1 and lines[1].startswith("To append"):  # a key the config lacks
         plus = lines[1].removeprefix("To append to your config use").strip()  # Hydra's advice, true only in some sections
+        key = first.partition("'")[2].partition("'")[0]
+        if renamed_key_hint(key):
+            return f"{first.rstrip('.')}: the config has no such key{renamed_key_hint(key)}"
         return (
             f"{first.rstrip('.')}: the config has no such key (a misspelling?); {plus} adds it only where new keys are "
             "taken (a model's own parameters, feature views and lexicons, a dataset's optional keys)"

@@ -99,9 +99,9 @@ def test_viterbi_with_many_labels_matches_the_textbook_recursion(integers):
 
 
 @pytest.mark.filterwarnings("error")
-def test_pruned_max_product_is_the_full_maximum_to_the_bit(monkeypatch):
-    """The pruned (n, m) x (m, p) max-product equals the running maximum over every term, also
-    with -inf entries, ties and rows where nothing is finite; it really is the pruned path, and
+def test_bounded_max_product_is_the_full_maximum_to_the_bit(monkeypatch):
+    """The bounded (n, m) x (m, p) max-product equals the running maximum over every term, also
+    with -inf entries, ties and rows where nothing is finite; it really is the bounded path, and
     -inf + inf while skipping raises no warning."""
     rng = np.random.default_rng(3)
     a = np.round(20.0 * rng.normal(size=(500, 36)))
@@ -113,11 +113,11 @@ def test_pruned_max_product_is_the_full_maximum_to_the_bit(monkeypatch):
     a[7] = -np.inf
     a[8, 5] = a[8].max() + 1.0  # the best term of a row reaches nothing
     full = chain.MaxSemiring._running_max(a, b)
-    monkeypatch.setattr(chain.MaxSemiring, "_running_max", staticmethod(lambda *args: pytest.fail("not pruned")))
-    assert chain.MaxSemiring.prunes(a, b)
-    pruned = chain.MaxSemiring.matmul(a, b)
-    np.testing.assert_array_equal(pruned, full)
-    assert np.all(pruned[7] == -np.inf)
+    monkeypatch.setattr(chain.MaxSemiring, "_running_max", staticmethod(lambda *args: pytest.fail("no term skipped")))
+    assert chain.MaxSemiring.skips_terms(a, b)
+    bounded = chain.MaxSemiring.matmul(a, b)
+    np.testing.assert_array_equal(bounded, full)
+    assert np.all(bounded[7] == -np.inf)
     # the bound is tight enough to skip most terms, and every entry still comes from a kept one
     spread = chain.MaxSemiring.spread(b)
     best = a.argmax(axis=1)
@@ -136,15 +136,15 @@ def test_max_product_falls_back_to_every_term_when_little_can_be_skipped(monkeyp
     full = chain.MaxSemiring._running_max(a, b)
     calls = []
     monkeypatch.setattr(chain.MaxSemiring, "_running_max", staticmethod(lambda *args: calls.append(1) or full))
-    assert chain.MaxSemiring.prunes(a, b)
+    assert chain.MaxSemiring.skips_terms(a, b)
     np.testing.assert_array_equal(chain.MaxSemiring.matmul(a, b), full)
     assert calls
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
-def test_max_product_with_nan_or_infinite_weights_is_not_pruned(bad):
+def test_max_product_with_nan_or_infinite_weights_skips_no_term(bad):
     """NaN (or +inf meeting -inf) in a table must come out as NaN, as the full maximum gives it:
-    such a table is not pruned."""
+    no term of such a table is skipped."""
     rng = np.random.default_rng(6)
     a = np.round(20.0 * rng.normal(size=(300, 30)))
     b = np.round(rng.normal(size=(30, 30)))
@@ -168,7 +168,7 @@ def test_max_product_bounds_hold_for_the_exact_differences():
     assert all(Fraction(spread[i, k]) >= exact[i, k] for i in range(30) for k in range(30))
 
 
-def test_pruning_bounds_are_worked_out_once_per_batch_and_not_for_one_sentence(monkeypatch):
+def test_skip_bounds_are_worked_out_once_per_batch_and_not_for_one_sentence(monkeypatch):
     """The m * m * p bounds are paid for once in a Viterbi pass whose first step has at least m
     rows, and never for one sentence (with 200 labels they would cost more than the pass); the
     shared max-product recursion on a first-order table (chain.viterbi runs the compiled kernel)."""
@@ -302,7 +302,7 @@ def test_results_where_flushed_values_matter_later_are_exact(n_tokens):
 
 
 class _SharedRecursion(chain.FirstOrderTransitions):
-    """A first-order table run by the shared semiring recursion (the one second-order and pruned
+    """A first-order table run by the shared semiring recursion (the one second-order and candidate-lattice
     chains take): chain.forward_backward runs a plain (L, L) table in the compiled kernel."""
 
 

@@ -43,7 +43,7 @@ def test_padding_gives_bos_eos_values():
     assert tokens[1][1] == ["w[-1]=New", "w[1]|pos[0]=__EOS__|NNP"]
 
 
-def test_unseen_attributes_are_ignored_and_min_count_prunes():
+def test_unseen_attributes_are_ignored_and_min_count_drops():
     extractor = FeatureExtractor(columns=["w", "pos", "chunk"], templates=["w[0]", "pos[0]"], min_count=2, bos_eos=False).fit(
         SENTENCES
     )

@@ -17,7 +17,7 @@ EXPECTED = {
     "l2": (29, 367.9749530188699, 15.704614251637777),
     "owlqn": (65, 370.43201913816483, 18.37261787468998),
     "order2": (32, 352.98704564468613, 13.330467348888295),
-    "pruned": (30, 352.9871717818797, 13.338828623755274),
+    "candidates": (30, 352.9871717818797, 13.338828623755274),
     "l2sgd": (8, 398.4263097842181, 0.3183951435572),
     "pa": (8, 220.7035357592724, 0.9473826115819381),
     "warm": (37, 367.97496190284755, 15.602563526914718),
@@ -27,7 +27,7 @@ CONFIGS = {
     "l2": dict(c2=0.3),
     "owlqn": dict(c1=0.2, c2=0.05),
     "order2": dict(order=2, c2=0.5, max_iterations=60),
-    "pruned": dict(order=2, pruning_threshold=0.02, c2=0.5, max_iterations=60),
+    "candidates": dict(order=2, candidate_threshold=0.02, c2=0.5, max_iterations=60),
     "l2sgd": dict(algorithm="l2sgd", c2=0.5, max_iterations=8),
     "pa": dict(algorithm="pa", max_iterations=8),
 }

@@ -24,14 +24,14 @@ def _random_problem(seed: int, n_labels: int = 3, n_attributes: int = 7):
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-@pytest.mark.parametrize("sparse", [False, True, "pruned"])
+@pytest.mark.parametrize("sparse", [False, True, "min_freq"])
 @pytest.mark.parametrize("c2", [0.0, 0.7])
 def test_gradient_matches_finite_differences(seed, sparse, c2):
     X, offsets, labels = _random_problem(seed)
     L = 3
-    # "pruned": min_freq drops observed pairs, so the data has (attribute, label) entries outside the layout
-    index = feature_index(X, labels, L, min_freq=1.5 if sparse == "pruned" else 0) if sparse else None
-    if sparse == "pruned":
+    # "min_freq": min_freq drops observed pairs, so the data has (attribute, label) entries outside the layout
+    index = feature_index(X, labels, L, min_freq=1.5 if sparse == "min_freq" else 0) if sparse else None
+    if sparse == "min_freq":
         assert index.size < feature_index(X, labels, L).size
     params = ParameterLayout(X.shape[1], L, index)
     fun = _regularised(Objective(X, offsets, labels, params), c2)

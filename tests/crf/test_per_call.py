@@ -70,7 +70,7 @@ def test_compiled_viterbi_with_impossible_labels_and_sequences():
 
 
 def test_compiled_viterbi_agrees_with_the_shared_max_product_recursion():
-    """The same labels as the semiring recursion (which runs second-order and pruned chains) on
+    """The same labels as the semiring recursion (which runs second-order and candidate-lattice chains) on
     a batch of many labels and a long sequence; scores to rounding."""
     lengths = [1, 7, 30, 400, 12]
     emissions, transitions, start, end = random_chain(5, 30, lengths, scale=3.0)
@@ -89,8 +89,8 @@ def test_the_kernels_run_the_same_as_plain_python():
     _compiled._viterbi(emissions, transitions, start, end, _offsets(lengths), None, plain_labels, plain_scores)
     np.testing.assert_array_equal(labels, plain_labels)
     np.testing.assert_array_equal(scores, plain_scores)
-    # the same kernel over a pruned second-order lattice
-    states, operator, start, end, _ = _pruned_lattice(np.random.default_rng(4), 5, lengths)
+    # the same kernel over a candidate second-order lattice
+    states, operator, start, end, _ = _candidate_lattice(np.random.default_rng(4), 5, lengths)
     slots = (operator.labels, operator.before, operator.before2)
     compiled_states, compiled_scores = _compiled.viterbi(states, operator.scores, start, end, _offsets(lengths), slots)
     plain_states, plain_scores = np.zeros_like(compiled_states), np.empty_like(compiled_scores)
@@ -244,8 +244,8 @@ def test_one_sequence_sgd_step_is_the_general_objective():
         np.testing.assert_allclose(np.concatenate([gradient.ravel(), tail_gradient]), expected_gradient, rtol=1e-10, atol=1e-12)
 
 
-def _pruned_lattice(rng, n_labels: int, lengths, integers: bool = True):
-    """(state emissions (T, S), operator, start, end, candidates (T, L)) of a random pruned
+def _candidate_lattice(rng, n_labels: int, lengths, integers: bool = True):
+    """(state emissions (T, S), operator, start, end, candidates (T, L)) of a random candidate
     second-order lattice in input order; with ``integers``, integer scores (exact ties)."""
     from crf._order import SecondOrderChain
 
@@ -261,8 +261,8 @@ def _pruned_lattice(rng, n_labels: int, lengths, integers: bool = True):
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_compiled_pruned_viterbi_is_the_shared_max_product_recursion(seed):
-    """Viterbi over a pruned second-order lattice (the compiled kernel over its slots) gives the
+def test_compiled_candidate_lattice_viterbi_is_the_shared_max_product_recursion(seed):
+    """Viterbi over a candidate second-order lattice (the compiled kernel over its slots) gives the
     shared max-product recursion's paths and scores, with exact ties (integer scores: the lowest
     slot two back wins, then the lowest last state) and disallowed labels, down to a sequence
     with no allowed path (score -inf, the recursion's pointers)."""
@@ -270,7 +270,7 @@ def test_compiled_pruned_viterbi_is_the_shared_max_product_recursion(seed):
 
     rng = np.random.default_rng(seed)
     lengths = [6, 2, 4, 1, 5, 3]
-    states, operator, start, end, candidates = _pruned_lattice(rng, 5, lengths)
+    states, operator, start, end, candidates = _candidate_lattice(rng, 5, lengths)
     allowed = rng.random(candidates.shape) < 0.8
     allowed[6:8] = False  # the second sequence has no allowed path
     for mask in (None, allowed):
@@ -282,7 +282,7 @@ def test_compiled_pruned_viterbi_is_the_shared_max_product_recursion(seed):
 
 
 def _listed_edge_viterbi(emissions, start, end, offsets, edges):
-    """The pruned lattice's Viterbi as the former kernel ran it, over the operator's listed edges
+    """The candidate lattice's Viterbi as the former kernel ran it, over the operator's listed edges
     (``listed_edges()``: ordered by target, then source; the first listed edge wins a tie)."""
     edge_start, source, target, weights = edges
     states, scores = np.zeros(emissions.shape[0], dtype=np.int64), np.empty(offsets.size - 1)
@@ -306,14 +306,14 @@ def _listed_edge_viterbi(emissions, start, end, offsets, edges):
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
 def test_one_viterbi_kernel_gives_the_former_listed_edge_kernels_bits(seed):
-    """The one Viterbi kernel over a pruned lattice's slots gives the bits (states and scores)
+    """The one Viterbi kernel over a candidate lattice's slots gives the bits (states and scores)
     of the former kernel over its listed edges, with ties (integer scores), real scores, and
     disallowed labels."""
     rng = np.random.default_rng(seed)
     lengths = [7, 1, 3, 5, 2, 9]
     offsets = _offsets(lengths)
     for integers in (True, False):
-        states, operator, start, end, candidates = _pruned_lattice(rng, 6, lengths, integers)
+        states, operator, start, end, candidates = _candidate_lattice(rng, 6, lengths, integers)
         allowed = rng.random(candidates.shape) < 0.85
         for mask in (None, allowed):
             masked = chain._masked(states, mask, operator)
@@ -323,8 +323,8 @@ def test_one_viterbi_kernel_gives_the_former_listed_edge_kernels_bits(seed):
             np.testing.assert_array_equal(ours_scores, former_scores)
 
 
-def test_pruned_second_order_viterbi_is_the_best_path_of_the_lattice():
-    """The pruned lattice's Viterbi path is a best one among the enumerated label sequences
+def test_candidate_lattice_second_order_viterbi_is_the_best_path_of_the_lattice():
+    """The candidate lattice's Viterbi path is a best one among the enumerated label sequences
     through candidate labels only, scored term by term from the second-order blocks."""
     from itertools import product
 

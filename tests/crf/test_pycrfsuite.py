@@ -268,18 +268,24 @@ def test_log_figures_match_python_crfsuite(corpus, tmp_path):
                 assert a[key] == b[key], key
 
 
-def _state_features_of_both(X, y, folder) -> list[dict]:
-    """The state features (attribute, label) -> weight of the models ours and python-crfsuite
-    train on ``X``, ``y`` with the same settings."""
+def _features_of_both(X, y, folder, settings: dict | None = None) -> list[tuple[dict, dict]]:
+    """(state features (attribute, label) -> weight, transitions (label, label) -> weight) of the
+    models ours and python-crfsuite train on ``X``, ``y`` with the same settings."""
     pycrfsuite = pytest.importorskip("pycrfsuite")
-    weights = []
+    features = []
     for module in (ours, pycrfsuite):
         path = folder / f"{module.__name__}.crfsuite"
-        train(module, X, y, path, params={"c2": 1.0, "max_iterations": 100, "epsilon": 1e-8})
+        train(module, X, y, path, params={"c2": 1.0, "max_iterations": 100, "epsilon": 1e-8, **(settings or {})})
         tagger = module.Tagger()
         tagger.open(str(path))
-        weights.append(tagger.info().state_features)
-    return weights
+        info = tagger.info()
+        features.append((info.state_features, info.transitions))
+    return features
+
+
+def _state_features_of_both(X, y, folder) -> list[dict]:
+    """The state features of :func:`_features_of_both` with CRFsuite's default settings."""
+    return [states for states, _ in _features_of_both(X, y, folder)]
 
 
 def test_an_attribute_of_value_0_makes_a_feature_as_in_python_crfsuite(tmp_path):
@@ -301,6 +307,33 @@ def test_a_pair_whose_values_sum_below_0_is_no_feature_as_in_python_crfsuite(tmp
     assert ("n", "Y") not in theirs and set(mine) == set(theirs)
     for pair, weight in theirs.items():
         assert mine[pair] == pytest.approx(weight, abs=1e-5), pair
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"feature.possible_states": True},  # a pair seen summing below 0 is no feature, the unseen ones are (round 30)
+        {"feature.possible_states": True, "feature.minfreq": 0.7},  # the pairs it adds have frequency 0: none stays
+        {"feature.possible_transitions": True, "feature.minfreq": 1.0},  # likewise the label pairs
+        {"feature.possible_states": True, "feature.possible_transitions": True, "feature.minfreq": 2.0},
+        {"feature.minfreq": 2.0},  # a label pair seen once is no transition feature
+    ],
+)
+def test_all_possible_features_and_min_freq_choose_the_features_python_crfsuite_chooses(settings, tmp_path):
+    """CRFsuite adds the pairs of ``possible_states`` and ``possible_transitions`` with frequency
+    0, then keeps a pair whose frequency reaches ``minfreq``: the same state features and
+    transitions, and the same weights, here (round 30: both kinds were kept whatever their sums)."""
+    X = [
+        [{"a": -1.0, "b": 1.0}, {"a": 1.0, "c": 0.5}, {"b": 1.0, "c": 1.0}],
+        [{"b": 1.0}, {"a": -0.5, "c": 1.0}, {"a": 2.0}],
+        [{"a": 1.0, "b": 1.0}, {"c": -1.0}, {"b": 1.0}],
+    ]
+    y = [["X", "Y", "Z"], ["X", "Y", "Y"], ["Z", "Y", "X"]]
+    (my_states, my_transitions), (states, transitions) = _features_of_both(X, y, tmp_path, settings)
+    assert set(my_states) == set(states) and set(my_transitions) == set(transitions)
+    for mine, theirs in ((my_states, states), (my_transitions, transitions)):
+        for pair, weight in theirs.items():
+            assert mine[pair] == pytest.approx(weight, abs=1e-5), pair
 
 
 def test_holdout_group_is_evaluated_not_trained(corpus, tmp_path):

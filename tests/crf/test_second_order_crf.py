@@ -1,6 +1,6 @@
 """The second-order CRF (``crf.CRF(order=2)``): its chain scores, objective and queries against
 enumeration of every labelling of tiny models, the gradient against finite differences (trigram,
-pair-end, start/end weights, partial labels, a pruned lattice), L1, SGD, warm start, save/load,
+pair-end, start/end weights, partial labels, a candidate lattice), L1, SGD, warm start, save/load,
 the CRFsuite refusal, the tagger bundle and the sklearn contract."""
 
 from __future__ import annotations
@@ -119,12 +119,12 @@ def _enumerated_loss(X, offsets, labels, params, theta, candidates=None):
 @pytest.mark.parametrize(
     "seed,case",
     [
-        *itertools.product([0, 1], ["dense", "sparse", "partial", "pruned", "partial pruned"]),
-        *itertools.product(range(6), ["pruned large"]),
+        *itertools.product([0, 1], ["dense", "sparse", "partial", "candidates", "partial candidates"]),
+        *itertools.product(range(6), ["candidates large"]),
     ],
 )
 def test_objective_matches_enumeration_and_finite_differences(seed, case):
-    """Pruned: the chain runs over each token's candidate labels (the compact pair-of-slots lattice).
+    """Candidates: the chain runs over each token's candidate labels (the compact pair-of-slots lattice).
     Large: weights of a scale where lifted values are tiny, or flushed and the sequence redone in
     log space (within what the scaled semiring guarantees: see ScaledSemiring)."""
     L = 3
@@ -132,7 +132,7 @@ def test_objective_matches_enumeration_and_finite_differences(seed, case):
     index = feature_index(X, labels, L) if case == "sparse" else None
     params = ParameterLayout(X.shape[1], L, index, order=2)
     candidates = None
-    if "pruned" in case:
+    if "candidates" in case:
         rng = np.random.default_rng(seed + 3)
         candidates = rng.random((labels.size, L)) < 0.5
         known = labels >= 0
@@ -152,7 +152,7 @@ def test_objective_matches_enumeration_and_finite_differences(seed, case):
     assert all(np.any(block != 0) for block in tail.values())
 
 
-def test_a_trigram_far_above_the_rest_through_a_label_pruned_away_hides_no_path():
+def test_a_trigram_far_above_the_rest_through_a_label_left_out_hides_no_path():
     """The lift takes out of each state's edges the best edge that enters it at its token. A
     trigram (2, 1, 2) 173.5 nats above (0, 1, 2), whose first label is no candidate at token 0,
     must not set that bound: the edge (0, 1, 2) that is there would be flushed in both passes
@@ -238,23 +238,23 @@ def test_fitted_second_order_model_matches_enumeration(second, data):
 
 
 @pytest.fixture(scope="module")
-def pruned(data):
+def restricted(data):
     (X, y, _), _ = data
-    return CRF(order=2, pruning_threshold=0.05, c2=0.1, max_iterations=40).fit(X, y)
+    return CRF(order=2, candidate_threshold=0.05, c2=0.1, max_iterations=40).fit(X, y)
 
 
-@pytest.mark.parametrize("kind", ["exact", "pruned"])
-def test_segment_confidence_is_the_window_probability(second, pruned, data, kind):
+@pytest.mark.parametrize("kind", ["exact", "candidates"])
+def test_segment_confidence_is_the_window_probability(second, restricted, data, kind):
     """Each chunk's confidence is its window's probability over every labelling (over the
-    candidate labels of a pruned model: the compiled log-space recursions)."""
+    candidate labels of a candidate-lattice model: the compiled log-space recursions)."""
     _, (X, _, _) = data
     X = [x[:6] for x in X[:3]]
-    model = second if kind == "exact" else pruned
+    model = second if kind == "exact" else restricted
     segments = model.predict_segments(X)
     emissions, batch = model.emissions(X)
-    if kind == "pruned":
-        keep = model.pruner_.candidates(batch.X, batch.lengths, model.pruning_threshold)
-        assert not keep.all()  # the pruning matters here
+    if kind == "candidates":
+        keep = model.candidate_model_.candidates(batch.X, batch.lengths, model.candidate_threshold)
+        assert not keep.all()  # the candidate choice matters here
         emissions = np.where(keep, emissions, -np.inf)
     second = model
     blocks = {name: getattr(second, attr) for name, attr in {
@@ -283,8 +283,8 @@ def test_segment_confidence_is_the_window_probability(second, pruned, data, kind
 
 
 @pytest.mark.parametrize("seed,scale", [(0, 1.5), (1, 1.5), (2, 1.5), (3, 200.0)])
-def test_compiled_pruned_recursions_match_enumeration_and_the_numpy_recursion(seed, scale):
-    """Tagging over a pruned lattice runs the compiled log-space forward and backward
+def test_compiled_candidate_lattice_recursions_match_enumeration_and_the_numpy_recursion(seed, scale):
+    """Tagging over a candidate lattice runs the compiled log-space forward and backward
     (:func:`crf._compiled.log_forward`, :func:`crf._compiled.log_backward`): log Z, messages and
     marginals equal the shared NumPy recursion's (in log space) and the enumeration of the
     candidate paths; constrained windows (the compiled forward over all windows at once) equal
@@ -303,7 +303,7 @@ def test_compiled_pruned_recursions_match_enumeration_and_the_numpy_recursion(se
     lattice = structure.lattice_in_order(offsets, candidates)
     states = lattice.emissions(emissions, tail)
     operator, start, end = lattice.scores(tail)
-    assert candidates.sum() < 0.75 * candidates.size  # most tokens are pruned
+    assert candidates.sum() < 0.75 * candidates.size  # most tokens lose labels
     compiled = chain.forward_backward(states, operator, start, end, lengths, keep_messages=True, counts=False)
     in_numpy = chain.forward_backward(
         states, operator, start, end, lengths, keep_messages=True, counts=False, semiring=chain.LogSemiring
@@ -366,19 +366,19 @@ def test_second_order_learns_and_round_trips(second, data, tmp_path):
     assert loaded.tagger_.tag(X_test[0]) == list(second.predict(X_test[:1])[0])
 
 
-def test_pruned_model_keeps_gold_and_round_trips(data, tmp_path):
+def test_candidate_lattice_model_keeps_gold_and_round_trips(data, tmp_path):
     (X, y, _), (X_test, y_test, _) = data
-    pruned = CRF(order=2, pruning_threshold=0.01, c2=0.1, max_iterations=60).fit(X, y)
-    assert pruned.pruner_.order == 1 and pruned.pruned_mass_ >= 0
-    assert pruned.score(X_test, y_test) > 0.9
-    keep = pruned.pruner_.candidates(pruned.emissions(X_test)[1].X, pruned.emissions(X_test)[1].lengths, 0.01)
-    marginals, _ = pruned.marginals(X_test)
+    model = CRF(order=2, candidate_threshold=0.01, c2=0.1, max_iterations=60).fit(X, y)
+    assert model.candidate_model_.order == 1 and model.excluded_mass_ >= 0
+    assert model.score(X_test, y_test) > 0.9
+    keep = model.candidate_model_.candidates(model.emissions(X_test)[1].X, model.emissions(X_test)[1].lengths, 0.01)
+    marginals, _ = model.marginals(X_test)
     assert np.all(marginals[~keep] == 0)  # queries run over the candidates only
-    path = tmp_path / "pruned.npz"
-    pruned.save(path)
+    path = tmp_path / "candidates.npz"
+    model.save(path)
     loaded = CRF.load(path)
-    assert loaded.pruner_ is not None and loaded.pruning_threshold == 0.01
-    assert [list(p) for p in loaded.predict(X_test)] == [list(p) for p in pruned.predict(X_test)]
+    assert loaded.candidate_model_ is not None and loaded.candidate_threshold == 0.01
+    assert [list(p) for p in loaded.predict(X_test)] == [list(p) for p in model.predict(X_test)]
 
 
 @pytest.mark.parametrize(
@@ -421,8 +421,8 @@ def test_invalid_settings_are_refused(data, tmp_path):
     for settings, message in (
         ({"order": 3}, "order must be 1 or 2"),
         ({"order": 2, "algorithm": "ap"}, "order=2 is trained by"),
-        ({"pruning_threshold": 0.1}, "needs order=2"),
-        ({"order": 2, "pruning_threshold": 1.5}, "must lie in"),
+        ({"candidate_threshold": 0.1}, "needs order=2"),
+        ({"order": 2, "candidate_threshold": 1.5}, "must lie in"),
         ({"order": 2, "model_filename": str(tmp_path / "m.crfsuite")}, "first-order models only"),
         ({"algorithm": "l2sgd", "random_state": -1}, "random_state must be an integer >= 0"),  # NumPy's bare error
     ):
@@ -449,12 +449,35 @@ def test_sklearn_clone_and_grid_search(data):
     assert search.best_estimator_.order == 2
 
 
-@pytest.mark.parametrize("pruning", [None, 0.01])
-def test_bundle_of_a_second_order_model_tags_like_the_model(data, tmp_path, pruning):
+def test_a_model_file_of_an_earlier_version_loads_its_candidate_model(data, tmp_path):
+    """Files written before the rename name the threshold ``pruning_threshold`` and the first-order
+    model ``pruner``: they load as the same model, never as an exact second-order one."""
+    from crf._model_file import KIND
+    from crf._persist import load_arrays, save_arrays
+
+    (X, y, _), (X_test, _, _) = data
+    model = CRF(order=2, candidate_threshold=0.01, c2=0.1, max_iterations=30).fit(X, y)
+    model.save(tmp_path / "current.npz")
+    meta, arrays = load_arrays(tmp_path / "current.npz", KIND)
+    meta["params"]["pruning_threshold"] = meta["params"].pop("candidate_threshold")
+    meta["pruner"] = meta.pop("candidate_model")
+    arrays = {k.replace("candidate_model/", "pruner/", 1): v for k, v in arrays.items()}
+    save_arrays(tmp_path / "earlier.npz", KIND, meta, arrays)
+    loaded = CRF.load(tmp_path / "earlier.npz")
+    assert loaded.candidate_threshold == loaded.candidate_threshold_ == 0.01 and loaded.candidate_model_ is not None
+    np.testing.assert_array_equal(loaded.marginals(X_test)[0], model.marginals(X_test)[0])
+    del meta["pruner"]  # the threshold without its model is refused, whatever the names
+    save_arrays(tmp_path / "broken.npz", KIND, meta, arrays)
+    with pytest.raises(ValueError, match="without its candidate model"):
+        CRF.load(tmp_path / "broken.npz")
+
+
+@pytest.mark.parametrize("threshold", [None, 0.01])
+def test_bundle_of_a_second_order_model_tags_like_the_model(data, tmp_path, threshold):
     (_, _, train), (_, _, test) = data
     extractor = FeatureExtractor(columns=["w", "pos", "chunk"], templates=["w[0]", "w[-1]", "pos[0]"])
     batch = extractor.fit_transform(train)
-    model = CRF(order=2, c2=0.1, max_iterations=40, pruning_threshold=pruning).fit(batch, [[r[2] for r in s] for s in train])
+    model = CRF(order=2, c2=0.1, max_iterations=40, candidate_threshold=threshold).fit(batch, [[r[2] for r in s] for s in train])
     bundle = ModelBundle(BundledCRF(extractor, model), scheme="IOB2", input_columns=["w", "pos"])
     path = tmp_path / "bundle.npz"
     bundle.save(path)
@@ -480,7 +503,7 @@ def test_bundle_of_a_second_order_model_tags_like_the_model(data, tmp_path, prun
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-def test_sparse_contractions_of_a_pruned_lattice_equal_the_dense_ones(seed, monkeypatch):
+def test_sparse_contractions_of_a_candidate_lattice_equal_the_dense_ones(seed, monkeypatch):
     """With candidate labels (the rest at -inf) the operator contracts by the active states; the
     results (log Z, marginals, counts, Viterbi, in every semiring used) equal the dense products."""
     from crf import _transitions
@@ -505,8 +528,8 @@ def test_sparse_contractions_of_a_pruned_lattice_equal_the_dense_ones(seed, monk
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-def test_listed_edges_of_a_pruned_step_equal_its_padded_tables(seed):
-    """In the scaled semiring a step of a pruned lattice runs over its listed edges between
+def test_listed_edges_of_a_candidate_lattice_step_equal_its_padded_tables(seed):
+    """In the scaled semiring a step of a candidate lattice runs over its listed edges between
     filled slots; forward, backward and the expected counts equal those of the padded (K + 1, K, K)
     tables, and so does the log-space forward. (The objective's own check would not see a
     difference: a step that disagreed would fail the alpha-beta identity and be recomputed in log
@@ -544,7 +567,7 @@ def test_listed_edges_of_a_pruned_step_equal_its_padded_tables(seed):
 
 def test_exact_second_order_over_many_labels_warns_of_its_cost(caplog):
     """Above EXACT_SECOND_ORDER_LABELS labels an exact second-order fit says what it will cost and
-    how to prune; with pruning_threshold, or at that many labels or fewer, it says nothing."""
+    how to restrict it; with candidate_threshold, or at that many labels or fewer, it says nothing."""
     import warnings
 
     from crf._order import EXACT_SECOND_ORDER_LABELS
@@ -559,14 +582,14 @@ def test_exact_second_order_over_many_labels_warns_of_its_cost(caplog):
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
         CRF(order=2, max_iterations=1).fit(*data(EXACT_SECOND_ORDER_LABELS))
-        CRF(order=2, pruning_threshold=0.01, max_iterations=1).fit(*data(EXACT_SECOND_ORDER_LABELS + 1))
+        CRF(order=2, candidate_threshold=0.01, max_iterations=1).fit(*data(EXACT_SECOND_ORDER_LABELS + 1))
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_filled_edges_of_a_pruned_lattice_are_the_nonzero_entries_of_the_mask(seed):
+def test_filled_edges_of_a_candidate_lattice_are_the_nonzero_entries_of_the_mask(seed):
     """The edges between filled slots, listed from the per-slot masks, are np.nonzero's of the
     4-d mask in (t, j, k, i) order; the lattice's tables and edge lists are the mask's."""
-    from crf._transitions import PrunedEdges, _filled_edges
+    from crf._transitions import CandidateEdges, _filled_edges
 
     rng = np.random.default_rng(seed)
     T, K, L = 9, 3, 4
@@ -577,7 +600,7 @@ def test_filled_edges_of_a_pruned_lattice_are_the_nonzero_entries_of_the_mask(se
     t, j, k, i = np.nonzero(mask.transpose(0, 2, 3, 1))
     for got, expected in zip(_filled_edges(previous, middle, current), (t, i, j, k)):
         np.testing.assert_array_equal(got, expected)
-    edges = PrunedEdges.of(labels, before, before2, L)
+    edges = CandidateEdges.of(labels, before, before2, L)
     np.testing.assert_array_equal(edges.edges != edges.empty, mask)
     taken = edges.take(np.array([4, 0, 7]))
     start, source, target, triple = taken.listed
@@ -590,7 +613,7 @@ def test_filled_edges_of_a_pruned_lattice_are_the_nonzero_entries_of_the_mask(se
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-def test_pruned_lattice_slots_list_candidates_in_label_order_and_make_their_index_when_needed(seed):
+def test_candidate_lattice_slots_list_candidates_in_label_order_and_make_their_index_when_needed(seed):
     """Each token's slots hold its candidate labels in label order, then -1 (K = the most
     candidates of a token); the lattice's edge index is made only when a recursion asks for it,
     and the operator shares the lattice's."""

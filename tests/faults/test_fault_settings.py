@@ -188,7 +188,12 @@ def test_unknown_keys_are_refused_without_the_command_line_too():
         (["+trainer.c22=1"], "bad setting trainer.c22: trainer has no such key; did you mean trainer.c2?"),
         (["+model.all_possible_state=true"], "did you mean model.all_possible_states?"),
         (["+dataset.seperator=x"], "bad setting dataset.seperator: dataset has no such key; did you mean dataset.separator?"),
-    ):
+        # a dataset's CRF defaults, and the name earlier versions gave the candidate threshold
+        (["+dataset.crf.pruning_threshold=0.01"], "bad setting dataset.crf.pruning_threshold: dataset.crf has no such key; "
+         "did you mean dataset.crf.candidate_threshold?"),
+        (["+model.pruning_threshold=0.01"], "did you mean model.candidate_threshold?"),
+        (["+dataset.crf=0.01"], "bad setting dataset.crf=0.01: a mapping of CRF settings"),
+    ):  # fmt: skip
         with pytest.raises(SettingsError, match=message.replace("?", "\\?")):
             validate_settings(compose_config(overrides))
     # an optional dataset key may be added, and any parameter the model's estimator has; experiments

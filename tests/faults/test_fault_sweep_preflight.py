@@ -114,6 +114,11 @@ def test_hydra_composition_errors_become_one_line():
         "Could not override 'trainer.x': the config has no such key (a misspelling?); +trainer.x=1 adds it only where new "
         "keys are taken (a model's own parameters, feature views and lexicons, a dataset's optional keys)"
     )
+    renamed = ValueError("Could not override 'model.pruning_threshold'.\nTo append to your config use +model.pruning_threshold=1")
+    assert composition_problem(renamed) == (  # a setting of earlier versions names its new name
+        "Could not override 'model.pruning_threshold': the config has no such key; pruning_threshold is now called "
+        "candidate_threshold"
+    )
 
 
 def _arguments(tmp_path: Path, task: list[str]) -> list[str]:
@@ -315,7 +320,7 @@ def test_the_default_optuna_space_and_other_objectives_pass(tmp_path):
     "task",
     [
         ["+dataset.evaluate.correction_propagation=true", "+dataset.evaluate.confidence_field=NP", "model.order=2"]
-        + ["model.pruning_threshold=0.001"],
+        + ["model.candidate_threshold=0.001"],
         ["model=hmm"],
         ["dataset.scheme=none"],
     ],
@@ -346,8 +351,10 @@ def test_every_metric_a_stage_returns_is_one_it_declares(tmp_path, task):
             continue
         undeclared = [name for name in logged if not any(fnmatch.fnmatchcase(name, pattern) for pattern in declared)]
         assert not undeclared, (stage, undeclared)
-    if "model.pruning_threshold=0.001" in task:  # the optional figures were made, so the check above saw them
-        assert {"train.pruned_mass_per_token", "evaluate.dev_correction_fixes", "evaluate.test_NP_confidence_ap"} <= set(results)
+    if "model.candidate_threshold=0.001" in task:  # the optional figures were made, so the check above saw them
+        assert {"train.excluded_mass_per_token", "evaluate.dev_correction_fixes", "evaluate.test_NP_confidence_ap"} <= set(
+            results
+        )
 
 
 LACKING = "bad setting: Could not override 'trainer.c22': the config has no such key (a misspelling?); +trainer.c22=1 adds it"

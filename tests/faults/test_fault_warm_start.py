@@ -68,30 +68,30 @@ def test_a_warm_refit_after_the_order_changed_reaches_the_cold_fits_optimum(firs
     assert model.predict(X[:5]).tolist() == cold.predict(X[:5]).tolist()
 
 
-def test_a_pruned_second_order_warm_refit_from_a_first_order_model_trains():
+def test_a_candidate_lattice_second_order_warm_refit_from_a_first_order_model_trains():
     X, y = _data()
     model = CRF(c2=0.5).fit(X, y)
-    model.set_params(order=2, pruning_threshold=0.01, warm_start=True)
+    model.set_params(order=2, candidate_threshold=0.01, warm_start=True)
     model.fit(X, y)
-    assert model.fitted_order == 2 and model.pruner_ is not None
-    cold = CRF(c2=0.5, order=2, pruning_threshold=0.01).fit(X, y)
+    assert model.fitted_order == 2 and model.candidate_model_ is not None
+    cold = CRF(c2=0.5, order=2, candidate_threshold=0.01).fit(X, y)
     assert model.score(X, y) == pytest.approx(cold.score(X, y), abs=0.02)
 
 
 @pytest.mark.parametrize(
     ("fitted", "changed"),
     [
-        ({}, {"order": 2, "pruning_threshold": 0.01}),  # first order, then pruned second order
-        ({"order": 2}, {"pruning_threshold": 0.01}),  # exact second order, then pruned
-        ({"order": 2, "pruning_threshold": 0.01}, {"pruning_threshold": None}),  # pruned, then exact
-        ({"order": 2, "pruning_threshold": 0.01}, {"order": 1, "pruning_threshold": None}),
-        ({"order": 2, "pruning_threshold": 0.01}, {"pruning_threshold": 0.3}),
+        ({}, {"order": 2, "candidate_threshold": 0.01}),  # first order, then second order over candidate labels
+        ({"order": 2}, {"candidate_threshold": 0.01}),  # exact second order, then over candidate labels
+        ({"order": 2, "candidate_threshold": 0.01}, {"candidate_threshold": None}),  # over candidate labels, then exact
+        ({"order": 2, "candidate_threshold": 0.01}, {"order": 1, "candidate_threshold": None}),
+        ({"order": 2, "candidate_threshold": 0.01}, {"candidate_threshold": 0.3}),
     ],
 )
 def test_settings_changed_after_a_fit_change_neither_its_predictions_nor_its_file(fitted, changed, tmp_path):
-    """``set_params(order=2, pruning_threshold=0.01)`` on a fitted first-order model saved a file
-    ``CRF.load`` refused ("a pruned second-order model without its pruning model"), and a pruned
-    model set to ``pruning_threshold=None`` failed in ``predict`` with a TypeError, with no refit or
+    """``set_params(order=2, candidate_threshold=0.01)`` on a fitted first-order model saved a file
+    ``CRF.load`` refused ("a second-order model over candidate labels without its candidate model"), and a
+    candidate-lattice model set to ``candidate_threshold=None`` failed in ``predict`` with a TypeError, with no refit or
     after a refused one: until the next fit, the fitted model is what it was fitted as."""
     X, y = _data()
     model = CRF(c2=0.5, **fitted).fit(X, y)
@@ -108,39 +108,41 @@ def test_settings_changed_after_a_fit_change_neither_its_predictions_nor_its_fil
     model.save(tmp_path / "m.npz")
     loaded = CRF.load(tmp_path / "m.npz")
     assert same(loaded.predict_marginals(X))
-    assert (loaded.order, loaded.pruning_threshold) == (model.fitted_order, model.pruning_threshold_)
+    assert (loaded.order, loaded.candidate_threshold) == (model.fitted_order, model.candidate_threshold_)
 
 
 @pytest.mark.parametrize("previous_order", [1, 2])
-def test_a_pruned_warm_refit_whose_data_lists_the_labels_in_another_order_matches_the_cold_fit(previous_order, tmp_path):
-    """The pruner was fitted cold in the new data's label order while the model kept the old order
+def test_a_candidate_lattice_warm_refit_whose_data_lists_the_labels_in_another_order_matches_the_cold_fit(
+    previous_order, tmp_path
+):
+    """The candidate model was fitted cold in the new data's label order while the model kept the old order
     first: its candidate columns then named the wrong labels (a silently wrong model that saved but
-    could not be loaded). Now the pruner takes the model's label order."""
+    could not be loaded). Now the candidate model takes the model's label order."""
     labels = ("A", "B", "C", "D")
     X, y = _data(labels=labels)
     first = [{"w": w} for w in ("the", "cat", "sat", "on")]
     old = CRF(c2=0.5, order=previous_order).fit([first, *X], [list(labels), *y])
     new_X, new_y = [first, *X[::-1]], [list(labels[::-1]), *y[::-1]]  # first appearance D, C, B, A
-    old.set_params(order=2, pruning_threshold=0.05, warm_start=True)
+    old.set_params(order=2, candidate_threshold=0.05, warm_start=True)
     warm = old.fit(new_X, new_y)
-    cold = CRF(c2=0.5, order=2, pruning_threshold=0.05).fit(new_X, new_y)
+    cold = CRF(c2=0.5, order=2, candidate_threshold=0.05).fit(new_X, new_y)
     assert warm.classes_ == list(labels) and cold.classes_ == list(labels[::-1])
-    assert warm.pruner_.classes_ == warm.classes_
+    assert warm.candidate_model_.classes_ == warm.classes_
     assert _loss(warm) == pytest.approx(_loss(cold), rel=1e-4)
     assert warm.predict(X).tolist() == cold.predict(X).tolist()
     warm.save(tmp_path / "warm.npz")
     assert CRF.load(tmp_path / "warm.npz").predict(X).tolist() == cold.predict(X).tolist()
 
 
-def test_a_cold_pruned_fit_does_not_warn_about_a_warm_start(caplog):
-    """A cold pruned second-order fit starts from its pruner's weights; when zero weights fit better
+def test_a_cold_candidate_lattice_fit_does_not_warn_about_a_warm_start(caplog):
+    """A cold second-order fit over candidate labels starts from its candidate model's weights; when zero weights fit better
     it warned "warm start: the previous weights ..." though no warm start was asked for (K18)."""
     rng, labels = np.random.default_rng(0), [f"L{i}" for i in range(8)]
     y = [[labels[int(i)] for i in rng.integers(0, 8, 6)] for _ in range(80)]
     X = [[{f"h={label if rng.random() < 0.5 else 'x'}": 1.0} for label in sequence] for sequence in y]
     caplog.set_level(logging.INFO, logger="crf")
-    CRF(order=2, pruning_threshold=0.05, max_iterations=5).fit(X, y)
-    assert "the pruner's start: its weights fit this data worse than zero weights" in caplog.text
+    CRF(order=2, candidate_threshold=0.05, max_iterations=5).fit(X, y)
+    assert "the candidate model's start: its weights fit this data worse than zero weights" in caplog.text
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING and "worse than zero" in r.getMessage()]
 
 
@@ -377,8 +379,8 @@ def test_a_failed_fit_leaves_the_fitted_model_as_it_was():
         ({"min_freq": 0}, {"min_freq": 3}),
         ({"all_possible_states": True}, {"all_possible_states": False}),
         ({"all_possible_transitions": True}, {"all_possible_transitions": False}),
-        ({"order": 2, "pruning_threshold": 0.01}, {"order": 2, "pruning_threshold": 0.01}),
-        ({"order": 2, "pruning_threshold": 0.01}, {"order": 2, "pruning_threshold": 0.05, "c2": 0.3}),
+        ({"order": 2, "candidate_threshold": 0.01}, {"order": 2, "candidate_threshold": 0.01}),
+        ({"order": 2, "candidate_threshold": 0.01}, {"order": 2, "candidate_threshold": 0.05, "c2": 0.3}),
     ],
 )
 def test_a_warm_refit_has_the_features_a_cold_fit_has(first, second):

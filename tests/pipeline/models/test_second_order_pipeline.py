@@ -1,4 +1,4 @@
-"""The second-order CRF through the pipeline: ``model.order`` and the pruning threshold reach the
+"""The second-order CRF through the pipeline: ``model.order`` and the candidate threshold reach the
 estimator (and the cache key), a ``model.order=2`` run trains, evaluates and writes a bundle that
 the tag command and the MLflow Model tag with, and the HMM-versus-CRF comparison has order as an
 axis (arms and the pairs it tests)."""
@@ -23,22 +23,24 @@ from pipeline.models.crf import CRFAdapter, build_model  # noqa: E402
 from pipeline.sweeps.compare import arm_name, compared_pairs  # noqa: E402
 
 
-def test_order_and_pruning_reach_the_estimator_and_the_cache_key():
+def test_order_and_candidate_threshold_reach_the_estimator_and_the_cache_key():
     first = compose_config([])
-    assert first.model.order == 1 and first.model.pruning_threshold is None
-    second = compose_config(["model.order=2", "model.pruning_threshold=0.01"])
+    assert first.model.order == 1 and first.model.candidate_threshold is None
+    second = compose_config(["model.order=2", "model.candidate_threshold=0.01"])
     estimator = build_model(second.model, second.trainer, seed=0, dev_every=0, threads=1)
-    assert estimator.order == 2 and estimator.pruning_threshold == 0.01
+    assert estimator.order == 2 and estimator.candidate_threshold == 0.01
     adapter = CRFAdapter()
     adapter.validate(second)
     # at order 1 a configured threshold (a dataset's, for order 2) is not passed, nor hashed
-    pruned_first = compose_config(["model.pruning_threshold=0.01"])
-    assert build_model(pruned_first.model, pruned_first.trainer, seed=0, dev_every=0, threads=1).pruning_threshold is None
-    assert adapter.config_slice(pruned_first) == adapter.config_slice(first)
+    restricted_first = compose_config(["model.candidate_threshold=0.01"])
+    assert (
+        build_model(restricted_first.model, restricted_first.trainer, seed=0, dev_every=0, threads=1).candidate_threshold is None
+    )
+    assert adapter.config_slice(restricted_first) == adapter.config_slice(first)
     assert adapter.config_slice(second) != adapter.config_slice(first)
-    # the many-label dataset prunes its second-order CRF
+    # the many-label dataset restricts its second-order CRF to candidate labels
     xpos = compose_config(["dataset=ud_english_ewt_xpos", "features=pos", "model.order=2"])
-    assert 0 < xpos.model.pruning_threshold < 1
+    assert 0 < xpos.model.candidate_threshold < 1
     with pytest.raises(Exception, match="order must be 1 or 2"):
         adapter.validate(compose_config(["model.order=3"]))
 
