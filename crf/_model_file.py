@@ -61,9 +61,9 @@ def to_arrays(model) -> tuple[dict, dict[str, np.ndarray]]:
         # the file does not keep model_filename, which made "unset" mean "no start/end weights"
         params["boundary_transitions"] = False
     params["order"] = model.fitted_order  # the weights' order, whatever ``order`` was set to since
-    # the fitted candidate choice, likewise (a model pickled before ``candidate_threshold_`` was kept has only the parameter)
+    # the fitted candidate choice, likewise
     restricted = model.__dict__.get("candidate_model_") is not None
-    params["candidate_threshold"] = model.__dict__.get("candidate_threshold_", model.candidate_threshold) if restricted else None
+    params["candidate_threshold"] = model.candidate_threshold_ if restricted else None
     meta = {
         "params": params,
         "classes": list(model.classes_),

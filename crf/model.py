@@ -61,6 +61,13 @@ _FITTED_PRIVATE = ("_classes", "_attributes", "_training_log")
 #: the most candidate labels the first-order marginals keep at a token (crf.CRF's candidate_threshold): the
 #: candidate second-order lattice costs O(K^3) per token for K candidates
 MAX_CANDIDATES = 6
+# attributes of models pickled by earlier versions, under their current names
+_EARLIER_ATTRIBUTES = {
+    "pruning_threshold": "candidate_threshold",
+    "pruning_threshold_": "candidate_threshold_",
+    "pruner_": "candidate_model_",
+    "pruned_mass_": "excluded_mass_",
+}
 
 
 class NotFittedCRFError(NotFittedError, RuntimeError):
@@ -166,6 +173,14 @@ class CRF(SegmentQueries, UncertaintyQueries, FeatureTables, BaseEstimator):
         state = super().__getstate__()
         state.pop("_tagger", None)
         return state
+
+    def __setstate__(self, state: dict) -> None:
+        # a model pickled by an earlier version: its candidate labels under their earlier names,
+        # and before ``candidate_threshold_`` was kept, only the parameter
+        state = {_EARLIER_ATTRIBUTES.get(k, k): v for k, v in state.items()}
+        if state.get("candidate_model_") is not None and "candidate_threshold_" not in state:
+            state["candidate_threshold_"] = state.get("candidate_threshold")
+        super().__setstate__(state)
 
     # sklearn-crfsuite's fitted attributes that read None before fit; an unfitted estimator whose
     # ``model_filename`` names an existing CRFsuite file is that file's model, as in sklearn-crfsuite
@@ -509,10 +524,7 @@ class CRF(SegmentQueries, UncertaintyQueries, FeatureTables, BaseEstimator):
         over the candidates its candidate model keeps."""
         candidates = None
         if self.__dict__.get("candidate_model_") is not None:
-            # a model pickled before ``candidate_threshold_`` was kept has only the parameter
-            candidates = self.candidate_model_.candidates(
-                X, lengths, self.__dict__.get("candidate_threshold_", self.candidate_threshold)
-            )
+            candidates = self.candidate_model_.candidates(X, lengths, self.candidate_threshold_)
         offsets = np.concatenate([[0], np.cumsum(lengths)])
         lattice, tail = self._structure().lattice_in_order(offsets, candidates), self._tail()
         return lattice.emissions(emissions, tail), lattice.scores(tail)

@@ -472,6 +472,24 @@ def test_a_model_file_of_an_earlier_version_loads_its_candidate_model(data, tmp_
         CRF.load(tmp_path / "broken.npz")
 
 
+def test_a_model_pickled_by_an_earlier_version_keeps_its_candidate_model(data):
+    """A pickle of an earlier version holds ``pruning_threshold``, ``pruner_`` and ``pruned_mass_``
+    (and, older still, no fitted threshold): it tags over the same candidates, never as an exact
+    second-order model."""
+    import pickle
+
+    (X, y, _), (X_test, _, _) = data
+    model = CRF(order=2, candidate_threshold=0.01, c2=0.1, max_iterations=30).fit(X, y)
+    earlier = {"candidate_threshold": "pruning_threshold", "candidate_model_": "pruner_", "excluded_mass_": "pruned_mass_"}
+    state = {earlier.get(k, k): v for k, v in model.__getstate__().items() if k != "candidate_threshold_"}
+    old = CRF.__new__(CRF)
+    old.__setstate__(state)
+    assert old.candidate_threshold == old.candidate_threshold_ == 0.01 and old.excluded_mass_ == model.excluded_mass_
+    np.testing.assert_array_equal(old.marginals(X_test)[0], model.marginals(X_test)[0])
+    again = pickle.loads(pickle.dumps(model))
+    np.testing.assert_array_equal(again.marginals(X_test)[0], model.marginals(X_test)[0])
+
+
 @pytest.mark.parametrize("threshold", [None, 0.01])
 def test_bundle_of_a_second_order_model_tags_like_the_model(data, tmp_path, threshold):
     (_, _, train), (_, _, test) = data
