@@ -45,7 +45,7 @@ from pipeline.stages.featurize import build_extractor
 
 INPUTS = ("batch", "strings", "dicts")
 TOOLS = ("ours", "crfsuite", "ours_pycrfsuite")  # ours_pycrfsuite: python-crfsuite's API over this project
-CHUNK = 1000  # sentences converted to attribute lists at a time (bounds the temporary CSR batches)
+SENTENCES_PER_BATCH = 1000  # sentences converted to attribute lists at a time (bounds the temporary CSR batches)
 
 
 def _peak_mib() -> float:
@@ -110,11 +110,11 @@ def sentence_dicts(sentences: list, columns: Sequence[str], label: str) -> list[
 
 
 def attribute_strings(extractor, sentences: list) -> list[list[list[str]]]:
-    """Every sentence as lists of attribute strings (plain ``str``), ``CHUNK`` sentences at a time."""
+    """Every sentence as lists of attribute strings (plain ``str``), ``SENTENCES_PER_BATCH`` sentences at a time."""
     names = extractor.attribute_names().astype(object)
     out: list[list[list[str]]] = []
-    for start in range(0, len(sentences), CHUNK):
-        batch = extractor.transform(sentences[start : start + CHUNK])
+    for start in range(0, len(sentences), SENTENCES_PER_BATCH):
+        batch = extractor.transform(sentences[start : start + SENTENCES_PER_BATCH])
         X = batch.X
         tokens = [names[X.indices[X.indptr[t] : X.indptr[t + 1]]].tolist() for t in range(X.shape[0])]
         out.extend(tokens[a:b] for a, b in zip(batch.offsets[:-1], batch.offsets[1:]))
