@@ -124,27 +124,47 @@ def from_arrays(cls: type, meta: dict, arrays: dict[str, np.ndarray], path="mode
 _EARLIER_NAMES = {"pruning_threshold": "candidate_threshold", "pruner": "candidate_model"}
 
 
-def _current_names(fields: dict) -> dict:
-    """``fields`` with the names of :data:`_EARLIER_NAMES` replaced (where a file holds both the
-    earlier and the current name of one field, the current one's value is kept)."""
-    earlier = {_EARLIER_NAMES[k]: v for k, v in fields.items() if k in _EARLIER_NAMES}
-    return {**earlier, **{k: v for k, v in fields.items() if k not in _EARLIER_NAMES}}
+def _current_names(fields: dict, path) -> dict:
+    """``fields`` with the names of :data:`_EARLIER_NAMES` replaced; ModelFileError for a file that
+    holds both the earlier and the current name of one field (which would say?)."""
+    both = [k for k in fields if k in _EARLIER_NAMES and _EARLIER_NAMES[k] in fields]
+    if both:
+        raise ModelFileError(f"{path}: holds both {both[0]!r} and {_EARLIER_NAMES[both[0]]!r} (one field, two names)")
+    return {_EARLIER_NAMES.get(k, k): v for k, v in fields.items()}
 
 
-def _with_current_names(meta: dict, arrays: dict[str, np.ndarray]) -> tuple[dict, dict[str, np.ndarray]]:
+def _with_current_names(meta: dict, arrays: dict[str, np.ndarray], path) -> tuple[dict, dict[str, np.ndarray]]:
     """``meta`` (its parameters too) and ``arrays`` (``pruner/...``) under the current names."""
     if not isinstance(meta, dict):
         return meta, arrays
-    meta = _current_names(meta)
+    meta = _current_names(meta, path)
     if isinstance(meta.get("params"), dict):
-        meta["params"] = _current_names(meta["params"])
-    earlier = {"candidate_model/" + k[len("pruner/") :]: v for k, v in arrays.items() if k.startswith("pruner/")}
-    return meta, {**earlier, **{k: v for k, v in arrays.items() if not k.startswith("pruner/")}}
+        meta["params"] = _current_names(meta["params"], path)
+    earlier = [k for k in arrays if k.startswith("pruner/")]
+    if earlier and any(k.startswith("candidate_model/") for k in arrays):
+        raise ModelFileError(f"{path}: holds both 'pruner/' and 'candidate_model/' arrays (one model, two names)")
+    return meta, {("candidate_model/" + k[len("pruner/") :] if k in earlier else k): v for k, v in arrays.items()}
+
+
+def _check_candidate_settings(path, model, meta: dict) -> None:
+    """A candidate threshold, as :class:`crf.CRF` takes one (a number in (0, 1), order 2), with its
+    candidate model in the file, and a candidate model only with a threshold."""
+    threshold = model.candidate_threshold
+    if threshold is None:
+        if meta.get("candidate_model") is not None:
+            raise ModelFileError(f"{path}: a candidate model without a candidate_threshold")
+        return
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 < threshold < 1:
+        raise ModelFileError(f"{path}: candidate_threshold {threshold!r} is not a number in (0, 1)")
+    if model.order != 2:
+        raise ModelFileError(f"{path}: candidate_threshold in a model of order {model.order} (candidate labels need order 2)")
+    if not isinstance(meta.get("candidate_model"), dict):
+        raise ModelFileError(f"{path}: a second-order model over candidate labels without its candidate model")
 
 
 def _from_arrays(cls: type, meta: dict, arrays: dict[str, np.ndarray], path):
     known = cls().get_params()
-    meta, arrays = _with_current_names(meta, arrays)
+    meta, arrays = _with_current_names(meta, arrays, path)
     if not isinstance(meta["params"], dict):
         raise ModelFileError(f"{path}: the parameters are not a JSON object")
     # a file sets hyperparameters only: never where a later fit writes, nor code to call
@@ -168,13 +188,13 @@ def _from_arrays(cls: type, meta: dict, arrays: dict[str, np.ndarray], path):
         for name, (attribute, shape) in _second_order_blocks(L).items():
             setattr(model, attribute, checked_array(path, arrays, name, "f", shape, finite=True, bounded=True).astype(np.float64))
     model.candidate_model_, model.excluded_mass_, model.candidate_threshold_ = None, None, None
+    _check_candidate_settings(path, model, meta)
     if model.candidate_threshold is not None:
-        if not isinstance(meta.get("candidate_model"), dict):
-            raise ModelFileError(f"{path}: a second-order model over candidate labels without its candidate model")
         inner = {k[len("candidate_model/") :]: v for k, v in arrays.items() if k.startswith("candidate_model/")}
         model.candidate_model_ = _from_arrays(cls, meta["candidate_model"], inner, f"{path} (candidate model)")
         if (
             model.candidate_model_.order != 1
+            or model.candidate_model_.candidate_model_ is not None
             or list(model.candidate_model_.classes_) != list(classes)
             or model.candidate_model_.n_attributes_ != A
         ):

@@ -96,19 +96,20 @@ def _without_prefix(problem: str) -> str:
     return problem.removeprefix("bad setting: ").removeprefix("bad setting ")
 
 
-def tracked(check: Callable[[DictConfig], None]) -> Callable[[DictConfig], None]:
-    """The settings check of a command that logs to MLflow: ``check``, then the tracking store
-    (:func:`pipeline.tracking.stores_problem`) and the dataset's files (found or downloaded:
+def tracked(check: Callable[[DictConfig], None], registry: bool = False) -> Callable[[DictConfig], None]:
+    """The settings check of a command that logs to MLflow: ``check``, then the tracking store (and
+    with ``registry``, for a command that reads the Model Registry, the registry's store:
+    :func:`pipeline.tracking.stores_problem`) and the dataset's files (found or downloaded:
     :func:`pipeline.stages.data.config_data_problem`), each refused in one line (ValueError)."""
 
     def checked(cfg: DictConfig) -> None:
         check(cfg)
         from pipeline.engine.validate import SettingsError
         from pipeline.stages.data import config_data_problem
-        from pipeline.tracking import stores_problem, tracking_uri
+        from pipeline.tracking import registry_uri, stores_problem, tracking_uri
 
         try:
-            problem = stores_problem(tracking_uri(cfg))
+            problem = stores_problem(tracking_uri(cfg), registry_uri(cfg) if registry else None)
         except SettingsError as error:
             problem = str(error)
         problem = problem or config_data_problem(cfg)

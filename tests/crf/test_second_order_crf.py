@@ -6,6 +6,7 @@ the CRFsuite refusal, the tagger bundle and the sklearn contract."""
 from __future__ import annotations
 
 import itertools
+import re
 
 import numpy as np
 import pytest
@@ -470,6 +471,39 @@ def test_a_model_file_of_an_earlier_version_loads_its_candidate_model(data, tmp_
     save_arrays(tmp_path / "broken.npz", KIND, meta, arrays)
     with pytest.raises(ValueError, match="without its candidate model"):
         CRF.load(tmp_path / "broken.npz")
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda m, a: m["params"].update(pruning_threshold=0.01), "holds both 'pruning_threshold' and 'candidate_threshold'"),
+        (lambda m, a: m.update(pruner=m["candidate_model"]), "holds both 'pruner' and 'candidate_model'"),
+        (lambda m, a: a.update({"pruner/start": a["candidate_model/start"]}), "holds both 'pruner/' and 'candidate_model/'"),
+        (lambda m, a: m["params"].update(candidate_threshold=None), "a candidate model without a candidate_threshold"),
+        (lambda m, a: m.pop("candidate_model"), "without its candidate model"),
+        (lambda m, a: m["params"].update(candidate_threshold=1.5), "candidate_threshold 1.5 is not a number in (0, 1)"),
+        (lambda m, a: m["params"].update(candidate_threshold=True), "candidate_threshold True is not a number in (0, 1)"),
+        (lambda m, a: m["params"].update(candidate_threshold=-0.5), "is not a number in (0, 1)"),
+        (
+            lambda m, a: m["candidate_model"]["params"].update(candidate_threshold=0.01),
+            "candidate_threshold in a model of order 1",
+        ),
+    ],
+)
+def test_a_model_file_whose_candidate_settings_contradict_each_other_is_refused(data, tmp_path, edit, message):
+    """A file (its checksums rewritten, as anyone can) whose names or candidate settings disagree
+    loaded as an exact second-order model, or with a threshold ``fit`` refuses (round 31)."""
+    from crf._model_file import KIND
+    from crf._persist import ModelFileError, load_arrays, save_arrays
+
+    (X, y, _), _ = data
+    model = CRF(order=2, candidate_threshold=0.01, c2=0.1, max_iterations=10).fit(X[:40], y[:40])
+    model.save(tmp_path / "model.npz")
+    meta, arrays = load_arrays(tmp_path / "model.npz", KIND)
+    edit(meta, arrays)
+    save_arrays(tmp_path / "edited.npz", KIND, meta, arrays)
+    with pytest.raises(ModelFileError, match=re.escape(message)):
+        CRF.load(tmp_path / "edited.npz")
 
 
 def test_a_model_pickled_by_an_earlier_version_keeps_its_candidate_model(data):

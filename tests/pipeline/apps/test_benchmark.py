@@ -239,6 +239,22 @@ def test_a_multirun_of_the_benchmark_refuses_a_bad_job_before_the_first_runs(cap
     exit_if_uncomposable("benchmark", ["-m", "benchmark.growth_enabled=false", "benchmark.c2=1,2"], benchmark.check_settings)
 
 
+def test_the_model_benchmark_checks_the_registry_it_reads_before_any_work(tmp_path, monkeypatch, caplog):
+    """``MLFLOW_REGISTRY_URI`` at a server that does not answer made it retry until killed, and at
+    another SQLite file it created that file as a store (round 30's check knew the tracking store only)."""
+    from pipeline.apps import model_benchmark, run_checked, tracked
+
+    monkeypatch.setenv("MLFLOW_REGISTRY_URI", f"sqlite:///{tmp_path / 'other.db'}")
+    overrides = ["model_benchmark.model=models:/x@champion", f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}"]
+    with initialize_config_dir(version_base=None, config_dir=CONF_DIR):
+        cfg = compose(config_name="model_benchmark", overrides=overrides)
+    with pytest.raises(SystemExit) as ended:
+        run_checked(tracked(model_benchmark.check_settings, registry=True), pytest.fail, cfg)
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert ended.value.code == 2 and "name two stores for the Model Registry" in errors[0]
+    assert not (tmp_path / "other.db").exists() and not (tmp_path / "mlflow.db").exists()
+
+
 def test_the_model_benchmark_refuses_a_model_the_store_lacks_in_one_line(tmp_path, caplog):
     from pipeline.apps import model_benchmark
 
