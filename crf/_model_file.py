@@ -162,6 +162,19 @@ def _check_candidate_settings(path, model, meta: dict) -> None:
         raise ModelFileError(f"{path}: a second-order model over candidate labels without its candidate model")
 
 
+def _check_no_other_arrays(path, model, meta: dict, arrays: dict[str, np.ndarray]) -> None:
+    """Every array of the file is one this model reads (its metadata says which): weights of
+    another order, a sparse table's index in a dense model or a candidate model's arrays beside a
+    model without one would be ignored, and the file loaded as another model than it holds."""
+    used = {"transitions", "start", "end", "state_values", "attribute_blob", "attribute_offsets"}
+    used |= {"feature_index"} if meta["sparse"] else set()
+    used |= set(_second_order_blocks(0)) if model.order == 2 else set()
+    inner = model.candidate_threshold is not None
+    other = sorted(k for k in arrays if k not in used and not (inner and k.startswith("candidate_model/")))
+    if other:
+        raise ModelFileError(f"{path}: arrays this model does not use ({', '.join(other[:5])}): not the file it claims to be")
+
+
 def _from_arrays(cls: type, meta: dict, arrays: dict[str, np.ndarray], path):
     known = cls().get_params()
     meta, arrays = _with_current_names(meta, arrays, path)
@@ -189,6 +202,7 @@ def _from_arrays(cls: type, meta: dict, arrays: dict[str, np.ndarray], path):
             setattr(model, attribute, checked_array(path, arrays, name, "f", shape, finite=True, bounded=True).astype(np.float64))
     model.candidate_model_, model.excluded_mass_, model.candidate_threshold_ = None, None, None
     _check_candidate_settings(path, model, meta)
+    _check_no_other_arrays(path, model, meta, arrays)
     if model.candidate_threshold is not None:
         inner = {k[len("candidate_model/") :]: v for k, v in arrays.items() if k.startswith("candidate_model/")}
         model.candidate_model_ = _from_arrays(cls, meta["candidate_model"], inner, f"{path} (candidate model)")

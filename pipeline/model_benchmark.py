@@ -12,9 +12,9 @@ from pipeline.apps import model_benchmark as app
 
 @hydra.main(version_base=None, config_path="../conf", config_name="model_benchmark")
 def main(cfg: DictConfig) -> None:
-    run_checked(tracked(app.check_settings, registry=True), app.main, cfg)
+    run_checked(tracked(app.check_settings, "model_benchmark.model"), app.main, cfg)
 
 
 if __name__ == "__main__":
-    exit_if_uncomposable("model_benchmark", sys.argv[1:], tracked(app.check_settings, registry=True))
+    exit_if_uncomposable("model_benchmark", sys.argv[1:], tracked(app.check_settings, "model_benchmark.model"))
     main()

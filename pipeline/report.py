@@ -112,11 +112,13 @@ def write_json(path: str | Path, value: Any, indent: int | None = 1) -> None:
 _USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)([^\s/]\S*)@")
 # and a user or password holding a raw space (any: a tab, a no-break space): up to the last "@" on
 # the line, so that a raw "/" beside the space is covered too (a line with a URL, a space and a
-# later "@", an e-mail address, loses that stretch as well: only a log's detail)
-_SPACED_USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)([^\s@][^\n]*?[^\S\n][^\n]*)@")
+# later "@", an e-mail address, loses that stretch as well: only a log's detail); a URL whose "://"
+# is followed by "/" (sqlite:////path, file:///path) has a path there, no user: a message quoting it
+# beside another store's URL keeps it
+_SPACED_USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)([^\s@/][^\n]*?[^\S\n][^\n]*)@")
 # and one broken by a raw line break (an environment variable can hold one): the rest of the line,
 # then the next line's first word, when that word ends in "@"
-_BROKEN_USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)([^\s@][^\n@]*\n[^\s@]*)@")
+_BROKEN_USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)([^\s@/][^\n@]*\n[^\s@]*)@")
 
 
 def _hidden_userinfo(userinfo: str) -> str:

@@ -119,8 +119,9 @@ def resolve_model(reference: str, tracking_uri: str | None = None, registry_uri:
         from pipeline import tracking
 
         try:
-            for store in dict.fromkeys([tracking_uri, registry_uri or tracking_uri]):
-                tracking.check_store_exists(store)
+            tracking.check_store_exists(tracking_uri)
+            if registry_uri not in (None, tracking_uri):
+                tracking.check_store_exists(registry_uri, tracking.REGISTRY_SETTING)
         except (FileNotFoundError, tracking.TrackingUnavailable) as err:
             raise TagError(f"model {reference!r}: {err}") from None
         store = tracking_uri if (registry_uri or tracking_uri) == tracking_uri else f"{tracking_uri} (registry {registry_uri})"

@@ -74,7 +74,8 @@ def tracking_uri(cfg: Mapping) -> str:
         from pipeline.engine.validate import SettingsError
 
         raise SettingsError(
-            f"MLFLOW_TRACKING_URI={env} and tracking.uri={configured} name two stores: unset the variable or drop the setting"
+            f"MLFLOW_TRACKING_URI={shown_url(env)} and tracking.uri={shown_url(str(configured))} name two stores: unset the "
+            "variable or drop the setting"
         )
     if env:
         return env
@@ -94,14 +95,17 @@ def registry_uri(cfg: Mapping) -> str:
         from pipeline.engine.validate import SettingsError
 
         raise SettingsError(
-            f"MLFLOW_REGISTRY_URI={env} and tracking.uri={configured} name two stores for the Model Registry: "
-            "unset the variable or drop the setting"
+            f"MLFLOW_REGISTRY_URI={shown_url(env)} and tracking.uri={shown_url(str(configured))} name two stores for the "
+            "Model Registry: unset the variable or drop the setting"
         )
     return env or tracking_uri(cfg)
 
 
 STORE_SCHEMES = ("sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks", "databricks-uc", "uc")
 SQLITE_MAGIC = b"SQLite format 3\x00"  # the first bytes of every SQLite database file
+# what names the tracking store, and the registry's when it is another (messages say which to fix)
+TRACKING_SETTING = "tracking.uri or MLFLOW_TRACKING_URI"
+REGISTRY_SETTING = "MLFLOW_REGISTRY_URI"
 
 
 def store_problem(uri: str) -> str | None:
@@ -170,27 +174,36 @@ def store_problem(uri: str) -> str | None:
 
 
 @functools.cache
-def stores_problem(store: str, registry: str | None = None) -> str | None:
+def stores_problem(store: str, registry: str | None = None, read_registry: bool = False) -> str | None:
     """One line (``bad setting: ...``) on why the tracking ``store`` or the ``registry`` store
-    (None: the tracking store) cannot be used, before a run opens: a scheme MLflow has no store
-    for, a SQLite file that cannot be written or is no MLflow store (:func:`store_problem`), a
-    server or database that does not answer (:func:`check_reachable`); None when both can."""
+    (None: the tracking store) cannot be used, before a run opens: a SQLite path that cannot be a
+    database file (a folder, a dangling link), a scheme MLflow has no store for, another program's
+    database (:func:`store_problem`), with ``read_registry`` (a command that reads a model from the
+    registry) a SQLite registry that does not exist yet, or a server or database that does not
+    answer (:func:`check_reachable`); None when both can be used."""
     from crf.io import writable_target
 
-    problem = store_problem(registry) if registry is not None and registry != store else None
-    if problem:
-        return f"bad setting: the registry store {shown_url(registry)} (MLFLOW_REGISTRY_URI): {problem}"
-    if sqlite_path(store) is not None:
+    stores = {store: ("tracking store", TRACKING_SETTING)}
+    if registry is not None and registry != store:
+        stores = {registry: ("registry store", REGISTRY_SETTING), **stores}
+    for uri, (what, setting) in stores.items():
+        database = sqlite_path(uri)
+        if database is not None:
+            try:
+                writable_target(database)  # SQLite cannot open a folder or a dangling link (MLflow retries for minutes)
+            except OSError as error:
+                return f"bad setting: the {what} {shown_url(uri)}: {str(error).removesuffix('; not written')}; name a file"
+        problem = store_problem(uri)
+        if problem:
+            return f"bad setting: the {what} {shown_url(uri)} ({setting}): {problem}"
+    read = registry or store
+    database = sqlite_path(read)
+    if read_registry and database is not None and (not database.is_file() or database.stat().st_size == 0):
+        what, setting = stores[read]
+        return f"bad setting: the {what} {shown_url(read)} ({setting}): no MLflow store there to read a model from"
+    for uri, (_, setting) in stores.items():  # a server or database that does not answer
         try:
-            writable_target(sqlite_path(store))  # a dangling link or a folder: SQLite cannot open it
-        except OSError as error:
-            return f"bad setting: the tracking store {shown_url(store)}: {str(error).removesuffix('; not written')}; name a file"
-    problem = store_problem(store)
-    if problem:
-        return f"bad setting: the tracking store {shown_url(store)} (tracking.uri or MLFLOW_TRACKING_URI): {problem}"
-    for uri in dict.fromkeys(filter(None, (store, registry))):  # a server or database that does not answer
-        try:
-            check_reachable(uri)
+            check_reachable(uri, setting=setting)
         except TrackingUnavailable as error:
             return str(error)
     return None
@@ -203,21 +216,24 @@ def mlflow_schema_versions() -> frozenset[str]:
     return frozenset(path.name.split("_", 1)[0] for path in Path(versions.__path__[0]).glob("[0-9a-f]*_*.py"))
 
 
-def check_store_exists(uri: str) -> None:
+def check_store_exists(uri: str, setting: str = TRACKING_SETTING) -> None:
     """A SQLite store must already exist to be read: SQLAlchemy would otherwise create an empty
     ``mlflow.db`` (a stray file, and a confusing "not found" afterwards). Raise FileNotFoundError
-    naming the file and how the pipeline chooses it; check an HTTP store with :func:`check_reachable`."""
+    naming the file and how the pipeline chooses it (``setting``: the tracking store's settings or
+    :data:`REGISTRY_SETTING`); check an HTTP store with :func:`check_reachable`."""
     path = sqlite_path(uri)
     if path is not None and (not path.is_file() or path.stat().st_size == 0):  # an empty file holds no model to read
+        if setting == REGISTRY_SETTING:
+            raise FileNotFoundError(f"no MLflow store at {path} ({shown_url(uri)}, {REGISTRY_SETTING})")
         raise FileNotFoundError(
-            f"no MLflow store at {path} ({uri}). The pipeline writes its store under paths.output_dir "
+            f"no MLflow store at {path} ({shown_url(uri)}). The pipeline writes its store under paths.output_dir "
             "(default ./outputs of the folder it ran in): run this command there, or name the store with "
             "paths.output_dir=<that folder>, tracking.uri=<its URI> or MLFLOW_TRACKING_URI"
         )
     problem = store_problem(uri)
     if problem is not None:  # MLflow would write its tables into another program's database as it opened it
         raise TrackingUnavailable(f"the store {shown_url(uri)}: {problem}")
-    check_reachable(uri)
+    check_reachable(uri, setting=setting)
 
 
 @contextlib.contextmanager
@@ -247,11 +263,11 @@ def using_store(tracking: str, registry: str | None = None) -> Iterator[None]:
                 os.environ[name] = value
 
 
-def check_reachable(uri: str, timeout: float = 5.0) -> None:
+def check_reachable(uri: str, timeout: float = 5.0, setting: str = TRACKING_SETTING) -> None:
     """Check that a remote store answers: for an HTTP store GET /health (with the user and
     password the URL holds, as basic authentication), for a database server a connection (given
-    ``timeout`` seconds); raise TrackingUnavailable, in one line with the password as ``***``, if
-    it does not. A local store is not checked."""
+    ``timeout`` seconds); raise TrackingUnavailable, in one line with the password as ``***`` and
+    naming the ``setting`` that chose the store, if it does not. A local store is not checked."""
     if uri.startswith(("http://", "https://")):
         parts = urllib.parse.urlsplit(uri)
         request = request_with_credentials(urllib.parse.urlunsplit(parts._replace(path=parts.path.rstrip("/") + "/health")))
@@ -262,8 +278,8 @@ def check_reachable(uri: str, timeout: float = 5.0) -> None:
         except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as err:
             raise TrackingUnavailable(
                 f"MLflow tracking server {redacted(uri)} is not reachable ({redacted(str(getattr(err, 'reason', err)))}). "
-                "Start it (see README: mlflow server ...), fix tracking.uri, or unset MLFLOW_TRACKING_URI to use the "
-                "local store."
+                f"Start it (see README: mlflow server ...) or fix {setting}"
+                + (" (unset, the local store is used)." if setting == TRACKING_SETTING else ".")
             ) from None
         return
     scheme = uri.split(":", 1)[0].split("+", 1)[0]
@@ -282,7 +298,7 @@ def check_reachable(uri: str, timeout: float = 5.0) -> None:
         first = redacted((str(getattr(error, "orig", None) or error).strip().splitlines() or [""])[0])[:300]
         raise TrackingUnavailable(
             f"the database server of {redacted(uri)} cannot be reached ({type(error).__name__}: {first}); start it or "
-            "fix tracking.uri (or MLFLOW_TRACKING_URI)"
+            f"fix {setting}"
         ) from None
     finally:
         engine.dispose()

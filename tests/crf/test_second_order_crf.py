@@ -506,6 +506,28 @@ def test_a_model_file_whose_candidate_settings_contradict_each_other_is_refused(
         CRF.load(tmp_path / "edited.npz")
 
 
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda m, a: m["params"].update(order=1),  # the trigram weights would be dropped: another model
+        lambda m, a: a.update({f"candidate_model/{k}": v for k, v in list(a.items())}),
+        lambda m, a: a.update({"pruner/start": a["start"]}),
+    ],
+)
+def test_a_model_file_with_arrays_its_model_does_not_read_is_refused(second, tmp_path, edit):
+    """An exact second-order file relabelled order 1 loaded as a first-order model, and a candidate
+    model's arrays beside a model without one were dropped without a word (round 32)."""
+    from crf._model_file import KIND
+    from crf._persist import ModelFileError, load_arrays, save_arrays
+
+    second.save(tmp_path / "model.npz")
+    meta, arrays = load_arrays(tmp_path / "model.npz", KIND)
+    edit(meta, arrays)
+    save_arrays(tmp_path / "edited.npz", KIND, meta, arrays)
+    with pytest.raises(ModelFileError, match="arrays this model does not use"):
+        CRF.load(tmp_path / "edited.npz")
+
+
 def test_a_model_pickled_by_an_earlier_version_keeps_its_candidate_model(data):
     """A pickle of an earlier version holds ``pruning_threshold``, ``pruner_`` and ``pruned_mass_``
     (and, older still, no fitted threshold): it tags over the same candidates, never as an exact

@@ -49,6 +49,12 @@ from pipeline.tracking import TrackingUnavailable, check_reachable
         ("http://h/t?token=abc;SeCr3t&v=1", "http://h/t?token=***&v=1"),  # a ";" in the value: sent as part of it (round 25)
         ("http://h/t?v=1;token=SeCr3t&w=2", "http://h/t?v=1;token=***&w=2"),  # a ";" between parameters
         ("http://h/t?v=1;w=2", "http://h/t?v=1;w=2"),
+        # a path-only URL (no user) quoted beside a store's URL with a secret: both stay readable (round 32)
+        ("A=sqlite:////tmp/t.db and B=http://u:s3cret@h:9 name two", "A=sqlite:////tmp/t.db and B=http://u:***@h:9 name two"),
+        (
+            "the store sqlite:////tmp/a.db, not http://tok@h:5000/ here",
+            "the store sqlite:////tmp/a.db, not http://***@h:5000/ here",
+        ),
     ],
 )
 def test_the_secret_of_every_url_is_hidden(url, shown):
@@ -65,7 +71,10 @@ def test_an_unreachable_tracking_server_is_one_line_without_its_password():
     assert "s3cret" not in redacted(refused) and f"http://u:***@127.0.0.1:{port}" in redacted(refused)
     with pytest.raises(TrackingUnavailable) as unreachable:
         check_reachable(f"http://u:s3cret@127.0.0.1:{port}")
-    assert "s3cret" not in str(unreachable.value)
+    assert "s3cret" not in str(unreachable.value) and "fix tracking.uri or MLFLOW_TRACKING_URI" in str(unreachable.value)
+    with pytest.raises(TrackingUnavailable) as unreachable:  # the registry's server names its own variable (round 32)
+        check_reachable(f"http://u:s3cret@127.0.0.1:{port}", setting="MLFLOW_REGISTRY_URI")
+    assert "fix MLFLOW_REGISTRY_URI." in str(unreachable.value) and "tracking.uri" not in str(unreachable.value)
 
 
 def test_a_database_server_that_does_not_answer_is_one_line_at_once():

@@ -239,20 +239,56 @@ def test_a_multirun_of_the_benchmark_refuses_a_bad_job_before_the_first_runs(cap
     exit_if_uncomposable("benchmark", ["-m", "benchmark.growth_enabled=false", "benchmark.c2=1,2"], benchmark.check_settings)
 
 
-def test_the_model_benchmark_checks_the_registry_it_reads_before_any_work(tmp_path, monkeypatch, caplog):
-    """``MLFLOW_REGISTRY_URI`` at a server that does not answer made it retry until killed, and at
-    another SQLite file it created that file as a store (round 30's check knew the tracking store only)."""
+@pytest.mark.parametrize(
+    ("registry", "message"),
+    [
+        ("other.db", "name two stores for the Model Registry"),  # another store than tracking.uri (round 31)
+        ("folder", "the registry store sqlite:///{tmp}/folder: {tmp}/folder: a folder; name a file"),  # round 32
+        ("dangling", "the registry store sqlite:///{tmp}/dangling: {tmp}/dangling: a symbolic link to"),
+        ("new.db", "the registry store sqlite:///{tmp}/new.db (MLFLOW_REGISTRY_URI): no MLflow store there to read a model"),
+    ],
+)
+def test_the_model_benchmark_checks_the_registry_it_reads_before_any_work(registry, message, tmp_path, monkeypatch, caplog):
+    """``MLFLOW_REGISTRY_URI`` at another SQLite file created that file as a store, and at a folder
+    or a dangling link the command retried until killed (rounds 31 and 32)."""
     from pipeline.apps import model_benchmark, run_checked, tracked
 
-    monkeypatch.setenv("MLFLOW_REGISTRY_URI", f"sqlite:///{tmp_path / 'other.db'}")
-    overrides = ["model_benchmark.model=models:/x@champion", f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}"]
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    monkeypatch.setenv("MLFLOW_REGISTRY_URI", f"sqlite:///{tmp_path / registry}")
+    overrides = ["model_benchmark.model=models:/x@champion"]
+    if registry == "other.db":
+        overrides.append(f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}")
+    else:  # the tracking store is the variable's, as the registry is
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     with initialize_config_dir(version_base=None, config_dir=CONF_DIR):
         cfg = compose(config_name="model_benchmark", overrides=overrides)
     with pytest.raises(SystemExit) as ended:
-        run_checked(tracked(model_benchmark.check_settings, registry=True), pytest.fail, cfg)
+        run_checked(tracked(model_benchmark.check_settings, "model_benchmark.model"), pytest.fail, cfg)
     errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
-    assert ended.value.code == 2 and "name two stores for the Model Registry" in errors[0]
-    assert not (tmp_path / "other.db").exists() and not (tmp_path / "mlflow.db").exists()
+    assert ended.value.code == 2 and message.format(tmp=tmp_path) in errors[0], errors
+    assert not (tmp_path / "other.db").exists() and not (tmp_path / "new.db").exists()
+    assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_a_dataset_file_that_fails_its_checksum_is_one_line_before_any_benchmark_run(tmp_path, caplog):
+    """A corrupt or other-version data file failed in the benchmark's worker: a traceback, exit 1
+    and a FAILED run (round 32)."""
+    import gzip
+
+    from pipeline.apps import run_checked, tracked
+
+    for name in ("train.txt.gz", "test.txt.gz"):
+        (tmp_path / "conll2000").mkdir(exist_ok=True)
+        (tmp_path / "conll2000" / name).write_bytes(gzip.compress(b"Confidence NN B-NP\n\n"))
+    overrides = [f"data.root={tmp_path}", "data.download=false", "benchmark.growth_enabled=false", f"paths.output_dir={tmp_path}"]
+    with initialize_config_dir(version_base=None, config_dir=CONF_DIR):
+        cfg = compose(config_name="benchmark", overrides=overrides)
+    with pytest.raises(SystemExit) as ended:
+        run_checked(tracked(benchmark.check_settings), pytest.fail, cfg)
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert ended.value.code == 2 and "SHA-256 of its text is" in errors[0] and "\n" not in errors[0], errors
+    assert not list(tmp_path.glob("*.db"))
 
 
 def test_the_model_benchmark_refuses_a_model_the_store_lacks_in_one_line(tmp_path, caplog):
