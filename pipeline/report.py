@@ -107,18 +107,20 @@ def write_json(path: str | Path, value: Any, indent: int | None = 1) -> None:
     atomic_write(path, lambda out: out.write(data))
 
 
+# a URL's scheme and "://", with any further "/" (a user or password may follow them: "http:///u:pw@h"
+# sends nothing, but its secret is one all the same); not SQLite's or a file's, whose "/" start a
+# path ("sqlite:////a@b/x" has no user), nor a scheme's tail ("pysqlite" of "sqlite+pysqlite")
+_SCHEME = r"((?<![A-Za-z0-9+.-])(?!(?:sqlite|file)(?:\+[A-Za-z0-9_]+)?://)[A-Za-z][A-Za-z0-9+.-]*:///*)"
 # scheme://userinfo@: up to the last "@" of the word, so that a password holding a raw "@" or "/"
 # is covered too (a path with "@" in it is hidden along with it, which only costs a log's detail)
-_USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)([^\s/]\S*)@")
+_USERINFO = re.compile(_SCHEME + r"([^\s/]\S*)@")
 # and a user or password holding a raw space (any: a tab, a no-break space): up to the last "@" on
 # the line, so that a raw "/" beside the space is covered too (a line with a URL, a space and a
-# later "@", an e-mail address, loses that stretch as well: only a log's detail); a URL whose "://"
-# is followed by "/" (sqlite:////path, file:///path) has a path there, no user: a message quoting it
-# beside another store's URL keeps it
-_SPACED_USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)([^\s@/][^\n]*?[^\S\n][^\n]*)@")
+# later "@", an e-mail address, loses that stretch as well: only a log's detail)
+_SPACED_USERINFO = re.compile(_SCHEME + r"([^\s@/][^\n]*?[^\S\n][^\n]*)@")
 # and one broken by a raw line break (an environment variable can hold one): the rest of the line,
 # then the next line's first word, when that word ends in "@"
-_BROKEN_USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)([^\s@/][^\n@]*\n[^\s@]*)@")
+_BROKEN_USERINFO = re.compile(_SCHEME + r"([^\s@/][^\n@]*\n[^\s@]*)@")
 
 
 def _hidden_userinfo(userinfo: str) -> str:
@@ -162,9 +164,11 @@ def shown_url(url: str) -> str:
     (everything between ``://`` and the URL's last ``@``), then :func:`redacted`, and cut at its
     first whitespace (a URL that holds one is refused, and a secret's value would go on past it)."""
     head, sep, rest = str(url).partition("://")
-    if sep and "@" in rest and not rest.startswith("/"):  # "sqlite:////a@b/x" has a path, no user
-        userinfo, _, place = rest.rpartition("@")
-        url = f"{head}{sep}{_hidden_userinfo(userinfo)}@{place}"
+    path_only = head.lower().split("+")[0] in ("sqlite", "file")  # "sqlite:////a@b/x" has a path, no user
+    if sep and "@" in rest and not path_only:
+        slashes = rest[: len(rest) - len(rest.lstrip("/"))]  # "http:///u:pw@h" holds a secret all the same
+        userinfo, _, place = rest[len(slashes) :].rpartition("@")
+        url = f"{head}{sep}{slashes}{_hidden_userinfo(userinfo)}@{place}"
     shown = redacted(url)
     return shown if shown.split() == [shown] else (shown.split() or [""])[0] + " ..."
 

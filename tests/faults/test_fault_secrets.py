@@ -12,7 +12,7 @@ import threading
 
 import pytest
 
-from pipeline.report import redacted
+from pipeline.report import redacted, shown_url
 from pipeline.tracking import TrackingUnavailable, check_reachable
 
 
@@ -55,10 +55,18 @@ from pipeline.tracking import TrackingUnavailable, check_reachable
             "the store sqlite:////tmp/a.db, not http://tok@h:5000/ here",
             "the store sqlite:////tmp/a.db, not http://***@h:5000/ here",
         ),
+        # a "/" too many before the user: no host to send it to, but a secret all the same (round 33)
+        ("http:///u:s3cret@127.0.0.1:9", "http:///u:***@127.0.0.1:9"),
+        ("store http:///u:horse battery@h:1 (x)", "store http:///u:***@h:1 (x)"),
+        ("postgresql:////u:s3cret@db/x", "postgresql:////u:***@db/x"),
+        ("sqlite+pysqlite:////tmp/a@b/mlflow.db", "sqlite+pysqlite:////tmp/a@b/mlflow.db"),  # paths, no user
+        ("file:///tmp/a@b/mlruns", "file:///tmp/a@b/mlruns"),
     ],
 )
 def test_the_secret_of_every_url_is_hidden(url, shown):
     assert redacted(url) == shown
+    if len(url.split()) == 1:  # a whole URL, as a message quotes it
+        assert shown_url(url) == shown
 
 
 def test_an_unreachable_tracking_server_is_one_line_without_its_password():

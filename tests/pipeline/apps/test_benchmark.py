@@ -271,24 +271,36 @@ def test_the_model_benchmark_checks_the_registry_it_reads_before_any_work(regist
     assert not (tmp_path / "mlflow.db").exists()
 
 
-def test_a_dataset_file_that_fails_its_checksum_is_one_line_before_any_benchmark_run(tmp_path, caplog):
-    """A corrupt or other-version data file failed in the benchmark's worker: a traceback, exit 1
-    and a FAILED run (round 32)."""
+@pytest.mark.parametrize("which", ["dataset", "label set"])
+def test_a_dataset_file_that_fails_its_checksum_is_one_line_before_any_benchmark_run(which, tmp_path, caplog):
+    """A corrupt or other-version data file, of the benchmark's dataset (round 32) or of a growth
+    label set (round 33), failed in the benchmark's worker: a traceback, exit 1 and a FAILED run."""
     import gzip
 
     from pipeline.apps import run_checked, tracked
 
-    for name in ("train.txt.gz", "test.txt.gz"):
-        (tmp_path / "conll2000").mkdir(exist_ok=True)
-        (tmp_path / "conll2000" / name).write_bytes(gzip.compress(b"Confidence NN B-NP\n\n"))
-    overrides = [f"data.root={tmp_path}", "data.download=false", "benchmark.growth_enabled=false", f"paths.output_dir={tmp_path}"]
+    root = tmp_path / "data"
+    overrides = [f"data.root={root}", "data.download=false", f"paths.output_dir={tmp_path}"]
+    if which == "dataset":
+        overrides.append("benchmark.growth_enabled=false")
+        files = ["conll2000/train.txt.gz", "conll2000/test.txt.gz"]
+    else:  # the dataset itself has no checksum here: only the label set's files are checked
+        overrides += ["dataset.files.train.sha256=null", "dataset.files.test.sha256=null"]
+        files = ["conll2000/train.txt.gz", "conll2000/test.txt.gz"] + [
+            f"ud_english_ewt/en_ewt-ud-{split}.conllu" for split in ("train", "dev", "test")
+        ]
+    for name in files:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        text = b"Confidence NN B-NP\n\n" if name.endswith(".gz") else b"1\tHi\thi\tINTJ\tUH\t_\t0\troot\t_\t_\n\n"
+        (root / name).write_bytes(gzip.compress(text) if name.endswith(".gz") else text)
     with initialize_config_dir(version_base=None, config_dir=CONF_DIR):
         cfg = compose(config_name="benchmark", overrides=overrides)
     with pytest.raises(SystemExit) as ended:
         run_checked(tracked(benchmark.check_settings), pytest.fail, cfg)
     errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert ended.value.code == 2 and "SHA-256 of its text is" in errors[0] and "\n" not in errors[0], errors
-    assert not list(tmp_path.glob("*.db"))
+    assert ("label_sets: ud_english_ewt_upos" in errors[0]) == (which == "label set")
+    assert not list(tmp_path.glob("**/*.db"))
 
 
 def test_the_model_benchmark_refuses_a_model_the_store_lacks_in_one_line(tmp_path, caplog):
