@@ -100,13 +100,14 @@ def tracked(check: Callable[[DictConfig], None], model_setting: str | None = Non
     """The settings check of a command that logs to MLflow: ``check``, then the tracking store (and,
     for a command that reads the model ``model_setting`` names, the registry's store, which must
     hold one when that is a ``models:/`` URI: :func:`pipeline.tracking.stores_problem`) and the
-    dataset's files (found or downloaded: :func:`pipeline.stages.data.config_data_problem`), each
-    refused in one line (ValueError)."""
+    dataset's files (found or downloaded: :func:`pipeline.stages.data.config_data_problem`; and
+    what their checksums say: :func:`pipeline.stages.data.checksum_problem`), each refused in one
+    line (ValueError)."""
 
     def checked(cfg: DictConfig) -> None:
         check(cfg)
         from pipeline.engine.validate import SettingsError
-        from pipeline.stages.data import config_data_problem
+        from pipeline.stages.data import checksum_problem, config_data_problem
         from pipeline.tracking import registry_uri, stores_problem, tracking_uri
 
         model = str(OmegaConf.select(cfg, model_setting, default="")) if model_setting else ""
@@ -115,27 +116,13 @@ def tracked(check: Callable[[DictConfig], None], model_setting: str | None = Non
             problem = stores_problem(tracking_uri(cfg), registry, read_registry=model.startswith("models:/"))
         except SettingsError as error:
             problem = str(error)
-        problem = problem or config_data_problem(cfg) or _checksum_problem(cfg)
+        problem = problem or config_data_problem(cfg)
+        if not problem and "dataset" in cfg:  # the files are there now: are they the ones the config names?
+            problem = checksum_problem(OmegaConf.to_container(cfg.dataset, resolve=True), cfg.data.root)
         if problem:
             raise ValueError(problem)
 
     return checked
-
-
-def _checksum_problem(cfg: DictConfig) -> str | None:
-    """A dataset file whose content is not what its config's SHA-256 says (corrupt, or another
-    version): the benchmarks read the files in worker processes, whose error would be a traceback."""
-    from pipeline.stages.data import ChecksumError, resolve_files
-
-    if "dataset" not in cfg:
-        return None
-    try:
-        resolve_files(OmegaConf.to_container(cfg.dataset, resolve=True), cfg.data.root, download=False)
-    except ChecksumError as error:
-        return str(error)
-    except Exception:  # noqa: BLE001 - missing files and malformed entries: config_data_problem names those
-        return None
-    return None
 
 
 def _added_key(base: DictConfig, overrides: list[str]) -> str | None:

@@ -38,7 +38,7 @@ from pipeline.apps.bench_worker import INPUTS, TOOLS
 from pipeline.apps.per_call_benchmark import per_call_table
 from pipeline.engine.validate import non_switch, non_whole_number
 from pipeline.report import figure, markdown_table, save_figure
-from pipeline.stages.data import ChecksumError, dataset_files, resolve_files
+from pipeline.stages.data import checksum_problem, dataset_files
 
 log = logging.getLogger(__name__)
 
@@ -153,10 +153,9 @@ def _check_growth(g: dict, root: str) -> None:
                     f"benchmark.growth.label_sets: {name}'s file {Path(str(root)) / spec['path']} is missing "
                     "(set benchmark.growth.label_sets=[] to leave label sets out)"
                 )
-        try:
-            resolve_files(dataset, root, download=False)  # a file that fails its checksum would fail in a worker
-        except ChecksumError as error:
-            raise ValueError(f"benchmark.growth.label_sets: {name}: {error}") from None
+        problem = checksum_problem(dataset, root)  # a file that fails its checksum would fail in a worker
+        if problem:
+            raise ValueError(f"benchmark.growth.label_sets: {name}: {problem}")
 
 
 def _settings(cfg: DictConfig) -> dict:

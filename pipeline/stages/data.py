@@ -127,6 +127,19 @@ def unavailable_files(dataset: Mapping, root: str | os.PathLike, download: bool 
     return _missing_files(dataset, root, missing) if missing else None
 
 
+def checksum_problem(dataset: Mapping, root: str | os.PathLike) -> str | None:
+    """Why a file of ``dataset`` present under ``root`` is not the one its config names (its text's
+    SHA-256 differs: corrupt, or another version), in one line; None when each present file with a
+    checksum matches (missing files and malformed entries are left to :func:`config_data_problem`)."""
+    try:
+        resolve_files(dataset, root, download=False)
+    except ChecksumError as error:
+        return str(error)
+    except (SettingsError, TypeError, KeyError, AttributeError, OSError):
+        return None
+    return None
+
+
 def config_data_problem(cfg: Any) -> str | None:
     """One line for the dataset files of a composed run config (``cfg``: its ``dataset`` and
     ``data.root``/``data.download``) that no download can provide (:func:`unavailable_files`), that
