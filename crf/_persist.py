@@ -338,6 +338,10 @@ def load_arrays(path: str | os.PathLike, kind: str) -> tuple[dict, dict[str, np.
             raise ModelFileError(f"{path}: not a model file of this project (not an .npz archive)")
     try:
         with zipfile.ZipFile(path) as archive:
+            if archive.infolist() and min(info.header_offset for info in archive.infolist()) != 0:
+                # bytes before the archive its directory describes (one file glued before another):
+                # a reader from the start and one from the end would see two different models
+                raise ModelFileError(f"{path}: holds bytes before its archive (not one model file)")
             members = _members(path, archive)
             if _META not in members:
                 raise ModelFileError(f"{path}: not a model file of this project (no metadata)")

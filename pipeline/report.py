@@ -107,10 +107,17 @@ def write_json(path: str | Path, value: Any, indent: int | None = 1) -> None:
     atomic_write(path, lambda out: out.write(data))
 
 
-# a URL's scheme and "://", with any further "/" (a user or password may follow them: "http:///u:pw@h"
-# sends nothing, but its secret is one all the same); not SQLite's or a file's, whose "/" start a
-# path ("sqlite:////a@b/x" has no user), nor a scheme's tail ("pysqlite" of "sqlite+pysqlite")
-_SCHEME = r"((?<![A-Za-z0-9+.-])(?!(?:sqlite|file)(?:\+[A-Za-z0-9_]+)?://)[A-Za-z][A-Za-z0-9+.-]*:///*)"
+# a URL's scheme and "://" (not a scheme's tail: "pysqlite" of "sqlite+pysqlite"), with any further
+# "/" (a user or password may follow them: "http:///u:pw@h" sends nothing, but its secret is one all
+# the same), except after SQLite's and a file's "://", where a "/" starts a path ("sqlite:////a@b/x"
+# has no user, "sqlite://u:pw@h/x" has one); and a server's scheme written with fewer slashes
+# ("http:u:pw@h", "postgresql:/u:pw@db"), whose secret is one too
+_PATH_SCHEMES = r"(?:sqlite|file)(?:\+[A-Za-z0-9_]+)?"
+_SERVER_SCHEMES = r"(?:https?|postgres(?:ql)?|mysql|mssql|oracle)(?:\+[A-Za-z0-9_]+)?"
+_SCHEME = (
+    r"((?<![A-Za-z0-9+.-])"
+    rf"(?:{_PATH_SCHEMES}://|(?!{_PATH_SCHEMES}://)[A-Za-z][A-Za-z0-9+.-]*:///*|{_SERVER_SCHEMES}:/?(?!/)))"
+)
 # scheme://userinfo@: up to the last "@" of the word, so that a password holding a raw "@" or "/"
 # is covered too (a path with "@" in it is hidden along with it, which only costs a log's detail)
 _USERINFO = re.compile(_SCHEME + r"([^\s/]\S*)@")
@@ -164,7 +171,7 @@ def shown_url(url: str) -> str:
     (everything between ``://`` and the URL's last ``@``), then :func:`redacted`, and cut at its
     first whitespace (a URL that holds one is refused, and a secret's value would go on past it)."""
     head, sep, rest = str(url).partition("://")
-    path_only = head.lower().split("+")[0] in ("sqlite", "file")  # "sqlite:////a@b/x" has a path, no user
+    path_only = head.lower().split("+")[0] in ("sqlite", "file") and rest.startswith("/")  # "sqlite:////a@b/x": no user
     if sep and "@" in rest and not path_only:
         slashes = rest[: len(rest) - len(rest.lstrip("/"))]  # "http:///u:pw@h" holds a secret all the same
         userinfo, _, place = rest[len(slashes) :].rpartition("@")

@@ -86,6 +86,10 @@ def test_edited_array_and_wrong_kind_and_non_archive(tmp_path):
     with pytest.raises(ModelFileError, match="unreadable or truncated"):
         load_arrays(truncated, KIND)
     assert zipfile.is_zipfile(path)
+    glued = tmp_path / "glued.npz"  # one model file's bytes, then another's: it loaded as the second (round 34)
+    glued.write_bytes(path.read_bytes() + path.read_bytes())
+    with pytest.raises(ModelFileError, match="holds bytes before its archive"):
+        load_arrays(glued, KIND)
 
 
 def test_a_version_1_header_without_its_checksum_is_refused(tmp_path):

@@ -61,6 +61,15 @@ from pipeline.tracking import TrackingUnavailable, check_reachable
         ("postgresql:////u:s3cret@db/x", "postgresql:////u:***@db/x"),
         ("sqlite+pysqlite:////tmp/a@b/mlflow.db", "sqlite+pysqlite:////tmp/a@b/mlflow.db"),  # paths, no user
         ("file:///tmp/a@b/mlruns", "file:///tmp/a@b/mlruns"),
+        # a user and password where SQLite's and a file's URLs hold a host (round 34: shown in clear)
+        ("sqlite://u:s3cret@localhost/x.db", "sqlite://u:***@localhost/x.db"),
+        ("sqlite+pysqlite://u:s3cret@h/x.db", "sqlite+pysqlite://u:***@h/x.db"),
+        ("file://u:s3cret@host/mlruns", "file://u:***@host/mlruns"),
+        # a server's URL with fewer slashes (round 34)
+        ("http:/u:s3cret@127.0.0.1:9", "http:/u:***@127.0.0.1:9"),
+        ("http:u:s3cret@127.0.0.1:9", "http:u:***@127.0.0.1:9"),
+        ("postgresql+psycopg:u:s3cret@db/x", "postgresql+psycopg:u:***@db/x"),
+        ("note: write to a@b.org", "note: write to a@b.org"),  # prose with a colon: no scheme
     ],
 )
 def test_the_secret_of_every_url_is_hidden(url, shown):
