@@ -126,7 +126,7 @@ _EARLIER_NAMES = {"pruning_threshold": "candidate_threshold", "pruner": "candida
 
 def _current_names(fields: dict, path) -> dict:
     """``fields`` with the names of :data:`_EARLIER_NAMES` replaced; ModelFileError for a file that
-    holds both the earlier and the current name of one field (which would say?)."""
+    holds both the earlier and the current name of one field (the two could disagree)."""
     both = [k for k in fields if k in _EARLIER_NAMES and _EARLIER_NAMES[k] in fields]
     if both:
         raise ModelFileError(f"{path}: holds both {both[0]!r} and {_EARLIER_NAMES[both[0]]!r} (one field, two names)")

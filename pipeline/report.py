@@ -110,14 +110,12 @@ def write_json(path: str | Path, value: Any, indent: int | None = 1) -> None:
 # a URL's scheme and "://" (not a scheme's tail: "pysqlite" of "sqlite+pysqlite"), with any further
 # "/" (a user or password may follow them: "http:///u:pw@h" sends nothing, but its secret is one all
 # the same), except after SQLite's and a file's "://", where a "/" starts a path ("sqlite:////a@b/x"
-# has no user, "sqlite://u:pw@h/x" has one); and a server's scheme written with fewer slashes
-# ("http:u:pw@h", "postgresql:/u:pw@db"), whose secret is one too
-_PATH_SCHEMES = r"(?:sqlite|file)(?:\+[A-Za-z0-9_]+)?"
-_SERVER_SCHEMES = r"(?:https?|postgres(?:ql)?|mysql|mssql|oracle)(?:\+[A-Za-z0-9_]+)?"
-_SCHEME = (
-    r"((?<![A-Za-z0-9+.-])"
-    rf"(?:{_PATH_SCHEMES}://|(?!{_PATH_SCHEMES}://)[A-Za-z][A-Za-z0-9+.-]*:///*|{_SERVER_SCHEMES}:/?(?!/)))"
-)
+# has no user, "sqlite://u:pw@h/x" has one); schemes in any case ("HTTP://")
+_PATH_SCHEMES = r"(?i:sqlite|file)(?:\+[A-Za-z0-9_]+)?"
+_SCHEME = rf"((?<![A-Za-z0-9+.-])(?:{_PATH_SCHEMES}://|(?!{_PATH_SCHEMES}://)[A-Za-z][A-Za-z0-9+.-]*:///*))"
+# and a scheme written with fewer slashes ("http:u:pw@h", "postgresql:/u:pw@db"): its secret is one
+# too (a word, a colon and a word with "@", "mailto:a@b.org", loses that word: only a log's detail)
+_SHORT_USERINFO = re.compile(rf"((?<![A-Za-z0-9+.-])(?!{_PATH_SCHEMES}:)[A-Za-z][A-Za-z0-9+.-]*:/?)(?!/)([^\s/@][^\s/]*)@")
 # scheme://userinfo@: up to the last "@" of the word, so that a password holding a raw "@" or "/"
 # is covered too (a path with "@" in it is hidden along with it, which only costs a log's detail)
 _USERINFO = re.compile(_SCHEME + r"([^\s/]\S*)@")
@@ -163,6 +161,7 @@ def redacted(text: str) -> str:
     ``&X-Amz-Signature=``, ``?pass=``, ``?pw=``, ``?session=``, ``#access_token=``) ``***``; for
     logs, run parameters and results files."""
     hidden = _USERINFO.sub(_hidden, _SPACED_USERINFO.sub(_hidden, _BROKEN_USERINFO.sub(_hidden, str(text))))
+    hidden = _SHORT_USERINFO.sub(_hidden, hidden)
     return _QUERY_PARAMETER.sub(_hidden_value, hidden)
 
 

@@ -264,7 +264,7 @@ class OptunaSweeper(Sweeper):
         search.build_sampler(self.sampler, self.seed)
         search.build_pruner(self.pruner)
         url = search.storage_url(self.storage, OmegaConf.select(self.config, "paths.output_dir", default="outputs"))
-        from pipeline.report import shown_url
+        from pipeline.report import redacted, shown_url
         from pipeline.sweeps.cluster import UNPASSABLE, unpassable
 
         if unpassable(url):  # the trials' jobs open the study through their environment
@@ -285,7 +285,7 @@ class OptunaSweeper(Sweeper):
             storage = search.open_storage(url)
         except Exception as error:  # a database that cannot be reached, a driver not installed, a bad URL
             first = (str(error).replace(url, shown_url(url)).strip().splitlines() or [""])[0]  # it may quote the URL
-            why = f"{type(error).__name__}: {search.redacted(first)[:300]}"
+            why = f"{type(error).__name__}: {redacted(first)[:300]}"
             raise search.SweeperSettingError(f"hydra.sweeper.storage: cannot open {shown_url(url)} ({why})") from None
         if self.study_name is not None:  # a study resumed by name: checked before the sweep changes anything
             try:
@@ -296,7 +296,7 @@ class OptunaSweeper(Sweeper):
                 optuna.logging.disable_default_handler()
                 optuna.logging.enable_propagation()
                 existing = optuna.load_study(study_name=str(self.study_name), storage=storage)
-                self._check_study(existing, space, search.redacted(url))
+                self._check_study(existing, space, shown_url(url))
         return space, enqueued, dispatch, url, storage
 
     def _open_study(self, space: Any, url: str, storage: Any) -> Any:
@@ -321,7 +321,7 @@ class OptunaSweeper(Sweeper):
             direction=self.direction,
             load_if_exists=True,
         )
-        self._check_study(study, space, search.redacted(url))
+        self._check_study(study, space, search.shown_url(url))
         study.set_user_attr("metric", self.metric)  # what the jobs report and return
         if self._evaluation is not None:  # the data the objective is measured on: a resume on other data is refused
             study.set_user_attr("evaluation", self._evaluation)
@@ -426,7 +426,7 @@ class OptunaSweeper(Sweeper):
         log.info(
             "study %s in %s: %d trials, %d at once (%s); searching %s%s",
             study.study_name,
-            search.redacted(url),
+            search.shown_url(url),
             self.n_trials,
             self.n_jobs,
             dispatch,
@@ -729,7 +729,7 @@ class OptunaSweeper(Sweeper):
         counts = {s.name.lower(): sum(t.state == s for t in trials) for s in states}
         results: dict[str, Any] = {
             "study": study.study_name,
-            "storage": search.redacted(url),
+            "storage": search.shown_url(url),
             "direction": self.direction,
             "metric": self.metric or "dev score (dev_f1, else dev_accuracy)",
             "trials": counts,
@@ -773,7 +773,7 @@ class OptunaSweeper(Sweeper):
         try:
             client = MlflowClient()
             client.set_tag(parent, STUDY_TAG, study_name)
-            client.set_tag(parent, STORAGE_TAG, search.redacted(url))
+            client.set_tag(parent, STORAGE_TAG, search.shown_url(url))
             if results is not None:
                 client.log_artifact(parent, str(results))
         except Exception as error:  # the sweep's results stand without the record

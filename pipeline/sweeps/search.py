@@ -36,7 +36,7 @@ from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, Overrid
 from omegaconf import OmegaConf
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 
-from pipeline.report import redacted
+from pipeline.report import shown_url
 from pipeline.sweeps.grid_preflight import MAX_RANGE, range_problem
 from pipeline.sweeps.optuna_pruners import HeldMedianPruner, HeldPercentilePruner
 from pipeline.sweeps.trial_environment import (
@@ -552,6 +552,11 @@ def check_objective(metric: str | None, direction: str, pruner: Mapping[str, Any
             raise SweeperSettingError("pruning needs dev scores during training: set train.dev_every > 0 (e.g. 10)")
 
 
+def _quoted(storage: object) -> str:
+    """The storage setting as a refusal quotes it: a URL's user and password hidden (:func:`shown_url`)."""
+    return repr(shown_url(storage)) if isinstance(storage, str) else repr(storage)
+
+
 def storage_url(storage: str | None, output_dir: str | Path) -> str:
     """The study's storage: ``storage`` when given (a SQLAlchemy URL: ``sqlite:///...``,
     ``postgresql+psycopg://...``), else ``sqlite:///<output_dir>/optuna.db`` beside the MLflow
@@ -559,19 +564,24 @@ def storage_url(storage: str | None, output_dir: str | Path) -> str:
     one must be in an existing folder or the output folder (``output_dir``, which the run makes)."""
     url = storage or f"sqlite:///{Path(output_dir).absolute() / 'optuna.db'}"
     if not isinstance(url, str) or "://" not in url:
-        raise SweeperSettingError(f"hydra.sweeper.storage={storage!r}: a database URL such as sqlite:////abs/path/optuna.db")
+        raise SweeperSettingError(
+            f"hydra.sweeper.storage={_quoted(storage)}: a database URL such as sqlite:////abs/path/optuna.db"
+        )
     if url.startswith("sqlite:///"):
         path = url[len("sqlite:///") :]
         if path in ("", ":memory:"):
-            raise SweeperSettingError(f"hydra.sweeper.storage={storage!r}: the jobs cannot reach an in-memory study; name a file")
+            raise SweeperSettingError(
+                f"hydra.sweeper.storage={_quoted(storage)}: the jobs cannot reach an in-memory study; name a file"
+            )
         folder = Path(os.path.abspath(path)).parent
         made = Path(os.path.abspath(output_dir))  # the run's output folder, made by the run
         if storage and not folder.exists() and folder != made:  # a misspelt path would be made, folders and all
-            raise SweeperSettingError(f"hydra.sweeper.storage={storage!r}: the folder {folder} does not exist; create it or "
-                                      "name another")  # fmt: skip
+            raise SweeperSettingError(
+                f"hydra.sweeper.storage={_quoted(storage)}: the folder {folder} does not exist; create it or name another"
+            )
         url = f"sqlite:///{Path(path).absolute()}"
     elif url.startswith("sqlite:"):
-        raise SweeperSettingError(f"hydra.sweeper.storage={storage!r}: a SQLite study lives in a file (sqlite:///<path>)")
+        raise SweeperSettingError(f"hydra.sweeper.storage={_quoted(storage)}: a SQLite study lives in a file (sqlite:///<path>)")
     return url
 
 
@@ -598,7 +608,7 @@ def check_storage_apart(url: str, stores: Mapping[str, str]) -> None:
     for what, uri in stores.items():
         if _same_database(url, uri):
             raise SweeperSettingError(
-                f"hydra.sweeper.storage={redacted(url)}: is the database of MLflow's {what} store, which Optuna's tables "
+                f"hydra.sweeper.storage={shown_url(url)}: is the database of MLflow's {what} store, which Optuna's tables "
                 "would break; name another database (by default the study lives in optuna.db beside the store)"
             )
 

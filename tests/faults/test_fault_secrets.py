@@ -70,6 +70,15 @@ from pipeline.tracking import TrackingUnavailable, check_reachable
         ("http:u:s3cret@127.0.0.1:9", "http:u:***@127.0.0.1:9"),
         ("postgresql+psycopg:u:s3cret@db/x", "postgresql+psycopg:u:***@db/x"),
         ("note: write to a@b.org", "note: write to a@b.org"),  # prose with a colon: no scheme
+        # schemes in capitals, and the short form of any scheme (round 35)
+        ("HTTP:u:s3cret@h", "HTTP:u:***@h"),
+        ("HTTPS:/u:s3cret@h", "HTTPS:/u:***@h"),
+        ("POSTGRESQL:u:s3cret@db", "POSTGRESQL:u:***@db"),
+        ("HTTP://u:s3cret@h/x", "HTTP://u:***@h/x"),
+        ("SQLITE:////tmp/a@b/mlflow.db", "SQLITE:////tmp/a@b/mlflow.db"),
+        ("mlflow-artifacts:u:s3cret@h", "mlflow-artifacts:u:***@h"),
+        ("s3:/u:s3cret@bucket", "s3:/u:***@bucket"),
+        ("file:/tmp/a@b/mlruns", "file:/tmp/a@b/mlruns"),
     ],
 )
 def test_the_secret_of_every_url_is_hidden(url, shown):

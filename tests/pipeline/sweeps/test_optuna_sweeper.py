@@ -176,11 +176,15 @@ def test_storage_defaults_beside_the_mlflow_store(tmp_path, monkeypatch):
     (tmp_path / "studies").mkdir()
     assert search.storage_url("sqlite:///studies/a.db", "outputs") == f"sqlite:///{tmp_path / 'studies' / 'a.db'}"
     assert search.storage_url("postgresql+psycopg://u:secret@db:5432/optuna", "x").endswith("@db:5432/optuna")
-    assert search.redacted("postgresql+psycopg://u:secret@db:5432/optuna") == "postgresql+psycopg://u:***@db:5432/optuna"
+    assert search.shown_url("postgresql+psycopg://u:secret@db:5432/optuna") == "postgresql+psycopg://u:***@db:5432/optuna"
     with pytest.raises(SweeperSettingError, match="database URL"):
         search.storage_url("optuna.db", "outputs")
     with pytest.raises(SweeperSettingError, match="in-memory"):
         search.storage_url("sqlite:///:memory:", "outputs")
+    for storage in ("sqlite://u:s3cret@localhost/x.db", "postgresql:u:s3cret@db/x", "sqlite://s3cret@/:memory:"):
+        with pytest.raises(SweeperSettingError) as refused:  # each refusal quoted the URL as typed (round 35)
+            search.storage_url(storage, "outputs")
+        assert "s3cret" not in str(refused.value) and "***" in str(refused.value)
 
 
 def _study_with_a_trial(tmp_path: Path, pruner: dict, metric: str | None = None):
