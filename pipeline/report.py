@@ -165,16 +165,21 @@ def redacted(text: str) -> str:
     return _QUERY_PARAMETER.sub(_hidden_value, hidden)
 
 
+_URL_START = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):(/*)(.*)", re.DOTALL)  # scheme, its slashes, the rest
+
+
 def shown_url(url: str) -> str:
     """``url`` as a message quotes it: its user and password hidden, whatever characters they hold
-    (everything between ``://`` and the URL's last ``@``), then :func:`redacted`, and cut at its
-    first whitespace (a URL that holds one is refused, and a secret's value would go on past it)."""
-    head, sep, rest = str(url).partition("://")
-    path_only = head.lower().split("+")[0] in ("sqlite", "file") and rest.startswith("/")  # "sqlite:////a@b/x": no user
-    if sep and "@" in rest and not path_only:
-        slashes = rest[: len(rest) - len(rest.lstrip("/"))]  # "http:///u:pw@h" holds a secret all the same
-        userinfo, _, place = rest[len(slashes) :].rpartition("@")
-        url = f"{head}{sep}{slashes}{_hidden_userinfo(userinfo)}@{place}"
+    (everything between the scheme's ``:`` and slashes and the URL's last ``@``; not in a SQLite or
+    file path), then :func:`redacted`, and cut at its first whitespace (a URL that holds one is
+    refused, and a secret's value would go on past it)."""
+    found = _URL_START.match(str(url))
+    if found:  # any number of slashes: "http:u:pw@h" and "http:///u:pw@h" hold a secret all the same
+        scheme, slashes, rest = found.groups()
+        path_only = scheme.lower().split("+")[0] in ("sqlite", "file") and slashes != "//"  # "sqlite:////a@b/x": no user
+        if "@" in rest and not path_only:
+            userinfo, _, place = rest.rpartition("@")
+            url = f"{scheme}:{slashes}{_hidden_userinfo(userinfo)}@{place}"
     shown = redacted(url)
     return shown if shown.split() == [shown] else (shown.split() or [""])[0] + " ..."
 

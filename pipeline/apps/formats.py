@@ -55,6 +55,7 @@ import json
 import logging
 import re
 import sys
+import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -128,7 +129,24 @@ def tokenize(line: str, how: str = "punct") -> list[str]:
         return line.split()
     if how != "punct":
         raise ValueError(f"tokenize={how!r}; one of {', '.join(TOKENISATIONS)}")
-    return _TOKEN.findall(line)
+    # a combining mark (an accent written apart, as macOS writes "café"; a Devanagari vowel sign) is
+    # no word character to the pattern: it stays in its word, and the word goes on past it
+    tokens: list[str] = []
+    end = -1
+    for found in _TOKEN.finditer(line):
+        text = found.group()
+        joined = tokens and found.start() == end
+        if joined and (_is_mark(text[0]) or (_is_mark(tokens[-1][-1]) and text[0].isalnum())):
+            tokens[-1] += text
+        else:
+            tokens.append(text)
+        end = found.end()
+    return tokens
+
+
+def _is_mark(character: str) -> bool:
+    """Whether ``character`` is a combining mark (Unicode category M*)."""
+    return unicodedata.category(character).startswith("M")
 
 
 @dataclass

@@ -598,7 +598,12 @@ def _same_database(first: str, second: str) -> bool:
     if a.get_backend_name() != b.get_backend_name():
         return False
     if a.get_backend_name() == "sqlite":
-        return bool(a.database and b.database) and Path(a.database).resolve() == Path(b.database).resolve()
+        if not (a.database and b.database):
+            return False
+        first_file, second_file = Path(a.database), Path(b.database)
+        if first_file.exists() and second_file.exists():
+            return first_file.samefile(second_file)  # a hard link or a symbolic one to the same file too
+        return first_file.resolve() == second_file.resolve()
     return (a.host, a.port, a.database) == (b.host, b.port, b.database)
 
 

@@ -87,6 +87,20 @@ def test_the_secret_of_every_url_is_hidden(url, shown):
         assert shown_url(url) == shown
 
 
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [  # a whole URL written with fewer slashes, its password holding a space or a "/" (round 36)
+        ("https:/u:horse battery@h:1/x", "https:/u:***@h:1/x"),
+        ("postgresql:u:a/b@db/x", "postgresql:u:***@db/x"),
+        ("HTTP:u:a\tb@h", "HTTP:u:***@h"),
+        ("sqlite:/tmp/a@b.db", "sqlite:/tmp/a@b.db"),  # a path
+        ("C:/data/a@b.txt", "C:/***@b.txt"),  # read as a URL: over-hidden, nothing shown
+    ],
+)
+def test_a_whole_url_with_fewer_slashes_is_quoted_without_its_secret(url, shown):
+    assert shown_url(url) == shown
+
+
 def test_an_unreachable_tracking_server_is_one_line_without_its_password():
     from pipeline.__main__ import composition_refusal
     from pipeline.apps.model_benchmark import free_port

@@ -268,6 +268,10 @@ def test_a_study_storage_that_is_the_mlflow_store_is_refused_before_anything_is_
     assert search._same_database("postgresql+psycopg://u:p@db:5432/mlflow", "postgresql://u@db:5432/mlflow")
     assert not search._same_database("postgresql+psycopg://u@db:5432/optuna", "postgresql://u@db:5432/mlflow")
     assert not search._same_database("sqlite:////x/optuna.db", "http://127.0.0.1:5000")
+    (tmp_path / "mlflow.db").write_bytes(b"")  # a hard link to the store's file is that file (round 36)
+    os.link(tmp_path / "mlflow.db", tmp_path / "link.db")
+    assert search._same_database(f"sqlite:///{tmp_path / 'link.db'}", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert not search._same_database(f"sqlite:///{tmp_path / 'study.db'}", f"sqlite:///{tmp_path / 'mlflow.db'}")
 
 
 def test_the_optuna_trials_checked_cover_every_choice_and_range_end():

@@ -245,6 +245,19 @@ def test_a_setting_added_on_the_command_line_or_out_of_range_is_refused(trained,
         run_tag(_settings(chunker, source, tmp_path / "o.conll", uri, conllu_pos="lemma"))
 
 
+def test_a_combining_mark_stays_in_its_word():
+    """An accent written apart (NFD text, as macOS writes it) and a Devanagari vowel sign are no
+    word characters to the pattern: "café" became "cafe" and a bare accent, tagged as a word, and
+    Hindi was cut into letters (round 36)."""
+    import unicodedata
+
+    assert tokenize(unicodedata.normalize("NFD", "Le café est bon.")) == [
+        "Le", unicodedata.normalize("NFD", "café"), "est", "bon", ".",
+    ]  # fmt: skip
+    assert tokenize("हिन्दी भाषा है।") == ["हिन्दी", "भाषा", "है", "।"]
+    assert "".join(tokenize(unicodedata.normalize("NFD", "résumé, déjà"))) == unicodedata.normalize("NFD", "résumé,déjà")
+
+
 def test_tokenizer_splits_like_the_penn_treebank():
     assert tokenize("Cannot wait, I'm gonna go; wanna gotta gimme lemme. Canon gonnad") == [
         "Can", "not", "wait", ",", "I", "'m", "gon", "na", "go", ";", "wan", "na", "got", "ta", "gim", "me", "lem", "me", ".",
