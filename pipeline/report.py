@@ -173,7 +173,8 @@ def shown_url(url: str) -> str:
     (everything between the scheme's ``:`` and slashes and the URL's last ``@``; not in a SQLite or
     file path), then :func:`redacted`, and cut at its first whitespace (a URL that holds one is
     refused, and a secret's value would go on past it)."""
-    found = _URL_START.match(str(url))
+    url = str(url).strip().strip("'\"").strip()  # quoted or padded, as an environment variable may hold it
+    found = _URL_START.match(url)
     if found:  # any number of slashes: "http:u:pw@h" and "http:///u:pw@h" hold a secret all the same
         scheme, slashes, rest = found.groups()
         path_only = scheme.lower().split("+")[0] in ("sqlite", "file") and slashes != "//"  # "sqlite:////a@b/x": no user

@@ -94,6 +94,8 @@ def test_the_secret_of_every_url_is_hidden(url, shown):
         ("postgresql:u:a/b@db/x", "postgresql:u:***@db/x"),
         ("HTTP:u:a\tb@h", "HTTP:u:***@h"),
         ("sqlite:/tmp/a@b.db", "sqlite:/tmp/a@b.db"),  # a path
+        (" https:u:SEK RET@h", "https:u:***@h"),  # padded or quoted, as a variable may hold it (round 37)
+        ("' https://u:SEK RET@h/x'", "https://u:***@h/x"),
         ("C:/data/a@b.txt", "C:/***@b.txt"),  # read as a URL: over-hidden, nothing shown
     ],
 )
