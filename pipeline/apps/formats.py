@@ -62,6 +62,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import regex
 
 from crf.io import CONLLU_COLUMNS, DataFormatError, atomic_write, check_input_file, decoded_lines, read_conll, read_conllu
 from pipeline.report import dumps
@@ -123,30 +124,89 @@ def tokenize(line: str, how: str = "punct") -> list[str]:
     addresses whole, clitics split off (``do n't``, ``it 's``, ``we 're``; ``can not``, ``gon na``,
     ``wan na``, ``got ta``, ``gim me``, ``lem me``, as the Penn Treebank and EWT split them), each other punctuation
     character alone (runs of ``.!?``, ``--`` and emoticons whole; ``5%`` is ``5 %``); quotes stay as
-    written (PTB's ````''`` conversion is not done). ``how="whitespace"``: the line split on
+    written (PTB's ````''`` conversion is not done). Tokens are whole grapheme clusters (an accent
+    written apart, an emoji with its skin tone or joiners, a flag) and NFC and NFD text give the
+    same tokens (see :func:`_clusters`). ``how="whitespace"``: the line split on
     whitespace (``Trinkoff,`` stays one token), as AnyStyle's training sequences were."""
     if how == "whitespace":
         return line.split()
     if how != "punct":
         raise ValueError(f"tokenize={how!r}; one of {', '.join(TOKENISATIONS)}")
-    # a combining mark (an accent written apart, as macOS writes "café"; a Devanagari vowel sign) is
-    # no word character to the pattern: it stays in its word, and the word goes on past it
-    tokens: list[str] = []
-    end = -1
-    for found in _TOKEN.finditer(line):
-        text = found.group()
-        joined = tokens and found.start() == end
-        if joined and (_is_mark(text[0]) or (_is_mark(tokens[-1][-1]) and text[0].isalnum())):
-            tokens[-1] += text
-        else:
-            tokens.append(text)
-        end = found.end()
-    return tokens
+    if _NEEDS_CLUSTERS.search(line) is None:
+        return [found.group() for found in _TOKEN.finditer(line)]
+    bounds, skeleton = _clusters(line)
+    return [line[bounds[found.start()] : bounds[found.end()]] for found in _TOKEN.finditer(skeleton)]
 
 
-def _is_mark(character: str) -> bool:
-    """Whether ``character`` is a combining mark (Unicode category M*)."""
-    return unicodedata.category(character).startswith("M")
+# what makes a line need grapheme clusters: combining marks, invisible format characters (ZWJ, ZWNJ,
+# direction marks, soft hyphens), regional indicators (flags), emoji skin tones, a zero-width space
+_NEEDS_CLUSTERS = regex.compile(r"[\p{M}\p{Cf}\p{Regional_Indicator}\p{Emoji_Modifier}]")
+_CLUSTER = regex.compile(r"\X")  # an extended grapheme cluster (Unicode UAX #29): what a reader sees as one character
+_ZERO_WIDTH_SPACE = "\u200b"
+
+
+def _clusters(line: str) -> tuple[list[int], str]:
+    """``line`` as one stand-in character per user-perceived character, for :data:`_TOKEN` to
+    match: ``(bounds, skeleton)``, where skeleton character ``i`` stands for ``line[bounds[i]:
+    bounds[i + 1]]`` (``bounds`` has one more entry than ``skeleton``).
+
+    The stand-in is the cluster's NFC form when that is one character (``e`` + U+0301 is ``é``,
+    so NFC and NFD text give the same tokens), else its first character that is no mark or
+    format character (an emoji sequence stands as its first emoji, a flag as its first
+    indicator). Invisible format characters (direction marks, soft hyphens, joiners) belong to
+    the character before them, as Unicode's word rules have it (UAX #29, WB4), or to the one
+    after them at the start of a word; standing alone between spaces they count as space, as
+    does a zero-width space. A combining mark with no letter before it joins the next word, or
+    stands alone as a visible character.
+    """
+    bounds: list[int] = []
+    skeleton: list[str] = []
+    orphan = -1  # where a run of marks and format characters with nothing before it began
+    for found in _CLUSTER.finditer(line):
+        text, start = found.group(), found.start()
+        if text[0].isspace() or text[0] == _ZERO_WIDTH_SPACE:
+            _close_orphan(line, orphan, start, bounds, skeleton)
+            bounds.append(start)
+            skeleton.append(" ")
+            rest = text[1:]  # marks \X puts on a space have nothing before them
+            orphan = start + 1 if rest and not rest.isspace() else -1
+            continue
+        stand_in = _stand_in(text)
+        if stand_in is None:  # marks and format characters only
+            if orphan < 0 and skeleton and skeleton[-1] != " ":
+                continue  # they belong to the character before them (its span grows on to the next start)
+            orphan = start if orphan < 0 else orphan
+            continue
+        bounds.append(orphan if orphan >= 0 else start)
+        skeleton.append(stand_in)
+        orphan = -1
+    _close_orphan(line, orphan, len(line), bounds, skeleton)
+    bounds.append(len(line))
+    return bounds, "".join(skeleton)
+
+
+def _close_orphan(line: str, orphan: int, end: int, bounds: list[int], skeleton: list[str]) -> None:
+    """A run ``line[orphan:end]`` of marks and format characters between spaces (or the line's
+    ends): a visible character of its own if it holds a mark, else space. ``orphan < 0``: none."""
+    if orphan < 0 or orphan == end:
+        return
+    marks = [c for c in line[orphan:end] if not unicodedata.category(c) == "Cf"]
+    bounds.append(orphan)
+    skeleton.append(marks[0] if marks else " ")
+
+
+def _stand_in(cluster: str) -> str | None:
+    """The one character :data:`_TOKEN` sees for ``cluster`` (see :func:`_clusters`); None for a
+    cluster of marks and format characters only."""
+    composed = unicodedata.normalize("NFC", cluster)
+    return next((c for c in composed if not _is_mark_or_format(c)), None)
+
+
+def _is_mark_or_format(character: str) -> bool:
+    """Whether ``character`` is a combining mark (Unicode category M*) or an invisible format
+    character (Cf: joiners, direction marks, soft hyphens)."""
+    category = unicodedata.category(character)
+    return category[0] == "M" or category == "Cf"
 
 
 @dataclass

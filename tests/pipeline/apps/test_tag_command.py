@@ -13,6 +13,7 @@ import re
 import shlex
 import subprocess
 import sys
+import unicodedata
 from pathlib import Path
 
 import forkserver
@@ -249,13 +250,43 @@ def test_a_combining_mark_stays_in_its_word():
     """An accent written apart (NFD text, as macOS writes it) and a Devanagari vowel sign are no
     word characters to the pattern: "café" became "cafe" and a bare accent, tagged as a word, and
     Hindi was cut into letters (round 36)."""
-    import unicodedata
-
     assert tokenize(unicodedata.normalize("NFD", "Le café est bon.")) == [
         "Le", unicodedata.normalize("NFD", "café"), "est", "bon", ".",
     ]  # fmt: skip
     assert tokenize("हिन्दी भाषा है।") == ["हिन्दी", "भाषा", "है", "।"]
     assert "".join(tokenize(unicodedata.normalize("NFD", "résumé, déjà"))) == unicodedata.normalize("NFD", "résumé,déjà")
+
+
+@pytest.mark.parametrize(
+    "text, tokens",
+    [
+        ("my 👨\u200d👩\u200d👧 family", ["my", "👨\u200d👩\u200d👧", "family"]),  # an emoji joined by ZWJ is one
+        ("ok 👍🏽 thanks", ["ok", "👍🏽", "thanks"]),  # a skin tone stays on its emoji
+        ("go 🇫🇷🇩🇪 now", ["go", "🇫🇷", "🇩🇪", "now"]),  # a flag is a pair of indicators
+        ("می\u200cخواهم x", ["می\u200cخواهم", "x"]),  # ZWNJ is Persian spelling inside a word
+        ("abc\u200f def", ["abc\u200f", "def"]),  # a direction mark belongs to the character before it
+        ("a \u200f\u200e b", ["a", "b"]),  # standing alone, invisible characters are space
+        ("\u200fabc", ["\u200fabc"]),  # at the start of a word, to the word
+        ("co\u00adop", ["co\u00adop"]),  # a soft hyphen does not cut its word
+        ("foo\u200bbar", ["foo", "bar"]),  # a zero-width space is space
+        ("(\u0301yes)", ["(\u0301", "yes", ")"]),  # a mark on punctuation stays on it
+        ("a \u0301b", ["a", "\u0301b"]),  # a mark with nothing before it joins the next word
+        ("\u0301 a", ["\u0301", "a"]),  # or, standing alone, is a character of its own
+        ("1\ufe0f\u20e3 now", ["1\ufe0f\u20e3", "now"]),  # a keycap
+        ("résumés. and éx. foo", ["résumés", ".", "and", "éx", ".", "foo"]),  # [A-Za-z] abbreviations only
+        ("Le café-au-lait", ["Le", "café-au-lait"]),
+    ],
+)  # fmt: skip
+def test_tokens_are_whole_grapheme_clusters_in_nfc_and_nfd_alike(text, tokens):
+    """Tokens are made of what a reader sees as characters (Unicode's grapheme clusters) and are
+    the same for NFC and NFD text: a ZWJ, a skin tone or a flag's second half became a token of
+    its own, invisible joiners and direction marks were tagged, and an NFD "résumés." kept its
+    period where the NFC one lost it (round 37)."""
+    assert tokenize(text) == tokens
+    for form in ("NFC", "NFD"):
+        written = unicodedata.normalize(form, text)
+        assert tokenize(written) == [unicodedata.normalize(form, token) for token in tokens]
+    assert all(token in text for token in tokenize(text))  # tokens are the text as written
 
 
 def test_tokenizer_splits_like_the_penn_treebank():
