@@ -129,8 +129,9 @@ _BROKEN_USERINFO = re.compile(_SCHEME + r"([^\s@/][^\n@]*\n[^\s@]*)@")
 
 
 def _hidden_userinfo(userinfo: str) -> str:
-    user, colon, _ = userinfo.partition(":")
-    return f"{user}:***" if colon and user and not set(user) & {"/", "@"} else "***"  # a user alone may be a token
+    # the user goes too: it may be the token itself (GitHub's https://<token>:x-oauth-basic@,
+    # an API key with an empty password)
+    return "***"
 
 
 def _hidden(found: re.Match) -> str:
@@ -155,8 +156,8 @@ def _hidden_value(found: re.Match) -> str:
 
 def redacted(text: str) -> str:
     """``text`` with the secret of every URL in it hidden: ``scheme://user:password@`` becomes
-    ``scheme://user:***@`` (a password holding a raw ``/``, ``@``, space or line break included), a user name
-    alone (an access token) ``scheme://***@``, and the value of a query or fragment parameter whose
+    ``scheme://***@``, user and all (the user may be the token; a password holding a raw ``/``, ``@``, space or
+    line break included), and the value of a query or fragment parameter whose
     name (percent-decoded) holds a word of a secret (``?token=``, ``&api_key=``,
     ``&X-Amz-Signature=``, ``?pass=``, ``?pw=``, ``?session=``, ``#access_token=``) ``***``; for
     logs, run parameters and results files."""

@@ -19,20 +19,22 @@ from pipeline.tracking import TrackingUnavailable, check_reachable
 @pytest.mark.parametrize(
     ("url", "shown"),
     [
-        ("http://user:s3cret@127.0.0.1:1/x.gz", "http://user:***@127.0.0.1:1/x.gz"),
+        ("http://user:s3cret@127.0.0.1:1/x.gz", "http://***@127.0.0.1:1/x.gz"),
         ("http://:s3cret@host/x", "http://***@host/x"),  # no user name
         ("https://s3cret@host/x", "https://***@host/x"),  # an access token as the user name
-        ("http://u:s3/cret@host:1/t.gz", "http://u:***@host:1/t.gz"),  # a raw "/" in the password
-        ("http://u:s3@cret@host:1/t.gz", "http://u:***@host:1/t.gz"),  # a raw "@" in it
-        ("postgresql+psycopg://u:s3cret@db:5432/optuna", "postgresql+psycopg://u:***@db:5432/optuna"),
+        ("https://T0KEN:x-oauth-basic@github.com/o/r", "https://***@github.com/o/r"),  # a token, then a placeholder
+        ("https://sk_live_K3Y:@api.example.org/v1", "https://***@api.example.org/v1"),  # an API key, empty password
+        ("http://u:s3/cret@host:1/t.gz", "http://***@host:1/t.gz"),  # a raw "/" in the password
+        ("http://u:s3@cret@host:1/t.gz", "http://***@host:1/t.gz"),  # a raw "@" in it
+        ("postgresql+psycopg://u:s3cret@db:5432/optuna", "postgresql+psycopg://***@db:5432/optuna"),
         ("http://h/t.gz?token=s3cret", "http://h/t.gz?token=***"),  # a secret in the query
         ("https://h/t.gz?v=2&X-Amz-Signature=s3cret&x=1", "https://h/t.gz?v=2&X-Amz-Signature=***&x=1"),
         ("https://h/t.gz?api_key=s3cret#part", "https://h/t.gz?api_key=***#part"),
         ("https://h/t.gz?page=2&lang=en", "https://h/t.gz?page=2&lang=en"),  # no secret named
-        ("http://u:horse battery@h:1/t.gz", "http://u:***@h:1/t.gz"),  # a space in the password (round 22)
-        ("http://u:horse\u00a0battery@h:1/t.gz", "http://u:***@h:1/t.gz"),  # a no-break space (round 23)
-        ("postgresql://u:a\u3000b@h:1/db", "postgresql://u:***@h:1/db"),  # an ideographic space
-        ("View run at: http://u:a b@h:1/#/runs/1 ok", "View run at: http://u:***@h:1/#/runs/1 ok"),
+        ("http://u:horse battery@h:1/t.gz", "http://***@h:1/t.gz"),  # a space in the password (round 22)
+        ("http://u:horse\u00a0battery@h:1/t.gz", "http://***@h:1/t.gz"),  # a no-break space (round 23)
+        ("postgresql://u:a\u3000b@h:1/db", "postgresql://***@h:1/db"),  # an ideographic space
+        ("View run at: http://u:a b@h:1/#/runs/1 ok", "View run at: http://***@h:1/#/runs/1 ok"),
         ("http://h/t#access_token=s3cret&x=1", "http://h/t#access_token=***&x=1"),  # a token in the fragment
         # other names of a password or token, and a name percent-encoded (the server decodes it: "token")
         (
@@ -42,42 +44,42 @@ from pipeline.tracking import TrackingUnavailable, check_reachable
         ("sqlite:////tmp/a@b/mlflow.db", "sqlite:////tmp/a@b/mlflow.db"),  # a path, no secret
         ("see http://host/x and write to a@b.org", "see http://***@b.org"),  # read as a spaced password: over-hidden
         ("http://host/x then http://h/y", "http://host/x then http://h/y"),  # no "@": nothing to hide
-        ("http://u:horse Batt/Stap1e@h:1/t.gz", "http://u:***@h:1/t.gz"),  # a space and a "/" (round 24)
-        ("http://u:horse\nStap1e@h:1/t.gz", "http://u:***@h:1/t.gz"),  # a line break (an environment variable)
-        ("store http://u:horse Batt\nStap1e@h:1 (x)", "store http://u:***@h:1 (x)"),
+        ("http://u:horse Batt/Stap1e@h:1/t.gz", "http://***@h:1/t.gz"),  # a space and a "/" (round 24)
+        ("http://u:horse\nStap1e@h:1/t.gz", "http://***@h:1/t.gz"),  # a line break (an environment variable)
+        ("store http://u:horse Batt\nStap1e@h:1 (x)", "store http://***@h:1 (x)"),
         ("see http://host/x\n  email: a@b.org", "see http://host/x\n  email: a@b.org"),  # the next line: no secret
         ("http://h/t?token=abc;SeCr3t&v=1", "http://h/t?token=***&v=1"),  # a ";" in the value: sent as part of it (round 25)
         ("http://h/t?v=1;token=SeCr3t&w=2", "http://h/t?v=1;token=***&w=2"),  # a ";" between parameters
         ("http://h/t?v=1;w=2", "http://h/t?v=1;w=2"),
         # a path-only URL (no user) quoted beside a store's URL with a secret: both stay readable (round 32)
-        ("A=sqlite:////tmp/t.db and B=http://u:s3cret@h:9 name two", "A=sqlite:////tmp/t.db and B=http://u:***@h:9 name two"),
+        ("A=sqlite:////tmp/t.db and B=http://u:s3cret@h:9 name two", "A=sqlite:////tmp/t.db and B=http://***@h:9 name two"),
         (
             "the store sqlite:////tmp/a.db, not http://tok@h:5000/ here",
             "the store sqlite:////tmp/a.db, not http://***@h:5000/ here",
         ),
         # a "/" too many before the user: no host to send it to, but a secret all the same (round 33)
-        ("http:///u:s3cret@127.0.0.1:9", "http:///u:***@127.0.0.1:9"),
-        ("store http:///u:horse battery@h:1 (x)", "store http:///u:***@h:1 (x)"),
-        ("postgresql:////u:s3cret@db/x", "postgresql:////u:***@db/x"),
+        ("http:///u:s3cret@127.0.0.1:9", "http:///***@127.0.0.1:9"),
+        ("store http:///u:horse battery@h:1 (x)", "store http:///***@h:1 (x)"),
+        ("postgresql:////u:s3cret@db/x", "postgresql:////***@db/x"),
         ("sqlite+pysqlite:////tmp/a@b/mlflow.db", "sqlite+pysqlite:////tmp/a@b/mlflow.db"),  # paths, no user
         ("file:///tmp/a@b/mlruns", "file:///tmp/a@b/mlruns"),
         # a user and password where SQLite's and a file's URLs hold a host (round 34: shown in clear)
-        ("sqlite://u:s3cret@localhost/x.db", "sqlite://u:***@localhost/x.db"),
-        ("sqlite+pysqlite://u:s3cret@h/x.db", "sqlite+pysqlite://u:***@h/x.db"),
-        ("file://u:s3cret@host/mlruns", "file://u:***@host/mlruns"),
+        ("sqlite://u:s3cret@localhost/x.db", "sqlite://***@localhost/x.db"),
+        ("sqlite+pysqlite://u:s3cret@h/x.db", "sqlite+pysqlite://***@h/x.db"),
+        ("file://u:s3cret@host/mlruns", "file://***@host/mlruns"),
         # a server's URL with fewer slashes (round 34)
-        ("http:/u:s3cret@127.0.0.1:9", "http:/u:***@127.0.0.1:9"),
-        ("http:u:s3cret@127.0.0.1:9", "http:u:***@127.0.0.1:9"),
-        ("postgresql+psycopg:u:s3cret@db/x", "postgresql+psycopg:u:***@db/x"),
+        ("http:/u:s3cret@127.0.0.1:9", "http:/***@127.0.0.1:9"),
+        ("http:u:s3cret@127.0.0.1:9", "http:***@127.0.0.1:9"),
+        ("postgresql+psycopg:u:s3cret@db/x", "postgresql+psycopg:***@db/x"),
         ("note: write to a@b.org", "note: write to a@b.org"),  # prose with a colon: no scheme
         # schemes in capitals, and the short form of any scheme (round 35)
-        ("HTTP:u:s3cret@h", "HTTP:u:***@h"),
-        ("HTTPS:/u:s3cret@h", "HTTPS:/u:***@h"),
-        ("POSTGRESQL:u:s3cret@db", "POSTGRESQL:u:***@db"),
-        ("HTTP://u:s3cret@h/x", "HTTP://u:***@h/x"),
+        ("HTTP:u:s3cret@h", "HTTP:***@h"),
+        ("HTTPS:/u:s3cret@h", "HTTPS:/***@h"),
+        ("POSTGRESQL:u:s3cret@db", "POSTGRESQL:***@db"),
+        ("HTTP://u:s3cret@h/x", "HTTP://***@h/x"),
         ("SQLITE:////tmp/a@b/mlflow.db", "SQLITE:////tmp/a@b/mlflow.db"),
-        ("mlflow-artifacts:u:s3cret@h", "mlflow-artifacts:u:***@h"),
-        ("s3:/u:s3cret@bucket", "s3:/u:***@bucket"),
+        ("mlflow-artifacts:u:s3cret@h", "mlflow-artifacts:***@h"),
+        ("s3:/u:s3cret@bucket", "s3:/***@bucket"),
         ("file:/tmp/a@b/mlruns", "file:/tmp/a@b/mlruns"),
     ],
 )
@@ -90,12 +92,12 @@ def test_the_secret_of_every_url_is_hidden(url, shown):
 @pytest.mark.parametrize(
     ("url", "shown"),
     [  # a whole URL written with fewer slashes, its password holding a space or a "/" (round 36)
-        ("https:/u:horse battery@h:1/x", "https:/u:***@h:1/x"),
-        ("postgresql:u:a/b@db/x", "postgresql:u:***@db/x"),
-        ("HTTP:u:a\tb@h", "HTTP:u:***@h"),
+        ("https:/u:horse battery@h:1/x", "https:/***@h:1/x"),
+        ("postgresql:u:a/b@db/x", "postgresql:***@db/x"),
+        ("HTTP:u:a\tb@h", "HTTP:***@h"),
         ("sqlite:/tmp/a@b.db", "sqlite:/tmp/a@b.db"),  # a path
-        (" https:u:SEK RET@h", "https:u:***@h"),  # padded or quoted, as a variable may hold it (round 37)
-        ("' https://u:SEK RET@h/x'", "https://u:***@h/x"),
+        (" https:u:SEK RET@h", "https:***@h"),  # padded or quoted, as a variable may hold it (round 37)
+        ("' https://u:SEK RET@h/x'", "https://***@h/x"),
         ("C:/data/a@b.txt", "C:/***@b.txt"),  # read as a URL: over-hidden, nothing shown
     ],
 )
@@ -110,7 +112,7 @@ def test_an_unreachable_tracking_server_is_one_line_without_its_password():
     port = free_port()  # nothing listens there
     refused = composition_refusal([f"tracking.uri=http://u:s3cret@127.0.0.1:{port}"])
     assert refused is not None and "\n" not in refused and "is not reachable" in refused, refused
-    assert "s3cret" not in redacted(refused) and f"http://u:***@127.0.0.1:{port}" in redacted(refused)
+    assert "s3cret" not in redacted(refused) and f"http://***@127.0.0.1:{port}" in redacted(refused)
     with pytest.raises(TrackingUnavailable) as unreachable:
         check_reachable(f"http://u:s3cret@127.0.0.1:{port}")
     assert "s3cret" not in str(unreachable.value) and "fix tracking.uri or MLFLOW_TRACKING_URI" in str(unreachable.value)
@@ -123,7 +125,7 @@ def test_a_database_server_that_does_not_answer_is_one_line_at_once():
     pytest.importorskip("psycopg")
     from pipeline.apps.model_benchmark import free_port
 
-    with pytest.raises(TrackingUnavailable, match=r"^the database server of postgresql\+psycopg://u:\*\*\*@127\.0\.0\.1:"):
+    with pytest.raises(TrackingUnavailable, match=r"^the database server of postgresql\+psycopg://\*\*\*@127\.0\.0\.1:"):
         check_reachable(f"postgresql+psycopg://u:s3cret@127.0.0.1:{free_port()}/db", timeout=2)
 
 
@@ -161,7 +163,7 @@ def test_the_lines_a_run_prints_name_its_store_without_the_password():
     from pipeline.tracking import store_hint
 
     line = store_hint("http://u:s3cret@127.0.0.1:5000", "r1", "1")
-    assert line == "http://u:***@127.0.0.1:5000/#/experiments/1/runs/r1"
+    assert line == "http://***@127.0.0.1:5000/#/experiments/1/runs/r1"
     assert "s3cret" not in store_hint("postgresql://u:s3cret@db/mlflow", "r1", "1")
 
 

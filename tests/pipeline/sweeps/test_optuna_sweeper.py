@@ -176,7 +176,7 @@ def test_storage_defaults_beside_the_mlflow_store(tmp_path, monkeypatch):
     (tmp_path / "studies").mkdir()
     assert search.storage_url("sqlite:///studies/a.db", "outputs") == f"sqlite:///{tmp_path / 'studies' / 'a.db'}"
     assert search.storage_url("postgresql+psycopg://u:secret@db:5432/optuna", "x").endswith("@db:5432/optuna")
-    assert search.shown_url("postgresql+psycopg://u:secret@db:5432/optuna") == "postgresql+psycopg://u:***@db:5432/optuna"
+    assert search.shown_url("postgresql+psycopg://u:secret@db:5432/optuna") == "postgresql+psycopg://***@db:5432/optuna"
     with pytest.raises(SweeperSettingError, match="database URL"):
         search.storage_url("optuna.db", "outputs")
     with pytest.raises(SweeperSettingError, match="in-memory"):
