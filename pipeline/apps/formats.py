@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import itertools
 import json
 import logging
 import re
@@ -150,8 +151,8 @@ def _clusters(line: str) -> tuple[list[int], str]:
     match: ``(bounds, skeleton)``, where skeleton character ``i`` stands for ``line[bounds[i]:
     bounds[i + 1]]`` (``bounds`` has one more entry than ``skeleton``).
 
-    The stand-in is the cluster's NFC form when that is one character (``e`` + U+0301 is ``é``,
-    so NFC and NFD text give the same tokens), else its first character that is no mark or
+    The stand-in of a cluster of several characters is its NFC form when that is one character
+    (``e`` + U+0301 is ``é``, so NFC and NFD text give the same tokens), else its first character that is no mark or
     format character (an emoji sequence stands as its first emoji, a flag as its first
     indicator). Invisible format characters (direction marks, soft hyphens, joiners) belong to
     the character before them, as Unicode's word rules have it (UAX #29, WB4), or to the one
@@ -162,8 +163,14 @@ def _clusters(line: str) -> tuple[list[int], str]:
     bounds: list[int] = []
     skeleton: list[str] = []
     orphan = -1  # where a run of marks and format characters with nothing before it began
-    for found in _CLUSTER.finditer(line):
-        text, start = found.group(), found.start()
+    clusters = _CLUSTER.findall(line)
+    special = set(_NEEDS_CLUSTERS.findall(line))
+    for text, start in zip(clusters, itertools.accumulate(map(len, clusters), initial=0)):
+        if len(text) == 1 and text not in special and not text.isspace():  # most are one plain character
+            bounds.append(orphan if orphan >= 0 else start)
+            skeleton.append(text)
+            orphan = -1
+            continue
         if text[0].isspace() or text[0] == _ZERO_WIDTH_SPACE:
             _close_orphan(line, orphan, start, bounds, skeleton)
             bounds.append(start)
@@ -198,6 +205,8 @@ def _close_orphan(line: str, orphan: int, end: int, bounds: list[int], skeleton:
 def _stand_in(cluster: str) -> str | None:
     """The one character :data:`_TOKEN` sees for ``cluster`` (see :func:`_clusters`); None for a
     cluster of marks and format characters only."""
+    if len(cluster) == 1:  # as itself, as on a line that needs no clusters (NFC would turn a Kelvin sign into K)
+        return None if _is_mark_or_format(cluster) else cluster
     composed = unicodedata.normalize("NFC", cluster)
     return next((c for c in composed if not _is_mark_or_format(c)), None)
 

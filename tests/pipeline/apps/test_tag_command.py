@@ -289,6 +289,27 @@ def test_tokens_are_whole_grapheme_clusters_in_nfc_and_nfd_alike(text, tokens):
     assert all(token in text for token in tokenize(text))  # tokens are the text as written
 
 
+def test_random_text_gives_the_same_tokens_in_nfc_and_nfd_and_loses_no_visible_character():
+    """Seeded random lines of letters, accents written apart, emoji, joiners, direction marks,
+    flags, punctuation and spaces: the tokens are the line's visible characters in order, none is
+    made of invisible characters only, and NFC and NFD lines give the same tokens."""
+    from pipeline.apps.formats import _clusters
+
+    pieces = ["a", "e", "s", "S", "x", "é", "e\u0301", "\u0301", "\u200d", "\u200c", "\u200f", "\u00ad", "👍", "🏽",
+              "🇫", "🇷", "क", "ि", ".", ",", "(", "'", "-", "3", " ", " ", "\u200b", "\ufe0f", "Mr"]  # fmt: skip
+    rng = np.random.default_rng(7)
+    for _ in range(400):
+        line = "".join(rng.choice(pieces, size=int(rng.integers(1, 12))))
+        tokens = tokenize(line)
+        assert all(token.strip() and not all(unicodedata.category(c) == "Cf" for c in token) for token in tokens), line
+        visible = [c for c in line if not c.isspace() and unicodedata.category(c) != "Cf"]
+        assert [c for c in "".join(tokens) if unicodedata.category(c) != "Cf"] == visible, repr(line)
+        nfd = tokenize(unicodedata.normalize("NFD", line))
+        assert [unicodedata.normalize("NFC", t) for t in nfd] == [unicodedata.normalize("NFC", t) for t in tokens], repr(line)
+    for line in ["Mr. Smith of AT&T Corp. said 3.5% in Sept.", "I don't think it's Dr. Jones's car, etc. ..."]:
+        assert _clusters(line) == (list(range(len(line) + 1)), line)  # lines that need no clusters stand as themselves
+
+
 def test_tokenizer_splits_like_the_penn_treebank():
     assert tokenize("Cannot wait, I'm gonna go; wanna gotta gimme lemme. Canon gonnad") == [
         "Can", "not", "wait", ",", "I", "'m", "gon", "na", "go", ";", "wan", "na", "got", "ta", "gim", "me", "lem", "me", ".",
