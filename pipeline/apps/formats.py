@@ -57,7 +57,7 @@ import logging
 import re
 import sys
 import unicodedata
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -139,10 +139,14 @@ def tokenize(line: str, how: str = "punct") -> list[str]:
     return [line[bounds[found.start()] : bounds[found.end()]] for found in _TOKEN.finditer(skeleton)]
 
 
-# what makes a line need grapheme clusters: combining marks, invisible format characters (ZWJ, ZWNJ,
-# direction marks, soft hyphens), regional indicators (flags), emoji skin tones, a zero-width space
-_NEEDS_CLUSTERS = regex.compile(r"[\p{M}\p{Cf}\p{Regional_Indicator}\p{Emoji_Modifier}]")
+# what makes a line need grapheme clusters: combining marks, format characters (ZWJ, ZWNJ, direction
+# marks, soft hyphens), other invisible ones (variation selectors, Hangul fillers), regional
+# indicators (flags), emoji skin tones
+_NEEDS_CLUSTERS = regex.compile(r"[\p{M}\p{Cf}\p{Default_Ignorable_Code_Point}\p{Regional_Indicator}\p{Emoji_Modifier}]")
 _CLUSTER = regex.compile(r"\X")  # an extended grapheme cluster (Unicode UAX #29): what a reader sees as one character
+# characters that show nothing of their own (Unicode's default-ignorable code points: joiners, direction
+# marks, soft hyphens, variation selectors, a byte-order mark, Hangul fillers, a zero-width space)
+_INVISIBLE = regex.compile(r"\p{Default_Ignorable_Code_Point}")
 _ZERO_WIDTH_SPACE = "\u200b"
 
 
@@ -152,20 +156,19 @@ def _clusters(line: str) -> tuple[list[int], str]:
     bounds[i + 1]]`` (``bounds`` has one more entry than ``skeleton``).
 
     The stand-in of a cluster of several characters is its NFC form when that is one character
-    (``e`` + U+0301 is ``é``, so NFC and NFD text give the same tokens), else its first character that is no mark or
-    format character (an emoji sequence stands as its first emoji, a flag as its first
-    indicator). Invisible format characters (direction marks, soft hyphens, joiners) belong to
-    the character before them, as Unicode's word rules have it (UAX #29, WB4), or to the one
-    after them at the start of a word; standing alone between spaces they count as space, as
-    does a zero-width space. A combining mark with no letter before it joins the next word, or
-    stands alone as a visible character.
+    (``e`` + U+0301 is ``é``, so NFC and NFD text give the same tokens), else its first character
+    that is no mark or format character (an emoji sequence stands as its first emoji, a flag as its
+    first indicator). Marks and invisible characters (direction marks, soft hyphens, joiners,
+    variation selectors) after a character belong to it, as Unicode's word rules have it (UAX #29,
+    WB4). With nothing before them (at the line's start or after a space), invisible characters
+    count as space (so does a zero-width space) and a run of marks joins the next word, or stands
+    alone as a visible character: a token never starts with an invisible character.
     """
     bounds: list[int] = []
     skeleton: list[str] = []
-    orphan = -1  # where a run of marks and format characters with nothing before it began
-    clusters = _CLUSTER.findall(line)
+    orphan = -1  # where a run of visible marks with nothing before it began
     special = set(_NEEDS_CLUSTERS.findall(line))
-    for text, start in zip(clusters, itertools.accumulate(map(len, clusters), initial=0)):
+    for text, start in _spaced_clusters(line):
         if len(text) == 1 and text not in special and not text.isspace():  # most are one plain character
             bounds.append(orphan if orphan >= 0 else start)
             skeleton.append(text)
@@ -175,16 +178,15 @@ def _clusters(line: str) -> tuple[list[int], str]:
             _close_orphan(line, orphan, start, bounds, skeleton)
             bounds.append(start)
             skeleton.append(" ")
-            rest = text[1:]  # marks \X puts on a space have nothing before them
-            orphan = start + 1 if rest and not rest.isspace() else -1
+            orphan = _first_visible(text, 1, start)  # marks \X puts on a space have nothing before them
             continue
         stand_in = _stand_in(text)
-        if stand_in is None:  # marks and format characters only
+        if stand_in is None:  # marks and invisible characters only
             if orphan < 0 and skeleton and skeleton[-1] != " ":
                 continue  # they belong to the character before them (its span grows on to the next start)
-            orphan = start if orphan < 0 else orphan
+            orphan = orphan if orphan >= 0 else _first_visible(text, 0, start)
             continue
-        bounds.append(orphan if orphan >= 0 else start)
+        bounds.append(orphan if orphan >= 0 else _first_visible(text, 0, start))  # invisible ones go before
         skeleton.append(stand_in)
         orphan = -1
     _close_orphan(line, orphan, len(line), bounds, skeleton)
@@ -192,30 +194,52 @@ def _clusters(line: str) -> tuple[list[int], str]:
     return bounds, "".join(skeleton)
 
 
+def _spaced_clusters(line: str) -> Iterator[tuple[str, int]]:
+    """``line``'s grapheme clusters and where each starts, a cluster cut before a space in it (an
+    Arabic number sign before a space is one cluster to Unicode: a token must not hold the space)."""
+    clusters = _CLUSTER.findall(line)
+    for text, start in zip(clusters, itertools.accumulate(map(len, clusters), initial=0)):
+        space = _SPACE_AFTER_FIRST.search(text) if len(text) > 1 else None
+        if space is None:
+            yield text, start
+        else:
+            yield text[: space.start()], start
+            yield text[space.start() :], start + space.start()
+
+
+_SPACE_AFTER_FIRST = regex.compile(r"(?<=.)\s")
+
+
+def _first_visible(text: str, begin: int, start: int) -> int:
+    """Where in the line (``text`` starts at ``start``) the first character of ``text[begin:]``
+    that is neither space nor invisible is, or -1."""
+    return next((start + i for i in range(begin, len(text)) if not (text[i].isspace() or _INVISIBLE.match(text[i]))), -1)
+
+
 def _close_orphan(line: str, orphan: int, end: int, bounds: list[int], skeleton: list[str]) -> None:
-    """A run ``line[orphan:end]`` of marks and format characters between spaces (or the line's
-    ends): a visible character of its own if it holds a mark, else space. ``orphan < 0``: none."""
-    if orphan < 0 or orphan == end:
+    """A run ``line[orphan:end]`` of marks with nothing before or after it (a space or the line's
+    ends), starting with a visible one: a character of its own. ``orphan < 0``: none."""
+    if orphan < 0:
         return
-    marks = [c for c in line[orphan:end] if not unicodedata.category(c) == "Cf"]
     bounds.append(orphan)
-    skeleton.append(marks[0] if marks else " ")
+    skeleton.append(line[orphan])
 
 
 def _stand_in(cluster: str) -> str | None:
     """The one character :data:`_TOKEN` sees for ``cluster`` (see :func:`_clusters`); None for a
-    cluster of marks and format characters only."""
+    cluster of marks and invisible characters only."""
     if len(cluster) == 1:  # as itself, as on a line that needs no clusters (NFC would turn a Kelvin sign into K)
-        return None if _is_mark_or_format(cluster) else cluster
+        return None if _attaches(cluster) else cluster
     composed = unicodedata.normalize("NFC", cluster)
-    return next((c for c in composed if not _is_mark_or_format(c)), None)
+    return next((c for c in composed if not _attaches(c)), None)
 
 
-def _is_mark_or_format(character: str) -> bool:
-    """Whether ``character`` is a combining mark (Unicode category M*) or an invisible format
-    character (Cf: joiners, direction marks, soft hyphens)."""
+def _attaches(character: str) -> bool:
+    """Whether ``character`` goes with a character next to it: a combining mark (Unicode category
+    M*), a format character (Cf: joiners, direction marks, soft hyphens, Arabic number signs) or an
+    invisible one (a variation selector, a Hangul filler)."""
     category = unicodedata.category(character)
-    return category[0] == "M" or category == "Cf"
+    return category[0] == "M" or category == "Cf" or _INVISIBLE.match(character) is not None
 
 
 @dataclass

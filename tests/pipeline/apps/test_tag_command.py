@@ -266,7 +266,10 @@ def test_a_combining_mark_stays_in_its_word():
         ("می\u200cخواهم x", ["می\u200cخواهم", "x"]),  # ZWNJ is Persian spelling inside a word
         ("abc\u200f def", ["abc\u200f", "def"]),  # a direction mark belongs to the character before it
         ("a \u200f\u200e b", ["a", "b"]),  # standing alone, invisible characters are space
-        ("\u200fabc", ["\u200fabc"]),  # at the start of a word, to the word
+        ("\u200fabc", ["abc"]),  # with nothing before them, space: a token never starts with one
+        ("The cat \ufeffsat .", ["The", "cat", "sat", "."]),  # a byte-order mark where files were joined (round 38)
+        ("a \ufe0f \u034f \u3164 \u115f\u1160 b", ["a", "b"]),  # variation selector, CGJ, Hangul fillers alone
+        ("a \u0600 b", ["a", "\u0600", "b"]),  # a visible format character (Arabic number sign) alone is one
         ("co\u00adop", ["co\u00adop"]),  # a soft hyphen does not cut its word
         ("foo\u200bbar", ["foo", "bar"]),  # a zero-width space is space
         ("(\u0301yes)", ["(\u0301", "yes", ")"]),  # a mark on punctuation stays on it
@@ -293,17 +296,24 @@ def test_random_text_gives_the_same_tokens_in_nfc_and_nfd_and_loses_no_visible_c
     """Seeded random lines of letters, accents written apart, emoji, joiners, direction marks,
     flags, punctuation and spaces: the tokens are the line's visible characters in order, none is
     made of invisible characters only, and NFC and NFD lines give the same tokens."""
+    import regex
+
+    from crf.bundle import check_tokens
     from pipeline.apps.formats import _clusters
 
+    invisible = regex.compile(r"\p{Default_Ignorable_Code_Point}")
+
     pieces = ["a", "e", "s", "S", "x", "é", "e\u0301", "\u0301", "\u200d", "\u200c", "\u200f", "\u00ad", "👍", "🏽",
-              "🇫", "🇷", "क", "ि", ".", ",", "(", "'", "-", "3", " ", " ", "\u200b", "\ufe0f", "Mr"]  # fmt: skip
+              "🇫", "🇷", "क", "ि", ".", ",", "(", "'", "-", "3", " ", " ", "\u200b", "\ufe0f", "Mr", "\ufeff", "\u3164",
+              "\u0600", "\u034f"]  # fmt: skip
     rng = np.random.default_rng(7)
     for _ in range(400):
         line = "".join(rng.choice(pieces, size=int(rng.integers(1, 12))))
         tokens = tokenize(line)
-        assert all(token.strip() and not all(unicodedata.category(c) == "Cf" for c in token) for token in tokens), line
-        visible = [c for c in line if not c.isspace() and unicodedata.category(c) != "Cf"]
-        assert [c for c in "".join(tokens) if unicodedata.category(c) != "Cf"] == visible, repr(line)
+        check_tokens({"w": np.array(tokens, dtype=object)}, np.array([0, len(tokens)]))  # what the model takes
+        assert not any(invisible.match(token) for token in tokens), repr(line)  # none starts with an invisible one
+        visible = [c for c in line if not c.isspace() and not invisible.match(c)]
+        assert [c for c in "".join(tokens) if not invisible.match(c)] == visible, repr(line)
         nfd = tokenize(unicodedata.normalize("NFD", line))
         assert [unicodedata.normalize("NFC", t) for t in nfd] == [unicodedata.normalize("NFC", t) for t in tokens], repr(line)
     for line in ["Mr. Smith of AT&T Corp. said 3.5% in Sept.", "I don't think it's Dr. Jones's car, etc. ..."]:
