@@ -156,13 +156,16 @@ def composition_refusal(argv: list[str]) -> str | None:
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from pipeline.sweeps.grid_preflight import composition_problem
+    from pipeline.sweeps.grid_preflight import composition_problem, sweep_override_problem
 
     arguments = [arg for arg in argv if not arg.startswith("-")]
     try:
         overrides = OverridesParser.create().parse_overrides(arguments)
     except Exception:
         return _parse_problem(arguments)
+    problem = sweep_override_problem(overrides, multirun=len(arguments) < len(argv))
+    if problem:
+        return problem
     for override in overrides:
         if override.is_sweep_override() and override.is_hydra_override():  # Hydra refuses it only as the sweep starts
             return (

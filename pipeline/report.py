@@ -128,6 +128,13 @@ _SPACED_USERINFO = re.compile(_SCHEME + r"([^\s@/][^\n]*?[^\S\n][^\n]*)@")
 _BROKEN_USERINFO = re.compile(_SCHEME + r"([^\s@/][^\n@]*\n[^\s@]*)@")
 
 
+# and after any "://" that none of these took for a scheme's ("1https://u:pw@h", "-https://...")
+_ANY_USERINFO = re.compile(r"(://)(?!\*\*\*@)[^\s/]\S*@")
+# a scheme as Hydra escapes it in the overrides it prints ("https\://u\:pw@h"), and Hydra's escapes
+_ESCAPED_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*\\:")
+_HYDRA_ESCAPE = re.compile(r"\\([\\()\[\]{}:=, \t'\"])")
+
+
 def _hidden_userinfo(userinfo: str) -> str:
     # the user goes too: it may be the token itself (GitHub's https://<token>:x-oauth-basic@,
     # an API key with an empty password)
@@ -161,8 +168,11 @@ def redacted(text: str) -> str:
     name (percent-decoded) holds a word of a secret (``?token=``, ``&api_key=``,
     ``&X-Amz-Signature=``, ``?pass=``, ``?pw=``, ``?session=``, ``#access_token=``) ``***``; for
     logs, run parameters and results files."""
-    hidden = _USERINFO.sub(_hidden, _SPACED_USERINFO.sub(_hidden, _BROKEN_USERINFO.sub(_hidden, str(text))))
-    hidden = _SHORT_USERINFO.sub(_hidden, hidden)
+    text = str(text)
+    if _ESCAPED_SCHEME.search(text):  # as Hydra quotes an override (its job lines, a sweep's job label)
+        text = _HYDRA_ESCAPE.sub(r"\1", text)
+    hidden = _USERINFO.sub(_hidden, _SPACED_USERINFO.sub(_hidden, _BROKEN_USERINFO.sub(_hidden, text)))
+    hidden = _SHORT_USERINFO.sub(_hidden, _ANY_USERINFO.sub(r"\1***@", hidden))
     return _QUERY_PARAMETER.sub(_hidden_value, hidden)
 
 
@@ -175,13 +185,13 @@ def shown_url(url: str) -> str:
     file path), then :func:`redacted`, and cut at its first whitespace (a URL that holds one is
     refused, and a secret's value would go on past it)."""
     url = str(url).strip().strip("'\"").strip()  # quoted or padded, as an environment variable may hold it
-    found = _URL_START.match(url)
+    found = _URL_START.search(url)  # a stray character before the scheme ("1https://u:pw@h") included
     if found:  # any number of slashes: "http:u:pw@h" and "http:///u:pw@h" hold a secret all the same
         scheme, slashes, rest = found.groups()
         path_only = scheme.lower().split("+")[0] in ("sqlite", "file") and slashes != "//"  # "sqlite:////a@b/x": no user
         if "@" in rest and not path_only:
             userinfo, _, place = rest.rpartition("@")
-            url = f"{scheme}:{slashes}{_hidden_userinfo(userinfo)}@{place}"
+            url = f"{url[: found.start()]}{scheme}:{slashes}{_hidden_userinfo(userinfo)}@{place}"
     shown = redacted(url)
     return shown if shown.split() == [shown] else (shown.split() or [""])[0] + " ..."
 

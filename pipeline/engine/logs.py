@@ -15,6 +15,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from pipeline.report import redacted
+
 
 def _key(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~")
@@ -115,7 +117,8 @@ def job_label() -> str:
 
 
 class JobContext(logging.Filter):
-    """Adds ``record.job`` (see the module docstring); computed once per configured job."""
+    """Adds ``record.job`` (see the module docstring), a URL's secret in it hidden; computed once
+    per configured job."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -124,8 +127,25 @@ class JobContext(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if self.label is None:
             try:
-                self.label = job_label()
+                self.label = redacted(job_label())
             except Exception:  # never lose a log line over its label
                 self.label = ""
         record.job = self.label
+        return True
+
+
+class Redacted(logging.Filter):
+    """Hides a URL's secret in every record a handler writes (:func:`pipeline.report.redacted`):
+    also in the lines of Hydra and of other libraries, which quote the command's overrides and
+    the URLs they were given (wired into ``conf/hydra/job_logging/pipeline.yaml`` and
+    ``conf/hydra/hydra_logging/pipeline.yaml``)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # a record whose arguments do not fit its format: left for the handler to report
+            return True
+        shown = redacted(message)
+        if shown != message:
+            record.msg, record.args = shown, None
         return True

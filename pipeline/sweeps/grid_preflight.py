@@ -63,6 +63,29 @@ def composition_problem(error: BaseException) -> str:
     return f"{where}: {first}" if where and where not in first else first
 
 
+# settings a sweep cannot vary: its parent run and its jobs' runs go to one tracking store
+UNSWEPT = ("tracking.uri",)
+
+
+def sweep_override_problem(overrides: list[Any], multirun: bool) -> str | None:
+    """Why a command line's sweep overrides (``a,b``, ``range()``, ``choice()``; parsed by Hydra's
+    ``OverridesParser``) cannot run, in one line that quotes no value (a comma may be part of a
+    password), or None: one without ``-m`` (Hydra prints the value in an "Ambiguous value"
+    message), or a sweep over a setting of :data:`UNSWEPT`."""
+    for override in overrides:
+        if not override.is_sweep_override():
+            continue
+        key = override.key_or_group
+        if not multirun:
+            return (
+                f"bad setting {key}: its value is a list of values (a comma, range() or choice()), which only a sweep (-m) "
+                f"takes; to give one value with a comma in it, quote it ({key}='\"...\"') or escape the comma (\\,)"
+            )
+        if key in UNSWEPT:
+            return f"bad setting {key}: a sweep's runs all go to one tracking store; run one sweep per store"
+    return None
+
+
 MAX_RANGE = 100_000  # values of a range that is listed (a grid's, an Optuna choice of floats): more is a typo
 
 

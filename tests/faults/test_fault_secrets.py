@@ -98,11 +98,96 @@ def test_the_secret_of_every_url_is_hidden(url, shown):
         ("sqlite:/tmp/a@b.db", "sqlite:/tmp/a@b.db"),  # a path
         (" https:u:SEK RET@h", "https:***@h"),  # padded or quoted, as a variable may hold it (round 37)
         ("' https://u:SEK RET@h/x'", "https://***@h/x"),
+        ("1https://TOKUSER:SEKRIT@h:9", "1https://***@h:9"),  # a stray character before the scheme (round 38)
+        ("-https://TOKUSER:SEKRIT@h:9", "-https://***@h:9"),
         ("C:/data/a@b.txt", "C:/***@b.txt"),  # read as a URL: over-hidden, nothing shown
     ],
 )
 def test_a_whole_url_with_fewer_slashes_is_quoted_without_its_secret(url, shown):
     assert shown_url(url) == shown
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        r"[#0 tracking.uri=postgresql\://TOKUSER\:SEKRIT@127.0.0.1\:9/db]",  # a sweep's job label
+        r"\t#0 : tracking.uri=https\://TOKUSER\:SEK\,RIT@127.0.0.1\:9 trainer.c2=0.1",  # Hydra's launch line
+    ],
+)
+def test_a_url_as_hydra_escapes_it_is_shown_without_its_secret(text):
+    """Hydra writes an override's ':' as '\\:' in the lines it prints and in a job's label: the
+    URL was not recognised and its user and password were printed (round 38)."""
+    shown = redacted(text)
+    assert "TOKUSER" not in shown and "SEK" not in shown and "://***@127.0.0.1:9" in shown, shown
+
+
+def test_hydra_and_job_log_lines_hide_a_url_secret(tmp_path, capsys):
+    """Every handler of Hydra's own logging and of the jobs' logging hides a secret, whatever
+    logger writes the line (Hydra's launcher quotes every override of a job)."""
+    import logging.config
+
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+    from pipeline_helpers import CONF_DIR
+
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+        hydra_cfg = compose("config", return_hydra_config=True).hydra
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    try:
+        for part in ("hydra_logging", "job_logging"):
+            settings = OmegaConf.to_container(hydra_cfg[part], resolve=False)
+            if "file" in settings["handlers"]:
+                settings["handlers"]["file"]["filename"] = str(tmp_path / f"{part}.log")
+            logging.config.dictConfig(settings)
+            logging.getLogger("hydra.core.utils").info(r"\t#0 : tracking.uri=https\://TOKUSER\:SEKRIT@127.0.0.1\:9")
+            logging.getLogger("urllib3.connectionpool").warning("store %s failed", "postgresql://TOKUSER:SEKRIT@db/x")
+            for handler in logging.getLogger().handlers:
+                handler.flush()
+    finally:
+        logging.getLogger().handlers[:] = saved[0]
+        logging.getLogger().setLevel(saved[1])
+    written = capsys.readouterr().out + (tmp_path / "job_logging.log").read_text()
+    assert written.count("://***@") == 6 and "SEKRIT" not in written and "TOKUSER" not in written, written
+
+
+def test_a_failed_grid_job_is_named_by_hydra_without_a_url_secret(capsys):
+    """Hydra writes a failed job's overrides to stderr before its error: the sweep's launcher
+    hides the secret in them first."""
+    from hydra.core.utils import JobReturn, JobStatus
+
+    from hydra_plugins.crf_grid_sweeper.grid_sweeper import StopAwareLauncher
+
+    class Failing:
+        def launch(self, job_overrides, initial_job_idx):
+            return [
+                JobReturn(overrides=list(job), status=JobStatus.FAILED, _return_value=ValueError("x")) for job in job_overrides
+            ]
+
+    results = StopAwareLauncher(Failing()).launch([["tracking.uri=https\\://u\\:s3cret@h\\:9", "trainer.c2=1"]], 0)
+    with pytest.raises(ValueError):
+        _ = results[0].return_value
+    assert "Error executing job" in capsys.readouterr().err and "s3cret" not in str(results[0].overrides)
+
+
+@pytest.mark.parametrize(
+    ("argv", "problem"),
+    [
+        (["tracking.uri=https://TOKUSER:SEK,RIT@127.0.0.1:9"], "its value is a list of values"),
+        (["-m", "tracking.uri=https://TOKUSER:SEKRIT@127.0.0.1:9,https://TOKUSER:SEKRIT@127.0.0.1:8"], "one tracking store"),
+    ],
+)
+def test_a_comma_in_a_password_or_a_sweep_over_stores_is_one_line_that_quotes_no_value(argv, problem, caplog):
+    """A comma (a password may hold one) made Hydra print "Ambiguous value" with the whole value,
+    exit 1; a sweep over tracking stores opened a parent run, then ended in a traceback (round 38)."""
+    from pipeline.__main__ import composition_refusal
+    from pipeline.apps import exit_if_uncomposable
+
+    refused = composition_refusal(argv)
+    assert refused and problem in refused and "SEK" not in refused and "TOKUSER" not in refused, refused
+    with pytest.raises(SystemExit) as ended:
+        exit_if_uncomposable("tag", ["model=models:/x/1", "input=a.txt", *argv])
+    assert ended.value.code == 2 and problem in caplog.text and "SEK" not in caplog.text
 
 
 def test_an_unreachable_tracking_server_is_one_line_without_its_password():
