@@ -156,16 +156,13 @@ def composition_refusal(argv: list[str]) -> str | None:
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from pipeline.sweeps.grid_preflight import composition_problem, sweep_override_problem
+    from pipeline.sweeps.grid_preflight import composition_problem, configured_multirun, sweep_override_problem
 
     arguments = [arg for arg in argv if not arg.startswith("-")]
     try:
         overrides = OverridesParser.create().parse_overrides(arguments)
     except Exception:
         return _parse_problem(arguments)
-    problem = sweep_override_problem(overrides, multirun=len(arguments) < len(argv))
-    if problem:
-        return problem
     for override in overrides:
         if override.is_sweep_override() and override.is_hydra_override():  # Hydra refuses it only as the sweep starts
             return (
@@ -178,10 +175,15 @@ def composition_refusal(argv: list[str]) -> str | None:
     try:
         with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
             cfg = compose("config", overrides=fixed)
+            swept = any(override.is_sweep_override() for override in overrides)
+            lists_allowed = len(arguments) < len(argv) or (swept and configured_multirun("config", fixed))
     except Exception as error:
         return f"bad setting: {composition_problem(error)}"
     finally:
         GlobalHydra.instance().clear()
+    problem = sweep_override_problem(overrides, lists_allowed)
+    if problem:
+        return problem
     from pipeline.tracking import registry_uri, stores_problem, tracking_uri
 
     try:

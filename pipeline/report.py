@@ -112,20 +112,23 @@ def write_json(path: str | Path, value: Any, indent: int | None = 1) -> None:
 # the same), except after SQLite's and a file's "://", where a "/" starts a path ("sqlite:////a@b/x"
 # has no user, "sqlite://u:pw@h/x" has one); schemes in any case ("HTTP://")
 _PATH_SCHEMES = r"(?i:sqlite|file)(?:\+[A-Za-z0-9_]+)?"
-_SCHEME = rf"((?<![A-Za-z0-9+.-])(?:{_PATH_SCHEMES}://|(?!{_PATH_SCHEMES}://)[A-Za-z][A-Za-z0-9+.-]*:///*))"
+_FULL_SCHEME = rf"(?<![A-Za-z0-9+.-])(?:{_PATH_SCHEMES}://|(?!{_PATH_SCHEMES}://)[A-Za-z][A-Za-z0-9+.-]*:///*)"
 # and a scheme written with fewer slashes ("http:u:pw@h", "postgresql:/u:pw@db"): its secret is one
 # too (a word, a colon and a word with "@", "mailto:a@b.org", loses that word: only a log's detail)
-_SHORT_USERINFO = re.compile(rf"((?<![A-Za-z0-9+.-])(?!{_PATH_SCHEMES}:)[A-Za-z][A-Za-z0-9+.-]*:/?)(?!/)([^\s/@][^\s/]*)@")
+_FEWER_SLASHES = rf"(?<![A-Za-z0-9+.-])(?!{_PATH_SCHEMES}:)[A-Za-z][A-Za-z0-9+.-]*:/?(?!/)"
+_SCHEME = f"({_FULL_SCHEME})"
+_ANY_SCHEME = f"({_FULL_SCHEME}|{_FEWER_SLASHES})"
+_SHORT_USERINFO = re.compile(f"({_FEWER_SLASHES})" + r"([^\s/@]\S*)@")  # a raw "/" in the password too
 # scheme://userinfo@: up to the last "@" of the word, so that a password holding a raw "@" or "/"
 # is covered too (a path with "@" in it is hidden along with it, which only costs a log's detail)
 _USERINFO = re.compile(_SCHEME + r"([^\s/]\S*)@")
 # and a user or password holding a raw space (any: a tab, a no-break space): up to the last "@" on
 # the line, so that a raw "/" beside the space is covered too (a line with a URL, a space and a
 # later "@", an e-mail address, loses that stretch as well: only a log's detail)
-_SPACED_USERINFO = re.compile(_SCHEME + r"([^\s@/][^\n]*?[^\S\n][^\n]*)@")
-# and one broken by a raw line break (an environment variable can hold one): the rest of the line,
-# then the next line's first word, when that word ends in "@"
-_BROKEN_USERINFO = re.compile(_SCHEME + r"([^\s@/][^\n@]*\n[^\s@]*)@")
+_SPACED_USERINFO = re.compile(_ANY_SCHEME + r"([^\s@/][^\n]*?[^\S\n][^\n]*)@")
+# and one broken by a raw line break (an environment variable can hold one): the rest of the line
+# (no "/": that would have ended the host), then the next line up to its first "@"
+_BROKEN_USERINFO = re.compile(_ANY_SCHEME + r"([^\s@/][^\n@/]*\n[^\n@]*)@")
 
 
 # and after any "://" that none of these took for a scheme's ("1https://u:pw@h", "-https://...")

@@ -33,23 +33,17 @@ class SweepStopped(Exception):
 
 class StopAwareLauncher:
     """A launcher that starts no batch once the sweep is being stopped (raises :class:`SweepStopped`,
-    whose line :meth:`GridSweeper.sweep` writes) and hides a URL's secret in the overrides of the
-    results it returns, which Hydra prints for a failed job; everything else is the wrapped
-    launcher's."""
+    whose line :meth:`GridSweeper.sweep` writes); everything else is the wrapped launcher's."""
 
     def __init__(self, launcher: Any) -> None:
         self.launcher = launcher
 
     def launch(self, job_overrides: Any, initial_job_idx: int) -> Any:
-        from pipeline.report import redacted
         from pipeline.sweeps.sigterm import SWEEP_STOPPING
 
         if SWEEP_STOPPING.is_set():
             raise SweepStopped(f"jobs #{initial_job_idx} to #{initial_job_idx + len(job_overrides) - 1}")
-        results = self.launcher.launch(job_overrides, initial_job_idx=initial_job_idx)
-        for result in results:  # Hydra writes a failed job's overrides to stderr: a URL's secret hidden in them
-            result.overrides = [redacted(override) for override in result.overrides or ()]
-        return results
+        return self.launcher.launch(job_overrides, initial_job_idx=initial_job_idx)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.launcher, name)

@@ -54,14 +54,13 @@ def exit_if_uncomposable(config_name: str, argv: list[str], check: Callable[[Dic
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     from pipeline.report import redacted
-    from pipeline.sweeps.grid_preflight import composition_problem, sweep_override_problem
+    from pipeline.sweeps.grid_preflight import composition_problem, configured_multirun, sweep_override_problem
 
     arguments = [arg for arg in argv if not arg.startswith("-")]
     GlobalHydra.instance().clear()
     problem = None
     try:
         overrides = OverridesParser.create().parse_overrides(arguments)
-        problem = sweep_override_problem(overrides, multirun=len(arguments) < len(argv))
         fixed = [o.input_line for o in overrides if not o.is_sweep_override()]
         swept = [
             [f"{o.input_line.split('=', 1)[0]}={v}" for v in o.sweep_string_iterator()]
@@ -70,6 +69,8 @@ def exit_if_uncomposable(config_name: str, argv: list[str], check: Callable[[Dic
         ]
         with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
             base = compose(config_name)
+            multirun = len(arguments) < len(argv) or (bool(swept) and configured_multirun(config_name, fixed))
+            problem = sweep_override_problem(overrides, multirun)
             jobs = itertools.islice(itertools.product(*swept), MAX_JOBS_CHECKED if problem is None else 0)
             for number, job in enumerate(jobs):
                 cfg = compose(config_name, overrides=fixed + list(job), return_hydra_config=True)

@@ -139,10 +139,14 @@ def tokenize(line: str, how: str = "punct") -> list[str]:
     return [line[bounds[found.start()] : bounds[found.end()]] for found in _TOKEN.finditer(skeleton)]
 
 
-# what makes a line need grapheme clusters: combining marks, format characters (ZWJ, ZWNJ, direction
-# marks, soft hyphens), other invisible ones (variation selectors, Hangul fillers), regional
-# indicators (flags), emoji skin tones
-_NEEDS_CLUSTERS = regex.compile(r"[\p{M}\p{Cf}\p{Default_Ignorable_Code_Point}\p{Regional_Indicator}\p{Emoji_Modifier}]")
+# what makes a line need grapheme clusters: a character that joins the one before or after it
+# (Unicode's Grapheme_Cluster_Break Extend, SpacingMark, Prepend, ZWJ: combining marks, skin tones,
+# halfwidth voiced marks, a Malayalam dot reph), regional indicators (flags), format characters and
+# other invisible ones (direction marks, soft hyphens, variation selectors, Hangul fillers)
+_NEEDS_CLUSTERS = regex.compile(
+    r"[\p{M}\p{Cf}\p{Default_Ignorable_Code_Point}\p{Grapheme_Cluster_Break=Extend}\p{Grapheme_Cluster_Break=SpacingMark}"
+    r"\p{Grapheme_Cluster_Break=Prepend}\p{Grapheme_Cluster_Break=ZWJ}\p{Grapheme_Cluster_Break=Regional_Indicator}]"
+)
 _CLUSTER = regex.compile(r"\X")  # an extended grapheme cluster (Unicode UAX #29): what a reader sees as one character
 # characters that show nothing of their own (Unicode's default-ignorable code points: joiners, direction
 # marks, soft hyphens, variation selectors, a byte-order mark, Hangul fillers, a zero-width space)

@@ -12,7 +12,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Collection, Sequence
 from pathlib import Path
+from typing import Any
 
+from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
 from pipeline.report import redacted
@@ -149,3 +151,13 @@ class Redacted(logging.Filter):
         if shown != message:
             record.msg, record.args = shown, None
         return True
+
+
+class SecretsHidden(Callback):
+    """A Hydra callback (``hydra.callbacks.secrets_hidden`` in ``conf/common/default.yaml``, so in
+    every app) that hides a URL's secret in a job's overrides as the job ends: Hydra writes them to
+    stderr, not through logging, when a job fails ("Error executing job with overrides: [...]"),
+    in a single run and in each job of a sweep, wherever its launcher runs it."""
+
+    def on_job_end(self, config: Any, job_return: Any, **kwargs: Any) -> None:
+        job_return.overrides = [redacted(override) for override in job_return.overrides or ()]

@@ -85,8 +85,20 @@ def _download(url: str, target: Path, timeout: float) -> None:
 
 def dataset_files(dataset: Mapping) -> dict[str, Mapping]:
     """The files of ``dataset`` by split (``files``: split -> ``path`` and optional ``url`` and
-    ``sha256``), without a split set to null (``dataset.files.dev=null``: no dev file)."""
-    return {split: spec for split, spec in dataset["files"].items() if spec is not None}
+    ``sha256``), without a split set to null (``dataset.files.dev=null``: no dev file). Raises
+    :class:`SettingsError` (one line, quoting no value: a URL given in a file's place may hold a
+    password) for an entry that is no such mapping with a path."""
+    files = dataset.get("files")
+    if not isinstance(files, Mapping):
+        raise SettingsError(f"bad setting dataset.files: split names, each with {_FILE_ENTRY}; got {type(files).__name__}")
+    for split, spec in files.items():
+        if spec is not None and not (isinstance(spec, Mapping) and isinstance(spec.get("path"), str) and spec["path"]):
+            what = f"a {type(spec).__name__}" if not isinstance(spec, Mapping) else "no path"
+            raise SettingsError(f"bad setting dataset.files.{split}: a file is {_FILE_ENTRY}; got {what}")
+    return {split: spec for split, spec in files.items() if spec is not None}
+
+
+_FILE_ENTRY = "{path: <path under data.root>, url: <download URL or null>, sha256: <checksum or null>}"
 
 
 def unavailable_files(dataset: Mapping, root: str | os.PathLike, download: bool = True) -> MissingDataError | None:
@@ -154,13 +166,13 @@ def config_data_problem(cfg: Any) -> str | None:
         root, download = OmegaConf.select(cfg, "data.root"), bool(OmegaConf.select(cfg, "data.download", default=True))
     except Exception:  # an interpolation only Hydra's run resolves: left to the run's own checks
         return None
-    if not isinstance(dataset, dict) or not isinstance(dataset.get("files"), dict) or root is None:
+    if not isinstance(dataset, dict) or root is None:
         return None
     try:
-        problem = unavailable_files(dataset, str(root), download)
         files = {split: Path(str(root)) / spec["path"] for split, spec in dataset_files(dataset).items()}
-    except (TypeError, KeyError, AttributeError):  # a malformed files entry: the run's own checks name it
-        return None
+    except SettingsError as error:  # a malformed files entry
+        return str(error)
+    problem = unavailable_files(dataset, str(root), download)
     if problem is not None:
         return str(problem)
     if download and not all(path.exists() for path in files.values()):

@@ -203,7 +203,7 @@ class SweepTracking(Callback):
             },
         )
         self.parent_run_id = run.info.run_id
-        params = [Param(k, v) for k, v in fixed_params(config).items()]
+        params = [Param(k, v) for k, v in tracking.shown_params(fixed_params(config)).items()]
         for start in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
             client.log_batch(self.parent_run_id, params=params[start : start + 100])
         os.environ[SWEEP_PARENT_VARIABLE] = self.parent_run_id

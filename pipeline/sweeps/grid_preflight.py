@@ -67,11 +67,21 @@ def composition_problem(error: BaseException) -> str:
 UNSWEPT = ("tracking.uri",)
 
 
+def configured_multirun(config_name: str, overrides: list[str]) -> bool:
+    """Whether app ``config_name`` composed with ``overrides`` runs as a multirun without ``-m``
+    (``hydra.mode: MULTIRUN``, as the experiments set it); inside Hydra's ``initialize_config_dir``."""
+    from hydra import compose
+    from hydra.types import RunMode
+
+    return OmegaConf.select(compose(config_name, overrides=overrides, return_hydra_config=True), "hydra.mode") == RunMode.MULTIRUN
+
+
 def sweep_override_problem(overrides: list[Any], multirun: bool) -> str | None:
     """Why a command line's sweep overrides (``a,b``, ``range()``, ``choice()``; parsed by Hydra's
     ``OverridesParser``) cannot run, in one line that quotes no value (a comma may be part of a
-    password), or None: one without ``-m`` (Hydra prints the value in an "Ambiguous value"
-    message), or a sweep over a setting of :data:`UNSWEPT`."""
+    password), or None: one in a run that is no multirun (no ``-m``, no ``hydra.mode: MULTIRUN``;
+    Hydra prints the value in an "Ambiguous value" message), or a sweep over a setting of
+    :data:`UNSWEPT`."""
     for override in overrides:
         if not override.is_sweep_override():
             continue

@@ -145,7 +145,7 @@ def run_path(cfg: DictConfig, trial_tags: dict[str, str] | None = None, store: M
         run_name="-".join([*prefix, "path"]),
         tags={**tags, "stage": "path", **({"mlflow.parentRunId": parent} if parent else {})},
     )
-    params = [Param(k, v) for k, v in tracking.flatten(OmegaConf.to_container(cfg, resolve=True)).items()]
+    params = [Param(k, v) for k, v in tracking.shown_params(tracking.flatten(OmegaConf.to_container(cfg, resolve=True))).items()]
     for start in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
         client.log_batch(run.info.run_id, params=params[start : start + 100])
     log.info("[path %s] %d strengths of trainer=%s, strongest first: %s", path_id, len(strengths), cfg.trainer.name, strengths)

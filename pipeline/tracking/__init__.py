@@ -353,10 +353,16 @@ def source_tags() -> dict[str, str]:
     return {**({GIT_COMMIT_TAG: commit} if commit != "unknown" else {}), **lifecycle.owner_tags()}
 
 
+def shown_params(params: Mapping[str, Any]) -> dict[str, Any]:
+    """``params`` as a run records them: a URL's user and password as ``***`` (a dataset's download
+    URL, a store's URL may hold them)."""
+    return {key: redacted(value) if isinstance(value, str) else value for key, value in params.items()}
+
+
 def log_params(params: Mapping[str, Any]) -> None:
-    """Log params (``log_batch`` splits them into MLflow's per-call limits itself), a URL's password
-    as ``***`` (a dataset's download URL may hold one)."""
-    mlflow.log_params({key: redacted(value) if isinstance(value, str) else value for key, value in params.items()})
+    """Log params (``log_batch`` splits them into MLflow's per-call limits itself), as
+    :func:`shown_params` shows them."""
+    mlflow.log_params(shown_params(params))
 
 
 def store_hint(uri: str, run_id: str, experiment_id: str) -> str:

@@ -134,5 +134,5 @@ class MlflowRunStore(RunStore):
         experiment = client.get_experiment_by_name(self.experiment)
         all_tags = {**tags, "mlflow.parentRunId": parent, END_REASON_TAG: reason}
         run = client.create_run(experiment.experiment_id, run_name=name, tags=all_tags)
-        client.log_batch(run.info.run_id, params=[Param(k, v) for k, v in params.items()])
+        client.log_batch(run.info.run_id, params=[Param(k, v) for k, v in tracking.shown_params(params).items()])
         client.set_terminated(run.info.run_id, "FAILED")

@@ -100,6 +100,9 @@ def test_the_secret_of_every_url_is_hidden(url, shown):
         ("' https://u:SEK RET@h/x'", "https://***@h/x"),
         ("1https://TOKUSER:SEKRIT@h:9", "1https://***@h:9"),  # a stray character before the scheme (round 38)
         ("-https://TOKUSER:SEKRIT@h:9", "-https://***@h:9"),
+        ("https://alice:S3C\nR ET@h", "https://***@h"),  # a line break, then a space (round 39)
+        ("HTTP:alice:S3C RET@h", "HTTP:***@h"),  # fewer slashes, a space
+        ("http:alice:S3C/RET@h", "http:***@h"),  # fewer slashes, a raw "/"
         ("C:/data/a@b.txt", "C:/***@b.txt"),  # read as a URL: over-hidden, nothing shown
     ],
 )
@@ -151,23 +154,28 @@ def test_hydra_and_job_log_lines_hide_a_url_secret(tmp_path, capsys):
     assert written.count("://***@") == 6 and "SEKRIT" not in written and "TOKUSER" not in written, written
 
 
-def test_a_failed_grid_job_is_named_by_hydra_without_a_url_secret(capsys):
-    """Hydra writes a failed job's overrides to stderr before its error: the sweep's launcher
-    hides the secret in them first."""
+@pytest.mark.parametrize("app", ["config", "tag", "benchmark", "model_benchmark", "hmm_benchmark"])
+def test_a_failed_job_is_named_by_hydra_without_a_url_secret(app, capsys):
+    """Hydra writes a failed job's overrides to stderr (not through logging) before its error, in a
+    single run and in a sweep's jobs: every app's callbacks hide the secret in them as the job
+    ends (round 38; a single run's crash showed it in round 39)."""
+    from hydra import compose, initialize_config_dir
+    from hydra._internal.callbacks import Callbacks
     from hydra.core.utils import JobReturn, JobStatus
+    from pipeline_helpers import CONF_DIR
 
-    from hydra_plugins.crf_grid_sweeper.grid_sweeper import StopAwareLauncher
-
-    class Failing:
-        def launch(self, job_overrides, initial_job_idx):
-            return [
-                JobReturn(overrides=list(job), status=JobStatus.FAILED, _return_value=ValueError("x")) for job in job_overrides
-            ]
-
-    results = StopAwareLauncher(Failing()).launch([["tracking.uri=https\\://u\\:s3cret@h\\:9", "trainer.c2=1"]], 0)
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+        config = compose(app, return_hydra_config=True)
+    failed = JobReturn(
+        overrides=["dataset.files.train.url=https\\://u\\:s3cret@h\\:9/x", "tracking.uri=http://u:s3cret@h"],
+        status=JobStatus.FAILED,
+        _return_value=ValueError("x"),
+    )
+    Callbacks(config).on_job_end(config=config, job_return=failed)
     with pytest.raises(ValueError):
-        _ = results[0].return_value
-    assert "Error executing job" in capsys.readouterr().err and "s3cret" not in str(results[0].overrides)
+        _ = failed.return_value
+    printed = capsys.readouterr().err
+    assert "Error executing job" in printed and "://***@h" in printed and "s3cret" not in printed, printed
 
 
 @pytest.mark.parametrize(
@@ -186,8 +194,25 @@ def test_a_comma_in_a_password_or_a_sweep_over_stores_is_one_line_that_quotes_no
     refused = composition_refusal(argv)
     assert refused and problem in refused and "SEK" not in refused and "TOKUSER" not in refused, refused
     with pytest.raises(SystemExit) as ended:
-        exit_if_uncomposable("tag", ["model=models:/x/1", "input=a.txt", *argv])
+        exit_if_uncomposable("tag", ["models=models:/x/1", "input=a.txt", *argv])
     assert ended.value.code == 2 and problem in caplog.text and "SEK" not in caplog.text
+
+
+def test_a_url_given_in_a_files_place_is_one_line_that_quotes_no_value(tmp_path):
+    """``dataset.files.train=<url>`` and ``+dataset.files.extra.url=<url>`` crashed a run (TypeError,
+    KeyError: 'path') after Hydra printed the overrides, password and all (round 39)."""
+    from pipeline.__main__ import composition_refusal
+
+    root = [f"data.root={tmp_path}", f"paths.output_dir={tmp_path / 'out'}"]
+    refused = composition_refusal([*root, "dataset.files.train=https://alice:S3CRET@h/x"])
+    assert (
+        refused is not None
+        and refused.startswith("bad setting dataset.files.train: a file is {path: ")
+        and "got a str" in refused
+    )
+    refused = composition_refusal([*root, "+dataset.files.extra.url=https://alice:S3CRET@h/x"])
+    assert refused is not None and refused.startswith("bad setting dataset.files.extra:") and refused.endswith("got no path")
+    assert not (tmp_path / "out").exists()
 
 
 def test_an_unreachable_tracking_server_is_one_line_without_its_password():

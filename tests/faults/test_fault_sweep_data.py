@@ -78,3 +78,20 @@ def test_sweeps_whose_data_is_there_or_chosen_by_the_sweep_pass(data_root, tmp_p
 
         check_sweep_data(copy.deepcopy(chosen), None)
     assert not [r for r in caplog.records if r.levelname in ("ERROR", "WARNING")]
+
+
+def test_the_sweep_parent_runs_parameters_hide_a_url_secret(data_root, tmp_path):
+    """A sweep's parent run logged its shared settings as given: a dataset's download URL with its
+    user and password, where the job runs hide them (round 39)."""
+    from mlflow.tracking import MlflowClient
+
+    url = "dataset.files.train.url=https://alice:S3CRET@h.example/x"
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        config = _multirun(data_root, tmp_path / "out", [url, "trainer.c2=0.1,1"])
+        callback = SweepTracking()
+        callback.on_multirun_start(config)
+    client = MlflowClient(f"sqlite:///{tmp_path / 'out' / 'mlflow.db'}")
+    params = client.get_run(callback.parent_run_id).data.params
+    client.set_terminated(callback.parent_run_id, "FINISHED")
+    assert params["dataset.files.train.url"] == "https://***@h.example/x", params["dataset.files.train.url"]
+    assert not any("S3CRET" in value or "alice" in value for value in params.values())

@@ -278,6 +278,7 @@ def test_a_combining_mark_stays_in_its_word():
         ("1\ufe0f\u20e3 now", ["1\ufe0f\u20e3", "now"]),  # a keycap
         ("résumés. and éx. foo", ["résumés", ".", "and", "éx", ".", "foo"]),  # [A-Za-z] abbreviations only
         ("Le café-au-lait", ["Le", "café-au-lait"]),
+        ("x \u0d4e< (\uff9e)", ["x", "\u0d4e<", "(\uff9e", ")"]),  # a prepended letter, a halfwidth voiced mark (round 39)
     ],
 )  # fmt: skip
 def test_tokens_are_whole_grapheme_clusters_in_nfc_and_nfd_alike(text, tokens):
@@ -305,7 +306,7 @@ def test_random_text_gives_the_same_tokens_in_nfc_and_nfd_and_loses_no_visible_c
 
     pieces = ["a", "e", "s", "S", "x", "é", "e\u0301", "\u0301", "\u200d", "\u200c", "\u200f", "\u00ad", "👍", "🏽",
               "🇫", "🇷", "क", "ि", ".", ",", "(", "'", "-", "3", " ", " ", "\u200b", "\ufe0f", "Mr", "\ufeff", "\u3164",
-              "\u0600", "\u034f"]  # fmt: skip
+              "\u0600", "\u034f", "\u0d4e", "\uff9e", "<"]  # fmt: skip
     rng = np.random.default_rng(7)
     for _ in range(400):
         line = "".join(rng.choice(pieces, size=int(rng.integers(1, 12))))
