@@ -125,10 +125,11 @@ _USERINFO = re.compile(_SCHEME + r"([^\s/]\S*)@")
 # and a user or password holding a raw space (any: a tab, a no-break space): up to the last "@" on
 # the line, so that a raw "/" beside the space is covered too (a line with a URL, a space and a
 # later "@", an e-mail address, loses that stretch as well: only a log's detail)
-_SPACED_USERINFO = re.compile(_ANY_SCHEME + r"([^\s@/][^\n]*?[^\S\n][^\n]*)@")
+_SPACED_USERINFO = re.compile(_ANY_SCHEME + r"(?!\*\*\*@)([^\s@/][^\n]*?[^\S\n][^\n]*)@")
 # and one broken by a raw line break (an environment variable can hold one): the rest of the line
-# (no "/": that would have ended the host), then the next line up to its first "@"
-_BROKEN_USERINFO = re.compile(_ANY_SCHEME + r"([^\s@/][^\n@/]*\n[^\n@]*)@")
+# (a raw "/" or "@" in it too), then the next line up to its first "@" (a URL at a line's end and an
+# e-mail address on the next line lose that stretch as well: only a log's detail)
+_BROKEN_USERINFO = re.compile(_ANY_SCHEME + r"(?!\*\*\*@)([^\s@/][^\n]*\n[^\n@]*)@")
 
 
 # and after any "://" that none of these took for a scheme's ("1https://u:pw@h", "-https://...")
@@ -197,6 +198,27 @@ def shown_url(url: str) -> str:
             url = f"{url[: found.start()]}{scheme}:{slashes}{_hidden_userinfo(userinfo)}@{place}"
     shown = redacted(url)
     return shown if shown.split() == [shown] else (shown.split() or [""])[0] + " ..."
+
+
+def redacted_values(value: Any) -> Any:
+    """``value`` (nested dicts and lists, as ``OmegaConf.to_container`` gives) with every string in
+    it as :func:`redacted` shows it: a URL's secret hidden in each value, before any format (YAML
+    folds a line break into a blank line) spreads one over several lines."""
+    if isinstance(value, Mapping):
+        return {key: redacted_values(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [redacted_values(item) for item in value]
+    return redacted(value) if isinstance(value, str) else value
+
+
+def shown_override(override: str) -> str:
+    """A command-line override ``key=value`` as a message quotes it, on one line: a value that holds
+    a URL with a user or password as :func:`shown_url` shows it (whatever characters the secret
+    holds), the rest as :func:`redacted` shows it, line breaks written as ``\\n``."""
+    key, equals, value = override.partition("=")
+    if equals and "@" in value and _URL_START.search(value):
+        value = shown_url(value)
+    return redacted(key + equals + value).replace("\r", "\\r").replace("\n", "\\n")
 
 
 def authority_problem(url: str) -> str | None:

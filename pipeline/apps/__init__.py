@@ -53,7 +53,7 @@ def exit_if_uncomposable(config_name: str, argv: list[str], check: Callable[[Dic
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from pipeline.report import redacted
+    from pipeline.report import redacted, shown_override
     from pipeline.sweeps.grid_preflight import composition_problem, configured_multirun, sweep_override_problem
 
     arguments = [arg for arg in argv if not arg.startswith("-")]
@@ -74,7 +74,7 @@ def exit_if_uncomposable(config_name: str, argv: list[str], check: Callable[[Dic
             jobs = itertools.islice(itertools.product(*swept), MAX_JOBS_CHECKED if problem is None else 0)
             for number, job in enumerate(jobs):
                 cfg = compose(config_name, overrides=fixed + list(job), return_hydra_config=True)
-                where = f" (job #{number}: {' '.join(job)})" if swept else ""
+                where = f" (job #{number}: {' '.join(map(shown_override, job))})" if swept else ""
                 problem = _added_key(base, fixed + list(job)) or added_setting(cfg, "the command")
                 if problem is None and check is not None:
                     try:

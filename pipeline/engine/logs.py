@@ -17,7 +17,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
-from pipeline.report import redacted
+from pipeline.report import redacted, shown_override
 
 
 def _key(override: str) -> str:
@@ -115,7 +115,7 @@ def job_label() -> str:
     overrides = list(hydra_cfg.overrides.task)
     keys = swept_keys(hydra_cfg)
     shown = [o for o in overrides if _key(o) in keys] if keys else overrides
-    return f" [#{OmegaConf.select(hydra_cfg, 'job.num')} {','.join(shown)}]"
+    return f" [#{OmegaConf.select(hydra_cfg, 'job.num')} {','.join(map(shown_override, shown))}]"
 
 
 class JobContext(logging.Filter):
@@ -160,4 +160,4 @@ class SecretsHidden(Callback):
     in a single run and in each job of a sweep, wherever its launcher runs it."""
 
     def on_job_end(self, config: Any, job_return: Any, **kwargs: Any) -> None:
-        job_return.overrides = [redacted(override) for override in job_return.overrides or ()]
+        job_return.overrides = [shown_override(override) for override in job_return.overrides or ()]

@@ -43,7 +43,7 @@ from pipeline.engine.stage import (
 )
 from pipeline.engine.store import CACHE_SOURCE_TAG, MODEL_URI_TAG, SWEEP_PARENT_VARIABLE, RunStore, Standing, flatten
 from pipeline.engine.validate import SettingsError, validate_settings
-from pipeline.report import redacted, write_json
+from pipeline.report import redacted_values, write_json
 
 log = logging.getLogger(__name__)
 
@@ -591,7 +591,8 @@ def pipeline_run(
         store.log_params(flatten(OmegaConf.to_container(cfg, resolve=True)))
         with tempfile.TemporaryDirectory() as folder:
             path = Path(folder) / "config.yaml"
-            path.write_text(redacted(OmegaConf.to_yaml(cfg, resolve=True)))  # no URL's password in the store
+            shown = OmegaConf.create(redacted_values(OmegaConf.to_container(cfg, resolve=True)))
+            path.write_text(OmegaConf.to_yaml(shown))  # no URL's password in the store
             store.log_artifact(path)
         summary: dict[str, Any] = {}
         try:

@@ -29,6 +29,7 @@ from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline import tracking
+from pipeline.report import shown_override
 from pipeline.sweeps.cluster import job_environment, pass_to_jobs
 from pipeline.sweeps.grid_preflight import check_grid_jobs
 from pipeline.sweeps.sigterm import STOPPED_EXIT, SWEEP_STOPPING, SweepSigterm
@@ -130,7 +131,7 @@ def check_sweep_data(config: DictConfig, jobs: list[tuple[list[str], DictConfig]
         problem = config_data_problem(job)
         if problem is None:
             continue
-        where = f"sweep job #{number} ({' '.join(overrides)}): " if overrides else ""
+        where = f"sweep job #{number} ({' '.join(map(shown_override, overrides))}): " if overrides else ""
         log.error("%s%s; no job was run", where, problem.rstrip("."))
         sys.exit(2)
 

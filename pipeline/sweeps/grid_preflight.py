@@ -21,6 +21,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline.engine.validate import SettingsError, renamed_key_hint
+from pipeline.report import shown_override
 
 log = logging.getLogger(__name__)
 
@@ -217,8 +218,10 @@ def check_grid_jobs(config: DictConfig) -> list[tuple[list[str], DictConfig]] | 
         try:
             composed.append((list(job), check_job(loader, config, list(job))[0]))
         except SettingsError as error:
-            log.error("sweep job #%d (%s): %s; no job was run", number, " ".join(job), error)
+            log.error("sweep job #%d (%s): %s; no job was run", number, " ".join(map(shown_override, job)), error)
             sys.exit(2)
         except Exception as error:  # a fault of the check itself: the job checks its settings again as it starts
-            log.warning("sweep job #%d (%s) not checked: %s: %s", number, " ".join(job), type(error).__name__, error)
+            log.warning(
+                "sweep job #%d (%s) not checked: %s: %s", number, " ".join(map(shown_override, job)), type(error).__name__, error
+            )
     return composed

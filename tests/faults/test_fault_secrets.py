@@ -47,7 +47,9 @@ from pipeline.tracking import TrackingUnavailable, check_reachable
         ("http://u:horse Batt/Stap1e@h:1/t.gz", "http://***@h:1/t.gz"),  # a space and a "/" (round 24)
         ("http://u:horse\nStap1e@h:1/t.gz", "http://***@h:1/t.gz"),  # a line break (an environment variable)
         ("store http://u:horse Batt\nStap1e@h:1 (x)", "store http://***@h:1 (x)"),
-        ("see http://host/x\n  email: a@b.org", "see http://host/x\n  email: a@b.org"),  # the next line: no secret
+        ("see http://host/x\n  email: a@b.org", "see http://***@b.org"),  # over-hidden: as a broken password (round 40)
+        ("https://alice:HUN/TER2\nXYZ@h/x", "https://***@h/x"),  # a raw "/" or "@", then a line break (round 40)
+        ("https://alice:HUN@TER2\r\nXYZ@h/x", "https://***@h/x"),
         ("http://h/t?token=abc;SeCr3t&v=1", "http://h/t?token=***&v=1"),  # a ";" in the value: sent as part of it (round 25)
         ("http://h/t?v=1;token=SeCr3t&w=2", "http://h/t?v=1;token=***&w=2"),  # a ";" between parameters
         ("http://h/t?v=1;w=2", "http://h/t?v=1;w=2"),
@@ -198,6 +200,17 @@ def test_a_comma_in_a_password_or_a_sweep_over_stores_is_one_line_that_quotes_no
     assert ended.value.code == 2 and problem in caplog.text and "SEK" not in caplog.text
 
 
+def test_a_sweep_job_is_named_on_one_line_without_a_url_secret():
+    """A sweep job's label quoted its overrides as given: a password holding a raw "/" and a line
+    break was printed, over two lines (round 40)."""
+    from pipeline.report import shown_override
+
+    shown = shown_override("dataset.files.train.url='https://alice:HUN/TER2\nXYZ@127.0.0.1:1/a'")
+    assert shown == "dataset.files.train.url=https://***@127.0.0.1:1/a", shown
+    assert shown_override("tracking.experiment=a\nb") == "tracking.experiment=a\\nb"
+    assert shown_override("trainer.c2=0.1") == "trainer.c2=0.1"
+
+
 def test_a_url_given_in_a_files_place_is_one_line_that_quotes_no_value(tmp_path):
     """``dataset.files.train=<url>`` and ``+dataset.files.extra.url=<url>`` crashed a run (TypeError,
     KeyError: 'path') after Hydra printed the overrides, password and all (round 39)."""
@@ -342,3 +355,17 @@ def test_a_tracking_server_url_with_a_query_is_refused():
     refused = composition_refusal(["tracking=server", "tracking.uri='http://127.0.0.1:1/?token=s3cret'"])
     assert refused is not None and refused.endswith("takes no query or fragment (a token goes in MLFLOW_TRACKING_TOKEN)")
     assert "s3cret" not in redacted(refused)
+
+
+def test_a_secret_that_yaml_would_fold_over_two_lines_is_hidden_in_the_logged_config():
+    """The logged config.yaml was redacted as YAML text, where a value's line break is written as a
+    blank line: a password holding a raw '/' and a line break stayed (round 40). Values are hidden
+    before the YAML is written."""
+    from omegaconf import OmegaConf
+
+    from pipeline.report import redacted_values
+
+    config = {"tracking": {"experiment": "https://alice:HUN/TER2\nXYZ@example.org/x"}, "list": ["http://u:p w@h"], "n": 3}
+    assert "TER2" in redacted(OmegaConf.to_yaml(OmegaConf.create(config)))  # the text route misses it
+    shown = OmegaConf.to_yaml(OmegaConf.create(redacted_values(config)))
+    assert "TER2" not in shown and "alice" not in shown and "p w" not in shown and "https://***@example.org/x" in shown, shown
