@@ -69,7 +69,7 @@ def named_overrides(overrides: Sequence[str], keys: Collection[str] | None = Non
                 continue
         elif key in IN_NAME or any(key == k or key.startswith(k + ".") for k in UNNAMED):
             continue
-        shown.append(key.rsplit(".", 1)[-1] + "=" + value)
+        shown.append(shown_override(key.rsplit(".", 1)[-1] + "=" + value))  # a URL's secret hidden
     return shown
 
 
