@@ -57,7 +57,7 @@ import logging
 import re
 import sys
 import unicodedata
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -169,49 +169,50 @@ def _clusters(line: str) -> tuple[list[int], str]:
     alone as a visible character: a token never starts with an invisible character.
     """
     bounds: list[int] = []
-    skeleton: list[str] = []
+    skeleton: list[str] = []  # pieces: a run of spaces or a plain word stands as itself
+    for run in _RUNS.finditer(line):
+        begin, end = run.span()
+        if run.group()[0].isspace() or _NEEDS_CLUSTERS.search(line, begin, end) is None:
+            bounds.extend(range(begin, end))
+            skeleton.append(run.group())
+        else:
+            _word_clusters(line, begin, end, bounds, skeleton)
+    bounds.append(len(line))
+    return bounds, "".join(skeleton)
+
+
+_RUNS = re.compile(r"\s+|\S+")  # what _TOKEN takes for space, and the words between
+
+
+def _word_clusters(line: str, begin: int, end: int, bounds: list[int], skeleton: list[str]) -> None:
+    """Append the stand-ins of the word ``line[begin:end]`` (no space in it) and where each starts
+    (see :func:`_clusters`)."""
     orphan = -1  # where a run of visible marks with nothing before it began
-    special = set(_NEEDS_CLUSTERS.findall(line))
-    for text, start in _spaced_clusters(line):
-        if len(text) == 1 and text not in special and not text.isspace():  # most are one plain character
+    after_space = True
+    clusters = _CLUSTER.findall(line, begin, end)
+    special = set(_NEEDS_CLUSTERS.findall(line, begin, end))
+    for text, start in zip(clusters, itertools.accumulate(map(len, clusters), initial=begin)):
+        if len(text) == 1 and text not in special:  # most are one plain character
             bounds.append(orphan if orphan >= 0 else start)
             skeleton.append(text)
-            orphan = -1
+            orphan, after_space = -1, False
             continue
-        if text[0].isspace() or text[0] == _ZERO_WIDTH_SPACE:
+        if text == _ZERO_WIDTH_SPACE:
             _close_orphan(line, orphan, start, bounds, skeleton)
             bounds.append(start)
             skeleton.append(" ")
-            orphan = _first_visible(text, 1, start)  # marks \X puts on a space have nothing before them
+            orphan, after_space = -1, True
             continue
         stand_in = _stand_in(text)
         if stand_in is None:  # marks and invisible characters only
-            if orphan < 0 and skeleton and skeleton[-1] != " ":
+            if orphan < 0 and not after_space:
                 continue  # they belong to the character before them (its span grows on to the next start)
             orphan = orphan if orphan >= 0 else _first_visible(text, 0, start)
             continue
         bounds.append(orphan if orphan >= 0 else _first_visible(text, 0, start))  # invisible ones go before
         skeleton.append(stand_in)
-        orphan = -1
-    _close_orphan(line, orphan, len(line), bounds, skeleton)
-    bounds.append(len(line))
-    return bounds, "".join(skeleton)
-
-
-def _spaced_clusters(line: str) -> Iterator[tuple[str, int]]:
-    """``line``'s grapheme clusters and where each starts, a cluster cut before a space in it (an
-    Arabic number sign before a space is one cluster to Unicode: a token must not hold the space)."""
-    clusters = _CLUSTER.findall(line)
-    for text, start in zip(clusters, itertools.accumulate(map(len, clusters), initial=0)):
-        space = _SPACE_AFTER_FIRST.search(text) if len(text) > 1 else None
-        if space is None:
-            yield text, start
-        else:
-            yield text[: space.start()], start
-            yield text[space.start() :], start + space.start()
-
-
-_SPACE_AFTER_FIRST = regex.compile(r"(?<=.)\s")
+        orphan, after_space = -1, False
+    _close_orphan(line, orphan, end, bounds, skeleton)
 
 
 def _first_visible(text: str, begin: int, start: int) -> int:
