@@ -156,13 +156,21 @@ def label_codes(y, batch: SequenceBatch, classes: Sequence, what: str = "") -> n
     return out
 
 
-def check_crfsuite_names(names: Sequence, what: str) -> None:
+def check_crfsuite_names(names: Sequence, what: str, rows: Callable[[int], np.ndarray], offsets: np.ndarray) -> None:
     """Refuse, before training, the ``names`` a CRFsuite model file cannot hold (see
-    :func:`crf.crfsuite.unstorable_name`), naming the first one."""
+    :func:`crf.crfsuite.unstorable_name`), naming the first one and the sequence and token where
+    it first occurs: ``rows(i)`` gives the (sorted) token rows that hold name ``i``, ``offsets``
+    (N + 1,) cut the rows into sequences."""
     for i, name in enumerate(names):
         problem = unstorable_name(name.item() if isinstance(name, np.generic) else name)
         if problem is not None:
-            raise ValueError(f"model_filename: {what} {i} ({repr(name)[:40]}) {problem}")
+            found = rows(i)
+            if found.size:
+                sequence = int(np.searchsorted(offsets, found[0], side="right")) - 1
+                where = f"sequence {sequence}, token {int(found[0] - offsets[sequence])}: "
+            else:
+                where = ""
+            raise ValueError(f"model_filename: {where}{what} {i} ({repr(name)[:40]}) {problem}")
 
 
 def as_sequence_list(values, name: str):
@@ -430,8 +438,8 @@ def training_problem(
     check_names_encodable(classes, "label")
     check_names_encodable(attributes or [], "attribute")
     if params["model_filename"] is not None:
-        check_crfsuite_names(classes, "label")
-        check_crfsuite_names(attributes or [], "attribute")
+        check_crfsuite_names(classes, "label", lambda i: np.flatnonzero(codes == i), batch.offsets)
+        check_crfsuite_names(attributes or [], "attribute", lambda j: np.sort(batch.X[:, j].nonzero()[0]), batch.offsets)
     largest = _largest_value(batch, attributes)
     if largest is not None and abs(largest[0]) >= TOO_LARGE:
         raise ValueError(

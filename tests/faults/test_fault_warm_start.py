@@ -326,7 +326,9 @@ def test_labels_a_crfsuite_file_would_turn_into_text_are_refused_before_training
     written with integer labels is refused before training, and the .npz format keeps them."""
     counting = Counting()
     X, y = [[{"a": 1}], [{"b": 1}]], [[label], [2]]
-    with pytest.raises(ValueError, match=r"^model_filename: label 0 \(1\) is not a string \(int\): .* would load as '1'"):
+    with pytest.raises(
+        ValueError, match=r"^model_filename: sequence 0, token 0: label 0 \(1\) is not a string \(int\): .* would load as '1'"
+    ):
         CRF(max_iterations=5, model_filename=str(tmp_path / "m.crfsuite"), callback=counting).fit(X, y)
     assert counting.calls == 0 and not (tmp_path / "m.crfsuite").exists()
     fitted = CRF(max_iterations=5, boundary_transitions=False).fit(X, y)
@@ -340,9 +342,9 @@ def test_labels_a_crfsuite_file_would_turn_into_text_are_refused_before_training
 def test_names_a_crfsuite_file_cannot_hold_are_refused_before_training(tmp_path, name, problem):
     counting = Counting()
     X, y = [[{"a": 1}], [{name: 1}]], [["A"], ["B"]]
-    with pytest.raises(ValueError, match=f"model_filename: attribute .*{problem}"):
+    with pytest.raises(ValueError, match=f"model_filename: sequence 1, token 0: attribute .*{problem}"):  # round 41
         CRF(max_iterations=5, model_filename=str(tmp_path / "m.crfsuite"), callback=counting).fit(X, y)
-    with pytest.raises(ValueError, match=f"model_filename: label .*{problem}"):
+    with pytest.raises(ValueError, match=f"model_filename: sequence 0, token 0: label .*{problem}"):
         CRF(max_iterations=5, model_filename=str(tmp_path / "m.crfsuite"), callback=counting).fit(X[:1], [[name]])
     assert counting.calls == 0 and not (tmp_path / "m.crfsuite").exists()
     CRF(max_iterations=5).fit(X, y)  # without a CRFsuite file to write, any name is fine
