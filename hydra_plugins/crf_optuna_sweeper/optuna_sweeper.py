@@ -281,6 +281,7 @@ class OptunaSweeper(Sweeper):
             except SettingsError as error:  # two stores named
                 raise search.SweeperSettingError(str(error)) from None
             search.check_storage_apart(url, stores)
+        search.check_storage_is_optunas(url)
         try:
             storage = search.open_storage(url)
         except Exception as error:  # a database that cannot be reached, a driver not installed, a bad URL

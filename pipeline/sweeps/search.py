@@ -618,6 +618,35 @@ def check_storage_apart(url: str, stores: Mapping[str, str]) -> None:
             )
 
 
+# the tables every Optuna storage has: a database holding others and not these is another program's
+OPTUNA_TABLES = frozenset({"studies", "trials", "version_info"})
+
+
+def check_storage_is_optunas(url: str) -> None:
+    """Refuse (one line) a study storage ``url`` that is an existing SQLite file Optuna would write
+    its tables into though it is no Optuna storage: another kind of file, or another program's
+    database (another MLflow store's, say), which Optuna would change for good before its own
+    version check failed."""
+    from pipeline.tracking import sqlite_contents, sqlite_path
+
+    database = sqlite_path(url)
+    if database is None:
+        return
+    database = Path(os.path.realpath(database))
+    if not database.is_file() or database.stat().st_size == 0:
+        return
+    try:
+        tables, _ = sqlite_contents(database)
+    except ValueError as error:
+        raise SweeperSettingError(f"hydra.sweeper.storage: {error}; name a study's storage or a new file") from None
+    if tables and not OPTUNA_TABLES <= tables:
+        raise SweeperSettingError(
+            f"hydra.sweeper.storage: {database} is another program's database (tables {', '.join(sorted(tables)[:4])}, ...; "
+            "an MLflow store, say), not an Optuna storage, and Optuna would write its tables into it; name a study's "
+            "storage or a new file"
+        )
+
+
 def open_storage(url: str) -> optuna.storages.RDBStorage:
     """Optuna's SQL storage at ``url``; a SQLite file (and its folder) is created if new, and waits
     up to a minute for a lock (the sweeper and its jobs write to it at the same time)."""

@@ -152,9 +152,25 @@ def store_problem(uri: str) -> str | None:
     database = Path(os.path.realpath(database))
     if not database.is_file() or database.stat().st_size == 0:
         return None
+    try:
+        tables, versions = sqlite_contents(database)
+    except ValueError as error:
+        return f"{error}; name an MLflow store or a new file"
+    if tables and not (versions and versions <= mlflow_schema_versions()):  # MLflow's schema: its migrations' revisions
+        return (
+            f"{database} is another program's database (tables {', '.join(sorted(tables)[:4])}, ...; an Optuna study's "
+            "storage, say), not an MLflow store, and MLflow would write its tables into it; name a store or a new file"
+        )
+    return None
+
+
+def sqlite_contents(database: Path) -> tuple[set[str], set[str]]:
+    """The table names and Alembic revisions (``alembic_version``: MLflow's and Optuna's schema
+    versions) of the existing SQLite file ``database``, read without writing. Raises ValueError
+    (naming the file) when it is no SQLite database or cannot be read as one."""
     with open(database, "rb") as file:
         if file.read(len(SQLITE_MAGIC)) != SQLITE_MAGIC:
-            return f"{database} is not an SQLite database; name an MLflow store or a new file"
+            raise ValueError(f"{database} is not an SQLite database")
     try:
         with contextlib.closing(sqlite3.connect(f"{database.absolute().as_uri()}?mode=ro", uri=True)) as connection:
             tables = {name for (name,) in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
@@ -164,13 +180,8 @@ def store_problem(uri: str) -> str | None:
                 else set()
             )
     except sqlite3.Error as error:
-        return f"{database} cannot be read as an SQLite database ({error})"
-    if tables and not (versions and versions <= mlflow_schema_versions()):  # MLflow's schema: its migrations' revisions
-        return (
-            f"{database} is another program's database (tables {', '.join(sorted(tables)[:4])}, ...; an Optuna study's "
-            "storage, say), not an MLflow store, and MLflow would write its tables into it; name a store or a new file"
-        )
-    return None
+        raise ValueError(f"{database} cannot be read as an SQLite database ({error})") from None
+    return tables, versions
 
 
 @functools.cache

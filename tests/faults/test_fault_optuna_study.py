@@ -334,6 +334,25 @@ def test_a_search_space_of_known_options_and_keys_passes(tmp_path):
         search.check_config_keys(l2_ratio, config, loader)  # composed with trainer=elasticnet, which has it
 
 
+def test_a_storage_that_is_another_programs_database_is_refused_and_left_unchanged(tmp_path, caplog):
+    """A study storage naming another MLflow store (not the run's own) was refused only after
+    Optuna had added its 12 tables to it, and in words about Optuna versions (round 42)."""
+    from pipeline.sweeps.callback import SweepTracking
+
+    write_corpus(tmp_path / "data", n_train=10, n_test=5)
+    seed_store(tmp_path / "out")
+    other = seed_store(tmp_path / "other")  # another MLflow store
+    text = tmp_path / "notes.db"
+    text.write_text("not a database")
+    for database, message in ((other, "is another program's database (tables "), (text, "is not an SQLite database")):
+        before = database.read_bytes()
+        config = _composed([f"hydra.sweeper.storage=sqlite:///{database}"], tmp_path)
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+            line = _refused(lambda config=config: SweepTracking().on_multirun_start(config), caplog)
+        assert line.startswith("hydra.sweeper.storage: ") and message in line and "\n" not in line, line
+        assert database.read_bytes() == before
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
