@@ -221,7 +221,13 @@ def _number(name: str, value, low: float = 0.0, strict: bool = False, integer: b
     kind = numbers.Integral if integer else numbers.Real
     if isinstance(value, bool) or not isinstance(value, kind):
         raise ValueError(f"{name} must be {'an integer' if integer else 'a number'}, got {value!r}")
-    if not math.isfinite(value) or value < low or (strict and value == low):
+    try:
+        finite = math.isfinite(value)
+    except OverflowError:  # an int beyond a float's range
+        raise ValueError(
+            f"{name} must be a finite number, got an integer of {value.bit_length()} bits, too large for a float"
+        ) from None
+    if not finite or value < low or (strict and value == low):
         raise ValueError(f"{name} must be a finite number {'>' if strict else '>='} {low}, got {value!r}")
     return value
 

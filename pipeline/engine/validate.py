@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import math
 import numbers
 import posixpath
 import re
@@ -60,6 +61,17 @@ SWITCHES = (
 # "latest" or v<N>, which name versions; a model name that is not blank and holds no / or :
 _ALIAS = re.compile(r"[\w\-]{1,255}")
 _RESERVED_ALIAS = re.compile(r"latest|v\d+", re.IGNORECASE)
+
+
+def finite_number(value: object) -> bool:
+    """Whether ``value`` is a real number (not a bool) within a float's range: an ``int`` too large
+    for a float is not (``math.isfinite`` would raise OverflowError on it)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 class SettingsError(ValueError):

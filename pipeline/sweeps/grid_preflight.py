@@ -14,13 +14,12 @@ ends a single run. The Optuna sweeper checks its trials' settings with the same 
 from __future__ import annotations
 
 import logging
-import math
 import sys
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline.engine.validate import SettingsError, renamed_key_hint
+from pipeline.engine.validate import SettingsError, finite_number, renamed_key_hint
 from pipeline.report import shown_override
 
 log = logging.getLogger(__name__)
@@ -107,7 +106,7 @@ def range_problem(key: str, sweep: Any, limit: int | None = MAX_RANGE) -> str | 
     it is a range to sweep."""
     ends = (sweep.start, sweep.stop, sweep.step)
     text = f"{key}=range({', '.join(str(v) for v in ends)})"
-    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in ends):
+    if not all(finite_number(v) for v in ends):
         return f"bad sweep {text}: start, stop and step must be finite numbers"
     if sweep.step == 0:
         return f"bad sweep {text}: the step must not be 0"

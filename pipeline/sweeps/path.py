@@ -29,7 +29,6 @@ import math
 import os
 import time
 import uuid
-from numbers import Real
 from typing import Any
 
 from mlflow.entities import Param
@@ -39,7 +38,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from pipeline import tracking
 from pipeline.engine.cache import StageCache
 from pipeline.engine.runner import PipelineJob, checked_plan, objective_value, pipeline_run, run_tags, swept_overrides
-from pipeline.engine.validate import SettingsError, section, strength_moves
+from pipeline.engine.validate import SettingsError, finite_number, section, strength_moves
 from pipeline.models import ModelAdapter
 from pipeline.tracking import SWEEP_ID_VARIABLE, SWEEP_PARENT_VARIABLE
 from pipeline.tracking.lifecycle import END_REASON_TAG
@@ -67,7 +66,7 @@ def path_strengths(cfg: DictConfig) -> list[float]:
     if not isinstance(values, list) or not values:
         raise SettingsError(f"bad setting path.strengths={values!r}: a list of regularisation strengths, e.g. [10, 1, 0.1]")
     for value in values:
-        if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value) or value <= 0:
+        if not finite_number(value) or value <= 0:
             raise SettingsError(f"bad setting path.strengths={values!r}: {value!r} is not a positive number")
     if len(set(values)) != len(values):
         raise SettingsError(f"bad setting path.strengths={values!r}: a strength is repeated")

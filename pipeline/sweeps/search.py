@@ -36,6 +36,7 @@ from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, Overrid
 from omegaconf import OmegaConf
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 
+from pipeline.engine.validate import finite_number
 from pipeline.report import shown_url
 from pipeline.sweeps.grid_preflight import MAX_RANGE, range_problem
 from pipeline.sweeps.optuna_pruners import HeldMedianPruner, HeldPercentilePruner
@@ -86,9 +87,9 @@ def _distribution(override: Override) -> BaseDistribution:
     if tags - TAGS:
         raise SweeperSettingError(f"{key}: unknown tag(s) {sorted(tags - TAGS)}; known: log, int (on interval)")
     if isinstance(sweep, IntervalSweep):
+        if not (finite_number(sweep.start) and finite_number(sweep.end)):
+            raise SweeperSettingError(f"{key}: interval(...) needs finite ends within a float's range")
         low, high = float(sweep.start), float(sweep.end)
-        if not (math.isfinite(low) and math.isfinite(high)):
-            raise SweeperSettingError(f"{key}: interval({low:g}, {high:g}) needs finite ends")
         if not low < high:
             raise SweeperSettingError(f"{key}: interval({low:g}, {high:g}) is empty: the low end must be below the high end")
         if "log" in tags and low <= 0:

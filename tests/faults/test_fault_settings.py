@@ -23,6 +23,7 @@ from pipeline.engine.validate import SettingsError, validate_settings  # noqa: E
         (["trainer.c2=abc"], "bad setting trainer.c2='abc': c2 must be a number"),
         (["trainer.c2=-1"], "bad setting trainer.c2=-1: c2 must be a finite number >= 0"),
         (["trainer.c2=nan"], "bad setting trainer.c2=nan: c2 must be a finite number"),
+        (["trainer.c2=1" + "0" * 400], "c2 must be a finite number, got an integer of 1329 bits, too large for a float"),
         # a strength no data can move the weights against is refused before any stage, not at training (R6b-3)
         (["trainer.c2=1e300"], "bad setting trainer.c2=1e+300: c2=1e+300 is above 1e+12: a prior this strong keeps"),
         (["trainer=sgd", "trainer.c2=1e13"], "c2=1e+13 is above 1e+12"),
@@ -278,3 +279,25 @@ def test_a_feature_set_that_reads_columns_the_dataset_has_passes():
     from pipeline.stages.featurize import Featurize
 
     Featurize().validate(compose_config(["features=chunking"]))  # conll2000 has the POS column
+
+
+def test_an_integer_beyond_a_floats_range_is_one_setting_error_everywhere():
+    """``trainer.c2=<400 digits>`` and such strengths or sweep ends raised a bare OverflowError
+    (a Hydra traceback, exit 1) where every other bad number is one line (round 43)."""
+    from hydra.core.override_parser.types import RangeSweep
+
+    from crf import CRF
+    from pipeline.sweeps import search
+    from pipeline.sweeps.grid_preflight import range_problem
+    from pipeline.sweeps.path import path_strengths
+
+    huge = 10**400
+    with pytest.raises(ValueError, match="^c1 must be a finite number, got an integer of 1329 bits"):
+        CRF(c1=huge).fit([[{"a": 1}]], [["A"]])
+    config = compose_config(["+experiment=reg_path"])
+    config.path.strengths = [huge, 1]
+    with pytest.raises(SettingsError, match="is not a positive number"):
+        path_strengths(config)
+    assert "must be finite numbers" in range_problem("trainer.c2", RangeSweep(start=0, stop=huge, step=1))
+    with pytest.raises(search.SweeperSettingError):  # one line, however Hydra's parser or ours refuses it
+        search.parse_space({"trainer.c2": f"interval(0, {huge})"}, [])
