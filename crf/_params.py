@@ -223,10 +223,8 @@ def _number(name: str, value, low: float = 0.0, strict: bool = False, integer: b
         raise ValueError(f"{name} must be {'an integer' if integer else 'a number'}, got {value!r}")
     try:
         finite = math.isfinite(value)
-    except OverflowError:  # an int beyond a float's range
-        raise ValueError(
-            f"{name} must be a finite number, got an integer of {value.bit_length()} bits, too large for a float"
-        ) from None
+    except OverflowError:  # an int (or a Fraction) beyond a float's range
+        raise ValueError(f"{name} must be a finite number, got a value too large for a float") from None
     if not finite or value < low or (strict and value == low):
         raise ValueError(f"{name} must be a finite number {'>' if strict else '>='} {low}, got {value!r}")
     return value

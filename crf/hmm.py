@@ -45,6 +45,7 @@ from ._hmm_smoothing import (
 )
 from ._lattice import lattice_edges, ngram_viterbi
 from ._parallel import Workers, single_threaded_blas, thread_count
+from ._params import _number
 from ._persist import (
     ModelFileError,
     arrays_to_strings,
@@ -93,6 +94,9 @@ class EMIteration:
     log_likelihood: float
     objective: float
     seconds: float
+
+
+_LARGEST = int(np.iinfo(np.int64).max)  # counts and thresholds are int64
 
 
 class HMM:
@@ -193,8 +197,8 @@ class HMM:
         ValueError
             Naming the parameter and the value given.
         """
-        if isinstance(self.order, (bool, np.bool_)) or self.order not in (1, 2):
-            raise ValueError(f"order must be 1 or 2, got {self.order!r}")
+        if isinstance(self.order, (bool, np.bool_)) or not isinstance(self.order, (int, np.integer)) or self.order not in (1, 2):
+            raise ValueError(f"order must be 1 or 2, got {self.order!r}")  # 1.0 too: the counts index by it
         if self.transition_smoothing not in _TRANSITION_SMOOTHING:
             raise ValueError(f"transition_smoothing must be one of {_TRANSITION_SMOOTHING}, got {self.transition_smoothing!r}")
         if self.emission_smoothing not in _EMISSION_SMOOTHING:
@@ -203,15 +207,17 @@ class HMM:
             raise ValueError(f"capitalization must be True or False, got {self.capitalization!r}")
         if self.capitalization and self.emission_smoothing != "suffix":
             raise ValueError("capitalization=True needs emission_smoothing='suffix'")
-        if isinstance(self.k, (bool, np.bool_)) or not isinstance(self.k, (int, float, np.number)) or not 0 <= self.k < np.inf:
-            raise ValueError(f"k must be a finite number >= 0, got {self.k!r}")
+        for name, strict in (("k", False), ("block_elements", True)):  # within a float's range, as numpy reads them
+            value = getattr(self, name)
+            if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
+                raise ValueError(f"{name} must be a finite number {'>' if strict else '>='} 0, got {value!r}")
+            _number(name, value, strict=strict)
         for name in ("rare_threshold", "max_suffix"):
             value = getattr(self, name)
             if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 0:
                 raise ValueError(f"{name} must be a whole number >= 0, got {value!r}")
-        block = self.block_elements
-        if isinstance(block, (bool, np.bool_)) or not isinstance(block, (int, float, np.number)) or not 0 < block < np.inf:
-            raise ValueError(f"block_elements must be a positive number, got {block!r}")
+            if value > _LARGEST:
+                raise ValueError(f"{name} must be a whole number >= 0 and at most {_LARGEST}, got {len(str(value))} digits")
 
     # --- training ---------------------------------------------------------------------------
 

@@ -156,8 +156,16 @@ def composition_refusal(argv: list[str]) -> str | None:
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from pipeline.sweeps.grid_preflight import composition_problem, configured_multirun, sweep_override_problem
+    from pipeline.sweeps.grid_preflight import (
+        composition_problem,
+        configured_multirun,
+        flag_order_problem,
+        sweep_override_problem,
+    )
 
+    misplaced = flag_order_problem(argv)
+    if misplaced:
+        return misplaced
     arguments = [arg for arg in argv if not arg.startswith("-")]
     try:
         overrides = OverridesParser.create().parse_overrides(arguments)

@@ -54,8 +54,18 @@ def exit_if_uncomposable(config_name: str, argv: list[str], check: Callable[[Dic
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     from pipeline.report import redacted, shown_override
-    from pipeline.sweeps.grid_preflight import composition_problem, configured_multirun, sweep_override_problem
+    from pipeline.sweeps.grid_preflight import (
+        composition_problem,
+        configured_multirun,
+        flag_order_problem,
+        sweep_override_problem,
+    )
 
+    misplaced = flag_order_problem(argv)
+    if misplaced:
+        logging.basicConfig(format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
+        log.error("%s", misplaced)
+        sys.exit(2)
     arguments = [arg for arg in argv if not arg.startswith("-")]
     GlobalHydra.instance().clear()
     problem = None

@@ -67,6 +67,17 @@ def composition_problem(error: BaseException) -> str:
 UNSWEPT = ("tracking.uri",)
 
 
+def flag_order_problem(argv: list[str]) -> str | None:
+    """One line, quoting no value, when a flag (``-m``) stands between settings: Hydra's argument
+    parser takes the settings after it for unknown arguments and prints them whole (a URL's
+    password too) in its usage error; else None."""
+    settings = [i for i, arg in enumerate(argv) if not arg.startswith("-")]
+    flags = [i for i, arg in enumerate(argv) if arg.startswith("-")]
+    if settings and any(settings[0] < i < settings[-1] for i in flags):
+        return "bad command line: put -m (and any other flag) before the settings: python -m <app> -m key=value ..."
+    return None
+
+
 def configured_multirun(config_name: str, overrides: list[str]) -> bool:
     """Whether app ``config_name`` composed with ``overrides`` runs as a multirun without ``-m``
     (``hydra.mode: MULTIRUN``, as the experiments set it); inside Hydra's ``initialize_config_dir``."""

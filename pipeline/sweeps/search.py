@@ -88,7 +88,8 @@ def _distribution(override: Override) -> BaseDistribution:
         raise SweeperSettingError(f"{key}: unknown tag(s) {sorted(tags - TAGS)}; known: log, int (on interval)")
     if isinstance(sweep, IntervalSweep):
         if not (finite_number(sweep.start) and finite_number(sweep.end)):
-            raise SweeperSettingError(f"{key}: interval(...) needs finite ends within a float's range")
+            ends = ", ".join(f"{v:g}" if isinstance(v, float) else f"<{len(str(v))} digits>" for v in (sweep.start, sweep.end))
+            raise SweeperSettingError(f"{key}: interval({ends}) needs finite ends")
         low, high = float(sweep.start), float(sweep.end)
         if not low < high:
             raise SweeperSettingError(f"{key}: interval({low:g}, {high:g}) is empty: the low end must be below the high end")

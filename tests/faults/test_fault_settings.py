@@ -23,7 +23,7 @@ from pipeline.engine.validate import SettingsError, validate_settings  # noqa: E
         (["trainer.c2=abc"], "bad setting trainer.c2='abc': c2 must be a number"),
         (["trainer.c2=-1"], "bad setting trainer.c2=-1: c2 must be a finite number >= 0"),
         (["trainer.c2=nan"], "bad setting trainer.c2=nan: c2 must be a finite number"),
-        (["trainer.c2=1" + "0" * 400], "c2 must be a finite number, got an integer of 1329 bits, too large for a float"),
+        (["trainer.c2=1" + "0" * 400], "c2 must be a finite number, got a value too large for a float"),
         # a strength no data can move the weights against is refused before any stage, not at training (R6b-3)
         (["trainer.c2=1e300"], "bad setting trainer.c2=1e+300: c2=1e+300 is above 1e+12: a prior this strong keeps"),
         (["trainer=sgd", "trainer.c2=1e13"], "c2=1e+13 is above 1e+12"),
@@ -292,7 +292,7 @@ def test_an_integer_beyond_a_floats_range_is_one_setting_error_everywhere():
     from pipeline.sweeps.path import path_strengths
 
     huge = 10**400
-    with pytest.raises(ValueError, match="^c1 must be a finite number, got an integer of 1329 bits"):
+    with pytest.raises(ValueError, match="^c1 must be a finite number, got a value too large for a float"):
         CRF(c1=huge).fit([[{"a": 1}]], [["A"]])
     config = compose_config(["+experiment=reg_path"])
     config.path.strengths = [huge, 1]
@@ -301,3 +301,43 @@ def test_an_integer_beyond_a_floats_range_is_one_setting_error_everywhere():
     assert "must be finite numbers" in range_problem("trainer.c2", RangeSweep(start=0, stop=huge, step=1))
     with pytest.raises(search.SweeperSettingError):  # one line, however Hydra's parser or ours refuses it
         search.parse_space({"trainer.c2": f"interval(0, {huge})"}, [])
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"order": 1.0}, "order must be 1 or 2, got 1.0"),  # passed as 1, then an IndexError in fit (round 44)
+        ({"rare_threshold": 10**400}, "rare_threshold must be a whole number >= 0 and at most"),
+        ({"k": 10**400, "transition_smoothing": "add-k"}, "k must be a finite number, got a value too large for a float"),
+        ({"block_elements": 10**400}, "block_elements must be a finite number, got a value too large for a float"),
+    ],
+)
+def test_hmm_parameters_are_checked_before_counting(params, message):
+    from crf.hmm import HMM
+
+    with pytest.raises(ValueError, match=message):
+        HMM(**params).fit([["a", "b"]], [["A", "B"]])
+
+
+def test_a_fraction_beyond_a_floats_range_is_named():
+    """The check's own message called ``.bit_length()``, which a Fraction lacks (round 44)."""
+    from fractions import Fraction
+
+    from crf import CRF
+
+    with pytest.raises(ValueError, match="^c1 must be a finite number, got a value too large for a float"):
+        CRF(c1=Fraction(10**400, 3)).fit([[{"a": 1}]], [["A"]])
+
+
+def test_a_flag_between_settings_is_one_line_that_quotes_no_value(caplog):
+    """``python -m pipeline a=b -m storage=<url>``: Hydra's argument parser printed the settings
+    after the flag, a password too, as unrecognized arguments (round 44)."""
+    from pipeline.__main__ import composition_refusal
+    from pipeline.apps import exit_if_uncomposable
+
+    argv = ["model=hmm", "-m", "hydra/sweeper=optuna", "hydra.sweeper.storage=postgresql://alice:S3CR3T@127.0.0.1:1/db"]
+    refused = composition_refusal(argv)
+    assert refused is not None and refused.startswith("bad command line: put -m") and "S3CR3T" not in refused
+    with pytest.raises(SystemExit) as ended:
+        exit_if_uncomposable("tag", ["models=x", "-m", "tracking.uri=http://a:S3CR3T@h"])
+    assert ended.value.code == 2 and "put -m" in caplog.text and "S3CR3T" not in caplog.text
