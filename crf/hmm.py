@@ -222,7 +222,7 @@ class HMM:
     # --- training ---------------------------------------------------------------------------
 
     @staticmethod
-    def _flatten(X, name: str = "X") -> tuple[list[str], np.ndarray]:
+    def _flatten(X, name: str = "X", tokens: bool = True) -> tuple[list[str], np.ndarray]:
         if isinstance(X, str) or any(isinstance(x, str) for x in X):
             raise TypeError(f"{name} must be a list of token sequences (lists of strings), not strings: tokenise first")
         if isinstance(X, AbstractSet) or any(isinstance(x, AbstractSet) for x in X):  # no order to read them in
@@ -230,7 +230,16 @@ class HMM:
         lengths = np.fromiter((len(x) for x in X), dtype=np.int64, count=len(X))
         if lengths.size == 0 or np.any(lengths == 0):
             raise ValueError(f"{name} must be a non-empty list of non-empty sequences")
-        return list(itertools.chain.from_iterable(X)), lengths
+        flat = list(itertools.chain.from_iterable(X))
+        if tokens and pd.api.types.infer_dtype(flat, skipna=False) != "string":  # None, 1 (which prints as '1'), NaN
+            index = next(i for i, word in enumerate(flat) if not isinstance(word, str))
+            offsets = np.concatenate([[0], np.cumsum(lengths)])
+            sequence = int(np.searchsorted(offsets, index, side="right")) - 1
+            raise TypeError(
+                f"{name}: sequence {sequence}, token {index - int(offsets[sequence])}: a token must be a str, "
+                f"got {type(flat[index]).__name__} {flat[index]!r}"
+            )
+        return flat, lengths
 
     def fit(self, X: Sequence[Sequence[str]], y: Sequence[Sequence[str]]) -> HMM:
         """Estimate by counting.
@@ -257,7 +266,7 @@ class HMM:
         """
         self.check_params()
         words, lengths = self._flatten(X)
-        labels, label_lengths = self._flatten(y, "y")
+        labels, label_lengths = self._flatten(y, "y", tokens=False)
         if not np.array_equal(lengths, label_lengths):
             bad = int(np.flatnonzero(lengths != label_lengths)[0]) if lengths.size == label_lengths.size else None
             raise ValueError(
@@ -567,7 +576,7 @@ class HMM:
             number of labels in all than ``X`` has tokens.
         """
         predicted = self.predict_codes(X)
-        gold = self._flatten(y, "y")[0]
+        gold = self._flatten(y, "y", tokens=False)[0]
         if len(gold) != predicted.size:
             raise ValueError("X and y differ in length")
         classes = np.array(self.classes_, dtype=object)
@@ -634,6 +643,9 @@ class HMM:
             self, re-estimated; ``em_history_`` lists the iterations.
         """
         self._check_fitted()
+        _number("iterations", iterations, integer=True)
+        _number("tolerance", tolerance)
+        _number("labelled_weight", labelled_weight)
         if self.transition_smoothing != "add-k" or self.emission_smoothing != "add-k":
             raise ValueError(
                 "Baum-Welch re-estimates add-k models only (transition_smoothing='add-k', "

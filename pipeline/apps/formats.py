@@ -686,7 +686,7 @@ def _write_text(path: str | Path, text: str) -> None:
     """``text`` as UTF-8 at ``path``, atomically; gzip-compressed when the name ends in ``.gz`` (as
     inputs so named are read), with no time stamp in the header, so that one output is one file."""
     data = text.encode("utf-8")
-    if str(path).endswith(".gz"):
+    if str(path).lower().endswith(".gz"):  # as the format is read from the name: in any case
         data = gzip.compress(data, mtime=0)
     atomic_write(path, lambda out: out.write(data))
 

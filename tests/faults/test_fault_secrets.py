@@ -196,7 +196,8 @@ def test_a_comma_in_a_password_or_a_sweep_over_stores_is_one_line_that_quotes_no
     refused = composition_refusal(argv)
     assert refused and problem in refused and "SEK" not in refused and "TOKUSER" not in refused, refused
     with pytest.raises(SystemExit) as ended:
-        exit_if_uncomposable("tag", ["models=models:/x/1", "input=a.txt", *argv])
+        flags, settings = [a for a in argv if a.startswith("-")], [a for a in argv if not a.startswith("-")]
+        exit_if_uncomposable("tag", [*flags, "models=models:/x/1", "input=a.txt", *settings])
     assert ended.value.code == 2 and problem in caplog.text and "SEK" not in caplog.text
 
 

@@ -341,3 +341,29 @@ def test_a_flag_between_settings_is_one_line_that_quotes_no_value(caplog):
     with pytest.raises(SystemExit) as ended:
         exit_if_uncomposable("tag", ["models=x", "-m", "tracking.uri=http://a:S3CR3T@h"])
     assert ended.value.code == 2 and "put -m" in caplog.text and "S3CR3T" not in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"labelled_weight": -1}, "labelled_weight must be a finite number >= 0"),  # ran 20 iterations of NaN (round 45)
+        ({"tolerance": float("nan")}, "tolerance must be a finite number >= 0"),
+        ({"iterations": -5}, "iterations must be a finite number >= 0"),  # ran none, quietly
+        ({"iterations": 2.5}, "iterations must be an integer"),
+    ],
+)
+def test_baum_welch_settings_are_checked_before_the_first_iteration(params, message):
+    from crf.hmm import HMM
+
+    model = HMM(transition_smoothing="add-k", emission_smoothing="add-k").fit([["a", "b"]], [["A", "B"]])
+    with pytest.raises(ValueError, match=message):
+        model.baum_welch([["a", "c"]], **params)
+
+
+@pytest.mark.parametrize("token", [None, 1, 1.5])
+def test_hmm_tokens_that_are_not_strings_are_named(token):
+    """A None token failed deep in numpy; 1 and '1' became two words that print alike (round 45)."""
+    from crf.hmm import HMM
+
+    with pytest.raises(TypeError, match="^X: sequence 1, token 0: a token must be a str"):
+        HMM().fit([["a"], [token, "b"]], [["A"], ["A", "B"]])

@@ -582,3 +582,12 @@ print(model.predict(frame)["label"].tolist())
     frame = pd.DataFrame({"sentence": [0, 0, 0], "w": ["the", "dog", "runs"], "pos": ["DT", "NN", "VB"]})
     assert done.stdout.strip() == str(load_bundle(first["bundle"]).tag_frame(frame)["label"].tolist())
     assert not list(tmp_path.rglob("*.db"))
+
+
+def test_an_output_named_gz_in_capitals_is_compressed(tmp_path):
+    """``x.JSONL.GZ`` was taken for JSONL, by a check that ignores case, and written uncompressed
+    (round 45)."""
+    from pipeline.apps.formats import _write_text
+
+    _write_text(tmp_path / "x.JSONL.GZ", "{}\n")
+    assert gzip.decompress((tmp_path / "x.JSONL.GZ").read_bytes()) == b"{}\n"
