@@ -156,12 +156,7 @@ def composition_refusal(argv: list[str]) -> str | None:
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from pipeline.sweeps.grid_preflight import (
-        composition_problem,
-        configured_multirun,
-        flag_order_problem,
-        sweep_override_problem,
-    )
+    from pipeline.sweeps.grid_preflight import composition_problem, flag_order_problem, sweep_override_problem
 
     misplaced = flag_order_problem(argv)
     if misplaced:
@@ -183,13 +178,11 @@ def composition_refusal(argv: list[str]) -> str | None:
     try:
         with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
             cfg = compose("config", overrides=fixed)
-            swept = any(override.is_sweep_override() for override in overrides)
-            lists_allowed = len(arguments) < len(argv) or (swept and configured_multirun("config", fixed))
+            problem = sweep_override_problem("config", argv, overrides, fixed)
     except Exception as error:
         return f"bad setting: {composition_problem(error)}"
     finally:
         GlobalHydra.instance().clear()
-    problem = sweep_override_problem(overrides, lists_allowed)
     if problem:
         return problem
     from pipeline.tracking import registry_uri, stores_problem, tracking_uri

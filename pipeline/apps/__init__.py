@@ -54,12 +54,7 @@ def exit_if_uncomposable(config_name: str, argv: list[str], check: Callable[[Dic
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     from pipeline.report import redacted, shown_override
-    from pipeline.sweeps.grid_preflight import (
-        composition_problem,
-        configured_multirun,
-        flag_order_problem,
-        sweep_override_problem,
-    )
+    from pipeline.sweeps.grid_preflight import composition_problem, flag_order_problem, sweep_override_problem
 
     misplaced = flag_order_problem(argv)
     if misplaced:
@@ -79,8 +74,7 @@ def exit_if_uncomposable(config_name: str, argv: list[str], check: Callable[[Dic
         ]
         with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
             base = compose(config_name)
-            multirun = len(arguments) < len(argv) or (bool(swept) and configured_multirun(config_name, fixed))
-            problem = sweep_override_problem(overrides, multirun)
+            problem = sweep_override_problem(config_name, argv, overrides, fixed)
             jobs = itertools.islice(itertools.product(*swept), MAX_JOBS_CHECKED if problem is None else 0)
             for number, job in enumerate(jobs):
                 cfg = compose(config_name, overrides=fixed + list(job), return_hydra_config=True)

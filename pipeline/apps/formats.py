@@ -207,18 +207,18 @@ def _word_clusters(line: str, begin: int, end: int, bounds: list[int], skeleton:
         if stand_in is None:  # marks and invisible characters only
             if orphan < 0 and not after_space:
                 continue  # they belong to the character before them (its span grows on to the next start)
-            orphan = orphan if orphan >= 0 else _first_visible(text, 0, start)
+            orphan = orphan if orphan >= 0 else _first_visible(text, start)
             continue
-        bounds.append(orphan if orphan >= 0 else _first_visible(text, 0, start))  # invisible ones go before
+        bounds.append(orphan if orphan >= 0 else _first_visible(text, start))  # invisible ones go before
         skeleton.append(stand_in)
         orphan, after_space = -1, False
     _close_orphan(line, orphan, end, bounds, skeleton)
 
 
-def _first_visible(text: str, begin: int, start: int) -> int:
-    """Where in the line (``text`` starts at ``start``) the first character of ``text[begin:]``
-    that is neither space nor invisible is, or -1."""
-    return next((start + i for i in range(begin, len(text)) if not (text[i].isspace() or _INVISIBLE.match(text[i]))), -1)
+def _first_visible(text: str, start: int) -> int:
+    """Where in the line (``text`` starts at ``start``) the first character of ``text`` that is
+    neither space nor invisible is, or -1."""
+    return next((start + i for i, c in enumerate(text) if not (c.isspace() or _INVISIBLE.match(c))), -1)
 
 
 def _close_orphan(line: str, orphan: int, end: int, bounds: list[int], skeleton: list[str]) -> None:

@@ -119,8 +119,8 @@ def job_label() -> str:
 
 
 class JobContext(logging.Filter):
-    """Adds ``record.job`` (see the module docstring), a URL's secret in it hidden; computed once
-    per configured job."""
+    """Adds ``record.job`` (see the module docstring; a URL's secret in it hidden by
+    :func:`job_label`); computed once per configured job."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -129,7 +129,7 @@ class JobContext(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if self.label is None:
             try:
-                self.label = redacted(job_label())
+                self.label = job_label()
             except Exception:  # never lose a log line over its label
                 self.label = ""
         record.job = self.label

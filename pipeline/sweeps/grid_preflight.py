@@ -78,24 +78,24 @@ def flag_order_problem(argv: list[str]) -> str | None:
     return None
 
 
-def configured_multirun(config_name: str, overrides: list[str]) -> bool:
-    """Whether app ``config_name`` composed with ``overrides`` runs as a multirun without ``-m``
-    (``hydra.mode: MULTIRUN``, as the experiments set it); inside Hydra's ``initialize_config_dir``."""
+def sweep_override_problem(config_name: str, argv: list[str], overrides: list[Any], fixed: list[str]) -> str | None:
+    """Why a command line's sweep overrides (``a,b``, ``range()``, ``choice()``; ``overrides``
+    parsed by Hydra's ``OverridesParser``, ``fixed`` the others' input lines) cannot run, in one
+    line that quotes no value (a comma may be part of a password), or None: one in a run of app
+    ``config_name`` that is no multirun (no ``-m`` in ``argv``, no ``hydra.mode: MULTIRUN`` as the
+    experiments set; Hydra prints the value in an "Ambiguous value" message), or a sweep over a
+    setting of :data:`UNSWEPT`. Call inside Hydra's ``initialize_config_dir``."""
     from hydra import compose
     from hydra.types import RunMode
 
-    return OmegaConf.select(compose(config_name, overrides=overrides, return_hydra_config=True), "hydra.mode") == RunMode.MULTIRUN
-
-
-def sweep_override_problem(overrides: list[Any], multirun: bool) -> str | None:
-    """Why a command line's sweep overrides (``a,b``, ``range()``, ``choice()``; parsed by Hydra's
-    ``OverridesParser``) cannot run, in one line that quotes no value (a comma may be part of a
-    password), or None: one in a run that is no multirun (no ``-m``, no ``hydra.mode: MULTIRUN``;
-    Hydra prints the value in an "Ambiguous value" message), or a sweep over a setting of
-    :data:`UNSWEPT`."""
-    for override in overrides:
-        if not override.is_sweep_override():
-            continue
+    swept = [override for override in overrides if override.is_sweep_override()]
+    if not swept:
+        return None
+    multirun = any(arg in ("-m", "--multirun") for arg in argv)
+    if not multirun:
+        configured = compose(config_name, overrides=fixed, return_hydra_config=True)
+        multirun = OmegaConf.select(configured, "hydra.mode") == RunMode.MULTIRUN
+    for override in swept:
         key = override.key_or_group
         if not multirun:
             return (
