@@ -349,12 +349,15 @@ class OptunaSweeper(Sweeper):
     def _evaluation_data(self, space: Any) -> dict[str, str]:
         """The data the trials' objective is measured on: the dataset name and its evaluation key
         (:func:`pipeline.tracking.champion.evaluation_key`: files, columns, label, dev split) of the
-        job the sweep's fixed settings compose."""
+        job the sweep's fixed settings compose, and the model its trials fit (the fixed ``model``'s
+        name, or :data:`pipeline.sweeps.search.SEARCHED_MODELS` when the space searches it)."""
+        from pipeline.sweeps import search
         from pipeline.tracking.champion import evaluation_key
 
         job = self.config_loader.load_sweep_config(self.config, list(space.fixed))
         dataset = OmegaConf.to_container(job.dataset, resolve=True)
-        return {"dataset": str(dataset.get("name")), "key": evaluation_key(dataset)}
+        model = search.SEARCHED_MODELS if "model" in space.distributions else str(job.model.name)
+        return {"dataset": str(dataset.get("name")), "key": evaluation_key(dataset), "model": model}
 
     def _check_resumed(self, study: Any, space: Any, where: str) -> None:
         from optuna.distributions import check_distribution_compatibility
@@ -384,6 +387,13 @@ class OptunaSweeper(Sweeper):
                 f"study {name!r} in {where} measured its trials on dataset {before.get('dataset')} ({before.get('key')}), "
                 f"this sweep on {self._evaluation['dataset']} ({self._evaluation['key']}: {changed}), so their scores do not "
                 "compare: choose another hydra.sweeper.study_name"
+            )
+        model = before.get("model") if isinstance(before, dict) else None
+        if model is not None and self._evaluation is not None and model != self._evaluation["model"]:
+            raise SweeperSettingError(
+                f"study {name!r} in {where} has trials of model={model}, this sweep's would be of "
+                f"model={self._evaluation['model']}, so their scores are not of one search space: "
+                "choose another hydra.sweeper.study_name"
             )
         for trial in study.get_trials(deepcopy=False):
             for key, before in trial.distributions.items():

@@ -234,4 +234,35 @@ def check_grid_jobs(config: DictConfig) -> list[tuple[list[str], DictConfig]] | 
             log.warning(
                 "sweep job #%d (%s) not checked: %s: %s", number, " ".join(map(shown_override, job)), type(error).__name__, error
             )
+    unread = unread_sweep_keys(composed)
+    if unread:
+        log.error("%s; no job was run", unread)
+        sys.exit(2)
     return composed
+
+
+def unread_sweep_keys(jobs: list[tuple[list[str], DictConfig]], kind: str = "sweep", runs: str = "jobs") -> str | None:
+    """The problem (one line) of a ``kind`` of sweep whose ``jobs`` (overrides, composed config;
+    ``runs`` in the message) differ in keys that no job's model reads
+    (:func:`pipeline.engine.stage.model_reads`: ``trainer.c2`` with ``model=hmm``), so jobs
+    differing only there would be the same fit; None if there are none."""
+    from pipeline.engine.stage import load_adapter, model_reads
+
+    values: dict[str, set[str]] = {}
+    for overrides, _ in jobs:
+        for override in overrides:
+            key, _, value = override.partition("=")
+            values.setdefault(key, set()).add(value)
+    unread = dict.fromkeys(key for key, seen in values.items() if len(seen) > 1)
+    models: set[str] = set()
+    for _, job in jobs:
+        adapter = load_adapter(job.model)
+        models.add(str(job.model.name))
+        for key in [key for key in unread if model_reads(adapter, key)]:
+            del unread[key]
+    if not unread:
+        return None
+    return (
+        f"the {kind} over {', '.join(unread)}: model={'/'.join(sorted(models))} does not read "
+        f"{'it' if len(unread) == 1 else 'them'}, so {runs} differing only there would be the same fit"
+    )

@@ -266,6 +266,10 @@ def stage_metric_names(job: Any, stage: str) -> tuple[str, ...] | None:
     return load_stages()[stage].metric_names(job, load_adapter(job.model))
 
 
+#: a study's record of its trials' model when the search space searches ``model`` itself
+SEARCHED_MODELS = "choice(...)"
+
+
 def check_trials(space: SearchSpace, config: Any, loader: Any, metric: str | None) -> None:
     """Compose and check the jobs of the trials of :func:`checked_trials` as their runs will check
     them before their first stage (:func:`pipeline.sweeps.grid_preflight.check_job`: the stages
@@ -274,22 +278,25 @@ def check_trials(space: SearchSpace, config: Any, loader: Any, metric: str | Non
     (one the stage declares, where it declares them: ``evaluate.nosuch`` is refused), an F1 needs
     a dataset with chunks (a scheme other than none), and a dev score needs a dev
     split, which a ``data.final_fit=train+dev`` run has not; and every trial is scored on the same
-    data (:func:`pipeline.tracking.champion.evaluation_key`).
+    data (:func:`pipeline.tracking.champion.evaluation_key`); and every searched key is one some
+    trial's model reads (:func:`pipeline.sweeps.grid_preflight.unread_sweep_keys`).
     SweeperSettingError (one line) otherwise: so ``trainer.c2=choice(0.1, -1)`` or
     ``data.final_fit=nosuch`` is refused before any trial runs, not by a trial's job."""
     from crf.bundle import normalize_scheme
     from pipeline.engine.validate import SettingsError
     from pipeline.stages.prepare import final_fit
-    from pipeline.sweeps.grid_preflight import check_job
+    from pipeline.sweeps.grid_preflight import check_job, unread_sweep_keys
     from pipeline.tracking.champion import evaluation_key
 
     evaluations: dict[str, str] = {}  # evaluation key -> the first trials scored on that data
+    jobs = []  # (overrides, composed config) of each checked trial
     for values in checked_trials(space):
         searched = " ".join(trial_overrides(values))
         try:
             job, order = check_job(loader, config, [*space.fixed, *trial_overrides(values)])
         except SettingsError as error:
             raise SweeperSettingError(f"the trials with {searched}: {error}") from None
+        jobs.append(([*space.fixed, *trial_overrides(values)], job))
         evaluations.setdefault(evaluation_key(OmegaConf.to_container(job.dataset, resolve=True)), searched)
         if len(evaluations) > 1:
             first = next(iter(evaluations.values()))
@@ -321,6 +328,9 @@ def check_trials(space: SearchSpace, config: Any, loader: Any, metric: str | Non
                 f"({metric or 'the dev score'}); search with data.final_fit=train, then refit the chosen settings with "
                 f"data.final_fit={final_fit(job)} in one run"
             )
+    unread = unread_sweep_keys(jobs, "search", "trials")
+    if unread:
+        raise SweeperSettingError(unread)
 
 
 def check_enqueued(trials: Sequence[Mapping[str, Any]] | None, space: SearchSpace) -> list[dict[str, Any]]:

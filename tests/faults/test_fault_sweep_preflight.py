@@ -71,6 +71,10 @@ def _grid(task: list[str], base):
         # a regularisation path's own checks
         (["+experiment=reg_path", "path.strengths=[1,0.1],[1,-1]"], "sweep job #1 (+experiment=reg_path path.strengths=[1,-1]): "
          "bad setting path.strengths=[1, -1]: -1 is not a positive number"),
+        # a sweep over what the model does not read: its jobs would be one fit (R45-4)
+        (["model=hmm", "trainer=lbfgs,l1", "trainer.strength=0.1,1"], "the sweep over trainer, trainer.strength: model=hmm "
+         "does not read them, so jobs differing only there would be the same fit; no job was run"),
+        (["model=hmm", "model.order=1,2", "trainer.c2=0.1,1"], "the sweep over trainer.c2: model=hmm does not read it"),
         # a sweep that cannot be expanded (H13)
         (["trainer.c2=range(0,1,0)"], "bad sweep trainer.c2=range(0, 1, 0): the step must not be 0; no job was run"),
         (["trainer.c2=range(0,1,0.0)"], "bad sweep trainer.c2=range(0, 1, 0.0): the step must not be 0"),
@@ -95,6 +99,8 @@ def test_a_grid_of_good_jobs_passes(grid_base, caplog):
         ["data.final_fit=train,train+dev"],
         ["trainer.c2=range(0.1,1,0.3)"],
         ["+experiment=reg_path", "trainer=lbfgs,l1"],
+        ["model=crf,hmm", "trainer.c2=0.1,1"],  # the CRF's jobs read trainer.c2
+        ["model=hmm", "model.order=1,2"],
     ]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None), caplog.at_level(logging.WARNING):
         for task in tasks:
@@ -179,6 +185,11 @@ def _optuna(tmp_path: Path, params: dict, task: list[str] = (), **settings) -> O
         ({"trainer.c2": "interval(0.1, 1)"}, ["metric=prepare.dev_f1"], "stage prepare logs no metric dev_f1"),
         ({"trainer.c2": "interval(0.1, 1)"}, ["metric=evaluate.dev_correction_fixes"],
          "stage evaluate logs no metric dev_correction_fixes"),
+        # a space the model does not read: the trials would be one fit (R45-4)
+        ({"trainer": "choice(lbfgs, l1)", "trainer.strength": "interval(0.1, 1)"}, ["model=hmm"], "the search over "
+         "trainer, trainer.strength: model=hmm does not read them, so trials differing only there would be the same fit"),
+        ({"trainer.c2": "interval(0.1, 1)", "model.order": "choice(1, 2)"}, ["model=hmm"], "the search over trainer.c2: "
+         "model=hmm does not read it"),
         # trials scored on other data: their scores do not compare (H9)
         ({"trainer.c2": "interval(0.1, 1)", "dataset.dev_split.seed": "choice(13, 14)"}, [], "the trials with trainer.c2=0.1 "
          "dataset.dev_split.seed=13 and those with trainer.c2=0.1 dataset.dev_split.seed=14 are scored on different data"),
@@ -221,6 +232,18 @@ def test_a_study_resumed_on_other_evaluation_data_is_refused(tmp_path, caplog):
             line = refused_line(lambda other=other, task=task: other.sweep(_arguments(tmp_path, task)), caplog)
             assert "study 's' in sqlite:///" in line and "measured its trials on dataset conll2000 (" in line, line
             assert f"{changed}), so their scores do not compare: choose another hydra.sweeper.study_name" in line, line
+        # another model's trials (R45-4), and a space that searches the model, neither compare with the study's
+        for task, params_, model in (
+            (["model=hmm"], {"model.order": "choice(1, 2)"}, "hmm"),
+            ([], {**params, "model": "choice(crf, hmm)"}, "choice(...)"),
+        ):
+            other = _optuna(tmp_path, params_, task, study_name="s")
+            line = refused_line(lambda other=other, task=task: other.sweep(_arguments(tmp_path, task)), caplog)
+            assert f"study 's' in sqlite:///{tmp_path}" in line, line
+            assert line.endswith(
+                f"has trials of model=crf, this sweep's would be of model={model}, so their scores are not of one search "
+                "space: choose another hydra.sweeper.study_name"
+            ), line
         # the same evaluation data on a smaller training fraction resumes the study
         _optuna(tmp_path, params, ["data.train_fraction=0.5"], study_name="s")._checked(
             _arguments(tmp_path, ["data.train_fraction=0.5"])
