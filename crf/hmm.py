@@ -231,15 +231,20 @@ class HMM:
         if lengths.size == 0 or np.any(lengths == 0):
             raise ValueError(f"{name} must be a non-empty list of non-empty sequences")
         flat = list(itertools.chain.from_iterable(X))
-        if tokens and pd.api.types.infer_dtype(flat, skipna=False) != "string":  # None, 1 (which prints as '1'), NaN
-            index = next(i for i, word in enumerate(flat) if not isinstance(word, str))
-            offsets = np.concatenate([[0], np.cumsum(lengths)])
-            sequence = int(np.searchsorted(offsets, index, side="right")) - 1
-            raise TypeError(
-                f"{name}: sequence {sequence}, token {index - int(offsets[sequence])}: a token must be a str, "
-                f"got {type(flat[index]).__name__} {flat[index]!r}"
-            )
-        return flat, lengths
+        if not tokens:
+            return flat, lengths
+        if pd.api.types.infer_dtype(flat, skipna=False) != "string":  # None, 1 (which prints as '1'), NaN
+            index, why = next(i for i, word in enumerate(flat) if not isinstance(word, str)), TypeError
+        elif "" in flat:  # no reader makes one, and a served model refuses it
+            index, why = flat.index(""), ValueError
+        else:
+            return flat, lengths
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        sequence = int(np.searchsorted(offsets, index, side="right")) - 1
+        raise why(
+            f"{name}: sequence {sequence}, token {index - int(offsets[sequence])}: a token must be a non-empty str, "
+            f"got {type(flat[index]).__name__} {flat[index]!r}"
+        )
 
     def fit(self, X: Sequence[Sequence[str]], y: Sequence[Sequence[str]]) -> HMM:
         """Estimate by counting.

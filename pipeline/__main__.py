@@ -197,9 +197,18 @@ def composition_refusal(argv: list[str]) -> str | None:
                 "(registry.sweep=true), and its jobs register nothing themselves; set registry.sweep=true, or run the "
                 "chosen settings as a single run with registry.register=true"
             )
-        registering = OmegaConf.select(cfg, "registry.sweep" if multirun else "registry.register", default=False) is True
+        from pipeline.sweeps.path import path_job
+
+        path = not multirun and path_job(cfg)  # a path on its own registers its best point as a sweep does
+        registering = OmegaConf.select(cfg, "registry.sweep" if multirun or path else "registry.register", default=False) is True
         if OmegaConf.select(cfg, "registry.force_alias", default=False) is True and not registering:
-            which = "registry.sweep=true (the sweep registers its best job)" if multirun else "registry.register=true"
+            which = (
+                "registry.sweep=true (the sweep registers its best job)"
+                if multirun
+                else "registry.sweep=true (the path registers its best point)"
+                if path
+                else "registry.register=true"
+            )
             return f"bad setting registry.force_alias=true: it moves the alias to the model this command registers; set {which}"
         registry = registry_uri(cfg) if registering else None  # and MLFLOW_REGISTRY_URI, where the model is registered
     except SettingsError as error:

@@ -357,7 +357,13 @@ class OptunaSweeper(Sweeper):
         job = self.config_loader.load_sweep_config(self.config, list(space.fixed))
         dataset = OmegaConf.to_container(job.dataset, resolve=True)
         model = search.SEARCHED_MODELS if "model" in space.distributions else str(job.model.name)
-        return {"dataset": str(dataset.get("name")), "key": evaluation_key(dataset), "model": model}
+        return {
+            "dataset": str(dataset.get("name")),
+            "key": evaluation_key(dataset),
+            "model": model,
+            "space": sorted(space.distributions),
+            "fixed": search.fixed_settings(job),
+        }
 
     def _check_resumed(self, study: Any, space: Any, where: str) -> None:
         from optuna.distributions import check_distribution_compatibility
@@ -395,6 +401,20 @@ class OptunaSweeper(Sweeper):
                 f"model={self._evaluation['model']}, so their scores are not of one search space: "
                 "choose another hydra.sweeper.study_name"
             )
+        searched = before.get("space") if isinstance(before, dict) else None
+        if searched is not None and self._evaluation is not None and searched != self._evaluation["space"]:
+            raise SweeperSettingError(
+                f"study {name!r} in {where} searched {', '.join(searched)}, this sweep {', '.join(self._evaluation['space'])}: "
+                "a study's trials are points of one search space: choose another hydra.sweeper.study_name"
+            )
+        fixed = before.get("fixed") if isinstance(before, dict) else None
+        if isinstance(fixed, dict) and self._evaluation is not None and self._evaluation["fixed"] is not None:
+            changed = sorted(k for k in {*fixed, *self._evaluation["fixed"]} if fixed.get(k) != self._evaluation["fixed"].get(k))
+            if changed:
+                raise SweeperSettingError(
+                    f"study {name!r} in {where} ran its trials with other fixed settings (the sections a stage reads "
+                    f"differ: {', '.join(changed)}), so their scores do not compare: choose another hydra.sweeper.study_name"
+                )
         for trial in study.get_trials(deepcopy=False):
             for key, before in trial.distributions.items():
                 if key not in space.distributions:

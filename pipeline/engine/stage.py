@@ -193,19 +193,6 @@ class BaseAdapter:
         raise NotImplementedError
 
 
-#: the config sections that configure the model itself: a model adapter that knows no key of one
-#: (:meth:`ModelAdapter.known_keys`) does not read it (the HMM, ``trainer``)
-MODEL_SECTIONS = ("model", "trainer")
-
-
-def model_reads(adapter: ModelAdapter, key: str) -> bool:
-    """Whether a job whose model is ``adapter``'s may be changed by config ``key`` (dotted, or a
-    config group; a ``+``/``~`` prefix allowed): false only for a key of a model section
-    (:data:`MODEL_SECTIONS`) the model has no key of."""
-    section = key.lstrip("+~").split(".")[0].split("/")[0]
-    return section not in MODEL_SECTIONS or bool(adapter.known_keys(section))
-
-
 def load_adapter(model: Mapping[str, Any]) -> ModelAdapter:
     """The adapter named by ``model.adapter`` (``package.module.Class``)."""
     path = model.get("adapter")

@@ -13,6 +13,7 @@ ends a single run. The Optuna sweeper checks its trials' settings with the same 
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 from typing import Any
@@ -223,10 +224,11 @@ def check_grid_jobs(config: DictConfig) -> list[tuple[list[str], DictConfig]] | 
     except SettingsError as error:
         log.error("%s; no job was run", error)
         sys.exit(2)
-    composed = []
+    composed, checked = [], []
     for number, job in enumerate(jobs):
         try:
-            composed.append((list(job), check_job(loader, config, list(job))[0]))
+            checked.append((list(job), *check_job(loader, config, list(job))))
+            composed.append(checked[-1][:2])
         except SettingsError as error:
             log.error("sweep job #%d (%s): %s; no job was run", number, " ".join(map(shown_override, job)), error)
             sys.exit(2)
@@ -234,35 +236,72 @@ def check_grid_jobs(config: DictConfig) -> list[tuple[list[str], DictConfig]] | 
             log.warning(
                 "sweep job #%d (%s) not checked: %s: %s", number, " ".join(map(shown_override, job)), type(error).__name__, error
             )
-    unread = unread_sweep_keys(composed)
+    unread = unread_sweep_keys(checked)
     if unread:
         log.error("%s; no job was run", unread)
         sys.exit(2)
     return composed
 
 
-def unread_sweep_keys(jobs: list[tuple[list[str], DictConfig]], kind: str = "sweep", runs: str = "jobs") -> str | None:
-    """The problem (one line) of a ``kind`` of sweep whose ``jobs`` (overrides, composed config;
-    ``runs`` in the message) differ in keys that no job's model reads
-    (:func:`pipeline.engine.stage.model_reads`: ``trainer.c2`` with ``model=hmm``), so jobs
-    differing only there would be the same fit; None if there are none."""
-    from pipeline.engine.stage import load_adapter, model_reads
+#: the config sections whose keys change a job's fit through the stages that read them (their
+#: config slices and settings); the others (tracking, registry, paths, path, hydra, ...) act
+#: outside the stages
+FIT_SECTIONS = (
+    "data",
+    "dataset",
+    "features",
+    "model",
+    "trainer",
+    "seed",
+    "featurize",
+    "train",
+    "evaluate",
+    "active_learning",
+    "semi",
+)
 
-    values: dict[str, set[str]] = {}
-    for overrides, _ in jobs:
-        for override in overrides:
-            key, _, value = override.partition("=")
-            values.setdefault(key, set()).add(value)
-    unread = dict.fromkeys(key for key, seen in values.items() if len(seen) > 1)
-    models: set[str] = set()
-    for _, job in jobs:
-        adapter = load_adapter(job.model)
-        models.add(str(job.model.name))
-        for key in [key for key in unread if model_reads(adapter, key)]:
-            del unread[key]
+
+def job_fingerprint(job: DictConfig, order: list[str]) -> str:
+    """What the stages ``order`` of ``job`` (a composed config) read: each one's config slice and
+    settings (:meth:`pipeline.engine.stage.Stage.config_slice`, ``settings``), as one JSON text.
+    Two jobs with the same fingerprint make the same fit (the second is the first's cache entry)."""
+    from pipeline.engine.stage import load_adapter, load_stages
+
+    adapter, stages = load_adapter(job.model), load_stages()
+    read = [(name, stages[name].config_slice(job, adapter), stages[name].settings(job, adapter)) for name in order]
+    return json.dumps(read, sort_keys=True, default=str)
+
+
+def unread_sweep_keys(jobs: list[tuple[list[str], DictConfig, list[str]]], kind: str = "sweep", runs: str = "jobs") -> str | None:
+    """The problem (one line) of a ``kind`` of sweep whose ``jobs`` (overrides, composed config,
+    the stages it runs; ``runs`` in the message) differ in a key of :data:`FIT_SECTIONS` that no
+    stage of theirs reads: every two jobs that differ only in it have the same
+    :func:`job_fingerprint` (``trainer.c2`` or ``features`` with ``model=hmm``), so they would be the
+    same fit; None if there is none."""
+    settings = [dict(override.partition("=")[::2] for override in overrides) for overrides, _, _ in jobs]
+    fingerprints: list[str | None] = []
+    for _, job, order in jobs:
+        try:
+            fingerprints.append(job_fingerprint(job, order))
+        except Exception:  # a stage that cannot slice this job: its own check says why when it runs
+            fingerprints.append(None)
+    unread: dict[str, tuple[DictConfig, list[str]]] = {}  # key -> a job that does not read it
+    for key in dict.fromkeys(key for values in settings for key in values):
+        if key.lstrip("+~").split(".")[0].split("/")[0] not in FIT_SECTIONS:
+            continue
+        groups: dict[str, dict[str, str | None]] = {}  # the other keys' values -> {this key's value: fingerprint}
+        first: dict[str, int] = {}  # the other keys' values -> the first job with them
+        for number, (values, fingerprint) in enumerate(zip(settings, fingerprints)):
+            others = json.dumps(sorted((k, v) for k, v in values.items() if k != key))
+            groups.setdefault(others, {})[values.get(key, "")] = fingerprint
+            first.setdefault(others, number)
+        compared = [others for others, group in groups.items() if len(group) > 1]
+        if compared and all(None not in groups[o].values() and len(set(groups[o].values())) == 1 for o in compared):
+            unread[key] = jobs[first[compared[0]]][1:]
     if not unread:
         return None
+    job, order = next(iter(unread.values()))
     return (
-        f"the {kind} over {', '.join(unread)}: model={'/'.join(sorted(models))} does not read "
-        f"{'it' if len(unread) == 1 else 'them'}, so {runs} differing only there would be the same fit"
+        f"the {kind} over {', '.join(unread)}: {runs} that differ only there would be the same fit, as no stage they run "
+        f"({', '.join(order)}, with model={job.model.name}) reads {'it' if len(unread) == 1 else 'them'}"
     )

@@ -270,6 +270,29 @@ def stage_metric_names(job: Any, stage: str) -> tuple[str, ...] | None:
 SEARCHED_MODELS = "choice(...)"
 
 
+def fixed_settings(job: Any) -> dict[str, str] | None:
+    """What the stages of ``job`` (a composed config: a sweep's fixed settings, its searched keys at
+    their defaults) read, section by section: {``<stage>.<section>``: a digest of that part of the
+    stage's config slice}; None if the job's stages cannot be planned. A study records it, and a
+    resume whose fixed settings give other digests is refused (their fits would not compare)."""
+    import hashlib
+    import json
+
+    from pipeline.engine.runner import validated_plan
+    from pipeline.engine.validate import SettingsError
+
+    try:
+        adapter, stages, order = validated_plan(job)
+        slices = {name: stages[name].config_slice(job, adapter) for name in order}
+    except (SettingsError, ValueError):
+        return None
+    return {
+        f"{name}.{section}": hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        for name, part in slices.items()
+        for section, value in part.items()
+    }
+
+
 def check_trials(space: SearchSpace, config: Any, loader: Any, metric: str | None) -> None:
     """Compose and check the jobs of the trials of :func:`checked_trials` as their runs will check
     them before their first stage (:func:`pipeline.sweeps.grid_preflight.check_job`: the stages
@@ -279,7 +302,7 @@ def check_trials(space: SearchSpace, config: Any, loader: Any, metric: str | Non
     a dataset with chunks (a scheme other than none), and a dev score needs a dev
     split, which a ``data.final_fit=train+dev`` run has not; and every trial is scored on the same
     data (:func:`pipeline.tracking.champion.evaluation_key`); and every searched key is one some
-    trial's model reads (:func:`pipeline.sweeps.grid_preflight.unread_sweep_keys`).
+    trial's stages read (:func:`pipeline.sweeps.grid_preflight.unread_sweep_keys`).
     SweeperSettingError (one line) otherwise: so ``trainer.c2=choice(0.1, -1)`` or
     ``data.final_fit=nosuch`` is refused before any trial runs, not by a trial's job."""
     from crf.bundle import normalize_scheme
@@ -289,14 +312,14 @@ def check_trials(space: SearchSpace, config: Any, loader: Any, metric: str | Non
     from pipeline.tracking.champion import evaluation_key
 
     evaluations: dict[str, str] = {}  # evaluation key -> the first trials scored on that data
-    jobs = []  # (overrides, composed config) of each checked trial
+    jobs = []  # (overrides, composed config, stages) of each checked trial
     for values in checked_trials(space):
         searched = " ".join(trial_overrides(values))
         try:
             job, order = check_job(loader, config, [*space.fixed, *trial_overrides(values)])
         except SettingsError as error:
             raise SweeperSettingError(f"the trials with {searched}: {error}") from None
-        jobs.append(([*space.fixed, *trial_overrides(values)], job))
+        jobs.append(([*space.fixed, *trial_overrides(values)], job, order))
         evaluations.setdefault(evaluation_key(OmegaConf.to_container(job.dataset, resolve=True)), searched)
         if len(evaluations) > 1:
             first = next(iter(evaluations.values()))

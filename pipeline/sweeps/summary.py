@@ -78,6 +78,8 @@ def gather(sweep_id: str, experiment: str, tag: str = "sweep_id", metric: str | 
             "run_id": runs["run_id"],
             "status": runs["status"],
             "state": runs.get(f"tags.{TRIAL_STATE_TAG}", pd.Series(index=runs.index, dtype=object)).fillna(runs["status"]),
+            "run_name": runs.get("tags.mlflow.runName"),  # the dataset, model, trainer and the job's swept settings
+            "model": runs.get("tags.model"),
             "trainer": runs.get("tags.trainer"),
             "c1": pd.to_numeric(runs.get("params.trainer.c1"), errors="coerce"),
             "c2": pd.to_numeric(runs.get("params.trainer.c2"), errors="coerce"),
@@ -267,15 +269,17 @@ def summarize(
     with tempfile.TemporaryDirectory() as folder:
         folder = Path(folder)
         table.to_csv(folder / "sweep_summary.csv", index=False)
-        hidden = ["run_id", "model_uri", "registry_name", "evaluation", "trial", "started"]
+        hidden = ["run_id", "run_name", "model", "model_uri", "registry_name", "evaluation", "trial", "started"]
         if not (table.final_fit == "train+dev").any():
             hidden.append("final_fit")
         text = markdown_table(table.drop(columns=hidden))
         if not finished.empty:
             best = best_job(finished, rank, direction)
             by = f"by {metric} ({direction}, {best['objective']:.4g})" if metric else "on dev"
+            job = best.get("run_name") if isinstance(best.get("run_name"), str) else f"trainer={best['trainer']}"
+            strengths = f" (c1={best['c1']:g} c2={best['c2']:g})" if best.get("model") == "crf" else ""  # what the CRF used
             text += (
-                f"\n\nbest {by}: trainer={best['trainer']} c1={best['c1']:g} c2={best['c2']:g} "
+                f"\n\nbest {by}: {job}{strengths}, "
                 f"dev {score_name} {_shown(best['dev_score'])}, test {_shown(best['test_score'])}"
             )
             if parent_run_id:

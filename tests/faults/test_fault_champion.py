@@ -691,3 +691,26 @@ def test_a_sigterm_that_comes_as_the_sweep_registers_is_named_with_what_was_regi
         line == "[sweep late] stopped by SIGTERM as it ended: its parent run is FAILED and models:/late@champion had been "
         "registered as the signal came"
     )
+
+
+def test_a_sweeps_best_job_is_named_by_its_run_and_only_a_crf_by_its_strengths(local_registry, caplog):
+    """An HMM sweep's best line read ``trainer=counting c1=0 c2=1`` (settings the HMM does not read)
+    and left out the swept ``model.order`` (round 46): the best job is named by its run name, which
+    holds its swept settings, and only a CRF's by its c1 and c2 as well."""
+    caplog.set_level(logging.INFO, logger="pipeline")
+    client, model = local_registry
+    experiment = client.create_experiment("crf")
+    for order, dev in ((1, 80.0), (2, 82.5)):
+        run_id = _sweep_job(client, experiment, model, "orders", 1.0, dev=dev, name="orders")
+        client.set_tag(run_id, "model", "hmm")
+        client.set_tag(run_id, "trainer", "counting")
+        client.set_tag(run_id, "mlflow.runName", f"conll2000-hmm-counting-order={order}")
+    _summarize(client, experiment, "orders")
+    assert "best on dev: conll2000-hmm-counting-order=2, dev f1 82.50, test 81.00" in caplog.text, caplog.text
+    assert "c2=" not in caplog.text.split("best on dev:")[1].splitlines()[0]
+    for c2, dev in ((0.1, 80.0), (1.0, 79.0)):
+        run_id = _sweep_job(client, experiment, model, "crfs", c2, dev=dev, name="crfs")
+        client.set_tag(run_id, "model", "crf")
+        client.set_tag(run_id, "mlflow.runName", f"conll2000-crf-lbfgs-c2={c2}")
+    _summarize(client, experiment, "crfs")
+    assert "best on dev: conll2000-crf-lbfgs-c2=0.1 (c1=0 c2=0.1), dev f1 80.00, test 80.10" in caplog.text, caplog.text

@@ -71,10 +71,13 @@ def _grid(task: list[str], base):
         # a regularisation path's own checks
         (["+experiment=reg_path", "path.strengths=[1,0.1],[1,-1]"], "sweep job #1 (+experiment=reg_path path.strengths=[1,-1]): "
          "bad setting path.strengths=[1, -1]: -1 is not a positive number"),
-        # a sweep over what the model does not read: its jobs would be one fit (R45-4)
-        (["model=hmm", "trainer=lbfgs,l1", "trainer.strength=0.1,1"], "the sweep over trainer, trainer.strength: model=hmm "
-         "does not read them, so jobs differing only there would be the same fit; no job was run"),
-        (["model=hmm", "model.order=1,2", "trainer.c2=0.1,1"], "the sweep over trainer.c2: model=hmm does not read it"),
+        # a sweep over what no stage of its jobs reads: they would be one fit (R45-4, R46-1)
+        (["model=hmm", "trainer=lbfgs,l1", "trainer.strength=0.1,1"], "the sweep over trainer, trainer.strength: jobs that "
+         "differ only there would be the same fit, as no stage they run (prepare, train, evaluate, with model=hmm) reads "
+         "them; no job was run"),
+        (["model=hmm", "model.order=1,2", "trainer.c2=0.1,1"], "the sweep over trainer.c2: jobs that differ only there"),
+        (["model=hmm", "features=chunking,pos"], "the sweep over features: jobs that differ only there would be the same fit"),
+        (["model=hmm", "featurize.log_matrices=true,false"], "the sweep over featurize.log_matrices: jobs that differ"),
         # a sweep that cannot be expanded (H13)
         (["trainer.c2=range(0,1,0)"], "bad sweep trainer.c2=range(0, 1, 0): the step must not be 0; no job was run"),
         (["trainer.c2=range(0,1,0.0)"], "bad sweep trainer.c2=range(0, 1, 0.0): the step must not be 0"),
@@ -99,8 +102,9 @@ def test_a_grid_of_good_jobs_passes(grid_base, caplog):
         ["data.final_fit=train,train+dev"],
         ["trainer.c2=range(0.1,1,0.3)"],
         ["+experiment=reg_path", "trainer=lbfgs,l1"],
-        ["model=crf,hmm", "trainer.c2=0.1,1"],  # the CRF's jobs read trainer.c2
-        ["model=hmm", "model.order=1,2"],
+        ["model=crf,hmm", "trainer.c2=0.1,1", "features=chunking,pos"],  # the CRF's jobs read trainer.c2 and features
+        ["model=hmm", "model.order=1,2", "data.train_fraction=0.5,1", "seed=0,1", "registry.name=a,b"],
+        ["trainer.threads=1,2"],  # the same fit in other time: a speed comparison
     ]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None), caplog.at_level(logging.WARNING):
         for task in tasks:
@@ -185,11 +189,13 @@ def _optuna(tmp_path: Path, params: dict, task: list[str] = (), **settings) -> O
         ({"trainer.c2": "interval(0.1, 1)"}, ["metric=prepare.dev_f1"], "stage prepare logs no metric dev_f1"),
         ({"trainer.c2": "interval(0.1, 1)"}, ["metric=evaluate.dev_correction_fixes"],
          "stage evaluate logs no metric dev_correction_fixes"),
-        # a space the model does not read: the trials would be one fit (R45-4)
+        # a space no stage of the trials reads: they would be one fit (R45-4, R46-1)
         ({"trainer": "choice(lbfgs, l1)", "trainer.strength": "interval(0.1, 1)"}, ["model=hmm"], "the search over "
-         "trainer, trainer.strength: model=hmm does not read them, so trials differing only there would be the same fit"),
+         "trainer, trainer.strength: trials that differ only there would be the same fit, as no stage they run (prepare, "
+         "train, evaluate, with model=hmm) reads them"),
         ({"trainer.c2": "interval(0.1, 1)", "model.order": "choice(1, 2)"}, ["model=hmm"], "the search over trainer.c2: "
-         "model=hmm does not read it"),
+         "trials that differ only there"),
+        ({"features": "choice(chunking, pos)"}, ["model=hmm"], "the search over features: trials that differ only there"),
         # trials scored on other data: their scores do not compare (H9)
         ({"trainer.c2": "interval(0.1, 1)", "dataset.dev_split.seed": "choice(13, 14)"}, [], "the trials with trainer.c2=0.1 "
          "dataset.dev_split.seed=13 and those with trainer.c2=0.1 dataset.dev_split.seed=14 are scored on different data"),
@@ -244,10 +250,23 @@ def test_a_study_resumed_on_other_evaluation_data_is_refused(tmp_path, caplog):
                 f"has trials of model=crf, this sweep's would be of model={model}, so their scores are not of one search "
                 "space: choose another hydra.sweeper.study_name"
             ), line
-        # the same evaluation data on a smaller training fraction resumes the study
-        _optuna(tmp_path, params, ["data.train_fraction=0.5"], study_name="s")._checked(
-            _arguments(tmp_path, ["data.train_fraction=0.5"])
-        )
+        # another search space, or other fixed settings on the same data and model: fits that do not compare (R46-3)
+        for task, params_, ending in (
+            ([], {"model.order": "choice(1, 2)"}, "searched trainer.c2, this sweep model.order: a study's trials are points "
+             "of one search space: choose another hydra.sweeper.study_name"),
+            (["features=pos"], params, "ran its trials with other fixed settings (the sections a stage reads differ: "
+             "featurize.features), so their scores do not compare: choose another hydra.sweeper.study_name"),
+            (["data.train_fraction=0.5", "trainer.max_iterations=7"], params, "(the sections a stage reads differ: "
+             "prepare.train_fraction, train.trainer), so"),
+        ):  # fmt: skip
+            other = _optuna(tmp_path, params_, task, study_name="s")
+            line = refused_line(lambda other=other, task=task: other.sweep(_arguments(tmp_path, task)), caplog)
+            assert f"study 's' in sqlite:///{tmp_path}" in line and ending in line, line
+        # what does not change a fit (threads, the data's folder, the trial count) resumes the study
+        task = ["trainer.threads=1", f"data.root={tmp_path / 'data'}/."]
+        again = _optuna(tmp_path, params, task, study_name="s")
+        again.n_trials = 3
+        again._checked(_arguments(tmp_path, task))
 
 
 def test_a_multi_objective_study_resumed_by_name_is_refused_before_anything_is_written(tmp_path, caplog):
@@ -409,6 +428,13 @@ LACKING = "bad setting: Could not override 'trainer.c22': the config has no such
             "bad setting registry.force_alias=true",
         ),
         (["registry.force_alias=true", "registry.register=true", "registry.name=x"], None),
+        # a path on its own registers its best point as a sweep does, by registry.sweep (R46-2)
+        (["+experiment=reg_path", "registry.force_alias=true"], None),
+        (
+            ["+experiment=reg_path", "registry.force_alias=true", "registry.sweep=false"],
+            "bad setting registry.force_alias=true: it moves the alias to the model this command registers; set "
+            "registry.sweep=true (the path registers its best point)",
+        ),
         # composable: left to the run's and the sweeper's checks
         (["-m", "trainer.c2=0.1,1", "trainer.c1=0"], None),
         (["-m", "trainer.c22=0.1,1"], None),  # swept: the grid preflight names its job
