@@ -261,15 +261,19 @@ FIT_SECTIONS = (
 )
 
 
-def job_fingerprint(job: DictConfig, order: list[str]) -> str:
-    """What the stages ``order`` of ``job`` (a composed config) read: each one's config slice and
-    settings (:meth:`pipeline.engine.stage.Stage.config_slice`, ``settings``), as one JSON text.
-    Two jobs with the same fingerprint make the same fit (the second is the first's cache entry)."""
+def stage_reads(job: DictConfig, order: list[str]) -> dict[str, tuple[dict, dict]]:
+    """What the stages ``order`` of ``job`` (a composed config) read: {stage name: (its config
+    slice, its settings)} (:meth:`pipeline.engine.stage.Stage.config_slice`, ``settings``)."""
     from pipeline.engine.stage import load_adapter, load_stages
 
     adapter, stages = load_adapter(job.model), load_stages()
-    read = [(name, stages[name].config_slice(job, adapter), stages[name].settings(job, adapter)) for name in order]
-    return json.dumps(read, sort_keys=True, default=str)
+    return {name: (stages[name].config_slice(job, adapter), stages[name].settings(job, adapter)) for name in order}
+
+
+def job_fingerprint(job: DictConfig, order: list[str]) -> str:
+    """:func:`stage_reads` as one JSON text: two jobs with the same fingerprint make the same fit
+    (the second is the first's cache entry)."""
+    return json.dumps(stage_reads(job, order), sort_keys=True, default=str)
 
 
 def unread_sweep_keys(jobs: list[tuple[list[str], DictConfig, list[str]]], kind: str = "sweep", runs: str = "jobs") -> str | None:

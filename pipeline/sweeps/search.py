@@ -20,7 +20,9 @@ used by ``hydra_plugins/crf_optuna_sweeper`` in the launching process; the job s
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import itertools
+import json
 import math
 import os
 import re
@@ -275,21 +277,19 @@ def fixed_settings(job: Any) -> dict[str, str] | None:
     their defaults) read, section by section: {``<stage>.<section>``: a digest of that part of the
     stage's config slice}; None if the job's stages cannot be planned. A study records it, and a
     resume whose fixed settings give other digests is refused (their fits would not compare)."""
-    import hashlib
-    import json
-
     from pipeline.engine.runner import validated_plan
     from pipeline.engine.validate import SettingsError
+    from pipeline.sweeps.grid_preflight import stage_reads
 
     try:
-        adapter, stages, order = validated_plan(job)
-        slices = {name: stages[name].config_slice(job, adapter) for name in order}
+        _, _, order = validated_plan(job)
+        reads = stage_reads(job, order)
     except (SettingsError, ValueError):
         return None
     return {
         f"{name}.{section}": hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
-        for name, part in slices.items()
-        for section, value in part.items()
+        for name, (config, _) in reads.items()
+        for section, value in config.items()
     }
 
 
