@@ -59,7 +59,7 @@ from ._persist import (
     strings_to_arrays,
 )
 from .batch import check_labels, label_classes
-from .bundle import prefixed, register_kind
+from .bundle import prefixed, register_kind, token_problem
 
 _KIND = "crf.HMMTagger"  # the kind its files carry (the class was once named so)
 _TRANSITION_SMOOTHING = ("add-k", "interpolation")
@@ -235,16 +235,14 @@ class HMM:
             return flat, lengths
         if pd.api.types.infer_dtype(flat, skipna=False) != "string":  # None, 1 (which prints as '1'), NaN
             index, why = next(i for i, word in enumerate(flat) if not isinstance(word, str)), TypeError
-        elif "" in flat:  # no reader makes one, and a served model refuses it
-            index, why = flat.index(""), ValueError
-        else:
-            return flat, lengths
+        else:  # the served model's and the tag command's check, once per distinct word
+            bad = {word for word in set(flat) if token_problem(word)}
+            if not bad:
+                return flat, lengths
+            index, why = next(i for i, word in enumerate(flat) if word in bad), ValueError
         offsets = np.concatenate([[0], np.cumsum(lengths)])
         sequence = int(np.searchsorted(offsets, index, side="right")) - 1
-        raise why(
-            f"{name}: sequence {sequence}, token {index - int(offsets[sequence])}: a token must be a non-empty str, "
-            f"got {type(flat[index]).__name__} {flat[index]!r}"
-        )
+        raise why(f"{name}: sequence {sequence}, token {index - int(offsets[sequence])}: {token_problem(flat[index])}")
 
     def fit(self, X: Sequence[Sequence[str]], y: Sequence[Sequence[str]]) -> HMM:
         """Estimate by counting.

@@ -271,9 +271,13 @@ def stage_reads(job: DictConfig, order: list[str]) -> dict[str, tuple[dict, dict
 
 
 def job_fingerprint(job: DictConfig, order: list[str]) -> str:
-    """:func:`stage_reads` as one JSON text: two jobs with the same fingerprint make the same fit
-    (the second is the first's cache entry)."""
-    return json.dumps(stage_reads(job, order), sort_keys=True, default=str)
+    """:func:`stage_reads` as one JSON text (a regularisation path's: its points', each with its
+    own ``trainer.strength``): two jobs with the same fingerprint make the same fits (the second's
+    are the first's cache entries)."""
+    from pipeline.sweeps.path import path_job, path_strengths, point_config
+
+    points = [point_config(job, strength) for strength in path_strengths(job)] if path_job(job) else [job]
+    return json.dumps([stage_reads(point, order) for point in points], sort_keys=True, default=str)
 
 
 def unread_sweep_keys(jobs: list[tuple[list[str], DictConfig, list[str]]], kind: str = "sweep", runs: str = "jobs") -> str | None:
@@ -304,8 +308,11 @@ def unread_sweep_keys(jobs: list[tuple[list[str], DictConfig, list[str]]], kind:
             unread[key] = jobs[first[compared[0]]][1:]
     if not unread:
         return None
+    from pipeline.sweeps.path import path_job
+
     job, order = next(iter(unread.values()))
+    points = ", at each point of path.strengths" if path_job(job) else ""
     return (
         f"the {kind} over {', '.join(unread)}: {runs} that differ only there would be the same fit, as no stage they run "
-        f"({', '.join(order)}, with model={job.model.name}) reads {'it' if len(unread) == 1 else 'them'}"
+        f"({', '.join(order)}, with model={job.model.name}{points}) reads {'it' if len(unread) == 1 else 'them'}"
     )

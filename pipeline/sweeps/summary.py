@@ -99,6 +99,8 @@ def gather(sweep_id: str, experiment: str, tag: str = "sweep_id", metric: str | 
             "started": runs["start_time"],
         }
     )
+    if table["model"].notna().any():  # the strengths are a CRF's: another model's jobs (an HMM's) read no trainer
+        table.loc[table["model"].notna() & (table["model"] != "crf"), ["c1", "c2", "strength"]] = np.nan
     if metric:
         key = summary_key(metric)
         table.insert(table.columns.get_loc("dev_score"), "objective", _numbers(runs, f"metrics.{key}") if key else np.nan)
@@ -128,7 +130,7 @@ def plot(table: pd.DataFrame, path: Path, score_name: str) -> None:
     fig, (left, right) = figure(11, 4, 2)
     finished = table[table.status == "FINISHED"]
     strengths = pd.to_numeric(finished["strength"], errors="coerce")
-    by_strength = bool((strengths > 0).any())  # an HMM sweep has no strength: its jobs in order
+    by_strength = bool((strengths > 0).any()) and strengths.nunique() > 1  # else (an HMM sweep): the jobs in order
     for trainer, part in finished.groupby("trainer"):
         x = part["strength"] if by_strength else np.arange(len(part))
         left.plot(x, part["dev_score"], "o-", label=trainer)

@@ -708,9 +708,12 @@ def test_a_sweeps_best_job_is_named_by_its_run_and_only_a_crf_by_its_strengths(l
     _summarize(client, experiment, "orders")
     assert "best on dev: conll2000-hmm-counting-order=2, dev f1 82.50, test 81.00" in caplog.text, caplog.text
     assert "c2=" not in caplog.text.split("best on dev:")[1].splitlines()[0]
+    table = summary.gather("orders", "crf")  # nor does its table show strengths for the HMM's jobs (R47-B3)
+    assert len(table) == 2 and table[["c1", "c2", "strength"]].isna().all().all(), table
     for c2, dev in ((0.1, 80.0), (1.0, 79.0)):
         run_id = _sweep_job(client, experiment, model, "crfs", c2, dev=dev, name="crfs")
         client.set_tag(run_id, "model", "crf")
         client.set_tag(run_id, "mlflow.runName", f"conll2000-crf-lbfgs-c2={c2}")
     _summarize(client, experiment, "crfs")
     assert "best on dev: conll2000-crf-lbfgs-c2=0.1 (c1=0 c2=0.1), dev f1 80.00, test 80.10" in caplog.text, caplog.text
+    assert sorted(summary.gather("crfs", "crf")["c2"]) == [0.1, 1.0]

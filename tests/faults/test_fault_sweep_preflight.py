@@ -78,6 +78,9 @@ def _grid(task: list[str], base):
         (["model=hmm", "model.order=1,2", "trainer.c2=0.1,1"], "the sweep over trainer.c2: jobs that differ only there"),
         (["model=hmm", "features=chunking,pos"], "the sweep over features: jobs that differ only there would be the same fit"),
         (["model=hmm", "featurize.log_matrices=true,false"], "the sweep over featurize.log_matrices: jobs that differ"),
+        (["+experiment=reg_path", "path.strengths=[1,0.1]", "trainer.strength=5,50"], "the sweep over trainer.strength: "
+         "jobs that differ only there would be the same fit, as no stage they run (prepare, featurize, train, evaluate, "
+         "with model=crf, at each point of path.strengths) reads it"),  # the path sets it (R47-1)
         # a sweep that cannot be expanded (H13)
         (["trainer.c2=range(0,1,0)"], "bad sweep trainer.c2=range(0, 1, 0): the step must not be 0; no job was run"),
         (["trainer.c2=range(0,1,0.0)"], "bad sweep trainer.c2=range(0, 1, 0.0): the step must not be 0"),
