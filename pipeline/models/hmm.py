@@ -24,6 +24,7 @@ from pipeline.report import write_json
 log = logging.getLogger(__name__)
 
 ADD_K = "add-k"
+SUFFIX = "suffix"
 
 
 def build_hmm(model: Mapping, threads: int | None) -> HMM:
@@ -67,7 +68,15 @@ class HMMAdapter(BaseAdapter):
             )
 
     def config_slice(self, cfg) -> dict:
-        return {"model": OmegaConf.to_container(cfg.model, resolve=True)}
+        """The model section, without the settings its smoothing does not use (k without add-k; the
+        suffix model's without suffix emissions), so settings that cannot change the fit share a cache entry."""
+        model = OmegaConf.to_container(cfg.model, resolve=True)
+        if ADD_K not in (model.get("transition_smoothing"), model.get("emission_smoothing")):
+            model.pop("k", None)
+        if model.get("emission_smoothing") != SUFFIX:
+            model.pop("rare_threshold", None)
+            model.pop("max_suffix", None)
+        return {"model": model}
 
     def settings(self, cfg) -> dict:
         return {"threads": default_threads(None)}

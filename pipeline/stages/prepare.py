@@ -152,6 +152,7 @@ class Prepare(BaseStage):
         keys of earlier runs still hold."""
         dataset = OmegaConf.to_container(cfg.dataset, resolve=True)
         dataset.pop("evaluate", None)  # how the evaluate stage scores this dataset: its own key hashes it
+        dataset.pop("hmm", None)  # how an HMM reads it: the HMM's model section (and the semi-supervised stage) hash it
         fit = final_fit(cfg)
         numeric = list(OmegaConf.select(cfg, "features.numeric", default=None) or [])
         return {

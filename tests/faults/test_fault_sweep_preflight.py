@@ -78,6 +78,10 @@ def _grid(task: list[str], base):
         (["model=hmm", "model.order=1,2", "trainer.c2=0.1,1"], "the sweep over trainer.c2: jobs that differ only there"),
         (["model=hmm", "features=chunking,pos"], "the sweep over features: jobs that differ only there would be the same fit"),
         (["model=hmm", "featurize.log_matrices=true,false"], "the sweep over featurize.log_matrices: jobs that differ"),
+        (["dataset.hmm.observation=w,pos"], "the sweep over dataset.hmm.observation: jobs that differ only there would "
+         "be the same fit, as no stage they run (prepare, featurize, train, evaluate, with model=crf) reads it"),  # R48-1
+        (["model=hmm", "model.k=0.1,0.5"], "the sweep over model.k: jobs that differ"),  # k without add-k (R48-2)
+        (["model=hmm", "model.emission_smoothing=add-k", "model.max_suffix=5,10"], "the sweep over model.max_suffix:"),
         (["+experiment=reg_path", "path.strengths=[1,0.1]", "trainer.strength=5,50"], "the sweep over trainer.strength: "
          "jobs that differ only there would be the same fit, as no stage they run (prepare, featurize, train, evaluate, "
          "with model=crf, at each point of path.strengths) reads it"),  # the path sets it (R47-1)
@@ -107,6 +111,8 @@ def test_a_grid_of_good_jobs_passes(grid_base, caplog):
         ["+experiment=reg_path", "trainer=lbfgs,l1"],
         ["model=crf,hmm", "trainer.c2=0.1,1", "features=chunking,pos"],  # the CRF's jobs read trainer.c2 and features
         ["model=hmm", "model.order=1,2", "data.train_fraction=0.5,1", "seed=0,1", "registry.name=a,b"],
+        ["model=hmm", "dataset.hmm.observation=w,pos", "dataset.hmm.capitalization=true,false"],  # the HMM reads them
+        ["model=hmm", "model.transition_smoothing=add-k", "model.k=0.1,0.5", "model.rare_threshold=5,10"],
         ["trainer.threads=1,2"],  # the same fit in other time: a speed comparison
     ]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None), caplog.at_level(logging.WARNING):
