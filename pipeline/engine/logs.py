@@ -10,7 +10,7 @@ sweeper's ``params`` and the command line's sweep overrides, read from the sweep
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,9 @@ UNNAMED = (
 IN_NAME = ("dataset", "model", "trainer")  # the name starts <dataset>-<model>-<trainer>
 
 
-def named_overrides(overrides: Sequence[str], keys: Collection[str] | None = None) -> list[str]:
+def named_overrides(
+    overrides: Sequence[str], keys: Collection[str] | None = None, reads: Callable[[str], bool] | None = None
+) -> list[str]:
     """What a run's name shows of its overrides: ``strength=0.3`` for ``trainer.strength=0.3`` (the
     key's last part, as in ``hydra.job.override_dirname``).
 
@@ -52,6 +54,9 @@ def named_overrides(overrides: Sequence[str], keys: Collection[str] | None = Non
     keys : collection of str, optional
         Show only overrides of these keys (a multirun job: the swept keys). None: every override
         but those of :data:`UNNAMED` and the config groups of :data:`IN_NAME` (a single run).
+    reads : callable, optional
+        ``reads(key)``: whether the run reads the setting (:func:`pipeline.engine.runner.setting_reader`);
+        an override of a setting it does not read (an HMM's ``trainer.strength``) is not shown.
 
     Returns
     -------
@@ -64,6 +69,8 @@ def named_overrides(overrides: Sequence[str], keys: Collection[str] | None = Non
             continue
         key, value = override.split("=", 1)
         key = key.lstrip("+~")
+        if reads is not None and not reads(key):
+            continue
         if keys is not None:
             if key not in keys:
                 continue
@@ -73,10 +80,11 @@ def named_overrides(overrides: Sequence[str], keys: Collection[str] | None = Non
     return shown
 
 
-def name_overrides() -> list[str]:
-    """The overrides a pipeline run's name shows (:func:`named_overrides`): in a Hydra multirun job
-    the swept ones (what differs between the sweep's jobs); in a single ``python -m pipeline`` run
-    those of its command line that can change its result; else (no Hydra app) none."""
+def name_overrides(reads: Callable[[str], bool] | None = None) -> list[str]:
+    """The overrides a pipeline run's name shows (:func:`named_overrides`, with ``reads``): in a
+    Hydra multirun job the swept ones (what differs between the sweep's jobs); in a single
+    ``python -m pipeline`` run those of its command line that can change its result; else (no
+    Hydra app) none."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
@@ -85,8 +93,8 @@ def name_overrides() -> list[str]:
     hydra_cfg = HydraConfig.get()
     task = list(hydra_cfg.overrides.task)
     if hydra_cfg.mode == RunMode.MULTIRUN:
-        return named_overrides(task, swept_keys(hydra_cfg))
-    return named_overrides(task)
+        return named_overrides(task, swept_keys(hydra_cfg), reads)
+    return named_overrides(task, reads=reads)
 
 
 def swept_keys(hydra_cfg) -> set[str]:

@@ -288,16 +288,54 @@ def run_stage(
         return output
 
 
-def swept_overrides() -> list[str]:
+def stage_reads(
+    cfg: DictConfig, adapter: ModelAdapter, stages: Mapping[str, Stage], order: list[str]
+) -> dict[str, tuple[dict, dict]]:
+    """What the stages ``order`` read of ``cfg`` (a job's composed config): {stage name: (its config
+    slice, its settings)}, as :func:`stage_key` takes them."""
+    return {name: (stages[name].config_slice(cfg, adapter), stages[name].settings(cfg, adapter)) for name in order}
+
+
+#: the config sections of the model itself, whose settings a model (and the stages it runs) may not read
+MODEL_SECTIONS = ("model", "trainer")
+
+
+def setting_reader(reads: Mapping[str, tuple[dict, dict]]) -> Callable[[str], bool]:
+    """``reads(key)``: whether a job whose stages read ``reads`` (:func:`stage_reads`) reads the
+    setting ``key`` (dotted, or a config group). Only keys of :data:`MODEL_SECTIONS` can be unread:
+    one whose section no stage's config slice holds (an HMM's ``trainer.*``), or whose first part
+    below it is neither in that section of a slice nor a stage's setting (an HMM's ``model.k``
+    without add-k smoothing)."""
+
+    def reading(key: str) -> bool:
+        section, _, rest = key.lstrip("+~").partition(".")
+        section = section.split("/")[0]
+        if section not in MODEL_SECTIONS:
+            return True
+        parts = [config[section] for config, _ in reads.values() if section in config]
+        name = rest.split(".")[0]
+        if not parts:
+            return False
+        return (
+            not name
+            or any(not isinstance(part, dict) or name in part for part in parts)
+            or any(name in settings for _, settings in reads.values())
+        )
+
+    return reading
+
+
+def swept_overrides(reads: Callable[[str], bool] | None = None) -> list[str]:
     """Inside a Hydra multirun job, its overrides of the swept keys, ``c2=0.1``-style (the key's last
-    part, as in ``hydra.job.override_dirname``); else an empty list."""
+    part, as in ``hydra.job.override_dirname``), but those of settings the job does not read
+    (``reads``, :func:`setting_reader`); else an empty list."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
     if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
         return []
     hydra_cfg = HydraConfig.get()
-    return named_overrides(list(hydra_cfg.overrides.task), swept_keys(hydra_cfg))
+    return named_overrides(list(hydra_cfg.overrides.task), swept_keys(hydra_cfg), reads)
 
 
 def log_dataset(cfg: DictConfig, outputs: Mapping[str, StageOutput], store: RunStore) -> None:
@@ -514,7 +552,8 @@ def run_pipeline(cfg: DictConfig, store: RunStore, trial: TrialHooks | None = No
     adapter, stages, order = checked_plan(cfg, store, extra_tags=trial_tags)
     store.open(cfg)
     tags = run_tags(cfg, adapter, store, trial_tags)
-    run_name = "-".join([str(cfg.dataset.name), tags["model"], tags["trainer"], *name_overrides()])
+    reads = setting_reader(stage_reads(cfg, adapter, stages, order))
+    run_name = "-".join([str(cfg.dataset.name), tags["model"], tags["trainer"], *name_overrides(reads)])
     job = PipelineJob(adapter, stages, order, StageCache(cfg.paths.cache_dir, remote=store.remote_cache()), store)
     reporter, warm_starts = trial.begin(cfg, job) if trial is not None else (None, {})
     results, outputs = pipeline_run(

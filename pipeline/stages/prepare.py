@@ -1,6 +1,6 @@
 """Stage 1, prepare: read the dataset, carve the dev split, write splits and statistics.
 
-Config slice: the dataset, the training fraction, the seed and ``data.final_fit`` when it is not
+Config slice: the dataset, the training fraction, the seed (below a fraction of 1) and ``data.final_fit`` when it is not
 ``train`` (``train+dev``: the dev sentences join the training split and the dev split is empty,
 see :func:`pipeline.stages.data.final_fit_splits`); settings: the data root. Output
 folder: ``train.conll.gz``, ``dev.conll.gz``, ``test.conll.gz`` (tab-separated columns of the
@@ -158,7 +158,7 @@ class Prepare(BaseStage):
         return {
             "dataset": dataset,
             "train_fraction": cfg.data.train_fraction,
-            "seed": cfg.seed,
+            **({"seed": cfg.seed} if float(cfg.data.train_fraction) < 1 else {}),  # it draws the fraction, nothing else
             **({"final_fit": fit} if fit != "train" else {}),
             **({"numeric": numeric} if numeric else {}),  # checked in every file's every sentence
         }
@@ -189,7 +189,7 @@ class Prepare(BaseStage):
         dataset = OmegaConf.to_container(config.dataset)
         numeric = list(config.get("numeric") or [])
         data = load_dataset(dataset, context.settings.root, download=context.settings.download, numeric=numeric)
-        data.splits["train"] = subset(data.splits["train"], float(config.train_fraction), int(config.seed))
+        data.splits["train"] = subset(data.splits["train"], float(config.train_fraction), int(config.get("seed", 0)))
         data.splits = final_fit_splits(data.splits, str(config.get("final_fit", "train")))
         for split in SPLITS:
             write_split(out / f"{split}.conll.gz", data.splits[split])

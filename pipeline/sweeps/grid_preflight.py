@@ -261,23 +261,18 @@ FIT_SECTIONS = (
 )
 
 
-def stage_reads(job: DictConfig, order: list[str]) -> dict[str, tuple[dict, dict]]:
-    """What the stages ``order`` of ``job`` (a composed config) read: {stage name: (its config
-    slice, its settings)} (:meth:`pipeline.engine.stage.Stage.config_slice`, ``settings``)."""
-    from pipeline.engine.stage import load_adapter, load_stages
-
-    adapter, stages = load_adapter(job.model), load_stages()
-    return {name: (stages[name].config_slice(job, adapter), stages[name].settings(job, adapter)) for name in order}
-
-
 def job_fingerprint(job: DictConfig, order: list[str]) -> str:
-    """:func:`stage_reads` as one JSON text (a regularisation path's: its points', each with its
-    own ``trainer.strength``): two jobs with the same fingerprint make the same fits (the second's
-    are the first's cache entries)."""
+    """What the stages ``order`` of ``job`` (a composed config) read
+    (:func:`pipeline.engine.runner.stage_reads`; a regularisation path's: its points', each with
+    its own ``trainer.strength``) as one JSON text: two jobs with the same fingerprint make the same
+    fits (the second's are the first's cache entries)."""
+    from pipeline.engine.runner import stage_reads
+    from pipeline.engine.stage import load_adapter, load_stages
     from pipeline.sweeps.path import path_job, path_strengths, point_config
 
+    adapter, stages = load_adapter(job.model), load_stages()
     points = [point_config(job, strength) for strength in path_strengths(job)] if path_job(job) else [job]
-    return json.dumps([stage_reads(point, order) for point in points], sort_keys=True, default=str)
+    return json.dumps([stage_reads(point, adapter, stages, order) for point in points], sort_keys=True, default=str)
 
 
 def unread_sweep_keys(jobs: list[tuple[list[str], DictConfig, list[str]]], kind: str = "sweep", runs: str = "jobs") -> str | None:

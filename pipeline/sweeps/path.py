@@ -37,7 +37,16 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from pipeline import tracking
 from pipeline.engine.cache import StageCache
-from pipeline.engine.runner import PipelineJob, checked_plan, objective_value, pipeline_run, run_tags, swept_overrides
+from pipeline.engine.runner import (
+    PipelineJob,
+    checked_plan,
+    objective_value,
+    pipeline_run,
+    run_tags,
+    setting_reader,
+    stage_reads,
+    swept_overrides,
+)
 from pipeline.engine.validate import SettingsError, finite_number, section, strength_moves
 from pipeline.models import ModelAdapter
 from pipeline.tracking import SWEEP_ID_VARIABLE, SWEEP_PARENT_VARIABLE
@@ -137,7 +146,8 @@ def run_path(cfg: DictConfig, trial_tags: dict[str, str] | None = None, store: M
     path_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
     in_sweep = bool(os.environ.get(SWEEP_ID_VARIABLE))
     tags = {**run_tags(cfg, adapter, store, trial_tags), PATH_TAG: path_id}
-    prefix = [str(cfg.dataset.name), tags["model"], tags["trainer"], *swept_overrides()]
+    reads = setting_reader(stage_reads(cfg, adapter, stages, order))
+    prefix = [str(cfg.dataset.name), tags["model"], tags["trainer"], *swept_overrides(reads)]
     parent = os.environ.get(SWEEP_PARENT_VARIABLE)
     run = client.create_run(
         client.get_experiment_by_name(experiment).experiment_id,

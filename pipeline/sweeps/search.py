@@ -277,13 +277,12 @@ def fixed_settings(job: Any) -> dict[str, str] | None:
     their defaults) read, section by section: {``<stage>.<section>``: a digest of that part of the
     stage's config slice}; None if the job's stages cannot be planned. A study records it, and a
     resume whose fixed settings give other digests is refused (their fits would not compare)."""
-    from pipeline.engine.runner import validated_plan
+    from pipeline.engine.runner import stage_reads, validated_plan
     from pipeline.engine.validate import SettingsError
-    from pipeline.sweeps.grid_preflight import stage_reads
 
     try:
-        _, _, order = validated_plan(job)
-        reads = stage_reads(job, order)
+        adapter, stages, order = validated_plan(job)
+        reads = stage_reads(job, adapter, stages, order)
     except (SettingsError, ValueError):
         return None
     return {

@@ -23,7 +23,7 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 from hydra.core.global_hydra import GlobalHydra  # noqa: E402
 from mlflow.entities import ViewType  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
-from omegaconf import open_dict  # noqa: E402
+from omegaconf import OmegaConf, open_dict  # noqa: E402
 from pipeline_helpers import CONF_DIR, refused_line, tiny_overrides, write_corpus  # noqa: E402
 
 from hydra_plugins.crf_optuna_sweeper.optuna_sweeper import OptunaSweeper  # noqa: E402
@@ -81,6 +81,7 @@ def _grid(task: list[str], base):
         (["dataset.hmm.observation=w,pos"], "the sweep over dataset.hmm.observation: jobs that differ only there would "
          "be the same fit, as no stage they run (prepare, featurize, train, evaluate, with model=crf) reads it"),  # R48-1
         (["model=hmm", "model.k=0.1,0.5"], "the sweep over model.k: jobs that differ"),  # k without add-k (R48-2)
+        (["model=hmm", "seed=0,1"], "the sweep over seed: jobs that differ"),  # it draws no fraction of 1 (R49-1)
         (["model=hmm", "model.emission_smoothing=add-k", "model.max_suffix=5,10"], "the sweep over model.max_suffix:"),
         (["+experiment=reg_path", "path.strengths=[1,0.1]", "trainer.strength=5,50"], "the sweep over trainer.strength: "
          "jobs that differ only there would be the same fit, as no stage they run (prepare, featurize, train, evaluate, "
@@ -266,7 +267,7 @@ def test_a_study_resumed_on_other_evaluation_data_is_refused(tmp_path, caplog):
             (["features=pos"], params, "ran its trials with other fixed settings (the sections a stage reads differ: "
              "featurize.features), so their scores do not compare: choose another hydra.sweeper.study_name"),
             (["data.train_fraction=0.5", "trainer.max_iterations=7"], params, "(the sections a stage reads differ: "
-             "prepare.train_fraction, train.trainer), so"),
+             "prepare.seed, prepare.train_fraction, train.trainer), so"),
         ):  # fmt: skip
             other = _optuna(tmp_path, params_, task, study_name="s")
             line = refused_line(lambda other=other, task=task: other.sweep(_arguments(tmp_path, task)), caplog)
@@ -584,3 +585,24 @@ def test_the_command_refuses_a_bad_sweep_in_one_line_with_no_parent_run(tmp_path
         experiments = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ALL)]
         assert client.search_runs(experiments, run_view_type=ViewType.ALL) == []
     assert not list(tmp_path.rglob("optuna.db"))
+
+
+def test_a_runs_name_leaves_out_the_settings_its_stages_do_not_read(tmp_path):
+    """An HMM job of a ``model=crf,hmm`` grid was named ``...-hmm-counting-model=hmm-strength=0.1``, and
+    ``model.k`` without add-k smoothing showed as ``k=0.5`` (rounds 48, 49): settings the job's stages
+    do not read are left out of its name, those they read stay."""
+    from pipeline.engine.logs import named_overrides
+    from pipeline.engine.runner import setting_reader, stage_reads, validated_plan
+
+    overrides = ["model=hmm", "trainer.strength=0.1", "model.k=0.5", "model.order=1", "data.train_fraction=0.5"]
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        base = tiny_overrides(tmp_path / "data", tmp_path / "out")
+        hmm = compose(config_name="config", overrides=[*base, *overrides])
+        crf = compose(config_name="config", overrides=[*base, "trainer.strength=0.1", "trainer.threads=2", "model.order=2"])
+    keys = {o.partition("=")[0] for o in overrides}
+    reads = setting_reader(stage_reads(hmm, *validated_plan(hmm)))
+    assert named_overrides(overrides, keys, reads) == ["model=hmm", "order=1", "train_fraction=0.5"]
+    add_k = OmegaConf.merge(hmm, {"model": {"transition_smoothing": "add-k"}})  # k read: a name shows it
+    assert setting_reader(stage_reads(add_k, *validated_plan(add_k)))("model.k")
+    reads = setting_reader(stage_reads(crf, *validated_plan(crf)))
+    assert all(map(reads, ["trainer.strength", "trainer.threads", "model.order", "trainer", "features.window"]))
