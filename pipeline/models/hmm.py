@@ -24,7 +24,6 @@ from pipeline.report import write_json
 log = logging.getLogger(__name__)
 
 ADD_K = "add-k"
-SUFFIX = "suffix"
 
 
 def build_hmm(model: Mapping, threads: int | None) -> HMM:
@@ -68,15 +67,9 @@ class HMMAdapter(BaseAdapter):
             )
 
     def config_slice(self, cfg) -> dict:
-        """The model section, without the settings its smoothing does not use (k without add-k; the
-        suffix model's without suffix emissions), so settings that cannot change the fit share a cache entry."""
-        model = OmegaConf.to_container(cfg.model, resolve=True)
-        if ADD_K not in (model.get("transition_smoothing"), model.get("emission_smoothing")):
-            model.pop("k", None)
-        if model.get("emission_smoothing") != SUFFIX:
-            model.pop("rare_threshold", None)
-            model.pop("max_suffix", None)
-        return {"model": model}
+        # the whole section: k and the suffix settings are kept in the saved model (baum_welch's prior
+        # reads k) even where the counting smoothing does not use them
+        return {"model": OmegaConf.to_container(cfg.model, resolve=True)}
 
     def settings(self, cfg) -> dict:
         return {"threads": default_threads(None)}

@@ -80,9 +80,7 @@ def _grid(task: list[str], base):
         (["model=hmm", "featurize.log_matrices=true,false"], "the sweep over featurize.log_matrices: jobs that differ"),
         (["dataset.hmm.observation=w,pos"], "the sweep over dataset.hmm.observation: jobs that differ only there would "
          "be the same fit, as no stage they run (prepare, featurize, train, evaluate, with model=crf) reads it"),  # R48-1
-        (["model=hmm", "model.k=0.1,0.5"], "the sweep over model.k: jobs that differ"),  # k without add-k (R48-2)
         (["model=hmm", "seed=0,1"], "the sweep over seed: jobs that differ"),  # it draws no fraction of 1 (R49-1)
-        (["model=hmm", "model.emission_smoothing=add-k", "model.max_suffix=5,10"], "the sweep over model.max_suffix:"),
         (["+experiment=reg_path", "path.strengths=[1,0.1]", "trainer.strength=5,50"], "the sweep over trainer.strength: "
          "jobs that differ only there would be the same fit, as no stage they run (prepare, featurize, train, evaluate, "
          "with model=crf, at each point of path.strengths) reads it"),  # the path sets it (R47-1)
@@ -114,6 +112,7 @@ def test_a_grid_of_good_jobs_passes(grid_base, caplog):
         ["model=hmm", "model.order=1,2", "data.train_fraction=0.5,1", "seed=0,1", "registry.name=a,b"],
         ["model=hmm", "dataset.hmm.observation=w,pos", "dataset.hmm.capitalization=true,false"],  # the HMM reads them
         ["model=hmm", "model.transition_smoothing=add-k", "model.k=0.1,0.5", "model.rare_threshold=5,10"],
+        ["model=hmm", "model.k=0.1,0.5"],  # unused by the counting, but kept in the model: baum_welch's prior
         ["trainer.threads=1,2"],  # the same fit in other time: a speed comparison
     ]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None), caplog.at_level(logging.WARNING):
@@ -588,9 +587,8 @@ def test_the_command_refuses_a_bad_sweep_in_one_line_with_no_parent_run(tmp_path
 
 
 def test_a_runs_name_leaves_out_the_settings_its_stages_do_not_read(tmp_path):
-    """An HMM job of a ``model=crf,hmm`` grid was named ``...-hmm-counting-model=hmm-strength=0.1``, and
-    ``model.k`` without add-k smoothing showed as ``k=0.5`` (rounds 48, 49): settings the job's stages
-    do not read are left out of its name, those they read stay."""
+    """An HMM job of a ``model=crf,hmm`` grid was named ``...-hmm-counting-model=hmm-strength=0.1``
+    (round 48): settings the job's stages do not read are left out of its name, those they read stay."""
     from pipeline.engine.logs import named_overrides
     from pipeline.engine.runner import setting_reader, stage_reads, validated_plan
 
@@ -601,8 +599,8 @@ def test_a_runs_name_leaves_out_the_settings_its_stages_do_not_read(tmp_path):
         crf = compose(config_name="config", overrides=[*base, "trainer.strength=0.1", "trainer.threads=2", "model.order=2"])
     keys = {o.partition("=")[0] for o in overrides}
     reads = setting_reader(stage_reads(hmm, *validated_plan(hmm)))
-    assert named_overrides(overrides, keys, reads) == ["model=hmm", "order=1", "train_fraction=0.5"]
-    add_k = OmegaConf.merge(hmm, {"model": {"transition_smoothing": "add-k"}})  # k read: a name shows it
-    assert setting_reader(stage_reads(add_k, *validated_plan(add_k)))("model.k")
+    assert named_overrides(overrides, keys, reads) == ["model=hmm", "k=0.5", "order=1", "train_fraction=0.5"]
+    no_trainer = OmegaConf.merge(hmm, {"stages": ["train"]})
+    assert not setting_reader(stage_reads(no_trainer, *validated_plan(no_trainer)))("trainer")
     reads = setting_reader(stage_reads(crf, *validated_plan(crf)))
     assert all(map(reads, ["trainer.strength", "trainer.threads", "model.order", "trainer", "features.window"]))
