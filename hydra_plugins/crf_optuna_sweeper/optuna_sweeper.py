@@ -394,22 +394,21 @@ class OptunaSweeper(Sweeper):
                 f"this sweep on {self._evaluation['dataset']} ({self._evaluation['key']}: {changed}), so their scores do not "
                 "compare: choose another hydra.sweeper.study_name"
             )
-        model = before.get("model") if isinstance(before, dict) else None
-        if model is not None and self._evaluation is not None and model != self._evaluation["model"]:
+        recorded = before if isinstance(before, dict) and self._evaluation is not None else {}
+        now = self._evaluation or {}
+        if recorded.get("model") not in (None, now.get("model")):
             raise SweeperSettingError(
-                f"study {name!r} in {where} has trials of model={model}, this sweep's would be of "
-                f"model={self._evaluation['model']}, so their scores are not of one search space: "
-                "choose another hydra.sweeper.study_name"
+                f"study {name!r} in {where} has trials of model={recorded['model']}, this sweep's would be of "
+                f"model={now['model']}, so their scores are not of one search space: choose another hydra.sweeper.study_name"
             )
-        searched = before.get("space") if isinstance(before, dict) else None
-        if searched is not None and self._evaluation is not None and searched != self._evaluation["space"]:
+        if recorded.get("space") not in (None, now.get("space")):
             raise SweeperSettingError(
-                f"study {name!r} in {where} searched {', '.join(searched)}, this sweep {', '.join(self._evaluation['space'])}: "
+                f"study {name!r} in {where} searched {', '.join(recorded['space'])}, this sweep {', '.join(now['space'])}: "
                 "a study's trials are points of one search space: choose another hydra.sweeper.study_name"
             )
-        fixed = before.get("fixed") if isinstance(before, dict) else None
-        if isinstance(fixed, dict) and self._evaluation is not None and self._evaluation["fixed"] is not None:
-            changed = sorted(k for k in {*fixed, *self._evaluation["fixed"]} if fixed.get(k) != self._evaluation["fixed"].get(k))
+        fixed = recorded.get("fixed")
+        if isinstance(fixed, dict) and now.get("fixed") is not None:
+            changed = sorted(k for k in {*fixed, *now["fixed"]} if fixed.get(k) != now["fixed"].get(k))
             if changed:
                 raise SweeperSettingError(
                     f"study {name!r} in {where} ran its trials with other fixed settings (the sections a stage reads "
