@@ -38,7 +38,7 @@ from mlflow.types import ColSpec, Schema  # noqa: E402
 
 from pipeline.engine.store import CACHE_SOURCE_TAG, MODEL_URI_TAG, SWEEP_PARENT_VARIABLE, flatten  # noqa: E402
 from pipeline.models import SWEEP_ID_VARIABLE  # noqa: E402
-from pipeline.report import authority_problem, redacted, request_with_credentials, shown_url  # noqa: E402
+from pipeline.report import authority_problem, redacted, redacted_values, request_with_credentials, shown_url  # noqa: E402
 from pipeline.tracking import (
     champion,
     lifecycle,  # noqa: E402
@@ -367,7 +367,7 @@ def source_tags() -> dict[str, str]:
 def shown_params(params: Mapping[str, Any]) -> dict[str, Any]:
     """``params`` as a run records them: a URL's user and password as ``***`` (a dataset's download
     URL, a store's URL may hold them)."""
-    return {key: redacted(value) if isinstance(value, str) else value for key, value in params.items()}
+    return redacted_values(dict(params))
 
 
 def log_params(params: Mapping[str, Any]) -> None:
